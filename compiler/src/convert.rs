@@ -1,0 +1,63 @@
+//! Element-type conversion of weight bytes, chunk by chunk. Widening is exact; narrowing
+//! rounds to nearest even (the `half` crate's conversions).
+
+use half::{bf16, f16};
+use llada_ir::DType;
+
+use crate::hf::checkpoint::SourceDType;
+
+fn decode(src: SourceDType, raw: &[u8]) -> impl Iterator<Item = f32> + '_ {
+    raw.chunks_exact(src.size_bytes()).map(move |c| match src {
+        SourceDType::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+        SourceDType::Bf16 => bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32(),
+        SourceDType::F16 => f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32(),
+    })
+}
+
+/// Appends `raw` (little-endian elements of `src`) to `out` as elements of `dst`.
+pub fn convert(src: SourceDType, raw: &[u8], dst: DType, out: &mut Vec<u8>) {
+    let same = matches!((src, dst), (SourceDType::F32, DType::F32) | (SourceDType::Bf16, DType::Bf16) | (SourceDType::F16, DType::F16));
+    if same {
+        out.extend_from_slice(raw);
+        return;
+    }
+    out.reserve(raw.len() / src.size_bytes() * dst.size_bytes() as usize);
+    match dst {
+        DType::F32 => decode(src, raw).for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+        DType::Bf16 => decode(src, raw).for_each(|x| out.extend_from_slice(&bf16::from_f32(x).to_bits().to_le_bytes())),
+        DType::F16 => decode(src, raw).for_each(|x| out.extend_from_slice(&f16::from_f32(x).to_bits().to_le_bytes())),
+    }
+}
+
+pub fn source_to_dtype(src: SourceDType) -> DType {
+    match src {
+        SourceDType::F32 => DType::F32,
+        SourceDType::Bf16 => DType::Bf16,
+        SourceDType::F16 => DType::F16,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn widening_is_exact_and_narrowing_rounds_to_nearest() {
+        let vals = [1.0f32, -2.5, 3.140625, 1.0e-3];
+        let raw: Vec<u8> = vals.iter().flat_map(|v| bf16::from_f32(*v).to_bits().to_le_bytes()).collect();
+        let mut out = Vec::new();
+        convert(SourceDType::Bf16, &raw, DType::F32, &mut out);
+        let back: Vec<f32> = out.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+        for (a, b) in vals.iter().zip(&back) {
+            assert_eq!(bf16::from_f32(*a).to_f32(), *b);
+        }
+        let mut narrowed = Vec::new();
+        convert(SourceDType::F32, &out, DType::Bf16, &mut narrowed);
+        assert_eq!(narrowed, raw);
+        // 1 + 2^-8 + 2^-9 lies above the midpoint between two bf16 values: rounds up.
+        let x = 1.0f32 + 2f32.powi(-8) + 2f32.powi(-9);
+        let mut one = Vec::new();
+        convert(SourceDType::F32, &x.to_le_bytes(), DType::Bf16, &mut one);
+        assert_eq!(u16::from_le_bytes([one[0], one[1]]), bf16::from_f32(1.0 + 2f32.powi(-7)).to_bits());
+    }
+}

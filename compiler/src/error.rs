@@ -1,0 +1,49 @@
+//! The compiler's error type. Every message names the file, key or tensor at fault and, where
+//! there is one, what to do about it.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{}: does not exist", path.display())]
+    NotFound { path: PathBuf },
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{}: invalid JSON: {msg}", path.display())]
+    Json { path: PathBuf, msg: String },
+    #[error("{}: {key}: {msg}", path.display())]
+    Config { path: PathBuf, key: String, msg: String },
+    #[error("{}: tensor '{name}' is missing{hint}", path.display())]
+    MissingTensor { path: PathBuf, name: String, hint: String },
+    #[error("{}: tensor '{name}' has shape {found:?}, expected {expected:?} ({why})", path.display())]
+    TensorShape { path: PathBuf, name: String, found: Vec<usize>, expected: Vec<usize>, why: String },
+    #[error("{}: tensor '{name}' has dtype {dtype}; supported: F32, BF16, F16", path.display())]
+    TensorDType { path: PathBuf, name: String, dtype: String },
+    #[error("{}: not a valid safetensors file: {msg}", path.display())]
+    Safetensors { path: PathBuf, msg: String },
+    #[error("{}: {msg}", path.display())]
+    Tokenizer { path: PathBuf, msg: String },
+    #[error("{0}")]
+    Options(String),
+    #[error(transparent)]
+    Ir(#[from] llada_ir::Error),
+    #[error("{}: {source}", path.display())]
+    Artifact { path: PathBuf, source: llada_ir::Error },
+}
+
+impl Error {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        let path = path.into();
+        if source.kind() == std::io::ErrorKind::NotFound {
+            Error::NotFound { path }
+        } else {
+            Error::Io { path, source }
+        }
+    }
+
+    pub fn config(path: impl Into<PathBuf>, key: &str, msg: impl Into<String>) -> Self {
+        Error::Config { path: path.into(), key: key.to_string(), msg: msg.into() }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,200 @@
+//! The safetensors weights of a Hugging Face checkpoint: one `model.safetensors`, or shards
+//! listed in `model.safetensors.index.json`. Only headers are read up front; tensor bytes are
+//! mapped a chunk at a time and unmapped after use, so compiling never holds the checkpoint
+//! (or even one large tensor) in memory.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::{Mmap, MmapOptions};
+use safetensors::{Dtype, SafeTensors};
+
+use crate::error::{Error, Result};
+
+/// Element types the importer reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceDType {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl SourceDType {
+    pub fn size_bytes(self) -> usize {
+        match self {
+            SourceDType::F32 => 4,
+            SourceDType::Bf16 | SourceDType::F16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SourceDType::F32 => "f32",
+            SourceDType::Bf16 => "bf16",
+            SourceDType::F16 => "f16",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct TensorLocation {
+    pub shard: usize,
+    pub dtype: SourceDType,
+    pub shape: Vec<usize>,
+    /// Absolute byte offset of the tensor's data in its shard file.
+    pub start: u64,
+    pub nbytes: u64,
+}
+
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    shards: Vec<(PathBuf, File)>,
+    tensors: BTreeMap<String, TensorLocation>,
+}
+
+const INDEX: &str = "model.safetensors.index.json";
+const SINGLE: &str = "model.safetensors";
+
+impl Checkpoint {
+    pub fn open(dir: &Path) -> Result<Checkpoint> {
+        let index_path = dir.join(INDEX);
+        let mut ckpt = Checkpoint { dir: dir.to_path_buf(), shards: Vec::new(), tensors: BTreeMap::new() };
+        if index_path.exists() {
+            let text = std::fs::read_to_string(&index_path).map_err(|e| Error::io(&index_path, e))?;
+            let json: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| Error::Json { path: index_path.clone(), msg: e.to_string() })?;
+            let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| Error::Json {
+                path: index_path.clone(),
+                msg: "no \"weight_map\" object".into(),
+            })?;
+            let mut files: Vec<&str> = map.values().filter_map(|v| v.as_str()).collect();
+            files.sort();
+            files.dedup();
+            for f in files {
+                ckpt.add_shard(&dir.join(f))?;
+            }
+            for (name, file) in map {
+                let file = file.as_str().unwrap_or_default();
+                match ckpt.tensors.get(name) {
+                    Some(loc) if ckpt.shards[loc.shard].0.file_name().is_some_and(|n| n == file) => {}
+                    _ => {
+                        return Err(Error::MissingTensor {
+                            path: dir.join(file),
+                            name: name.clone(),
+                            hint: format!(" (listed in {INDEX})"),
+                        })
+                    }
+                }
+            }
+        } else {
+            let single = dir.join(SINGLE);
+            if !dir.is_dir() {
+                return Err(Error::NotFound { path: dir.to_path_buf() });
+            }
+            if !single.exists() {
+                return Err(Error::Options(format!(
+                    "{}: neither {SINGLE} nor {INDEX} is present; is this a Hugging Face checkpoint directory?",
+                    dir.display()
+                )));
+            }
+            ckpt.add_shard(&single)?;
+        }
+        Ok(ckpt)
+    }
+
+    fn add_shard(&mut self, path: &Path) -> Result<()> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        // SAFETY: the checkpoint is opened read-only and is not expected to change while we
+        // compile; a concurrent writer could at worst give us wrong bytes, which the artifact's
+        // checksums then faithfully record. Only the header pages are touched here.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        let bad = |msg: String| Error::Safetensors { path: path.to_path_buf(), msg };
+        let (n, meta) = SafeTensors::read_metadata(&map).map_err(|e| match e {
+            safetensors::SafeTensorError::MetadataIncompleteBuffer | safetensors::SafeTensorError::InvalidHeaderLength => {
+                bad(format!("truncated: the header describes more data than the file's {} bytes", map.len()))
+            }
+            e => bad(e.to_string()),
+        })?;
+        let data_start = 8 + n as u64;
+        let shard = self.shards.len();
+        for (name, info) in meta.tensors() {
+            let dtype = match info.dtype {
+                Dtype::F32 => SourceDType::F32,
+                Dtype::BF16 => SourceDType::Bf16,
+                Dtype::F16 => SourceDType::F16,
+                other => return Err(Error::TensorDType { path: path.to_path_buf(), name, dtype: format!("{other:?}") }),
+            };
+            let loc = TensorLocation {
+                shard,
+                dtype,
+                shape: info.shape.clone(),
+                start: data_start + info.data_offsets.0 as u64,
+                nbytes: (info.data_offsets.1 - info.data_offsets.0) as u64,
+            };
+            if self.tensors.insert(name.clone(), loc).is_some() {
+                return Err(bad(format!("tensor '{name}' also appears in another shard")));
+            }
+        }
+        self.shards.push((path.to_path_buf(), file));
+        Ok(())
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(|s| s.as_str())
+    }
+
+    pub fn shard_path(&self, shard: usize) -> &Path {
+        &self.shards[shard].0
+    }
+
+    /// The location of a tensor, checked against the expected shape.
+    pub fn expect(&self, name: &str, shape: &[usize], why: &str) -> Result<&TensorLocation> {
+        let loc = self.tensors.get(name).ok_or_else(|| Error::MissingTensor {
+            path: self.dir.clone(),
+            name: name.to_string(),
+            hint: String::new(),
+        })?;
+        if loc.shape != shape {
+            return Err(Error::TensorShape {
+                path: self.shards[loc.shard].0.clone(),
+                name: name.to_string(),
+                found: loc.shape.clone(),
+                expected: shape.to_vec(),
+                why: why.to_string(),
+            });
+        }
+        Ok(loc)
+    }
+
+    /// Calls `f` with the raw little-endian bytes of whole rows (dimension 0) of a tensor, a
+    /// chunk of at most about `max_chunk_bytes` at a time, each chunk mapped only while `f`
+    /// runs.
+    pub fn for_each_row_chunk(
+        &self,
+        loc: &TensorLocation,
+        max_chunk_bytes: usize,
+        mut f: impl FnMut(&[u8]) -> Result<()>,
+    ) -> Result<()> {
+        let rows = loc.shape.first().copied().unwrap_or(1).max(1) as u64;
+        let row_bytes = loc.nbytes / rows;
+        let rows_per_chunk = (max_chunk_bytes as u64 / row_bytes.max(1)).max(1);
+        let (path, file) = &self.shards[loc.shard];
+        let mut row = 0;
+        while row < rows {
+            let n = rows_per_chunk.min(rows - row);
+            let len = (n * row_bytes) as usize;
+            if len == 0 {
+                f(&[])?;
+                break;
+            }
+            // SAFETY: as in `add_shard`: a read-only map of a file we only read. The map
+            // is dropped at the end of this iteration, which returns its pages.
+            let map = unsafe { MmapOptions::new().offset(loc.start + row * row_bytes).len(len).map(file) }
+                .map_err(|e| Error::io(path, e))?;
+            f(&map)?;
+            row += n;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,280 @@
+//! `config.json` of a LLaDA checkpoint. Every key the LLaDA configuration class defines is
+//! read: the ones that shape the network become [`LladaConfig`], the ones that only matter
+//! for training are accepted, and any value the compiler cannot honour is refused with a
+//! message naming the key. Unknown keys are reported as warnings, not silently dropped.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+
+/// The network-shaping part of a LLaDA config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LladaConfig {
+    pub d_model: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub mlp_hidden: usize,
+    pub vocab_size: usize,
+    pub embedding_size: usize,
+    pub max_sequence_length: usize,
+    pub rope_theta: f64,
+    pub rms_eps: f64,
+    pub input_emb_norm: bool,
+    pub scale_logits: bool,
+    pub mask_token_id: u32,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_id: Option<u32>,
+    pub pad_token_id: Option<u32>,
+}
+
+impl LladaConfig {
+    pub fn head_dim(&self) -> usize {
+        self.d_model / self.n_heads
+    }
+}
+
+/// Keys that only affect training, initialisation or the Python implementation.
+const ACCEPTED_KEYS: &[&str] = &[
+    "architectures", "auto_map", "model_type", "transformers_version", "torch_dtype", "precision",
+    "init_device", "init_fn", "init_std", "init_cutoff_factor", "attention_dropout", "residual_dropout",
+    "embedding_dropout", "flash_attention", "use_cache", "block_group_size", "rope_full_precision",
+    "alibi_bias_max", "attention_layer_norm_with_affine", "mlp_ratio", "_name_or_path", "return_dict",
+    "output_hidden_states", "output_attentions", "tie_word_embeddings",
+];
+
+struct Keys<'a> {
+    path: &'a Path,
+    map: &'a Map<String, Value>,
+    used: Vec<&'static str>,
+}
+
+impl<'a> Keys<'a> {
+    fn err(&self, key: &str, msg: impl Into<String>) -> Error {
+        Error::config(self.path, key, msg)
+    }
+
+    fn get(&mut self, key: &'static str) -> Option<&'a Value> {
+        self.used.push(key);
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    fn usize(&mut self, key: &'static str) -> Result<Option<usize>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .filter(|&n| n > 0)
+                .map(|n| Some(n as usize))
+                .ok_or_else(|| self.err(key, format!("expected a positive integer, found {v}"))),
+        }
+    }
+
+    fn required(&mut self, key: &'static str) -> Result<usize> {
+        self.usize(key)?.ok_or_else(|| self.err(key, "missing; a LLaDA config.json must set it"))
+    }
+
+    fn f64(&mut self, key: &'static str, default: f64) -> Result<f64> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v.as_f64().ok_or_else(|| self.err(key, format!("expected a number, found {v}"))),
+        }
+    }
+
+    fn bool(&mut self, key: &'static str, default: bool) -> Result<bool> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v.as_bool().ok_or_else(|| self.err(key, format!("expected true or false, found {v}"))),
+        }
+    }
+
+    /// A boolean the compiler supports only at one value.
+    fn require_bool(&mut self, key: &'static str, default: bool, supported: bool, why: &str) -> Result<()> {
+        let v = self.bool(key, default)?;
+        if v != supported {
+            return Err(self.err(key, format!("{v} is not supported ({why})")));
+        }
+        Ok(())
+    }
+
+    fn require_str(&mut self, key: &'static str, default: &str, supported: &[&str]) -> Result<()> {
+        let v = match self.get(key) {
+            None => default.to_string(),
+            Some(Value::String(s)) => s.clone(),
+            Some(v) => return Err(self.err(key, format!("expected a string, found {v}"))),
+        };
+        if !supported.contains(&v.as_str()) {
+            return Err(self.err(key, format!("\"{v}\" is not supported (supported: {})", supported.join(", "))));
+        }
+        Ok(())
+    }
+
+    fn token(&mut self, key: &'static str) -> Result<Option<u32>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .map(|n| Some(n as u32))
+                .ok_or_else(|| self.err(key, format!("expected a token id, found {v}"))),
+        }
+    }
+}
+
+/// Parses `dir/config.json`; returns the config and warnings about keys it did not know.
+pub fn load(dir: &Path) -> Result<(LladaConfig, Vec<String>)> {
+    let path: PathBuf = dir.join("config.json");
+    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+    let root: Value = serde_json::from_str(&text).map_err(|e| Error::Json { path: path.clone(), msg: e.to_string() })?;
+    let map = root.as_object().ok_or_else(|| Error::Json { path: path.clone(), msg: "expected an object".into() })?;
+    parse(&path, map)
+}
+
+pub fn parse(path: &Path, map: &Map<String, Value>) -> Result<(LladaConfig, Vec<String>)> {
+    let mut k = Keys { path, map, used: Vec::new() };
+
+    if let Some(Value::String(t)) = k.get("model_type") {
+        if t != "llada" {
+            return Err(k.err("model_type", format!("\"{t}\" is not a LLaDA model (expected \"llada\")")));
+        }
+    }
+    k.require_bool("alibi", false, false, "LLaDA uses rotary position embeddings")?;
+    k.require_bool("rope", true, true, "only rotary position embeddings are implemented")?;
+    k.require_bool("weight_tying", false, false, "the output head must be its own tensor, model.transformer.ff_out.weight")?;
+    k.require_bool("include_bias", false, false, "linear layers with bias are not implemented")?;
+    k.require_bool("include_qkv_bias", false, false, "q/k/v projections with bias are not implemented")?;
+    k.require_bool("bias_for_layer_norm", false, false, "norms with bias are not implemented")?;
+    k.require_bool("layer_norm_with_affine", true, true, "norms without a weight are not implemented")?;
+    k.require_bool("attention_layer_norm", false, false, "query/key norm (as in LLaDA-MoE) is not implemented yet")?;
+    k.require_str("layer_norm_type", "rms", &["rms"])?;
+    k.require_str("block_type", "llama", &["llama"])?;
+    k.require_str("activation_type", "silu", &["silu"])?;
+    if let Some(v) = k.get("clip_qkv") {
+        return Err(k.err("clip_qkv", format!("{v} is not supported (q/k/v clipping is not implemented)")));
+    }
+
+    let d_model = k.required("d_model")?;
+    let n_layers = k.required("n_layers")?;
+    let n_heads = k.required("n_heads")?;
+    let multi_query = k.bool("multi_query_attention", false)?;
+    let n_kv_heads = match (k.usize("n_kv_heads")?, multi_query) {
+        (_, true) => 1,
+        (Some(n), false) => n,
+        (None, false) => n_heads,
+    };
+    let mlp_hidden = match k.usize("mlp_hidden_size")? {
+        Some(h) => h,
+        None => k.required("mlp_ratio")? * d_model,
+    };
+    let vocab_size = k.required("vocab_size")?;
+    let embedding_size = k.usize("embedding_size")?.unwrap_or(vocab_size);
+    let max_sequence_length = k.required("max_sequence_length")?;
+    let rope_theta = k.f64("rope_theta", 10000.0)?;
+    let rms_eps = k.f64("rms_norm_eps", 1e-5)?;
+    let input_emb_norm = k.bool("input_emb_norm", false)?;
+    let scale_logits = k.bool("scale_logits", false)?;
+    let mask_token_id = k.token("mask_token_id")?.unwrap_or(126336);
+    let bos_token_id = k.token("bos_token_id")?;
+    let eos_token_id = k.token("eos_token_id")?;
+    let pad_token_id = k.token("pad_token_id")?;
+
+    if d_model % n_heads != 0 {
+        return Err(k.err("n_heads", format!("d_model {d_model} is not divisible by n_heads {n_heads}")));
+    }
+    if n_heads % n_kv_heads != 0 {
+        return Err(k.err("n_kv_heads", format!("n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}")));
+    }
+    if (d_model / n_heads) % 2 != 0 {
+        return Err(k.err("n_heads", format!("head dimension {} is odd; rotary embedding needs it even", d_model / n_heads)));
+    }
+    if embedding_size < vocab_size {
+        return Err(k.err("embedding_size", format!("{embedding_size} is smaller than vocab_size {vocab_size}")));
+    }
+    for (key, id) in [("mask_token_id", Some(mask_token_id)), ("bos_token_id", bos_token_id), ("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)] {
+        if let Some(id) = id {
+            if id as usize >= embedding_size {
+                return Err(k.err(key, format!("{id} is outside the embedding ({embedding_size} rows)")));
+            }
+        }
+    }
+
+    let warnings = map
+        .keys()
+        .filter(|key| !k.used.contains(&key.as_str()) && !ACCEPTED_KEYS.contains(&key.as_str()))
+        .map(|key| format!("{}: unknown key '{key}' ignored", path.display()))
+        .collect();
+    let cfg = LladaConfig {
+        d_model,
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        mlp_hidden,
+        vocab_size,
+        embedding_size,
+        max_sequence_length,
+        rope_theta,
+        rms_eps,
+        input_emb_norm,
+        scale_logits,
+        mask_token_id,
+        bos_token_id,
+        eos_token_id,
+        pad_token_id,
+    };
+    Ok((cfg, warnings))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn base() -> Value {
+        json!({
+            "model_type": "llada", "d_model": 128, "n_layers": 4, "n_heads": 4, "n_kv_heads": 4,
+            "mlp_hidden_size": 384, "vocab_size": 320, "embedding_size": 320, "max_sequence_length": 512,
+            "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "mask_token_id": 270, "alibi": false,
+            "weight_tying": false, "rope": true, "layer_norm_type": "rms", "block_type": "llama",
+        })
+    }
+
+    fn parse_json(v: Value) -> Result<(LladaConfig, Vec<String>)> {
+        parse(Path::new("config.json"), v.as_object().unwrap())
+    }
+
+    #[test]
+    fn reads_the_shape() {
+        let (c, warnings) = parse_json(base()).unwrap();
+        assert_eq!((c.d_model, c.n_layers, c.head_dim(), c.mlp_hidden, c.mask_token_id), (128, 4, 32, 384, 270));
+        assert!(warnings.is_empty(), "{warnings:?}");
+    }
+
+    #[test]
+    fn refuses_unsupported_values_naming_the_key() {
+        for (key, value) in [("alibi", json!(true)), ("weight_tying", json!(true)), ("layer_norm_type", json!("default")), ("include_bias", json!(true))] {
+            let mut v = base();
+            v[key] = value;
+            let msg = parse_json(v).unwrap_err().to_string();
+            assert!(msg.contains(key) && msg.contains("not supported"), "{msg}");
+        }
+    }
+
+    #[test]
+    fn grouped_query_and_multi_query() {
+        let mut v = base();
+        v["n_kv_heads"] = json!(2);
+        assert_eq!(parse_json(v.clone()).unwrap().0.n_kv_heads, 2);
+        v["n_kv_heads"] = json!(3);
+        assert!(parse_json(v.clone()).unwrap_err().to_string().contains("n_kv_heads"));
+        v["multi_query_attention"] = json!(true);
+        assert_eq!(parse_json(v).unwrap().0.n_kv_heads, 1);
+    }
+
+    #[test]
+    fn unknown_keys_are_warned_about() {
+        let mut v = base();
+        v["frobnicate"] = json!(1);
+        assert!(parse_json(v).unwrap().1[0].contains("frobnicate"));
+    }
+}

@@ -1,0 +1,77 @@
+//! `tokenizer.json` and `tokenizer_config.json`: checked here (the tokenizer must load, the
+//! special tokens must exist) and stored verbatim in the artifact for the runtime.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use llada_ir::{SpecialTokens, TokenizerSpec};
+
+use crate::error::{Error, Result};
+use crate::hf::config::LladaConfig;
+
+/// The end-of-turn token of LLaDA's chat format.
+const EOT_TOKEN: &str = "<|eot_id|>";
+
+/// A special token in `tokenizer_config.json`: either a string or `{"content": ...}`.
+fn token_string(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content")?.as_str().map(str::to_string),
+        _ => None,
+    }
+}
+
+pub fn load(dir: &Path, cfg: &LladaConfig) -> Result<(TokenizerSpec, SpecialTokens)> {
+    let tok_path = dir.join("tokenizer.json");
+    let tokenizer_json = std::fs::read_to_string(&tok_path).map_err(|e| Error::io(&tok_path, e))?;
+    let tokenizer: tokenizers::Tokenizer = tokenizer_json
+        .parse()
+        .map_err(|e| Error::Tokenizer { path: tok_path.clone(), msg: format!("cannot be loaded: {e}") })?;
+
+    let cfg_path = dir.join("tokenizer_config.json");
+    let text = std::fs::read_to_string(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
+    let tc: Value = serde_json::from_str(&text).map_err(|e| Error::Json { path: cfg_path.clone(), msg: e.to_string() })?;
+    let chat_template = match tc.get("chat_template") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        // The newer list form: [{"name": "default", "template": "..."}, ...].
+        Some(Value::Array(list)) => list
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+            .or(list.first())
+            .and_then(|t| t.get("template")?.as_str().map(str::to_string)),
+        Some(other) => {
+            return Err(Error::config(&cfg_path, "chat_template", format!("expected a string, found {other}")));
+        }
+    };
+    let bos_token = token_string(tc.get("bos_token"));
+    let eos_token = token_string(tc.get("eos_token"));
+    let add_bos_token = tc.get("add_bos_token").and_then(Value::as_bool).unwrap_or(false);
+
+    let id_of = |tok: &Option<String>, key: &str| -> Result<Option<u32>> {
+        match tok {
+            None => Ok(None),
+            Some(t) => tokenizer.token_to_id(t).map(Some).ok_or_else(|| {
+                Error::config(&cfg_path, key, format!("token \"{t}\" is not in tokenizer.json"))
+            }),
+        }
+    };
+    let bos = cfg.bos_token_id.or(id_of(&bos_token, "bos_token")?);
+    let eos = cfg.eos_token_id.or(id_of(&eos_token, "eos_token")?);
+    let eot = tokenizer.token_to_id(EOT_TOKEN);
+    for (what, id) in [("bos", bos), ("eos", eos), ("eot", eot)] {
+        if let Some(id) = id {
+            if id as usize >= cfg.embedding_size {
+                return Err(Error::Tokenizer {
+                    path: tok_path,
+                    msg: format!("{what} token id {id} is outside the embedding ({} rows)", cfg.embedding_size),
+                });
+            }
+        }
+    }
+    Ok((
+        TokenizerSpec { tokenizer_json, chat_template, bos_token, eos_token, add_bos_token },
+        SpecialTokens { mask: cfg.mask_token_id, bos, eos, eot },
+    ))
+}

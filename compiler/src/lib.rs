@@ -1,0 +1,13 @@
+//! `lladac`: the llada ahead-of-time compiler. Hugging Face LLaDA checkpoint in, one
+//! verified, mmap-able artifact out (see `llada-ir`).
+
+pub mod compile;
+pub mod convert;
+pub mod error;
+pub mod hf;
+pub mod inspect;
+pub mod lower;
+pub mod memory;
+
+pub use compile::{compile, CompileOptions, CompileSummary};
+pub use error::{Error, Result};

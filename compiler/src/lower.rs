@@ -1,0 +1,138 @@
+//! Lowering: the LLaDA network as static-shape graphs over the stored tensors.
+
+use llada_ir::{Graph, ModelConfig, Op, Rows, TensorId, Value, ValueId};
+
+/// Tensor ids of one transformer block.
+#[derive(Debug, Clone, Copy)]
+pub struct BlockTensors {
+    pub attn_norm: TensorId,
+    pub q: TensorId,
+    pub k: TensorId,
+    pub v: TensorId,
+    pub attn_out: TensorId,
+    pub ff_norm: TensorId,
+    pub ff_proj: TensorId,
+    pub up_proj: TensorId,
+    pub ff_out: TensorId,
+}
+
+/// Tensor ids of the whole network, as written to the artifact.
+#[derive(Debug, Clone)]
+pub struct NetworkTensors {
+    pub embedding: TensorId,
+    pub blocks: Vec<BlockTensors>,
+    pub final_norm: TensorId,
+    pub head: TensorId,
+    pub rope_cos: TensorId,
+    pub rope_sin: TensorId,
+}
+
+/// Options of the network that are not tensors.
+#[derive(Debug, Clone, Copy)]
+pub struct NetworkOptions {
+    /// Multiply embeddings by sqrt(d_model) (`input_emb_norm`).
+    pub input_emb_norm: bool,
+    /// Multiply logits by 1/sqrt(d_model) (`scale_logits`).
+    pub scale_logits: bool,
+}
+
+struct Builder {
+    values: Vec<Value>,
+    ops: Vec<Op>,
+}
+
+impl Builder {
+    fn value(&mut self, name: String, rows: Rows, cols: u32) -> ValueId {
+        self.values.push(Value { name, rows, cols, offset: 0 });
+        self.values.len() as ValueId - 1
+    }
+}
+
+/// The whole-sequence graph the exact sampler runs: `rows` token rows, every row attending to
+/// every valid row, logits for up to `head_rows` chosen rows. Window offsets are left at zero
+/// for the memory planner.
+pub fn full_sequence_graph(m: &ModelConfig, t: &NetworkTensors, opts: NetworkOptions, rows: u32, head_rows: u32) -> Graph {
+    let mut b = Builder { values: Vec::new(), ops: Vec::new() };
+    let (d, hd) = (m.d_model, m.head_dim);
+    let eps = m.rms_eps as f32;
+    let x = b.value("x".into(), Rows::Tokens, d);
+    b.ops.push(Op::Embed { table: t.embedding, out: x });
+    if opts.input_emb_norm {
+        b.ops.push(Op::Scale { x, factor: (d as f32).sqrt() });
+    }
+    for (l, bt) in t.blocks.iter().enumerate() {
+        let v = |b: &mut Builder, what: &str, cols: u32| b.value(format!("blocks.{l}.{what}"), Rows::Tokens, cols);
+        let xn = v(&mut b, "attn_in", d);
+        let q = v(&mut b, "q", m.n_heads * hd);
+        let k = v(&mut b, "k", m.n_kv_heads * hd);
+        let vv = v(&mut b, "v", m.n_kv_heads * hd);
+        let att = v(&mut b, "attn", m.n_heads * hd);
+        let o = v(&mut b, "attn_proj", d);
+        let fin = v(&mut b, "ff_in", d);
+        let gate = v(&mut b, "gate", m.mlp_hidden);
+        let up = v(&mut b, "up", m.mlp_hidden);
+        let h = v(&mut b, "hidden", m.mlp_hidden);
+        let f = v(&mut b, "ff_proj_out", d);
+        b.ops.extend([
+            Op::RmsNorm { x, weight: bt.attn_norm, eps, out: xn },
+            Op::MatMul { x: xn, weight: bt.q, out: q },
+            Op::MatMul { x: xn, weight: bt.k, out: k },
+            Op::MatMul { x: xn, weight: bt.v, out: vv },
+            Op::Rope { x: q, heads: m.n_heads, cos: t.rope_cos, sin: t.rope_sin },
+            Op::Rope { x: k, heads: m.n_kv_heads, cos: t.rope_cos, sin: t.rope_sin },
+            Op::Attention { q, k, v: vv, out: att, heads: m.n_heads, kv_heads: m.n_kv_heads },
+            Op::MatMul { x: att, weight: bt.attn_out, out: o },
+            Op::Add { acc: x, x: o },
+            Op::RmsNorm { x, weight: bt.ff_norm, eps, out: fin },
+            Op::MatMul { x: fin, weight: bt.ff_proj, out: gate },
+            Op::MatMul { x: fin, weight: bt.up_proj, out: up },
+            Op::SwiGlu { gate, up, out: h },
+            Op::MatMul { x: h, weight: bt.ff_out, out: f },
+            Op::Add { acc: x, x: f },
+        ]);
+    }
+    let hx = b.value("head_in".into(), Rows::Head, d);
+    let hn = b.value("head_normed".into(), Rows::Head, d);
+    let logits = b.value("logits".into(), Rows::Head, m.embedding_size);
+    b.ops.extend([
+        Op::GatherHeadRows { x, out: hx },
+        Op::RmsNorm { x: hx, weight: t.final_norm, eps, out: hn },
+        Op::MatMul { x: hn, weight: t.head, out: logits },
+    ]);
+    if opts.scale_logits {
+        b.ops.push(Op::Scale { x: logits, factor: 1.0 / (d as f32).sqrt() });
+    }
+    Graph { name: format!("exact-{rows}"), rows, head_rows, values: b.values, ops: b.ops, logits, window_bytes: 0 }
+}
+
+/// Row counts of the exact graphs: from twice the row multiple up to `max_seq`, each about
+/// 25% above the last (so padding wastes at most about a fifth of a pass), all multiples of
+/// the target's row multiple.
+pub fn exact_buckets(max_seq: u32, row_multiple: u32) -> Vec<u32> {
+    let round = |x: u32| x.div_ceil(row_multiple) * row_multiple;
+    let top = round(max_seq);
+    let mut out = Vec::new();
+    let mut r = round(2 * row_multiple).min(top);
+    loop {
+        out.push(r);
+        if r >= top {
+            return out;
+        }
+        r = round(r + r / 4).max(r + row_multiple).min(top);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_cover_up_to_the_maximum() {
+        assert_eq!(exact_buckets(512, 16), vec![32, 48, 64, 80, 112, 144, 192, 240, 304, 384, 480, 512]);
+        assert_eq!(exact_buckets(20, 16), vec![32]);
+        let b = exact_buckets(4096, 32);
+        // Each step grows by a quarter, rounded up to the row multiple.
+        assert!(b.windows(2).all(|w| w[0] < w[1] && w[1] <= (w[0] + w[0] / 4).div_ceil(32) * 32));
+        assert_eq!(*b.last().unwrap(), 4096);
+    }
+}

@@ -1,0 +1,119 @@
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use llada_ir::DType;
+use lladac::{compile, CompileOptions};
+
+#[derive(Parser)]
+#[command(name = "lladac", version, about = "Compile a Hugging Face LLaDA checkpoint into one llada artifact")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compile a checkpoint directory into an artifact.
+    Compile {
+        /// Hugging Face checkpoint directory (config.json, safetensors, tokenizer files).
+        #[arg(long)]
+        model: PathBuf,
+        /// Artifact to write (replaced atomically when the compile succeeds).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Stored type of the weight matrices [default: the checkpoint's].
+        #[arg(long, value_parser = ["f32", "bf16", "f16"])]
+        dtype: Option<String>,
+        /// Target to compile for (`lladac targets` lists them).
+        #[arg(long, default_value = "host")]
+        target: String,
+        /// Longest prompt + generation the artifact serves [default: the model's
+        /// max_sequence_length, at most 4096].
+        #[arg(long)]
+        max_seq: Option<u32>,
+        /// Most positions whose logits one pass returns: at least the block length you decode with.
+        #[arg(long, default_value_t = 256)]
+        head_rows: u32,
+    },
+    /// Describe an artifact: model, tensors, graphs, plan (verifies all checksums).
+    Inspect {
+        file: PathBuf,
+        /// Print one JSON object instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the built-in targets.
+    Targets,
+}
+
+fn run(cli: Cli) -> lladac::Result<()> {
+    match cli.command {
+        Command::Compile { model, output, dtype, target, max_seq, head_rows } => {
+            let opts = CompileOptions {
+                model,
+                output,
+                dtype: dtype.as_deref().and_then(DType::parse),
+                target,
+                max_seq,
+                head_rows,
+                progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            };
+            let s = compile(&opts)?;
+            for w in &s.warnings {
+                eprintln!("warning: {w}");
+            }
+            eprintln!(
+                "wrote {} ({:.1} MiB, {} tensors, {}, {} graphs up to {} tokens)",
+                s.output.display(),
+                s.bytes as f64 / (1 << 20) as f64,
+                s.tensors,
+                s.dtype.name(),
+                s.graphs,
+                s.max_seq
+            );
+        }
+        Command::Inspect { file, json } => {
+            let d = lladac::inspect::inspect(&file)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&d).expect("a JSON value serializes"));
+            } else {
+                print!("{}", lladac::inspect::render_text(&d));
+            }
+        }
+        Command::Targets => {
+            for name in llada_targets::names() {
+                let t = llada_targets::by_name(name).map_err(lladac::Error::Options)?;
+                println!("{:<12} {}", t.name, t.description);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help and --version.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // One line: clap's error line (plus its tip, if it has one).
+            let text = e.render().to_string();
+            let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+            let first = lines.next().unwrap_or("error: invalid arguments");
+            let tip = lines.find(|l| l.trim_start().starts_with("tip:")).map(|t| format!(" ({})", t.trim())).unwrap_or_default();
+            eprintln!("{first}{tip}; see lladac --help");
+            return ExitCode::from(2);
+        }
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,36 @@
+//! The one error type of the artifact contract. Messages name the element that is wrong
+//! (`tensors[12] 'model.transformer.wte.weight'`, `graphs[3].ops[40]`), so a user or a
+//! bug report can point at it directly.
+
+use std::io;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("not a llada artifact (the file does not start with the llada magic bytes)")]
+    NotAnArtifact,
+    #[error(
+        "artifact format version {found_major}.{found_minor} is not supported by this build \
+         (it reads {supported_major}.x); recompile the model with a matching lladac"
+    )]
+    FormatVersion { found_major: u16, found_minor: u16, supported_major: u16 },
+    #[error("truncated artifact: {what} needs bytes up to {need} but the file has {have}")]
+    Truncated { what: String, need: u64, have: u64 },
+    #[error("checksum mismatch in {what}: the artifact is corrupted; recompile or copy it again")]
+    Checksum { what: String },
+    #[error("invalid artifact: {0}")]
+    Invalid(String),
+    #[error("{context}: {source}")]
+    Io { context: String, source: io::Error },
+}
+
+impl Error {
+    pub fn invalid(msg: impl Into<String>) -> Self {
+        Error::Invalid(msg.into())
+    }
+
+    pub fn io(context: impl Into<String>, source: io::Error) -> Self {
+        Error::Io { context: context.into(), source }
+    }
+}
+
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,138 @@
+//! Static graphs: one shape-specialised program each, a flat list of ops over activation
+//! buffers ("values") placed at fixed offsets in the accelerator window.
+//!
+//! Every value is a row-major f32 matrix. Its row count is static: either the graph's token
+//! rows, or the capacity of the head rows (the positions whose logits the sampler needs,
+//! chosen per run, at most `head_rows`).
+
+use serde::{Deserialize, Serialize};
+
+/// Index into `Header::tensors`.
+pub type TensorId = u32;
+/// Index into `Graph::values`.
+pub type ValueId = u32;
+
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rows {
+    /// One row per token row of the graph (`Graph::rows`).
+    Tokens,
+    /// One row per head row (`Graph::head_rows` at most; the run says how many).
+    Head,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Value {
+    pub name: String,
+    pub rows: Rows,
+    pub cols: u32,
+    /// Byte offset in the window; a multiple of [`crate::WINDOW_ALIGN`].
+    pub offset: u64,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum Op {
+    /// `out[r] = table[token[r]]`.
+    Embed { table: TensorId, out: ValueId },
+    /// `x *= factor`.
+    Scale { x: ValueId, factor: f32 },
+    /// `out = x / sqrt(mean(x^2) + eps) * weight`, per row.
+    RmsNorm { x: ValueId, weight: TensorId, eps: f32, out: ValueId },
+    /// `out = x @ weight^T` with `weight` stored `[out_features, in_features]`.
+    MatMul { x: ValueId, weight: TensorId, out: ValueId },
+    /// Rotary embedding in place, half-split ("rotate_half") convention, at each row's
+    /// position; `cos` and `sin` are `[positions, head_dim / 2]` tables.
+    Rope { x: ValueId, heads: u32, cos: TensorId, sin: TensorId },
+    /// Bidirectional multi-head attention of every row against the valid keys (padding
+    /// rows are masked out as keys); query head `h` uses key/value head
+    /// `h / (heads / kv_heads)`.
+    Attention { q: ValueId, k: ValueId, v: ValueId, out: ValueId, heads: u32, kv_heads: u32 },
+    /// `out = silu(gate) * up`.
+    SwiGlu { gate: ValueId, up: ValueId, out: ValueId },
+    /// `acc += x`.
+    Add { acc: ValueId, x: ValueId },
+    /// `out[i] = x[head_row[i]]`: picks the rows whose logits the sampler needs.
+    GatherHeadRows { x: ValueId, out: ValueId },
+}
+
+impl Op {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Embed { .. } => "Embed",
+            Op::Scale { .. } => "Scale",
+            Op::RmsNorm { .. } => "RmsNorm",
+            Op::MatMul { .. } => "MatMul",
+            Op::Rope { .. } => "Rope",
+            Op::Attention { .. } => "Attention",
+            Op::SwiGlu { .. } => "SwiGlu",
+            Op::Add { .. } => "Add",
+            Op::GatherHeadRows { .. } => "GatherHeadRows",
+        }
+    }
+
+    /// Values the op reads.
+    pub fn inputs(&self) -> Vec<ValueId> {
+        match *self {
+            Op::Embed { .. } => vec![],
+            Op::Scale { x, .. } => vec![x],
+            Op::RmsNorm { x, .. } | Op::MatMul { x, .. } | Op::GatherHeadRows { x, .. } => vec![x],
+            Op::Rope { x, .. } => vec![x],
+            Op::Attention { q, k, v, .. } => vec![q, k, v],
+            Op::SwiGlu { gate, up, .. } => vec![gate, up],
+            Op::Add { acc, x } => vec![acc, x],
+        }
+    }
+
+    /// Values the op writes (in-place ops list their operand here too).
+    pub fn outputs(&self) -> Vec<ValueId> {
+        match *self {
+            Op::Embed { out, .. }
+            | Op::RmsNorm { out, .. }
+            | Op::MatMul { out, .. }
+            | Op::Attention { out, .. }
+            | Op::SwiGlu { out, .. }
+            | Op::GatherHeadRows { out, .. } => vec![out],
+            Op::Scale { x, .. } | Op::Rope { x, .. } => vec![x],
+            Op::Add { acc, .. } => vec![acc],
+        }
+    }
+
+    /// Tensors the op reads.
+    pub fn tensors(&self) -> Vec<TensorId> {
+        match *self {
+            Op::Embed { table, .. } => vec![table],
+            Op::RmsNorm { weight, .. } | Op::MatMul { weight, .. } => vec![weight],
+            Op::Rope { cos, sin, .. } => vec![cos, sin],
+            _ => vec![],
+        }
+    }
+}
+
+/// One static-shape program.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Graph {
+    pub name: String,
+    /// Token rows (R): the static sequence length this graph computes.
+    pub rows: u32,
+    /// Most rows whose logits one run can ask for.
+    pub head_rows: u32,
+    pub values: Vec<Value>,
+    pub ops: Vec<Op>,
+    /// The value holding the logits, `[head rows, embedding_size]`.
+    pub logits: ValueId,
+    /// Bytes of window this graph needs.
+    pub window_bytes: u64,
+}
+
+impl Graph {
+    pub fn row_count(&self, rows: Rows) -> u64 {
+        match rows {
+            Rows::Tokens => self.rows as u64,
+            Rows::Head => self.head_rows as u64,
+        }
+    }
+
+    /// Bytes the value occupies in the window (its static capacity).
+    pub fn value_bytes(&self, v: &Value) -> u64 {
+        self.row_count(v.rows) * v.cols as u64 * 4
+    }
+}

@@ -1,0 +1,162 @@
+//! The artifact header: everything the runtime needs besides the tensor bytes.
+
+use serde::{Deserialize, Serialize};
+
+use crate::graph::Graph;
+
+/// Hyperparameters of a LLaDA-architecture network, as the runtime needs them.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// Architecture family; "llada" is the only one so far.
+    pub architecture: String,
+    pub d_model: u32,
+    pub n_layers: u32,
+    pub n_heads: u32,
+    /// Key/value heads; fewer than `n_heads` means grouped-query attention.
+    pub n_kv_heads: u32,
+    pub head_dim: u32,
+    /// SwiGLU hidden width.
+    pub mlp_hidden: u32,
+    /// Tokenizer vocabulary size.
+    pub vocab_size: u32,
+    /// Rows of the embedding and of the output head: the width of the logits.
+    pub embedding_size: u32,
+    /// Longest sequence the checkpoint was trained for.
+    pub max_sequence_length: u32,
+    pub rope_theta: f64,
+    pub rms_eps: f64,
+}
+
+/// Token ids the sampler and the text front end need.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct SpecialTokens {
+    /// `<|mdm_mask|>`: the token every generated position starts as.
+    pub mask: u32,
+    pub bos: Option<u32>,
+    /// End of text; also padding in LLaDA.
+    pub eos: Option<u32>,
+    /// End of turn (`<|eot_id|>`), present in instruct models.
+    pub eot: Option<u32>,
+}
+
+/// The text front end: the Hugging Face tokenizer and the chat template, stored verbatim.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct TokenizerSpec {
+    /// Contents of `tokenizer.json`.
+    pub tokenizer_json: String,
+    /// Jinja chat template from `tokenizer_config.json`, if the model has one.
+    pub chat_template: Option<String>,
+    pub bos_token: Option<String>,
+    pub eos_token: Option<String>,
+    /// `add_bos_token` from `tokenizer_config.json`.
+    pub add_bos_token: bool,
+}
+
+/// Element type of a stored tensor.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl DType {
+    pub fn size_bytes(self) -> u64 {
+        match self {
+            DType::F32 => 4,
+            DType::Bf16 | DType::F16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::Bf16 => "bf16",
+            DType::F16 => "f16",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<DType> {
+        match name {
+            "f32" => Some(DType::F32),
+            "bf16" => Some(DType::Bf16),
+            "f16" => Some(DType::F16),
+            _ => None,
+        }
+    }
+}
+
+/// One stored tensor: row-major, little-endian, `offset` bytes into the data section.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct TensorInfo {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+    /// Offset from the start of the data section; a multiple of [`crate::TENSOR_ALIGN`].
+    pub offset: u64,
+    pub nbytes: u64,
+    /// CRC-32 of the tensor's bytes.
+    pub crc32: u32,
+}
+
+impl TensorInfo {
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().product()
+    }
+}
+
+/// A page-aligned run of the data section holding whole tensors (one transformer block, the
+/// embedding, the head...). Segments are the unit a swap schedule stages into the window.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Segment {
+    pub name: String,
+    /// Offset from the start of the data section; a multiple of [`crate::SEGMENT_ALIGN`].
+    pub offset: u64,
+    pub nbytes: u64,
+}
+
+/// Which graph serves which decoding state.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct Plan {
+    /// Whole-sequence graphs for the exact sampler, by increasing row count: a sequence of
+    /// length L runs on the first graph whose `rows >= L`, with the padding masked out as keys.
+    pub exact: Vec<u32>,
+}
+
+/// How the artifact was made, for `lladac inspect` and bug reports.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct CompileInfo {
+    /// `lladac <version>`.
+    pub compiler: String,
+    /// The checkpoint directory it was compiled from.
+    pub source: String,
+    pub target: String,
+    /// The options, as `key=value` pairs.
+    pub options: Vec<(String, String)>,
+}
+
+/// Data a minor format version may add without breaking older readers, which skip unknown keys.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Extension {
+    pub key: String,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Header {
+    pub model: ModelConfig,
+    pub special: SpecialTokens,
+    pub tokenizer: TokenizerSpec,
+    pub tensors: Vec<TensorInfo>,
+    pub segments: Vec<Segment>,
+    pub graphs: Vec<Graph>,
+    pub plan: Plan,
+    pub compile: CompileInfo,
+    pub extensions: Vec<Extension>,
+}
+
+impl Header {
+    pub fn tensor_index(&self, name: &str) -> Option<u32> {
+        self.tensors.iter().position(|t| t.name == name).map(|i| i as u32)
+    }
+}

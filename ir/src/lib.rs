@@ -1,0 +1,20 @@
+//! `llada-ir`: the artifact contract between `lladac` (which writes it) and `llada-rt` (which
+//! runs it). Types, serialization and verification; no compute. See `COMPATIBILITY.md`.
+
+pub mod error;
+pub mod format;
+pub mod graph;
+pub mod header;
+pub mod read;
+pub mod verify;
+pub mod write;
+
+pub use error::{Error, Result};
+pub use format::{align_up, FORMAT_MAJOR, FORMAT_MINOR, SEGMENT_ALIGN, TENSOR_ALIGN, WINDOW_ALIGN};
+pub use graph::{Graph, Op, Rows, TensorId, Value, ValueId};
+pub use header::{CompileInfo, DType, Extension, Header, ModelConfig, Plan, Segment, SpecialTokens, TensorInfo, TokenizerSpec};
+pub use read::Artifact;
+pub use write::ArtifactWriter;
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("llada artifacts are little-endian and are mapped in place; big-endian hosts are not supported");

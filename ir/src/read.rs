@@ -1,0 +1,83 @@
+//! Reading an artifact from bytes (normally a memory map). [`Artifact::parse`] checks the
+//! preamble, bounds, the header checksum and the whole structure; [`Artifact::verify_data`]
+//! checks every tensor checksum and that every gap byte is zero, so any flipped byte in the
+//! file is caught before the runtime trusts it.
+
+use crate::error::{Error, Result};
+use crate::format::{Preamble, PREAMBLE_LEN};
+use crate::graph::TensorId;
+use crate::header::Header;
+use crate::verify;
+
+pub struct Artifact<'a> {
+    pub preamble: Preamble,
+    pub header: Header,
+    /// The data section.
+    data: &'a [u8],
+    file: &'a [u8],
+}
+
+impl<'a> Artifact<'a> {
+    pub fn parse(file: &'a [u8]) -> Result<Self> {
+        let p = Preamble::decode(file)?;
+        let have = file.len() as u64;
+        let data_end = p.data_offset.checked_add(p.data_len).ok_or_else(|| Error::invalid("data section length overflows"))?;
+        let header_end =
+            p.header_offset.checked_add(p.header_len).ok_or_else(|| Error::invalid("header length overflows"))?;
+        if header_end > have {
+            return Err(Error::Truncated { what: "the header".into(), need: header_end, have });
+        }
+        if data_end > have {
+            return Err(Error::Truncated { what: "the data section".into(), need: data_end, have });
+        }
+        if p.data_offset < PREAMBLE_LEN as u64 || p.header_offset < data_end {
+            return Err(Error::invalid("the preamble places the header inside the data section"));
+        }
+        if header_end != have {
+            return Err(Error::invalid(format!("{} unexpected bytes after the header", have - header_end)));
+        }
+        let header_bytes = &file[p.header_offset as usize..header_end as usize];
+        if crc32fast::hash(header_bytes) != p.header_crc32 {
+            return Err(Error::Checksum { what: "the header".into() });
+        }
+        let header: Header =
+            postcard::from_bytes(header_bytes).map_err(|e| Error::invalid(format!("cannot decode the header: {e}")))?;
+        verify::header(&header, p.data_len)?;
+        Ok(Artifact { preamble: p, header, data: &file[p.data_offset as usize..data_end as usize], file })
+    }
+
+    /// Checks every tensor's CRC-32 and that all bytes outside tensors (preamble padding,
+    /// alignment gaps) are zero.
+    pub fn verify_data(&self) -> Result<()> {
+        let zero_gap = |bytes: &[u8], what: &str| -> Result<()> {
+            if bytes.iter().any(|&b| b != 0) {
+                return Err(Error::Checksum { what: what.to_string() });
+            }
+            Ok(())
+        };
+        zero_gap(&self.file[PREAMBLE_LEN..self.preamble.data_offset as usize], "the preamble padding")?;
+        let mut order: Vec<usize> = (0..self.header.tensors.len()).collect();
+        order.sort_by_key(|&i| self.header.tensors[i].offset);
+        let mut cursor = 0u64;
+        for i in order {
+            let t = &self.header.tensors[i];
+            zero_gap(&self.data[cursor as usize..t.offset as usize], &format!("the padding before tensor '{}'", t.name))?;
+            if crc32fast::hash(self.tensor_bytes(i as TensorId)) != t.crc32 {
+                return Err(Error::Checksum { what: format!("tensor '{}'", t.name) });
+            }
+            cursor = t.offset + t.nbytes;
+        }
+        zero_gap(&self.data[cursor as usize..], "the padding after the last tensor")
+    }
+
+    /// The stored bytes of a tensor. `id` must come from this artifact's header (verified at
+    /// parse time to lie inside the data section).
+    pub fn tensor_bytes(&self, id: TensorId) -> &'a [u8] {
+        let t = &self.header.tensors[id as usize];
+        &self.data[t.offset as usize..(t.offset + t.nbytes) as usize]
+    }
+
+    pub fn data_section(&self) -> &'a [u8] {
+        self.data
+    }
+}

@@ -1,0 +1,240 @@
+//! Structural verification of a header, once, at load (and by the compiler before it
+//! writes). After this passes, the runtime trusts every index, offset and shape in the plan.
+//! Errors name the element: `graphs[2] 'exact-64' ops[17] MatMul: ...`.
+
+use crate::error::{Error, Result};
+use crate::format::{SEGMENT_ALIGN, TENSOR_ALIGN, WINDOW_ALIGN};
+use crate::graph::{Graph, Op, Rows, TensorId, ValueId};
+use crate::header::{DType, Header, ModelConfig};
+
+pub fn header(h: &Header, data_len: u64) -> Result<()> {
+    model(&h.model)?;
+    let m = &h.model;
+    for (what, id) in [("mask", Some(h.special.mask)), ("bos", h.special.bos), ("eos", h.special.eos), ("eot", h.special.eot)] {
+        if let Some(id) = id {
+            if id >= m.embedding_size {
+                return Err(Error::invalid(format!("special token {what} = {id} is outside the embedding ({})", m.embedding_size)));
+            }
+        }
+    }
+    tensors(h, data_len)?;
+    for (i, g) in h.graphs.iter().enumerate() {
+        graph(h, g).map_err(|e| Error::invalid(format!("graphs[{i}] '{}' {e}", g.name)))?;
+    }
+    let mut last_rows = 0;
+    for (i, &g) in h.plan.exact.iter().enumerate() {
+        let graph = h.graphs.get(g as usize).ok_or_else(|| Error::invalid(format!("plan.exact[{i}] names graph {g}, which does not exist")))?;
+        if graph.rows <= last_rows {
+            return Err(Error::invalid(format!("plan.exact[{i}] is not in increasing row order")));
+        }
+        last_rows = graph.rows;
+    }
+    Ok(())
+}
+
+fn model(m: &ModelConfig) -> Result<()> {
+    let bad = |msg: String| Err(Error::invalid(format!("model: {msg}")));
+    if m.d_model == 0 || m.n_layers == 0 || m.n_heads == 0 || m.n_kv_heads == 0 || m.head_dim == 0 || m.mlp_hidden == 0 || m.embedding_size == 0 {
+        return bad("a dimension is zero".into());
+    }
+    if m.n_heads % m.n_kv_heads != 0 {
+        return bad(format!("n_heads {} is not a multiple of n_kv_heads {}", m.n_heads, m.n_kv_heads));
+    }
+    if m.head_dim % 2 != 0 {
+        return bad(format!("head_dim {} is odd; rotary embedding needs it even", m.head_dim));
+    }
+    Ok(())
+}
+
+fn tensors(h: &Header, data_len: u64) -> Result<()> {
+    let mut spans: Vec<(u64, u64, usize)> = Vec::with_capacity(h.tensors.len());
+    let mut names = std::collections::HashSet::new();
+    for (i, t) in h.tensors.iter().enumerate() {
+        let at = || format!("tensors[{i}] '{}'", t.name);
+        if !names.insert(t.name.as_str()) {
+            return Err(Error::invalid(format!("{} appears twice", at())));
+        }
+        let numel = t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
+        if numel.and_then(|n| n.checked_mul(t.dtype.size_bytes())) != Some(t.nbytes) {
+            return Err(Error::invalid(format!("{}: {} bytes do not hold shape {:?} of {}", at(), t.nbytes, t.shape, t.dtype.name())));
+        }
+        if t.offset % TENSOR_ALIGN != 0 {
+            return Err(Error::invalid(format!("{}: offset {} is not {}-byte aligned", at(), t.offset, TENSOR_ALIGN)));
+        }
+        match t.offset.checked_add(t.nbytes) {
+            Some(end) if end <= data_len => spans.push((t.offset, end, i)),
+            _ => {
+                return Err(Error::Truncated { what: at(), need: t.offset.saturating_add(t.nbytes), have: data_len });
+            }
+        }
+    }
+    spans.sort();
+    for w in spans.windows(2) {
+        if w[1].0 < w[0].1 {
+            return Err(Error::invalid(format!(
+                "tensors[{}] '{}' overlaps tensors[{}] '{}'",
+                w[0].2, h.tensors[w[0].2].name, w[1].2, h.tensors[w[1].2].name
+            )));
+        }
+    }
+    let mut segs: Vec<(u64, u64)> = Vec::new();
+    for (i, s) in h.segments.iter().enumerate() {
+        if s.offset % SEGMENT_ALIGN != 0 || s.offset.checked_add(s.nbytes).is_none_or(|e| e > data_len) {
+            return Err(Error::invalid(format!("segments[{i}] '{}' is misaligned or outside the data section", s.name)));
+        }
+        segs.push((s.offset, s.offset + s.nbytes));
+    }
+    segs.sort();
+    if segs.windows(2).any(|w| w[1].0 < w[0].1) {
+        return Err(Error::invalid("two segments overlap"));
+    }
+    Ok(())
+}
+
+fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
+    let m = &h.model;
+    if g.rows == 0 || g.head_rows == 0 || g.head_rows > g.rows {
+        return Err(format!("has {} rows and {} head rows", g.rows, g.head_rows));
+    }
+    for (i, v) in g.values.iter().enumerate() {
+        let end = g.value_bytes(v).checked_add(v.offset);
+        if v.cols == 0 || v.offset % WINDOW_ALIGN != 0 || end.is_none_or(|e| e > g.window_bytes) {
+            return Err(format!("values[{i}] '{}' does not fit the window ({} bytes) or is misaligned", v.name, g.window_bytes));
+        }
+    }
+    let value = |id: ValueId| g.values.get(id as usize).ok_or_else(|| format!("refers to value {id}, which does not exist"));
+    let tensor = |id: TensorId| h.tensors.get(id as usize).ok_or_else(|| format!("refers to tensor {id}, which does not exist"));
+    let logits = value(g.logits)?;
+    if logits.rows != Rows::Head || logits.cols != m.embedding_size {
+        return Err(format!("logits value '{}' is not [head rows, {}]", logits.name, m.embedding_size));
+    }
+    let hd = m.head_dim;
+    for (i, op) in g.ops.iter().enumerate() {
+        let at = |msg: String| format!("ops[{i}] {}: {msg}", op.name());
+        let same = |a: ValueId, b: ValueId| -> std::result::Result<(), String> {
+            let (va, vb) = (value(a)?, value(b)?);
+            if va.rows != vb.rows || va.cols != vb.cols {
+                return Err(at(format!("'{}' and '{}' differ in shape", va.name, vb.name)));
+            }
+            Ok(())
+        };
+        for v in op.inputs().into_iter().chain(op.outputs()) {
+            value(v).map_err(at)?;
+        }
+        for t in op.tensors() {
+            tensor(t).map_err(at)?;
+        }
+        match *op {
+            Op::Embed { table, out } => {
+                let (t, o) = (tensor(table)?, value(out)?);
+                if t.shape != [m.embedding_size as u64, o.cols as u64] || o.rows != Rows::Tokens {
+                    return Err(at(format!("table '{}' {:?} does not match output [{}, {}]", t.name, t.shape, m.embedding_size, o.cols)));
+                }
+            }
+            Op::Scale { .. } => {}
+            Op::RmsNorm { x, weight, out, .. } => {
+                same(x, out)?;
+                let t = tensor(weight)?;
+                if t.dtype != DType::F32 || t.shape != [value(x)?.cols as u64] {
+                    return Err(at(format!("weight '{}' is not f32 [{}]", t.name, value(x)?.cols)));
+                }
+            }
+            Op::MatMul { x, weight, out } => {
+                let (vx, vo, t) = (value(x)?, value(out)?, tensor(weight)?);
+                if t.shape != [vo.cols as u64, vx.cols as u64] || vx.rows != vo.rows {
+                    return Err(at(format!("weight '{}' {:?} does not map [{}] to [{}]", t.name, t.shape, vx.cols, vo.cols)));
+                }
+            }
+            Op::Rope { x, heads, cos, sin } => {
+                let vx = value(x)?;
+                if vx.cols != heads * hd {
+                    return Err(at(format!("'{}' has {} columns, not {heads} heads of {hd}", vx.name, vx.cols)));
+                }
+                for t in [tensor(cos)?, tensor(sin)?] {
+                    if t.dtype != DType::F32 || t.shape.len() != 2 || t.shape[1] != (hd / 2) as u64 || t.shape[0] < g.rows as u64 {
+                        return Err(at(format!("table '{}' {:?} is not f32 [>= {}, {}]", t.name, t.shape, g.rows, hd / 2)));
+                    }
+                }
+            }
+            Op::Attention { q, k, v, out, heads, kv_heads } => {
+                same(q, out)?;
+                same(k, v)?;
+                let (vq, vk) = (value(q)?, value(k)?);
+                if kv_heads == 0 || heads % kv_heads != 0 || vq.cols != heads * hd || vk.cols != kv_heads * hd || vq.rows != vk.rows {
+                    return Err(at(format!("heads {heads}/{kv_heads} do not match q [{}] and k [{}]", vq.cols, vk.cols)));
+                }
+            }
+            Op::SwiGlu { gate, up, out } => {
+                same(gate, up)?;
+                same(gate, out)?;
+            }
+            Op::Add { acc, x } => same(acc, x)?,
+            Op::GatherHeadRows { x, out } => {
+                let (vx, vo) = (value(x)?, value(out)?);
+                if vx.rows != Rows::Tokens || vo.rows != Rows::Head || vx.cols != vo.cols {
+                    return Err(at(format!("'{}' -> '{}' is not tokens -> head rows of one width", vx.name, vo.name)));
+                }
+            }
+        }
+        // An op's output must not share bytes with its other operands: kernels read inputs
+        // while writing outputs. (In-place ops list the same value on both sides.)
+        for o in op.outputs() {
+            for inp in op.inputs() {
+                if inp != o && overlaps(g, o, inp) {
+                    return Err(at(format!("output '{}' overlaps input '{}' in the window", g.values[o as usize].name, g.values[inp as usize].name)));
+                }
+            }
+        }
+    }
+    lifetimes_disjoint(g)
+}
+
+fn overlaps(g: &Graph, a: ValueId, b: ValueId) -> bool {
+    let (va, vb) = (&g.values[a as usize], &g.values[b as usize]);
+    va.offset < vb.offset + g.value_bytes(vb) && vb.offset < va.offset + g.value_bytes(va)
+}
+
+/// Live interval (first op that touches it, last op that touches it) of every value; the
+/// logits stay live to the end because the sampler reads them after the run.
+pub fn live_intervals(g: &Graph) -> Vec<Option<(usize, usize)>> {
+    let mut live: Vec<Option<(usize, usize)>> = vec![None; g.values.len()];
+    for (i, op) in g.ops.iter().enumerate() {
+        for v in op.inputs().into_iter().chain(op.outputs()) {
+            let e = &mut live[v as usize];
+            *e = Some(e.map_or((i, i), |(a, _)| (a, i)));
+        }
+    }
+    if let Some(e) = live.get_mut(g.logits as usize) {
+        *e = Some(e.map_or((g.ops.len(), g.ops.len()), |(a, _)| (a, g.ops.len())));
+    }
+    live
+}
+
+/// No two values that are live at the same time may share window bytes: the check the
+/// memory planner's output must pass (ExecuTorch's memory-planning verifier does the same).
+fn lifetimes_disjoint(g: &Graph) -> std::result::Result<(), String> {
+    let live = live_intervals(g);
+    let mut items: Vec<(u64, u64, usize)> = g
+        .values
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| live[*i].is_some())
+        .map(|(i, v)| (v.offset, v.offset + g.value_bytes(v), i))
+        .collect();
+    items.sort();
+    for a in 0..items.len() {
+        for b in a + 1..items.len() {
+            if items[b].0 >= items[a].1 {
+                break;
+            }
+            let (la, lb) = (live[items[a].2].unwrap(), live[items[b].2].unwrap());
+            if la.0 <= lb.1 && lb.0 <= la.1 {
+                return Err(format!(
+                    "values '{}' and '{}' share window bytes while both are live",
+                    g.values[items[a].2].name, g.values[items[b].2].name
+                ));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,142 @@
+//! `llada-rt conformance`: replays a golden file made by the official LLaDA `generate()` and
+//! checks that this runtime produces the same tokens, the same reveals (up to the first tie
+//! among equal confidences, after which PyTorch's order is an implementation detail) and the
+//! same first-pass logits within 1e-4.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::sampler::{generate, Remasking, SamplerParams};
+use crate::session::Session;
+
+#[derive(Deserialize)]
+struct Golden {
+    cases: Vec<Case>,
+    #[serde(default)]
+    first_step_logits: Vec<LogitCase>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    id: String,
+    prompt_ids: Vec<u32>,
+    gen_length: usize,
+    block_length: usize,
+    steps: usize,
+    temperature: f64,
+    remasking: String,
+    cfg_scale: f64,
+    mask_id: u32,
+    output_ids: Vec<u32>,
+    step_reveals: Vec<Vec<[u32; 2]>>,
+    first_tied_step: Option<usize>,
+}
+
+#[derive(Deserialize)]
+struct LogitCase {
+    input_ids: Vec<u32>,
+    gen_length: usize,
+    logits: Vec<Vec<f64>>,
+}
+
+/// Absolute tolerance on first-pass logits (the golden values are rounded to 1e-5).
+pub const LOGIT_TOLERANCE: f64 = 1e-4;
+
+#[derive(Debug, Default, serde::Serialize)]
+pub struct Report {
+    pub cases: usize,
+    pub output_ids_matched: usize,
+    /// Cases whose reveals match as a set per step for every step before the first tie.
+    pub reveals_before_tie_matched: usize,
+    /// Cases whose reveals match for every step (informative: past a tie, order is PyTorch's).
+    pub reveals_all_steps_matched: usize,
+    /// Cases that need PyTorch's own random stream (temperature > 0, random remasking).
+    pub skipped: usize,
+    pub logit_cases: usize,
+    pub logit_cases_within_tolerance: usize,
+    pub max_logit_abs_error: f64,
+    pub failures: Vec<String>,
+}
+
+impl Report {
+    pub fn passed(&self) -> bool {
+        self.failures.is_empty() && self.cases > 0
+    }
+}
+
+fn as_set(step: &[[u32; 2]]) -> BTreeSet<[u32; 2]> {
+    step.iter().copied().collect()
+}
+
+pub fn run(session: &mut Session, golden_path: &Path, progress: &mut dyn FnMut(&str)) -> Result<Report> {
+    let text = std::fs::read_to_string(golden_path).map_err(|e| Error::io(golden_path, e))?;
+    let golden: Golden = serde_json::from_str(&text)
+        .map_err(|e| Error::Input { path: golden_path.to_path_buf(), msg: format!("not a golden file: {e}") })?;
+    let mask = session.model.header.special.mask;
+    let mut r = Report { cases: golden.cases.len(), ..Default::default() };
+    for c in &golden.cases {
+        if c.mask_id != mask {
+            r.failures.push(format!("{}: golden mask id {} but the model's is {mask}", c.id, c.mask_id));
+            continue;
+        }
+        let remasking = Remasking::parse(&c.remasking)
+            .ok_or_else(|| Error::Input { path: golden_path.to_path_buf(), msg: format!("{}: unknown remasking '{}'", c.id, c.remasking) })?;
+        if c.temperature > 0.0 || remasking == Remasking::Random {
+            r.skipped += 1;
+            continue;
+        }
+        let params = SamplerParams {
+            gen_length: c.gen_length,
+            block_length: c.block_length,
+            steps: c.steps,
+            temperature: c.temperature,
+            cfg_scale: c.cfg_scale,
+            remasking,
+            ..Default::default()
+        };
+        let g = generate(session, &c.prompt_ids, &params, &mut |_| {})?;
+        if g.output_ids == c.output_ids {
+            r.output_ids_matched += 1;
+        } else {
+            r.failures.push(format!("{}: output_ids {:?}, golden {:?}", c.id, g.output_ids, c.output_ids));
+        }
+        let before_tie = c.first_tied_step.unwrap_or(c.step_reveals.len()).min(c.step_reveals.len());
+        let step_matches = |s: usize| g.reveals.get(s).is_some_and(|ours| as_set(ours) == as_set(&c.step_reveals[s]));
+        match (0..before_tie).find(|&s| !step_matches(s)) {
+            None => r.reveals_before_tie_matched += 1,
+            Some(s) => r.failures.push(format!(
+                "{}: step {s} (before the first tie at {before_tie}) committed {:?}, golden {:?}",
+                c.id,
+                g.reveals.get(s),
+                c.step_reveals[s]
+            )),
+        }
+        if g.reveals.len() == c.step_reveals.len() && (0..c.step_reveals.len()).all(step_matches) {
+            r.reveals_all_steps_matched += 1;
+        }
+        progress(&c.id);
+    }
+    for (i, lc) in golden.first_step_logits.iter().enumerate() {
+        r.logit_cases += 1;
+        let prompt_len = lc.input_ids.len() - lc.gen_length;
+        let rows: Vec<u32> = (prompt_len..lc.input_ids.len()).map(|p| p as u32).collect();
+        let logits = session.forward_full(&lc.input_ids, &rows)?;
+        let vocab = logits.len() / rows.len();
+        let mut err: f64 = 0.0;
+        for (ri, want) in lc.logits.iter().enumerate() {
+            for (v, &w) in want.iter().enumerate() {
+                err = err.max((logits[ri * vocab + v] as f64 - w).abs());
+            }
+        }
+        r.max_logit_abs_error = r.max_logit_abs_error.max(err);
+        if err <= LOGIT_TOLERANCE {
+            r.logit_cases_within_tolerance += 1;
+        } else {
+            r.failures.push(format!("first_step_logits[{i}]: max abs error {err:.2e} > {LOGIT_TOLERANCE:.0e}"));
+        }
+    }
+    Ok(r)
+}

@@ -1,0 +1,180 @@
+//! Executors run one planned graph over the window. The host executor is the CPU standing in
+//! for an accelerator; a phone backend would implement the same trait over the same plan.
+
+use std::ops::Range;
+
+use llada_ir::{Graph, Op, Rows, Value};
+
+use crate::kernels;
+use crate::model::Model;
+
+/// What one run of a graph needs besides the window: the token rows and which rows' logits
+/// to produce.
+pub struct RunInputs<'a> {
+    /// One token per graph row (padding rows hold any valid token).
+    pub tokens: &'a [u32],
+    /// Position of each row (indexes the rotary tables).
+    pub positions: &'a [u32],
+    /// Rows `0..valid_keys` are real tokens; later rows are padding, masked out as keys.
+    pub valid_keys: usize,
+    /// Rows whose logits the sampler needs, in output order.
+    pub head_rows: &'a [u32],
+}
+
+pub trait Executor {
+    /// Runs `graph` (verified at load) with `inputs`; values live in `window`.
+    fn run(&mut self, model: &Model, graph: &Graph, inputs: &RunInputs, window: &mut Window);
+}
+
+/// 64-byte aligned storage, so every value offset in the plan is a cache-line boundary.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Line([f32; 16]);
+
+/// The accelerator window: allocated once per session, sized by the plan.
+pub struct Window {
+    lines: Vec<Line>,
+}
+
+impl Window {
+    pub fn new(bytes: u64) -> Window {
+        Window { lines: vec![Line([0.0; 16]); bytes.div_ceil(64) as usize] }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.lines.len() as u64 * 64
+    }
+
+    pub fn floats(&self) -> &[f32] {
+        bytemuck::cast_slice(&self.lines)
+    }
+
+    fn floats_mut(&mut self) -> &mut [f32] {
+        bytemuck::cast_slice_mut(&mut self.lines)
+    }
+}
+
+/// Float range a value occupies for this run (head values use only the rows asked for).
+pub fn value_range(g: &Graph, v: &Value, head_rows: usize) -> Range<usize> {
+    let rows = match v.rows {
+        Rows::Tokens => g.rows as usize,
+        Rows::Head => head_rows,
+    };
+    let start = (v.offset / 4) as usize;
+    start..start + rows * v.cols as usize
+}
+
+/// Shared views of an op's inputs and a mutable view of its output, all in one window.
+fn operands<'w, const N: usize>(win: &'w mut [f32], ins: [Range<usize>; N], out: Range<usize>) -> ([&'w [f32]; N], &'w mut [f32]) {
+    assert!(out.end <= win.len(), "output outside the window");
+    for r in &ins {
+        assert!(r.end <= win.len(), "input outside the window");
+        assert!(r.end <= out.start || out.end <= r.start, "output overlaps an input");
+    }
+    let base = win.as_mut_ptr();
+    // SAFETY: every range lies inside `win` and the output range is disjoint from every input
+    // range (both asserted above), so the one mutable slice aliases none of the shared ones;
+    // all borrow `win` mutably for 'w, so nothing else can touch it meanwhile.
+    unsafe {
+        (
+            ins.map(|r| std::slice::from_raw_parts(base.add(r.start), r.len())),
+            std::slice::from_raw_parts_mut(base.add(out.start), out.len()),
+        )
+    }
+}
+
+/// The CPU executor. Scratch space is sized once for the model, so running a graph does
+/// not allocate.
+pub struct HostExecutor {
+    /// Weight rows converted to f32, a block at a time.
+    weight_scratch: Vec<f32>,
+    /// Attention scores of one query row.
+    scores: Vec<f32>,
+}
+
+/// Bytes of converted weights per block: about half an L2 cache.
+const WEIGHT_BLOCK_BYTES: usize = 256 << 10;
+
+impl HostExecutor {
+    pub fn new(model: &Model) -> HostExecutor {
+        let m = &model.header.model;
+        let max_k = m.d_model.max(m.mlp_hidden).max(m.n_heads * m.head_dim) as usize;
+        let max_rows = model.header.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize;
+        HostExecutor {
+            weight_scratch: vec![0.0; (WEIGHT_BLOCK_BYTES / 4).max(4 * max_k)],
+            scores: vec![0.0; max_rows],
+        }
+    }
+}
+
+impl Executor for HostExecutor {
+    fn run(&mut self, model: &Model, g: &Graph, inp: &RunInputs, window: &mut Window) {
+        let hd = model.header.model.head_dim as usize;
+        let nh = inp.head_rows.len();
+        let range = |v: u32| value_range(g, &g.values[v as usize], nh);
+        let cols = |v: u32| g.values[v as usize].cols as usize;
+        let rows_of = |v: u32| match g.values[v as usize].rows {
+            Rows::Tokens => g.rows as usize,
+            Rows::Head => nh,
+        };
+        let win = window.floats_mut();
+        for op in &g.ops {
+            match *op {
+                Op::Embed { table, out } => {
+                    let c = cols(out);
+                    let ([], o) = operands(win, [], range(out));
+                    for (row, &t) in o.chunks_exact_mut(c).zip(inp.tokens) {
+                        kernels::embed_row(model.weights(table), c, t as usize, row);
+                    }
+                }
+                Op::Scale { x, factor } => kernels::scale(&mut win[range(x)], factor),
+                Op::RmsNorm { x, weight, eps, out } => {
+                    let ([xs], o) = operands(win, [range(x)], range(out));
+                    kernels::rms_norm(xs, model.f32s(weight), eps, o);
+                }
+                Op::MatMul { x, weight, out } => {
+                    let ([xs], o) = operands(win, [range(x)], range(out));
+                    kernels::matmul(xs, rows_of(x), model.weights(weight), cols(x), o, &mut self.weight_scratch);
+                }
+                Op::Rope { x, cos, sin, .. } => {
+                    let half = hd / 2;
+                    let (cos, sin) = (model.f32s(cos), model.f32s(sin));
+                    let c = cols(x);
+                    for (row, &p) in win[range(x)].chunks_exact_mut(c).zip(inp.positions) {
+                        let t = p as usize * half..(p as usize + 1) * half;
+                        kernels::rope_row(row, hd, &cos[t.clone()], &sin[t]);
+                    }
+                }
+                Op::Attention { q, k, v, out, heads, kv_heads } => {
+                    let ([qs, ks, vs], o) = operands(win, [range(q), range(k), range(v)], range(out));
+                    let (qc, kc) = (cols(q), cols(k));
+                    let group = (heads / kv_heads) as usize;
+                    let scale = 1.0 / (hd as f32).sqrt();
+                    for h in 0..heads as usize {
+                        let kv = (h / group) * hd;
+                        for i in 0..g.rows as usize {
+                            let qrow = &qs[i * qc + h * hd..i * qc + (h + 1) * hd];
+                            let orow = &mut o[i * qc + h * hd..i * qc + (h + 1) * hd];
+                            kernels::attend_row(qrow, &ks[kv..], &vs[kv..], kc, inp.valid_keys, hd, scale, &mut self.scores, orow);
+                        }
+                    }
+                }
+                Op::SwiGlu { gate, up, out } => {
+                    let ([gs, us], o) = operands(win, [range(gate), range(up)], range(out));
+                    kernels::swiglu(gs, us, o);
+                }
+                Op::Add { acc, x } => {
+                    let ([xs], a) = operands(win, [range(x)], range(acc));
+                    kernels::add(a, xs);
+                }
+                Op::GatherHeadRows { x, out } => {
+                    let c = cols(x);
+                    let ([xs], o) = operands(win, [range(x)], range(out));
+                    for (row, &r) in o.chunks_exact_mut(c).zip(inp.head_rows) {
+                        row.copy_from_slice(&xs[r as usize * c..(r as usize + 1) * c]);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! A loaded artifact: the file mapped read-only, its header decoded and everything verified
+//! once. After [`Model::open`] returns, the hot path trusts every index and offset in it.
+
+use std::fs::File;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use half::{bf16, f16};
+use llada_ir::{Artifact, DType, Graph, Header, TensorId};
+use memmap2::Mmap;
+
+use crate::error::{Error, Result};
+
+pub struct Model {
+    pub path: PathBuf,
+    pub header: Header,
+    map: Mmap,
+    data: Range<usize>,
+}
+
+/// A stored tensor viewed in place, in its stored element type.
+#[derive(Clone, Copy)]
+pub enum Weights<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [bf16]),
+    F16(&'a [f16]),
+}
+
+impl Model {
+    /// Maps `path`, checks the preamble, header and structure, and (unless `verify_data` is
+    /// false) every tensor checksum.
+    pub fn open(path: &Path, verify_data: bool) -> Result<Model> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        // SAFETY: a read-only private map of a file the runtime only reads. If another process
+        // truncated or rewrote the file while it is mapped, reads could fault or see new
+        // bytes; like every mmap-based loader (llama.cpp, ExecuTorch) we accept that the
+        // artifact is not modified while in use.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        let wrap = |source| Error::Artifact { path: path.to_path_buf(), source };
+        let art = Artifact::parse(&map).map_err(wrap)?;
+        if verify_data {
+            art.verify_data().map_err(wrap)?;
+        }
+        let (p, header) = (art.preamble, art.header);
+        let data = p.data_offset as usize..(p.data_offset + p.data_len) as usize;
+        Ok(Model { path: path.to_path_buf(), header, map, data })
+    }
+
+    pub fn tensor_bytes(&self, id: TensorId) -> &[u8] {
+        let t = &self.header.tensors[id as usize];
+        &self.map[self.data.clone()][t.offset as usize..(t.offset + t.nbytes) as usize]
+    }
+
+    /// A tensor in its stored element type. Tensors are 64-byte aligned in a page-aligned
+    /// map, so the casts cannot fail.
+    pub fn weights(&self, id: TensorId) -> Weights<'_> {
+        let b = self.tensor_bytes(id);
+        match self.header.tensors[id as usize].dtype {
+            DType::F32 => Weights::F32(bytemuck::cast_slice(b)),
+            DType::Bf16 => Weights::Bf16(bytemuck::cast_slice(b)),
+            DType::F16 => Weights::F16(bytemuck::cast_slice(b)),
+        }
+    }
+
+    /// An f32 tensor (norm weights, rope tables: the verifier checked their type).
+    pub fn f32s(&self, id: TensorId) -> &[f32] {
+        bytemuck::cast_slice(self.tensor_bytes(id))
+    }
+
+    pub fn graph(&self, id: u32) -> &Graph {
+        &self.header.graphs[id as usize]
+    }
+
+    /// The largest sequence (prompt + generation) the exact plan serves.
+    pub fn max_exact_len(&self) -> u32 {
+        self.header.plan.exact.last().map_or(0, |&g| self.graph(g).rows)
+    }
+
+    /// The exact-plan graph for a sequence of `len` tokens.
+    pub fn exact_graph_for(&self, len: usize) -> Result<u32> {
+        self.header.plan.exact.iter().copied().find(|&g| self.graph(g).rows as usize >= len).ok_or_else(|| {
+            Error::request(format!(
+                "the sequence needs {len} positions (prompt + gen length) but {} serves at most {}; \
+                 recompile with `lladac compile --max-seq {len}` or shorten the prompt or --gen-len",
+                self.path.display(),
+                self.max_exact_len()
+            ))
+        })
+    }
+}

@@ -1,0 +1,350 @@
+//! The official LLaDA sampler (`generate()` of the LLaDA repository), reproduced exactly:
+//! semi-autoregressive blocks, a fixed number of commits per step, low-confidence or random
+//! remasking, Gumbel-max sampling in float64, classifier-free guidance, and the two EOS/EoT
+//! options of the official code.
+//!
+//! Tie rule: when several eligible positions have exactly the same confidence across the
+//! top-k boundary, the lowest position wins. (PyTorch's CPU top-k leaves this order to its
+//! selection algorithm; the committed tokens agree, the reveal order after a tie may not.)
+
+use std::time::Instant;
+
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::error::{Error, Result};
+use crate::session::Session;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Remasking {
+    /// Commit the positions whose prediction has the highest probability.
+    LowConfidence,
+    /// Commit positions in a random order.
+    Random,
+}
+
+impl Remasking {
+    pub fn parse(s: &str) -> Option<Remasking> {
+        match s {
+            "low_confidence" => Some(Remasking::LowConfidence),
+            "random" => Some(Remasking::Random),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Remasking::LowConfidence => "low_confidence",
+            Remasking::Random => "random",
+        }
+    }
+}
+
+/// Sampler settings, with the official code's defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplerParams {
+    /// Tokens to generate.
+    pub gen_length: usize,
+    /// Semi-autoregressive block size; `gen_length` must be a multiple of it.
+    pub block_length: usize,
+    /// Denoising steps over all blocks; a multiple of the number of blocks.
+    pub steps: usize,
+    /// 0 = take the most likely token; above 0, Gumbel-max sampling at this temperature.
+    pub temperature: f64,
+    /// Classifier-free guidance scale; 0 skips the unconditional pass.
+    pub cfg_scale: f64,
+    /// Which masked positions to commit first.
+    pub remasking: Remasking,
+    /// Seed of the noise (temperature > 0 and random remasking): same seed, same output.
+    pub seed: u64,
+    /// Official `logits_eos_inf`: EOS is never predicted.
+    pub logits_eos_inf: bool,
+    /// Official `confidence_eos_eot_inf`: predictions of EoT (and of EOS at temperature 0,
+    /// where the official code's noisy and clean logits are one tensor) get zero confidence.
+    pub confidence_eos_eot_inf: bool,
+}
+
+impl Default for SamplerParams {
+    fn default() -> Self {
+        SamplerParams {
+            gen_length: 128,
+            block_length: 32,
+            steps: 128,
+            temperature: 0.0,
+            cfg_scale: 0.0,
+            remasking: Remasking::LowConfidence,
+            seed: 0,
+            logits_eos_inf: false,
+            confidence_eos_eot_inf: false,
+        }
+    }
+}
+
+impl SamplerParams {
+    /// Checks the settings; returns the steps per block.
+    pub fn validate(&self) -> Result<usize> {
+        let bad = |m: String| Err(Error::request(m));
+        if self.gen_length == 0 || self.block_length == 0 || self.steps == 0 {
+            return bad("--gen-len, --block-len and --steps must be at least 1".into());
+        }
+        if self.gen_length % self.block_length != 0 {
+            return bad(format!("--gen-len {} is not a multiple of --block-len {}", self.gen_length, self.block_length));
+        }
+        let blocks = self.gen_length / self.block_length;
+        if self.steps % blocks != 0 {
+            return bad(format!(
+                "--steps {} is not a multiple of the number of blocks ({} = --gen-len {} / --block-len {})",
+                self.steps, blocks, self.gen_length, self.block_length
+            ));
+        }
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return bad(format!("--temperature {} must be a finite number >= 0", self.temperature));
+        }
+        if !(self.cfg_scale >= 0.0 && self.cfg_scale.is_finite()) {
+            return bad(format!("--cfg {} must be a finite number >= 0", self.cfg_scale));
+        }
+        Ok(self.steps / blocks)
+    }
+}
+
+/// How many tokens each step of a block commits: `masked / steps` each, one more for the
+/// first `masked % steps` steps (official `get_num_transfer_tokens`).
+pub fn commits_per_step(masked: usize, steps: usize) -> Vec<usize> {
+    let (base, extra) = (masked / steps, masked % steps);
+    (0..steps).map(|i| base + usize::from(i < extra)).collect()
+}
+
+/// `softmax(logits)[index]` in float32, as PyTorch's vectorised CPU softmax computes it:
+/// max, then `exp(x - max)` summed in 16 lanes and reduced pairwise, then `exp(x_i - max) * (1 /
+/// sum)`. Matching its rounding matters: many confidences round to exactly 1.0 and tie.
+pub fn softmax_at(logits: &[f32], index: usize) -> f32 {
+    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    let mut lanes = [0f32; 16];
+    let mut chunks = logits.chunks_exact(16);
+    for c in &mut chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l += (v - max).exp();
+        }
+    }
+    for (l, &v) in lanes.iter_mut().zip(chunks.remainder()) {
+        *l += (v - max).exp();
+    }
+    let b: [f32; 8] = std::array::from_fn(|i| lanes[i] + lanes[i + 8]);
+    let sum = ((b[0] + b[4]) + (b[2] + b[6])) + ((b[1] + b[5]) + (b[3] + b[7]));
+    (logits[index] - max).exp() * (1.0 / sum)
+}
+
+/// Index of the first maximum.
+fn argmax<T: PartialOrd + Copy>(xs: impl Iterator<Item = T>) -> usize {
+    let mut best: Option<(usize, T)> = None;
+    for (i, x) in xs.enumerate() {
+        if best.is_none_or(|(_, b)| x > b) {
+            best = Some((i, x));
+        }
+    }
+    best.map_or(0, |(i, _)| i)
+}
+
+/// A random stream per (purpose, step, position), so the noise a position sees does not depend
+/// on which other positions a policy computes.
+fn stream(seed: u64, purpose: u64, step: usize, position: usize) -> ChaCha8Rng {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ purpose.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    rng.set_stream(((step as u64) << 32) | position as u64);
+    rng
+}
+
+const GUMBEL: u64 = 1;
+const RANDOM_REMASK: u64 = 2;
+
+/// What the sampler did, for scripts and comparisons.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Generation {
+    pub prompt_ids: Vec<u32>,
+    /// The generated part only.
+    pub output_ids: Vec<u32>,
+    /// For each step, the `[position in generation, token]` pairs committed, in commit order.
+    pub reveals: Vec<Vec<[u32; 2]>>,
+    pub forward_passes: u64,
+    pub rows_computed: u64,
+    pub seconds: f64,
+}
+
+/// The state after a step, for live display.
+pub struct StepView<'a> {
+    pub step: usize,
+    pub steps: usize,
+    /// The whole sequence: prompt then generation, masks where nothing is committed yet.
+    pub canvas: &'a [u32],
+    pub prompt_len: usize,
+    pub committed: &'a [[u32; 2]],
+}
+
+/// A candidate for commitment at one step.
+struct Candidate {
+    position: usize,
+    token: u32,
+    confidence: f32,
+}
+
+/// Runs the official sampler on `prompt`. `on_step` sees the canvas after every step.
+pub fn generate(session: &mut Session, prompt: &[u32], p: &SamplerParams, on_step: &mut dyn FnMut(&StepView)) -> Result<Generation> {
+    let steps_per_block = p.validate()?;
+    let start = Instant::now();
+    let before = session.counters;
+    let special = session.model.header.special.clone();
+    let vocab = session.model.header.model.embedding_size as usize;
+    let mask = special.mask;
+    let len = prompt.len() + p.gen_length;
+    let capacity = session.head_capacity(len)?;
+    if p.block_length > capacity {
+        return Err(Error::request(format!(
+            "--block-len {} needs {} logit rows per pass but {} was compiled for {capacity}; \
+             use --block-len {capacity} or less, or recompile with `lladac compile --head-rows {}`",
+            p.block_length,
+            p.block_length,
+            session.model.path.display(),
+            p.block_length
+        )));
+    }
+    let mut x: Vec<u32> = prompt.iter().copied().chain(std::iter::repeat_n(mask, p.gen_length)).collect();
+    // Official `prompt_index = (x != mask_id)`: the positions the unconditional pass masks.
+    let prompt_index: Vec<bool> = x.iter().map(|&t| t != mask).collect();
+    let mut uncond = x.clone();
+    let mut row = vec![0f32; vocab];
+    let mut reveals = Vec::with_capacity(p.steps);
+    let blocks = p.gen_length / p.block_length;
+    let mut step = 0;
+    for b in 0..blocks {
+        let block_end = prompt.len() + (b + 1) * p.block_length;
+        let block_masked = x[block_end - p.block_length..block_end].iter().filter(|&&t| t == mask).count();
+        for k in commits_per_step(block_masked, steps_per_block) {
+            // Eligible: masked and not after the current block (later positions have -inf
+            // confidence in the official code).
+            let head: Vec<u32> = (0..block_end).filter(|&i| x[i] == mask).map(|i| i as u32).collect();
+            let mut candidates = Vec::with_capacity(head.len());
+            if !head.is_empty() && k > 0 {
+                // Logits of the eligible rows (guided when cfg_scale > 0).
+                let mut guided: Vec<f32> = Vec::new();
+                if p.cfg_scale > 0.0 {
+                    for (u, (&t, &is_prompt)) in uncond.iter_mut().zip(x.iter().zip(&prompt_index)) {
+                        *u = if is_prompt { mask } else { t };
+                    }
+                    guided = session.forward_full(&uncond, &head)?.to_vec();
+                    let cond = session.forward_full(&x, &head)?;
+                    let w = (p.cfg_scale + 1.0) as f32;
+                    for (g, &c) in guided.iter_mut().zip(cond) {
+                        *g += w * (c - *g);
+                    }
+                }
+                let logits: &[f32] = if p.cfg_scale > 0.0 { &guided } else { session.forward_full(&x, &head)? };
+                for (r, &pos) in head.iter().enumerate() {
+                    row.copy_from_slice(&logits[r * vocab..(r + 1) * vocab]);
+                    let (token, confidence) = predict(&mut row, p, &special, step, pos as usize);
+                    candidates.push(Candidate { position: pos as usize, token, confidence });
+                }
+            }
+            // Top-k by confidence; equal confidences: lowest position first.
+            candidates.sort_by(|a, b| b.confidence.total_cmp(&a.confidence).then(a.position.cmp(&b.position)));
+            let committed: Vec<[u32; 2]> = candidates
+                .iter()
+                .take(k)
+                .map(|c| {
+                    x[c.position] = c.token;
+                    [(c.position - prompt.len()) as u32, c.token]
+                })
+                .collect();
+            step += 1;
+            on_step(&StepView { step, steps: p.steps, canvas: &x, prompt_len: prompt.len(), committed: &committed });
+            reveals.push(committed);
+        }
+    }
+    Ok(Generation {
+        prompt_ids: prompt.to_vec(),
+        output_ids: x[prompt.len()..].to_vec(),
+        reveals,
+        forward_passes: session.counters.forward_passes - before.forward_passes,
+        rows_computed: session.counters.rows_computed - before.rows_computed,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// The prediction `x0` and its confidence for one position, from its logits `row`
+/// (modified in place as the official code modifies its logits).
+fn predict(row: &mut [f32], p: &SamplerParams, special: &llada_ir::SpecialTokens, step: usize, position: usize) -> (u32, f32) {
+    if p.logits_eos_inf {
+        if let Some(eos) = special.eos {
+            row[eos as usize] = f32::NEG_INFINITY;
+        }
+    }
+    let token = if p.temperature > 0.0 {
+        // Official add_gumbel_noise: exp(logits) / (-ln u)^temperature in float64.
+        let mut rng = stream(p.seed, GUMBEL, step, position);
+        argmax(row.iter().map(|&l| {
+            let u: f64 = rng.random();
+            (l as f64).exp() / (-u.ln()).powf(p.temperature)
+        }))
+    } else {
+        argmax(row.iter().copied())
+    };
+    if p.confidence_eos_eot_inf {
+        if let Some(eot) = special.eot {
+            row[eot as usize] = f32::NEG_INFINITY;
+        }
+        if p.temperature == 0.0 {
+            if let Some(eos) = special.eos {
+                row[eos as usize] = f32::NEG_INFINITY;
+            }
+        }
+    }
+    let confidence = match p.remasking {
+        Remasking::LowConfidence => softmax_at(row, token),
+        Remasking::Random => stream(p.seed, RANDOM_REMASK, step, position).random::<f32>(),
+    };
+    (token as u32, confidence)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedule_spreads_the_remainder_over_the_first_steps() {
+        assert_eq!(commits_per_step(32, 32), vec![1; 32]);
+        assert_eq!(commits_per_step(10, 4), vec![3, 3, 2, 2]);
+        assert_eq!(commits_per_step(3, 5), vec![1, 1, 1, 0, 0]);
+        assert_eq!(commits_per_step(8, 8).iter().sum::<usize>(), 8);
+    }
+
+    #[test]
+    fn validation_names_the_options() {
+        let p = SamplerParams { gen_length: 30, block_length: 8, ..Default::default() };
+        assert!(p.validate().unwrap_err().to_string().contains("--gen-len 30 is not a multiple of --block-len 8"));
+        let p = SamplerParams { gen_length: 32, block_length: 8, steps: 6, ..Default::default() };
+        assert!(p.validate().unwrap_err().to_string().contains("--steps 6"));
+    }
+
+    #[test]
+    fn softmax_matches_a_double_precision_reference() {
+        let logits: Vec<f32> = (0..300).map(|i| ((i * 37) % 101) as f32 * 0.13 - 4.0).collect();
+        let max = logits.iter().cloned().fold(f32::MIN, f32::max) as f64;
+        let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
+        for i in [0, 17, 299] {
+            let want = (logits[i] as f64 - max).exp() / sum;
+            assert!((softmax_at(&logits, i) as f64 - want).abs() < 1e-6);
+        }
+        // A dominant logit gives exactly 1.0 in float32, as in PyTorch: this is where ties come from.
+        let mut peaked = vec![0.0f32; 320];
+        peaked[5] = 40.0;
+        assert_eq!(softmax_at(&peaked, 5), 1.0);
+    }
+
+    #[test]
+    fn noise_streams_are_reproducible_and_distinct() {
+        let a: f64 = stream(1, GUMBEL, 3, 40).random();
+        let b: f64 = stream(1, GUMBEL, 3, 40).random();
+        let c: f64 = stream(1, GUMBEL, 3, 41).random();
+        let d: f64 = stream(2, GUMBEL, 3, 40).random();
+        assert_eq!(a, b);
+        assert!(a != c && a != d);
+    }
+}

@@ -1,0 +1,82 @@
+//! The text front end: the model's own Hugging Face tokenizer and chat template, both read
+//! from the artifact.
+
+use llada_ir::{SpecialTokens, TokenizerSpec};
+use minijinja::{context, Environment};
+
+use crate::error::{Error, Result};
+
+pub struct Text {
+    tokenizer: tokenizers::Tokenizer,
+    spec: TokenizerSpec,
+    special: SpecialTokens,
+}
+
+impl Text {
+    pub fn new(spec: &TokenizerSpec, special: &SpecialTokens) -> Result<Text> {
+        let tokenizer = spec.tokenizer_json.parse().map_err(|e| Error::Tokenizer(format!("cannot load the stored tokenizer: {e}")))?;
+        Ok(Text { tokenizer, spec: spec.clone(), special: special.clone() })
+    }
+
+    /// Token ids of plain text (the tokenizer's own post-processing, plus BOS when
+    /// `add_bos_token` asks for it).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self.tokenizer.encode(text, true).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        let mut ids = enc.get_ids().to_vec();
+        if let (true, Some(bos)) = (self.spec.add_bos_token, self.special.bos) {
+            if ids.first() != Some(&bos) {
+                ids.insert(0, bos);
+            }
+        }
+        Ok(ids)
+    }
+
+    /// The chat template applied to one user turn with the generation prompt, as
+    /// `apply_chat_template(..., add_generation_prompt=True)` renders it.
+    pub fn render_chat(&self, user: &str) -> Result<String> {
+        let template = self.spec.chat_template.as_deref().ok_or_else(|| {
+            Error::Template("this model has no chat template; run without --chat".into())
+        })?;
+        let mut env = Environment::new();
+        minijinja_contrib::add_to_environment(&mut env);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+        });
+        env.add_template("chat", template).map_err(|e| Error::Template(e.to_string()))?;
+        let tpl = env.get_template("chat").map_err(|e| Error::Template(e.to_string()))?;
+        tpl.render(context! {
+            messages => vec![context! { role => "user", content => user }],
+            add_generation_prompt => true,
+            bos_token => self.spec.bos_token.clone().unwrap_or_default(),
+            eos_token => self.spec.eos_token.clone().unwrap_or_default(),
+        })
+        .map_err(|e| Error::Template(e.to_string()))
+    }
+
+    /// Token ids of a chat prompt: the rendered template already holds the special tokens,
+    /// so nothing is added.
+    pub fn encode_chat(&self, user: &str) -> Result<Vec<u32>> {
+        let text = self.render_chat(user)?;
+        let enc = self.tokenizer.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> String {
+        self.tokenizer.decode(ids, skip_special).unwrap_or_default()
+    }
+
+    /// The answer: generated ids up to the first end-of-text or end-of-turn token.
+    pub fn answer_ids<'a>(&self, output: &'a [u32]) -> &'a [u32] {
+        let stop = output
+            .iter()
+            .position(|&t| Some(t) == self.special.eos || Some(t) == self.special.eot)
+            .unwrap_or(output.len());
+        &output[..stop]
+    }
+
+    /// The answer as text, special tokens skipped.
+    pub fn answer(&self, output: &[u32]) -> String {
+        self.decode(self.answer_ids(output), true)
+    }
+}
