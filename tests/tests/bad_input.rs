@@ -1,0 +1,173 @@
+//! Bad input: each case gets one line of error naming the thing at fault, a non-zero exit,
+//! no panic, and no partial artifact.
+
+mod common;
+
+use std::path::Path;
+
+use common::{assert_clean_failure, leftovers, run};
+use llada_tools::checkpoint::{Shape, WeightType};
+use safetensors::tensor::TensorView;
+
+/// A tiny single-file f32 checkpoint in `dir/ckpt`.
+fn tiny(dir: &Path) -> std::path::PathBuf {
+    let ckpt = dir.join("ckpt");
+    common::checkpoint(&ckpt, Shape::tiny(), WeightType::F32, u64::MAX, 0.02);
+    ckpt
+}
+
+/// Rewrites `model.safetensors` through `edit(name, shape) -> Some(new shape) | None (drop)`.
+fn rewrite_weights(ckpt: &Path, edit: impl Fn(&str, &[usize]) -> Option<Vec<usize>>) {
+    let path = ckpt.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut owned: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, view) in st.tensors() {
+        if let Some(shape) = edit(&name, view.shape()) {
+            let n: usize = shape.iter().product();
+            owned.push((name, shape, view.data()[..n * 4].to_vec()));
+        }
+    }
+    let views: Vec<(String, TensorView)> = owned
+        .iter()
+        .map(|(n, s, d)| (n.clone(), TensorView::new(safetensors::Dtype::F32, s.clone(), d).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &path).unwrap();
+}
+
+/// Runs `lladac compile` into `dir/out.lad`, which must not exist afterwards.
+fn compile_fails(dir: &Path, ckpt: &Path, needles: &[&str]) {
+    let out_dir = dir.join("out");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let out = out_dir.join("model.lad");
+    let o = run("lladac", &["compile", "--model", ckpt.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_clean_failure(&o, needles);
+    assert!(leftovers(&out_dir).is_empty(), "a failed compile left {:?}", leftovers(&out_dir));
+}
+
+/// A compiled tiny artifact.
+fn artifact(dir: &Path, max_seq: Option<u32>) -> std::path::PathBuf {
+    let ckpt = tiny(dir);
+    let art = dir.join("model.lad");
+    common::compile(&ckpt, &art, max_seq);
+    art
+}
+
+fn run_ids(art: &Path, extra: &[&str]) -> std::process::Output {
+    let mut args = vec!["run", art.to_str().unwrap(), "--prompt-ids", "1,2,3,4", "--gen-len", "16", "--block-len", "8", "--steps", "16"];
+    args.extend_from_slice(extra);
+    run("llada-rt", &args)
+}
+
+#[test]
+fn missing_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = tiny(dir.path());
+    rewrite_weights(&ckpt, |name, shape| (!name.contains("blocks.1.k_proj")).then(|| shape.to_vec()));
+    compile_fails(dir.path(), &ckpt, &["model.transformer.blocks.1.k_proj.weight", "missing"]);
+}
+
+#[test]
+fn wrong_tensor_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = tiny(dir.path());
+    rewrite_weights(&ckpt, |name, shape| Some(if name.contains("blocks.0.up_proj") { vec![shape[0] - 1, shape[1]] } else { shape.to_vec() }));
+    compile_fails(dir.path(), &ckpt, &["model.transformer.blocks.0.up_proj.weight", "[383, 128]", "[384, 128]"]);
+}
+
+#[test]
+fn unsupported_config_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = tiny(dir.path());
+    let path = ckpt.join("config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    cfg["alibi"] = serde_json::json!(true);
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    compile_fails(dir.path(), &ckpt, &["config.json", "alibi", "not supported"]);
+}
+
+#[test]
+fn truncated_safetensors() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = tiny(dir.path());
+    let path = ckpt.join("model.safetensors");
+    let len = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(len - 1000).unwrap();
+    compile_fails(dir.path(), &ckpt, &["model.safetensors", "truncated"]);
+}
+
+#[test]
+fn one_flipped_byte_anywhere_in_an_artifact() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = artifact(dir.path(), Some(64));
+    let good = std::fs::read(&art).unwrap();
+    assert!(run_ids(&art, &[]).status.success());
+    // In the preamble, its padding, a weight, the padding between tensors, and the header.
+    let header_at = u64::from_le_bytes(good[32..40].try_into().unwrap()) as usize;
+    for (at, needle) in [(20, "preamble"), (1000, "preamble padding"), (4096 + 5000, "tensor 'model.transformer.wte.weight'"), (header_at + 10, "header")] {
+        let mut bad = good.clone();
+        bad[at] ^= 0x04;
+        std::fs::write(&art, &bad).unwrap();
+        let o = run_ids(&art, &[]);
+        assert_clean_failure(&o, &["model.lad", needle]);
+    }
+}
+
+#[test]
+fn artifact_of_another_format_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = artifact(dir.path(), Some(64));
+    let mut bytes = std::fs::read(&art).unwrap();
+    bytes[8..10].copy_from_slice(&(llada_ir::FORMAT_MAJOR + 1).to_le_bytes());
+    std::fs::write(&art, &bytes).unwrap();
+    let o = run_ids(&art, &[]);
+    assert_clean_failure(&o, &["model.lad", &format!("format version {}.0", llada_ir::FORMAT_MAJOR + 1), "recompile"]);
+}
+
+#[test]
+fn prompt_longer_than_the_compiled_maximum() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = artifact(dir.path(), Some(64));
+    let ids: Vec<String> = (0..60).map(|i| (i % 200).to_string()).collect();
+    let o = run("llada-rt", &["run", art.to_str().unwrap(), "--prompt-ids", &ids.join(","), "--gen-len", "16", "--block-len", "8", "--steps", "16"]);
+    assert_clean_failure(&o, &["76 positions", "at most 64", "--max-seq 76"]);
+}
+
+#[test]
+fn gen_length_not_a_multiple_of_block_length() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = artifact(dir.path(), Some(64));
+    let o = run("llada-rt", &["run", art.to_str().unwrap(), "--prompt-ids", "1,2", "--gen-len", "20", "--block-len", "8", "--steps", "20"]);
+    assert_clean_failure(&o, &["--gen-len 20 is not a multiple of --block-len 8"]);
+}
+
+#[test]
+fn steps_not_a_multiple_of_the_block_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = artifact(dir.path(), Some(64));
+    let o = run("llada-rt", &["run", art.to_str().unwrap(), "--prompt-ids", "1,2", "--gen-len", "16", "--block-len", "8", "--steps", "5"]);
+    assert_clean_failure(&o, &["--steps 5", "number of blocks (2"]);
+}
+
+#[test]
+fn paths_that_do_not_exist() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nowhere");
+    let out = dir.path().join("x.lad");
+    let o = run("lladac", &["compile", "--model", missing.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_clean_failure(&o, &["nowhere", "does not exist"]);
+    assert!(!out.exists());
+    let o = run("llada-rt", &["run", dir.path().join("none.lad").to_str().unwrap(), "-p", "hi"]);
+    assert_clean_failure(&o, &["none.lad", "does not exist"]);
+    let o = run("lladac", &["inspect", dir.path().join("none.lad").to_str().unwrap()]);
+    assert_clean_failure(&o, &["none.lad", "does not exist"]);
+    let o = run("llada-rt", &["conformance", dir.path().join("golden.json").to_str().unwrap(), "--model", out.to_str().unwrap()]);
+    assert_clean_failure(&o, &["does not exist"]);
+}
+
+#[test]
+fn wrong_flag() {
+    let o = run("llada-rt", &["run", "x.lad", "-p", "hi", "--gen-lenght", "8"]);
+    assert_clean_failure(&o, &["--gen-lenght"]);
+    assert_eq!(o.status.code(), Some(2));
+}

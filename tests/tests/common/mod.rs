@@ -1,0 +1,75 @@
+//! Helpers shared by the end-to-end tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use llada_tools::checkpoint::{self, CheckpointSpec, Shape, WeightType};
+
+/// Path of a workspace binary, built (once per test process) with the profile the tests were
+/// built with, so the tests never run a stale binary.
+pub fn bin(name: &str) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let dir = BUILT.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test executable has a path");
+        let profile_dir = exe.parent().and_then(Path::parent).expect("tests run from target/<profile>/deps").to_path_buf();
+        let profile = profile_dir.file_name().unwrap().to_string_lossy().into_owned();
+        let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
+        cmd.args(["build", "--quiet", "-p", "lladac", "-p", "llada-rt", "-p", "llada-tools", "--bins"]);
+        match profile.as_str() {
+            "debug" => {}
+            "release" => {
+                cmd.arg("--release");
+            }
+            other => {
+                cmd.args(["--profile", other]);
+            }
+        }
+        let status = cmd.current_dir(env!("CARGO_MANIFEST_DIR")).status().expect("cargo runs");
+        assert!(status.success(), "building the binaries failed");
+        profile_dir
+    });
+    dir.join(name)
+}
+
+pub fn run(binary: &str, args: &[&str]) -> Output {
+    Command::new(bin(binary)).args(args).output().expect("the binary starts")
+}
+
+/// A random-weight checkpoint of `shape` in `dir`.
+pub fn checkpoint(dir: &Path, shape: Shape, weights: WeightType, shard_bytes: u64, init_std: f32) -> checkpoint::Written {
+    checkpoint::write(&CheckpointSpec { shape, weights, shard_bytes, seed: 11, init_std }, dir).expect("checkpoint written")
+}
+
+/// Compiles `model` into `out` through the library (f32 unless `dtype` says otherwise).
+pub fn compile(model: &Path, out: &Path, max_seq: Option<u32>) -> lladac::CompileSummary {
+    lladac::compile(&lladac::CompileOptions {
+        model: model.to_path_buf(),
+        output: out.to_path_buf(),
+        dtype: None,
+        target: "host".into(),
+        max_seq,
+        head_rows: 256,
+        progress: false,
+    })
+    .expect("compiles")
+}
+
+/// Asserts a command failed the way bad input must: non-zero exit, no panic, exactly one
+/// line on stderr, mentioning every one of `needles`.
+pub fn assert_clean_failure(out: &Output, needles: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure, got success; stderr: {stderr}");
+    assert_ne!(out.status.code(), Some(101), "the process panicked: {stderr}");
+    assert!(!stderr.contains("panicked"), "the process panicked: {stderr}");
+    assert_eq!(stderr.trim_end().lines().count(), 1, "expected one line of error, got: {stderr}");
+    for n in needles {
+        assert!(stderr.contains(n), "error does not mention '{n}': {stderr}");
+    }
+}
+
+/// Files in `dir` other than `keep`: what a failed compile must not leave behind.
+pub fn leftovers(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+}

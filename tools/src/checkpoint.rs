@@ -1,0 +1,491 @@
+//! Random-weight LLaDA checkpoints in exact Hugging Face layout: `config.json` with the keys of
+//! LLaDA-8B-Instruct's, weights as safetensors (sharded with `model.safetensors.index.json`
+//! when they exceed one shard), a byte-level BPE `tokenizer.json` whose special tokens sit at
+//! LLaDA's ids, and `tokenizer_config.json` with LLaDA's chat template.
+//!
+//! Tensors are generated one at a time while the shard is written, each from its own seeded
+//! stream, so an 8B checkpoint never has to fit in memory and the bytes of a tensor do not
+//! depend on how the checkpoint is sharded.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use half::{bf16, f16};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use rand_distr::{Distribution, Normal};
+use safetensors::{Dtype, View};
+use serde_json::{json, Value};
+
+/// Network shape, in the terms of LLaDA's `config.json`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shape {
+    pub d_model: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub mlp_hidden_size: usize,
+    pub vocab_size: usize,
+    pub embedding_size: usize,
+    pub max_sequence_length: usize,
+    pub rope_theta: f64,
+}
+
+impl Shape {
+    /// LLaDA-8B-Base/Instruct.
+    pub fn llada_8b() -> Shape {
+        Shape {
+            d_model: 4096,
+            n_layers: 32,
+            n_heads: 32,
+            n_kv_heads: 32,
+            mlp_hidden_size: 12288,
+            vocab_size: 126464,
+            embedding_size: 126464,
+            max_sequence_length: 4096,
+            rope_theta: 500000.0,
+        }
+    }
+
+    /// The 1B-class shape the peer measurements in BACKGROUND.md use: d 2048, 16 layers,
+    /// SwiGLU 5632, LLaDA's vocabulary.
+    pub fn llada_1b() -> Shape {
+        Shape { d_model: 2048, n_layers: 16, n_heads: 16, n_kv_heads: 16, mlp_hidden_size: 5632, ..Shape::llada_8b() }
+    }
+
+    /// A few-megabyte model with grouped-query attention, for tests.
+    pub fn tiny() -> Shape {
+        Shape {
+            d_model: 128,
+            n_layers: 2,
+            n_heads: 4,
+            n_kv_heads: 2,
+            mlp_hidden_size: 384,
+            vocab_size: 320,
+            embedding_size: 320,
+            max_sequence_length: 512,
+            rope_theta: 500000.0,
+        }
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.d_model / self.n_heads
+    }
+
+    /// Every tensor of the checkpoint in LLaDA's order, with its shape; norms are marked.
+    pub fn tensors(&self) -> Vec<(String, Vec<usize>, bool)> {
+        let (d, f, hd) = (self.d_model, self.mlp_hidden_size, self.head_dim());
+        let mut t = vec![("model.transformer.wte.weight".to_string(), vec![self.embedding_size, d], false)];
+        for l in 0..self.n_layers {
+            let name = |part: &str| format!("model.transformer.blocks.{l}.{part}.weight");
+            t.push((name("attn_norm"), vec![d], true));
+            t.push((name("q_proj"), vec![self.n_heads * hd, d], false));
+            t.push((name("k_proj"), vec![self.n_kv_heads * hd, d], false));
+            t.push((name("v_proj"), vec![self.n_kv_heads * hd, d], false));
+            t.push((name("attn_out"), vec![d, self.n_heads * hd], false));
+            t.push((name("ff_norm"), vec![d], true));
+            t.push((name("ff_proj"), vec![f, d], false));
+            t.push((name("up_proj"), vec![f, d], false));
+            t.push((name("ff_out"), vec![d, f], false));
+        }
+        t.push(("model.transformer.ln_f.weight".to_string(), vec![d], true));
+        t.push(("model.transformer.ff_out.weight".to_string(), vec![self.embedding_size, d], false));
+        t
+    }
+
+    pub fn parameters(&self) -> u64 {
+        self.tensors().iter().map(|(_, s, _)| s.iter().product::<usize>() as u64).sum()
+    }
+}
+
+/// Special tokens of LLaDA's chat format, by id.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SpecialIds {
+    pub bos: u32,
+    pub eos: u32,
+    pub mask: u32,
+    pub start_header: u32,
+    pub end_header: u32,
+    pub eot: u32,
+}
+
+impl SpecialIds {
+    /// LLaDA-8B's ids.
+    pub const LLADA: SpecialIds =
+        SpecialIds { bos: 126080, eos: 126081, mask: 126336, start_header: 126346, end_header: 126347, eot: 126348 };
+
+    /// Where the special tokens go for a vocabulary: LLaDA's ids when it is LLaDA-sized,
+    /// otherwise right after the byte tokens and merges of [`bpe_vocab`].
+    pub fn for_vocab(embedding_size: usize) -> SpecialIds {
+        if embedding_size > SpecialIds::LLADA.eot as usize {
+            return SpecialIds::LLADA;
+        }
+        let first = bpe_vocab().0.len() as u32;
+        SpecialIds { bos: first, eos: first + 1, mask: first + 2, start_header: first + 3, end_header: first + 4, eot: first + 5 }
+    }
+
+    fn named(&self) -> [(&'static str, u32); 6] {
+        [
+            ("<|startoftext|>", self.bos),
+            ("<|endoftext|>", self.eos),
+            ("<|mdm_mask|>", self.mask),
+            ("<|start_header_id|>", self.start_header),
+            ("<|end_header_id|>", self.end_header),
+            ("<|eot_id|>", self.eot),
+        ]
+    }
+}
+
+/// Stored element type of the weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightType {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl WeightType {
+    pub fn parse(s: &str) -> Option<WeightType> {
+        match s {
+            "f32" => Some(WeightType::F32),
+            "bf16" => Some(WeightType::Bf16),
+            "f16" => Some(WeightType::F16),
+            _ => None,
+        }
+    }
+
+    fn dtype(self) -> Dtype {
+        match self {
+            WeightType::F32 => Dtype::F32,
+            WeightType::Bf16 => Dtype::BF16,
+            WeightType::F16 => Dtype::F16,
+        }
+    }
+
+    fn size(self) -> usize {
+        match self {
+            WeightType::F32 => 4,
+            WeightType::Bf16 | WeightType::F16 => 2,
+        }
+    }
+
+    fn torch_name(self) -> &'static str {
+        match self {
+            WeightType::F32 => "float32",
+            WeightType::Bf16 => "bfloat16",
+            WeightType::F16 => "float16",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct CheckpointSpec {
+    pub shape: Shape,
+    pub weights: WeightType,
+    /// Largest shard in bytes; one `model.safetensors` when everything fits.
+    pub shard_bytes: u64,
+    pub seed: u64,
+    /// Standard deviation of the weight matrices (LLaDA's `init_std`).
+    pub init_std: f32,
+}
+
+/// A tensor generated when the shard writer asks for its bytes.
+struct LazyTensor {
+    shape: Vec<usize>,
+    weights: WeightType,
+    /// Norm weights are ones, like an initialised LLaDA; matrices are normal(0, std).
+    is_norm: bool,
+    std: f32,
+    seed: u64,
+}
+
+impl View for LazyTensor {
+    fn dtype(&self) -> Dtype {
+        self.weights.dtype()
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        let n: usize = self.shape.iter().product();
+        let mut out = Vec::with_capacity(n * self.weights.size());
+        let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
+        let normal = Normal::new(0.0f32, self.std).expect("a positive standard deviation");
+        for _ in 0..n {
+            let v = if self.is_norm { 1.0 } else { normal.sample(&mut rng) };
+            match self.weights {
+                WeightType::F32 => out.extend_from_slice(&v.to_le_bytes()),
+                WeightType::Bf16 => out.extend_from_slice(&bf16::from_f32(v).to_le_bytes()),
+                WeightType::F16 => out.extend_from_slice(&f16::from_f32(v).to_le_bytes()),
+            }
+        }
+        Cow::Owned(out)
+    }
+
+    fn data_len(&self) -> usize {
+        self.shape.iter().product::<usize>() * self.weights.size()
+    }
+}
+
+/// A stable per-tensor seed (FNV-1a of the name mixed with the checkpoint seed).
+fn tensor_seed(seed: u64, name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325 ^ seed, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// What [`write`] produced.
+#[derive(Debug, Clone)]
+pub struct Written {
+    pub shards: Vec<String>,
+    pub bytes: u64,
+    pub special: SpecialIds,
+}
+
+pub fn write(spec: &CheckpointSpec, dir: &Path) -> std::io::Result<Written> {
+    let s = &spec.shape;
+    let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, m);
+    if s.n_heads == 0 || s.d_model % s.n_heads != 0 || s.n_kv_heads == 0 || s.n_heads % s.n_kv_heads != 0 || s.head_dim() % 2 != 0 {
+        return Err(invalid(format!("inconsistent heads: d_model {} n_heads {} n_kv_heads {}", s.d_model, s.n_heads, s.n_kv_heads)));
+    }
+    let special = SpecialIds::for_vocab(s.embedding_size);
+    if special.eot as usize >= s.embedding_size {
+        return Err(invalid(format!("embedding_size {} is too small for the tokenizer's {} tokens", s.embedding_size, special.eot + 1)));
+    }
+    std::fs::create_dir_all(dir)?;
+
+    // Shards: consecutive tensors in model order, each shard at most shard_bytes.
+    let tensors = s.tensors();
+    let mut shards: Vec<Vec<usize>> = vec![Vec::new()];
+    let mut fill = 0u64;
+    for (i, (_, shape, _)) in tensors.iter().enumerate() {
+        let bytes = shape.iter().product::<usize>() as u64 * spec.weights.size() as u64;
+        if fill > 0 && fill + bytes > spec.shard_bytes {
+            shards.push(Vec::new());
+            fill = 0;
+        }
+        shards.last_mut().unwrap().push(i);
+        fill += bytes;
+    }
+    let n = shards.len();
+    let file_name = |k: usize| if n == 1 { "model.safetensors".to_string() } else { format!("model-{:05}-of-{n:05}.safetensors", k + 1) };
+    let mut weight_map = BTreeMap::new();
+    let mut total = 0u64;
+    let metadata = Some([("format".to_string(), "pt".to_string())].into_iter().collect());
+    for (k, members) in shards.iter().enumerate() {
+        let views = members.iter().map(|&i| {
+            let (name, shape, is_norm) = &tensors[i];
+            weight_map.insert(name.clone(), file_name(k));
+            let t = LazyTensor { shape: shape.clone(), weights: spec.weights, is_norm: *is_norm, std: spec.init_std, seed: tensor_seed(spec.seed, name) };
+            total += t.data_len() as u64;
+            (name.clone(), t)
+        });
+        let views: Vec<_> = views.collect();
+        safetensors::serialize_to_file(views, metadata.clone(), &dir.join(file_name(k)))
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+    }
+    if n > 1 {
+        let index = json!({ "metadata": { "total_size": total }, "weight_map": weight_map });
+        std::fs::write(dir.join("model.safetensors.index.json"), serde_json::to_string_pretty(&index)?)?;
+    }
+    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config_json(spec, special))?)?;
+    std::fs::write(dir.join("generation_config.json"), serde_json::to_string_pretty(&json!({
+        "bos_token_id": special.bos, "eos_token_id": special.eos, "pad_token_id": special.eos, "mask_token_id": special.mask,
+    }))?)?;
+    std::fs::write(dir.join("tokenizer.json"), serde_json::to_string_pretty(&tokenizer_json(special))?)?;
+    std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_string_pretty(&tokenizer_config_json(special, s))?)?;
+    std::fs::write(dir.join("special_tokens_map.json"), serde_json::to_string_pretty(&json!({
+        "bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "mask_token": "<|mdm_mask|>",
+    }))?)?;
+    Ok(Written { shards: (0..n).map(file_name).collect(), bytes: total, special })
+}
+
+/// `config.json` with every key of LLaDA-8B-Instruct's.
+pub fn config_json(spec: &CheckpointSpec, special: SpecialIds) -> Value {
+    let s = &spec.shape;
+    json!({
+        "activation_type": "silu",
+        "alibi": false,
+        "alibi_bias_max": 8.0,
+        "architectures": ["LLaDAModelLM"],
+        "attention_dropout": 0.0,
+        "attention_layer_norm": false,
+        "attention_layer_norm_with_affine": true,
+        "auto_map": {
+            "AutoConfig": "configuration_llada.LLaDAConfig",
+            "AutoModelForCausalLM": "modeling_llada.LLaDAModelLM",
+            "AutoModel": "modeling_llada.LLaDAModelLM"
+        },
+        "bias_for_layer_norm": false,
+        "block_group_size": 1,
+        "block_type": "llama",
+        "d_model": s.d_model,
+        "embedding_dropout": 0.0,
+        "embedding_size": s.embedding_size,
+        "eos_token_id": special.eos,
+        "flash_attention": false,
+        "include_bias": false,
+        "include_qkv_bias": false,
+        "init_cutoff_factor": null,
+        "init_device": "meta",
+        "init_fn": "mitchell",
+        "init_std": spec.init_std,
+        "input_emb_norm": false,
+        "layer_norm_type": "rms",
+        "layer_norm_with_affine": true,
+        "mask_token_id": special.mask,
+        "max_sequence_length": s.max_sequence_length,
+        "mlp_hidden_size": s.mlp_hidden_size,
+        "mlp_ratio": 4,
+        "model_type": "llada",
+        "multi_query_attention": null,
+        "n_heads": s.n_heads,
+        "n_kv_heads": s.n_kv_heads,
+        "n_layers": s.n_layers,
+        "pad_token_id": special.eos,
+        "precision": "amp_bf16",
+        "residual_dropout": 0.0,
+        "rms_norm_eps": 1e-5,
+        "rope": true,
+        "rope_full_precision": true,
+        "rope_theta": s.rope_theta,
+        "scale_logits": false,
+        "torch_dtype": spec.weights.torch_name(),
+        "transformers_version": "4.46.3",
+        "use_cache": false,
+        "vocab_size": s.vocab_size,
+        "weight_tying": false
+    })
+}
+
+/// GPT-2's byte-to-character map of byte-level BPE: printable bytes stand for themselves,
+/// the others are shifted above 255.
+fn byte_char(b: u8) -> char {
+    let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+    if printable(b) {
+        return b as char;
+    }
+    let shifted = (0..b).filter(|&c| !printable(c)).count() as u32;
+    char::from_u32(256 + shifted).expect("a valid code point")
+}
+
+/// Byte tokens (id = byte value) plus merges that make the chat template's words single
+/// tokens, as LLaDA's tokenizer does. Returns the vocabulary in id order and the merges.
+pub fn bpe_vocab() -> (Vec<String>, Vec<(String, String)>) {
+    let mut vocab: Vec<String> = (0..=255u8).map(|b| byte_char(b).to_string()).collect();
+    let mut merges = Vec::new();
+    let newline = byte_char(b'\n').to_string();
+    for word in ["user".to_string(), "assistant".to_string(), "system".to_string(), newline.repeat(2)] {
+        let chars: Vec<String> = word.chars().map(|c| c.to_string()).collect();
+        let mut left = chars[0].clone();
+        for c in &chars[1..] {
+            let merged = format!("{left}{c}");
+            if !vocab.contains(&merged) {
+                merges.push((left.clone(), c.clone()));
+                vocab.push(merged.clone());
+            }
+            left = merged;
+        }
+    }
+    (vocab, merges)
+}
+
+pub fn tokenizer_json(special: SpecialIds) -> Value {
+    let (vocab, merges) = bpe_vocab();
+    // The special tokens are in the model vocabulary at their ids as well (as in LLaDA's own
+    // tokenizer.json): an added token only keeps its id if the model already knows it.
+    let vocab: serde_json::Map<String, Value> = vocab
+        .into_iter()
+        .enumerate()
+        .map(|(i, t)| (t, json!(i)))
+        .chain(special.named().iter().map(|(content, id)| (content.to_string(), json!(id))))
+        .collect();
+    let merges: Vec<Value> = merges.into_iter().map(|(a, b)| json!([a, b])).collect();
+    let added: Vec<Value> = special
+        .named()
+        .iter()
+        .map(|(content, id)| json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}))
+        .collect();
+    json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": { "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true },
+        "post_processor": null,
+        "decoder": { "type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true },
+        "model": {
+            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+            "vocab": vocab, "merges": merges
+        }
+    })
+}
+
+/// LLaDA-8B-Instruct's chat template: one header per message, BOS before the first, and the
+/// assistant header as the generation prompt.
+pub const CHAT_TEMPLATE: &str = "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+
+pub fn tokenizer_config_json(special: SpecialIds, shape: &Shape) -> Value {
+    let decoder: serde_json::Map<String, Value> = special
+        .named()
+        .iter()
+        .map(|(content, id)| {
+            (id.to_string(), json!({"content": content, "lstrip": false, "normalized": false, "rstrip": false, "single_word": false, "special": true}))
+        })
+        .collect();
+    json!({
+        "add_bos_token": false,
+        "add_eos_token": false,
+        "bos_token": "<|startoftext|>",
+        "eos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+        "mask_token": "<|mdm_mask|>",
+        "clean_up_tokenization_spaces": false,
+        "model_max_length": shape.max_sequence_length,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": CHAT_TEMPLATE,
+        "added_tokens_decoder": decoder,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_map_is_a_bijection_onto_gpt2_characters() {
+        let chars: std::collections::HashSet<char> = (0..=255u8).map(byte_char).collect();
+        assert_eq!(chars.len(), 256);
+        assert_eq!(byte_char(b'A'), 'A');
+        assert_eq!(byte_char(b'\n'), 'Ċ');
+        assert_eq!(byte_char(b' '), 'Ġ');
+    }
+
+    #[test]
+    fn tokenizer_loads_and_knows_the_chat_words() {
+        let special = SpecialIds::LLADA;
+        let tok: tokenizers::Tokenizer = tokenizer_json(special).to_string().parse().unwrap();
+        let ids = tok.encode("<|start_header_id|>assistant<|end_header_id|>\n\nHi", false).unwrap().get_ids().to_vec();
+        assert_eq!(ids[0], special.start_header);
+        assert_eq!(ids[2], special.end_header);
+        // header, assistant, header, \n, \n, H, i: the byte-level pre-tokenizer splits a
+        // newline run before a letter, as in the conformance kit's tokenizer.
+        assert_eq!(ids, [special.start_header, 266, special.end_header, 10, 10, 72, 105]);
+        assert_eq!(tok.decode(&[b'H' as u32, b'i' as u32], true).unwrap(), "Hi");
+    }
+
+    #[test]
+    fn sharded_bf16_checkpoint_has_an_index_and_every_tensor() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = CheckpointSpec { shape: Shape::tiny(), weights: WeightType::Bf16, shard_bytes: 200_000, seed: 1, init_std: 0.02 };
+        let w = write(&spec, dir.path()).unwrap();
+        assert!(w.shards.len() > 1);
+        let index: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("model.safetensors.index.json")).unwrap()).unwrap();
+        let map = index["weight_map"].as_object().unwrap();
+        assert_eq!(map.len(), Shape::tiny().tensors().len());
+        assert_eq!(w.bytes, Shape::tiny().parameters() * 2);
+    }
+}
