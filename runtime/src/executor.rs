@@ -178,3 +178,31 @@ impl Executor for HostExecutor {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::operands;
+
+    #[test]
+    fn operands_are_the_requested_ranges() {
+        let mut win: Vec<f32> = (0..16).map(|i| i as f32).collect();
+        let ([a, b], out) = operands(&mut win, [0..4, 2..6], 8..12);
+        assert_eq!((a, b), (&[0.0, 1.0, 2.0, 3.0][..], &[2.0, 3.0, 4.0, 5.0][..]));
+        out.copy_from_slice(&[9.0; 4]);
+        assert_eq!(&win[8..12], &[9.0; 4]);
+    }
+
+    #[test]
+    #[should_panic(expected = "output overlaps an input")]
+    fn an_output_overlapping_an_input_is_refused() {
+        let mut win = vec![0.0f32; 16];
+        let _ = operands(&mut win, [0..8], 4..12);
+    }
+
+    #[test]
+    #[should_panic(expected = "outside the window")]
+    fn a_range_outside_the_window_is_refused() {
+        let mut win = vec![0.0f32; 16];
+        let _ = operands(&mut win, [0..8], 12..20);
+    }
+}

@@ -338,6 +338,64 @@ mod tests {
         assert_eq!(softmax_at(&peaked, 5), 1.0);
     }
 
+    fn special() -> llada_ir::SpecialTokens {
+        llada_ir::SpecialTokens { mask: 9, bos: None, eos: Some(1), eot: Some(2) }
+    }
+
+    #[test]
+    fn logits_eos_inf_never_predicts_eos() {
+        let p = SamplerParams { logits_eos_inf: true, ..Default::default() };
+        let mut row = vec![0.0, 5.0, 1.0, 0.5];
+        assert_eq!(predict(&mut row, &p, &special(), 0, 0).0, 2);
+        let mut row = vec![0.0, 5.0, 1.0, 0.5];
+        assert_eq!(predict(&mut row, &SamplerParams::default(), &special(), 0, 0).0, 1);
+    }
+
+    #[test]
+    fn confidence_eos_eot_inf_zeroes_their_confidence_as_the_official_code_does() {
+        let p = SamplerParams { confidence_eos_eot_inf: true, ..Default::default() };
+        // EoT predicted: still predicted, but with zero confidence.
+        let (tok, conf) = predict(&mut vec![0.0, 1.0, 5.0, 0.5], &p, &special(), 0, 0);
+        assert_eq!((tok, conf), (2, 0.0));
+        // At temperature 0 the official code's noisy logits are the clean ones, so EOS too.
+        let (tok, conf) = predict(&mut vec![0.0, 5.0, 1.0, 0.5], &p, &special(), 0, 0);
+        assert_eq!((tok, conf), (1, 0.0));
+        // Another token keeps a confidence computed without EOS and EoT in the softmax.
+        let (tok, conf) = predict(&mut vec![3.0, 1.0, 1.0, 0.5], &p, &special(), 0, 0);
+        assert_eq!(tok, 0);
+        assert!((conf - softmax_at(&[3.0, f32::NEG_INFINITY, f32::NEG_INFINITY, 0.5], 0)).abs() < 1e-7);
+        // Above temperature 0 only EoT is excluded (EOS keeps its probability mass).
+        let hot = SamplerParams { temperature: 1e-3, ..p };
+        let (tok, conf) = predict(&mut vec![0.0, 5.0, 1.0, 0.5], &hot, &special(), 0, 0);
+        assert_eq!(tok, 1);
+        assert!(conf > 0.9);
+    }
+
+    #[test]
+    fn gumbel_sampling_follows_the_distribution_and_the_seed() {
+        // p = (0.7, 0.3): over many positions the first token wins about 70% of the time.
+        let p = SamplerParams { temperature: 1.0, seed: 5, ..Default::default() };
+        let logits = [0.7f32.ln(), 0.3f32.ln()];
+        let picks: Vec<u32> = (0..4000).map(|pos| predict(&mut logits.to_vec(), &p, &special(), 3, pos).0).collect();
+        let share = picks.iter().filter(|&&t| t == 0).count() as f64 / picks.len() as f64;
+        assert!((share - 0.7).abs() < 0.03, "share {share}");
+        let again: Vec<u32> = (0..4000).map(|pos| predict(&mut logits.to_vec(), &p, &special(), 3, pos).0).collect();
+        assert_eq!(picks, again);
+        let other = SamplerParams { seed: 6, ..p.clone() };
+        let moved: Vec<u32> = (0..4000).map(|pos| predict(&mut logits.to_vec(), &other, &special(), 3, pos).0).collect();
+        assert_ne!(picks, moved);
+    }
+
+    #[test]
+    fn random_remasking_confidence_is_uniform_and_seeded() {
+        let p = SamplerParams { remasking: Remasking::Random, seed: 9, ..Default::default() };
+        let confs: Vec<f32> = (0..2000).map(|pos| predict(&mut vec![0.0, 9.0], &p, &special(), 1, pos).1).collect();
+        assert!(confs.iter().all(|&c| (0.0..1.0).contains(&c)));
+        let mean = confs.iter().sum::<f32>() / confs.len() as f32;
+        assert!((mean - 0.5).abs() < 0.03, "mean {mean}");
+        assert_eq!(predict(&mut vec![0.0, 9.0], &p, &special(), 1, 7), predict(&mut vec![0.0, 9.0], &p, &special(), 1, 7));
+    }
+
     #[test]
     fn noise_streams_are_reproducible_and_distinct() {
         let a: f64 = stream(1, GUMBEL, 3, 40).random();
