@@ -3,14 +3,90 @@
 use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressStyle};
+use llada_ir::packing::{pack_panel, PANEL};
 use llada_ir::{ArtifactWriter, CompileInfo, DType, Header, ModelConfig, Plan, TensorId};
 
-use crate::convert::{convert, source_to_dtype};
+use crate::convert::{convert, to_f32};
 use crate::error::{Error, Result};
-use crate::hf::checkpoint::{Checkpoint, TensorLocation};
+use crate::hf::checkpoint::{Checkpoint, SourceDType, TensorLocation};
 use crate::hf::{config, names, tokenizer};
 use crate::lower::{self, BlockTensors, NetworkOptions, NetworkTensors};
 use crate::memory;
+
+/// How the matrix weights are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Quant {
+    F32,
+    Bf16,
+    F16,
+    /// int8 per output channel (activations quantised to int8 at run time: W8A8).
+    Q8,
+    /// int4 per `group` inputs with f16 scales (activations int8 at run time: W4A8).
+    Q4 { group: u32 },
+}
+
+impl Quant {
+    pub fn parse(name: &str, group: u32) -> Option<Quant> {
+        match name {
+            "f32" => Some(Quant::F32),
+            "bf16" => Some(Quant::Bf16),
+            "f16" => Some(Quant::F16),
+            "q8" => Some(Quant::Q8),
+            "q4" => Some(Quant::Q4 { group }),
+            _ => None,
+        }
+    }
+
+    fn of_source(src: SourceDType) -> Quant {
+        match src {
+            SourceDType::F32 => Quant::F32,
+            SourceDType::Bf16 => Quant::Bf16,
+            SourceDType::F16 => Quant::F16,
+        }
+    }
+
+    pub fn name(self) -> String {
+        match self {
+            Quant::F32 => "f32".into(),
+            Quant::Bf16 => "bf16".into(),
+            Quant::F16 => "f16".into(),
+            Quant::Q8 => "q8".into(),
+            Quant::Q4 { group } => format!("q4 (group {group})"),
+        }
+    }
+
+    /// Layout of the matrix weights.
+    fn matrix_dtype(self) -> DType {
+        match self {
+            Quant::F32 => DType::PanelF32,
+            Quant::Bf16 => DType::PanelBf16,
+            Quant::F16 => DType::PanelF16,
+            Quant::Q8 => DType::PanelQ8,
+            Quant::Q4 { group } => DType::PanelQ4 { group },
+        }
+    }
+
+    /// The embedding is only gathered a row at a time, so it stays row-major; quantised
+    /// artifacts keep it in bf16.
+    fn embedding_dtype(self) -> DType {
+        match self {
+            Quant::F32 => DType::F32,
+            Quant::F16 => DType::F16,
+            Quant::Bf16 | Quant::Q8 | Quant::Q4 { .. } => DType::Bf16,
+        }
+    }
+
+    /// Name in target files.
+    fn target_name(self) -> &'static str {
+        match self {
+            Quant::F32 => "f32",
+            Quant::Bf16 => "bf16",
+            Quant::F16 => "f16",
+            Quant::Q8 => "q8",
+            Quant::Q4 { .. } => "q4",
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct CompileOptions {
@@ -18,8 +94,8 @@ pub struct CompileOptions {
     pub model: PathBuf,
     /// Artifact to write.
     pub output: PathBuf,
-    /// Stored type of the matrix weights; `None` keeps the checkpoint's.
-    pub dtype: Option<DType>,
+    /// Storage of the matrix weights; `None` keeps the checkpoint's element type.
+    pub quant: Option<Quant>,
     /// Target name (see `llada_targets::names`).
     pub target: String,
     /// Longest sequence (prompt + generation) the artifact serves; `None`: the model's
@@ -37,7 +113,7 @@ pub struct CompileSummary {
     pub bytes: u64,
     pub tensors: usize,
     pub graphs: usize,
-    pub dtype: DType,
+    pub quant: Quant,
     pub max_seq: u32,
     pub warnings: Vec<String>,
 }
@@ -46,11 +122,13 @@ pub struct CompileSummary {
 /// an 8B checkpoint stays far below a gigabyte of resident memory.
 const CHUNK_BYTES: usize = 16 << 20;
 
-/// One tensor to copy from the checkpoint.
+/// One artifact tensor: the checkpoint tensors whose rows it concatenates (a fused matrix
+/// has several), and how it is stored.
 struct Planned<'a> {
     name: String,
-    loc: &'a TensorLocation,
+    sources: Vec<&'a TensorLocation>,
     dtype: DType,
+    shape: Vec<u64>,
 }
 
 pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
@@ -70,44 +148,57 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     let expect = |name: &str, shape: &[usize], why: &str| ckpt.expect(name, shape, why);
     // Check every tensor before writing anything.
     let embed = expect(names::EMBEDDING, &[cfg.embedding_size, d], &format!("embedding_size {}, {why_d}", cfg.embedding_size))?;
-    let dtype = opts.dtype.unwrap_or_else(|| source_to_dtype(embed.dtype));
-    if !target.weight_dtypes.iter().any(|t| t == dtype.name()) {
-        return Err(Error::Options(format!(
-            "--dtype {}: target '{}' supports {}",
-            dtype.name(),
-            target.name,
-            target.weight_dtypes.join(", ")
-        )));
+    let quant = opts.quant.unwrap_or_else(|| Quant::of_source(embed.dtype));
+    if !target.weight_dtypes.iter().any(|t| t == quant.target_name()) {
+        return Err(Error::Options(format!("--quant {}: target '{}' supports {}", quant.target_name(), target.name, target.weight_dtypes.join(", "))));
     }
-    let mut segments: Vec<(String, Vec<Planned>)> = Vec::new();
-    let plan = |name: String, loc, dtype| Planned { name, loc, dtype };
-    segments.push(("embedding".into(), vec![plan(names::EMBEDDING.into(), embed, dtype)]));
-    for l in 0..cfg.n_layers {
-        let mut parts = Vec::new();
-        for (part, shape, is_norm, why) in [
-            ("attn_norm", vec![d], true, why_d.clone()),
-            ("q_proj", vec![q_dim, d], false, format!("n_heads {} x head_dim {hd}, {why_d}", cfg.n_heads)),
-            ("k_proj", vec![kv_dim, d], false, format!("n_kv_heads {} x head_dim {hd}, {why_d}", cfg.n_kv_heads)),
-            ("v_proj", vec![kv_dim, d], false, format!("n_kv_heads {} x head_dim {hd}, {why_d}", cfg.n_kv_heads)),
-            ("attn_out", vec![d, q_dim], false, format!("{why_d}, n_heads {} x head_dim {hd}", cfg.n_heads)),
-            ("ff_norm", vec![d], true, why_d.clone()),
-            ("ff_proj", vec![f, d], false, format!("mlp_hidden_size {f}, {why_d}")),
-            ("up_proj", vec![f, d], false, format!("mlp_hidden_size {f}, {why_d}")),
-            ("ff_out", vec![d, f], false, format!("{why_d}, mlp_hidden_size {f}")),
-        ] {
-            let name = names::block(l, part);
-            let loc = expect(&name, &shape, &why)?;
-            parts.push(plan(name, loc, if is_norm { DType::F32 } else { dtype }));
+    if let Quant::Q4 { group } = quant {
+        for (what, k) in [("d_model", d), ("n_heads x head_dim", q_dim), ("mlp_hidden_size", f)] {
+            if group == 0 || group % 8 != 0 || k % group as usize != 0 {
+                return Err(Error::Options(format!("--group {group}: q4 groups must be a multiple of 8 dividing {what} ({k})")));
+            }
         }
-        segments.push((format!("blocks.{l}"), parts));
+    }
+    let matrix = quant.matrix_dtype();
+    let mut segments: Vec<(String, Vec<Planned>)> = Vec::new();
+    let single = |name: &str, loc, dtype: DType, shape: &[usize]| Planned {
+        name: name.to_string(),
+        sources: vec![loc],
+        dtype,
+        shape: shape.iter().map(|&x| x as u64).collect(),
+    };
+    segments.push(("embedding".into(), vec![single(names::EMBEDDING, embed, quant.embedding_dtype(), &[cfg.embedding_size, d])]));
+    for l in 0..cfg.n_layers {
+        let name = |part: &str| names::block(l, part);
+        let get = |part: &str, shape: &[usize], why: String| expect(&name(part), shape, &why);
+        let heads_why = |n: usize, what: &str| format!("{what} {n} x head_dim {hd}, {why_d}");
+        let attn_norm = get("attn_norm", &[d], why_d.clone())?;
+        let q = get("q_proj", &[q_dim, d], heads_why(cfg.n_heads, "n_heads"))?;
+        let k = get("k_proj", &[kv_dim, d], heads_why(cfg.n_kv_heads, "n_kv_heads"))?;
+        let v = get("v_proj", &[kv_dim, d], heads_why(cfg.n_kv_heads, "n_kv_heads"))?;
+        let attn_out = get("attn_out", &[d, q_dim], format!("{why_d}, n_heads {} x head_dim {hd}", cfg.n_heads))?;
+        let ff_norm = get("ff_norm", &[d], why_d.clone())?;
+        let gate = get("ff_proj", &[f, d], format!("mlp_hidden_size {f}, {why_d}"))?;
+        let up = get("up_proj", &[f, d], format!("mlp_hidden_size {f}, {why_d}"))?;
+        let down = get("ff_out", &[d, f], format!("{why_d}, mlp_hidden_size {f}"))?;
+        segments.push((
+            format!("blocks.{l}"),
+            vec![
+                single(&name("attn_norm"), attn_norm, DType::F32, &[d]),
+                Planned { name: name("qkv_proj"), sources: vec![q, k, v], dtype: matrix, shape: vec![(q_dim + 2 * kv_dim) as u64, d as u64] },
+                single(&name("attn_out"), attn_out, matrix, &[d, q_dim]),
+                single(&name("ff_norm"), ff_norm, DType::F32, &[d]),
+                Planned { name: name("gate_up_proj"), sources: vec![gate, up], dtype: matrix, shape: vec![2 * f as u64, d as u64] },
+                single(&name("ff_out"), down, matrix, &[d, f]),
+            ],
+        ));
     }
     let ln_f = expect(names::FINAL_NORM, &[d], &why_d)?;
     let head = expect(names::HEAD, &[cfg.embedding_size, d], &format!("embedding_size {}, {why_d}", cfg.embedding_size))?;
-    segments.push(("head".into(), vec![plan(names::FINAL_NORM.into(), ln_f, DType::F32), plan(names::HEAD.into(), head, dtype)]));
-    let expected: std::collections::HashSet<&str> = segments.iter().flat_map(|(_, p)| p.iter().map(|t| t.name.as_str())).collect();
-    let extra: Vec<&str> = ckpt.names().filter(|n| !expected.contains(n)).collect();
-    if !extra.is_empty() {
-        warnings.push(format!("{}: {} tensor(s) not used by LLaDA ignored, e.g. '{}'", dir.display(), extra.len(), extra[0]));
+    segments.push(("head".into(), vec![single(names::FINAL_NORM, ln_f, DType::F32, &[d]), single(names::HEAD, head, matrix, &[cfg.embedding_size, d])]));
+    let unused: Vec<&str> = ckpt.names().filter(|n| !is_consumed(n, cfg.n_layers)).collect();
+    if let Some(first) = unused.first() {
+        warnings.push(format!("{}: {} tensor(s) not used by LLaDA ignored, e.g. '{first}'", dir.display(), unused.len()));
     }
 
     let max_seq = opts.max_seq.unwrap_or(cfg.max_sequence_length.min(4096) as u32);
@@ -138,28 +229,35 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
         rms_eps: cfg.rms_eps,
     };
 
-    let total_bytes: u64 = segments.iter().flat_map(|(_, p)| p.iter()).map(|t| t.loc.nbytes).sum();
+    let total_bytes: u64 = segments.iter().flat_map(|(_, p)| p.iter()).flat_map(|t| t.sources.iter()).map(|s| s.nbytes).sum();
     let bar = if opts.progress { ProgressBar::new(total_bytes) } else { ProgressBar::hidden() };
     bar.set_style(ProgressStyle::with_template("{msg:>12} [{bar:40}] {bytes}/{total_bytes} {eta}").unwrap().progress_chars("=> "));
 
     let mut w = ArtifactWriter::create(&opts.output)?;
-    let mut ids: Vec<TensorId> = Vec::new();
-    let mut buf = Vec::with_capacity(CHUNK_BYTES * 2);
+    let mut ids: Vec<Vec<TensorId>> = Vec::new();
     for (segment, tensors) in &segments {
         bar.set_message(segment.clone());
         w.begin_segment(segment)?;
+        let mut seg_ids = Vec::new();
         for t in tensors {
-            let shape: Vec<u64> = t.loc.shape.iter().map(|&x| x as u64).collect();
-            ids.push(w.begin_tensor(&t.name, t.dtype, &shape)?);
-            ckpt.for_each_row_chunk(t.loc, CHUNK_BYTES, |raw| {
-                buf.clear();
-                convert(t.loc.dtype, raw, t.dtype, &mut buf);
-                bar.inc(raw.len() as u64);
-                Ok(w.write(&buf)?)
-            })?;
+            seg_ids.push(w.begin_tensor(&t.name, t.dtype, &t.shape)?);
+            if t.dtype.is_panel() {
+                write_packed(&ckpt, t, &mut w, &bar)?;
+            } else {
+                let mut buf = Vec::with_capacity(CHUNK_BYTES * 2);
+                for src in &t.sources {
+                    ckpt.for_each_row_chunk(src, CHUNK_BYTES, |raw| {
+                        buf.clear();
+                        convert(src.dtype, raw, t.dtype, &mut buf);
+                        bar.inc(raw.len() as u64);
+                        Ok(w.write(&buf)?)
+                    })?;
+                }
+            }
             w.end_tensor()?;
         }
         w.end_segment()?;
+        ids.push(seg_ids);
     }
     bar.finish_and_clear();
     w.begin_segment("rope")?;
@@ -169,24 +267,12 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     let rope_sin = w.add_tensor("rope.sin", DType::F32, &[rope_rows as u64, half], bytemuck::cast_slice(&sin))?;
     w.end_segment()?;
 
-    let blocks = (0..cfg.n_layers)
-        .map(|l| {
-            let b = &ids[1 + 9 * l..1 + 9 * (l + 1)];
-            BlockTensors {
-                attn_norm: b[0],
-                q: b[1],
-                k: b[2],
-                v: b[3],
-                attn_out: b[4],
-                ff_norm: b[5],
-                ff_proj: b[6],
-                up_proj: b[7],
-                ff_out: b[8],
-            }
-        })
+    let blocks = ids[1..=cfg.n_layers]
+        .iter()
+        .map(|b| BlockTensors { attn_norm: b[0], qkv: b[1], attn_out: b[2], ff_norm: b[3], gate_up: b[4], ff_out: b[5] })
         .collect();
-    let n = ids.len();
-    let net = NetworkTensors { embedding: ids[0], blocks, final_norm: ids[n - 2], head: ids[n - 1], rope_cos, rope_sin };
+    let head_ids = &ids[cfg.n_layers + 1];
+    let net = NetworkTensors { embedding: ids[0][0], blocks, final_norm: head_ids[0], head: head_ids[1], rope_cos, rope_sin };
     let net_opts = NetworkOptions { input_emb_norm: cfg.input_emb_norm, scale_logits: cfg.scale_logits };
     let mut graphs = Vec::new();
     for &rows in &buckets {
@@ -203,6 +289,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
         }
         graphs.push(g);
     }
+    let tensor_count = w.tensors().len();
     let header = Header {
         model,
         special,
@@ -216,7 +303,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
             source: dir.display().to_string(),
             target: target.name.clone(),
             options: vec![
-                ("dtype".into(), dtype.name().into()),
+                ("quant".into(), quant.name()),
                 ("max_seq".into(), max_seq.to_string()),
                 ("head_rows".into(), opts.head_rows.to_string()),
             ],
@@ -225,7 +312,45 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     };
     let n_graphs = header.graphs.len();
     let bytes = w.finish(header)?;
-    Ok(CompileSummary { output: opts.output.clone(), bytes, tensors: n + 2, graphs: n_graphs, dtype, max_seq, warnings })
+    Ok(CompileSummary { output: opts.output.clone(), bytes, tensors: tensor_count, graphs: n_graphs, quant, max_seq, warnings })
+}
+
+/// Whether a checkpoint tensor name is one the compiler reads.
+fn is_consumed(name: &str, layers: usize) -> bool {
+    if [names::EMBEDDING, names::FINAL_NORM, names::HEAD].contains(&name) {
+        return true;
+    }
+    (0..layers).any(|l| {
+        ["attn_norm", "q_proj", "k_proj", "v_proj", "attn_out", "ff_norm", "ff_proj", "up_proj", "ff_out"].iter().any(|p| names::block(l, p) == name)
+    })
+}
+
+/// Streams the rows of `t`'s sources into 16-row panels and packs them.
+fn write_packed(ckpt: &Checkpoint, t: &Planned, w: &mut ArtifactWriter, bar: &ProgressBar) -> Result<()> {
+    let k = t.shape[1] as usize;
+    let mut pending: Vec<f32> = Vec::new();
+    let mut packed = Vec::new();
+    let mut flush = |pending: &mut Vec<f32>, all: bool, w: &mut ArtifactWriter| -> Result<()> {
+        let mut start = 0;
+        while pending.len() - start >= PANEL * k || (all && pending.len() > start) {
+            let end = (start + PANEL * k).min(pending.len());
+            let rows: Vec<&[f32]> = pending[start..end].chunks(k).collect();
+            packed.clear();
+            pack_panel(t.dtype, &rows, k, &mut packed);
+            w.write(&packed)?;
+            start = end;
+        }
+        pending.drain(..start);
+        Ok(())
+    };
+    for src in &t.sources {
+        ckpt.for_each_row_chunk(src, CHUNK_BYTES, |raw| {
+            to_f32(src.dtype, raw, &mut pending);
+            bar.inc(raw.len() as u64);
+            flush(&mut pending, false, w)
+        })?;
+    }
+    flush(&mut pending, true, w)
 }
 
 /// Rotary tables `[rows, head_dim / 2]`, computed as LLaDA's reference does in float32:

@@ -21,12 +21,18 @@ pub fn convert(src: SourceDType, raw: &[u8], dst: DType, out: &mut Vec<u8>) {
         out.extend_from_slice(raw);
         return;
     }
-    out.reserve(raw.len() / src.size_bytes() * dst.size_bytes() as usize);
+    out.reserve(raw.len() / src.size_bytes() * dst.element_bytes().unwrap_or(4) as usize);
     match dst {
         DType::F32 => decode(src, raw).for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
         DType::Bf16 => decode(src, raw).for_each(|x| out.extend_from_slice(&bf16::from_f32(x).to_bits().to_le_bytes())),
         DType::F16 => decode(src, raw).for_each(|x| out.extend_from_slice(&f16::from_f32(x).to_bits().to_le_bytes())),
+        packed => panic!("convert writes row-major tensors, not {}", packed.name()),
     }
+}
+
+/// Appends `raw` (little-endian elements of `src`) to `out` as f32.
+pub fn to_f32(src: SourceDType, raw: &[u8], out: &mut Vec<f32>) {
+    out.extend(decode(src, raw));
 }
 
 pub fn source_to_dtype(src: SourceDType) -> DType {

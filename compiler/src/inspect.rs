@@ -43,7 +43,7 @@ fn describe(h: &Header, major: u16, minor: u16, file_bytes: u64) -> Value {
             })
         })
         .collect();
-    let mut by_dtype = std::collections::BTreeMap::<&str, u64>::new();
+    let mut by_dtype = std::collections::BTreeMap::<String, u64>::new();
     for t in &h.tensors {
         *by_dtype.entry(t.dtype.name()).or_default() += t.nbytes;
     }
@@ -83,7 +83,7 @@ pub fn render_text(d: &Value) -> String {
     let _ = writeln!(s, "weights by dtype: {}", d["weight_bytes_by_dtype"]);
     let _ = writeln!(s, "\ntensors ({}):", d["tensors"].as_array().map_or(0, |a| a.len()));
     for t in d["tensors"].as_array().into_iter().flatten() {
-        let _ = writeln!(s, "  {:<48} {:>5} {:<18} {:>12} B  [{}]", t["name"].as_str().unwrap_or(""), t["dtype"].as_str().unwrap_or(""),
+        let _ = writeln!(s, "  {:<48} {:>12} {:<18} {:>12} B  [{}]", t["name"].as_str().unwrap_or(""), t["dtype"].as_str().unwrap_or(""),
             t["shape"].to_string(), t["bytes"], t["segment"].as_str().unwrap_or("-"));
     }
     let _ = writeln!(s, "\ngraphs ({}):", d["graphs"].as_array().map_or(0, |a| a.len()));

@@ -9,5 +9,5 @@ pub mod inspect;
 pub mod lower;
 pub mod memory;
 
-pub use compile::{compile, CompileOptions, CompileSummary};
+pub use compile::{compile, CompileOptions, CompileSummary, Quant};
 pub use error::{Error, Result};

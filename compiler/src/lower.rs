@@ -2,17 +2,16 @@
 
 use llada_ir::{Graph, ModelConfig, Op, Rows, TensorId, Value, ValueId};
 
-/// Tensor ids of one transformer block.
+/// Tensor ids of one transformer block. The query, key and value projections are one fused
+/// matrix (`[q | k | v]` output columns), and so are the SwiGLU gate and up projections
+/// (`[gate | up]`): one pass over the activations feeds each pair.
 #[derive(Debug, Clone, Copy)]
 pub struct BlockTensors {
     pub attn_norm: TensorId,
-    pub q: TensorId,
-    pub k: TensorId,
-    pub v: TensorId,
+    pub qkv: TensorId,
     pub attn_out: TensorId,
     pub ff_norm: TensorId,
-    pub ff_proj: TensorId,
-    pub up_proj: TensorId,
+    pub gate_up: TensorId,
     pub ff_out: TensorId,
 }
 
@@ -63,30 +62,23 @@ pub fn full_sequence_graph(m: &ModelConfig, t: &NetworkTensors, opts: NetworkOpt
     for (l, bt) in t.blocks.iter().enumerate() {
         let v = |b: &mut Builder, what: &str, cols: u32| b.value(format!("blocks.{l}.{what}"), Rows::Tokens, cols);
         let xn = v(&mut b, "attn_in", d);
-        let q = v(&mut b, "q", m.n_heads * hd);
-        let k = v(&mut b, "k", m.n_kv_heads * hd);
-        let vv = v(&mut b, "v", m.n_kv_heads * hd);
+        let qkv = v(&mut b, "qkv", (m.n_heads + 2 * m.n_kv_heads) * hd);
         let att = v(&mut b, "attn", m.n_heads * hd);
         let o = v(&mut b, "attn_proj", d);
         let fin = v(&mut b, "ff_in", d);
-        let gate = v(&mut b, "gate", m.mlp_hidden);
-        let up = v(&mut b, "up", m.mlp_hidden);
+        let gate_up = v(&mut b, "gate_up", 2 * m.mlp_hidden);
         let h = v(&mut b, "hidden", m.mlp_hidden);
         let f = v(&mut b, "ff_proj_out", d);
         b.ops.extend([
             Op::RmsNorm { x, weight: bt.attn_norm, eps, out: xn },
-            Op::MatMul { x: xn, weight: bt.q, out: q },
-            Op::MatMul { x: xn, weight: bt.k, out: k },
-            Op::MatMul { x: xn, weight: bt.v, out: vv },
-            Op::Rope { x: q, heads: m.n_heads, cos: t.rope_cos, sin: t.rope_sin },
-            Op::Rope { x: k, heads: m.n_kv_heads, cos: t.rope_cos, sin: t.rope_sin },
-            Op::Attention { q, k, v: vv, out: att, heads: m.n_heads, kv_heads: m.n_kv_heads },
+            Op::MatMul { x: xn, weight: bt.qkv, out: qkv },
+            Op::Rope { x: qkv, heads: m.n_heads + m.n_kv_heads, cos: t.rope_cos, sin: t.rope_sin },
+            Op::Attention { qkv, out: att, heads: m.n_heads, kv_heads: m.n_kv_heads },
             Op::MatMul { x: att, weight: bt.attn_out, out: o },
             Op::Add { acc: x, x: o },
             Op::RmsNorm { x, weight: bt.ff_norm, eps, out: fin },
-            Op::MatMul { x: fin, weight: bt.ff_proj, out: gate },
-            Op::MatMul { x: fin, weight: bt.up_proj, out: up },
-            Op::SwiGlu { gate, up, out: h },
+            Op::MatMul { x: fin, weight: bt.gate_up, out: gate_up },
+            Op::SwiGlu { x: gate_up, out: h },
             Op::MatMul { x: h, weight: bt.ff_out, out: f },
             Op::Add { acc: x, x: f },
         ]);
@@ -105,10 +97,11 @@ pub fn full_sequence_graph(m: &ModelConfig, t: &NetworkTensors, opts: NetworkOpt
     Graph { name: format!("exact-{rows}"), rows, head_rows, values: b.values, ops: b.ops, logits, window_bytes: 0 }
 }
 
-/// Row counts of the exact graphs: from twice the row multiple up to `max_seq`, each about
-/// 25% above the last (so padding wastes at most about a fifth of a pass), all multiples of
-/// the target's row multiple.
+/// Row counts of the exact graphs: every multiple of the target's row multiple from twice it
+/// up to 256 (typical prompt + answer lengths, where padding is costly), then about 25% apart
+/// up to `max_seq` (padding wastes at most about a fifth of a pass).
 pub fn exact_buckets(max_seq: u32, row_multiple: u32) -> Vec<u32> {
+    const FINE_UP_TO: u32 = 256;
     let round = |x: u32| x.div_ceil(row_multiple) * row_multiple;
     let top = round(max_seq);
     let mut out = Vec::new();
@@ -118,7 +111,8 @@ pub fn exact_buckets(max_seq: u32, row_multiple: u32) -> Vec<u32> {
         if r >= top {
             return out;
         }
-        r = round(r + r / 4).max(r + row_multiple).min(top);
+        let step = if r < FINE_UP_TO { row_multiple } else { r / 4 };
+        r = round(r + step).max(r + row_multiple).min(top);
     }
 }
 
@@ -128,11 +122,14 @@ mod tests {
 
     #[test]
     fn buckets_cover_up_to_the_maximum() {
-        assert_eq!(exact_buckets(512, 16), vec![32, 48, 64, 80, 112, 144, 192, 240, 304, 384, 480, 512]);
+        let fine: Vec<u32> = (2..=16).map(|i| 16 * i).collect();
+        let b = exact_buckets(512, 16);
+        assert_eq!(&b[..fine.len()], &fine[..]);
+        assert_eq!(&b[fine.len()..], &[320, 400, 512]);
         assert_eq!(exact_buckets(20, 16), vec![32]);
         let b = exact_buckets(4096, 32);
-        // Each step grows by a quarter, rounded up to the row multiple.
-        assert!(b.windows(2).all(|w| w[0] < w[1] && w[1] <= (w[0] + w[0] / 4).div_ceil(32) * 32));
+        // Above 256 each step grows by a quarter, rounded up to the row multiple.
+        assert!(b.windows(2).all(|w| w[0] < w[1] && (w[0] < 256 || w[1] <= (w[0] + w[0] / 4).div_ceil(32) * 32)));
         assert_eq!(*b.last().unwrap(), 4096);
     }
 }

@@ -2,7 +2,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use llada_ir::DType;
+use lladac::compile::Quant;
 use lladac::{compile, CompileOptions};
 
 #[derive(Parser)]
@@ -22,9 +22,13 @@ enum Command {
         /// Artifact to write (replaced atomically when the compile succeeds).
         #[arg(short, long)]
         output: PathBuf,
-        /// Stored type of the weight matrices [default: the checkpoint's].
-        #[arg(long, value_parser = ["f32", "bf16", "f16"])]
-        dtype: Option<String>,
+        /// Storage of the weight matrices [default: the checkpoint's element type]. q8: int8
+        /// per output channel; q4: int4 per --group inputs (both run with int8 activations).
+        #[arg(long, alias = "dtype", value_parser = ["f32", "bf16", "f16", "q8", "q4"])]
+        quant: Option<String>,
+        /// Inputs per q4 scale.
+        #[arg(long, default_value = "64", value_parser = clap::builder::TypedValueParser::map(clap::builder::PossibleValuesParser::new(["32", "64", "128"]), |s: String| s.parse::<u32>().expect("one of the listed numbers")))]
+        group: u32,
         /// Target to compile for (`lladac targets` lists them).
         #[arg(long, default_value = "host")]
         target: String,
@@ -49,11 +53,11 @@ enum Command {
 
 fn run(cli: Cli) -> lladac::Result<()> {
     match cli.command {
-        Command::Compile { model, output, dtype, target, max_seq, head_rows } => {
+        Command::Compile { model, output, quant, group, target, max_seq, head_rows } => {
             let opts = CompileOptions {
                 model,
                 output,
-                dtype: dtype.as_deref().and_then(DType::parse),
+                quant: quant.as_deref().and_then(|q| Quant::parse(q, group)),
                 target,
                 max_seq,
                 head_rows,
@@ -68,7 +72,7 @@ fn run(cli: Cli) -> lladac::Result<()> {
                 s.output.display(),
                 s.bytes as f64 / (1 << 20) as f64,
                 s.tensors,
-                s.dtype.name(),
+                s.quant.name(),
                 s.graphs,
                 s.max_seq
             );

@@ -59,28 +59,26 @@ mod tests {
         let mut tensors = Vec::new();
         let mut offset = 0;
         let mut add = |name: String, dtype: DType, shape: Vec<u64>| {
-            let nbytes = shape.iter().product::<u64>() * dtype.size_bytes();
+            let nbytes = dtype.nbytes(&shape).unwrap();
             tensors.push(TensorInfo { name, dtype, shape, offset, nbytes, crc32: 0 });
             offset = align_up(offset + nbytes, 64);
             tensors.len() as u32 - 1
         };
         let (d, f) = (4096u64, 12288u64);
+        let q4 = DType::PanelQ4 { group: 64 };
         let embedding = add("wte".into(), DType::Bf16, vec![126464, d]);
         let blocks = (0..32)
             .map(|l| BlockTensors {
                 attn_norm: add(format!("{l}.attn_norm"), DType::F32, vec![d]),
-                q: add(format!("{l}.q"), DType::Bf16, vec![d, d]),
-                k: add(format!("{l}.k"), DType::Bf16, vec![d, d]),
-                v: add(format!("{l}.v"), DType::Bf16, vec![d, d]),
-                attn_out: add(format!("{l}.o"), DType::Bf16, vec![d, d]),
+                qkv: add(format!("{l}.qkv"), q4, vec![3 * d, d]),
+                attn_out: add(format!("{l}.o"), q4, vec![d, d]),
                 ff_norm: add(format!("{l}.ff_norm"), DType::F32, vec![d]),
-                ff_proj: add(format!("{l}.ff_proj"), DType::Bf16, vec![f, d]),
-                up_proj: add(format!("{l}.up"), DType::Bf16, vec![f, d]),
-                ff_out: add(format!("{l}.ff_out"), DType::Bf16, vec![d, f]),
+                gate_up: add(format!("{l}.gate_up"), q4, vec![2 * f, d]),
+                ff_out: add(format!("{l}.ff_out"), q4, vec![d, f]),
             })
             .collect();
         let final_norm = add("ln_f".into(), DType::F32, vec![d]);
-        let head = add("head".into(), DType::Bf16, vec![126464, d]);
+        let head = add("head".into(), q4, vec![126464, d]);
         let rope_cos = add("cos".into(), DType::F32, vec![4096, 64]);
         let rope_sin = add("sin".into(), DType::F32, vec![4096, 64]);
         let net = NetworkTensors { embedding, blocks, final_norm, head, rope_cos, rope_sin };
@@ -130,11 +128,11 @@ mod tests {
     fn the_verifier_rejects_two_live_values_sharing_bytes() {
         let (mut h, data_len) = llada_8b_header(&[64]);
         let g = &mut h.graphs[0];
-        // q and k of block 0 are alive together (both feed attention): overlay them.
-        let q = g.values.iter().position(|v| v.name == "blocks.0.q").unwrap();
-        let k = g.values.iter().position(|v| v.name == "blocks.0.k").unwrap();
-        g.values[k].offset = g.values[q].offset;
+        // The residual stream and block 0's q|k|v are alive together: overlay them.
+        let x = g.values.iter().position(|v| v.name == "x").unwrap();
+        let qkv = g.values.iter().position(|v| v.name == "blocks.0.qkv").unwrap();
+        g.values[qkv].offset = g.values[x].offset;
         let err = llada_ir::verify::header(&h, data_len).unwrap_err().to_string();
-        assert!(err.contains("blocks.0.q") && err.contains("blocks.0.k"), "{err}");
+        assert!(err.contains("'x'") && err.contains("blocks.0.qkv"), "{err}");
     }
 }

@@ -37,17 +37,20 @@ pub enum Op {
     Scale { x: ValueId, factor: f32 },
     /// `out = x / sqrt(mean(x^2) + eps) * weight`, per row.
     RmsNorm { x: ValueId, weight: TensorId, eps: f32, out: ValueId },
-    /// `out = x @ weight^T` with `weight` stored `[out_features, in_features]`.
+    /// `out = x @ weight^T` with `weight` `[out_features, in_features]`, stored in a packed
+    /// layout (`llada_ir::packing`).
     MatMul { x: ValueId, weight: TensorId, out: ValueId },
-    /// Rotary embedding in place, half-split ("rotate_half") convention, at each row's
+    /// Rotary embedding in place on the first `heads` heads of every row (the query and key
+    /// heads of a fused q|k|v row), half-split ("rotate_half") convention, at each row's
     /// position; `cos` and `sin` are `[positions, head_dim / 2]` tables.
     Rope { x: ValueId, heads: u32, cos: TensorId, sin: TensorId },
     /// Bidirectional multi-head attention of every row against the valid keys (padding
-    /// rows are masked out as keys); query head `h` uses key/value head
+    /// rows are masked out as keys). `qkv` rows hold `heads` query heads, then `kv_heads`
+    /// key heads, then `kv_heads` value heads; query head `h` uses key/value head
     /// `h / (heads / kv_heads)`.
-    Attention { q: ValueId, k: ValueId, v: ValueId, out: ValueId, heads: u32, kv_heads: u32 },
-    /// `out = silu(gate) * up`.
-    SwiGlu { gate: ValueId, up: ValueId, out: ValueId },
+    Attention { qkv: ValueId, out: ValueId, heads: u32, kv_heads: u32 },
+    /// `out = silu(gate) * up` where each row of `x` is `[gate | up]`.
+    SwiGlu { x: ValueId, out: ValueId },
     /// `acc += x`.
     Add { acc: ValueId, x: ValueId },
     /// `out[i] = x[head_row[i]]`: picks the rows whose logits the sampler needs.
@@ -76,8 +79,8 @@ impl Op {
             Op::Scale { x, .. } => vec![x],
             Op::RmsNorm { x, .. } | Op::MatMul { x, .. } | Op::GatherHeadRows { x, .. } => vec![x],
             Op::Rope { x, .. } => vec![x],
-            Op::Attention { q, k, v, .. } => vec![q, k, v],
-            Op::SwiGlu { gate, up, .. } => vec![gate, up],
+            Op::Attention { qkv, .. } => vec![qkv],
+            Op::SwiGlu { x, .. } => vec![x],
             Op::Add { acc, x } => vec![acc, x],
         }
     }

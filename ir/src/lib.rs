@@ -5,6 +5,7 @@ pub mod error;
 pub mod format;
 pub mod graph;
 pub mod header;
+pub mod packing;
 pub mod read;
 pub mod verify;
 pub mod write;

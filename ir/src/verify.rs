@@ -54,8 +54,7 @@ fn tensors(h: &Header, data_len: u64) -> Result<()> {
         if !names.insert(t.name.as_str()) {
             return Err(Error::invalid(format!("{} appears twice", at())));
         }
-        let numel = t.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
-        if numel.and_then(|n| n.checked_mul(t.dtype.size_bytes())) != Some(t.nbytes) {
+        if t.expected_nbytes() != Some(t.nbytes) {
             return Err(Error::invalid(format!("{}: {} bytes do not hold shape {:?} of {}", at(), t.nbytes, t.shape, t.dtype.name())));
         }
         if t.offset % TENSOR_ALIGN != 0 {
@@ -127,7 +126,7 @@ fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
         match *op {
             Op::Embed { table, out } => {
                 let (t, o) = (tensor(table)?, value(out)?);
-                if t.shape != [m.embedding_size as u64, o.cols as u64] || o.rows != Rows::Tokens {
+                if t.shape != [m.embedding_size as u64, o.cols as u64] || o.rows != Rows::Tokens || t.dtype.is_panel() {
                     return Err(at(format!("table '{}' {:?} does not match output [{}, {}]", t.name, t.shape, m.embedding_size, o.cols)));
                 }
             }
@@ -144,11 +143,14 @@ fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
                 if t.shape != [vo.cols as u64, vx.cols as u64] || vx.rows != vo.rows {
                     return Err(at(format!("weight '{}' {:?} does not map [{}] to [{}]", t.name, t.shape, vx.cols, vo.cols)));
                 }
+                if !t.dtype.is_panel() {
+                    return Err(at(format!("weight '{}' is {}, not a packed layout", t.name, t.dtype.name())));
+                }
             }
             Op::Rope { x, heads, cos, sin } => {
                 let vx = value(x)?;
-                if vx.cols != heads * hd {
-                    return Err(at(format!("'{}' has {} columns, not {heads} heads of {hd}", vx.name, vx.cols)));
+                if heads == 0 || vx.cols < heads * hd {
+                    return Err(at(format!("'{}' has {} columns, fewer than {heads} heads of {hd}", vx.name, vx.cols)));
                 }
                 for t in [tensor(cos)?, tensor(sin)?] {
                     if t.dtype != DType::F32 || t.shape.len() != 2 || t.shape[1] != (hd / 2) as u64 || t.shape[0] < g.rows as u64 {
@@ -156,17 +158,17 @@ fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
                     }
                 }
             }
-            Op::Attention { q, k, v, out, heads, kv_heads } => {
-                same(q, out)?;
-                same(k, v)?;
-                let (vq, vk) = (value(q)?, value(k)?);
-                if kv_heads == 0 || heads % kv_heads != 0 || vq.cols != heads * hd || vk.cols != kv_heads * hd || vq.rows != vk.rows {
-                    return Err(at(format!("heads {heads}/{kv_heads} do not match q [{}] and k [{}]", vq.cols, vk.cols)));
+            Op::Attention { qkv, out, heads, kv_heads } => {
+                let (vq, vo) = (value(qkv)?, value(out)?);
+                if kv_heads == 0 || heads % kv_heads != 0 || vq.cols != (heads + 2 * kv_heads) * hd || vo.cols != heads * hd || vq.rows != vo.rows {
+                    return Err(at(format!("heads {heads}/{kv_heads} do not match q|k|v [{}] and output [{}]", vq.cols, vo.cols)));
                 }
             }
-            Op::SwiGlu { gate, up, out } => {
-                same(gate, up)?;
-                same(gate, out)?;
+            Op::SwiGlu { x, out } => {
+                let (vx, vo) = (value(x)?, value(out)?);
+                if vx.cols != 2 * vo.cols || vx.rows != vo.rows {
+                    return Err(at(format!("'{}' [{}] is not [gate | up] for output [{}]", vx.name, vx.cols, vo.cols)));
+                }
             }
             Op::Add { acc, x } => same(acc, x)?,
             Op::GatherHeadRows { x, out } => {

@@ -102,16 +102,9 @@ impl ArtifactWriter {
         assert!(self.open_segment.is_some(), "tensor '{name}' written outside a segment");
         assert!(self.open_tensor.is_none(), "tensor '{name}' opened inside another tensor");
         self.pad_to(align_up(self.pos, TENSOR_ALIGN))?;
-        let numel: u64 = shape.iter().product();
+        let nbytes = dtype.nbytes(shape).unwrap_or_else(|| panic!("tensor '{name}': {} cannot hold shape {shape:?}", dtype.name()));
         self.open_tensor = Some(OpenTensor {
-            info: TensorInfo {
-                name: name.to_string(),
-                dtype,
-                shape: shape.to_vec(),
-                offset: self.pos - DATA_OFFSET,
-                nbytes: numel * dtype.size_bytes(),
-                crc32: 0,
-            },
+            info: TensorInfo { name: name.to_string(), dtype, shape: shape.to_vec(), offset: self.pos - DATA_OFFSET, nbytes, crc32: 0 },
             hasher: crc32fast::Hasher::new(),
             written: 0,
         });

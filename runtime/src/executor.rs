@@ -5,7 +5,11 @@ use std::ops::Range;
 
 use llada_ir::{Graph, Op, Rows, Value};
 
-use crate::kernels;
+use rayon::prelude::*;
+
+use crate::kernels::cpu::Features;
+use crate::kernels::gemm::{gemm, Prepared};
+use crate::kernels::{self, attention};
 use crate::model::Model;
 
 /// What one run of a graph needs besides the window: the token rows and which rows' logits
@@ -84,32 +88,54 @@ fn operands<'w, const N: usize>(win: &'w mut [f32], ins: [Range<usize>; N], out:
 }
 
 /// The CPU executor. Scratch space is sized once for the model, so running a graph does
-/// not allocate.
+/// not allocate (beyond what the thread pool does internally).
 pub struct HostExecutor {
-    /// Weight rows converted to f32, a block at a time.
-    weight_scratch: Vec<f32>,
-    /// Attention scores of one query row.
+    /// Activations prepared for the matmul kernels (quantised or converted).
+    prepared: Prepared,
+    /// Attention scores: four query rows of keys per thread.
     scores: Vec<f32>,
+    pool: rayon::ThreadPool,
+    /// Instruction-set paths the matmul kernels may take.
+    features: Features,
 }
 
-/// Bytes of converted weights per block: about half an L2 cache.
-const WEIGHT_BLOCK_BYTES: usize = 256 << 10;
-
 impl HostExecutor {
-    pub fn new(model: &Model) -> HostExecutor {
-        let m = &model.header.model;
-        let max_k = m.d_model.max(m.mlp_hidden).max(m.n_heads * m.head_dim) as usize;
+    /// An executor using `threads` threads (at least one) and the kernel paths `features`
+    /// allows (normally `cpu::features()`; fewer to force the portable fallbacks).
+    pub fn new(model: &Model, threads: usize, features: Features) -> HostExecutor {
         let max_rows = model.header.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize;
-        HostExecutor {
-            weight_scratch: vec![0.0; (WEIGHT_BLOCK_BYTES / 4).max(4 * max_k)],
-            scores: vec![0.0; max_rows],
-        }
+        let threads = threads.max(1);
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("llada-worker-{i}"))
+            .build()
+            .expect("the thread pool starts");
+        HostExecutor { prepared: Prepared::default(), scores: vec![0.0; threads * 4 * max_rows.max(1)], pool, features }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
     }
 }
 
-impl Executor for HostExecutor {
-    fn run(&mut self, model: &Model, g: &Graph, inp: &RunInputs, window: &mut Window) {
-        let hd = model.header.model.head_dim as usize;
+/// Time spent per kind of op in one run, for `llada-rt bench`.
+#[derive(Debug, Clone, Default)]
+pub struct OpProfile {
+    /// (op index, seconds).
+    pub times: Vec<(usize, f64)>,
+}
+
+impl HostExecutor {
+    /// Runs `g` and records each op's wall time.
+    pub fn run_profiled(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window) -> OpProfile {
+        let mut profile = OpProfile::default();
+        self.run_ops(model, g, inputs, window, Some(&mut profile));
+        profile
+    }
+
+    fn run_ops(&mut self, model: &Model, g: &Graph, inp: &RunInputs, window: &mut Window, mut profile: Option<&mut OpProfile>) {
+        let m = &model.header.model;
+        let hd = m.head_dim as usize;
         let nh = inp.head_rows.len();
         let range = |v: u32| value_range(g, &g.values[v as usize], nh);
         let cols = |v: u32| g.values[v as usize].cols as usize;
@@ -118,7 +144,8 @@ impl Executor for HostExecutor {
             Rows::Head => nh,
         };
         let win = window.floats_mut();
-        for op in &g.ops {
+        for (index, op) in g.ops.iter().enumerate() {
+            let start = profile.as_ref().map(|_| std::time::Instant::now());
             match *op {
                 Op::Embed { table, out } => {
                     let c = cols(out);
@@ -134,34 +161,34 @@ impl Executor for HostExecutor {
                 }
                 Op::MatMul { x, weight, out } => {
                     let ([xs], o) = operands(win, [range(x)], range(out));
-                    kernels::matmul(xs, rows_of(x), model.weights(weight), cols(x), o, &mut self.weight_scratch);
+                    gemm(xs, rows_of(x), &model.matrix(weight), o, &mut self.prepared, &self.pool, self.features);
                 }
-                Op::Rope { x, cos, sin, .. } => {
+                Op::Rope { x, heads, cos, sin } => {
                     let half = hd / 2;
                     let (cos, sin) = (model.f32s(cos), model.f32s(sin));
                     let c = cols(x);
                     for (row, &p) in win[range(x)].chunks_exact_mut(c).zip(inp.positions) {
                         let t = p as usize * half..(p as usize + 1) * half;
-                        kernels::rope_row(row, hd, &cos[t.clone()], &sin[t]);
+                        kernels::rope_row(&mut row[..heads as usize * hd], hd, &cos[t.clone()], &sin[t]);
                     }
                 }
-                Op::Attention { q, k, v, out, heads, kv_heads } => {
-                    let ([qs, ks, vs], o) = operands(win, [range(q), range(k), range(v)], range(out));
-                    let (qc, kc) = (cols(q), cols(k));
-                    let group = (heads / kv_heads) as usize;
-                    let scale = 1.0 / (hd as f32).sqrt();
-                    for h in 0..heads as usize {
-                        let kv = (h / group) * hd;
-                        for i in 0..g.rows as usize {
-                            let qrow = &qs[i * qc + h * hd..i * qc + (h + 1) * hd];
-                            let orow = &mut o[i * qc + h * hd..i * qc + (h + 1) * hd];
-                            kernels::attend_row(qrow, &ks[kv..], &vs[kv..], kc, inp.valid_keys, hd, scale, &mut self.scores, orow);
-                        }
-                    }
+                Op::Attention { qkv, out, heads, kv_heads } => {
+                    let ([q], o) = operands(win, [range(qkv)], range(out));
+                    let shape = attention::Shape { width: cols(qkv), heads: heads as usize, kv_heads: kv_heads as usize, head_dim: hd, keys: inp.valid_keys };
+                    let out_width = cols(out);
+                    let threads = self.pool.current_num_threads();
+                    let rows = g.rows as usize;
+                    let per = rows.div_ceil(threads).max(1);
+                    let scores_per = self.scores.len() / threads;
+                    self.pool.install(|| {
+                        o.par_chunks_mut(per * out_width).zip(self.scores.par_chunks_mut(scores_per)).enumerate().for_each(|(t, (chunk, scores))| {
+                            attention::attend(q, shape, t * per, chunk, scores);
+                        })
+                    });
                 }
-                Op::SwiGlu { gate, up, out } => {
-                    let ([gs, us], o) = operands(win, [range(gate), range(up)], range(out));
-                    kernels::swiglu(gs, us, o);
+                Op::SwiGlu { x, out } => {
+                    let ([xs], o) = operands(win, [range(x)], range(out));
+                    kernels::swiglu(xs, cols(out), o);
                 }
                 Op::Add { acc, x } => {
                     let ([xs], a) = operands(win, [range(x)], range(acc));
@@ -175,7 +202,16 @@ impl Executor for HostExecutor {
                     }
                 }
             }
+            if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {
+                p.times.push((index, t.elapsed().as_secs_f64()));
+            }
         }
+    }
+}
+
+impl Executor for HostExecutor {
+    fn run(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window) {
+        self.run_ops(model, g, inputs, window, None);
     }
 }
 

@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use llada_rt::sampler::StepView;
 use llada_rt::text::Text;
-use llada_rt::{conformance, generate, Error, Model, Remasking, Result, SamplerParams, Session};
+use llada_rt::session::default_threads;
+use llada_rt::{conformance, generate, roofline, Error, Model, Remasking, Result, SamplerParams, Session};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -85,6 +86,60 @@ enum Command {
         /// Redraw the whole canvas after every step, masks and all.
         #[arg(long, conflicts_with = "json")]
         show_denoising: bool,
+        /// Worker threads [default: every core, or LLADA_THREADS].
+        #[arg(long)]
+        threads: Option<usize>,
+    },
+    /// Measure this machine's ceilings: peak f32, bf16 and int8 rates and memory bandwidth.
+    Roofline {
+        /// Threads for the all-threads figures [default: every core].
+        #[arg(long)]
+        threads: Option<usize>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Time forward passes op by op against the roofline, and optionally a whole generation.
+    Bench {
+        file: PathBuf,
+        /// Token rows of the passes to time (each runs on the smallest graph that holds it).
+        #[arg(long, value_delimiter = ',', default_value = "32,64,96,128")]
+        rows: Vec<usize>,
+        /// Logit rows per pass [default: all rows, as multi-block decoding needs].
+        #[arg(long)]
+        head_rows: Option<usize>,
+        /// Timed repeats per pass (the median is reported).
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+        #[arg(long)]
+        threads: Option<usize>,
+        /// Also time one generation with these sampler settings from a synthetic prompt.
+        #[arg(long)]
+        generate: bool,
+        /// Prompt length of --generate.
+        #[arg(long, default_value_t = 32)]
+        prompt_len: usize,
+        #[command(flatten)]
+        sampler: SamplerArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Accuracy and cost of the sampler on a file of tasks.
+    Eval {
+        /// The artifact.
+        file: PathBuf,
+        /// Tasks, one JSON object per line: {"prompt" | "prompt_ids", "expected", "chat"?}.
+        #[arg(long)]
+        tasks: PathBuf,
+        #[command(flatten)]
+        sampler: SamplerArgs,
+        /// A previous `eval --json` output to compare with token for token.
+        #[arg(long)]
+        reference: Option<PathBuf>,
+        /// Print one JSON object (summary and per-task outputs): usable as a --reference.
+        #[arg(long)]
+        json: bool,
+        #[arg(long)]
+        threads: Option<usize>,
     },
     /// Check the runtime against a golden file from the official sampler.
     Conformance {
@@ -149,7 +204,7 @@ impl Display<'_> {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Run { file, prompt, chat, prompt_ids, sampler, json, show_denoising } => {
+        Command::Run { file, prompt, chat, prompt_ids, sampler, json, show_denoising, threads } => {
             let model = Model::open(&file, true)?;
             let text = Text::new(&model.header.tokenizer, &model.header.special)?;
             let ids = match (&prompt, &prompt_ids) {
@@ -162,7 +217,7 @@ fn run(cli: Cli) -> Result<()> {
                 return Err(Error::request("the prompt is empty"));
             }
             let params = sampler.params();
-            let mut session = Session::new(&model);
+            let mut session = Session::with_threads(&model, threads.unwrap_or_else(default_threads));
             let mut display = Display { text: &text, mask: model.header.special.mask, denoising: show_denoising, printed: String::new(), canvas_lines: 0 };
             let g = if json {
                 generate(&mut session, &ids, &params, &mut |_| {})?
@@ -201,6 +256,87 @@ fn run(cli: Cli) -> Result<()> {
                         "[{} tokens, {} steps, {} forward passes, {:.2} s]",
                         params.gen_length, params.steps, g.forward_passes, g.seconds
                     );
+                }
+            }
+        }
+        Command::Eval { file, tasks, sampler, reference, json, threads } => {
+            let model = Model::open(&file, true)?;
+            let text = Text::new(&model.header.tokenizer, &model.header.special)?;
+            let tasks = llada_rt::eval::load_tasks(&tasks, &text)?;
+            let reference = reference.map(|p| llada_rt::eval::load_reference(&p)).transpose()?;
+            let mut session = Session::with_threads(&model, threads.unwrap_or_else(default_threads));
+            let params = sampler.params();
+            let show = !json && std::io::stderr().is_terminal();
+            let report = llada_rt::eval::run(&mut session, &text, &tasks, &params, reference.as_ref(), &mut |i, r| {
+                if show {
+                    eprint!("\r{}/{} {}", i + 1, tasks.len(), if r.correct { "ok  " } else { "FAIL" });
+                }
+            })?;
+            if show {
+                eprintln!();
+            }
+            if json {
+                println!("{}", serde_json::to_string(&report).expect("the report serializes"));
+            } else {
+                println!("tasks:              {}", report.tasks);
+                println!("accuracy:           {:.4} ({}/{})", report.accuracy, report.correct, report.tasks);
+                if let Some(m) = report.exact_match {
+                    println!("exact match vs ref: {m:.4}");
+                }
+                println!("forward passes:     {} ({:.1} per task)", report.forward_passes, report.forward_passes as f64 / report.tasks as f64);
+                println!("rows computed:      {}", report.rows_computed);
+                println!("generated tokens/s: {:.1} ({} tokens in {:.2} s)", report.tokens_per_second, report.generated_tokens, report.seconds);
+            }
+        }
+        Command::Roofline { threads, json } => {
+            let r = roofline::measure(threads.unwrap_or_else(default_threads));
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r).expect("the roofline serializes"));
+            } else {
+                let g = |x: f64| x / 1e9;
+                println!("features:      {} (AMX {})", r.features, if r.amx_present { "present, not used" } else { "absent" });
+                println!("                 1 thread   {} threads", r.threads);
+                println!("f32 FMA:       {:>7.1}     {:>7.1}  GFLOP/s", g(r.f32_flops.one_thread), g(r.f32_flops.all_threads));
+                println!("bf16 dot:      {:>7.1}     {:>7.1}  GFLOP/s", g(r.bf16_flops.one_thread), g(r.bf16_flops.all_threads));
+                println!("int8 dot:      {:>7.1}     {:>7.1}  GOP/s", g(r.int8_ops.one_thread), g(r.int8_ops.all_threads));
+                println!("memory read:   {:>7.1}     {:>7.1}  GB/s", g(r.read_bytes.one_thread), g(r.read_bytes.all_threads));
+            }
+        }
+        Command::Bench { file, rows, head_rows, repeat, threads, generate: time_generation, prompt_len, sampler, json } => {
+            let model = Model::open(&file, true)?;
+            let threads = threads.unwrap_or_else(default_threads);
+            let roof = roofline::measure(threads);
+            let mut session = Session::with_threads(&model, threads);
+            let mut passes = Vec::new();
+            for &r in &rows {
+                let head = head_rows.unwrap_or(r).min(r).min(session.head_capacity(r)?);
+                passes.push(llada_rt::bench::pass(&mut session, &roof, r, head, repeat)?);
+            }
+            let generation = if time_generation {
+                let m = &model.header.model;
+                let vocab = m.vocab_size.min(m.embedding_size) as usize;
+                let prompt: Vec<u32> = (0..prompt_len).map(|i| ((i * 104729 + 7) % vocab) as u32).collect();
+                Some(generate(&mut session, &prompt, &sampler.params(), &mut |_| {})?)
+            } else {
+                None
+            };
+            if json {
+                let g = generation.as_ref().map(|g| json!({"seconds": g.seconds, "forward_passes": g.forward_passes, "rows_computed": g.rows_computed}));
+                println!("{}", serde_json::to_string_pretty(&json!({"artifact": file, "threads": threads, "roofline": roof, "passes": passes, "generation": g})).expect("serializes"));
+            } else {
+                println!("{} on {} thread(s); roofline: f32 {:.0} / bf16 {:.0} GFLOP/s, int8 {:.0} GOP/s, read {:.1} GB/s", file.display(), threads,
+                    roof.f32_flops.all_threads / 1e9, roof.bf16_flops.all_threads / 1e9, roof.int8_ops.all_threads / 1e9, roof.read_bytes.all_threads / 1e9);
+                for p in &passes {
+                    println!("\nrows {} (graph {}, {} logit rows): {:.4} s, roofline bound {:.4} s, ratio {:.2}", p.rows, p.graph, p.head_rows, p.seconds, p.bound_seconds, p.ratio);
+                    let ops: Vec<String> = p.by_op.iter().map(|(k, v)| format!("{k} {:.4}", v)).collect();
+                    println!("  by op (s): {}", ops.join(", "));
+                    for g in &p.gemms {
+                        println!("  {:<12} {:>6} x {:>5} x {:>6} (x{:>2}) {:>9.5} s  {:>7.1} GFLOP/s {:>6.1} GB/s  bound {:>9.5} s  ratio {:.2}",
+                            g.format, g.rows, g.k, g.n, g.count, g.seconds, g.flops_per_second / 1e9, g.bytes_per_second / 1e9, g.bound_seconds, g.ratio);
+                    }
+                }
+                if let Some(g) = &generation {
+                    println!("\ngeneration: {:.2} s, {} forward passes, {} rows", g.seconds, g.forward_passes, g.rows_computed);
                 }
             }
         }

@@ -10,6 +10,7 @@ use llada_ir::{Artifact, DType, Graph, Header, TensorId};
 use memmap2::Mmap;
 
 use crate::error::{Error, Result};
+use crate::kernels::gemm::Matrix;
 
 pub struct Model {
     pub path: PathBuf,
@@ -51,15 +52,23 @@ impl Model {
         &self.map[self.data.clone()][t.offset as usize..(t.offset + t.nbytes) as usize]
     }
 
-    /// A tensor in its stored element type. Tensors are 64-byte aligned in a page-aligned
-    /// map, so the casts cannot fail.
+    /// A row-major tensor in its stored element type. Tensors are 64-byte aligned in a
+    /// page-aligned map, so the casts cannot fail; the verifier checked that row-major ops
+    /// only name row-major tensors.
     pub fn weights(&self, id: TensorId) -> Weights<'_> {
         let b = self.tensor_bytes(id);
         match self.header.tensors[id as usize].dtype {
             DType::F32 => Weights::F32(bytemuck::cast_slice(b)),
             DType::Bf16 => Weights::Bf16(bytemuck::cast_slice(b)),
             DType::F16 => Weights::F16(bytemuck::cast_slice(b)),
+            packed => unreachable!("row-major access to a {} tensor", packed.name()),
         }
+    }
+
+    /// A packed matrix `[n, k]` for the matmul kernels.
+    pub fn matrix(&self, id: TensorId) -> Matrix<'_> {
+        let t = &self.header.tensors[id as usize];
+        Matrix { format: t.dtype, n: t.shape[0] as usize, k: t.shape[1] as usize, bytes: self.tensor_bytes(id) }
     }
 
     /// An f32 tensor (norm weights, rope tables: the verifier checked their type).

@@ -289,6 +289,14 @@ pub fn write(spec: &CheckpointSpec, dir: &Path) -> std::io::Result<Written> {
         let index = json!({ "metadata": { "total_size": total }, "weight_map": weight_map });
         std::fs::write(dir.join("model.safetensors.index.json"), serde_json::to_string_pretty(&index)?)?;
     }
+    write_metadata(spec, special, dir)?;
+    Ok(Written { shards: (0..n).map(file_name).collect(), bytes: total, special })
+}
+
+/// Everything but the weights: `config.json`, `generation_config.json`, `tokenizer.json`,
+/// `tokenizer_config.json` and `special_tokens_map.json`.
+pub fn write_metadata(spec: &CheckpointSpec, special: SpecialIds, dir: &Path) -> std::io::Result<()> {
+    let s = &spec.shape;
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config_json(spec, special))?)?;
     std::fs::write(dir.join("generation_config.json"), serde_json::to_string_pretty(&json!({
         "bos_token_id": special.bos, "eos_token_id": special.eos, "pad_token_id": special.eos, "mask_token_id": special.mask,
@@ -298,7 +306,35 @@ pub fn write(spec: &CheckpointSpec, dir: &Path) -> std::io::Result<Written> {
     std::fs::write(dir.join("special_tokens_map.json"), serde_json::to_string_pretty(&json!({
         "bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "mask_token": "<|mdm_mask|>",
     }))?)?;
-    Ok(Written { shards: (0..n).map(file_name).collect(), bytes: total, special })
+    Ok(())
+}
+
+/// Writes given f32 weights as one `model.safetensors` in the spec's weight type, plus the
+/// metadata files: how a trained model becomes a Hugging Face checkpoint.
+pub fn write_weights(spec: &CheckpointSpec, dir: &Path, tensors: Vec<(String, Vec<usize>, Vec<f32>)>) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let special = SpecialIds::for_vocab(spec.shape.embedding_size);
+    let encoded: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .into_iter()
+        .map(|(name, shape, values)| {
+            let bytes = values
+                .iter()
+                .flat_map(|&v| match spec.weights {
+                    WeightType::F32 => v.to_le_bytes().to_vec(),
+                    WeightType::Bf16 => bf16::from_f32(v).to_le_bytes().to_vec(),
+                    WeightType::F16 => f16::from_f32(v).to_le_bytes().to_vec(),
+                })
+                .collect();
+            (name, shape, bytes)
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = encoded
+        .iter()
+        .map(|(n, shape, b)| Ok((n.clone(), safetensors::tensor::TensorView::new(spec.weights.dtype(), shape.clone(), b).map_err(|e| std::io::Error::other(e.to_string()))?)))
+        .collect::<std::io::Result<_>>()?;
+    let metadata = Some([("format".to_string(), "pt".to_string())].into_iter().collect());
+    safetensors::serialize_to_file(views, metadata, &dir.join("model.safetensors")).map_err(|e| std::io::Error::other(e.to_string()))?;
+    write_metadata(spec, special, dir)
 }
 
 /// `config.json` with every key of LLaDA-8B-Instruct's.

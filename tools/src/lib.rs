@@ -7,3 +7,5 @@
 
 pub mod checkpoint;
 pub mod reference;
+pub mod tasks;
+pub mod train;

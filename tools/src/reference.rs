@@ -179,3 +179,36 @@ impl Llada {
         Ok(Llada { wte, blocks, ln_f, head })
     }
 }
+
+impl Llada {
+    /// A freshly initialised model: weight matrices normal(0, `std`) from a seeded stream,
+    /// norm weights one.
+    pub fn init(shape: &Shape, std: f32, seed: u64, device: &Device) -> Llada {
+        use rand::SeedableRng;
+        use rand_distr::{Distribution, Normal};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let normal = Normal::new(0.0f32, std).expect("positive std");
+        let mut matrix = |rows: usize, cols: usize| {
+            let v: Vec<f32> = (0..rows * cols).map(|_| normal.sample(&mut rng)).collect();
+            Param::from_tensor(Tensor::from_data(TensorData::new(v, [rows, cols]), device))
+        };
+        let (d, f, hd) = (shape.d_model, shape.mlp_hidden_size, shape.head_dim());
+        let ones = |n: usize| Param::from_tensor(Tensor::ones([n], device));
+        let wte = matrix(shape.embedding_size, d);
+        let blocks = (0..shape.n_layers)
+            .map(|_| Block {
+                attn_norm: ones(d),
+                q_proj: matrix(shape.n_heads * hd, d),
+                k_proj: matrix(shape.n_kv_heads * hd, d),
+                v_proj: matrix(shape.n_kv_heads * hd, d),
+                attn_out: matrix(d, shape.n_heads * hd),
+                ff_norm: ones(d),
+                ff_proj: matrix(f, d),
+                up_proj: matrix(f, d),
+                ff_out: matrix(d, f),
+            })
+            .collect();
+        let head = matrix(shape.embedding_size, d);
+        Llada { wte, blocks, ln_f: ones(d), head }
+    }
+}

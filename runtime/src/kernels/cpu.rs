@@ -1,15 +1,32 @@
-//! Which instruction-set path the kernels take, detected once at run time. Every kernel has
-//! a portable version; the wider ones are the same code compiled with more features enabled.
+//! Which instruction-set paths the kernels take, detected once at run time. Every kernel has
+//! a portable version; the wider ones are chosen only when the CPU has their features.
+//!
+//! `LLADA_ISA` caps the choice, for testing the fallbacks and for debugging:
+//! `portable` (no SIMD), `avx2` (no AVX-512), `avx512` (AVX-512 F/BW/VL/DQ without the BF16
+//! and VNNI extensions, so bf16 and int8 matmuls take their portable path).
+//! `LLADA_DISABLE_AMX=1` is honoured too; this build has no AMX kernels (see BENCHMARKS.md),
+//! so AMX is only detected and reported.
 
 use std::sync::OnceLock;
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Features {
+    /// AVX2 + FMA + F16C (x86-64-v3).
+    pub avx2: bool,
+    /// AVX-512 F, BW, VL, DQ (x86-64-v4).
+    pub avx512: bool,
+    /// AVX-512 BF16: `vdpbf16ps`, bf16 pair dot products.
+    pub avx512_bf16: bool,
+    /// AVX-512 VNNI: `vpdpbusd`, int8 quad dot products.
+    pub avx512_vnni: bool,
+    /// AMX tiles (bf16 and int8).
+    pub amx: bool,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {
-    /// Whatever the build's baseline target allows.
     Portable,
-    /// x86-64-v3: AVX2 and FMA.
     Avx2,
-    /// x86-64-v4: AVX-512 (F, BW, VL, DQ).
     Avx512,
 }
 
@@ -23,34 +40,78 @@ impl Isa {
     }
 }
 
-fn detect() -> Isa {
-    // LLADA_ISA=portable|avx2 caps the path (for tests of the fallbacks, and for debugging).
+fn detect() -> Features {
     let cap = std::env::var("LLADA_ISA").ok();
-    if cap.as_deref() == Some("portable") {
-        return Isa::Portable;
-    }
+    let mut f = Features::default();
     #[cfg(target_arch = "x86_64")]
     {
-        let v3 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
-        let v4 = v3
+        f.avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
+        f.avx512 = f.avx2
             && is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512vl")
             && is_x86_feature_detected!("avx512dq");
-        if v4 && cap.as_deref() != Some("avx2") {
-            return Isa::Avx512;
-        }
-        if v3 {
-            return Isa::Avx2;
-        }
+        f.avx512_bf16 = f.avx512 && is_x86_feature_detected!("avx512bf16");
+        f.avx512_vnni = f.avx512 && is_x86_feature_detected!("avx512vnni");
+        f.amx = amx_in_cpuid();
     }
-    Isa::Portable
+    match cap.as_deref() {
+        Some("portable") => f = Features::default(),
+        Some("avx2") => f = Features { avx2: f.avx2, ..Features::default() },
+        Some("avx512") => f = Features { avx2: f.avx2, avx512: f.avx512, ..Features::default() },
+        _ => {}
+    }
+    if std::env::var_os("LLADA_DISABLE_AMX").is_some() {
+        f.amx = false;
+    }
+    f
 }
 
-/// The path in use.
+/// AMX-TILE, AMX-BF16 and AMX-INT8 in CPUID leaf 7 (EDX bits 24, 22, 25). Read directly:
+/// the standard library's AMX detection is unstable in Rust 1.95.
+#[cfg(target_arch = "x86_64")]
+fn amx_in_cpuid() -> bool {
+    // CPUID is safe to call on x86-64; leaf 7 exists when leaf 0 reports it.
+    if std::arch::x86_64::__cpuid(0).eax < 7 {
+        return false;
+    }
+    let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
+    [24, 22, 25].iter().all(|bit| edx & (1 << bit) != 0)
+}
+
+/// The features in use (detected once, capped by `LLADA_ISA`).
+pub fn features() -> Features {
+    static FEATURES: OnceLock<Features> = OnceLock::new();
+    *FEATURES.get_or_init(detect)
+}
+
+/// The widest general-purpose vector path (for f32 kernels outside the matmuls).
 pub fn isa() -> Isa {
-    static ISA: OnceLock<Isa> = OnceLock::new();
-    *ISA.get_or_init(detect)
+    let f = features();
+    if f.avx512 {
+        Isa::Avx512
+    } else if f.avx2 {
+        Isa::Avx2
+    } else {
+        Isa::Portable
+    }
+}
+
+impl Features {
+    /// One line for logs and reports: `avx512 bf16 vnni (no amx)`.
+    pub fn describe(self) -> String {
+        let mut parts = Vec::new();
+        for (on, name) in [(self.avx2, "avx2"), (self.avx512, "avx512"), (self.avx512_bf16, "avx512-bf16"), (self.avx512_vnni, "avx512-vnni"), (self.amx, "amx")] {
+            if on {
+                parts.push(name);
+            }
+        }
+        if parts.is_empty() {
+            "portable".into()
+        } else {
+            parts.join(" ")
+        }
+    }
 }
 
 /// Defines `pub fn $name(args) -> ret` that runs `$body::<FMA>(args)` compiled for the best

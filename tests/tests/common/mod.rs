@@ -47,7 +47,7 @@ pub fn compile(model: &Path, out: &Path, max_seq: Option<u32>) -> lladac::Compil
     lladac::compile(&lladac::CompileOptions {
         model: model.to_path_buf(),
         output: out.to_path_buf(),
-        dtype: None,
+        quant: None,
         target: "host".into(),
         max_seq,
         head_rows: 256,

@@ -1,0 +1,133 @@
+//! `llada-rt bench`: where a forward pass spends its time, and how close each part runs to the
+//! machine's roofline (`max(bytes / bandwidth, flops / peak)`, with bandwidth and peaks
+//! measured in the same run by [`crate::roofline`]).
+
+use std::collections::BTreeMap;
+
+use llada_ir::{Op, Rows};
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::roofline::Roofline;
+use crate::session::Session;
+
+/// One GEMM shape at one row count (the median over the layers that share it).
+#[derive(Debug, Clone, Serialize)]
+pub struct GemmTiming {
+    pub weight: String,
+    pub format: String,
+    pub n: usize,
+    pub k: usize,
+    pub rows: usize,
+    /// How many ops of the pass have this shape.
+    pub count: usize,
+    pub seconds: f64,
+    pub flops_per_second: f64,
+    pub bytes_per_second: f64,
+    pub bound_seconds: f64,
+    /// `seconds / bound_seconds`: 1.0 is the roofline.
+    pub ratio: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PassTiming {
+    pub rows: usize,
+    pub graph: String,
+    pub graph_rows: u32,
+    pub head_rows: usize,
+    /// Wall time of the pass (median of the repeats).
+    pub seconds: f64,
+    /// Sum of every op's roofline bound.
+    pub bound_seconds: f64,
+    pub ratio: f64,
+    /// Seconds per op kind (median pass).
+    pub by_op: BTreeMap<String, f64>,
+    pub gemms: Vec<GemmTiming>,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Times the exact-plan pass serving `rows` tokens, `repeat` times after one warm-up.
+pub fn pass(session: &mut Session, roof: &Roofline, rows: usize, head_rows: usize, repeat: usize) -> Result<PassTiming> {
+    let model = session.model;
+    let m = &model.header.model;
+    let vocab = m.vocab_size.min(m.embedding_size) as usize;
+    let seq: Vec<u32> = (0..rows).map(|i| ((i * 7919 + 11) % vocab) as u32).collect();
+    let head: Vec<u32> = (rows - head_rows..rows).map(|r| r as u32).collect();
+    let threads = session.threads();
+    let (peak_f32, bw) = (roof.peak_for(llada_ir::DType::PanelF32, threads), roof.bandwidth(threads));
+    session.forward_full(&seq, &head)?;
+    let mut runs = Vec::new();
+    for _ in 0..repeat.max(1) {
+        let start = std::time::Instant::now();
+        let (gid, profile) = session.forward_full_profiled(&seq, &head)?;
+        runs.push((start.elapsed().as_secs_f64(), gid, profile));
+    }
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (seconds, gid, profile) = runs.swap_remove(runs.len() / 2);
+    let g = model.graph(gid);
+    let rows_of = |rows: Rows| match rows {
+        Rows::Tokens => g.rows as usize,
+        Rows::Head => head.len(),
+    };
+    let mut by_op: BTreeMap<String, f64> = BTreeMap::new();
+    let mut gemm_groups: BTreeMap<(String, usize, usize, usize), Vec<f64>> = BTreeMap::new();
+    let mut gemm_names: BTreeMap<(String, usize, usize, usize), String> = BTreeMap::new();
+    let mut bound = 0.0;
+    for &(index, t) in &profile.times {
+        let op = &g.ops[index];
+        *by_op.entry(op.name().to_string()).or_default() += t;
+        let value = |v: u32| &g.values[v as usize];
+        let bytes_of = |v: u32| (rows_of(value(v).rows) * value(v).cols as usize * 4) as f64;
+        match *op {
+            Op::MatMul { x, weight, .. } => {
+                let info = &model.header.tensors[weight as usize];
+                let (n, k, r) = (info.shape[0] as usize, info.shape[1] as usize, rows_of(value(x).rows));
+                let key = (info.dtype.name(), n, k, r);
+                gemm_groups.entry(key.clone()).or_default().push(t);
+                gemm_names.entry(key).or_insert_with(|| info.name.clone());
+                let flops = 2.0 * (r * n * k) as f64;
+                let bytes = info.nbytes as f64 + (r * (n + k) * 4) as f64;
+                bound += (bytes / bw).max(flops / roof.peak_for(info.dtype, threads));
+            }
+            Op::Attention { qkv, out, heads, .. } => {
+                let flops = 4.0 * (g.rows as usize * g.rows as usize * m.head_dim as usize * heads as usize) as f64;
+                bound += ((bytes_of(qkv) + bytes_of(out)) / bw).max(flops / peak_f32);
+            }
+            _ => {
+                let bytes: f64 = op.inputs().iter().chain(op.outputs().iter()).map(|&v| bytes_of(v)).sum();
+                bound += bytes / bw;
+            }
+        }
+    }
+    let gemms = gemm_groups
+        .into_iter()
+        .map(|((format, n, k, rows), times)| {
+            let count = times.len();
+            let seconds = median(times);
+            let name = gemm_names[&(format.clone(), n, k, rows)].clone();
+            let weight_bytes = model.header.tensors.iter().find(|t| t.name == name).map_or(0, |t| t.nbytes) as f64;
+            let flops = 2.0 * (rows * n * k) as f64;
+            let bytes = weight_bytes + (rows * (n + k) * 4) as f64;
+            let dtype = model.header.tensors.iter().find(|t| t.name == name).map(|t| t.dtype).unwrap_or(llada_ir::DType::PanelF32);
+            let bound_seconds = (bytes / bw).max(flops / roof.peak_for(dtype, threads));
+            GemmTiming {
+                weight: name,
+                format,
+                n,
+                k,
+                rows,
+                count,
+                seconds,
+                flops_per_second: flops / seconds,
+                bytes_per_second: bytes / seconds,
+                bound_seconds,
+                ratio: seconds / bound_seconds,
+            }
+        })
+        .collect();
+    Ok(PassTiming { rows, graph: g.name.clone(), graph_rows: g.rows, head_rows: head.len(), seconds, bound_seconds: bound, ratio: seconds / bound, by_op, gemms })
+}

@@ -1,0 +1,127 @@
+//! `llada-rt eval`: accuracy, agreement with a reference run, and cost of a decoding policy on
+//! a file of tasks.
+//!
+//! A tasks file has one JSON object per line: `{"prompt": "...", "chat": true, "expected":
+//! "..."}` or `{"prompt_ids": [...], "expected": "..."}`. An answer is correct when the text
+//! generated before the first end-of-text or end-of-turn token equals `expected`.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::sampler::{generate, SamplerParams};
+use crate::session::Session;
+use crate::text::Text;
+
+#[derive(Deserialize)]
+struct TaskLine {
+    prompt: Option<String>,
+    prompt_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    chat: bool,
+    expected: String,
+}
+
+/// One task's outcome.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TaskResult {
+    pub index: usize,
+    pub output_ids: Vec<u32>,
+    pub answer: String,
+    pub correct: bool,
+    pub forward_passes: u64,
+    pub rows_computed: u64,
+    pub seconds: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EvalReport {
+    pub tasks: usize,
+    pub correct: usize,
+    pub accuracy: f64,
+    /// Share of tasks whose `output_ids` equal the reference run's (when one was given).
+    pub exact_match: Option<f64>,
+    pub forward_passes: u64,
+    pub rows_computed: u64,
+    pub generated_tokens: u64,
+    pub seconds: f64,
+    pub tokens_per_second: f64,
+    pub results: Vec<TaskResult>,
+}
+
+/// The prompts and expected answers of a tasks file.
+pub fn load_tasks(path: &Path, text: &Text) -> Result<Vec<(Vec<u32>, String)>> {
+    let content = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let bad = |line: usize, msg: String| Error::Input { path: path.to_path_buf(), msg: format!("line {line}: {msg}") };
+    let mut tasks = Vec::new();
+    for (i, line) in content.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+        let t: TaskLine = serde_json::from_str(line).map_err(|e| bad(i + 1, e.to_string()))?;
+        let ids = match (t.prompt, t.prompt_ids) {
+            (Some(p), None) if t.chat => text.encode_chat(&p)?,
+            (Some(p), None) => text.encode(&p)?,
+            (None, Some(ids)) => ids,
+            _ => return Err(bad(i + 1, "needs exactly one of \"prompt\" and \"prompt_ids\"".into())),
+        };
+        tasks.push((ids, t.expected));
+    }
+    if tasks.is_empty() {
+        return Err(Error::Input { path: path.to_path_buf(), msg: "no tasks".into() });
+    }
+    Ok(tasks)
+}
+
+pub fn load_reference(path: &Path) -> Result<EvalReport> {
+    let content = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    serde_json::from_str(&content)
+        .map_err(|e| Error::Input { path: path.to_path_buf(), msg: format!("not the JSON output of `llada-rt eval --json`: {e}") })
+}
+
+pub fn run(
+    session: &mut Session,
+    text: &Text,
+    tasks: &[(Vec<u32>, String)],
+    params: &SamplerParams,
+    reference: Option<&EvalReport>,
+    progress: &mut dyn FnMut(usize, &TaskResult),
+) -> Result<EvalReport> {
+    if let Some(r) = reference {
+        if r.results.len() != tasks.len() {
+            return Err(Error::request(format!("the reference run has {} tasks, this file {}", r.results.len(), tasks.len())));
+        }
+    }
+    let mut results = Vec::with_capacity(tasks.len());
+    for (index, (prompt, expected)) in tasks.iter().enumerate() {
+        let g = generate(session, prompt, params, &mut |_| {})?;
+        let answer = text.answer(&g.output_ids);
+        let r = TaskResult {
+            index,
+            correct: answer == *expected,
+            answer,
+            output_ids: g.output_ids,
+            forward_passes: g.forward_passes,
+            rows_computed: g.rows_computed,
+            seconds: g.seconds,
+        };
+        progress(index, &r);
+        results.push(r);
+    }
+    let correct = results.iter().filter(|r| r.correct).count();
+    let seconds: f64 = results.iter().map(|r| r.seconds).sum();
+    let generated_tokens = (tasks.len() * params.gen_length) as u64;
+    let exact_match = reference.map(|re| {
+        results.iter().zip(&re.results).filter(|(a, b)| a.output_ids == b.output_ids).count() as f64 / tasks.len() as f64
+    });
+    Ok(EvalReport {
+        tasks: tasks.len(),
+        correct,
+        accuracy: correct as f64 / tasks.len() as f64,
+        exact_match,
+        forward_passes: results.iter().map(|r| r.forward_passes).sum(),
+        rows_computed: results.iter().map(|r| r.rows_computed).sum(),
+        generated_tokens,
+        seconds,
+        tokens_per_second: generated_tokens as f64 / seconds.max(1e-9),
+        results,
+    })
+}

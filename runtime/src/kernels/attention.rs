@@ -1,0 +1,83 @@
+//! Bidirectional attention over a fused q|k|v matrix: for every query row and head,
+//! `softmax(q K^T / sqrt(head_dim)) V` over the first `keys` rows (later rows are padding,
+//! masked out as keys). Scores are computed four queries by four keys at a time, so each
+//! loaded vector serves four dot products.
+
+use super::{cpu::multiversion, dot_tile};
+
+/// Shape of one attention call.
+#[derive(Clone, Copy)]
+pub struct Shape {
+    /// Width of a q|k|v row: `(heads + 2 * kv_heads) * head_dim`.
+    pub width: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    /// Valid key rows.
+    pub keys: usize,
+}
+
+/// `out += p * v` over a row.
+#[inline(always)]
+fn axpy_body<const FMA: bool>(p: f32, v: &[f32], out: &mut [f32]) {
+    for (o, &x) in out.iter_mut().zip(v) {
+        *o = if FMA { p.mul_add(x, *o) } else { p * x + *o };
+    }
+}
+
+multiversion! {
+    pub fn axpy(p: f32, v: &[f32], out: &mut [f32]) => axpy_body
+}
+
+/// Softmax of `s` in place, returning nothing: `s = exp(s - max) / sum`.
+fn softmax(s: &mut [f32]) {
+    let max = s.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let mut sum = 0.0;
+    for v in s.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    s.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// Attention for query rows `first..first + out.len() / (heads * head_dim)` of `qkv`.
+/// `scores` holds at least `4 * keys` floats.
+pub fn attend(qkv: &[f32], sh: Shape, first: usize, out: &mut [f32], scores: &mut [f32]) {
+    let hd = sh.head_dim;
+    let out_width = sh.heads * hd;
+    let rows = out.len() / out_width;
+    let group = sh.heads / sh.kv_heads;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let keys = sh.keys;
+    let row = |r: usize, off: usize| &qkv[r * sh.width + off..r * sh.width + off + hd];
+    for h in 0..sh.heads {
+        let (q_off, k_off, v_off) = (h * hd, (sh.heads + h / group) * hd, (sh.heads + sh.kv_heads + h / group) * hd);
+        for i0 in (0..rows).step_by(4) {
+            let m = 4.min(rows - i0);
+            // Scores of up to four queries against every key.
+            let q: [&[f32]; 4] = std::array::from_fn(|i| row(first + i0 + i.min(m - 1), q_off));
+            let mut j = 0;
+            while j < keys {
+                let n = 4.min(keys - j);
+                let k: [&[f32]; 4] = std::array::from_fn(|t| row(j + t.min(n - 1), k_off));
+                let tile = dot_tile::<true, 4, 4>(q, k, hd);
+                for i in 0..m {
+                    for t in 0..n {
+                        scores[i * keys + j + t] = tile[i][t] * scale;
+                    }
+                }
+                j += n;
+            }
+            for i in 0..m {
+                let s = &mut scores[i * keys..(i + 1) * keys];
+                softmax(s);
+                let o = &mut out[(i0 + i) * out_width + q_off..(i0 + i) * out_width + q_off + hd];
+                o.fill(0.0);
+                for (jj, &p) in s.iter().enumerate() {
+                    axpy(p, row(jj, v_off), o);
+                }
+            }
+        }
+    }
+}

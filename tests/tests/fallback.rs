@@ -1,0 +1,57 @@
+//! The fast kernel paths (AVX-512 F, BF16, VNNI) against their portable twins, end to end:
+//! the same artifact in every weight format gives the same logits within the format's
+//! tolerance on the detected path and on the portable path, and `LLADA_ISA=portable` (the
+//! process-wide switch) generates the same tokens.
+
+mod common;
+
+use llada_rt::kernels::cpu::{self, Features};
+use llada_rt::{Model, Session};
+use llada_tools::checkpoint::{Shape, WeightType};
+
+fn artifact(dir: &std::path::Path, quant: &str) -> std::path::PathBuf {
+    let ckpt = dir.join("ckpt");
+    if !ckpt.exists() {
+        common::checkpoint(&ckpt, Shape::tiny(), WeightType::F32, u64::MAX, 0.05);
+    }
+    let out = dir.join(format!("{quant}.lad"));
+    let o = common::run("lladac", &["compile", "--model", ckpt.to_str().unwrap(), "-o", out.to_str().unwrap(), "--quant", quant, "--group", "32", "--max-seq", "64"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    out
+}
+
+#[test]
+fn every_format_agrees_with_its_portable_path() {
+    let f = cpu::features();
+    if !(f.avx512 || f.avx2) {
+        eprintln!("no SIMD path on this machine: nothing to compare");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ids: Vec<u32> = (0..40).map(|i| (i * 37 % 250) as u32).collect();
+    let rows: Vec<u32> = (0..40).collect();
+    for quant in ["f32", "f16", "bf16", "q8", "q4"] {
+        let model = Model::open(&artifact(dir.path(), quant), true).unwrap();
+        let fast = Session::with_features(&model, 2, f).forward_full(&ids, &rows).unwrap().to_vec();
+        let portable = Session::with_features(&model, 1, Features::default()).forward_full(&ids, &rows).unwrap().to_vec();
+        let scale = portable.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let err = fast.iter().zip(&portable).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        // Integer dot products are exact on both paths; what differs is float summation order
+        // (and bf16 rounding of the activations, the same on both).
+        assert!(err <= 1e-4 * scale.max(1.0), "{quant}: max abs difference {err:.2e} (logits up to {scale:.2})");
+    }
+}
+
+#[test]
+fn portable_process_generates_the_same_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    for quant in ["bf16", "q8", "q4"] {
+        let art = artifact(dir.path(), quant);
+        let args = ["run", art.to_str().unwrap(), "--prompt-ids", "1,2,3,4,5,6,7,8", "--gen-len", "16", "--block-len", "8", "--steps", "16", "--json"];
+        let detected = common::run("llada-rt", &args);
+        let portable = std::process::Command::new(common::bin("llada-rt")).args(args).env("LLADA_ISA", "portable").output().unwrap();
+        assert!(detected.status.success() && portable.status.success());
+        let ids = |o: &std::process::Output| serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["output_ids"].clone();
+        assert_eq!(ids(&detected), ids(&portable), "{quant}");
+    }
+}
