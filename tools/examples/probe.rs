@@ -1,5 +1,5 @@
 use burn::tensor::{activation, Device, Int, Tensor, TensorData};
-use llada_tools::checkpoint::{tokenizer_json, Shape, SpecialIds};
+use llada_tools::checkpoint::{tokenizer_json, SpecialIds};
 use llada_tools::reference::{Hyper, Llada};
 use llada_tools::tasks;
 fn main() {
