@@ -27,7 +27,7 @@ enum Command {
         #[arg(long, alias = "dtype", value_parser = ["f32", "bf16", "f16", "q8", "q4"])]
         quant: Option<String>,
         /// Inputs per q4 scale.
-        #[arg(long, default_value = "64", value_parser = clap::builder::TypedValueParser::map(clap::builder::PossibleValuesParser::new(["32", "64", "128"]), |s: String| s.parse::<u32>().expect("one of the listed numbers")))]
+        #[arg(long, default_value = "128", value_parser = clap::builder::TypedValueParser::map(clap::builder::PossibleValuesParser::new(["32", "64", "128"]), |s: String| s.parse::<u32>().expect("one of the listed numbers")))]
         group: u32,
         /// Target to compile for (`lladac targets` lists them).
         #[arg(long, default_value = "host")]

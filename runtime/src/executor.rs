@@ -188,7 +188,11 @@ impl HostExecutor {
                 }
                 Op::SwiGlu { x, out } => {
                     let ([xs], o) = operands(win, [range(x)], range(out));
-                    kernels::swiglu(xs, cols(out), o);
+                    let hidden = cols(out);
+                    let per = rows_of(out).div_ceil(self.pool.current_num_threads()).max(1);
+                    self.pool.install(|| {
+                        o.par_chunks_mut(per * hidden).zip(xs.par_chunks(per * 2 * hidden)).for_each(|(o, x)| kernels::swiglu(x, hidden, o))
+                    });
                 }
                 Op::Add { acc, x } => {
                     let ([xs], a) = operands(win, [range(x)], range(acc));

@@ -108,7 +108,7 @@ enum Command {
         #[arg(long)]
         head_rows: Option<usize>,
         /// Timed repeats per pass (the median is reported).
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 5)]
         repeat: usize,
         #[arg(long)]
         threads: Option<usize>,
@@ -303,9 +303,11 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Bench { file, rows, head_rows, repeat, threads, generate: time_generation, prompt_len, sampler, json } => {
-            let model = Model::open(&file, true)?;
             let threads = threads.unwrap_or_else(default_threads);
+            // Before loading: checksumming a large artifact leaves the kernel busy with the
+            // page cache for a while, which would disturb the peak measurements.
             let roof = roofline::measure(threads);
+            let model = Model::open(&file, true)?;
             let mut session = Session::with_threads(&model, threads);
             let mut passes = Vec::new();
             for &r in &rows {

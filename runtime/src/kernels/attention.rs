@@ -25,25 +25,36 @@ fn axpy_body<const FMA: bool>(p: f32, v: &[f32], out: &mut [f32]) {
     }
 }
 
-multiversion! {
-    pub fn axpy(p: f32, v: &[f32], out: &mut [f32]) => axpy_body
-}
-
-/// Softmax of `s` in place, returning nothing: `s = exp(s - max) / sum`.
-fn softmax(s: &mut [f32]) {
+/// Softmax of `s` in place: `s = exp(s - max) / sum`.
+#[inline(always)]
+fn softmax_body<const FMA: bool>(s: &mut [f32]) {
     let max = s.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    let mut sum = 0.0;
-    for v in s.iter_mut() {
-        *v = (*v - max).exp();
+    let mut lanes = [0f32; 16];
+    let mut chunks = s.chunks_exact_mut(16);
+    for c in &mut chunks {
+        for (l, v) in lanes.iter_mut().zip(c.iter_mut()) {
+            *v = super::exp(*v - max);
+            *l += *v;
+        }
+    }
+    let mut sum: f32 = lanes.iter().sum();
+    for v in chunks.into_remainder() {
+        *v = super::exp(*v - max);
         sum += *v;
     }
     let inv = 1.0 / sum;
     s.iter_mut().for_each(|v| *v *= inv);
 }
 
-/// Attention for query rows `first..first + out.len() / (heads * head_dim)` of `qkv`.
-/// `scores` holds at least `4 * keys` floats.
-pub fn attend(qkv: &[f32], sh: Shape, first: usize, out: &mut [f32], scores: &mut [f32]) {
+multiversion! {
+    /// Attention for query rows `first..first + out.len() / (heads * head_dim)` of `qkv`.
+    /// `scores` holds at least `4 * keys` floats. Compiled per instruction set as a whole, so
+    /// the per-key helpers inline.
+    pub fn attend(qkv: &[f32], sh: Shape, first: usize, out: &mut [f32], scores: &mut [f32]) => attend_body
+}
+
+#[inline(always)]
+fn attend_body<const FMA: bool>(qkv: &[f32], sh: Shape, first: usize, out: &mut [f32], scores: &mut [f32]) {
     let hd = sh.head_dim;
     let out_width = sh.heads * hd;
     let rows = out.len() / out_width;
@@ -61,7 +72,7 @@ pub fn attend(qkv: &[f32], sh: Shape, first: usize, out: &mut [f32], scores: &mu
             while j < keys {
                 let n = 4.min(keys - j);
                 let k: [&[f32]; 4] = std::array::from_fn(|t| row(j + t.min(n - 1), k_off));
-                let tile = dot_tile::<true, 4, 4>(q, k, hd);
+                let tile = dot_tile::<FMA, 4, 4>(q, k, hd);
                 for i in 0..m {
                     for t in 0..n {
                         scores[i * keys + j + t] = tile[i][t] * scale;
@@ -71,11 +82,11 @@ pub fn attend(qkv: &[f32], sh: Shape, first: usize, out: &mut [f32], scores: &mu
             }
             for i in 0..m {
                 let s = &mut scores[i * keys..(i + 1) * keys];
-                softmax(s);
+                softmax_body::<FMA>(s);
                 let o = &mut out[(i0 + i) * out_width + q_off..(i0 + i) * out_width + q_off + hd];
                 o.fill(0.0);
                 for (jj, &p) in s.iter().enumerate() {
-                    axpy(p, row(jj, v_off), o);
+                    axpy_body::<FMA>(p, row(jj, v_off), o);
                 }
             }
         }

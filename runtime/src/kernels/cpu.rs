@@ -119,9 +119,9 @@ impl Features {
 /// compiled with its wrapper's features; `FMA` says whether fused multiply-add is a single
 /// instruction there (without it, `mul_add` would be a slow library call).
 macro_rules! multiversion {
-    ($(#[$meta:meta])* pub fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? => $body:ident) => {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident($($arg:ident : $ty:ty),* $(,)?) $(-> $ret:ty)? => $body:ident) => {
         $(#[$meta])*
-        pub fn $name($($arg: $ty),*) $(-> $ret)? {
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]

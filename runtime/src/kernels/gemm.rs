@@ -2,10 +2,12 @@
 //! `out[rows, n] = x[rows, k] @ W^T` with `W[n, k]` stored in 16-column panels.
 //!
 //! Activations are prepared once per call for the format: kept f32, rounded to bf16, or
-//! quantised to int8 per row (W8A8 / W4A8, as llama.cpp quantises activations for its
-//! integer dot products). Each panel is then one task: a micro-kernel runs it over every
-//! tile of rows. Micro-kernels exist for AVX-512 (F for f32/f16, BF16 for bf16, VNNI for q8
-//! and q4) and as portable twins over the same layout, chosen at run time.
+//! quantised to int8 per row (W8A8 / W4A8, as llama.cpp quantises activations for its integer
+//! dot products). The SIMD path then splits the columns into tiles of up to six panels (four
+//! for q4), one task each; a task walks K in chunks small enough that its panels stay in L2
+//! while every 4-row register tile passes over them (each activation broadcast feeds one
+//! multiply-add per panel, which is what reaches the engine's peak), accumulating each chunk
+//! into the output. The portable path computes the same sums row by row.
 
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
@@ -24,16 +26,17 @@ pub struct Matrix<'a> {
     pub bytes: &'a [u8],
 }
 
-/// Rows per micro-kernel tile.
-pub const TILE_ROWS: usize = 16;
-/// The q4 kernel keeps two accumulators per row, so it takes half as many rows at a time.
-const Q4_TILE_ROWS: usize = 8;
+/// Rows per register tile; prepared activations are padded to a multiple.
+const TILE_ROWS: usize = 4;
+
+/// Bytes added to every prepared row: rows a power of two apart would all fall in the same
+/// L1 cache set (4 KiB aliasing), and a tile would then miss on every load.
+const ROW_PAD_BYTES: usize = 64;
 
 /// Activations prepared for one format, rows padded with zeros to a whole tile.
 #[derive(Default)]
 pub struct Prepared {
-    rows: usize,
-    /// Padded row length (k rounded up to the format's k-step).
+    /// Padded row length in elements.
     stride: usize,
     f32s: Vec<f32>,
     bf16s: Vec<bf16>,
@@ -43,36 +46,48 @@ pub struct Prepared {
     scale: Vec<f32>,
     /// Per row and q4 group: 8 x the sum of the quants (the zero-point correction).
     group_sums: Vec<i32>,
+    groups: usize,
 }
 
-fn padded_rows(rows: usize) -> usize {
-    rows.div_ceil(TILE_ROWS) * TILE_ROWS
-}
-
-/// Symmetric int8 quantisation of one row: `x ~= q * scale`.
-fn quantize_row(x: &[f32], q: &mut [i8]) -> f32 {
-    let max = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+/// Symmetric int8 quantisation of one row, `x ~= q * scale`, rounding half to even. Written
+/// as 16-lane loops and compiled per instruction set: the scalar `round` of the baseline
+/// target is a library call, which made quantising cost more than small matmuls.
+#[inline(always)]
+fn quantize_body<const FMA: bool>(x: &[f32], q: &mut [i8]) -> f32 {
+    let mut lanes = [0f32; 16];
+    let mut chunks = x.chunks_exact(16);
+    for c in &mut chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l = l.max(v.abs());
+        }
+    }
+    let max = chunks.remainder().iter().fold(lanes.iter().fold(0f32, |m, &v| m.max(v)), |m, v| m.max(v.abs()));
     let scale = max / 127.0;
     let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
     for (d, &v) in q.iter_mut().zip(x) {
-        *d = (v * inv).round().clamp(-127.0, 127.0) as i8;
+        *d = (v * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
     }
     scale
 }
 
+super::cpu::multiversion! {
+    fn quantize_row(x: &[f32], q: &mut [i8]) -> f32 => quantize_body
+}
+
 impl Prepared {
-    pub fn prepare(&mut self, x: &[f32], rows: usize, k: usize, format: DType) {
-        let prows = padded_rows(rows);
-        self.rows = rows;
+    pub fn prepare(&mut self, x: &[f32], rows: usize, k: usize, format: DType, features: Features) {
+        let prows = rows.div_ceil(TILE_ROWS) * TILE_ROWS;
         match format {
             DType::PanelF32 | DType::PanelF16 => {
-                self.stride = k;
+                self.stride = k + ROW_PAD_BYTES / 4;
                 self.f32s.clear();
-                self.f32s.extend_from_slice(&x[..rows * k]);
-                self.f32s.resize(prows * k, 0.0);
+                self.f32s.resize(prows * self.stride, 0.0);
+                for r in 0..rows {
+                    self.f32s[r * self.stride..r * self.stride + k].copy_from_slice(&x[r * k..(r + 1) * k]);
+                }
             }
             DType::PanelBf16 => {
-                self.stride = k.div_ceil(2) * 2;
+                self.stride = k.div_ceil(2) * 2 + ROW_PAD_BYTES / 2;
                 self.bf16s.clear();
                 self.bf16s.resize(prows * self.stride, bf16::ZERO);
                 for r in 0..rows {
@@ -81,7 +96,7 @@ impl Prepared {
             }
             DType::PanelQ8 | DType::PanelQ4 { .. } => {
                 let q8 = format == DType::PanelQ8;
-                self.stride = k.div_ceil(8) * 8;
+                self.stride = k.div_ceil(8) * 8 + ROW_PAD_BYTES;
                 self.bytes.clear();
                 self.bytes.resize(prows * self.stride, if q8 { 128 } else { 0 });
                 self.scale.clear();
@@ -90,9 +105,19 @@ impl Prepared {
                     DType::PanelQ4 { group } => group as usize,
                     _ => k.max(1),
                 };
-                let groups = k.div_ceil(group);
+                self.groups = k.div_ceil(group);
                 self.group_sums.clear();
-                self.group_sums.resize(prows * groups, 0);
+                self.group_sums.resize(prows * self.groups, 0);
+                #[cfg(target_arch = "x86_64")]
+                if features.avx512 && k % 16 == 0 && group % 16 == 0 {
+                    for r in 0..rows {
+                        let dst = &mut self.bytes[r * self.stride..r * self.stride + k];
+                        let sums = &mut self.group_sums[r * self.groups..(r + 1) * self.groups];
+                        // SAFETY: AVX-512 detected; the sizes meet the function's contract.
+                        self.scale[r] = unsafe { super::x86::quantize_row_avx512(&x[r * k..(r + 1) * k], dst, if q8 { 0x80 } else { 0 }, group, sums) };
+                    }
+                    return;
+                }
                 let mut q = vec![0i8; k];
                 for r in 0..rows {
                     self.scale[r] = quantize_row(&x[r * k..(r + 1) * k], &mut q);
@@ -100,110 +125,9 @@ impl Prepared {
                     for (d, &v) in dst.iter_mut().zip(&q) {
                         *d = if q8 { (v as i16 + 128) as u8 } else { v as u8 };
                     }
-                    for g in 0..groups {
-                        self.group_sums[r * groups + g] = 8 * q[g * group..((g + 1) * group).min(k)].iter().map(|&v| v as i32).sum::<i32>();
+                    for g in 0..self.groups {
+                        self.group_sums[r * self.groups + g] = 8 * q[g * group..((g + 1) * group).min(k)].iter().map(|&v| v as i32).sum::<i32>();
                     }
-                }
-            }
-            DType::F32 | DType::Bf16 | DType::F16 => unreachable!("matmul weights are always packed"),
-        }
-    }
-}
-
-/// One tile of results: up to 16 rows x 16 columns.
-type Tile = [[f32; PANEL]; TILE_ROWS];
-
-/// Computes rows `r0..r0 + tile` (`tile` = TILE_ROWS or Q4_TILE_ROWS) of one panel.
-fn panel_tile(features: Features, w: &Matrix, panel: &[u8], x: &Prepared, r0: usize, tile: &mut Tile) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use super::x86;
-        // SAFETY (all arms): `features` comes from run-time detection, so the CPU has the
-        // instructions each kernel is compiled for; the kernels index only inside `panel` and
-        // the prepared rows, whose sizes `gemm` checks against the format.
-        match w.format {
-            DType::PanelF32 if features.avx512 => return unsafe { x86::panel_f32_avx512(&x.f32s[r0 * x.stride..], x.stride, w.k, panel, tile) },
-            DType::PanelF16 if features.avx512 => return unsafe { x86::panel_f16_avx512(&x.f32s[r0 * x.stride..], x.stride, w.k, panel, tile) },
-            DType::PanelBf16 if features.avx512_bf16 => {
-                return unsafe { x86::panel_bf16_avx512(&x.bf16s[r0 * x.stride..], x.stride, w.k, panel, tile) }
-            }
-            DType::PanelQ8 if features.avx512_vnni => {
-                return unsafe { x86::panel_q8_vnni(&x.bytes[r0 * x.stride..], x.stride, &x.scale[r0..], w.k, panel, tile) }
-            }
-            DType::PanelQ4 { group } if features.avx512_vnni => {
-                let groups = w.k / group as usize;
-                return unsafe {
-                    x86::panel_q4_vnni(&x.bytes[r0 * x.stride..], x.stride, &x.scale[r0..], &x.group_sums[r0 * groups..], w.k, group as usize, panel, tile)
-                };
-            }
-            _ => {}
-        }
-    }
-    panel_tile_portable(w, panel, x, r0, tile)
-}
-
-/// The portable twin of every micro-kernel: same layout, same arithmetic (integer dot
-/// products are exact, so q8/q4 agree with the SIMD kernels up to the final f32 scaling).
-pub fn panel_tile_portable(w: &Matrix, panel: &[u8], x: &Prepared, r0: usize, tile: &mut Tile) {
-    let k = w.k;
-    let rows = match w.format {
-        DType::PanelQ4 { .. } => Q4_TILE_ROWS,
-        _ => TILE_ROWS,
-    };
-    let u16_at = |o: usize| u16::from_le_bytes([panel[o], panel[o + 1]]);
-    let f32_at = |o: usize| f32::from_le_bytes(panel[o..o + 4].try_into().unwrap());
-    for i in 0..rows {
-        let r = r0 + i;
-        let row = &mut tile[i];
-        match w.format {
-            DType::PanelF32 | DType::PanelF16 => {
-                let xr = &x.f32s[r * x.stride..r * x.stride + k];
-                *row = [0.0; PANEL];
-                for (kk, &xv) in xr.iter().enumerate() {
-                    for (c, o) in row.iter_mut().enumerate() {
-                        let wv = if w.format == DType::PanelF32 { f32_at(4 * (kk * PANEL + c)) } else { f16::from_bits(u16_at(2 * (kk * PANEL + c))).to_f32() };
-                        *o += xv * wv;
-                    }
-                }
-            }
-            DType::PanelBf16 => {
-                let xr = &x.bf16s[r * x.stride..(r + 1) * x.stride];
-                *row = [0.0; PANEL];
-                for (kk, &xv) in xr.iter().enumerate() {
-                    for (c, o) in row.iter_mut().enumerate() {
-                        *o += xv.to_f32() * bf16::from_bits(u16_at(64 * (kk / 2) + 4 * c + 2 * (kk % 2))).to_f32();
-                    }
-                }
-            }
-            DType::PanelQ8 => {
-                let xr = &x.bytes[r * x.stride..(r + 1) * x.stride];
-                let data = panel_data_bytes(w.format, k);
-                for (c, o) in row.iter_mut().enumerate() {
-                    let mut acc: i32 = 0;
-                    for kk in 0..k.div_ceil(4) * 4 {
-                        acc += xr[kk] as i32 * panel[64 * (kk / 4) + 4 * c + kk % 4] as i8 as i32;
-                    }
-                    let colsum = i32::from_le_bytes(panel[data + 64 + 4 * c..data + 68 + 4 * c].try_into().unwrap());
-                    *o = (acc - 128 * colsum) as f32 * f32_at(data + 4 * c) * x.scale[r];
-                }
-            }
-            DType::PanelQ4 { group } => {
-                let g = group as usize;
-                let groups = k / g;
-                let xr = &x.bytes[r * x.stride..(r + 1) * x.stride];
-                for (c, o) in row.iter_mut().enumerate() {
-                    let mut total = 0f32;
-                    for gi in 0..groups {
-                        let mut acc: i32 = 0;
-                        for kk in gi * g..(gi + 1) * g {
-                            let byte = panel[64 * (kk / 8) + 4 * c + kk % 4];
-                            let u = if kk % 8 < 4 { byte & 0xf } else { byte >> 4 };
-                            acc += u as i32 * xr[kk] as i8 as i32;
-                        }
-                        let d = f16::from_bits(u16_at(8 * k + 32 * gi + 2 * c)).to_f32();
-                        total += (acc - x.group_sums[r * groups + gi]) as f32 * d;
-                    }
-                    *o = total * x.scale[r];
                 }
             }
             DType::F32 | DType::Bf16 | DType::F16 => unreachable!("matmul weights are always packed"),
@@ -212,23 +136,20 @@ pub fn panel_tile_portable(w: &Matrix, panel: &[u8], x: &Prepared, r0: usize, ti
 }
 
 /// Where the worker tasks write: rows of `n` floats, each task its own columns.
+#[derive(Clone, Copy)]
 struct Output {
     ptr: *mut f32,
-    len: usize,
 }
-// SAFETY: tasks write disjoint columns (one panel each), so sharing the pointer across
+// SAFETY: tasks write disjoint columns (their own panels), so sharing the pointer across
 // threads never lets two of them touch the same element.
+unsafe impl Send for Output {}
 unsafe impl Sync for Output {}
 
 impl Output {
-    /// Writes `vals` at `out[r * n + c0 ..]`.
-    ///
-    /// # Safety
-    /// No other thread may write the same elements concurrently.
-    unsafe fn write(&self, at: usize, vals: &[f32]) {
-        assert!(at + vals.len() <= self.len, "write outside the output");
-        // SAFETY: in bounds (asserted); exclusive by the caller's contract.
-        unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), self.ptr.add(at), vals.len()) };
+    /// The element `offset` floats in. (A method, so closures capture the `Sync` wrapper
+    /// rather than the bare pointer.)
+    fn at(self, offset: usize) -> *mut f32 {
+        self.ptr.wrapping_add(offset)
     }
 }
 
@@ -239,31 +160,263 @@ pub fn gemm(x: &[f32], rows: usize, w: &Matrix, out: &mut [f32], prepared: &mut 
     assert!(x.len() >= rows * k && out.len() >= rows * n, "gemm operands too small");
     let pbytes = panel_bytes(w.format, k).expect("a panel format");
     assert_eq!(w.bytes.len(), panels(n) * pbytes, "packed weights of the wrong size");
-    prepared.prepare(x, rows, k, w.format);
-    let tile_rows = match w.format {
-        DType::PanelQ4 { .. } => Q4_TILE_ROWS,
-        _ => TILE_ROWS,
+    prepared.prepare(x, rows, k, w.format, features);
+    let simd = match w.format {
+        DType::PanelF32 | DType::PanelF16 => features.avx512,
+        DType::PanelBf16 => features.avx512_bf16,
+        DType::PanelQ8 | DType::PanelQ4 { .. } => features.avx512_vnni,
+        _ => false,
     };
-    let output = Output { ptr: out.as_mut_ptr(), len: rows * n };
+    let output = Output { ptr: out.as_mut_ptr() };
     let prepared = &*prepared;
-    let run_panel = |p: usize| {
-        let panel = &w.bytes[p * pbytes..(p + 1) * pbytes];
-        let cols = PANEL.min(n - p * PANEL);
-        let mut tile: Tile = [[0.0; PANEL]; TILE_ROWS];
-        for r0 in (0..rows).step_by(tile_rows) {
-            panel_tile(features, w, panel, prepared, r0, &mut tile);
-            for i in 0..tile_rows.min(rows - r0) {
-                // SAFETY: panel `p` owns columns p*16 .. p*16 + cols of every row.
-                unsafe { output.write((r0 + i) * n + p * PANEL, &tile[i][..cols]) };
-            }
+    #[cfg(target_arch = "x86_64")]
+    if simd {
+        let tile_panels = if matches!(w.format, DType::PanelQ4 { .. }) { 4 } else { 6 };
+        let tiles = panels(n).div_ceil(tile_panels);
+        let run = |t: usize| {
+            let p0 = t * tile_panels;
+            let p1 = (p0 + tile_panels).min(panels(n));
+            // SAFETY: this task owns the columns of panels p0..p1; the slices and sizes were
+            // checked above against the format.
+            unsafe { simd_tile_column(w, prepared, rows, p0, p1, output) };
+        };
+        if pool.current_num_threads() <= 1 || tiles < 2 {
+            (0..tiles).for_each(run);
+        } else {
+            pool.install(|| (0..tiles).into_par_iter().for_each(run));
+        }
+        return;
+    }
+    let _ = simd;
+    let run = |p: usize| {
+        for r in 0..rows {
+            let vals = portable_panel_row(w, &w.bytes[p * pbytes..(p + 1) * pbytes], prepared, r);
+            let cols = PANEL.min(n - p * PANEL);
+            // SAFETY: panel p owns columns p*16 .. p*16 + cols of every row; in bounds by the
+            // size check above.
+            unsafe { std::ptr::copy_nonoverlapping(vals.as_ptr(), output.at(r * n + p * PANEL), cols) };
         }
     };
-    let n_panels = panels(n);
-    if pool.current_num_threads() <= 1 || n_panels < 4 {
-        (0..n_panels).for_each(run_panel);
+    if pool.current_num_threads() <= 1 {
+        (0..panels(n)).for_each(run);
     } else {
-        pool.install(|| (0..n_panels).into_par_iter().with_min_len(2).for_each(run_panel));
+        pool.install(|| (0..panels(n)).into_par_iter().for_each(run));
     }
+}
+
+/// K per chunk: the weights of a column tile over one chunk stay in L2 (tens of KiB), and
+/// the next chunk's are prefetched while it computes.
+fn chunk_k(format: DType, k: usize) -> usize {
+    let kc = match format {
+        DType::PanelF32 => 256,
+        DType::PanelF16 | DType::PanelBf16 => 512,
+        DType::PanelQ8 => 512,
+        DType::PanelQ4 { group } => (1024 / group as usize).max(1) * group as usize,
+        _ => k,
+    };
+    kc.min(k)
+}
+
+/// Bytes of one panel's data per input for the formats' streams (scales and sums aside).
+fn bytes_per_k(format: DType) -> usize {
+    match format {
+        DType::PanelF32 => 64,
+        DType::PanelF16 | DType::PanelBf16 => 32,
+        DType::PanelQ8 => 16,
+        DType::PanelQ4 { .. } => 8,
+        _ => 0,
+    }
+}
+
+/// Runs the SIMD kernels over panels `p0..p1` (at most six) for every row.
+///
+/// # Safety
+/// The CPU has the format's features; the caller owns output columns `16 * p0 .. 16 * p1`
+/// (clipped to `n`) of every row; `w` and `x` are consistent (checked by [`gemm`]).
+#[cfg(target_arch = "x86_64")]
+unsafe fn simd_tile_column(w: &Matrix, x: &Prepared, rows: usize, p0: usize, p1: usize, out: Output) {
+    use super::x86::{self, TileOut};
+    let (n, k) = (w.n, w.k);
+    let pbytes = panel_bytes(w.format, k).unwrap();
+    let data = panel_data_bytes(w.format, k);
+    let panel = |p: usize| w.bytes[p * pbytes..].as_ptr();
+    let kc = chunk_k(w.format, k);
+    let zeros = [0i32; PANEL];
+    let bpk = bytes_per_k(w.format);
+    let row_tiles = rows.div_ceil(TILE_ROWS);
+    // The weights to prefetch while chunk `k0` computes: the next chunk of these panels, or
+    // the first chunk of the next column tile (usually this thread's next task).
+    let next = |k0: usize| -> Option<(usize, usize, usize)> {
+        if k0 + kc < k {
+            Some((p0, k0 + kc, kc.min(k - k0 - kc)))
+        } else if p1 < panels(n) {
+            Some((p1, 0, kc))
+        } else {
+            None
+        }
+    };
+    macro_rules! by_width {
+        ($nr:expr, $f:ident) => {
+            match $nr {
+                1 => $f!(1),
+                2 => $f!(2),
+                3 => $f!(3),
+                4 => $f!(4),
+                5 => $f!(5),
+                _ => $f!(6),
+            }
+        };
+    }
+    for k0 in (0..k).step_by(kc) {
+        let len = kc.min(k - k0);
+        let upcoming = next(k0);
+        // The upcoming chunk's scales (q4: a line per two groups; q8: scales and sums at the
+        // end of the panel) are a separate stream from the data: fetch them now, long before
+        // the group ends that read them.
+        if let Some((q0, kk0, klen)) = upcoming {
+            let (from, lines) = match w.format {
+                DType::PanelQ4 { group } => (data + 32 * (kk0 / group as usize), (32 * klen / group as usize).div_ceil(64)),
+                DType::PanelQ8 if kk0 == 0 => (data, 2),
+                _ => (0, 0),
+            };
+            for j in q0..(q0 + (p1 - p0)).min(panels(n)) {
+                for l in 0..lines {
+                    // SAFETY: prefetching never faults.
+                    unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(panel(j).wrapping_add(from + 64 * l) as *const i8) };
+                }
+            }
+        }
+        for (ti, r0) in (0..rows).step_by(TILE_ROWS).enumerate() {
+            // This row tile's share of the upcoming chunk's lines.
+            let pf = |nr: usize| -> ([*const u8; 6], usize) {
+                let mut ptr = [std::ptr::null::<u8>(); 6];
+                let Some((q0, kk0, klen)) = upcoming else { return (ptr, 0) };
+                let lines = (klen * bpk).div_ceil(64);
+                let (from, to) = (ti * lines / row_tiles, (ti + 1) * lines / row_tiles);
+                for (j, p) in ptr.iter_mut().enumerate().take(nr) {
+                    *p = panel((q0 + j).min(panels(n) - 1)).wrapping_add(kk0 * bpk + 64 * from);
+                }
+                (ptr, to - from)
+            };
+            let o = TileOut {
+                // Row r0, column 16 * p0 of the output (in bounds: r0 < rows, p0 < panels).
+                ptr: out.at(r0 * n + p0 * PANEL),
+                ldo: n,
+                rows: TILE_ROWS.min(rows - r0),
+                last_cols: PANEL.min(n - (p1 - 1) * PANEL),
+                first: k0 == 0,
+            };
+            let xs: [f32; TILE_ROWS] = std::array::from_fn(|i| x.scale.get(r0 + i).copied().unwrap_or(0.0));
+            // SAFETY (every arm): the pointers address the chunk's part of each panel and of
+            // the prepared rows r0..r0+4 (padded to whole tiles), per the kernels' contracts.
+            unsafe {
+                match w.format {
+                    DType::PanelF32 => {
+                        let xp = x.f32s.as_ptr().add(r0 * x.stride + k0);
+                        macro_rules! call { ($nr:literal) => { x86::tile_f32::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(64 * k0)), len, &o, prefetch::<$nr>(pf($nr))) } }
+                        by_width!(p1 - p0, call)
+                    }
+                    DType::PanelF16 => {
+                        let xp = x.f32s.as_ptr().add(r0 * x.stride + k0);
+                        macro_rules! call { ($nr:literal) => { x86::tile_f16::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(32 * k0)), len, &o, prefetch::<$nr>(pf($nr))) } }
+                        by_width!(p1 - p0, call)
+                    }
+                    DType::PanelBf16 => {
+                        let xp = (x.bf16s.as_ptr() as *const u16).add(r0 * x.stride + k0);
+                        macro_rules! call { ($nr:literal) => { x86::tile_bf16::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(32 * k0)), len.div_ceil(2), &o, prefetch::<$nr>(pf($nr))) } }
+                        by_width!(p1 - p0, call)
+                    }
+                    DType::PanelQ8 => {
+                        let xp = x.bytes.as_ptr().add(r0 * x.stride + k0);
+                        let colsum = |j: usize| if k0 == 0 { panel(p0 + j).add(data + 64) as *const i32 } else { zeros.as_ptr() };
+                        macro_rules! call {
+                            ($nr:literal) => {
+                                x86::tile_q8::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(16 * k0)), len.div_ceil(4),
+                                    std::array::from_fn(colsum), std::array::from_fn(|j| panel(p0 + j).add(data) as *const f32), &xs, &o, prefetch::<$nr>(pf($nr)))
+                            };
+                        }
+                        by_width!(p1 - p0, call)
+                    }
+                    DType::PanelQ4 { group } => {
+                        let g = group as usize;
+                        let xp = x.bytes.as_ptr().add(r0 * x.stride + k0);
+                        let gsums = x.group_sums.as_ptr().add(r0 * x.groups + k0 / g);
+                        macro_rules! call {
+                            ($nr:literal) => {
+                                x86::tile_q4::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(8 * k0)), g, len / g,
+                                    std::array::from_fn(|j| panel(p0 + j).add(data + 32 * (k0 / g))), gsums, x.groups, &xs, &o, prefetch::<$nr>(pf($nr)))
+                            };
+                        }
+                        by_width!(p1 - p0, call)
+                    }
+                    _ => unreachable!("matmul weights are always packed"),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn prefetch<const NR: usize>((ptr, lines): ([*const u8; 6], usize)) -> super::x86::Prefetch<NR> {
+    super::x86::Prefetch { ptr: std::array::from_fn(|j| ptr[j]), lines }
+}
+
+/// One row times one panel on the portable path: the same sums as the SIMD kernels (integer
+/// dot products exactly; float ones in another order).
+fn portable_panel_row(w: &Matrix, panel: &[u8], x: &Prepared, r: usize) -> [f32; PANEL] {
+    let k = w.k;
+    let u16_at = |o: usize| u16::from_le_bytes([panel[o], panel[o + 1]]);
+    let f32_at = |o: usize| f32::from_le_bytes(panel[o..o + 4].try_into().unwrap());
+    let mut row = [0f32; PANEL];
+    match w.format {
+        DType::PanelF32 | DType::PanelF16 => {
+            for (kk, &xv) in x.f32s[r * x.stride..r * x.stride + k].iter().enumerate() {
+                for (c, o) in row.iter_mut().enumerate() {
+                    let wv = if w.format == DType::PanelF32 { f32_at(4 * (kk * PANEL + c)) } else { f16::from_bits(u16_at(2 * (kk * PANEL + c))).to_f32() };
+                    *o += xv * wv;
+                }
+            }
+        }
+        DType::PanelBf16 => {
+            for (kk, &xv) in x.bf16s[r * x.stride..r * x.stride + k.div_ceil(2) * 2].iter().enumerate() {
+                for (c, o) in row.iter_mut().enumerate() {
+                    *o += xv.to_f32() * bf16::from_bits(u16_at(64 * (kk / 2) + 4 * c + 2 * (kk % 2))).to_f32();
+                }
+            }
+        }
+        DType::PanelQ8 => {
+            let xr = &x.bytes[r * x.stride..(r + 1) * x.stride];
+            let data = panel_data_bytes(w.format, k);
+            for (c, o) in row.iter_mut().enumerate() {
+                let mut acc: i32 = 0;
+                for kk in 0..k.div_ceil(4) * 4 {
+                    acc += xr[kk] as i32 * panel[64 * (kk / 4) + 4 * c + kk % 4] as i8 as i32;
+                }
+                let colsum = i32::from_le_bytes(panel[data + 64 + 4 * c..data + 68 + 4 * c].try_into().unwrap());
+                *o = (acc - 128 * colsum) as f32 * f32_at(data + 4 * c) * x.scale[r];
+            }
+        }
+        DType::PanelQ4 { group } => {
+            let g = group as usize;
+            let xr = &x.bytes[r * x.stride..(r + 1) * x.stride];
+            for (c, o) in row.iter_mut().enumerate() {
+                let mut total = 0f32;
+                for gi in 0..k / g {
+                    let mut acc: i32 = 0;
+                    for kk in gi * g..(gi + 1) * g {
+                        let byte = panel[64 * (kk / 8) + 4 * c + kk % 4];
+                        let u = if kk % 8 < 4 { byte & 0xf } else { byte >> 4 };
+                        acc += u as i32 * xr[kk] as i8 as i32;
+                    }
+                    let d = f16::from_bits(u16_at(8 * k + 32 * gi + 2 * c)).to_f32();
+                    total += (acc - x.group_sums[r * x.groups + gi]) as f32 * d;
+                }
+                *o = total * x.scale[r];
+            }
+        }
+        DType::F32 | DType::Bf16 | DType::F16 => unreachable!("matmul weights are always packed"),
+    }
+    row
 }
 
 #[cfg(test)]
@@ -286,14 +439,15 @@ mod tests {
         ((*s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
-    /// Every format against a double-precision product with the dequantised weights, on
-    /// the detected path and on the portable path; tolerances cover the activation rounding
-    /// (bf16) or quantisation (int8).
+    /// Every format against a double-precision product with the dequantised weights, on the
+    /// detected path and on the portable path; tolerances cover the activation rounding (bf16)
+    /// or quantisation (int8). Shapes cover partial tiles of rows and panels, K over several
+    /// chunks, and the column tiles of both widths.
     #[test]
     fn every_format_matches_the_reference_on_both_paths() {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
         let mut s = 5;
-        for &(rows, n, k) in &[(1, 16, 64), (19, 37, 128), (33, 50, 256)] {
+        for &(rows, n, k) in &[(1, 16, 64), (19, 37, 128), (33, 150, 256), (6, 100, 4608)] {
             let x: Vec<f32> = (0..rows * k).map(|_| lcg(&mut s)).collect();
             let w: Vec<Vec<f32>> = (0..n).map(|_| (0..k).map(|_| lcg(&mut s) * 0.1).collect()).collect();
             for (format, tol) in [
@@ -307,37 +461,26 @@ mod tests {
                 let bytes = pack(format, &w, k);
                 let m = Matrix { format, n, k, bytes: &bytes };
                 let pbytes = panel_bytes(format, k).unwrap();
-                // Reference: x times the weights the packed form stands for.
                 let deq: Vec<Vec<[f32; PANEL]>> = bytes.chunks(pbytes).map(|p| unpack_panel(format, p, k)).collect();
-                let scale = (0..rows * n).fold(0f64, |m, i| {
-                    let (r, c) = (i / n, i % n);
-                    m.max((0..k).map(|kk| x[r * k + kk] as f64 * deq[c / PANEL][kk][c % PANEL] as f64).sum::<f64>().abs())
-                });
-                let mut out = vec![0.0; rows * n];
+                let want = |r: usize, c: usize| (0..k).map(|kk| x[r * k + kk] as f64 * deq[c / PANEL][kk][c % PANEL] as f64).sum::<f64>();
+                let scale = (0..rows * n).fold(0f64, |m, i| m.max(want(i / n, i % n).abs()));
                 let mut prep = Prepared::default();
-                gemm(&x, rows, &m, &mut out, &mut prep, &pool, cpu::features());
-                let mut portable = vec![[[0f32; PANEL]; TILE_ROWS]; 0];
-                let _ = &mut portable;
+                let (mut fast, mut portable) = (vec![0.0; rows * n], vec![0.0; rows * n]);
+                gemm(&x, rows, &m, &mut fast, &mut prep, &pool, cpu::features());
+                gemm(&x, rows, &m, &mut portable, &mut prep, &pool, Features::default());
+                // The integer formats see identical quants on both paths.
+                if matches!(format, DType::PanelQ8 | DType::PanelQ4 { .. }) && k % 16 == 0 {
+                    let mut again = Prepared::default();
+                    again.prepare(&x, rows, k, format, Features::default());
+                    prep.prepare(&x, rows, k, format, cpu::features());
+                    assert_eq!((&prep.bytes, &prep.group_sums), (&again.bytes, &again.group_sums), "{}", format.name());
+                    assert_eq!(prep.scale, again.scale);
+                }
                 for r in 0..rows {
                     for c in 0..n {
-                        let want: f64 = (0..k).map(|kk| x[r * k + kk] as f64 * deq[c / PANEL][kk][c % PANEL] as f64).sum();
-                        let err = (out[r * n + c] as f64 - want).abs() / scale.max(1e-9);
-                        assert!(err <= tol, "{} {rows}x{n}x{k} [{r},{c}]: {} vs {want} (rel {err:.1e})", format.name(), out[r * n + c]);
-                    }
-                }
-                // The portable twin on the same prepared activations gives the same tiles.
-                let tile_rows = if matches!(format, DType::PanelQ4 { .. }) { Q4_TILE_ROWS } else { TILE_ROWS };
-                for p in 0..panels(n) {
-                    let panel = &bytes[p * pbytes..(p + 1) * pbytes];
-                    for r0 in (0..rows).step_by(tile_rows) {
-                        let (mut a, mut b): (Tile, Tile) = ([[0.0; PANEL]; TILE_ROWS], [[0.0; PANEL]; TILE_ROWS]);
-                        panel_tile(cpu::features(), &m, panel, &prep, r0, &mut a);
-                        panel_tile_portable(&m, panel, &prep, r0, &mut b);
-                        for i in 0..tile_rows {
-                            for c in 0..PANEL {
-                                assert!((a[i][c] - b[i][c]).abs() <= 1e-4 * (1.0 + b[i][c].abs()), "{} simd vs portable", format.name());
-                            }
-                        }
+                        let (a, b, t) = (fast[r * n + c] as f64, portable[r * n + c] as f64, want(r, c));
+                        assert!((a - t).abs() / scale.max(1e-9) <= tol, "{} {rows}x{n}x{k} [{r},{c}]: {a} vs {t}", format.name());
+                        assert!((a - b).abs() <= 1e-4 * (1.0 + t.abs()), "{} {rows}x{n}x{k} [{r},{c}]: simd {a} vs portable {b}", format.name());
                     }
                 }
             }

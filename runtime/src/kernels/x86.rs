@@ -84,161 +84,305 @@ pub unsafe fn dot_tile_avx2<const MR: usize, const NR: usize>(x: [&[f32]; MR], w
     out
 }
 
-/// Rows x 16 columns of results, as the GEMM driver passes them.
-type Tile = [[f32; 16]; 16];
+/// Where one tile's results go and what scales them. Row `i` of the tile is output row
+/// `row0 + i`; panel `j` covers output columns `16 * j ..` of the tile.
+pub struct TileOut {
+    /// `out[row0 * ldo + col0]`.
+    pub ptr: *mut f32,
+    pub ldo: usize,
+    /// Rows of the tile that are real output rows (the rest are padding and not written).
+    pub rows: usize,
+    /// Columns of the last panel that are real (1..=16).
+    pub last_cols: usize,
+    /// First K chunk: store; later chunks: add.
+    pub first: bool,
+}
 
-/// f32 panel (`[k][16]` f32) times 16 rows of f32 activations.
+impl TileOut {
+    /// Writes or accumulates one 16-column vector.
+    ///
+    /// # Safety
+    /// `ptr` must address `rows` rows of `ldo` floats from which the tile's columns are
+    /// writable by this thread alone (the GEMM driver gives each task its own columns).
+    #[inline(always)]
+    unsafe fn put(&self, i: usize, j: usize, nr: usize, v: __m512) {
+        if i >= self.rows {
+            return;
+        }
+        let cols = if j + 1 == nr { self.last_cols } else { 16 };
+        let mask: __mmask16 = if cols == 16 { 0xffff } else { (1u16 << cols) - 1 };
+        // SAFETY: inside the tile the caller owns (see above); masked past the last column.
+        unsafe {
+            let p = self.ptr.add(i * self.ldo + 16 * j);
+            let v = if self.first { v } else { _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p)) };
+            _mm512_mask_storeu_ps(p, mask, v);
+        }
+    }
+}
+
+/// Rows of every register tile.
+pub const TILE_ROWS: usize = 4;
+
+/// Weight lines to pull into L2 while a tile computes: `lines` consecutive 64-byte lines
+/// from each pointer, issued evenly over the tile's loop. The GEMM driver points them at the
+/// next chunk, so a chunk's weights arrive from memory while the previous chunk computes
+/// from cache (a tile's first pass over its weights could not otherwise run at compute pace).
+#[derive(Clone, Copy)]
+pub struct Prefetch<const NR: usize> {
+    pub ptr: [*const u8; NR],
+    pub lines: usize,
+}
+
+impl<const NR: usize> Prefetch<NR> {
+    /// Issues the share of prefetches due at loop step `step` of `steps`.
+    #[inline(always)]
+    fn at(&self, step: usize, steps: usize) {
+        if self.lines == 0 {
+            return;
+        }
+        // Lines due by the end of this step, minus those due before it.
+        let (from, to) = (step * self.lines / steps, (step + 1) * self.lines / steps);
+        for l in from..to {
+            for p in self.ptr {
+                // SAFETY: prefetching never faults, whatever the address.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * l) as *const i8) };
+            }
+        }
+    }
+}
+
+/// f32 panels: `out[4 x 16*NR] (+)= x[4, kc] . W`, `kc` inputs from `x` and each panel at
+/// the chunk's first input.
 ///
 /// # Safety
-/// The CPU must support AVX-512F. Checked here: 16 rows of `stride >= k` activations and a
-/// whole panel.
+/// AVX-512F. `x` holds 4 rows of `stride` floats with at least `kc` from its start; each
+/// panel pointer addresses `kc` steps of 16 floats; `out` as in [`TileOut::put`].
 #[target_feature(enable = "avx512f")]
-pub unsafe fn panel_f32_avx512(x: &[f32], stride: usize, k: usize, panel: &[u8], tile: &mut Tile) {
-    assert!(stride >= k && x.len() >= 15 * stride + k && panel.len() >= 64 * k);
-    let (xp, wp) = (x.as_ptr(), panel.as_ptr() as *const f32);
-    let mut acc = [_mm512_setzero_ps(); 16];
-    for kk in 0..k {
-        // SAFETY: kk < k, rows < 16: inside the asserted bounds.
+pub unsafe fn tile_f32<const NR: usize>(x: *const f32, stride: usize, w: [*const u8; NR], kc: usize, out: &TileOut, pf: Prefetch<NR>) {
+    let mut acc = [[_mm512_setzero_ps(); NR]; TILE_ROWS];
+    for kk in 0..kc {
+        pf.at(kk, kc);
+        // SAFETY: kk < kc, inside the ranges the caller vouches for.
         unsafe {
-            let w = _mm512_loadu_ps(wp.add(16 * kk));
-            for (i, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(_mm512_set1_ps(*xp.add(i * stride + kk)), w, *a);
-            }
-        }
-    }
-    for (row, a) in tile.iter_mut().zip(acc) {
-        // SAFETY: a tile row holds 16 floats.
-        unsafe { _mm512_storeu_ps(row.as_mut_ptr(), a) };
-    }
-}
-
-/// f16 panel (`[k][16]` f16), widened to f32 on the fly.
-///
-/// # Safety
-/// The CPU must support AVX-512F. Bounds are checked as in [`panel_f32_avx512`].
-#[target_feature(enable = "avx512f")]
-pub unsafe fn panel_f16_avx512(x: &[f32], stride: usize, k: usize, panel: &[u8], tile: &mut Tile) {
-    assert!(stride >= k && x.len() >= 15 * stride + k && panel.len() >= 32 * k);
-    let (xp, wp) = (x.as_ptr(), panel.as_ptr());
-    let mut acc = [_mm512_setzero_ps(); 16];
-    for kk in 0..k {
-        // SAFETY: inside the asserted bounds.
-        unsafe {
-            let w = _mm512_cvtph_ps(_mm256_loadu_si256(wp.add(32 * kk) as *const __m256i));
-            for (i, a) in acc.iter_mut().enumerate() {
-                *a = _mm512_fmadd_ps(_mm512_set1_ps(*xp.add(i * stride + kk)), w, *a);
-            }
-        }
-    }
-    for (row, a) in tile.iter_mut().zip(acc) {
-        // SAFETY: a tile row holds 16 floats.
-        unsafe { _mm512_storeu_ps(row.as_mut_ptr(), a) };
-    }
-}
-
-/// bf16 panel (`[k/2][16][2]`) times 16 rows of bf16 activations with `vdpbf16ps`.
-///
-/// # Safety
-/// The CPU must support AVX-512 BF16. `stride` is even; bounds are checked.
-#[target_feature(enable = "avx512f,avx512bf16")]
-pub unsafe fn panel_bf16_avx512(x: &[half::bf16], stride: usize, k: usize, panel: &[u8], tile: &mut Tile) {
-    let pairs = k.div_ceil(2);
-    assert!(stride % 2 == 0 && stride >= 2 * pairs && x.len() >= 16 * stride && panel.len() >= 64 * pairs);
-    let (xp, wp) = (x.as_ptr() as *const u8, panel.as_ptr());
-    let mut acc = [_mm512_setzero_ps(); 16];
-    for p in 0..pairs {
-        // SAFETY: inside the asserted bounds; unaligned reads of the activation pairs.
-        unsafe {
-            let w: __m512bh = std::mem::transmute(_mm512_loadu_si512(wp.add(64 * p) as *const __m512i));
-            for (i, a) in acc.iter_mut().enumerate() {
-                let pair = std::ptr::read_unaligned(xp.add(2 * (i * stride + 2 * p)) as *const i32);
-                let xv: __m512bh = std::mem::transmute(_mm512_set1_epi32(pair));
-                *a = _mm512_dpbf16_ps(*a, xv, w);
-            }
-        }
-    }
-    for (row, a) in tile.iter_mut().zip(acc) {
-        // SAFETY: a tile row holds 16 floats.
-        unsafe { _mm512_storeu_ps(row.as_mut_ptr(), a) };
-    }
-}
-
-/// q8 panel (`[k/4][16][4]` s8, then f32 scales and i32 column sums) times 16 rows of u8
-/// activations (quants + 128) with `vpdpbusd`; the +128 comes back out through the column
-/// sums.
-///
-/// # Safety
-/// The CPU must support AVX-512 VNNI. Bounds are checked.
-#[target_feature(enable = "avx512f,avx512vnni")]
-pub unsafe fn panel_q8_vnni(x: &[u8], stride: usize, scale: &[f32], k: usize, panel: &[u8], tile: &mut Tile) {
-    let quads = k.div_ceil(4);
-    assert!(stride >= 4 * quads && x.len() >= 16 * stride && scale.len() >= 16 && panel.len() >= 64 * quads + 128);
-    let (xp, wp) = (x.as_ptr(), panel.as_ptr());
-    let mut acc = [_mm512_setzero_si512(); 16];
-    for q in 0..quads {
-        // SAFETY: inside the asserted bounds; unaligned 4-byte activation reads.
-        unsafe {
-            let w = _mm512_loadu_si512(wp.add(64 * q) as *const __m512i);
-            for (i, a) in acc.iter_mut().enumerate() {
-                let xv = _mm512_set1_epi32(std::ptr::read_unaligned(xp.add(i * stride + 4 * q) as *const i32));
-                *a = _mm512_dpbusd_epi32(*a, xv, w);
-            }
-        }
-    }
-    // SAFETY: the scales and column sums are the panel's last 128 bytes (asserted).
-    let (ws, colsum) = unsafe {
-        (_mm512_loadu_ps(wp.add(64 * quads) as *const f32), _mm512_loadu_si512(wp.add(64 * quads + 64) as *const __m512i))
-    };
-    let offset = _mm512_slli_epi32::<7>(colsum);
-    for (i, (row, a)) in tile.iter_mut().zip(acc).enumerate() {
-        let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(a, offset));
-        let r = _mm512_mul_ps(_mm512_mul_ps(v, ws), _mm512_set1_ps(scale[i]));
-        // SAFETY: a tile row holds 16 floats.
-        unsafe { _mm512_storeu_ps(row.as_mut_ptr(), r) };
-    }
-}
-
-/// q4 panel (64 bytes per 8 k holding two vectors of 4-bit values, then f16 scales per group)
-/// times 8 rows of int8 activations with `vpdpbusd` (weights as the unsigned operand); the
-/// zero point 8 comes back out through the per-group activation sums.
-///
-/// # Safety
-/// The CPU must support AVX-512 VNNI. Bounds are checked.
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub unsafe fn panel_q4_vnni(x: &[u8], stride: usize, scale: &[f32], group_sums: &[i32], k: usize, group: usize, panel: &[u8], tile: &mut Tile) {
-    const ROWS: usize = 8;
-    let groups = k / group;
-    assert!(group % 8 == 0 && k % group == 0 && stride >= k && x.len() >= ROWS * stride);
-    assert!(scale.len() >= ROWS && group_sums.len() >= ROWS * groups && panel.len() >= 8 * k + 32 * groups);
-    let (xp, wp) = (x.as_ptr(), panel.as_ptr());
-    let low = _mm512_set1_epi8(0x0f);
-    let mut out = [_mm512_setzero_ps(); ROWS];
-    for g in 0..groups {
-        let mut acc = [_mm512_setzero_si512(); ROWS];
-        for b in g * group / 8..(g + 1) * group / 8 {
-            // SAFETY: b < k / 8 and rows < 8: inside the asserted bounds.
-            unsafe {
-                let packed = _mm512_loadu_si512(wp.add(64 * b) as *const __m512i);
-                let wa = _mm512_and_si512(packed, low);
-                let wb = _mm512_and_si512(_mm512_srli_epi16::<4>(packed), low);
-                for (i, a) in acc.iter_mut().enumerate() {
-                    let at = xp.add(i * stride + 8 * b);
-                    let xa = _mm512_set1_epi32(std::ptr::read_unaligned(at as *const i32));
-                    let xb = _mm512_set1_epi32(std::ptr::read_unaligned(at.add(4) as *const i32));
-                    *a = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(*a, wa, xa), wb, xb);
+            let wv: [__m512; NR] = std::array::from_fn(|j| _mm512_loadu_ps((w[j] as *const f32).add(16 * kk)));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let xv = _mm512_set1_ps(*x.add(i * stride + kk));
+                for (a, &wj) in row.iter_mut().zip(&wv) {
+                    *a = _mm512_fmadd_ps(xv, wj, *a);
                 }
             }
         }
-        // SAFETY: the group's 16 f16 scales lie after the data (asserted).
-        let ws = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(wp.add(8 * k + 32 * g) as *const __m256i)) };
-        for (i, (o, a)) in out.iter_mut().zip(acc).enumerate() {
-            let v = _mm512_sub_epi32(a, _mm512_set1_epi32(group_sums[i * groups + g]));
-            *o = _mm512_fmadd_ps(_mm512_cvtepi32_ps(v), ws, *o);
+    }
+    for (i, row) in acc.iter().enumerate() {
+        for (j, &a) in row.iter().enumerate() {
+            // SAFETY: see the function's contract.
+            unsafe { out.put(i, j, NR, a) };
         }
     }
-    for (i, (row, o)) in tile.iter_mut().zip(out).enumerate() {
-        // SAFETY: a tile row holds 16 floats.
-        unsafe { _mm512_storeu_ps(row.as_mut_ptr(), _mm512_mul_ps(o, _mm512_set1_ps(scale[i]))) };
+}
+
+/// f16 panels, widened on the fly. Contract as [`tile_f32`] with 16 halves per step.
+///
+/// # Safety
+/// As [`tile_f32`].
+#[target_feature(enable = "avx512f")]
+pub unsafe fn tile_f16<const NR: usize>(x: *const f32, stride: usize, w: [*const u8; NR], kc: usize, out: &TileOut, pf: Prefetch<NR>) {
+    let mut acc = [[_mm512_setzero_ps(); NR]; TILE_ROWS];
+    for kk in 0..kc {
+        pf.at(kk, kc);
+        // SAFETY: inside the ranges the caller vouches for.
+        unsafe {
+            let wv: [__m512; NR] = std::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(w[j].add(32 * kk) as *const __m256i)));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let xv = _mm512_set1_ps(*x.add(i * stride + kk));
+                for (a, &wj) in row.iter_mut().zip(&wv) {
+                    *a = _mm512_fmadd_ps(xv, wj, *a);
+                }
+            }
+        }
     }
+    for (i, row) in acc.iter().enumerate() {
+        for (j, &a) in row.iter().enumerate() {
+            // SAFETY: see the function's contract.
+            unsafe { out.put(i, j, NR, a) };
+        }
+    }
+}
+
+/// bf16 panels with `vdpbf16ps`: `pairs` input pairs; `x` points at bf16 activations.
+///
+/// # Safety
+/// AVX-512 BF16. `x` holds 4 rows of `stride` halves (stride even) with `2 * pairs` from its
+/// start; each panel pointer addresses `pairs` steps of 64 bytes; `out` as in
+/// [`TileOut::put`].
+#[target_feature(enable = "avx512f,avx512bf16")]
+pub unsafe fn tile_bf16<const NR: usize>(x: *const u16, stride: usize, w: [*const u8; NR], pairs: usize, out: &TileOut, pf: Prefetch<NR>) {
+    let mut acc = [[_mm512_setzero_ps(); NR]; TILE_ROWS];
+    for p in 0..pairs {
+        pf.at(p, pairs);
+        // SAFETY: inside the ranges the caller vouches for; __m512bh and __m512i are the same
+        // 64 bytes.
+        unsafe {
+            let wv: [__m512bh; NR] = std::array::from_fn(|j| std::mem::transmute(_mm512_loadu_si512(w[j].add(64 * p) as *const __m512i)));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let pair = std::ptr::read_unaligned(x.add(i * stride + 2 * p) as *const i32);
+                let xv: __m512bh = std::mem::transmute(_mm512_set1_epi32(pair));
+                for (a, &wj) in row.iter_mut().zip(&wv) {
+                    *a = _mm512_dpbf16_ps(*a, xv, wj);
+                }
+            }
+        }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        for (j, &a) in row.iter().enumerate() {
+            // SAFETY: see the function's contract.
+            unsafe { out.put(i, j, NR, a) };
+        }
+    }
+}
+
+/// q8 panels with `vpdpbusd` over `quads` groups of 4 inputs: activations are u8 (quant +
+/// 128). The chunk's result, `(acc - 128 * colsum) * scale_w * scale_x`, is accumulated into
+/// `out`; `colsum` points at each panel's 16 column sums (the whole-K sums on the first chunk,
+/// zeros on later ones, so the +128 comes out exactly once) and `ws` at its 16 f32 scales.
+///
+/// # Safety
+/// AVX-512 VNNI. `x` holds 4 rows of `stride` bytes with `4 * quads` from its start; each
+/// panel pointer addresses `quads` steps of 64 bytes; `colsum`/`ws` 16 values per panel;
+/// `xs` 4 scales; `out` as in [`TileOut::put`].
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512vnni")]
+pub unsafe fn tile_q8<const NR: usize>(
+    x: *const u8,
+    stride: usize,
+    w: [*const u8; NR],
+    quads: usize,
+    colsum: [*const i32; NR],
+    ws: [*const f32; NR],
+    xs: &[f32; TILE_ROWS],
+    out: &TileOut,
+    pf: Prefetch<NR>,
+) {
+    let mut acc = [[_mm512_setzero_si512(); NR]; TILE_ROWS];
+    for q in 0..quads {
+        pf.at(q, quads);
+        // SAFETY: inside the ranges the caller vouches for.
+        unsafe {
+            let wv: [__m512i; NR] = std::array::from_fn(|j| _mm512_loadu_si512(w[j].add(64 * q) as *const __m512i));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let xv = _mm512_set1_epi32(std::ptr::read_unaligned(x.add(i * stride + 4 * q) as *const i32));
+                for (a, &wj) in row.iter_mut().zip(&wv) {
+                    *a = _mm512_dpbusd_epi32(*a, xv, wj);
+                }
+            }
+        }
+    }
+    for j in 0..NR {
+        // SAFETY: 16 values per panel (caller's contract).
+        let (offset, scale) = unsafe { (_mm512_slli_epi32::<7>(_mm512_loadu_si512(colsum[j] as *const __m512i)), _mm512_loadu_ps(ws[j])) };
+        for (i, row) in acc.iter().enumerate() {
+            let v = _mm512_cvtepi32_ps(_mm512_sub_epi32(row[j], offset));
+            // SAFETY: see the function's contract.
+            unsafe { out.put(i, j, NR, _mm512_mul_ps(v, _mm512_mul_ps(scale, _mm512_set1_ps(xs[i])))) };
+        }
+    }
+}
+
+/// q4 panels with `vpdpbusd` (weights the unsigned operand) over `groups` groups of `group`
+/// inputs: per group, `(acc - 8 * sum of the group's activation quants) * scale_w[group]`,
+/// then times the row's activation scale, accumulated into `out`. `scales[j]` points at
+/// panel `j`'s f16 scales of the chunk's first group; `gsums` at row 0's sums of the chunk's
+/// first group (row stride `gstride`).
+///
+/// # Safety
+/// AVX-512 VNNI and BW. `x` holds 4 rows of `stride` bytes with `groups * group` from its
+/// start (int8 quants); each panel pointer addresses `groups * group / 8` blocks of 64 bytes;
+/// `scales` 16 halves per group per panel; `gsums` `groups` values per row; `out` as in
+/// [`TileOut::put`].
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub unsafe fn tile_q4<const NR: usize>(
+    x: *const u8,
+    stride: usize,
+    w: [*const u8; NR],
+    group: usize,
+    groups: usize,
+    scales: [*const u8; NR],
+    gsums: *const i32,
+    gstride: usize,
+    xs: &[f32; TILE_ROWS],
+    out: &TileOut,
+    pf: Prefetch<NR>,
+) {
+    let low = _mm512_set1_epi8(0x0f);
+    let mut res = [[_mm512_setzero_ps(); NR]; TILE_ROWS];
+    let blocks = groups * group / 8;
+    for g in 0..groups {
+        let mut acc = [[_mm512_setzero_si512(); NR]; TILE_ROWS];
+        for b in g * group / 8..(g + 1) * group / 8 {
+            pf.at(b, blocks);
+            // SAFETY: inside the ranges the caller vouches for.
+            unsafe {
+                let xa: [__m512i; TILE_ROWS] = std::array::from_fn(|i| _mm512_set1_epi32(std::ptr::read_unaligned(x.add(i * stride + 8 * b) as *const i32)));
+                let xb: [__m512i; TILE_ROWS] = std::array::from_fn(|i| _mm512_set1_epi32(std::ptr::read_unaligned(x.add(i * stride + 8 * b + 4) as *const i32)));
+                for j in 0..NR {
+                    let packed = _mm512_loadu_si512(w[j].add(64 * b) as *const __m512i);
+                    let wa = _mm512_and_si512(packed, low);
+                    let wb = _mm512_and_si512(_mm512_srli_epi16::<4>(packed), low);
+                    for i in 0..TILE_ROWS {
+                        acc[i][j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[i][j], wa, xa[i]), wb, xb[i]);
+                    }
+                }
+            }
+        }
+        for j in 0..NR {
+            // SAFETY: the group's 16 scales of panel j (caller's contract).
+            let sw = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(scales[j].add(32 * g) as *const __m256i)) };
+            for i in 0..TILE_ROWS {
+                // SAFETY: row i's sum of group g (caller's contract).
+                let corr = unsafe { _mm512_set1_epi32(*gsums.add(i * gstride + g)) };
+                res[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], corr)), sw, res[i][j]);
+            }
+        }
+    }
+    for (i, row) in res.iter().enumerate() {
+        for (j, &r) in row.iter().enumerate() {
+            // SAFETY: see the function's contract.
+            unsafe { out.put(i, j, NR, _mm512_mul_ps(r, _mm512_set1_ps(xs[i]))) };
+        }
+    }
+}
+
+/// Quantises one row to int8 (`x ~= q * scale`, half to even) into `out`, XOR-ing each byte
+/// with `flip` (0x80 turns q into the u8 `q + 128` of the q8 kernel), and stores 8 x each
+/// `group`'s quant sum into `sums`. Returns the scale.
+///
+/// # Safety
+/// AVX-512 F/BW. `x` and `out` hold `k` elements, `k` a multiple of 16 and of `group` (a
+/// multiple of 16); `sums` holds `k / group`.
+#[target_feature(enable = "avx512f,avx512bw")]
+pub unsafe fn quantize_row_avx512(x: &[f32], out: &mut [u8], flip: u8, group: usize, sums: &mut [i32]) -> f32 {
+    let k = x.len();
+    assert!(k % 16 == 0 && group % 16 == 0 && k % group == 0 && out.len() >= k && sums.len() >= k / group);
+    let mut m = _mm512_setzero_ps();
+    for c in (0..k).step_by(16) {
+        // SAFETY: c + 16 <= k.
+        m = _mm512_max_ps(m, _mm512_abs_ps(unsafe { _mm512_loadu_ps(x.as_ptr().add(c)) }));
+    }
+    let scale = _mm512_reduce_max_ps(m) / 127.0;
+    let inv = _mm512_set1_ps(if scale > 0.0 { 1.0 / scale } else { 0.0 });
+    let flip = _mm_set1_epi8(flip as i8);
+    for (g, sum) in sums.iter_mut().enumerate().take(k / group) {
+        let mut acc = _mm512_setzero_si512();
+        for c in (g * group..(g + 1) * group).step_by(16) {
+            // SAFETY: c + 16 <= k; `out` holds k bytes.
+            unsafe {
+                let q = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x.as_ptr().add(c)), inv));
+                acc = _mm512_add_epi32(acc, q);
+                _mm_storeu_si128(out.as_mut_ptr().add(c) as *mut __m128i, _mm_xor_si128(_mm512_cvtsepi32_epi8(q), flip));
+            }
+        }
+        *sum = 8 * _mm512_reduce_add_epi32(acc);
+    }
+    scale
 }
