@@ -49,6 +49,12 @@ impl<'a> Artifact<'a> {
     /// Checks every tensor's CRC-32 and that all bytes outside tensors (preamble padding,
     /// alignment gaps) are zero.
     pub fn verify_data(&self) -> Result<()> {
+        self.verify_data_each(|_, _| {})
+    }
+
+    /// [`verify_data`](Self::verify_data), calling `checked(file_offset, len)` after each
+    /// tensor (so a loader can release pages it has finished reading).
+    pub fn verify_data_each(&self, mut checked: impl FnMut(u64, u64)) -> Result<()> {
         let zero_gap = |bytes: &[u8], what: &str| -> Result<()> {
             if bytes.iter().any(|&b| b != 0) {
                 return Err(Error::Checksum { what: what.to_string() });
@@ -65,6 +71,7 @@ impl<'a> Artifact<'a> {
             if crc32fast::hash(self.tensor_bytes(i as TensorId)) != t.crc32 {
                 return Err(Error::Checksum { what: format!("tensor '{}'", t.name) });
             }
+            checked(self.preamble.data_offset + t.offset, t.nbytes);
             cursor = t.offset + t.nbytes;
         }
         zero_gap(&self.data[cursor as usize..], "the padding after the last tensor")

@@ -30,31 +30,36 @@ pub trait Executor {
     fn run(&mut self, model: &Model, graph: &Graph, inputs: &RunInputs, window: &mut Window);
 }
 
-/// 64-byte aligned storage, so every value offset in the plan is a cache-line boundary.
-#[repr(C, align(64))]
-#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Line([f32; 16]);
-
-/// The accelerator window: allocated once per session, sized by the plan.
+/// The accelerator window: allocated once per session, sized by the plan, its start aligned
+/// to 64 bytes so every value offset in the plan is a cache-line boundary.
 pub struct Window {
-    lines: Vec<Line>,
+    /// Zeroed storage from `calloc`: pages a run never touches never become resident. (A
+    /// 64-byte-aligned type would make the allocator zero every page by hand.)
+    buf: Vec<f32>,
+    /// Floats before the first 64-byte boundary.
+    start: usize,
+    len: usize,
 }
 
 impl Window {
     pub fn new(bytes: u64) -> Window {
-        Window { lines: vec![Line([0.0; 16]); bytes.div_ceil(64) as usize] }
+        let len = (bytes.div_ceil(64) * 16) as usize;
+        let buf: Vec<f32> = bytemuck::zeroed_vec(len + 15);
+        let start = buf.as_ptr().align_offset(64);
+        assert!(start < 16, "f32 storage is 4-byte aligned");
+        Window { buf, start, len }
     }
 
     pub fn bytes(&self) -> u64 {
-        self.lines.len() as u64 * 64
+        self.len as u64 * 4
     }
 
     pub fn floats(&self) -> &[f32] {
-        bytemuck::cast_slice(&self.lines)
+        &self.buf[self.start..self.start + self.len]
     }
 
     fn floats_mut(&mut self) -> &mut [f32] {
-        bytemuck::cast_slice_mut(&mut self.lines)
+        &mut self.buf[self.start..self.start + self.len]
     }
 }
 

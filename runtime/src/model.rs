@@ -40,7 +40,16 @@ impl Model {
         let wrap = |source| Error::Artifact { path: path.to_path_buf(), source };
         let art = Artifact::parse(&map).map_err(wrap)?;
         if verify_data {
-            art.verify_data().map_err(wrap)?;
+            // Hand each tensor's pages back once checked, so verification does not make the
+            // whole file resident: only what the passes read stays (most of the embedding
+            // never is).
+            art.verify_data_each(|offset, len| {
+                let start = offset / 4096 * 4096;
+                // SAFETY: a private read-only file mapping holds no changes, so dropping its
+                // pages loses nothing: later reads fault them back in from the file.
+                let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start as usize, (offset + len - start) as usize) };
+            })
+            .map_err(wrap)?;
         }
         let (p, header) = (art.preamble, art.header);
         let data = p.data_offset as usize..(p.data_offset + p.data_len) as usize;
