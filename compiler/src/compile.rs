@@ -103,6 +103,11 @@ pub struct CompileOptions {
     pub max_seq: Option<u32>,
     /// Most positions whose logits one pass produces (the exact sampler needs one block's worth).
     pub head_rows: u32,
+    /// Block length and speculation depth to serve with graphs of exactly their row counts.
+    pub block_len: u32,
+    pub spec_blocks: u32,
+    /// Round activations to bf16 in matmuls over bf16 weights (needs `quant` bf16).
+    pub bf16_activations: bool,
     /// Show a progress bar on a terminal.
     pub progress: bool,
 }
@@ -149,6 +154,9 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     // Check every tensor before writing anything.
     let embed = expect(names::EMBEDDING, &[cfg.embedding_size, d], &format!("embedding_size {}, {why_d}", cfg.embedding_size))?;
     let quant = opts.quant.unwrap_or_else(|| Quant::of_source(embed.dtype));
+    if opts.bf16_activations && quant != Quant::Bf16 {
+        return Err(Error::Options(format!("--activations bf16 needs bf16 weights (--quant bf16), not {}", quant.name())));
+    }
     if !target.weight_dtypes.iter().any(|t| t == quant.target_name()) {
         return Err(Error::Options(format!("--quant {}: target '{}' supports {}", quant.target_name(), target.name, target.weight_dtypes.join(", "))));
     }
@@ -211,8 +219,18 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     if opts.head_rows == 0 {
         return Err(Error::Options("--head-rows must be at least 1".into()));
     }
-    let buckets = lower::exact_buckets(max_seq, target.row_multiple);
+    if opts.block_len == 0 || opts.block_len > max_seq {
+        return Err(Error::Options(format!("--block-len {}: must be between 1 and --max-seq ({max_seq})", opts.block_len)));
+    }
+    let mut buckets = lower::exact_buckets(max_seq, target.row_multiple);
     let rope_rows = *buckets.last().unwrap();
+    for k in 0..=opts.spec_blocks {
+        let rows = (opts.block_len * (1 + k)).div_ceil(target.row_multiple) * target.row_multiple;
+        if rows <= rope_rows && !buckets.contains(&rows) {
+            buckets.push(rows);
+        }
+    }
+    buckets.sort_unstable();
 
     let model = ModelConfig {
         architecture: "llada".into(),
@@ -296,7 +314,13 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
         tokenizer: tok_spec,
         tensors: Vec::new(),
         segments: Vec::new(),
-        plan: Plan { exact: (0..graphs.len() as u32).collect() },
+        plan: Plan {
+            by_rows: (0..graphs.len() as u32).collect(),
+            kv_capacity: rope_rows,
+            block_len: opts.block_len,
+            spec_blocks: opts.spec_blocks,
+            bf16_activations: opts.bf16_activations,
+        },
         graphs,
         compile: CompileInfo {
             compiler: format!("lladac {}", env!("CARGO_PKG_VERSION")),
@@ -306,6 +330,9 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
                 ("quant".into(), quant.name()),
                 ("max_seq".into(), max_seq.to_string()),
                 ("head_rows".into(), opts.head_rows.to_string()),
+                ("block_len".into(), opts.block_len.to_string()),
+                ("spec_blocks".into(), opts.spec_blocks.to_string()),
+                ("activations".into(), (if opts.bf16_activations { "bf16" } else { "f32" }).into()),
             ],
         },
         extensions: Vec::new(),

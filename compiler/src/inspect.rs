@@ -61,7 +61,13 @@ fn describe(h: &Header, major: u16, minor: u16, file_bytes: u64) -> Value {
         "tensors": tensors,
         "segments": h.segments.iter().map(|s| json!({"name": s.name, "offset": s.offset, "bytes": s.nbytes})).collect::<Vec<_>>(),
         "graphs": graphs,
-        "plan": { "exact": h.plan.exact.iter().map(|&g| h.graphs[g as usize].name.clone()).collect::<Vec<_>>() },
+        "plan": {
+            "by_rows": h.plan.by_rows.iter().map(|&g| h.graphs[g as usize].name.clone()).collect::<Vec<_>>(),
+            "kv_capacity": h.plan.kv_capacity,
+            "block_len": h.plan.block_len,
+            "spec_blocks": h.plan.spec_blocks,
+            "activations": if h.plan.bf16_activations { "bf16" } else { "f32" },
+        },
         "compile": h.compile,
     })
 }
@@ -91,6 +97,8 @@ pub fn render_text(d: &Value) -> String {
         let _ = writeln!(s, "  {:<16} rows {:>5} head rows {:>4} ops {:>5} values {:>5} window {:>12} B", g["name"].as_str().unwrap_or(""),
             g["rows"], g["head_rows"], g["ops"], g["values"], g["window_bytes"]);
     }
-    let _ = writeln!(s, "\nplan: exact -> {}", d["plan"]["exact"]);
+    let p = &d["plan"];
+    let _ = writeln!(s, "\nplan: graphs by rows -> {}", p["by_rows"]);
+    let _ = writeln!(s, "      KV cache {} positions, block {} x (1 + {} speculative), matmul activations {}", p["kv_capacity"], p["block_len"], p["spec_blocks"], p["activations"]);
     s
 }

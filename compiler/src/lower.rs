@@ -47,9 +47,10 @@ impl Builder {
     }
 }
 
-/// The whole-sequence graph the exact sampler runs: `rows` token rows, every row attending to
-/// every valid row, logits for up to `head_rows` chosen rows. Window offsets are left at zero
-/// for the memory planner.
+/// The network over `rows` consecutive positions, attending through the KV cache (see
+/// `llada_ir::Plan`): the whole sequence for the exact sampler, fewer rows for the cached
+/// policies; logits for up to `head_rows` chosen rows. Window offsets are left at zero for
+/// the memory planner.
 pub fn full_sequence_graph(m: &ModelConfig, t: &NetworkTensors, opts: NetworkOptions, rows: u32, head_rows: u32) -> Graph {
     let mut b = Builder { values: Vec::new(), ops: Vec::new() };
     let (d, hd) = (m.d_model, m.head_dim);
@@ -73,7 +74,7 @@ pub fn full_sequence_graph(m: &ModelConfig, t: &NetworkTensors, opts: NetworkOpt
             Op::RmsNorm { x, weight: bt.attn_norm, eps, out: xn },
             Op::MatMul { x: xn, weight: bt.qkv, out: qkv },
             Op::Rope { x: qkv, heads: m.n_heads + m.n_kv_heads, cos: t.rope_cos, sin: t.rope_sin },
-            Op::Attention { qkv, out: att, heads: m.n_heads, kv_heads: m.n_kv_heads },
+            Op::Attention { qkv, out: att, heads: m.n_heads, kv_heads: m.n_kv_heads, layer: l as u32 },
             Op::MatMul { x: att, weight: bt.attn_out, out: o },
             Op::Add { acc: x, x: o },
             Op::RmsNorm { x, weight: bt.ff_norm, eps, out: fin },
@@ -94,7 +95,7 @@ pub fn full_sequence_graph(m: &ModelConfig, t: &NetworkTensors, opts: NetworkOpt
     if opts.scale_logits {
         b.ops.push(Op::Scale { x: logits, factor: 1.0 / (d as f32).sqrt() });
     }
-    Graph { name: format!("exact-{rows}"), rows, head_rows, values: b.values, ops: b.ops, logits, window_bytes: 0 }
+    Graph { name: format!("rows-{rows}"), rows, head_rows, values: b.values, ops: b.ops, logits, window_bytes: 0 }
 }
 
 /// Row counts of the exact graphs: every multiple of the target's row multiple from twice it

@@ -39,6 +39,18 @@ enum Command {
         /// Most positions whose logits one pass returns: at least the block length you decode with.
         #[arg(long, default_value_t = 256)]
         head_rows: u32,
+        /// Block length the cached and speculative policies decode with (graphs of exactly
+        /// block x (1 + k) rows, k up to --spec-blocks, are added to the row buckets).
+        #[arg(long, default_value_t = 32)]
+        block_len: u32,
+        /// How many blocks ahead `--policy spec` may speculate.
+        #[arg(long, default_value_t = 2)]
+        spec_blocks: u32,
+        /// Activations of matmuls over bf16 weights: f32 (exact: only the weights are
+        /// rounded) or bf16 (bf16 products with f32 sums, like PyTorch's bf16 and NPUs; about
+        /// twice the arithmetic rate here).
+        #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
+        activations: String,
     },
     /// Describe an artifact: model, tensors, graphs, plan (verifies all checksums).
     Inspect {
@@ -53,7 +65,7 @@ enum Command {
 
 fn run(cli: Cli) -> lladac::Result<()> {
     match cli.command {
-        Command::Compile { model, output, quant, group, target, max_seq, head_rows } => {
+        Command::Compile { model, output, quant, group, target, max_seq, head_rows, block_len, spec_blocks, activations } => {
             let opts = CompileOptions {
                 model,
                 output,
@@ -61,6 +73,9 @@ fn run(cli: Cli) -> lladac::Result<()> {
                 target,
                 max_seq,
                 head_rows,
+                block_len,
+                spec_blocks,
+                bf16_activations: activations == "bf16",
                 progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
             };
             let s = compile(&opts)?;

@@ -97,7 +97,7 @@ mod tests {
             tokenizer: TokenizerSpec { tokenizer_json: String::new(), chat_template: None, bos_token: None, eos_token: None, add_bos_token: false },
             tensors,
             segments: Vec::new(),
-            plan: Plan { exact: (0..graphs.len() as u32).collect() },
+            plan: Plan { by_rows: (0..graphs.len() as u32).collect(), kv_capacity: 4096, ..Plan::default() },
             graphs,
             compile: CompileInfo::default(),
             extensions: Vec::new(),

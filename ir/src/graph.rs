@@ -44,11 +44,13 @@ pub enum Op {
     /// heads of a fused q|k|v row), half-split ("rotate_half") convention, at each row's
     /// position; `cos` and `sin` are `[positions, head_dim / 2]` tables.
     Rope { x: ValueId, heads: u32, cos: TensorId, sin: TensorId },
-    /// Bidirectional multi-head attention of every row against the valid keys (padding
-    /// rows are masked out as keys). `qkv` rows hold `heads` query heads, then `kv_heads`
-    /// key heads, then `kv_heads` value heads; query head `h` uses key/value head
+    /// Bidirectional multi-head attention through the KV cache of transformer block `layer`:
+    /// every real row first stores its keys and values at its position, then every row
+    /// attends to the cache's first `context` positions (the run's inputs say which; padding
+    /// rows are never stored). `qkv` rows hold `heads` query heads, then `kv_heads` key
+    /// heads, then `kv_heads` value heads; query head `h` uses key/value head
     /// `h / (heads / kv_heads)`.
-    Attention { qkv: ValueId, out: ValueId, heads: u32, kv_heads: u32 },
+    Attention { qkv: ValueId, out: ValueId, heads: u32, kv_heads: u32, layer: u32 },
     /// `out = silu(gate) * up` where each row of `x` is `[gate | up]`.
     SwiGlu { x: ValueId, out: ValueId },
     /// `acc += x`.

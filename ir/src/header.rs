@@ -156,11 +156,27 @@ pub struct Segment {
 }
 
 /// Which graph serves which decoding state.
+///
+/// Every graph computes `rows` consecutive positions of the canvas (a whole sequence, a
+/// block and what follows it, one block, or a block and its speculative successors): its
+/// rows store their keys and values in the KV cache at their positions, then attend to the
+/// cache's first `context` positions. A pass over the whole sequence is the exact sampler's;
+/// a pass over fewer rows reuses what earlier passes cached for the others. So one set of
+/// row buckets serves every policy, and a policy is only a choice of which rows to recompute.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
 pub struct Plan {
-    /// Whole-sequence graphs for the exact sampler, by increasing row count: a sequence of
-    /// length L runs on the first graph whose `rows >= L`, with the padding masked out as keys.
-    pub exact: Vec<u32>,
+    /// Graphs by increasing row count: R rows run on the first graph whose `rows >= R`, the
+    /// padding rows neither stored nor attended to.
+    pub by_rows: Vec<u32>,
+    /// Positions the KV cache holds (the longest sequence; also the rotary tables' length).
+    pub kv_capacity: u32,
+    /// The block length and speculation depth the compile was asked to serve exactly (their
+    /// row counts, `block_len * (1 + k)` for `k <= spec_blocks`, are buckets of their own).
+    pub block_len: u32,
+    pub spec_blocks: u32,
+    /// MatMuls over bf16 weights round their activations to bf16 too (bf16 products, f32
+    /// sums, as PyTorch's bf16 and NPUs compute) instead of multiplying in f32.
+    pub bf16_activations: bool,
 }
 
 /// How the artifact was made, for `lladac inspect` and bug reports.

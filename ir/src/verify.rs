@@ -22,12 +22,15 @@ pub fn header(h: &Header, data_len: u64) -> Result<()> {
         graph(h, g).map_err(|e| Error::invalid(format!("graphs[{i}] '{}' {e}", g.name)))?;
     }
     let mut last_rows = 0;
-    for (i, &g) in h.plan.exact.iter().enumerate() {
-        let graph = h.graphs.get(g as usize).ok_or_else(|| Error::invalid(format!("plan.exact[{i}] names graph {g}, which does not exist")))?;
+    for (i, &g) in h.plan.by_rows.iter().enumerate() {
+        let graph = h.graphs.get(g as usize).ok_or_else(|| Error::invalid(format!("plan.by_rows[{i}] names graph {g}, which does not exist")))?;
         if graph.rows <= last_rows {
-            return Err(Error::invalid(format!("plan.exact[{i}] is not in increasing row order")));
+            return Err(Error::invalid(format!("plan.by_rows[{i}] is not in increasing row order")));
         }
         last_rows = graph.rows;
+    }
+    if last_rows > h.plan.kv_capacity {
+        return Err(Error::invalid(format!("plan.kv_capacity {} is smaller than the largest graph ({last_rows} rows)", h.plan.kv_capacity)));
     }
     Ok(())
 }
@@ -153,13 +156,16 @@ fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
                     return Err(at(format!("'{}' has {} columns, fewer than {heads} heads of {hd}", vx.name, vx.cols)));
                 }
                 for t in [tensor(cos)?, tensor(sin)?] {
-                    if t.dtype != DType::F32 || t.shape.len() != 2 || t.shape[1] != (hd / 2) as u64 || t.shape[0] < g.rows as u64 {
-                        return Err(at(format!("table '{}' {:?} is not f32 [>= {}, {}]", t.name, t.shape, g.rows, hd / 2)));
+                    if t.dtype != DType::F32 || t.shape.len() != 2 || t.shape[1] != (hd / 2) as u64 || t.shape[0] < h.plan.kv_capacity.max(g.rows) as u64 {
+                        return Err(at(format!("table '{}' {:?} is not f32 [>= {}, {}]", t.name, t.shape, h.plan.kv_capacity.max(g.rows), hd / 2)));
                     }
                 }
             }
-            Op::Attention { qkv, out, heads, kv_heads } => {
+            Op::Attention { qkv, out, heads, kv_heads, layer } => {
                 let (vq, vo) = (value(qkv)?, value(out)?);
+                if layer >= h.model.n_layers {
+                    return Err(at(format!("KV cache layer {layer} of a {}-layer model", h.model.n_layers)));
+                }
                 if kv_heads == 0 || heads % kv_heads != 0 || vq.cols != (heads + 2 * kv_heads) * hd || vo.cols != heads * hd || vq.rows != vo.rows {
                     return Err(at(format!("heads {heads}/{kv_heads} do not match q|k|v [{}] and output [{}]", vq.cols, vo.cols)));
                 }

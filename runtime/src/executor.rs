@@ -17,17 +17,48 @@ use crate::model::Model;
 pub struct RunInputs<'a> {
     /// One token per graph row (padding rows hold any valid token).
     pub tokens: &'a [u32],
-    /// Position of each row (indexes the rotary tables).
+    /// Position of each row (indexes the rotary tables and the KV cache).
     pub positions: &'a [u32],
-    /// Rows `0..valid_keys` are real tokens; later rows are padding, masked out as keys.
-    pub valid_keys: usize,
+    /// Rows `0..real_rows` are real; later rows are padding, never stored in the cache.
+    pub real_rows: usize,
+    /// Cache positions `0..context` are the keys every row attends to.
+    pub context: usize,
     /// Rows whose logits the sampler needs, in output order.
     pub head_rows: &'a [u32],
 }
 
 pub trait Executor {
-    /// Runs `graph` (verified at load) with `inputs`; values live in `window`.
-    fn run(&mut self, model: &Model, graph: &Graph, inputs: &RunInputs, window: &mut Window);
+    /// Runs `graph` (verified at load) with `inputs`; values live in `window`, keys and
+    /// values in `cache`.
+    fn run(&mut self, model: &Model, graph: &Graph, inputs: &RunInputs, window: &mut Window, cache: &mut KvCache);
+}
+
+/// Keys and values of every layer by position: `[layers][capacity][k heads | v heads]`,
+/// f32 (what the attention of an exact pass reads, so a cached pass over the same values
+/// computes the same sums).
+pub struct KvCache {
+    /// Zeroed storage from `calloc`: positions never written never become resident.
+    buf: Vec<f32>,
+    capacity: usize,
+    width: usize,
+}
+
+impl KvCache {
+    pub fn new(model: &Model) -> KvCache {
+        let m = &model.header.model;
+        let capacity = model.header.plan.kv_capacity as usize;
+        let width = 2 * (m.n_kv_heads * m.head_dim) as usize;
+        KvCache { buf: bytemuck::zeroed_vec(m.n_layers as usize * capacity * width), capacity, width }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn layer_mut(&mut self, layer: usize) -> &mut [f32] {
+        let n = self.capacity * self.width;
+        &mut self.buf[layer * n..(layer + 1) * n]
+    }
 }
 
 /// The accelerator window: allocated once per session, sized by the plan, its start aligned
@@ -115,7 +146,8 @@ impl HostExecutor {
             .thread_name(|i| format!("llada-worker-{i}"))
             .build()
             .expect("the thread pool starts");
-        HostExecutor { prepared: Prepared::default(), scores: vec![0.0; threads * 4 * max_rows.max(1)], pool, features }
+        let keys = max_rows.max(model.header.plan.kv_capacity as usize).max(1);
+        HostExecutor { prepared: Prepared::default(), scores: vec![0.0; threads * 4 * keys], pool, features }
     }
 
     pub fn threads(&self) -> usize {
@@ -132,13 +164,13 @@ pub struct OpProfile {
 
 impl HostExecutor {
     /// Runs `g` and records each op's wall time.
-    pub fn run_profiled(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window) -> OpProfile {
+    pub fn run_profiled(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window, cache: &mut KvCache) -> OpProfile {
         let mut profile = OpProfile::default();
-        self.run_ops(model, g, inputs, window, Some(&mut profile));
+        self.run_ops(model, g, inputs, window, cache, Some(&mut profile));
         profile
     }
 
-    fn run_ops(&mut self, model: &Model, g: &Graph, inp: &RunInputs, window: &mut Window, mut profile: Option<&mut OpProfile>) {
+    fn run_ops(&mut self, model: &Model, g: &Graph, inp: &RunInputs, window: &mut Window, cache: &mut KvCache, mut profile: Option<&mut OpProfile>) {
         let m = &model.header.model;
         let hd = m.head_dim as usize;
         let nh = inp.head_rows.len();
@@ -177,9 +209,18 @@ impl HostExecutor {
                         kernels::rope_row(&mut row[..heads as usize * hd], hd, &cos[t.clone()], &sin[t]);
                     }
                 }
-                Op::Attention { qkv, out, heads, kv_heads } => {
+                Op::Attention { qkv, out, heads, kv_heads, layer } => {
                     let ([q], o) = operands(win, [range(qkv)], range(out));
-                    let shape = attention::Shape { width: cols(qkv), heads: heads as usize, kv_heads: kv_heads as usize, head_dim: hd, keys: inp.valid_keys };
+                    let width = cols(qkv);
+                    let kv_width = cache.width;
+                    let kv = cache.layer_mut(layer as usize);
+                    let k_start = heads as usize * hd;
+                    for (r, &p) in inp.positions[..inp.real_rows].iter().enumerate() {
+                        let p = p as usize;
+                        kv[p * kv_width..(p + 1) * kv_width].copy_from_slice(&q[r * width + k_start..r * width + k_start + kv_width]);
+                    }
+                    let kv = &*kv;
+                    let shape = attention::Shape { width, kv_width, heads: heads as usize, kv_heads: kv_heads as usize, head_dim: hd, keys: inp.context };
                     let out_width = cols(out);
                     let threads = self.pool.current_num_threads();
                     let rows = g.rows as usize;
@@ -187,7 +228,7 @@ impl HostExecutor {
                     let scores_per = self.scores.len() / threads;
                     self.pool.install(|| {
                         o.par_chunks_mut(per * out_width).zip(self.scores.par_chunks_mut(scores_per)).enumerate().for_each(|(t, (chunk, scores))| {
-                            attention::attend(q, shape, t * per, chunk, scores);
+                            attention::attend(q, kv, shape, t * per, chunk, scores);
                         })
                     });
                 }
@@ -219,8 +260,8 @@ impl HostExecutor {
 }
 
 impl Executor for HostExecutor {
-    fn run(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window) {
-        self.run_ops(model, g, inputs, window, None);
+    fn run(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window, cache: &mut KvCache) {
+        self.run_ops(model, g, inputs, window, cache, None);
     }
 }
 

@@ -77,7 +77,13 @@ impl Model {
     /// A packed matrix `[n, k]` for the matmul kernels.
     pub fn matrix(&self, id: TensorId) -> Matrix<'_> {
         let t = &self.header.tensors[id as usize];
-        Matrix { format: t.dtype, n: t.shape[0] as usize, k: t.shape[1] as usize, bytes: self.tensor_bytes(id) }
+        Matrix {
+            format: t.dtype,
+            n: t.shape[0] as usize,
+            k: t.shape[1] as usize,
+            bytes: self.tensor_bytes(id),
+            bf16_activations: self.header.plan.bf16_activations,
+        }
     }
 
     /// An f32 tensor (norm weights, rope tables: the verifier checked their type).
@@ -89,17 +95,18 @@ impl Model {
         &self.header.graphs[id as usize]
     }
 
-    /// The largest sequence (prompt + generation) the exact plan serves.
+    /// The longest sequence (prompt + generation) the artifact serves: what its largest graph
+    /// and its KV cache hold.
     pub fn max_exact_len(&self) -> u32 {
-        self.header.plan.exact.last().map_or(0, |&g| self.graph(g).rows)
+        self.header.plan.by_rows.last().map_or(0, |&g| self.graph(g).rows).min(self.header.plan.kv_capacity)
     }
 
-    /// The exact-plan graph for a sequence of `len` tokens.
-    pub fn exact_graph_for(&self, len: usize) -> Result<u32> {
-        self.header.plan.exact.iter().copied().find(|&g| self.graph(g).rows as usize >= len).ok_or_else(|| {
+    /// The graph that computes `rows` positions: the smallest bucket that holds them.
+    pub fn graph_for_rows(&self, rows: usize) -> Result<u32> {
+        self.header.plan.by_rows.iter().copied().find(|&g| self.graph(g).rows as usize >= rows).ok_or_else(|| {
             Error::request(format!(
-                "the sequence needs {len} positions (prompt + gen length) but {} serves at most {}; \
-                 recompile with `lladac compile --max-seq {len}` or shorten the prompt or --gen-len",
+                "the sequence needs {rows} positions (prompt + gen length) but {} serves at most {}; \
+                 recompile with `lladac compile --max-seq {rows}` or shorten the prompt or --gen-len",
                 self.path.display(),
                 self.max_exact_len()
             ))

@@ -4,7 +4,9 @@
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::executor::{value_range, Executor, HostExecutor, OpProfile, RunInputs, Window};
+use std::ops::Range;
+
+use crate::executor::{value_range, Executor, HostExecutor, KvCache, OpProfile, RunInputs, Window};
 use crate::model::Model;
 
 /// What a session has computed so far.
@@ -33,9 +35,15 @@ pub fn default_threads() -> usize {
 pub struct Session<'m> {
     pub model: &'m Model,
     window: Window,
+    cache: KvCache,
+    /// Length of the sequence whose every position the cache holds (set by a whole-sequence
+    /// pass): the condition for passes over fewer rows.
+    cached_len: Option<usize>,
     executor: HostExecutor,
     tokens: Vec<u32>,
     positions: Vec<u32>,
+    /// Head rows of the current pass, as graph rows.
+    head: Vec<u32>,
     pub counters: Counters,
 }
 
@@ -57,9 +65,12 @@ impl<'m> Session<'m> {
         Session {
             model,
             window: Window::new(window_bytes),
+            cache: KvCache::new(model),
+            cached_len: None,
             executor: HostExecutor::new(model, threads, features),
             tokens: Vec::with_capacity(max_rows),
             positions: Vec::with_capacity(max_rows),
+            head: Vec::with_capacity(max_rows),
             counters: Counters::default(),
         }
     }
@@ -73,65 +84,100 @@ impl<'m> Session<'m> {
         self.window.bytes()
     }
 
-    /// Most logit rows one pass over a sequence of `len` tokens can return.
-    pub fn head_capacity(&self, len: usize) -> Result<usize> {
-        Ok(self.model.graph(self.model.exact_graph_for(len)?).head_rows as usize)
+    /// Most logit rows one pass over `rows` positions can return.
+    pub fn head_capacity(&self, rows: usize) -> Result<usize> {
+        Ok(self.model.graph(self.model.graph_for_rows(rows)?).head_rows as usize)
     }
 
     /// [`forward_full`](Self::forward_full), timing every op: for `llada-rt bench`.
     pub fn forward_full_profiled(&mut self, seq: &[u32], head_rows: &[u32]) -> Result<(u32, OpProfile)> {
-        let gid = self.model.exact_graph_for(seq.len())?;
-        self.prepare_full(gid, seq, head_rows)?;
+        let gid = self.prepare(seq, 0..seq.len(), head_rows)?;
         let g = self.model.graph(gid);
-        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, valid_keys: seq.len(), head_rows };
-        let profile = self.executor.run_profiled(self.model, g, &inputs, &mut self.window);
+        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, real_rows: seq.len(), context: seq.len(), head_rows: &self.head };
+        let profile = self.executor.run_profiled(self.model, g, &inputs, &mut self.window, &mut self.cache);
+        self.cached_len = Some(seq.len());
         self.counters.forward_passes += 1;
         self.counters.rows_computed += g.rows as u64;
         Ok((gid, profile))
     }
 
-    /// Checks a whole-sequence request against graph `gid` and fills the token and position rows.
-    fn prepare_full(&mut self, gid: u32, seq: &[u32], head_rows: &[u32]) -> Result<()> {
-        let g = self.model.graph(gid);
+    /// Checks a request for positions `span` of `seq` with logits at `head_positions`, picks
+    /// the graph and fills the token, position and head rows.
+    fn prepare(&mut self, seq: &[u32], span: Range<usize>, head_positions: &[u32]) -> Result<u32> {
         let m = &self.model.header.model;
-        if head_rows.len() > g.head_rows as usize {
+        if span.start >= span.end || span.end > seq.len() {
+            return Err(Error::request(format!("rows {span:?} are not inside a {}-token sequence", seq.len())));
+        }
+        if seq.len() > self.cache.capacity() {
+            return Err(Error::request(format!(
+                "the sequence needs {} positions (prompt + gen length) but {} serves at most {}; \
+                 recompile with `lladac compile --max-seq {}` or shorten the prompt or --gen-len",
+                seq.len(),
+                self.model.path.display(),
+                self.cache.capacity(),
+                seq.len()
+            )));
+        }
+        if span.len() < seq.len() && self.cached_len != Some(seq.len()) {
+            return Err(Error::request(format!(
+                "a pass over rows {span:?} reuses the KV cache, which does not hold this {}-token sequence: run a whole-sequence pass first",
+                seq.len()
+            )));
+        }
+        let gid = self.model.graph_for_rows(span.len())?;
+        let g = self.model.graph(gid);
+        if head_positions.len() > g.head_rows as usize {
             return Err(Error::request(format!(
                 "{} logit rows were requested in one pass but {} was compiled for at most {}; \
                  use a smaller --block-len or recompile with `lladac compile --head-rows {}`",
-                head_rows.len(),
+                head_positions.len(),
                 self.model.path.display(),
                 g.head_rows,
-                head_rows.len()
+                head_positions.len()
             )));
         }
         if let Some(&bad) = seq.iter().find(|&&t| t >= m.embedding_size) {
             return Err(Error::request(format!("token id {bad} is outside the vocabulary (0..{})", m.embedding_size)));
         }
-        if let Some(&bad) = head_rows.iter().find(|&&r| r as usize >= seq.len()) {
-            return Err(Error::request(format!("logits asked for row {bad} of a {}-token sequence", seq.len())));
+        if let Some(&bad) = head_positions.iter().find(|&&r| !span.contains(&(r as usize))) {
+            return Err(Error::request(format!("logits asked for position {bad}, outside the rows {span:?} of this pass")));
         }
         self.tokens.clear();
-        self.tokens.extend_from_slice(seq);
+        self.tokens.extend_from_slice(&seq[span.clone()]);
         self.tokens.resize(g.rows as usize, self.model.header.special.mask);
         self.positions.clear();
-        self.positions.extend(0..g.rows);
-        Ok(())
+        self.positions.extend(span.start as u32..span.end as u32);
+        // Padding rows are never stored nor attended to; any valid rotary row will do.
+        self.positions.resize(g.rows as usize, 0);
+        self.head.clear();
+        self.head.extend(head_positions.iter().map(|&p| p - span.start as u32));
+        Ok(gid)
     }
 
     /// One whole-sequence pass (the exact plan): returns the logits of `head_rows`
-    /// (positions in `seq`), `[head_rows.len(), embedding_size]`, row-major.
+    /// (positions in `seq`), `[head_rows.len(), embedding_size]`, row-major. It also fills
+    /// the KV cache with every position of `seq`.
     pub fn forward_full(&mut self, seq: &[u32], head_rows: &[u32]) -> Result<&[f32]> {
-        let gid = self.model.exact_graph_for(seq.len())?;
-        self.prepare_full(gid, seq, head_rows)?;
+        self.forward_span(seq, 0..seq.len(), head_rows)
+    }
+
+    /// A pass over positions `span` of `seq` only: those rows store fresh keys and values,
+    /// and attend to the cache for the rest of `seq` (as the last whole-sequence pass, or
+    /// later passes over them, left it). Returns the logits at `head_positions`.
+    pub fn forward_span(&mut self, seq: &[u32], span: Range<usize>, head_positions: &[u32]) -> Result<&[f32]> {
+        let gid = self.prepare(seq, span.clone(), head_positions)?;
         let g = self.model.graph(gid);
-        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, valid_keys: seq.len(), head_rows };
+        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, real_rows: span.len(), context: seq.len(), head_rows: &self.head };
         let start = Instant::now();
-        self.executor.run(self.model, g, &inputs, &mut self.window);
+        self.executor.run(self.model, g, &inputs, &mut self.window, &mut self.cache);
         self.counters.forward_seconds += start.elapsed().as_secs_f64();
         self.counters.forward_passes += 1;
         self.counters.rows_computed += g.rows as u64;
-        self.counters.head_rows_computed += head_rows.len() as u64;
-        let range = value_range(g, &g.values[g.logits as usize], head_rows.len());
+        self.counters.head_rows_computed += head_positions.len() as u64;
+        if span.len() == seq.len() {
+            self.cached_len = Some(seq.len());
+        }
+        let range = value_range(g, &g.values[g.logits as usize], head_positions.len());
         Ok(&self.window.floats()[range])
     }
 }

@@ -17,9 +17,11 @@ fn artifact(dir: &std::path::Path, quant: &str) -> std::path::PathBuf {
     compile_quant(&ckpt, dir, quant, "64")
 }
 
+/// `quant` is a `--quant` value, or `bf16a` for bf16 weights with bf16 activations.
 fn compile_quant(ckpt: &std::path::Path, dir: &std::path::Path, quant: &str, max_seq: &str) -> std::path::PathBuf {
     let out = dir.join(format!("{quant}.lad"));
-    let o = common::run("lladac", &["compile", "--model", ckpt.to_str().unwrap(), "-o", out.to_str().unwrap(), "--quant", quant, "--group", "32", "--max-seq", max_seq]);
+    let (q, acts) = if quant == "bf16a" { ("bf16", "bf16") } else { (quant, "f32") };
+    let o = common::run("lladac", &["compile", "--model", ckpt.to_str().unwrap(), "-o", out.to_str().unwrap(), "--quant", q, "--activations", acts, "--group", "32", "--max-seq", max_seq]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     out
 }
@@ -34,15 +36,22 @@ fn every_format_agrees_with_its_portable_path() {
     let dir = tempfile::tempdir().unwrap();
     let ids: Vec<u32> = (0..40).map(|i| (i * 37 % 250) as u32).collect();
     let rows: Vec<u32> = (0..40).collect();
-    for quant in ["f32", "f16", "bf16", "q8", "q4"] {
+    for quant in ["f32", "f16", "bf16", "bf16a", "q8", "q4"] {
         let model = Model::open(&artifact(dir.path(), quant), true).unwrap();
         let fast = Session::with_features(&model, 2, f).forward_full(&ids, &rows).unwrap().to_vec();
         let portable = Session::with_features(&model, 1, Features::default()).forward_full(&ids, &rows).unwrap().to_vec();
         let scale = portable.iter().fold(0f32, |m, v| m.max(v.abs()));
         let err = fast.iter().zip(&portable).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        // Integer dot products are exact on both paths; what differs is float summation order
-        // (and bf16 rounding of the activations, the same on both).
-        assert!(err <= 1e-4 * scale.max(1.0), "{quant}: max abs difference {err:.2e} (logits up to {scale:.2})");
+        // The paths differ only in float summation order (integer dot products are exact).
+        // Where activations are rounded before the product (bf16a, int8) that difference is
+        // amplified: an activation one f32 ulp apart can round to the neighbouring bf16 value
+        // (2^-8 relative) or int8 step (1/127 of the row's largest), and such flips compound
+        // over the layers (seen here: bf16 3.4e-3 and q8 1.4e-3 of the largest logit, from
+        // 6e-6 after the first attention output). Those formats get the activation-rounding
+        // tolerance of the GEMM unit tests; a kernel bug (a wrong pair, panel or chunk) moves
+        // logits by their own size.
+        let tol = if matches!(quant, "f32" | "f16" | "bf16") { 1e-4 } else { 1.5e-2 };
+        assert!(err <= tol * scale.max(1.0), "{quant}: max abs difference {err:.2e} (logits up to {scale:.2})");
     }
 }
 
@@ -52,7 +61,7 @@ fn every_format_agrees_with_its_portable_path() {
 fn portable_process_generates_the_same_tokens() {
     let dir = tempfile::tempdir().unwrap();
     let embedded = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/llada-tiny-tasks");
-    for quant in ["bf16", "q8", "q4"] {
+    for quant in ["bf16", "bf16a", "q8", "q4"] {
         let art = compile_quant(&embedded, dir.path(), quant, "256");
         let prompt = "SHIFT:PONMLKJIHGFEDCBAABCDEFGHIJKLMNOPAEIMBFJNCGKODHLPPLHDOKGCNJFBMIEA=";
         let args = ["run", art.to_str().unwrap(), "--chat", "-p", prompt, "--gen-len", "64", "--steps", "16", "--json"];

@@ -1,7 +1,7 @@
-//! Bidirectional attention over a fused q|k|v matrix: for every query row and head,
-//! `softmax(q K^T / sqrt(head_dim)) V` over the first `keys` rows (later rows are padding,
-//! masked out as keys). Scores are computed four queries by four keys at a time, so each
-//! loaded vector serves four dot products.
+//! Bidirectional attention of the query heads of a fused q|k|v matrix against a KV cache:
+//! for every query row and head, `softmax(q K^T / sqrt(head_dim)) V` over the cache's first
+//! `keys` positions. Scores are computed four queries by four keys at a time, so each loaded
+//! vector serves four dot products.
 
 use super::{cpu::multiversion, dot_tile};
 
@@ -10,10 +10,12 @@ use super::{cpu::multiversion, dot_tile};
 pub struct Shape {
     /// Width of a q|k|v row: `(heads + 2 * kv_heads) * head_dim`.
     pub width: usize,
+    /// Width of a KV cache row: `2 * kv_heads * head_dim` (keys, then values).
+    pub kv_width: usize,
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
-    /// Valid key rows.
+    /// Cache positions attended to.
     pub keys: usize,
 }
 
@@ -47,14 +49,14 @@ fn softmax_body<const FMA: bool>(s: &mut [f32]) {
 }
 
 multiversion! {
-    /// Attention for query rows `first..first + out.len() / (heads * head_dim)` of `qkv`.
-    /// `scores` holds at least `4 * keys` floats. Compiled per instruction set as a whole, so
-    /// the per-key helpers inline.
-    pub fn attend(qkv: &[f32], sh: Shape, first: usize, out: &mut [f32], scores: &mut [f32]) => attend_body
+    /// Attention for query rows `first..first + out.len() / (heads * head_dim)` of `qkv`
+    /// against the first `keys` rows of `kv`. `scores` holds at least `4 * keys` floats.
+    /// Compiled per instruction set as a whole, so the per-key helpers inline.
+    pub fn attend(qkv: &[f32], kv: &[f32], sh: Shape, first: usize, out: &mut [f32], scores: &mut [f32]) => attend_body
 }
 
 #[inline(always)]
-fn attend_body<const FMA: bool>(qkv: &[f32], sh: Shape, first: usize, out: &mut [f32], scores: &mut [f32]) {
+fn attend_body<const FMA: bool>(qkv: &[f32], kv: &[f32], sh: Shape, first: usize, out: &mut [f32], scores: &mut [f32]) {
     let hd = sh.head_dim;
     let out_width = sh.heads * hd;
     let rows = out.len() / out_width;
@@ -62,8 +64,9 @@ fn attend_body<const FMA: bool>(qkv: &[f32], sh: Shape, first: usize, out: &mut 
     let scale = 1.0 / (hd as f32).sqrt();
     let keys = sh.keys;
     let row = |r: usize, off: usize| &qkv[r * sh.width + off..r * sh.width + off + hd];
+    let cached = |r: usize, off: usize| &kv[r * sh.kv_width + off..r * sh.kv_width + off + hd];
     for h in 0..sh.heads {
-        let (q_off, k_off, v_off) = (h * hd, (sh.heads + h / group) * hd, (sh.heads + sh.kv_heads + h / group) * hd);
+        let (q_off, k_off, v_off) = (h * hd, (h / group) * hd, (sh.kv_heads + h / group) * hd);
         for i0 in (0..rows).step_by(4) {
             let m = 4.min(rows - i0);
             // Scores of up to four queries against every key.
@@ -71,7 +74,7 @@ fn attend_body<const FMA: bool>(qkv: &[f32], sh: Shape, first: usize, out: &mut 
             let mut j = 0;
             while j < keys {
                 let n = 4.min(keys - j);
-                let k: [&[f32]; 4] = std::array::from_fn(|t| row(j + t.min(n - 1), k_off));
+                let k: [&[f32]; 4] = std::array::from_fn(|t| cached(j + t.min(n - 1), k_off));
                 let tile = dot_tile::<FMA, 4, 4>(q, k, hd);
                 for i in 0..m {
                     for t in 0..n {
@@ -86,7 +89,7 @@ fn attend_body<const FMA: bool>(qkv: &[f32], sh: Shape, first: usize, out: &mut 
                 let o = &mut out[(i0 + i) * out_width + q_off..(i0 + i) * out_width + q_off + hd];
                 o.fill(0.0);
                 for (jj, &p) in s.iter().enumerate() {
-                    axpy_body::<FMA>(p, row(jj, v_off), o);
+                    axpy_body::<FMA>(p, cached(jj, v_off), o);
                 }
             }
         }

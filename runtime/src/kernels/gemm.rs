@@ -1,8 +1,10 @@
 //! Matrix multiplication over packed weights (layouts in `llada_ir::packing`):
 //! `out[rows, n] = x[rows, k] @ W^T` with `W[n, k]` stored in 16-column panels.
 //!
-//! Activations are prepared once per call for the format: kept f32, rounded to bf16, or
-//! quantised to int8 per row (W8A8 / W4A8, as llama.cpp quantises activations for its integer
+//! Activations are prepared once per call for the format: kept f32 (f32 and f16 weights, and
+//! bf16 weights on the exact path), rounded to bf16 (bf16 weights when the artifact asks for
+//! bf16 activations: bf16 products with f32 sums, as PyTorch and NPUs compute), or quantised
+//! to int8 per row (W8A8 / W4A8, as llama.cpp quantises activations for its integer
 //! dot products). The SIMD path then splits the columns into tiles of up to six panels (four
 //! for q4), one task each; a task walks K in chunks small enough that its panels stay in L2
 //! while every 4-row register tile passes over them (each activation broadcast feeds one
@@ -24,6 +26,27 @@ pub struct Matrix<'a> {
     pub n: usize,
     pub k: usize,
     pub bytes: &'a [u8],
+    /// bf16 weights only: round the activations to bf16 too (`vdpbf16ps`) rather than
+    /// multiplying in f32.
+    pub bf16_activations: bool,
+}
+
+/// What the activations become before the products.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Operand {
+    F32,
+    Bf16,
+    Int8,
+}
+
+impl Matrix<'_> {
+    fn operand(&self) -> Operand {
+        match self.format {
+            DType::PanelBf16 if self.bf16_activations => Operand::Bf16,
+            DType::PanelQ8 | DType::PanelQ4 { .. } => Operand::Int8,
+            _ => Operand::F32,
+        }
+    }
 }
 
 /// Rows per register tile; prepared activations are padded to a multiple.
@@ -75,10 +98,11 @@ super::cpu::multiversion! {
 }
 
 impl Prepared {
-    pub fn prepare(&mut self, x: &[f32], rows: usize, k: usize, format: DType, features: Features) {
+    pub fn prepare(&mut self, x: &[f32], rows: usize, w: &Matrix, features: Features) {
+        let (k, format) = (w.k, w.format);
         let prows = rows.div_ceil(TILE_ROWS) * TILE_ROWS;
-        match format {
-            DType::PanelF32 | DType::PanelF16 => {
+        match w.operand() {
+            Operand::F32 => {
                 self.stride = k + ROW_PAD_BYTES / 4;
                 self.f32s.clear();
                 self.f32s.resize(prows * self.stride, 0.0);
@@ -86,7 +110,7 @@ impl Prepared {
                     self.f32s[r * self.stride..r * self.stride + k].copy_from_slice(&x[r * k..(r + 1) * k]);
                 }
             }
-            DType::PanelBf16 => {
+            Operand::Bf16 => {
                 self.stride = k.div_ceil(2) * 2 + ROW_PAD_BYTES / 2;
                 self.bf16s.clear();
                 self.bf16s.resize(prows * self.stride, bf16::ZERO);
@@ -94,7 +118,7 @@ impl Prepared {
                     self.bf16s[r * self.stride..r * self.stride + k].convert_from_f32_slice(&x[r * k..(r + 1) * k]);
                 }
             }
-            DType::PanelQ8 | DType::PanelQ4 { .. } => {
+            Operand::Int8 => {
                 let q8 = format == DType::PanelQ8;
                 self.stride = k.div_ceil(8) * 8 + ROW_PAD_BYTES;
                 self.bytes.clear();
@@ -130,7 +154,6 @@ impl Prepared {
                     }
                 }
             }
-            DType::F32 | DType::Bf16 | DType::F16 => unreachable!("matmul weights are always packed"),
         }
     }
 }
@@ -160,10 +183,11 @@ pub fn gemm(x: &[f32], rows: usize, w: &Matrix, out: &mut [f32], prepared: &mut 
     assert!(x.len() >= rows * k && out.len() >= rows * n, "gemm operands too small");
     let pbytes = panel_bytes(w.format, k).expect("a panel format");
     assert_eq!(w.bytes.len(), panels(n) * pbytes, "packed weights of the wrong size");
-    prepared.prepare(x, rows, k, w.format, features);
+    prepared.prepare(x, rows, w, features);
     let simd = match w.format {
         DType::PanelF32 | DType::PanelF16 => features.avx512,
-        DType::PanelBf16 => features.avx512_bf16,
+        DType::PanelBf16 if w.bf16_activations => features.avx512_bf16,
+        DType::PanelBf16 => features.avx512,
         DType::PanelQ8 | DType::PanelQ4 { .. } => features.avx512_vnni,
         _ => false,
     };
@@ -171,7 +195,8 @@ pub fn gemm(x: &[f32], rows: usize, w: &Matrix, out: &mut [f32], prepared: &mut 
     let prepared = &*prepared;
     #[cfg(target_arch = "x86_64")]
     if simd {
-        let tile_panels = if matches!(w.format, DType::PanelQ4 { .. }) { 4 } else { 6 };
+        // q4 and exact bf16 need registers for unpacked weights: narrower tiles.
+        let tile_panels = if matches!(w.format, DType::PanelQ4 { .. }) || w.operand() == Operand::F32 && w.format == DType::PanelBf16 { 4 } else { 6 };
         let tiles = panels(n).div_ceil(tile_panels);
         let run = |t: usize| {
             let p0 = t * tile_panels;
@@ -321,6 +346,11 @@ unsafe fn simd_tile_column(w: &Matrix, x: &Prepared, rows: usize, p0: usize, p1:
                         macro_rules! call { ($nr:literal) => { x86::tile_f16::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(32 * k0)), len, &o, prefetch::<$nr>(pf($nr))) } }
                         by_width!(p1 - p0, call)
                     }
+                    DType::PanelBf16 if !w.bf16_activations => {
+                        let xp = x.f32s.as_ptr().add(r0 * x.stride + k0);
+                        macro_rules! call { ($nr:literal) => { x86::tile_bf16_f32::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(32 * k0)), len.div_ceil(2), &o, prefetch::<$nr>(pf($nr))) } }
+                        by_width!(p1 - p0, call)
+                    }
                     DType::PanelBf16 => {
                         let xp = (x.bf16s.as_ptr() as *const u16).add(r0 * x.stride + k0);
                         macro_rules! call { ($nr:literal) => { x86::tile_bf16::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(32 * k0)), len.div_ceil(2), &o, prefetch::<$nr>(pf($nr))) } }
@@ -378,9 +408,11 @@ fn portable_panel_row(w: &Matrix, panel: &[u8], x: &Prepared, r: usize) -> [f32;
             }
         }
         DType::PanelBf16 => {
-            for (kk, &xv) in x.bf16s[r * x.stride..r * x.stride + k.div_ceil(2) * 2].iter().enumerate() {
+            let weight = |kk: usize, c: usize| bf16::from_bits(u16_at(64 * (kk / 2) + 4 * c + 2 * (kk % 2))).to_f32();
+            for kk in 0..k {
+                let xv = if w.bf16_activations { x.bf16s[r * x.stride + kk].to_f32() } else { x.f32s[r * x.stride + kk] };
                 for (c, o) in row.iter_mut().enumerate() {
-                    *o += xv.to_f32() * bf16::from_bits(u16_at(64 * (kk / 2) + 4 * c + 2 * (kk % 2))).to_f32();
+                    *o += xv * weight(kk, c);
                 }
             }
         }
@@ -447,19 +479,20 @@ mod tests {
     fn every_format_matches_the_reference_on_both_paths() {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
         let mut s = 5;
-        for &(rows, n, k) in &[(1, 16, 64), (19, 37, 128), (33, 150, 256), (6, 100, 4608)] {
+        for &(rows, n, k) in &[(1, 16, 64), (19, 37, 128), (33, 150, 256), (6, 100, 4608), (40, 256, 128), (40, 128, 384), (40, 320, 128), (40, 768, 128)] {
             let x: Vec<f32> = (0..rows * k).map(|_| lcg(&mut s)).collect();
             let w: Vec<Vec<f32>> = (0..n).map(|_| (0..k).map(|_| lcg(&mut s) * 0.1).collect()).collect();
-            for (format, tol) in [
-                (DType::PanelF32, 1e-5),
-                (DType::PanelF16, 1e-5),
-                (DType::PanelBf16, 2e-2),
-                (DType::PanelQ8, 2e-2),
-                (DType::PanelQ4 { group: 32 }, 2e-2),
-                (DType::PanelQ4 { group: 64 }, 2e-2),
+            for (format, bf16_activations, tol) in [
+                (DType::PanelF32, false, 1e-5),
+                (DType::PanelF16, false, 1e-5),
+                (DType::PanelBf16, false, 1e-5),
+                (DType::PanelBf16, true, 2e-2),
+                (DType::PanelQ8, false, 2e-2),
+                (DType::PanelQ4 { group: 32 }, false, 2e-2),
+                (DType::PanelQ4 { group: 64 }, false, 2e-2),
             ] {
                 let bytes = pack(format, &w, k);
-                let m = Matrix { format, n, k, bytes: &bytes };
+                let m = Matrix { format, n, k, bytes: &bytes, bf16_activations };
                 let pbytes = panel_bytes(format, k).unwrap();
                 let deq: Vec<Vec<[f32; PANEL]>> = bytes.chunks(pbytes).map(|p| unpack_panel(format, p, k)).collect();
                 let want = |r: usize, c: usize| (0..k).map(|kk| x[r * k + kk] as f64 * deq[c / PANEL][kk][c % PANEL] as f64).sum::<f64>();
@@ -471,8 +504,8 @@ mod tests {
                 // The integer formats see identical quants on both paths.
                 if matches!(format, DType::PanelQ8 | DType::PanelQ4 { .. }) && k % 16 == 0 {
                     let mut again = Prepared::default();
-                    again.prepare(&x, rows, k, format, Features::default());
-                    prep.prepare(&x, rows, k, format, cpu::features());
+                    again.prepare(&x, rows, &m, Features::default());
+                    prep.prepare(&x, rows, &m, cpu::features());
                     assert_eq!((&prep.bytes, &prep.group_sums), (&again.bytes, &again.group_sums), "{}", format.name());
                     assert_eq!(prep.scale, again.scale);
                 }

@@ -209,6 +209,46 @@ pub unsafe fn tile_f16<const NR: usize>(x: *const f32, stride: usize, w: [*const
     }
 }
 
+/// bf16 panels against f32 activations (the exact path: f32 products and sums, only the
+/// weights rounded): each 64-byte step holds two inputs of 16 columns, the even input in the
+/// low half of every 32-bit lane and the odd one in the high half, so a shift and a mask
+/// widen them. `pairs` input pairs; `x` rows hold `2 * pairs` floats (zero past K).
+///
+/// # Safety
+/// As [`tile_f32`], with each panel pointer addressing `pairs` steps of 64 bytes.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn tile_bf16_f32<const NR: usize>(x: *const f32, stride: usize, w: [*const u8; NR], pairs: usize, out: &TileOut, pf: Prefetch<NR>) {
+    let mut acc = [[_mm512_setzero_ps(); NR]; TILE_ROWS];
+    let high = _mm512_set1_epi32(0xffff_0000u32 as i32);
+    for p in 0..pairs {
+        pf.at(p, pairs);
+        // SAFETY: inside the ranges the caller vouches for.
+        unsafe {
+            let wv: [__m512i; NR] = std::array::from_fn(|j| _mm512_loadu_si512(w[j].add(64 * p) as *const __m512i));
+            let even: [__m512; NR] = std::array::from_fn(|j| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(wv[j])));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let xv = _mm512_set1_ps(*x.add(i * stride + 2 * p));
+                for (a, &wj) in row.iter_mut().zip(&even) {
+                    *a = _mm512_fmadd_ps(xv, wj, *a);
+                }
+            }
+            let odd: [__m512; NR] = std::array::from_fn(|j| _mm512_castsi512_ps(_mm512_and_si512(wv[j], high)));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let xv = _mm512_set1_ps(*x.add(i * stride + 2 * p + 1));
+                for (a, &wj) in row.iter_mut().zip(&odd) {
+                    *a = _mm512_fmadd_ps(xv, wj, *a);
+                }
+            }
+        }
+    }
+    for (i, row) in acc.iter().enumerate() {
+        for (j, &a) in row.iter().enumerate() {
+            // SAFETY: see the function's contract.
+            unsafe { out.put(i, j, NR, a) };
+        }
+    }
+}
+
 /// bf16 panels with `vdpbf16ps`: `pairs` input pairs; `x` points at bf16 activations.
 ///
 /// # Safety

@@ -42,7 +42,8 @@ pub fn checkpoint(dir: &Path, shape: Shape, weights: WeightType, shard_bytes: u6
     checkpoint::write(&CheckpointSpec { shape, weights, shard_bytes, seed: 11, init_std }, dir).expect("checkpoint written")
 }
 
-/// Compiles `model` into `out` through the library (f32 unless `dtype` says otherwise).
+/// Compiles `model` into `out` through the library, keeping the checkpoint's element type
+/// (matmuls over bf16 weights with f32 activations).
 pub fn compile(model: &Path, out: &Path, max_seq: Option<u32>) -> lladac::CompileSummary {
     lladac::compile(&lladac::CompileOptions {
         model: model.to_path_buf(),
@@ -51,6 +52,9 @@ pub fn compile(model: &Path, out: &Path, max_seq: Option<u32>) -> lladac::Compil
         target: "host".into(),
         max_seq,
         head_rows: 256,
+        block_len: 32,
+        spec_blocks: 2,
+        bf16_activations: false,
         progress: false,
     })
     .expect("compiles")
