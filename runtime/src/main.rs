@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use llada_rt::sampler::StepView;
+use llada_rt::sampler::{Policy, StepView};
 use llada_rt::text::Text;
 use llada_rt::session::default_threads;
 use llada_rt::{conformance, generate, roofline, Error, Model, Remasking, Result, SamplerParams, Session};
@@ -45,6 +45,23 @@ struct SamplerArgs {
     /// Give end-of-text/end-of-turn predictions zero confidence (the official `confidence_eos_eot_inf`).
     #[arg(long)]
     confidence_eos_eot_inf: bool,
+    /// Which rows each pass recomputes: exact (whole sequence), prefix (block and suffix,
+    /// prefix cached), dual (block only, prefix and suffix cached), spec (prefix, plus drafts
+    /// of the next blocks confirmed once their block is current).
+    #[arg(long, default_value = "exact", value_parser = ["exact", "prefix", "dual", "spec"])]
+    policy: String,
+    /// Cached policies: refresh the whole cache every N steps of a block (0 = at each block's start only).
+    #[arg(long, default_value_t = 0)]
+    refresh_every: usize,
+    /// Commit every masked token of the block at or above this confidence (at least one) per step.
+    #[arg(long)]
+    threshold: Option<f32>,
+    /// spec: blocks drafted ahead of the current one.
+    #[arg(long, default_value_t = 1)]
+    spec_blocks: usize,
+    /// spec: confidence a draft needs when its block becomes current.
+    #[arg(long, default_value_t = 0.9)]
+    spec_threshold: f32,
 }
 
 impl SamplerArgs {
@@ -59,6 +76,11 @@ impl SamplerArgs {
             seed: self.seed,
             logits_eos_inf: self.logits_eos_inf,
             confidence_eos_eot_inf: self.confidence_eos_eot_inf,
+            policy: Policy::parse(&self.policy).expect("clap restricts the values"),
+            refresh_every: self.refresh_every,
+            threshold: self.threshold,
+            spec_blocks: self.spec_blocks,
+            spec_threshold: self.spec_threshold,
         }
     }
 }
@@ -240,7 +262,10 @@ fn run(cli: Cli) -> Result<()> {
                         "temperature": params.temperature, "cfg_scale": params.cfg_scale,
                         "remasking": params.remasking.name(), "seed": params.seed,
                         "logits_eos_inf": params.logits_eos_inf, "confidence_eos_eot_inf": params.confidence_eos_eot_inf,
+                        "policy": params.policy.name(), "refresh_every": params.refresh_every, "threshold": params.threshold,
+                        "spec_blocks": params.spec_blocks, "spec_threshold": params.spec_threshold,
                     },
+                    "drafts_confirmed": g.drafts_confirmed,
                 });
                 println!("{obj}");
             } else {
@@ -253,8 +278,8 @@ fn run(cli: Cli) -> Result<()> {
                 }
                 if std::io::stderr().is_terminal() {
                     eprintln!(
-                        "[{} tokens, {} steps, {} forward passes, {:.2} s]",
-                        params.gen_length, params.steps, g.forward_passes, g.seconds
+                        "[{} tokens, {} forward passes ({} policy), {} rows computed, {:.2} s]",
+                        params.gen_length, g.forward_passes, params.policy.name(), g.rows_computed, g.seconds
                     );
                 }
             }

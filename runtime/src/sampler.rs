@@ -6,6 +6,23 @@
 //! Tie rule: when several eligible positions have exactly the same confidence across the
 //! top-k boundary, the lowest position wins. (PyTorch's CPU top-k leaves this order to its
 //! selection algorithm; the committed tokens agree, the reveal order after a tie may not.)
+//!
+//! Policies choose which rows each pass recomputes; the commit rule stays the official one:
+//! - `exact`: every pass over the whole sequence (the official sampler);
+//! - `prefix` (Fast-dLLM's prefix cache): a whole-sequence pass at the start of each block
+//!   (and every `refresh_every` steps), then passes over the block and everything after it,
+//!   attending to the cached keys and values of the prefix;
+//! - `dual`: the same refreshes, then passes over the block only (prefix and suffix cached);
+//! - `spec` (multi-block speculative decoding): `prefix` passes, whose rows already cover the
+//!   next blocks; their predictions there are kept as drafts, one per position (the latest).
+//!   Once a drafted position's block is current, a pass whose prediction for it equals the
+//!   draft with confidence at least `spec_threshold` commits it, besides the step's scheduled
+//!   commits. A block ends when nothing in it is masked, so confirmed drafts save passes. A
+//!   draft is never committed while its block is speculative (the prefix it was predicted
+//!   under was unfinished), and a disagreeing draft is dropped (re-masked in effect);
+//! - `threshold` (with any policy): each step commits every masked position of the block
+//!   whose confidence reaches it, at least the best one, instead of the fixed schedule; a
+//!   block then ends when it is full.
 
 use std::time::Instant;
 
@@ -40,6 +57,37 @@ impl Remasking {
     }
 }
 
+/// Which rows each forward pass recomputes (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    Exact,
+    Prefix,
+    Dual,
+    Spec,
+}
+
+impl Policy {
+    pub fn parse(s: &str) -> Option<Policy> {
+        match s {
+            "exact" => Some(Policy::Exact),
+            "prefix" => Some(Policy::Prefix),
+            "dual" => Some(Policy::Dual),
+            "spec" => Some(Policy::Spec),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Exact => "exact",
+            Policy::Prefix => "prefix",
+            Policy::Dual => "dual",
+            Policy::Spec => "spec",
+        }
+    }
+}
+
 /// Sampler settings, with the official code's defaults.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplerParams {
@@ -62,6 +110,18 @@ pub struct SamplerParams {
     /// Official `confidence_eos_eot_inf`: predictions of EoT (and of EOS at temperature 0,
     /// where the official code's noisy and clean logits are one tensor) get zero confidence.
     pub confidence_eos_eot_inf: bool,
+    /// Which rows each pass recomputes.
+    pub policy: Policy,
+    /// Cached policies: a whole-sequence pass every this many steps of a block (0: only at
+    /// the start of each block; 1: every step, which is `exact`).
+    pub refresh_every: usize,
+    /// Commit every masked position of the block at or above this confidence (at least one)
+    /// instead of the fixed schedule.
+    pub threshold: Option<f32>,
+    /// `spec`: how many blocks after the current one are drafted.
+    pub spec_blocks: usize,
+    /// `spec`: confidence a draft's confirmation needs.
+    pub spec_threshold: f32,
 }
 
 impl Default for SamplerParams {
@@ -76,6 +136,11 @@ impl Default for SamplerParams {
             seed: 0,
             logits_eos_inf: false,
             confidence_eos_eot_inf: false,
+            policy: Policy::Exact,
+            refresh_every: 0,
+            threshold: None,
+            spec_blocks: 1,
+            spec_threshold: 0.9,
         }
     }
 }
@@ -102,6 +167,18 @@ impl SamplerParams {
         }
         if !(self.cfg_scale >= 0.0 && self.cfg_scale.is_finite()) {
             return bad(format!("--cfg {} must be a finite number >= 0", self.cfg_scale));
+        }
+        if self.cfg_scale > 0.0 && self.policy != Policy::Exact {
+            // The unconditional pass would overwrite the conditional sequence's cache.
+            return bad(format!("--cfg needs --policy exact (the {} policy caches one sequence)", self.policy.name()));
+        }
+        if let Some(t) = self.threshold {
+            if !(0.0..=1.0).contains(&t) {
+                return bad(format!("--threshold {t} must be between 0 and 1"));
+            }
+        }
+        if !(0.0..=1.0).contains(&self.spec_threshold) {
+            return bad(format!("--spec-threshold {} must be between 0 and 1", self.spec_threshold));
         }
         Ok(self.steps / blocks)
     }
@@ -166,6 +243,8 @@ pub struct Generation {
     pub reveals: Vec<Vec<[u32; 2]>>,
     pub forward_passes: u64,
     pub rows_computed: u64,
+    /// Tokens committed by confirming a draft (`spec`).
+    pub drafts_confirmed: u64,
     pub seconds: f64,
 }
 
@@ -213,16 +292,45 @@ pub fn generate(session: &mut Session, prompt: &[u32], p: &SamplerParams, on_ste
     let mut row = vec![0f32; vocab];
     let mut reveals = Vec::with_capacity(p.steps);
     let blocks = p.gen_length / p.block_length;
+    let spec_blocks = if p.policy == Policy::Spec { p.spec_blocks } else { 0 };
+    // Draft per position (spec): the token predicted while its block was speculative.
+    let mut drafts: Vec<Option<u32>> = vec![None; len];
+    let mut drafts_confirmed = 0;
+    let dynamic = p.threshold.is_some() || spec_blocks > 0;
     let mut step = 0;
     for b in 0..blocks {
-        let block_end = prompt.len() + (b + 1) * p.block_length;
-        let block_masked = x[block_end - p.block_length..block_end].iter().filter(|&&t| t == mask).count();
-        for k in commits_per_step(block_masked, steps_per_block) {
+        let block_start = prompt.len() + b * p.block_length;
+        let block_end = block_start + p.block_length;
+        let draft_end = (block_end + spec_blocks * p.block_length).min(len);
+        let block_masked = x[block_start..block_end].iter().filter(|&&t| t == mask).count();
+        let schedule = commits_per_step(block_masked, steps_per_block);
+        for i in 0.. {
+            // The official schedule runs its steps whatever they commit; the dynamic rules
+            // stop when the block is full.
+            let scheduled = match schedule.get(i) {
+                Some(&k) if !dynamic => k,
+                None if !dynamic => break,
+                k => {
+                    if !x[block_start..block_end].contains(&mask) {
+                        break;
+                    }
+                    k.copied().unwrap_or(1).max(1)
+                }
+            };
             // Eligible: masked and not after the current block (later positions have -inf
-            // confidence in the official code).
-            let head: Vec<u32> = (0..block_end).filter(|&i| x[i] == mask).map(|i| i as u32).collect();
+            // confidence in the official code). Drafted: masked in the next blocks.
+            let eligible: Vec<u32> = (0..block_end).filter(|&i| x[i] == mask).map(|i| i as u32).collect();
+            let mut head = eligible.clone();
+            head.extend((block_end..draft_end).filter(|&i| x[i] == mask).map(|i| i as u32));
             let mut candidates = Vec::with_capacity(head.len());
-            if !head.is_empty() && k > 0 {
+            let mut committed: Vec<[u32; 2]> = Vec::new();
+            if !eligible.is_empty() && scheduled > 0 {
+                let full = p.policy == Policy::Exact || i == 0 || (p.refresh_every > 0 && i % p.refresh_every == 0);
+                let span = match p.policy {
+                    _ if full => 0..len,
+                    Policy::Dual => block_start..block_end,
+                    _ => block_start..len,
+                };
                 // Logits of the eligible rows (guided when cfg_scale > 0).
                 let mut guided: Vec<f32> = Vec::new();
                 if p.cfg_scale > 0.0 {
@@ -236,23 +344,35 @@ pub fn generate(session: &mut Session, prompt: &[u32], p: &SamplerParams, on_ste
                         *g += w * (c - *g);
                     }
                 }
-                let logits: &[f32] = if p.cfg_scale > 0.0 { &guided } else { session.forward_full(&x, &head)? };
+                let logits: &[f32] = if p.cfg_scale > 0.0 { &guided } else { session.forward_span(&x, span, &head)? };
                 for (r, &pos) in head.iter().enumerate() {
+                    let pos = pos as usize;
                     row.copy_from_slice(&logits[r * vocab..(r + 1) * vocab]);
-                    let (token, confidence) = predict(&mut row, p, &special, step, pos as usize);
-                    candidates.push(Candidate { position: pos as usize, token, confidence });
+                    let (token, confidence) = predict(&mut row, p, &special, step, pos);
+                    if pos >= block_end {
+                        drafts[pos] = Some(token);
+                        continue;
+                    }
+                    match drafts[pos].take() {
+                        Some(d) if d == token && confidence >= p.spec_threshold => {
+                            x[pos] = token;
+                            committed.push([(pos - prompt.len()) as u32, token]);
+                            drafts_confirmed += 1;
+                        }
+                        _ => candidates.push(Candidate { position: pos, token, confidence }),
+                    }
                 }
             }
             // Top-k by confidence; equal confidences: lowest position first.
             candidates.sort_by(|a, b| b.confidence.total_cmp(&a.confidence).then(a.position.cmp(&b.position)));
-            let committed: Vec<[u32; 2]> = candidates
-                .iter()
-                .take(k)
-                .map(|c| {
-                    x[c.position] = c.token;
-                    [(c.position - prompt.len()) as u32, c.token]
-                })
-                .collect();
+            let k = match p.threshold {
+                Some(t) => candidates.iter().take_while(|c| c.confidence >= t).count().max(1),
+                None => scheduled,
+            };
+            committed.extend(candidates.iter().take(k).map(|c| {
+                x[c.position] = c.token;
+                [(c.position - prompt.len()) as u32, c.token]
+            }));
             step += 1;
             on_step(&StepView { step, steps: p.steps, canvas: &x, prompt_len: prompt.len(), committed: &committed });
             reveals.push(committed);
@@ -264,6 +384,7 @@ pub fn generate(session: &mut Session, prompt: &[u32], p: &SamplerParams, on_ste
         reveals,
         forward_passes: session.counters.forward_passes - before.forward_passes,
         rows_computed: session.counters.rows_computed - before.rows_computed,
+        drafts_confirmed,
         seconds: start.elapsed().as_secs_f64(),
     })
 }
