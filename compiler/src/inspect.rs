@@ -99,6 +99,6 @@ pub fn render_text(d: &Value) -> String {
     }
     let p = &d["plan"];
     let _ = writeln!(s, "\nplan: graphs by rows -> {}", p["by_rows"]);
-    let _ = writeln!(s, "      KV cache {} positions, block {} x (1 + {} speculative), matmul activations {}", p["kv_capacity"], p["block_len"], p["spec_blocks"], p["activations"]);
+    let _ = writeln!(s, "      KV cache {} positions, block {} x (1 + {} speculative), matmul activations {}", p["kv_capacity"], p["block_len"], p["spec_blocks"], p["activations"].as_str().unwrap_or("?"));
     s
 }

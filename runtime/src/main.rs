@@ -60,7 +60,7 @@ struct SamplerArgs {
     #[arg(long, default_value_t = 1)]
     spec_blocks: usize,
     /// spec: confidence a draft needs when its block becomes current.
-    #[arg(long, default_value_t = 0.9)]
+    #[arg(long, default_value_t = 0.99)]
     spec_threshold: f32,
 }
 

@@ -140,7 +140,7 @@ impl Default for SamplerParams {
             refresh_every: 0,
             threshold: None,
             spec_blocks: 1,
-            spec_threshold: 0.9,
+            spec_threshold: 0.99,
         }
     }
 }

@@ -171,3 +171,19 @@ fn wrong_flag() {
     assert_clean_failure(&o, &["--gen-lenght"]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+#[test]
+fn policy_options_that_do_not_combine() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = artifact(dir.path(), Some(64));
+    assert_clean_failure(&run_ids(&art, &["--policy", "dual", "--cfg", "0.5"]), &["--cfg needs --policy exact"]);
+    assert_clean_failure(&run_ids(&art, &["--threshold", "1.5"]), &["--threshold 1.5"]);
+    assert_clean_failure(&run_ids(&art, &["--policy", "spec", "--spec-threshold", "2"]), &["--spec-threshold 2"]);
+    let ckpt = dir.path().join("ckpt");
+    let out = dir.path().join("q4.lad");
+    let o = run("lladac", &["compile", "--model", ckpt.to_str().unwrap(), "-o", out.to_str().unwrap(), "--quant", "q4", "--activations", "bf16"]);
+    assert_clean_failure(&o, &["--activations bf16", "--quant bf16"]);
+    assert!(!out.exists());
+    let o = run("lladac", &["compile", "--model", ckpt.to_str().unwrap(), "-o", out.to_str().unwrap(), "--max-seq", "64", "--block-len", "100"]);
+    assert_clean_failure(&o, &["--block-len 100"]);
+}
