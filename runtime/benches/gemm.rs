@@ -18,7 +18,10 @@ fn main() {
     println!("{:<12} {:>5} {:>6} {:>6} {:>10} {:>10} {:>7}", "format", "rows", "n", "k", "ms", "G(FL)OP/s", "of peak");
     // LLaDA-8B: q|k|v, attention output, gate|up, down.
     let shapes = [(12288, 4096), (4096, 4096), (24576, 4096), (4096, 12288)];
-    for format in [DType::PanelQ4 { group: 128 }, DType::PanelQ8, DType::PanelBf16, DType::PanelF32] {
+    // (format, bf16 activations): bf16 weights run both ways.
+    for (format, bf16_activations) in [(DType::PanelQ4 { group: 128 }, false), (DType::PanelQ8, false), (DType::PanelBf16, true), (DType::PanelBf16, false), (DType::PanelF32, false)] {
+        let name = if format == DType::PanelBf16 && !bf16_activations { "bf16 (f32 x)".to_string() } else { format.name() };
+        let peak = if format == DType::PanelBf16 && !bf16_activations { roof.peak_for(DType::PanelF32, threads) } else { roof.peak_for(format, threads) };
         for &(n, k) in &shapes {
             let row: Vec<f32> = (0..k).map(|i| ((i * 5) % 11) as f32 * 0.01 - 0.05).collect();
             let rows16: Vec<&[f32]> = (0..PANEL).map(|_| row.as_slice()).collect();
@@ -26,7 +29,7 @@ fn main() {
             for _ in 0..n / PANEL {
                 pack_panel(format, &rows16, k, &mut bytes);
             }
-            let m = gemm::Matrix { format, n, k, bytes: &bytes, bf16_activations: true };
+            let m = gemm::Matrix { format, n, k, bytes: &bytes, bf16_activations };
             for &r in &rows {
                 let x: Vec<f32> = (0..r * k).map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6).collect();
                 let mut out = vec![0.0; r * n];
@@ -43,7 +46,7 @@ fn main() {
                 sorted.sort_by(f64::total_cmp);
                 let secs = sorted[sorted.len() / 2];
                 let rate = 2.0 * (r * n * k) as f64 / secs;
-                println!("{:<12} {:>5} {:>6} {:>6} {:>10.3} {:>10.1} {:>6.0}%", format.name(), r, n, k, secs * 1e3, rate / 1e9, 100.0 * rate / roof.peak_for(format, threads));
+                println!("{:<12} {:>5} {:>6} {:>6} {:>10.3} {:>10.1} {:>6.0}%", name, r, n, k, secs * 1e3, rate / 1e9, 100.0 * rate / peak);
             }
         }
     }

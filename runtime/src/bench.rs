@@ -59,6 +59,12 @@ pub fn pass(session: &mut Session, roof: &Roofline, rows: usize, head_rows: usiz
     let head: Vec<u32> = (rows - head_rows..rows).map(|r| r as u32).collect();
     let threads = session.threads();
     let (peak_f32, bw) = (roof.peak_for(llada_ir::DType::PanelF32, threads), roof.bandwidth(threads));
+    // The arithmetic a weight format runs at: bf16 weights multiply f32 activations unless
+    // the artifact asks for bf16 ones.
+    let peak = |dtype: llada_ir::DType| match dtype {
+        llada_ir::DType::PanelBf16 if !model.header.plan.bf16_activations => peak_f32,
+        d => roof.peak_for(d, threads),
+    };
     session.forward_full(&seq, &head)?;
     let mut runs = Vec::new();
     for _ in 0..repeat.max(1) {
@@ -91,7 +97,7 @@ pub fn pass(session: &mut Session, roof: &Roofline, rows: usize, head_rows: usiz
                 gemm_names.entry(key).or_insert_with(|| info.name.clone());
                 let flops = 2.0 * (r * n * k) as f64;
                 let bytes = info.nbytes as f64 + (r * (n + k) * 4) as f64;
-                bound += (bytes / bw).max(flops / roof.peak_for(info.dtype, threads));
+                bound += (bytes / bw).max(flops / peak(info.dtype));
             }
             Op::Attention { qkv, out, heads, .. } => {
                 let flops = 4.0 * (g.rows as usize * g.rows as usize * m.head_dim as usize * heads as usize) as f64;
@@ -113,7 +119,7 @@ pub fn pass(session: &mut Session, roof: &Roofline, rows: usize, head_rows: usiz
             let flops = 2.0 * (rows * n * k) as f64;
             let bytes = weight_bytes + (rows * (n + k) * 4) as f64;
             let dtype = model.header.tensors.iter().find(|t| t.name == name).map(|t| t.dtype).unwrap_or(llada_ir::DType::PanelF32);
-            let bound_seconds = (bytes / bw).max(flops / roof.peak_for(dtype, threads));
+            let bound_seconds = (bytes / bw).max(flops / peak(dtype));
             GemmTiming {
                 weight: name,
                 format,

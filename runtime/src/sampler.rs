@@ -27,6 +27,7 @@
 use std::time::Instant;
 
 use rand::{RngExt, SeedableRng};
+use rayon::prelude::*;
 use rand_chacha::ChaCha8Rng;
 
 use crate::error::{Error, Result};
@@ -289,7 +290,6 @@ pub fn generate(session: &mut Session, prompt: &[u32], p: &SamplerParams, on_ste
     // Official `prompt_index = (x != mask_id)`: the positions the unconditional pass masks.
     let prompt_index: Vec<bool> = x.iter().map(|&t| t != mask).collect();
     let mut uncond = x.clone();
-    let mut row = vec![0f32; vocab];
     let mut reveals = Vec::with_capacity(p.steps);
     let blocks = p.gen_length / p.block_length;
     let spec_blocks = if p.policy == Policy::Spec { p.spec_blocks } else { 0 };
@@ -345,10 +345,18 @@ pub fn generate(session: &mut Session, prompt: &[u32], p: &SamplerParams, on_ste
                     }
                 }
                 let logits: &[f32] = if p.cfg_scale > 0.0 { &guided } else { session.forward_span(&x, span, &head)? };
-                for (r, &pos) in head.iter().enumerate() {
+                // Rows are independent (each position has its own noise stream), so they are
+                // predicted in parallel: a softmax over a 126k vocabulary per row adds up.
+                let predictions: Vec<(u32, f32)> = logits
+                    .par_chunks(vocab)
+                    .zip(head.par_iter())
+                    .map_init(|| vec![0f32; vocab], |row, (l, &pos)| {
+                        row.copy_from_slice(l);
+                        predict(row, p, &special, step, pos as usize)
+                    })
+                    .collect();
+                for (&pos, &(token, confidence)) in head.iter().zip(&predictions) {
                     let pos = pos as usize;
-                    row.copy_from_slice(&logits[r * vocab..(r + 1) * vocab]);
-                    let (token, confidence) = predict(&mut row, p, &special, step, pos);
                     if pos >= block_end {
                         drafts[pos] = Some(token);
                         continue;
