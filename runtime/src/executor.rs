@@ -33,22 +33,23 @@ pub trait Executor {
     fn run(&mut self, model: &Model, graph: &Graph, inputs: &RunInputs, window: &mut Window, cache: &mut KvCache);
 }
 
-/// Keys and values of every layer by position: `[layers][capacity][k heads | v heads]`,
-/// f32 (what the attention of an exact pass reads, so a cached pass over the same values
-/// computes the same sums).
+/// Keys and values of every layer: per layer `2 * kv_heads` head planes of `[capacity,
+/// head_dim]` (see [`attention::kv_plane`]), f32, so a cached pass reads exactly what a
+/// whole-sequence pass stored.
 pub struct KvCache {
     /// Zeroed storage from `calloc`: positions never written never become resident.
     buf: Vec<f32>,
     capacity: usize,
-    width: usize,
+    /// Floats per layer.
+    layer: usize,
 }
 
 impl KvCache {
     pub fn new(model: &Model) -> KvCache {
         let m = &model.header.model;
         let capacity = model.header.plan.kv_capacity as usize;
-        let width = 2 * (m.n_kv_heads * m.head_dim) as usize;
-        KvCache { buf: bytemuck::zeroed_vec(m.n_layers as usize * capacity * width), capacity, width }
+        let layer = 2 * (m.n_kv_heads * m.head_dim) as usize * capacity;
+        KvCache { buf: bytemuck::zeroed_vec(m.n_layers as usize * layer), capacity, layer }
     }
 
     pub fn capacity(&self) -> usize {
@@ -56,8 +57,7 @@ impl KvCache {
     }
 
     fn layer_mut(&mut self, layer: usize) -> &mut [f32] {
-        let n = self.capacity * self.width;
-        &mut self.buf[layer * n..(layer + 1) * n]
+        &mut self.buf[layer * self.layer..(layer + 1) * self.layer]
     }
 }
 
@@ -212,15 +212,18 @@ impl HostExecutor {
                 Op::Attention { qkv, out, heads, kv_heads, layer } => {
                     let ([q], o) = operands(win, [range(qkv)], range(out));
                     let width = cols(qkv);
-                    let kv_width = cache.width;
+                    let capacity = cache.capacity;
                     let kv = cache.layer_mut(layer as usize);
-                    let k_start = heads as usize * hd;
-                    for (r, &p) in inp.positions[..inp.real_rows].iter().enumerate() {
-                        let p = p as usize;
-                        kv[p * kv_width..(p + 1) * kv_width].copy_from_slice(&q[r * width + k_start..r * width + k_start + kv_width]);
+                    // Each row's key and value heads (after the query heads) go to their planes.
+                    for plane in 0..2 * kv_heads as usize {
+                        let (from, base) = ((heads as usize + plane) * hd, attention::kv_plane(plane, capacity, hd));
+                        for (r, &p) in inp.positions[..inp.real_rows].iter().enumerate() {
+                            let at = base + p as usize * hd;
+                            kv[at..at + hd].copy_from_slice(&q[r * width + from..r * width + from + hd]);
+                        }
                     }
                     let kv = &*kv;
-                    let shape = attention::Shape { width, kv_width, heads: heads as usize, kv_heads: kv_heads as usize, head_dim: hd, keys: inp.context };
+                    let shape = attention::Shape { width, capacity, heads: heads as usize, kv_heads: kv_heads as usize, head_dim: hd, keys: inp.context };
                     let out_width = cols(out);
                     let threads = self.pool.current_num_threads();
                     let rows = g.rows as usize;

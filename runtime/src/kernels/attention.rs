@@ -10,8 +10,8 @@ use super::{cpu::multiversion, dot_tile};
 pub struct Shape {
     /// Width of a q|k|v row: `(heads + 2 * kv_heads) * head_dim`.
     pub width: usize,
-    /// Width of a KV cache row: `2 * kv_heads * head_dim` (keys, then values).
-    pub kv_width: usize,
+    /// Positions per head plane of the KV cache (see [`kv_plane`]).
+    pub capacity: usize,
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
@@ -19,11 +19,27 @@ pub struct Shape {
     pub keys: usize,
 }
 
-/// `out += p * v` over a row.
+/// Offset of a head plane in one layer's KV cache, which holds `2 * kv_heads` planes of
+/// `[capacity, head_dim]`: key heads, then value heads. Head-major, so the keys one query
+/// head scans are contiguous (position-major rows, 2 * kv_heads * head_dim floats apart, put
+/// every key of a head in the same L1 sets, a multiple of 4 KiB apart).
+pub fn kv_plane(plane: usize, capacity: usize, head_dim: usize) -> usize {
+    plane * capacity * head_dim
+}
+
+/// Attention weights below this (2^-100) are skipped: against the largest weight (at least
+/// 1 / keys) they are below f32 resolution by far.
+const NEGLIGIBLE: f32 = 7.888_609e-31;
+
+/// Head dimensions per register block of the `P V` product (two 16-lane vectors per row).
+const V_CHUNK: usize = 32;
+
 #[inline(always)]
-fn axpy_body<const FMA: bool>(p: f32, v: &[f32], out: &mut [f32]) {
-    for (o, &x) in out.iter_mut().zip(v) {
-        *o = if FMA { p.mul_add(x, *o) } else { p * x + *o };
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
     }
 }
 
@@ -64,9 +80,9 @@ fn attend_body<const FMA: bool>(qkv: &[f32], kv: &[f32], sh: Shape, first: usize
     let scale = 1.0 / (hd as f32).sqrt();
     let keys = sh.keys;
     let row = |r: usize, off: usize| &qkv[r * sh.width + off..r * sh.width + off + hd];
-    let cached = |r: usize, off: usize| &kv[r * sh.kv_width + off..r * sh.kv_width + off + hd];
+    let cached = |r: usize, plane: usize| &kv[plane + r * hd..plane + (r + 1) * hd];
     for h in 0..sh.heads {
-        let (q_off, k_off, v_off) = (h * hd, (h / group) * hd, (sh.kv_heads + h / group) * hd);
+        let (q_off, k_off, v_off) = (h * hd, kv_plane(h / group, sh.capacity, hd), kv_plane(sh.kv_heads + h / group, sh.capacity, hd));
         for i0 in (0..rows).step_by(4) {
             let m = 4.min(rows - i0);
             // Scores of up to four queries against every key.
@@ -86,11 +102,41 @@ fn attend_body<const FMA: bool>(qkv: &[f32], kv: &[f32], sh: Shape, first: usize
             for i in 0..m {
                 let s = &mut scores[i * keys..(i + 1) * keys];
                 softmax_body::<FMA>(s);
-                let o = &mut out[(i0 + i) * out_width + q_off..(i0 + i) * out_width + q_off + hd];
-                o.fill(0.0);
-                for (jj, &p) in s.iter().enumerate() {
-                    axpy_body::<FMA>(p, cached(jj, v_off), o);
+                // Keys this far below the best one add nothing an f32 output can hold, and
+                // their products would be subnormal, which costs the FPU dearly: zero them.
+                s.iter_mut().filter(|p| **p < NEGLIGIBLE).for_each(|p| *p = 0.0);
+            }
+            // out = P V, a slice of head dimensions at a time with the up-to-four query rows'
+            // sums in registers, so each value row loaded feeds four multiply-adds.
+            let p: [&[f32]; 4] = std::array::from_fn(|i| &scores[i.min(m - 1) * keys..(i.min(m - 1) + 1) * keys]);
+            let mut c0 = 0;
+            while c0 < hd {
+                let w = V_CHUNK.min(hd - c0);
+                let mut acc = [[0f32; V_CHUNK]; 4];
+                for jj in 0..keys {
+                    let v = &cached(jj, v_off)[c0..c0 + w];
+                    if w == V_CHUNK {
+                        let v: &[f32; V_CHUNK] = v.try_into().unwrap();
+                        for (a, pi) in acc.iter_mut().zip(&p) {
+                            let pj = pi[jj];
+                            for (x, &y) in a.iter_mut().zip(v) {
+                                *x = madd::<FMA>(pj, y, *x);
+                            }
+                        }
+                    } else {
+                        for (a, pi) in acc.iter_mut().zip(&p) {
+                            let pj = pi[jj];
+                            for (x, &y) in a.iter_mut().zip(v) {
+                                *x = madd::<FMA>(pj, y, *x);
+                            }
+                        }
+                    }
                 }
+                for (i, a) in acc.iter().enumerate().take(m) {
+                    let at = (i0 + i) * out_width + q_off + c0;
+                    out[at..at + w].copy_from_slice(&a[..w]);
+                }
+                c0 += w;
             }
         }
     }
@@ -106,18 +152,21 @@ mod tests {
     fn attends_to_the_cached_context_only() {
         let (heads, kv_heads, hd, rows, keys, capacity) = (4, 2, 8, 6, 11, 16);
         let width = (heads + 2 * kv_heads) * hd;
-        let kv_width = 2 * kv_heads * hd;
+        let planes = 2 * kv_heads;
         let mut s = 3u64;
         let mut rnd = || {
             s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         };
         let qkv: Vec<f32> = (0..rows * width).map(|_| rnd()).collect();
-        let mut kv: Vec<f32> = (0..capacity * kv_width).map(|_| rnd()).collect();
-        for v in &mut kv[keys * kv_width..] {
-            *v = 1e6;
+        let mut kv: Vec<f32> = (0..planes * capacity * hd).map(|_| rnd()).collect();
+        for plane in 0..planes {
+            for v in &mut kv[kv_plane(plane, capacity, hd) + keys * hd..kv_plane(plane + 1, capacity, hd)] {
+                *v = 1e6;
+            }
         }
-        let sh = Shape { width, kv_width, heads, kv_heads, head_dim: hd, keys };
+        let at = |plane: usize, j: usize, d: usize| kv[kv_plane(plane, capacity, hd) + j * hd + d] as f64;
+        let sh = Shape { width, capacity, heads, kv_heads, head_dim: hd, keys };
         let mut out = vec![0f32; rows * heads * hd];
         let mut scores = vec![0f32; 4 * keys];
         attend(&qkv, &kv, sh, 0, &mut out, &mut scores);
@@ -126,12 +175,12 @@ mod tests {
                 let g = h / (heads / kv_heads);
                 let q = &qkv[r * width + h * hd..][..hd];
                 let logits: Vec<f64> = (0..keys)
-                    .map(|j| (0..hd).map(|d| q[d] as f64 * kv[j * kv_width + g * hd + d] as f64).sum::<f64>() / (hd as f64).sqrt())
+                    .map(|j| (0..hd).map(|d| q[d] as f64 * at(g, j, d)).sum::<f64>() / (hd as f64).sqrt())
                     .collect();
                 let max = logits.iter().cloned().fold(f64::MIN, f64::max);
                 let sum: f64 = logits.iter().map(|l| (l - max).exp()).sum();
                 for d in 0..hd {
-                    let want: f64 = (0..keys).map(|j| (logits[j] - max).exp() / sum * kv[j * kv_width + (kv_heads + g) * hd + d] as f64).sum();
+                    let want: f64 = (0..keys).map(|j| (logits[j] - max).exp() / sum * at(kv_heads + g, j, d)).sum();
                     let got = out[r * heads * hd + h * hd + d] as f64;
                     assert!((got - want).abs() < 1e-5, "row {r} head {h} dim {d}: {got} vs {want}");
                 }

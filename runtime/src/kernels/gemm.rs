@@ -196,7 +196,7 @@ pub fn gemm(x: &[f32], rows: usize, w: &Matrix, out: &mut [f32], prepared: &mut 
     #[cfg(target_arch = "x86_64")]
     if simd {
         // q4 and exact bf16 need registers for unpacked weights: narrower tiles.
-        let tile_panels = if matches!(w.format, DType::PanelQ4 { .. }) || w.operand() == Operand::F32 && w.format == DType::PanelBf16 { 4 } else { 6 };
+        let tile_panels = if matches!(w.format, DType::PanelQ4 { .. } | DType::PanelQ8) || w.operand() == Operand::F32 && w.format == DType::PanelBf16 { 4 } else { 6 };
         let tiles = panels(n).div_ceil(tile_panels);
         let run = |t: usize| {
             let p0 = t * tile_panels;
