@@ -194,6 +194,45 @@ mod tests {
         }
     }
 
+    /// RMSNorm against a double-precision reference: tolerance a few f32 ulps of the output.
+    #[test]
+    fn rms_norm_matches_a_double_precision_reference() {
+        let mut s = 11;
+        let cols = 200;
+        let x: Vec<f32> = (0..3 * cols).map(|_| lcg(&mut s) * 8.0).collect();
+        let w: Vec<f32> = (0..cols).map(|_| 1.0 + lcg(&mut s)).collect();
+        let mut out = vec![0f32; x.len()];
+        rms_norm(&x, &w, 1e-5, &mut out);
+        for (r, (xr, or)) in x.chunks(cols).zip(out.chunks(cols)).enumerate() {
+            let ms = xr.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols as f64;
+            for ((&v, &o), &wv) in xr.iter().zip(or).zip(&w) {
+                let want = wv as f64 * v as f64 / (ms + 1e-5).sqrt();
+                assert!((o as f64 - want).abs() <= 1e-6 * (1.0 + want.abs()), "row {r}: {o} vs {want}");
+            }
+        }
+    }
+
+    /// Rotary embedding, half-split convention, against the rotation written out in f64.
+    #[test]
+    fn rope_rotates_each_head_half_split() {
+        let (hd, heads) = (8, 3);
+        let mut s = 5;
+        let row: Vec<f32> = (0..hd * heads).map(|_| lcg(&mut s)).collect();
+        let angle: Vec<f64> = (0..hd / 2).map(|i| 0.3 + i as f64).collect();
+        let cos: Vec<f32> = angle.iter().map(|a| a.cos() as f32).collect();
+        let sin: Vec<f32> = angle.iter().map(|a| a.sin() as f32).collect();
+        let mut out = row.clone();
+        rope_row(&mut out, hd, &cos, &sin);
+        for h in 0..heads {
+            for i in 0..hd / 2 {
+                let (a, b) = (row[h * hd + i] as f64, row[h * hd + hd / 2 + i] as f64);
+                let (c, sn) = (cos[i] as f64, sin[i] as f64);
+                assert!((out[h * hd + i] as f64 - (a * c - b * sn)).abs() < 1e-6);
+                assert!((out[h * hd + hd / 2 + i] as f64 - (b * c + a * sn)).abs() < 1e-6);
+            }
+        }
+    }
+
     #[test]
     fn swiglu_reads_gate_then_up() {
         let x = [1.0f32, -2.0, 3.0, 0.5];
