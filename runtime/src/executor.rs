@@ -52,10 +52,6 @@ impl KvCache {
         KvCache { buf: bytemuck::zeroed_vec(m.n_layers as usize * layer), capacity, layer }
     }
 
-    pub fn capacity(&self) -> usize {
-        self.capacity
-    }
-
     fn layer_mut(&mut self, layer: usize) -> &mut [f32] {
         &mut self.buf[layer * self.layer..(layer + 1) * self.layer]
     }

@@ -91,14 +91,8 @@ impl<'m> Session<'m> {
 
     /// [`forward_full`](Self::forward_full), timing every op: for `llada-rt bench`.
     pub fn forward_full_profiled(&mut self, seq: &[u32], head_rows: &[u32]) -> Result<(u32, OpProfile)> {
-        let gid = self.prepare(seq, 0..seq.len(), head_rows)?;
-        let g = self.model.graph(gid);
-        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, real_rows: seq.len(), context: seq.len(), head_rows: &self.head };
-        let profile = self.executor.run_profiled(self.model, g, &inputs, &mut self.window, &mut self.cache);
-        self.cached_len = Some(seq.len());
-        self.counters.forward_passes += 1;
-        self.counters.rows_computed += g.rows as u64;
-        Ok((gid, profile))
+        let (gid, profile) = self.pass(seq, 0..seq.len(), head_rows, true)?;
+        Ok((gid, profile.unwrap_or_default()))
     }
 
     /// Checks a request for positions `span` of `seq` with logits at `head_positions`, picks
@@ -108,16 +102,8 @@ impl<'m> Session<'m> {
         if span.start >= span.end || span.end > seq.len() {
             return Err(Error::request(format!("rows {span:?} are not inside a {}-token sequence", seq.len())));
         }
-        if seq.len() > self.cache.capacity() {
-            return Err(Error::request(format!(
-                "the sequence needs {} positions (prompt + gen length) but {} serves at most {}; \
-                 recompile with `lladac compile --max-seq {}` or shorten the prompt or --gen-len",
-                seq.len(),
-                self.model.path.display(),
-                self.cache.capacity(),
-                seq.len()
-            )));
-        }
+        // The whole sequence must fit a graph (and so the cache, which holds the largest).
+        self.model.graph_for_rows(seq.len())?;
         if span.len() < seq.len() && self.cached_len != Some(seq.len()) {
             return Err(Error::request(format!(
                 "a pass over rows {span:?} reuses the KV cache, which does not hold this {}-token sequence: run a whole-sequence pass first",
@@ -165,11 +151,24 @@ impl<'m> Session<'m> {
     /// and attend to the cache for the rest of `seq` (as the last whole-sequence pass, or
     /// later passes over them, left it). Returns the logits at `head_positions`.
     pub fn forward_span(&mut self, seq: &[u32], span: Range<usize>, head_positions: &[u32]) -> Result<&[f32]> {
+        let (gid, _) = self.pass(seq, span, head_positions, false)?;
+        let g = self.model.graph(gid);
+        let range = value_range(g, &g.values[g.logits as usize], head_positions.len());
+        Ok(&self.window.floats()[range])
+    }
+
+    /// Runs the pass over `span` (timing every op when `profiled`) and counts it.
+    fn pass(&mut self, seq: &[u32], span: Range<usize>, head_positions: &[u32], profiled: bool) -> Result<(u32, Option<OpProfile>)> {
         let gid = self.prepare(seq, span.clone(), head_positions)?;
         let g = self.model.graph(gid);
         let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, real_rows: span.len(), context: seq.len(), head_rows: &self.head };
         let start = Instant::now();
-        self.executor.run(self.model, g, &inputs, &mut self.window, &mut self.cache);
+        let profile = if profiled {
+            Some(self.executor.run_profiled(self.model, g, &inputs, &mut self.window, &mut self.cache))
+        } else {
+            self.executor.run(self.model, g, &inputs, &mut self.window, &mut self.cache);
+            None
+        };
         self.counters.forward_seconds += start.elapsed().as_secs_f64();
         self.counters.forward_passes += 1;
         self.counters.rows_computed += g.rows as u64;
@@ -177,7 +176,6 @@ impl<'m> Session<'m> {
         if span.len() == seq.len() {
             self.cached_len = Some(seq.len());
         }
-        let range = value_range(g, &g.values[g.logits as usize], head_positions.len());
-        Ok(&self.window.floats()[range])
+        Ok((gid, profile))
     }
 }

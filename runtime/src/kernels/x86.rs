@@ -120,6 +120,39 @@ impl TileOut {
     }
 }
 
+impl TileOut {
+    /// Writes or accumulates a whole tile of float sums.
+    ///
+    /// # Safety
+    /// As [`TileOut::put`].
+    #[inline(always)]
+    unsafe fn put_tile<const NR: usize>(&self, acc: &[[__m512; NR]; TILE_ROWS]) {
+        for (i, row) in acc.iter().enumerate() {
+            for (j, &a) in row.iter().enumerate() {
+                // SAFETY: the caller's contract.
+                unsafe { self.put(i, j, NR, a) };
+            }
+        }
+    }
+}
+
+/// One input step of the f32-activation tiles: `acc[i] += x[i * stride] * w` for the four
+/// rows, each activation broadcast across the `NR` weight vectors.
+///
+/// # Safety
+/// AVX-512F; `x` addresses 4 rows of `stride` floats.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn fma_step<const NR: usize>(acc: &mut [[__m512; NR]; TILE_ROWS], x: *const f32, stride: usize, w: &[__m512; NR]) {
+    for (i, row) in acc.iter_mut().enumerate() {
+        // SAFETY: the caller's contract.
+        let xv = _mm512_set1_ps(unsafe { *x.add(i * stride) });
+        for (a, &wj) in row.iter_mut().zip(w) {
+            *a = _mm512_fmadd_ps(xv, wj, *a);
+        }
+    }
+}
+
 /// Rows of every register tile.
 pub const TILE_ROWS: usize = 4;
 
@@ -165,20 +198,11 @@ pub unsafe fn tile_f32<const NR: usize>(x: *const f32, stride: usize, w: [*const
         // SAFETY: kk < kc, inside the ranges the caller vouches for.
         unsafe {
             let wv: [__m512; NR] = std::array::from_fn(|j| _mm512_loadu_ps((w[j] as *const f32).add(16 * kk)));
-            for (i, row) in acc.iter_mut().enumerate() {
-                let xv = _mm512_set1_ps(*x.add(i * stride + kk));
-                for (a, &wj) in row.iter_mut().zip(&wv) {
-                    *a = _mm512_fmadd_ps(xv, wj, *a);
-                }
-            }
+            fma_step(&mut acc, x.add(kk), stride, &wv);
         }
     }
-    for (i, row) in acc.iter().enumerate() {
-        for (j, &a) in row.iter().enumerate() {
-            // SAFETY: see the function's contract.
-            unsafe { out.put(i, j, NR, a) };
-        }
-    }
+    // SAFETY: see the function's contract.
+    unsafe { out.put_tile(&acc) };
 }
 
 /// f16 panels, widened on the fly. Contract as [`tile_f32`] with 16 halves per step.
@@ -193,20 +217,11 @@ pub unsafe fn tile_f16<const NR: usize>(x: *const f32, stride: usize, w: [*const
         // SAFETY: inside the ranges the caller vouches for.
         unsafe {
             let wv: [__m512; NR] = std::array::from_fn(|j| _mm512_cvtph_ps(_mm256_loadu_si256(w[j].add(32 * kk) as *const __m256i)));
-            for (i, row) in acc.iter_mut().enumerate() {
-                let xv = _mm512_set1_ps(*x.add(i * stride + kk));
-                for (a, &wj) in row.iter_mut().zip(&wv) {
-                    *a = _mm512_fmadd_ps(xv, wj, *a);
-                }
-            }
+            fma_step(&mut acc, x.add(kk), stride, &wv);
         }
     }
-    for (i, row) in acc.iter().enumerate() {
-        for (j, &a) in row.iter().enumerate() {
-            // SAFETY: see the function's contract.
-            unsafe { out.put(i, j, NR, a) };
-        }
-    }
+    // SAFETY: see the function's contract.
+    unsafe { out.put_tile(&acc) };
 }
 
 /// bf16 panels against f32 activations (the exact path: f32 products and sums, only the
@@ -226,27 +241,13 @@ pub unsafe fn tile_bf16_f32<const NR: usize>(x: *const f32, stride: usize, w: [*
         unsafe {
             let wv: [__m512i; NR] = std::array::from_fn(|j| _mm512_loadu_si512(w[j].add(64 * p) as *const __m512i));
             let even: [__m512; NR] = std::array::from_fn(|j| _mm512_castsi512_ps(_mm512_slli_epi32::<16>(wv[j])));
-            for (i, row) in acc.iter_mut().enumerate() {
-                let xv = _mm512_set1_ps(*x.add(i * stride + 2 * p));
-                for (a, &wj) in row.iter_mut().zip(&even) {
-                    *a = _mm512_fmadd_ps(xv, wj, *a);
-                }
-            }
+            fma_step(&mut acc, x.add(2 * p), stride, &even);
             let odd: [__m512; NR] = std::array::from_fn(|j| _mm512_castsi512_ps(_mm512_and_si512(wv[j], high)));
-            for (i, row) in acc.iter_mut().enumerate() {
-                let xv = _mm512_set1_ps(*x.add(i * stride + 2 * p + 1));
-                for (a, &wj) in row.iter_mut().zip(&odd) {
-                    *a = _mm512_fmadd_ps(xv, wj, *a);
-                }
-            }
+            fma_step(&mut acc, x.add(2 * p + 1), stride, &odd);
         }
     }
-    for (i, row) in acc.iter().enumerate() {
-        for (j, &a) in row.iter().enumerate() {
-            // SAFETY: see the function's contract.
-            unsafe { out.put(i, j, NR, a) };
-        }
-    }
+    // SAFETY: see the function's contract.
+    unsafe { out.put_tile(&acc) };
 }
 
 /// bf16 panels with `vdpbf16ps`: `pairs` input pairs; `x` points at bf16 activations.
@@ -273,12 +274,8 @@ pub unsafe fn tile_bf16<const NR: usize>(x: *const u16, stride: usize, w: [*cons
             }
         }
     }
-    for (i, row) in acc.iter().enumerate() {
-        for (j, &a) in row.iter().enumerate() {
-            // SAFETY: see the function's contract.
-            unsafe { out.put(i, j, NR, a) };
-        }
-    }
+    // SAFETY: see the function's contract.
+    unsafe { out.put_tile(&acc) };
 }
 
 /// q8 panels with `vpdpbusd` over `quads` groups of 4 inputs: activations are u8 (quant +
