@@ -4,14 +4,15 @@ use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use llada_ir::packing::{pack_panel, PANEL};
-use llada_ir::{ArtifactWriter, CompileInfo, DType, Header, ModelConfig, Plan, TensorId};
+use llada_ir::{ArtifactWriter, CompileInfo, DType, Header, KvDType, ModelConfig, Plan, TensorId};
 
 use crate::convert::{convert, to_f32};
 use crate::error::{Error, Result};
 use crate::hf::checkpoint::{Checkpoint, SourceDType, TensorLocation};
 use crate::hf::{config, names, tokenizer};
 use crate::lower::{self, BlockTensors, NetworkOptions, NetworkTensors};
-use crate::memory;
+use crate::window::{self, WindowOptions};
+use crate::{latency, memory};
 
 /// How the matrix weights are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +109,10 @@ pub struct CompileOptions {
     pub spec_blocks: u32,
     /// Round activations to bf16 in matmuls over bf16 weights (needs `quant` bf16).
     pub bf16_activations: bool,
+    /// Accelerator window size; `None`: the target's.
+    pub window_bytes: Option<u64>,
+    /// KV cache element type; `None`: the target's.
+    pub kv_dtype: Option<KvDType>,
     /// Show a progress bar on a terminal.
     pub progress: bool,
 }
@@ -168,6 +173,11 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
         }
     }
     let matrix = quant.matrix_dtype();
+    let window_bytes = opts.window_bytes.unwrap_or(target.window_bytes);
+    let kv_dtype = match &opts.kv_dtype {
+        Some(k) => *k,
+        None => KvDType::parse(&target.kv_dtype).ok_or_else(|| Error::Options(format!("target '{}' names KV dtype '{}'", target.name, target.kv_dtype)))?,
+    };
     let mut segments: Vec<(String, Vec<Planned>)> = Vec::new();
     let single = |name: &str, loc, dtype: DType, shape: &[usize]| Planned {
         name: name.to_string(),
@@ -189,12 +199,19 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
         let gate = get("ff_proj", &[f, d], format!("mlp_hidden_size {f}, {why_d}"))?;
         let up = get("up_proj", &[f, d], format!("mlp_hidden_size {f}, {why_d}"))?;
         let down = get("ff_out", &[d, f], format!("{why_d}, mlp_hidden_size {f}"))?;
+        // Half a layer per segment: the unit the swap schedule stages, so two slots of the
+        // larger half double-buffer a layer.
         segments.push((
-            format!("blocks.{l}"),
+            format!("blocks.{l}.attn"),
             vec![
                 single(&name("attn_norm"), attn_norm, DType::F32, &[d]),
                 Planned { name: name("qkv_proj"), sources: vec![q, k, v], dtype: matrix, shape: vec![(q_dim + 2 * kv_dim) as u64, d as u64] },
                 single(&name("attn_out"), attn_out, matrix, &[d, q_dim]),
+            ],
+        ));
+        segments.push((
+            format!("blocks.{l}.ffn"),
+            vec![
                 single(&name("ff_norm"), ff_norm, DType::F32, &[d]),
                 Planned { name: name("gate_up_proj"), sources: vec![gate, up], dtype: matrix, shape: vec![2 * f as u64, d as u64] },
                 single(&name("ff_out"), down, matrix, &[d, f]),
@@ -285,30 +302,21 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     let rope_sin = w.add_tensor("rope.sin", DType::F32, &[rope_rows as u64, half], bytemuck::cast_slice(&sin))?;
     w.end_segment()?;
 
-    let blocks = ids[1..=cfg.n_layers]
-        .iter()
-        .map(|b| BlockTensors { attn_norm: b[0], qkv: b[1], attn_out: b[2], ff_norm: b[3], gate_up: b[4], ff_out: b[5] })
+    let blocks = ids[1..=2 * cfg.n_layers]
+        .chunks(2)
+        .map(|b| BlockTensors { attn_norm: b[0][0], qkv: b[0][1], attn_out: b[0][2], ff_norm: b[1][0], gate_up: b[1][1], ff_out: b[1][2] })
         .collect();
-    let head_ids = &ids[cfg.n_layers + 1];
+    let head_ids = &ids[2 * cfg.n_layers + 1];
     let net = NetworkTensors { embedding: ids[0][0], blocks, final_norm: head_ids[0], head: head_ids[1], rope_cos, rope_sin };
     let net_opts = NetworkOptions { input_emb_norm: cfg.input_emb_norm, scale_logits: cfg.scale_logits };
     let mut graphs = Vec::new();
     for &rows in &buckets {
         let mut g = lower::full_sequence_graph(&model, &net, net_opts, rows, opts.head_rows.min(rows));
         memory::plan(&mut g, target.window_align);
-        if g.window_bytes > target.window_bytes {
-            return Err(Error::Options(format!(
-                "graph '{}' needs a {} MiB window but target '{}' offers {} MiB; lower --max-seq or --head-rows",
-                g.name,
-                g.window_bytes >> 20,
-                target.name,
-                target.window_bytes >> 20
-            )));
-        }
         graphs.push(g);
     }
     let tensor_count = w.tensors().len();
-    let header = Header {
+    let mut header = Header {
         model,
         special,
         tokenizer: tok_spec,
@@ -320,6 +328,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
             block_len: opts.block_len,
             spec_blocks: opts.spec_blocks,
             bf16_activations: opts.bf16_activations,
+            ..Plan::default()
         },
         graphs,
         compile: CompileInfo {
@@ -333,10 +342,24 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
                 ("block_len".into(), opts.block_len.to_string()),
                 ("spec_blocks".into(), opts.spec_blocks.to_string()),
                 ("activations".into(), (if opts.bf16_activations { "bf16" } else { "f32" }).into()),
+                ("window_bytes".into(), window_bytes.to_string()),
+                ("kv_dtype".into(), kv_dtype.name().into()),
             ],
         },
         extensions: Vec::new(),
     };
+    header.tensors = w.tensors().to_vec();
+    header.segments = w.segments().to_vec();
+    let window_opts = WindowOptions {
+        bytes: window_bytes,
+        align: target.window_align,
+        kv_dtype,
+        threads: target.max_threads,
+        host_segment: 0,
+        window_source: if opts.window_bytes.is_some() { "--window-bytes".into() } else { format!("target '{}'", target.name) },
+    };
+    window::plan(&mut header, &window_opts)?;
+    latency::record(&mut header, &target);
     let n_graphs = header.graphs.len();
     let bytes = w.finish(header)?;
     Ok(CompileSummary { output: opts.output.clone(), bytes, tensors: tensor_count, graphs: n_graphs, quant, max_seq, warnings })

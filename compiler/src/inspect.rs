@@ -10,6 +10,12 @@ use crate::error::{Error, Result};
 
 /// Maps and fully verifies an artifact, then describes it.
 pub fn inspect(path: &Path) -> Result<Value> {
+    let (header, major, minor, bytes) = open(path)?;
+    Ok(describe(&header, major, minor, bytes))
+}
+
+/// Maps and fully verifies an artifact: its header, format version and size.
+pub fn open(path: &Path) -> Result<(Header, u16, u16, u64)> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     // SAFETY: read-only map of a file we only read; a concurrent writer could change bytes
     // under us, which the checksum pass below would then report.
@@ -17,10 +23,31 @@ pub fn inspect(path: &Path) -> Result<Value> {
     let wrap = |source| Error::Artifact { path: path.to_path_buf(), source };
     let art = Artifact::parse(&map).map_err(wrap)?;
     art.verify_data().map_err(wrap)?;
-    Ok(describe(&art.header, art.preamble.major, art.preamble.minor, map.len() as u64))
+    Ok((art.header, art.preamble.major, art.preamble.minor, map.len() as u64))
 }
 
-fn describe(h: &Header, major: u16, minor: u16, file_bytes: u64) -> Value {
+/// Everything in the window, by offset: what lives there, its bytes and its lifetime.
+fn window_map(h: &Header) -> Vec<Value> {
+    let w = &h.plan.window;
+    let seg = |s: u32| &h.segments[s as usize];
+    let mut rows = vec![
+        json!({"offset": w.kv.offset, "bytes": w.kv.bytes, "lifetime": "session", "what": format!("KV cache: {} positions x {} layers, {}", h.plan.kv_capacity, h.model.n_layers, w.kv_dtype.name())}),
+        json!({"offset": w.activations.offset, "bytes": w.activations.bytes, "lifetime": "per op (each graph's values, planned by lifetime)", "what": "activations"}),
+        json!({"offset": w.scratch.gemm_operand.offset, "bytes": w.scratch.gemm_operand.bytes, "lifetime": "per op", "what": "scratch: prepared GEMM operand"}),
+        json!({"offset": w.scratch.attention.offset, "bytes": w.scratch.attention.bytes, "lifetime": "per op", "what": format!("scratch: attention scores for {} threads{}", w.scratch.threads, if w.kv_dtype == llada_ir::KvDType::F32 { "" } else { " + one layer's KV widened to f32" })}),
+    ];
+    for r in &w.resident {
+        rows.push(json!({"offset": r.offset, "bytes": seg(r.segment).nbytes, "lifetime": "session", "what": format!("resident segment '{}'", seg(r.segment).name)}));
+    }
+    for (i, s) in w.slots.iter().enumerate() {
+        let held: Vec<&str> = w.rotating.iter().enumerate().filter(|(j, _)| j % w.slots.len() == i).map(|(_, &r)| seg(r).name.as_str()).collect();
+        rows.push(json!({"offset": s.offset, "bytes": s.bytes, "lifetime": "per segment (swap schedule)", "what": format!("slots[{i}]: {} rotating segments ({} .. {})", held.len(), held.first().unwrap_or(&"-"), held.last().unwrap_or(&"-"))}));
+    }
+    rows.sort_by_key(|r| r["offset"].as_u64());
+    rows
+}
+
+pub fn describe(h: &Header, major: u16, minor: u16, file_bytes: u64) -> Value {
     let segment_of = |offset: u64| h.segments.iter().position(|s| offset >= s.offset && offset < s.offset + s.nbytes);
     let tensors: Vec<Value> = h
         .tensors
@@ -35,11 +62,18 @@ fn describe(h: &Header, major: u16, minor: u16, file_bytes: u64) -> Value {
     let graphs: Vec<Value> = h
         .graphs
         .iter()
-        .map(|g| {
+        .enumerate()
+        .map(|(i, g)| {
             let head_values = g.values.iter().filter(|v| v.rows == Rows::Head).count();
             json!({
                 "name": g.name, "rows": g.rows, "head_rows": g.head_rows, "ops": g.ops.len(),
-                "values": g.values.len(), "head_values": head_values, "window_bytes": g.window_bytes,
+                "values": g.values.len(), "head_values": head_values, "activation_bytes": g.window_bytes,
+                "staged_bytes_per_pass": crate::window::staged_bytes(h, g),
+                "staging": g.staging.iter().map(|st| json!({
+                    "segment": h.segments[h.plan.window.rotating[st.rotating as usize] as usize].name, "slot": st.slot,
+                    "stage_after_op": st.stage_after_op, "first_op": st.first_op, "last_op": st.last_op,
+                })).collect::<Vec<_>>(),
+                "predicted_seconds": h.plan.latency.get(i),
             })
         })
         .collect();
@@ -67,6 +101,16 @@ fn describe(h: &Header, major: u16, minor: u16, file_bytes: u64) -> Value {
             "block_len": h.plan.block_len,
             "spec_blocks": h.plan.spec_blocks,
             "activations": if h.plan.bf16_activations { "bf16" } else { "f32" },
+            "latency_target": h.plan.latency_target,
+        },
+        "window": {
+            "bytes": h.plan.window.bytes,
+            "used_bytes": window_map(h).iter().map(|r| r["offset"].as_u64().unwrap_or(0) + r["bytes"].as_u64().unwrap_or(0)).max().unwrap_or(0),
+            "kv_dtype": h.plan.window.kv_dtype.name(),
+            "resident_segments": h.plan.window.resident.iter().map(|r| h.segments[r.segment as usize].name.clone()).collect::<Vec<_>>(),
+            "rotating_segments": h.plan.window.rotating.iter().map(|&r| h.segments[r as usize].name.clone()).collect::<Vec<_>>(),
+            "host_segments": h.plan.window.host.iter().map(|&r| h.segments[r as usize].name.clone()).collect::<Vec<_>>(),
+            "map": window_map(h),
         },
         "compile": h.compile,
     })
@@ -92,10 +136,18 @@ pub fn render_text(d: &Value) -> String {
         let _ = writeln!(s, "  {:<48} {:>12} {:<18} {:>12} B  [{}]", t["name"].as_str().unwrap_or(""), t["dtype"].as_str().unwrap_or(""),
             t["shape"].to_string(), t["bytes"], t["segment"].as_str().unwrap_or("-"));
     }
-    let _ = writeln!(s, "\ngraphs ({}):", d["graphs"].as_array().map_or(0, |a| a.len()));
+    let _ = writeln!(s, "\ngraphs ({}; latency predicted for {}):", d["graphs"].as_array().map_or(0, |a| a.len()), d["plan"]["latency_target"].as_str().unwrap_or("-"));
     for g in d["graphs"].as_array().into_iter().flatten() {
-        let _ = writeln!(s, "  {:<16} rows {:>5} head rows {:>4} ops {:>5} values {:>5} window {:>12} B", g["name"].as_str().unwrap_or(""),
-            g["rows"], g["head_rows"], g["ops"], g["values"], g["window_bytes"]);
+        let _ = writeln!(s, "  {:<16} rows {:>5} head rows {:>4} ops {:>5} values {:>5} activations {:>12} B staged/pass {:>12} B predicted {:.4} s", g["name"].as_str().unwrap_or(""),
+            g["rows"], g["head_rows"], g["ops"], g["values"], g["activation_bytes"], g["staged_bytes_per_pass"], g["predicted_seconds"].as_f64().unwrap_or(f64::NAN));
+    }
+    let w = &d["window"];
+    let mib = |v: &Value| v.as_u64().unwrap_or(0) as f64 / (1u64 << 20) as f64;
+    let _ = writeln!(s, "\nwindow: {:.1} MiB of {:.1} MiB used; KV {}; {} resident segments, {} rotating, host-side: {}",
+        mib(&w["used_bytes"]), mib(&w["bytes"]), w["kv_dtype"].as_str().unwrap_or("?"),
+        w["resident_segments"].as_array().map_or(0, |a| a.len()), w["rotating_segments"].as_array().map_or(0, |a| a.len()), w["host_segments"]);
+    for r in w["map"].as_array().into_iter().flatten() {
+        let _ = writeln!(s, "  {:>14} {:>14} B  {:<48} {}", r["offset"], r["bytes"], r["what"].as_str().unwrap_or(""), r["lifetime"].as_str().unwrap_or(""));
     }
     let p = &d["plan"];
     let _ = writeln!(s, "\nplan: graphs by rows -> {}", p["by_rows"]);

@@ -4,10 +4,16 @@
 pub mod compile;
 pub mod convert;
 pub mod error;
+pub mod estimate;
 pub mod hf;
 pub mod inspect;
+pub mod latency;
 pub mod lower;
 pub mod memory;
+pub mod window;
+
+#[cfg(test)]
+mod testing;
 
 pub use compile::{compile, CompileOptions, CompileSummary, Quant};
 pub use error::{Error, Result};

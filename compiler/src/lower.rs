@@ -95,7 +95,7 @@ pub fn full_sequence_graph(m: &ModelConfig, t: &NetworkTensors, opts: NetworkOpt
     if opts.scale_logits {
         b.ops.push(Op::Scale { x: logits, factor: 1.0 / (d as f32).sqrt() });
     }
-    Graph { name: format!("rows-{rows}"), rows, head_rows, values: b.values, ops: b.ops, logits, window_bytes: 0 }
+    Graph { name: format!("rows-{rows}"), rows, head_rows, values: b.values, ops: b.ops, logits, window_bytes: 0, staging: Vec::new() }
 }
 
 /// Row counts of the exact graphs: every multiple of the target's row multiple from twice it

@@ -51,6 +51,13 @@ enum Command {
         /// twice the arithmetic rate here).
         #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
         activations: String,
+        /// Accelerator window to plan for, in bytes or with a K/M/G suffix (2G, 512M)
+        /// [default: the target's].
+        #[arg(long, value_parser = parse_bytes)]
+        window_bytes: Option<u64>,
+        /// Element type of the KV cache [default: the target's].
+        #[arg(long, value_parser = ["f32", "f16", "bf16"])]
+        kv_dtype: Option<String>,
     },
     /// Describe an artifact: model, tensors, graphs, plan (verifies all checksums).
     Inspect {
@@ -58,14 +65,57 @@ enum Command {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// Predict pass and generation times of the plan (estimates on phone targets).
+        #[arg(long)]
+        estimate: bool,
+        /// --estimate: decoding policy.
+        #[arg(long, default_value = "dual", value_parser = ["exact", "prefix", "dual"], requires = "estimate")]
+        policy: String,
+        /// --estimate: prompt tokens.
+        #[arg(long, default_value_t = 32, requires = "estimate")]
+        prompt_len: u32,
+        /// --estimate: generated tokens.
+        #[arg(long, default_value_t = 128, requires = "estimate")]
+        gen_len: u32,
+        /// --estimate: block length.
+        #[arg(long, default_value_t = 32, requires = "estimate")]
+        block_len: u32,
+        /// --estimate: denoising steps.
+        #[arg(long, default_value_t = 128, requires = "estimate")]
+        steps: u32,
+        /// --estimate: single passes to predict, by token rows.
+        #[arg(long, value_delimiter = ',', default_value = "32,64,128", requires = "estimate")]
+        rows: Vec<u32>,
+        /// --estimate: take rates and bandwidth from `llada-rt roofline --json` output
+        /// (this machine, measured) instead of the target file.
+        #[arg(long, requires = "estimate")]
+        rates: Option<PathBuf>,
     },
     /// List the built-in targets.
     Targets,
 }
 
+/// `2G`, `512M`, `64K` (powers of 1024) or a plain byte count.
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (digits, unit) = match t.char_indices().find(|(_, c)| !c.is_ascii_digit()) {
+        Some((i, _)) => t.split_at(i),
+        None => (t, ""),
+    };
+    let shift = match unit.to_ascii_uppercase().trim_end_matches("IB").trim_end_matches('B') {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        _ => return Err(format!("'{s}': expected a byte count such as 2G, 512M or 1048576")),
+    };
+    let n: u64 = digits.parse().map_err(|_| format!("'{s}': expected a byte count such as 2G, 512M or 1048576"))?;
+    n.checked_mul(1 << shift).filter(|&b| b > 0).ok_or_else(|| format!("'{s}': must be between 1 byte and 16 EiB"))
+}
+
 fn run(cli: Cli) -> lladac::Result<()> {
     match cli.command {
-        Command::Compile { model, output, quant, group, target, max_seq, head_rows, block_len, spec_blocks, activations } => {
+        Command::Compile { model, output, quant, group, target, max_seq, head_rows, block_len, spec_blocks, activations, window_bytes, kv_dtype } => {
             let opts = CompileOptions {
                 model,
                 output,
@@ -76,6 +126,8 @@ fn run(cli: Cli) -> lladac::Result<()> {
                 block_len,
                 spec_blocks,
                 bf16_activations: activations == "bf16",
+                window_bytes,
+                kv_dtype: kv_dtype.as_deref().and_then(llada_ir::KvDType::parse),
                 progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
             };
             let s = compile(&opts)?;
@@ -92,12 +144,25 @@ fn run(cli: Cli) -> lladac::Result<()> {
                 s.max_seq
             );
         }
-        Command::Inspect { file, json } => {
-            let d = lladac::inspect::inspect(&file)?;
+        Command::Inspect { file, json, estimate, policy, prompt_len, gen_len, block_len, steps, rows, rates } => {
+            let (header, major, minor, bytes) = lladac::inspect::open(&file)?;
+            let mut d = lladac::inspect::describe(&header, major, minor, bytes);
+            let e = if estimate {
+                let req = lladac::estimate::EstimateRequest { policy, prompt_len, gen_len, block_len, steps, rows, rates };
+                Some(lladac::estimate::estimate(&header, &req)?)
+            } else {
+                None
+            };
             if json {
+                if let Some(e) = e {
+                    d["estimate"] = e;
+                }
                 println!("{}", serde_json::to_string_pretty(&d).expect("a JSON value serializes"));
             } else {
                 print!("{}", lladac::inspect::render_text(&d));
+                if let Some(e) = e {
+                    print!("\n{}", lladac::estimate::render_text(&e));
+                }
             }
         }
         Command::Targets => {

@@ -25,7 +25,8 @@ pub struct Value {
     pub name: String,
     pub rows: Rows,
     pub cols: u32,
-    /// Byte offset in the window; a multiple of [`crate::WINDOW_ALIGN`].
+    /// Byte offset in the window (inside its activation region); a multiple of
+    /// [`crate::WINDOW_ALIGN`].
     pub offset: u64,
 }
 
@@ -124,8 +125,10 @@ pub struct Graph {
     pub ops: Vec<Op>,
     /// The value holding the logits, `[head rows, embedding_size]`.
     pub logits: ValueId,
-    /// Bytes of window this graph needs.
+    /// Bytes of the activation region this graph's values need.
     pub window_bytes: u64,
+    /// The swap schedule: one step per rotating segment, in `WindowPlan::rotating` order.
+    pub staging: Vec<crate::window::StageStep>,
 }
 
 impl Graph {

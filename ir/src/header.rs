@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::graph::Graph;
+use crate::window::WindowPlan;
 
 /// Hyperparameters of a LLaDA-architecture network, as the runtime needs them.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -177,6 +178,14 @@ pub struct Plan {
     /// MatMuls over bf16 weights round their activations to bf16 too (bf16 products, f32
     /// sums, as PyTorch's bf16 and NPUs compute) instead of multiplying in f32.
     pub bf16_activations: bool,
+    /// Every byte the accelerator touches: KV cache, activations, scratch, weights.
+    pub window: WindowPlan,
+    /// Predicted seconds of one pass of each graph (by graph index) on `latency_target`,
+    /// from its cost model: the latency table speculation sizes its buckets from.
+    pub latency: Vec<f64>,
+    /// The machine `latency` was predicted for, with "(estimate)" when its rates are not
+    /// measured ones.
+    pub latency_target: String,
 }
 
 /// How the artifact was made, for `lladac inspect` and bug reports.
@@ -214,5 +223,12 @@ pub struct Header {
 impl Header {
     pub fn tensor_index(&self, name: &str) -> Option<u32> {
         self.tensors.iter().position(|t| t.name == name).map(|i| i as u32)
+    }
+
+    /// The segment holding tensor `t` whole, if any.
+    pub fn segment_of(&self, t: crate::TensorId) -> Option<u32> {
+        let t = self.tensors.get(t as usize)?;
+        let end = t.offset.checked_add(t.nbytes)?;
+        self.segments.iter().position(|s| t.offset >= s.offset && s.offset.checked_add(s.nbytes).is_some_and(|e| end <= e)).map(|s| s as u32)
     }
 }

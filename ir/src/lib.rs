@@ -8,6 +8,8 @@ pub mod header;
 pub mod packing;
 pub mod read;
 pub mod verify;
+mod verify_window;
+pub mod window;
 pub mod write;
 
 pub use error::{Error, Result};
@@ -15,6 +17,7 @@ pub use format::{align_up, FORMAT_MAJOR, FORMAT_MINOR, SEGMENT_ALIGN, TENSOR_ALI
 pub use graph::{Graph, Op, Rows, TensorId, Value, ValueId};
 pub use header::{CompileInfo, DType, Extension, Header, ModelConfig, Plan, Segment, SpecialTokens, TensorInfo, TokenizerSpec};
 pub use read::Artifact;
+pub use window::{KvDType, Region, ResidentSegment, Scratch, StageStep, WindowPlan};
 pub use write::ArtifactWriter;
 
 #[cfg(not(target_endian = "little"))]

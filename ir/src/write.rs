@@ -140,6 +140,10 @@ impl ArtifactWriter {
         &self.tensors
     }
 
+    pub fn segments(&self) -> &[Segment] {
+        &self.segments
+    }
+
     /// Verifies the header (its tensor table and segments are the ones recorded here), writes
     /// it and the preamble, syncs, and renames the file into place.
     pub fn finish(mut self, mut header: Header) -> Result<u64> {

@@ -43,6 +43,11 @@ pub struct PassTiming {
     /// Seconds per op kind (median pass).
     pub by_op: BTreeMap<String, f64>,
     pub gemms: Vec<GemmTiming>,
+    /// Weight bytes the median pass staged into slots, the time it waited for them, and
+    /// the share of the copies' time hidden behind compute.
+    pub staged_bytes: u64,
+    pub stall_seconds: f64,
+    pub overlap: f64,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -70,10 +75,10 @@ pub fn pass(session: &mut Session, roof: &Roofline, rows: usize, head_rows: usiz
     for _ in 0..repeat.max(1) {
         let start = std::time::Instant::now();
         let (gid, profile) = session.forward_full_profiled(&seq, &head)?;
-        runs.push((start.elapsed().as_secs_f64(), gid, profile));
+        runs.push((start.elapsed().as_secs_f64(), gid, profile, session.last_pass_staging()));
     }
     runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let (seconds, gid, profile) = runs.swap_remove(runs.len() / 2);
+    let (seconds, gid, profile, staging) = runs.swap_remove(runs.len() / 2);
     let g = model.graph(gid);
     let rows_of = |rows: Rows| match rows {
         Rows::Tokens => g.rows as usize,
@@ -135,5 +140,18 @@ pub fn pass(session: &mut Session, roof: &Roofline, rows: usize, head_rows: usiz
             }
         })
         .collect();
-    Ok(PassTiming { rows, graph: g.name.clone(), graph_rows: g.rows, head_rows: head.len(), seconds, bound_seconds: bound, ratio: seconds / bound, by_op, gemms })
+    Ok(PassTiming {
+        rows,
+        graph: g.name.clone(),
+        graph_rows: g.rows,
+        head_rows: head.len(),
+        seconds,
+        bound_seconds: bound,
+        ratio: seconds / bound,
+        by_op,
+        gemms,
+        staged_bytes: staging.staged_bytes,
+        stall_seconds: staging.stall_seconds,
+        overlap: staging.overlap(),
+    })
 }

@@ -3,14 +3,18 @@
 
 use std::ops::Range;
 
-use llada_ir::{Graph, Op, Rows, Value};
+use llada_ir::window::attention_scratch as attention_scratch_size;
+use llada_ir::{Graph, Op, Rows, TensorId, Value};
 
 use rayon::prelude::*;
 
+use crate::error::Result;
 use crate::kernels::cpu::Features;
-use crate::kernels::gemm::{gemm, Prepared};
+use crate::kernels::gemm::gemm;
 use crate::kernels::{self, attention};
 use crate::model::Model;
+use crate::staging::Stager;
+use crate::window::{homes, Home, KvView, Window};
 
 /// What one run of a graph needs besides the window: the token rows and which rows' logits
 /// to produce.
@@ -28,75 +32,20 @@ pub struct RunInputs<'a> {
 }
 
 pub trait Executor {
-    /// Runs `graph` (verified at load) with `inputs`; values live in `window`, keys and
-    /// values in `cache`.
-    fn run(&mut self, model: &Model, graph: &Graph, inputs: &RunInputs, window: &mut Window, cache: &mut KvCache);
+    /// Runs `graph` (verified at load) with `inputs` over `window` (values, KV cache,
+    /// scratch and resident weights), waiting on `stager` for rotating weights as the
+    /// graph's swap schedule says.
+    fn run(&mut self, model: &Model, graph: &Graph, inputs: &RunInputs, window: &mut Window, stager: &mut Stager) -> Result<()>;
 }
 
-/// Keys and values of every layer: per layer `2 * kv_heads` head planes of `[capacity,
-/// head_dim]` (see [`attention::kv_plane`]), f32, so a cached pass reads exactly what a
-/// whole-sequence pass stored.
-pub struct KvCache {
-    /// Zeroed storage from `calloc`: positions never written never become resident.
-    buf: Vec<f32>,
-    capacity: usize,
-    /// Floats per layer.
-    layer: usize,
-}
-
-impl KvCache {
-    pub fn new(model: &Model) -> KvCache {
-        let m = &model.header.model;
-        let capacity = model.header.plan.kv_capacity as usize;
-        let layer = 2 * (m.n_kv_heads * m.head_dim) as usize * capacity;
-        KvCache { buf: bytemuck::zeroed_vec(m.n_layers as usize * layer), capacity, layer }
-    }
-
-    fn layer_mut(&mut self, layer: usize) -> &mut [f32] {
-        &mut self.buf[layer * self.layer..(layer + 1) * self.layer]
-    }
-}
-
-/// The accelerator window: allocated once per session, sized by the plan, its start aligned
-/// to 64 bytes so every value offset in the plan is a cache-line boundary.
-pub struct Window {
-    /// Zeroed storage from `calloc`: pages a run never touches never become resident. (A
-    /// 64-byte-aligned type would make the allocator zero every page by hand.)
-    buf: Vec<f32>,
-    /// Floats before the first 64-byte boundary.
-    start: usize,
-    len: usize,
-}
-
-impl Window {
-    pub fn new(bytes: u64) -> Window {
-        let len = (bytes.div_ceil(64) * 16) as usize;
-        let buf: Vec<f32> = bytemuck::zeroed_vec(len + 15);
-        let start = buf.as_ptr().align_offset(64);
-        assert!(start < 16, "f32 storage is 4-byte aligned");
-        Window { buf, start, len }
-    }
-
-    pub fn bytes(&self) -> u64 {
-        self.len as u64 * 4
-    }
-
-    pub fn floats(&self) -> &[f32] {
-        &self.buf[self.start..self.start + self.len]
-    }
-
-    fn floats_mut(&mut self) -> &mut [f32] {
-        &mut self.buf[self.start..self.start + self.len]
-    }
-}
-
-/// Float range a value occupies for this run (head values use only the rows asked for).
-pub fn value_range(g: &Graph, v: &Value, head_rows: usize) -> Range<usize> {
+/// Float range a value occupies in the activation region (which starts at window byte
+/// `base`) for this run (head values use only the rows asked for).
+pub fn value_range(g: &Graph, v: &Value, head_rows: usize, base: u64) -> Range<usize> {
     let rows = match v.rows {
         Rows::Tokens => g.rows as usize,
         Rows::Head => head_rows,
     };
-    let start = (v.offset / 4) as usize;
+    let start = ((v.offset - base) / 4) as usize;
     start..start + rows * v.cols as usize
 }
 
@@ -119,31 +68,29 @@ fn operands<'w, const N: usize>(win: &'w mut [f32], ins: [Range<usize>; N], out:
     }
 }
 
-/// The CPU executor. Scratch space is sized once for the model, so running a graph does
-/// not allocate (beyond what the thread pool does internally).
+/// The CPU executor. Its scratch (prepared GEMM operands, attention scores) is in the
+/// window, so running a graph does not allocate (beyond what the thread pool does
+/// internally).
 pub struct HostExecutor {
-    /// Activations prepared for the matmul kernels (quantised or converted).
-    prepared: Prepared,
-    /// Attention scores: four query rows of keys per thread.
-    scores: Vec<f32>,
     pool: rayon::ThreadPool,
     /// Instruction-set paths the matmul kernels may take.
     features: Features,
+    /// Where each tensor lives in the window.
+    homes: Vec<Home>,
 }
 
 impl HostExecutor {
-    /// An executor using `threads` threads (at least one) and the kernel paths `features`
-    /// allows (normally `cpu::features()`; fewer to force the portable fallbacks).
+    /// An executor using `threads` threads (at least one, at most what the plan's scratch is
+    /// sized for) and the kernel paths `features` allows (normally `cpu::features()`; fewer
+    /// to force the portable fallbacks).
     pub fn new(model: &Model, threads: usize, features: Features) -> HostExecutor {
-        let max_rows = model.header.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize;
-        let threads = threads.max(1);
+        let threads = threads.clamp(1, model.header.plan.window.scratch.threads.max(1) as usize);
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("llada-worker-{i}"))
             .build()
             .expect("the thread pool starts");
-        let keys = max_rows.max(model.header.plan.kv_capacity as usize).max(1);
-        HostExecutor { prepared: Prepared::default(), scores: vec![0.0; threads * 4 * keys], pool, features }
+        HostExecutor { pool, features, homes: homes(&model.header) }
     }
 
     pub fn threads(&self) -> usize {
@@ -160,24 +107,52 @@ pub struct OpProfile {
 
 impl HostExecutor {
     /// Runs `g` and records each op's wall time.
-    pub fn run_profiled(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window, cache: &mut KvCache) -> OpProfile {
+    pub fn run_profiled(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window, stager: &mut Stager) -> Result<OpProfile> {
         let mut profile = OpProfile::default();
-        self.run_ops(model, g, inputs, window, cache, Some(&mut profile));
-        profile
+        self.run_ops(model, g, inputs, window, stager, Some(&mut profile))?;
+        Ok(profile)
     }
 
-    fn run_ops(&mut self, model: &Model, g: &Graph, inp: &RunInputs, window: &mut Window, cache: &mut KvCache, mut profile: Option<&mut OpProfile>) {
+    fn run_ops(&mut self, model: &Model, g: &Graph, inp: &RunInputs, window: &mut Window, stager: &mut Stager, mut profile: Option<&mut OpProfile>) -> Result<()> {
         let m = &model.header.model;
+        let plan = &model.header.plan;
         let hd = m.head_dim as usize;
         let nh = inp.head_rows.len();
-        let range = |v: u32| value_range(g, &g.values[v as usize], nh);
+        let parts = window.parts();
+        let base = parts.activations_offset;
+        let range = |v: u32| value_range(g, &g.values[v as usize], nh, base);
         let cols = |v: u32| g.values[v as usize].cols as usize;
         let rows_of = |v: u32| match g.values[v as usize].rows {
             Rows::Tokens => g.rows as usize,
             Rows::Head => nh,
         };
-        let win = window.floats_mut();
+        let (win, resident, resident_offset) = (parts.activations, parts.resident, parts.resident_offset);
+        let (kv, gemm_scratch, attention_scratch) = (parts.kv, parts.gemm, parts.attention);
+        let homes = &self.homes;
+        let slots = stager.slots();
+        let slot_count = slots.len().max(1);
+        // The bytes of a tensor an op reads: in the window (resident or in its slot), or, for
+        // the embedding the CPU gathers, in the artifact.
+        let weight = |t: TensorId| -> &[u8] {
+            let n = model.header.tensors[t as usize].nbytes as usize;
+            match homes[t as usize] {
+                Home::Resident { offset } => &resident[(offset - resident_offset) as usize..][..n],
+                // SAFETY: `before_op` waited for this segment's slot to be ready, and the
+                // slot is released only after the segment's last op, after this use.
+                Home::Rotating { rotating, offset } => unsafe { &slots[rotating as usize % slot_count].bytes()[offset as usize..][..n] },
+                Home::Host => model.tensor_bytes(t),
+            }
+        };
+        let f32s = |t: TensorId| -> &[f32] { bytemuck::cast_slice(weight(t)) };
+        let kv_capacity = plan.kv_capacity as usize;
+        let kv_layer = 2 * m.n_kv_heads as usize * hd * kv_capacity;
+        let threads = self.pool.current_num_threads();
+        let (score_floats, widened_floats, _) = attention_scratch_size(m, plan.kv_capacity, plan.window.kv_dtype, threads as u32);
+        let (scores, widened) = attention_scratch.split_at_mut(score_floats as usize * threads);
+        let widened = &mut widened[..widened_floats as usize];
+        let mut kv = kv;
         for (index, op) in g.ops.iter().enumerate() {
+            stager.before_op(g, index)?;
             let start = profile.as_ref().map(|_| std::time::Instant::now());
             match *op {
                 Op::Embed { table, out } => {
@@ -190,15 +165,15 @@ impl HostExecutor {
                 Op::Scale { x, factor } => kernels::scale(&mut win[range(x)], factor),
                 Op::RmsNorm { x, weight, eps, out } => {
                     let ([xs], o) = operands(win, [range(x)], range(out));
-                    kernels::rms_norm(xs, model.f32s(weight), eps, o);
+                    kernels::rms_norm(xs, f32s(weight), eps, o);
                 }
-                Op::MatMul { x, weight, out } => {
+                Op::MatMul { x, weight: w, out } => {
                     let ([xs], o) = operands(win, [range(x)], range(out));
-                    gemm(xs, rows_of(x), &model.matrix(weight), o, &mut self.prepared, &self.pool, self.features);
+                    gemm(xs, rows_of(x), &model.matrix_at(w, weight(w)), o, gemm_scratch, &self.pool, self.features);
                 }
                 Op::Rope { x, heads, cos, sin } => {
                     let half = hd / 2;
-                    let (cos, sin) = (model.f32s(cos), model.f32s(sin));
+                    let (cos, sin) = (f32s(cos), f32s(sin));
                     let c = cols(x);
                     for (row, &p) in win[range(x)].chunks_exact_mut(c).zip(inp.positions) {
                         let t = p as usize * half..(p as usize + 1) * half;
@@ -208,33 +183,45 @@ impl HostExecutor {
                 Op::Attention { qkv, out, heads, kv_heads, layer } => {
                     let ([q], o) = operands(win, [range(qkv)], range(out));
                     let width = cols(qkv);
-                    let capacity = cache.capacity;
-                    let kv = cache.layer_mut(layer as usize);
-                    // Each row's key and value heads (after the query heads) go to their planes.
-                    for plane in 0..2 * kv_heads as usize {
-                        let (from, base) = ((heads as usize + plane) * hd, attention::kv_plane(plane, capacity, hd));
-                        for (r, &p) in inp.positions[..inp.real_rows].iter().enumerate() {
-                            let at = base + p as usize * hd;
-                            kv[at..at + hd].copy_from_slice(&q[r * width + from..r * width + from + hd]);
+                    let layer = layer as usize * kv_layer..(layer as usize + 1) * kv_layer;
+                    let real = &inp.positions[..inp.real_rows];
+                    let shape = |capacity| attention::Shape { width, capacity, heads: heads as usize, kv_heads: kv_heads as usize, head_dim: hd, keys: inp.context };
+                    let (planes, sh) = match &mut kv {
+                        KvView::F32(all) => {
+                            let planes = &mut all[layer];
+                            attention::store_kv(q, width, heads as usize, kv_heads as usize, hd, kv_capacity, real, planes);
+                            (&*planes, shape(kv_capacity))
                         }
-                    }
-                    let kv = &*kv;
-                    let shape = attention::Shape { width, capacity, heads: heads as usize, kv_heads: kv_heads as usize, head_dim: hd, keys: inp.context };
+                        KvView::Half(all, dtype) => {
+                            let planes = &mut all[layer];
+                            attention::store_kv_half(q, width, heads as usize, kv_heads as usize, hd, kv_capacity, real, planes, *dtype);
+                            // The kernels read f32: widen the keys and values attended to
+                            // into scratch, planes of `context` positions.
+                            let planes = &*planes;
+                            let ctx = inp.context;
+                            self.pool.install(|| {
+                                widened[..2 * kv_heads as usize * ctx * hd].par_chunks_mut(ctx * hd).enumerate().for_each(|(p, dst)| {
+                                    let src = &planes[attention::kv_plane(p, kv_capacity, hd)..][..ctx * hd];
+                                    kernels::widen_half(src, *dtype, dst);
+                                })
+                            });
+                            (&*widened, shape(ctx))
+                        }
+                    };
                     let out_width = cols(out);
-                    let threads = self.pool.current_num_threads();
                     let rows = g.rows as usize;
                     let per = rows.div_ceil(threads).max(1);
-                    let scores_per = self.scores.len() / threads;
+                    let scores_per = score_floats as usize;
                     self.pool.install(|| {
-                        o.par_chunks_mut(per * out_width).zip(self.scores.par_chunks_mut(scores_per)).enumerate().for_each(|(t, (chunk, scores))| {
-                            attention::attend(q, kv, shape, t * per, chunk, scores);
+                        o.par_chunks_mut(per * out_width).zip(scores.par_chunks_mut(scores_per)).enumerate().for_each(|(t, (chunk, scores))| {
+                            attention::attend(q, planes, sh, t * per, chunk, scores);
                         })
                     });
                 }
                 Op::SwiGlu { x, out } => {
                     let ([xs], o) = operands(win, [range(x)], range(out));
                     let hidden = cols(out);
-                    let per = rows_of(out).div_ceil(self.pool.current_num_threads()).max(1);
+                    let per = rows_of(out).div_ceil(threads).max(1);
                     self.pool.install(|| {
                         o.par_chunks_mut(per * hidden).zip(xs.par_chunks(per * 2 * hidden)).for_each(|(o, x)| kernels::swiglu(x, hidden, o))
                     });
@@ -254,13 +241,15 @@ impl HostExecutor {
             if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {
                 p.times.push((index, t.elapsed().as_secs_f64()));
             }
+            stager.after_op(g, index);
         }
+        Ok(())
     }
 }
 
 impl Executor for HostExecutor {
-    fn run(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window, cache: &mut KvCache) {
-        self.run_ops(model, g, inputs, window, cache, None);
+    fn run(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window, stager: &mut Stager) -> Result<()> {
+        self.run_ops(model, g, inputs, window, stager, None)
     }
 }
 

@@ -11,7 +11,9 @@ pub mod model;
 pub mod roofline;
 pub mod sampler;
 pub mod session;
+pub mod staging;
 pub mod text;
+pub mod window;
 
 pub use error::{Error, Result};
 pub use model::Model;

@@ -6,6 +6,7 @@ use clap::{Args, Parser, Subcommand};
 use llada_rt::sampler::{Policy, StepView};
 use llada_rt::text::Text;
 use llada_rt::session::default_threads;
+use llada_rt::staging::StagingMode;
 use llada_rt::{conformance, generate, roofline, Error, Model, Remasking, Result, SamplerParams, Session};
 use serde_json::json;
 
@@ -111,6 +112,10 @@ enum Command {
         /// Worker threads [default: every core, or LLADA_THREADS].
         #[arg(long)]
         threads: Option<usize>,
+        /// How rotating weights reach their window slots: async (a staging thread copies
+        /// ahead, as the plan schedules) or sync (each copied right before its first op).
+        #[arg(long, default_value = "async", value_parser = ["async", "sync"])]
+        staging: String,
     },
     /// Measure this machine's ceilings: peak f32, bf16 and int8 rates and memory bandwidth.
     Roofline {
@@ -134,6 +139,10 @@ enum Command {
         repeat: usize,
         #[arg(long)]
         threads: Option<usize>,
+        /// How rotating weights reach their window slots: async (a staging thread copies
+        /// ahead, as the plan schedules) or sync (each copied right before its first op).
+        #[arg(long, default_value = "async", value_parser = ["async", "sync"])]
+        staging: String,
         /// Also time one generation with these sampler settings from a synthetic prompt.
         #[arg(long)]
         generate: bool,
@@ -162,6 +171,10 @@ enum Command {
         json: bool,
         #[arg(long)]
         threads: Option<usize>,
+        /// How rotating weights reach their window slots: async (a staging thread copies
+        /// ahead, as the plan schedules) or sync (each copied right before its first op).
+        #[arg(long, default_value = "async", value_parser = ["async", "sync"])]
+        staging: String,
     },
     /// Check the runtime against a golden file from the official sampler.
     Conformance {
@@ -174,6 +187,32 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+fn open_session<'m>(model: &'m Model, threads: Option<usize>, staging: &str) -> Result<Session<'m>> {
+    let mode = StagingMode::parse(staging).expect("clap restricts the values");
+    Session::with_options(model, threads.unwrap_or_else(default_threads), llada_rt::kernels::cpu::features(), mode)
+}
+
+/// The window and what staging cost, over the session's passes.
+fn window_report(session: &Session) -> serde_json::Value {
+    let c = &session.counters;
+    let w = &session.model.header.plan.window;
+    let passes = c.forward_passes.max(1) as f64;
+    json!({
+        "bytes": session.window_bytes(),
+        "kv_dtype": w.kv_dtype.name(),
+        "resident_segments": w.resident.len(),
+        "rotating_segments": w.rotating.len(),
+        "slots": w.slots.len(),
+        "load_seconds": session.load_seconds,
+        "staging": session.staging_mode().name(),
+        "staged_bytes": c.staged_bytes,
+        "stall_seconds": c.stall_seconds,
+        "copy_seconds": c.copy_seconds,
+        "overlap": c.overlap(),
+        "per_pass": {"staged_bytes": c.staged_bytes as f64 / passes, "stall_seconds": c.stall_seconds / passes},
+    })
 }
 
 fn parse_ids(s: &str) -> Result<Vec<u32>> {
@@ -226,7 +265,7 @@ impl Display<'_> {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Run { file, prompt, chat, prompt_ids, sampler, json, show_denoising, threads } => {
+        Command::Run { file, prompt, chat, prompt_ids, sampler, json, show_denoising, threads, staging } => {
             let model = Model::open(&file, true)?;
             let text = Text::new(&model.header.tokenizer, &model.header.special)?;
             let ids = match (&prompt, &prompt_ids) {
@@ -239,7 +278,7 @@ fn run(cli: Cli) -> Result<()> {
                 return Err(Error::request("the prompt is empty"));
             }
             let params = sampler.params();
-            let mut session = Session::with_threads(&model, threads.unwrap_or_else(default_threads));
+            let mut session = open_session(&model, threads, &staging)?;
             let mut display = Display { text: &text, mask: model.header.special.mask, denoising: show_denoising, printed: String::new(), canvas_lines: 0 };
             let g = if json {
                 generate(&mut session, &ids, &params, &mut |_| {})?
@@ -266,6 +305,7 @@ fn run(cli: Cli) -> Result<()> {
                         "spec_blocks": params.spec_blocks, "spec_threshold": params.spec_threshold,
                     },
                     "drafts_confirmed": g.drafts_confirmed,
+                    "window": window_report(&session),
                 });
                 println!("{obj}");
             } else {
@@ -284,12 +324,12 @@ fn run(cli: Cli) -> Result<()> {
                 }
             }
         }
-        Command::Eval { file, tasks, sampler, reference, json, threads } => {
+        Command::Eval { file, tasks, sampler, reference, json, threads, staging } => {
             let model = Model::open(&file, true)?;
             let text = Text::new(&model.header.tokenizer, &model.header.special)?;
             let tasks = llada_rt::eval::load_tasks(&tasks, &text)?;
             let reference = reference.map(|p| llada_rt::eval::load_reference(&p)).transpose()?;
-            let mut session = Session::with_threads(&model, threads.unwrap_or_else(default_threads));
+            let mut session = open_session(&model, threads, &staging)?;
             let params = sampler.params();
             let show = !json && std::io::stderr().is_terminal();
             let report = llada_rt::eval::run(&mut session, &text, &tasks, &params, reference.as_ref(), &mut |i, r| {
@@ -327,13 +367,13 @@ fn run(cli: Cli) -> Result<()> {
                 println!("memory read:   {:>7.1}     {:>7.1}  GB/s", g(r.read_bytes.one_thread), g(r.read_bytes.all_threads));
             }
         }
-        Command::Bench { file, rows, head_rows, repeat, threads, generate: time_generation, prompt_len, sampler, json } => {
+        Command::Bench { file, rows, head_rows, repeat, threads, staging, generate: time_generation, prompt_len, sampler, json } => {
             let threads = threads.unwrap_or_else(default_threads);
             // Before loading: checksumming a large artifact leaves the kernel busy with the
             // page cache for a while, which would disturb the peak measurements.
             let roof = roofline::measure(threads);
             let model = Model::open(&file, true)?;
-            let mut session = Session::with_threads(&model, threads);
+            let mut session = open_session(&model, Some(threads), &staging)?;
             let mut passes = Vec::new();
             for &r in &rows {
                 let head = head_rows.unwrap_or(r).min(r).min(session.head_capacity(r)?);
@@ -349,12 +389,13 @@ fn run(cli: Cli) -> Result<()> {
             };
             if json {
                 let g = generation.as_ref().map(|g| json!({"seconds": g.seconds, "forward_passes": g.forward_passes, "rows_computed": g.rows_computed}));
-                println!("{}", serde_json::to_string_pretty(&json!({"artifact": file, "threads": threads, "roofline": roof, "passes": passes, "generation": g})).expect("serializes"));
+                println!("{}", serde_json::to_string_pretty(&json!({"artifact": file, "threads": threads, "roofline": roof, "passes": passes, "generation": g, "window": window_report(&session)})).expect("serializes"));
             } else {
                 println!("{} on {} thread(s); roofline: f32 {:.0} / bf16 {:.0} GFLOP/s, int8 {:.0} GOP/s, read {:.1} GB/s", file.display(), threads,
                     roof.f32_flops.all_threads / 1e9, roof.bf16_flops.all_threads / 1e9, roof.int8_ops.all_threads / 1e9, roof.read_bytes.all_threads / 1e9);
                 for p in &passes {
                     println!("\nrows {} (graph {}, {} logit rows): {:.4} s, roofline bound {:.4} s, ratio {:.2}", p.rows, p.graph, p.head_rows, p.seconds, p.bound_seconds, p.ratio);
+                    println!("  staging ({}): {:.1} MiB staged, {:.4} s stalled, overlap {:.2}", staging, p.staged_bytes as f64 / (1u64 << 20) as f64, p.stall_seconds, p.overlap);
                     let ops: Vec<String> = p.by_op.iter().map(|(k, v)| format!("{k} {:.4}", v)).collect();
                     println!("  by op (s): {}", ops.join(", "));
                     for g in &p.gemms {
@@ -369,7 +410,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Conformance { golden, model, json } => {
             let m = Model::open(&model, true)?;
-            let mut session = Session::new(&m);
+            let mut session = Session::new(&m)?;
             let report = conformance::run(&mut session, &golden, &mut |_| {})?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report).expect("the report serializes"));

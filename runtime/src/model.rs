@@ -74,21 +74,16 @@ impl Model {
         }
     }
 
-    /// A packed matrix `[n, k]` for the matmul kernels.
-    pub fn matrix(&self, id: TensorId) -> Matrix<'_> {
+    /// Packed matrix `id` `[n, k]` for the matmul kernels, its bytes wherever the plan put
+    /// them (`bytes`: the tensor's whole stored bytes).
+    pub fn matrix_at<'a>(&self, id: TensorId, bytes: &'a [u8]) -> Matrix<'a> {
         let t = &self.header.tensors[id as usize];
-        Matrix {
-            format: t.dtype,
-            n: t.shape[0] as usize,
-            k: t.shape[1] as usize,
-            bytes: self.tensor_bytes(id),
-            bf16_activations: self.header.plan.bf16_activations,
-        }
+        Matrix { format: t.dtype, n: t.shape[0] as usize, k: t.shape[1] as usize, bytes, bf16_activations: self.header.plan.bf16_activations }
     }
 
-    /// An f32 tensor (norm weights, rope tables: the verifier checked their type).
-    pub fn f32s(&self, id: TensorId) -> &[f32] {
-        bytemuck::cast_slice(self.tensor_bytes(id))
+    /// File offset of the data section (segments' offsets are relative to it).
+    pub fn data_offset(&self) -> u64 {
+        self.data.start as u64
     }
 
     pub fn graph(&self, id: u32) -> &Graph {

@@ -6,8 +6,10 @@ use std::time::Instant;
 use crate::error::{Error, Result};
 use std::ops::Range;
 
-use crate::executor::{value_range, Executor, HostExecutor, KvCache, OpProfile, RunInputs, Window};
+use crate::executor::{value_range, Executor, HostExecutor, OpProfile, RunInputs};
 use crate::model::Model;
+use crate::staging::{PassStaging, Stager, StagingMode};
+use crate::window::Window;
 
 /// What a session has computed so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -20,6 +22,18 @@ pub struct Counters {
     pub head_rows_computed: u64,
     /// Wall time spent inside graph runs.
     pub forward_seconds: f64,
+    /// Weight bytes staged into slots, the compute path's waits for them, and the copies'
+    /// own time, over all passes.
+    pub staged_bytes: u64,
+    pub stall_seconds: f64,
+    pub copy_seconds: f64,
+}
+
+impl Counters {
+    /// Share of the staging copies' time hidden behind compute.
+    pub fn overlap(&self) -> f64 {
+        PassStaging { staged_bytes: self.staged_bytes, stall_seconds: self.stall_seconds, copy_seconds: self.copy_seconds }.overlap()
+    }
 }
 
 /// Threads a session uses unless told otherwise: `LLADA_THREADS`, else every core the
@@ -34,8 +48,10 @@ pub fn default_threads() -> usize {
 
 pub struct Session<'m> {
     pub model: &'m Model,
+    /// Declared before the window: fields drop in order, so the staging thread is joined
+    /// before the window it writes is freed.
+    stager: Stager,
     window: Window,
-    cache: KvCache,
     /// Length of the sequence whose every position the cache holds (set by a whole-sequence
     /// pass): the condition for passes over fewer rows.
     cached_len: Option<usize>,
@@ -45,34 +61,55 @@ pub struct Session<'m> {
     /// Head rows of the current pass, as graph rows.
     head: Vec<u32>,
     pub counters: Counters,
+    last_staging: PassStaging,
+    /// Seconds spent reading the resident segments into the window at the start.
+    pub load_seconds: f64,
 }
 
 impl<'m> Session<'m> {
     /// A session on all the default threads (see [`default_threads`]).
-    pub fn new(model: &'m Model) -> Session<'m> {
+    pub fn new(model: &'m Model) -> Result<Session<'m>> {
         Session::with_threads(model, default_threads())
     }
 
-    pub fn with_threads(model: &'m Model, threads: usize) -> Session<'m> {
-        Session::with_features(model, threads, crate::kernels::cpu::features())
+    pub fn with_threads(model: &'m Model, threads: usize) -> Result<Session<'m>> {
+        Session::with_options(model, threads, crate::kernels::cpu::features(), StagingMode::Async)
     }
 
     /// A session whose matmuls may use only `features` (fewer than detected forces the
-    /// portable fallbacks, as `LLADA_ISA` does for a whole process).
-    pub fn with_features(model: &'m Model, threads: usize, features: crate::kernels::cpu::Features) -> Session<'m> {
-        let window_bytes = model.header.graphs.iter().map(|g| g.window_bytes).max().unwrap_or(0);
-        let max_rows = model.header.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize;
-        Session {
+    /// portable fallbacks, as `LLADA_ISA` does for a whole process), staging rotating
+    /// weights as `staging` says. Allocates the window and reads the resident weight
+    /// segments into it.
+    pub fn with_options(model: &'m Model, threads: usize, features: crate::kernels::cpu::Features, staging: StagingMode) -> Result<Session<'m>> {
+        let h = &model.header;
+        let max_rows = h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize;
+        let start = Instant::now();
+        let mut window = Window::new(h).map_err(|e| Error::io(format!("allocating the {}-byte window", h.plan.window.bytes), e))?;
+        load_resident(model, &mut window)?;
+        let load_seconds = start.elapsed().as_secs_f64();
+        let stager = Stager::new(h, &model.path, model.data_offset(), window.slot_ptrs(), staging)?;
+        Ok(Session {
             model,
-            window: Window::new(window_bytes),
-            cache: KvCache::new(model),
+            stager,
+            window,
             cached_len: None,
             executor: HostExecutor::new(model, threads, features),
             tokens: Vec::with_capacity(max_rows),
             positions: Vec::with_capacity(max_rows),
             head: Vec::with_capacity(max_rows),
             counters: Counters::default(),
-        }
+            last_staging: PassStaging::default(),
+            load_seconds,
+        })
+    }
+
+    /// Staging figures of the last pass.
+    pub fn last_pass_staging(&self) -> PassStaging {
+        self.last_staging
+    }
+
+    pub fn staging_mode(&self) -> StagingMode {
+        self.stager.mode()
     }
 
     pub fn threads(&self) -> usize {
@@ -153,8 +190,8 @@ impl<'m> Session<'m> {
     pub fn forward_span(&mut self, seq: &[u32], span: Range<usize>, head_positions: &[u32]) -> Result<&[f32]> {
         let (gid, _) = self.pass(seq, span, head_positions, false)?;
         let g = self.model.graph(gid);
-        let range = value_range(g, &g.values[g.logits as usize], head_positions.len());
-        Ok(&self.window.floats()[range])
+        let range = value_range(g, &g.values[g.logits as usize], head_positions.len(), self.model.header.plan.window.activations.offset);
+        Ok(&self.window.parts().activations[range])
     }
 
     /// Runs the pass over `span` (timing every op when `profiled`) and counts it.
@@ -164,12 +201,17 @@ impl<'m> Session<'m> {
         let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, real_rows: span.len(), context: seq.len(), head_rows: &self.head };
         let start = Instant::now();
         let profile = if profiled {
-            Some(self.executor.run_profiled(self.model, g, &inputs, &mut self.window, &mut self.cache))
+            Some(self.executor.run_profiled(self.model, g, &inputs, &mut self.window, &mut self.stager)?)
         } else {
-            self.executor.run(self.model, g, &inputs, &mut self.window, &mut self.cache);
+            self.executor.run(self.model, g, &inputs, &mut self.window, &mut self.stager)?;
             None
         };
         self.counters.forward_seconds += start.elapsed().as_secs_f64();
+        let st = self.stager.end_pass();
+        self.counters.staged_bytes += st.staged_bytes;
+        self.counters.stall_seconds += st.stall_seconds;
+        self.counters.copy_seconds += st.copy_seconds;
+        self.last_staging = st;
         self.counters.forward_passes += 1;
         self.counters.rows_computed += g.rows as u64;
         self.counters.head_rows_computed += head_positions.len() as u64;
@@ -178,4 +220,22 @@ impl<'m> Session<'m> {
         }
         Ok((gid, profile))
     }
+}
+
+/// Reads every resident segment from the artifact into its place in the window (with
+/// `pread`, so the bytes are resident once: in the window, not also in a mapping).
+fn load_resident(model: &Model, window: &mut Window) -> Result<()> {
+    use std::os::unix::fs::FileExt;
+    let h = &model.header;
+    if h.plan.window.resident.is_empty() {
+        return Ok(());
+    }
+    let file = std::fs::File::open(&model.path).map_err(|e| Error::io(&model.path, e))?;
+    let (region, base) = window.resident_mut();
+    for r in &h.plan.window.resident {
+        let seg = &h.segments[r.segment as usize];
+        let dst = &mut region[(r.offset - base) as usize..][..seg.nbytes as usize];
+        file.read_exact_at(dst, model.data_offset() + seg.offset).map_err(|e| Error::io(&model.path, e))?;
+    }
+    Ok(())
 }

@@ -6,6 +6,7 @@
 mod common;
 
 use llada_rt::kernels::cpu::{self, Features};
+use llada_rt::staging::StagingMode;
 use llada_rt::{Model, Session};
 use llada_tools::checkpoint::{Shape, WeightType};
 
@@ -38,8 +39,8 @@ fn every_format_agrees_with_its_portable_path() {
     let rows: Vec<u32> = (0..40).collect();
     for quant in ["f32", "f16", "bf16", "bf16a", "q8", "q4"] {
         let model = Model::open(&artifact(dir.path(), quant), true).unwrap();
-        let fast = Session::with_features(&model, 2, f).forward_full(&ids, &rows).unwrap().to_vec();
-        let portable = Session::with_features(&model, 1, Features::default()).forward_full(&ids, &rows).unwrap().to_vec();
+        let fast = Session::with_options(&model, 2, f, StagingMode::Async).unwrap().forward_full(&ids, &rows).unwrap().to_vec();
+        let portable = Session::with_options(&model, 1, Features::default(), StagingMode::Async).unwrap().forward_full(&ids, &rows).unwrap().to_vec();
         let scale = portable.iter().fold(0f32, |m, v| m.max(v.abs()));
         let err = fast.iter().zip(&portable).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
         // The paths differ only in float summation order (integer dot products are exact).

@@ -65,7 +65,7 @@ fn produce() -> Value {
     common::compile(&repo().join("models/llada-tiny-tasks"), &art, None);
     let model = Model::open(&art, true).unwrap();
     let text = Text::new(&model.header.tokenizer, &model.header.special).unwrap();
-    let mut session = Session::new(&model);
+    let mut session = Session::new(&model).unwrap();
     let mut cases = Vec::new();
     let mut logits = Vec::new();
     for prompt in PROMPTS {

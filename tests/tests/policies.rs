@@ -28,7 +28,7 @@ fn prompts(model: &Model) -> Vec<Vec<u32>> {
 }
 
 fn decode(model: &Model, prompt: &[u32], p: &SamplerParams) -> Generation {
-    generate(&mut Session::new(model), prompt, p, &mut |_| {}).unwrap()
+    generate(&mut Session::new(model).unwrap(), prompt, p, &mut |_| {}).unwrap()
 }
 
 fn settings() -> Vec<SamplerParams> {
@@ -50,7 +50,7 @@ fn a_pass_over_some_rows_reproduces_the_whole_sequence_pass_when_nothing_changed
     let art = dir.path().join("m.lad");
     common::compile(&ckpt, &art, Some(128));
     let model = Model::open(&art, true).unwrap();
-    let mut s = Session::new(&model);
+    let mut s = Session::new(&model).unwrap();
     let mask = model.header.special.mask;
     let seq: Vec<u32> = (0..90u32).map(|i| if i < 40 || i % 3 == 0 { i * 7 % 250 } else { mask }).collect();
     let head: Vec<u32> = (50..70).collect();

@@ -18,7 +18,7 @@ fn relative_error(shape: Shape, weights: WeightType, shard_bytes: u64, len: usiz
 
     let ids: Vec<u32> = (0..len).map(|i| ((i * 7919 + 13) % written.special.bos as usize) as u32).collect();
     let model = Model::open(&art, true).unwrap();
-    let mut session = Session::new(&model);
+    let mut session = Session::new(&model).unwrap();
     let rows: Vec<u32> = (0..len as u32).collect();
     let ours = session.forward_full(&ids, &rows).unwrap().to_vec();
 

@@ -22,7 +22,7 @@ fn guidance_combines_the_conditional_and_unconditional_passes() {
     let mask = model.header.special.mask;
     let prompt: Vec<u32> = vec![5, 77, 120, 33, 200, 9, 61, 140];
     let p = SamplerParams { gen_length: 8, block_length: 8, steps: 8, cfg_scale: 1.5, ..Default::default() };
-    let mut session = Session::new(&model);
+    let mut session = Session::new(&model).unwrap();
     let g = generate(&mut session, &prompt, &p, &mut |_| {}).unwrap();
     assert_eq!(g.forward_passes, 16, "two passes per step");
 
@@ -53,7 +53,7 @@ fn guidance_combines_the_conditional_and_unconditional_passes() {
 fn same_seed_same_output_other_seed_other_output() {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
-    let mut session = Session::new(&model);
+    let mut session = Session::new(&model).unwrap();
     let prompt = [3u32, 1, 4, 1, 5, 9, 2, 6];
     let sample = |session: &mut Session, seed| {
         let p = SamplerParams { gen_length: 16, block_length: 8, steps: 16, temperature: 1.0, seed, ..Default::default() };

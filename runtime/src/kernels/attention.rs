@@ -27,6 +27,31 @@ pub fn kv_plane(plane: usize, capacity: usize, head_dim: usize) -> usize {
     plane * capacity * head_dim
 }
 
+/// Stores the key and value heads of every real row of `qkv` (rows `width` floats wide,
+/// `heads` query heads first) at the row's position in one layer's head planes.
+#[allow(clippy::too_many_arguments)]
+pub fn store_kv(qkv: &[f32], width: usize, heads: usize, kv_heads: usize, hd: usize, capacity: usize, positions: &[u32], planes: &mut [f32]) {
+    for plane in 0..2 * kv_heads {
+        let (from, base) = ((heads + plane) * hd, kv_plane(plane, capacity, hd));
+        for (r, &p) in positions.iter().enumerate() {
+            let at = base + p as usize * hd;
+            planes[at..at + hd].copy_from_slice(&qkv[r * width + from..][..hd]);
+        }
+    }
+}
+
+/// [`store_kv`] into a 16-bit cache (f16 or bf16 bits, rounded to nearest even).
+#[allow(clippy::too_many_arguments)]
+pub fn store_kv_half(qkv: &[f32], width: usize, heads: usize, kv_heads: usize, hd: usize, capacity: usize, positions: &[u32], planes: &mut [u16], dtype: llada_ir::KvDType) {
+    for plane in 0..2 * kv_heads {
+        let (from, base) = ((heads + plane) * hd, kv_plane(plane, capacity, hd));
+        for (r, &p) in positions.iter().enumerate() {
+            let at = base + p as usize * hd;
+            super::narrow_half(&qkv[r * width + from..][..hd], dtype, &mut planes[at..at + hd]);
+        }
+    }
+}
+
 /// Attention weights below this (2^-100) are skipped: against the largest weight (at least
 /// 1 / keys) they are below f32 resolution by far.
 const NEGLIGIBLE: f32 = 7.888_609e-31;

@@ -14,6 +14,7 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use llada_ir::packing::{panel_bytes, panel_data_bytes, panels, PANEL};
+use llada_ir::window::{operand_layout, operand_of, Operand, OperandLayout, OPERAND_TILE_ROWS};
 use llada_ir::DType;
 use rayon::prelude::*;
 
@@ -31,44 +32,34 @@ pub struct Matrix<'a> {
     pub bf16_activations: bool,
 }
 
-/// What the activations become before the products.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Operand {
-    F32,
-    Bf16,
-    Int8,
-}
-
 impl Matrix<'_> {
     fn operand(&self) -> Operand {
-        match self.format {
-            DType::PanelBf16 if self.bf16_activations => Operand::Bf16,
-            DType::PanelQ8 | DType::PanelQ4 { .. } => Operand::Int8,
-            _ => Operand::F32,
-        }
+        operand_of(self.format, self.bf16_activations)
+    }
+
+    /// Where the prepared operand of `rows` rows goes in the scratch.
+    pub fn operand_layout(&self, rows: usize) -> OperandLayout {
+        operand_layout(self.format, self.bf16_activations, rows, self.k)
     }
 }
 
 /// Rows per register tile; prepared activations are padded to a multiple.
-const TILE_ROWS: usize = 4;
+const TILE_ROWS: usize = OPERAND_TILE_ROWS;
 
-/// Bytes added to every prepared row: rows a power of two apart would all fall in the same
-/// L1 cache set (4 KiB aliasing), and a tile would then miss on every load.
-const ROW_PAD_BYTES: usize = 64;
-
-/// Activations prepared for one format, rows padded with zeros to a whole tile.
-#[derive(Default)]
-pub struct Prepared {
+/// Activations prepared for one format, rows padded with zeros to a whole tile, in the
+/// window's GEMM scratch (layout: `llada_ir::window::operand_layout`, so the compiler sizes
+/// the scratch). Only the parts of the operand kind are non-empty.
+pub struct Prepared<'s> {
     /// Padded row length in elements.
     stride: usize,
-    f32s: Vec<f32>,
-    bf16s: Vec<bf16>,
+    f32s: &'s mut [f32],
+    bf16s: &'s mut [bf16],
     /// int8 quants: as u8 with +128 for q8 (the unsigned operand), as i8 bits for q4.
-    bytes: Vec<u8>,
+    bytes: &'s mut [u8],
     /// Per row: the activation scale.
-    scale: Vec<f32>,
+    scale: &'s mut [f32],
     /// Per row and q4 group: 8 x the sum of the quants (the zero-point correction).
-    group_sums: Vec<i32>,
+    group_sums: &'s mut [i32],
     groups: usize,
 }
 
@@ -97,64 +88,69 @@ super::cpu::multiversion! {
     fn quantize_row(x: &[f32], q: &mut [i8]) -> f32 => quantize_body
 }
 
-impl Prepared {
-    pub fn prepare(&mut self, x: &[f32], rows: usize, w: &Matrix, features: Features) {
+impl<'s> Prepared<'s> {
+    /// Prepares `rows` rows of `x` for `w` in `scratch` (at least
+    /// `w.operand_layout(rows).bytes` bytes, 4-byte aligned).
+    pub fn prepare(scratch: &'s mut [u8], x: &[f32], rows: usize, w: &Matrix, features: Features) -> Prepared<'s> {
         let (k, format) = (w.k, w.format);
-        let prows = rows.div_ceil(TILE_ROWS) * TILE_ROWS;
-        match w.operand() {
+        let l = w.operand_layout(rows);
+        assert!(scratch.len() >= l.bytes, "GEMM scratch of {} bytes; this operand needs {}", scratch.len(), l.bytes);
+        let prows = l.padded_rows;
+        let (values, rest) = scratch.split_at_mut(l.scales_at);
+        let (scales, sums) = rest.split_at_mut(l.sums_at - l.scales_at);
+        let mut p = Prepared { stride: l.stride, f32s: &mut [], bf16s: &mut [], bytes: &mut [], scale: &mut [], group_sums: &mut [], groups: l.groups };
+        match l.operand {
             Operand::F32 => {
-                self.stride = k + ROW_PAD_BYTES / 4;
-                self.f32s.clear();
-                self.f32s.resize(prows * self.stride, 0.0);
+                p.f32s = bytemuck::cast_slice_mut(&mut values[..prows * l.stride * 4]);
+                p.f32s.fill(0.0);
                 for r in 0..rows {
-                    self.f32s[r * self.stride..r * self.stride + k].copy_from_slice(&x[r * k..(r + 1) * k]);
+                    p.f32s[r * p.stride..r * p.stride + k].copy_from_slice(&x[r * k..(r + 1) * k]);
                 }
             }
             Operand::Bf16 => {
-                self.stride = k.div_ceil(2) * 2 + ROW_PAD_BYTES / 2;
-                self.bf16s.clear();
-                self.bf16s.resize(prows * self.stride, bf16::ZERO);
+                p.bf16s = bytemuck::cast_slice_mut(&mut values[..prows * l.stride * 2]);
+                p.bf16s.fill(bf16::ZERO);
                 for r in 0..rows {
-                    self.bf16s[r * self.stride..r * self.stride + k].convert_from_f32_slice(&x[r * k..(r + 1) * k]);
+                    p.bf16s[r * p.stride..r * p.stride + k].convert_from_f32_slice(&x[r * k..(r + 1) * k]);
                 }
             }
             Operand::Int8 => {
                 let q8 = format == DType::PanelQ8;
-                self.stride = k.div_ceil(8) * 8 + ROW_PAD_BYTES;
-                self.bytes.clear();
-                self.bytes.resize(prows * self.stride, if q8 { 128 } else { 0 });
-                self.scale.clear();
-                self.scale.resize(prows, 0.0);
+                p.bytes = &mut values[..prows * l.stride];
+                p.bytes.fill(if q8 { 128 } else { 0 });
+                p.scale = bytemuck::cast_slice_mut(&mut scales[..prows * 4]);
+                p.scale.fill(0.0);
                 let group = match format {
                     DType::PanelQ4 { group } => group as usize,
                     _ => k.max(1),
                 };
-                self.groups = k.div_ceil(group);
-                self.group_sums.clear();
-                self.group_sums.resize(prows * self.groups, 0);
+                p.group_sums = bytemuck::cast_slice_mut(&mut sums[..prows * p.groups * 4]);
+                p.group_sums.fill(0);
                 #[cfg(target_arch = "x86_64")]
                 if features.avx512 && k % 16 == 0 && group % 16 == 0 {
                     for r in 0..rows {
-                        let dst = &mut self.bytes[r * self.stride..r * self.stride + k];
-                        let sums = &mut self.group_sums[r * self.groups..(r + 1) * self.groups];
+                        let dst = &mut p.bytes[r * p.stride..r * p.stride + k];
+                        let sums = &mut p.group_sums[r * p.groups..(r + 1) * p.groups];
                         // SAFETY: AVX-512 detected; the sizes meet the function's contract.
-                        self.scale[r] = unsafe { super::x86::quantize_row_avx512(&x[r * k..(r + 1) * k], dst, if q8 { 0x80 } else { 0 }, group, sums) };
+                        p.scale[r] = unsafe { super::x86::quantize_row_avx512(&x[r * k..(r + 1) * k], dst, if q8 { 0x80 } else { 0 }, group, sums) };
                     }
-                    return;
+                    return p;
                 }
-                let mut q = vec![0i8; k];
                 for r in 0..rows {
-                    self.scale[r] = quantize_row(&x[r * k..(r + 1) * k], &mut q);
-                    let dst = &mut self.bytes[r * self.stride..r * self.stride + k];
-                    for (d, &v) in dst.iter_mut().zip(&q) {
-                        *d = if q8 { (v as i16 + 128) as u8 } else { v as u8 };
+                    // The quants go straight into the operand row (as i8 bits), then get
+                    // their q8 offset.
+                    let dst = &mut p.bytes[r * p.stride..r * p.stride + k];
+                    p.scale[r] = quantize_row(&x[r * k..(r + 1) * k], bytemuck::cast_slice_mut(dst));
+                    for g in 0..p.groups {
+                        p.group_sums[r * p.groups + g] = 8 * dst[g * group..((g + 1) * group).min(k)].iter().map(|&v| v as i8 as i32).sum::<i32>();
                     }
-                    for g in 0..self.groups {
-                        self.group_sums[r * self.groups + g] = 8 * q[g * group..((g + 1) * group).min(k)].iter().map(|&v| v as i32).sum::<i32>();
+                    if q8 {
+                        dst.iter_mut().for_each(|d| *d = (*d as i8 as i16 + 128) as u8);
                     }
                 }
             }
         }
+        p
     }
 }
 
@@ -178,12 +174,12 @@ impl Output {
 
 /// `out[rows, w.n] = x[rows, w.k] @ W^T`, using the threads of `pool` and the instruction-set
 /// paths `features` allows.
-pub fn gemm(x: &[f32], rows: usize, w: &Matrix, out: &mut [f32], prepared: &mut Prepared, pool: &rayon::ThreadPool, features: Features) {
+pub fn gemm(x: &[f32], rows: usize, w: &Matrix, out: &mut [f32], scratch: &mut [u8], pool: &rayon::ThreadPool, features: Features) {
     let (n, k) = (w.n, w.k);
     assert!(x.len() >= rows * k && out.len() >= rows * n, "gemm operands too small");
     let pbytes = panel_bytes(w.format, k).expect("a panel format");
     assert_eq!(w.bytes.len(), panels(n) * pbytes, "packed weights of the wrong size");
-    prepared.prepare(x, rows, w, features);
+    let prepared = Prepared::prepare(scratch, x, rows, w, features);
     let simd = match w.format {
         DType::PanelF32 | DType::PanelF16 => features.avx512,
         DType::PanelBf16 if w.bf16_activations => features.avx512_bf16,
@@ -192,7 +188,7 @@ pub fn gemm(x: &[f32], rows: usize, w: &Matrix, out: &mut [f32], prepared: &mut 
         _ => false,
     };
     let output = Output { ptr: out.as_mut_ptr() };
-    let prepared = &*prepared;
+    let prepared = &prepared;
     #[cfg(target_arch = "x86_64")]
     if simd {
         // q4 and exact bf16 need registers for unpacked weights: narrower tiles.
@@ -466,6 +462,11 @@ mod tests {
         out
     }
 
+    /// Scratch for an operand of `rows` rows, 8-byte aligned (as the window's is 64).
+    fn scratch_for(m: &Matrix, rows: usize) -> Vec<u64> {
+        vec![0u64; m.operand_layout(rows).bytes.div_ceil(8)]
+    }
+
     fn lcg(s: &mut u64) -> f32 {
         *s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         ((*s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
@@ -497,15 +498,15 @@ mod tests {
                 let deq: Vec<Vec<[f32; PANEL]>> = bytes.chunks(pbytes).map(|p| unpack_panel(format, p, k)).collect();
                 let want = |r: usize, c: usize| (0..k).map(|kk| x[r * k + kk] as f64 * deq[c / PANEL][kk][c % PANEL] as f64).sum::<f64>();
                 let scale = (0..rows * n).fold(0f64, |m, i| m.max(want(i / n, i % n).abs()));
-                let mut prep = Prepared::default();
+                let mut scratch = scratch_for(&m, rows);
                 let (mut fast, mut portable) = (vec![0.0; rows * n], vec![0.0; rows * n]);
-                gemm(&x, rows, &m, &mut fast, &mut prep, &pool, cpu::features());
-                gemm(&x, rows, &m, &mut portable, &mut prep, &pool, Features::default());
+                gemm(&x, rows, &m, &mut fast, bytemuck::cast_slice_mut(&mut scratch), &pool, cpu::features());
+                gemm(&x, rows, &m, &mut portable, bytemuck::cast_slice_mut(&mut scratch), &pool, Features::default());
                 // The integer formats see identical quants on both paths.
                 if matches!(format, DType::PanelQ8 | DType::PanelQ4 { .. }) && k % 16 == 0 {
-                    let mut again = Prepared::default();
-                    again.prepare(&x, rows, &m, Features::default());
-                    prep.prepare(&x, rows, &m, cpu::features());
+                    let mut other = scratch_for(&m, rows);
+                    let prep = Prepared::prepare(bytemuck::cast_slice_mut(&mut scratch), &x, rows, &m, cpu::features());
+                    let again = Prepared::prepare(bytemuck::cast_slice_mut(&mut other), &x, rows, &m, Features::default());
                     assert_eq!((&prep.bytes, &prep.group_sums), (&again.bytes, &again.group_sums), "{}", format.name());
                     assert_eq!(prep.scale, again.scale);
                 }

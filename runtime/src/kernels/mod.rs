@@ -13,6 +13,31 @@ use cpu::multiversion;
 
 const LANES: usize = 16;
 
+/// f32 to f16 or bf16 bits, rounded to nearest even (the KV cache's 16-bit types).
+pub fn narrow_half(src: &[f32], dtype: llada_ir::KvDType, dst: &mut [u16]) {
+    match dtype {
+        llada_ir::KvDType::Bf16 => dst.iter_mut().zip(src).for_each(|(d, &v)| *d = half::bf16::from_f32(v).to_bits()),
+        _ => {
+            let dst: &mut [half::f16] = bytemuck::cast_slice_mut(dst);
+            dst.convert_from_f32_slice(src);
+        }
+    }
+}
+
+/// f16 or bf16 bits to f32 (exact).
+pub fn widen_half(src: &[u16], dtype: llada_ir::KvDType, dst: &mut [f32]) {
+    match dtype {
+        llada_ir::KvDType::Bf16 => {
+            let src: &[half::bf16] = bytemuck::cast_slice(src);
+            src.convert_to_f32_slice(dst);
+        }
+        _ => {
+            let src: &[half::f16] = bytemuck::cast_slice(src);
+            src.convert_to_f32_slice(dst);
+        }
+    }
+}
+
 #[inline(always)]
 fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     if FMA { a.mul_add(b, c) } else { a * b + c }

@@ -55,6 +55,8 @@ pub fn compile(model: &Path, out: &Path, max_seq: Option<u32>) -> lladac::Compil
         block_len: 32,
         spec_blocks: 2,
         bf16_activations: false,
+        window_bytes: None,
+        kv_dtype: None,
         progress: false,
     })
     .expect("compiles")

@@ -1,0 +1,128 @@
+//! `lladac inspect --estimate`: predicted pass and generation times of an artifact's plan,
+//! from its target's rates (labelled estimates on phones) or from rates measured on this
+//! machine (`llada-rt roofline --json`), through the cost model of `llada-targets`.
+
+use std::path::Path;
+
+use llada_ir::Header;
+use llada_targets::cost::{self, Machine};
+use llada_targets::{Rates, Target};
+use serde_json::{json, Value};
+
+use crate::error::{Error, Result};
+use crate::latency::activation_bytes;
+use crate::window::staged_bytes;
+
+/// What to predict.
+#[derive(Debug, Clone)]
+pub struct EstimateRequest {
+    /// `exact`, `prefix` or `dual`.
+    pub policy: String,
+    pub prompt_len: u32,
+    pub gen_len: u32,
+    pub block_len: u32,
+    pub steps: u32,
+    /// Single passes to predict, by token rows (each attends to as many positions).
+    pub rows: Vec<u32>,
+    /// `llada-rt roofline --json` output to take rates and bandwidth from.
+    pub rates: Option<std::path::PathBuf>,
+}
+
+/// Rates and bandwidth measured by `llada-rt roofline --json` (all threads); the staging
+/// rate stays the target's.
+fn measured(path: &Path, target: &Target) -> Result<Machine> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let v: Value = serde_json::from_str(&text).map_err(|e| Error::Json { path: path.to_path_buf(), msg: e.to_string() })?;
+    let get = |key: &str| {
+        v[key]["all_threads"].as_f64().ok_or_else(|| Error::config(path, key, "missing: expected `llada-rt roofline --json` output"))
+    };
+    Ok(Machine {
+        rates: Rates { f32_flops: get("f32_flops")?, f16_flops: 0.0, bf16_flops: get("bf16_flops")?, int8_ops: get("int8_ops")? },
+        bandwidth: get("read_bytes")?,
+        ..target.accelerator_machine()
+    })
+}
+
+/// One pass over `rows` token rows attending to `context` positions, logits for `head` rows:
+/// (graph name, graph rows, estimate).
+fn pass(h: &Header, m: &Machine, act: u32, rows: u32, context: u32, head: u32) -> Result<(String, u32, cost::PassEstimate)> {
+    let g = h
+        .plan
+        .by_rows
+        .iter()
+        .map(|&i| &h.graphs[i as usize])
+        .find(|g| g.rows >= rows)
+        .ok_or_else(|| Error::Options(format!("no graph of the plan holds {rows} rows (the largest has {})", h.graphs.iter().map(|g| g.rows).max().unwrap_or(0))))?;
+    let work = cost::graph_work(h, g, head.min(g.head_rows), context, h.plan.window.kv_dtype.bytes() as u32, act);
+    Ok((g.name.clone(), g.rows, cost::pass_estimate(m, &work, staged_bytes(h, g), true)))
+}
+
+pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
+    let target = llada_targets::by_name(&h.compile.target).map_err(Error::Options)?;
+    let (machine, label) = match &req.rates {
+        Some(p) => (measured(p, &target)?, format!("predicted from rates measured on this machine ({})", p.display())),
+        None if target.estimated => (target.accelerator_machine(), format!("ESTIMATE for {} from its target file's rates (not measured)", target.name)),
+        None => (target.accelerator_machine(), format!("predicted for {} from its target file's rates", target.name)),
+    };
+    let act = activation_bytes(&target);
+    let (b, g, s) = (req.block_len, req.gen_len, req.steps);
+    if b == 0 || g % b != 0 || s % (g / b) != 0 {
+        return Err(Error::Options(format!("--gen-len {g} must be a multiple of --block-len {b}, and --steps {s} a multiple of the block count")));
+    }
+    let passes: Vec<Value> = req
+        .rows
+        .iter()
+        .map(|&r| {
+            let (graph, graph_rows, e) = pass(h, &machine, act, r, r, r)?;
+            Ok(json!({"rows": r, "graph": graph, "graph_rows": graph_rows, "seconds": e.seconds, "compute_seconds": e.compute_seconds, "staging_seconds": e.staging_seconds}))
+        })
+        .collect::<Result<_>>()?;
+    let seq = req.prompt_len + g;
+    let (blocks, per_block) = (g / b, s / (g / b));
+    let mut total = 0.0;
+    let mut count = 0u32;
+    for blk in 0..blocks {
+        let block_start = req.prompt_len + blk * b;
+        for step in 0..per_block {
+            let rows = match (req.policy.as_str(), step) {
+                ("exact", _) | (_, 0) => seq,
+                ("prefix", _) => seq - block_start,
+                ("dual", _) => b,
+                (p, _) => return Err(Error::Options(format!("--policy {p}: the estimate knows exact, prefix and dual"))),
+            };
+            total += pass(h, &machine, act, rows, seq, b)?.2.seconds;
+            count += 1;
+        }
+    }
+    Ok(json!({
+        "label": label,
+        "machine": machine,
+        "passes": passes,
+        "generation": {
+            "policy": req.policy, "prompt_len": req.prompt_len, "gen_len": g, "block_len": b, "steps": s,
+            "forward_passes": count, "seconds": total,
+        },
+    }))
+}
+
+/// The text form of [`estimate`].
+pub fn render_text(e: &Value) -> String {
+    use std::fmt::Write;
+    let mut s = String::new();
+    let _ = writeln!(s, "{}", e["label"].as_str().unwrap_or(""));
+    for p in e["passes"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            s,
+            "  pass of {:>5} rows (graph {}): {:.4} s (compute {:.4} s, staging {:.4} s, overlapped)",
+            p["rows"], p["graph"].as_str().unwrap_or(""), p["seconds"].as_f64().unwrap_or(0.0), p["compute_seconds"].as_f64().unwrap_or(0.0),
+            p["staging_seconds"].as_f64().unwrap_or(0.0)
+        );
+    }
+    let g = &e["generation"];
+    let _ = writeln!(
+        s,
+        "  generation ({} policy, prompt {}, gen {}, block {}, {} steps): {} passes, {:.3} s",
+        g["policy"].as_str().unwrap_or(""), g["prompt_len"], g["gen_len"], g["block_len"], g["steps"], g["forward_passes"], g["seconds"].as_f64().unwrap_or(0.0)
+    );
+    s
+}

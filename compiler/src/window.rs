@@ -1,0 +1,268 @@
+//! The window planner: places the KV cache, the activation region (laid out per graph by
+//! `memory`), kernel scratch and the weights in the target's bounded window, decides which
+//! weight segments stay resident and which rotate through slots, and writes each graph's
+//! swap schedule. `llada_ir::verify` re-checks all of it.
+
+use llada_ir::window::{attention_scratch, kv_bytes, operand_layout};
+use llada_ir::{align_up, Graph, Header, KvDType, Op, Region, ResidentSegment, Rows, Scratch, StageStep, WindowPlan};
+
+use crate::error::{Error, Result};
+
+/// Slots the rotating segments share: two, so one is staged while the other is read.
+const SLOTS: usize = 2;
+
+/// What the planner needs besides the header.
+pub struct WindowOptions {
+    pub bytes: u64,
+    pub align: u64,
+    pub kv_dtype: KvDType,
+    /// Threads the attention scratch is sized for.
+    pub threads: u32,
+    /// Segment the CPU gathers from the artifact (the embedding).
+    pub host_segment: u32,
+    /// For the error message: what set the window size.
+    pub window_source: String,
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64)
+}
+
+/// Segments in the order the graphs first read them (every graph reads them in the same
+/// order: the lowering emits the same layers for every row count).
+fn first_use_order(h: &Header, g: &Graph, host: u32) -> Vec<u32> {
+    let mut order = Vec::new();
+    for op in &g.ops {
+        for t in op.tensors() {
+            if let Some(s) = h.segment_of(t) {
+                if s != host && !order.contains(&s) {
+                    order.push(s);
+                }
+            }
+        }
+    }
+    order
+}
+
+/// Plans the window of `h` (whose graphs' values are laid out from offset 0 of their own
+/// activation space), shifting every value into the activation region and filling in each
+/// graph's staging steps.
+pub fn plan(h: &mut Header, o: &WindowOptions) -> Result<()> {
+    let m = &h.model;
+    let al = |x: u64| align_up(x, o.align);
+    let kv = kv_bytes(m, h.plan.kv_capacity, o.kv_dtype).ok_or_else(|| Error::Options("the KV cache size overflows".into()))?;
+    let (big_graph, act) = h.graphs.iter().map(|g| (g.name.clone(), g.window_bytes)).max_by_key(|g| g.1).unwrap_or_default();
+    let mut operand = 0;
+    for g in &h.graphs {
+        for op in &g.ops {
+            if let Op::MatMul { x, weight, .. } = *op {
+                let rows = if g.values[x as usize].rows == Rows::Tokens { g.rows } else { g.head_rows } as usize;
+                let t = &h.tensors[weight as usize];
+                operand = operand.max(operand_layout(t.dtype, h.plan.bf16_activations, rows, t.shape[1] as usize).bytes as u64);
+            }
+        }
+    }
+    let attention = attention_scratch(m, h.plan.kv_capacity, o.kv_dtype, o.threads).2;
+    let kv_r = Region { name: "kv".into(), offset: 0, bytes: kv };
+    let act_r = Region { name: "activations".into(), offset: al(kv), bytes: act };
+    let gemm_r = Region { name: "scratch.gemm_operand".into(), offset: al(act_r.offset + act), bytes: operand };
+    let att_r = Region { name: "scratch.attention".into(), offset: al(gemm_r.offset + operand), bytes: attention };
+    let fixed = al(att_r.offset + attention);
+
+    let order = first_use_order(h, &h.graphs[0], o.host_segment);
+    let size = |s: u32| al(h.segments[s as usize].nbytes);
+    // A segment read across other segments' uses (the rotary tables, read by every layer)
+    // would hold a slot for the whole pass and stall the ring behind it: it stays resident.
+    let span = |s: u32| {
+        let g = &h.graphs[0];
+        let uses: Vec<usize> = (0..g.ops.len()).filter(|&i| g.ops[i].tensors().iter().any(|&t| h.segment_of(t) == Some(s))).collect();
+        (uses[0], *uses.last().unwrap())
+    };
+    let pinned: Vec<u32> = order.iter().copied().filter(|&s| order.iter().any(|&o| o != s && span(s).0 <= span(o).0 && span(o).1 <= span(s).1)).collect();
+    let pinned_bytes: u64 = pinned.iter().map(|&s| size(s)).sum();
+    let fixed = fixed + pinned_bytes;
+    let order_all = order.clone();
+    let order: Vec<u32> = order.into_iter().filter(|s| !pinned.contains(s)).collect();
+    // Most bytes resident: the largest segments first (each saves its bytes from every
+    // pass's staging, and the slots only need to hold the largest segment that rotates).
+    let mut by_size = order.clone();
+    by_size.sort_by_key(|&s| std::cmp::Reverse(size(s)));
+    let total: u64 = by_size.iter().map(|&s| size(s)).sum();
+    let slot_need = |rotating_max: u64| SLOTS as u64 * rotating_max;
+    let largest = by_size.first().map_or(0, |&s| size(s));
+    if fixed + total > o.bytes && fixed + slot_need(largest) > o.bytes {
+        let big = by_size.first().map_or("-".into(), |&s| h.segments[s as usize].name.clone());
+        return Err(Error::Options(format!(
+            "the minimum working set does not fit the {} window ({}): KV cache {} ({} positions of {}), activations {} (graph '{big_graph}'), \
+             kernel scratch {}, weights every layer reads {}, {SLOTS} slots of {} (largest weight segment '{big}'); total {}. \
+             Lower --max-seq, raise --window-bytes, or choose a smaller --quant or --kv-dtype",
+            mib(o.bytes), o.window_source, mib(kv), h.plan.kv_capacity, o.kv_dtype.name(), mib(act), mib(operand + attention),
+            mib(pinned_bytes), mib(largest), mib(fixed + slot_need(largest))
+        )));
+    }
+    let mut resident: Vec<u32> = pinned.clone();
+    if fixed + total <= o.bytes {
+        resident.extend(&order);
+    } else {
+        // The largest prefix of `by_size` that fits with slots for the rest...
+        let mut used = fixed;
+        for (i, &s) in by_size.iter().enumerate() {
+            let next_max = by_size.get(i + 1).map_or(0, |&n| size(n));
+            if used + size(s) + slot_need(next_max) > o.bytes {
+                break;
+            }
+            used += size(s);
+            resident.push(s);
+        }
+        // ...then any smaller segment that still fits beside the slots.
+        let slot = by_size.iter().find(|s| !resident.contains(s)).map_or(0, |&s| size(s));
+        for &s in &by_size {
+            if !resident.contains(&s) && size(s) < slot && used + size(s) + slot_need(slot) <= o.bytes {
+                used += size(s);
+                resident.push(s);
+            }
+        }
+    }
+    let rotating: Vec<u32> = order.iter().copied().filter(|s| !resident.contains(s)).collect();
+    let slot_bytes = rotating.iter().map(|&s| size(s)).max().unwrap_or(0);
+    let mut cursor = al(att_r.offset + attention);
+    let mut placed = Vec::new();
+    for &s in &order_all {
+        if resident.contains(&s) {
+            placed.push(ResidentSegment { segment: s, offset: cursor });
+            cursor += size(s);
+        }
+    }
+    let slots: Vec<Region> = (0..SLOTS.min(rotating.len()))
+        .map(|i| {
+            let r = Region { name: format!("slots[{i}]"), offset: cursor, bytes: slot_bytes };
+            cursor += slot_bytes;
+            r
+        })
+        .collect();
+    debug_assert!(cursor <= o.bytes);
+
+    for g in &mut h.graphs {
+        for v in &mut g.values {
+            v.offset += act_r.offset;
+        }
+    }
+    let uses: Vec<Vec<(usize, usize)>> = {
+        let h = &*h;
+        h.graphs
+            .iter()
+            .map(|g| {
+                rotating
+                    .iter()
+                    .map(|&s| {
+                        let ops: Vec<usize> = (0..g.ops.len()).filter(|&i| g.ops[i].tensors().iter().any(|&t| h.segment_of(t) == Some(s))).collect();
+                        (ops[0], *ops.last().unwrap())
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    for (g, uses) in h.graphs.iter_mut().zip(uses) {
+        g.staging = uses
+            .iter()
+            .enumerate()
+            .map(|(i, &(first, last))| StageStep {
+                rotating: i as u32,
+                slot: (i % SLOTS) as u32,
+                stage_after_op: (i >= SLOTS).then(|| uses[i - SLOTS].1 as u32),
+                first_op: first as u32,
+                last_op: last as u32,
+            })
+            .collect();
+    }
+    h.plan.window = WindowPlan {
+        bytes: o.bytes,
+        kv: kv_r,
+        kv_dtype: o.kv_dtype,
+        activations: act_r,
+        scratch: Scratch { gemm_operand: gemm_r, attention: att_r, threads: o.threads },
+        resident: placed,
+        slots,
+        rotating,
+        host: vec![o.host_segment],
+    };
+    Ok(())
+}
+
+/// Bytes a pass of `g` stages into slots.
+pub fn staged_bytes(h: &Header, g: &Graph) -> u64 {
+    g.staging.iter().map(|st| h.segments[h.plan.window.rotating[st.rotating as usize] as usize].nbytes).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::lower::exact_buckets;
+    use crate::testing::llada_8b_header;
+    use llada_ir::verify;
+
+    fn plan_8b(target: &str, window: Option<u64>) -> (llada_ir::Header, u64) {
+        let t = llada_targets::by_name(target).unwrap();
+        llada_8b_header(&exact_buckets(1024, t.row_multiple), target, window)
+    }
+
+    /// LLaDA-8B at q4 with 1024 positions on every target (the host with a 2 GiB window):
+    /// the plan verifies, fits, and rotates what the window cannot hold.
+    #[test]
+    fn the_llada_8b_plan_of_every_target_verifies() {
+        for target in llada_targets::names() {
+            let window = (target == "host").then_some(2u64 << 30);
+            let (h, data_len) = plan_8b(target, window);
+            verify::header(&h, data_len).unwrap_or_else(|e| panic!("{target}: {e}"));
+            let w = &h.plan.window;
+            assert!(w.bytes <= 2 << 30 && !w.rotating.is_empty() && w.slots.len() == 2, "{target}");
+            assert!(h.plan.latency.iter().all(|&s| s > 0.0) && h.plan.latency.len() == h.graphs.len(), "{target}");
+        }
+    }
+
+    fn rejected(h: &llada_ir::Header, data_len: u64, names: &[&str]) {
+        let err = verify::header(h, data_len).expect_err("a broken plan verified").to_string();
+        for n in names {
+            assert!(err.contains(n), "error does not name '{n}': {err}");
+        }
+    }
+
+    #[test]
+    fn broken_window_plans_are_rejected_naming_both_things() {
+        let (good, len) = plan_8b("sm8750", None);
+        // A slot over the KV cache.
+        let mut h = good.clone();
+        h.plan.window.slots[0].offset = h.plan.window.kv.offset;
+        rejected(&h, len, &["'kv cache'", "'slots[0]'", "share window bytes"]);
+        // A resident segment over the GEMM scratch.
+        let mut h = good.clone();
+        h.plan.window.resident[0].offset = h.plan.window.scratch.gemm_operand.offset;
+        rejected(&h, len, &["'scratch.gemm_operand'", "resident segment"]);
+        // A graph value over the attention scratch, in one graph.
+        let mut h = good.clone();
+        let v = h.graphs[3].values.iter().position(|v| v.name == "blocks.5.qkv").unwrap();
+        h.graphs[3].values[v].offset = h.plan.window.scratch.attention.offset;
+        rejected(&h, len, &["graphs[3]", "'blocks.5.qkv'", "'scratch.attention'"]);
+        // Two values alive together over the same bytes.
+        let mut h = good.clone();
+        let (x, up) = (h.graphs[0].values.iter().position(|v| v.name == "x").unwrap(), h.graphs[0].values.iter().position(|v| v.name == "blocks.0.gate_up").unwrap());
+        h.graphs[0].values[up].offset = h.graphs[0].values[x].offset;
+        rejected(&h, len, &["'x'", "'blocks.0.gate_up'"]);
+        // A slot past the end of the window.
+        let mut h = good.clone();
+        h.plan.window.slots[1].offset = h.plan.window.bytes;
+        rejected(&h, len, &["'slots[1]'", "outside"]);
+        // A slot too small for a segment staged into it.
+        let mut h = good.clone();
+        h.plan.window.slots[1].bytes = 4096;
+        rejected(&h, len, &["does not fit slots[1]"]);
+        // A copy into a slot that starts while its previous segment is still being read.
+        let mut h = good.clone();
+        let early = h.graphs[0].staging[0].last_op - 1;
+        h.graphs[0].staging[2].stage_after_op = Some(early);
+        rejected(&h, len, &["graphs[0]", "staging[2]", "slot 0 is still used by staging[0]"]);
+        // A KV cache smaller than its positions need.
+        let mut h = good;
+        h.plan.window.kv.bytes -= 64;
+        rejected(&h, len, &["KV cache", "positions"]);
+    }
+}

@@ -1,0 +1,180 @@
+//! Verification of the window plan (`Plan::window`) and of each graph's place in it: every
+//! region inside the window and aligned, sized as the model and the kernels need, every
+//! weight an op reads placed, every swap schedule consistent with its graph's op order, and
+//! no two things (KV cache, activations, scratch, resident segments, slots) sharing bytes
+//! while both are alive. Errors name both things.
+
+use crate::format::WINDOW_ALIGN;
+use crate::graph::{Graph, Op, Rows};
+use crate::header::Header;
+use crate::verify::live_intervals;
+use crate::window::{attention_scratch, kv_bytes, operand_layout};
+
+/// One thing in the window: name, offset, bytes, and the ops it is alive over.
+struct Item {
+    name: String,
+    offset: u64,
+    bytes: u64,
+    live: (usize, usize),
+}
+
+/// The regions alive for the whole session, each alive from op 0 to `last`.
+fn session_items(h: &Header, last: usize) -> Vec<Item> {
+    let w = &h.plan.window;
+    let item = |name: String, offset: u64, bytes: u64| Item { name, offset, bytes, live: (0, last) };
+    let mut items = vec![
+        item("kv cache".into(), w.kv.offset, w.kv.bytes),
+        item("activations".into(), w.activations.offset, w.activations.bytes),
+        item("scratch.gemm_operand".into(), w.scratch.gemm_operand.offset, w.scratch.gemm_operand.bytes),
+        item("scratch.attention".into(), w.scratch.attention.offset, w.scratch.attention.bytes),
+    ];
+    for r in &w.resident {
+        let (name, bytes) = h.segments.get(r.segment as usize).map_or(("?".into(), 0), |s| (s.name.clone(), s.nbytes));
+        items.push(item(format!("resident segment '{name}'"), r.offset, bytes));
+    }
+    for (i, s) in w.slots.iter().enumerate() {
+        items.push(item(format!("slots[{i}]"), s.offset, s.bytes));
+    }
+    items
+}
+
+/// Reports the first two items that share bytes while both are alive.
+fn disjoint(mut items: Vec<Item>) -> Result<(), String> {
+    items.retain(|i| i.bytes > 0);
+    items.sort_by_key(|i| i.offset);
+    for a in 0..items.len() {
+        let a_end = items[a].offset.saturating_add(items[a].bytes);
+        for b in a + 1..items.len() {
+            if items[b].offset >= a_end {
+                break;
+            }
+            let (la, lb) = (items[a].live, items[b].live);
+            if la.0 <= lb.1 && lb.0 <= la.1 {
+                return Err(format!("'{}' and '{}' share window bytes while both are live", items[a].name, items[b].name));
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn window(h: &Header) -> Result<(), String> {
+    let (w, m) = (&h.plan.window, &h.model);
+    let need_kv = kv_bytes(m, h.plan.kv_capacity, w.kv_dtype).ok_or("the KV cache size overflows")?;
+    if w.kv.bytes != need_kv {
+        return Err(format!("the KV cache has {} bytes; {} positions of {} need {need_kv}", w.kv.bytes, h.plan.kv_capacity, w.kv_dtype.name()));
+    }
+    let mut operand = 0;
+    for g in &h.graphs {
+        for op in &g.ops {
+            if let Op::MatMul { x, weight, .. } = *op {
+                let (Some(v), Some(t)) = (g.values.get(x as usize), h.tensors.get(weight as usize)) else { continue };
+                let rows = if v.rows == Rows::Tokens { g.rows } else { g.head_rows } as usize;
+                let k = t.shape.get(1).copied().unwrap_or(0) as usize;
+                operand = operand.max(operand_layout(t.dtype, h.plan.bf16_activations, rows, k).bytes as u64);
+            }
+        }
+    }
+    if w.scratch.gemm_operand.bytes < operand {
+        return Err(format!("scratch.gemm_operand has {} bytes; the largest prepared GEMM operand needs {operand}", w.scratch.gemm_operand.bytes));
+    }
+    if w.scratch.threads == 0 {
+        return Err("scratch.threads is 0".into());
+    }
+    let attention = attention_scratch(m, h.plan.kv_capacity, w.kv_dtype, w.scratch.threads).2;
+    if w.scratch.attention.bytes < attention {
+        return Err(format!("scratch.attention has {} bytes; {} threads need {attention}", w.scratch.attention.bytes, w.scratch.threads));
+    }
+    // Each segment has at most one home.
+    let mut home = vec![""; h.segments.len()];
+    let ids = w.resident.iter().map(|r| (r.segment, "resident")).chain(w.rotating.iter().map(|&s| (s, "rotating"))).chain(w.host.iter().map(|&s| (s, "host")));
+    for (s, kind) in ids {
+        let slot = home.get_mut(s as usize).ok_or_else(|| format!("{kind} segment {s} does not exist"))?;
+        if !slot.is_empty() {
+            return Err(format!("segment '{}' is both {slot} and {kind}", h.segments[s as usize].name));
+        }
+        *slot = kind;
+    }
+    if !w.rotating.is_empty() && w.slots.is_empty() {
+        return Err(format!("{} segments rotate but there are no slots", w.rotating.len()));
+    }
+    for (i, &s) in w.rotating.iter().enumerate() {
+        let (seg, slot) = (&h.segments[s as usize], &w.slots[i % w.slots.len()]);
+        if seg.nbytes > slot.bytes {
+            return Err(format!("rotating segment '{}' ({} bytes) does not fit slots[{}] ({} bytes)", seg.name, seg.nbytes, i % w.slots.len(), slot.bytes));
+        }
+    }
+    let items = session_items(h, 0);
+    for it in &items {
+        if it.offset % WINDOW_ALIGN != 0 || it.offset.checked_add(it.bytes).is_none_or(|e| e > w.bytes) {
+            return Err(format!("'{}' at {} ({} bytes) is misaligned or outside the {}-byte window", it.name, it.offset, it.bytes, w.bytes));
+        }
+    }
+    disjoint(items)?;
+    // Every weight an op reads is where the plan says the op's engine finds it.
+    for (gi, g) in h.graphs.iter().enumerate() {
+        for (oi, op) in g.ops.iter().enumerate() {
+            for t in op.tensors() {
+                let name = h.tensors.get(t as usize).map_or("?", |t| t.name.as_str());
+                let at = || format!("graphs[{gi}] ops[{oi}] {}: tensor '{name}'", op.name());
+                let kind = h.segment_of(t).map(|s| s as usize).map_or("", |s| home[s]);
+                match op {
+                    Op::Embed { .. } if kind != "host" => return Err(format!("{} is gathered by the CPU but its segment is not a host segment", at())),
+                    Op::Embed { .. } => {}
+                    _ if kind != "resident" && kind != "rotating" => return Err(format!("{} is in no resident or rotating segment", at())),
+                    _ => {}
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn graph_in_window(h: &Header, g: &Graph) -> Result<(), String> {
+    let w = &h.plan.window;
+    let act_end = w.activations.offset.saturating_add(w.activations.bytes);
+    let live = live_intervals(g);
+    let mut items = session_items(h, g.ops.len());
+    for (i, v) in g.values.iter().enumerate() {
+        if let Some(l) = live[i] {
+            items.push(Item { name: v.name.clone(), offset: v.offset, bytes: g.value_bytes(v), live: l });
+        }
+    }
+    // Values share the activation region by lifetime; the region itself must not count.
+    items.retain(|i| i.name != "activations");
+    disjoint(items)?;
+    for (i, v) in g.values.iter().enumerate() {
+        if v.offset < w.activations.offset || v.offset.saturating_add(g.value_bytes(v)) > act_end {
+            return Err(format!("values[{i}] '{}' lies outside the activation region", v.name));
+        }
+    }
+    let slots = w.slots.len();
+    if g.staging.len() != w.rotating.len() {
+        return Err(format!("has {} staging steps for {} rotating segments", g.staging.len(), w.rotating.len()));
+    }
+    for (i, st) in g.staging.iter().enumerate() {
+        let at = |msg: String| format!("staging[{i}]: {msg}");
+        let seg = w.rotating[i] as usize;
+        if st.rotating as usize != i || st.slot as usize != i % slots {
+            return Err(at(format!("stages rotating segment {} into slot {}; the plan's order says {i} into {}", st.rotating, st.slot, i % slots)));
+        }
+        let uses: Vec<usize> = (0..g.ops.len()).filter(|&o| g.ops[o].tensors().iter().any(|&t| h.segment_of(t).map(|s| s as usize) == Some(seg))).collect();
+        let (Some(&first), Some(&last)) = (uses.first(), uses.last()) else {
+            return Err(at(format!("segment '{}' is staged but no op reads it", h.segments[seg].name)));
+        };
+        if st.first_op as usize != first || (st.last_op as usize) < last || st.last_op as usize >= g.ops.len() {
+            return Err(at(format!("segment '{}' is used by ops {first}..={last} but staged for ops {}..={}", h.segments[seg].name, st.first_op, st.last_op)));
+        }
+        if let Some(a) = st.stage_after_op {
+            if a >= st.first_op {
+                return Err(at(format!("the copy starts after op {a}, not before its first use (op {})", st.first_op)));
+            }
+        }
+        if i >= slots {
+            let prev = &g.staging[i - slots];
+            if st.stage_after_op.is_none_or(|a| a < prev.last_op) {
+                return Err(at(format!("slot {} is still used by staging[{}] until op {}", st.slot, i - slots, prev.last_op)));
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,214 @@
+//! The accelerator window: one bounded address range holding every byte a graph touches.
+//!
+//! ```text
+//! 0 ─ KV cache ─ activations ─ kernel scratch ─ resident weight segments ─ slots ─ bytes
+//! ```
+//! The compiler places each region; the runtime allocates the window once and applies the
+//! plan. Weight segments either stay resident for the whole session or rotate through the
+//! slots: rotating segment `i` (in the order every pass uses them) always stages into slot
+//! `i % slots`, so every graph and every pass assigns slots the same way and a steady state
+//! remaps nothing. The embedding is gathered row by row by the CPU from the artifact
+//! (as phone deployments feed embeddings, not token ids, to the accelerator), so its segment
+//! never enters the window.
+
+use serde::{Deserialize, Serialize};
+
+use crate::format::align_up;
+use crate::header::{DType, ModelConfig};
+
+/// Element type of the KV cache.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvDType {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl KvDType {
+    pub fn bytes(self) -> u64 {
+        match self {
+            KvDType::F32 => 4,
+            KvDType::F16 | KvDType::Bf16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDType::F32 => "f32",
+            KvDType::F16 => "f16",
+            KvDType::Bf16 => "bf16",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<KvDType> {
+        match name {
+            "f32" => Some(KvDType::F32),
+            "f16" => Some(KvDType::F16),
+            "bf16" => Some(KvDType::Bf16),
+            _ => None,
+        }
+    }
+}
+
+/// A named run of window bytes, alive for the whole session.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct Region {
+    pub name: String,
+    pub offset: u64,
+    pub bytes: u64,
+}
+
+impl Region {
+    pub fn end(&self) -> Option<u64> {
+        self.offset.checked_add(self.bytes)
+    }
+}
+
+/// A weight segment that stays in the window for the whole session.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ResidentSegment {
+    /// Index into `Header::segments`.
+    pub segment: u32,
+    pub offset: u64,
+}
+
+/// Kernel scratch in the window: the prepared (padded, converted or quantised) GEMM operand,
+/// and per thread the attention scores plus, for a 16-bit KV cache, one layer's keys and
+/// values widened to f32.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct Scratch {
+    pub gemm_operand: Region,
+    pub attention: Region,
+    /// Threads the attention scratch is sized for (a session uses at most this many).
+    pub threads: u32,
+}
+
+/// Every byte the accelerator touches, placed.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct WindowPlan {
+    /// Size of the window (the target's, or `--window-bytes`); every region lies below it.
+    pub bytes: u64,
+    /// `n_layers` layers of `2 * n_kv_heads` head planes of `[kv_capacity, head_dim]`
+    /// (key heads, then value heads), elements of `kv_dtype`.
+    pub kv: Region,
+    pub kv_dtype: KvDType,
+    /// Every graph's values lie here (one graph runs at a time).
+    pub activations: Region,
+    pub scratch: Scratch,
+    pub resident: Vec<ResidentSegment>,
+    /// Equal-sized slots the rotating segments are staged into.
+    pub slots: Vec<Region>,
+    /// Segments staged every pass, in the order every graph first uses them.
+    pub rotating: Vec<u32>,
+    /// Segments the CPU reads from the artifact itself (the embedding gather).
+    pub host: Vec<u32>,
+}
+
+impl Default for WindowPlan {
+    fn default() -> Self {
+        WindowPlan {
+            bytes: 0,
+            kv: Region::default(),
+            kv_dtype: KvDType::F32,
+            activations: Region::default(),
+            scratch: Scratch::default(),
+            resident: Vec::new(),
+            slots: Vec::new(),
+            rotating: Vec::new(),
+            host: Vec::new(),
+        }
+    }
+}
+
+/// One entry of a graph's swap schedule: rotating segment `rotating` (index into
+/// `WindowPlan::rotating`) is staged into `slot` before op `first_op` and released after op
+/// `last_op`. Its copy may start once the slot's previous occupant is released: after op
+/// `stage_after_op` of this graph, or (`None`) during the previous pass, which then copies
+/// it behind that pass's last ops.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct StageStep {
+    pub rotating: u32,
+    pub slot: u32,
+    pub stage_after_op: Option<u32>,
+    pub first_op: u32,
+    pub last_op: u32,
+}
+
+/// Bytes of the KV cache for `capacity` positions.
+pub fn kv_bytes(m: &ModelConfig, capacity: u32, dtype: KvDType) -> Option<u64> {
+    (m.n_layers as u64)
+        .checked_mul(2 * m.n_kv_heads as u64)?
+        .checked_mul(m.head_dim as u64)?
+        .checked_mul(capacity as u64)?
+        .checked_mul(dtype.bytes())
+}
+
+/// Rows per register tile of the host GEMM; prepared operands are padded to a multiple.
+pub const OPERAND_TILE_ROWS: usize = 4;
+/// Bytes added to every prepared operand row (rows a power of two apart would all fall in the
+/// same L1 set, 4 KiB aliasing).
+pub const OPERAND_ROW_PAD_BYTES: usize = 64;
+
+/// What a GEMM's activations become before the products.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Operand {
+    F32,
+    Bf16,
+    Int8,
+}
+
+/// The operand kind of a weight format (`bf16_activations`: the plan's choice for bf16 weights).
+pub fn operand_of(format: DType, bf16_activations: bool) -> Operand {
+    match format {
+        DType::PanelBf16 if bf16_activations => Operand::Bf16,
+        DType::PanelQ8 | DType::PanelQ4 { .. } => Operand::Int8,
+        _ => Operand::F32,
+    }
+}
+
+/// Layout of a prepared operand of `rows` rows of `k` inputs: elements per row (`stride`),
+/// rows after padding, q4 groups per row, and byte offsets of its parts inside the scratch
+/// region: the values, the per-row scales and the per-row, per-group sums (int8 only).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct OperandLayout {
+    pub operand: Operand,
+    pub stride: usize,
+    pub padded_rows: usize,
+    pub groups: usize,
+    pub scales_at: usize,
+    pub sums_at: usize,
+    pub bytes: usize,
+}
+
+pub fn operand_layout(format: DType, bf16_activations: bool, rows: usize, k: usize) -> OperandLayout {
+    let operand = operand_of(format, bf16_activations);
+    let padded_rows = rows.div_ceil(OPERAND_TILE_ROWS) * OPERAND_TILE_ROWS;
+    let (stride, elem) = match operand {
+        Operand::F32 => (k + OPERAND_ROW_PAD_BYTES / 4, 4),
+        Operand::Bf16 => (k.div_ceil(2) * 2 + OPERAND_ROW_PAD_BYTES / 2, 2),
+        Operand::Int8 => (k.div_ceil(8) * 8 + OPERAND_ROW_PAD_BYTES, 1),
+    };
+    let groups = match format {
+        DType::PanelQ4 { group } if group > 0 => k.div_ceil(group as usize),
+        _ => 1,
+    };
+    let a64 = |x: usize| x.div_ceil(64) * 64;
+    let scales_at = a64(padded_rows * stride * elem);
+    let (sums_at, bytes) = if operand == Operand::Int8 {
+        let sums_at = a64(scales_at + padded_rows * 4);
+        (sums_at, a64(sums_at + padded_rows * groups * 4))
+    } else {
+        (scales_at, scales_at)
+    };
+    OperandLayout { operand, stride, padded_rows, groups, scales_at, sums_at, bytes }
+}
+
+/// Attention scratch: per thread, the scores of four query rows against `keys` positions
+/// (floats, rounded up to a whole cache line); and, for a 16-bit KV cache, one layer's keys
+/// and values widened to f32 and shared by every thread. Returns (score floats per thread,
+/// widened floats, total bytes).
+pub fn attention_scratch(m: &ModelConfig, keys: u32, kv_dtype: KvDType, threads: u32) -> (u64, u64, u64) {
+    let scores = align_up(4 * keys as u64, 16);
+    let widened = if kv_dtype == KvDType::F32 { 0 } else { 2 * m.n_kv_heads as u64 * m.head_dim as u64 * keys as u64 };
+    (scores, widened, (scores * threads as u64 + widened) * 4)
+}

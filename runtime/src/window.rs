@@ -1,0 +1,200 @@
+//! The accelerator window: one allocation per session, laid out by the plan
+//! (`llada_ir::WindowPlan`). On a phone this is the one shared buffer the NPU maps; here it
+//! is ordinary memory the host executor works in under the same bounds. Regions are handed
+//! out as disjoint slices, so the KV cache, activations, scratch and weights can be used at
+//! once; slots are written by the staging thread and read by the executor only through
+//! [`SlotPtr`], whose reads the swap protocol orders (see `staging`).
+
+use std::ops::Range;
+
+use llada_ir::{Header, KvDType, Region, TensorId};
+
+pub struct Window {
+    /// An anonymous mapping: page-aligned like the shared buffer an NPU maps, and zero pages
+    /// that become resident only when touched (an aligned heap allocation would be zeroed
+    /// by hand, touching every page).
+    map: memmap2::MmapMut,
+    /// The mapping's start, taken once: every view below derives from it, so no later
+    /// `&mut` borrow of the whole map invalidates the slot pointers the staging thread holds.
+    base: *mut u8,
+    kv: Range<usize>,
+    kv_dtype: KvDType,
+    activations: Range<usize>,
+    gemm: Range<usize>,
+    attention: Range<usize>,
+    /// All resident segments (placed one after another).
+    resident: Range<usize>,
+    slots: Vec<Range<usize>>,
+}
+
+// SAFETY: the window owns its mapping; `base` only addresses it, and every access goes
+// through `&self`/`&mut self` methods or `SlotPtr`, whose users follow the staging protocol.
+unsafe impl Send for Window {}
+
+/// The mutable regions of one run, borrowed together.
+pub struct Parts<'w> {
+    pub activations: &'w mut [f32],
+    /// First byte of the activation region, to turn value offsets into indexes.
+    pub activations_offset: u64,
+    pub kv: KvView<'w>,
+    pub gemm: &'w mut [u8],
+    pub attention: &'w mut [f32],
+    /// Resident weight segments, read-only while the session runs.
+    pub resident: &'w [u8],
+    pub resident_offset: u64,
+}
+
+/// The KV cache region in its element type.
+pub enum KvView<'w> {
+    F32(&'w mut [f32]),
+    /// f16 or bf16 bits.
+    Half(&'w mut [u16], KvDType),
+}
+
+fn range(r: &Region) -> Range<usize> {
+    r.offset as usize..(r.offset + r.bytes) as usize
+}
+
+impl Window {
+    /// Allocates the plan's window, up to the end of its last region (the plan's window size
+    /// bounds it; a session needs no more). The verifier checked that the regions lie inside
+    /// it, aligned and disjoint; that is re-asserted here because the slices handed out rely
+    /// on it.
+    pub fn new(h: &Header) -> std::io::Result<Window> {
+        let w = &h.plan.window;
+        let resident = match (w.resident.first(), w.resident.last()) {
+            (Some(a), Some(b)) => a.offset as usize..(b.offset + h.segments[b.segment as usize].nbytes) as usize,
+            _ => 0..0,
+        };
+        let ends = [&w.kv, &w.activations, &w.scratch.gemm_operand, &w.scratch.attention].into_iter().chain(&w.slots).map(|r| r.offset + r.bytes);
+        let bytes = ends.chain([resident.end as u64]).max().unwrap_or(0).max(1) as usize;
+        let mut map = memmap2::MmapMut::map_anon(bytes)?;
+        let base = map.as_mut_ptr();
+        let win = Window {
+            map,
+            base,
+            kv: range(&w.kv),
+            kv_dtype: w.kv_dtype,
+            activations: range(&w.activations),
+            gemm: range(&w.scratch.gemm_operand),
+            attention: range(&w.scratch.attention),
+            resident,
+            slots: w.slots.iter().map(range).collect(),
+        };
+        let mut all: Vec<&Range<usize>> = [&win.kv, &win.activations, &win.gemm, &win.attention, &win.resident].into_iter().chain(&win.slots).collect();
+        all.retain(|r| !r.is_empty());
+        all.sort_by_key(|r| r.start);
+        assert!(all.windows(2).all(|p| p[0].end <= p[1].start), "window regions overlap");
+        assert!(all.last().is_none_or(|r| r.end <= bytes), "a window region lies outside the window");
+        assert!(all.iter().all(|r| r.start % 64 == 0), "a window region is misaligned");
+        Ok(win)
+    }
+
+    /// Bytes allocated (the used part of the plan's window).
+    pub fn bytes(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// The mutable regions of one run (see [`Parts`]).
+    pub fn parts(&mut self) -> Parts<'_> {
+        let base = self.base;
+        // SAFETY: the ranges lie inside the allocation and are pairwise disjoint (asserted in
+        // `new`), and 64-byte aligned, so typed views are aligned; `&mut self` keeps every
+        // other borrow of the window out for 'w, and the staging thread writes only slots,
+        // which no slice here covers.
+        unsafe {
+            let bytes = |r: &Range<usize>| std::slice::from_raw_parts_mut(base.add(r.start), r.len());
+            let f32s = |r: &Range<usize>| std::slice::from_raw_parts_mut(base.add(r.start) as *mut f32, r.len() / 4);
+            let kv = match self.kv_dtype {
+                KvDType::F32 => KvView::F32(f32s(&self.kv)),
+                half => KvView::Half(std::slice::from_raw_parts_mut(base.add(self.kv.start) as *mut u16, self.kv.len() / 2), half),
+            };
+            Parts {
+                activations: f32s(&self.activations),
+                activations_offset: self.activations.start as u64,
+                kv,
+                gemm: bytes(&self.gemm),
+                attention: f32s(&self.attention),
+                resident: &*bytes(&self.resident),
+                resident_offset: self.resident.start as u64,
+            }
+        }
+    }
+
+    /// The resident region for filling at session start.
+    pub fn resident_mut(&mut self) -> (&mut [u8], u64) {
+        // SAFETY: inside the allocation, disjoint from the slots the staging thread writes.
+        // SAFETY: inside the mapping, disjoint from the slots the staging thread writes.
+        (unsafe { std::slice::from_raw_parts_mut(self.base.add(self.resident.start), self.resident.len()) }, self.resident.start as u64)
+    }
+
+    /// Raw handles to the slots, for the staging thread (writes) and the executor (reads).
+    pub fn slot_ptrs(&self) -> Vec<SlotPtr> {
+        self.slots.iter().map(|r| SlotPtr { ptr: self.base.wrapping_add(r.start), len: r.len() }).collect()
+    }
+}
+
+/// A slot's bytes in the window. Who may touch them when is decided by the staging protocol:
+/// the staging thread writes a slot only after the executor released it, and the executor
+/// reads it only after the staging thread published it as ready.
+#[derive(Clone, Copy)]
+pub struct SlotPtr {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: a plain address; the staging protocol orders every access across threads.
+unsafe impl Send for SlotPtr {}
+unsafe impl Sync for SlotPtr {}
+
+impl SlotPtr {
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// # Safety
+    /// No thread writes the slot while the returned slice lives (the slot is ready and not
+    /// yet released), and the window outlives it.
+    pub unsafe fn bytes<'a>(self) -> &'a [u8] {
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// # Safety
+    /// No other thread reads or writes the slot meanwhile (it is released and being staged),
+    /// and the window outlives it.
+    pub unsafe fn bytes_mut<'a>(self) -> &'a mut [u8] {
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+}
+
+/// Where each tensor an op reads lives in the window, worked out once per session from the
+/// plan: resident (byte offset in the window) or rotating (index into the plan's rotating
+/// list, and offset inside its segment).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Home {
+    Resident { offset: u64 },
+    Rotating { rotating: u32, offset: u64 },
+    /// Read by the CPU from the artifact (the embedding).
+    Host,
+}
+
+pub fn homes(h: &Header) -> Vec<Home> {
+    let w = &h.plan.window;
+    (0..h.tensors.len() as TensorId)
+        .map(|t| {
+            let Some(s) = h.segment_of(t) else { return Home::Host };
+            let within = h.tensors[t as usize].offset - h.segments[s as usize].offset;
+            if let Some(r) = w.resident.iter().find(|r| r.segment == s) {
+                Home::Resident { offset: r.offset + within }
+            } else if let Some(i) = w.rotating.iter().position(|&x| x == s) {
+                Home::Rotating { rotating: i as u32, offset: within }
+            } else {
+                Home::Host
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,114 @@
+//! The swap-optimized window: a plan whose window cannot hold every weight (segments rotate
+//! through slots, staged ahead by a thread or right before use) computes exactly what the
+//! fully resident plan computes, bit for bit, on the embedded model and on a 1B-shape q4
+//! checkpoint; a window too small for the minimum working set is refused with its sizes.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use llada_rt::kernels::cpu;
+use llada_rt::staging::StagingMode;
+use llada_rt::{generate, Model, SamplerParams, Session};
+use llada_tools::checkpoint::{Shape, WeightType};
+use lladac::{CompileOptions, Quant};
+
+fn compile(model: &Path, out: &Path, quant: Option<Quant>, max_seq: u32, window_bytes: Option<u64>) {
+    lladac::compile(&CompileOptions {
+        model: model.to_path_buf(),
+        output: out.to_path_buf(),
+        quant,
+        target: "host".into(),
+        max_seq: Some(max_seq),
+        head_rows: 64,
+        block_len: 32,
+        spec_blocks: 1,
+        bf16_activations: false,
+        window_bytes,
+        kv_dtype: None,
+        progress: false,
+    })
+    .expect("compiles");
+}
+
+/// What a run computes: first-pass logits and the tokens and reveals of two policies.
+fn outputs(model: &Model, staging: StagingMode, prompt: &[u32], p: &SamplerParams) -> (Vec<f32>, Vec<(Vec<u32>, Vec<Vec<[u32; 2]>>)>) {
+    let mut s = Session::with_options(model, 2, cpu::features(), staging).unwrap();
+    let mask = model.header.special.mask;
+    let seq: Vec<u32> = prompt.iter().copied().chain(std::iter::repeat_n(mask, p.block_length)).collect();
+    let head: Vec<u32> = (prompt.len() as u32..seq.len() as u32).collect();
+    let logits = s.forward_full(&seq, &head).unwrap().to_vec();
+    let mut runs = Vec::new();
+    for policy in ["exact", "dual"] {
+        let p = SamplerParams { policy: llada_rt::sampler::Policy::parse(policy).unwrap(), ..p.clone() };
+        let g = generate(&mut s, prompt, &p, &mut |_| {}).unwrap();
+        runs.push((g.output_ids, g.reveals));
+    }
+    if !model.header.plan.window.rotating.is_empty() {
+        assert!(s.counters.staged_bytes > 0, "a swapping plan staged nothing");
+    }
+    (logits, runs)
+}
+
+fn window_plan_matches_resident(resident: &Path, swapped: &Path, prompt: &[u32], p: &SamplerParams) {
+    let (a, b) = (Model::open(resident, true).unwrap(), Model::open(swapped, true).unwrap());
+    assert!(a.header.plan.window.rotating.is_empty(), "the reference plan should keep every weight resident");
+    assert!(b.header.plan.window.rotating.len() >= 2, "the small window should force segments to rotate");
+    let want = outputs(&a, StagingMode::Async, prompt, p);
+    for staging in [StagingMode::Async, StagingMode::Sync] {
+        let got = outputs(&b, staging, prompt, p);
+        let same_bits = want.0.len() == got.0.len() && want.0.iter().zip(&got.0).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same_bits, "{staging:?}: first-pass logits differ from the resident plan's");
+        assert_eq!(want.1, got.1, "{staging:?}: tokens or reveals differ from the resident plan's");
+    }
+}
+
+/// The window that holds the resident plan's fixed regions and half its weights.
+fn half_the_weights(resident: &Path) -> u64 {
+    let m = Model::open(resident, false).unwrap();
+    let w = &m.header.plan.window;
+    let weights: u64 = w.resident.iter().map(|r| m.header.segments[r.segment as usize].nbytes).sum();
+    let end = w.resident.iter().map(|r| r.offset + m.header.segments[r.segment as usize].nbytes).max().unwrap();
+    end - weights / 2
+}
+
+#[test]
+fn embedded_model_swapping_equals_resident() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/llada-tiny-tasks");
+    let (res, swap) = (dir.path().join("resident.lad"), dir.path().join("swap.lad"));
+    compile(&ckpt, &res, None, 256, None);
+    compile(&ckpt, &swap, None, 256, Some(half_the_weights(&res)));
+    let model = Model::open(&res, false).unwrap();
+    let text = llada_rt::text::Text::new(&model.header.tokenizer, &model.header.special).unwrap();
+    let prompt = text.encode_chat("FILL:0022001000121700300003040240606040000020037096000250158001600037=").unwrap();
+    window_plan_matches_resident(&res, &swap, &prompt, &SamplerParams { gen_length: 64, block_length: 32, steps: 16, ..Default::default() });
+}
+
+#[test]
+fn llada_1b_shape_q4_swapping_equals_resident() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    common::checkpoint(&ckpt, Shape::llada_1b(), WeightType::Bf16, u64::MAX, 0.02);
+    let (res, swap) = (dir.path().join("resident.lad"), dir.path().join("swap.lad"));
+    let q4 = Some(Quant::Q4 { group: 128 });
+    compile(&ckpt, &res, q4, 64, None);
+    compile(&ckpt, &swap, q4, 64, Some(half_the_weights(&res)));
+    std::fs::remove_dir_all(&ckpt).unwrap();
+    // Few steps: random weights commit one token per pass anyway, and every pass already
+    // stages every rotating segment.
+    let prompt: Vec<u32> = (0..16u32).map(|i| 300 + i * 37).collect();
+    window_plan_matches_resident(&res, &swap, &prompt, &SamplerParams { gen_length: 32, block_length: 32, steps: 4, ..Default::default() });
+}
+
+#[test]
+fn a_window_below_the_minimum_working_set_is_refused_with_its_sizes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/llada-tiny-tasks");
+    let out = dir.path().join("m.lad");
+    let o = common::run("lladac", &["compile", "--model", ckpt.to_str().unwrap(), "-o", out.to_str().unwrap(), "--window-bytes", "4M"]);
+    common::assert_clean_failure(&o, &["4.0 MiB window", "--window-bytes", "KV cache", "activations", "slots", "--max-seq", "--quant"]);
+    assert!(common::leftovers(dir.path()).is_empty(), "a failed compile left files behind");
+    let o = common::run("lladac", &["compile", "--model", ckpt.to_str().unwrap(), "-o", out.to_str().unwrap(), "--window-bytes", "2X"]);
+    common::assert_clean_failure(&o, &["--window-bytes", "2X"]);
+}
