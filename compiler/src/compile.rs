@@ -100,7 +100,7 @@ pub struct CompileOptions {
     /// Target name (see `llada_targets::names`).
     pub target: String,
     /// Longest sequence (prompt + generation) the artifact serves; `None`: the model's
-    /// `max_sequence_length`, at most 4096.
+    /// `max_sequence_length`, at most the target's default (4096 on the host, 1024 on phones).
     pub max_seq: Option<u32>,
     /// Most positions whose logits one pass produces (the exact sampler needs one block's worth).
     pub head_rows: u32,
@@ -226,7 +226,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
         warnings.push(format!("{}: {} tensor(s) not used by LLaDA ignored, e.g. '{first}'", dir.display(), unused.len()));
     }
 
-    let max_seq = opts.max_seq.unwrap_or(cfg.max_sequence_length.min(4096) as u32);
+    let max_seq = opts.max_seq.unwrap_or((cfg.max_sequence_length as u32).min(target.default_max_seq));
     if max_seq == 0 || max_seq as usize > cfg.max_sequence_length {
         return Err(Error::Options(format!(
             "--max-seq {max_seq}: must be between 1 and the model's max_sequence_length ({})",

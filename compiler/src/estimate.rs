@@ -28,16 +28,19 @@ pub struct EstimateRequest {
     pub rates: Option<std::path::PathBuf>,
 }
 
-/// Rates and bandwidth measured by `llada-rt roofline --json` (all threads); the staging
-/// rate stays the target's.
-fn measured(path: &Path, target: &Target) -> Result<Machine> {
+/// Rates and bandwidth measured by `llada-rt roofline --json` (all threads): the GEMM
+/// kernels' sustained rates (int8: that of the artifact's own quantised format), the
+/// memory read bandwidth; the staging rate stays the target's.
+fn measured(path: &Path, target: &Target, h: &Header) -> Result<Machine> {
     let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
     let v: Value = serde_json::from_str(&text).map_err(|e| Error::Json { path: path.to_path_buf(), msg: e.to_string() })?;
     let get = |key: &str| {
         v[key]["all_threads"].as_f64().ok_or_else(|| Error::config(path, key, "missing: expected `llada-rt roofline --json` output"))
     };
+    let gemm = |key: &str| v["gemm"][key].as_f64().filter(|&r| r > 0.0).ok_or_else(|| Error::config(path, &format!("gemm.{key}"), "missing: expected `llada-rt roofline --json` output"));
+    let int8 = if h.tensors.iter().any(|t| t.dtype == llada_ir::DType::PanelQ8) { gemm("q8")? } else { gemm("q4")? };
     Ok(Machine {
-        rates: Rates { f32_flops: get("f32_flops")?, f16_flops: 0.0, bf16_flops: get("bf16_flops")?, int8_ops: get("int8_ops")? },
+        rates: Rates { f32_flops: gemm("f32")?, f16_flops: 0.0, bf16_flops: gemm("bf16")?, int8_ops: int8 },
         bandwidth: get("read_bytes")?,
         ..target.accelerator_machine()
     })
@@ -60,7 +63,7 @@ fn pass(h: &Header, m: &Machine, act: u32, rows: u32, context: u32, head: u32) -
 pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
     let target = llada_targets::by_name(&h.compile.target).map_err(Error::Options)?;
     let (machine, label) = match &req.rates {
-        Some(p) => (measured(p, &target)?, format!("predicted from rates measured on this machine ({})", p.display())),
+        Some(p) => (measured(p, &target, h)?, format!("predicted from rates measured on this machine ({})", p.display())),
         None if target.estimated => (target.accelerator_machine(), format!("ESTIMATE for {} from its target file's rates (not measured)", target.name)),
         None => (target.accelerator_machine(), format!("predicted for {} from its target file's rates", target.name)),
     };

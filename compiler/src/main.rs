@@ -33,7 +33,7 @@ enum Command {
         #[arg(long, default_value = "host")]
         target: String,
         /// Longest prompt + generation the artifact serves [default: the model's
-        /// max_sequence_length, at most 4096].
+        /// max_sequence_length, at most the target's default: 4096 on the host, 1024 on phones].
         #[arg(long)]
         max_seq: Option<u32>,
         /// Most positions whose logits one pass returns: at least the block length you decode with.
@@ -198,6 +198,23 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_bytes;
+
+    #[test]
+    fn byte_counts_take_binary_suffixes() {
+        assert_eq!(parse_bytes("2G"), Ok(2 << 30));
+        assert_eq!(parse_bytes("512M"), Ok(512 << 20));
+        assert_eq!(parse_bytes("64k"), Ok(64 << 10));
+        assert_eq!(parse_bytes("2GiB"), Ok(2 << 30));
+        assert_eq!(parse_bytes("1048576"), Ok(1 << 20));
+        for bad in ["", "G", "2X", "-1G", "0", "99999999999G", "1.5G"] {
+            assert!(parse_bytes(bad).is_err(), "{bad:?} accepted");
         }
     }
 }

@@ -61,6 +61,9 @@ pub struct Target {
     pub cpu: Rates,
     /// Most CPU threads a runtime session uses (sizes per-thread kernel scratch).
     pub max_threads: u32,
+    /// Longest sequence compiled when `--max-seq` is not given (the model's own maximum
+    /// caps it): the KV cache of a phone's window cannot hold 4096 positions of an 8B model.
+    pub default_max_seq: u32,
     /// Where each numeric field's figure came from, keyed by field name (`accelerator.f16_flops`
     /// for a rate).
     pub sources: BTreeMap<String, String>,

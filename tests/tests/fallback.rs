@@ -1,7 +1,8 @@
-//! The fast kernel paths (AVX-512 F, BF16, VNNI) against their portable twins, end to end:
-//! the same artifact in every weight format gives the same logits within the format's
-//! tolerance on the detected path and on the portable path, and `LLADA_ISA=portable` (the
-//! process-wide switch) generates the same tokens.
+//! The fast kernel paths (AVX-512 F, BF16, VNNI, and the AVX2 tiles CPUs without them run)
+//! against their portable twins, end to end: the same artifact in every weight format gives
+//! the same logits within the format's tolerance on the detected path, on the AVX2 path
+//! alone, and on the portable path, and `LLADA_ISA=portable` / `LLADA_ISA=avx2` (the
+//! process-wide switch) generate the same tokens.
 
 mod common;
 
@@ -27,10 +28,28 @@ fn compile_quant(ckpt: &std::path::Path, dir: &std::path::Path, quant: &str, max
     out
 }
 
+/// The SIMD feature sets to compare with the portable path: the detected one, and AVX2
+/// alone where the CPU has more (so the AVX2 tiles are tested on AVX-512 machines too).
+fn simd_feature_sets() -> Vec<(&'static str, Features)> {
+    let f = cpu::features();
+    let avx2 = Features { avx2: true, ..Features::default() };
+    let mut sets = Vec::new();
+    if f.avx512 || f.avx2 {
+        sets.push(("detected", f));
+    }
+    if f.avx2 && f != avx2 {
+        sets.push(("avx2", avx2));
+    }
+    if !f.avx2 {
+        eprintln!("no AVX2 + FMA + F16C on this machine (or LLADA_ISA caps it): the AVX2 path is not tested");
+    }
+    sets
+}
+
 #[test]
 fn every_format_agrees_with_its_portable_path() {
-    let f = cpu::features();
-    if !(f.avx512 || f.avx2) {
+    let sets = simd_feature_sets();
+    if sets.is_empty() {
         eprintln!("no SIMD path on this machine: nothing to compare");
         return;
     }
@@ -39,21 +58,28 @@ fn every_format_agrees_with_its_portable_path() {
     let rows: Vec<u32> = (0..40).collect();
     for quant in ["f32", "f16", "bf16", "bf16a", "q8", "q4"] {
         let model = Model::open(&artifact(dir.path(), quant), true).unwrap();
-        let fast = Session::with_options(&model, 2, f, StagingMode::Async).unwrap().forward_full(&ids, &rows).unwrap().to_vec();
         let portable = Session::with_options(&model, 1, Features::default(), StagingMode::Async).unwrap().forward_full(&ids, &rows).unwrap().to_vec();
-        let scale = portable.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let err = fast.iter().zip(&portable).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        // The paths differ only in float summation order (integer dot products are exact).
-        // Where activations are rounded before the product (bf16a, int8) that difference is
-        // amplified: an activation one f32 ulp apart can round to the neighbouring bf16 value
-        // (2^-8 relative) or int8 step (1/127 of the row's largest), and such flips compound
-        // over the layers (seen here: bf16 3.4e-3 and q8 1.4e-3 of the largest logit, from
-        // 6e-6 after the first attention output). Those formats get the activation-rounding
-        // tolerance of the GEMM unit tests; a kernel bug (a wrong pair, panel or chunk) moves
-        // logits by their own size.
-        let tol = if matches!(quant, "f32" | "f16" | "bf16") { 1e-4 } else { 1.5e-2 };
-        assert!(err <= tol * scale.max(1.0), "{quant}: max abs difference {err:.2e} (logits up to {scale:.2})");
+        for &(name, f) in &sets {
+            let fast = Session::with_options(&model, 2, f, StagingMode::Async).unwrap().forward_full(&ids, &rows).unwrap().to_vec();
+            compare(quant, name, &fast, &portable);
+        }
     }
+}
+
+/// Logits of a SIMD path against the portable path's.
+fn compare(quant: &str, path: &str, fast: &[f32], portable: &[f32]) {
+    let scale = portable.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let err = fast.iter().zip(portable).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    // The paths differ only in float summation order (integer dot products are exact).
+    // Where activations are rounded before the product (bf16a, int8) that difference is
+    // amplified: an activation one f32 ulp apart can round to the neighbouring bf16 value
+    // (2^-8 relative) or int8 step (1/127 of the row's largest), and such flips compound
+    // over the layers (seen here: bf16 3.4e-3 and q8 1.4e-3 of the largest logit, from
+    // 6e-6 after the first attention output). Those formats get the activation-rounding
+    // tolerance of the GEMM unit tests; a kernel bug (a wrong pair, panel or chunk) moves
+    // logits by their own size.
+    let tol = if matches!(quant, "f32" | "f16" | "bf16") { 1e-4 } else { 1.5e-2 };
+    assert!(err <= tol * scale.max(1.0), "{quant} on the {path} path: max abs difference {err:.2e} (logits up to {scale:.2})");
 }
 
 /// On the trained embedded model (confident answers, so summation order cannot flip a
@@ -67,9 +93,11 @@ fn portable_process_generates_the_same_tokens() {
         let prompt = "SHIFT:PONMLKJIHGFEDCBAABCDEFGHIJKLMNOPAEIMBFJNCGKODHLPPLHDOKGCNJFBMIEA=";
         let args = ["run", art.to_str().unwrap(), "--chat", "-p", prompt, "--gen-len", "64", "--steps", "16", "--json"];
         let detected = common::run("llada-rt", &args);
-        let portable = std::process::Command::new(common::bin("llada-rt")).args(args).env("LLADA_ISA", "portable").output().unwrap();
-        assert!(detected.status.success() && portable.status.success());
+        let capped = |isa: &str| std::process::Command::new(common::bin("llada-rt")).args(args).env("LLADA_ISA", isa).output().unwrap();
+        let (portable, avx2) = (capped("portable"), capped("avx2"));
+        assert!(detected.status.success() && portable.status.success() && avx2.status.success());
         let ids = |o: &std::process::Output| serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()["output_ids"].clone();
         assert_eq!(ids(&detected), ids(&portable), "{quant}");
+        assert_eq!(ids(&avx2), ids(&portable), "{quant} with LLADA_ISA=avx2");
     }
 }

@@ -112,3 +112,23 @@ fn a_window_below_the_minimum_working_set_is_refused_with_its_sizes() {
     let o = common::run("lladac", &["compile", "--model", ckpt.to_str().unwrap(), "-o", out.to_str().unwrap(), "--window-bytes", "2X"]);
     common::assert_clean_failure(&o, &["--window-bytes", "2X"]);
 }
+
+#[test]
+fn phone_targets_plan_and_label_their_estimates() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/llada-tiny-tasks");
+    for target in ["sm8650", "sm8750", "dimensity9400"] {
+        let out = dir.path().join(format!("{target}.lad"));
+        let o = common::run("lladac", &["compile", "--model", ckpt.to_str().unwrap(), "-o", out.to_str().unwrap(), "--target", target, "--quant", "q4"]);
+        assert!(o.status.success(), "{target}: {}", String::from_utf8_lossy(&o.stderr));
+        let m = Model::open(&out, true).unwrap();
+        assert_eq!(m.header.plan.window.kv_dtype, llada_ir::KvDType::F16, "{target}: phones keep an f16 KV cache");
+        assert!(m.header.plan.latency_target.contains("estimate"), "{target}: {}", m.header.plan.latency_target);
+        let o = common::run("lladac", &["inspect", out.to_str().unwrap(), "--estimate", "--policy", "dual", "--gen-len", "64", "--steps", "64"]);
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success() && text.contains("ESTIMATE") && text.contains("generation (dual policy"), "{target}: {text}");
+        // A phone artifact runs on the host under the same plan (f16 KV cache).
+        let o = common::run("llada-rt", &["run", out.to_str().unwrap(), "--chat", "-p", "FILL:30007050=", "--gen-len", "32", "--steps", "32"]);
+        assert!(o.status.success(), "{target}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+}

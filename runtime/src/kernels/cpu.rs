@@ -2,8 +2,10 @@
 //! a portable version; the wider ones are chosen only when the CPU has their features.
 //!
 //! `LLADA_ISA` caps the choice, for testing the fallbacks and for debugging:
-//! `portable` (no SIMD), `avx2` (no AVX-512), `avx512` (AVX-512 F/BW/VL/DQ without the BF16
-//! and VNNI extensions, so bf16 and int8 matmuls take their portable path).
+//! `portable` (no SIMD), `avx2` (no AVX-512: every matmul on the AVX2 tiles), `avx512`
+//! (AVX-512 F/BW/VL/DQ without the BF16 and VNNI extensions, so bf16-activation and int8
+//! matmuls take their AVX2 path). The matmuls follow the `Features` they are given (normally
+//! [`features`], so the cap reaches them).
 //! `LLADA_DISABLE_AMX=1` is honoured too; this build has no AMX kernels (see BENCHMARKS.md),
 //! so AMX is only detected and reported.
 
@@ -11,7 +13,7 @@ use std::sync::OnceLock;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Features {
-    /// AVX2 + FMA + F16C (x86-64-v3).
+    /// AVX2 + FMA + F16C (x86-64-v3): every matmul format has AVX2 tiles.
     pub avx2: bool,
     /// AVX-512 F, BW, VL, DQ (x86-64-v4).
     pub avx512: bool,

@@ -9,7 +9,9 @@
 //! for q4), one task each; a task walks K in chunks small enough that its panels stay in L2
 //! while every 4-row register tile passes over them (each activation broadcast feeds one
 //! multiply-add per panel, which is what reaches the engine's peak), accumulating each chunk
-//! into the output. The portable path computes the same sums row by row.
+//! into the output. The SIMD kernels are AVX-512 (`x86`) or, on CPUs without it or without
+//! the format's extension, AVX2 (`x86_avx2`: same operands and contracts, narrower register
+//! tiles); see [`Path`]. The portable path computes the same sums row by row.
 
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
@@ -136,6 +138,16 @@ impl<'s> Prepared<'s> {
                     }
                     return p;
                 }
+                #[cfg(target_arch = "x86_64")]
+                if features.avx2 && k % 8 == 0 && group % 8 == 0 {
+                    for r in 0..rows {
+                        let dst = &mut p.bytes[r * p.stride..r * p.stride + k];
+                        let sums = &mut p.group_sums[r * p.groups..(r + 1) * p.groups];
+                        // SAFETY: AVX2 detected; the sizes meet the function's contract.
+                        p.scale[r] = unsafe { super::x86_avx2::quantize_row_avx2(&x[r * k..(r + 1) * k], dst, if q8 { 0x80 } else { 0 }, group, sums) };
+                    }
+                    return p;
+                }
                 for r in 0..rows {
                     // The quants go straight into the operand row (as i8 bits), then get
                     // their q8 offset.
@@ -172,6 +184,39 @@ impl Output {
     }
 }
 
+/// The kernels a GEMM runs on: the AVX-512 tiles when the CPU has the format's extension
+/// (`vdpbf16ps` for bf16 activations, `vpdpbusd` for the integer formats), else the AVX2
+/// tiles (every format: bf16 widened to f32, int8 dot products from `vpmaddubsw`), else
+/// portable code.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Path {
+    Portable,
+    Avx2,
+    Avx512,
+}
+
+impl Path {
+    /// The path `features` allows for `w`.
+    pub(crate) fn of(w: &Matrix, features: Features) -> Path {
+        let avx512 = match w.format {
+            DType::PanelF32 | DType::PanelF16 => features.avx512,
+            DType::PanelBf16 if w.bf16_activations => features.avx512_bf16,
+            DType::PanelBf16 => features.avx512,
+            DType::PanelQ8 | DType::PanelQ4 { .. } => features.avx512_vnni,
+            DType::F32 | DType::Bf16 | DType::F16 => return Path::Portable,
+        };
+        if !cfg!(target_arch = "x86_64") {
+            Path::Portable
+        } else if avx512 {
+            Path::Avx512
+        } else if features.avx2 {
+            Path::Avx2
+        } else {
+            Path::Portable
+        }
+    }
+}
+
 /// `out[rows, w.n] = x[rows, w.k] @ W^T`, using the threads of `pool` and the instruction-set
 /// paths `features` allows.
 pub fn gemm(x: &[f32], rows: usize, w: &Matrix, out: &mut [f32], scratch: &mut [u8], pool: &rayon::ThreadPool, features: Features) {
@@ -180,26 +225,26 @@ pub fn gemm(x: &[f32], rows: usize, w: &Matrix, out: &mut [f32], scratch: &mut [
     let pbytes = panel_bytes(w.format, k).expect("a panel format");
     assert_eq!(w.bytes.len(), panels(n) * pbytes, "packed weights of the wrong size");
     let prepared = Prepared::prepare(scratch, x, rows, w, features);
-    let simd = match w.format {
-        DType::PanelF32 | DType::PanelF16 => features.avx512,
-        DType::PanelBf16 if w.bf16_activations => features.avx512_bf16,
-        DType::PanelBf16 => features.avx512,
-        DType::PanelQ8 | DType::PanelQ4 { .. } => features.avx512_vnni,
-        _ => false,
-    };
+    let path = Path::of(w, features);
     let output = Output { ptr: out.as_mut_ptr() };
     let prepared = &prepared;
     #[cfg(target_arch = "x86_64")]
-    if simd {
-        // q4 and exact bf16 need registers for unpacked weights: narrower tiles.
-        let tile_panels = if matches!(w.format, DType::PanelQ4 { .. } | DType::PanelQ8) || w.operand() == Operand::F32 && w.format == DType::PanelBf16 { 4 } else { 6 };
+    if path != Path::Portable {
+        // The integer formats, and exact bf16 on AVX-512, need registers for unpacked
+        // weights: narrower tiles. (The AVX2 float tiles work in strips of three half
+        // panels: six panels make four.)
+        let tile_panels = match w.format {
+            DType::PanelQ4 { .. } | DType::PanelQ8 => 4,
+            DType::PanelBf16 if path == Path::Avx512 && w.operand() == Operand::F32 => 4,
+            _ => 6,
+        };
         let tiles = panels(n).div_ceil(tile_panels);
         let run = |t: usize| {
             let p0 = t * tile_panels;
             let p1 = (p0 + tile_panels).min(panels(n));
             // SAFETY: this task owns the columns of panels p0..p1; the slices and sizes were
             // checked above against the format.
-            unsafe { simd_tile_column(w, prepared, rows, p0, p1, output) };
+            unsafe { simd_tile_column(w, prepared, rows, p0, p1, output, path == Path::Avx2) };
         };
         if pool.current_num_threads() <= 1 || tiles < 2 {
             (0..tiles).for_each(run);
@@ -208,7 +253,7 @@ pub fn gemm(x: &[f32], rows: usize, w: &Matrix, out: &mut [f32], scratch: &mut [
         }
         return;
     }
-    let _ = simd;
+    let _ = path; // read only on x86-64
     let run = |p: usize| {
         for r in 0..rows {
             let vals = portable_panel_row(w, &w.bytes[p * pbytes..(p + 1) * pbytes], prepared, r);
@@ -249,14 +294,17 @@ fn bytes_per_k(format: DType) -> usize {
     }
 }
 
-/// Runs the SIMD kernels over panels `p0..p1` (at most six) for every row.
+/// Runs the SIMD kernels (the AVX2 ones if `avx2`, else AVX-512) over panels `p0..p1` (at
+/// most six) for every row.
 ///
 /// # Safety
-/// The CPU has the format's features; the caller owns output columns `16 * p0 .. 16 * p1`
-/// (clipped to `n`) of every row; `w` and `x` are consistent (checked by [`gemm`]).
+/// The CPU has the features of the format's kernels on that path (see [`Path::of`]); the
+/// caller owns output columns `16 * p0 .. 16 * p1` (clipped to `n`) of every row; `w` and
+/// `x` are consistent (checked by [`gemm`]).
 #[cfg(target_arch = "x86_64")]
-unsafe fn simd_tile_column(w: &Matrix, x: &Prepared, rows: usize, p0: usize, p1: usize, out: Output) {
+unsafe fn simd_tile_column(w: &Matrix, x: &Prepared, rows: usize, p0: usize, p1: usize, out: Output, avx2: bool) {
     use super::x86::{self, TileOut};
+    use super::x86_avx2;
     let (n, k) = (w.n, w.k);
     let pbytes = panel_bytes(w.format, k).unwrap();
     let data = panel_data_bytes(w.format, k);
@@ -276,6 +324,12 @@ unsafe fn simd_tile_column(w: &Matrix, x: &Prepared, rows: usize, p0: usize, p1:
             None
         }
     };
+    // The same kernel (same signature) from either instruction set.
+    macro_rules! kernel {
+        ($f:ident::<$nr:literal>($($a:expr),* $(,)?)) => {
+            if avx2 { x86_avx2::$f::<$nr>($($a),*) } else { x86::$f::<$nr>($($a),*) }
+        };
+    }
     macro_rules! by_width {
         ($nr:expr, $f:ident) => {
             match $nr {
@@ -334,22 +388,22 @@ unsafe fn simd_tile_column(w: &Matrix, x: &Prepared, rows: usize, p0: usize, p1:
                 match w.format {
                     DType::PanelF32 => {
                         let xp = x.f32s.as_ptr().add(r0 * x.stride + k0);
-                        macro_rules! call { ($nr:literal) => { x86::tile_f32::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(64 * k0)), len, &o, prefetch::<$nr>(pf($nr))) } }
+                        macro_rules! call { ($nr:literal) => { kernel!(tile_f32::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(64 * k0)), len, &o, prefetch::<$nr>(pf($nr)))) } }
                         by_width!(p1 - p0, call)
                     }
                     DType::PanelF16 => {
                         let xp = x.f32s.as_ptr().add(r0 * x.stride + k0);
-                        macro_rules! call { ($nr:literal) => { x86::tile_f16::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(32 * k0)), len, &o, prefetch::<$nr>(pf($nr))) } }
+                        macro_rules! call { ($nr:literal) => { kernel!(tile_f16::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(32 * k0)), len, &o, prefetch::<$nr>(pf($nr)))) } }
                         by_width!(p1 - p0, call)
                     }
                     DType::PanelBf16 if !w.bf16_activations => {
                         let xp = x.f32s.as_ptr().add(r0 * x.stride + k0);
-                        macro_rules! call { ($nr:literal) => { x86::tile_bf16_f32::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(32 * k0)), len.div_ceil(2), &o, prefetch::<$nr>(pf($nr))) } }
+                        macro_rules! call { ($nr:literal) => { kernel!(tile_bf16_f32::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(32 * k0)), len.div_ceil(2), &o, prefetch::<$nr>(pf($nr)))) } }
                         by_width!(p1 - p0, call)
                     }
                     DType::PanelBf16 => {
                         let xp = (x.bf16s.as_ptr() as *const u16).add(r0 * x.stride + k0);
-                        macro_rules! call { ($nr:literal) => { x86::tile_bf16::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(32 * k0)), len.div_ceil(2), &o, prefetch::<$nr>(pf($nr))) } }
+                        macro_rules! call { ($nr:literal) => { kernel!(tile_bf16::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(32 * k0)), len.div_ceil(2), &o, prefetch::<$nr>(pf($nr)))) } }
                         by_width!(p1 - p0, call)
                     }
                     DType::PanelQ8 => {
@@ -357,8 +411,8 @@ unsafe fn simd_tile_column(w: &Matrix, x: &Prepared, rows: usize, p0: usize, p1:
                         let colsum = |j: usize| if k0 == 0 { panel(p0 + j).add(data + 64) as *const i32 } else { zeros.as_ptr() };
                         macro_rules! call {
                             ($nr:literal) => {
-                                x86::tile_q8::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(16 * k0)), len.div_ceil(4),
-                                    std::array::from_fn(colsum), std::array::from_fn(|j| panel(p0 + j).add(data) as *const f32), &xs, &o, prefetch::<$nr>(pf($nr)))
+                                kernel!(tile_q8::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(16 * k0)), len.div_ceil(4),
+                                    std::array::from_fn(colsum), std::array::from_fn(|j| panel(p0 + j).add(data) as *const f32), &xs, &o, prefetch::<$nr>(pf($nr))))
                             };
                         }
                         by_width!(p1 - p0, call)
@@ -369,8 +423,8 @@ unsafe fn simd_tile_column(w: &Matrix, x: &Prepared, rows: usize, p0: usize, p1:
                         let gsums = x.group_sums.as_ptr().add(r0 * x.groups + k0 / g);
                         macro_rules! call {
                             ($nr:literal) => {
-                                x86::tile_q4::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(8 * k0)), g, len / g,
-                                    std::array::from_fn(|j| panel(p0 + j).add(data + 32 * (k0 / g))), gsums, x.groups, &xs, &o, prefetch::<$nr>(pf($nr)))
+                                kernel!(tile_q4::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(8 * k0)), g, len / g,
+                                    std::array::from_fn(|j| panel(p0 + j).add(data + 32 * (k0 / g))), gsums, x.groups, &xs, &o, prefetch::<$nr>(pf($nr))))
                             };
                         }
                         by_width!(p1 - p0, call)
@@ -473,14 +527,14 @@ mod tests {
     }
 
     /// Every format against a double-precision product with the dequantised weights, on the
-    /// detected path and on the portable path; tolerances cover the activation rounding (bf16)
-    /// or quantisation (int8). Shapes cover partial tiles of rows and panels, K over several
-    /// chunks, and the column tiles of both widths.
-    #[test]
-    fn every_format_matches_the_reference_on_both_paths() {
+    /// path `features` selects and on the portable path; tolerances cover the activation
+    /// rounding (bf16) or quantisation (int8). Shapes cover partial tiles of rows and panels,
+    /// K over several chunks and not in whole unrolled blocks, the column tiles of both
+    /// widths, and q4 groups of whole and partial batches of four blocks.
+    fn check_against_reference(features: Features, path: Option<Path>) {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
         let mut s = 5;
-        for &(rows, n, k) in &[(1, 16, 64), (19, 37, 128), (33, 150, 256), (6, 100, 4608), (40, 256, 128), (40, 128, 384), (40, 320, 128), (40, 768, 128)] {
+        for &(rows, n, k) in &[(1, 16, 64), (19, 37, 128), (33, 150, 256), (6, 100, 4608), (40, 256, 128), (40, 128, 384), (40, 320, 128), (40, 768, 128), (5, 40, 37), (9, 70, 300)] {
             let x: Vec<f32> = (0..rows * k).map(|_| lcg(&mut s)).collect();
             let w: Vec<Vec<f32>> = (0..n).map(|_| (0..k).map(|_| lcg(&mut s) * 0.1).collect()).collect();
             for (format, bf16_activations, tol) in [
@@ -489,23 +543,32 @@ mod tests {
                 (DType::PanelBf16, false, 1e-5),
                 (DType::PanelBf16, true, 2e-2),
                 (DType::PanelQ8, false, 2e-2),
+                (DType::PanelQ4 { group: 8 }, false, 2e-2),
+                (DType::PanelQ4 { group: 24 }, false, 2e-2),
                 (DType::PanelQ4 { group: 32 }, false, 2e-2),
                 (DType::PanelQ4 { group: 64 }, false, 2e-2),
+                (DType::PanelQ4 { group: 128 }, false, 2e-2),
             ] {
+                if panel_bytes(format, k).is_none() {
+                    continue; // q4: K is not whole groups
+                }
                 let bytes = pack(format, &w, k);
                 let m = Matrix { format, n, k, bytes: &bytes, bf16_activations };
+                if let Some(path) = path {
+                    assert_eq!(Path::of(&m, features), path, "{}", format.name());
+                }
                 let pbytes = panel_bytes(format, k).unwrap();
                 let deq: Vec<Vec<[f32; PANEL]>> = bytes.chunks(pbytes).map(|p| unpack_panel(format, p, k)).collect();
                 let want = |r: usize, c: usize| (0..k).map(|kk| x[r * k + kk] as f64 * deq[c / PANEL][kk][c % PANEL] as f64).sum::<f64>();
                 let scale = (0..rows * n).fold(0f64, |m, i| m.max(want(i / n, i % n).abs()));
                 let mut scratch = scratch_for(&m, rows);
                 let (mut fast, mut portable) = (vec![0.0; rows * n], vec![0.0; rows * n]);
-                gemm(&x, rows, &m, &mut fast, bytemuck::cast_slice_mut(&mut scratch), &pool, cpu::features());
+                gemm(&x, rows, &m, &mut fast, bytemuck::cast_slice_mut(&mut scratch), &pool, features);
                 gemm(&x, rows, &m, &mut portable, bytemuck::cast_slice_mut(&mut scratch), &pool, Features::default());
                 // The integer formats see identical quants on both paths.
                 if matches!(format, DType::PanelQ8 | DType::PanelQ4 { .. }) && k % 16 == 0 {
                     let mut other = scratch_for(&m, rows);
-                    let prep = Prepared::prepare(bytemuck::cast_slice_mut(&mut scratch), &x, rows, &m, cpu::features());
+                    let prep = Prepared::prepare(bytemuck::cast_slice_mut(&mut scratch), &x, rows, &m, features);
                     let again = Prepared::prepare(bytemuck::cast_slice_mut(&mut other), &x, rows, &m, Features::default());
                     assert_eq!((&prep.bytes, &prep.group_sums), (&again.bytes, &again.group_sums), "{}", format.name());
                     assert_eq!(prep.scale, again.scale);
@@ -518,6 +581,54 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The detected path (AVX-512, or AVX2 on CPUs without it) against the portable one.
+    #[test]
+    fn every_format_matches_the_reference_on_both_paths() {
+        check_against_reference(cpu::features(), None);
+    }
+
+    /// The AVX2 tiles on their own, also where AVX-512 would be chosen.
+    #[test]
+    fn avx2_tiles_match_the_reference() {
+        if !cpu::features().avx2 {
+            eprintln!("skipped: this CPU has no AVX2 + FMA + F16C (or LLADA_ISA caps it)");
+            return;
+        }
+        check_against_reference(Features { avx2: true, ..Features::default() }, Some(Path::Avx2));
+    }
+
+    /// The AVX2 q8 and q4 tiles give the portable path's integer sums exactly: one K chunk
+    /// (so one conversion to float), integer-valued weights and activations of every
+    /// magnitude the quants can take, and the same float epilogue, leave nothing to round
+    /// differently.
+    #[test]
+    fn avx2_integer_sums_are_exact() {
+        if !cpu::features().avx2 {
+            eprintln!("skipped: this CPU has no AVX2 + FMA + F16C (or LLADA_ISA caps it)");
+            return;
+        }
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let (rows, n, k) = (7, 40, 256);
+        let mut s = 11;
+        // Each row's largest magnitude is 127 (scale 1), so the quants are the values.
+        let x: Vec<f32> = (0..rows * k).map(|i| if i % k == 3 { -127.0 } else { (lcg(&mut s) * 127.0).round() }).collect();
+        for format in [DType::PanelQ8, DType::PanelQ4 { group: 32 }, DType::PanelQ4 { group: 128 }] {
+            // Weights at the quants' extremes (q8: +-127 with scale 1; q4: -8..7 times a
+            // power-of-two scale), so the products' sums are large.
+            let w: Vec<Vec<f32>> = (0..n)
+                .map(|c| (0..k).map(|kk| if format == DType::PanelQ8 { if (c + kk) % 3 == 0 { -127.0 } else { 127.0 } } else { [-8.0, 7.0, -8.0, 1.0][(c * 7 + kk) % 4] * 0.25 }).collect())
+                .collect();
+            let bytes = pack(format, &w, k);
+            let m = Matrix { format, n, k, bytes: &bytes, bf16_activations: false };
+            assert!(chunk_k(format, k) >= k);
+            let mut scratch = scratch_for(&m, rows);
+            let (mut fast, mut portable) = (vec![0.0; rows * n], vec![0.0; rows * n]);
+            gemm(&x, rows, &m, &mut fast, bytemuck::cast_slice_mut(&mut scratch), &pool, Features { avx2: true, ..Features::default() });
+            gemm(&x, rows, &m, &mut portable, bytemuck::cast_slice_mut(&mut scratch), &pool, Features::default());
+            assert_eq!(fast, portable, "{}", format.name());
         }
     }
 }

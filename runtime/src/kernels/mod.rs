@@ -5,6 +5,7 @@ pub mod attention;
 pub mod cpu;
 pub mod gemm;
 mod x86;
+mod x86_avx2;
 
 use half::slice::HalfFloatSliceExt;
 
