@@ -365,7 +365,7 @@ fn run(cli: Cli) -> Result<()> {
                 println!("bf16 dot:      {:>7.1}     {:>7.1}  GFLOP/s", g(r.bf16_flops.one_thread), g(r.bf16_flops.all_threads));
                 println!("int8 dot:      {:>7.1}     {:>7.1}  GOP/s", g(r.int8_ops.one_thread), g(r.int8_ops.all_threads));
                 println!("memory read:   {:>7.1}     {:>7.1}  GB/s", g(r.read_bytes.one_thread), g(r.read_bytes.all_threads));
-                println!("GEMM 64x4096x4096 sustained, {} threads: f32 {:.1}, bf16 {:.1} GFLOP/s; q8 {:.1}, q4 {:.1} GOP/s", r.threads, g(r.gemm.f32), g(r.gemm.bf16), g(r.gemm.q8), g(r.gemm.q4));
+                println!("GEMM sustained (median of 6 shapes), {} threads: f32 {:.1}, bf16 {:.1} GFLOP/s; q8 {:.1}, q4 {:.1} GOP/s", r.threads, g(r.gemm.f32), g(r.gemm.bf16), g(r.gemm.q8), g(r.gemm.q4));
             }
         }
         Command::Bench { file, rows, head_rows, repeat, threads, staging, generate: time_generation, prompt_len, sampler, json } => {

@@ -41,8 +41,9 @@ pub struct Roofline {
     pub gemm: GemmRates,
 }
 
-/// (FL)OP/s the packed GEMM sustains on all threads for a 64-row x 4096 x 4096 product
-/// (LLaDA-8B's attention output; its weights come from memory, not cache): median of five.
+/// (FL)OP/s the packed GEMM sustains on all threads: the median over 32, 64 and 128 rows of
+/// LLaDA-8B's attention output (4096 x 4096) and LLaDA-1B's MLP down projection
+/// (2048 x 5632), weights from memory, not cache; each the median of five runs.
 #[derive(Debug, Clone, Copy, Serialize, Default)]
 pub struct GemmRates {
     pub f32: f64,
@@ -58,30 +59,38 @@ fn measure_gemm(threads: usize) -> GemmRates {
     use crate::kernels::gemm::{gemm, Matrix};
     use llada_ir::packing::{pack_panel, PANEL};
     use llada_ir::DType;
-    let (rows, n, k) = (64usize, 4096usize, 4096usize);
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads.max(1)).build().expect("the thread pool starts");
-    let row: Vec<f32> = (0..k).map(|i| ((i * 5) % 11) as f32 * 0.01 - 0.05).collect();
-    let x: Vec<f32> = (0..rows * k).map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6).collect();
-    let mut out = vec![0.0; rows * n];
-    let mut one = |format: DType| {
-        let rows16: Vec<&[f32]> = (0..PANEL).map(|_| row.as_slice()).collect();
-        let mut bytes = Vec::new();
-        for _ in 0..n / PANEL {
-            pack_panel(format, &rows16, k, &mut bytes);
-        }
-        let m = Matrix { format, n, k, bytes: &bytes, bf16_activations: false };
-        let mut scratch = vec![0u64; m.operand_layout(rows).bytes.div_ceil(8)];
-        let scratch: &mut [u8] = bytemuck::cast_slice_mut(&mut scratch);
-        gemm(&x, rows, &m, &mut out, scratch, &pool, cpu::features());
-        let mut times: Vec<f64> = (0..5)
-            .map(|_| {
-                let t = Instant::now();
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let one = |format: DType| {
+        let mut rates = Vec::new();
+        for (n, k) in [(4096usize, 4096usize), (2048, 5632)] {
+            let row: Vec<f32> = (0..k).map(|i| ((i * 5) % 11) as f32 * 0.01 - 0.05).collect();
+            let rows16: Vec<&[f32]> = (0..PANEL).map(|_| row.as_slice()).collect();
+            let mut bytes = Vec::new();
+            for _ in 0..n / PANEL {
+                pack_panel(format, &rows16, k, &mut bytes);
+            }
+            let m = Matrix { format, n, k, bytes: &bytes, bf16_activations: false };
+            for rows in [32usize, 64, 128] {
+                let x: Vec<f32> = (0..rows * k).map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6).collect();
+                let mut out = vec![0.0; rows * n];
+                let mut scratch = vec![0u64; m.operand_layout(rows).bytes.div_ceil(8)];
+                let scratch: &mut [u8] = bytemuck::cast_slice_mut(&mut scratch);
                 gemm(&x, rows, &m, &mut out, scratch, &pool, cpu::features());
-                t.elapsed().as_secs_f64()
-            })
-            .collect();
-        times.sort_by(f64::total_cmp);
-        2.0 * (rows * n * k) as f64 / times[2]
+                let times = (0..5)
+                    .map(|_| {
+                        let t = Instant::now();
+                        gemm(&x, rows, &m, &mut out, scratch, &pool, cpu::features());
+                        t.elapsed().as_secs_f64()
+                    })
+                    .collect();
+                rates.push(2.0 * (rows * n * k) as f64 / median(times));
+            }
+        }
+        median(rates)
     };
     GemmRates { f32: one(DType::PanelF32), bf16: one(DType::PanelBf16), q8: one(DType::PanelQ8), q4: one(DType::PanelQ4 { group: 128 }) }
 }
