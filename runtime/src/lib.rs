@@ -13,6 +13,7 @@ pub mod sampler;
 pub mod session;
 pub mod staging;
 pub mod text;
+pub mod trace;
 pub mod window;
 
 pub use error::{Error, Result};

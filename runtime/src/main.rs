@@ -109,6 +109,9 @@ enum Command {
         /// Redraw the whole canvas after every step, masks and all.
         #[arg(long, conflicts_with = "json")]
         show_denoising: bool,
+        /// Write a Chrome/Perfetto trace of the run (dense passes, waits, staging copies).
+        #[arg(long)]
+        trace: Option<PathBuf>,
         /// Worker threads [default: every core, or LLADA_THREADS].
         #[arg(long)]
         threads: Option<usize>,
@@ -265,7 +268,7 @@ impl Display<'_> {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Run { file, prompt, chat, prompt_ids, sampler, json, show_denoising, threads, staging } => {
+        Command::Run { file, prompt, chat, prompt_ids, sampler, json, show_denoising, trace, threads, staging } => {
             let model = Model::open(&file, true)?;
             let text = Text::new(&model.header.tokenizer, &model.header.special)?;
             let ids = match (&prompt, &prompt_ids) {
@@ -279,12 +282,19 @@ fn run(cli: Cli) -> Result<()> {
             }
             let params = sampler.params();
             let mut session = open_session(&model, threads, &staging)?;
+            let timeline = trace.as_ref().map(|_| std::sync::Arc::new(llada_rt::trace::Trace::default()));
+            if let Some(t) = &timeline {
+                session.set_trace(t.clone());
+            }
             let mut display = Display { text: &text, mask: model.header.special.mask, denoising: show_denoising, printed: String::new(), canvas_lines: 0 };
             let g = if json {
                 generate(&mut session, &ids, &params, &mut |_| {})?
             } else {
                 generate(&mut session, &ids, &params, &mut |v| display.step(v))?
             };
+            if let (Some(path), Some(t)) = (&trace, &timeline) {
+                t.write(path).map_err(|e| Error::io(path, e))?;
+            }
             let answer = text.answer(&g.output_ids);
             if json {
                 let obj = json!({

@@ -64,6 +64,7 @@ pub struct Session<'m> {
     last_staging: PassStaging,
     /// Seconds spent reading the resident segments into the window at the start.
     pub load_seconds: f64,
+    trace: Option<std::sync::Arc<crate::trace::Trace>>,
 }
 
 impl<'m> Session<'m> {
@@ -100,7 +101,14 @@ impl<'m> Session<'m> {
             counters: Counters::default(),
             last_staging: PassStaging::default(),
             load_seconds,
+            trace: None,
         })
+    }
+
+    /// Records every pass (and the staging thread's copies) in `trace` from now on.
+    pub fn set_trace(&mut self, trace: std::sync::Arc<crate::trace::Trace>) {
+        self.stager.set_trace(trace.clone());
+        self.trace = Some(trace);
     }
 
     /// Staging figures of the last pass.
@@ -207,6 +215,9 @@ impl<'m> Session<'m> {
             None
         };
         self.counters.forward_seconds += start.elapsed().as_secs_f64();
+        if let Some(t) = &self.trace {
+            t.span(crate::trace::Track::Dense, format!("pass {} ({} rows)", g.name, span.len()), start, Instant::now());
+        }
         let st = self.stager.end_pass();
         self.counters.staged_bytes += st.staged_bytes;
         self.counters.stall_seconds += st.stall_seconds;

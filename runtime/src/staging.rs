@@ -21,6 +21,7 @@ use std::time::Instant;
 use llada_ir::{Graph, Header};
 
 use crate::error::{Error, Result};
+use crate::trace::{Trace, Track};
 use crate::window::SlotPtr;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +93,10 @@ struct State {
 struct Shared {
     state: Mutex<State>,
     changed: Condvar,
+    /// Where copies are recorded, once a trace is attached.
+    trace: std::sync::OnceLock<Arc<Trace>>,
+    /// Segment names, for the trace.
+    names: Vec<String>,
 }
 
 impl Shared {
@@ -126,7 +131,13 @@ impl Stager {
     pub fn new(h: &Header, path: &Path, data_offset: u64, slots: Vec<SlotPtr>, mode: StagingMode) -> Result<Stager> {
         let file = Arc::new(File::open(path).map_err(|e| Error::io(path, e))?);
         let ranges = rotating_ranges(h, data_offset);
-        let shared = Arc::new(Shared { state: Mutex::new(State { slots: vec![SlotState::default(); slots.len()], ..State::default() }), changed: Condvar::new() });
+        let names = h.plan.window.rotating.iter().map(|&s| h.segments[s as usize].name.clone()).collect();
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State { slots: vec![SlotState::default(); slots.len()], ..State::default() }),
+            changed: Condvar::new(),
+            trace: std::sync::OnceLock::new(),
+            names,
+        });
         let mut stager = Stager { mode, file, path: path.display().to_string(), ranges, slots: slots.into(), shared, thread: None, pass_base: 0, pass: PassStaging::default() };
         if mode == StagingMode::Async && !stager.ranges.is_empty() {
             let (file, ranges, slots, shared) = (stager.file.clone(), stager.ranges.clone(), stager.slots.clone(), stager.shared.clone());
@@ -141,6 +152,11 @@ impl Stager {
 
     pub fn mode(&self) -> StagingMode {
         self.mode
+    }
+
+    /// Records copies and waits in `trace` from now on.
+    pub fn set_trace(&mut self, trace: Arc<Trace>) {
+        let _ = self.shared.trace.set(trace);
     }
 
     /// The slots; rotating segment `i` lives in slot `i % slots.len()`. (An owned copy of
@@ -162,6 +178,9 @@ impl Stager {
                     // this slot is alive between ops.
                     let dst = unsafe { self.slots[s].bytes_mut() };
                     self.file.read_exact_at(&mut dst[..len], offset).map_err(|e| Error::io(&self.path, e))?;
+                    if let Some(t) = self.shared.trace.get() {
+                        t.span(Track::Dense, format!("copy {} (sync)", self.shared.names[i]), start, Instant::now());
+                    }
                     let t = start.elapsed().as_secs_f64();
                     self.pass.stall_seconds += t;
                     self.pass.copy_seconds += t;
@@ -180,6 +199,9 @@ impl Stager {
                     }
                     if waited {
                         self.pass.stall_seconds += start.elapsed().as_secs_f64();
+                        if let Some(t) = self.shared.trace.get() {
+                            t.span(Track::Dense, format!("wait for {}", self.shared.names[i]), start, Instant::now());
+                        }
                     }
                     self.pass.copy_seconds += state.slots[s].copy_seconds;
                 }
@@ -251,6 +273,9 @@ fn stage_forever(file: &File, ranges: &[(u64, usize)], slots: &[SlotPtr], shared
             Ok(()) => {
                 state.slots[s].ready = true;
                 state.slots[s].copy_seconds = start.elapsed().as_secs_f64();
+                if let Some(t) = shared.trace.get() {
+                    t.span(Track::Staging, format!("copy {} into slot {s}", shared.names[i]), start, Instant::now());
+                }
             }
             Err(e) => {
                 state.failed = Some(format!("staging a weight segment failed: {e}"));

@@ -132,3 +132,33 @@ fn phone_targets_plan_and_label_their_estimates() {
         assert!(o.status.success(), "{target}: {}", String::from_utf8_lossy(&o.stderr));
     }
 }
+
+/// `run --trace` writes a Chrome trace in which the staging thread's copies run during dense
+/// passes. Not a timing check: by the swap protocol, a pass's copies after its first two
+/// start when one of its ops releases a slot and end before one of its ops needs the segment.
+#[test]
+fn the_trace_shows_copies_inside_dense_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/llada-tiny-tasks");
+    let (res, swap) = (dir.path().join("resident.lad"), dir.path().join("swap.lad"));
+    compile(&ckpt, &res, None, 256, None);
+    compile(&ckpt, &swap, None, 256, Some(half_the_weights(&res)));
+    let trace = dir.path().join("trace.json");
+    let o = common::run("llada-rt", &["run", swap.to_str().unwrap(), "--chat", "-p", "FILL:30007050=", "--gen-len", "32", "--steps", "8", "--trace", trace.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let spans = |tid: u64, prefix: &str| -> Vec<(f64, f64)> {
+        v["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["ph"] == "X" && e["tid"] == tid && e["name"].as_str().unwrap().starts_with(prefix))
+            .map(|e| (e["ts"].as_f64().unwrap(), e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap()))
+            .collect()
+    };
+    let (passes, copies) = (spans(1, "pass"), spans(2, "copy"));
+    let rotating = Model::open(&swap, false).unwrap().header.plan.window.rotating.len();
+    assert_eq!(passes.len(), 8);
+    let inside = copies.iter().filter(|c| passes.iter().any(|p| p.0 <= c.0 && c.1 <= p.1)).count();
+    assert!(inside >= passes.len() * (rotating - 2), "{inside} of {} copies inside the {} passes", copies.len(), passes.len());
+}
