@@ -50,11 +50,8 @@ fn measured(path: &Path, target: &Target, h: &Header) -> Result<Machine> {
 /// (graph name, graph rows, estimate).
 fn pass(h: &Header, m: &Machine, act: u32, rows: u32, context: u32, head: u32) -> Result<(String, u32, cost::PassEstimate)> {
     let g = h
-        .plan
-        .by_rows
-        .iter()
-        .map(|&i| &h.graphs[i as usize])
-        .find(|g| g.rows >= rows)
+        .graph_for_rows(rows as usize)
+        .map(|i| &h.graphs[i as usize])
         .ok_or_else(|| Error::Options(format!("no graph of the plan holds {rows} rows (the largest has {})", h.graphs.iter().map(|g| g.rows).max().unwrap_or(0))))?;
     let work = cost::graph_work(h, g, head.min(g.head_rows), context, h.plan.window.kv_dtype.bytes() as u32, act);
     Ok((g.name.clone(), g.rows, cost::pass_estimate(m, &work, staged_bytes(h, g), true)))

@@ -48,14 +48,14 @@ fn window_map(h: &Header) -> Vec<Value> {
 }
 
 pub fn describe(h: &Header, major: u16, minor: u16, file_bytes: u64) -> Value {
-    let segment_of = |offset: u64| h.segments.iter().position(|s| offset >= s.offset && offset < s.offset + s.nbytes);
     let tensors: Vec<Value> = h
         .tensors
         .iter()
-        .map(|t| {
+        .enumerate()
+        .map(|(i, t)| {
             json!({
                 "name": t.name, "dtype": t.dtype.name(), "shape": t.shape, "bytes": t.nbytes,
-                "offset": t.offset, "segment": segment_of(t.offset).map(|i| h.segments[i].name.clone()),
+                "offset": t.offset, "segment": h.segment_of(i as u32).map(|s| h.segments[s as usize].name.clone()),
             })
         })
         .collect();

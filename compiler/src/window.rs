@@ -3,8 +3,8 @@
 //! weight segments stay resident and which rotate through slots, and writes each graph's
 //! swap schedule. `llada_ir::verify` re-checks all of it.
 
-use llada_ir::window::{attention_scratch, kv_bytes, operand_layout};
-use llada_ir::{align_up, Graph, Header, KvDType, Op, Region, ResidentSegment, Rows, Scratch, StageStep, WindowPlan};
+use llada_ir::window::{attention_scratch, kv_bytes, largest_gemm_operand, segment_spans};
+use llada_ir::{align_up, Graph, Header, KvDType, Region, ResidentSegment, Scratch, StageStep, WindowPlan};
 
 use crate::error::{Error, Result};
 
@@ -29,18 +29,10 @@ fn mib(b: u64) -> String {
 }
 
 /// Segments in the order the graphs first read them (every graph reads them in the same
-/// order: the lowering emits the same layers for every row count).
-fn first_use_order(h: &Header, g: &Graph, host: u32) -> Vec<u32> {
-    let mut order = Vec::new();
-    for op in &g.ops {
-        for t in op.tensors() {
-            if let Some(s) = h.segment_of(t) {
-                if s != host && !order.contains(&s) {
-                    order.push(s);
-                }
-            }
-        }
-    }
+/// order: the lowering emits the same layers for every row count), the host segment aside.
+fn first_use_order(spans: &[Option<(usize, usize)>], host: u32) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..spans.len() as u32).filter(|&s| s != host && spans[s as usize].is_some()).collect();
+    order.sort_by_key(|&s| spans[s as usize].map(|(first, _)| first));
     order
 }
 
@@ -52,16 +44,7 @@ pub fn plan(h: &mut Header, o: &WindowOptions) -> Result<()> {
     let al = |x: u64| align_up(x, o.align);
     let kv = kv_bytes(m, h.plan.kv_capacity, o.kv_dtype).ok_or_else(|| Error::Options("the KV cache size overflows".into()))?;
     let (big_graph, act) = h.graphs.iter().map(|g| (g.name.clone(), g.window_bytes)).max_by_key(|g| g.1).unwrap_or_default();
-    let mut operand = 0;
-    for g in &h.graphs {
-        for op in &g.ops {
-            if let Op::MatMul { x, weight, .. } = *op {
-                let rows = if g.values[x as usize].rows == Rows::Tokens { g.rows } else { g.head_rows } as usize;
-                let t = &h.tensors[weight as usize];
-                operand = operand.max(operand_layout(t.dtype, h.plan.bf16_activations, rows, t.shape[1] as usize).bytes as u64);
-            }
-        }
-    }
+    let operand = largest_gemm_operand(h);
     let attention = attention_scratch(m, h.plan.kv_capacity, o.kv_dtype, o.threads).2;
     let kv_r = Region { name: "kv".into(), offset: 0, bytes: kv };
     let act_r = Region { name: "activations".into(), offset: al(kv), bytes: act };
@@ -69,15 +52,12 @@ pub fn plan(h: &mut Header, o: &WindowOptions) -> Result<()> {
     let att_r = Region { name: "scratch.attention".into(), offset: al(gemm_r.offset + operand), bytes: attention };
     let fixed = al(att_r.offset + attention);
 
-    let order = first_use_order(h, &h.graphs[0], o.host_segment);
+    let spans = segment_spans(h, &h.graphs[0]);
+    let order = first_use_order(&spans, o.host_segment);
     let size = |s: u32| al(h.segments[s as usize].nbytes);
     // A segment read across other segments' uses (the rotary tables, read by every layer)
     // would hold a slot for the whole pass and stall the ring behind it: it stays resident.
-    let span = |s: u32| {
-        let g = &h.graphs[0];
-        let uses: Vec<usize> = (0..g.ops.len()).filter(|&i| g.ops[i].tensors().iter().any(|&t| h.segment_of(t) == Some(s))).collect();
-        (uses[0], *uses.last().unwrap())
-    };
+    let span = |s: u32| spans[s as usize].expect("segments in the order are read");
     let pinned: Vec<u32> = order.iter().copied().filter(|&s| order.iter().any(|&o| o != s && span(s).0 <= span(o).0 && span(o).1 <= span(s).1)).collect();
     let pinned_bytes: u64 = pinned.iter().map(|&s| size(s)).sum();
     let fixed = fixed + pinned_bytes;
@@ -147,21 +127,14 @@ pub fn plan(h: &mut Header, o: &WindowOptions) -> Result<()> {
             v.offset += act_r.offset;
         }
     }
-    let uses: Vec<Vec<(usize, usize)>> = {
-        let h = &*h;
-        h.graphs
-            .iter()
-            .map(|g| {
-                rotating
-                    .iter()
-                    .map(|&s| {
-                        let ops: Vec<usize> = (0..g.ops.len()).filter(|&i| g.ops[i].tensors().iter().any(|&t| h.segment_of(t) == Some(s))).collect();
-                        (ops[0], *ops.last().unwrap())
-                    })
-                    .collect()
-            })
-            .collect()
-    };
+    let uses: Vec<Vec<(usize, usize)>> = h
+        .graphs
+        .iter()
+        .map(|g| {
+            let spans = segment_spans(h, g);
+            rotating.iter().map(|&s| spans[s as usize].expect("every graph reads every segment")).collect()
+        })
+        .collect();
     for (g, uses) in h.graphs.iter_mut().zip(uses) {
         g.staging = uses
             .iter()

@@ -225,6 +225,12 @@ impl Header {
         self.tensors.iter().position(|t| t.name == name).map(|i| i as u32)
     }
 
+    /// The graph that computes `rows` positions: the smallest bucket of the plan that holds
+    /// them.
+    pub fn graph_for_rows(&self, rows: usize) -> Option<u32> {
+        self.plan.by_rows.iter().copied().find(|&g| self.graphs.get(g as usize).is_some_and(|g| g.rows as usize >= rows))
+    }
+
     /// The segment holding tensor `t` whole, if any.
     pub fn segment_of(&self, t: crate::TensorId) -> Option<u32> {
         let t = self.tensors.get(t as usize)?;

@@ -5,10 +5,10 @@
 //! while both are alive. Errors name both things.
 
 use crate::format::WINDOW_ALIGN;
-use crate::graph::{Graph, Op, Rows};
+use crate::graph::{Graph, Op};
 use crate::header::Header;
 use crate::verify::live_intervals;
-use crate::window::{attention_scratch, kv_bytes, operand_layout};
+use crate::window::{attention_scratch, kv_bytes, largest_gemm_operand, segment_spans};
 
 /// One thing in the window: name, offset, bytes, and the ops it is alive over.
 struct Item {
@@ -63,17 +63,7 @@ pub(crate) fn window(h: &Header) -> Result<(), String> {
     if w.kv.bytes != need_kv {
         return Err(format!("the KV cache has {} bytes; {} positions of {} need {need_kv}", w.kv.bytes, h.plan.kv_capacity, w.kv_dtype.name()));
     }
-    let mut operand = 0;
-    for g in &h.graphs {
-        for op in &g.ops {
-            if let Op::MatMul { x, weight, .. } = *op {
-                let (Some(v), Some(t)) = (g.values.get(x as usize), h.tensors.get(weight as usize)) else { continue };
-                let rows = if v.rows == Rows::Tokens { g.rows } else { g.head_rows } as usize;
-                let k = t.shape.get(1).copied().unwrap_or(0) as usize;
-                operand = operand.max(operand_layout(t.dtype, h.plan.bf16_activations, rows, k).bytes as u64);
-            }
-        }
-    }
+    let operand = largest_gemm_operand(h);
     if w.scratch.gemm_operand.bytes < operand {
         return Err(format!("scratch.gemm_operand has {} bytes; the largest prepared GEMM operand needs {operand}", w.scratch.gemm_operand.bytes));
     }
@@ -148,6 +138,7 @@ pub(crate) fn graph_in_window(h: &Header, g: &Graph) -> Result<(), String> {
         }
     }
     let slots = w.slots.len();
+    let spans = segment_spans(h, g);
     if g.staging.len() != w.rotating.len() {
         return Err(format!("has {} staging steps for {} rotating segments", g.staging.len(), w.rotating.len()));
     }
@@ -157,8 +148,7 @@ pub(crate) fn graph_in_window(h: &Header, g: &Graph) -> Result<(), String> {
         if st.rotating as usize != i || st.slot as usize != i % slots {
             return Err(at(format!("stages rotating segment {} into slot {}; the plan's order says {i} into {}", st.rotating, st.slot, i % slots)));
         }
-        let uses: Vec<usize> = (0..g.ops.len()).filter(|&o| g.ops[o].tensors().iter().any(|&t| h.segment_of(t).map(|s| s as usize) == Some(seg))).collect();
-        let (Some(&first), Some(&last)) = (uses.first(), uses.last()) else {
+        let Some((first, last)) = spans[seg] else {
             return Err(at(format!("segment '{}' is staged but no op reads it", h.segments[seg].name)));
         };
         if st.first_op as usize != first || (st.last_op as usize) < last || st.last_op as usize >= g.ops.len() {

@@ -14,7 +14,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::format::align_up;
-use crate::header::{DType, ModelConfig};
+use crate::graph::{Graph, Op, Rows};
+use crate::header::{DType, Header, ModelConfig};
 
 /// Element type of the KV cache.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -211,4 +212,34 @@ pub fn attention_scratch(m: &ModelConfig, keys: u32, kv_dtype: KvDType, threads:
     let scores = align_up(4 * keys as u64, 16);
     let widened = if kv_dtype == KvDType::F32 { 0 } else { 2 * m.n_kv_heads as u64 * m.head_dim as u64 * keys as u64 };
     (scores, widened, (scores * threads as u64 + widened) * 4)
+}
+
+/// Bytes of the largest prepared GEMM operand any graph of `h` needs (its ops' references
+/// already verified).
+pub fn largest_gemm_operand(h: &Header) -> u64 {
+    let mut largest = 0;
+    for g in &h.graphs {
+        for op in &g.ops {
+            if let Op::MatMul { x, weight, .. } = *op {
+                let rows = if g.values[x as usize].rows == Rows::Tokens { g.rows } else { g.head_rows } as usize;
+                let t = &h.tensors[weight as usize];
+                largest = largest.max(operand_layout(t.dtype, h.plan.bf16_activations, rows, t.shape[1] as usize).bytes as u64);
+            }
+        }
+    }
+    largest
+}
+
+/// For each segment of `h` (by index), the first and last op of `g` that read one of its
+/// tensors, or `None` if no op does: a segment's lifetime in the graph.
+pub fn segment_spans(h: &Header, g: &Graph) -> Vec<Option<(usize, usize)>> {
+    let mut spans = vec![None; h.segments.len()];
+    for (i, op) in g.ops.iter().enumerate() {
+        for t in op.tensors() {
+            if let Some(span) = h.segment_of(t).and_then(|s| spans.get_mut(s as usize)) {
+                *span = Some(span.map_or((i, i), |(first, _)| (first, i)));
+            }
+        }
+    }
+    spans
 }

@@ -98,7 +98,7 @@ impl Model {
 
     /// The graph that computes `rows` positions: the smallest bucket that holds them.
     pub fn graph_for_rows(&self, rows: usize) -> Result<u32> {
-        self.header.plan.by_rows.iter().copied().find(|&g| self.graph(g).rows as usize >= rows).ok_or_else(|| {
+        self.header.graph_for_rows(rows).ok_or_else(|| {
             Error::request(format!(
                 "the sequence needs {rows} positions (prompt + gen length) but {} serves at most {}; \
                  recompile with `lladac compile --max-seq {rows}` or shorten the prompt or --gen-len",

@@ -169,7 +169,7 @@ impl Stager {
     pub fn before_op(&mut self, g: &Graph, op: usize) -> Result<()> {
         for st in g.staging.iter().filter(|st| st.first_op as usize == op) {
             let i = st.rotating as usize;
-            let s = i % self.slots.len();
+            let s = st.slot as usize;
             let (offset, len) = self.ranges[i];
             match self.mode {
                 StagingMode::Sync => {
@@ -211,17 +211,25 @@ impl Stager {
         Ok(())
     }
 
-    /// After op `op` of `g`: releases the slots whose segment was last used there.
+    /// After op `op` of `g`: releases a slot for its next segment where the schedule says
+    /// that segment's copy may start (`stage_after_op`), and, for a slot's last segment of the
+    /// pass (whose successor is the next pass's and is staged behind this one), after its
+    /// last use.
     pub fn after_op(&mut self, g: &Graph, op: usize) {
         if self.mode == StagingMode::Sync {
             return;
         }
         let mut released = false;
         let mut state = None;
-        for st in g.staging.iter().filter(|st| st.last_op as usize == op) {
-            let state = state.get_or_insert_with(|| self.shared.lock());
-            state.slots[st.rotating as usize % self.slots.len()].released = true;
-            released = true;
+        let steps = &g.staging;
+        for (i, st) in steps.iter().enumerate() {
+            let copy_may_start = st.stage_after_op == Some(op as u32);
+            let last_in_slot = st.last_op as usize == op && !steps[i + 1..].iter().any(|later| later.slot == st.slot);
+            if copy_may_start || last_in_slot {
+                let state = state.get_or_insert_with(|| self.shared.lock());
+                state.slots[st.slot as usize].released = true;
+                released = true;
+            }
         }
         drop(state);
         if released {

@@ -63,6 +63,15 @@ fn window_plan_matches_resident(resident: &Path, swapped: &Path, prompt: &[u32],
     }
 }
 
+/// Compiles `ckpt` twice into `dir`: fully resident, and with a window of the resident
+/// plan's fixed regions and half its weights. Returns (resident, swapped).
+fn resident_and_swapped(dir: &Path, ckpt: &Path, quant: Option<Quant>, max_seq: u32) -> (PathBuf, PathBuf) {
+    let (res, swap) = (dir.join("resident.lad"), dir.join("swap.lad"));
+    compile(ckpt, &res, quant, max_seq, None);
+    compile(ckpt, &swap, quant, max_seq, Some(half_the_weights(&res)));
+    (res, swap)
+}
+
 /// The window that holds the resident plan's fixed regions and half its weights.
 fn half_the_weights(resident: &Path) -> u64 {
     let m = Model::open(resident, false).unwrap();
@@ -76,9 +85,7 @@ fn half_the_weights(resident: &Path) -> u64 {
 fn embedded_model_swapping_equals_resident() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/llada-tiny-tasks");
-    let (res, swap) = (dir.path().join("resident.lad"), dir.path().join("swap.lad"));
-    compile(&ckpt, &res, None, 256, None);
-    compile(&ckpt, &swap, None, 256, Some(half_the_weights(&res)));
+    let (res, swap) = resident_and_swapped(dir.path(), &ckpt, None, 256);
     let model = Model::open(&res, false).unwrap();
     let text = llada_rt::text::Text::new(&model.header.tokenizer, &model.header.special).unwrap();
     let prompt = text.encode_chat("FILL:0022001000121700300003040240606040000020037096000250158001600037=").unwrap();
@@ -90,10 +97,7 @@ fn llada_1b_shape_q4_swapping_equals_resident() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
     common::checkpoint(&ckpt, Shape::llada_1b(), WeightType::Bf16, u64::MAX, 0.02);
-    let (res, swap) = (dir.path().join("resident.lad"), dir.path().join("swap.lad"));
-    let q4 = Some(Quant::Q4 { group: 128 });
-    compile(&ckpt, &res, q4, 64, None);
-    compile(&ckpt, &swap, q4, 64, Some(half_the_weights(&res)));
+    let (res, swap) = resident_and_swapped(dir.path(), &ckpt, Some(Quant::Q4 { group: 128 }), 64);
     std::fs::remove_dir_all(&ckpt).unwrap();
     // Few steps: random weights commit one token per pass anyway, and every pass already
     // stages every rotating segment.
@@ -140,9 +144,7 @@ fn phone_targets_plan_and_label_their_estimates() {
 fn the_trace_shows_copies_inside_dense_passes() {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/llada-tiny-tasks");
-    let (res, swap) = (dir.path().join("resident.lad"), dir.path().join("swap.lad"));
-    compile(&ckpt, &res, None, 256, None);
-    compile(&ckpt, &swap, None, 256, Some(half_the_weights(&res)));
+    let (_, swap) = resident_and_swapped(dir.path(), &ckpt, None, 256);
     let trace = dir.path().join("trace.json");
     let o = common::run("llada-rt", &["run", swap.to_str().unwrap(), "--chat", "-p", "FILL:30007050=", "--gen-len", "32", "--steps", "8", "--trace", trace.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

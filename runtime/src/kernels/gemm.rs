@@ -129,24 +129,26 @@ impl<'s> Prepared<'s> {
                 p.group_sums = bytemuck::cast_slice_mut(&mut sums[..prows * p.groups * 4]);
                 p.group_sums.fill(0);
                 #[cfg(target_arch = "x86_64")]
-                if features.avx512 && k % 16 == 0 && group % 16 == 0 {
-                    for r in 0..rows {
-                        let dst = &mut p.bytes[r * p.stride..r * p.stride + k];
-                        let sums = &mut p.group_sums[r * p.groups..(r + 1) * p.groups];
-                        // SAFETY: AVX-512 detected; the sizes meet the function's contract.
-                        p.scale[r] = unsafe { super::x86::quantize_row_avx512(&x[r * k..(r + 1) * k], dst, if q8 { 0x80 } else { 0 }, group, sums) };
+                {
+                    type QuantizeRow = unsafe fn(&[f32], &mut [u8], u8, usize, &mut [i32]) -> f32;
+                    // The widest SIMD quantiser whose lane multiple divides K and the group.
+                    let simd: Option<QuantizeRow> = if features.avx512 && k % 16 == 0 && group % 16 == 0 {
+                        Some(super::x86::quantize_row_avx512)
+                    } else if features.avx2 && k % 8 == 0 && group % 8 == 0 {
+                        Some(super::x86_avx2::quantize_row_avx2)
+                    } else {
+                        None
+                    };
+                    if let Some(quantize) = simd {
+                        for r in 0..rows {
+                            let dst = &mut p.bytes[r * p.stride..r * p.stride + k];
+                            let sums = &mut p.group_sums[r * p.groups..(r + 1) * p.groups];
+                            // SAFETY: chosen above only when the CPU has its features and K
+                            // and the group are multiples of its lanes, as its contract asks.
+                            p.scale[r] = unsafe { quantize(&x[r * k..(r + 1) * k], dst, if q8 { 0x80 } else { 0 }, group, sums) };
+                        }
+                        return p;
                     }
-                    return p;
-                }
-                #[cfg(target_arch = "x86_64")]
-                if features.avx2 && k % 8 == 0 && group % 8 == 0 {
-                    for r in 0..rows {
-                        let dst = &mut p.bytes[r * p.stride..r * p.stride + k];
-                        let sums = &mut p.group_sums[r * p.groups..(r + 1) * p.groups];
-                        // SAFETY: AVX2 detected; the sizes meet the function's contract.
-                        p.scale[r] = unsafe { super::x86_avx2::quantize_row_avx2(&x[r * k..(r + 1) * k], dst, if q8 { 0x80 } else { 0 }, group, sums) };
-                    }
-                    return p;
                 }
                 for r in 0..rows {
                     // The quants go straight into the operand row (as i8 bits), then get
