@@ -241,9 +241,14 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     }
     let mut buckets = lower::exact_buckets(max_seq, target.row_multiple);
     let rope_rows = *buckets.last().unwrap();
-    for k in 0..=opts.spec_blocks {
-        let rows = (opts.block_len * (1 + k)).div_ceil(target.row_multiple) * target.row_multiple;
-        if rows <= rope_rows && !buckets.contains(&rows) {
+    // Row-set graphs: every multiple of the target's row tile up to a block and its
+    // speculative blocks, so the latency buckets can be chosen among them.
+    let round = |r: u32| r.div_ceil(target.row_multiple) * target.row_multiple;
+    let row_set_rows = round(opts.block_len * (1 + opts.spec_blocks)).min(rope_rows);
+    let tiles = (1..).map(|i| i * target.row_multiple).take_while(|&r| r <= row_set_rows);
+    let exact = (0..=opts.spec_blocks).map(|k| round(opts.block_len * (1 + k))).filter(|&r| r <= rope_rows);
+    for rows in tiles.chain(exact) {
+        if !buckets.contains(&rows) {
             buckets.push(rows);
         }
     }
@@ -360,6 +365,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     };
     window::plan(&mut header, &window_opts)?;
     latency::record(&mut header, &target);
+    latency::choose_row_buckets(&mut header, row_set_rows);
     let n_graphs = header.graphs.len();
     let bytes = w.finish(header)?;
     Ok(CompileSummary { output: opts.output.clone(), bytes, tensors: tensor_count, graphs: n_graphs, quant, max_seq, warnings })

@@ -27,3 +27,42 @@ pub fn record(h: &mut Header, t: &Target) {
     h.plan.latency = latency;
     h.plan.latency_target = format!("{} ({})", t.name, if t.estimated { "estimate" } else { "rates from the target file" });
 }
+
+/// A smaller row-set graph is worth a bucket only if the cost model predicts it at most this
+/// share of the next larger bucket's time: below that saving, running the larger graph and
+/// filling its idle rows with speculation is free.
+const BUCKET_SAVING: f64 = 0.9;
+
+/// The plan's latency buckets (needs `record` first): the row counts up to `largest` whose
+/// graphs the cost model predicts meaningfully faster than the next larger kept one. The
+/// largest is always kept.
+pub fn choose_row_buckets(h: &mut Header, largest: u32) {
+    let mut candidates: Vec<(u32, f64)> = h.graphs.iter().zip(&h.plan.latency).filter(|(g, _)| g.rows <= largest).map(|(g, &s)| (g.rows, s)).collect();
+    candidates.sort_by_key(|c| std::cmp::Reverse(c.0));
+    let mut kept: Vec<(u32, f64)> = Vec::new();
+    for (rows, seconds) in candidates {
+        if kept.last().is_none_or(|&(_, faster_than)| seconds <= BUCKET_SAVING * faster_than) {
+            kept.push((rows, seconds));
+        }
+    }
+    h.plan.row_buckets = kept.iter().rev().map(|&(rows, _)| rows).collect();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_keep_only_graphs_predicted_meaningfully_faster() {
+        let (mut h, _) = crate::testing::llada_8b_header(&[16, 32, 48, 64, 256], "host", None);
+        let rows: Vec<u32> = h.graphs.iter().map(|g| g.rows).collect();
+        // Host-like: time grows with rows, every bucket pays. NPU-like: flat up to 64 rows.
+        h.plan.latency = rows.iter().map(|&r| r as f64).collect();
+        choose_row_buckets(&mut h, 64);
+        let want: Vec<u32> = rows.iter().copied().filter(|&r| r <= 64).collect();
+        assert_eq!(h.plan.row_buckets, want);
+        h.plan.latency = rows.iter().map(|&r| (r.max(64)) as f64).collect();
+        choose_row_buckets(&mut h, 64);
+        assert_eq!(h.plan.row_buckets, vec![64]);
+    }
+}

@@ -175,6 +175,12 @@ pub struct Plan {
     /// row counts, `block_len * (1 + k)` for `k <= spec_blocks`, are buckets of their own).
     pub block_len: u32,
     pub spec_blocks: u32,
+    /// Row counts a row-set pass (`--policy mbsd`) may run, ascending: the target's latency
+    /// buckets. Chosen from `latency` by the compiler (a smaller graph is kept only when the
+    /// cost model predicts it meaningfully faster than the next larger one: an NPU computes 8
+    /// rows about as slowly as 32, the host does not). Each names a graph of exactly that
+    /// many rows.
+    pub row_buckets: Vec<u32>,
     /// MatMuls over bf16 weights round their activations to bf16 too (bf16 products, f32
     /// sums, as PyTorch's bf16 and NPUs compute) instead of multiplying in f32.
     pub bf16_activations: bool,

@@ -32,6 +32,16 @@ pub fn header(h: &Header, data_len: u64) -> Result<()> {
     if last_rows > h.plan.kv_capacity {
         return Err(Error::invalid(format!("plan.kv_capacity {} is smaller than the largest graph ({last_rows} rows)", h.plan.kv_capacity)));
     }
+    let mut last_bucket = 0;
+    for (i, &rows) in h.plan.row_buckets.iter().enumerate() {
+        if rows <= last_bucket {
+            return Err(Error::invalid(format!("plan.row_buckets[{i}] ({rows} rows) is not in increasing order")));
+        }
+        if !h.graphs.iter().any(|g| g.rows == rows) {
+            return Err(Error::invalid(format!("plan.row_buckets[{i}] names {rows} rows, but no graph has exactly that many")));
+        }
+        last_bucket = rows;
+    }
     if !h.plan.latency.is_empty() && h.plan.latency.len() != h.graphs.len() {
         return Err(Error::invalid(format!("plan.latency has {} entries for {} graphs", h.plan.latency.len(), h.graphs.len())));
     }

@@ -10,7 +10,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::sampler::{generate, SamplerParams};
+use crate::sampler::{generate, MbsdReport, SamplerParams};
 use crate::session::Session;
 use crate::text::Text;
 
@@ -33,6 +33,8 @@ pub struct TaskResult {
     pub forward_passes: u64,
     pub rows_computed: u64,
     pub seconds: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mbsd: Option<MbsdReport>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -47,6 +49,9 @@ pub struct EvalReport {
     pub generated_tokens: u64,
     pub seconds: f64,
     pub tokens_per_second: f64,
+    /// `mbsd`: the dense and side paths' figures, summed over the tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mbsd: Option<MbsdReport>,
     pub results: Vec<TaskResult>,
 }
 
@@ -102,6 +107,7 @@ pub fn run(
             forward_passes: g.forward_passes,
             rows_computed: g.rows_computed,
             seconds: g.seconds,
+            mbsd: g.mbsd,
         };
         progress(index, &r);
         results.push(r);
@@ -122,6 +128,10 @@ pub fn run(
         generated_tokens,
         seconds,
         tokens_per_second: generated_tokens as f64 / seconds.max(1e-9),
+        mbsd: results.iter().filter_map(|r| r.mbsd).reduce(|mut a, b| {
+            a.add(&b);
+            a
+        }),
         results,
     })
 }

@@ -23,8 +23,10 @@ pub struct RunInputs<'a> {
     pub tokens: &'a [u32],
     /// Position of each row (indexes the rotary tables and the KV cache).
     pub positions: &'a [u32],
-    /// Rows `0..real_rows` are real; later rows are padding, never stored in the cache.
-    pub real_rows: usize,
+    /// Rows `0..stored_rows` store their keys and values in the cache at their positions;
+    /// later rows (speculative rows, revision checks, padding) do not, and attend with their
+    /// own key and value at their position instead of the cache's.
+    pub stored_rows: usize,
     /// Cache positions `0..context` are the keys every row attends to.
     pub context: usize,
     /// Rows whose logits the sampler needs, in output order.
@@ -93,8 +95,33 @@ impl HostExecutor {
         HostExecutor { pool, features, homes: homes(&model.header) }
     }
 
+    /// An executor for the CPU side path: it reads every weight from the artifact itself
+    /// (never from the accelerator window's resident segments or slots), so it runs
+    /// alongside the accelerator path without touching its weights or staging.
+    pub fn cpu_side_path(model: &Model, threads: usize, features: Features) -> HostExecutor {
+        let mut e = HostExecutor::new(model, threads, features);
+        e.homes.iter_mut().for_each(|h| *h = Home::Host);
+        e
+    }
+
+    /// Runs `g` with every weight in its home on the host (an executor from
+    /// [`cpu_side_path`](Self::cpu_side_path)): no staging.
+    pub fn run_unstaged(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window) -> Result<()> {
+        self.run_ops(model, g, inputs, window, None, None)
+    }
+
+    /// The pool the executor's kernels run on, for work that belongs with them (the
+    /// sampler's predictions).
+    pub fn pool(&self) -> &rayon::ThreadPool {
+        &self.pool
+    }
+
     pub fn threads(&self) -> usize {
         self.pool.current_num_threads()
+    }
+
+    pub fn features(&self) -> Features {
+        self.features
     }
 }
 
@@ -109,11 +136,11 @@ impl HostExecutor {
     /// Runs `g` and records each op's wall time.
     pub fn run_profiled(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window, stager: &mut Stager) -> Result<OpProfile> {
         let mut profile = OpProfile::default();
-        self.run_ops(model, g, inputs, window, stager, Some(&mut profile))?;
+        self.run_ops(model, g, inputs, window, Some(stager), Some(&mut profile))?;
         Ok(profile)
     }
 
-    fn run_ops(&mut self, model: &Model, g: &Graph, inp: &RunInputs, window: &mut Window, stager: &mut Stager, mut profile: Option<&mut OpProfile>) -> Result<()> {
+    fn run_ops(&mut self, model: &Model, g: &Graph, inp: &RunInputs, window: &mut Window, mut stager: Option<&mut Stager>, mut profile: Option<&mut OpProfile>) -> Result<()> {
         let m = &model.header.model;
         let plan = &model.header.plan;
         let hd = m.head_dim as usize;
@@ -129,7 +156,8 @@ impl HostExecutor {
         let (win, resident, resident_offset) = (parts.activations, parts.resident, parts.resident_offset);
         let (kv, gemm_scratch, attention_scratch) = (parts.kv, parts.gemm, parts.attention);
         let homes = &self.homes;
-        let slots = stager.slots();
+        // No stager: every home is the host (`cpu_side_path`), no slot is read.
+        let slots: std::sync::Arc<[crate::window::SlotPtr]> = stager.as_ref().map_or_else(|| std::sync::Arc::from([]), |s| s.slots());
         let slot_count = slots.len().max(1);
         // The bytes of a tensor an op reads: in the window (resident or in its slot), or, for
         // the embedding the CPU gathers, in the artifact.
@@ -152,7 +180,9 @@ impl HostExecutor {
         let widened = &mut widened[..widened_floats as usize];
         let mut kv = kv;
         for (index, op) in g.ops.iter().enumerate() {
-            stager.before_op(g, index)?;
+            if let Some(s) = stager.as_deref_mut() {
+                s.before_op(g, index)?;
+            }
             let start = profile.as_ref().map(|_| std::time::Instant::now());
             match *op {
                 Op::Embed { table, out } => {
@@ -184,7 +214,8 @@ impl HostExecutor {
                     let ([q], o) = operands(win, [range(qkv)], range(out));
                     let width = cols(qkv);
                     let layer = layer as usize * kv_layer..(layer as usize + 1) * kv_layer;
-                    let real = &inp.positions[..inp.real_rows];
+                    let real = &inp.positions[..inp.stored_rows];
+                    let own = attention::OwnKv { from_row: inp.stored_rows, positions: inp.positions };
                     let shape = |capacity| attention::Shape { width, capacity, heads: heads as usize, kv_heads: kv_heads as usize, head_dim: hd, keys: inp.context };
                     let (planes, sh) = match &mut kv {
                         KvView::F32(all) => {
@@ -214,7 +245,7 @@ impl HostExecutor {
                     let scores_per = score_floats as usize;
                     self.pool.install(|| {
                         o.par_chunks_mut(per * out_width).zip(scores.par_chunks_mut(scores_per)).enumerate().for_each(|(t, (chunk, scores))| {
-                            attention::attend(q, planes, sh, t * per, chunk, scores);
+                            attention::attend(q, planes, sh, own, t * per, chunk, scores);
                         })
                     });
                 }
@@ -241,7 +272,9 @@ impl HostExecutor {
             if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {
                 p.times.push((index, t.elapsed().as_secs_f64()));
             }
-            stager.after_op(g, index);
+            if let Some(s) = stager.as_deref_mut() {
+                s.after_op(g, index);
+            }
         }
         Ok(())
     }
@@ -249,7 +282,7 @@ impl HostExecutor {
 
 impl Executor for HostExecutor {
     fn run(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window, stager: &mut Stager) -> Result<()> {
-        self.run_ops(model, g, inputs, window, stager, None)
+        self.run_ops(model, g, inputs, window, Some(stager), None)
     }
 }
 

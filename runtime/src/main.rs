@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use llada_rt::sampler::{Policy, StepView};
+use llada_rt::sampler::{Policy, Revision, StepView};
 use llada_rt::text::Text;
 use llada_rt::session::default_threads;
 use llada_rt::staging::StagingMode;
@@ -22,9 +22,10 @@ struct SamplerArgs {
     /// Tokens to generate.
     #[arg(long, default_value_t = 128)]
     gen_len: usize,
-    /// Semi-autoregressive block length (gen-len must be a multiple of it).
-    #[arg(long, default_value_t = 32)]
-    block_len: usize,
+    /// Semi-autoregressive block length (gen-len must be a multiple of it) [default: the
+    /// block length the artifact was compiled for].
+    #[arg(long)]
+    block_len: Option<usize>,
     /// Denoising steps over all blocks (a multiple of the number of blocks).
     #[arg(long, default_value_t = 128)]
     steps: usize,
@@ -48,8 +49,10 @@ struct SamplerArgs {
     confidence_eos_eot_inf: bool,
     /// Which rows each pass recomputes: exact (whole sequence), prefix (block and suffix,
     /// prefix cached), dual (block only, prefix and suffix cached), spec (prefix, plus drafts
-    /// of the next blocks confirmed once their block is current).
-    #[arg(long, default_value = "exact", value_parser = ["exact", "prefix", "dual", "spec"])]
+    /// of the next blocks confirmed once their block is current), mbsd (multi-block
+    /// speculative decoding on the plan's row buckets: the block's masked rows, idle rows
+    /// drafting the next blocks).
+    #[arg(long, default_value = "exact", value_parser = ["exact", "prefix", "dual", "spec", "mbsd"])]
     policy: String,
     /// Cached policies: refresh the whole cache every N steps of a block (0 = at each block's start only).
     #[arg(long, default_value_t = 0)]
@@ -57,19 +60,44 @@ struct SamplerArgs {
     /// Commit every masked token of the block at or above this confidence (at least one) per step.
     #[arg(long)]
     threshold: Option<f32>,
-    /// spec: blocks drafted ahead of the current one.
-    #[arg(long, default_value_t = 1)]
-    spec_blocks: usize,
-    /// spec: confidence a draft needs when its block becomes current.
+    /// spec, mbsd: blocks drafted ahead of the current one [default: spec 1, mbsd the
+    /// artifact's compiled speculation depth].
+    #[arg(long)]
+    spec_blocks: Option<usize>,
+    /// spec, mbsd: confidence a draft needs when its block becomes current.
     #[arg(long, default_value_t = 0.99)]
     spec_threshold: f32,
+    /// mbsd: fewest rows a dense pass computes [default: the plan's smallest latency bucket].
+    #[arg(long)]
+    rows: Option<usize>,
+    /// mbsd: committed tokens stay revisable and a CPU side path re-checks them (dual-path),
+    /// or commits are final (off).
+    #[arg(long, default_value = "dual-path", value_parser = ["dual-path", "off"])]
+    revision: String,
+    /// mbsd revision: rows of one side-path pass, two per checked token [default: the plan's
+    /// smallest latency bucket].
+    #[arg(long)]
+    side_rows: Option<usize>,
+    /// mbsd revision: an agreeing check at or above this confidence makes a token stable.
+    #[arg(long, default_value_t = 0.9)]
+    stable_confidence: f32,
+    /// mbsd revision: this many agreeing checks make a token stable.
+    #[arg(long, default_value_t = 2)]
+    stable_checks: u32,
+    /// mbsd revision: a disagreeing check at or above this confidence revises the token.
+    #[arg(long, default_value_t = 0.5)]
+    revise_confidence: f32,
 }
 
 impl SamplerArgs {
-    fn params(&self) -> SamplerParams {
+    /// The settings, with the artifact's plan filling what was not given.
+    fn params(&self, model: &Model) -> SamplerParams {
+        let policy = Policy::parse(&self.policy).expect("clap restricts the values");
+        let plan = &model.header.plan;
+        let spec_default = if policy == Policy::Mbsd { plan.spec_blocks as usize } else { 1 };
         SamplerParams {
             gen_length: self.gen_len,
-            block_length: self.block_len,
+            block_length: self.block_len.unwrap_or(plan.block_len as usize),
             steps: self.steps,
             temperature: self.temperature,
             cfg_scale: self.cfg,
@@ -77,11 +105,17 @@ impl SamplerArgs {
             seed: self.seed,
             logits_eos_inf: self.logits_eos_inf,
             confidence_eos_eot_inf: self.confidence_eos_eot_inf,
-            policy: Policy::parse(&self.policy).expect("clap restricts the values"),
+            policy,
             refresh_every: self.refresh_every,
             threshold: self.threshold,
-            spec_blocks: self.spec_blocks,
+            spec_blocks: self.spec_blocks.unwrap_or(spec_default),
             spec_threshold: self.spec_threshold,
+            rows: self.rows.unwrap_or(0),
+            revision: Revision::parse(&self.revision).expect("clap restricts the values"),
+            side_rows: self.side_rows.unwrap_or(0),
+            stable_confidence: self.stable_confidence,
+            stable_checks: self.stable_checks,
+            revise_confidence: self.revise_confidence,
         }
     }
 }
@@ -280,7 +314,7 @@ fn run(cli: Cli) -> Result<()> {
             if ids.is_empty() {
                 return Err(Error::request("the prompt is empty"));
             }
-            let params = sampler.params();
+            let params = sampler.params(&model);
             let mut session = open_session(&model, threads, &staging)?;
             let timeline = trace.as_ref().map(|_| std::sync::Arc::new(llada_rt::trace::Trace::default()));
             if let Some(t) = &timeline {
@@ -313,8 +347,12 @@ fn run(cli: Cli) -> Result<()> {
                         "logits_eos_inf": params.logits_eos_inf, "confidence_eos_eot_inf": params.confidence_eos_eot_inf,
                         "policy": params.policy.name(), "refresh_every": params.refresh_every, "threshold": params.threshold,
                         "spec_blocks": params.spec_blocks, "spec_threshold": params.spec_threshold,
+                        "rows": params.rows, "revision": params.revision.name(), "side_rows": params.side_rows,
+                        "stable_confidence": params.stable_confidence, "stable_checks": params.stable_checks,
+                        "revise_confidence": params.revise_confidence,
                     },
                     "drafts_confirmed": g.drafts_confirmed,
+                    "mbsd": g.mbsd,
                     "window": window_report(&session),
                 });
                 println!("{obj}");
@@ -331,6 +369,9 @@ fn run(cli: Cli) -> Result<()> {
                         "[{} tokens, {} forward passes ({} policy), {} rows computed, {:.2} s]",
                         params.gen_length, g.forward_passes, params.policy.name(), g.rows_computed, g.seconds
                     );
+                    if let Some(m) = &g.mbsd {
+                        print_mbsd(m);
+                    }
                 }
             }
         }
@@ -340,7 +381,7 @@ fn run(cli: Cli) -> Result<()> {
             let tasks = llada_rt::eval::load_tasks(&tasks, &text)?;
             let reference = reference.map(|p| llada_rt::eval::load_reference(&p)).transpose()?;
             let mut session = open_session(&model, threads, &staging)?;
-            let params = sampler.params();
+            let params = sampler.params(&model);
             let show = !json && std::io::stderr().is_terminal();
             let report = llada_rt::eval::run(&mut session, &text, &tasks, &params, reference.as_ref(), &mut |i, r| {
                 if show {
@@ -360,6 +401,9 @@ fn run(cli: Cli) -> Result<()> {
                 }
                 println!("forward passes:     {} ({:.1} per task)", report.forward_passes, report.forward_passes as f64 / report.tasks as f64);
                 println!("rows computed:      {}", report.rows_computed);
+                if let Some(m) = &report.mbsd {
+                    print_mbsd(m);
+                }
                 println!("generated tokens/s: {:.1} ({} tokens in {:.2} s)", report.tokens_per_second, report.generated_tokens, report.seconds);
             }
         }
@@ -394,12 +438,12 @@ fn run(cli: Cli) -> Result<()> {
                 let m = &model.header.model;
                 let vocab = m.vocab_size.min(m.embedding_size) as usize;
                 let prompt: Vec<u32> = (0..prompt_len).map(|i| ((i * 104729 + 7) % vocab) as u32).collect();
-                Some(generate(&mut session, &prompt, &sampler.params(), &mut |_| {})?)
+                Some(generate(&mut session, &prompt, &sampler.params(&model), &mut |_| {})?)
             } else {
                 None
             };
             if json {
-                let g = generation.as_ref().map(|g| json!({"seconds": g.seconds, "forward_passes": g.forward_passes, "rows_computed": g.rows_computed}));
+                let g = generation.as_ref().map(|g| json!({"seconds": g.seconds, "forward_passes": g.forward_passes, "rows_computed": g.rows_computed, "mbsd": g.mbsd}));
                 println!("{}", serde_json::to_string_pretty(&json!({"artifact": file, "threads": threads, "roofline": roof, "passes": passes, "generation": g, "window": window_report(&session)})).expect("serializes"));
             } else {
                 println!("{} on {} thread(s); roofline: f32 {:.0} / bf16 {:.0} GFLOP/s, int8 {:.0} GOP/s, read {:.1} GB/s", file.display(), threads,
@@ -416,6 +460,9 @@ fn run(cli: Cli) -> Result<()> {
                 }
                 if let Some(g) = &generation {
                     println!("\ngeneration: {:.2} s, {} forward passes, {} rows", g.seconds, g.forward_passes, g.rows_computed);
+                    if let Some(m) = &g.mbsd {
+                        print_mbsd(m);
+                    }
                 }
             }
         }
@@ -473,4 +520,23 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The dense and side paths' figures of `mbsd` runs, for people.
+fn print_mbsd(m: &llada_rt::sampler::MbsdReport) {
+    let s = &m.side;
+    println!("dense passes:       {}", m.dense_passes);
+    println!(
+        "dense rows:         {} (masked {}, speculative {}, refresh {}, padding {})",
+        m.dense_rows(),
+        m.rows_masked,
+        m.rows_speculative,
+        m.rows_refresh,
+        m.rows_padding
+    );
+    println!("drafts:             {} accepted, {} dropped", m.drafts_accepted, m.drafts_dropped);
+    println!(
+        "side path:          {} passes, {} rows, {} checks, {} revisions, {} stabilised, {:.3} s on its thread, dense path stalled {:.3} s",
+        s.side_passes, s.side_rows, s.checks, s.revisions, s.stabilised, s.side_seconds, s.stall_seconds
+    );
 }

@@ -143,7 +143,6 @@ impl<'m> Session<'m> {
     /// Checks a request for positions `span` of `seq` with logits at `head_positions`, picks
     /// the graph and fills the token, position and head rows.
     fn prepare(&mut self, seq: &[u32], span: Range<usize>, head_positions: &[u32]) -> Result<u32> {
-        let m = &self.model.header.model;
         if span.start >= span.end || span.end > seq.len() {
             return Err(Error::request(format!("rows {span:?} are not inside a {}-token sequence", seq.len())));
         }
@@ -156,33 +155,112 @@ impl<'m> Session<'m> {
             )));
         }
         let gid = self.model.graph_for_rows(span.len())?;
-        let g = self.model.graph(gid);
-        if head_positions.len() > g.head_rows as usize {
-            return Err(Error::request(format!(
-                "{} logit rows were requested in one pass but {} was compiled for at most {}; \
-                 use a smaller --block-len or recompile with `lladac compile --head-rows {}`",
-                head_positions.len(),
-                self.model.path.display(),
-                g.head_rows,
-                head_positions.len()
-            )));
-        }
-        if let Some(&bad) = seq.iter().find(|&&t| t >= m.embedding_size) {
-            return Err(Error::request(format!("token id {bad} is outside the vocabulary (0..{})", m.embedding_size)));
-        }
+        self.check_head(gid, head_positions.len())?;
+        check_tokens(self.model, seq)?;
         if let Some(&bad) = head_positions.iter().find(|&&r| !span.contains(&(r as usize))) {
             return Err(Error::request(format!("logits asked for position {bad}, outside the rows {span:?} of this pass")));
         }
         self.tokens.clear();
         self.tokens.extend_from_slice(&seq[span.clone()]);
-        self.tokens.resize(g.rows as usize, self.model.header.special.mask);
         self.positions.clear();
         self.positions.extend(span.start as u32..span.end as u32);
-        // Padding rows are never stored nor attended to; any valid rotary row will do.
-        self.positions.resize(g.rows as usize, 0);
         self.head.clear();
         self.head.extend(head_positions.iter().map(|&p| p - span.start as u32));
+        self.pad(gid);
         Ok(gid)
+    }
+
+    fn check_head(&self, gid: u32, head_rows: usize) -> Result<()> {
+        let g = self.model.graph(gid);
+        if head_rows > g.head_rows as usize {
+            return Err(Error::request(format!(
+                "{head_rows} logit rows were requested in one pass but {} was compiled for at most {}; \
+                 use a smaller --block-len or recompile with `lladac compile --head-rows {head_rows}`",
+                self.model.path.display(),
+                g.head_rows,
+            )));
+        }
+        Ok(())
+    }
+
+    /// Pads the token and position rows to graph `gid`'s row count. Padding rows are never
+    /// stored and their outputs never read; any valid token and rotary row will do.
+    fn pad(&mut self, gid: u32) {
+        let rows = self.model.graph(gid).rows as usize;
+        self.tokens.resize(rows, self.model.header.special.mask);
+        self.positions.resize(rows, 0);
+    }
+
+    /// A row-set pass: graph rows at arbitrary positions of a `seq_len`-token sequence whose
+    /// every position the cache holds. Rows are `rows.positions[i]` with input token
+    /// `rows.tokens[i]`; the first `rows.stored` store their keys and values, the others only
+    /// read (see [`RunInputs::stored_rows`]). The pass runs the graph of `bucket` rows (or
+    /// the smallest that holds them all) and returns the logits of rows `head` (indexes into
+    /// `rows`), `[head.len(), embedding_size]`.
+    pub fn forward_rows(&mut self, seq_len: usize, rows: &RowSet, bucket: usize, head: &[u32]) -> Result<&[f32]> {
+        let n = rows.positions.len();
+        if n == 0 || rows.tokens.len() != n || rows.stored > n {
+            return Err(Error::request(format!("a row-set pass needs at least one row, a token per row and at most {n} stored rows")));
+        }
+        if self.cached_len != Some(seq_len) {
+            return Err(Error::request(format!(
+                "a row-set pass reuses the KV cache, which does not hold this {seq_len}-token sequence: run a whole-sequence pass first"
+            )));
+        }
+        if let Some(&bad) = rows.positions.iter().find(|&&p| p as usize >= seq_len) {
+            return Err(Error::request(format!("row position {bad} is outside the {seq_len}-token sequence")));
+        }
+        let mut stored = rows.positions[..rows.stored].to_vec();
+        stored.sort_unstable();
+        if let Some(w) = stored.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Error::request(format!("two rows of one pass store position {}", w[0])));
+        }
+        if let Some(&bad) = head.iter().find(|&&r| r as usize >= n) {
+            return Err(Error::request(format!("logits asked for row {bad} of a {n}-row pass")));
+        }
+        check_tokens(self.model, &rows.tokens)?;
+        let gid = self.model.graph_for_rows(bucket.max(n))?;
+        self.check_head(gid, head.len())?;
+        self.tokens.clear();
+        self.tokens.extend_from_slice(&rows.tokens);
+        self.positions.clear();
+        self.positions.extend_from_slice(&rows.positions);
+        self.head.clear();
+        self.head.extend_from_slice(head);
+        self.pad(gid);
+        self.run_pass(gid, rows.stored, seq_len, head.len(), format!("{n} rows"), false)?;
+        Ok(self.logits(gid, head.len()))
+    }
+
+    /// The thread pool the kernels run on, so work around the passes (predictions) honours
+    /// `--threads` too.
+    pub fn pool(&self) -> &rayon::ThreadPool {
+        self.executor.pool()
+    }
+
+    /// The window (the CPU side path copies keys and values between it and its own).
+    pub fn window(&self) -> &Window {
+        &self.window
+    }
+
+    pub fn window_mut(&mut self) -> &mut Window {
+        &mut self.window
+    }
+
+    /// The trace passes are recorded in, if any.
+    pub fn trace(&self) -> Option<std::sync::Arc<crate::trace::Trace>> {
+        self.trace.clone()
+    }
+
+    /// Instruction-set paths the session's kernels may take.
+    pub fn features(&self) -> crate::kernels::cpu::Features {
+        self.executor.features()
+    }
+
+    fn logits(&mut self, gid: u32, head_rows: usize) -> &[f32] {
+        let g = self.model.graph(gid);
+        let range = value_range(g, &g.values[g.logits as usize], head_rows, self.model.header.plan.window.activations.offset);
+        &self.window.parts().activations[range]
     }
 
     /// One whole-sequence pass (the exact plan): returns the logits of `head_rows`
@@ -197,16 +275,25 @@ impl<'m> Session<'m> {
     /// later passes over them, left it). Returns the logits at `head_positions`.
     pub fn forward_span(&mut self, seq: &[u32], span: Range<usize>, head_positions: &[u32]) -> Result<&[f32]> {
         let (gid, _) = self.pass(seq, span, head_positions, false)?;
-        let g = self.model.graph(gid);
-        let range = value_range(g, &g.values[g.logits as usize], head_positions.len(), self.model.header.plan.window.activations.offset);
-        Ok(&self.window.parts().activations[range])
+        Ok(self.logits(gid, head_positions.len()))
     }
 
     /// Runs the pass over `span` (timing every op when `profiled`) and counts it.
     fn pass(&mut self, seq: &[u32], span: Range<usize>, head_positions: &[u32], profiled: bool) -> Result<(u32, Option<OpProfile>)> {
         let gid = self.prepare(seq, span.clone(), head_positions)?;
+        let label = format!("{} rows", span.len());
+        let profile = self.run_pass(gid, span.len(), seq.len(), head_positions.len(), label, profiled)?;
+        if span.len() == seq.len() {
+            self.cached_len = Some(seq.len());
+        }
+        Ok((gid, profile))
+    }
+
+    /// Runs graph `gid` over the prepared rows (the first `stored` store their keys and
+    /// values; `context` cache positions are attended to) and counts it.
+    fn run_pass(&mut self, gid: u32, stored: usize, context: usize, head_rows: usize, label: String, profiled: bool) -> Result<Option<OpProfile>> {
         let g = self.model.graph(gid);
-        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, real_rows: span.len(), context: seq.len(), head_rows: &self.head };
+        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context, head_rows: &self.head };
         let start = Instant::now();
         let profile = if profiled {
             Some(self.executor.run_profiled(self.model, g, &inputs, &mut self.window, &mut self.stager)?)
@@ -216,7 +303,7 @@ impl<'m> Session<'m> {
         };
         self.counters.forward_seconds += start.elapsed().as_secs_f64();
         if let Some(t) = &self.trace {
-            t.span(crate::trace::Track::Dense, format!("pass {} ({} rows)", g.name, span.len()), start, Instant::now());
+            t.span(crate::trace::Track::Dense, format!("pass {} ({label})", g.name), start, Instant::now());
         }
         let st = self.stager.end_pass();
         self.counters.staged_bytes += st.staged_bytes;
@@ -225,11 +312,48 @@ impl<'m> Session<'m> {
         self.last_staging = st;
         self.counters.forward_passes += 1;
         self.counters.rows_computed += g.rows as u64;
-        self.counters.head_rows_computed += head_positions.len() as u64;
-        if span.len() == seq.len() {
-            self.cached_len = Some(seq.len());
-        }
-        Ok((gid, profile))
+        self.counters.head_rows_computed += head_rows as u64;
+        Ok(profile)
+    }
+}
+
+/// Rows of a row-set pass: positions and input tokens, the `stored` ones first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RowSet {
+    pub positions: Vec<u32>,
+    pub tokens: Vec<u32>,
+    pub stored: usize,
+}
+
+impl RowSet {
+    pub fn clear(&mut self) {
+        self.positions.clear();
+        self.tokens.clear();
+        self.stored = 0;
+    }
+
+    pub fn len(&self) -> usize {
+        self.positions.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.positions.is_empty()
+    }
+
+    /// Appends a row; stored rows must all come before the others.
+    pub fn push(&mut self, position: usize, token: u32, store: bool) {
+        debug_assert!(!store || self.stored == self.positions.len(), "stored rows come first");
+        self.positions.push(position as u32);
+        self.tokens.push(token);
+        self.stored += usize::from(store);
+    }
+}
+
+fn check_tokens(model: &Model, tokens: &[u32]) -> Result<()> {
+    let vocab = model.header.model.embedding_size;
+    match tokens.iter().find(|&&t| t >= vocab) {
+        Some(&bad) => Err(Error::request(format!("token id {bad} is outside the vocabulary (0..{vocab})"))),
+        None => Ok(()),
     }
 }
 

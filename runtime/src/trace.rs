@@ -13,6 +13,8 @@ use serde_json::json;
 pub enum Track {
     Dense,
     Staging,
+    /// The CPU side path's revision passes.
+    SidePath,
 }
 
 impl Track {
@@ -20,6 +22,7 @@ impl Track {
         match self {
             Track::Dense => 1,
             Track::Staging => 2,
+            Track::SidePath => 3,
         }
     }
 
@@ -27,6 +30,7 @@ impl Track {
         match self {
             Track::Dense => "dense path",
             Track::Staging => "staging",
+            Track::SidePath => "CPU side path (revision)",
         }
     }
 }
@@ -61,7 +65,7 @@ impl Trace {
     /// The trace as Chrome's JSON object format.
     pub fn to_json(&self) -> serde_json::Value {
         let events = self.events.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out: Vec<serde_json::Value> = [Track::Dense, Track::Staging]
+        let mut out: Vec<serde_json::Value> = [Track::Dense, Track::Staging, Track::SidePath]
             .iter()
             .map(|t| json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": t.id(), "args": {"name": t.name()}}))
             .collect();

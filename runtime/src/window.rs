@@ -61,12 +61,25 @@ impl Window {
     /// it, aligned and disjoint; that is re-asserted here because the slices handed out rely
     /// on it.
     pub fn new(h: &Header) -> std::io::Result<Window> {
+        Window::with_weights(h, true)
+    }
+
+    /// The CPU side path's working memory: the same layout as the accelerator window (so the
+    /// same graphs run in it) with its own KV cache, activations and scratch, but no weight
+    /// regions: the side path reads weights from the artifact. Pages of the mapping it never
+    /// touches (where the weights would be) cost no memory.
+    pub fn cpu_side(h: &Header) -> std::io::Result<Window> {
+        Window::with_weights(h, false)
+    }
+
+    fn with_weights(h: &Header, weights: bool) -> std::io::Result<Window> {
         let w = &h.plan.window;
         let resident = match (w.resident.first(), w.resident.last()) {
-            (Some(a), Some(b)) => a.offset as usize..(b.offset + h.segments[b.segment as usize].nbytes) as usize,
+            (Some(a), Some(b)) if weights => a.offset as usize..(b.offset + h.segments[b.segment as usize].nbytes) as usize,
             _ => 0..0,
         };
-        let ends = [&w.kv, &w.activations, &w.scratch.gemm_operand, &w.scratch.attention].into_iter().chain(&w.slots).map(|r| r.offset + r.bytes);
+        let slots: &[Region] = if weights { &w.slots } else { &[] };
+        let ends = [&w.kv, &w.activations, &w.scratch.gemm_operand, &w.scratch.attention].into_iter().chain(slots).map(|r| r.offset + r.bytes);
         let bytes = ends.chain([resident.end as u64]).max().unwrap_or(0).max(1) as usize;
         let mut map = memmap2::MmapMut::map_anon(bytes)?;
         let base = map.as_mut_ptr();
@@ -79,7 +92,7 @@ impl Window {
             gemm: range(&w.scratch.gemm_operand),
             attention: range(&w.scratch.attention),
             resident,
-            slots: w.slots.iter().map(range).collect(),
+            slots: slots.iter().map(range).collect(),
         };
         let mut all: Vec<&Range<usize>> = [&win.kv, &win.activations, &win.gemm, &win.attention, &win.resident].into_iter().chain(&win.slots).collect();
         all.retain(|r| !r.is_empty());
@@ -126,6 +139,28 @@ impl Window {
         // SAFETY: inside the allocation, disjoint from the slots the staging thread writes.
         // SAFETY: inside the mapping, disjoint from the slots the staging thread writes.
         (unsafe { std::slice::from_raw_parts_mut(self.base.add(self.resident.start), self.resident.len()) }, self.resident.start as u64)
+    }
+
+    /// Copies the keys and values at `positions` (every layer and head) from `src`'s KV cache
+    /// into this window's: both windows come from the same plan.
+    pub fn copy_kv_from(&mut self, src: &Window, positions: &[u32], h: &Header) {
+        assert_eq!((self.kv.len(), self.kv_dtype), (src.kv.len(), src.kv_dtype), "KV caches of one plan");
+        let row = h.model.head_dim as usize * self.kv_dtype.bytes() as usize;
+        let plane = h.plan.kv_capacity as usize * row;
+        // SAFETY: both ranges lie inside their own mappings (asserted in `new`); `&mut self`
+        // and `&src` are two different windows (one is borrowed mutably, the other shared).
+        let (dst, from) = unsafe {
+            (
+                std::slice::from_raw_parts_mut(self.base.add(self.kv.start), self.kv.len()),
+                std::slice::from_raw_parts(src.base.add(src.kv.start) as *const u8, src.kv.len()),
+            )
+        };
+        for p in 0..self.kv.len() / plane.max(1) {
+            for &pos in positions {
+                let at = p * plane + pos as usize * row;
+                dst[at..at + row].copy_from_slice(&from[at..at + row]);
+            }
+        }
     }
 
     /// Raw handles to the slots, for the staging thread (writes) and the executor (reads).

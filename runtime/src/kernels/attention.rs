@@ -52,6 +52,25 @@ pub fn store_kv_half(qkv: &[f32], width: usize, heads: usize, kv_heads: usize, h
     }
 }
 
+/// Query rows that did not store their keys and values (speculative rows, revision checks,
+/// padding): row `r >= from_row` of the q|k|v matrix attends with its own key and value at its
+/// position `positions[r]` instead of the cache's, as if it had stored them, without changing
+/// what other rows see there.
+#[derive(Clone, Copy)]
+pub struct OwnKv<'a> {
+    pub from_row: usize,
+    pub positions: &'a [u32],
+}
+
+impl OwnKv<'_> {
+    /// Every row stored its keys and values.
+    pub const NONE: OwnKv<'static> = OwnKv { from_row: usize::MAX, positions: &[] };
+
+    fn position(&self, row: usize) -> Option<usize> {
+        (row >= self.from_row).then(|| self.positions[row] as usize)
+    }
+}
+
 /// Attention weights below this (2^-100) are skipped: against the largest weight (at least
 /// 1 / keys) they are below f32 resolution by far.
 const NEGLIGIBLE: f32 = 7.888_609e-31;
@@ -93,11 +112,11 @@ multiversion! {
     /// Attention for query rows `first..first + out.len() / (heads * head_dim)` of `qkv`
     /// against the first `keys` rows of `kv`. `scores` holds at least `4 * keys` floats.
     /// Compiled per instruction set as a whole, so the per-key helpers inline.
-    pub fn attend(qkv: &[f32], kv: &[f32], sh: Shape, first: usize, out: &mut [f32], scores: &mut [f32]) => attend_body
+    pub fn attend(qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, first: usize, out: &mut [f32], scores: &mut [f32]) => attend_body
 }
 
 #[inline(always)]
-fn attend_body<const FMA: bool>(qkv: &[f32], kv: &[f32], sh: Shape, first: usize, out: &mut [f32], scores: &mut [f32]) {
+fn attend_body<const FMA: bool>(qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, first: usize, out: &mut [f32], scores: &mut [f32]) {
     let hd = sh.head_dim;
     let out_width = sh.heads * hd;
     let rows = out.len() / out_width;
@@ -124,12 +143,25 @@ fn attend_body<const FMA: bool>(qkv: &[f32], kv: &[f32], sh: Shape, first: usize
                 }
                 j += n;
             }
+            // Rows using their own key and value: their score at their own position, and
+            // (after the softmax) that weight, applied to their own value after `P V`.
+            let own_at: [Option<usize>; 4] = std::array::from_fn(|i| if i < m { own.position(first + i0 + i).filter(|&p| p < keys) } else { None });
+            let mut own_weight = [0f32; 4];
+            for i in 0..m {
+                if let Some(p) = own_at[i] {
+                    let k = row(first + i0 + i, (sh.heads + h / group) * hd);
+                    scores[i * keys + p] = q[i].iter().zip(k).fold(0.0, |a, (&x, &y)| madd::<FMA>(x, y, a)) * scale;
+                }
+            }
             for i in 0..m {
                 let s = &mut scores[i * keys..(i + 1) * keys];
                 softmax_body::<FMA>(s);
                 // Keys this far below the best one add nothing an f32 output can hold, and
                 // their products would be subnormal, which costs the FPU dearly: zero them.
                 s.iter_mut().filter(|p| **p < NEGLIGIBLE).for_each(|p| *p = 0.0);
+                if let Some(p) = own_at[i] {
+                    own_weight[i] = std::mem::take(&mut s[p]);
+                }
             }
             // out = P V, a slice of head dimensions at a time with the up-to-four query rows'
             // sums in registers, so each value row loaded feeds four multiply-adds.
@@ -157,7 +189,13 @@ fn attend_body<const FMA: bool>(qkv: &[f32], kv: &[f32], sh: Shape, first: usize
                         }
                     }
                 }
-                for (i, a) in acc.iter().enumerate().take(m) {
+                for (i, a) in acc.iter_mut().enumerate().take(m) {
+                    if own_at[i].is_some() {
+                        let v = &row(first + i0 + i, (sh.heads + sh.kv_heads + h / group) * hd)[c0..c0 + w];
+                        for (x, &y) in a.iter_mut().zip(v) {
+                            *x = madd::<FMA>(own_weight[i], y, *x);
+                        }
+                    }
                     let at = (i0 + i) * out_width + q_off + c0;
                     out[at..at + w].copy_from_slice(&a[..w]);
                 }
@@ -194,18 +232,21 @@ mod tests {
         let sh = Shape { width, capacity, heads, kv_heads, head_dim: hd, keys };
         let mut out = vec![0f32; rows * heads * hd];
         let mut scores = vec![0f32; 4 * keys];
-        attend(&qkv, &kv, sh, 0, &mut out, &mut scores);
+        // Rows 4 and 5 did not store: each sees its own key and value at its position.
+        let positions = [0u32, 1, 2, 3, 7, 2];
+        attend(&qkv, &kv, sh, OwnKv { from_row: 4, positions: &positions }, 0, &mut out, &mut scores);
         for r in 0..rows {
             for h in 0..heads {
                 let g = h / (heads / kv_heads);
                 let q = &qkv[r * width + h * hd..][..hd];
-                let logits: Vec<f64> = (0..keys)
-                    .map(|j| (0..hd).map(|d| q[d] as f64 * at(g, j, d)).sum::<f64>() / (hd as f64).sqrt())
-                    .collect();
+                let own = |plane: usize, d: usize| qkv[r * width + (heads + plane) * hd + d] as f64;
+                let key = |j: usize, d: usize| if r >= 4 && j == positions[r] as usize { own(g, d) } else { at(g, j, d) };
+                let value = |j: usize, d: usize| if r >= 4 && j == positions[r] as usize { own(kv_heads + g, d) } else { at(kv_heads + g, j, d) };
+                let logits: Vec<f64> = (0..keys).map(|j| (0..hd).map(|d| q[d] as f64 * key(j, d)).sum::<f64>() / (hd as f64).sqrt()).collect();
                 let max = logits.iter().cloned().fold(f64::MIN, f64::max);
                 let sum: f64 = logits.iter().map(|l| (l - max).exp()).sum();
                 for d in 0..hd {
-                    let want: f64 = (0..keys).map(|j| (logits[j] - max).exp() / sum * at(kv_heads + g, j, d)).sum();
+                    let want: f64 = (0..keys).map(|j| (logits[j] - max).exp() / sum * value(j, d)).sum();
                     let got = out[r * heads * hd + h * hd + d] as f64;
                     assert!((got - want).abs() < 1e-5, "row {r} head {h} dim {d}: {got} vs {want}");
                 }

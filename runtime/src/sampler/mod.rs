@@ -24,11 +24,17 @@
 //!   whose confidence reaches it, at least the best one, instead of the fixed schedule; a
 //!   block then ends when it is full.
 
+mod mbsd;
+mod official;
+mod revision;
+
 use std::time::Instant;
 
 use rand::{RngExt, SeedableRng};
 use rayon::prelude::*;
 use rand_chacha::ChaCha8Rng;
+
+pub use mbsd::MbsdReport;
 
 use crate::error::{Error, Result};
 use crate::session::Session;
@@ -66,6 +72,7 @@ pub enum Policy {
     Prefix,
     Dual,
     Spec,
+    Mbsd,
 }
 
 impl Policy {
@@ -75,6 +82,7 @@ impl Policy {
             "prefix" => Some(Policy::Prefix),
             "dual" => Some(Policy::Dual),
             "spec" => Some(Policy::Spec),
+            "mbsd" => Some(Policy::Mbsd),
             _ => None,
         }
     }
@@ -85,6 +93,32 @@ impl Policy {
             Policy::Prefix => "prefix",
             Policy::Dual => "dual",
             Policy::Spec => "spec",
+            Policy::Mbsd => "mbsd",
+        }
+    }
+}
+
+/// `mbsd`: whether committed tokens stay revisable and are re-checked on the CPU side path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Revision {
+    DualPath,
+    Off,
+}
+
+impl Revision {
+    pub fn parse(s: &str) -> Option<Revision> {
+        match s {
+            "dual-path" => Some(Revision::DualPath),
+            "off" => Some(Revision::Off),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Revision::DualPath => "dual-path",
+            Revision::Off => "off",
         }
     }
 }
@@ -121,8 +155,22 @@ pub struct SamplerParams {
     pub threshold: Option<f32>,
     /// `spec`: how many blocks after the current one are drafted.
     pub spec_blocks: usize,
-    /// `spec`: confidence a draft's confirmation needs.
+    /// `spec` and `mbsd`: confidence a draft's confirmation needs.
     pub spec_threshold: f32,
+    /// `mbsd`: fewest rows a dense pass computes (0: the plan's smallest latency bucket);
+    /// the whole block makes every pass recompute the block, as `dual` does.
+    pub rows: usize,
+    /// `mbsd`: the CPU side path, on (`DualPath`) or off.
+    pub revision: Revision,
+    /// `mbsd` revision: rows of one side-path pass, two per checked token (0: the plan's
+    /// smallest latency bucket).
+    pub side_rows: usize,
+    /// A check that agrees with this confidence or more makes a token stable.
+    pub stable_confidence: f32,
+    /// So many agreeing checks make a token stable whatever their confidence.
+    pub stable_checks: u32,
+    /// A check that disagrees with this confidence or more revises the token.
+    pub revise_confidence: f32,
 }
 
 impl Default for SamplerParams {
@@ -142,6 +190,12 @@ impl Default for SamplerParams {
             threshold: None,
             spec_blocks: 1,
             spec_threshold: 0.99,
+            rows: 0,
+            revision: Revision::DualPath,
+            side_rows: 0,
+            stable_confidence: 0.9,
+            stable_checks: 2,
+            revise_confidence: 0.5,
         }
     }
 }
@@ -177,6 +231,14 @@ impl SamplerParams {
             if !(0.0..=1.0).contains(&t) {
                 return bad(format!("--threshold {t} must be between 0 and 1"));
             }
+        }
+        for (flag, v) in [("--stable-confidence", self.stable_confidence), ("--revise-confidence", self.revise_confidence)] {
+            if !(0.0..=1.0).contains(&v) {
+                return bad(format!("{flag} {v} must be between 0 and 1"));
+            }
+        }
+        if self.stable_checks == 0 {
+            return bad("--stable-checks must be at least 1".into());
         }
         if !(0.0..=1.0).contains(&self.spec_threshold) {
             return bad(format!("--spec-threshold {} must be between 0 and 1", self.spec_threshold));
@@ -233,6 +295,8 @@ fn stream(seed: u64, purpose: u64, step: usize, position: usize) -> ChaCha8Rng {
 
 const GUMBEL: u64 = 1;
 const RANDOM_REMASK: u64 = 2;
+/// Noise of the revision checks (their random-remasking stream is `REVISE + 1`).
+const REVISE: u64 = 3;
 
 /// What the sampler did, for scripts and comparisons.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -247,6 +311,9 @@ pub struct Generation {
     /// Tokens committed by confirming a draft (`spec`).
     pub drafts_confirmed: u64,
     pub seconds: f64,
+    /// `mbsd`: what the dense and side paths did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mbsd: Option<MbsdReport>,
 }
 
 /// The state after a step, for live display.
@@ -260,20 +327,15 @@ pub struct StepView<'a> {
 }
 
 /// A candidate for commitment at one step.
-struct Candidate {
-    position: usize,
-    token: u32,
-    confidence: f32,
+pub(crate) struct Candidate {
+    pub(crate) position: usize,
+    pub(crate) token: u32,
+    pub(crate) confidence: f32,
 }
 
-/// Runs the official sampler on `prompt`. `on_step` sees the canvas after every step.
+/// Runs the sampler on `prompt` with `p.policy`. `on_step` sees the canvas after every step.
 pub fn generate(session: &mut Session, prompt: &[u32], p: &SamplerParams, on_step: &mut dyn FnMut(&StepView)) -> Result<Generation> {
     let steps_per_block = p.validate()?;
-    let start = Instant::now();
-    let before = session.counters;
-    let special = session.model.header.special.clone();
-    let vocab = session.model.header.model.embedding_size as usize;
-    let mask = special.mask;
     let len = prompt.len() + p.gen_length;
     let capacity = session.head_capacity(len)?;
     if p.block_length > capacity {
@@ -286,120 +348,87 @@ pub fn generate(session: &mut Session, prompt: &[u32], p: &SamplerParams, on_ste
             p.block_length
         )));
     }
-    let mut x: Vec<u32> = prompt.iter().copied().chain(std::iter::repeat_n(mask, p.gen_length)).collect();
-    // Official `prompt_index = (x != mask_id)`: the positions the unconditional pass masks.
-    let prompt_index: Vec<bool> = x.iter().map(|&t| t != mask).collect();
-    let mut uncond = x.clone();
-    let mut reveals = Vec::with_capacity(p.steps);
-    let blocks = p.gen_length / p.block_length;
-    let spec_blocks = if p.policy == Policy::Spec { p.spec_blocks } else { 0 };
-    // Draft per position (spec): the token predicted while its block was speculative.
-    let mut drafts: Vec<Option<u32>> = vec![None; len];
-    let mut drafts_confirmed = 0;
-    let dynamic = p.threshold.is_some() || spec_blocks > 0;
-    let mut step = 0;
-    for b in 0..blocks {
-        let block_start = prompt.len() + b * p.block_length;
-        let block_end = block_start + p.block_length;
-        let draft_end = (block_end + spec_blocks * p.block_length).min(len);
-        let block_masked = x[block_start..block_end].iter().filter(|&&t| t == mask).count();
-        let schedule = commits_per_step(block_masked, steps_per_block);
-        for i in 0.. {
-            // The official schedule runs its steps whatever they commit; the dynamic rules
-            // stop when the block is full.
-            let scheduled = match schedule.get(i) {
-                Some(&k) if !dynamic => k,
-                None if !dynamic => break,
-                k => {
-                    if !x[block_start..block_end].contains(&mask) {
-                        break;
-                    }
-                    k.copied().unwrap_or(1).max(1)
-                }
-            };
-            // Eligible: masked and not after the current block (later positions have -inf
-            // confidence in the official code). Drafted: masked in the next blocks.
-            let eligible: Vec<u32> = (0..block_end).filter(|&i| x[i] == mask).map(|i| i as u32).collect();
-            let mut head = eligible.clone();
-            head.extend((block_end..draft_end).filter(|&i| x[i] == mask).map(|i| i as u32));
-            let mut candidates = Vec::with_capacity(head.len());
-            let mut committed: Vec<[u32; 2]> = Vec::new();
-            if !eligible.is_empty() && scheduled > 0 {
-                let full = p.policy == Policy::Exact || i == 0 || (p.refresh_every > 0 && i % p.refresh_every == 0);
-                let span = match p.policy {
-                    _ if full => 0..len,
-                    Policy::Dual => block_start..block_end,
-                    _ => block_start..len,
-                };
-                // Logits of the eligible rows (guided when cfg_scale > 0).
-                let mut guided: Vec<f32> = Vec::new();
-                if p.cfg_scale > 0.0 {
-                    for (u, (&t, &is_prompt)) in uncond.iter_mut().zip(x.iter().zip(&prompt_index)) {
-                        *u = if is_prompt { mask } else { t };
-                    }
-                    guided = session.forward_full(&uncond, &head)?.to_vec();
-                    let cond = session.forward_full(&x, &head)?;
-                    let w = (p.cfg_scale + 1.0) as f32;
-                    for (g, &c) in guided.iter_mut().zip(cond) {
-                        *g += w * (c - *g);
-                    }
-                }
-                let logits: &[f32] = if p.cfg_scale > 0.0 { &guided } else { session.forward_span(&x, span, &head)? };
-                // Rows are independent (each position has its own noise stream), so they are
-                // predicted in parallel: a softmax over a 126k vocabulary per row adds up.
-                let predictions: Vec<(u32, f32)> = logits
-                    .par_chunks(vocab)
-                    .zip(head.par_iter())
-                    .map_init(|| vec![0f32; vocab], |row, (l, &pos)| {
-                        row.copy_from_slice(l);
-                        predict(row, p, &special, step, pos as usize)
-                    })
-                    .collect();
-                for (&pos, &(token, confidence)) in head.iter().zip(&predictions) {
-                    let pos = pos as usize;
-                    if pos >= block_end {
-                        drafts[pos] = Some(token);
-                        continue;
-                    }
-                    match drafts[pos].take() {
-                        Some(d) if d == token && confidence >= p.spec_threshold => {
-                            x[pos] = token;
-                            committed.push([(pos - prompt.len()) as u32, token]);
-                            drafts_confirmed += 1;
-                        }
-                        _ => candidates.push(Candidate { position: pos, token, confidence }),
-                    }
-                }
-            }
-            // Top-k by confidence; equal confidences: lowest position first.
-            candidates.sort_by(|a, b| b.confidence.total_cmp(&a.confidence).then(a.position.cmp(&b.position)));
-            let k = match p.threshold {
-                Some(t) => candidates.iter().take_while(|c| c.confidence >= t).count().max(1),
-                None => scheduled,
-            };
-            committed.extend(candidates.iter().take(k).map(|c| {
-                x[c.position] = c.token;
-                [(c.position - prompt.len()) as u32, c.token]
-            }));
-            step += 1;
-            on_step(&StepView { step, steps: p.steps, canvas: &x, prompt_len: prompt.len(), committed: &committed });
-            reveals.push(committed);
-        }
+    let start = Instant::now();
+    let before = session.counters;
+    let mut g = match p.policy {
+        Policy::Mbsd => mbsd::run(session, prompt, p, steps_per_block, on_step)?,
+        _ => official::run(session, prompt, p, steps_per_block, on_step)?,
+    };
+    g.forward_passes = session.counters.forward_passes - before.forward_passes;
+    g.rows_computed = session.counters.rows_computed - before.rows_computed;
+    g.seconds = start.elapsed().as_secs_f64();
+    Ok(g)
+}
+
+/// Predictions of a pass's logit rows, computed on the session's thread pool into buffers
+/// allocated once per generation (a row is modified in place, as the official code modifies
+/// its logits, so each is copied first).
+pub(crate) struct Predictor {
+    rows: Vec<f32>,
+    out: Vec<(u32, f32)>,
+    vocab: usize,
+}
+
+impl Predictor {
+    pub(crate) fn new(vocab: usize, max_rows: usize) -> Predictor {
+        Predictor { rows: vec![0.0; vocab * max_rows], out: Vec::with_capacity(max_rows), vocab }
     }
-    Ok(Generation {
-        prompt_ids: prompt.to_vec(),
-        output_ids: x[prompt.len()..].to_vec(),
-        reveals,
-        forward_passes: session.counters.forward_passes - before.forward_passes,
-        rows_computed: session.counters.rows_computed - before.rows_computed,
-        drafts_confirmed,
-        seconds: start.elapsed().as_secs_f64(),
-    })
+
+    /// Copies `logits` (`rows x vocab`) in, to be predicted by [`run`](Self::run).
+    pub(crate) fn load(&mut self, logits: &[f32]) -> &mut [f32] {
+        let n = logits.len();
+        if self.rows.len() < n {
+            self.rows.resize(n, 0.0);
+        }
+        self.rows[..n].copy_from_slice(logits);
+        &mut self.rows[..n]
+    }
+
+    /// The first `n` floats of the buffer, to be filled in place (guidance).
+    pub(crate) fn load_mut(&mut self, n: usize) -> &mut [f32] {
+        &mut self.rows[..n]
+    }
+
+    /// Predicts the loaded rows, row `i` at `positions[i]`, noise of step `step`.
+    pub(crate) fn run(&mut self, pool: &rayon::ThreadPool, positions: &[u32], p: &SamplerParams, special: &llada_ir::SpecialTokens, purpose: u64, step: usize) -> &[(u32, f32)] {
+        let vocab = self.vocab;
+        let rows = &mut self.rows[..positions.len() * vocab];
+        self.out.clear();
+        self.out.resize(positions.len(), (0, 0.0));
+        let out = &mut self.out;
+        pool.install(|| {
+            rows.par_chunks_mut(vocab).zip(positions.par_iter()).zip(out.par_iter_mut()).for_each(|((row, &pos), o)| {
+                *o = predict_with(row, p, special, purpose, step, pos as usize);
+            })
+        });
+        &self.out
+    }
+}
+
+/// Top-k by confidence (equal confidences: lowest position first), `k` from the schedule or
+/// the threshold rule: commits them into `x` and appends `[position in generation, token]`.
+pub(crate) fn commit_best(candidates: &mut [Candidate], scheduled: usize, p: &SamplerParams, x: &mut [u32], prompt_len: usize, committed: &mut Vec<[u32; 2]>) {
+    candidates.sort_by(|a, b| b.confidence.total_cmp(&a.confidence).then(a.position.cmp(&b.position)));
+    let k = match p.threshold {
+        Some(t) => candidates.iter().take_while(|c| c.confidence >= t).count().max(1),
+        None => scheduled,
+    };
+    committed.extend(candidates.iter().take(k).map(|c| {
+        x[c.position] = c.token;
+        [(c.position - prompt_len) as u32, c.token]
+    }));
 }
 
 /// The prediction `x0` and its confidence for one position, from its logits `row`
 /// (modified in place as the official code modifies its logits).
+#[cfg(test)]
 fn predict(row: &mut [f32], p: &SamplerParams, special: &llada_ir::SpecialTokens, step: usize, position: usize) -> (u32, f32) {
+    predict_with(row, p, special, GUMBEL, step, position)
+}
+
+/// [`predict`] with the Gumbel noise of stream `purpose` (the revision checks draw their
+/// own noise, so they never replay a commit's).
+fn predict_with(row: &mut [f32], p: &SamplerParams, special: &llada_ir::SpecialTokens, purpose: u64, step: usize, position: usize) -> (u32, f32) {
     if p.logits_eos_inf {
         if let Some(eos) = special.eos {
             row[eos as usize] = f32::NEG_INFINITY;
@@ -407,7 +436,7 @@ fn predict(row: &mut [f32], p: &SamplerParams, special: &llada_ir::SpecialTokens
     }
     let token = if p.temperature > 0.0 {
         // Official add_gumbel_noise: exp(logits) / (-ln u)^temperature in float64.
-        let mut rng = stream(p.seed, GUMBEL, step, position);
+        let mut rng = stream(p.seed, purpose, step, position);
         argmax(row.iter().map(|&l| {
             let u: f64 = rng.random();
             (l as f64).exp() / (-u.ln()).powf(p.temperature)
@@ -427,7 +456,7 @@ fn predict(row: &mut [f32], p: &SamplerParams, special: &llada_ir::SpecialTokens
     }
     let confidence = match p.remasking {
         Remasking::LowConfidence => softmax_at(row, token),
-        Remasking::Random => stream(p.seed, RANDOM_REMASK, step, position).random::<f32>(),
+        Remasking::Random => stream(p.seed, RANDOM_REMASK + purpose - GUMBEL, step, position).random::<f32>(),
     };
     (token as u32, confidence)
 }
