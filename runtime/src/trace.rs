@@ -94,6 +94,6 @@ mod tests {
         assert_eq!(x.len(), 1);
         assert_eq!((x[0]["tid"].as_u64(), x[0]["name"].as_str()), (Some(2), Some("blocks.0.ffn")));
         assert!((x[0]["dur"].as_f64().unwrap() - 3000.0).abs() < 1.0);
-        assert_eq!(events.iter().filter(|e| e["ph"] == "M").count(), 2);
+        assert_eq!(events.iter().filter(|e| e["ph"] == "M").count(), 3);
     }
 }

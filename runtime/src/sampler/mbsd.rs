@@ -5,11 +5,14 @@
 //! pass is a row-set pass on the smallest latency bucket of the plan (`plan.row_buckets`, at
 //! least `--rows`) that holds the block's masked positions. Committed tokens are read from
 //! the cache, not recomputed. The rows the bucket leaves idle are filled, in this order, with:
+//! - committed positions whose cached keys and values are stale (computed while they were
+//!   masked, or before a revision), up to the block's end: *refresh* rows, their tokens as
+//!   inputs, keys and values stored, so the pass after a commit already sees the token;
 //! - masked positions of the next `spec_blocks` blocks (*speculative* rows: mask inputs, no
 //!   keys or values stored, so nothing a committed row reads changes). Their predictions are
 //!   drafts, the latest one per position;
-//! - committed positions of the current block (*refresh* rows: their tokens as inputs, keys
-//!   and values stored), so a bucket as large as the block recomputes it whole, as `dual`.
+//! - the other committed positions of the current block (refresh rows too), so a bucket as
+//!   large as the block recomputes it whole, as `dual` does.
 //!
 //! Drafts are never commitments. When a drafted position's block is current, the first pass
 //! that predicts it accepts the draft if it predicts the same token with at least
@@ -98,6 +101,10 @@ pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, step
     let side_rows = if p.side_rows > 0 { p.side_rows } else { buckets[0] };
     let mut x: Vec<u32> = prompt.iter().copied().chain(std::iter::repeat_n(mask, p.gen_length)).collect();
     let mut states = vec![TokenState::Masked; p.gen_length];
+    // Whether the cache holds each position's keys and values computed with its current
+    // token (set by passes that store it and by side-path merges, cleared by commits and
+    // revisions).
+    let mut kv_fresh = vec![false; len];
     let mut drafts: Vec<Option<u32>> = vec![None; len];
     let mut report = MbsdReport::default();
     let mut reveals = Vec::with_capacity(p.steps);
@@ -128,8 +135,11 @@ pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, step
                 let logits = if full {
                     whole_sequence(session, &x, mask, block_end, draft_end, &mut pass, &mut report)?
                 } else {
-                    row_set(session, &x, mask, (block_start, block_end, draft_end), &buckets, &mut pass, &mut report)?
+                    row_set(session, &x, &kv_fresh, mask, (block_start, block_end, draft_end), &buckets, &mut pass, &mut report)?
                 };
+                for &q in &pass.stored {
+                    kv_fresh[q as usize] = true;
+                }
                 predictor.load(logits);
                 let predictions = predictor.run(session.pool(), &pass.head_positions, p, &special, GUMBEL, noise_step);
                 candidates.clear();
@@ -157,10 +167,11 @@ pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, step
                 let state = if side.is_some() { TokenState::Visible { agreed: 0 } } else { TokenState::Stable };
                 for &[at, _] in &committed {
                     states[at as usize] = state;
+                    kv_fresh[prompt.len() + at as usize] = false;
                 }
                 if let Some(side) = side.as_mut() {
                     let last = b + 1 == blocks && !x[block_start..block_end].contains(&mask);
-                    side.merge_and_launch(scope, session, &mut x, &mut states, prompt.len(), &pass.stored, p, noise_step, !last)?;
+                    side.merge_and_launch(scope, session, &mut x, &mut states, &mut kv_fresh, prompt.len(), &pass.stored, p, noise_step, !last)?;
                 }
                 step += 1;
                 on_step(&StepView { step, steps: p.steps, canvas: &x, prompt_len: prompt.len(), committed: &committed });
@@ -204,9 +215,11 @@ fn whole_sequence<'s>(session: &'s mut Session, x: &[u32], mask: u32, block_end:
 
 /// A pass on the smallest bucket holding the block's masked positions, its idle rows filled
 /// with speculative rows, then refresh rows (see the module documentation).
+#[allow(clippy::too_many_arguments)]
 fn row_set<'s>(
     session: &'s mut Session,
     x: &[u32],
+    kv_fresh: &[bool],
     mask: u32,
     (block_start, block_end, draft_end): (usize, usize, usize),
     buckets: &[usize],
@@ -216,12 +229,14 @@ fn row_set<'s>(
     let masked: Vec<usize> = (block_start..block_end).filter(|&i| x[i] == mask).collect();
     let bucket = buckets.iter().copied().find(|&r| r >= masked.len()).unwrap_or(masked.len());
     let mut idle = bucket.saturating_sub(masked.len());
+    let stale: Vec<usize> = (0..block_end).filter(|&i| x[i] != mask && !kv_fresh[i]).take(idle).collect();
+    idle -= stale.len();
     let speculative: Vec<usize> = (block_end..draft_end).filter(|&i| x[i] == mask).take(idle).collect();
     idle -= speculative.len();
-    let refresh = (block_start..block_end).filter(|&i| x[i] != mask).take(idle);
+    let refresh = (block_start..block_end).filter(|&i| x[i] != mask && kv_fresh[i]).take(idle);
     // Stored rows in position order (then a bucket of the whole block is `dual`'s pass).
     pass.stored.clear();
-    pass.stored.extend(masked.iter().map(|&i| i as u32).chain(refresh.map(|i| i as u32)));
+    pass.stored.extend(masked.iter().chain(&stale).map(|&i| i as u32).chain(refresh.map(|i| i as u32)));
     pass.stored.sort_unstable();
     pass.rows.clear();
     for &q in &pass.stored {

@@ -137,8 +137,8 @@ impl<'scope, 'm: 'scope> SidePath<'scope, 'm> {
     }
 
     /// The merge point after a dense pass that stored keys and values at `dense_stored`
-    /// positions: waits for the running job if it is late, merges its keys and values and
-    /// applies its checks to `x` and `states`, brings the side cache level with the dense
+    /// positions: waits for the running job if it is late, merges its keys and values (marking
+    /// them fresh in `kv_fresh`) and applies its checks to `x` and `states`, brings the side cache level with the dense
     /// one; then, if `launch`, starts a job over the oldest visible tokens.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn merge_and_launch(
@@ -147,6 +147,7 @@ impl<'scope, 'm: 'scope> SidePath<'scope, 'm> {
         session: &mut Session<'m>,
         x: &mut [u32],
         states: &mut [TokenState],
+        kv_fresh: &mut [bool],
         prompt_len: usize,
         dense_stored: &[u32],
         p: &'scope SamplerParams,
@@ -162,7 +163,10 @@ impl<'scope, 'm: 'scope> SidePath<'scope, 'm> {
             let fresh: Vec<u32> = outcome.positions.iter().copied().filter(|p| !dense_stored.contains(p)).collect();
             let model = session.model;
             session.window_mut().copy_kv_from(&worker.window, &fresh, &model.header);
-            self.apply(&outcome, x, states, prompt_len, p);
+            for &q in &fresh {
+                kv_fresh[q as usize] = true;
+            }
+            apply_checks(&mut self.report, &outcome.positions, &outcome.predictions, x, states, kv_fresh, prompt_len, p);
             self.idle = Some(worker);
         }
         let worker = self.idle.as_mut().expect("no job runs after the merge");
@@ -197,28 +201,59 @@ impl<'scope, 'm: 'scope> SidePath<'scope, 'm> {
         }));
         Ok(())
     }
+}
 
-    /// Applies a job's checks: agreements count towards stability, confident disagreements
-    /// revise the token.
-    fn apply(&mut self, o: &Outcome, x: &mut [u32], states: &mut [TokenState], prompt_len: usize, p: &SamplerParams) {
-        for (&pos, &(token, confidence)) in o.positions.iter().zip(&o.predictions) {
-            let pos = pos as usize;
-            let TokenState::Visible { agreed } = states[pos - prompt_len] else { continue };
-            self.report.checks += 1;
-            states[pos - prompt_len] = if token == x[pos] {
-                if confidence >= p.stable_confidence || agreed + 1 >= p.stable_checks {
-                    self.report.stabilised += 1;
-                    TokenState::Stable
-                } else {
-                    TokenState::Visible { agreed: agreed + 1 }
-                }
-            } else if confidence >= p.revise_confidence {
-                x[pos] = token;
-                self.report.revisions += 1;
-                TokenState::Visible { agreed: 0 }
+/// Applies a job's checks (`predictions` of `positions`): agreements count towards
+/// stability, confident disagreements revise the token.
+#[allow(clippy::too_many_arguments)]
+fn apply_checks(report: &mut SideReport, positions: &[u32], predictions: &[(u32, f32)], x: &mut [u32], states: &mut [TokenState], kv_fresh: &mut [bool], prompt_len: usize, p: &SamplerParams) {
+    for (&pos, &(token, confidence)) in positions.iter().zip(predictions) {
+        let pos = pos as usize;
+        let TokenState::Visible { agreed } = states[pos - prompt_len] else { continue };
+        report.checks += 1;
+        states[pos - prompt_len] = if token == x[pos] {
+            if confidence >= p.stable_confidence || agreed + 1 >= p.stable_checks {
+                report.stabilised += 1;
+                TokenState::Stable
             } else {
-                TokenState::Visible { agreed }
-            };
-        }
+                TokenState::Visible { agreed: agreed + 1 }
+            }
+        } else if confidence >= p.revise_confidence {
+            // Its cached keys and values are now the old token's: the dense path refreshes it.
+            x[pos] = token;
+            kv_fresh[pos] = false;
+            report.revisions += 1;
+            TokenState::Visible { agreed: 0 }
+        } else {
+            TokenState::Visible { agreed }
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checks_stabilise_agreeing_tokens_and_revise_confident_disagreements() {
+        let p = SamplerParams { stable_confidence: 0.9, stable_checks: 2, revise_confidence: 0.5, ..Default::default() };
+        let mut x = vec![0, 0, 10, 11, 12, 13];
+        let mut states = vec![TokenState::Visible { agreed: 0 }, TokenState::Visible { agreed: 1 }, TokenState::Visible { agreed: 0 }, TokenState::Stable];
+        let mut r = SideReport::default();
+        // Prompt of 2: positions 2..6 are generated.
+        let checks = [(10, 0.95), (11, 0.6), (99, 0.7), (5, 1.0)];
+        let mut fresh = vec![true; 6];
+        apply_checks(&mut r, &[2, 3, 4, 5], &checks, &mut x, &mut states, &mut fresh, 2, &p);
+        assert_eq!(fresh, vec![true, true, true, true, false, true], "a revised token's keys and values are stale");
+        // Confident agreement: stable. Second agreement: stable. Confident disagreement:
+        // revised, checked afresh. A stable token is never checked.
+        assert_eq!(states, vec![TokenState::Stable, TokenState::Stable, TokenState::Visible { agreed: 0 }, TokenState::Stable]);
+        assert_eq!(x, vec![0, 0, 10, 11, 99, 13]);
+        assert_eq!((r.checks, r.stabilised, r.revisions), (3, 2, 1));
+        // A weak agreement counts; a weak disagreement changes nothing.
+        apply_checks(&mut r, &[4], &[(99, 0.3)], &mut x, &mut states, &mut fresh, 2, &p);
+        assert_eq!(states[2], TokenState::Visible { agreed: 1 });
+        apply_checks(&mut r, &[4], &[(7, 0.3)], &mut x, &mut states, &mut fresh, 2, &p);
+        assert_eq!((states[2], x[4]), (TokenState::Visible { agreed: 1 }, 99));
     }
 }
