@@ -20,6 +20,8 @@
 //!   commits. A block ends when nothing in it is masked, so confirmed drafts save passes. A
 //!   draft is never committed while its block is speculative (the prefix it was predicted
 //!   under was unfinished), and a disagreeing draft is dropped (re-masked in effect);
+//! - `mbsd` (multi-block speculative decoding on the plan's row buckets, `mbsd.rs`), with
+//!   dual-path progressive revision on a CPU side path (`revision.rs`);
 //! - `threshold` (with any policy): each step commits every masked position of the block
 //!   whose confidence reaches it, at least the best one, instead of the fixed schedule; a
 //!   block then ends when it is full.
