@@ -6,18 +6,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-
 use llada_rt::sampler::{Policy, Revision};
 use llada_rt::session::RowSet;
 use llada_rt::text::Text;
 use llada_rt::{generate, Generation, Model, Remasking, SamplerParams, Session};
-
-fn embedded(dir: &Path) -> PathBuf {
-    let out = dir.join("embedded.lad");
-    common::compile(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/llada-tiny-tasks"), &out, Some(256));
-    out
-}
 
 fn prompts(model: &Model) -> Vec<Vec<u32>> {
     let text = Text::new(&model.header.tokenizer, &model.header.special).unwrap();
@@ -38,7 +30,7 @@ fn decode(model: &Model, threads: usize, prompt: &[u32], p: &SamplerParams) -> G
 #[test]
 fn mbsd_without_speculation_or_revision_on_whole_block_rows_is_dual() {
     let dir = tempfile::tempdir().unwrap();
-    let model = Model::open(&embedded(dir.path()), true).unwrap();
+    let model = Model::open(&common::embedded(dir.path()), true).unwrap();
     let base = SamplerParams { gen_length: 64, block_length: 32, steps: 64, ..Default::default() };
     let settings = [
         base.clone(),
@@ -62,7 +54,7 @@ fn mbsd_without_speculation_or_revision_on_whole_block_rows_is_dual() {
 #[test]
 fn mbsd_with_revision_is_the_same_across_runs_and_thread_counts() {
     let dir = tempfile::tempdir().unwrap();
-    let model = Model::open(&embedded(dir.path()), true).unwrap();
+    let model = Model::open(&common::embedded(dir.path()), true).unwrap();
     let settings = [
         SamplerParams { gen_length: 64, block_length: 32, steps: 64, policy: Policy::Mbsd, ..Default::default() },
         // Hot sampling and low thresholds make checks disagree, so revisions happen.
@@ -94,7 +86,7 @@ fn mbsd_with_revision_is_the_same_across_runs_and_thread_counts() {
 #[test]
 fn rows_that_do_not_store_leave_the_cache_as_it_was() {
     let dir = tempfile::tempdir().unwrap();
-    let model = Model::open(&embedded(dir.path()), true).unwrap();
+    let model = Model::open(&common::embedded(dir.path()), true).unwrap();
     let prompt = &prompts(&model)[0];
     let mask = model.header.special.mask;
     let seq: Vec<u32> = prompt.iter().copied().chain(std::iter::repeat_n(mask, 64)).collect();
@@ -118,12 +110,8 @@ fn rows_that_do_not_store_leave_the_cache_as_it_was() {
     let err = s.forward_rows(seq.len() + 1, &rows, 16, &[0]).unwrap_err().to_string();
     assert!(err.contains("KV cache"), "{err}");
     let mut twice = RowSet::default();
-    twice.push(span_start(&prompt), mask, true);
-    twice.push(span_start(&prompt), mask, true);
+    twice.push(prompt.len(), mask, true);
+    twice.push(prompt.len(), mask, true);
     let err = s.forward_rows(seq.len(), &twice, 16, &[0]).unwrap_err().to_string();
     assert!(err.contains("two rows of one pass store position"), "{err}");
-}
-
-fn span_start(prompt: &[u32]) -> usize {
-    prompt.len()
 }

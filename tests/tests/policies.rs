@@ -6,18 +6,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 
 use llada_rt::sampler::Policy;
 use llada_rt::text::Text;
 use llada_rt::{generate, Generation, Model, Remasking, SamplerParams, Session};
 use llada_tools::checkpoint::{Shape, WeightType};
-
-fn embedded(dir: &Path) -> PathBuf {
-    let out = dir.join("embedded.lad");
-    common::compile(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/llada-tiny-tasks"), &out, Some(256));
-    out
-}
 
 fn prompts(model: &Model) -> Vec<Vec<u32>> {
     let text = Text::new(&model.header.tokenizer, &model.header.special).unwrap();
@@ -76,7 +69,7 @@ fn a_pass_over_some_rows_reproduces_the_whole_sequence_pass_when_nothing_changed
 #[test]
 fn prefix_refreshed_every_step_is_exact_and_spec_without_drafts_is_prefix() {
     let dir = tempfile::tempdir().unwrap();
-    let model = Model::open(&embedded(dir.path()), true).unwrap();
+    let model = Model::open(&common::embedded(dir.path()), true).unwrap();
     for prompt in prompts(&model) {
         for p in settings() {
             let exact = decode(&model, &prompt, &p);
@@ -100,7 +93,7 @@ fn prefix_refreshed_every_step_is_exact_and_spec_without_drafts_is_prefix() {
 #[test]
 fn spec_confirms_drafts_and_saves_passes() {
     let dir = tempfile::tempdir().unwrap();
-    let model = Model::open(&embedded(dir.path()), true).unwrap();
+    let model = Model::open(&common::embedded(dir.path()), true).unwrap();
     let p = SamplerParams { gen_length: 96, block_length: 32, steps: 96, ..Default::default() };
     for prompt in prompts(&model) {
         let prefix = decode(&model, &prompt, &SamplerParams { policy: Policy::Prefix, ..p.clone() });
@@ -118,7 +111,7 @@ fn spec_confirms_drafts_and_saves_passes() {
 #[test]
 fn eval_compares_a_policy_with_a_reference_run() {
     let dir = tempfile::tempdir().unwrap();
-    let art = embedded(dir.path());
+    let art = common::embedded(dir.path());
     let tasks = dir.path().join("tasks.jsonl");
     let lines: Vec<&str> = include_str!("../../models/tasks/heldout.jsonl").lines().take(4).collect();
     std::fs::write(&tasks, lines.join("\n")).unwrap();

@@ -22,7 +22,7 @@
 //! re-checks them (`revision`).
 
 use super::revision::{SidePath, SideReport, TokenState};
-use super::{commit_best, commits_per_step, Candidate, Generation, Predictor, Revision, SamplerParams, StepView, GUMBEL};
+use super::{commit_best, commits_per_step, settle_predictions, Generation, Predictor, Revision, SamplerParams, StepView, GUMBEL};
 use crate::error::{Error, Result};
 use crate::session::{RowSet, Session};
 
@@ -144,25 +144,10 @@ pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, step
                 let predictions = predictor.run(session.pool(), &pass.head_positions, p, &special, GUMBEL, noise_step);
                 candidates.clear();
                 let mut committed: Vec<[u32; 2]> = Vec::new();
-                for (&pos, &(token, confidence)) in pass.head_positions.iter().zip(predictions) {
-                    let pos = pos as usize;
-                    if pos >= block_end {
-                        drafts[pos] = Some(token);
-                        continue;
-                    }
-                    match drafts[pos].take() {
-                        Some(d) if d == token && confidence >= p.spec_threshold => {
-                            x[pos] = token;
-                            committed.push([(pos - prompt.len()) as u32, token]);
-                            report.drafts_accepted += 1;
-                        }
-                        Some(_) => {
-                            report.drafts_dropped += 1;
-                            candidates.push(Candidate { position: pos, token, confidence });
-                        }
-                        None => candidates.push(Candidate { position: pos, token, confidence }),
-                    }
-                }
+                let (accepted, dropped) =
+                    settle_predictions(&pass.head_positions, predictions, block_end, &mut drafts, p, &mut x, prompt.len(), &mut committed, &mut candidates);
+                report.drafts_accepted += accepted;
+                report.drafts_dropped += dropped;
                 commit_best(&mut candidates, scheduled, p, &mut x, prompt.len(), &mut committed);
                 let state = if side.is_some() { TokenState::Visible { agreed: 0 } } else { TokenState::Stable };
                 for &[at, _] in &committed {

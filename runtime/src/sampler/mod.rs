@@ -407,6 +407,45 @@ impl Predictor {
     }
 }
 
+/// One pass's predictions at `head`: a position after `block_end` gets it as its draft (the
+/// latest wins); a current position with a draft accepts it, committing it now, when the
+/// prediction equals it with confidence at least `spec_threshold`, and drops it otherwise;
+/// every current position not committed becomes a candidate. Returns the drafts accepted and
+/// dropped.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn settle_predictions(
+    head: &[u32],
+    predictions: &[(u32, f32)],
+    block_end: usize,
+    drafts: &mut [Option<u32>],
+    p: &SamplerParams,
+    x: &mut [u32],
+    prompt_len: usize,
+    committed: &mut Vec<[u32; 2]>,
+    candidates: &mut Vec<Candidate>,
+) -> (u64, u64) {
+    let (mut accepted, mut dropped) = (0, 0);
+    for (&pos, &(token, confidence)) in head.iter().zip(predictions) {
+        let pos = pos as usize;
+        if pos >= block_end {
+            drafts[pos] = Some(token);
+            continue;
+        }
+        match drafts[pos].take() {
+            Some(d) if d == token && confidence >= p.spec_threshold => {
+                x[pos] = token;
+                committed.push([(pos - prompt_len) as u32, token]);
+                accepted += 1;
+                continue;
+            }
+            Some(_) => dropped += 1,
+            None => {}
+        }
+        candidates.push(Candidate { position: pos, token, confidence });
+    }
+    (accepted, dropped)
+}
+
 /// Top-k by confidence (equal confidences: lowest position first), `k` from the schedule or
 /// the threshold rule: commits them into `x` and appends `[position in generation, token]`.
 pub(crate) fn commit_best(candidates: &mut [Candidate], scheduled: usize, p: &SamplerParams, x: &mut [u32], prompt_len: usize, committed: &mut Vec<[u32; 2]>) {

@@ -2,7 +2,7 @@
 //! `prefix`, `dual` and `spec` (see the module documentation of `sampler`). One pass per step
 //! over the rows the policy recomputes, then the step's commits.
 
-use super::{commit_best, commits_per_step, Candidate, Generation, Policy, Predictor, SamplerParams, StepView, GUMBEL};
+use super::{commit_best, commits_per_step, settle_predictions, Generation, Policy, Predictor, SamplerParams, StepView, GUMBEL};
 use crate::error::Result;
 use crate::session::Session;
 
@@ -74,21 +74,8 @@ pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, step
                     predictor.load(session.forward_span(&x, span, &head)?);
                 }
                 let predictions = predictor.run(session.pool(), &head, p, &special, GUMBEL, step);
-                for (&pos, &(token, confidence)) in head.iter().zip(predictions) {
-                    let pos = pos as usize;
-                    if pos >= block_end {
-                        drafts[pos] = Some(token);
-                        continue;
-                    }
-                    match drafts[pos].take() {
-                        Some(d) if d == token && confidence >= p.spec_threshold => {
-                            x[pos] = token;
-                            committed.push([(pos - prompt.len()) as u32, token]);
-                            drafts_confirmed += 1;
-                        }
-                        _ => candidates.push(Candidate { position: pos, token, confidence }),
-                    }
-                }
+                let (accepted, _) = settle_predictions(&head, predictions, block_end, &mut drafts, p, &mut x, prompt.len(), &mut committed, &mut candidates);
+                drafts_confirmed += accepted;
             }
             commit_best(&mut candidates, scheduled, p, &mut x, prompt.len(), &mut committed);
             step += 1;

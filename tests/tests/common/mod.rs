@@ -79,3 +79,10 @@ pub fn assert_clean_failure(out: &Output, needles: &[&str]) {
 pub fn leftovers(dir: &Path) -> Vec<String> {
     std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
 }
+
+/// The embedded default model compiled into `dir` with `--max-seq 256`.
+pub fn embedded(dir: &Path) -> PathBuf {
+    let out = dir.join("embedded.lad");
+    compile(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/llada-tiny-tasks"), &out, Some(256));
+    out
+}
