@@ -235,6 +235,12 @@ mod tests {
         // Rows 4 and 5 did not store: each sees its own key and value at its position.
         let positions = [0u32, 1, 2, 3, 7, 2];
         attend(&qkv, &kv, sh, OwnKv { from_row: 4, positions: &positions }, 0, &mut out, &mut scores);
+        // The portable twin (unfused, scalar order) of the dispatched kernel.
+        let mut twin = vec![0f32; rows * heads * hd];
+        attend_body::<false>(&qkv, &kv, sh, OwnKv { from_row: 4, positions: &positions }, 0, &mut twin, &mut scores);
+        for (i, (&a, &b)) in out.iter().zip(&twin).enumerate() {
+            assert!((a - b).abs() < 1e-5, "[{i}]: {a} vs portable twin {b}");
+        }
         for r in 0..rows {
             for h in 0..heads {
                 let g = h / (heads / kv_heads);

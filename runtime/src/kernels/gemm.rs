@@ -128,6 +128,9 @@ impl<'s> Prepared<'s> {
                 };
                 p.group_sums = bytemuck::cast_slice_mut(&mut sums[..prows * p.groups * 4]);
                 p.group_sums.fill(0);
+                // The NEON tiles read the portable quantiser's operand (compiled with NEON).
+                #[cfg(not(target_arch = "x86_64"))]
+                let _ = features;
                 #[cfg(target_arch = "x86_64")]
                 {
                     type QuantizeRow = unsafe fn(&[f32], &mut [u8], u8, usize, &mut [i32]) -> f32;
@@ -186,26 +189,47 @@ impl Output {
     }
 }
 
-/// The kernels a GEMM runs on: the AVX-512 tiles when the CPU has the format's extension
-/// (`vdpbf16ps` for bf16 activations, `vpdpbusd` for the integer formats), else the AVX2
-/// tiles (every format: bf16 widened to f32, int8 dot products from `vpmaddubsw`), else
+/// The kernels a GEMM runs on. On x86-64: the AVX-512 tiles when the CPU has the format's
+/// extension (`vdpbf16ps` for bf16 activations, `vpdpbusd` for the integer formats), else
+/// the AVX2 tiles (every format: bf16 widened to f32, int8 dot products from `vpmaddubsw`).
+/// On AArch64 (`arm`): NEON tiles for every format, with `sdot` (dotprod) or `smmla` (i8mm)
+/// for the integer formats and `bfdot` for bf16 activations where the CPU has them. Else
 /// portable code.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(crate) enum Path {
     Portable,
     Avx2,
     Avx512,
+    /// NEON only: int8 by widening multiplies, bf16 widened to f32.
+    Neon,
+    /// NEON with `sdot`.
+    NeonDotprod,
+    /// NEON with `smmla` (and `sdot` for odd quads).
+    NeonI8mm,
+    /// NEON with `bfdot` (bf16 activations).
+    NeonBf16,
 }
 
 impl Path {
     /// The path `features` allows for `w`.
     pub(crate) fn of(w: &Matrix, features: Features) -> Path {
+        if matches!(w.format, DType::F32 | DType::Bf16 | DType::F16) {
+            return Path::Portable;
+        }
+        if cfg!(target_arch = "aarch64") {
+            return match w.format {
+                _ if !features.neon => Path::Portable,
+                DType::PanelBf16 if w.bf16_activations && features.bf16 => Path::NeonBf16,
+                DType::PanelQ8 | DType::PanelQ4 { .. } if features.i8mm => Path::NeonI8mm,
+                DType::PanelQ8 | DType::PanelQ4 { .. } if features.dotprod => Path::NeonDotprod,
+                _ => Path::Neon,
+            };
+        }
         let avx512 = match w.format {
             DType::PanelF32 | DType::PanelF16 => features.avx512,
             DType::PanelBf16 if w.bf16_activations => features.avx512_bf16,
             DType::PanelBf16 => features.avx512,
-            DType::PanelQ8 | DType::PanelQ4 { .. } => features.avx512_vnni,
-            DType::F32 | DType::Bf16 | DType::F16 => return Path::Portable,
+            _ => features.avx512_vnni,
         };
         if !cfg!(target_arch = "x86_64") {
             Path::Portable
@@ -230,11 +254,12 @@ pub fn gemm(x: &[f32], rows: usize, w: &Matrix, out: &mut [f32], scratch: &mut [
     let path = Path::of(w, features);
     let output = Output { ptr: out.as_mut_ptr() };
     let prepared = &prepared;
-    #[cfg(target_arch = "x86_64")]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     if path != Path::Portable {
         // The integer formats, and exact bf16 on AVX-512, need registers for unpacked
         // weights: narrower tiles. (The AVX2 float tiles work in strips of three half
-        // panels: six panels make four.)
+        // panels: six panels make four. The NEON tiles take one panel at a time, so the
+        // width only sets a task's share.)
         let tile_panels = match w.format {
             DType::PanelQ4 { .. } | DType::PanelQ8 => 4,
             DType::PanelBf16 if path == Path::Avx512 && w.operand() == Operand::F32 => 4,
@@ -246,7 +271,7 @@ pub fn gemm(x: &[f32], rows: usize, w: &Matrix, out: &mut [f32], scratch: &mut [
             let p1 = (p0 + tile_panels).min(panels(n));
             // SAFETY: this task owns the columns of panels p0..p1; the slices and sizes were
             // checked above against the format.
-            unsafe { simd_tile_column(w, prepared, rows, p0, p1, output, path == Path::Avx2) };
+            unsafe { simd_tile_column(w, prepared, rows, p0, p1, output, path) };
         };
         if pool.current_num_threads() <= 1 || tiles < 2 {
             (0..tiles).for_each(run);
@@ -296,17 +321,19 @@ fn bytes_per_k(format: DType) -> usize {
     }
 }
 
-/// Runs the SIMD kernels (the AVX2 ones if `avx2`, else AVX-512) over panels `p0..p1` (at
-/// most six) for every row.
+/// Runs the SIMD kernels of `path` over panels `p0..p1` (at most six) for every row.
 ///
 /// # Safety
 /// The CPU has the features of the format's kernels on that path (see [`Path::of`]); the
 /// caller owns output columns `16 * p0 .. 16 * p1` (clipped to `n`) of every row; `w` and
 /// `x` are consistent (checked by [`gemm`]).
-#[cfg(target_arch = "x86_64")]
-unsafe fn simd_tile_column(w: &Matrix, x: &Prepared, rows: usize, p0: usize, p1: usize, out: Output, avx2: bool) {
-    use super::x86::{self, TileOut};
-    use super::x86_avx2;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+unsafe fn simd_tile_column(w: &Matrix, x: &Prepared, rows: usize, p0: usize, p1: usize, out: Output, path: Path) {
+    use super::tile::{prefetch_line, TileOut};
+    #[cfg(target_arch = "aarch64")]
+    use super::arm;
+    #[cfg(target_arch = "x86_64")]
+    use super::{x86, x86_avx2};
     let (n, k) = (w.n, w.k);
     let pbytes = panel_bytes(w.format, k).unwrap();
     let data = panel_data_bytes(w.format, k);
@@ -326,11 +353,16 @@ unsafe fn simd_tile_column(w: &Matrix, x: &Prepared, rows: usize, p0: usize, p1:
             None
         }
     };
-    // The same kernel (same signature) from either instruction set.
+    // The same kernel (same operands) from the path's instruction set; the ARM tiles take
+    // the path too, for the extension they use.
     macro_rules! kernel {
-        ($f:ident::<$nr:literal>($($a:expr),* $(,)?)) => {
-            if avx2 { x86_avx2::$f::<$nr>($($a),*) } else { x86::$f::<$nr>($($a),*) }
-        };
+        ($f:ident::<$nr:literal>($($a:expr),* $(,)?)) => {{
+            #[cfg(target_arch = "x86_64")]
+            let r = if path == Path::Avx2 { x86_avx2::$f::<$nr>($($a),*) } else { x86::$f::<$nr>($($a),*) };
+            #[cfg(target_arch = "aarch64")]
+            let r = arm::$f::<$nr>(path, $($a),*);
+            r
+        }};
     }
     macro_rules! by_width {
         ($nr:expr, $f:ident) => {
@@ -358,8 +390,7 @@ unsafe fn simd_tile_column(w: &Matrix, x: &Prepared, rows: usize, p0: usize, p1:
             };
             for j in q0..(q0 + (p1 - p0)).min(panels(n)) {
                 for l in 0..lines {
-                    // SAFETY: prefetching never faults.
-                    unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(panel(j).wrapping_add(from + 64 * l) as *const i8) };
+                    prefetch_line(panel(j).wrapping_add(from + 64 * l));
                 }
             }
         }
@@ -438,9 +469,9 @@ unsafe fn simd_tile_column(w: &Matrix, x: &Prepared, rows: usize, p0: usize, p1:
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-fn prefetch<const NR: usize>((ptr, lines): ([*const u8; 6], usize)) -> super::x86::Prefetch<NR> {
-    super::x86::Prefetch { ptr: std::array::from_fn(|j| ptr[j]), lines }
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+fn prefetch<const NR: usize>((ptr, lines): ([*const u8; 6], usize)) -> super::tile::Prefetch<NR> {
+    super::tile::Prefetch { ptr: std::array::from_fn(|j| ptr[j]), lines }
 }
 
 /// One row times one panel on the portable path: the same sums as the SIMD kernels (integer
@@ -602,22 +633,17 @@ mod tests {
         check_against_reference(Features { avx2: true, ..Features::default() }, Some(Path::Avx2));
     }
 
-    /// The AVX2 q8 and q4 tiles give the portable path's integer sums exactly: one K chunk
-    /// (so one conversion to float), integer-valued weights and activations of every
-    /// magnitude the quants can take, and the same float epilogue, leave nothing to round
-    /// differently.
-    #[test]
-    fn avx2_integer_sums_are_exact() {
-        if !cpu::features().avx2 {
-            eprintln!("skipped: this CPU has no AVX2 + FMA + F16C (or LLADA_ISA caps it)");
-            return;
-        }
+    /// The SIMD q8 and q4 tiles of `features` give the portable path's integer sums exactly:
+    /// one K chunk (so one conversion to float), integer-valued weights and activations of
+    /// every magnitude the quants can take, and the same float epilogue, leave nothing to
+    /// round differently.
+    fn integer_sums_are_exact(features: Features) {
         let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
         let (rows, n, k) = (7, 40, 256);
         let mut s = 11;
         // Each row's largest magnitude is 127 (scale 1), so the quants are the values.
         let x: Vec<f32> = (0..rows * k).map(|i| if i % k == 3 { -127.0 } else { (lcg(&mut s) * 127.0).round() }).collect();
-        for format in [DType::PanelQ8, DType::PanelQ4 { group: 32 }, DType::PanelQ4 { group: 128 }] {
+        for format in [DType::PanelQ8, DType::PanelQ4 { group: 32 }, DType::PanelQ4 { group: 128 }, DType::PanelQ4 { group: 8 }] {
             // Weights at the quants' extremes (q8: +-127 with scale 1; q4: -8..7 times a
             // power-of-two scale), so the products' sums are large.
             let w: Vec<Vec<f32>> = (0..n)
@@ -626,11 +652,64 @@ mod tests {
             let bytes = pack(format, &w, k);
             let m = Matrix { format, n, k, bytes: &bytes, bf16_activations: false };
             assert!(chunk_k(format, k) >= k);
+            assert_ne!(Path::of(&m, features), Path::Portable);
             let mut scratch = scratch_for(&m, rows);
             let (mut fast, mut portable) = (vec![0.0; rows * n], vec![0.0; rows * n]);
-            gemm(&x, rows, &m, &mut fast, bytemuck::cast_slice_mut(&mut scratch), &pool, Features { avx2: true, ..Features::default() });
+            gemm(&x, rows, &m, &mut fast, bytemuck::cast_slice_mut(&mut scratch), &pool, features);
             gemm(&x, rows, &m, &mut portable, bytemuck::cast_slice_mut(&mut scratch), &pool, Features::default());
-            assert_eq!(fast, portable, "{}", format.name());
+            assert_eq!(fast, portable, "{} on {:?}", format.name(), Path::of(&m, features));
+        }
+    }
+
+    #[test]
+    fn avx2_integer_sums_are_exact() {
+        if !cpu::features().avx2 {
+            eprintln!("skipped: this CPU has no AVX2 + FMA + F16C (or LLADA_ISA caps it)");
+            return;
+        }
+        integer_sums_are_exact(Features { avx2: true, ..Features::default() });
+    }
+
+    /// The NEON feature levels this CPU has, each with the path it gives the bf16-activation
+    /// and integer formats: NEON alone (cortex-a53), with `sdot` (cortex-a76), with `smmla`
+    /// and `bfdot` (ARMv8.6, `qemu -cpu max`).
+    fn neon_levels() -> Vec<(Features, Path, Path)> {
+        let f = cpu::features();
+        let mut levels = Vec::new();
+        if f.neon {
+            levels.push((Features { neon: true, ..Features::default() }, Path::Neon, Path::Neon));
+        }
+        if f.dotprod {
+            levels.push((Features { neon: true, dotprod: true, ..Features::default() }, Path::Neon, Path::NeonDotprod));
+        }
+        if f.i8mm && f.bf16 {
+            levels.push((Features { neon: true, dotprod: true, i8mm: true, bf16: true, ..Features::default() }, Path::NeonBf16, Path::NeonI8mm));
+        }
+        if levels.is_empty() {
+            eprintln!("skipped: not an AArch64 CPU with NEON (or LLADA_ISA caps it)");
+        }
+        levels
+    }
+
+    /// Every NEON level against the f64 reference and the portable path, every format.
+    #[test]
+    fn neon_tiles_match_the_reference_at_each_feature_level() {
+        for (features, bf16_path, int_path) in neon_levels() {
+            let probe = |format, bf16_activations| Path::of(&Matrix { format, n: 16, k: 64, bytes: &[], bf16_activations }, features);
+            assert_eq!(probe(DType::PanelF32, false), Path::Neon);
+            assert_eq!(probe(DType::PanelBf16, false), Path::Neon);
+            assert_eq!(probe(DType::PanelBf16, true), bf16_path);
+            assert_eq!(probe(DType::PanelQ8, false), int_path);
+            assert_eq!(probe(DType::PanelQ4 { group: 32 }, false), int_path);
+            eprintln!("{}: checked", features.describe());
+            check_against_reference(features, None);
+        }
+    }
+
+    #[test]
+    fn neon_integer_sums_are_exact_at_each_feature_level() {
+        for (features, _, _) in neon_levels() {
+            integer_sums_are_exact(features);
         }
     }
 }

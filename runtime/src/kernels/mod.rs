@@ -1,11 +1,14 @@
-//! Host kernels over f32 activations. Each public kernel is compiled three times (portable,
-//! AVX2+FMA, AVX-512) and picks one at run time (see [`cpu`]); the results agree to rounding.
+//! Host kernels over f32 activations. Each public kernel is compiled for several instruction
+//! sets (portable, and AVX2+FMA and AVX-512 on x86-64 or NEON on AArch64) and picks one at
+//! run time (see [`cpu`]); the results agree to rounding.
 
 pub mod attention;
 pub mod cpu;
 pub mod gemm;
+mod tile;
 mod x86;
 mod x86_avx2;
+mod arm;
 
 use half::slice::HalfFloatSliceExt;
 
@@ -68,7 +71,11 @@ pub(crate) fn dot_tile<const FMA: bool, const MR: usize, const NR: usize>(x: [&[
         // tiles check the slice lengths themselves.
         cpu::Isa::Avx512 => return unsafe { x86::dot_tile_avx512(x, w, k) },
         cpu::Isa::Avx2 => return unsafe { x86::dot_tile_avx2(x, w, k) },
-        cpu::Isa::Portable => {}
+        _ => {}
+    }
+    #[cfg(target_arch = "aarch64")]
+    if cpu::isa() == cpu::Isa::Neon {
+        return arm::dot_tile_neon(x, w, k);
     }
     dot_tile_portable::<FMA, MR, NR>(x, w, k)
 }
@@ -256,6 +263,31 @@ mod tests {
                 assert!((out[h * hd + i] as f64 - (a * c - b * sn)).abs() < 1e-6);
                 assert!((out[h * hd + hd / 2 + i] as f64 - (b * c + a * sn)).abs() < 1e-6);
             }
+        }
+    }
+
+    /// The dispatched element-wise kernels (AVX or NEON, with FMA) against their portable
+    /// twins (unfused) and a double-precision reference.
+    #[test]
+    fn dispatched_kernels_match_their_portable_twins() {
+        let mut s = 13;
+        let (hidden, rows) = (72, 3);
+        let x: Vec<f32> = (0..rows * 2 * hidden).map(|_| lcg(&mut s) * 12.0).collect();
+        let (mut fast, mut twin) = (vec![0f32; rows * hidden], vec![0f32; rows * hidden]);
+        swiglu(&x, hidden, &mut fast);
+        swiglu_body::<false>(&x, hidden, &mut twin);
+        for (i, (&a, &b)) in fast.iter().zip(&twin).enumerate() {
+            let (r, c) = (i / hidden, i % hidden);
+            let (g, u) = (x[r * 2 * hidden + c] as f64, x[r * 2 * hidden + hidden + c] as f64);
+            let want = g / (1.0 + (-g).exp()) * u;
+            assert!((a as f64 - want).abs() <= 1e-6 * (1.0 + want.abs()) && (a - b).abs() <= 1e-6 * (1.0 + b.abs()), "swiglu [{i}]: {a} vs twin {b} vs {want}");
+        }
+        for k in [3, 64, 131] {
+            let a: Vec<f32> = (0..k).map(|_| lcg(&mut s)).collect();
+            let b: Vec<f32> = (0..k).map(|_| lcg(&mut s)).collect();
+            let want: f64 = a.iter().zip(&b).map(|(&p, &q)| p as f64 * q as f64).sum();
+            let (fast, twin) = (dot(&a, &b), dot_body::<false>(&a, &b));
+            assert!((fast as f64 - want).abs() < 1e-5 && (twin as f64 - want).abs() < 1e-5, "dot k {k}: {fast} vs twin {twin} vs {want}");
         }
     }
 

@@ -5,6 +5,8 @@
 
 use std::arch::x86_64::*;
 
+pub use super::tile::{Prefetch, TileOut, TILE_ROWS};
+
 /// AVX-512: 16 lanes, up to 4x4 independent accumulators.
 ///
 /// # Safety
@@ -84,20 +86,6 @@ pub unsafe fn dot_tile_avx2<const MR: usize, const NR: usize>(x: [&[f32]; MR], w
     out
 }
 
-/// Where one tile's results go and what scales them. Row `i` of the tile is output row
-/// `row0 + i`; panel `j` covers output columns `16 * j ..` of the tile.
-pub struct TileOut {
-    /// `out[row0 * ldo + col0]`.
-    pub ptr: *mut f32,
-    pub ldo: usize,
-    /// Rows of the tile that are real output rows (the rest are padding and not written).
-    pub rows: usize,
-    /// Columns of the last panel that are real (1..=16).
-    pub last_cols: usize,
-    /// First K chunk: store; later chunks: add.
-    pub first: bool,
-}
-
 impl TileOut {
     /// Writes or accumulates one 16-column vector.
     ///
@@ -109,7 +97,7 @@ impl TileOut {
         if i >= self.rows {
             return;
         }
-        let cols = if j + 1 == nr { self.last_cols } else { 16 };
+        let cols = self.cols(j, nr);
         let mask: __mmask16 = if cols == 16 { 0xffff } else { (1u16 << cols) - 1 };
         // SAFETY: inside the tile the caller owns (see above); masked past the last column.
         unsafe {
@@ -149,37 +137,6 @@ unsafe fn fma_step<const NR: usize>(acc: &mut [[__m512; NR]; TILE_ROWS], x: *con
         let xv = _mm512_set1_ps(unsafe { *x.add(i * stride) });
         for (a, &wj) in row.iter_mut().zip(w) {
             *a = _mm512_fmadd_ps(xv, wj, *a);
-        }
-    }
-}
-
-/// Rows of every register tile.
-pub const TILE_ROWS: usize = 4;
-
-/// Weight lines to pull into L2 while a tile computes: `lines` consecutive 64-byte lines
-/// from each pointer, issued evenly over the tile's loop. The GEMM driver points them at the
-/// next chunk, so a chunk's weights arrive from memory while the previous chunk computes
-/// from cache (a tile's first pass over its weights could not otherwise run at compute pace).
-#[derive(Clone, Copy)]
-pub struct Prefetch<const NR: usize> {
-    pub ptr: [*const u8; NR],
-    pub lines: usize,
-}
-
-impl<const NR: usize> Prefetch<NR> {
-    /// Issues the share of prefetches due at loop step `step` of `steps`.
-    #[inline(always)]
-    fn at(&self, step: usize, steps: usize) {
-        if self.lines == 0 {
-            return;
-        }
-        // Lines due by the end of this step, minus those due before it.
-        let (from, to) = (step * self.lines / steps, (step + 1) * self.lines / steps);
-        for l in from..to {
-            for p in self.ptr {
-                // SAFETY: prefetching never faults, whatever the address.
-                unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * l) as *const i8) };
-            }
         }
     }
 }

@@ -17,7 +17,7 @@
 
 use std::arch::x86_64::*;
 
-use super::x86::{Prefetch, TileOut, TILE_ROWS};
+use super::tile::{Prefetch, TileOut, TILE_ROWS};
 
 impl TileOut {
     /// Writes or accumulates 8 columns: row `i`, half-panel `h` (columns `8 * h ..` of the
