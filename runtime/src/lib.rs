@@ -6,6 +6,7 @@ pub mod conformance;
 pub mod error;
 pub mod eval;
 pub mod executor;
+pub mod golden;
 pub mod kernels;
 pub mod model;
 pub mod roofline;

@@ -7,7 +7,7 @@ use llada_rt::sampler::{Policy, Revision, StepView};
 use llada_rt::text::Text;
 use llada_rt::session::default_threads;
 use llada_rt::staging::StagingMode;
-use llada_rt::{conformance, generate, roofline, Error, Model, Remasking, Result, SamplerParams, Session};
+use llada_rt::{conformance, generate, golden, roofline, Error, Model, Remasking, Result, SamplerParams, Session};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -213,6 +213,25 @@ enum Command {
         #[arg(long, default_value = "async", value_parser = ["async", "sync"])]
         staging: String,
     },
+    /// Replay this project's own golden outputs (tests/golden/embedded.json) with an
+    /// artifact, or write them again for another artifact with --write.
+    Golden {
+        /// A golden file (its prompts, settings, outputs and first-pass logits).
+        golden: PathBuf,
+        /// The artifact to replay it with.
+        #[arg(long)]
+        model: PathBuf,
+        #[command(flatten)]
+        select: SelectArgs,
+        /// Instead of comparing, write the selected cases and every logit case as this
+        /// artifact produces them, to this file (to pin another weight format, then replay
+        /// it on another machine).
+        #[arg(long)]
+        write: Option<PathBuf>,
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Check the runtime against a golden file from the official sampler.
     Conformance {
         /// golden.json (schema: the conformance kit's README).
@@ -220,10 +239,29 @@ enum Command {
         /// The artifact compiled from the golden file's checkpoint.
         #[arg(long)]
         model: PathBuf,
+        #[command(flatten)]
+        select: SelectArgs,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Which cases of a golden file to replay.
+#[derive(Args)]
+struct SelectArgs {
+    /// Replay every Nth case only (a spread sample, for slow machines and emulators).
+    #[arg(long, default_value_t = 1)]
+    every: usize,
+    /// With --every N: start at this case (0..N), so N runs with offsets 0..N cover the file.
+    #[arg(long, default_value_t = 0)]
+    offset: usize,
+}
+
+impl SelectArgs {
+    fn selection(&self) -> Result<conformance::Selection> {
+        conformance::Selection::new(self.every, self.offset)
+    }
 }
 
 fn open_session<'m>(model: &'m Model, threads: Option<usize>, staging: &str) -> Result<Session<'m>> {
@@ -413,12 +451,14 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{}", serde_json::to_string_pretty(&r).expect("the roofline serializes"));
             } else {
                 let g = |x: f64| x / 1e9;
+                // The peak probes exist for x86-64 only; elsewhere they print as not measured.
+                let peak = |x: f64| if x > 0.0 { format!("{:>7.1}", x / 1e9) } else { "      -".to_string() };
                 println!("features:      {} (AMX {})", r.features, if r.amx_present { "present, not used" } else { "absent" });
                 println!("                 1 thread   {} threads", r.threads);
-                println!("f32 FMA:       {:>7.1}     {:>7.1}  GFLOP/s", g(r.f32_flops.one_thread), g(r.f32_flops.all_threads));
-                println!("bf16 dot:      {:>7.1}     {:>7.1}  GFLOP/s", g(r.bf16_flops.one_thread), g(r.bf16_flops.all_threads));
-                println!("int8 dot:      {:>7.1}     {:>7.1}  GOP/s", g(r.int8_ops.one_thread), g(r.int8_ops.all_threads));
-                println!("memory read:   {:>7.1}     {:>7.1}  GB/s", g(r.read_bytes.one_thread), g(r.read_bytes.all_threads));
+                println!("f32 FMA:       {}     {}  GFLOP/s", peak(r.f32_flops.one_thread), peak(r.f32_flops.all_threads));
+                println!("bf16 dot:      {}     {}  GFLOP/s", peak(r.bf16_flops.one_thread), peak(r.bf16_flops.all_threads));
+                println!("int8 dot:      {}     {}  GOP/s", peak(r.int8_ops.one_thread), peak(r.int8_ops.all_threads));
+                println!("memory read:   {}     {}  GB/s", peak(r.read_bytes.one_thread), peak(r.read_bytes.all_threads));
                 println!("GEMM sustained (median of 6 shapes), {} threads: f32 {:.1}, bf16 {:.1} GFLOP/s; q8 {:.1}, q4 {:.1} GOP/s", r.threads, g(r.gemm.f32), g(r.gemm.bf16), g(r.gemm.q8), g(r.gemm.q4));
             }
         }
@@ -466,10 +506,43 @@ fn run(cli: Cli) -> Result<()> {
                 }
             }
         }
-        Command::Conformance { golden, model, json } => {
+        Command::Golden { golden, model, select, write, json } => {
+            let select = select.selection()?;
+            let file = golden::read(&golden)?;
+            let m = Model::open(&model, true)?;
+            let text = Text::new(&m.header.tokenizer, &m.header.special)?;
+            let mut session = Session::new(&m)?;
+            if let Some(out) = write {
+                let produced = golden::reproduce(&mut session, &text, &file, &golden, select)?;
+                golden::write(&produced, &out)?;
+                println!("wrote {} ({} cases, {} logit cases)", out.display(), produced.cases.len(), produced.first_pass_logits.len());
+                return Ok(());
+            }
+            let report = golden::check(&mut session, &text, &file, &golden, select)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report).expect("the report serializes"));
+            } else {
+                for f in &report.failures {
+                    println!("MISMATCH {f}");
+                }
+                println!("{}: {}", golden.display(), if report.passed() { "PASS" } else { "FAIL" });
+                println!("  cases:             {} of {} (every {} from {})", report.cases, report.cases_in_file, select.every, select.offset);
+                println!("  output_ids:        {}/{} matched", report.output_ids_matched, report.cases);
+                println!("  reveals:           {}/{} matched at every step", report.reveals_matched, report.cases);
+                println!(
+                    "  first-pass logits: {}/{} within {:.0e} (max abs change {:.2e})",
+                    report.logit_cases_within_tolerance, report.logit_cases, report.logit_tolerance, report.max_logit_abs_error
+                );
+            }
+            if !report.passed() {
+                return Err(Error::request(format!("{}: golden outputs differ", golden.display())));
+            }
+        }
+        Command::Conformance { golden, model, select, json } => {
+            let select = select.selection()?;
             let m = Model::open(&model, true)?;
             let mut session = Session::new(&m)?;
-            let report = conformance::run(&mut session, &golden, &mut |_| {})?;
+            let report = conformance::run(&mut session, &golden, select, &mut |_| {})?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report).expect("the report serializes"));
             } else {
@@ -478,6 +551,9 @@ fn run(cli: Cli) -> Result<()> {
                 }
                 let ran = report.cases - report.skipped;
                 println!("{}: {}", golden.display(), if report.passed() { "PASS" } else { "FAIL" });
+                if report.cases < report.cases_in_file {
+                    println!("  cases:                     {} of {} (every {} from {})", report.cases, report.cases_in_file, select.every, select.offset);
+                }
                 println!("  output_ids:                {}/{} matched", report.output_ids_matched, ran);
                 println!("  reveals before first tie:  {}/{} matched", report.reveals_before_tie_matched, ran);
                 println!("  reveals at every step:     {}/{} matched (after a tie the order is PyTorch's)", report.reveals_all_steps_matched, ran);

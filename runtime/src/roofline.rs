@@ -236,6 +236,7 @@ mod probes {
 }
 
 /// Runs `probe` on `threads` threads at once; returns the summed rate (ops/s).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // the peak probes are x86-64 only
 fn parallel_rate(threads: usize, ops_per_call: f64, probe: impl Fn() + Sync) -> f64 {
     let start = Instant::now();
     std::thread::scope(|s| {
@@ -248,6 +249,7 @@ fn parallel_rate(threads: usize, ops_per_call: f64, probe: impl Fn() + Sync) -> 
 
 /// Best of five: a peak is a maximum, and on a shared virtual machine a run is sometimes
 /// slowed from outside.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn rate(threads: usize, ops_per_call: f64, probe: impl Fn() + Sync + Copy) -> Rate {
     probe(); // warm up (clock ramp, page faults)
     let best = |n: usize| (0..5).map(|_| parallel_rate(n, ops_per_call, probe)).fold(0.0, f64::max);

@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use common::{assert_clean_failure, leftovers, run};
 use llada_tools::checkpoint::{Shape, WeightType};
@@ -186,4 +186,19 @@ fn policy_options_that_do_not_combine() {
     assert!(!out.exists());
     let o = run("lladac", &["compile", "--model", ckpt.to_str().unwrap(), "-o", out.to_str().unwrap(), "--max-seq", "64", "--block-len", "100"]);
     assert_clean_failure(&o, &["--block-len 100"]);
+}
+
+#[test]
+fn golden_replay_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = artifact(dir.path(), Some(64));
+    let not_golden = dir.path().join("not-golden.json");
+    std::fs::write(&not_golden, "{\"cases\": 3}").unwrap();
+    let o = run("llada-rt", &["golden", not_golden.to_str().unwrap(), "--model", art.to_str().unwrap()]);
+    assert_clean_failure(&o, &["not-golden.json", "not a golden file"]);
+    let embedded = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden/embedded.json");
+    let o = run("llada-rt", &["golden", embedded.to_str().unwrap(), "--model", art.to_str().unwrap(), "--every", "4", "--offset", "4"]);
+    assert_clean_failure(&o, &["--every 4 --offset 4"]);
+    let o = run("llada-rt", &["conformance", embedded.to_str().unwrap(), "--model", art.to_str().unwrap(), "--every", "0"]);
+    assert_clean_failure(&o, &["--every 0"]);
 }
