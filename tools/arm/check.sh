@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# The aarch64 build of llada-rt, checked under qemu user-mode emulation:
+#   1. installs what it needs (the Rust target, the GNU cross linker, qemu-user) if missing;
+#   2. builds the static runtime (`--profile phone`) and its library tests for
+#      aarch64-unknown-linux-musl, and says how large the binary is and how it is linked;
+#   3. runs the kernel tests at three CPU feature levels: -cpu max (ARMv8.6+: dotprod,
+#      i8mm, bf16), cortex-a76 (dotprod), cortex-a53 (NEON only);
+#   4. under -cpu max, replays the conformance kit (tiny-llada-A and -B at f32) and the
+#      embedded model's golden outputs at f32, and at q8 and q4 against what the x86 build
+#      produces for the same settings.
+#
+# Emulated floating point costs ~20 ns a lane here, so a forward pass of the tiny models
+# takes about a second: by default the replays take a spread sample of the cases (as
+# .ci/run does); `--full` replays every case (hours: see BENCHMARKS.md for a record).
+#
+# Usage: tools/arm/check.sh [--full]   (from the repository root; the conformance kit at
+# $LLADA_SHARED or ../shared). Needs the x86 release binaries: cargo build --release.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+full=0
+[ "${1:-}" = "--full" ] && full=1
+shared="${LLADA_SHARED:-../shared}"
+target=aarch64-unknown-linux-musl
+sudo=""
+[ "$(id -u)" = 0 ] || sudo="sudo"
+
+echo "== aarch64 toolchain"
+rustup target list --installed | grep -qx "$target" || rustup target add "$target"
+if ! command -v aarch64-linux-gnu-gcc >/dev/null || ! command -v qemu-aarch64 >/dev/null; then
+  $sudo apt-get install -y gcc-aarch64-linux-gnu qemu-user file >/dev/null || {
+    $sudo apt-get update >/dev/null && $sudo apt-get install -y gcc-aarch64-linux-gnu qemu-user file >/dev/null
+  }
+fi
+qemu-aarch64 --version | head -1
+
+echo "== aarch64 build"
+cargo build --profile phone -p llada-rt --target "$target"
+cargo test --profile phone -p llada-rt --lib --target "$target" --no-run 2>&1 | tail -1
+bin="target/$target/phone/llada-rt"
+tests="$(ls -t target/$target/phone/deps/llada_rt-* | grep -v '\.d$' | head -1)"
+file "$bin"
+echo "llada-rt for $target: $(stat -c %s "$bin") bytes"
+file "$bin" | grep -q "statically linked" || { echo "the musl build is not statically linked"; exit 1; }
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+# The emulator runs one guest thread at a time per process: two checks at once use both
+# cores. `job NAME CMD...` starts one (output to a log); `jobs_done` waits for all, prints
+# their logs in order and fails if any failed.
+names=()
+pids=()
+job() {
+  local name="$1"
+  shift
+  names+=("$name")
+  "$@" >"$work/$name.log" 2>&1 &
+  pids+=($!)
+  # At most two at a time (polled, so every job's status is left for `jobs_done`).
+  while [ "$(jobs -rp | wc -l)" -ge 2 ]; do sleep 1; done
+}
+jobs_done() {
+  local failed=0 i
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || { failed=1; echo "FAILED: ${names[$i]}"; }
+    echo "-- ${names[$i]}"
+    grep -v -E "^test .* ok$|^running|^$" "$work/${names[$i]}.log" || true
+  done
+  names=()
+  pids=()
+  [ "$failed" = 0 ] || exit 1
+}
+arm() { qemu-aarch64 -cpu max "$bin" "$@"; }
+
+echo "== ARM kernel tests at three feature levels"
+for cpu in max cortex-a76 cortex-a53; do
+  job "kernels-$cpu" qemu-aarch64 -cpu "$cpu" "$tests" kernels --nocapture
+done
+jobs_done
+
+echo "== replays under qemu-aarch64 -cpu max: conformance (f32), embedded golden (f32, q8, q4)"
+conformance_sample=(--every 70)
+# The 20-step setting of the first prompt: the cheapest whole case.
+golden_sample=(--every 20 --offset 1)
+if [ "$full" = 1 ]; then
+  conformance_sample=()
+  golden_sample=()
+fi
+for ck in tiny-llada-A tiny-llada-B; do
+  ./target/release/lladac compile --model "$shared/conformance/$ck" --dtype f32 -o "$work/$ck.lad" >/dev/null
+done
+./target/release/lladac compile --model models/llada-tiny-tasks -o "$work/embedded-f32.lad" >/dev/null
+for quant in q8 q4; do
+  ./target/release/lladac compile --model models/llada-tiny-tasks --quant "$quant" -o "$work/embedded-$quant.lad" >/dev/null
+  # The x86 build pins what this artifact generates for the golden settings; the ARM build
+  # must generate the same.
+  ./target/release/llada-rt golden tests/golden/embedded.json --model "$work/embedded-$quant.lad" "${golden_sample[@]}" --write "$work/embedded-$quant.json" >/dev/null
+done
+for ck in tiny-llada-A tiny-llada-B; do
+  job "conformance-$ck" arm conformance "$shared/conformance/$ck/golden.json" --model "$work/$ck.lad" "${conformance_sample[@]}"
+done
+job "golden-f32" arm golden tests/golden/embedded.json --model "$work/embedded-f32.lad" "${golden_sample[@]}"
+for quant in q8 q4; do
+  job "golden-$quant" arm golden "$work/embedded-$quant.json" --model "$work/embedded-$quant.lad"
+done
+jobs_done
