@@ -10,6 +10,7 @@ pub mod read;
 pub mod verify;
 mod verify_window;
 pub mod window;
+#[cfg(feature = "write")]
 pub mod write;
 
 pub use error::{Error, Result};
@@ -18,6 +19,7 @@ pub use graph::{Graph, Op, Rows, TensorId, Value, ValueId};
 pub use header::{CompileInfo, DType, Extension, Header, ModelConfig, Plan, Segment, SpecialTokens, TensorInfo, TokenizerSpec};
 pub use read::Artifact;
 pub use window::{KvDType, Region, ResidentSegment, Scratch, StageStep, WindowPlan};
+#[cfg(feature = "write")]
 pub use write::ArtifactWriter;
 
 #[cfg(not(target_endian = "little"))]
