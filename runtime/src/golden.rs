@@ -183,8 +183,20 @@ pub fn reproduce(session: &mut Session, text: &Text, golden: &GoldenFile, path: 
     Ok(file)
 }
 
+/// What a replay must reproduce besides the output tokens and the first-pass logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Pin {
+    /// Every step's reveals, in order: the default, and what one machine reproduces.
+    Reveals,
+    /// The output tokens only; reveal orders are counted but not required. For another
+    /// instruction set on a quantised artifact: where two positions' confidences differ
+    /// in the last bits, the order of their commits follows the summation order (x86's
+    /// portable and AVX2 paths differ there too) while the tokens do not.
+    Tokens,
+}
+
 /// Replays the selected cases of `golden` and compares.
-pub fn check(session: &mut Session, text: &Text, golden: &GoldenFile, path: &Path, select: Selection) -> Result<Report> {
+pub fn check(session: &mut Session, text: &Text, golden: &GoldenFile, path: &Path, select: Selection, pin: Pin) -> Result<Report> {
     let mut r = Report { cases_in_file: golden.cases.len(), logit_tolerance: golden.logit_tolerance, ..Default::default() };
     for (i, want) in golden.cases.iter().enumerate() {
         if !select.includes(i) {
@@ -200,7 +212,7 @@ pub fn check(session: &mut Session, text: &Text, golden: &GoldenFile, path: &Pat
         r.output_ids_matched += 1;
         if want.reveals == got.reveals {
             r.reveals_matched += 1;
-        } else {
+        } else if pin == Pin::Reveals {
             r.failures.push(format!("{id}: same output, different reveal order"));
         }
     }

@@ -226,8 +226,12 @@ enum Command {
         /// Instead of comparing, write the selected cases and every logit case as this
         /// artifact produces them, to this file (to pin another weight format, then replay
         /// it on another machine).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "tokens_only")]
         write: Option<PathBuf>,
+        /// Require the output tokens (and logits) only; count reveal orders without requiring
+        /// them (for quantised artifacts on another instruction set: see `llada_rt::golden::Pin`).
+        #[arg(long)]
+        tokens_only: bool,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -506,7 +510,7 @@ fn run(cli: Cli) -> Result<()> {
                 }
             }
         }
-        Command::Golden { golden, model, select, write, json } => {
+        Command::Golden { golden, model, select, write, tokens_only, json } => {
             let select = select.selection()?;
             let file = golden::read(&golden)?;
             let m = Model::open(&model, true)?;
@@ -518,7 +522,8 @@ fn run(cli: Cli) -> Result<()> {
                 println!("wrote {} ({} cases, {} logit cases)", out.display(), produced.cases.len(), produced.first_pass_logits.len());
                 return Ok(());
             }
-            let report = golden::check(&mut session, &text, &file, &golden, select)?;
+            let pin = if tokens_only { golden::Pin::Tokens } else { golden::Pin::Reveals };
+            let report = golden::check(&mut session, &text, &file, &golden, select, pin)?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report).expect("the report serializes"));
             } else {
@@ -528,7 +533,7 @@ fn run(cli: Cli) -> Result<()> {
                 println!("{}: {}", golden.display(), if report.passed() { "PASS" } else { "FAIL" });
                 println!("  cases:             {} of {} (every {} from {})", report.cases, report.cases_in_file, select.every, select.offset);
                 println!("  output_ids:        {}/{} matched", report.output_ids_matched, report.cases);
-                println!("  reveals:           {}/{} matched at every step", report.reveals_matched, report.cases);
+                println!("  reveals:           {}/{} matched at every step{}", report.reveals_matched, report.cases, if tokens_only { " (not required: --tokens-only)" } else { "" });
                 println!(
                     "  first-pass logits: {}/{} within {:.0e} (max abs change {:.2e})",
                     report.logit_cases_within_tolerance, report.logit_cases, report.logit_tolerance, report.max_logit_abs_error

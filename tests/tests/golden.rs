@@ -71,7 +71,7 @@ fn embedded_model_outputs_are_unchanged() {
     for (case, (name, p)) in file.cases.iter().zip(PROMPTS.iter().flat_map(|_| settings())) {
         assert_eq!((case.setting.as_str(), serde_json::to_value(&case.params).unwrap()), (name, serde_json::to_value(golden::Params::of(&p).unwrap()).unwrap()), "the settings matrix changed; regenerate");
     }
-    let report = golden::check(&mut session, &text, &file, &path, Default::default()).unwrap();
+    let report = golden::check(&mut session, &text, &file, &path, Default::default(), golden::Pin::Reveals).unwrap();
     assert!(report.passed(), "golden outputs changed (regenerate with LLADA_BLESS=1 if intended):\n{}", report.failures.join("\n"));
     assert_eq!((report.output_ids_matched, report.logit_cases_within_tolerance), (file.cases.len(), PROMPTS.len()));
 }
