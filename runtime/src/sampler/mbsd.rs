@@ -148,7 +148,7 @@ pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, step
                     settle_predictions(&pass.head_positions, predictions, block_end, &mut drafts, p, &mut x, prompt.len(), &mut committed, &mut candidates);
                 report.drafts_accepted += accepted;
                 report.drafts_dropped += dropped;
-                commit_best(&mut candidates, scheduled, p, &mut x, prompt.len(), &mut committed);
+                commit_best(&candidates, scheduled, p, &mut x, prompt.len(), &mut committed);
                 let state = if side.is_some() { TokenState::Visible { agreed: 0 } } else { TokenState::Stable };
                 for &[at, _] in &committed {
                     states[at as usize] = state;

@@ -3,9 +3,10 @@
 //! remasking, Gumbel-max sampling in float64, classifier-free guidance, and the two EOS/EoT
 //! options of the official code.
 //!
-//! Tie rule: when several eligible positions have exactly the same confidence across the
-//! top-k boundary, the lowest position wins. (PyTorch's CPU top-k leaves this order to its
-//! selection algorithm; the committed tokens agree, the reveal order after a tie may not.)
+//! Ties: when several eligible positions have exactly the same confidence across the top-k
+//! boundary, the official choice is the one PyTorch's CPU `topk` makes, which follows from
+//! libstdc++'s selection algorithms; `topk.rs` reproduces them, so reveals match the official
+//! ones at every step, ties included.
 //!
 //! Policies choose which rows each pass recomputes; the commit rule stays the official one:
 //! - `exact`: every pass over the whole sequence (the official sampler);
@@ -29,6 +30,7 @@
 mod mbsd;
 mod official;
 mod revision;
+pub mod topk;
 
 use std::time::Instant;
 
@@ -446,18 +448,30 @@ pub(crate) fn settle_predictions(
     (accepted, dropped)
 }
 
-/// Top-k by confidence (equal confidences: lowest position first), `k` from the schedule or
-/// the threshold rule: commits them into `x` and appends `[position in generation, token]`.
-pub(crate) fn commit_best(candidates: &mut [Candidate], scheduled: usize, p: &SamplerParams, x: &mut [u32], prompt_len: usize, committed: &mut Vec<[u32; 2]>) {
-    candidates.sort_by(|a, b| b.confidence.total_cmp(&a.confidence).then(a.position.cmp(&b.position)));
+/// Commits the top `k` candidates by confidence, `k` from the schedule or the threshold rule,
+/// into `x`, and appends `[position in generation, token]` in the order they are selected.
+/// The selection is the official one: PyTorch's `topk` over the whole sequence's confidences,
+/// `-inf` where a position is not a candidate (`topk.rs`), so equal confidences at the k
+/// boundary are chosen as the official code chooses them. A position `topk` returns that is
+/// not a candidate (a draft was confirmed there, leaving fewer candidates than `k`) is kept
+/// as it is, as `torch.where(mask_index, x0, x)` keeps it.
+pub(crate) fn commit_best(candidates: &[Candidate], scheduled: usize, p: &SamplerParams, x: &mut [u32], prompt_len: usize, committed: &mut Vec<[u32; 2]>) {
     let k = match p.threshold {
-        Some(t) => candidates.iter().take_while(|c| c.confidence >= t).count().max(1),
+        Some(t) => candidates.iter().filter(|c| c.confidence >= t).count().max(1),
         None => scheduled,
     };
-    committed.extend(candidates.iter().take(k).map(|c| {
-        x[c.position] = c.token;
-        [(c.position - prompt_len) as u32, c.token]
-    }));
+    let mut confidence = vec![f32::NEG_INFINITY; x.len()];
+    let mut token = vec![None; x.len()];
+    for c in candidates {
+        confidence[c.position] = c.confidence;
+        token[c.position] = Some(c.token);
+    }
+    for position in topk::topk(&confidence, k) {
+        if let Some(t) = token[position] {
+            x[position] = t;
+            committed.push([(position - prompt_len) as u32, t]);
+        }
+    }
 }
 
 /// The prediction `x0` and its confidence for one position, from its logits `row`

@@ -77,7 +77,7 @@ pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, step
                 let (accepted, _) = settle_predictions(&head, predictions, block_end, &mut drafts, p, &mut x, prompt.len(), &mut committed, &mut candidates);
                 drafts_confirmed += accepted;
             }
-            commit_best(&mut candidates, scheduled, p, &mut x, prompt.len(), &mut committed);
+            commit_best(&candidates, scheduled, p, &mut x, prompt.len(), &mut committed);
             step += 1;
             on_step(&StepView { step, steps: p.steps, canvas: &x, prompt_len: prompt.len(), committed: &committed });
             reveals.push(committed);
