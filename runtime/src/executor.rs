@@ -156,6 +156,7 @@ impl HostExecutor {
         let (win, resident, resident_offset) = (parts.activations, parts.resident, parts.resident_offset);
         let (kv, gemm_scratch, attention_scratch) = (parts.kv, parts.gemm, parts.attention);
         let homes = &self.homes;
+        let features = self.features;
         // No stager: every home is the host (`cpu_side_path`), no slot is read.
         let slots: std::sync::Arc<[crate::window::SlotPtr]> = stager.as_ref().map_or_else(|| std::sync::Arc::from([]), |s| s.slots());
         let slot_count = slots.len().max(1);
@@ -195,11 +196,11 @@ impl HostExecutor {
                 Op::Scale { x, factor } => kernels::scale(&mut win[range(x)], factor),
                 Op::RmsNorm { x, weight, eps, out } => {
                     let ([xs], o) = operands(win, [range(x)], range(out));
-                    kernels::rms_norm(xs, f32s(weight), eps, o);
+                    kernels::rms_norm(features, xs, f32s(weight), eps, o);
                 }
                 Op::MatMul { x, weight: w, out } => {
                     let ([xs], o) = operands(win, [range(x)], range(out));
-                    gemm(xs, rows_of(x), &model.matrix_at(w, weight(w)), o, gemm_scratch, &self.pool, self.features);
+                    gemm(xs, rows_of(x), &model.matrix_at(w, weight(w)), o, gemm_scratch, &self.pool, features);
                 }
                 Op::Rope { x, heads, cos, sin } => {
                     let half = hd / 2;
@@ -245,7 +246,7 @@ impl HostExecutor {
                     let scores_per = score_floats as usize;
                     self.pool.install(|| {
                         o.par_chunks_mut(per * out_width).zip(scores.par_chunks_mut(scores_per)).enumerate().for_each(|(t, (chunk, scores))| {
-                            attention::attend(q, planes, sh, own, t * per, chunk, scores);
+                            attention::attend(features, q, planes, sh, own, t * per, chunk, scores);
                         })
                     });
                 }
@@ -254,7 +255,7 @@ impl HostExecutor {
                     let hidden = cols(out);
                     let per = rows_of(out).div_ceil(threads).max(1);
                     self.pool.install(|| {
-                        o.par_chunks_mut(per * hidden).zip(xs.par_chunks(per * 2 * hidden)).for_each(|(o, x)| kernels::swiglu(x, hidden, o))
+                        o.par_chunks_mut(per * hidden).zip(xs.par_chunks(per * 2 * hidden)).for_each(|(o, x)| kernels::swiglu(features, x, hidden, o))
                     });
                 }
                 Op::Add { acc, x } => {

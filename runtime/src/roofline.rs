@@ -264,7 +264,7 @@ pub fn measure(threads: usize) -> Roofline {
         f32_flops: Rate::default(),
         bf16_flops: Rate::default(),
         int8_ops: Rate::default(),
-        amx_present: f.amx,
+        amx_present: f.amx(),
         read_bytes: Rate::default(),
         gemm: GemmRates::default(),
     };
@@ -280,39 +280,39 @@ pub fn measure(threads: usize) -> Roofline {
                 black_box(unsafe { probes::f32_fma_avx2(ITERS) });
             })
         };
-        if f.avx512 {
+        if f.avx512() {
             r.f32_flops = rate(threads, ITERS as f64 * probes::OPS_PER_ITER_F32, || {
                 black_box(unsafe { probes::f32_fma(ITERS) });
             });
-        } else if f.avx2 {
+        } else if f.avx2() {
             r.f32_flops = f32_avx2();
         }
-        if f.avx512_bf16 {
+        if f.avx512_bf16() {
             r.bf16_flops = rate(threads, ITERS as f64 * probes::OPS_PER_ITER_BF16, || {
                 black_box(unsafe { probes::bf16_dot(ITERS) });
             });
-        } else if f.avx2 {
+        } else if f.avx2() {
             // The AVX2 tiles (bf16 widened to f32) run bf16 activations.
-            r.bf16_flops = if f.avx512 { f32_avx2() } else { r.f32_flops };
+            r.bf16_flops = if f.avx512() { f32_avx2() } else { r.f32_flops };
         }
-        if f.avx512_vnni {
+        if f.avx512_vnni() {
             r.int8_ops = rate(threads, ITERS as f64 * probes::OPS_PER_ITER_INT8, || {
                 black_box(unsafe { probes::int8_dot(ITERS) });
             });
-        } else if f.avx2 {
+        } else if f.avx2() {
             // A quarter of the iterations: each is four blocks.
             r.int8_ops = rate(threads, (ITERS / 4) as f64 * probes::OPS_PER_ITER_INT8_AVX2, || {
                 black_box(unsafe { probes::int8_maddubs(ITERS / 4) });
             });
         }
         // Memory last: its large buffer can leave the kernel reclaiming pages for a while.
-        if f.avx2 {
+        if f.avx2() {
             // 128 MiB per thread: far beyond the caches.
             let per = 128usize << 20;
             let buf = vec![1u8; per * threads];
             let one = |i: usize| {
                 let part = &buf[i * per..(i + 1) * per];
-                black_box(unsafe { if f.avx512 { probes::read(part) } else { probes::read_avx2(part) } });
+                black_box(unsafe { if f.avx512() { probes::read(part) } else { probes::read_avx2(part) } });
             };
             one(0);
             let time = |n: usize| {

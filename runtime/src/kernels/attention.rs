@@ -112,11 +112,11 @@ multiversion! {
     /// Attention for query rows `first..first + out.len() / (heads * head_dim)` of `qkv`
     /// against the first `keys` rows of `kv`. `scores` holds at least `4 * keys` floats.
     /// Compiled per instruction set as a whole, so the per-key helpers inline.
-    pub fn attend(qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, first: usize, out: &mut [f32], scores: &mut [f32]) => attend_body
+    pub fn attend(features: Features, qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, first: usize, out: &mut [f32], scores: &mut [f32]) => attend_body
 }
 
 #[inline(always)]
-fn attend_body<const FMA: bool>(qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, first: usize, out: &mut [f32], scores: &mut [f32]) {
+fn attend_body<const FMA: bool>(features: super::cpu::Features, qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, first: usize, out: &mut [f32], scores: &mut [f32]) {
     let hd = sh.head_dim;
     let out_width = sh.heads * hd;
     let rows = out.len() / out_width;
@@ -135,7 +135,7 @@ fn attend_body<const FMA: bool>(qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, 
             while j < keys {
                 let n = 4.min(keys - j);
                 let k: [&[f32]; 4] = std::array::from_fn(|t| cached(j + t.min(n - 1), k_off));
-                let tile = dot_tile::<FMA, 4, 4>(q, k, hd);
+                let tile = dot_tile::<FMA, 4, 4>(features, q, k, hd);
                 for i in 0..m {
                     for t in 0..n {
                         scores[i * keys + j + t] = tile[i][t] * scale;
@@ -234,13 +234,17 @@ mod tests {
         let mut scores = vec![0f32; 4 * keys];
         // Rows 4 and 5 did not store: each sees its own key and value at its position.
         let positions = [0u32, 1, 2, 3, 7, 2];
-        attend(&qkv, &kv, sh, OwnKv { from_row: 4, positions: &positions }, 0, &mut out, &mut scores);
+        attend(super::super::cpu::features(), &qkv, &kv, sh, OwnKv { from_row: 4, positions: &positions }, 0, &mut out, &mut scores);
         // The portable twin (unfused, scalar order) of the dispatched kernel.
         let mut twin = vec![0f32; rows * heads * hd];
-        attend_body::<false>(&qkv, &kv, sh, OwnKv { from_row: 4, positions: &positions }, 0, &mut twin, &mut scores);
+        attend_body::<false>(super::super::cpu::Features::PORTABLE, &qkv, &kv, sh, OwnKv { from_row: 4, positions: &positions }, 0, &mut twin, &mut scores);
         for (i, (&a, &b)) in out.iter().zip(&twin).enumerate() {
             assert!((a - b).abs() < 1e-5, "[{i}]: {a} vs portable twin {b}");
         }
+        // The features given reach the kernel: the portable set runs the twin, bit for bit.
+        let mut portable = vec![0f32; rows * heads * hd];
+        attend(super::super::cpu::Features::PORTABLE, &qkv, &kv, sh, OwnKv { from_row: 4, positions: &positions }, 0, &mut portable, &mut scores);
+        assert_eq!(portable, twin);
         for r in 0..rows {
             for h in 0..heads {
                 let g = h / (heads / kv_heads);

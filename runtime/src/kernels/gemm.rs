@@ -69,7 +69,7 @@ pub struct Prepared<'s> {
 /// as 16-lane loops and compiled per instruction set: the scalar `round` of the baseline
 /// target is a library call, which made quantising cost more than small matmuls.
 #[inline(always)]
-fn quantize_body<const FMA: bool>(x: &[f32], q: &mut [i8]) -> f32 {
+fn quantize_body<const FMA: bool>(_: Features, x: &[f32], q: &mut [i8]) -> f32 {
     let mut lanes = [0f32; 16];
     let mut chunks = x.chunks_exact(16);
     for c in &mut chunks {
@@ -87,7 +87,7 @@ fn quantize_body<const FMA: bool>(x: &[f32], q: &mut [i8]) -> f32 {
 }
 
 super::cpu::multiversion! {
-    fn quantize_row(x: &[f32], q: &mut [i8]) -> f32 => quantize_body
+    fn quantize_row(features: Features, x: &[f32], q: &mut [i8]) -> f32 => quantize_body
 }
 
 impl<'s> Prepared<'s> {
@@ -129,15 +129,13 @@ impl<'s> Prepared<'s> {
                 p.group_sums = bytemuck::cast_slice_mut(&mut sums[..prows * p.groups * 4]);
                 p.group_sums.fill(0);
                 // The NEON tiles read the portable quantiser's operand (compiled with NEON).
-                #[cfg(not(target_arch = "x86_64"))]
-                let _ = features;
                 #[cfg(target_arch = "x86_64")]
                 {
                     type QuantizeRow = unsafe fn(&[f32], &mut [u8], u8, usize, &mut [i32]) -> f32;
                     // The widest SIMD quantiser whose lane multiple divides K and the group.
-                    let simd: Option<QuantizeRow> = if features.avx512 && k % 16 == 0 && group % 16 == 0 {
+                    let simd: Option<QuantizeRow> = if features.avx512() && k % 16 == 0 && group % 16 == 0 {
                         Some(super::x86::quantize_row_avx512)
-                    } else if features.avx2 && k % 8 == 0 && group % 8 == 0 {
+                    } else if features.avx2() && k % 8 == 0 && group % 8 == 0 {
                         Some(super::x86_avx2::quantize_row_avx2)
                     } else {
                         None
@@ -157,7 +155,7 @@ impl<'s> Prepared<'s> {
                     // The quants go straight into the operand row (as i8 bits), then get
                     // their q8 offset.
                     let dst = &mut p.bytes[r * p.stride..r * p.stride + k];
-                    p.scale[r] = quantize_row(&x[r * k..(r + 1) * k], bytemuck::cast_slice_mut(dst));
+                    p.scale[r] = quantize_row(features, &x[r * k..(r + 1) * k], bytemuck::cast_slice_mut(dst));
                     for g in 0..p.groups {
                         p.group_sums[r * p.groups + g] = 8 * dst[g * group..((g + 1) * group).min(k)].iter().map(|&v| v as i8 as i32).sum::<i32>();
                     }
@@ -218,24 +216,24 @@ impl Path {
         }
         if cfg!(target_arch = "aarch64") {
             return match w.format {
-                _ if !features.neon => Path::Portable,
-                DType::PanelBf16 if w.bf16_activations && features.bf16 => Path::NeonBf16,
-                DType::PanelQ8 | DType::PanelQ4 { .. } if features.i8mm => Path::NeonI8mm,
-                DType::PanelQ8 | DType::PanelQ4 { .. } if features.dotprod => Path::NeonDotprod,
+                _ if !features.neon() => Path::Portable,
+                DType::PanelBf16 if w.bf16_activations && features.bf16() => Path::NeonBf16,
+                DType::PanelQ8 | DType::PanelQ4 { .. } if features.i8mm() => Path::NeonI8mm,
+                DType::PanelQ8 | DType::PanelQ4 { .. } if features.dotprod() => Path::NeonDotprod,
                 _ => Path::Neon,
             };
         }
         let avx512 = match w.format {
-            DType::PanelF32 | DType::PanelF16 => features.avx512,
-            DType::PanelBf16 if w.bf16_activations => features.avx512_bf16,
-            DType::PanelBf16 => features.avx512,
-            _ => features.avx512_vnni,
+            DType::PanelF32 | DType::PanelF16 => features.avx512(),
+            DType::PanelBf16 if w.bf16_activations => features.avx512_bf16(),
+            DType::PanelBf16 => features.avx512(),
+            _ => features.avx512_vnni(),
         };
         if !cfg!(target_arch = "x86_64") {
             Path::Portable
         } else if avx512 {
             Path::Avx512
-        } else if features.avx2 {
+        } else if features.avx2() {
             Path::Avx2
         } else {
             Path::Portable
@@ -537,7 +535,7 @@ fn portable_panel_row(w: &Matrix, panel: &[u8], x: &Prepared, r: usize) -> [f32;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kernels::cpu;
+    use crate::kernels::cpu::{self, FeatureRequest};
     use llada_ir::packing::{pack_panel, unpack_panel};
 
     fn pack(format: DType, w: &[Vec<f32>], k: usize) -> Vec<u8> {
@@ -597,12 +595,12 @@ mod tests {
                 let mut scratch = scratch_for(&m, rows);
                 let (mut fast, mut portable) = (vec![0.0; rows * n], vec![0.0; rows * n]);
                 gemm(&x, rows, &m, &mut fast, bytemuck::cast_slice_mut(&mut scratch), &pool, features);
-                gemm(&x, rows, &m, &mut portable, bytemuck::cast_slice_mut(&mut scratch), &pool, Features::default());
+                gemm(&x, rows, &m, &mut portable, bytemuck::cast_slice_mut(&mut scratch), &pool, Features::PORTABLE);
                 // The integer formats see identical quants on both paths.
                 if matches!(format, DType::PanelQ8 | DType::PanelQ4 { .. }) && k % 16 == 0 {
                     let mut other = scratch_for(&m, rows);
                     let prep = Prepared::prepare(bytemuck::cast_slice_mut(&mut scratch), &x, rows, &m, features);
-                    let again = Prepared::prepare(bytemuck::cast_slice_mut(&mut other), &x, rows, &m, Features::default());
+                    let again = Prepared::prepare(bytemuck::cast_slice_mut(&mut other), &x, rows, &m, Features::PORTABLE);
                     assert_eq!((&prep.bytes, &prep.group_sums), (&again.bytes, &again.group_sums), "{}", format.name());
                     assert_eq!(prep.scale, again.scale);
                 }
@@ -626,11 +624,16 @@ mod tests {
     /// The AVX2 tiles on their own, also where AVX-512 would be chosen.
     #[test]
     fn avx2_tiles_match_the_reference() {
-        if !cpu::features().avx2 {
+        if !cpu::features().avx2() {
             eprintln!("skipped: this CPU has no AVX2 + FMA + F16C (or LLADA_ISA caps it)");
             return;
         }
-        check_against_reference(Features { avx2: true, ..Features::default() }, Some(Path::Avx2));
+        check_against_reference(avx2_only(), Some(Path::Avx2));
+    }
+
+    /// AVX2 alone (where the CPU has it).
+    fn avx2_only() -> Features {
+        Features::request(FeatureRequest::level("avx2").expect("a level"))
     }
 
     /// The SIMD q8 and q4 tiles of `features` give the portable path's integer sums exactly:
@@ -656,18 +659,18 @@ mod tests {
             let mut scratch = scratch_for(&m, rows);
             let (mut fast, mut portable) = (vec![0.0; rows * n], vec![0.0; rows * n]);
             gemm(&x, rows, &m, &mut fast, bytemuck::cast_slice_mut(&mut scratch), &pool, features);
-            gemm(&x, rows, &m, &mut portable, bytemuck::cast_slice_mut(&mut scratch), &pool, Features::default());
+            gemm(&x, rows, &m, &mut portable, bytemuck::cast_slice_mut(&mut scratch), &pool, Features::PORTABLE);
             assert_eq!(fast, portable, "{} on {:?}", format.name(), Path::of(&m, features));
         }
     }
 
     #[test]
     fn avx2_integer_sums_are_exact() {
-        if !cpu::features().avx2 {
+        if !cpu::features().avx2() {
             eprintln!("skipped: this CPU has no AVX2 + FMA + F16C (or LLADA_ISA caps it)");
             return;
         }
-        integer_sums_are_exact(Features { avx2: true, ..Features::default() });
+        integer_sums_are_exact(avx2_only());
     }
 
     /// The NEON feature level of this CPU (or of its `LLADA_ISA` cap), with the path it gives
@@ -676,12 +679,13 @@ mod tests {
     /// tests once per emulated CPU, so each level is tested on a CPU that has exactly it.
     fn neon_level() -> Option<(Features, Path, Path)> {
         let f = cpu::features();
-        let level = if f.i8mm && f.bf16 {
-            (Features { neon: true, dotprod: true, i8mm: true, bf16: true, ..Features::default() }, Path::NeonBf16, Path::NeonI8mm)
-        } else if f.dotprod {
-            (Features { neon: true, dotprod: true, ..Features::default() }, Path::Neon, Path::NeonDotprod)
-        } else if f.neon {
-            (Features { neon: true, ..Features::default() }, Path::Neon, Path::Neon)
+        let level = |name| Features::request(FeatureRequest::level(name).expect("a level"));
+        let level = if f.i8mm() && f.bf16() {
+            (Features::request(FeatureRequest { neon: true, dotprod: true, i8mm: true, bf16: true, ..FeatureRequest::default() }), Path::NeonBf16, Path::NeonI8mm)
+        } else if f.dotprod() {
+            (level("dotprod"), Path::Neon, Path::NeonDotprod)
+        } else if f.neon() {
+            (level("neon"), Path::Neon, Path::Neon)
         } else {
             eprintln!("skipped: not an AArch64 CPU with NEON (or LLADA_ISA caps it)");
             return None;

@@ -62,19 +62,19 @@ fn hsum(v: &[f32; LANES]) -> f32 {
 }
 
 /// Dot products of `MR` rows of `x` with `NR` rows of `w`, all of length `k`, on the
-/// widest vector unit the CPU has.
+/// widest vector unit `features` allows.
 #[inline(always)]
-pub(crate) fn dot_tile<const FMA: bool, const MR: usize, const NR: usize>(x: [&[f32]; MR], w: [&[f32]; NR], k: usize) -> [[f32; NR]; MR] {
+pub(crate) fn dot_tile<const FMA: bool, const MR: usize, const NR: usize>(features: cpu::Features, x: [&[f32]; MR], w: [&[f32]; NR], k: usize) -> [[f32; NR]; MR] {
     #[cfg(target_arch = "x86_64")]
-    match cpu::isa() {
-        // SAFETY: `isa()` reports these paths only when the CPU has their features; the
-        // tiles check the slice lengths themselves.
+    match features.isa() {
+        // SAFETY: a `Features` holds only features the CPU has; the tiles check the slice
+        // lengths themselves.
         cpu::Isa::Avx512 => return unsafe { x86::dot_tile_avx512(x, w, k) },
         cpu::Isa::Avx2 => return unsafe { x86::dot_tile_avx2(x, w, k) },
         _ => {}
     }
     #[cfg(target_arch = "aarch64")]
-    if cpu::isa() == cpu::Isa::Neon {
+    if features.isa() == cpu::Isa::Neon {
         return arm::dot_tile_neon(x, w, k);
     }
     dot_tile_portable::<FMA, MR, NR>(x, w, k)
@@ -114,12 +114,12 @@ fn dot_tile_portable<const FMA: bool, const MR: usize, const NR: usize>(x: [&[f3
 }
 
 #[inline(always)]
-fn dot_body<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
-    dot_tile::<FMA, 1, 1>([a], [b], a.len())[0][0]
+fn dot_body<const FMA: bool>(features: cpu::Features, a: &[f32], b: &[f32]) -> f32 {
+    dot_tile::<FMA, 1, 1>(features, [a], [b], a.len())[0][0]
 }
 
 multiversion! {
-    pub fn dot(a: &[f32], b: &[f32]) -> f32 => dot_body
+    pub fn dot(features: Features, a: &[f32], b: &[f32]) -> f32 => dot_body
 }
 
 /// `e^x` in a form the compiler vectorises (the library `expf` is a call per element):
@@ -149,10 +149,10 @@ pub fn embed_row(table: Weights<'_>, cols: usize, token: usize, out: &mut [f32])
 
 /// LLaDA's RMSNorm, in the reference's order of operations:
 /// `weight * (x * rsqrt(mean(x^2) + eps))`.
-pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+pub fn rms_norm(features: cpu::Features, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     let cols = weight.len();
     for (xr, or) in x.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
-        let ms = dot(xr, xr) / cols as f32;
+        let ms = dot(features, xr, xr) / cols as f32;
         let r = 1.0 / (ms + eps).sqrt();
         for ((o, &v), &w) in or.iter_mut().zip(xr).zip(weight) {
             *o = w * (v * r);
@@ -175,7 +175,7 @@ pub fn rope_row(row: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
 }
 
 #[inline(always)]
-fn swiglu_body<const FMA: bool>(x: &[f32], hidden: usize, out: &mut [f32]) {
+fn swiglu_body<const FMA: bool>(_: cpu::Features, x: &[f32], hidden: usize, out: &mut [f32]) {
     for (xr, or) in x.chunks_exact(2 * hidden).zip(out.chunks_exact_mut(hidden)) {
         let (gate, up) = xr.split_at(hidden);
         for ((o, &g), &u) in or.iter_mut().zip(gate).zip(up) {
@@ -186,7 +186,7 @@ fn swiglu_body<const FMA: bool>(x: &[f32], hidden: usize, out: &mut [f32]) {
 
 multiversion! {
     /// `out = silu(gate) * up` for rows `[gate | up]` of `x`; `out` rows are `hidden` wide.
-    pub fn swiglu(x: &[f32], hidden: usize, out: &mut [f32]) => swiglu_body
+    pub fn swiglu(features: Features, x: &[f32], hidden: usize, out: &mut [f32]) => swiglu_body
 }
 
 pub fn add(acc: &mut [f32], x: &[f32]) {
@@ -216,13 +216,48 @@ mod tests {
         for k in [1, 15, 16, 17, 130] {
             let a: Vec<Vec<f32>> = (0..4).map(|_| (0..k).map(|_| lcg(&mut s)).collect()).collect();
             let b: Vec<Vec<f32>> = (0..4).map(|_| (0..k).map(|_| lcg(&mut s)).collect()).collect();
-            let t = dot_tile::<true, 4, 4>(std::array::from_fn(|i| a[i].as_slice()), std::array::from_fn(|j| b[j].as_slice()), k);
+            let t = dot_tile::<true, 4, 4>(cpu::features(), std::array::from_fn(|i| a[i].as_slice()), std::array::from_fn(|j| b[j].as_slice()), k);
             let p = dot_tile_portable::<false, 4, 4>(std::array::from_fn(|i| a[i].as_slice()), std::array::from_fn(|j| b[j].as_slice()), k);
             for i in 0..4 {
                 for j in 0..4 {
                     let want: f64 = (0..k).map(|t| a[i][t] as f64 * b[j][t] as f64).sum();
                     assert!((t[i][j] as f64 - want).abs() < 1e-5 && (p[i][j] as f64 - want).abs() < 1e-5, "k {k}");
                 }
+            }
+        }
+    }
+
+    /// A request for every feature is cut to the CPU's, and each kernel family runs on the
+    /// features it is given: with the portable set, dot, RMSNorm and SwiGLU give their
+    /// portable twins bit for bit and every matmul format takes its portable path (attention:
+    /// `attention::tests`; the matmuls' results: `gemm::tests`).
+    #[test]
+    fn every_kernel_family_runs_on_the_features_it_is_given() {
+        use llada_ir::DType;
+        let all = cpu::Features::request(cpu::FeatureRequest::ALL);
+        assert_eq!(all, cpu::features());
+        let portable = cpu::Features::PORTABLE;
+        let mut s = 5;
+        let a: Vec<f32> = (0..131).map(|_| lcg(&mut s)).collect();
+        let b: Vec<f32> = (0..131).map(|_| lcg(&mut s)).collect();
+        assert_eq!(dot(portable, &a, &b).to_bits(), dot_body::<false>(portable, &a, &b).to_bits());
+        assert!((dot(all, &a, &b) - dot_body::<false>(portable, &a, &b)).abs() < 1e-5);
+        let w: Vec<f32> = (0..131).map(|_| 1.0 + lcg(&mut s)).collect();
+        let mut out = vec![0f32; 131];
+        rms_norm(portable, &a, &w, 1e-5, &mut out);
+        let r = 1.0 / (dot_body::<false>(portable, &a, &a) / 131.0 + 1e-5).sqrt();
+        let want: Vec<f32> = a.iter().zip(&w).map(|(&v, &wv)| wv * (v * r)).collect();
+        assert_eq!(out, want);
+        let x: Vec<f32> = (0..2 * 40).map(|_| lcg(&mut s) * 6.0).collect();
+        let (mut fast, mut twin) = (vec![0f32; 40], vec![0f32; 40]);
+        swiglu(portable, &x, 40, &mut fast);
+        swiglu_body::<false>(portable, &x, 40, &mut twin);
+        assert_eq!(fast, twin);
+        for format in [DType::PanelF32, DType::PanelF16, DType::PanelBf16, DType::PanelQ8, DType::PanelQ4 { group: 32 }] {
+            for bf16_activations in [false, true] {
+                let m = gemm::Matrix { format, n: 16, k: 64, bytes: &[], bf16_activations };
+                assert_eq!(gemm::Path::of(&m, portable), gemm::Path::Portable, "{}", format.name());
+                assert_eq!(gemm::Path::of(&m, all), gemm::Path::of(&m, cpu::features()), "{}", format.name());
             }
         }
     }
@@ -235,7 +270,7 @@ mod tests {
         let x: Vec<f32> = (0..3 * cols).map(|_| lcg(&mut s) * 8.0).collect();
         let w: Vec<f32> = (0..cols).map(|_| 1.0 + lcg(&mut s)).collect();
         let mut out = vec![0f32; x.len()];
-        rms_norm(&x, &w, 1e-5, &mut out);
+        rms_norm(cpu::features(), &x, &w, 1e-5, &mut out);
         for (r, (xr, or)) in x.chunks(cols).zip(out.chunks(cols)).enumerate() {
             let ms = xr.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols as f64;
             for ((&v, &o), &wv) in xr.iter().zip(or).zip(&w) {
@@ -274,8 +309,8 @@ mod tests {
         let (hidden, rows) = (72, 3);
         let x: Vec<f32> = (0..rows * 2 * hidden).map(|_| lcg(&mut s) * 12.0).collect();
         let (mut fast, mut twin) = (vec![0f32; rows * hidden], vec![0f32; rows * hidden]);
-        swiglu(&x, hidden, &mut fast);
-        swiglu_body::<false>(&x, hidden, &mut twin);
+        swiglu(cpu::features(), &x, hidden, &mut fast);
+        swiglu_body::<false>(cpu::Features::PORTABLE, &x, hidden, &mut twin);
         for (i, (&a, &b)) in fast.iter().zip(&twin).enumerate() {
             let (r, c) = (i / hidden, i % hidden);
             let (g, u) = (x[r * 2 * hidden + c] as f64, x[r * 2 * hidden + hidden + c] as f64);
@@ -286,7 +321,7 @@ mod tests {
             let a: Vec<f32> = (0..k).map(|_| lcg(&mut s)).collect();
             let b: Vec<f32> = (0..k).map(|_| lcg(&mut s)).collect();
             let want: f64 = a.iter().zip(&b).map(|(&p, &q)| p as f64 * q as f64).sum();
-            let (fast, twin) = (dot(&a, &b), dot_body::<false>(&a, &b));
+            let (fast, twin) = (dot(cpu::features(), &a, &b), dot_body::<false>(cpu::Features::PORTABLE, &a, &b));
             assert!((fast as f64 - want).abs() < 1e-5 && (twin as f64 - want).abs() < 1e-5, "dot k {k}: {fast} vs twin {twin} vs {want}");
         }
     }
@@ -295,7 +330,7 @@ mod tests {
     fn swiglu_reads_gate_then_up() {
         let x = [1.0f32, -2.0, 3.0, 0.5];
         let mut out = [0.0f32; 2];
-        swiglu(&x, 2, &mut out);
+        swiglu(cpu::features(), &x, 2, &mut out);
         let silu = |g: f32| g / (1.0 + (-g).exp());
         for (o, want) in out.iter().zip([silu(1.0) * 3.0, silu(-2.0) * 0.5]) {
             assert!((o - want).abs() <= 1e-6 * want.abs(), "{o} vs {want}");
