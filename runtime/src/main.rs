@@ -120,9 +120,22 @@ impl SamplerArgs {
     }
 }
 
+/// `--threads`: a count of at least 1 (0 would mean nothing to run on).
+fn at_least_one(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("must be at least 1 (omit --threads to use every core)".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("not a whole number: {e}")),
+    }
+}
+
+/// The subcommands with sampler options take negative numbers as values (`--cfg -1`), so that
+/// the sampler's validation names the flag and its range instead of clap reporting an unknown
+/// argument.
 #[derive(Subcommand)]
 enum Command {
     /// Generate from a prompt.
+    #[command(allow_negative_numbers = true)]
     Run {
         /// The artifact (from `lladac compile`).
         file: PathBuf,
@@ -146,8 +159,8 @@ enum Command {
         /// Write a Chrome/Perfetto trace of the run (dense passes, waits, staging copies).
         #[arg(long)]
         trace: Option<PathBuf>,
-        /// Worker threads [default: every core, or LLADA_THREADS].
-        #[arg(long)]
+        /// Worker threads, at least 1 [default: every core, or LLADA_THREADS].
+        #[arg(long, value_parser = at_least_one)]
         threads: Option<usize>,
         /// How rotating weights reach their window slots: async (a staging thread copies
         /// ahead, as the plan schedules) or sync (each copied right before its first op).
@@ -156,13 +169,14 @@ enum Command {
     },
     /// Measure this machine's ceilings: peak f32, bf16 and int8 rates and memory bandwidth.
     Roofline {
-        /// Threads for the all-threads figures [default: every core].
-        #[arg(long)]
+        /// Threads for the all-threads figures, at least 1 [default: every core].
+        #[arg(long, value_parser = at_least_one)]
         threads: Option<usize>,
         #[arg(long)]
         json: bool,
     },
     /// Time forward passes op by op against the roofline, and optionally a whole generation.
+    #[command(allow_negative_numbers = true)]
     Bench {
         file: PathBuf,
         /// Token rows of the passes to time (each runs on the smallest graph that holds it).
@@ -174,7 +188,8 @@ enum Command {
         /// Timed repeats per pass (the median is reported).
         #[arg(long, default_value_t = 5)]
         repeat: usize,
-        #[arg(long)]
+        /// Worker threads, at least 1 [default: every core, or LLADA_THREADS].
+        #[arg(long, value_parser = at_least_one)]
         threads: Option<usize>,
         /// How rotating weights reach their window slots: async (a staging thread copies
         /// ahead, as the plan schedules) or sync (each copied right before its first op).
@@ -192,6 +207,7 @@ enum Command {
         json: bool,
     },
     /// Accuracy and cost of the sampler on a file of tasks.
+    #[command(allow_negative_numbers = true)]
     Eval {
         /// The artifact.
         file: PathBuf,
@@ -206,7 +222,8 @@ enum Command {
         /// Print one JSON object (summary and per-task outputs): usable as a --reference.
         #[arg(long)]
         json: bool,
-        #[arg(long)]
+        /// Worker threads, at least 1 [default: every core, or LLADA_THREADS].
+        #[arg(long, value_parser = at_least_one)]
         threads: Option<usize>,
         /// How rotating weights reach their window slots: async (a staging thread copies
         /// ahead, as the plan schedules) or sync (each copied right before its first op).
@@ -353,9 +370,6 @@ fn run(cli: Cli) -> Result<()> {
                 (None, Some(s)) => parse_ids(s)?,
                 (None, None) => unreachable!("clap requires one of them"),
             };
-            if ids.is_empty() {
-                return Err(Error::request("the prompt is empty"));
-            }
             let params = sampler.params(&model);
             let mut session = open_session(&model, threads, &staging)?;
             let timeline = trace.as_ref().map(|_| std::sync::Arc::new(llada_rt::trace::Trace::default()));

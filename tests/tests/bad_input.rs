@@ -202,3 +202,64 @@ fn golden_replay_inputs() {
     let o = run("llada-rt", &["conformance", embedded.to_str().unwrap(), "--model", art.to_str().unwrap(), "--every", "0"]);
     assert_clean_failure(&o, &["--every 0"]);
 }
+
+// Inputs a user can type to `llada-rt run` (README "Prompts and options").
+
+/// The mask token in a prompt, as text or as an id, is refused by name: the official sampler
+/// would fill a masked prompt position too, which is infilling, not a prompt.
+#[test]
+fn mask_token_in_a_prompt() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = common::embedded(dir.path());
+    let art = art.to_str().unwrap();
+    let o = run("llada-rt", &["run", art, "-p", "<|mdm_mask|>hello", "--gen-len", "32", "--steps", "32"]);
+    assert_clean_failure(&o, &["prompt token 0 is the mask token (id 275)", "cannot contain masks"]);
+    let o = run("llada-rt", &["run", art, "--prompt-ids", "65,66,275,67", "--gen-len", "32", "--steps", "32"]);
+    assert_clean_failure(&o, &["prompt token 2 is the mask token (id 275)"]);
+}
+
+/// Other special tokens in prompt text are those tokens (as Hugging Face `encode` reads them),
+/// not their characters.
+#[test]
+fn special_tokens_in_prompt_text_are_their_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = common::embedded(dir.path());
+    let o = run("llada-rt", &["run", art.to_str().unwrap(), "-p", "A<|eot_id|>B<|endoftext|>", "--gen-len", "32", "--steps", "32", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ids: Vec<u64> = v["prompt_ids"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
+    assert_eq!(ids, vec![65, 278, 66, 274]);
+}
+
+#[test]
+fn empty_prompt_and_zero_threads_and_negative_numbers() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = artifact(dir.path(), Some(64));
+    let o = run("llada-rt", &["run", art.to_str().unwrap(), "-p", "", "--gen-len", "16", "--block-len", "8", "--steps", "16"]);
+    assert_clean_failure(&o, &["the prompt is empty"]);
+    let o = run("llada-rt", &["run", art.to_str().unwrap(), "--prompt-ids", " , ", "--gen-len", "16", "--block-len", "8", "--steps", "16"]);
+    assert_clean_failure(&o, &["the prompt is empty"]);
+    assert_clean_failure(&run_ids(&art, &["--threads", "0"]), &["--threads", "must be at least 1"]);
+    // Negative numbers reach the option's own check, which names it and its range.
+    assert_clean_failure(&run_ids(&art, &["--cfg", "-1"]), &["--cfg -1 must be a finite number >= 0"]);
+    assert_clean_failure(&run_ids(&art, &["--temperature", "-0.5"]), &["--temperature -0.5"]);
+    assert_clean_failure(&run_ids(&art, &["--threshold", "-0.1"]), &["--threshold -0.1"]);
+    let o = run("llada-rt", &["run", art.to_str().unwrap(), "--prompt-ids", "1,2", "--steps", "-3"]);
+    assert_clean_failure(&o, &["'-3'", "--steps"]);
+}
+
+/// A prompt that fills the compiled maximum exactly (with the generation) runs; one token
+/// more is refused with the numbers and the fix.
+#[test]
+fn prompt_at_exactly_the_compiled_maximum() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = artifact(dir.path(), Some(64));
+    let ids: Vec<String> = (0..48).map(|i| (i % 200).to_string()).collect();
+    let o = run("llada-rt", &["run", art.to_str().unwrap(), "--prompt-ids", &ids.join(","), "--gen-len", "16", "--block-len", "8", "--steps", "16", "--json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["output_ids"].as_array().unwrap().len(), 16);
+    let ids: Vec<String> = (0..49).map(|i| (i % 200).to_string()).collect();
+    let o = run("llada-rt", &["run", art.to_str().unwrap(), "--prompt-ids", &ids.join(","), "--gen-len", "16", "--block-len", "8", "--steps", "16"]);
+    assert_clean_failure(&o, &["65 positions", "at most 64"]);
+}

@@ -340,6 +340,7 @@ pub(crate) struct Candidate {
 /// Runs the sampler on `prompt` with `p.policy`. `on_step` sees the canvas after every step.
 pub fn generate(session: &mut Session, prompt: &[u32], p: &SamplerParams, on_step: &mut dyn FnMut(&StepView)) -> Result<Generation> {
     let steps_per_block = p.validate()?;
+    check_prompt(prompt, session.model.header.special.mask)?;
     let len = prompt.len() + p.gen_length;
     let capacity = session.head_capacity(len)?;
     if p.block_length > capacity {
@@ -362,6 +363,22 @@ pub fn generate(session: &mut Session, prompt: &[u32], p: &SamplerParams, on_ste
     g.rows_computed = session.counters.rows_computed - before.rows_computed;
     g.seconds = start.elapsed().as_secs_f64();
     Ok(g)
+}
+
+/// A prompt is at least one token and holds no mask token: masks mark the positions the
+/// sampler fills, and the official code would fill a masked prompt position too (its
+/// confidence is not `-inf`), which is infilling, not prompting. Other special tokens are
+/// ordinary prompt tokens.
+fn check_prompt(prompt: &[u32], mask: u32) -> Result<()> {
+    if prompt.is_empty() {
+        return Err(Error::request("the prompt is empty: give at least one token".to_string()));
+    }
+    if let Some(i) = prompt.iter().position(|&t| t == mask) {
+        return Err(Error::request(format!(
+            "prompt token {i} is the mask token (id {mask}); a prompt cannot contain masks (they mark the positions to generate)"
+        )));
+    }
+    Ok(())
 }
 
 /// Predictions of a pass's logit rows, computed on the session's thread pool into buffers
