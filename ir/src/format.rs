@@ -23,6 +23,12 @@ pub const SEGMENT_ALIGN: u64 = 4096;
 pub const TENSOR_ALIGN: u64 = 64;
 /// Alignment of every value in the window.
 pub const WINDOW_ALIGN: u64 = 64;
+/// The largest accelerator window an artifact may plan (1 TiB: phone NPU windows are a few
+/// GiB, the host's default 16 GiB), so a crafted size cannot make a loader map absurd memory
+/// or overflow the arithmetic that places regions in it.
+pub const MAX_WINDOW_BYTES: u64 = 1 << 40;
+/// The most threads a plan may size its scratch for.
+pub const MAX_THREADS: u32 = 1024;
 
 pub fn align_up(x: u64, a: u64) -> u64 {
     x.div_ceil(a) * a

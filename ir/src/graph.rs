@@ -143,4 +143,10 @@ impl Graph {
     pub fn value_bytes(&self, v: &Value) -> u64 {
         self.row_count(v.rows) * v.cols as u64 * 4
     }
+
+    /// [`value_bytes`](Self::value_bytes), `None` if it overflows (for the verifier, before
+    /// which sizes are untrusted).
+    pub fn checked_value_bytes(&self, v: &Value) -> Option<u64> {
+        self.row_count(v.rows).checked_mul(v.cols as u64)?.checked_mul(4)
+    }
 }

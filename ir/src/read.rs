@@ -30,6 +30,11 @@ impl<'a> Artifact<'a> {
         if data_end > have {
             return Err(Error::Truncated { what: "the data section".into(), need: data_end, have });
         }
+        // Tensors are cast in place from the mapping (page-aligned): the data section must
+        // start on a segment boundary for their alignment to hold.
+        if p.data_offset % crate::format::SEGMENT_ALIGN != 0 {
+            return Err(Error::invalid(format!("the data section starts at {}, not a multiple of {}", p.data_offset, crate::format::SEGMENT_ALIGN)));
+        }
         if p.data_offset < PREAMBLE_LEN as u64 || p.header_offset < data_end {
             return Err(Error::invalid("the preamble places the header inside the data section"));
         }

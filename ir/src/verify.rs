@@ -3,7 +3,7 @@
 //! Errors name the element: `graphs[2] 'exact-64' ops[17] MatMul: ...`.
 
 use crate::error::{Error, Result};
-use crate::format::{SEGMENT_ALIGN, TENSOR_ALIGN, WINDOW_ALIGN};
+use crate::format::{MAX_THREADS, MAX_WINDOW_BYTES, SEGMENT_ALIGN, TENSOR_ALIGN, WINDOW_ALIGN};
 use crate::graph::{Graph, Op, Rows, TensorId, ValueId};
 use crate::header::{DType, Header, ModelConfig};
 
@@ -32,6 +32,12 @@ pub fn header(h: &Header, data_len: u64) -> Result<()> {
     if last_rows > h.plan.kv_capacity {
         return Err(Error::invalid(format!("plan.kv_capacity {} is smaller than the largest graph ({last_rows} rows)", h.plan.kv_capacity)));
     }
+    if h.plan.window.bytes > MAX_WINDOW_BYTES {
+        return Err(Error::invalid(format!("plan.window.bytes {} is above the format's limit of {MAX_WINDOW_BYTES}", h.plan.window.bytes)));
+    }
+    if h.plan.window.scratch.threads > MAX_THREADS {
+        return Err(Error::invalid(format!("plan.window.scratch.threads {} is above the format's limit of {MAX_THREADS}", h.plan.window.scratch.threads)));
+    }
     let mut last_bucket = 0;
     for (i, &rows) in h.plan.row_buckets.iter().enumerate() {
         if rows <= last_bucket {
@@ -59,6 +65,10 @@ fn model(m: &ModelConfig) -> Result<()> {
     }
     if m.n_heads % m.n_kv_heads != 0 {
         return bad(format!("n_heads {} is not a multiple of n_kv_heads {}", m.n_heads, m.n_kv_heads));
+    }
+    let limit = 1 << 24;
+    if [m.d_model, m.n_heads, m.n_kv_heads, m.head_dim, m.mlp_hidden, m.embedding_size, m.vocab_size].iter().any(|&d| d > limit) || m.n_layers > 1 << 16 {
+        return bad(format!("a dimension is above 2^24 (or n_layers above 2^16): {m:?}"));
     }
     if m.head_dim % 2 != 0 {
         return bad(format!("head_dim {} is odd; rotary embedding needs it even", m.head_dim));
@@ -115,10 +125,15 @@ fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
     if g.rows == 0 || g.head_rows == 0 || g.head_rows > g.rows {
         return Err(format!("has {} rows and {} head rows", g.rows, g.head_rows));
     }
+    if g.rows > h.plan.kv_capacity {
+        return Err(format!("has {} rows, more than plan.kv_capacity {}", g.rows, h.plan.kv_capacity));
+    }
+    // Sizes first, overflow-checked: every later size computation on values relies on them
+    // fitting in the window (itself bounded by the format).
     for (i, v) in g.values.iter().enumerate() {
-        let end = g.value_bytes(v).checked_add(v.offset);
-        if v.cols == 0 || v.offset % WINDOW_ALIGN != 0 || end.is_none() {
-            return Err(format!("values[{i}] '{}' is empty, misaligned or too large", v.name));
+        let end = g.checked_value_bytes(v).and_then(|b| b.checked_add(v.offset));
+        if v.cols == 0 || v.offset % WINDOW_ALIGN != 0 || end.is_none_or(|e| e > h.plan.window.bytes) {
+            return Err(format!("values[{i}] '{}' is empty, misaligned or larger than the window", v.name));
         }
     }
     let value = |id: ValueId| g.values.get(id as usize).ok_or_else(|| format!("refers to value {id}, which does not exist"));
@@ -127,7 +142,7 @@ fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
     if logits.rows != Rows::Head || logits.cols != m.embedding_size {
         return Err(format!("logits value '{}' is not [head rows, {}]", logits.name, m.embedding_size));
     }
-    let hd = m.head_dim;
+    let hd = m.head_dim as u64;
     for (i, op) in g.ops.iter().enumerate() {
         let at = |msg: String| format!("ops[{i}] {}: {msg}", op.name());
         let same = |a: ValueId, b: ValueId| -> std::result::Result<(), String> {
@@ -169,8 +184,9 @@ fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
             }
             Op::Rope { x, heads, cos, sin } => {
                 let vx = value(x)?;
-                if heads == 0 || vx.cols < heads * hd {
-                    return Err(at(format!("'{}' has {} columns, fewer than {heads} heads of {hd}", vx.name, vx.cols)));
+                // Query and key heads (the model's), never more.
+                if heads == 0 || heads as u64 > m.n_heads as u64 + m.n_kv_heads as u64 || (vx.cols as u64) < heads as u64 * hd {
+                    return Err(at(format!("'{}' has {} columns for {heads} heads of {hd} (the model has {} query and {} key heads)", vx.name, vx.cols, m.n_heads, m.n_kv_heads)));
                 }
                 for t in [tensor(cos)?, tensor(sin)?] {
                     if t.dtype != DType::F32 || t.shape.len() != 2 || t.shape[1] != (hd / 2) as u64 || t.shape[0] < h.plan.kv_capacity.max(g.rows) as u64 {
@@ -183,17 +199,30 @@ fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
                 if layer >= h.model.n_layers {
                     return Err(at(format!("KV cache layer {layer} of a {}-layer model", h.model.n_layers)));
                 }
-                if kv_heads == 0 || heads % kv_heads != 0 || vq.cols != (heads + 2 * kv_heads) * hd || vo.cols != heads * hd || vq.rows != vo.rows {
+                // The KV cache is sized by the model's head counts: an op with others would
+                // read and write outside its layer.
+                if heads != m.n_heads || kv_heads != m.n_kv_heads {
+                    return Err(at(format!("heads {heads}/{kv_heads}, but the model (which sizes the KV cache) has {}/{}", m.n_heads, m.n_kv_heads)));
+                }
+                let (heads, kv_heads) = (heads as u64, kv_heads as u64);
+                if vq.cols as u64 != (heads + 2 * kv_heads) * hd || vo.cols as u64 != heads * hd || vq.rows != vo.rows {
                     return Err(at(format!("heads {heads}/{kv_heads} do not match q|k|v [{}] and output [{}]", vq.cols, vo.cols)));
                 }
             }
             Op::SwiGlu { x, out } => {
                 let (vx, vo) = (value(x)?, value(out)?);
-                if vx.cols != 2 * vo.cols || vx.rows != vo.rows {
+                if vx.cols as u64 != 2 * vo.cols as u64 || vx.rows != vo.rows {
                     return Err(at(format!("'{}' [{}] is not [gate | up] for output [{}]", vx.name, vx.cols, vo.cols)));
                 }
             }
-            Op::Add { acc, x } => same(acc, x)?,
+            Op::Add { acc, x } => {
+                same(acc, x)?;
+                // `acc` is read and written while `x` is read: one value on both sides would
+                // alias a mutable slice.
+                if acc == x || overlaps(g, acc, x) {
+                    return Err(at(format!("adds '{}' to itself (or to bytes it overlaps)", value(x)?.name)));
+                }
+            }
             Op::GatherHeadRows { x, out } => {
                 let (vx, vo) = (value(x)?, value(out)?);
                 if vx.rows != Rows::Tokens || vo.rows != Rows::Head || vx.cols != vo.cols {

@@ -60,6 +60,10 @@ fn disjoint(mut items: Vec<Item>) -> Result<(), String> {
 pub(crate) fn window(h: &Header) -> Result<(), String> {
     let (w, m) = (&h.plan.window, &h.model);
     let need_kv = kv_bytes(m, h.plan.kv_capacity, w.kv_dtype).ok_or("the KV cache size overflows")?;
+    // Before any other size is computed: the KV cache bounds the model's sizes by the window.
+    if need_kv > w.bytes {
+        return Err(format!("the KV cache needs {need_kv} bytes ({} positions of {}), more than the {}-byte window", h.plan.kv_capacity, w.kv_dtype.name(), w.bytes));
+    }
     if w.kv.bytes != need_kv {
         return Err(format!("the KV cache has {} bytes; {} positions of {} need {need_kv}", w.kv.bytes, h.plan.kv_capacity, w.kv_dtype.name()));
     }

@@ -56,6 +56,12 @@ pub struct Checkpoint {
 const INDEX: &str = "model.safetensors.index.json";
 const SINGLE: &str = "model.safetensors";
 
+/// One path component that is a name: not empty, `.` or `..`, no separator.
+fn is_plain_file_name(f: &str) -> bool {
+    let mut parts = Path::new(f).components();
+    matches!((parts.next(), parts.next()), (Some(std::path::Component::Normal(n)), None) if n == f) && !f.contains(['/', '\\'])
+}
+
 impl Checkpoint {
     pub fn open(dir: &Path) -> Result<Checkpoint> {
         let index_path = dir.join(INDEX);
@@ -68,7 +74,19 @@ impl Checkpoint {
                 path: index_path.clone(),
                 msg: "no \"weight_map\" object".into(),
             })?;
-            let mut files: Vec<&str> = map.values().filter_map(|v| v.as_str()).collect();
+            let mut files: Vec<&str> = Vec::with_capacity(map.len());
+            for (name, v) in map {
+                let f = v.as_str().ok_or_else(|| Error::Json { path: index_path.clone(), msg: format!("weight_map[\"{name}\"] is not a file name") })?;
+                // A shard is a file beside the index: a path (`../x`, `/etc/x`, `a/b`) would
+                // read outside the checkpoint directory.
+                if !is_plain_file_name(f) {
+                    return Err(Error::Json {
+                        path: index_path.clone(),
+                        msg: format!("weight_map[\"{name}\"] names shard \"{f}\", which is not a plain file name in this directory"),
+                    });
+                }
+                files.push(f);
+            }
             files.sort();
             files.dedup();
             for f in files {
@@ -196,5 +214,29 @@ impl Checkpoint {
             row += n;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_names_must_be_plain_file_names() {
+        for ok in ["model-00001-of-00002.safetensors", "a.b", "..x"] {
+            assert!(is_plain_file_name(ok), "{ok}");
+        }
+        for bad in ["", ".", "..", "../x.safetensors", "/etc/passwd", "sub/x.safetensors", "a\\b", "./x"] {
+            assert!(!is_plain_file_name(bad), "{bad}");
+        }
+    }
+
+    /// An index naming a shard outside the directory is refused before anything is opened.
+    #[test]
+    fn an_index_pointing_outside_the_checkpoint_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(INDEX), r#"{"weight_map": {"model.embed": "../outside.safetensors"}}"#).unwrap();
+        let err = Checkpoint::open(dir.path()).err().expect("refused").to_string();
+        assert!(err.contains(INDEX) && err.contains("model.embed") && err.contains("../outside.safetensors"), "{err}");
     }
 }

@@ -1,0 +1,159 @@
+//! The verifier, rule by rule, on crafted artifacts: a valid tiny artifact whose header is
+//! changed in one place and sealed again (header and preamble checksums valid), so only the
+//! rule under test can refuse it. Each error must name the element at fault. Without the
+//! rule the artifact would parse, and the assertion fails.
+
+mod common;
+
+use llada_ir::format::Preamble;
+use llada_ir::{Artifact, Header, Op, Rows};
+use llada_tools::checkpoint::{Shape, WeightType};
+
+/// A valid artifact of the tiny random checkpoint (2 layers, 4/2 heads, 64 positions).
+fn valid() -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    common::checkpoint(&ckpt, Shape::tiny(), WeightType::F32, u64::MAX, 0.02);
+    let out = dir.path().join("m.lad");
+    common::compile(&ckpt, &out, Some(64));
+    std::fs::read(out).unwrap()
+}
+
+/// `file` with its header changed by `edit` and both checksums recomputed.
+fn reseal(file: &[u8], edit: impl FnOnce(&mut Header)) -> Vec<u8> {
+    let p = Preamble::decode(file).unwrap();
+    let mut h: Header = postcard::from_bytes(&file[p.header_offset as usize..]).unwrap();
+    edit(&mut h);
+    let header = postcard::to_allocvec(&h).unwrap();
+    let p = Preamble { header_len: header.len() as u64, header_crc32: crc32fast::hash(&header), ..p };
+    let mut out = file[..p.header_offset as usize].to_vec();
+    out[..p.encode().len()].copy_from_slice(&p.encode());
+    out.extend_from_slice(&header);
+    out
+}
+
+fn refused(file: &[u8], needles: &[&str]) {
+    let err = match Artifact::parse(file) {
+        Ok(_) => panic!("the crafted artifact verified; expected an error naming {needles:?}"),
+        Err(e) => e.to_string(),
+    };
+    for n in needles {
+        assert!(err.contains(n), "error does not name '{n}': {err}");
+    }
+}
+
+fn op_index(h: &Header, g: usize, pick: impl Fn(&Op) -> bool) -> usize {
+    h.graphs[g].ops.iter().position(pick).expect("the op exists")
+}
+
+#[test]
+fn every_rule_refuses_its_crafted_artifact() {
+    let good = valid();
+    Artifact::parse(&good).expect("the untouched artifact verifies");
+    let h0: Header = {
+        let p = Preamble::decode(&good).unwrap();
+        postcard::from_bytes(&good[p.header_offset as usize..]).unwrap()
+    };
+    let attention = op_index(&h0, 0, |o| matches!(o, Op::Attention { .. }));
+    let add = op_index(&h0, 0, |o| matches!(o, Op::Add { .. }));
+    let rope = op_index(&h0, 0, |o| matches!(o, Op::Rope { .. }));
+    let swiglu = op_index(&h0, 0, |o| matches!(o, Op::SwiGlu { .. }));
+    let matmul = op_index(&h0, 0, |o| matches!(o, Op::MatMul { .. }));
+    let norm = op_index(&h0, 0, |o| matches!(o, Op::RmsNorm { .. }));
+    let embed = op_index(&h0, 0, |o| matches!(o, Op::Embed { .. }));
+    let gather = op_index(&h0, 0, |o| matches!(o, Op::GatherHeadRows { .. }));
+    let cases: Vec<(&str, Box<dyn Fn(&mut Header)>, Vec<String>)> = vec![
+        // The model.
+        ("zero dimension", Box::new(|h| h.model.d_model = 0), vec!["model: a dimension is zero".into()]),
+        ("heads not a multiple", Box::new(|h| h.model.n_kv_heads = 3), vec!["n_heads 4 is not a multiple of n_kv_heads 3".into()]),
+        ("odd head_dim", Box::new(|h| h.model.head_dim = 31), vec!["head_dim 31 is odd".into()]),
+        ("huge dimension", Box::new(|h| h.model.mlp_hidden = u32::MAX), vec!["above 2^24".into()]),
+        ("special token", Box::new(|h| h.special.mask = h.model.embedding_size), vec!["special token mask".into()]),
+        // Tensors and segments.
+        ("duplicate tensor", Box::new(|h| h.tensors[1].name = h.tensors[0].name.clone()), vec!["tensors[1]".into(), "appears twice".into()]),
+        ("bytes vs shape", Box::new(|h| h.tensors[2].shape[0] += 1), vec!["tensors[2]".into(), "do not hold shape".into()]),
+        ("tensor alignment", Box::new(|h| h.tensors[0].offset += 4), vec!["tensors[0]".into(), "64-byte aligned".into()]),
+        ("tensor past the data", Box::new(|h| h.tensors[0].offset = u64::MAX - 63), vec!["tensors[0]".into()]),
+        ("tensors overlap", Box::new(|h| h.tensors[1].offset = h.tensors[0].offset), vec!["overlaps".into(), "tensors[".into()]),
+        ("segment alignment", Box::new(|h| h.segments[0].offset += 64), vec!["segments[0]".into(), "misaligned".into()]),
+        ("segments overlap", Box::new(|h| h.segments[1].offset = h.segments[0].offset), vec!["two segments overlap".into()]),
+        // Graphs, values, ops.
+        ("head rows", Box::new(|h| h.graphs[0].head_rows = h.graphs[0].rows + 1), vec!["graphs[0]".into(), "head rows".into()]),
+        ("graph above the KV capacity", Box::new(|h| { let g = h.graphs.len() - 1; h.graphs[g].rows = h.plan.kv_capacity + 4; h.plan.by_rows.retain(|&i| i as usize != g); h.plan.row_buckets.clear(); }), vec!["more than plan.kv_capacity".into()]),
+        ("value alignment", Box::new(|h| h.graphs[0].values[1].offset += 4), vec!["graphs[0]".into(), "values[1]".into()]),
+        ("value size overflow", Box::new(|h| { h.graphs[0].values[1].cols = u32::MAX; h.graphs[0].rows = u32::MAX; h.plan.kv_capacity = u32::MAX; }), vec!["values[0]".into(), "larger than the window".into()]),
+        ("missing value", Box::new(move |h| if let Op::Add { x, .. } = &mut h.graphs[0].ops[add] { *x = 9999 }), vec![format!("ops[{add}] Add"), "value 9999".into()]),
+        ("missing tensor", Box::new(move |h| if let Op::MatMul { weight, .. } = &mut h.graphs[0].ops[matmul] { *weight = 9999 }), vec![format!("ops[{matmul}] MatMul"), "tensor 9999".into()]),
+        ("logits shape", Box::new(|h| { let l = h.graphs[0].logits as usize; h.graphs[0].values[l].rows = Rows::Tokens }), vec!["logits value".into()]),
+        ("embed table", Box::new(move |h| if let Op::Embed { table, .. } = &mut h.graphs[0].ops[embed] { *table = 1 }), vec![format!("ops[{embed}] Embed"), "does not match output".into()]),
+        ("norm weight", Box::new(move |h| if let Op::RmsNorm { weight, .. } = &mut h.graphs[0].ops[norm] { *weight = 0 }), vec![format!("ops[{norm}] RmsNorm"), "is not f32".into()]),
+        ("matmul weight", Box::new(move |h| if let (Op::MatMul { weight, .. }, Some(t)) = (&mut h.graphs[0].ops[matmul], h0.tensors.iter().position(|t| t.shape.len() == 1)) { *weight = t as u32 }), vec![format!("ops[{matmul}] MatMul")]),
+        ("rope heads", Box::new(move |h| if let Op::Rope { heads, .. } = &mut h.graphs[0].ops[rope] { *heads = 7 }), vec![format!("ops[{rope}] Rope"), "7 heads".into()]),
+        ("rope heads overflow", Box::new(move |h| if let Op::Rope { heads, .. } = &mut h.graphs[0].ops[rope] { *heads = u32::MAX }), vec![format!("ops[{rope}] Rope")]),
+        ("attention layer", Box::new(move |h| if let Op::Attention { layer, .. } = &mut h.graphs[0].ops[attention] { *layer = 2 }), vec![format!("ops[{attention}] Attention"), "layer 2 of a 2-layer model".into()]),
+        ("attention heads vs model", Box::new(move |h| if let Op::Attention { heads, kv_heads, .. } = &mut h.graphs[0].ops[attention] { (*heads, *kv_heads) = (2, 1) }), vec![format!("ops[{attention}] Attention"), "the model (which sizes the KV cache) has 4/2".into()]),
+        ("attention heads overflow", Box::new(move |h| { h.model.n_heads = 1 << 24; if let Op::Attention { heads, .. } = &mut h.graphs[0].ops[attention] { *heads = 1 << 24 } }), vec![format!("ops[{attention}] Attention"), "do not match".into()]),
+        ("swiglu shape", Box::new(move |h| if let Op::SwiGlu { x, out } = &mut h.graphs[0].ops[swiglu] { *x = *out }), vec![format!("ops[{swiglu}] SwiGlu")]),
+        ("add to itself", Box::new(move |h| if let Op::Add { acc, x } = &mut h.graphs[0].ops[add] { *x = *acc }), vec![format!("ops[{add}] Add"), "to itself".into()]),
+        ("gather shape", Box::new(move |h| if let Op::GatherHeadRows { x, out } = &mut h.graphs[0].ops[gather] { *out = *x }), vec![format!("ops[{gather}] GatherHeadRows")]),
+        ("output over an input", Box::new(move |h| if let Op::MatMul { x, out, .. } = h.graphs[0].ops[matmul].clone() { let o = h.graphs[0].values[x as usize].offset; h.graphs[0].values[out as usize].offset = o; }), vec!["graphs[0]".into(), "overlaps".into()]),
+        // The plan.
+        ("by_rows order", Box::new(|h| h.plan.by_rows.reverse()), vec!["plan.by_rows".into()]),
+        ("row bucket", Box::new(|h| h.plan.row_buckets = vec![3]), vec!["plan.row_buckets[0]".into()]),
+        ("latency count", Box::new(|h| h.plan.latency = vec![1.0]), vec!["plan.latency".into()]),
+        ("window above the limit", Box::new(|h| h.plan.window.bytes = u64::MAX), vec!["plan.window.bytes".into(), "limit".into()]),
+        ("threads above the limit", Box::new(|h| h.plan.window.scratch.threads = 1 << 20), vec!["scratch.threads".into()]),
+        ("threads zero", Box::new(|h| h.plan.window.scratch.threads = 0), vec!["scratch.threads is 0".into()]),
+        ("KV past the window", Box::new(|h| { h.model.n_layers = 1 << 16; h.plan.window.bytes = 1 << 30 }), vec!["KV cache needs".into(), "1073741824-byte window".into()]),
+        ("KV bytes", Box::new(|h| h.plan.window.kv.bytes -= 64), vec!["KV cache has".into()]),
+        ("GEMM scratch", Box::new(|h| h.plan.window.scratch.gemm_operand.bytes = 64), vec!["scratch.gemm_operand".into()]),
+        ("attention scratch", Box::new(|h| h.plan.window.scratch.attention.bytes = 64), vec!["scratch.attention".into()]),
+        ("region outside", Box::new(|h| h.plan.window.activations.offset = h.plan.window.bytes), vec!["'activations'".into(), "outside".into()]),
+        ("regions share bytes", Box::new(|h| h.plan.window.scratch.attention.offset = h.plan.window.kv.offset), vec!["'kv cache'".into(), "'scratch.attention'".into()]),
+        ("segment with two homes", Box::new(|h| { let s = h.plan.window.resident[0].segment; h.plan.window.host.push(s) }), vec!["is both resident and host".into()]),
+        ("segment home missing", Box::new(|h| h.plan.window.host.push(9999)), vec!["host segment 9999 does not exist".into()]),
+        ("weight without a home", Box::new(|h| { h.plan.window.resident.remove(0); }), vec!["is in no resident or rotating segment".into()]),
+        ("value outside activations", Box::new(|h| { let end = h.plan.window.activations.offset + h.plan.window.activations.bytes; h.graphs[0].values[1].offset = end + 4096 * 64; }), vec!["graphs[0]".into()]),
+        ("rotating without slots", Box::new(|h| { let r = h.plan.window.resident.remove(0); h.plan.window.rotating.push(r.segment) }), vec!["1 segments rotate but there are no slots".into()]),
+    ];
+    let mut failures = Vec::new();
+    for (name, edit, needles) in cases {
+        let crafted = reseal(&good, edit);
+        let needles: Vec<&str> = needles.iter().map(String::as_str).collect();
+        if let Err(e) = std::panic::catch_unwind(|| refused(&crafted, &needles)) {
+            failures.push(format!("{name}: {}", e.downcast_ref::<String>().cloned().unwrap_or_default()));
+        }
+    }
+    assert!(failures.is_empty(), "{} rule(s) did not refuse as expected:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// The data section must start on a page: tensors are cast in place from the mapping.
+#[test]
+fn a_misaligned_data_section_is_refused() {
+    let good = valid();
+    let p = Preamble::decode(&good).unwrap();
+    // Shift everything after the preamble by 64 bytes (the header CRC stays valid).
+    let shift = 64u64;
+    let mut out = good[..p.data_offset as usize].to_vec();
+    out.extend(std::iter::repeat_n(0u8, shift as usize));
+    out.extend_from_slice(&good[p.data_offset as usize..]);
+    let q = Preamble { data_offset: p.data_offset + shift, header_offset: p.header_offset + shift, ..p };
+    out[..q.encode().len()].copy_from_slice(&q.encode());
+    refused(&out, &["data section starts at 4160", "4096"]);
+}
+
+/// Through the CLI: one line naming the element, a non-zero exit, no panic.
+#[test]
+fn llada_rt_reports_a_crafted_artifact_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let crafted = reseal(&valid(), |h| {
+        let i = h.graphs[0].ops.iter().position(|o| matches!(o, Op::Add { .. })).unwrap();
+        if let Op::Add { acc, x } = &mut h.graphs[0].ops[i] {
+            *x = *acc;
+        }
+    });
+    let path = dir.path().join("crafted.lad");
+    std::fs::write(&path, crafted).unwrap();
+    let o = common::run("llada-rt", &["run", path.to_str().unwrap(), "--prompt-ids", "1,2,3", "--gen-len", "16", "--block-len", "8", "--steps", "16"]);
+    common::assert_clean_failure(&o, &["crafted.lad", "graphs[0]", "Add", "to itself"]);
+}
