@@ -230,11 +230,20 @@ fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
                 }
             }
         }
-        // An op's output must not share bytes with its other operands: kernels read inputs
-        // while writing outputs. (In-place ops list the same value on both sides.)
+        // An op's output must not share bytes with its inputs: kernels read inputs while
+        // writing outputs. Only the in-place operands (Scale's and Rope's `x`, Add's `acc`)
+        // are both; every other op runs out of place, even on a value of the right shape.
+        let in_place = |o: ValueId, inp: ValueId| {
+            o == inp
+                && match *op {
+                    Op::Scale { x, .. } | Op::Rope { x, .. } => x == o,
+                    Op::Add { acc, .. } => acc == o,
+                    _ => false,
+                }
+        };
         for o in op.outputs() {
             for inp in op.inputs() {
-                if inp != o && overlaps(g, o, inp) {
+                if !in_place(o, inp) && overlaps(g, o, inp) {
                     return Err(at(format!("output '{}' overlaps input '{}' in the window", g.values[o as usize].name, g.values[inp as usize].name)));
                 }
             }

@@ -14,7 +14,16 @@ pub struct Text {
 
 impl Text {
     pub fn new(spec: &TokenizerSpec, special: &SpecialTokens) -> Result<Text> {
-        let tokenizer = spec.tokenizer_json.parse().map_err(|e| Error::Tokenizer(format!("cannot load the stored tokenizer: {e}")))?;
+        // `tokenizers` 0.23 panics on some malformed decoder sections (an `expect` in its
+        // deserialiser, found by fuzzing): contain it as an error.
+        // (The panic hook is silenced meanwhile, so the error stays one line.)
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let parsed = std::panic::catch_unwind(|| spec.tokenizer_json.parse::<tokenizers::Tokenizer>().map_err(|e| e.to_string()));
+        std::panic::set_hook(hook);
+        let tokenizer = parsed
+            .unwrap_or_else(|_| Err("its structure is malformed (the tokenizers library failed on it)".into()))
+            .map_err(|e| Error::Tokenizer(format!("cannot load the stored tokenizer: {e}")))?;
         Ok(Text { tokenizer, spec: spec.clone(), special: special.clone() })
     }
 

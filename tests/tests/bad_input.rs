@@ -263,3 +263,22 @@ fn prompt_at_exactly_the_compiled_maximum() {
     let o = run("llada-rt", &["run", art.to_str().unwrap(), "--prompt-ids", &ids.join(","), "--gen-len", "16", "--block-len", "8", "--steps", "16"]);
     assert_clean_failure(&o, &["65 positions", "at most 64"]);
 }
+
+/// A decoder section that is not JSON made the `tokenizers` library panic (found by
+/// `llada-fuzz importer`); the importer names the file instead.
+#[test]
+fn malformed_tokenizer_section() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/llada-tiny-tasks");
+    let ckpt = dir.path().join("ckpt");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    for f in std::fs::read_dir(&src).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, ckpt.join(f.file_name().unwrap())).unwrap();
+    }
+    let tok = std::fs::read_to_string(ckpt.join("tokenizer.json")).unwrap();
+    let at = tok.find("\"decoder\"").unwrap();
+    let broken = format!("{}{}", &tok[..at], tok[at..].replacen("\"trim_offsets\": true", "\"trim_offsets\" true", 1));
+    std::fs::write(ckpt.join("tokenizer.json"), broken).unwrap();
+    compile_fails(dir.path(), &ckpt, &["tokenizer.json", "malformed"]);
+}

@@ -97,6 +97,7 @@ fn every_rule_refuses_its_crafted_artifact() {
         ("add to itself", Box::new(move |h| if let Op::Add { acc, x } = &mut h.graphs[0].ops[add] { *x = *acc }), vec![format!("ops[{add}] Add"), "to itself".into()]),
         ("gather shape", Box::new(move |h| if let Op::GatherHeadRows { x, out } = &mut h.graphs[0].ops[gather] { *out = *x }), vec![format!("ops[{gather}] GatherHeadRows")]),
         ("output over an input", Box::new(move |h| if let Op::MatMul { x, out, .. } = h.graphs[0].ops[matmul].clone() { let o = h.graphs[0].values[x as usize].offset; h.graphs[0].values[out as usize].offset = o; }), vec!["graphs[0]".into(), "overlaps".into()]),
+        ("matmul in place", Box::new(move |h| { let sq = h.graphs[0].ops.iter().position(|o| matches!(o, Op::MatMul { x, out, .. } if h.graphs[0].values[*x as usize].cols == h.graphs[0].values[*out as usize].cols)).unwrap(); if let Op::MatMul { x, out, .. } = &mut h.graphs[0].ops[sq] { *out = *x } }), vec!["graphs[0]".into(), "MatMul".into(), "overlaps input".into()]),
         // The plan.
         ("by_rows order", Box::new(|h| h.plan.by_rows.reverse()), vec!["plan.by_rows".into()]),
         ("row bucket", Box::new(|h| h.plan.row_buckets = vec![3]), vec!["plan.row_buckets[0]".into()]),
@@ -156,4 +157,19 @@ fn llada_rt_reports_a_crafted_artifact_in_one_line() {
     std::fs::write(&path, crafted).unwrap();
     let o = common::run("llada-rt", &["run", path.to_str().unwrap(), "--prompt-ids", "1,2,3", "--gen-len", "16", "--block-len", "8", "--steps", "16"]);
     common::assert_clean_failure(&o, &["crafted.lad", "graphs[0]", "Add", "to itself"]);
+}
+
+/// The same malformed tokenizer stored in an artifact: the runtime names it in one line.
+#[test]
+fn llada_rt_reports_a_malformed_stored_tokenizer_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let crafted = reseal(&valid(), |h| {
+        let at = h.tokenizer.tokenizer_json.find("\"decoder\"").unwrap();
+        let tail = h.tokenizer.tokenizer_json[at..].replacen("\"type\":", "\"type\"", 1);
+        h.tokenizer.tokenizer_json = format!("{}{tail}", &h.tokenizer.tokenizer_json[..at]);
+    });
+    let path = dir.path().join("crafted.lad");
+    std::fs::write(&path, crafted).unwrap();
+    let o = common::run("llada-rt", &["run", path.to_str().unwrap(), "-p", "hi", "--gen-len", "16", "--block-len", "8", "--steps", "16"]);
+    common::assert_clean_failure(&o, &["stored tokenizer", "malformed"]);
 }
