@@ -97,6 +97,22 @@ pub(crate) fn window(h: &Header) -> Result<(), String> {
             return Err(format!("rotating segment '{}' ({} bytes) does not fit slots[{}] ({} bytes)", seg.name, seg.nbytes, i % w.slots.len(), slot.bytes));
         }
     }
+    // The runtime maps the resident segments as one region, first to last: they come in
+    // increasing offset order and nothing else lies between them.
+    if let (Some(first), Some(last)) = (w.resident.first(), w.resident.last()) {
+        if let Some(i) = (1..w.resident.len()).find(|&i| w.resident[i].offset <= w.resident[i - 1].offset) {
+            return Err(format!("resident[{i}] (offset {}) is not after resident[{}] (offset {})", w.resident[i].offset, i - 1, w.resident[i - 1].offset));
+        }
+        let end = last.offset.saturating_add(h.segments.get(last.segment as usize).map_or(0, |s| s.nbytes));
+        let others = [(&w.kv, "kv cache"), (&w.activations, "activations"), (&w.scratch.gemm_operand, "scratch.gemm_operand"), (&w.scratch.attention, "scratch.attention")]
+            .into_iter()
+            .chain(w.slots.iter().map(|s| (s, "a slot")));
+        for (r, name) in others {
+            if r.bytes > 0 && r.offset < end && first.offset < r.offset.saturating_add(r.bytes) {
+                return Err(format!("'{name}' lies between the resident segments ({}..{end})", first.offset));
+            }
+        }
+    }
     let items = session_items(h, 0);
     for it in &items {
         if it.offset % WINDOW_ALIGN != 0 || it.offset.checked_add(it.bytes).is_none_or(|e| e > w.bytes) {

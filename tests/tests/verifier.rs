@@ -111,6 +111,8 @@ fn every_rule_refuses_its_crafted_artifact() {
         ("attention scratch", Box::new(|h| h.plan.window.scratch.attention.bytes = 64), vec!["scratch.attention".into()]),
         ("region outside", Box::new(|h| h.plan.window.activations.offset = h.plan.window.bytes), vec!["'activations'".into(), "outside".into()]),
         ("regions share bytes", Box::new(|h| h.plan.window.scratch.attention.offset = h.plan.window.kv.offset), vec!["'kv cache'".into(), "'scratch.attention'".into()]),
+        ("resident out of order", Box::new(|h| h.plan.window.resident.swap(0, 1)), vec!["resident[1]".into(), "is not after resident[0]".into()]),
+        ("region between resident segments", Box::new(|h| { let w = &mut h.plan.window; let n = w.resident.len(); w.resident[n - 1].offset = 1 << 30; w.scratch.attention.offset = (1 << 30) - (w.scratch.attention.bytes / 4096 + 2) * 4096; }), vec!["'scratch.attention' lies between the resident segments".into()]),
         ("segment with two homes", Box::new(|h| { let s = h.plan.window.resident[0].segment; h.plan.window.host.push(s) }), vec!["is both resident and host".into()]),
         ("segment home missing", Box::new(|h| h.plan.window.host.push(9999)), vec!["host segment 9999 does not exist".into()]),
         ("weight without a home", Box::new(|h| { h.plan.window.resident.remove(0); }), vec!["is in no resident or rotating segment".into()]),
