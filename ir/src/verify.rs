@@ -29,9 +29,6 @@ pub fn header(h: &Header, data_len: u64) -> Result<()> {
         }
         last_rows = graph.rows;
     }
-    if last_rows > h.plan.kv_capacity {
-        return Err(Error::invalid(format!("plan.kv_capacity {} is smaller than the largest graph ({last_rows} rows)", h.plan.kv_capacity)));
-    }
     if h.plan.window.bytes > MAX_WINDOW_BYTES {
         return Err(Error::invalid(format!("plan.window.bytes {} is above the format's limit of {MAX_WINDOW_BYTES}", h.plan.window.bytes)));
     }
