@@ -6,7 +6,7 @@
 mod common;
 
 use llada_ir::format::Preamble;
-use llada_ir::{Artifact, Header, Op, Rows};
+use llada_ir::{Artifact, Header, Op, Rows, Segment, StageStep};
 use llada_tools::checkpoint::{Shape, WeightType};
 
 /// A valid artifact of the tiny random checkpoint (2 layers, 4/2 heads, 64 positions).
@@ -62,7 +62,7 @@ fn every_rule_refuses_its_crafted_artifact() {
     let norm = op_index(&h0, 0, |o| matches!(o, Op::RmsNorm { .. }));
     let embed = op_index(&h0, 0, |o| matches!(o, Op::Embed { .. }));
     let gather = op_index(&h0, 0, |o| matches!(o, Op::GatherHeadRows { .. }));
-    let cases: Vec<(&str, Box<dyn Fn(&mut Header)>, Vec<String>)> = vec![
+    let cases: Vec<Case> = vec![
         // The model.
         ("zero dimension", Box::new(|h| h.model.d_model = 0), vec!["model: a dimension is zero".into()]),
         ("heads not a multiple", Box::new(|h| h.model.n_kv_heads = 3), vec!["n_heads 4 is not a multiple of n_kv_heads 3".into()]),
@@ -100,6 +100,7 @@ fn every_rule_refuses_its_crafted_artifact() {
         ("matmul in place", Box::new(move |h| { let sq = h.graphs[0].ops.iter().position(|o| matches!(o, Op::MatMul { x, out, .. } if h.graphs[0].values[*x as usize].cols == h.graphs[0].values[*out as usize].cols)).unwrap(); if let Op::MatMul { x, out, .. } = &mut h.graphs[0].ops[sq] { *out = *x } }), vec!["graphs[0]".into(), "MatMul".into(), "overlaps input".into()]),
         // The plan.
         ("by_rows order", Box::new(|h| h.plan.by_rows.reverse()), vec!["plan.by_rows".into()]),
+        ("by_rows names a missing graph", Box::new(|h| h.plan.by_rows.push(9999)), vec!["plan.by_rows[".into(), "names graph 9999, which does not exist".into()]),
         ("row bucket", Box::new(|h| h.plan.row_buckets = vec![3]), vec!["plan.row_buckets[0]".into()]),
         ("latency count", Box::new(|h| h.plan.latency = vec![1.0]), vec!["plan.latency".into()]),
         ("window above the limit", Box::new(|h| h.plan.window.bytes = u64::MAX), vec!["plan.window.bytes".into(), "limit".into()]),
@@ -115,19 +116,80 @@ fn every_rule_refuses_its_crafted_artifact() {
         ("region between resident segments", Box::new(|h| { let w = &mut h.plan.window; let n = w.resident.len(); w.resident[n - 1].offset = 1 << 30; w.scratch.attention.offset = (1 << 30) - (w.scratch.attention.bytes / 4096 + 2) * 4096; }), vec!["'scratch.attention' lies between the resident segments".into()]),
         ("segment with two homes", Box::new(|h| { let s = h.plan.window.resident[0].segment; h.plan.window.host.push(s) }), vec!["is both resident and host".into()]),
         ("segment home missing", Box::new(|h| h.plan.window.host.push(9999)), vec!["host segment 9999 does not exist".into()]),
+        ("embedding not in a host segment", Box::new(move |h| if let Op::Embed { table, .. } = h.graphs[0].ops[embed].clone() { let s = h.segment_of(table).unwrap(); h.plan.window.host.retain(|&x| x != s) }), vec![format!("graphs[0] ops[{embed}] Embed"), "gathered by the CPU but its segment is not a host segment".into()]),
         ("weight without a home", Box::new(|h| { h.plan.window.resident.remove(0); }), vec!["is in no resident or rotating segment".into()]),
         ("value outside activations", Box::new(|h| { let end = h.plan.window.activations.offset + h.plan.window.activations.bytes; h.graphs[0].values[1].offset = end + 4096 * 64; }), vec!["graphs[0]".into()]),
         ("rotating without slots", Box::new(|h| { let r = h.plan.window.resident.remove(0); h.plan.window.rotating.push(r.segment) }), vec!["1 segments rotate but there are no slots".into()]),
     ];
+    all_refused(&good, cases);
+}
+
+type Case = (&'static str, Box<dyn Fn(&mut Header)>, Vec<String>);
+
+/// Applies each case's edit to `good`, reseals it, and checks that it is refused with the
+/// case's words; reports every case that is not.
+fn all_refused(good: &[u8], cases: Vec<Case>) {
     let mut failures = Vec::new();
     for (name, edit, needles) in cases {
-        let crafted = reseal(&good, edit);
+        let crafted = reseal(good, edit);
         let needles: Vec<&str> = needles.iter().map(String::as_str).collect();
         if let Err(e) = std::panic::catch_unwind(|| refused(&crafted, &needles)) {
             failures.push(format!("{name}: {}", e.downcast_ref::<String>().cloned().unwrap_or_default()));
         }
     }
     assert!(failures.is_empty(), "{} rule(s) did not refuse as expected:\n{}", failures.len(), failures.join("\n"));
+}
+
+/// The tiny checkpoint with four layers (two leave too little besides the two slots the
+/// largest segment needs), compiled for a window that holds half its weights: segments
+/// rotate through slots and every graph carries a staging schedule.
+fn valid_swapping() -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    common::checkpoint(&ckpt, Shape { n_layers: 4, ..Shape::tiny() }, WeightType::F32, u64::MAX, 0.02);
+    let (resident, swapping) = (dir.path().join("resident.lad"), dir.path().join("swapping.lad"));
+    common::compile(&ckpt, &resident, Some(64));
+    common::compile_in_window(&ckpt, &swapping, Some(64), Some(common::half_the_weights(&resident)));
+    std::fs::read(swapping).unwrap()
+}
+
+/// The swap schedule's rules, each on the swapping artifact with one edit.
+#[test]
+fn every_staging_rule_refuses_its_crafted_artifact() {
+    let good = valid_swapping();
+    Artifact::parse(&good).expect("the untouched swapping artifact verifies");
+    let h0: Header = {
+        let p = Preamble::decode(&good).unwrap();
+        postcard::from_bytes(&good[p.header_offset as usize..]).unwrap()
+    };
+    let (rotating, slots) = (h0.plan.window.rotating.len(), h0.plan.window.slots.len());
+    assert!(rotating > slots && slots > 0, "{rotating} rotating segments, {slots} slots: the window should make slots be reused");
+    let first = h0.graphs[0].staging[0].first_op;
+    let cases: Vec<Case> = vec![
+        ("staging count", Box::new(|h| { h.graphs[0].staging.pop(); }), vec!["graphs[0]".into(), format!("has {} staging steps for {rotating} rotating segments", rotating - 1)]),
+        ("staging order", Box::new(|h| h.graphs[0].staging.swap(0, 1)), vec!["graphs[0]".into(), "staging[0]: stages rotating segment 1".into(), "the plan's order says 0".into()]),
+        ("staging slot", Box::new(move |h| h.graphs[0].staging[0].slot = 1), vec!["staging[0]: stages rotating segment 0 into slot".into()]),
+        (
+            "staged but unread",
+            Box::new(move |h| {
+                // An empty segment no op reads, rotating last (it fits every slot).
+                h.segments.push(Segment { name: "unread".into(), offset: 0, nbytes: 0 });
+                h.plan.window.rotating.push(h.segments.len() as u32 - 1);
+                let n = h.plan.window.rotating.len() as u32 - 1;
+                for g in &mut h.graphs {
+                    g.staging.push(StageStep { rotating: n, slot: n % slots as u32, stage_after_op: Some(0), first_op: 1, last_op: 1 });
+                }
+            }),
+            vec!["graphs[0]".into(), format!("staging[{rotating}]: segment 'unread' is staged but no op reads it")],
+        ),
+        ("staged for too few ops", Box::new(|h| h.graphs[0].staging[0].last_op = h.graphs[0].staging[0].first_op.saturating_sub(1)), vec!["staging[0]: segment".into(), "but staged for ops".into()]),
+        ("staged for another first op", Box::new(|h| h.graphs[0].staging[0].first_op += 1), vec!["staging[0]: segment".into(), "but staged for ops".into()]),
+        ("staged past the last op", Box::new(|h| h.graphs[0].staging[0].last_op = h.graphs[0].ops.len() as u32), vec!["staging[0]: segment".into(), "but staged for ops".into()]),
+        ("copy after the first use", Box::new(move |h| h.graphs[0].staging[0].stage_after_op = Some(first)), vec![format!("staging[0]: the copy starts after op {first}, not before its first use (op {first})")]),
+        ("slot still used", Box::new(move |h| h.graphs[0].staging[slots].stage_after_op = None), vec![format!("staging[{slots}]: slot 0 is still used by staging[0]")]),
+        ("rotating segment larger than its slot", Box::new(|h| h.plan.window.slots[0].bytes = 64), vec!["plan.window".into(), "does not fit slots[0] (64 bytes)".into()]),
+    ];
+    all_refused(&good, cases);
 }
 
 /// The data section must start on a page: tensors are cast in place from the mapping.

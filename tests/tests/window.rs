@@ -68,17 +68,8 @@ fn window_plan_matches_resident(resident: &Path, swapped: &Path, prompt: &[u32],
 fn resident_and_swapped(dir: &Path, ckpt: &Path, quant: Option<Quant>, max_seq: u32) -> (PathBuf, PathBuf) {
     let (res, swap) = (dir.join("resident.lad"), dir.join("swap.lad"));
     compile(ckpt, &res, quant, max_seq, None);
-    compile(ckpt, &swap, quant, max_seq, Some(half_the_weights(&res)));
+    compile(ckpt, &swap, quant, max_seq, Some(common::half_the_weights(&res)));
     (res, swap)
-}
-
-/// The window that holds the resident plan's fixed regions and half its weights.
-fn half_the_weights(resident: &Path) -> u64 {
-    let m = Model::open(resident, false).unwrap();
-    let w = &m.header.plan.window;
-    let weights: u64 = w.resident.iter().map(|r| m.header.segments[r.segment as usize].nbytes).sum();
-    let end = w.resident.iter().map(|r| r.offset + m.header.segments[r.segment as usize].nbytes).max().unwrap();
-    end - weights / 2
 }
 
 #[test]

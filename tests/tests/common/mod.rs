@@ -45,6 +45,11 @@ pub fn checkpoint(dir: &Path, shape: Shape, weights: WeightType, shard_bytes: u6
 /// Compiles `model` into `out` through the library, keeping the checkpoint's element type
 /// (matmuls over bf16 weights with f32 activations).
 pub fn compile(model: &Path, out: &Path, max_seq: Option<u32>) -> lladac::CompileSummary {
+    compile_in_window(model, out, max_seq, None)
+}
+
+/// [`compile`] with a window of `window_bytes` (the target's when `None`).
+pub fn compile_in_window(model: &Path, out: &Path, max_seq: Option<u32>, window_bytes: Option<u64>) -> lladac::CompileSummary {
     lladac::compile(&lladac::CompileOptions {
         model: model.to_path_buf(),
         output: out.to_path_buf(),
@@ -55,7 +60,7 @@ pub fn compile(model: &Path, out: &Path, max_seq: Option<u32>) -> lladac::Compil
         block_len: 32,
         spec_blocks: 2,
         bf16_activations: false,
-        window_bytes: None,
+        window_bytes,
         kv_dtype: None,
         progress: false,
     })
@@ -85,4 +90,14 @@ pub fn embedded(dir: &Path) -> PathBuf {
     let out = dir.join("embedded.lad");
     compile(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/llada-tiny-tasks"), &out, Some(256));
     out
+}
+
+/// The window that holds a fully resident artifact's fixed regions and half its weights:
+/// compiled for it, the same checkpoint's segments must rotate through slots.
+pub fn half_the_weights(resident: &Path) -> u64 {
+    let m = llada_rt::Model::open(resident, false).unwrap();
+    let w = &m.header.plan.window;
+    let weights: u64 = w.resident.iter().map(|r| m.header.segments[r.segment as usize].nbytes).sum();
+    let end = w.resident.iter().map(|r| r.offset + m.header.segments[r.segment as usize].nbytes).max().unwrap();
+    end - weights / 2
 }
