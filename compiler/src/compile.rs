@@ -4,13 +4,15 @@ use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use llada_ir::packing::{pack_panel, PANEL};
-use llada_ir::{ArtifactWriter, CompileInfo, DType, Header, KvDType, ModelConfig, Plan, TensorId};
+use llada_ir::{ArtifactWriter, CompileInfo, DType, Header, KvDType, ModelConfig, MoeConfig, Plan, TensorId};
 
 use crate::convert::{convert, to_f32};
 use crate::error::{Error, Result};
-use crate::hf::checkpoint::{Checkpoint, SourceDType, TensorLocation};
+use crate::hf::checkpoint::{Checkpoint, SourceDType};
+use crate::hf::config::{Arch, LladaConfig};
 use crate::hf::{config, names, tokenizer};
-use crate::lower::{self, BlockTensors, NetworkOptions, NetworkTensors};
+use crate::layout::{self, Planned, Storage};
+use crate::lower::{self, NetworkOptions};
 use crate::window::{self, WindowOptions};
 use crate::{latency, memory};
 
@@ -132,15 +134,6 @@ pub struct CompileSummary {
 /// an 8B checkpoint stays far below a gigabyte of resident memory.
 const CHUNK_BYTES: usize = 16 << 20;
 
-/// One artifact tensor: the checkpoint tensors whose rows it concatenates (a fused matrix
-/// has several), and how it is stored.
-struct Planned<'a> {
-    name: String,
-    sources: Vec<&'a TensorLocation>,
-    dtype: DType,
-    shape: Vec<u64>,
-}
-
 pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     let dir = &opts.model;
     if !dir.exists() {
@@ -153,12 +146,8 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
 
     let (d, hd, f) = (cfg.d_model, cfg.head_dim(), cfg.mlp_hidden);
     let q_dim = cfg.n_heads * hd;
-    let kv_dim = cfg.n_kv_heads * hd;
-    let why_d = format!("d_model {d}");
-    let expect = |name: &str, shape: &[usize], why: &str| ckpt.expect(name, shape, why);
-    // Check every tensor before writing anything.
-    let embed = expect(names::EMBEDDING, &[cfg.embedding_size, d], &format!("embedding_size {}, {why_d}", cfg.embedding_size))?;
-    let quant = opts.quant.unwrap_or_else(|| Quant::of_source(embed.dtype));
+    let embed_dtype = ckpt.expect(embedding_name(&cfg), &[cfg.embedding_size, d], &format!("embedding_size {}, d_model {d}", cfg.embedding_size))?.dtype;
+    let quant = opts.quant.unwrap_or_else(|| Quant::of_source(embed_dtype));
     if opts.bf16_activations && quant != Quant::Bf16 {
         return Err(Error::Options(format!("--activations bf16 needs bf16 weights (--quant bf16), not {}", quant.name())));
     }
@@ -172,59 +161,18 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
             }
         }
     }
-    let matrix = quant.matrix_dtype();
     let window_bytes = opts.window_bytes.unwrap_or(target.window_bytes);
     let kv_dtype = match &opts.kv_dtype {
         Some(k) => *k,
         None => KvDType::parse(&target.kv_dtype).ok_or_else(|| Error::Options(format!("target '{}' names KV dtype '{}'", target.name, target.kv_dtype)))?,
     };
-    let mut segments: Vec<(String, Vec<Planned>)> = Vec::new();
-    let single = |name: &str, loc, dtype: DType, shape: &[usize]| Planned {
-        name: name.to_string(),
-        sources: vec![loc],
-        dtype,
-        shape: shape.iter().map(|&x| x as u64).collect(),
-    };
-    segments.push(("embedding".into(), vec![single(names::EMBEDDING, embed, quant.embedding_dtype(), &[cfg.embedding_size, d])]));
-    for l in 0..cfg.n_layers {
-        let name = |part: &str| names::block(l, part);
-        let get = |part: &str, shape: &[usize], why: String| expect(&name(part), shape, &why);
-        let heads_why = |n: usize, what: &str| format!("{what} {n} x head_dim {hd}, {why_d}");
-        let attn_norm = get("attn_norm", &[d], why_d.clone())?;
-        let q = get("q_proj", &[q_dim, d], heads_why(cfg.n_heads, "n_heads"))?;
-        let k = get("k_proj", &[kv_dim, d], heads_why(cfg.n_kv_heads, "n_kv_heads"))?;
-        let v = get("v_proj", &[kv_dim, d], heads_why(cfg.n_kv_heads, "n_kv_heads"))?;
-        let attn_out = get("attn_out", &[d, q_dim], format!("{why_d}, n_heads {} x head_dim {hd}", cfg.n_heads))?;
-        let ff_norm = get("ff_norm", &[d], why_d.clone())?;
-        let gate = get("ff_proj", &[f, d], format!("mlp_hidden_size {f}, {why_d}"))?;
-        let up = get("up_proj", &[f, d], format!("mlp_hidden_size {f}, {why_d}"))?;
-        let down = get("ff_out", &[d, f], format!("{why_d}, mlp_hidden_size {f}"))?;
-        // Half a layer per segment: the unit the swap schedule stages, so two slots of the
-        // larger half double-buffer a layer.
-        segments.push((
-            format!("blocks.{l}.attn"),
-            vec![
-                single(&name("attn_norm"), attn_norm, DType::F32, &[d]),
-                Planned { name: name("qkv_proj"), sources: vec![q, k, v], dtype: matrix, shape: vec![(q_dim + 2 * kv_dim) as u64, d as u64] },
-                single(&name("attn_out"), attn_out, matrix, &[d, q_dim]),
-            ],
-        ));
-        segments.push((
-            format!("blocks.{l}.ffn"),
-            vec![
-                single(&name("ff_norm"), ff_norm, DType::F32, &[d]),
-                Planned { name: name("gate_up_proj"), sources: vec![gate, up], dtype: matrix, shape: vec![2 * f as u64, d as u64] },
-                single(&name("ff_out"), down, matrix, &[d, f]),
-            ],
-        ));
-    }
-    let ln_f = expect(names::FINAL_NORM, &[d], &why_d)?;
-    let head = expect(names::HEAD, &[cfg.embedding_size, d], &format!("embedding_size {}, {why_d}", cfg.embedding_size))?;
-    segments.push(("head".into(), vec![single(names::FINAL_NORM, ln_f, DType::F32, &[d]), single(names::HEAD, head, matrix, &[cfg.embedding_size, d])]));
-    let unused: Vec<&str> = ckpt.names().filter(|n| !is_consumed(n, cfg.n_layers)).collect();
+    // Check every tensor before writing anything.
+    let layout = layout::plan(&cfg, &ckpt, Storage { matrix: quant.matrix_dtype(), embedding: quant.embedding_dtype() })?;
+    let unused: Vec<&str> = ckpt.names().filter(|n| !layout.consumed.contains(*n)).collect();
     if let Some(first) = unused.first() {
-        warnings.push(format!("{}: {} tensor(s) not used by LLaDA ignored, e.g. '{first}'", dir.display(), unused.len()));
+        warnings.push(format!("{}: {} tensor(s) not used by the model ignored, e.g. '{first}'", dir.display(), unused.len()));
     }
+    let segments = &layout.segments;
 
     let max_seq = opts.max_seq.unwrap_or((cfg.max_sequence_length as u32).min(target.default_max_seq));
     if max_seq == 0 || max_seq as usize > cfg.max_sequence_length {
@@ -255,7 +203,11 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     buckets.sort_unstable();
 
     let model = ModelConfig {
-        architecture: "llada".into(),
+        architecture: match cfg.arch {
+            Arch::Llada => "llada",
+            Arch::LladaMoe => "llada-moe",
+        }
+        .into(),
         d_model: d as u32,
         n_layers: cfg.n_layers as u32,
         n_heads: cfg.n_heads as u32,
@@ -267,6 +219,8 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
         max_sequence_length: cfg.max_sequence_length as u32,
         rope_theta: cfg.rope_theta,
         rms_eps: cfg.rms_eps,
+        qk_norm: cfg.qk_norm,
+        moe: cfg.moe.map(|m| MoeConfig { experts: m.experts as u32, top_k: m.top_k as u32 }),
     };
 
     let total_bytes: u64 = segments.iter().flat_map(|(_, p)| p.iter()).flat_map(|t| t.sources.iter()).map(|s| s.nbytes).sum();
@@ -275,7 +229,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
 
     let mut w = ArtifactWriter::create(&opts.output)?;
     let mut ids: Vec<Vec<TensorId>> = Vec::new();
-    for (segment, tensors) in &segments {
+    for (segment, tensors) in segments {
         bar.set_message(segment.clone());
         w.begin_segment(segment)?;
         let mut seg_ids = Vec::new();
@@ -307,12 +261,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     let rope_sin = w.add_tensor("rope.sin", DType::F32, &[rope_rows as u64, half], bytemuck::cast_slice(&sin))?;
     w.end_segment()?;
 
-    let blocks = ids[1..=2 * cfg.n_layers]
-        .chunks(2)
-        .map(|b| BlockTensors { attn_norm: b[0][0], qkv: b[0][1], attn_out: b[0][2], ff_norm: b[1][0], gate_up: b[1][1], ff_out: b[1][2] })
-        .collect();
-    let head_ids = &ids[2 * cfg.n_layers + 1];
-    let net = NetworkTensors { embedding: ids[0][0], blocks, final_norm: head_ids[0], head: head_ids[1], rope_cos, rope_sin };
+    let (net, expert_segments) = layout.network(&ids, &cfg, (rope_cos, rope_sin))?;
     let net_opts = NetworkOptions { input_emb_norm: cfg.input_emb_norm, scale_logits: cfg.scale_logits };
     let mut graphs = Vec::new();
     for &rows in &buckets {
@@ -361,6 +310,8 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
         kv_dtype,
         threads: target.max_threads,
         host_segment: 0,
+        expert_segments,
+        expert_costs: latency::expert_costs(&header, &target),
         window_source: if opts.window_bytes.is_some() { "--window-bytes".into() } else { format!("target '{}'", target.name) },
     };
     window::plan(&mut header, &window_opts)?;
@@ -371,14 +322,12 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     Ok(CompileSummary { output: opts.output.clone(), bytes, tensors: tensor_count, graphs: n_graphs, quant, max_seq, warnings })
 }
 
-/// Whether a checkpoint tensor name is one the compiler reads.
-fn is_consumed(name: &str, layers: usize) -> bool {
-    if [names::EMBEDDING, names::FINAL_NORM, names::HEAD].contains(&name) {
-        return true;
+/// The checkpoint's embedding tensor name.
+fn embedding_name(cfg: &LladaConfig) -> &'static str {
+    match cfg.arch {
+        Arch::Llada => names::EMBEDDING,
+        Arch::LladaMoe => names::moe::EMBEDDING,
     }
-    (0..layers).any(|l| {
-        ["attn_norm", "q_proj", "k_proj", "v_proj", "attn_out", "ff_norm", "ff_proj", "up_proj", "ff_out"].iter().any(|p| names::block(l, p) == name)
-    })
 }
 
 /// Streams the rows of `t`'s sources into 16-row panels and packs them.

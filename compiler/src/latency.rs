@@ -1,7 +1,7 @@
 //! The plan's latency table: each graph's predicted pass time on the compile target, from
 //! the target's rates through the cost model of `llada-targets`.
 
-use llada_ir::Header;
+use llada_ir::{ExpertCosts, Header, Op};
 use llada_targets::{cost, Target};
 
 /// Bytes per activation element on a target.
@@ -26,6 +26,19 @@ pub fn record(h: &mut Header, t: &Target) {
         .collect();
     h.plan.latency = latency;
     h.plan.latency_target = format!("{} ({})", t.name, if t.estimated { "estimate" } else { "rates from the target file" });
+}
+
+/// What one expert costs on the target's accelerator (its activation type) and on its CPU
+/// (f32 activations), and copying it into a slot; zero for a dense model.
+pub fn expert_costs(h: &Header, t: &Target) -> ExpertCosts {
+    let first = h.graphs.first().and_then(|g| g.ops.iter().find_map(|op| if let Op::MoeExperts { first, .. } = *op { Some(first) } else { None }));
+    let Some(first) = first else { return ExpertCosts::default() };
+    let bytes = cost::expert_work(h, first, 4).0;
+    ExpertCosts {
+        accelerator: cost::expert_path_cost(&t.accelerator_machine(), h, first, activation_bytes(t)),
+        cpu: cost::expert_path_cost(&t.cpu_machine(), h, first, 4),
+        stage_seconds: bytes / t.staging_bytes_per_second,
+    }
 }
 
 /// A smaller row-set graph is worth a bucket only if the cost model predicts it at most this

@@ -8,6 +8,7 @@ pub mod estimate;
 pub mod hf;
 pub mod inspect;
 pub mod latency;
+pub mod layout;
 pub mod lower;
 pub mod memory;
 pub mod window;

@@ -9,10 +9,20 @@ use llada_ir::{Graph, ModelConfig, Op, Rows, TensorId, Value, ValueId};
 pub struct BlockTensors {
     pub attn_norm: TensorId,
     pub qkv: TensorId,
+    /// Per-head RMSNorm weights of the query and of the key heads (LLaDA-MoE).
+    pub qk_norm: Option<(TensorId, TensorId)>,
     pub attn_out: TensorId,
     pub ff_norm: TensorId,
-    pub gate_up: TensorId,
-    pub ff_out: TensorId,
+    pub ffn: Ffn,
+}
+
+/// A block's feed-forward.
+#[derive(Debug, Clone, Copy)]
+pub enum Ffn {
+    Dense { gate_up: TensorId, ff_out: TensorId },
+    /// The router (`[experts, d]`) and the experts: `[gate | up]` then down for each, from
+    /// tensor `first` on.
+    Moe { router: TensorId, first: TensorId },
 }
 
 /// Tensor ids of the whole network, as written to the artifact.
@@ -67,22 +77,45 @@ pub fn full_sequence_graph(m: &ModelConfig, t: &NetworkTensors, opts: NetworkOpt
         let att = v(&mut b, "attn", m.n_heads * hd);
         let o = v(&mut b, "attn_proj", d);
         let fin = v(&mut b, "ff_in", d);
-        let gate_up = v(&mut b, "gate_up", 2 * m.mlp_hidden);
-        let h = v(&mut b, "hidden", m.mlp_hidden);
         let f = v(&mut b, "ff_proj_out", d);
+        b.ops.extend([Op::RmsNorm { x, weight: bt.attn_norm, eps, out: xn }, Op::MatMul { x: xn, weight: bt.qkv, out: qkv }]);
+        if let Some((q_norm, k_norm)) = bt.qk_norm {
+            b.ops.extend([
+                Op::HeadRmsNorm { x: qkv, first_head: 0, heads: m.n_heads, weight: q_norm, eps },
+                Op::HeadRmsNorm { x: qkv, first_head: m.n_heads, heads: m.n_kv_heads, weight: k_norm, eps },
+            ]);
+        }
         b.ops.extend([
-            Op::RmsNorm { x, weight: bt.attn_norm, eps, out: xn },
-            Op::MatMul { x: xn, weight: bt.qkv, out: qkv },
             Op::Rope { x: qkv, heads: m.n_heads + m.n_kv_heads, cos: t.rope_cos, sin: t.rope_sin },
             Op::Attention { qkv, out: att, heads: m.n_heads, kv_heads: m.n_kv_heads, layer: l as u32 },
             Op::MatMul { x: att, weight: bt.attn_out, out: o },
             Op::Add { acc: x, x: o },
             Op::RmsNorm { x, weight: bt.ff_norm, eps, out: fin },
-            Op::MatMul { x: fin, weight: bt.gate_up, out: gate_up },
-            Op::SwiGlu { x: gate_up, out: h },
-            Op::MatMul { x: h, weight: bt.ff_out, out: f },
-            Op::Add { acc: x, x: f },
         ]);
+        match (bt.ffn, m.moe) {
+            (Ffn::Dense { gate_up: w_gate_up, ff_out }, _) => {
+                let gate_up = v(&mut b, "gate_up", 2 * m.mlp_hidden);
+                let h = v(&mut b, "hidden", m.mlp_hidden);
+                b.ops.extend([
+                    Op::MatMul { x: fin, weight: w_gate_up, out: gate_up },
+                    Op::SwiGlu { x: gate_up, out: h },
+                    Op::MatMul { x: h, weight: ff_out, out: f },
+                ]);
+            }
+            (Ffn::Moe { router, first }, Some(moe)) => {
+                let logits = v(&mut b, "router_logits", moe.experts);
+                let route = v(&mut b, "route", 2 * moe.top_k);
+                let ranked = v(&mut b, "expert_outputs", moe.top_k * d);
+                let work = v(&mut b, "expert_work", 2 * d + 3 * m.mlp_hidden);
+                b.ops.extend([
+                    Op::MatMul { x: fin, weight: router, out: logits },
+                    Op::Route { logits, top_k: moe.top_k, out: route },
+                    Op::MoeExperts { x: fin, route, out: f, layer: l as u32, first, experts: moe.experts, ranked, work },
+                ]);
+            }
+            (Ffn::Moe { .. }, None) => unreachable!("expert tensors for a model without experts"),
+        }
+        b.ops.push(Op::Add { acc: x, x: f });
     }
     let hx = b.value("head_in".into(), Rows::Head, d);
     let hn = b.value("head_normed".into(), Rows::Head, d);

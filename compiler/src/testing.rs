@@ -3,7 +3,7 @@
 
 use llada_ir::{align_up, CompileInfo, DType, Graph, Header, KvDType, ModelConfig, Plan, Segment, SpecialTokens, TensorInfo, TokenizerSpec, SEGMENT_ALIGN};
 
-use crate::lower::{full_sequence_graph, BlockTensors, NetworkOptions, NetworkTensors};
+use crate::lower::{full_sequence_graph, BlockTensors, Ffn, NetworkOptions, NetworkTensors};
 use crate::window::{self, WindowOptions};
 
 pub fn llada_8b_model() -> ModelConfig {
@@ -20,6 +20,8 @@ pub fn llada_8b_model() -> ModelConfig {
         max_sequence_length: 4096,
         rope_theta: 500000.0,
         rms_eps: 1e-5,
+        qk_norm: false,
+        moe: None,
     }
 }
 
@@ -65,7 +67,7 @@ pub fn llada_8b_header(buckets: &[u32], target: &str, window_bytes: Option<u64>)
         let gate_up = t_.add(format!("{l}.gate_up"), q4, vec![2 * f, d]);
         let ff_out = t_.add(format!("{l}.ff_out"), q4, vec![d, f]);
         t_.end_segment(&format!("blocks.{l}.ffn"));
-        blocks.push(BlockTensors { attn_norm, qkv, attn_out, ff_norm, gate_up, ff_out });
+        blocks.push(BlockTensors { attn_norm, qkv, qk_norm: None, attn_out, ff_norm, ffn: Ffn::Dense { gate_up, ff_out } });
     }
     let final_norm = t_.add("ln_f".into(), DType::F32, vec![d]);
     let head = t_.add("head".into(), q4, vec![126464, d]);
@@ -102,6 +104,8 @@ pub fn llada_8b_header(buckets: &[u32], target: &str, window_bytes: Option<u64>)
         kv_dtype: KvDType::parse(&t.kv_dtype).unwrap(),
         threads: t.max_threads,
         host_segment: 0,
+        expert_segments: Vec::new(),
+        expert_costs: Default::default(),
         window_source: "test".into(),
     };
     window::plan(&mut header, &opts).expect("the 8B plan fits");

@@ -4,7 +4,7 @@
 //! swap schedule. `llada_ir::verify` re-checks all of it.
 
 use llada_ir::window::{attention_scratch, kv_bytes, largest_gemm_operand, segment_spans};
-use llada_ir::{align_up, Graph, Header, KvDType, Region, ResidentSegment, Scratch, StageStep, WindowPlan};
+use llada_ir::{align_up, ExpertCosts, ExpertPlan, Graph, Header, KvDType, Region, ResidentSegment, Scratch, StageStep, WindowPlan};
 
 use crate::error::{Error, Result};
 
@@ -20,6 +20,10 @@ pub struct WindowOptions {
     pub threads: u32,
     /// Segment the CPU gathers from the artifact (the embedding).
     pub host_segment: u32,
+    /// Segments of the experts, layer-major (empty for a dense model): they get per-layer
+    /// slot pools of their own, never a resident place or the rotating ring.
+    pub expert_segments: Vec<u32>,
+    pub expert_costs: ExpertCosts,
     /// For the error message: what set the window size.
     pub window_source: String,
 }
@@ -29,9 +33,10 @@ fn mib(b: u64) -> String {
 }
 
 /// Segments in the order the graphs first read them (every graph reads them in the same
-/// order: the lowering emits the same layers for every row count), the host segment aside.
-fn first_use_order(spans: &[Option<(usize, usize)>], host: u32) -> Vec<u32> {
-    let mut order: Vec<u32> = (0..spans.len() as u32).filter(|&s| s != host && spans[s as usize].is_some()).collect();
+/// order: the lowering emits the same layers for every row count), the host segment and the
+/// experts aside.
+fn first_use_order(spans: &[Option<(usize, usize)>], host: u32, experts: &[u32]) -> Vec<u32> {
+    let mut order: Vec<u32> = (0..spans.len() as u32).filter(|&s| s != host && !experts.contains(&s) && spans[s as usize].is_some()).collect();
     order.sort_by_key(|&s| spans[s as usize].map(|(first, _)| first));
     order
 }
@@ -53,7 +58,13 @@ pub fn plan(h: &mut Header, o: &WindowOptions) -> Result<()> {
     let fixed = al(att_r.offset + attention);
 
     let spans = segment_spans(h, &h.graphs[0]);
-    let order = first_use_order(&spans, o.host_segment);
+    let order = first_use_order(&spans, o.host_segment, &o.expert_segments);
+    let expert_slot = o.expert_segments.iter().map(|&s| al(h.segments[s as usize].nbytes)).max().unwrap_or(0);
+    let layers = h.model.n_layers as u64;
+    // The experts' pools come out of what the other weights leave; they should leave room
+    // for one expert per layer, rotating if they must, else the accelerator cannot compute
+    // any expert.
+    let expert_floor = if expert_slot > 0 { layers * expert_slot } else { 0 };
     let size = |s: u32| al(h.segments[s as usize].nbytes);
     // A segment read across other segments' uses (the rotary tables, read by every layer)
     // would hold a slot for the whole pass and stall the ring behind it: it stays resident.
@@ -70,6 +81,9 @@ pub fn plan(h: &mut Header, o: &WindowOptions) -> Result<()> {
     let total: u64 = by_size.iter().map(|&s| size(s)).sum();
     let slot_need = |rotating_max: u64| SLOTS as u64 * rotating_max;
     let largest = by_size.first().map_or(0, |&s| size(s));
+    // Room for the other weights: all of it if they fit beside one expert slot per layer,
+    // else what leaves that slot.
+    let budget = if fixed + total + expert_floor <= o.bytes || o.bytes < expert_floor { o.bytes } else { o.bytes - expert_floor };
     if fixed + total > o.bytes && fixed + slot_need(largest) > o.bytes {
         let big = by_size.first().map_or("-".into(), |&s| h.segments[s as usize].name.clone());
         return Err(Error::Options(format!(
@@ -81,14 +95,14 @@ pub fn plan(h: &mut Header, o: &WindowOptions) -> Result<()> {
         )));
     }
     let mut resident: Vec<u32> = pinned.clone();
-    if fixed + total <= o.bytes {
+    if fixed + total <= budget {
         resident.extend(&order);
     } else {
         // The largest prefix of `by_size` that fits with slots for the rest...
         let mut used = fixed;
         for (i, &s) in by_size.iter().enumerate() {
             let next_max = by_size.get(i + 1).map_or(0, |&n| size(n));
-            if used + size(s) + slot_need(next_max) > o.bytes {
+            if used + size(s) + slot_need(next_max) > budget {
                 break;
             }
             used += size(s);
@@ -97,7 +111,7 @@ pub fn plan(h: &mut Header, o: &WindowOptions) -> Result<()> {
         // ...then any smaller segment that still fits beside the slots.
         let slot = by_size.iter().find(|s| !resident.contains(s)).map_or(0, |&s| size(s));
         for &s in &by_size {
-            if !resident.contains(&s) && size(s) < slot && used + size(s) + slot_need(slot) <= o.bytes {
+            if !resident.contains(&s) && size(s) < slot && used + size(s) + slot_need(slot) <= budget {
                 used += size(s);
                 resident.push(s);
             }
@@ -121,6 +135,18 @@ pub fn plan(h: &mut Header, o: &WindowOptions) -> Result<()> {
         })
         .collect();
     debug_assert!(cursor <= o.bytes);
+    // Every expert slot the rest of the window holds, the same number per layer (routing
+    // spreads over layers alike), at most one per expert.
+    let per_layer = h.model.moe.map_or(0, |m| m.experts as u64);
+    let slots_per_layer = if expert_slot == 0 { 0 } else { ((o.bytes - cursor) / (layers * expert_slot)).min(per_layer) };
+    let experts = ExpertPlan {
+        per_layer: per_layer as u32,
+        segments: o.expert_segments.clone(),
+        slots_per_layer: slots_per_layer as u32,
+        slot_bytes: expert_slot,
+        region: Region { name: "expert slots".into(), offset: cursor, bytes: layers * slots_per_layer * expert_slot },
+        costs: o.expert_costs,
+    };
 
     for g in &mut h.graphs {
         for v in &mut g.values {
@@ -158,6 +184,7 @@ pub fn plan(h: &mut Header, o: &WindowOptions) -> Result<()> {
         slots,
         rotating,
         host: vec![o.host_segment],
+        experts,
     };
     Ok(())
 }

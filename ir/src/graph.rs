@@ -58,6 +58,22 @@ pub enum Op {
     Add { acc: ValueId, x: ValueId },
     /// `out[i] = x[head_row[i]]`: picks the rows whose logits the sampler needs.
     GatherHeadRows { x: ValueId, out: ValueId },
+    /// RMSNorm over `head_dim` of heads `first_head .. first_head + heads` of every row of
+    /// `x`, in place, all those heads sharing one `[head_dim]` weight (LLaDA-MoE's q and k
+    /// norms on a fused q|k|v row).
+    HeadRmsNorm { x: ValueId, first_head: u32, heads: u32, weight: TensorId, eps: f32 },
+    /// The router's choice per row: `softmax(logits)` in f32 over every expert, then its
+    /// `top_k` largest (ties broken as `torch.topk` on the CPU breaks them). `out` rows are
+    /// `top_k` expert ids (exact as f32) followed by their `top_k` probabilities.
+    Route { logits: ValueId, top_k: u32, out: ValueId },
+    /// The experts of MoE layer `layer`: `out[r] = sum of p * down_e(silu(gate_e(x[r])) *
+    /// up_e(x[r]))` over the experts e `route` picked for row r with probability p, summed in
+    /// increasing expert id (as the reference's loop over experts adds them). Expert e's fused
+    /// `[gate | up]` matrix is tensor `first + 2e`, its down matrix `first + 2e + 1`.
+    /// `ranked` (`[top_k * d_model]` per row) holds every (row, pick) expert output before the
+    /// sum; `work` is the expert kernels' scratch, `[d_model | 2 * hidden | hidden | d_model]`
+    /// per row.
+    MoeExperts { x: ValueId, route: ValueId, out: ValueId, layer: u32, first: TensorId, experts: u32, ranked: ValueId, work: ValueId },
 }
 
 impl Op {
@@ -72,6 +88,9 @@ impl Op {
             Op::SwiGlu { .. } => "SwiGlu",
             Op::Add { .. } => "Add",
             Op::GatherHeadRows { .. } => "GatherHeadRows",
+            Op::HeadRmsNorm { .. } => "HeadRmsNorm",
+            Op::Route { .. } => "Route",
+            Op::MoeExperts { .. } => "MoeExperts",
         }
     }
 
@@ -85,6 +104,9 @@ impl Op {
             Op::Attention { qkv, .. } => vec![qkv],
             Op::SwiGlu { x, .. } => vec![x],
             Op::Add { acc, x } => vec![acc, x],
+            Op::HeadRmsNorm { x, .. } => vec![x],
+            Op::Route { logits, .. } => vec![logits],
+            Op::MoeExperts { x, route, .. } => vec![x, route],
         }
     }
 
@@ -97,8 +119,10 @@ impl Op {
             | Op::Attention { out, .. }
             | Op::SwiGlu { out, .. }
             | Op::GatherHeadRows { out, .. } => vec![out],
-            Op::Scale { x, .. } | Op::Rope { x, .. } => vec![x],
+            Op::Scale { x, .. } | Op::Rope { x, .. } | Op::HeadRmsNorm { x, .. } => vec![x],
             Op::Add { acc, .. } => vec![acc],
+            Op::Route { out, .. } => vec![out],
+            Op::MoeExperts { out, ranked, work, .. } => vec![out, ranked, work],
         }
     }
 
@@ -108,6 +132,8 @@ impl Op {
             Op::Embed { table, .. } => vec![table],
             Op::RmsNorm { weight, .. } | Op::MatMul { weight, .. } => vec![weight],
             Op::Rope { cos, sin, .. } => vec![cos, sin],
+            Op::HeadRmsNorm { weight, .. } => vec![weight],
+            Op::MoeExperts { first, experts, .. } => (0..2 * experts).map(|i| first.saturating_add(i)).collect(),
             _ => vec![],
         }
     }

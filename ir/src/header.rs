@@ -8,7 +8,7 @@ use crate::window::WindowPlan;
 /// Hyperparameters of a LLaDA-architecture network, as the runtime needs them.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct ModelConfig {
-    /// Architecture family; "llada" is the only one so far.
+    /// Architecture family: "llada" (dense) or "llada-moe".
     pub architecture: String,
     pub d_model: u32,
     pub n_layers: u32,
@@ -16,7 +16,7 @@ pub struct ModelConfig {
     /// Key/value heads; fewer than `n_heads` means grouped-query attention.
     pub n_kv_heads: u32,
     pub head_dim: u32,
-    /// SwiGLU hidden width.
+    /// SwiGLU hidden width (of each expert, in a mixture-of-experts model).
     pub mlp_hidden: u32,
     /// Tokenizer vocabulary size.
     pub vocab_size: u32,
@@ -26,6 +26,20 @@ pub struct ModelConfig {
     pub max_sequence_length: u32,
     pub rope_theta: f64,
     pub rms_eps: f64,
+    /// RMSNorm over `head_dim` on every query and key head, before rotary (LLaDA-MoE's
+    /// `qk_layernorm`).
+    pub qk_norm: bool,
+    /// Mixture-of-experts feed-forward layers (every layer), if the model has them.
+    pub moe: Option<MoeConfig>,
+}
+
+/// The feed-forward of a mixture-of-experts model: a router picks `top_k` of `experts`
+/// SwiGLU experts per token, weighted by their softmax probabilities (not renormalised over
+/// the `top_k`, as LLaDA-MoE's reference code does).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeConfig {
+    pub experts: u32,
+    pub top_k: u32,
 }
 
 /// Token ids the sampler and the text front end need.

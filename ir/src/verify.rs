@@ -70,8 +70,16 @@ fn model(m: &ModelConfig) -> Result<()> {
     if m.head_dim % 2 != 0 {
         return bad(format!("head_dim {} is odd; rotary embedding needs it even", m.head_dim));
     }
+    if let Some(moe) = m.moe {
+        if moe.experts == 0 || moe.experts > MAX_EXPERTS || moe.top_k == 0 || moe.top_k > moe.experts {
+            return bad(format!("moe: {} experts with top_k {} (experts must be 1..={MAX_EXPERTS}, top_k 1..=experts)", moe.experts, moe.top_k));
+        }
+    }
     Ok(())
 }
+
+/// The most experts a layer may have: bounds the tensors an MoE op names before they are listed.
+pub const MAX_EXPERTS: u32 = 4096;
 
 fn tensors(h: &Header, data_len: u64) -> Result<()> {
     let mut spans: Vec<(u64, u64, usize)> = Vec::with_capacity(h.tensors.len());
@@ -152,6 +160,12 @@ fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
         for v in op.inputs().into_iter().chain(op.outputs()) {
             value(v).map_err(at)?;
         }
+        // An MoE op names two tensors per expert: bound the count before listing them.
+        if let Op::MoeExperts { experts, .. } = *op {
+            if m.moe.is_none_or(|moe| moe.experts != experts) {
+                return Err(at(format!("{experts} experts, but the model has {}", m.moe.map_or(0, |moe| moe.experts))));
+            }
+        }
         for t in op.tensors() {
             tensor(t).map_err(at)?;
         }
@@ -226,6 +240,50 @@ fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
                     return Err(at(format!("'{}' -> '{}' is not tokens -> head rows of one width", vx.name, vo.name)));
                 }
             }
+            Op::HeadRmsNorm { x, first_head, heads, weight, .. } => {
+                let (vx, t) = (value(x)?, tensor(weight)?);
+                // Query and key heads only (the model's), inside the row.
+                let end = first_head as u64 + heads as u64;
+                if heads == 0 || end > m.n_heads as u64 + m.n_kv_heads as u64 || (vx.cols as u64) < end * hd {
+                    return Err(at(format!("heads {first_head}..{end} of '{}' [{}] (the model has {} query and {} key heads of {hd})", vx.name, vx.cols, m.n_heads, m.n_kv_heads)));
+                }
+                if t.dtype != DType::F32 || t.shape != [hd] {
+                    return Err(at(format!("weight '{}' is not f32 [{hd}]", t.name)));
+                }
+            }
+            Op::Route { logits, top_k, out } => {
+                let (vl, vo) = (value(logits)?, value(out)?);
+                let Some(moe) = m.moe else { return Err(at("the model has no experts".into())) };
+                if top_k != moe.top_k || vl.cols != moe.experts || vo.cols as u64 != 2 * top_k as u64 || vl.rows != vo.rows {
+                    return Err(at(format!("'{}' [{}] -> '{}' [{}] with top_k {top_k}; the model routes {} experts, top {}", vl.name, vl.cols, vo.name, vo.cols, moe.experts, moe.top_k)));
+                }
+            }
+            Op::MoeExperts { x, route, out, layer, first, experts, ranked, work } => {
+                let moe = m.moe.expect("checked above");
+                if layer >= m.n_layers {
+                    return Err(at(format!("layer {layer} of a {}-layer model", m.n_layers)));
+                }
+                same(x, out)?;
+                let (vx, vr, vk, vw) = (value(x)?, value(route)?, value(ranked)?, value(work)?);
+                let (d, f) = (m.d_model as u64, m.mlp_hidden as u64);
+                if vx.rows != Rows::Tokens || vx.cols as u64 != d {
+                    return Err(at(format!("input '{}' is not [tokens, {d}]", vx.name)));
+                }
+                for (v, cols) in [(vr, 2 * moe.top_k as u64), (vk, moe.top_k as u64 * d), (vw, 2 * d + 3 * f)] {
+                    if v.rows != Rows::Tokens || v.cols as u64 != cols {
+                        return Err(at(format!("'{}' is not [tokens, {cols}]", v.name)));
+                    }
+                }
+                let format = tensor(first)?.dtype;
+                for e in 0..experts {
+                    for (t, shape) in [(first.saturating_add(2 * e), [2 * f, d]), (first.saturating_add(2 * e + 1), [d, f])] {
+                        let t = tensor(t)?;
+                        if t.shape != shape || t.dtype != format || !t.dtype.is_panel() {
+                            return Err(at(format!("expert {e}: '{}' {:?} {} is not {} {shape:?} like expert 0", t.name, t.shape, t.dtype.name(), format.name())));
+                        }
+                    }
+                }
+            }
         }
         // An op's output must not share bytes with its inputs: kernels read inputs while
         // writing outputs. Only the in-place operands (Scale's and Rope's `x`, Add's `acc`)
@@ -233,7 +291,7 @@ fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
         let in_place = |o: ValueId, inp: ValueId| {
             o == inp
                 && match *op {
-                    Op::Scale { x, .. } | Op::Rope { x, .. } => x == o,
+                    Op::Scale { x, .. } | Op::Rope { x, .. } | Op::HeadRmsNorm { x, .. } => x == o,
                     Op::Add { acc, .. } => acc == o,
                     _ => false,
                 }

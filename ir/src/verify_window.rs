@@ -35,7 +35,45 @@ fn session_items(h: &Header, last: usize) -> Vec<Item> {
     for (i, s) in w.slots.iter().enumerate() {
         items.push(item(format!("slots[{i}]"), s.offset, s.bytes));
     }
+    items.push(item("expert slots".into(), w.experts.region.offset, w.experts.region.bytes));
     items
+}
+
+/// The expert plan: one segment per expert of every layer (exactly the two matrices the
+/// layer's MoE ops read for it), slot pools that hold the largest, and finite costs.
+fn experts(h: &Header, home: &mut [&'static str]) -> Result<(), String> {
+    let (w, m) = (&h.plan.window.experts, &h.model);
+    let per_layer = m.moe.map_or(0, |moe| moe.experts);
+    if w.per_layer != per_layer {
+        return Err(format!("experts.per_layer {} but the model has {per_layer} experts", w.per_layer));
+    }
+    let count = per_layer as u64 * m.n_layers as u64;
+    if w.segments.len() as u64 != count {
+        return Err(format!("experts.segments lists {} segments for {count} experts", w.segments.len()));
+    }
+    for (i, &s) in w.segments.iter().enumerate() {
+        let slot = home.get_mut(s as usize).ok_or_else(|| format!("expert segment {s} does not exist"))?;
+        if !slot.is_empty() {
+            return Err(format!("segment '{}' is both {slot} and expert {i}", h.segments[s as usize].name));
+        }
+        *slot = "expert";
+        if w.slots_per_layer > 0 && h.segments[s as usize].nbytes > w.slot_bytes {
+            return Err(format!("expert segment '{}' ({} bytes) does not fit a {}-byte expert slot", h.segments[s as usize].name, h.segments[s as usize].nbytes, w.slot_bytes));
+        }
+    }
+    if w.slots_per_layer > per_layer || w.slot_bytes % WINDOW_ALIGN != 0 {
+        return Err(format!("{} expert slots per layer of {} bytes for {per_layer} experts (at most one slot each, {WINDOW_ALIGN}-byte multiples)", w.slots_per_layer, w.slot_bytes));
+    }
+    let need = (w.slots_per_layer as u64).checked_mul(m.n_layers as u64).and_then(|n| n.checked_mul(w.slot_bytes));
+    if need != Some(w.region.bytes) {
+        return Err(format!("the expert slot region has {} bytes; {} layers of {} slots of {} bytes need {need:?}", w.region.bytes, m.n_layers, w.slots_per_layer, w.slot_bytes));
+    }
+    let c = &w.costs;
+    let figures = [c.accelerator.weight_seconds, c.accelerator.row_seconds, c.cpu.weight_seconds, c.cpu.row_seconds, c.stage_seconds];
+    if figures.iter().any(|x| !x.is_finite() || *x < 0.0) {
+        return Err(format!("expert costs must be finite and not negative: {c:?}"));
+    }
+    Ok(())
 }
 
 /// Reports the first two items that share bytes while both are alive.
@@ -88,6 +126,7 @@ pub(crate) fn window(h: &Header) -> Result<(), String> {
         }
         *slot = kind;
     }
+    experts(h, &mut home)?;
     if !w.rotating.is_empty() && w.slots.is_empty() {
         return Err(format!("{} segments rotate but there are no slots", w.rotating.len()));
     }
@@ -104,7 +143,7 @@ pub(crate) fn window(h: &Header) -> Result<(), String> {
             return Err(format!("resident[{i}] (offset {}) is not after resident[{}] (offset {})", w.resident[i].offset, i - 1, w.resident[i - 1].offset));
         }
         let end = last.offset.saturating_add(h.segments.get(last.segment as usize).map_or(0, |s| s.nbytes));
-        let others = [(&w.kv, "kv cache"), (&w.activations, "activations"), (&w.scratch.gemm_operand, "scratch.gemm_operand"), (&w.scratch.attention, "scratch.attention")]
+        let others = [(&w.kv, "kv cache"), (&w.activations, "activations"), (&w.scratch.gemm_operand, "scratch.gemm_operand"), (&w.scratch.attention, "scratch.attention"), (&w.experts.region, "expert slots")]
             .into_iter()
             .chain(w.slots.iter().map(|s| (s, "a slot")));
         for (r, name) in others {
@@ -127,9 +166,18 @@ pub(crate) fn window(h: &Header) -> Result<(), String> {
                 let name = h.tensors.get(t as usize).map_or("?", |t| t.name.as_str());
                 let at = || format!("graphs[{gi}] ops[{oi}] {}: tensor '{name}'", op.name());
                 let kind = h.segment_of(t).map(|s| s as usize).map_or("", |s| home[s]);
-                match op {
+                match *op {
                     Op::Embed { .. } if kind != "host" => return Err(format!("{} is gathered by the CPU but its segment is not a host segment", at())),
                     Op::Embed { .. } => {}
+                    // Expert e's two matrices are in the segment the plan lists for it, so
+                    // the runtime stages and finds them by (layer, expert).
+                    Op::MoeExperts { layer, first, .. } => {
+                        let e = (t - first) / 2;
+                        let listed = h.plan.window.experts.segments.get((layer * h.plan.window.experts.per_layer + e) as usize);
+                        if listed.copied() != h.segment_of(t) {
+                            return Err(format!("{} of expert {e} is not in the segment experts.segments lists for layer {layer}", at()));
+                        }
+                    }
                     _ if kind != "resident" && kind != "rotating" => return Err(format!("{} is in no resident or rotating segment", at())),
                     _ => {}
                 }

@@ -14,7 +14,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::format::align_up;
-use crate::graph::{Graph, Op, Rows};
+use crate::graph::{Graph, Op, Rows, TensorId};
 use crate::header::{DType, Header, ModelConfig};
 
 /// Element type of the KV cache.
@@ -103,6 +103,53 @@ pub struct WindowPlan {
     pub rotating: Vec<u32>,
     /// Segments the CPU reads from the artifact itself (the embedding gather).
     pub host: Vec<u32>,
+    /// The experts of a mixture-of-experts model and their cache in the window.
+    pub experts: ExpertPlan,
+}
+
+/// Experts are the one weight a pass cannot name ahead of time: the router picks them. Each
+/// expert (its `[gate | up]` and down matrices) is a segment of its own; every MoE layer has
+/// a pool of equal slots in the window that the runtime fills as an expert cache, and an
+/// expert not in its layer's pool is computed by the CPU path from the artifact or staged
+/// into a slot first. Which, is the runtime's expert strategy; the plan fixes only the slots
+/// and the cost figures the strategy weighs.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct ExpertPlan {
+    /// Experts per layer (the model's).
+    pub per_layer: u32,
+    /// Expert segments, layer-major: expert e of layer l is `segments[l * per_layer + e]`.
+    pub segments: Vec<u32>,
+    /// Slots of each layer's pool; `slot_bytes` each, layer l's pool starting at
+    /// `region.offset + l * slots_per_layer * slot_bytes`.
+    pub slots_per_layer: u32,
+    pub slot_bytes: u64,
+    /// Every layer's pool, one after another.
+    pub region: Region,
+    /// Predicted costs of one expert on each path, for the runtime's split.
+    pub costs: ExpertCosts,
+}
+
+/// What one expert costs on a path that computes it over `n` token rows:
+/// `max(weight_seconds, n * row_seconds)` (reading its weights, or its arithmetic).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Default)]
+pub struct PathCost {
+    pub weight_seconds: f64,
+    pub row_seconds: f64,
+}
+
+impl PathCost {
+    pub fn seconds(&self, rows: usize) -> f64 {
+        self.weight_seconds.max(rows as f64 * self.row_seconds)
+    }
+}
+
+/// The cost model's figures for experts, from the target the artifact was compiled for.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Default)]
+pub struct ExpertCosts {
+    pub accelerator: PathCost,
+    pub cpu: PathCost,
+    /// Copying one expert into a slot.
+    pub stage_seconds: f64,
 }
 
 impl Default for WindowPlan {
@@ -117,6 +164,7 @@ impl Default for WindowPlan {
             slots: Vec::new(),
             rotating: Vec::new(),
             host: Vec::new(),
+            experts: ExpertPlan::default(),
         }
     }
 }
@@ -220,10 +268,19 @@ pub fn largest_gemm_operand(h: &Header) -> u64 {
     let mut largest = 0;
     for g in &h.graphs {
         for op in &g.ops {
-            if let Op::MatMul { x, weight, .. } = *op {
-                let rows = if g.values[x as usize].rows == Rows::Tokens { g.rows } else { g.head_rows } as usize;
-                let t = &h.tensors[weight as usize];
-                largest = largest.max(operand_layout(t.dtype, h.plan.bf16_activations, rows, t.shape[1] as usize).bytes as u64);
+            let operand = |t: TensorId, rows: u32| {
+                let t = &h.tensors[t as usize];
+                operand_layout(t.dtype, h.plan.bf16_activations, rows as usize, t.shape[1] as usize).bytes as u64
+            };
+            match *op {
+                Op::MatMul { x, weight, .. } => {
+                    let rows = if g.values[x as usize].rows == Rows::Tokens { g.rows } else { g.head_rows };
+                    largest = largest.max(operand(weight, rows));
+                }
+                // Every expert has the same shapes: the first one's [gate | up] and down
+                // operands, over every row (all of a pass's rows may pick one expert).
+                Op::MoeExperts { first, .. } => largest = largest.max(operand(first, g.rows)).max(operand(first + 1, g.rows)),
+                _ => {}
             }
         }
     }

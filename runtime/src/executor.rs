@@ -13,6 +13,7 @@ use crate::kernels::cpu::Features;
 use crate::kernels::gemm::gemm;
 use crate::kernels::{self, attention};
 use crate::model::Model;
+use crate::moe::{self, Experts, MoeOperands};
 use crate::staging::Stager;
 use crate::window::{homes, Home, KvView, Window};
 
@@ -31,13 +32,15 @@ pub struct RunInputs<'a> {
     pub context: usize,
     /// Rows whose logits the sampler needs, in output order.
     pub head_rows: &'a [u32],
+    /// Real rows (`tokens` beyond them pad the graph's rows; row-wise ops may skip them).
+    pub rows: usize,
 }
 
 pub trait Executor {
     /// Runs `graph` (verified at load) with `inputs` over `window` (values, KV cache,
     /// scratch and resident weights), waiting on `stager` for rotating weights as the
-    /// graph's swap schedule says.
-    fn run(&mut self, model: &Model, graph: &Graph, inputs: &RunInputs, window: &mut Window, stager: &mut Stager) -> Result<()>;
+    /// graph's swap schedule says, and running MoE layers through `experts`.
+    fn run(&mut self, model: &Model, graph: &Graph, inputs: &RunInputs, window: &mut Window, stager: &mut Stager, experts: Option<&mut Experts>) -> Result<()>;
 }
 
 /// Float range a value occupies in the activation region (which starts at window byte
@@ -53,19 +56,29 @@ pub fn value_range(g: &Graph, v: &Value, head_rows: usize, base: u64) -> Range<u
 
 /// Shared views of an op's inputs and a mutable view of its output, all in one window.
 fn operands<'w, const N: usize>(win: &'w mut [f32], ins: [Range<usize>; N], out: Range<usize>) -> ([&'w [f32]; N], &'w mut [f32]) {
-    assert!(out.end <= win.len(), "output outside the window");
-    for r in &ins {
-        assert!(r.end <= win.len(), "input outside the window");
-        assert!(r.end <= out.start || out.end <= r.start, "output overlaps an input");
+    let (ins, [out]) = operands_many(win, ins, [out]);
+    (ins, out)
+}
+
+/// [`operands`] with several outputs.
+fn operands_many<'w, const N: usize, const M: usize>(win: &'w mut [f32], ins: [Range<usize>; N], outs: [Range<usize>; M]) -> ([&'w [f32]; N], [&'w mut [f32]; M]) {
+    let disjoint = |a: &Range<usize>, b: &Range<usize>| a.end <= b.start || b.end <= a.start;
+    for (i, out) in outs.iter().enumerate() {
+        assert!(out.end <= win.len(), "output outside the window");
+        assert!(outs[..i].iter().all(|o| disjoint(o, out)), "two outputs overlap");
+        for r in &ins {
+            assert!(r.end <= win.len(), "input outside the window");
+            assert!(disjoint(r, out), "output overlaps an input");
+        }
     }
     let base = win.as_mut_ptr();
-    // SAFETY: every range lies inside `win` and the output range is disjoint from every input
-    // range (both asserted above), so the one mutable slice aliases none of the shared ones;
-    // all borrow `win` mutably for 'w, so nothing else can touch it meanwhile.
+    // SAFETY: every range lies inside `win`, and every output range is disjoint from every
+    // input range and from the other outputs (asserted above), so no mutable slice aliases
+    // any other slice; all borrow `win` mutably for 'w, so nothing else can touch it meanwhile.
     unsafe {
         (
             ins.map(|r| std::slice::from_raw_parts(base.add(r.start), r.len())),
-            std::slice::from_raw_parts_mut(base.add(out.start), out.len()),
+            outs.map(|r| std::slice::from_raw_parts_mut(base.add(r.start), r.len())),
         )
     }
 }
@@ -105,9 +118,9 @@ impl HostExecutor {
     }
 
     /// Runs `g` with every weight in its home on the host (an executor from
-    /// [`cpu_side_path`](Self::cpu_side_path)): no staging.
+    /// [`cpu_side_path`](Self::cpu_side_path)): no staging, every expert on this executor.
     pub fn run_unstaged(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window) -> Result<()> {
-        self.run_ops(model, g, inputs, window, None, None)
+        self.run_ops(model, g, inputs, window, None, None, None)
     }
 
     /// The pool the executor's kernels run on, for work that belongs with them (the
@@ -134,13 +147,23 @@ pub struct OpProfile {
 
 impl HostExecutor {
     /// Runs `g` and records each op's wall time.
-    pub fn run_profiled(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window, stager: &mut Stager) -> Result<OpProfile> {
+    pub fn run_profiled(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window, stager: &mut Stager, experts: Option<&mut Experts>) -> Result<OpProfile> {
         let mut profile = OpProfile::default();
-        self.run_ops(model, g, inputs, window, Some(stager), Some(&mut profile))?;
+        self.run_ops(model, g, inputs, window, Some(stager), experts, Some(&mut profile))?;
         Ok(profile)
     }
 
-    fn run_ops(&mut self, model: &Model, g: &Graph, inp: &RunInputs, window: &mut Window, mut stager: Option<&mut Stager>, mut profile: Option<&mut OpProfile>) -> Result<()> {
+    #[allow(clippy::too_many_arguments)]
+    fn run_ops(
+        &mut self,
+        model: &Model,
+        g: &Graph,
+        inp: &RunInputs,
+        window: &mut Window,
+        mut stager: Option<&mut Stager>,
+        mut experts: Option<&mut Experts>,
+        mut profile: Option<&mut OpProfile>,
+    ) -> Result<()> {
         let m = &model.header.model;
         let plan = &model.header.plan;
         let hd = m.head_dim as usize;
@@ -269,6 +292,30 @@ impl HostExecutor {
                         row.copy_from_slice(&xs[r as usize * c..(r as usize + 1) * c]);
                     }
                 }
+                Op::HeadRmsNorm { x, first_head, heads, weight, eps } => {
+                    let c = cols(x);
+                    let span = first_head as usize * hd..(first_head + heads) as usize * hd;
+                    for row in win[range(x)].chunks_exact_mut(c) {
+                        kernels::head_rms_norm(features, &mut row[span.clone()], f32s(weight), eps);
+                    }
+                }
+                Op::Route { logits, top_k, out } => {
+                    let (e, k) = (cols(logits), top_k as usize);
+                    let ([l], o) = operands(win, [range(logits)], range(out));
+                    // Padding rows route to expert 0 with weight 0: defined, and never read.
+                    o.fill(0.0);
+                    for (l, o) in l.chunks_exact(e).zip(o.chunks_exact_mut(2 * k)).take(inp.rows) {
+                        crate::moe::routing::route_row(l, k, o);
+                    }
+                }
+                Op::MoeExperts { x, route, out, layer, first, experts: n, ranked, work } => {
+                    let ([xs, rs], [o, rk, wk]) = operands_many(win, [range(x), range(route)], [range(out), range(ranked), range(work)]);
+                    let op = MoeOperands { layer: layer as usize, first, x: xs, route: rs, out: o, ranked: rk, work: wk, operand: &mut *gemm_scratch, rows: inp.rows };
+                    match experts.as_deref_mut() {
+                        Some(e) => e.run(op, &self.pool, features)?,
+                        None => moe::run_local(model, op, n as usize, m.moe.map_or(1, |m| m.top_k) as usize, &self.pool, features)?,
+                    }
+                }
             }
             if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {
                 p.times.push((index, t.elapsed().as_secs_f64()));
@@ -282,8 +329,8 @@ impl HostExecutor {
 }
 
 impl Executor for HostExecutor {
-    fn run(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window, stager: &mut Stager) -> Result<()> {
-        self.run_ops(model, g, inputs, window, Some(stager), None)
+    fn run(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window, stager: &mut Stager, experts: Option<&mut Experts>) -> Result<()> {
+        self.run_ops(model, g, inputs, window, Some(stager), experts, None)
     }
 }
 
@@ -298,6 +345,13 @@ mod tests {
         assert_eq!((a, b), (&[0.0, 1.0, 2.0, 3.0][..], &[2.0, 3.0, 4.0, 5.0][..]));
         out.copy_from_slice(&[9.0; 4]);
         assert_eq!(&win[8..12], &[9.0; 4]);
+    }
+
+    #[test]
+    #[should_panic(expected = "two outputs overlap")]
+    fn two_overlapping_outputs_are_refused() {
+        let mut win = vec![0.0f32; 16];
+        let _ = super::operands_many(&mut win, [0..2], [4..8, 6..10]);
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod eval;
 pub mod executor;
 pub mod golden;
 pub mod kernels;
+pub mod moe;
 pub mod model;
 pub mod roofline;
 pub mod sampler;

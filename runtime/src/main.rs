@@ -5,7 +5,8 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand};
 use llada_rt::sampler::{Policy, Revision, StepView};
 use llada_rt::text::Text;
-use llada_rt::session::default_threads;
+use llada_rt::moe::{ExpertCounters, ExpertStrategy};
+use llada_rt::session::{default_threads, ExpertOptions};
 use llada_rt::staging::StagingMode;
 use llada_rt::{conformance, generate, golden, roofline, Error, Model, Remasking, Result, SamplerParams, Session};
 use serde_json::json;
@@ -159,13 +160,8 @@ enum Command {
         /// Write a Chrome/Perfetto trace of the run (dense passes, waits, staging copies).
         #[arg(long)]
         trace: Option<PathBuf>,
-        /// Worker threads, at least 1 [default: every core, or LLADA_THREADS].
-        #[arg(long, value_parser = at_least_one)]
-        threads: Option<usize>,
-        /// How rotating weights reach their window slots: async (a staging thread copies
-        /// ahead, as the plan schedules) or sync (each copied right before its first op).
-        #[arg(long, default_value = "async", value_parser = ["async", "sync"])]
-        staging: String,
+        #[command(flatten)]
+        session: SessionArgs,
     },
     /// Measure this machine's ceilings: peak f32, bf16 and int8 rates and memory bandwidth.
     Roofline {
@@ -188,13 +184,8 @@ enum Command {
         /// Timed repeats per pass (the median is reported).
         #[arg(long, default_value_t = 5)]
         repeat: usize,
-        /// Worker threads, at least 1 [default: every core, or LLADA_THREADS].
-        #[arg(long, value_parser = at_least_one)]
-        threads: Option<usize>,
-        /// How rotating weights reach their window slots: async (a staging thread copies
-        /// ahead, as the plan schedules) or sync (each copied right before its first op).
-        #[arg(long, default_value = "async", value_parser = ["async", "sync"])]
-        staging: String,
+        #[command(flatten)]
+        session: SessionArgs,
         /// Also time one generation with these sampler settings from a synthetic prompt.
         #[arg(long)]
         generate: bool,
@@ -222,13 +213,8 @@ enum Command {
         /// Print one JSON object (summary and per-task outputs): usable as a --reference.
         #[arg(long)]
         json: bool,
-        /// Worker threads, at least 1 [default: every core, or LLADA_THREADS].
-        #[arg(long, value_parser = at_least_one)]
-        threads: Option<usize>,
-        /// How rotating weights reach their window slots: async (a staging thread copies
-        /// ahead, as the plan schedules) or sync (each copied right before its first op).
-        #[arg(long, default_value = "async", value_parser = ["async", "sync"])]
-        staging: String,
+        #[command(flatten)]
+        session: SessionArgs,
     },
     /// Replay this project's own golden outputs (tests/golden/embedded.json) with an
     /// artifact, or write them again for another artifact with --write.
@@ -268,6 +254,48 @@ enum Command {
     },
 }
 
+/// How a session runs: its threads, its staging and, for a mixture-of-experts model, where
+/// the experts run.
+#[derive(Args, Clone)]
+struct SessionArgs {
+    /// Worker threads of the accelerator path, at least 1 [default: every core, or LLADA_THREADS].
+    #[arg(long, value_parser = at_least_one)]
+    threads: Option<usize>,
+    /// How rotating weights reach their window slots: async (a staging thread copies
+    /// ahead, as the plan schedules) or sync (each copied right before its first op).
+    #[arg(long, default_value = "async", value_parser = ["async", "sync"])]
+    staging: String,
+    /// Mixture-of-experts models: where experts run. hybrid: a score-ranked expert cache in
+    /// the window, refreshed from the last pass's routing and prefetched from the next
+    /// layer's predicted routing, each layer's experts split between the accelerator and CPU
+    /// paths by the cost model; lru: all on the accelerator, least-recently-used cache, no
+    /// prefetch; static: all on the CPU path [default: hybrid].
+    #[arg(long, value_parser = ["hybrid", "lru", "static"])]
+    experts: Option<String>,
+    /// Mixture-of-experts models: threads of the CPU path, which computes experts beside the
+    /// accelerator path [default: 1].
+    #[arg(long, value_parser = at_least_one)]
+    cpu_threads: Option<usize>,
+}
+
+impl SessionArgs {
+    /// A session on `model` as these options say; expert options on a dense model are an error.
+    fn open<'m>(&self, model: &'m Model) -> Result<Session<'m>> {
+        let mode = StagingMode::parse(&self.staging).expect("clap restricts the values");
+        let mut experts = ExpertOptions::default();
+        if model.header.model.moe.is_none() {
+            if let Some(flag) = [("--experts", self.experts.is_some()), ("--cpu-threads", self.cpu_threads.is_some())].iter().find(|f| f.1) {
+                return Err(Error::request(format!("{}: {} is a dense model; it has no experts", flag.0, model.path.display())));
+            }
+        }
+        if let Some(e) = &self.experts {
+            experts.strategy = ExpertStrategy::parse(e).expect("clap restricts the values");
+        }
+        experts.cpu_threads = self.cpu_threads.unwrap_or(experts.cpu_threads);
+        Session::with_experts(model, self.threads.unwrap_or_else(default_threads), llada_rt::kernels::cpu::features(), mode, experts)
+    }
+}
+
 /// Which cases of a golden file to replay.
 #[derive(Args)]
 struct SelectArgs {
@@ -283,11 +311,6 @@ impl SelectArgs {
     fn selection(&self) -> Result<conformance::Selection> {
         conformance::Selection::new(self.every, self.offset)
     }
-}
-
-fn open_session<'m>(model: &'m Model, threads: Option<usize>, staging: &str) -> Result<Session<'m>> {
-    let mode = StagingMode::parse(staging).expect("clap restricts the values");
-    Session::with_options(model, threads.unwrap_or_else(default_threads), llada_rt::kernels::cpu::features(), mode)
 }
 
 /// The window and what staging cost, over the session's passes.
@@ -308,7 +331,45 @@ fn window_report(session: &Session) -> serde_json::Value {
         "copy_seconds": c.copy_seconds,
         "overlap": c.overlap(),
         "per_pass": {"staged_bytes": c.staged_bytes as f64 / passes, "stall_seconds": c.stall_seconds / passes},
+        "experts": session.expert_counters().map(|x| expert_report(session, &x)),
     })
+}
+
+/// What the experts cost, over the session's passes.
+fn expert_report(session: &Session, x: &ExpertCounters) -> serde_json::Value {
+    let passes = session.counters.forward_passes.max(1) as f64;
+    let plan = &session.model.header.plan.window.experts;
+    json!({
+        "strategy": session.expert_strategy().map(ExpertStrategy::name),
+        "slots_per_layer": plan.slots_per_layer,
+        "experts_per_layer": plan.per_layer,
+        "hit_rate": x.hit_rate(),
+        "counters": x,
+        "per_pass": {
+            "staged_bytes": x.staged_bytes as f64 / passes,
+            "stall_seconds": x.stall_seconds / passes,
+            "cpu_wait_seconds": x.cpu_wait_seconds / passes,
+            "accelerator_experts": x.accelerator_experts as f64 / passes,
+            "cpu_experts": x.cpu_experts as f64 / passes,
+        },
+    })
+}
+
+/// The experts' figures, for people.
+fn print_experts(session: &Session) {
+    if let Some(x) = session.expert_counters() {
+        let passes = session.counters.forward_passes.max(1) as f64;
+        println!(
+            "experts ({}):      hit rate {:.3}, per pass {:.1} on the accelerator / {:.1} on the CPU path, {:.1} MiB staged, {:.4} s stalled on copies, {:.4} s waiting for the CPU path",
+            session.expert_strategy().map_or("-", ExpertStrategy::name),
+            x.hit_rate(),
+            x.accelerator_experts as f64 / passes,
+            x.cpu_experts as f64 / passes,
+            x.staged_bytes as f64 / passes / (1u64 << 20) as f64,
+            x.stall_seconds / passes,
+            x.cpu_wait_seconds / passes
+        );
+    }
 }
 
 fn parse_ids(s: &str) -> Result<Vec<u32>> {
@@ -361,7 +422,7 @@ impl Display<'_> {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
-        Command::Run { file, prompt, chat, prompt_ids, sampler, json, show_denoising, trace, threads, staging } => {
+        Command::Run { file, prompt, chat, prompt_ids, sampler, json, show_denoising, trace, session: session_args } => {
             let model = Model::open(&file, true)?;
             let text = Text::new(&model.header.tokenizer, &model.header.special)?;
             let ids = match (&prompt, &prompt_ids) {
@@ -371,7 +432,7 @@ fn run(cli: Cli) -> Result<()> {
                 (None, None) => unreachable!("clap requires one of them"),
             };
             let params = sampler.params(&model);
-            let mut session = open_session(&model, threads, &staging)?;
+            let mut session = session_args.open(&model)?;
             let timeline = trace.as_ref().map(|_| std::sync::Arc::new(llada_rt::trace::Trace::default()));
             if let Some(t) = &timeline {
                 session.set_trace(t.clone());
@@ -428,15 +489,16 @@ fn run(cli: Cli) -> Result<()> {
                     if let Some(m) = &g.mbsd {
                         print_mbsd(m);
                     }
+                    print_experts(&session);
                 }
             }
         }
-        Command::Eval { file, tasks, sampler, reference, json, threads, staging } => {
+        Command::Eval { file, tasks, sampler, reference, json, session: session_args } => {
             let model = Model::open(&file, true)?;
             let text = Text::new(&model.header.tokenizer, &model.header.special)?;
             let tasks = llada_rt::eval::load_tasks(&tasks, &text)?;
             let reference = reference.map(|p| llada_rt::eval::load_reference(&p)).transpose()?;
-            let mut session = open_session(&model, threads, &staging)?;
+            let mut session = session_args.open(&model)?;
             let params = sampler.params(&model);
             let show = !json && std::io::stderr().is_terminal();
             let report = llada_rt::eval::run(&mut session, &text, &tasks, &params, reference.as_ref(), &mut |i, r| {
@@ -461,6 +523,7 @@ fn run(cli: Cli) -> Result<()> {
                     print_mbsd(m);
                 }
                 println!("generated tokens/s: {:.1} ({} tokens in {:.2} s)", report.tokens_per_second, report.generated_tokens, report.seconds);
+                print_experts(&session);
             }
         }
         Command::Roofline { threads, json } => {
@@ -480,13 +543,14 @@ fn run(cli: Cli) -> Result<()> {
                 println!("GEMM sustained (median of 6 shapes), {} threads: f32 {:.1}, bf16 {:.1} GFLOP/s; q8 {:.1}, q4 {:.1} GOP/s", r.threads, g(r.gemm.f32), g(r.gemm.bf16), g(r.gemm.q8), g(r.gemm.q4));
             }
         }
-        Command::Bench { file, rows, head_rows, repeat, threads, staging, generate: time_generation, prompt_len, sampler, json } => {
-            let threads = threads.unwrap_or_else(default_threads);
+        Command::Bench { file, rows, head_rows, repeat, session: session_args, generate: time_generation, prompt_len, sampler, json } => {
+            let threads = session_args.threads.unwrap_or_else(default_threads);
+            let staging = session_args.staging.clone();
             // Before loading: checksumming a large artifact leaves the kernel busy with the
             // page cache for a while, which would disturb the peak measurements.
             let roof = roofline::measure(threads);
             let model = Model::open(&file, true)?;
-            let mut session = open_session(&model, Some(threads), &staging)?;
+            let mut session = SessionArgs { threads: Some(threads), ..session_args }.open(&model)?;
             let mut passes = Vec::new();
             for &r in &rows {
                 let head = head_rows.unwrap_or(r).min(r).min(session.head_capacity(r)?);
@@ -522,6 +586,7 @@ fn run(cli: Cli) -> Result<()> {
                         print_mbsd(m);
                     }
                 }
+                print_experts(&session);
             }
         }
         Command::Golden { golden, model, select, write, tokens_only, json } => {

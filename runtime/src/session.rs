@@ -8,6 +8,7 @@ use std::ops::Range;
 
 use crate::executor::{value_range, Executor, HostExecutor, OpProfile, RunInputs};
 use crate::model::Model;
+use crate::moe::{ExpertCounters, ExpertStrategy, Experts};
 use crate::staging::{PassStaging, Stager, StagingMode};
 use crate::window::Window;
 
@@ -46,11 +47,28 @@ pub fn default_threads() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
+/// How a session runs a mixture-of-experts model's experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertOptions {
+    pub strategy: ExpertStrategy,
+    /// Threads of the CPU path that computes experts beside the accelerator path.
+    pub cpu_threads: usize,
+}
+
+impl Default for ExpertOptions {
+    /// Hybrid, one CPU-path thread.
+    fn default() -> Self {
+        ExpertOptions { strategy: ExpertStrategy::Hybrid, cpu_threads: 1 }
+    }
+}
+
 pub struct Session<'m> {
     pub model: &'m Model,
-    /// Declared before the window: fields drop in order, so the staging thread is joined
-    /// before the window it writes is freed.
+    /// Declared before the window: fields drop in order, so the staging threads are joined
+    /// before the window they write is freed.
     stager: Stager,
+    /// The expert runtime of a mixture-of-experts model.
+    experts: Option<Experts<'m>>,
     window: Window,
     /// Length of the sequence whose every position the cache holds (set by a whole-sequence
     /// pass): the condition for passes over fewer rows.
@@ -58,6 +76,8 @@ pub struct Session<'m> {
     executor: HostExecutor,
     tokens: Vec<u32>,
     positions: Vec<u32>,
+    /// Rows of the current pass before padding.
+    real_rows: usize,
     /// Head rows of the current pass, as graph rows.
     head: Vec<u32>,
     pub counters: Counters,
@@ -80,23 +100,32 @@ impl<'m> Session<'m> {
     /// A session whose matmuls may use only `features` (fewer than detected forces the
     /// portable fallbacks, as `LLADA_ISA` does for a whole process), staging rotating
     /// weights as `staging` says. Allocates the window and reads the resident weight
-    /// segments into it.
+    /// segments into it. Experts (of an MoE model) run as [`ExpertOptions::default`] says.
     pub fn with_options(model: &'m Model, threads: usize, features: crate::kernels::cpu::Features, staging: StagingMode) -> Result<Session<'m>> {
+        Session::with_experts(model, threads, features, staging, ExpertOptions::default())
+    }
+
+    /// [`with_options`](Self::with_options), running a mixture-of-experts model's experts as
+    /// `experts` says.
+    pub fn with_experts(model: &'m Model, threads: usize, features: crate::kernels::cpu::Features, staging: StagingMode, experts: ExpertOptions) -> Result<Session<'m>> {
         let h = &model.header;
         let max_rows = h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize;
         let start = Instant::now();
         let mut window = Window::new(h).map_err(|e| Error::io(format!("allocating the {}-byte window", h.plan.window.bytes), e))?;
         load_resident(model, &mut window)?;
-        let load_seconds = start.elapsed().as_secs_f64();
         let stager = Stager::new(h, &model.path, model.data_offset(), window.slot_ptrs(), staging)?;
+        let experts = Experts::new(model, &window, experts.strategy, experts.cpu_threads)?;
+        let load_seconds = start.elapsed().as_secs_f64();
         Ok(Session {
             model,
             stager,
+            experts,
             window,
             cached_len: None,
             executor: HostExecutor::new(model, threads, features),
             tokens: Vec::with_capacity(max_rows),
             positions: Vec::with_capacity(max_rows),
+            real_rows: 0,
             head: Vec::with_capacity(max_rows),
             counters: Counters::default(),
             last_staging: PassStaging::default(),
@@ -114,6 +143,16 @@ impl<'m> Session<'m> {
     /// Staging figures of the last pass.
     pub fn last_pass_staging(&self) -> PassStaging {
         self.last_staging
+    }
+
+    /// The experts' figures so far (a mixture-of-experts model only).
+    pub fn expert_counters(&self) -> Option<ExpertCounters> {
+        self.experts.as_ref().map(Experts::counters)
+    }
+
+    /// How the experts run (a mixture-of-experts model only).
+    pub fn expert_strategy(&self) -> Option<ExpertStrategy> {
+        self.experts.as_ref().map(Experts::strategy)
     }
 
     pub fn staging_mode(&self) -> StagingMode {
@@ -187,6 +226,7 @@ impl<'m> Session<'m> {
     /// stored and their outputs never read; any valid token and rotary row will do.
     fn pad(&mut self, gid: u32) {
         let rows = self.model.graph(gid).rows as usize;
+        self.real_rows = self.tokens.len();
         self.tokens.resize(rows, self.model.header.special.mask);
         self.positions.resize(rows, 0);
     }
@@ -293,12 +333,12 @@ impl<'m> Session<'m> {
     /// values; `context` cache positions are attended to) and counts it.
     fn run_pass(&mut self, gid: u32, stored: usize, context: usize, head_rows: usize, label: String, profiled: bool) -> Result<Option<OpProfile>> {
         let g = self.model.graph(gid);
-        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context, head_rows: &self.head };
+        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context, head_rows: &self.head, rows: self.real_rows };
         let start = Instant::now();
         let profile = if profiled {
-            Some(self.executor.run_profiled(self.model, g, &inputs, &mut self.window, &mut self.stager)?)
+            Some(self.executor.run_profiled(self.model, g, &inputs, &mut self.window, &mut self.stager, self.experts.as_mut())?)
         } else {
-            self.executor.run(self.model, g, &inputs, &mut self.window, &mut self.stager)?;
+            self.executor.run(self.model, g, &inputs, &mut self.window, &mut self.stager, self.experts.as_mut())?;
             None
         };
         self.counters.forward_seconds += start.elapsed().as_secs_f64();

@@ -25,6 +25,8 @@ pub struct Window {
     /// All resident segments (placed one after another).
     resident: Range<usize>,
     slots: Vec<Range<usize>>,
+    /// Every layer's expert slots, layer-major.
+    expert_slots: Vec<Range<usize>>,
 }
 
 // SAFETY: the window owns its mapping; `base` only addresses it, and every access goes
@@ -79,7 +81,13 @@ impl Window {
             _ => 0..0,
         };
         let slots: &[Region] = if weights { &w.slots } else { &[] };
-        let ends = [&w.kv, &w.activations, &w.scratch.gemm_operand, &w.scratch.attention].into_iter().chain(slots).map(|r| r.offset + r.bytes);
+        let x = &w.experts;
+        let expert_slots: Vec<Range<usize>> = match weights {
+            true => (0..h.model.n_layers as u64 * x.slots_per_layer as u64).map(|i| (x.region.offset + i * x.slot_bytes) as usize..(x.region.offset + (i + 1) * x.slot_bytes) as usize).collect(),
+            false => Vec::new(),
+        };
+        let expert_end = expert_slots.last().map_or(0, |r| r.end as u64);
+        let ends = [&w.kv, &w.activations, &w.scratch.gemm_operand, &w.scratch.attention].into_iter().chain(slots).map(|r| r.offset + r.bytes).chain([expert_end]);
         let bytes = ends.chain([resident.end as u64]).max().unwrap_or(0).max(1) as usize;
         let mut map = memmap2::MmapMut::map_anon(bytes)?;
         let base = map.as_mut_ptr();
@@ -93,8 +101,9 @@ impl Window {
             attention: range(&w.scratch.attention),
             resident,
             slots: slots.iter().map(range).collect(),
+            expert_slots,
         };
-        let mut all: Vec<&Range<usize>> = [&win.kv, &win.activations, &win.gemm, &win.attention, &win.resident].into_iter().chain(&win.slots).collect();
+        let mut all: Vec<&Range<usize>> = [&win.kv, &win.activations, &win.gemm, &win.attention, &win.resident].into_iter().chain(&win.slots).chain(&win.expert_slots).collect();
         all.retain(|r| !r.is_empty());
         all.sort_by_key(|r| r.start);
         assert!(all.windows(2).all(|p| p[0].end <= p[1].start), "window regions overlap");
@@ -166,6 +175,11 @@ impl Window {
     /// Raw handles to the slots, for the staging thread (writes) and the executor (reads).
     pub fn slot_ptrs(&self) -> Vec<SlotPtr> {
         self.slots.iter().map(|r| SlotPtr { ptr: self.base.wrapping_add(r.start), len: r.len() }).collect()
+    }
+
+    /// Raw handles to the expert slots, layer-major (see [`slot_ptrs`](Self::slot_ptrs)).
+    pub fn expert_slot_ptrs(&self) -> Vec<SlotPtr> {
+        self.expert_slots.iter().map(|r| SlotPtr { ptr: self.base.wrapping_add(r.start), len: r.len() }).collect()
     }
 }
 

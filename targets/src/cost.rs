@@ -150,6 +150,17 @@ pub fn graph_work(h: &Header, g: &Graph, head_rows: u32, context: u32, kv_bytes:
                     engine: attention_engine,
                 }
             }
+            // Routing spreads `rows * top_k` picks over the experts; expected uniform, they
+            // touch `E (1 - (1 - k/E)^rows)` distinct experts, each of whose weights is read
+            // once, wherever it is computed.
+            Op::MoeExperts { x, first, experts, .. } => {
+                let r = rows(x);
+                let (bytes, row_ops, engine) = expert_work(h, first, act_bytes);
+                let (e, k) = (experts as f64, h.model.moe.map_or(1, |m| m.top_k) as f64);
+                let touched = e * (1.0 - (1.0 - k / e).powf(r));
+                let d = h.model.d_model as f64;
+                OpWork { bytes: touched * bytes + r * (d + 2.0 * k * d) * act, ops: r * k * row_ops, engine }
+            }
             // Elementwise and row-wise ops: memory-bound in practice. They run on the vector
             // unit, whose rate the f32 figure stands for (an NPU's f16/int8 figures are its
             // matrix unit's). The small tensors they read (norm weights, rotary rows) are
@@ -162,6 +173,21 @@ pub fn graph_work(h: &Header, g: &Graph, head_rows: u32, context: u32, kv_bytes:
             }
         })
         .collect()
+}
+
+/// One expert of an MoE op whose experts start at tensor `first`: its weight bytes, the
+/// operations one token row costs in it (`[gate | up]` then down), and its engine.
+pub fn expert_work(h: &Header, first: u32, act_bytes: u32) -> (f64, f64, Engine) {
+    let (gate_up, down) = (&h.tensors[first as usize], &h.tensors[first as usize + 1]);
+    let ops = 2.0 * (gate_up.numel() + down.numel()) as f64;
+    (gate_up.nbytes as f64 + down.nbytes as f64, ops, matmul_engine(gate_up.dtype, h.plan.bf16_activations, act_bytes))
+}
+
+/// An expert's cost on machine `m` (see [`llada_ir::PathCost`]): reading its weights, or
+/// its operations per token row.
+pub fn expert_path_cost(m: &Machine, h: &Header, first: u32, act_bytes: u32) -> llada_ir::PathCost {
+    let (bytes, row_ops, engine) = expert_work(h, first, act_bytes);
+    llada_ir::PathCost { weight_seconds: time(bytes, m.bandwidth), row_seconds: time(row_ops, m.rates.of(engine)) }
 }
 
 /// Predicted seconds of one pass: compute, staging, and the two combined.
@@ -209,6 +235,8 @@ mod tests {
             max_sequence_length: 4096,
             rope_theta: 500000.0,
             rms_eps: 1e-5,
+            qk_norm: false,
+            moe: None,
         };
         let mut tensors = Vec::new();
         let mut add = |name: String, dtype: DType, shape: Vec<u64>| {

@@ -1,7 +1,8 @@
 //! Random-weight LLaDA checkpoints in exact Hugging Face layout: `config.json` with the keys of
-//! LLaDA-8B-Instruct's, weights as safetensors (sharded with `model.safetensors.index.json`
-//! when they exceed one shard), a byte-level BPE `tokenizer.json` whose special tokens sit at
-//! LLaDA's ids, and `tokenizer_config.json` with LLaDA's chat template.
+//! LLaDA-8B-Instruct's (or LLaDA-MoE-7B-A1B's, see `checkpoint_moe`), weights as safetensors
+//! (sharded with `model.safetensors.index.json` when they exceed one shard), a byte-level BPE
+//! `tokenizer.json` whose special tokens sit at the model's ids, and `tokenizer_config.json`
+//! with its chat template.
 //!
 //! Tensors are generated one at a time while the shard is written, each from its own seeded
 //! stream, so an 8B checkpoint never has to fit in memory and the bytes of a tensor do not
@@ -30,6 +31,16 @@ pub struct Shape {
     pub embedding_size: usize,
     pub max_sequence_length: usize,
     pub rope_theta: f64,
+    /// Mixture-of-experts feed-forward (LLaDA-MoE's layout); `mlp_hidden_size` is then each
+    /// expert's hidden width.
+    pub moe: Option<MoeShape>,
+}
+
+/// Experts per layer and experts per token.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeShape {
+    pub experts: usize,
+    pub top_k: usize,
 }
 
 impl Shape {
@@ -45,6 +56,7 @@ impl Shape {
             embedding_size: 126464,
             max_sequence_length: 4096,
             rope_theta: 500000.0,
+            moe: None,
         }
     }
 
@@ -66,15 +78,41 @@ impl Shape {
             embedding_size: 320,
             max_sequence_length: 512,
             rope_theta: 500000.0,
+            moe: None,
         }
+    }
+
+    /// LLaDA-MoE-7B-A1B (BACKGROUND.md section 2): 16 layers of 2048, 16 heads, 64 experts of
+    /// 1024, top 8, LLaDA-MoE's vocabulary.
+    pub fn llada_moe_7b() -> Shape {
+        Shape {
+            d_model: 2048,
+            n_layers: 16,
+            n_heads: 16,
+            n_kv_heads: 16,
+            mlp_hidden_size: 1024,
+            vocab_size: 157184,
+            embedding_size: 157184,
+            max_sequence_length: 8192,
+            rope_theta: 50000.0,
+            moe: Some(MoeShape { experts: 64, top_k: 8 }),
+        }
+    }
+
+    /// A small LLaDA-MoE for tests: 8 experts of 64, top 2, grouped-query attention.
+    pub fn tiny_moe() -> Shape {
+        Shape { mlp_hidden_size: 64, rope_theta: 50000.0, moe: Some(MoeShape { experts: 8, top_k: 2 }), ..Shape::tiny() }
     }
 
     pub fn head_dim(&self) -> usize {
         self.d_model / self.n_heads
     }
 
-    /// Every tensor of the checkpoint in LLaDA's order, with its shape; norms are marked.
+    /// Every tensor of the checkpoint in the model's order, with its shape; norms are marked.
     pub fn tensors(&self) -> Vec<(String, Vec<usize>, bool)> {
+        if let Some(moe) = self.moe {
+            return crate::checkpoint_moe::tensors(self, moe);
+        }
         let (d, f, hd) = (self.d_model, self.mlp_hidden_size, self.head_dim());
         let mut t = vec![("model.transformer.wte.weight".to_string(), vec![self.embedding_size, d], false)];
         for l in 0..self.n_layers {
@@ -108,32 +146,36 @@ pub struct SpecialIds {
     pub start_header: u32,
     pub end_header: u32,
     pub eot: u32,
+    /// LLaDA-MoE's chat format (`<role>`, `</role>`, `<|role_end|>` in the header and
+    /// end-of-turn places) rather than LLaDA's.
+    pub moe: bool,
 }
 
 impl SpecialIds {
     /// LLaDA-8B's ids.
     pub const LLADA: SpecialIds =
-        SpecialIds { bos: 126080, eos: 126081, mask: 126336, start_header: 126346, end_header: 126347, eot: 126348 };
+        SpecialIds { bos: 126080, eos: 126081, mask: 126336, start_header: 126346, end_header: 126347, eot: 126348, moe: false };
 
-    /// Where the special tokens go for a vocabulary: LLaDA's ids when it is LLaDA-sized,
-    /// otherwise right after the byte tokens and merges of [`bpe_vocab`].
-    pub fn for_vocab(embedding_size: usize) -> SpecialIds {
-        if embedding_size > SpecialIds::LLADA.eot as usize {
-            return SpecialIds::LLADA;
+    /// LLaDA-MoE's: end of text 156892 and mask 156895 are the model's (BACKGROUND.md); its
+    /// role tokens' ids are not published, so they take the free ids around them.
+    pub const LLADA_MOE: SpecialIds =
+        SpecialIds { bos: 156891, eos: 156892, mask: 156895, start_header: 156893, end_header: 156894, eot: 156896, moe: true };
+
+    /// Where the special tokens go for a shape: the model's ids when the vocabulary is the
+    /// model's size, otherwise right after the byte tokens and merges of [`bpe_vocab`].
+    pub fn for_shape(shape: &Shape) -> SpecialIds {
+        let (full, moe) = if shape.moe.is_some() { (SpecialIds::LLADA_MOE, true) } else { (SpecialIds::LLADA, false) };
+        if shape.embedding_size > full.eot.max(full.mask) as usize {
+            return full;
         }
         let first = bpe_vocab().0.len() as u32;
-        SpecialIds { bos: first, eos: first + 1, mask: first + 2, start_header: first + 3, end_header: first + 4, eot: first + 5 }
+        SpecialIds { bos: first, eos: first + 1, mask: first + 2, start_header: first + 3, end_header: first + 4, eot: first + 5, moe }
     }
 
-    fn named(&self) -> [(&'static str, u32); 6] {
-        [
-            ("<|startoftext|>", self.bos),
-            ("<|endoftext|>", self.eos),
-            ("<|mdm_mask|>", self.mask),
-            ("<|start_header_id|>", self.start_header),
-            ("<|end_header_id|>", self.end_header),
-            ("<|eot_id|>", self.eot),
-        ]
+    /// The tokens' texts with their ids.
+    pub fn named(&self) -> [(&'static str, u32); 6] {
+        let (start, end, eot) = if self.moe { ("<role>", "</role>", "<|role_end|>") } else { ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>") };
+        [("<|startoftext|>", self.bos), ("<|endoftext|>", self.eos), ("<|mdm_mask|>", self.mask), (start, self.start_header), (end, self.end_header), (eot, self.eot)]
     }
 }
 
@@ -170,7 +212,7 @@ impl WeightType {
         }
     }
 
-    fn torch_name(self) -> &'static str {
+    pub(crate) fn torch_name(self) -> &'static str {
         match self {
             WeightType::F32 => "float32",
             WeightType::Bf16 => "bfloat16",
@@ -194,8 +236,10 @@ pub struct CheckpointSpec {
 struct LazyTensor {
     shape: Vec<usize>,
     weights: WeightType,
-    /// Norm weights are ones, like an initialised LLaDA; matrices are normal(0, std).
+    /// Norm weights are ones, like an initialised LLaDA (LLaDA-MoE's: one plus
+    /// normal(0, 0.1), so tests see a norm's weight applied); matrices are normal(0, std).
     is_norm: bool,
+    norm_jitter: bool,
     std: f32,
     seed: u64,
 }
@@ -214,8 +258,13 @@ impl View for LazyTensor {
         let mut out = Vec::with_capacity(n * self.weights.size());
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
         let normal = Normal::new(0.0f32, self.std).expect("a positive standard deviation");
+        let jitter = Normal::new(0.0f32, 0.1).expect("a positive standard deviation");
         for _ in 0..n {
-            let v = if self.is_norm { 1.0 } else { normal.sample(&mut rng) };
+            let v = match (self.is_norm, self.norm_jitter) {
+                (false, _) => normal.sample(&mut rng),
+                (true, false) => 1.0,
+                (true, true) => 1.0 + jitter.sample(&mut rng),
+            };
             match self.weights {
                 WeightType::F32 => out.extend_from_slice(&v.to_le_bytes()),
                 WeightType::Bf16 => out.extend_from_slice(&bf16::from_f32(v).to_le_bytes()),
@@ -249,9 +298,14 @@ pub fn write(spec: &CheckpointSpec, dir: &Path) -> std::io::Result<Written> {
     if s.n_heads == 0 || s.d_model % s.n_heads != 0 || s.n_kv_heads == 0 || s.n_heads % s.n_kv_heads != 0 || s.head_dim() % 2 != 0 {
         return Err(invalid(format!("inconsistent heads: d_model {} n_heads {} n_kv_heads {}", s.d_model, s.n_heads, s.n_kv_heads)));
     }
-    let special = SpecialIds::for_vocab(s.embedding_size);
-    if special.eot as usize >= s.embedding_size {
-        return Err(invalid(format!("embedding_size {} is too small for the tokenizer's {} tokens", s.embedding_size, special.eot + 1)));
+    let special = SpecialIds::for_shape(s);
+    if special.eot.max(special.mask) as usize >= s.embedding_size {
+        return Err(invalid(format!("embedding_size {} is too small for the tokenizer's {} tokens", s.embedding_size, special.eot.max(special.mask) + 1)));
+    }
+    if let Some(moe) = s.moe {
+        if moe.experts == 0 || moe.top_k == 0 || moe.top_k > moe.experts {
+            return Err(invalid(format!("{} experts with top_k {}: top_k must be between 1 and the experts", moe.experts, moe.top_k)));
+        }
     }
     std::fs::create_dir_all(dir)?;
 
@@ -277,7 +331,14 @@ pub fn write(spec: &CheckpointSpec, dir: &Path) -> std::io::Result<Written> {
         let views = members.iter().map(|&i| {
             let (name, shape, is_norm) = &tensors[i];
             weight_map.insert(name.clone(), file_name(k));
-            let t = LazyTensor { shape: shape.clone(), weights: spec.weights, is_norm: *is_norm, std: spec.init_std, seed: tensor_seed(spec.seed, name) };
+            let t = LazyTensor {
+                shape: shape.clone(),
+                weights: spec.weights,
+                is_norm: *is_norm,
+                norm_jitter: s.moe.is_some(),
+                std: spec.init_std,
+                seed: tensor_seed(spec.seed, name),
+            };
             total += t.data_len() as u64;
             (name.clone(), t)
         });
@@ -298,13 +359,16 @@ pub fn write(spec: &CheckpointSpec, dir: &Path) -> std::io::Result<Written> {
 pub fn write_metadata(spec: &CheckpointSpec, special: SpecialIds, dir: &Path) -> std::io::Result<()> {
     let s = &spec.shape;
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config_json(spec, special))?)?;
+    // LLaDA-MoE's config.json sets no BOS and no mask id: the mask id is here.
+    let bos = if special.moe { Value::Null } else { json!(special.bos) };
     std::fs::write(dir.join("generation_config.json"), serde_json::to_string_pretty(&json!({
-        "bos_token_id": special.bos, "eos_token_id": special.eos, "pad_token_id": special.eos, "mask_token_id": special.mask,
+        "bos_token_id": bos, "eos_token_id": special.eos, "pad_token_id": special.eos, "mask_token_id": special.mask,
     }))?)?;
     std::fs::write(dir.join("tokenizer.json"), serde_json::to_string_pretty(&tokenizer_json(special))?)?;
     std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_string_pretty(&tokenizer_config_json(special, s))?)?;
+    let bos = if special.moe { Value::Null } else { json!("<|startoftext|>") };
     std::fs::write(dir.join("special_tokens_map.json"), serde_json::to_string_pretty(&json!({
-        "bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "mask_token": "<|mdm_mask|>",
+        "bos_token": bos, "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "mask_token": "<|mdm_mask|>",
     }))?)?;
     Ok(())
 }
@@ -313,7 +377,7 @@ pub fn write_metadata(spec: &CheckpointSpec, special: SpecialIds, dir: &Path) ->
 /// metadata files: how a trained model becomes a Hugging Face checkpoint.
 pub fn write_weights(spec: &CheckpointSpec, dir: &Path, tensors: Vec<(String, Vec<usize>, Vec<f32>)>) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    let special = SpecialIds::for_vocab(spec.shape.embedding_size);
+    let special = SpecialIds::for_shape(&spec.shape);
     let encoded: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
         .into_iter()
         .map(|(name, shape, values)| {
@@ -337,9 +401,12 @@ pub fn write_weights(spec: &CheckpointSpec, dir: &Path, tensors: Vec<(String, Ve
     write_metadata(spec, special, dir)
 }
 
-/// `config.json` with every key of LLaDA-8B-Instruct's.
+/// `config.json` with every key of LLaDA-8B-Instruct's (or of LLaDA-MoE's).
 pub fn config_json(spec: &CheckpointSpec, special: SpecialIds) -> Value {
     let s = &spec.shape;
+    if let Some(moe) = s.moe {
+        return crate::checkpoint_moe::config_json(spec, moe, special);
+    }
     json!({
         "activation_type": "silu",
         "alibi": false,
@@ -465,6 +532,7 @@ pub fn tokenizer_json(special: SpecialIds) -> Value {
 pub const CHAT_TEMPLATE: &str = "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
 
 pub fn tokenizer_config_json(special: SpecialIds, shape: &Shape) -> Value {
+    let bos = if special.moe { Value::Null } else { json!("<|startoftext|>") };
     let decoder: serde_json::Map<String, Value> = special
         .named()
         .iter()
@@ -475,14 +543,14 @@ pub fn tokenizer_config_json(special: SpecialIds, shape: &Shape) -> Value {
     json!({
         "add_bos_token": false,
         "add_eos_token": false,
-        "bos_token": "<|startoftext|>",
+        "bos_token": bos,
         "eos_token": "<|endoftext|>",
         "pad_token": "<|endoftext|>",
         "mask_token": "<|mdm_mask|>",
         "clean_up_tokenization_spaces": false,
         "model_max_length": shape.max_sequence_length,
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "chat_template": CHAT_TEMPLATE,
+        "chat_template": if special.moe { crate::checkpoint_moe::CHAT_TEMPLATE } else { CHAT_TEMPLATE },
         "added_tokens_decoder": decoder,
     })
 }

@@ -60,7 +60,7 @@ fn linear(x: Tensor<3>, w: &Param<Tensor<2>>) -> Tensor<3> {
 }
 
 /// Rotary tables `[T, head_dim / 2]` computed in double precision.
-fn rope_tables(t: usize, head_dim: usize, theta: f64, device: &Device) -> (Tensor<2>, Tensor<2>) {
+pub(crate) fn rope_tables(t: usize, head_dim: usize, theta: f64, device: &Device) -> (Tensor<2>, Tensor<2>) {
     let half = head_dim / 2;
     let mut cos = Vec::with_capacity(t * half);
     let mut sin = Vec::with_capacity(t * half);
@@ -78,7 +78,7 @@ fn rope_tables(t: usize, head_dim: usize, theta: f64, device: &Device) -> (Tenso
 }
 
 /// Half-split rotation of `[B, H, T, hd]` by `[T, hd/2]` tables.
-fn rotate(x: Tensor<4>, cos: &Tensor<2>, sin: &Tensor<2>) -> Tensor<4> {
+pub(crate) fn rotate(x: Tensor<4>, cos: &Tensor<2>, sin: &Tensor<2>) -> Tensor<4> {
     let hd = x.dims()[3];
     let half = hd / 2;
     let x1 = x.clone().narrow(3, 0, half);
@@ -119,30 +119,7 @@ impl Llada {
 
     /// Loads a Hugging Face LLaDA checkpoint (single file or sharded) as f32.
     pub fn load(dir: &Path, shape: &Shape, device: &Device) -> std::io::Result<Llada> {
-        let mut store = std::collections::HashMap::new();
-        let index = dir.join("model.safetensors.index.json");
-        let files: Vec<std::path::PathBuf> = if index.exists() {
-            let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&index)?)?;
-            let mut f: Vec<String> = v["weight_map"].as_object().into_iter().flatten().filter_map(|(_, f)| f.as_str().map(String::from)).collect();
-            f.sort();
-            f.dedup();
-            f.into_iter().map(|f| dir.join(f)).collect()
-        } else {
-            vec![dir.join("model.safetensors")]
-        };
-        for f in files {
-            let bytes = std::fs::read(&f)?;
-            let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| std::io::Error::other(e.to_string()))?;
-            for (name, view) in st.tensors() {
-                let vals: Vec<f32> = match view.dtype() {
-                    safetensors::Dtype::F32 => view.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
-                    safetensors::Dtype::BF16 => view.data().chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-                    safetensors::Dtype::F16 => view.data().chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-                    other => return Err(std::io::Error::other(format!("{name}: unsupported dtype {other:?}"))),
-                };
-                store.insert(name, (vals, view.shape().to_vec()));
-            }
-        }
+        let mut store = load_tensors(dir)?;
         let mut take = |name: &str| -> std::io::Result<(Vec<f32>, Vec<usize>)> {
             store.remove(name).ok_or_else(|| std::io::Error::other(format!("missing tensor {name}")))
         };
@@ -211,4 +188,33 @@ impl Llada {
         let head = matrix(shape.embedding_size, d);
         Llada { wte, blocks, ln_f: ones(d), head }
     }
+}
+
+/// Every tensor of a Hugging Face checkpoint (single file or sharded) as f32, by name.
+pub fn load_tensors(dir: &Path) -> std::io::Result<std::collections::HashMap<String, (Vec<f32>, Vec<usize>)>> {
+    let mut store = std::collections::HashMap::new();
+    let index = dir.join("model.safetensors.index.json");
+    let files: Vec<std::path::PathBuf> = if index.exists() {
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&index)?)?;
+        let mut f: Vec<String> = v["weight_map"].as_object().into_iter().flatten().filter_map(|(_, f)| f.as_str().map(String::from)).collect();
+        f.sort();
+        f.dedup();
+        f.into_iter().map(|f| dir.join(f)).collect()
+    } else {
+        vec![dir.join("model.safetensors")]
+    };
+    for f in files {
+        let bytes = std::fs::read(&f)?;
+        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| std::io::Error::other(e.to_string()))?;
+        for (name, view) in st.tensors() {
+            let vals: Vec<f32> = match view.dtype() {
+                safetensors::Dtype::F32 => view.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect(),
+                safetensors::Dtype::BF16 => view.data().chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+                safetensors::Dtype::F16 => view.data().chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+                other => return Err(std::io::Error::other(format!("{name}: unsupported dtype {other:?}"))),
+            };
+            store.insert(name, (vals, view.shape().to_vec()));
+        }
+    }
+    Ok(store)
 }

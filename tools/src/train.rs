@@ -52,6 +52,7 @@ impl TrainConfig {
                 embedding_size: 320,
                 max_sequence_length: 512,
                 rope_theta: 500000.0,
+                moe: None,
             },
             steps: 2400,
             batch: 16,
@@ -84,7 +85,7 @@ pub struct Trainer {
 
 impl Trainer {
     pub fn new(shape: &Shape, seed: u64) -> Trainer {
-        let special = SpecialIds::for_vocab(shape.embedding_size);
+        let special = SpecialIds::for_shape(shape);
         let tokenizer = checkpoint::tokenizer_json(special).to_string().parse().expect("the generated tokenizer loads");
         Trainer { tokenizer, special, rng: ChaCha8Rng::seed_from_u64(seed ^ 0x7a5c) }
     }

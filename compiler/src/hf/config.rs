@@ -2,6 +2,8 @@
 //! read: the ones that shape the network become [`LladaConfig`], the ones that only matter
 //! for training are accepted, and any value the compiler cannot honour is refused with a
 //! message naming the key. Unknown keys are reported as warnings, not silently dropped.
+//! LLaDA-MoE's keys (another configuration class under the same `model_type`) are read by
+//! `config_moe`.
 
 use std::path::{Path, PathBuf};
 
@@ -9,13 +11,31 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 
+/// Which Hugging Face layout the checkpoint has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    /// `LLaDAModelLM`: `model.transformer.*` tensors.
+    Llada,
+    /// `LLaDAMoEModelLM`: `model.layers.*` tensors, mixture-of-experts feed-forward.
+    LladaMoe,
+}
+
+/// The experts of a mixture-of-experts config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeSettings {
+    pub experts: usize,
+    pub top_k: usize,
+}
+
 /// The network-shaping part of a LLaDA config.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LladaConfig {
+    pub arch: Arch,
     pub d_model: usize,
     pub n_layers: usize,
     pub n_heads: usize,
     pub n_kv_heads: usize,
+    /// SwiGLU width (of each expert, with `moe`).
     pub mlp_hidden: usize,
     pub vocab_size: usize,
     pub embedding_size: usize,
@@ -28,6 +48,9 @@ pub struct LladaConfig {
     pub bos_token_id: Option<u32>,
     pub eos_token_id: Option<u32>,
     pub pad_token_id: Option<u32>,
+    /// RMSNorm on each query and key head before rotary.
+    pub qk_norm: bool,
+    pub moe: Option<MoeSettings>,
 }
 
 impl LladaConfig {
@@ -45,23 +68,23 @@ const ACCEPTED_KEYS: &[&str] = &[
     "output_hidden_states", "output_attentions", "tie_word_embeddings",
 ];
 
-struct Keys<'a> {
-    path: &'a Path,
-    map: &'a Map<String, Value>,
-    used: Vec<&'static str>,
+pub(super) struct Keys<'a> {
+    pub(super) path: &'a Path,
+    pub(super) map: &'a Map<String, Value>,
+    pub(super) used: Vec<&'static str>,
 }
 
 impl<'a> Keys<'a> {
-    fn err(&self, key: &str, msg: impl Into<String>) -> Error {
+    pub(super) fn err(&self, key: &str, msg: impl Into<String>) -> Error {
         Error::config(self.path, key, msg)
     }
 
-    fn get(&mut self, key: &'static str) -> Option<&'a Value> {
+    pub(super) fn get(&mut self, key: &'static str) -> Option<&'a Value> {
         self.used.push(key);
         self.map.get(key).filter(|v| !v.is_null())
     }
 
-    fn usize(&mut self, key: &'static str) -> Result<Option<usize>> {
+    pub(super) fn usize(&mut self, key: &'static str) -> Result<Option<usize>> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -72,18 +95,18 @@ impl<'a> Keys<'a> {
         }
     }
 
-    fn required(&mut self, key: &'static str) -> Result<usize> {
+    pub(super) fn required(&mut self, key: &'static str) -> Result<usize> {
         self.usize(key)?.ok_or_else(|| self.err(key, "missing; a LLaDA config.json must set it"))
     }
 
-    fn f64(&mut self, key: &'static str, default: f64) -> Result<f64> {
+    pub(super) fn f64(&mut self, key: &'static str, default: f64) -> Result<f64> {
         match self.get(key) {
             None => Ok(default),
             Some(v) => v.as_f64().ok_or_else(|| self.err(key, format!("expected a number, found {v}"))),
         }
     }
 
-    fn bool(&mut self, key: &'static str, default: bool) -> Result<bool> {
+    pub(super) fn bool(&mut self, key: &'static str, default: bool) -> Result<bool> {
         match self.get(key) {
             None => Ok(default),
             Some(v) => v.as_bool().ok_or_else(|| self.err(key, format!("expected true or false, found {v}"))),
@@ -91,7 +114,7 @@ impl<'a> Keys<'a> {
     }
 
     /// A boolean the compiler supports only at one value.
-    fn require_bool(&mut self, key: &'static str, default: bool, supported: bool, why: &str) -> Result<()> {
+    pub(super) fn require_bool(&mut self, key: &'static str, default: bool, supported: bool, why: &str) -> Result<()> {
         let v = self.bool(key, default)?;
         if v != supported {
             return Err(self.err(key, format!("{v} is not supported ({why})")));
@@ -99,7 +122,7 @@ impl<'a> Keys<'a> {
         Ok(())
     }
 
-    fn require_str(&mut self, key: &'static str, default: &str, supported: &[&str]) -> Result<()> {
+    pub(super) fn require_str(&mut self, key: &'static str, default: &str, supported: &[&str]) -> Result<()> {
         let v = match self.get(key) {
             None => default.to_string(),
             Some(Value::String(s)) => s.clone(),
@@ -111,7 +134,16 @@ impl<'a> Keys<'a> {
         Ok(())
     }
 
-    fn token(&mut self, key: &'static str) -> Result<Option<u32>> {
+    /// Warnings for the keys neither read nor in `accepted`.
+    pub(super) fn unknown(&self, accepted: &[&str]) -> Vec<String> {
+        self.map
+            .keys()
+            .filter(|key| !self.used.contains(&key.as_str()) && !accepted.contains(&key.as_str()))
+            .map(|key| format!("{}: unknown key '{key}' ignored", self.path.display()))
+            .collect()
+    }
+
+    pub(super) fn token(&mut self, key: &'static str) -> Result<Option<u32>> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => v
@@ -123,14 +155,31 @@ impl<'a> Keys<'a> {
 }
 
 /// Parses `dir/config.json`; returns the config and warnings about keys it did not know.
+/// (LLaDA-MoE's config.json names no mask token: its `generation_config.json` does.)
 pub fn load(dir: &Path) -> Result<(LladaConfig, Vec<String>)> {
     let path: PathBuf = dir.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-    let root: Value = serde_json::from_str(&text).map_err(|e| Error::Json { path: path.clone(), msg: e.to_string() })?;
-    let map = root.as_object().ok_or_else(|| Error::Json { path: path.clone(), msg: "expected an object".into() })?;
-    parse(&path, map)
+    let map = read_object(&path)?;
+    if super::config_moe::is_moe(&map) {
+        let generation = dir.join("generation_config.json");
+        let mask = match generation.exists() {
+            true => read_object(&generation)?.get("mask_token_id").and_then(Value::as_u64).map(|m| m as u32),
+            false => None,
+        };
+        return super::config_moe::parse(&path, &map, mask);
+    }
+    parse(&path, &map)
 }
 
+fn read_object(path: &Path) -> Result<Map<String, Value>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let root: Value = serde_json::from_str(&text).map_err(|e| Error::Json { path: path.to_path_buf(), msg: e.to_string() })?;
+    match root {
+        Value::Object(map) => Ok(map),
+        _ => Err(Error::Json { path: path.to_path_buf(), msg: "expected an object".into() }),
+    }
+}
+
+/// Parses a dense LLaDA config (`config_moe::parse` reads LLaDA-MoE's).
 pub fn parse(path: &Path, map: &Map<String, Value>) -> Result<(LladaConfig, Vec<String>)> {
     let mut k = Keys { path, map, used: Vec::new() };
 
@@ -146,7 +195,7 @@ pub fn parse(path: &Path, map: &Map<String, Value>) -> Result<(LladaConfig, Vec<
     k.require_bool("include_qkv_bias", false, false, "q/k/v projections with bias are not implemented")?;
     k.require_bool("bias_for_layer_norm", false, false, "norms with bias are not implemented")?;
     k.require_bool("layer_norm_with_affine", true, true, "norms without a weight are not implemented")?;
-    k.require_bool("attention_layer_norm", false, false, "query/key norm (as in LLaDA-MoE) is not implemented yet")?;
+    k.require_bool("attention_layer_norm", false, false, "OLMo's query/key layer norm over all heads is not implemented")?;
     k.require_str("layer_norm_type", "rms", &["rms"])?;
     k.require_str("block_type", "llama", &["llama"])?;
     k.require_str("activation_type", "silu", &["silu"])?;
@@ -199,12 +248,9 @@ pub fn parse(path: &Path, map: &Map<String, Value>) -> Result<(LladaConfig, Vec<
         }
     }
 
-    let warnings = map
-        .keys()
-        .filter(|key| !k.used.contains(&key.as_str()) && !ACCEPTED_KEYS.contains(&key.as_str()))
-        .map(|key| format!("{}: unknown key '{key}' ignored", path.display()))
-        .collect();
+    let warnings = k.unknown(ACCEPTED_KEYS);
     let cfg = LladaConfig {
+        arch: Arch::Llada,
         d_model,
         n_layers,
         n_heads,
@@ -221,6 +267,8 @@ pub fn parse(path: &Path, map: &Map<String, Value>) -> Result<(LladaConfig, Vec<
         bos_token_id,
         eos_token_id,
         pad_token_id,
+        qk_norm: false,
+        moe: None,
     };
     Ok((cfg, warnings))
 }

@@ -2,6 +2,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod config_moe;
 pub mod tokenizer;
 
 /// Names of a LLaDA checkpoint's tensors.
@@ -12,5 +13,22 @@ pub mod names {
 
     pub fn block(layer: usize, part: &str) -> String {
         format!("model.transformer.blocks.{layer}.{part}.weight")
+    }
+
+    /// LLaDA-MoE's (`modeling_lladamoe.py`).
+    pub mod moe {
+        pub const EMBEDDING: &str = "model.embed_tokens.weight";
+        pub const FINAL_NORM: &str = "model.norm.weight";
+        pub const HEAD: &str = "lm_head.weight";
+
+        /// `part` of layer `layer`: `self_attn.q_proj`, `mlp.gate`, `input_layernorm`...
+        pub fn layer(layer: usize, part: &str) -> String {
+            format!("model.layers.{layer}.{part}.weight")
+        }
+
+        /// `part` (`gate_proj`, `up_proj`, `down_proj`) of expert `expert` of layer `layer`.
+        pub fn expert(layer: usize, expert: usize, part: &str) -> String {
+            format!("model.layers.{layer}.mlp.experts.{expert}.{part}.weight")
+        }
     }
 }

@@ -8,10 +8,11 @@ use serde_json::Value;
 use llada_ir::{SpecialTokens, TokenizerSpec};
 
 use crate::error::{Error, Result};
-use crate::hf::config::LladaConfig;
+use crate::hf::config::{Arch, LladaConfig};
 
-/// The end-of-turn token of LLaDA's chat format.
+/// The end-of-turn token of LLaDA's chat format, and of LLaDA-MoE's.
 const EOT_TOKEN: &str = "<|eot_id|>";
+const MOE_EOT_TOKEN: &str = "<|role_end|>";
 
 /// A special token in `tokenizer_config.json`: either a string or `{"content": ...}`.
 fn token_string(v: Option<&Value>) -> Option<String> {
@@ -66,7 +67,10 @@ pub fn load(dir: &Path, cfg: &LladaConfig) -> Result<(TokenizerSpec, SpecialToke
     };
     let bos = cfg.bos_token_id.or(id_of(&bos_token, "bos_token")?);
     let eos = cfg.eos_token_id.or(id_of(&eos_token, "eos_token")?);
-    let eot = tokenizer.token_to_id(EOT_TOKEN);
+    let eot = tokenizer.token_to_id(match cfg.arch {
+        Arch::Llada => EOT_TOKEN,
+        Arch::LladaMoe => MOE_EOT_TOKEN,
+    });
     for (what, id) in [("bos", bos), ("eos", eos), ("eot", eot)] {
         if let Some(id) = id {
             if id as usize >= cfg.embedding_size {

@@ -160,6 +160,19 @@ pub fn rms_norm(features: cpu::Features, x: &[f32], weight: &[f32], eps: f32, ou
     }
 }
 
+/// [`rms_norm`] in place on every `weight.len()`-wide head of `heads` (one row's query or
+/// key heads, which share the weight), with the same operations in the same order.
+pub fn head_rms_norm(features: cpu::Features, heads: &mut [f32], weight: &[f32], eps: f32) {
+    let cols = weight.len();
+    for h in heads.chunks_exact_mut(cols) {
+        let ms = dot(features, h, h) / cols as f32;
+        let r = 1.0 / (ms + eps).sqrt();
+        for (v, &w) in h.iter_mut().zip(weight) {
+            *v = w * (*v * r);
+        }
+    }
+}
+
 /// Rotary embedding in place on the heads of `row` (whole heads of `head_dim`), half-split
 /// convention: `[x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin]`.
 pub fn rope_row(row: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {

@@ -93,7 +93,7 @@ impl Worker<'_> {
         self.positions.resize(g.rows as usize, 0);
         self.head.clear();
         self.head.extend(n as u32..2 * n as u32);
-        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: n, context: seq_len, head_rows: &self.head };
+        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: n, context: seq_len, head_rows: &self.head, rows: 2 * n };
         self.executor.run_unstaged(self.model, g, &inputs, &mut self.window)?;
         let range = value_range(g, &g.values[g.logits as usize], n, h.plan.window.activations.offset);
         self.logits.clear();

@@ -1,7 +1,8 @@
 //! Writes a random-weight LLaDA checkpoint in Hugging Face layout.
 //!
 //! `gen-checkpoint --preset llada-8b --dtype bf16 -o /tmp/llada-8b` gives the exact LLaDA-8B
-//! shapes; any field can be overridden (`--n-kv-heads 8` for grouped-query attention).
+//! shapes (`--preset llada-moe-7b` LLaDA-MoE-7B-A1B's, in its own layout); any field can be
+//! overridden (`--n-kv-heads 8` for grouped-query attention, `--experts 16` for fewer experts).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -12,8 +13,9 @@ use llada_tools::checkpoint::{write, CheckpointSpec, Shape, WeightType};
 #[derive(Parser)]
 #[command(about = "Write a random-weight LLaDA checkpoint in exact Hugging Face layout")]
 struct Args {
-    /// Starting shape: tiny, llada-1b or llada-8b.
-    #[arg(long, default_value = "tiny", value_parser = ["tiny", "llada-1b", "llada-8b"])]
+    /// Starting shape: tiny, llada-1b, llada-8b, or the mixture-of-experts tiny-moe and
+    /// llada-moe-7b.
+    #[arg(long, default_value = "tiny", value_parser = ["tiny", "llada-1b", "llada-8b", "tiny-moe", "llada-moe-7b"])]
     preset: String,
     #[arg(long)]
     d_model: Option<usize>,
@@ -23,8 +25,15 @@ struct Args {
     n_heads: Option<usize>,
     #[arg(long)]
     n_kv_heads: Option<usize>,
+    /// SwiGLU width (of each expert, for the MoE presets).
     #[arg(long)]
     mlp_hidden_size: Option<usize>,
+    /// Experts per layer (MoE presets only).
+    #[arg(long)]
+    experts: Option<usize>,
+    /// Experts per token (MoE presets only).
+    #[arg(long)]
+    top_k: Option<usize>,
     /// Vocabulary and embedding rows.
     #[arg(long)]
     vocab_size: Option<usize>,
@@ -51,8 +60,21 @@ fn main() -> ExitCode {
     let mut shape = match a.preset.as_str() {
         "llada-8b" => Shape::llada_8b(),
         "llada-1b" => Shape::llada_1b(),
+        "tiny-moe" => Shape::tiny_moe(),
+        "llada-moe-7b" => Shape::llada_moe_7b(),
         _ => Shape::tiny(),
     };
+    match &mut shape.moe {
+        Some(moe) => {
+            moe.experts = a.experts.unwrap_or(moe.experts);
+            moe.top_k = a.top_k.unwrap_or(moe.top_k);
+        }
+        None if a.experts.is_some() || a.top_k.is_some() => {
+            eprintln!("error: --experts and --top-k need a mixture-of-experts preset (tiny-moe, llada-moe-7b), not '{}'", a.preset);
+            return ExitCode::FAILURE;
+        }
+        None => {}
+    }
     shape.d_model = a.d_model.unwrap_or(shape.d_model);
     shape.n_layers = a.n_layers.unwrap_or(shape.n_layers);
     shape.n_heads = a.n_heads.unwrap_or(shape.n_heads);

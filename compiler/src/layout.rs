@@ -1,0 +1,185 @@
+//! Which checkpoint tensors become which artifact tensors, in which segments, in file order;
+//! and, once written, where the lowering finds them. Segments are the unit the window plan
+//! keeps resident or stages: half a transformer block each for dense LLaDA (two slots of the
+//! larger half double-buffer a layer); for LLaDA-MoE a block's attention and router, then one
+//! segment per expert (the unit of the expert cache).
+
+use std::collections::HashSet;
+
+use llada_ir::{DType, TensorId};
+
+use crate::error::{Error, Result};
+use crate::hf::checkpoint::{Checkpoint, TensorLocation};
+use crate::hf::config::{Arch, LladaConfig};
+use crate::hf::names;
+use crate::lower::{BlockTensors, Ffn, NetworkTensors};
+
+/// One artifact tensor: the checkpoint tensors whose rows it concatenates (a fused matrix
+/// has several), and how it is stored.
+pub struct Planned<'a> {
+    pub name: String,
+    pub sources: Vec<&'a TensorLocation>,
+    pub dtype: DType,
+    pub shape: Vec<u64>,
+}
+
+/// The artifact's tensors by segment, in file order.
+pub struct Layout<'a> {
+    pub arch: Arch,
+    pub segments: Vec<(String, Vec<Planned<'a>>)>,
+    /// Checkpoint tensor names the layout reads (the others are reported as ignored).
+    pub consumed: HashSet<String>,
+}
+
+/// Storage of the weights: `matrix` for projections, `embedding` for the gathered table.
+#[derive(Clone, Copy)]
+pub struct Storage {
+    pub matrix: DType,
+    pub embedding: DType,
+}
+
+struct Builder<'c> {
+    ckpt: &'c Checkpoint,
+    consumed: HashSet<String>,
+}
+
+impl<'c> Builder<'c> {
+    fn get(&mut self, name: &str, shape: &[usize], why: &str) -> Result<&'c TensorLocation> {
+        self.consumed.insert(name.to_string());
+        self.ckpt.expect(name, shape, why)
+    }
+
+    fn single(&mut self, name: &str, shape: &[usize], why: &str, dtype: DType) -> Result<Planned<'c>> {
+        Ok(Planned { name: name.into(), sources: vec![self.get(name, shape, why)?], dtype, shape: shape.iter().map(|&x| x as u64).collect() })
+    }
+
+    /// Rows of `parts` stacked into one matrix named `name`.
+    fn fused(&mut self, name: String, parts: &[(&str, [usize; 2], &str)], dtype: DType) -> Result<Planned<'c>> {
+        let sources = parts.iter().map(|(n, shape, why)| self.get(n, shape, why)).collect::<Result<Vec<_>>>()?;
+        let rows = parts.iter().map(|p| p.1[0] as u64).sum();
+        Ok(Planned { name, sources, dtype, shape: vec![rows, parts[0].1[1] as u64] })
+    }
+}
+
+/// Checks every tensor the config calls for (before anything is written) and lays them out.
+pub fn plan<'c>(cfg: &LladaConfig, ckpt: &'c Checkpoint, storage: Storage) -> Result<Layout<'c>> {
+    let mut b = Builder { ckpt, consumed: HashSet::new() };
+    let segments = match cfg.arch {
+        Arch::Llada => dense(cfg, &mut b, storage)?,
+        Arch::LladaMoe => moe(cfg, &mut b, storage)?,
+    };
+    Ok(Layout { arch: cfg.arch, segments, consumed: b.consumed })
+}
+
+fn dense<'c>(cfg: &LladaConfig, b: &mut Builder<'c>, st: Storage) -> Result<Vec<(String, Vec<Planned<'c>>)>> {
+    let (d, hd, f, v) = (cfg.d_model, cfg.head_dim(), cfg.mlp_hidden, cfg.embedding_size);
+    let (q_dim, kv_dim) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
+    let why_d = format!("d_model {d}");
+    let why_v = format!("embedding_size {v}, {why_d}");
+    let why_q = format!("n_heads {} x head_dim {hd}, {why_d}", cfg.n_heads);
+    let why_kv = format!("n_kv_heads {} x head_dim {hd}, {why_d}", cfg.n_kv_heads);
+    let why_f = format!("mlp_hidden_size {f}, {why_d}");
+    let mut segments = vec![("embedding".to_string(), vec![b.single(names::EMBEDDING, &[v, d], &why_v, st.embedding)?])];
+    for l in 0..cfg.n_layers {
+        let n = |part: &str| names::block(l, part);
+        segments.push((
+            format!("blocks.{l}.attn"),
+            vec![
+                b.single(&n("attn_norm"), &[d], &why_d, DType::F32)?,
+                b.fused(n("qkv_proj"), &[(&n("q_proj"), [q_dim, d], &why_q), (&n("k_proj"), [kv_dim, d], &why_kv), (&n("v_proj"), [kv_dim, d], &why_kv)], st.matrix)?,
+                b.single(&n("attn_out"), &[d, q_dim], &why_q, st.matrix)?,
+            ],
+        ));
+        segments.push((
+            format!("blocks.{l}.ffn"),
+            vec![
+                b.single(&n("ff_norm"), &[d], &why_d, DType::F32)?,
+                b.fused(n("gate_up_proj"), &[(&n("ff_proj"), [f, d], &why_f), (&n("up_proj"), [f, d], &why_f)], st.matrix)?,
+                b.single(&n("ff_out"), &[d, f], &why_f, st.matrix)?,
+            ],
+        ));
+    }
+    segments.push(("head".into(), vec![b.single(names::FINAL_NORM, &[d], &why_d, DType::F32)?, b.single(names::HEAD, &[v, d], &why_v, st.matrix)?]));
+    Ok(segments)
+}
+
+fn moe<'c>(cfg: &LladaConfig, b: &mut Builder<'c>, st: Storage) -> Result<Vec<(String, Vec<Planned<'c>>)>> {
+    use names::moe as n;
+    let moe = cfg.moe.expect("an MoE config has experts");
+    let (d, hd, f, v) = (cfg.d_model, cfg.head_dim(), cfg.mlp_hidden, cfg.embedding_size);
+    let (q_dim, kv_dim) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
+    let why_d = format!("hidden_size {d}");
+    let why_v = format!("vocab_size {v}, {why_d}");
+    let why_q = format!("num_attention_heads {} x head_dim {hd}, {why_d}", cfg.n_heads);
+    let why_kv = format!("num_key_value_heads {} x head_dim {hd}, {why_d}", cfg.n_kv_heads);
+    let why_hd = format!("head_dim {hd}");
+    let why_e = format!("num_experts {}, {why_d}", moe.experts);
+    let why_f = format!("expert_intermediate_size {f}, {why_d}");
+    let mut segments = vec![("embedding".to_string(), vec![b.single(n::EMBEDDING, &[v, d], &why_v, st.embedding)?])];
+    for l in 0..cfg.n_layers {
+        let p = |part: &str| n::layer(l, part);
+        let mut attn = vec![
+            b.single(&p("input_layernorm"), &[d], &why_d, DType::F32)?,
+            b.fused(p("self_attn.qkv_proj"), &[(&p("self_attn.q_proj"), [q_dim, d], &why_q), (&p("self_attn.k_proj"), [kv_dim, d], &why_kv), (&p("self_attn.v_proj"), [kv_dim, d], &why_kv)], st.matrix)?,
+        ];
+        if cfg.qk_norm {
+            attn.push(b.single(&p("self_attn.q_norm"), &[hd], &why_hd, DType::F32)?);
+            attn.push(b.single(&p("self_attn.k_norm"), &[hd], &why_hd, DType::F32)?);
+        }
+        attn.push(b.single(&p("self_attn.o_proj"), &[d, q_dim], &why_q, st.matrix)?);
+        attn.push(b.single(&p("post_attention_layernorm"), &[d], &why_d, DType::F32)?);
+        // The router stays f32 whatever the experts' storage: a rounded router would pick
+        // other experts for near-tied tokens, a discrete change no later layer smooths out.
+        attn.push(b.single(&p("mlp.gate"), &[moe.experts, d], &why_e, DType::PanelF32)?);
+        segments.push((format!("blocks.{l}.attn"), attn));
+        for e in 0..moe.experts {
+            let x = |part: &str| n::expert(l, e, part);
+            segments.push((
+                format!("blocks.{l}.experts.{e}"),
+                vec![
+                    b.fused(x("gate_up_proj"), &[(&x("gate_proj"), [f, d], &why_f), (&x("up_proj"), [f, d], &why_f)], st.matrix)?,
+                    b.single(&x("down_proj"), &[d, f], &why_f, st.matrix)?,
+                ],
+            ));
+        }
+    }
+    segments.push(("head".into(), vec![b.single(n::FINAL_NORM, &[d], &why_d, DType::F32)?, b.single(n::HEAD, &[v, d], &why_v, st.matrix)?]));
+    Ok(segments)
+}
+
+impl Layout<'_> {
+    /// The network's tensor ids, from the ids the writer gave each segment's tensors (in
+    /// layout order), and the expert segments (layer-major) by writer segment index.
+    pub fn network(&self, ids: &[Vec<TensorId>], cfg: &LladaConfig, rope: (TensorId, TensorId)) -> Result<(NetworkTensors, Vec<u32>)> {
+        let mut blocks = Vec::new();
+        let mut expert_segments = Vec::new();
+        let mut seg = 1;
+        for _ in 0..cfg.n_layers {
+            match self.arch {
+                Arch::Llada => {
+                    let (a, f) = (&ids[seg], &ids[seg + 1]);
+                    blocks.push(BlockTensors { attn_norm: a[0], qkv: a[1], qk_norm: None, attn_out: a[2], ff_norm: f[0], ffn: Ffn::Dense { gate_up: f[1], ff_out: f[2] } });
+                    seg += 2;
+                }
+                Arch::LladaMoe => {
+                    let a = &ids[seg];
+                    let experts = cfg.moe.expect("an MoE config has experts").experts;
+                    let (qk_norm, rest) = if cfg.qk_norm { (Some((a[2], a[3])), &a[4..]) } else { (None, &a[2..]) };
+                    let first = ids[seg + 1][0];
+                    for e in 0..experts {
+                        // The MoE op names expert e's matrices by position from the first.
+                        if ids[seg + 1 + e] != [first + 2 * e as u32, first + 2 * e as u32 + 1] {
+                            return Err(Error::Options(format!("internal: expert {e}'s tensors are not consecutive")));
+                        }
+                        expert_segments.push((seg + 1 + e) as u32);
+                    }
+                    blocks.push(BlockTensors { attn_norm: a[0], qkv: a[1], qk_norm, attn_out: rest[0], ff_norm: rest[1], ffn: Ffn::Moe { router: rest[2], first } });
+                    seg += 1 + experts;
+                }
+            }
+        }
+        let head = &ids[seg];
+        let net = NetworkTensors { embedding: ids[0][0], blocks, final_norm: head[0], head: head[1], rope_cos: rope.0, rope_sin: rope.1 };
+        Ok((net, expert_segments))
+    }
+}

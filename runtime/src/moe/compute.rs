@@ -1,0 +1,108 @@
+//! Computing experts over their routed rows, on whichever path: gather the rows, `[gate | up]`
+//! GEMM, SwiGLU, down GEMM, and each row's output to its place among the row's picks. The
+//! GEMM computes every row alone (a row's sums never depend on which other rows share the
+//! call or on the thread count), so an expert's output is the same bits on either path, and
+//! [`combine`] adds each row's picks in a fixed order: the layer's output never depends on
+//! which path computed what.
+
+use llada_ir::DType;
+
+use super::routing::Pick;
+use crate::kernels::cpu::Features;
+use crate::kernels::gemm::{gemm, Matrix};
+use crate::kernels::swiglu;
+
+/// Working memory of one path: `[rows * d | rows * 2h | rows * h | rows * d]` floats (gathered
+/// inputs, `[gate | up]` outputs, hidden, expert outputs) and the GEMM operand scratch.
+pub struct Scratch<'a> {
+    pub floats: &'a mut [f32],
+    pub operand: &'a mut [u8],
+}
+
+/// The shapes every expert of a layer shares.
+#[derive(Clone, Copy)]
+pub struct ExpertShape {
+    pub d: usize,
+    pub hidden: usize,
+    pub format: DType,
+    pub bf16_activations: bool,
+}
+
+impl ExpertShape {
+    /// Floats of working memory for `rows` rows.
+    pub fn floats(&self, rows: usize) -> usize {
+        rows * (2 * self.d + 3 * self.hidden)
+    }
+
+    pub fn gate_up<'a>(&self, bytes: &'a [u8]) -> Matrix<'a> {
+        Matrix { format: self.format, n: 2 * self.hidden, k: self.d, bytes, bf16_activations: self.bf16_activations }
+    }
+
+    pub fn down<'a>(&self, bytes: &'a [u8]) -> Matrix<'a> {
+        Matrix { format: self.format, n: self.d, k: self.hidden, bytes, bf16_activations: self.bf16_activations }
+    }
+}
+
+/// One expert (its `[gate | up]` and down matrices' bytes) over the rows `picks` of `x`
+/// (`[rows, d]`); hands each pick's output row to `write`.
+#[allow(clippy::too_many_arguments)]
+pub fn expert(shape: ExpertShape, x: &[f32], picks: &[Pick], gate_up: &[u8], down: &[u8], s: &mut Scratch, pool: &rayon::ThreadPool, features: Features, mut write: impl FnMut(Pick, &[f32])) {
+    let (d, h, n) = (shape.d, shape.hidden, picks.len());
+    if n == 0 {
+        return;
+    }
+    let (gathered, rest) = s.floats.split_at_mut(n * d);
+    let (gu, rest) = rest.split_at_mut(n * 2 * h);
+    let (hidden, rest) = rest.split_at_mut(n * h);
+    let out = &mut rest[..n * d];
+    for (row, p) in gathered.chunks_exact_mut(d).zip(picks) {
+        row.copy_from_slice(&x[p.row as usize * d..][..d]);
+    }
+    gemm(gathered, n, &shape.gate_up(gate_up), gu, s.operand, pool, features);
+    swiglu(features, gu, h, hidden);
+    gemm(hidden, n, &shape.down(down), out, s.operand, pool, features);
+    for (row, &p) in out.chunks_exact(d).zip(picks) {
+        write(p, row);
+    }
+}
+
+/// The layer's output: for each of the first `rows` rows, the sum over its picks in
+/// increasing expert id of probability x expert output (`ranked` holds row r's pick j at
+/// `(r * top_k + j) * d`); rows past `rows` (padding) are zero.
+pub fn combine(route: &[f32], ranked: &[f32], rows: usize, top_k: usize, d: usize, out: &mut [f32]) {
+    let mut order: Vec<(u32, usize, f32)> = Vec::with_capacity(top_k);
+    for (r, o) in out.chunks_exact_mut(d).enumerate() {
+        if r >= rows {
+            o.fill(0.0);
+            continue;
+        }
+        let (ids, weights) = route[r * 2 * top_k..(r + 1) * 2 * top_k].split_at(top_k);
+        order.clear();
+        order.extend(ids.iter().zip(weights).enumerate().map(|(j, (&id, &w))| (id as u32, j, w)));
+        order.sort_unstable_by_key(|&(id, j, _)| (id, j));
+        for (n, &(_, j, w)) in order.iter().enumerate() {
+            let y = &ranked[(r * top_k + j) * d..][..d];
+            if n == 0 {
+                o.iter_mut().zip(y).for_each(|(o, &y)| *o = y * w);
+            } else {
+                o.iter_mut().zip(y).for_each(|(o, &y)| *o += y * w);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn combine_adds_picks_in_expert_order_and_zeroes_padding() {
+        // One real row of d = 2 with picks (expert 5, p 0.5) then (expert 1, p 0.25); a
+        // padding row.
+        let route = [5.0, 1.0, 0.5, 0.25, 0.0, 0.0, 0.0, 0.0];
+        let ranked = [1.0, 2.0, 4.0, 8.0, 9.0, 9.0, 9.0, 9.0];
+        let mut out = [7.0f32; 4];
+        combine(&route, &ranked, 1, 2, 2, &mut out);
+        assert_eq!(out, [4.0 * 0.25 + 1.0 * 0.5, 8.0 * 0.25 + 2.0 * 0.5, 0.0, 0.0]);
+    }
+}

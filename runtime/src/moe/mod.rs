@@ -1,0 +1,611 @@
+//! Mixture-of-experts layers on a bounded window.
+//!
+//! The router picks experts per row at run time, so the plan cannot stage them ahead as it
+//! stages the other weights: each MoE layer has a pool of expert slots in the window (an
+//! expert cache), and an expert runs either on the accelerator path, from its slot, or on the
+//! CPU path, on its own threads at the same time, from the artifact's mapping. The strategy
+//! decides which ([`ExpertStrategy`]):
+//! - `hybrid` (after HybriMoE): a decayed routing score per expert ranks what each pool keeps;
+//!   after every layer its pool is refreshed toward its highest scores for the next pass
+//!   (a diffusion step re-routes a block that changes little, so the last pass's routing is
+//!   the best forecast of the next); before a layer computes, the next layer's router applied
+//!   to the current hidden states predicts its experts and the most valuable missing ones are
+//!   prefetched; and each layer's active experts are split between the paths by the cost model
+//!   (`split`) to minimise the later of the two;
+//! - `lru`: every expert on the accelerator path, a least-recently-used cache, misses staged
+//!   when needed, no prefetch;
+//! - `static`: every expert on the CPU path (as kTransformers places them), the accelerator
+//!   path running the rest of the network.
+//!
+//! All three compute the same bits: each expert's output does not depend on the path, and
+//! each row's picks are added in a fixed order (`compute::combine`).
+
+pub mod cache;
+pub mod compute;
+pub mod routing;
+pub mod split;
+pub mod stage;
+
+use std::time::Instant;
+
+use llada_ir::{Header, Op, TensorId};
+
+use crate::error::{Error, Result};
+use crate::kernels::cpu::Features;
+use crate::kernels::gemm::gemm;
+use crate::model::Model;
+use crate::window::{SlotPtr, Window};
+use cache::ExpertCache;
+use compute::{combine, ExpertShape, Scratch};
+use routing::{route_row, Routing};
+use split::{Candidate, Place, Split};
+use stage::ExpertStager;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpertStrategy {
+    Hybrid,
+    Lru,
+    Static,
+}
+
+impl ExpertStrategy {
+    pub fn parse(s: &str) -> Option<ExpertStrategy> {
+        match s {
+            "hybrid" => Some(ExpertStrategy::Hybrid),
+            "lru" => Some(ExpertStrategy::Lru),
+            "static" => Some(ExpertStrategy::Static),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ExpertStrategy::Hybrid => "hybrid",
+            ExpertStrategy::Lru => "lru",
+            ExpertStrategy::Static => "static",
+        }
+    }
+}
+
+/// What the experts cost so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct ExpertCounters {
+    /// MoE layer runs.
+    pub layers: u64,
+    /// Experts with rows in a layer run, summed over runs.
+    pub active: u64,
+    /// Of those, the ones whose slot already held them (ready) when the layer ran.
+    pub hits: u64,
+    /// Experts computed by each path.
+    pub accelerator_experts: u64,
+    pub cpu_experts: u64,
+    /// Experts copied into slots, and their bytes.
+    pub staged_experts: u64,
+    pub staged_bytes: u64,
+    /// Time the accelerator path waited for an expert's copy.
+    pub stall_seconds: f64,
+    /// Time the accelerator path waited for the CPU path at the end of a layer.
+    pub cpu_wait_seconds: f64,
+    /// Time each path spent computing experts.
+    pub accelerator_seconds: f64,
+    pub cpu_seconds: f64,
+}
+
+impl ExpertCounters {
+    /// Share of active experts found in the cache.
+    pub fn hit_rate(&self) -> f64 {
+        if self.active == 0 { 0.0 } else { self.hits as f64 / self.active as f64 }
+    }
+
+    /// `self - earlier`, for one pass's figures.
+    pub fn since(&self, earlier: &ExpertCounters) -> ExpertCounters {
+        ExpertCounters {
+            layers: self.layers - earlier.layers,
+            active: self.active - earlier.active,
+            hits: self.hits - earlier.hits,
+            accelerator_experts: self.accelerator_experts - earlier.accelerator_experts,
+            cpu_experts: self.cpu_experts - earlier.cpu_experts,
+            staged_experts: self.staged_experts - earlier.staged_experts,
+            staged_bytes: self.staged_bytes - earlier.staged_bytes,
+            stall_seconds: self.stall_seconds - earlier.stall_seconds,
+            cpu_wait_seconds: self.cpu_wait_seconds - earlier.cpu_wait_seconds,
+            accelerator_seconds: self.accelerator_seconds - earlier.accelerator_seconds,
+            cpu_seconds: self.cpu_seconds - earlier.cpu_seconds,
+        }
+    }
+}
+
+/// One MoE op's operands, in the window.
+pub struct MoeOperands<'a> {
+    pub layer: usize,
+    pub first: TensorId,
+    /// The op's input, `[graph rows, d]`.
+    pub x: &'a [f32],
+    pub route: &'a [f32],
+    pub out: &'a mut [f32],
+    pub ranked: &'a mut [f32],
+    pub work: &'a mut [f32],
+    /// The window's GEMM operand scratch.
+    pub operand: &'a mut [u8],
+    /// Real rows (the rest are padding).
+    pub rows: usize,
+}
+
+/// Where expert e of a layer is: its segment's file range (what staging copies) and its two
+/// matrices' offsets inside the segment.
+#[derive(Debug, Clone, Copy)]
+struct ExpertHome {
+    range: (u64, usize),
+    gate_up: usize,
+    down: usize,
+}
+
+/// The experts' shape, each layer's first expert tensor and router, and every expert's home.
+struct Layout {
+    shape: ExpertShape,
+    top_k: usize,
+    firsts: Vec<TensorId>,
+    routers: Vec<Option<TensorId>>,
+    homes: Vec<ExpertHome>,
+}
+
+fn expert_layout(h: &Header) -> Option<Layout> {
+    let moe = h.model.moe?;
+    let plan = &h.plan.window.experts;
+    let g = h.graphs.first()?;
+    let layers = h.model.n_layers as usize;
+    let (mut routers, mut firsts) = (vec![None; layers], vec![None; layers]);
+    // A layer's router is the MatMul whose output the Route op before its MoE op reads.
+    let (mut last_matmul, mut router) = (None, None);
+    for op in &g.ops {
+        match *op {
+            Op::MatMul { weight, out, .. } => last_matmul = Some((weight, out)),
+            Op::Route { logits, .. } => router = last_matmul.filter(|m: &(TensorId, u32)| m.1 == logits).map(|m| m.0),
+            Op::MoeExperts { layer, first, .. } => {
+                firsts[layer as usize] = Some(first);
+                routers[layer as usize] = router.take();
+            }
+            _ => {}
+        }
+    }
+    let first0 = firsts.iter().flatten().next().copied()?;
+    let firsts: Vec<TensorId> = firsts.into_iter().map(|f| f.unwrap_or(first0)).collect();
+    let t = &h.tensors[first0 as usize];
+    let shape = ExpertShape { d: h.model.d_model as usize, hidden: h.model.mlp_hidden as usize, format: t.dtype, bf16_activations: h.plan.bf16_activations };
+    let mut homes = Vec::with_capacity(layers * moe.experts as usize);
+    for (l, &first) in firsts.iter().enumerate() {
+        for e in 0..moe.experts {
+            let seg = &h.segments[plan.segments[l * moe.experts as usize + e as usize] as usize];
+            let within = |t: TensorId| (h.tensors[t as usize].offset - seg.offset) as usize;
+            homes.push(ExpertHome { range: (seg.offset, seg.nbytes as usize), gate_up: within(first + 2 * e), down: within(first + 2 * e + 1) });
+        }
+    }
+    Some(Layout { shape, top_k: moe.top_k as usize, firsts, routers, homes })
+}
+
+/// The CPU path: its threads and working memory (outside the window: a phone's CPU reads
+/// the artifact and its own memory).
+struct CpuPath {
+    pool: rayon::ThreadPool,
+    floats: Vec<f32>,
+    operand: Vec<u8>,
+    ranked: Vec<f32>,
+}
+
+/// The expert slots: what each holds, the copies into them, and their figures.
+struct Pools {
+    cache: ExpertCache,
+    stager: Option<ExpertStager>,
+    slots: Vec<SlotPtr>,
+    homes: Vec<ExpertHome>,
+    per_layer: usize,
+    slots_per_layer: usize,
+    data_offset: u64,
+    staged_experts: u64,
+    staged_bytes: u64,
+    stall_seconds: f64,
+}
+
+impl Pools {
+    fn global_slot(&self, layer: usize, slot: usize) -> usize {
+        layer * self.slots_per_layer + slot
+    }
+
+    /// Whether `layer`'s `slot` holds its expert, copied.
+    fn ready(&self, layer: usize, slot: usize) -> bool {
+        let s = &self.cache.layers[layer].slots[slot];
+        s.expert.is_some() && self.stager.as_ref().is_none_or(|st| st.is_done(self.global_slot(layer, slot), s.ticket))
+    }
+
+    /// The slot of `layer` holding `expert` ready, if any.
+    fn ready_slot(&self, layer: usize, expert: u32) -> Option<usize> {
+        self.cache.slot_of(layer, expert).filter(|&s| self.ready(layer, s))
+    }
+
+    /// Queues a copy of `expert` into `layer`'s `slot`.
+    fn stage(&mut self, layer: usize, slot: usize, expert: u32) {
+        let home = self.homes[layer * self.per_layer + expert as usize];
+        let g = self.global_slot(layer, slot);
+        let stager = self.stager.as_mut().expect("a pool that does not hold every expert has a stager");
+        let ticket = stager.stage(g, (self.data_offset + home.range.0, home.range.1));
+        self.cache.assign(layer, slot, expert, ticket);
+        self.staged_experts += 1;
+        self.staged_bytes += home.range.1 as u64;
+    }
+
+    /// Waits for `layer`'s `slot` to hold its expert, then returns its bytes.
+    ///
+    /// The caller must not queue a copy into this slot while it uses the bytes.
+    fn read(&mut self, layer: usize, slot: usize) -> Result<&[u8]> {
+        let g = self.global_slot(layer, slot);
+        if let Some(st) = &self.stager {
+            self.stall_seconds += st.wait(g, self.cache.layers[layer].slots[slot].ticket)?;
+        }
+        self.cache.touch(layer, slot);
+        // SAFETY: the slot's latest copy is finished (waited above), and copies are queued
+        // only by this thread, which does not queue one into this slot while the returned
+        // bytes are used (the caller's contract; `&mut self` keeps `stage` out meanwhile).
+        Ok(unsafe { self.slots[g].bytes() })
+    }
+}
+
+/// A session's expert runtime (see the module docs).
+pub struct Experts<'m> {
+    model: &'m Model,
+    strategy: ExpertStrategy,
+    shape: ExpertShape,
+    top_k: usize,
+    firsts: Vec<TensorId>,
+    /// Each layer's router, for predicting it one layer ahead.
+    routers: Vec<Option<TensorId>>,
+    pools: Pools,
+    cpu: Option<CpuPath>,
+    routing: Routing,
+    split: Split,
+    /// Scratch of the decisions, reused across layers.
+    mass: Vec<f32>,
+    candidates: Vec<Candidate>,
+    places: Vec<Place>,
+    predicted: Vec<f32>,
+    counters: ExpertCounters,
+}
+
+/// How many pool slots a hybrid refresh or prefetch may restage per layer run, as a share of
+/// the pool: copies cost the staging thread's core, and a pool that converges needs few.
+const RESTAGE_SHARE: usize = 4;
+/// A higher score replaces a slot's expert only if it beats it by this factor (no thrashing
+/// between near-equal experts).
+const HYSTERESIS: f32 = 1.5;
+
+impl<'m> Experts<'m> {
+    /// The expert runtime of a session over `window`, or `None` for a dense model. The CPU path
+    /// gets `cpu_threads` threads (`static` and `hybrid` need at least one). A pool that holds
+    /// every expert of its layer is filled now, like the resident weights.
+    pub fn new(model: &'m Model, window: &Window, strategy: ExpertStrategy, cpu_threads: usize) -> Result<Option<Experts<'m>>> {
+        let h = &model.header;
+        let Some(layout) = expert_layout(h) else { return Ok(None) };
+        let plan = &h.plan.window.experts;
+        let (per_layer, slots_per_layer, layers) = (plan.per_layer as usize, plan.slots_per_layer as usize, h.model.n_layers as usize);
+        if strategy != ExpertStrategy::Lru && cpu_threads == 0 {
+            return Err(Error::request(format!("--experts {} runs experts on the CPU path: --cpu-threads must be at least 1", strategy.name())));
+        }
+        if strategy == ExpertStrategy::Lru && slots_per_layer == 0 {
+            return Err(Error::request(format!(
+                "--experts lru runs every expert on the accelerator, but {}'s window has no expert slots; recompile with a larger --window-bytes or use --experts hybrid",
+                model.path.display()
+            )));
+        }
+        let (shape, top_k) = (layout.shape, layout.top_k);
+        let max_rows = h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize;
+        let cpu = match cpu_threads {
+            0 => None,
+            n => {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .thread_name(|i| format!("llada-cpu-path-{i}"))
+                    .build()
+                    .map_err(|e| Error::request(format!("starting the CPU path's threads: {e}")))?;
+                let operand = llada_ir::window::largest_gemm_operand(h) as usize;
+                Some(CpuPath { pool, floats: vec![0.0; shape.floats(max_rows)], operand: vec![0; operand], ranked: vec![0.0; max_rows * top_k * shape.d] })
+            }
+        };
+        let mut pools = Pools {
+            cache: ExpertCache::new(layers, slots_per_layer, per_layer),
+            stager: None,
+            slots: window.expert_slot_ptrs(),
+            homes: layout.homes,
+            per_layer,
+            slots_per_layer,
+            data_offset: model.data_offset(),
+            staged_experts: 0,
+            staged_bytes: 0,
+            stall_seconds: 0.0,
+        };
+        if slots_per_layer == per_layer {
+            // Every expert fits: load them all now, expert e into slot e.
+            use std::os::unix::fs::FileExt;
+            let file = std::fs::File::open(&model.path).map_err(|e| Error::io(&model.path, e))?;
+            for l in 0..layers {
+                for e in 0..per_layer {
+                    let home = pools.homes[l * per_layer + e];
+                    // SAFETY: no staging thread exists and no slice of the window is alive.
+                    let dst = unsafe { pools.slots[l * slots_per_layer + e].bytes_mut() };
+                    file.read_exact_at(&mut dst[..home.range.1], model.data_offset() + home.range.0).map_err(|e| Error::io(&model.path, e))?;
+                    pools.cache.assign(l, e, e as u32, 0);
+                }
+            }
+        } else if slots_per_layer > 0 {
+            let file = std::fs::File::open(&model.path).map_err(|e| Error::io(&model.path, e))?;
+            pools.stager = Some(ExpertStager::new(file, model.path.display().to_string(), pools.slots.clone())?);
+        }
+        Ok(Some(Experts {
+            model,
+            strategy,
+            shape,
+            top_k,
+            firsts: layout.firsts,
+            routers: layout.routers,
+            pools,
+            cpu,
+            routing: Routing::default(),
+            split: Split::new(plan.costs),
+            mass: vec![0.0; per_layer],
+            candidates: Vec::new(),
+            places: Vec::new(),
+            predicted: Vec::new(),
+            counters: ExpertCounters::default(),
+        }))
+    }
+
+    pub fn strategy(&self) -> ExpertStrategy {
+        self.strategy
+    }
+
+    /// Every figure so far.
+    pub fn counters(&self) -> ExpertCounters {
+        ExpertCounters { staged_experts: self.pools.staged_experts, staged_bytes: self.pools.staged_bytes, stall_seconds: self.pools.stall_seconds, ..self.counters }
+    }
+
+    /// Runs one MoE op: routes, places, computes on both paths at once, combines.
+    pub fn run(&mut self, op: MoeOperands, pool: &rayon::ThreadPool, features: Features) -> Result<()> {
+        let (layer, k, d, per_layer) = (op.layer, self.top_k, self.shape.d, self.pools.per_layer);
+        self.routing.from_route(op.route, op.rows, k, per_layer)?;
+        self.counters.layers += 1;
+        // This pass's routing mass per expert: the decayed score's new term.
+        for (e, m) in self.mass.iter_mut().enumerate() {
+            *m = self.routing.picks[e].iter().map(|p| p.weight).sum();
+        }
+        self.pools.cache.update_scores(layer, &self.mass);
+        self.candidates.clear();
+        for e in self.routing.active() {
+            let cached = self.pools.ready_slot(layer, e as u32).is_some();
+            self.counters.active += 1;
+            self.counters.hits += u64::from(cached);
+            self.candidates.push(Candidate { expert: e as u32, rows: self.routing.load(e), cached });
+        }
+        // Where each active expert runs.
+        let routing = &self.routing;
+        let evictable = self.pools.cache.layers[layer].slots.iter().filter(|s| s.expert.is_none_or(|e| routing.load(e as usize) == 0)).count();
+        match self.strategy {
+            ExpertStrategy::Static => {
+                self.places.clear();
+                self.places.resize(self.candidates.len(), Place::Cpu);
+            }
+            ExpertStrategy::Lru => {
+                self.places.clear();
+                self.places.resize(self.candidates.len(), Place::Accelerator);
+            }
+            ExpertStrategy::Hybrid => {
+                self.split.assign(&self.candidates, evictable, &mut self.places);
+                if layer + 1 < self.firsts.len() {
+                    self.prefetch_next_layer(layer + 1, op.x, op.rows, op.operand, pool, features)?;
+                }
+            }
+        }
+        let on = |place| self.candidates.iter().zip(&self.places).filter(move |(_, p)| **p == place).map(|(c, _)| c);
+        let cpu_list: Vec<u32> = on(Place::Cpu).map(|c| c.expert).collect();
+        // The accelerator's: ready ones first (no waiting), then those to stage.
+        let mut acc_list: Vec<(u32, bool)> = on(Place::Accelerator).map(|c| (c.expert, c.cached)).collect();
+        acc_list.sort_by_key(|&(e, cached)| (!cached, e));
+        let predicted_cpu: f64 = on(Place::Cpu).map(|c| self.split.costs.cpu.seconds(c.rows)).sum();
+        let predicted_acc: f64 = on(Place::Accelerator).map(|c| self.split.costs.accelerator.seconds(c.rows)).sum();
+        self.counters.accelerator_experts += acc_list.len() as u64;
+        self.counters.cpu_experts += cpu_list.len() as u64;
+
+        // The CPU path's job runs on its own threads while this thread computes the rest.
+        let (model, shape, first, routing, strategy) = (self.model, self.shape, self.firsts[layer], &self.routing, self.strategy);
+        let (x, pools, cpu) = (op.x, &mut self.pools, &mut self.cpu);
+        let (acc_seconds, cpu_seconds, cpu_wait) = std::thread::scope(|scope| -> Result<(f64, f64, f64)> {
+            let job = match (cpu.as_mut(), cpu_list.is_empty()) {
+                (_, true) => None,
+                (None, false) => return Err(Error::request("an expert was placed on the CPU path, which has no threads")),
+                (Some(c), false) => Some(scope.spawn(|| {
+                    let start = Instant::now();
+                    let CpuPath { pool, floats, operand, ranked } = c;
+                    let mut s = Scratch { floats, operand };
+                    for &e in &cpu_list {
+                        let (gu, dn) = (model.tensor_bytes(first + 2 * e), model.tensor_bytes(first + 2 * e + 1));
+                        compute::expert(shape, x, &routing.picks[e as usize], gu, dn, &mut s, pool, features, |p, y| {
+                            ranked[(p.row as usize * k + p.rank as usize) * d..][..d].copy_from_slice(y)
+                        });
+                    }
+                    start.elapsed().as_secs_f64()
+                })),
+            };
+            let acc = accelerator_part(pools, strategy, shape, routing, &acc_list, layer, k, x, op.ranked, op.work, op.operand, pool, features)?;
+            let waited = Instant::now();
+            let cpu_seconds = match job {
+                Some(j) => j.join().map_err(|_| Error::request("the CPU path's thread panicked"))?,
+                None => 0.0,
+            };
+            Ok((acc, cpu_seconds, waited.elapsed().as_secs_f64()))
+        })?;
+        self.counters.accelerator_seconds += acc_seconds;
+        self.counters.cpu_seconds += cpu_seconds;
+        if !cpu_list.is_empty() {
+            self.counters.cpu_wait_seconds += cpu_wait;
+        }
+        self.split.observe(Place::Accelerator, predicted_acc, acc_seconds);
+        self.split.observe(Place::Cpu, predicted_cpu, cpu_seconds);
+        // The CPU path's outputs join the accelerator's.
+        if let Some(c) = &self.cpu {
+            for &e in &cpu_list {
+                for p in &self.routing.picks[e as usize] {
+                    let at = (p.row as usize * k + p.rank as usize) * d;
+                    op.ranked[at..at + d].copy_from_slice(&c.ranked[at..at + d]);
+                }
+            }
+        }
+        combine(op.route, op.ranked, op.rows, k, d, op.out);
+        if self.strategy == ExpertStrategy::Hybrid {
+            self.refresh(layer);
+        }
+        Ok(())
+    }
+
+    /// Hybrid, before layer `next - 1` computes: predicts layer `next`'s routing by applying
+    /// its router to this layer's input rows (HybriMoE's cross-layer prediction), and stages
+    /// into `next`'s pool the predicted experts that would save the most time there, in place
+    /// of experts the prediction leaves idle.
+    #[allow(clippy::too_many_arguments)]
+    fn prefetch_next_layer(&mut self, next: usize, x: &[f32], rows: usize, operand: &mut [u8], pool: &rayon::ThreadPool, features: Features) -> Result<()> {
+        let (Some(router), Some(_)) = (self.routers[next], &self.pools.stager) else { return Ok(()) };
+        let (e, k) = (self.pools.per_layer, self.top_k);
+        let w = self.model.matrix_at(router, self.model.tensor_bytes(router));
+        self.predicted.resize(rows * e + rows * 2 * k, 0.0);
+        let (logits, routes) = self.predicted.split_at_mut(rows * e);
+        gemm(&x[..rows * self.shape.d], rows, &w, logits, operand, pool, features);
+        let mut load = vec![0usize; e];
+        for (l, r) in logits.chunks_exact(e).zip(routes.chunks_exact_mut(2 * k)) {
+            route_row(l, k, r);
+            for &id in &r[..k] {
+                load[id as usize] += 1;
+            }
+        }
+        // Time saved by running an expert from a slot rather than on the CPU path.
+        let split = &self.split;
+        let saving = |n: usize| {
+            let c = Candidate { expert: 0, rows: n, cached: true };
+            split.cpu_seconds(&c) - split.accelerator_seconds(&c)
+        };
+        let cache = &self.pools.cache;
+        let mut wanted: Vec<usize> = (0..e).filter(|&x| load[x] > 0 && cache.slot_of(next, x as u32).is_none() && saving(load[x]) > 0.0).collect();
+        wanted.sort_by(|&a, &b| saving(load[b]).total_cmp(&saving(load[a])).then(a.cmp(&b)));
+        for &x in wanted.iter().take((self.pools.slots_per_layer / RESTAGE_SHARE).max(1)) {
+            // Only into a slot whose expert the prediction leaves without rows, lowest score first.
+            let busy = |s: &cache::Slot| s.expert.is_some_and(|held| load[held as usize] > 0);
+            let Some((slot, _)) = self.pools.cache.lowest_score(next, busy) else { break };
+            self.pools.stage(next, slot, x as u32);
+        }
+        Ok(())
+    }
+
+    /// Hybrid, after a layer ran: moves its pool toward its highest decayed scores, which the
+    /// next pass's routing of this layer will most likely repeat.
+    fn refresh(&mut self, layer: usize) {
+        if self.pools.stager.is_none() {
+            return;
+        }
+        let score = self.pools.cache.layers[layer].score.clone();
+        let mut by_score: Vec<usize> = (0..self.pools.per_layer).filter(|&e| score[e] > 0.0).collect();
+        by_score.sort_by(|&a, &b| score[b].total_cmp(&score[a]).then(a.cmp(&b)));
+        let budget = (self.pools.slots_per_layer / RESTAGE_SHARE).max(1);
+        let mut restaged = 0;
+        for e in by_score.into_iter().take(self.pools.slots_per_layer) {
+            if restaged == budget {
+                break;
+            }
+            if self.pools.cache.slot_of(layer, e as u32).is_some() {
+                continue;
+            }
+            let Some((slot, held)) = self.pools.cache.lowest_score(layer, |_| false) else { break };
+            if held * HYSTERESIS >= score[e] {
+                break;
+            }
+            self.pools.stage(layer, slot, e as u32);
+            restaged += 1;
+        }
+    }
+}
+
+/// The accelerator path's experts, from their slots, staging the uncached ones first (into
+/// slots no later expert of the list needs, as many ahead as there are such slots). Returns
+/// the seconds spent computing (waits for copies aside).
+#[allow(clippy::too_many_arguments)]
+fn accelerator_part(
+    pools: &mut Pools,
+    strategy: ExpertStrategy,
+    shape: ExpertShape,
+    routing: &Routing,
+    list: &[(u32, bool)],
+    layer: usize,
+    k: usize,
+    x: &[f32],
+    ranked: &mut [f32],
+    work: &mut [f32],
+    operand: &mut [u8],
+    pool: &rayon::ThreadPool,
+    features: Features,
+) -> Result<f64> {
+    let d = shape.d;
+    let (gu_len, dn_len) = (matrix_len(shape, true), matrix_len(shape, false));
+    let mut computing = 0.0;
+    // Copies in flight for this list: (list index, slot).
+    let mut inflight: std::collections::VecDeque<(usize, usize)> = std::collections::VecDeque::new();
+    let mut next_miss = list.iter().position(|&(_, cached)| !cached).unwrap_or(list.len());
+    for i in 0..list.len() {
+        while next_miss < list.len() && inflight.len() < pools.slots_per_layer {
+            let needed = |s: &cache::Slot| s.expert.is_some_and(|e| list[i..].iter().any(|&(x, cached)| x == e && cached) || inflight.iter().any(|&(j, _)| list[j].0 == e));
+            let victim = match strategy {
+                ExpertStrategy::Lru => pools.cache.lru_victim(layer, needed),
+                _ => pools.cache.lowest_score(layer, needed).map(|v| v.0),
+            };
+            let Some(slot) = victim else { break };
+            pools.stage(layer, slot, list[next_miss].0);
+            inflight.push_back((next_miss, slot));
+            next_miss += 1;
+        }
+        let e = list[i].0;
+        let slot = match inflight.front() {
+            Some(&(j, slot)) if j == i => {
+                inflight.pop_front();
+                slot
+            }
+            _ => pools.cache.slot_of(layer, e).ok_or_else(|| Error::request(format!("expert {e} of layer {layer} has no slot and none could be freed")))?,
+        };
+        let home = pools.homes[layer * pools.per_layer + e as usize];
+        let bytes = pools.read(layer, slot)?;
+        let start = Instant::now();
+        let mut s = Scratch { floats: &mut *work, operand: &mut *operand };
+        compute::expert(shape, x, &routing.picks[e as usize], &bytes[home.gate_up..][..gu_len], &bytes[home.down..][..dn_len], &mut s, pool, features, |p, y| {
+            ranked[(p.row as usize * k + p.rank as usize) * d..][..d].copy_from_slice(y)
+        });
+        computing += start.elapsed().as_secs_f64();
+    }
+    Ok(computing)
+}
+
+/// Bytes of an expert's `[gate | up]` (or down) matrix.
+fn matrix_len(shape: ExpertShape, gate_up: bool) -> usize {
+    let (n, k) = if gate_up { (2 * shape.hidden, shape.d) } else { (shape.d, shape.hidden) };
+    shape.format.nbytes(&[n as u64, k as u64]).expect("a packed format") as usize
+}
+
+/// An MoE op without an expert runtime (the revision side path, which reads every weight from
+/// the artifact): every expert on `pool`, in increasing id.
+pub fn run_local(model: &Model, op: MoeOperands, experts: usize, top_k: usize, pool: &rayon::ThreadPool, features: Features) -> Result<()> {
+    let h = &model.header;
+    let t = &h.tensors[op.first as usize];
+    let shape = ExpertShape { d: h.model.d_model as usize, hidden: h.model.mlp_hidden as usize, format: t.dtype, bf16_activations: h.plan.bf16_activations };
+    let mut routing = Routing::default();
+    routing.from_route(op.route, op.rows, top_k, experts)?;
+    let d = shape.d;
+    let mut s = Scratch { floats: op.work, operand: op.operand };
+    for e in routing.active() {
+        let (gu, dn) = (model.tensor_bytes(op.first + 2 * e as u32), model.tensor_bytes(op.first + 2 * e as u32 + 1));
+        let ranked = &mut *op.ranked;
+        compute::expert(shape, op.x, &routing.picks[e], gu, dn, &mut s, pool, features, |p, y| ranked[(p.row as usize * top_k + p.rank as usize) * d..][..d].copy_from_slice(y));
+    }
+    combine(op.route, op.ranked, op.rows, top_k, d, op.out);
+    Ok(())
+}

@@ -1,0 +1,139 @@
+//! LLaDA-MoE end to end: random-weight checkpoints in LLaDA-MoE's Hugging Face layout, through
+//! the compiler, against an independent forward pass in burn; and every expert strategy
+//! generating the same bits on a window that holds a quarter of the experts.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{Device, Int, Tensor, TensorData};
+use llada_rt::kernels::cpu;
+use llada_rt::moe::ExpertStrategy;
+use llada_rt::sampler::Policy;
+use llada_rt::session::ExpertOptions;
+use llada_rt::staging::StagingMode;
+use llada_rt::{generate, Model, SamplerParams, Session};
+use llada_tools::checkpoint::{Shape, WeightType};
+use llada_tools::reference_moe::LladaMoe;
+use lladac::{CompileOptions, Quant};
+
+fn compile(ckpt: &Path, out: &Path, quant: Option<Quant>, window_bytes: Option<u64>) {
+    lladac::compile(&CompileOptions {
+        model: ckpt.to_path_buf(),
+        output: out.to_path_buf(),
+        quant,
+        target: "host".into(),
+        max_seq: Some(128),
+        head_rows: 64,
+        block_len: 32,
+        spec_blocks: 1,
+        bf16_activations: false,
+        window_bytes,
+        kv_dtype: None,
+        progress: false,
+    })
+    .expect("compiles");
+}
+
+/// Largest |runtime - reference| over largest |reference|, for `len` tokens.
+fn relative_error(shape: Shape, weights: WeightType, shard_bytes: u64, len: usize) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let written = common::checkpoint(&ckpt, shape.clone(), weights, shard_bytes, 0.08);
+    let art = dir.path().join("model.lad");
+    compile(&ckpt, &art, None, None);
+
+    let ids: Vec<u32> = (0..len).map(|i| ((i * 7919 + 13) % written.special.bos as usize) as u32).collect();
+    let model = Model::open(&art, true).unwrap();
+    assert_eq!(model.header.model.architecture, "llada-moe");
+    let mut session = Session::new(&model).unwrap();
+    let rows: Vec<u32> = (0..len as u32).collect();
+    let ours = session.forward_full(&ids, &rows).unwrap().to_vec();
+
+    let device = Device::default();
+    let reference = LladaMoe::load(&ckpt, &shape, &device).unwrap();
+    let input = Tensor::<2, Int>::from_data(TensorData::new(ids.iter().map(|&t| t as i64).collect::<Vec<_>>(), [1, len]), &device);
+    let theirs: Vec<f32> = reference.forward(input).into_data().try_to_vec().unwrap();
+
+    assert_eq!(ours.len(), theirs.len());
+    let scale = theirs.iter().fold(0f64, |m, &v| m.max(v.abs() as f64));
+    let err = ours.iter().zip(&theirs).fold(0f64, |m, (&a, &b)| m.max((a as f64 - b as f64).abs()));
+    assert!(scale > 0.1, "degenerate logits (max {scale})");
+    eprintln!("max |logit| {scale:.3}, max abs error {err:.2e}, relative {:.2e}", err / scale);
+    err / scale
+}
+
+#[test]
+fn tiny_moe_matches_burn() {
+    // 8 experts, top 2, q/k norms, 4 query heads over 2 key/value heads; 37 tokens on a
+    // 48-row graph (padding rows must not route); sharded.
+    let err = relative_error(Shape::tiny_moe(), WeightType::F32, 400_000, 37);
+    assert!(err <= 1e-4, "relative error {err:.2e}");
+}
+
+#[test]
+fn bf16_moe_with_more_experts_matches_burn() {
+    let shape = Shape { n_layers: 3, moe: Some(llada_tools::checkpoint::MoeShape { experts: 16, top_k: 4 }), ..Shape::tiny_moe() };
+    let err = relative_error(shape, WeightType::Bf16, u64::MAX, 64);
+    assert!(err <= 1e-4, "relative error {err:.2e}");
+}
+
+/// The tiny MoE compiled with the experts' pools holding a quarter of each layer's experts.
+fn quarter_window(dir: &Path, quant: Option<Quant>) -> PathBuf {
+    let ckpt = dir.join("ckpt");
+    common::checkpoint(&ckpt, Shape::tiny_moe(), WeightType::F32, u64::MAX, 0.08);
+    let full = dir.join("full.lad");
+    compile(&ckpt, &full, quant, None);
+    let m = Model::open(&full, false).unwrap();
+    let x = &m.header.plan.window.experts;
+    assert_eq!(x.slots_per_layer, x.per_layer, "the host's window holds every expert");
+    // The same plan minus three quarters of each pool.
+    let window = x.region.offset + x.region.bytes / 4;
+    let out = dir.join("quarter.lad");
+    compile(&ckpt, &out, quant, Some(window));
+    let q = Model::open(&out, false).unwrap();
+    assert_eq!(q.header.plan.window.experts.slots_per_layer * 4, x.per_layer);
+    out
+}
+
+type Run = (Vec<u32>, Vec<Vec<[u32; 2]>>, Vec<u32>);
+
+/// Tokens, reveals and first-pass logit bits of the dual-cache policy under a strategy.
+fn run(model: &Model, strategy: ExpertStrategy) -> (Run, llada_rt::moe::ExpertCounters) {
+    let mut s = Session::with_experts(model, 2, cpu::features(), StagingMode::Async, ExpertOptions { strategy, cpu_threads: 1 }).unwrap();
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % 250).collect();
+    let mask = model.header.special.mask;
+    let seq: Vec<u32> = prompt.iter().copied().chain(std::iter::repeat_n(mask, 32)).collect();
+    let head: Vec<u32> = (20..52).collect();
+    let logits: Vec<u32> = s.forward_full(&seq, &head).unwrap().iter().map(|v| v.to_bits()).collect();
+    let p = SamplerParams { gen_length: 64, block_length: 32, steps: 64, policy: Policy::parse("dual").unwrap(), ..SamplerParams::default() };
+    let g = generate(&mut s, &prompt, &p, &mut |_| {}).unwrap();
+    ((g.output_ids, g.reveals, logits), s.expert_counters().unwrap())
+}
+
+fn strategies_agree(quant: Option<Quant>) {
+    let dir = tempfile::tempdir().unwrap();
+    let art = quarter_window(dir.path(), quant);
+    let model = Model::open(&art, true).unwrap();
+    let (want, hybrid) = run(&model, ExpertStrategy::Hybrid);
+    for strategy in [ExpertStrategy::Lru, ExpertStrategy::Static] {
+        let (got, counters) = run(&model, strategy);
+        assert!(got == want, "{} differs from hybrid", strategy.name());
+        match strategy {
+            ExpertStrategy::Lru => assert!(counters.cpu_experts == 0 && counters.staged_bytes > 0, "{counters:?}"),
+            _ => assert!(counters.accelerator_experts == 0 && counters.staged_bytes == 0, "{counters:?}"),
+        }
+    }
+    // Hybrid used both paths and its cache.
+    assert!(hybrid.accelerator_experts > 0 && hybrid.cpu_experts > 0 && hybrid.hits > 0, "{hybrid:?}");
+}
+
+#[test]
+fn every_expert_strategy_generates_the_same_bits_f32() {
+    strategies_agree(None);
+}
+
+#[test]
+fn every_expert_strategy_generates_the_same_bits_q4() {
+    strategies_agree(Some(Quant::Q4 { group: 32 }));
+}
