@@ -237,3 +237,58 @@ fn llada_rt_reports_a_malformed_stored_tokenizer_in_one_line() {
     let o = common::run("llada-rt", &["run", path.to_str().unwrap(), "-p", "hi", "--gen-len", "16", "--block-len", "8", "--steps", "16"]);
     common::assert_clean_failure(&o, &["stored tokenizer", "malformed"]);
 }
+
+/// The tiny LLaDA-MoE checkpoint, compiled with each layer's expert pool holding a quarter
+/// of its experts (so slots, staging and the CPU path all have work).
+fn valid_moe() -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    common::checkpoint(&ckpt, Shape::tiny_moe(), WeightType::F32, u64::MAX, 0.02);
+    let (full, quarter) = (dir.path().join("full.lad"), dir.path().join("quarter.lad"));
+    common::compile(&ckpt, &full, Some(64));
+    let x = llada_rt::Model::open(&full, false).unwrap().header.plan.window.experts;
+    common::compile_in_window(&ckpt, &quarter, Some(64), Some(x.region.offset + x.region.bytes / 4));
+    std::fs::read(quarter).unwrap()
+}
+
+/// The mixture-of-experts rules: the model's expert counts, the three MoE ops, and the
+/// expert plan (segments, pools, costs).
+#[test]
+fn every_moe_rule_refuses_its_crafted_artifact() {
+    let good = valid_moe();
+    Artifact::parse(&good).expect("the untouched MoE artifact verifies");
+    let h0: Header = {
+        let p = Preamble::decode(&good).unwrap();
+        postcard::from_bytes(&good[p.header_offset as usize..]).unwrap()
+    };
+    assert_eq!(h0.plan.window.experts.slots_per_layer, 2, "a quarter of 8 experts per layer");
+    let moe = op_index(&h0, 0, |o| matches!(o, Op::MoeExperts { .. }));
+    let route = op_index(&h0, 0, |o| matches!(o, Op::Route { .. }));
+    let qnorm = op_index(&h0, 0, |o| matches!(o, Op::HeadRmsNorm { .. }));
+    let with_moe = move |f: fn(&mut Op)| Box::new(move |h: &mut Header| f(&mut h.graphs[0].ops[moe])) as Box<dyn Fn(&mut Header)>;
+    let cases: Vec<Case> = vec![
+        // The model.
+        ("top_k above the experts", Box::new(|h| h.model.moe.as_mut().unwrap().top_k = 9), vec!["model: moe: 8 experts with top_k 9".into()]),
+        ("no experts", Box::new(|h| h.model.moe.as_mut().unwrap().experts = 0), vec!["model: moe: 0 experts".into()]),
+        // The ops.
+        ("expert count", with_moe(|o| if let Op::MoeExperts { experts, .. } = o { *experts = 1 << 30 }), vec![format!("graphs[0] 'rows-16' ops[{moe}] MoeExperts: 1073741824 experts, but the model has 8")]),
+        ("expert layer", with_moe(|o| if let Op::MoeExperts { layer, .. } = o { *layer = 2 }), vec![format!("ops[{moe}] MoeExperts: layer 2 of a 2-layer model")]),
+        ("expert tensors", with_moe(|o| if let Op::MoeExperts { first, .. } = o { *first += 1 }), vec![format!("ops[{moe}] MoeExperts: expert 0:")]),
+        ("expert work", with_moe(|o| if let Op::MoeExperts { work, x, .. } = o { *work = *x }), vec![format!("ops[{moe}] MoeExperts"), "is not [tokens, ".into()]),
+        ("expert outputs", with_moe(|o| if let Op::MoeExperts { ranked, route, .. } = o { *ranked = *route }), vec![format!("ops[{moe}] MoeExperts"), "is not [tokens, ".into()]),
+        ("route top_k", Box::new(move |h| if let Op::Route { top_k, .. } = &mut h.graphs[0].ops[route] { *top_k = 3 }), vec![format!("ops[{route}] Route:"), "the model routes 8 experts, top 2".into()]),
+        ("head norm heads", Box::new(move |h| if let Op::HeadRmsNorm { heads, .. } = &mut h.graphs[0].ops[qnorm] { *heads = 7 }), vec![format!("ops[{qnorm}] HeadRmsNorm: heads 0..7")]),
+        ("head norm weight", Box::new(move |h| if let Op::HeadRmsNorm { weight, .. } = &mut h.graphs[0].ops[qnorm] { *weight = 1 }), vec![format!("ops[{qnorm}] HeadRmsNorm: weight"), "is not f32 [32]".into()]),
+        // The expert plan.
+        ("experts per layer", Box::new(|h| h.plan.window.experts.per_layer = 4), vec!["plan.window: experts.per_layer 4 but the model has 8 experts".into()]),
+        ("expert segment count", Box::new(|h| { h.plan.window.experts.segments.pop(); }), vec!["experts.segments lists 15 segments for 16 experts".into()]),
+        ("expert segment also resident", Box::new(|h| { let s = h.plan.window.resident[0].segment; h.plan.window.experts.segments[3] = s }), vec!["is both resident and expert 3".into()]),
+        ("expert segments swapped", Box::new(|h| h.plan.window.experts.segments.swap(0, 1)), vec!["of expert 0 is not in the segment experts.segments lists for layer 0".into()]),
+        ("expert slot too small", Box::new(|h| h.plan.window.experts.slot_bytes = 4096), vec!["does not fit a 4096-byte expert slot".into()]),
+        ("expert slots above the experts", Box::new(|h| h.plan.window.experts.slots_per_layer = 9), vec!["9 expert slots per layer".into()]),
+        ("expert region size", Box::new(|h| h.plan.window.experts.region.bytes += 64), vec!["the expert slot region has".into()]),
+        ("expert region over the KV cache", Box::new(|h| h.plan.window.experts.region.offset = h.plan.window.kv.offset), vec!["'kv cache' and 'expert slots' share window bytes".into()]),
+        ("expert costs", Box::new(|h| h.plan.window.experts.costs.stage_seconds = f64::NAN), vec!["expert costs must be finite".into()]),
+    ];
+    all_refused(&good, cases);
+}
