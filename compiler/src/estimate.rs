@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use llada_ir::Header;
+use llada_ir::{ExpertCosts, Header, Op};
 use llada_targets::cost::{self, Machine};
 use llada_targets::{Rates, Target};
 use serde_json::{json, Value};
@@ -47,14 +47,73 @@ fn measured(path: &Path, target: &Target, h: &Header) -> Result<Machine> {
 }
 
 /// One pass over `rows` token rows attending to `context` positions, logits for `head` rows:
-/// (graph name, graph rows, estimate).
-fn pass(h: &Header, m: &Machine, act: u32, rows: u32, context: u32, head: u32) -> Result<(String, u32, cost::PassEstimate)> {
+/// (graph name, graph rows, estimate). MoE layers take the time `experts` gives them.
+fn pass(h: &Header, m: &Machine, act: u32, rows: u32, context: u32, head: u32, experts: Option<&ExpertModel>) -> Result<(String, u32, cost::PassEstimate)> {
     let g = h
         .graph_for_rows(rows as usize)
         .map(|i| &h.graphs[i as usize])
         .ok_or_else(|| Error::Options(format!("no graph of the plan holds {rows} rows (the largest has {})", h.graphs.iter().map(|g| g.rows).max().unwrap_or(0))))?;
-    let work = cost::graph_work(h, g, head.min(g.head_rows), context, h.plan.window.kv_dtype.bytes() as u32, act);
-    Ok((g.name.clone(), g.rows, cost::pass_estimate(m, &work, staged_bytes(h, g), true)))
+    let mut work = cost::graph_work(h, g, head.min(g.head_rows), context, h.plan.window.kv_dtype.bytes() as u32, act);
+    let mut moe_seconds = 0.0;
+    if let Some(x) = experts {
+        for (op, w) in g.ops.iter().zip(&mut work) {
+            if matches!(op, Op::MoeExperts { .. }) {
+                // Timed by the strategy's model instead of as one accelerator op.
+                *w = cost::OpWork { bytes: 0.0, ops: 0.0, engine: w.engine };
+                moe_seconds += x.layer_seconds(rows);
+            }
+        }
+    }
+    let mut e = cost::pass_estimate(m, &work, staged_bytes(h, g), true);
+    e.compute_seconds += moe_seconds;
+    e.seconds += moe_seconds;
+    Ok((g.name.clone(), g.rows, e))
+}
+
+/// What an MoE layer costs under an expert strategy, with routing assumed uniform (a random
+/// choice of `top_k` of `experts` per row): each expert is touched by a pass of `r` rows with
+/// probability `p = 1 - (1 - k/E)^r` and then computes `r k / (E p)` rows on average; a pool
+/// of `S` slots holds `S p` of the touched ones (any fixed set of S experts does as well
+/// under uniform routing, which is why real routing's skew and stability are what the
+/// runtime's cache exploits beyond this).
+struct ExpertModel {
+    strategy: &'static str,
+    costs: ExpertCosts,
+    experts: f64,
+    top_k: f64,
+    slots: f64,
+}
+
+impl ExpertModel {
+    fn layer_seconds(&self, rows: u32) -> f64 {
+        let (e, k, s) = (self.experts, self.top_k, self.slots);
+        let p = 1.0 - (1.0 - k / e).powf(rows as f64);
+        let n = (rows as f64 * k / (e * p)).ceil().max(1.0) as usize;
+        let (acc, cpu) = (self.costs.accelerator.seconds(n), self.costs.cpu.seconds(n));
+        let (touched, cached) = (e * p, s * p);
+        match self.strategy {
+            // Every touched expert on the CPU path.
+            "static" => touched * cpu,
+            // Every touched expert on the accelerator; the uncached ones copied first, the
+            // copies overlapping the computation of others.
+            "lru" => (touched * acc).max((touched - cached) * self.costs.stage_seconds + acc),
+            // The cached ones on the accelerator, the rest on the CPU path, at once; then the
+            // balance moves whole experts to whichever path ends later-first.
+            _ => {
+                let (mut a, mut c) = (cached * acc, (touched - cached) * cpu);
+                let move_to_acc = acc + self.costs.stage_seconds;
+                while c - cpu >= 0.0 && a + move_to_acc < c {
+                    a += move_to_acc;
+                    c -= cpu;
+                }
+                while a - acc >= 0.0 && c + cpu < a {
+                    a -= acc;
+                    c += cpu;
+                }
+                a.max(c)
+            }
+        }
+    }
 }
 
 pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
@@ -69,30 +128,56 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
     if b == 0 || g % b != 0 || s % (g / b) != 0 {
         return Err(Error::Options(format!("--gen-len {g} must be a multiple of --block-len {b}, and --steps {s} a multiple of the block count")));
     }
-    let passes: Vec<Value> = req
-        .rows
-        .iter()
-        .map(|&r| {
-            let (graph, graph_rows, e) = pass(h, &machine, act, r, r, r)?;
-            Ok(json!({"rows": r, "graph": graph, "graph_rows": graph_rows, "seconds": e.seconds, "compute_seconds": e.compute_seconds, "staging_seconds": e.staging_seconds}))
-        })
-        .collect::<Result<_>>()?;
+    // A mixture-of-experts plan is predicted under each expert strategy (see `ExpertModel`);
+    // its expert costs are the plan's (the target's), or from the measured rates.
+    let strategies: Vec<Option<ExpertModel>> = match h.model.moe {
+        None => vec![None],
+        Some(moe) => {
+            let costs = match &req.rates {
+                Some(_) => {
+                    let first = h.graphs[0].ops.iter().find_map(|op| if let Op::MoeExperts { first, .. } = *op { Some(first) } else { None }).expect("an MoE plan has MoE ops");
+                    let path = cost::expert_path_cost(&machine, h, first, 4);
+                    ExpertCosts { accelerator: path, cpu: path, stage_seconds: cost::expert_work(h, first, 4).0 / machine.staging_bytes_per_second }
+                }
+                None => h.plan.window.experts.costs,
+            };
+            ["hybrid", "lru", "static"]
+                .into_iter()
+                .map(|strategy| Some(ExpertModel { strategy, costs, experts: moe.experts as f64, top_k: moe.top_k as f64, slots: h.plan.window.experts.slots_per_layer as f64 }))
+                .collect()
+        }
+    };
+    let name = |x: &Option<ExpertModel>| x.as_ref().map(|x| x.strategy);
+    let mut passes: Vec<Value> = Vec::new();
+    for &r in &req.rows {
+        for x in &strategies {
+            let (graph, graph_rows, e) = pass(h, &machine, act, r, r, r, x.as_ref())?;
+            passes.push(json!({"rows": r, "experts": name(x), "graph": graph, "graph_rows": graph_rows, "seconds": e.seconds, "compute_seconds": e.compute_seconds, "staging_seconds": e.staging_seconds}));
+        }
+    }
     let seq = req.prompt_len + g;
     let (blocks, per_block) = (g / b, s / (g / b));
-    let mut total = 0.0;
-    let mut count = 0u32;
-    for blk in 0..blocks {
-        let block_start = req.prompt_len + blk * b;
-        for step in 0..per_block {
-            let rows = match (req.policy.as_str(), step) {
-                ("exact", _) | (_, 0) => seq,
-                ("prefix", _) => seq - block_start,
-                ("dual", _) => b,
-                (p, _) => return Err(Error::Options(format!("--policy {p}: the estimate knows exact, prefix and dual"))),
-            };
-            total += pass(h, &machine, act, rows, seq, b)?.2.seconds;
-            count += 1;
+    let mut generations = Vec::new();
+    for x in &strategies {
+        let mut total = 0.0;
+        let mut count = 0u32;
+        for blk in 0..blocks {
+            let block_start = req.prompt_len + blk * b;
+            for step in 0..per_block {
+                let rows = match (req.policy.as_str(), step) {
+                    ("exact", _) | (_, 0) => seq,
+                    ("prefix", _) => seq - block_start,
+                    ("dual", _) => b,
+                    (p, _) => return Err(Error::Options(format!("--policy {p}: the estimate knows exact, prefix and dual"))),
+                };
+                total += pass(h, &machine, act, rows, seq, b, x.as_ref())?.2.seconds;
+                count += 1;
+            }
         }
+        generations.push(json!({
+            "policy": req.policy, "experts": name(x), "prompt_len": req.prompt_len, "gen_len": g, "block_len": b, "steps": s,
+            "forward_passes": count, "seconds": total,
+        }));
     }
     // Session setup: the window is one shared buffer, mapped once; the resident segments
     // are read from storage into it. Steady-state passes map nothing.
@@ -103,10 +188,8 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
         "machine": machine,
         "passes": passes,
         "setup": {"mappings": 1, "resident_bytes": resident, "seconds": setup},
-        "generation": {
-            "policy": req.policy, "prompt_len": req.prompt_len, "gen_len": g, "block_len": b, "steps": s,
-            "forward_passes": count, "seconds": total,
-        },
+        "generation": generations[0],
+        "generations": generations,
     }))
 }
 
@@ -115,11 +198,12 @@ pub fn render_text(e: &Value) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     let _ = writeln!(s, "{}", e["label"].as_str().unwrap_or(""));
+    let experts = |v: &Value| v["experts"].as_str().map_or(String::new(), |x| format!(", experts {x}"));
     for p in e["passes"].as_array().into_iter().flatten() {
         let _ = writeln!(
             s,
-            "  pass of {:>5} rows (graph {}): {:.4} s (compute {:.4} s, staging {:.4} s, overlapped)",
-            p["rows"], p["graph"].as_str().unwrap_or(""), p["seconds"].as_f64().unwrap_or(0.0), p["compute_seconds"].as_f64().unwrap_or(0.0),
+            "  pass of {:>5} rows (graph {}{}): {:.4} s (compute {:.4} s, staging {:.4} s, overlapped)",
+            p["rows"], p["graph"].as_str().unwrap_or(""), experts(p), p["seconds"].as_f64().unwrap_or(0.0), p["compute_seconds"].as_f64().unwrap_or(0.0),
             p["staging_seconds"].as_f64().unwrap_or(0.0)
         );
     }
@@ -129,11 +213,12 @@ pub fn render_text(e: &Value) -> String {
         "  session setup: {} mapping, {:.1} MiB of resident weights read from storage: {:.3} s (once)",
         st["mappings"], st["resident_bytes"].as_u64().unwrap_or(0) as f64 / (1u64 << 20) as f64, st["seconds"].as_f64().unwrap_or(0.0)
     );
-    let g = &e["generation"];
-    let _ = writeln!(
-        s,
-        "  generation ({} policy, prompt {}, gen {}, block {}, {} steps): {} passes, {:.3} s",
-        g["policy"].as_str().unwrap_or(""), g["prompt_len"], g["gen_len"], g["block_len"], g["steps"], g["forward_passes"], g["seconds"].as_f64().unwrap_or(0.0)
-    );
+    for g in e["generations"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            s,
+            "  generation ({} policy{}, prompt {}, gen {}, block {}, {} steps): {} passes, {:.3} s",
+            g["policy"].as_str().unwrap_or(""), experts(g), g["prompt_len"], g["gen_len"], g["block_len"], g["steps"], g["forward_passes"], g["seconds"].as_f64().unwrap_or(0.0)
+        );
+    }
     s
 }

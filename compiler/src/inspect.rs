@@ -43,6 +43,11 @@ fn window_map(h: &Header) -> Vec<Value> {
         let held: Vec<&str> = w.rotating.iter().enumerate().filter(|(j, _)| j % w.slots.len() == i).map(|(_, &r)| seg(r).name.as_str()).collect();
         rows.push(json!({"offset": s.offset, "bytes": s.bytes, "lifetime": "per segment (swap schedule)", "what": format!("slots[{i}]: {} rotating segments ({} .. {})", held.len(), held.first().unwrap_or(&"-"), held.last().unwrap_or(&"-"))}));
     }
+    let x = &w.experts;
+    if x.region.bytes > 0 {
+        let what = format!("expert slots: {} layers x {} slots of {} B, for {} experts a layer", h.model.n_layers, x.slots_per_layer, x.slot_bytes, x.per_layer);
+        rows.push(json!({"offset": x.region.offset, "bytes": x.region.bytes, "lifetime": "session (an expert cache the runtime fills)", "what": what}));
+    }
     rows.sort_by_key(|r| r["offset"].as_u64());
     rows
 }
@@ -112,6 +117,17 @@ pub fn describe(h: &Header, major: u16, minor: u16, file_bytes: u64) -> Value {
             "rotating_segments": h.plan.window.rotating.iter().map(|&r| h.segments[r as usize].name.clone()).collect::<Vec<_>>(),
             "host_segments": h.plan.window.host.iter().map(|&r| h.segments[r as usize].name.clone()).collect::<Vec<_>>(),
             "map": window_map(h),
+            "experts": h.model.moe.map(|moe| json!({
+                "per_layer": moe.experts,
+                "top_k": moe.top_k,
+                "slots_per_layer": h.plan.window.experts.slots_per_layer,
+                "slot_bytes": h.plan.window.experts.slot_bytes,
+                "costs": {
+                    "accelerator": {"weight_seconds": h.plan.window.experts.costs.accelerator.weight_seconds, "row_seconds": h.plan.window.experts.costs.accelerator.row_seconds},
+                    "cpu": {"weight_seconds": h.plan.window.experts.costs.cpu.weight_seconds, "row_seconds": h.plan.window.experts.costs.cpu.row_seconds},
+                    "stage_seconds": h.plan.window.experts.costs.stage_seconds,
+                },
+            })),
         },
         "compile": h.compile,
     })
@@ -149,6 +165,18 @@ pub fn render_text(d: &Value) -> String {
         w["resident_segments"].as_array().map_or(0, |a| a.len()), w["rotating_segments"].as_array().map_or(0, |a| a.len()), w["host_segments"]);
     for r in w["map"].as_array().into_iter().flatten() {
         let _ = writeln!(s, "  {:>14} {:>14} B  {:<48} {}", r["offset"], r["bytes"], r["what"].as_str().unwrap_or(""), r["lifetime"].as_str().unwrap_or(""));
+    }
+    let x = &w["experts"];
+    if !x.is_null() {
+        let _ = writeln!(
+            s,
+            "experts: {} a layer, top {}; {} slots a layer ({:.1} MiB each) hold {:.0}% of them; one expert costs {:.2e} s + {:.2e} s/row on the accelerator, {:.2e} s + {:.2e} s/row on the CPU, {:.2e} s to stage",
+            x["per_layer"], x["top_k"], x["slots_per_layer"], mib(&x["slot_bytes"]),
+            100.0 * x["slots_per_layer"].as_f64().unwrap_or(0.0) / x["per_layer"].as_f64().unwrap_or(1.0),
+            x["costs"]["accelerator"]["weight_seconds"].as_f64().unwrap_or(0.0), x["costs"]["accelerator"]["row_seconds"].as_f64().unwrap_or(0.0),
+            x["costs"]["cpu"]["weight_seconds"].as_f64().unwrap_or(0.0), x["costs"]["cpu"]["row_seconds"].as_f64().unwrap_or(0.0),
+            x["costs"]["stage_seconds"].as_f64().unwrap_or(0.0)
+        );
     }
     let p = &d["plan"];
     let _ = writeln!(s, "\nplan: graphs by rows -> {}", p["by_rows"]);

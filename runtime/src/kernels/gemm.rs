@@ -557,6 +557,38 @@ mod tests {
         ((*s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
     }
 
+    /// A row's output is the same bits whatever other rows share the call, in whatever order,
+    /// on one thread or two: what lets an MoE layer compute an expert's rows on either path
+    /// (`moe::compute`) and still give the same answer.
+    #[test]
+    fn a_row_is_the_same_bits_whatever_rows_share_the_call() {
+        let pools: Vec<rayon::ThreadPool> = [1, 2].map(|t| rayon::ThreadPoolBuilder::new().num_threads(t).build().unwrap()).into();
+        let mut s = 11;
+        let (rows, n, k) = (9, 70, 256);
+        let x: Vec<f32> = (0..rows * k).map(|_| lcg(&mut s)).collect();
+        let w: Vec<Vec<f32>> = (0..n).map(|_| (0..k).map(|_| lcg(&mut s) * 0.1).collect()).collect();
+        for features in [cpu::features(), Features::PORTABLE] {
+            for (format, bf16_activations) in [(DType::PanelF32, false), (DType::PanelF16, false), (DType::PanelBf16, false), (DType::PanelBf16, true), (DType::PanelQ8, false), (DType::PanelQ4 { group: 32 }, false)] {
+                let bytes = pack(format, &w, k);
+                let m = Matrix { format, n, k, bytes: &bytes, bf16_activations };
+                let mut scratch = scratch_for(&m, rows);
+                let mut all = vec![0.0f32; rows * n];
+                gemm(&x, rows, &m, &mut all, bytemuck::cast_slice_mut(&mut scratch), &pools[1], features);
+                for pool in &pools {
+                    for subset in [vec![4], vec![8, 0, 5], vec![1, 2, 3, 6, 7]] {
+                        let xs: Vec<f32> = subset.iter().flat_map(|&r| x[r * k..(r + 1) * k].iter().copied()).collect();
+                        let mut out = vec![0.0f32; subset.len() * n];
+                        gemm(&xs, subset.len(), &m, &mut out, bytemuck::cast_slice_mut(&mut scratch), pool, features);
+                        for (i, &r) in subset.iter().enumerate() {
+                            let same = out[i * n..(i + 1) * n].iter().zip(&all[r * n..(r + 1) * n]).all(|(a, b)| a.to_bits() == b.to_bits());
+                            assert!(same, "{} ({}), row {r} in {subset:?} on {} thread(s)", format.name(), features.describe(), pool.current_num_threads());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// Every format against a double-precision product with the dequantised weights, on the
     /// path `features` selects and on the portable path; tolerances cover the activation
     /// rounding (bf16) or quantisation (int8). Shapes cover partial tiles of rows and panels,

@@ -3,12 +3,14 @@
 //! HybriMoE's decayed routing score, `S <- a * s + (1 - a) * S` per expert, where `s` is the
 //! probability mass the layer's last pass routed to the expert (evict the lowest `S`).
 
-/// One slot: the expert it holds or receives, the copy's ticket, and when it was last used.
+/// One slot: the expert it holds or receives, the copy's ticket, when it was last used, and
+/// whether a prefetch put it there for the layer's next run.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Slot {
     pub expert: Option<u32>,
     pub ticket: u64,
     pub last_use: u64,
+    pub prefetched: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -45,9 +47,9 @@ impl ExpertCache {
     }
 
     /// Points `slot` at `expert`, arriving with copy `ticket`.
-    pub fn assign(&mut self, layer: usize, slot: usize, expert: u32, ticket: u64) {
+    pub fn assign(&mut self, layer: usize, slot: usize, expert: u32, ticket: u64, prefetched: bool) {
         self.clock += 1;
-        self.layers[layer].slots[slot] = Slot { expert: Some(expert), ticket, last_use: self.clock };
+        self.layers[layer].slots[slot] = Slot { expert: Some(expert), ticket, last_use: self.clock, prefetched };
     }
 
     /// The least recently used slot of `layer` that `keep` does not protect (empty slots first).
@@ -80,9 +82,9 @@ mod tests {
     fn lru_takes_empty_slots_then_the_oldest_use() {
         let mut c = ExpertCache::new(1, 3, 8);
         assert_eq!(c.lru_victim(0, |_| false), Some(0));
-        c.assign(0, 0, 5, 1);
-        c.assign(0, 1, 6, 2);
-        c.assign(0, 2, 7, 3);
+        c.assign(0, 0, 5, 1, false);
+        c.assign(0, 1, 6, 2, false);
+        c.assign(0, 2, 7, 3, false);
         c.touch(0, 0);
         assert_eq!(c.lru_victim(0, |_| false), Some(1));
         assert_eq!(c.lru_victim(0, |s| s.expert == Some(6)), Some(2));
@@ -92,8 +94,8 @@ mod tests {
     #[test]
     fn the_lowest_decayed_score_is_evicted() {
         let mut c = ExpertCache::new(1, 2, 4);
-        c.assign(0, 0, 1, 1);
-        c.assign(0, 1, 2, 2);
+        c.assign(0, 0, 1, 1, false);
+        c.assign(0, 1, 2, 2, false);
         c.update_scores(0, &[0.0, 1.0, 0.2, 0.0]);
         c.update_scores(0, &[0.0, 0.0, 0.4, 0.0]);
         // Expert 1: 0.5, then halved; expert 2: 0.1, then 0.5 * 0.4 + 0.5 * 0.1.

@@ -79,9 +79,13 @@ pub struct ExpertCounters {
     /// Experts computed by each path.
     pub accelerator_experts: u64,
     pub cpu_experts: u64,
-    /// Experts copied into slots, and their bytes.
+    /// Experts copied into slots, and their bytes; of the copies, those a hybrid prefetch or
+    /// refresh asked for ahead of need, and of the prefetched, those the layer then used.
     pub staged_experts: u64,
     pub staged_bytes: u64,
+    pub prefetched: u64,
+    pub prefetch_used: u64,
+    pub refreshed: u64,
     /// Time the accelerator path waited for an expert's copy.
     pub stall_seconds: f64,
     /// Time the accelerator path waited for the CPU path at the end of a layer.
@@ -107,6 +111,9 @@ impl ExpertCounters {
             cpu_experts: self.cpu_experts - earlier.cpu_experts,
             staged_experts: self.staged_experts - earlier.staged_experts,
             staged_bytes: self.staged_bytes - earlier.staged_bytes,
+            prefetched: self.prefetched - earlier.prefetched,
+            prefetch_used: self.prefetch_used - earlier.prefetch_used,
+            refreshed: self.refreshed - earlier.refreshed,
             stall_seconds: self.stall_seconds - earlier.stall_seconds,
             cpu_wait_seconds: self.cpu_wait_seconds - earlier.cpu_wait_seconds,
             accelerator_seconds: self.accelerator_seconds - earlier.accelerator_seconds,
@@ -203,7 +210,20 @@ struct Pools {
     data_offset: u64,
     staged_experts: u64,
     staged_bytes: u64,
+    prefetched: u64,
+    refreshed: u64,
     stall_seconds: f64,
+}
+
+/// Why an expert is copied into a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Why {
+    /// The layer computes it on the accelerator now.
+    Demand,
+    /// Predicted for the next layer of this pass.
+    Prefetch,
+    /// Ranked high by its decayed score, for this layer's next run.
+    Refresh,
 }
 
 impl Pools {
@@ -217,20 +237,17 @@ impl Pools {
         s.expert.is_some() && self.stager.as_ref().is_none_or(|st| st.is_done(self.global_slot(layer, slot), s.ticket))
     }
 
-    /// The slot of `layer` holding `expert` ready, if any.
-    fn ready_slot(&self, layer: usize, expert: u32) -> Option<usize> {
-        self.cache.slot_of(layer, expert).filter(|&s| self.ready(layer, s))
-    }
-
     /// Queues a copy of `expert` into `layer`'s `slot`.
-    fn stage(&mut self, layer: usize, slot: usize, expert: u32) {
+    fn stage(&mut self, layer: usize, slot: usize, expert: u32, why: Why) {
         let home = self.homes[layer * self.per_layer + expert as usize];
         let g = self.global_slot(layer, slot);
         let stager = self.stager.as_mut().expect("a pool that does not hold every expert has a stager");
         let ticket = stager.stage(g, (self.data_offset + home.range.0, home.range.1));
-        self.cache.assign(layer, slot, expert, ticket);
+        self.cache.assign(layer, slot, expert, ticket, why == Why::Prefetch);
         self.staged_experts += 1;
         self.staged_bytes += home.range.1 as u64;
+        self.prefetched += u64::from(why == Why::Prefetch);
+        self.refreshed += u64::from(why == Why::Refresh);
     }
 
     /// Waits for `layer`'s `slot` to hold its expert, then returns its bytes.
@@ -271,11 +288,8 @@ pub struct Experts<'m> {
 }
 
 /// How many pool slots a hybrid refresh or prefetch may restage per layer run, as a share of
-/// the pool: copies cost the staging thread's core, and a pool that converges needs few.
+/// the pool: a bound on the copies one forecast can ask for.
 const RESTAGE_SHARE: usize = 4;
-/// A higher score replaces a slot's expert only if it beats it by this factor (no thrashing
-/// between near-equal experts).
-const HYSTERESIS: f32 = 1.5;
 
 impl<'m> Experts<'m> {
     /// The expert runtime of a session over `window`, or `None` for a dense model. The CPU path
@@ -319,6 +333,8 @@ impl<'m> Experts<'m> {
             data_offset: model.data_offset(),
             staged_experts: 0,
             staged_bytes: 0,
+            prefetched: 0,
+            refreshed: 0,
             stall_seconds: 0.0,
         };
         if slots_per_layer == per_layer {
@@ -331,7 +347,7 @@ impl<'m> Experts<'m> {
                     // SAFETY: no staging thread exists and no slice of the window is alive.
                     let dst = unsafe { pools.slots[l * slots_per_layer + e].bytes_mut() };
                     file.read_exact_at(&mut dst[..home.range.1], model.data_offset() + home.range.0).map_err(|e| Error::io(&model.path, e))?;
-                    pools.cache.assign(l, e, e as u32, 0);
+                    pools.cache.assign(l, e, e as u32, 0, false);
                 }
             }
         } else if slots_per_layer > 0 {
@@ -363,7 +379,8 @@ impl<'m> Experts<'m> {
 
     /// Every figure so far.
     pub fn counters(&self) -> ExpertCounters {
-        ExpertCounters { staged_experts: self.pools.staged_experts, staged_bytes: self.pools.staged_bytes, stall_seconds: self.pools.stall_seconds, ..self.counters }
+        let p = &self.pools;
+        ExpertCounters { staged_experts: p.staged_experts, staged_bytes: p.staged_bytes, prefetched: p.prefetched, refreshed: p.refreshed, stall_seconds: p.stall_seconds, ..self.counters }
     }
 
     /// Runs one MoE op: routes, places, computes on both paths at once, combines.
@@ -378,11 +395,15 @@ impl<'m> Experts<'m> {
         self.pools.cache.update_scores(layer, &self.mass);
         self.candidates.clear();
         for e in self.routing.active() {
-            let cached = self.pools.ready_slot(layer, e as u32).is_some();
+            let slot = self.pools.cache.slot_of(layer, e as u32);
+            let cached = slot.is_some_and(|s| self.pools.ready(layer, s));
             self.counters.active += 1;
             self.counters.hits += u64::from(cached);
+            self.counters.prefetch_used += u64::from(slot.is_some_and(|s| self.pools.cache.layers[layer].slots[s].prefetched));
             self.candidates.push(Candidate { expert: e as u32, rows: self.routing.load(e), cached });
         }
+        // A prefetch counts for the run it was made for.
+        self.pools.cache.layers[layer].slots.iter_mut().for_each(|s| s.prefetched = false);
         // Where each active expert runs.
         let routing = &self.routing;
         let evictable = self.pools.cache.layers[layer].slots.iter().filter(|s| s.expert.is_none_or(|e| routing.load(e as usize) == 0)).count();
@@ -397,9 +418,6 @@ impl<'m> Experts<'m> {
             }
             ExpertStrategy::Hybrid => {
                 self.split.assign(&self.candidates, evictable, &mut self.places);
-                if layer + 1 < self.firsts.len() {
-                    self.prefetch_next_layer(layer + 1, op.x, op.rows, op.operand, pool, features)?;
-                }
             }
         }
         let on = |place| self.candidates.iter().zip(&self.places).filter(move |(_, p)| **p == place).map(|(c, _)| c);
@@ -412,9 +430,11 @@ impl<'m> Experts<'m> {
         self.counters.accelerator_experts += acc_list.len() as u64;
         self.counters.cpu_experts += cpu_list.len() as u64;
 
-        // The CPU path's job runs on its own threads while this thread computes the rest.
+        // The CPU path's job runs on its own threads while this thread computes the rest (and,
+        // hybrid, first forecasts the next layer and prefetches for it).
         let (model, shape, first, routing, strategy) = (self.model, self.shape, self.firsts[layer], &self.routing, self.strategy);
-        let (x, pools, cpu) = (op.x, &mut self.pools, &mut self.cpu);
+        let (x, pools, cpu, split, predicted) = (op.x, &mut self.pools, &mut self.cpu, &self.split, &mut self.predicted);
+        let next_router = self.routers.get(layer + 1).copied().flatten().filter(|_| strategy == ExpertStrategy::Hybrid && pools.stager.is_some());
         let (acc_seconds, cpu_seconds, cpu_wait) = std::thread::scope(|scope| -> Result<(f64, f64, f64)> {
             let job = match (cpu.as_mut(), cpu_list.is_empty()) {
                 (_, true) => None,
@@ -432,6 +452,10 @@ impl<'m> Experts<'m> {
                     start.elapsed().as_secs_f64()
                 })),
             };
+            if let Some(router) = next_router {
+                let load = predict_load(model, router, x, op.rows, shape.d, k, pools.per_layer, predicted, op.operand, pool, features);
+                improve_pool(pools, split, layer + 1, &load, Why::Prefetch);
+            }
             let acc = accelerator_part(pools, strategy, shape, routing, &acc_list, layer, k, x, op.ranked, op.work, op.operand, pool, features)?;
             let waited = Instant::now();
             let cpu_seconds = match job {
@@ -457,74 +481,77 @@ impl<'m> Experts<'m> {
             }
         }
         combine(op.route, op.ranked, op.rows, k, d, op.out);
+        if let Some(st) = &self.pools.stager {
+            let (bytes, seconds) = st.take_copied();
+            let expert = self.pools.homes[0].range.1 as f64;
+            self.split.observe_staging(bytes as f64 / expert, seconds);
+        }
         if self.strategy == ExpertStrategy::Hybrid {
             self.refresh(layer);
         }
         Ok(())
     }
 
-    /// Hybrid, before layer `next - 1` computes: predicts layer `next`'s routing by applying
-    /// its router to this layer's input rows (HybriMoE's cross-layer prediction), and stages
-    /// into `next`'s pool the predicted experts that would save the most time there, in place
-    /// of experts the prediction leaves idle.
-    #[allow(clippy::too_many_arguments)]
-    fn prefetch_next_layer(&mut self, next: usize, x: &[f32], rows: usize, operand: &mut [u8], pool: &rayon::ThreadPool, features: Features) -> Result<()> {
-        let (Some(router), Some(_)) = (self.routers[next], &self.pools.stager) else { return Ok(()) };
-        let (e, k) = (self.pools.per_layer, self.top_k);
-        let w = self.model.matrix_at(router, self.model.tensor_bytes(router));
-        self.predicted.resize(rows * e + rows * 2 * k, 0.0);
-        let (logits, routes) = self.predicted.split_at_mut(rows * e);
-        gemm(&x[..rows * self.shape.d], rows, &w, logits, operand, pool, features);
-        let mut load = vec![0usize; e];
-        for (l, r) in logits.chunks_exact(e).zip(routes.chunks_exact_mut(2 * k)) {
-            route_row(l, k, r);
-            for &id in &r[..k] {
-                load[id as usize] += 1;
-            }
-        }
-        // Time saved by running an expert from a slot rather than on the CPU path.
-        let split = &self.split;
-        let saving = |n: usize| {
-            let c = Candidate { expert: 0, rows: n, cached: true };
-            split.cpu_seconds(&c) - split.accelerator_seconds(&c)
-        };
-        let cache = &self.pools.cache;
-        let mut wanted: Vec<usize> = (0..e).filter(|&x| load[x] > 0 && cache.slot_of(next, x as u32).is_none() && saving(load[x]) > 0.0).collect();
-        wanted.sort_by(|&a, &b| saving(load[b]).total_cmp(&saving(load[a])).then(a.cmp(&b)));
-        for &x in wanted.iter().take((self.pools.slots_per_layer / RESTAGE_SHARE).max(1)) {
-            // Only into a slot whose expert the prediction leaves without rows, lowest score first.
-            let busy = |s: &cache::Slot| s.expert.is_some_and(|held| load[held as usize] > 0);
-            let Some((slot, _)) = self.pools.cache.lowest_score(next, busy) else { break };
-            self.pools.stage(next, slot, x as u32);
-        }
-        Ok(())
-    }
-
-    /// Hybrid, after a layer ran: moves its pool toward its highest decayed scores, which the
-    /// next pass's routing of this layer will most likely repeat.
+    /// Hybrid, after a layer ran: forecasts its next run (the next pass) by the routing it
+    /// just had, which a diffusion step changes little, and improves its pool for it.
     fn refresh(&mut self, layer: usize) {
         if self.pools.stager.is_none() {
             return;
         }
-        let score = self.pools.cache.layers[layer].score.clone();
-        let mut by_score: Vec<usize> = (0..self.pools.per_layer).filter(|&e| score[e] > 0.0).collect();
-        by_score.sort_by(|&a, &b| score[b].total_cmp(&score[a]).then(a.cmp(&b)));
-        let budget = (self.pools.slots_per_layer / RESTAGE_SHARE).max(1);
-        let mut restaged = 0;
-        for e in by_score.into_iter().take(self.pools.slots_per_layer) {
-            if restaged == budget {
-                break;
-            }
-            if self.pools.cache.slot_of(layer, e as u32).is_some() {
-                continue;
-            }
-            let Some((slot, held)) = self.pools.cache.lowest_score(layer, |_| false) else { break };
-            if held * HYSTERESIS >= score[e] {
-                break;
-            }
-            self.pools.stage(layer, slot, e as u32);
-            restaged += 1;
+        let load: Vec<usize> = (0..self.pools.per_layer).map(|e| self.routing.load(e)).collect();
+        improve_pool(&mut self.pools, &self.split, layer, &load, Why::Refresh);
+    }
+}
+
+/// Hybrid's cross-layer forecast (HybriMoE's): the next layer's router applied to this
+/// layer's input rows `x` predicts its routing; returns the rows each expert would get.
+#[allow(clippy::too_many_arguments)]
+fn predict_load(model: &Model, router: TensorId, x: &[f32], rows: usize, d: usize, k: usize, experts: usize, buf: &mut Vec<f32>, operand: &mut [u8], pool: &rayon::ThreadPool, features: Features) -> Vec<usize> {
+    let w = model.matrix_at(router, model.tensor_bytes(router));
+    buf.resize(rows * experts + rows * 2 * k, 0.0);
+    let (logits, routes) = buf.split_at_mut(rows * experts);
+    gemm(&x[..rows * d], rows, &w, logits, operand, pool, features);
+    let mut load = vec![0usize; experts];
+    for (l, r) in logits.chunks_exact(experts).zip(routes.chunks_exact_mut(2 * k)) {
+        route_row(l, k, r);
+        for &id in &r[..k] {
+            load[id as usize] += 1;
         }
+    }
+    load
+}
+
+/// Hybrid: stages into `layer`'s pool the experts whose caching the cost model says shortens
+/// the layer's next run, by the forecast `load` (rows per expert), more than the copy costs:
+/// each candidate (heaviest first) is weighed by the layer's predicted finish time (the
+/// later of the two paths, as `split` places the experts, from the pool alone) with it cached
+/// in place of the lowest-scored expert the forecast leaves idle, against without; the
+/// latency each copy saves decides it (HybriMoE's impact-driven prefetch). A copy made ahead
+/// runs on the staging thread, off the layer's critical path, but it takes a core and memory
+/// bandwidth: its measured time is its cost.
+fn improve_pool(pools: &mut Pools, split: &Split, layer: usize, load: &[usize], why: Why) {
+    let budget = (pools.slots_per_layer / RESTAGE_SHARE).max(1);
+    let mut forecast: Vec<Candidate> =
+        (0..load.len()).filter(|&e| load[e] > 0).map(|e| Candidate { expert: e as u32, rows: load[e], cached: pools.cache.slot_of(layer, e as u32).is_some() }).collect();
+    let mut wanted: Vec<usize> = (0..forecast.len()).filter(|&i| !forecast[i].cached).collect();
+    wanted.sort_by_key(|&i| (std::cmp::Reverse(forecast[i].rows), forecast[i].expert));
+    let mut places = Vec::new();
+    let mut staged = 0;
+    for i in wanted {
+        if staged == budget {
+            break;
+        }
+        let idle = |s: &cache::Slot| s.expert.is_none_or(|held| load[held as usize] == 0);
+        let Some((slot, _)) = pools.cache.lowest_score(layer, |s| !idle(s)) else { break };
+        let (a, c) = split.assign(&forecast, 0, &mut places);
+        forecast[i].cached = true;
+        let (a2, c2) = split.assign(&forecast, 0, &mut places);
+        if a.max(c) - a2.max(c2) <= split.stage_seconds() {
+            forecast[i].cached = false;
+            continue;
+        }
+        pools.stage(layer, slot, forecast[i].expert, why);
+        staged += 1;
     }
 }
 
@@ -561,7 +588,7 @@ fn accelerator_part(
                 _ => pools.cache.lowest_score(layer, needed).map(|v| v.0),
             };
             let Some(slot) = victim else { break };
-            pools.stage(layer, slot, list[next_miss].0);
+            pools.stage(layer, slot, list[next_miss].0, Why::Demand);
             inflight.push_back((next_miss, slot));
             next_miss += 1;
         }

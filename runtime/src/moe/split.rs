@@ -29,19 +29,25 @@ const SCALE_STEP: f64 = 0.3;
 #[derive(Debug, Clone)]
 pub struct Split {
     pub costs: ExpertCosts,
-    /// Measured over predicted seconds, per path (1 until measured).
+    /// Measured over predicted seconds, per path and for copies (1 until measured).
     pub accelerator_scale: f64,
     pub cpu_scale: f64,
+    pub stage_scale: f64,
 }
 
 impl Split {
     pub fn new(costs: ExpertCosts) -> Split {
-        Split { costs, accelerator_scale: 1.0, cpu_scale: 1.0 }
+        Split { costs, accelerator_scale: 1.0, cpu_scale: 1.0, stage_scale: 1.0 }
+    }
+
+    /// Predicted seconds of copying one expert into a slot.
+    pub fn stage_seconds(&self) -> f64 {
+        self.stage_scale * self.costs.stage_seconds
     }
 
     /// Predicted seconds of `c` on the accelerator (staging first if not cached).
     pub fn accelerator_seconds(&self, c: &Candidate) -> f64 {
-        let stage = if c.cached { 0.0 } else { self.costs.stage_seconds };
+        let stage = if c.cached { 0.0 } else { self.stage_seconds() };
         stage + self.accelerator_scale * self.costs.accelerator.seconds(c.rows)
     }
 
@@ -70,6 +76,14 @@ impl Split {
             }
         }
         (acc, cpu)
+    }
+
+    /// Folds in measured copies: `experts` experts' worth of bytes in `seconds`.
+    pub fn observe_staging(&mut self, experts: f64, seconds: f64) {
+        if experts > 0.0 && seconds > 0.0 && self.costs.stage_seconds > 0.0 {
+            let ratio = (seconds / experts / self.costs.stage_seconds).clamp(1e-3, 1e3);
+            self.stage_scale += SCALE_STEP * (ratio - self.stage_scale);
+        }
     }
 
     /// Folds in a path's measured compute seconds against its unscaled prediction.
