@@ -98,19 +98,20 @@ impl ExpertModel {
             // copies overlapping the computation of others.
             "lru" => (touched * acc).max((touched - cached) * self.costs.stage_seconds + acc),
             // The cached ones on the accelerator, the rest on the CPU path, at once; then the
-            // balance moves whole experts to whichever path ends later-first.
+            // split's balance: whole experts move to the path that ends sooner, uncached ones
+            // to the accelerator with their copies overlapping its computation (as lru's).
             _ => {
-                let (mut a, mut c) = (cached * acc, (touched - cached) * cpu);
-                let move_to_acc = acc + self.costs.stage_seconds;
-                while c - cpu >= 0.0 && a + move_to_acc < c {
-                    a += move_to_acc;
-                    c -= cpu;
-                }
-                while a - acc >= 0.0 && c + cpu < a {
-                    a -= acc;
-                    c += cpu;
-                }
-                a.max(c)
+                let uncached = touched - cached;
+                let best_moving_uncached = (0..=uncached.ceil() as usize).map(|m| {
+                    let m = (m as f64).min(uncached);
+                    let acc_side = ((cached + m) * acc).max(m * self.costs.stage_seconds + acc * (m > 0.0) as u8 as f64);
+                    acc_side.max((uncached - m) * cpu)
+                });
+                let best_moving_cached = (0..=cached.ceil() as usize).map(|c| {
+                    let c = (c as f64).min(cached);
+                    ((cached - c) * acc).max((uncached + c) * cpu)
+                });
+                best_moving_uncached.chain(best_moving_cached).fold(f64::INFINITY, f64::min)
             }
         }
     }

@@ -149,9 +149,21 @@ pub fn render_text(d: &Value) -> String {
     let _ = writeln!(s, "compiled by {} for target {} from {}", d["compile"]["compiler"], d["compile"]["target"], d["compile"]["source"]);
     let _ = writeln!(s, "weights by dtype: {}", d["weight_bytes_by_dtype"]);
     let _ = writeln!(s, "\ntensors ({}):", d["tensors"].as_array().map_or(0, |a| a.len()));
+    // Experts after a layer's first are listed as one line: they repeat its shapes.
+    let mut skipped: Option<(String, usize)> = None;
     for t in d["tensors"].as_array().into_iter().flatten() {
+        let segment = t["segment"].as_str().unwrap_or("-");
+        let later_expert = segment.split_once(".experts.").filter(|(_, e)| *e != "0").map(|(layer, _)| layer.to_string());
+        if let Some(layer) = later_expert {
+            let count = skipped.take().filter(|(l, _)| *l == layer).map_or(0, |(_, n)| n);
+            skipped = Some((layer, count + 1));
+            continue;
+        }
+        if let Some((layer, n)) = skipped.take() {
+            let _ = writeln!(s, "  ... {n} more tensors of {layer}'s other experts, shaped as expert 0's");
+        }
         let _ = writeln!(s, "  {:<48} {:>12} {:<18} {:>12} B  [{}]", t["name"].as_str().unwrap_or(""), t["dtype"].as_str().unwrap_or(""),
-            t["shape"].to_string(), t["bytes"], t["segment"].as_str().unwrap_or("-"));
+            t["shape"].to_string(), t["bytes"], segment);
     }
     let _ = writeln!(s, "\ngraphs ({}; latency predicted for {}):", d["graphs"].as_array().map_or(0, |a| a.len()), d["plan"]["latency_target"].as_str().unwrap_or("-"));
     for g in d["graphs"].as_array().into_iter().flatten() {

@@ -23,6 +23,7 @@
 pub mod cache;
 pub mod compute;
 pub mod routing;
+pub mod shares;
 pub mod split;
 pub mod stage;
 
@@ -38,6 +39,7 @@ use crate::window::{SlotPtr, Window};
 use cache::ExpertCache;
 use compute::{combine, ExpertShape, Scratch};
 use routing::{route_row, Routing};
+use shares::Shares;
 use split::{Candidate, Place, Split};
 use stage::ExpertStager;
 
@@ -197,6 +199,8 @@ struct CpuPath {
     floats: Vec<f32>,
     operand: Vec<u8>,
     ranked: Vec<f32>,
+    /// (rows, seconds) of each expert of the last job.
+    timings: Vec<(usize, f64)>,
 }
 
 /// The expert slots: what each holds, the copies into them, and their figures.
@@ -284,6 +288,8 @@ pub struct Experts<'m> {
     candidates: Vec<Candidate>,
     places: Vec<Place>,
     predicted: Vec<f32>,
+    /// (rows, seconds) of each expert the accelerator path computed in the last layer.
+    acc_timings: Vec<(usize, f64)>,
     counters: ExpertCounters,
 }
 
@@ -320,7 +326,15 @@ impl<'m> Experts<'m> {
                     .build()
                     .map_err(|e| Error::request(format!("starting the CPU path's threads: {e}")))?;
                 let operand = llada_ir::window::largest_gemm_operand(h) as usize;
-                Some(CpuPath { pool, floats: vec![0.0; shape.floats(max_rows)], operand: vec![0; operand], ranked: vec![0.0; max_rows * top_k * shape.d] })
+                // 64 bytes of slack each: the kernels get cache-line-aligned views (`aligned`),
+                // as the window's scratch is.
+                Some(CpuPath {
+                    pool,
+                    floats: vec![0.0; shape.floats(max_rows) + 16],
+                    operand: vec![0; operand + 64],
+                    ranked: vec![0.0; max_rows * top_k * shape.d],
+                    timings: Vec::new(),
+                })
             }
         };
         let mut pools = Pools {
@@ -369,6 +383,7 @@ impl<'m> Experts<'m> {
             candidates: Vec::new(),
             places: Vec::new(),
             predicted: Vec::new(),
+            acc_timings: Vec::new(),
             counters: ExpertCounters::default(),
         }))
     }
@@ -420,43 +435,69 @@ impl<'m> Experts<'m> {
                 self.split.assign(&self.candidates, evictable, &mut self.places);
             }
         }
-        let on = |place| self.candidates.iter().zip(&self.places).filter(move |(_, p)| **p == place).map(|(c, _)| c);
-        let cpu_list: Vec<u32> = on(Place::Cpu).map(|c| c.expert).collect();
-        // The accelerator's: ready ones first (no waiting), then those to stage.
-        let mut acc_list: Vec<(u32, bool)> = on(Place::Accelerator).map(|c| (c.expert, c.cached)).collect();
-        acc_list.sort_by_key(|&(e, cached)| (!cached, e));
-        let predicted_cpu: f64 = on(Place::Cpu).map(|c| self.split.costs.cpu.seconds(c.rows)).sum();
-        let predicted_acc: f64 = on(Place::Accelerator).map(|c| self.split.costs.accelerator.seconds(c.rows)).sum();
-        self.counters.accelerator_experts += acc_list.len() as u64;
-        self.counters.cpu_experts += cpu_list.len() as u64;
+        // Each path's share, heaviest first (`shares` lets a path that runs out take from the
+        // other's light end, hybrid only).
+        let share = |place| {
+            let mut l: Vec<&Candidate> = self.candidates.iter().zip(&self.places).filter(|(_, p)| **p == place).map(|(c, _)| c).collect();
+            l.sort_by_key(|c| (std::cmp::Reverse(c.rows), c.expert));
+            l.into_iter().map(|c| (c.expert, c.cached)).collect::<Vec<_>>()
+        };
+        let (acc_share, cpu_share) = (share(Place::Accelerator), share(Place::Cpu));
+        let shares = Shares::new(&acc_share, &cpu_share, self.strategy == ExpertStrategy::Hybrid);
+        if self.strategy == ExpertStrategy::Hybrid {
+            // The uncached experts the split gave the accelerator: their copies start now, into
+            // slots whose experts this layer does not use (the split's budget).
+            for &(e, cached) in &acc_share {
+                let idle = |s: &cache::Slot| s.expert.is_none_or(|held| self.routing.load(held as usize) == 0) && s.expert != Some(e);
+                if !cached {
+                    let (slot, _) = self.pools.cache.lowest_score(layer, |s| !idle(s)).expect("the split stages at most as many as there are idle slots");
+                    self.pools.stage(layer, slot, e, Why::Demand);
+                }
+            }
+        }
 
         // The CPU path's job runs on its own threads while this thread computes the rest (and,
         // hybrid, first forecasts the next layer and prefetches for it).
         let (model, shape, first, routing, strategy) = (self.model, self.shape, self.firsts[layer], &self.routing, self.strategy);
-        let (x, pools, cpu, split, predicted) = (op.x, &mut self.pools, &mut self.cpu, &self.split, &mut self.predicted);
+        let (x, pools, cpu, split, predicted, acc_timings) = (op.x, &mut self.pools, &mut self.cpu, &self.split, &mut self.predicted, &mut self.acc_timings);
+        acc_timings.clear();
         let next_router = self.routers.get(layer + 1).copied().flatten().filter(|_| strategy == ExpertStrategy::Hybrid && pools.stager.is_some());
+        let shares = &shares;
         let (acc_seconds, cpu_seconds, cpu_wait) = std::thread::scope(|scope| -> Result<(f64, f64, f64)> {
-            let job = match (cpu.as_mut(), cpu_list.is_empty()) {
-                (_, true) => None,
-                (None, false) => return Err(Error::request("an expert was placed on the CPU path, which has no threads")),
-                (Some(c), false) => Some(scope.spawn(|| {
+            // Hybrid's CPU path runs even with an empty share: it may take the accelerator's.
+            let cpu_takes = !cpu_share.is_empty() || (strategy == ExpertStrategy::Hybrid && !acc_share.is_empty());
+            let job = match cpu.as_mut() {
+                None if !cpu_share.is_empty() => return Err(Error::request("an expert was placed on the CPU path, which has no threads")),
+                Some(c) if cpu_takes => Some(scope.spawn(|| {
                     let start = Instant::now();
-                    let CpuPath { pool, floats, operand, ranked } = c;
-                    let mut s = Scratch { floats, operand };
-                    for &e in &cpu_list {
+                    let CpuPath { pool, floats, operand, ranked, timings } = c;
+                    timings.clear();
+                    let mut s = Scratch { floats: aligned(floats), operand: aligned(operand) };
+                    while let Some(e) = shares.next_for_cpu() {
+                        let one = Instant::now();
                         let (gu, dn) = (model.tensor_bytes(first + 2 * e), model.tensor_bytes(first + 2 * e + 1));
                         compute::expert(shape, x, &routing.picks[e as usize], gu, dn, &mut s, pool, features, |p, y| {
                             ranked[(p.row as usize * k + p.rank as usize) * d..][..d].copy_from_slice(y)
                         });
+                        timings.push((routing.load(e as usize), one.elapsed().as_secs_f64()));
                     }
                     start.elapsed().as_secs_f64()
                 })),
+                _ => None,
             };
             if let Some(router) = next_router {
                 let load = predict_load(model, router, x, op.rows, shape.d, k, pools.per_layer, predicted, op.operand, pool, features);
                 improve_pool(pools, split, layer + 1, &load, Why::Prefetch);
             }
-            let acc = accelerator_part(pools, strategy, shape, routing, &acc_list, layer, k, x, op.ranked, op.work, op.operand, pool, features)?;
+            let acc = match strategy {
+                ExpertStrategy::Lru => {
+                    // Ready ones first (no waiting), then those to stage, pipelined.
+                    let mut list = acc_share.clone();
+                    list.sort_by_key(|&(e, cached)| (!cached, e));
+                    accelerator_part(pools, strategy, shape, routing, &list, layer, k, x, op.ranked, op.work, op.operand, pool, features, acc_timings)?
+                }
+                _ => accelerator_shared(pools, shape, routing, shares, layer, k, x, op.ranked, op.work, op.operand, pool, features, acc_timings)?,
+            };
             let waited = Instant::now();
             let cpu_seconds = match job {
                 Some(j) => j.join().map_err(|_| Error::request("the CPU path's thread panicked"))?,
@@ -464,16 +505,25 @@ impl<'m> Experts<'m> {
             };
             Ok((acc, cpu_seconds, waited.elapsed().as_secs_f64()))
         })?;
+        let by_cpu = shares.taken_by_cpu();
+        self.counters.accelerator_experts += (self.candidates.len() - by_cpu.len()) as u64;
+        self.counters.cpu_experts += by_cpu.len() as u64;
         self.counters.accelerator_seconds += acc_seconds;
         self.counters.cpu_seconds += cpu_seconds;
-        if !cpu_list.is_empty() {
+        if !by_cpu.is_empty() {
             self.counters.cpu_wait_seconds += cpu_wait;
         }
-        self.split.observe(Place::Accelerator, predicted_acc, acc_seconds);
-        self.split.observe(Place::Cpu, predicted_cpu, cpu_seconds);
+        for &(rows, t) in &self.acc_timings {
+            self.split.observe(Place::Accelerator, rows, t);
+        }
+        if let Some(c) = self.cpu.as_ref().filter(|_| !by_cpu.is_empty()) {
+            for &(rows, t) in &c.timings {
+                self.split.observe(Place::Cpu, rows, t);
+            }
+        }
         // The CPU path's outputs join the accelerator's.
         if let Some(c) = &self.cpu {
-            for &e in &cpu_list {
+            for &e in &by_cpu {
                 for p in &self.routing.picks[e as usize] {
                     let at = (p.row as usize * k + p.rank as usize) * d;
                     op.ranked[at..at + d].copy_from_slice(&c.ranked[at..at + d]);
@@ -482,9 +532,9 @@ impl<'m> Experts<'m> {
         }
         combine(op.route, op.ranked, op.rows, k, d, op.out);
         if let Some(st) = &self.pools.stager {
-            let (bytes, seconds) = st.take_copied();
+            let c = st.take_copied();
             let expert = self.pools.homes[0].range.1 as f64;
-            self.split.observe_staging(bytes as f64 / expert, seconds);
+            self.split.observe_staging(c.bytes as f64 / expert, c.seconds, c.cpu_seconds);
         }
         if self.strategy == ExpertStrategy::Hybrid {
             self.refresh(layer);
@@ -527,8 +577,8 @@ fn predict_load(model: &Model, router: TensorId, x: &[f32], rows: usize, d: usiz
 /// later of the two paths, as `split` places the experts, from the pool alone) with it cached
 /// in place of the lowest-scored expert the forecast leaves idle, against without; the
 /// latency each copy saves decides it (HybriMoE's impact-driven prefetch). A copy made ahead
-/// runs on the staging thread, off the layer's critical path, but it takes a core and memory
-/// bandwidth: its measured time is its cost.
+/// runs on the staging thread, off the layer's critical path, but it takes CPU time (and
+/// memory bandwidth) from the cores that compute: its measured CPU time is its cost.
 fn improve_pool(pools: &mut Pools, split: &Split, layer: usize, load: &[usize], why: Why) {
     let budget = (pools.slots_per_layer / RESTAGE_SHARE).max(1);
     let mut forecast: Vec<Candidate> =
@@ -546,7 +596,7 @@ fn improve_pool(pools: &mut Pools, split: &Split, layer: usize, load: &[usize], 
         let (a, c) = split.assign(&forecast, 0, &mut places);
         forecast[i].cached = true;
         let (a2, c2) = split.assign(&forecast, 0, &mut places);
-        if a.max(c) - a2.max(c2) <= split.stage_seconds() {
+        if a.max(c) - a2.max(c2) <= split.stage_cost() {
             forecast[i].cached = false;
             continue;
         }
@@ -557,7 +607,7 @@ fn improve_pool(pools: &mut Pools, split: &Split, layer: usize, load: &[usize], 
 
 /// The accelerator path's experts, from their slots, staging the uncached ones first (into
 /// slots no later expert of the list needs, as many ahead as there are such slots). Returns
-/// the seconds spent computing (waits for copies aside).
+/// the seconds spent computing (waits for copies aside), each expert's in `timings`.
 #[allow(clippy::too_many_arguments)]
 fn accelerator_part(
     pools: &mut Pools,
@@ -573,6 +623,7 @@ fn accelerator_part(
     operand: &mut [u8],
     pool: &rayon::ThreadPool,
     features: Features,
+    timings: &mut Vec<(usize, f64)>,
 ) -> Result<f64> {
     let d = shape.d;
     let (gu_len, dn_len) = (matrix_len(shape, true), matrix_len(shape, false));
@@ -607,7 +658,65 @@ fn accelerator_part(
         compute::expert(shape, x, &routing.picks[e as usize], &bytes[home.gate_up..][..gu_len], &bytes[home.down..][..dn_len], &mut s, pool, features, |p, y| {
             ranked[(p.row as usize * k + p.rank as usize) * d..][..d].copy_from_slice(y)
         });
-        computing += start.elapsed().as_secs_f64();
+        let took = start.elapsed().as_secs_f64();
+        computing += took;
+        timings.push((routing.load(e as usize), took));
+    }
+    Ok(computing)
+}
+
+/// The part of `buf` from its first 64-byte-aligned element on (its last 64 bytes are slack
+/// for this).
+fn aligned<T>(buf: &mut [T]) -> &mut [T] {
+    let skip = buf.as_ptr().align_offset(64).min(buf.len());
+    &mut buf[skip..]
+}
+
+/// Hybrid's accelerator path: the experts `shares` hands it, from their slots (waiting for
+/// the copies of those the split staged). Returns the seconds spent computing, each expert's
+/// in `timings`.
+#[allow(clippy::too_many_arguments)]
+fn accelerator_shared(
+    pools: &mut Pools,
+    shape: ExpertShape,
+    routing: &Routing,
+    shares: &Shares,
+    layer: usize,
+    k: usize,
+    x: &[f32],
+    ranked: &mut [f32],
+    work: &mut [f32],
+    operand: &mut [u8],
+    pool: &rayon::ThreadPool,
+    features: Features,
+    timings: &mut Vec<(usize, f64)>,
+) -> Result<f64> {
+    let d = shape.d;
+    let (gu_len, dn_len) = (matrix_len(shape, true), matrix_len(shape, false));
+    let mut computing = 0.0;
+    // A slot this layer does not use, to stage an expert taken from the CPU's share into.
+    let idle = |s: &cache::Slot| s.expert.is_none_or(|held| routing.load(held as usize) == 0);
+    loop {
+        let free = pools.cache.lowest_score(layer, |s| !idle(s)).map(|v| v.0);
+        let Some((e, cached)) = shares.next_for_accelerator(free.is_some()) else { break };
+        let slot = match (pools.cache.slot_of(layer, e), free) {
+            (Some(slot), _) => slot,
+            (None, Some(slot)) if !cached => {
+                pools.stage(layer, slot, e, Why::Demand);
+                slot
+            }
+            _ => return Err(Error::request(format!("expert {e} of layer {layer} was given to the accelerator without a slot"))),
+        };
+        let home = pools.homes[layer * pools.per_layer + e as usize];
+        let bytes = pools.read(layer, slot)?;
+        let start = Instant::now();
+        let mut s = Scratch { floats: &mut *work, operand: &mut *operand };
+        compute::expert(shape, x, &routing.picks[e as usize], &bytes[home.gate_up..][..gu_len], &bytes[home.down..][..dn_len], &mut s, pool, features, |p, y| {
+            ranked[(p.row as usize * k + p.rank as usize) * d..][..d].copy_from_slice(y)
+        });
+        let took = start.elapsed().as_secs_f64();
+        computing += took;
+        timings.push((routing.load(e as usize), took));
     }
     Ok(computing)
 }

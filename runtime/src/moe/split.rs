@@ -1,10 +1,12 @@
-//! The per-layer split of the active experts between the accelerator path and the CPU path,
-//! from the plan's cost figures (`ExpertCosts`, the target's rates), each path's scaled by
-//! what its experts really took so far (the host's threads are not the target's engines, and
-//! the rates are peaks). Greedy longest-first, as HybriMoE's scheduler: every expert, heaviest
-//! first, goes to the path on which it would finish sooner, so cached, heavily loaded experts
-//! land on the accelerator and light, uncached ones on the CPU, minimising the later of the
-//! two. Which path computes an expert never changes its output (see `compute`), only time.
+//! The per-layer split of the active experts between the accelerator path and the CPU path.
+//! Each path's cost of one expert is linear in its rows, `a + b * rows` (HybriMoE's form),
+//! fitted by least squares with forgetting to the experts the path really computed, starting
+//! from the plan's figures (`ExpertCosts`, the target's rates: the host's threads are not the
+//! target's engines, and rates are peaks). Greedy longest-first, as HybriMoE's scheduler:
+//! every expert, heaviest first, goes to the path on which it would finish sooner, so
+//! cached, heavily loaded experts land on the accelerator and light, uncached ones on the
+//! CPU, minimising the later of the two. Which path computes an expert never changes its
+//! output (see `compute`), only time.
 
 use llada_ir::ExpertCosts;
 
@@ -23,36 +25,101 @@ pub struct Candidate {
     pub cached: bool,
 }
 
-/// How much a newer measurement moves a path's scale.
+/// How much a newer copy measurement moves the copy time's scale.
 const SCALE_STEP: f64 = 0.3;
+/// Weight each older observation keeps per newer one in a path's fit (about the last few
+/// hundred experts count).
+const FORGET: f64 = 0.995;
+/// Weight of the plan's figures in a fit, in observations: they decide only until the path
+/// has computed a few dozen experts.
+const PRIOR: f64 = 4.0;
+
+/// Least-squares line `seconds = a + b * rows` over weighted observations.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinearFit {
+    w: f64,
+    n: f64,
+    nn: f64,
+    t: f64,
+    nt: f64,
+}
+
+impl LinearFit {
+    /// A fit that starts as the plan's `cost` (its two ends, at 1 and at 64 rows).
+    pub fn from_prior(cost: llada_ir::PathCost) -> LinearFit {
+        let mut f = LinearFit { w: 0.0, n: 0.0, nn: 0.0, t: 0.0, nt: 0.0 };
+        for rows in [1.0, 64.0] {
+            f.add(rows, cost.seconds(rows as usize), PRIOR / 2.0);
+        }
+        f
+    }
+
+    fn add(&mut self, rows: f64, seconds: f64, weight: f64) {
+        self.w += weight;
+        self.n += weight * rows;
+        self.nn += weight * rows * rows;
+        self.t += weight * seconds;
+        self.nt += weight * rows * seconds;
+    }
+
+    /// Folds in one expert of `rows` rows that took `seconds`.
+    pub fn observe(&mut self, rows: usize, seconds: f64) {
+        if !(seconds.is_finite() && seconds > 0.0) {
+            return;
+        }
+        for x in [&mut self.w, &mut self.n, &mut self.nn, &mut self.t, &mut self.nt] {
+            *x *= FORGET;
+        }
+        self.add(rows as f64, seconds, 1.0);
+    }
+
+    /// Predicted seconds of an expert of `rows` rows (never negative).
+    pub fn seconds(&self, rows: usize) -> f64 {
+        let det = self.w * self.nn - self.n * self.n;
+        let (a, b) = if det.abs() > 1e-12 * self.w * self.nn {
+            let b = (self.w * self.nt - self.n * self.t) / det;
+            ((self.t - b * self.n) / self.w, b.max(0.0))
+        } else {
+            (self.t / self.w, 0.0)
+        };
+        (a + b * rows as f64).max(0.0)
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct Split {
     pub costs: ExpertCosts,
-    /// Measured over predicted seconds, per path and for copies (1 until measured).
-    pub accelerator_scale: f64,
-    pub cpu_scale: f64,
+    pub accelerator: LinearFit,
+    pub cpu: LinearFit,
+    /// Measured over predicted copy seconds (1 until measured): the wait for a copy, and
+    /// the CPU time a copy takes (on a host whose cores also compute, what it costs them).
     pub stage_scale: f64,
+    pub stage_cpu_scale: f64,
 }
 
 impl Split {
     pub fn new(costs: ExpertCosts) -> Split {
-        Split { costs, accelerator_scale: 1.0, cpu_scale: 1.0, stage_scale: 1.0 }
+        Split { costs, accelerator: LinearFit::from_prior(costs.accelerator), cpu: LinearFit::from_prior(costs.cpu), stage_scale: 1.0, stage_cpu_scale: 1.0 }
     }
 
-    /// Predicted seconds of copying one expert into a slot.
+    /// Predicted seconds from queueing a copy of one expert to its arrival.
     pub fn stage_seconds(&self) -> f64 {
         self.stage_scale * self.costs.stage_seconds
+    }
+
+    /// Predicted cost of copying one expert ahead of need: the compute time it takes away.
+    pub fn stage_cost(&self) -> f64 {
+        self.stage_cpu_scale * self.costs.stage_seconds
     }
 
     /// Predicted seconds of `c` on the accelerator (staging first if not cached).
     pub fn accelerator_seconds(&self, c: &Candidate) -> f64 {
         let stage = if c.cached { 0.0 } else { self.stage_seconds() };
-        stage + self.accelerator_scale * self.costs.accelerator.seconds(c.rows)
+        stage + self.accelerator.seconds(c.rows)
     }
 
     pub fn cpu_seconds(&self, c: &Candidate) -> f64 {
-        self.cpu_scale * self.costs.cpu.seconds(c.rows)
+        self.cpu.seconds(c.rows)
     }
 
     /// Places every candidate; at most `stage_budget` uncached ones on the accelerator (the
@@ -78,25 +145,25 @@ impl Split {
         (acc, cpu)
     }
 
-    /// Folds in measured copies: `experts` experts' worth of bytes in `seconds`.
-    pub fn observe_staging(&mut self, experts: f64, seconds: f64) {
-        if experts > 0.0 && seconds > 0.0 && self.costs.stage_seconds > 0.0 {
-            let ratio = (seconds / experts / self.costs.stage_seconds).clamp(1e-3, 1e3);
-            self.stage_scale += SCALE_STEP * (ratio - self.stage_scale);
+    /// Folds in measured copies: `experts` experts' worth of bytes in `seconds` of wall time
+    /// and `cpu_seconds` of CPU time.
+    pub fn observe_staging(&mut self, experts: f64, seconds: f64, cpu_seconds: f64) {
+        if experts > 0.0 && self.costs.stage_seconds > 0.0 {
+            for (scale, t) in [(&mut self.stage_scale, seconds), (&mut self.stage_cpu_scale, cpu_seconds)] {
+                if t > 0.0 {
+                    let ratio = (t / experts / self.costs.stage_seconds).clamp(1e-3, 1e3);
+                    *scale += SCALE_STEP * (ratio - *scale);
+                }
+            }
         }
     }
 
-    /// Folds in a path's measured compute seconds against its unscaled prediction.
-    pub fn observe(&mut self, place: Place, predicted_unscaled: f64, measured: f64) {
-        if predicted_unscaled <= 0.0 || measured <= 0.0 {
-            return;
+    /// Folds in one expert of `rows` rows that `place` computed in `seconds`.
+    pub fn observe(&mut self, place: Place, rows: usize, seconds: f64) {
+        match place {
+            Place::Accelerator => self.accelerator.observe(rows, seconds),
+            Place::Cpu => self.cpu.observe(rows, seconds),
         }
-        let ratio = (measured / predicted_unscaled).clamp(1e-3, 1e3);
-        let scale = match place {
-            Place::Accelerator => &mut self.accelerator_scale,
-            Place::Cpu => &mut self.cpu_scale,
-        };
-        *scale += SCALE_STEP * (ratio - *scale);
     }
 }
 
@@ -132,11 +199,17 @@ mod tests {
     }
 
     #[test]
-    fn measurements_scale_a_path() {
+    fn a_path_fits_the_line_its_experts_measure() {
         let mut s = split(1.0, 1.0, 0.0);
-        for _ in 0..40 {
-            s.observe(Place::Cpu, 1.0, 3.0);
+        assert!((s.cpu.seconds(10) - 10.0).abs() < 1e-9, "the prior is the plan's line");
+        // The CPU path really takes 2 + 0.5 rows.
+        for i in 0..2000 {
+            let rows = 1 + (i * 7) % 40;
+            s.observe(Place::Cpu, rows, 2.0 + 0.5 * rows as f64);
         }
-        assert!((s.cpu_scale - 3.0).abs() < 1e-3 && s.accelerator_scale == 1.0);
+        for rows in [1, 20, 64] {
+            assert!((s.cpu.seconds(rows) - (2.0 + 0.5 * rows as f64)).abs() < 1e-3, "{rows}: {}", s.cpu.seconds(rows));
+        }
+        assert!((s.accelerator.seconds(10) - 10.0).abs() < 1e-9);
     }
 }

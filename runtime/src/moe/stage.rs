@@ -31,9 +31,11 @@ struct State {
     done: Vec<u64>,
     stop: bool,
     failed: Option<String>,
-    /// Bytes copied and seconds spent copying, since the last `take_copied`.
+    /// Bytes copied, wall seconds the copies took and CPU seconds they used, since the last
+    /// `take_copied`.
     copied_bytes: u64,
     copy_seconds: f64,
+    copy_cpu_seconds: f64,
 }
 
 struct Shared {
@@ -45,6 +47,23 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// What the copies of a while took (see [`ExpertStager::take_copied`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Copied {
+    pub bytes: u64,
+    pub seconds: f64,
+    pub cpu_seconds: f64,
+}
+
+/// CPU time this thread has used, in seconds.
+fn thread_cpu_seconds() -> f64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `t` is a valid timespec for the call to fill; the clock id is a constant the
+    // platform defines. On failure `t` stays zero, which only makes a copy look free.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }
 
 pub struct ExpertStager {
@@ -96,10 +115,15 @@ impl ExpertStager {
         Ok(start.elapsed().as_secs_f64())
     }
 
-    /// Bytes copied and copy seconds since the last call.
-    pub fn take_copied(&self) -> (u64, f64) {
+    /// Bytes copied, and the copies' wall seconds (how long one waits for a copy) and CPU
+    /// seconds (what a copy takes from the cores), since the last call.
+    pub fn take_copied(&self) -> Copied {
         let mut state = self.shared.lock();
-        (std::mem::take(&mut state.copied_bytes), std::mem::take(&mut state.copy_seconds))
+        Copied {
+            bytes: std::mem::take(&mut state.copied_bytes),
+            seconds: std::mem::take(&mut state.copy_seconds),
+            cpu_seconds: std::mem::take(&mut state.copy_cpu_seconds),
+        }
     }
 }
 
@@ -127,7 +151,7 @@ fn copy_forever(file: &File, slots: &[SlotPtr], shared: &Shared) {
                 state = shared.changed.wait(state).unwrap_or_else(|e| e.into_inner());
             }
         };
-        let start = Instant::now();
+        let (start, cpu_start) = (Instant::now(), thread_cpu_seconds());
         // SAFETY: the executor queued this job and reads the slot only after its ticket is
         // marked done below (and queues no copy into a slot it is reading); the window
         // outlives this thread, which the stager joins on drop.
@@ -139,6 +163,7 @@ fn copy_forever(file: &File, slots: &[SlotPtr], shared: &Shared) {
                 state.done[job.slot] = job.ticket;
                 state.copied_bytes += job.range.1 as u64;
                 state.copy_seconds += start.elapsed().as_secs_f64();
+                state.copy_cpu_seconds += thread_cpu_seconds() - cpu_start;
             }
             Err(e) => {
                 state.failed = Some(format!("staging an expert failed: {e}"));
