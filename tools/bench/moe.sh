@@ -46,11 +46,13 @@ rounds = int(os.environ["ROUNDS"])
 names = [f"{s}-{r}" for r in range(1, rounds + 1) for s in ("hybrid", "lru", "static")] + ["lru-2threads", "static-2threads"]
 runs = {n: json.load(open(f"run-{n}.json")) for n in names}
 ids = runs["hybrid-1"]["output_ids"]
-print("run | threads (accelerator + CPU path) | seconds | same tokens as hybrid-1 | hit rate | accelerator / CPU experts per pass | staged MiB per pass | stall s per pass | CPU-path wait s per pass | prefetched (used) | refreshed")
+print("run | threads (accelerator + CPU path) | seconds | same tokens as hybrid-1 | hit rate | accelerator / CPU experts per pass | ms per expert, accelerator / CPU | staged MiB per pass | stall s per pass | CPU-path wait s per pass | prefetched (used) | refreshed")
 for n, d in runs.items():
     x = d["window"]["experts"]; c = x["counters"]; p = x["per_pass"]
     threads = {"lru-2threads": "2 + 0", "static-2threads": "1 + 2"}.get(n, "1 + 1")
+    per = lambda s, n: f"{1000 * s / n:.2f}" if n else "-"
     print(f"{n} | {threads} | {d['seconds']:.2f} | {d['output_ids'] == ids} | {x['hit_rate']:.3f} | {p['accelerator_experts']:.1f} / {p['cpu_experts']:.1f} | "
+          f"{per(c['accelerator_seconds'], c['accelerator_experts'])} / {per(c['cpu_seconds'], c['cpu_experts'])} | "
           f"{p['staged_bytes'] / 2**20:.1f} | {p['stall_seconds']:.4f} | {p['cpu_wait_seconds']:.4f} | {c['prefetched']} ({c['prefetch_used']}) | {c['refreshed']}")
 ratios = []
 for r in range(1, rounds + 1):
