@@ -69,7 +69,10 @@ impl Seeds {
         let mut files = Vec::new();
         for dir in [&single, &sharded] {
             std::fs::create_dir_all(dir).expect("work dir");
-            for (name, kind) in [("config.json", Kind::Config), ("tokenizer.json", Kind::Tokenizer), ("tokenizer_config.json", Kind::Tokenizer), ("special_tokens_map.json", Kind::Tokenizer)] {
+            // generation_config.json: where LLaDA-MoE keeps its mask id (others may lack it).
+            let generation = model.join("generation_config.json").exists().then_some(("generation_config.json", Kind::Config));
+            let named = [("config.json", Kind::Config), ("tokenizer.json", Kind::Tokenizer), ("tokenizer_config.json", Kind::Tokenizer), ("special_tokens_map.json", Kind::Tokenizer)];
+            for (name, kind) in named.into_iter().chain(generation) {
                 let seed = std::fs::read(model.join(name)).unwrap_or_else(|e| panic!("{}: {e}", model.join(name).display()));
                 std::fs::write(dir.join(name), &seed).expect("write");
                 if dir == &single {

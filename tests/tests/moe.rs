@@ -15,24 +15,10 @@ use llada_rt::staging::StagingMode;
 use llada_rt::{generate, Model, SamplerParams, Session};
 use llada_tools::checkpoint::{Shape, WeightType};
 use llada_tools::reference_moe::LladaMoe;
-use lladac::{CompileOptions, Quant};
+use lladac::Quant;
 
 fn compile(ckpt: &Path, out: &Path, quant: Option<Quant>, window_bytes: Option<u64>) {
-    lladac::compile(&CompileOptions {
-        model: ckpt.to_path_buf(),
-        output: out.to_path_buf(),
-        quant,
-        target: "host".into(),
-        max_seq: Some(128),
-        head_rows: 64,
-        block_len: 32,
-        spec_blocks: 1,
-        bf16_activations: false,
-        window_bytes,
-        kv_dtype: None,
-        progress: false,
-    })
-    .expect("compiles");
+    common::compile_quant(ckpt, out, quant, 128, window_bytes);
 }
 
 /// Largest |runtime - reference| over largest |reference|, for `len` tokens.
@@ -55,12 +41,7 @@ fn relative_error(shape: Shape, weights: WeightType, shard_bytes: u64, len: usiz
     let input = Tensor::<2, Int>::from_data(TensorData::new(ids.iter().map(|&t| t as i64).collect::<Vec<_>>(), [1, len]), &device);
     let theirs: Vec<f32> = reference.forward(input).into_data().try_to_vec().unwrap();
 
-    assert_eq!(ours.len(), theirs.len());
-    let scale = theirs.iter().fold(0f64, |m, &v| m.max(v.abs() as f64));
-    let err = ours.iter().zip(&theirs).fold(0f64, |m, (&a, &b)| m.max((a as f64 - b as f64).abs()));
-    assert!(scale > 0.1, "degenerate logits (max {scale})");
-    eprintln!("max |logit| {scale:.3}, max abs error {err:.2e}, relative {:.2e}", err / scale);
-    err / scale
+    common::relative_error(&ours, &theirs)
 }
 
 #[test]

@@ -27,12 +27,7 @@ fn relative_error(shape: Shape, weights: WeightType, shard_bytes: u64, len: usiz
     let input = Tensor::<2, Int>::from_data(TensorData::new(ids.iter().map(|&t| t as i64).collect::<Vec<_>>(), [1, len]), &device);
     let theirs: Vec<f32> = reference.forward(input, Hyper::of(&shape)).into_data().try_to_vec().unwrap();
 
-    assert_eq!(ours.len(), theirs.len());
-    let scale = theirs.iter().fold(0f64, |m, &v| m.max(v.abs() as f64));
-    let err = ours.iter().zip(&theirs).fold(0f64, |m, (&a, &b)| m.max((a as f64 - b as f64).abs()));
-    assert!(scale > 0.1, "degenerate logits (max {scale})");
-    eprintln!("max |logit| {scale:.3}, max abs error {err:.2e}, relative {:.2e}", err / scale);
-    err / scale
+    common::relative_error(&ours, &theirs)
 }
 
 #[test]

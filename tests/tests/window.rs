@@ -11,24 +11,10 @@ use llada_rt::kernels::cpu;
 use llada_rt::staging::StagingMode;
 use llada_rt::{generate, Model, SamplerParams, Session};
 use llada_tools::checkpoint::{Shape, WeightType};
-use lladac::{CompileOptions, Quant};
+use lladac::Quant;
 
 fn compile(model: &Path, out: &Path, quant: Option<Quant>, max_seq: u32, window_bytes: Option<u64>) {
-    lladac::compile(&CompileOptions {
-        model: model.to_path_buf(),
-        output: out.to_path_buf(),
-        quant,
-        target: "host".into(),
-        max_seq: Some(max_seq),
-        head_rows: 64,
-        block_len: 32,
-        spec_blocks: 1,
-        bf16_activations: false,
-        window_bytes,
-        kv_dtype: None,
-        progress: false,
-    })
-    .expect("compiles");
+    common::compile_quant(model, out, quant, max_seq, window_bytes);
 }
 
 /// What a run computes: first-pass logits and the tokens and reveals of two policies.

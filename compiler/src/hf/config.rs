@@ -134,6 +134,14 @@ impl<'a> Keys<'a> {
         Ok(())
     }
 
+    /// Refuses, by key, a token id outside an embedding of `rows` rows.
+    pub(super) fn ids_inside(&self, ids: &[(&str, Option<u32>)], rows: usize) -> Result<()> {
+        match ids.iter().find_map(|&(key, id)| id.filter(|&id| id as usize >= rows).map(|id| (key, id))) {
+            Some((key, id)) => Err(self.err(key, format!("{id} is outside the embedding ({rows} rows)"))),
+            None => Ok(()),
+        }
+    }
+
     /// Warnings for the keys neither read nor in `accepted`.
     pub(super) fn unknown(&self, accepted: &[&str]) -> Vec<String> {
         self.map
@@ -240,13 +248,7 @@ pub fn parse(path: &Path, map: &Map<String, Value>) -> Result<(LladaConfig, Vec<
     if embedding_size < vocab_size {
         return Err(k.err("embedding_size", format!("{embedding_size} is smaller than vocab_size {vocab_size}")));
     }
-    for (key, id) in [("mask_token_id", Some(mask_token_id)), ("bos_token_id", bos_token_id), ("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)] {
-        if let Some(id) = id {
-            if id as usize >= embedding_size {
-                return Err(k.err(key, format!("{id} is outside the embedding ({embedding_size} rows)")));
-            }
-        }
-    }
+    k.ids_inside(&[("mask_token_id", Some(mask_token_id)), ("bos_token_id", bos_token_id), ("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)], embedding_size)?;
 
     let warnings = k.unknown(ACCEPTED_KEYS);
     let cfg = LladaConfig {

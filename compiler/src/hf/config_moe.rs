@@ -102,13 +102,7 @@ pub fn parse(path: &Path, map: &Map<String, Value>, generation_mask: Option<u32>
     if experts > llada_ir::verify::MAX_EXPERTS as usize {
         return Err(k.err("num_experts", format!("{experts} is more than the {} the artifact format allows", llada_ir::verify::MAX_EXPERTS)));
     }
-    for (key, id) in [("mask_token_id", Some(mask_token_id)), ("bos_token_id", bos_token_id), ("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)] {
-        if let Some(id) = id {
-            if id as usize >= vocab_size {
-                return Err(k.err(key, format!("{id} is outside the embedding ({vocab_size} rows)")));
-            }
-        }
-    }
+    k.ids_inside(&[("mask_token_id", Some(mask_token_id)), ("bos_token_id", bos_token_id), ("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)], vocab_size)?;
     warnings.extend(k.unknown(ACCEPTED_KEYS));
     let cfg = LladaConfig {
         arch: Arch::LladaMoe,

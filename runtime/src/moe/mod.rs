@@ -489,14 +489,15 @@ impl<'m> Experts<'m> {
                 let load = predict_load(model, router, x, op.rows, shape.d, k, pools.per_layer, predicted, op.operand, pool, features);
                 improve_pool(pools, split, layer + 1, &load, Why::Prefetch);
             }
+            let mut w = AcceleratorWork { shape, routing, layer, k, x, ranked: op.ranked, work: op.work, operand: op.operand, pool, features, timings: acc_timings };
             let acc = match strategy {
                 ExpertStrategy::Lru => {
                     // Ready ones first (no waiting), then those to stage, pipelined.
                     let mut list = acc_share.clone();
                     list.sort_by_key(|&(e, cached)| (!cached, e));
-                    accelerator_part(pools, strategy, shape, routing, &list, layer, k, x, op.ranked, op.work, op.operand, pool, features, acc_timings)?
+                    accelerator_part(pools, strategy, &list, &mut w)?
                 }
-                _ => accelerator_shared(pools, shape, routing, shares, layer, k, x, op.ranked, op.work, op.operand, pool, features, acc_timings)?,
+                _ => accelerator_shared(pools, shares, &mut w)?,
             };
             let waited = Instant::now();
             let cpu_seconds = match job {
@@ -605,28 +606,46 @@ fn improve_pool(pools: &mut Pools, split: &Split, layer: usize, load: &[usize], 
     }
 }
 
-/// The accelerator path's experts, from their slots, staging the uncached ones first (into
-/// slots no later expert of the list needs, as many ahead as there are such slots). Returns
-/// the seconds spent computing (waits for copies aside), each expert's in `timings`.
-#[allow(clippy::too_many_arguments)]
-fn accelerator_part(
-    pools: &mut Pools,
-    strategy: ExpertStrategy,
+/// What the accelerator path computes a layer's experts with: the inputs, the outputs
+/// (`ranked`), its working memory in the window, and each expert's (rows, seconds).
+struct AcceleratorWork<'a> {
     shape: ExpertShape,
-    routing: &Routing,
-    list: &[(u32, bool)],
+    routing: &'a Routing,
     layer: usize,
     k: usize,
-    x: &[f32],
-    ranked: &mut [f32],
-    work: &mut [f32],
-    operand: &mut [u8],
-    pool: &rayon::ThreadPool,
+    x: &'a [f32],
+    ranked: &'a mut [f32],
+    work: &'a mut [f32],
+    operand: &'a mut [u8],
+    pool: &'a rayon::ThreadPool,
     features: Features,
-    timings: &mut Vec<(usize, f64)>,
-) -> Result<f64> {
-    let d = shape.d;
-    let (gu_len, dn_len) = (matrix_len(shape, true), matrix_len(shape, false));
+    timings: &'a mut Vec<(usize, f64)>,
+}
+
+impl AcceleratorWork<'_> {
+    /// Expert `e` from `slot` (waiting for its copy); returns the seconds computing it.
+    fn expert(&mut self, pools: &mut Pools, e: u32, slot: usize) -> Result<f64> {
+        let (shape, d, k) = (self.shape, self.shape.d, self.k);
+        let (gu_len, dn_len) = (matrix_len(shape, true), matrix_len(shape, false));
+        let home = pools.homes[self.layer * pools.per_layer + e as usize];
+        let bytes = pools.read(self.layer, slot)?;
+        let start = Instant::now();
+        let mut s = Scratch { floats: &mut *self.work, operand: &mut *self.operand };
+        let ranked = &mut *self.ranked;
+        compute::expert(shape, self.x, &self.routing.picks[e as usize], &bytes[home.gate_up..][..gu_len], &bytes[home.down..][..dn_len], &mut s, self.pool, self.features, |p, y| {
+            ranked[(p.row as usize * k + p.rank as usize) * d..][..d].copy_from_slice(y)
+        });
+        let took = start.elapsed().as_secs_f64();
+        self.timings.push((self.routing.load(e as usize), took));
+        Ok(took)
+    }
+}
+
+/// Lru's accelerator path: `list`'s experts from their slots, staging the uncached ones first
+/// (into slots no later expert of the list needs, as many ahead as there are such slots).
+/// Returns the seconds spent computing (waits for copies aside).
+fn accelerator_part(pools: &mut Pools, strategy: ExpertStrategy, list: &[(u32, bool)], w: &mut AcceleratorWork) -> Result<f64> {
+    let layer = w.layer;
     let mut computing = 0.0;
     // Copies in flight for this list: (list index, slot).
     let mut inflight: std::collections::VecDeque<(usize, usize)> = std::collections::VecDeque::new();
@@ -651,16 +670,7 @@ fn accelerator_part(
             }
             _ => pools.cache.slot_of(layer, e).ok_or_else(|| Error::request(format!("expert {e} of layer {layer} has no slot and none could be freed")))?,
         };
-        let home = pools.homes[layer * pools.per_layer + e as usize];
-        let bytes = pools.read(layer, slot)?;
-        let start = Instant::now();
-        let mut s = Scratch { floats: &mut *work, operand: &mut *operand };
-        compute::expert(shape, x, &routing.picks[e as usize], &bytes[home.gate_up..][..gu_len], &bytes[home.down..][..dn_len], &mut s, pool, features, |p, y| {
-            ranked[(p.row as usize * k + p.rank as usize) * d..][..d].copy_from_slice(y)
-        });
-        let took = start.elapsed().as_secs_f64();
-        computing += took;
-        timings.push((routing.load(e as usize), took));
+        computing += w.expert(pools, e, slot)?;
     }
     Ok(computing)
 }
@@ -673,26 +683,10 @@ fn aligned<T>(buf: &mut [T]) -> &mut [T] {
 }
 
 /// Hybrid's accelerator path: the experts `shares` hands it, from their slots (waiting for
-/// the copies of those the split staged). Returns the seconds spent computing, each expert's
-/// in `timings`.
-#[allow(clippy::too_many_arguments)]
-fn accelerator_shared(
-    pools: &mut Pools,
-    shape: ExpertShape,
-    routing: &Routing,
-    shares: &Shares,
-    layer: usize,
-    k: usize,
-    x: &[f32],
-    ranked: &mut [f32],
-    work: &mut [f32],
-    operand: &mut [u8],
-    pool: &rayon::ThreadPool,
-    features: Features,
-    timings: &mut Vec<(usize, f64)>,
-) -> Result<f64> {
-    let d = shape.d;
-    let (gu_len, dn_len) = (matrix_len(shape, true), matrix_len(shape, false));
+/// the copies of those the split staged, staging those it takes from the CPU's share).
+/// Returns the seconds spent computing.
+fn accelerator_shared(pools: &mut Pools, shares: &Shares, w: &mut AcceleratorWork) -> Result<f64> {
+    let (layer, routing) = (w.layer, w.routing);
     let mut computing = 0.0;
     // A slot this layer does not use, to stage an expert taken from the CPU's share into.
     let idle = |s: &cache::Slot| s.expert.is_none_or(|held| routing.load(held as usize) == 0);
@@ -707,16 +701,7 @@ fn accelerator_shared(
             }
             _ => return Err(Error::request(format!("expert {e} of layer {layer} was given to the accelerator without a slot"))),
         };
-        let home = pools.homes[layer * pools.per_layer + e as usize];
-        let bytes = pools.read(layer, slot)?;
-        let start = Instant::now();
-        let mut s = Scratch { floats: &mut *work, operand: &mut *operand };
-        compute::expert(shape, x, &routing.picks[e as usize], &bytes[home.gate_up..][..gu_len], &bytes[home.down..][..dn_len], &mut s, pool, features, |p, y| {
-            ranked[(p.row as usize * k + p.rank as usize) * d..][..d].copy_from_slice(y)
-        });
-        let took = start.elapsed().as_secs_f64();
-        computing += took;
-        timings.push((routing.load(e as usize), took));
+        computing += w.expert(pools, e, slot)?;
     }
     Ok(computing)
 }

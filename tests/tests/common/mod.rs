@@ -48,6 +48,36 @@ pub fn compile(model: &Path, out: &Path, max_seq: Option<u32>) -> lladac::Compil
     compile_in_window(model, out, max_seq, None)
 }
 
+/// Compiles `model` for the host with `quant` (the checkpoint's type when `None`), `max_seq`
+/// positions and a window of `window_bytes` (the target's when `None`); one speculative block.
+pub fn compile_quant(model: &Path, out: &Path, quant: Option<lladac::Quant>, max_seq: u32, window_bytes: Option<u64>) {
+    lladac::compile(&lladac::CompileOptions {
+        model: model.to_path_buf(),
+        output: out.to_path_buf(),
+        quant,
+        target: "host".into(),
+        max_seq: Some(max_seq),
+        head_rows: 64,
+        block_len: 32,
+        spec_blocks: 1,
+        bf16_activations: false,
+        window_bytes,
+        kv_dtype: None,
+        progress: false,
+    })
+    .expect("compiles");
+}
+
+/// Largest |ours - theirs| over largest |theirs| (which must not be degenerate), printed.
+pub fn relative_error(ours: &[f32], theirs: &[f32]) -> f64 {
+    assert_eq!(ours.len(), theirs.len());
+    let scale = theirs.iter().fold(0f64, |m, &v| m.max(v.abs() as f64));
+    let err = ours.iter().zip(theirs).fold(0f64, |m, (&a, &b)| m.max((a as f64 - b as f64).abs()));
+    assert!(scale > 0.1, "degenerate logits (max {scale})");
+    eprintln!("max |logit| {scale:.3}, max abs error {err:.2e}, relative {:.2e}", err / scale);
+    err / scale
+}
+
 /// [`compile`] with a window of `window_bytes` (the target's when `None`).
 pub fn compile_in_window(model: &Path, out: &Path, max_seq: Option<u32>, window_bytes: Option<u64>) -> lladac::CompileSummary {
     lladac::compile(&lladac::CompileOptions {
