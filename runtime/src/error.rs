@@ -20,6 +20,9 @@ pub enum Error {
     Template(String),
     #[error("{}: {msg}", path.display())]
     Input { path: PathBuf, msg: String },
+    /// The caller stopped a generation between steps.
+    #[error("generation cancelled")]
+    Cancelled,
 }
 
 impl Error {

@@ -20,5 +20,5 @@ pub mod window;
 
 pub use error::{Error, Result};
 pub use model::Model;
-pub use sampler::{generate, Generation, Remasking, SamplerParams};
+pub use sampler::{generate, generate_until, Generation, Remasking, SamplerParams};
 pub use session::Session;

@@ -21,6 +21,8 @@
 //! With `--revision dual-path`, committed tokens stay revisable and the CPU side path
 //! re-checks them (`revision`).
 
+use std::ops::ControlFlow;
+
 use super::revision::{SidePath, SideReport, TokenState};
 use super::{commit_best, commits_per_step, settle_predictions, Generation, Predictor, Revision, SamplerParams, StepView, GUMBEL};
 use crate::error::{Error, Result};
@@ -91,7 +93,7 @@ struct Pass {
     stored: Vec<u32>,
 }
 
-pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, steps_per_block: usize, on_step: &mut dyn FnMut(&StepView)) -> Result<Generation> {
+pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, steps_per_block: usize, on_step: &mut dyn FnMut(&StepView) -> ControlFlow<()>) -> Result<Generation> {
     let special = session.model.header.special.clone();
     let vocab = session.model.header.model.embedding_size as usize;
     let mask = special.mask;
@@ -159,7 +161,9 @@ pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, step
                     side.merge_and_launch(scope, session, &mut x, &mut states, &mut kv_fresh, prompt.len(), &pass.stored, p, noise_step, !last)?;
                 }
                 step += 1;
-                on_step(&StepView { step, steps: p.steps, canvas: &x, prompt_len: prompt.len(), committed: &committed });
+                if on_step(&StepView { step, steps: p.steps, canvas: &x, prompt_len: prompt.len(), committed: &committed }).is_break() {
+                    return Err(Error::Cancelled);
+                }
                 reveals.push(committed);
             }
         }

@@ -40,6 +40,8 @@ use rand_chacha::ChaCha8Rng;
 
 pub use mbsd::MbsdReport;
 
+use std::ops::ControlFlow;
+
 use crate::error::{Error, Result};
 use crate::session::Session;
 
@@ -339,6 +341,15 @@ pub(crate) struct Candidate {
 
 /// Runs the sampler on `prompt` with `p.policy`. `on_step` sees the canvas after every step.
 pub fn generate(session: &mut Session, prompt: &[u32], p: &SamplerParams, on_step: &mut dyn FnMut(&StepView)) -> Result<Generation> {
+    generate_until(session, prompt, p, &mut |v| {
+        on_step(v);
+        ControlFlow::Continue(())
+    })
+}
+
+/// [`generate`], stopped by `on_step` returning `Break` after a step: the result is then
+/// [`Error::Cancelled`] and the session stays usable (the next generation starts afresh).
+pub fn generate_until(session: &mut Session, prompt: &[u32], p: &SamplerParams, on_step: &mut dyn FnMut(&StepView) -> ControlFlow<()>) -> Result<Generation> {
     let steps_per_block = p.validate()?;
     check_prompt(prompt, session.model.header.special.mask)?;
     let len = prompt.len() + p.gen_length;

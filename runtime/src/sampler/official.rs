@@ -2,11 +2,13 @@
 //! `prefix`, `dual` and `spec` (see the module documentation of `sampler`). One pass per step
 //! over the rows the policy recomputes, then the step's commits.
 
+use std::ops::ControlFlow;
+
 use super::{commit_best, commits_per_step, settle_predictions, Generation, Policy, Predictor, SamplerParams, StepView, GUMBEL};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::session::Session;
 
-pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, steps_per_block: usize, on_step: &mut dyn FnMut(&StepView)) -> Result<Generation> {
+pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, steps_per_block: usize, on_step: &mut dyn FnMut(&StepView) -> ControlFlow<()>) -> Result<Generation> {
     let special = session.model.header.special.clone();
     let vocab = session.model.header.model.embedding_size as usize;
     let mask = special.mask;
@@ -79,7 +81,9 @@ pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, step
             }
             commit_best(&candidates, scheduled, p, &mut x, prompt.len(), &mut committed);
             step += 1;
-            on_step(&StepView { step, steps: p.steps, canvas: &x, prompt_len: prompt.len(), committed: &committed });
+            if on_step(&StepView { step, steps: p.steps, canvas: &x, prompt_len: prompt.len(), committed: &committed }).is_break() {
+                return Err(Error::Cancelled);
+            }
             reveals.push(committed);
         }
     }
