@@ -131,3 +131,29 @@ pub fn half_the_weights(resident: &Path) -> u64 {
     let end = w.resident.iter().map(|r| r.offset + m.header.segments[r.segment as usize].nbytes).max().unwrap();
     end - weights / 2
 }
+
+/// Path of `libllada.a`, built (once per test process) with the tests' profile, as [`bin`]
+/// builds the binaries.
+pub fn libllada() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let profile_dir = bin("llada-rt").parent().expect("binaries sit in the profile directory").to_path_buf();
+            let profile = profile_dir.file_name().unwrap().to_string_lossy().into_owned();
+            let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
+            cmd.args(["build", "--quiet", "-p", "llada-capi", "--lib"]);
+            match profile.as_str() {
+                "debug" => {}
+                "release" => {
+                    cmd.arg("--release");
+                }
+                other => {
+                    cmd.args(["--profile", other]);
+                }
+            }
+            let status = cmd.current_dir(env!("CARGO_MANIFEST_DIR")).status().expect("cargo runs");
+            assert!(status.success(), "building libllada failed");
+            profile_dir.join("libllada.a")
+        })
+        .clone()
+}
