@@ -23,6 +23,8 @@ pub enum Error {
     Safetensors { path: PathBuf, msg: String },
     #[error("{}: {msg}", path.display())]
     Tokenizer { path: PathBuf, msg: String },
+    #[error("{}: {msg}", path.display())]
+    Onnx { path: PathBuf, msg: String },
     #[error("{0}")]
     Options(String),
     #[error(transparent)]
@@ -44,6 +46,17 @@ impl Error {
     pub fn config(path: impl Into<PathBuf>, key: &str, msg: impl Into<String>) -> Self {
         Error::Config { path: path.into(), key: key.to_string(), msg: msg.into() }
     }
+}
+
+/// Runs `f`, turning a panic inside it into `None`: for third-party parsers that panic on
+/// some malformed input. The panic hook is silenced meanwhile, so the caller's error stays
+/// the only line printed.
+pub fn contain_panic<T>(f: impl FnOnce() -> T) -> Option<T> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    std::panic::set_hook(hook);
+    result.ok()
 }
 
 pub type Result<T> = std::result::Result<T, Error>;

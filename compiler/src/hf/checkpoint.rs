@@ -1,7 +1,8 @@
 //! The safetensors weights of a Hugging Face checkpoint: one `model.safetensors`, or shards
 //! listed in `model.safetensors.index.json`. Only headers are read up front; tensor bytes are
 //! mapped a chunk at a time and unmapped after use, so compiling never holds the checkpoint
-//! (or even one large tensor) in memory.
+//! (or even one large tensor) in memory. Other importers (ONNX) hand over their weights in
+//! memory under the checkpoint's names, so everything after the import is shared.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -49,8 +50,23 @@ pub struct TensorLocation {
 
 pub struct Checkpoint {
     pub dir: PathBuf,
-    shards: Vec<(PathBuf, File)>,
+    shards: Vec<(PathBuf, Shard)>,
     tensors: BTreeMap<String, TensorLocation>,
+}
+
+/// Where a shard's bytes are: a safetensors file mapped on demand, or a buffer an importer
+/// filled (its tensors' `start` offsets index the buffer).
+enum Shard {
+    File(File),
+    Memory(Vec<u8>),
+}
+
+/// One tensor handed over in memory: name (the checkpoint's), dtype, shape, little-endian bytes.
+pub struct MemoryTensor {
+    pub name: String,
+    pub dtype: SourceDType,
+    pub shape: Vec<usize>,
+    pub bytes: Vec<u8>,
 }
 
 const INDEX: &str = "model.safetensors.index.json";
@@ -121,6 +137,19 @@ impl Checkpoint {
         Ok(ckpt)
     }
 
+    /// A checkpoint whose tensors an importer read from `source` (named in errors).
+    pub fn from_memory(dir: &Path, source: &Path, tensors: Vec<MemoryTensor>) -> Checkpoint {
+        let mut ckpt = Checkpoint { dir: dir.to_path_buf(), shards: Vec::new(), tensors: BTreeMap::new() };
+        let mut blob = Vec::with_capacity(tensors.iter().map(|t| t.bytes.len()).sum());
+        for t in tensors {
+            let loc = TensorLocation { shard: 0, dtype: t.dtype, shape: t.shape, start: blob.len() as u64, nbytes: t.bytes.len() as u64 };
+            blob.extend_from_slice(&t.bytes);
+            ckpt.tensors.insert(t.name, loc);
+        }
+        ckpt.shards.push((source.to_path_buf(), Shard::Memory(blob)));
+        ckpt
+    }
+
     fn add_shard(&mut self, path: &Path) -> Result<()> {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
         // SAFETY: the checkpoint is opened read-only and is not expected to change while we
@@ -154,7 +183,7 @@ impl Checkpoint {
                 return Err(bad(format!("tensor '{name}' also appears in another shard")));
             }
         }
-        self.shards.push((path.to_path_buf(), file));
+        self.shards.push((path.to_path_buf(), Shard::File(file)));
         Ok(())
     }
 
@@ -197,7 +226,18 @@ impl Checkpoint {
         let rows = loc.shape.first().copied().unwrap_or(1).max(1) as u64;
         let row_bytes = loc.nbytes / rows;
         let rows_per_chunk = (max_chunk_bytes as u64 / row_bytes.max(1)).max(1);
-        let (path, file) = &self.shards[loc.shard];
+        let (path, shard) = &self.shards[loc.shard];
+        let file = match shard {
+            Shard::File(file) => file,
+            Shard::Memory(blob) => {
+                let bytes = &blob[loc.start as usize..(loc.start + loc.nbytes) as usize];
+                let chunk = (rows_per_chunk * row_bytes).max(1) as usize;
+                if bytes.is_empty() {
+                    return f(&[]);
+                }
+                return bytes.chunks(chunk).try_for_each(f);
+            }
+        };
         let mut row = 0;
         while row < rows {
             let n = rows_per_chunk.min(rows - row);

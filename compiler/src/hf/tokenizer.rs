@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use llada_ir::{SpecialTokens, TokenizerSpec};
 
-use crate::error::{Error, Result};
+use crate::error::{contain_panic, Error, Result};
 use crate::hf::config::{Arch, LladaConfig};
 
 /// The end-of-turn token of LLaDA's chat format, and of LLaDA-MoE's.
@@ -28,13 +28,8 @@ pub fn load(dir: &Path, cfg: &LladaConfig) -> Result<(TokenizerSpec, SpecialToke
     let tokenizer_json = std::fs::read_to_string(&tok_path).map_err(|e| Error::io(&tok_path, e))?;
     // `tokenizers` 0.23 panics on some malformed decoder sections (an `expect` in its
     // deserialiser, found by fuzzing): contain it as an error naming the file.
-    // (The panic hook is silenced meanwhile, so the error stays one line.)
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let parsed = std::panic::catch_unwind(|| tokenizer_json.parse::<tokenizers::Tokenizer>().map_err(|e| e.to_string()));
-    std::panic::set_hook(hook);
-    let tokenizer = parsed
-        .unwrap_or_else(|_| Err("its structure is malformed (the tokenizers library failed on it)".into()))
+    let tokenizer = contain_panic(|| tokenizer_json.parse::<tokenizers::Tokenizer>().map_err(|e| e.to_string()))
+        .unwrap_or_else(|| Err("its structure is malformed (the tokenizers library failed on it)".into()))
         .map_err(|e| Error::Tokenizer { path: tok_path.clone(), msg: format!("cannot be loaded: {e}") })?;
 
     let cfg_path = dir.join("tokenizer_config.json");
