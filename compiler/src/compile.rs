@@ -1,6 +1,6 @@
 //! `lladac compile`: checkpoint directory -> artifact.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use llada_ir::packing::{pack_panel, PANEL};
@@ -14,7 +14,7 @@ use crate::hf::{config, names, tokenizer};
 use crate::layout::{self, Planned, Storage};
 use crate::lower::{self, NetworkOptions};
 use crate::window::{self, WindowOptions};
-use crate::{latency, memory};
+use crate::{latency, memory, onnx};
 
 /// How the matrix weights are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +93,8 @@ impl Quant {
 
 #[derive(Debug, Clone)]
 pub struct CompileOptions {
-    /// Hugging Face checkpoint directory.
+    /// Hugging Face checkpoint directory, or an ONNX export (`*.onnx`) with the checkpoint's
+    /// config and tokenizer files beside it.
     pub model: PathBuf,
     /// Artifact to write.
     pub output: PathBuf,
@@ -135,13 +136,21 @@ pub struct CompileSummary {
 const CHUNK_BYTES: usize = 16 << 20;
 
 pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
-    let dir = &opts.model;
-    if !dir.exists() {
-        return Err(Error::NotFound { path: dir.clone() });
+    if !opts.model.exists() {
+        return Err(Error::NotFound { path: opts.model.clone() });
+    }
+    // An ONNX export's config and tokenizer files sit beside it.
+    let from_onnx = onnx::is_onnx(&opts.model);
+    let dir = &if from_onnx { opts.model.parent().unwrap_or(Path::new(".")).to_path_buf() } else { opts.model.clone() };
+    if from_onnx && !dir.join("config.json").exists() {
+        return Err(Error::Onnx {
+            path: opts.model.clone(),
+            msg: "no config.json beside it: an ONNX graph carries no model config or tokenizer, so lladac reads the checkpoint's config.json and tokenizer files from the .onnx file's directory (as Hugging Face Optimum's exports place them)".into(),
+        });
     }
     let (cfg, mut warnings) = config::load(dir)?;
     let target = llada_targets::by_name(&opts.target).map_err(Error::Options)?;
-    let ckpt = Checkpoint::open(dir)?;
+    let ckpt = if from_onnx { onnx::open(&opts.model, &cfg)? } else { Checkpoint::open(dir)? };
     let (tok_spec, special) = tokenizer::load(dir, &cfg)?;
 
     let (d, hd, f) = (cfg.d_model, cfg.head_dim(), cfg.mlp_hidden);
@@ -287,7 +296,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
         graphs,
         compile: CompileInfo {
             compiler: format!("lladac {}", env!("CARGO_PKG_VERSION")),
-            source: dir.display().to_string(),
+            source: opts.model.display().to_string(),
             target: target.name.clone(),
             options: vec![
                 ("quant".into(), quant.name()),

@@ -1,5 +1,5 @@
-//! `lladac`: the llada ahead-of-time compiler. Hugging Face LLaDA checkpoint in, one
-//! verified, mmap-able artifact out (see `llada-ir`).
+//! `lladac`: the llada ahead-of-time compiler. Hugging Face LLaDA checkpoint (or an ONNX
+//! export of one) in, one verified, mmap-able artifact out (see `llada-ir`).
 
 pub mod compile;
 pub mod convert;
@@ -11,6 +11,7 @@ pub mod latency;
 pub mod layout;
 pub mod lower;
 pub mod memory;
+pub mod onnx;
 pub mod window;
 
 #[cfg(test)]

@@ -14,9 +14,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Compile a checkpoint directory into an artifact.
+    /// Compile a checkpoint directory (or an ONNX export of one) into an artifact.
     Compile {
-        /// Hugging Face checkpoint directory (config.json, safetensors, tokenizer files).
+        /// Hugging Face checkpoint directory (config.json, safetensors, tokenizer files), or
+        /// an ONNX export `*.onnx` with the checkpoint's config.json and tokenizer files beside it.
         #[arg(long)]
         model: PathBuf,
         /// Artifact to write (replaced atomically when the compile succeeds).
