@@ -7,12 +7,12 @@
  *    share it. llada_model_free may be called while its sessions live; they keep what they
  *    need, and the model is released with the last of them.
  *  - A llada_session runs one generation at a time. Any thread may call it, one call at a time;
- *    a generation started while another runs on the same session returns LLADA_BUSY. Use one
+ *    a generation started while another runs on the same session returns LLADA_STATUS_BUSY. Use one
  *    session per concurrent generation.
  *  - llada_cancel may be called from any thread at any time while the session exists.
  *  - The step callback runs on the thread that called llada_generate.
  *  - llada_last_error is per thread: it describes the last failed call made on that thread.
- *  - No Rust panic crosses this interface: an internal failure returns LLADA_INTERNAL.
+ *  - No Rust panic crosses this interface: an internal failure returns LLADA_STATUS_INTERNAL.
  */
 
 #ifndef LLADA_H

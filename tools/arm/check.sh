@@ -7,7 +7,10 @@
 #      i8mm, bf16), cortex-a76 (dotprod), cortex-a53 (NEON only);
 #   4. under -cpu max, replays the conformance kit (tiny-llada-A and -B at f32) and the
 #      embedded model's golden outputs at f32, and at q8 and q4 against what the x86 build
-#      produces for the same settings.
+#      produces for the same settings;
+#   5. builds libllada (the C API) for the same target, links the C example against it
+#      with musl's C library (which the Rust target ships) and checks it prints what the x86
+#      llada-rt prints for the README's prompt.
 #
 # Emulated floating point costs ~20 ns a lane here, so a forward pass of the tiny models
 # takes about a second: by default the replays take a spread sample of the cases (as
@@ -42,6 +45,8 @@ tests="$(ls -t target/$target/phone/deps/llada_rt-* | grep -v '\.d$' | head -1)"
 file "$bin"
 echo "llada-rt for $target: $(stat -c %s "$bin") bytes"
 file "$bin" | grep -q "statically linked" || { echo "the musl build is not statically linked"; exit 1; }
+cargo build --profile phone -p llada-capi --lib --target "$target"
+echo "libllada.a for $target: $(stat -c %s "target/$target/phone/libllada.a") bytes"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -100,6 +105,20 @@ done
 for ck in tiny-llada-A tiny-llada-B; do
   job "conformance-$ck" arm conformance "$shared/conformance/$ck/golden.json" --model "$work/$ck.lad" "${conformance_sample[@]}"
 done
+# The C example, statically linked against libllada.a and musl (crt objects and libc.a from
+# the Rust target's self-contained directory), on the q4 artifact the README pushes.
+sc="$(rustc --print sysroot)/lib/rustlib/$target/lib/self-contained"
+aarch64-linux-gnu-gcc -O2 -Wall -Werror -Icapi/include -c capi/examples/generate.c -o "$work/generate.o"
+aarch64-linux-gnu-gcc -static -nostdlib -nostartfiles "$sc/crt1.o" "$sc/crti.o" "$sc/crtbegin.o" "$work/generate.o" \
+  "target/$target/phone/libllada.a" "$sc/libunwind.a" "$sc/libc.a" -lgcc "$sc/crtend.o" "$sc/crtn.o" -o "$work/generate"
+./target/release/lladac compile --model models/llada-tiny-tasks --target sm8650 --quant q4 -o "$work/tiny-sm8650.lad" >/dev/null
+readme_prompt="FILL:3000705000000920000040015000608000070060300000004000000800900010="
+./target/release/llada-rt run "$work/tiny-sm8650.lad" --chat -p "$readme_prompt" --gen-len 64 --steps 64 >"$work/x86-answer.txt" 2>/dev/null
+c_example() {
+  qemu-aarch64 -cpu max "$work/generate" "$work/tiny-sm8650.lad" "$readme_prompt" 64 64 2>/dev/null >"$work/arm-answer.txt"
+  cmp "$work/x86-answer.txt" "$work/arm-answer.txt" && echo "C example on aarch64: $(cat "$work/arm-answer.txt"), as llada-rt on x86"
+}
+job "c-example" c_example
 job "golden-f32" arm golden tests/golden/embedded.json --model "$work/embedded-f32.lad" "${golden_sample[@]}"
 for quant in q8 q4; do
   # Tokens pinned; reveal orders counted (near-tied confidences order by summation order on
