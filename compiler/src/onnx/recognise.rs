@@ -246,7 +246,10 @@ pub fn recognise<'g>(g: &'g OnnxGraph, d_model: usize, op: Label) -> Result<Reco
     for &&(s, qo, ko) in &scores {
         let node = &nodes[s];
         let pv = two_dynamic_matmuls.iter().find(|(_, a, _)| *a == Origin::Node(s)).ok_or_else(|| format!("{}: attention scores no MatMul multiplies with values", op(node)))?;
-        let (Origin::Node(q), Origin::Node(k), Origin::Node(v)) = (qo, ko, pv.2) else { unreachable!("projections are nodes") };
+        // `scores` holds only MatMuls of two projections, so q and k are nodes.
+        let (Origin::Node(q), Origin::Node(k), Origin::Node(v)) = (qo, ko, pv.2) else {
+            return Err(format!("{}: the values are not a projection", op(&nodes[pv.0])));
+        };
         if !linear_in.iter().any(|(j, _)| *j == v) {
             return Err(format!("{}: the values are not a projection", op(&nodes[pv.0])));
         }
@@ -258,11 +261,14 @@ pub fn recognise<'g>(g: &'g OnnxGraph, d_model: usize, op: Label) -> Result<Reco
         // feeds a Sigmoid is the gate.
         let gate = linear_in.iter().map(|(j, _)| *j).find(|&j| j > o && sigmoid_of.contains(&Origin::Node(j))).ok_or_else(|| format!("{}: no gated feed-forward follows this attention", op(&nodes[o])))?;
         let &(m, a, b) = products.iter().find(|(_, a, b)| *a == Origin::Node(gate) || *b == Origin::Node(gate)).ok_or_else(|| format!("{}: the gate is not multiplied with an up projection", op(&nodes[gate])))?;
-        let Origin::Node(up) = (if a == Origin::Node(gate) { b } else { a }) else { unreachable!() };
+        let Origin::Node(up) = (if a == Origin::Node(gate) { b } else { a }) else {
+            return Err(format!("{}: the gate is multiplied with the token ids", op(&nodes[m])));
+        };
         let down = match &linear_reading(Origin::Node(m))[..] {
             [d] => *d,
             _ => return Err(format!("{}: the gated product is not read by one down projection", op(&nodes[m]))),
         };
+        // q, k and v are projections (checked above), so each has an input origin.
         let (qn, kn, vn) = (linear_input(q).unwrap(), linear_input(k).unwrap(), linear_input(v).unwrap());
         let attn_norm = norm_of(qn, "q", &nodes[q])?;
         if kn != qn || vn != qn {
