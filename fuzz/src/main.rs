@@ -3,6 +3,7 @@
 //!
 //!     llada-fuzz artifact [--execs N] [--seconds S] [--seed N] [--model DIR] [--crashes DIR]
 //!     llada-fuzz importer [same options]
+//!     llada-fuzz onnx [same options; --model: an ONNX export's directory]
 //!
 //! Stops at N executions or S seconds, whichever comes first; exits 1 if anything crashed or
 //! hung. `--model` is the checkpoint the seeds come from (default: the embedded model).
@@ -11,6 +12,7 @@ mod artifact;
 mod harness;
 mod importer;
 mod mutate;
+mod onnx;
 
 use std::path::PathBuf;
 
@@ -23,10 +25,10 @@ fn main() {
 }
 
 fn run(args: &[String]) -> Result<(), String> {
-    let target = args.first().ok_or("usage: llada-fuzz artifact|importer [--execs N] [--seconds S] [--seed N] [--model DIR] [--crashes DIR]")?;
+    let target = args.first().ok_or("usage: llada-fuzz artifact|importer|onnx [--execs N] [--seconds S] [--seed N] [--model DIR] [--crashes DIR]")?;
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut limits = harness::Limits { execs: u64::MAX, seconds: f64::INFINITY, seed: 1, crashes: PathBuf::from("fuzz-crashes") };
-    let mut model = root.join("models/llada-tiny-tasks");
+    let mut model = root.join(if target == "onnx" { "tests/data/onnx/external" } else { "models/llada-tiny-tasks" });
     let mut rest = args[1..].iter();
     while let Some(flag) = rest.next() {
         let value = rest.next().ok_or(format!("{flag} needs a value"))?;
@@ -73,7 +75,11 @@ fn run(args: &[String]) -> Result<(), String> {
             let seeds = importer::Seeds::new(&model, &work);
             harness::run("importer", &limits, |rng| importer::make(&seeds, rng), |i| importer::test(&seeds, i), |i| i.bytes.clone())
         }
-        other => return Err(format!("unknown target '{other}' (artifact or importer)")),
+        "onnx" => {
+            let seed = onnx::Seed::new(&model, &work);
+            harness::run("onnx", &limits, |rng| onnx::make(&seed, rng), |i| onnx::test(&seed, i), |i| i.bytes.clone())
+        }
+        other => return Err(format!("unknown target '{other}' (artifact, importer or onnx)")),
     };
     let _ = std::fs::remove_dir_all(&work);
     println!(

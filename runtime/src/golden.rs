@@ -9,7 +9,9 @@
 //! [`INT8_LOGIT_TOLERANCE`] for files written from q8 or q4 artifacts, whose activations are
 //! quantised to int8 per row: a rounding difference upstream (another instruction set sums
 //! in another order) can move an activation across a quantisation step, which moves logits
-//! by about 1e-3 without changing what is generated.
+//! without changing what is generated. On the embedded model at q8 x86's own AVX2 and
+//! AVX-512 paths differ by up to 1.38e-2 in one logit (the AArch64 build sides with AVX2, the
+//! portable one with AVX-512), so the bound is a few times that.
 
 use std::path::Path;
 
@@ -25,7 +27,7 @@ use crate::text::Text;
 pub const LOGIT_TOLERANCE: f64 = 1e-4;
 
 /// The tolerance for artifacts with int8 activations (see the module documentation).
-pub const INT8_LOGIT_TOLERANCE: f64 = 1e-2;
+pub const INT8_LOGIT_TOLERANCE: f64 = 5e-2;
 
 fn default_tolerance() -> f64 {
     LOGIT_TOLERANCE

@@ -106,7 +106,8 @@ pub fn recognise<'g>(g: &'g OnnxGraph, d_model: usize, op: Label) -> Result<Reco
 
     let mut origin: HashMap<&str, Origin> = HashMap::from([(ids.name.as_str(), Origin::Tokens)]);
     let mut embedding = None;
-    // Per node index: the kind of node that starts an origin.
+    // What the walk finds, by node index: each projection with its input's origin, the norms'
+    // weights, MatMuls of two dynamic values, products of two origins, and so on.
     let mut linear_in: Vec<(usize, Origin)> = Vec::new();
     let mut norm_weight: HashMap<usize, &Argument> = HashMap::new();
     let mut two_dynamic_matmuls: Vec<(usize, Origin, Origin)> = Vec::new();
@@ -131,7 +132,7 @@ pub fn recognise<'g>(g: &'g OnnxGraph, d_model: usize, op: Label) -> Result<Reco
         let same = dyn_origins.first().copied().filter(|o| dyn_origins.iter().all(|x| x == o));
         let out = match node.node_type() {
             NodeType::Gather => {
-                let table = consts.first().filter(|t| node.inputs()[0].name == t.name);
+                let table = consts.first().filter(|t| node.inputs().first().is_some_and(|a| a.name == t.name));
                 match (table, &dyn_origins[..]) {
                     (Some(t), [Origin::Tokens]) if embedding.is_none() => {
                         embedding = Some(*t);
@@ -142,7 +143,7 @@ pub fn recognise<'g>(g: &'g OnnxGraph, d_model: usize, op: Label) -> Result<Reco
             }
             NodeType::Linear => {
                 let [x] = &dyn_origins[..] else { return Err(format!("{}: a projection needs one dynamic input and a constant weight", op(node))) };
-                if node.inputs().len() > 2 && !node.inputs()[2].is_optional() {
+                if node.inputs().get(2).is_some_and(|b| !b.is_optional()) {
                     return Err(format!("{}: a projection with a bias; LLaDA's projections have none", op(node)));
                 }
                 linear_in.push((i, *x));
@@ -194,7 +195,7 @@ pub fn recognise<'g>(g: &'g OnnxGraph, d_model: usize, op: Label) -> Result<Reco
             },
             NodeType::Div => {
                 let [x] = &dyn_origins[..] else { return Err(format!("{}: a division LLaDA's blocks do not compute", op(node))) };
-                if let Some(s) = consts.iter().find(|c| node.inputs()[1].name == c.name).and_then(|c| scalar(c)) {
+                if let Some(s) = consts.iter().find(|c| node.inputs().get(1).is_some_and(|a| a.name == c.name)).and_then(|c| scalar(c)) {
                     scale_after.push((i, *x, 1.0 / s));
                 }
                 *x
