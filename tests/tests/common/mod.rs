@@ -15,19 +15,7 @@ pub fn bin(name: &str) -> PathBuf {
         let exe = std::env::current_exe().expect("the test executable has a path");
         let profile_dir = exe.parent().and_then(Path::parent).expect("tests run from target/<profile>/deps").to_path_buf();
         let profile = profile_dir.file_name().unwrap().to_string_lossy().into_owned();
-        let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
-        cmd.args(["build", "--quiet", "-p", "lladac", "-p", "llada-rt", "-p", "llada-tools", "--bins"]);
-        match profile.as_str() {
-            "debug" => {}
-            "release" => {
-                cmd.arg("--release");
-            }
-            other => {
-                cmd.args(["--profile", other]);
-            }
-        }
-        let status = cmd.current_dir(env!("CARGO_MANIFEST_DIR")).status().expect("cargo runs");
-        assert!(status.success(), "building the binaries failed");
+        assert!(cargo_build(&profile, &["-p", "lladac", "-p", "llada-rt", "-p", "llada-tools", "--bins"]), "building the binaries failed");
         profile_dir
     });
     dir.join(name)
@@ -140,20 +128,25 @@ pub fn libllada() -> PathBuf {
         .get_or_init(|| {
             let profile_dir = bin("llada-rt").parent().expect("binaries sit in the profile directory").to_path_buf();
             let profile = profile_dir.file_name().unwrap().to_string_lossy().into_owned();
-            let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
-            cmd.args(["build", "--quiet", "-p", "llada-capi", "--lib"]);
-            match profile.as_str() {
-                "debug" => {}
-                "release" => {
-                    cmd.arg("--release");
-                }
-                other => {
-                    cmd.args(["--profile", other]);
-                }
-            }
-            let status = cmd.current_dir(env!("CARGO_MANIFEST_DIR")).status().expect("cargo runs");
-            assert!(status.success(), "building libllada failed");
+            assert!(cargo_build(&profile, &["-p", "llada-capi", "--lib"]), "building libllada failed");
             profile_dir.join("libllada.a")
         })
         .clone()
+}
+
+/// `cargo build --quiet ARGS` with the tests' own profile (`debug`, `release` or a named one);
+/// whether it succeeded.
+fn cargo_build(profile: &str, args: &[&str]) -> bool {
+    let mut cmd = Command::new(option_env!("CARGO").unwrap_or("cargo"));
+    cmd.args(["build", "--quiet"]).args(args);
+    match profile {
+        "debug" => {}
+        "release" => {
+            cmd.arg("--release");
+        }
+        other => {
+            cmd.args(["--profile", other]);
+        }
+    }
+    cmd.current_dir(env!("CARGO_MANIFEST_DIR")).status().expect("cargo runs").success()
 }
