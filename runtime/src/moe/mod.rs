@@ -246,12 +246,21 @@ impl Pools {
         let home = self.homes[layer * self.per_layer + expert as usize];
         let g = self.global_slot(layer, slot);
         let stager = self.stager.as_mut().expect("a pool that does not hold every expert has a stager");
-        let ticket = stager.stage(g, (self.data_offset + home.range.0, home.range.1));
+        let (ticket, replaced) = stager.stage(g, (self.data_offset + home.range.0, home.range.1), why == Why::Demand);
         self.cache.assign(layer, slot, expert, ticket, why == Why::Prefetch);
-        self.staged_experts += 1;
-        self.staged_bytes += home.range.1 as u64;
+        // A replaced copy never ran: it is not counted as staged.
+        self.staged_experts += 1 - u64::from(replaced.is_some());
+        self.staged_bytes += home.range.1 as u64 - replaced.unwrap_or(0) as u64;
         self.prefetched += u64::from(why == Why::Prefetch);
         self.refreshed += u64::from(why == Why::Refresh);
+    }
+
+    /// Moves `layer`'s `slot`'s queued copy, if any, ahead of the speculative ones.
+    fn hurry(&mut self, layer: usize, slot: usize) {
+        let g = self.global_slot(layer, slot);
+        if let Some(st) = &self.stager {
+            st.hurry(g);
+        }
     }
 
     /// Waits for `layer`'s `slot` to hold its expert, then returns its bytes.
@@ -436,22 +445,33 @@ impl<'m> Experts<'m> {
             }
         }
         // Each path's share, heaviest first (`shares` lets a path that runs out take from the
-        // other's light end, hybrid only).
+        // other's end, hybrid only).
         let share = |place| {
             let mut l: Vec<&Candidate> = self.candidates.iter().zip(&self.places).filter(|(_, p)| **p == place).map(|(c, _)| c).collect();
             l.sort_by_key(|c| (std::cmp::Reverse(c.rows), c.expert));
             l.into_iter().map(|c| (c.expert, c.cached)).collect::<Vec<_>>()
         };
-        let (acc_share, cpu_share) = (share(Place::Accelerator), share(Place::Cpu));
+        let (mut acc_share, cpu_share) = (share(Place::Accelerator), share(Place::Cpu));
+        // The accelerator computes what its slots hold first, giving the copies of the rest
+        // time to land (lru orders its list so too); those then sit at its light end, where
+        // the CPU path takes from if it runs out first.
+        acc_share.sort_by_key(|&(_, cached)| !cached);
         let shares = Shares::new(&acc_share, &cpu_share, self.strategy == ExpertStrategy::Hybrid);
         if self.strategy == ExpertStrategy::Hybrid {
             // The uncached experts the split gave the accelerator: their copies start now, into
             // slots whose experts this layer does not use (the split's budget).
             for &(e, cached) in &acc_share {
                 let idle = |s: &cache::Slot| s.expert.is_none_or(|held| self.routing.load(held as usize) == 0) && s.expert != Some(e);
-                if !cached {
-                    let (slot, _) = self.pools.cache.lowest_score(layer, |s| !idle(s)).expect("the split stages at most as many as there are idle slots");
-                    self.pools.stage(layer, slot, e, Why::Demand);
+                if cached {
+                    continue;
+                }
+                match self.pools.cache.slot_of(layer, e) {
+                    // On its way (a prefetch or refresh): needed now.
+                    Some(slot) => self.pools.hurry(layer, slot),
+                    None => {
+                        let (slot, _) = self.pools.cache.lowest_score(layer, |s| !idle(s)).expect("the split stages at most as many as there are idle slots");
+                        self.pools.stage(layer, slot, e, Why::Demand);
+                    }
                 }
             }
         }
@@ -463,28 +483,31 @@ impl<'m> Experts<'m> {
         acc_timings.clear();
         let next_router = self.routers.get(layer + 1).copied().flatten().filter(|_| strategy == ExpertStrategy::Hybrid && pools.stager.is_some());
         let shares = &shares;
-        let (acc_seconds, cpu_seconds, cpu_wait) = std::thread::scope(|scope| -> Result<(f64, f64, f64)> {
-            // Hybrid's CPU path runs even with an empty share: it may take the accelerator's.
-            let cpu_takes = !cpu_share.is_empty() || (strategy == ExpertStrategy::Hybrid && !acc_share.is_empty());
-            let job = match cpu.as_mut() {
-                None if !cpu_share.is_empty() => return Err(Error::request("an expert was placed on the CPU path, which has no threads")),
-                Some(c) if cpu_takes => Some(scope.spawn(|| {
-                    let start = Instant::now();
-                    let CpuPath { pool, floats, operand, ranked, timings } = c;
-                    timings.clear();
-                    let mut s = Scratch { floats: aligned(floats), operand: aligned(operand) };
-                    while let Some(e) = shares.next_for_cpu() {
-                        let one = Instant::now();
-                        let (gu, dn) = (model.tensor_bytes(first + 2 * e), model.tensor_bytes(first + 2 * e + 1));
-                        compute::expert(shape, x, &routing.picks[e as usize], gu, dn, &mut s, pool, features, |p, y| {
-                            ranked[(p.row as usize * k + p.rank as usize) * d..][..d].copy_from_slice(y)
-                        });
-                        timings.push((routing.load(e as usize), one.elapsed().as_secs_f64()));
-                    }
-                    start.elapsed().as_secs_f64()
-                })),
-                _ => None,
-            };
+        // Hybrid's CPU path runs even with an empty share: it may take the accelerator's.
+        let cpu_takes = !cpu_share.is_empty() || (strategy == ExpertStrategy::Hybrid && !acc_share.is_empty());
+        let cpu = match cpu.as_mut() {
+            None if !cpu_share.is_empty() => return Err(Error::request("an expert was placed on the CPU path, which has no threads")),
+            Some(c) if cpu_takes => Some(c),
+            _ => None,
+        };
+        // The CPU path's job: its share, then what it takes from the accelerator's.
+        let cpu_job = |pool: &rayon::ThreadPool, floats: &mut [f32], operand: &mut [u8], ranked: &mut [f32], timings: &mut Vec<(usize, f64)>| -> f64 {
+            let start = Instant::now();
+            timings.clear();
+            let mut s = Scratch { floats: aligned(floats), operand: aligned(operand) };
+            while let Some(e) = shares.next_for_cpu() {
+                let one = Instant::now();
+                let (gu, dn) = (model.tensor_bytes(first + 2 * e), model.tensor_bytes(first + 2 * e + 1));
+                compute::expert(shape, x, &routing.picks[e as usize], gu, dn, &mut s, pool, features, |p, y| {
+                    ranked[(p.row as usize * k + p.rank as usize) * d..][..d].copy_from_slice(y)
+                });
+                timings.push((routing.load(e as usize), one.elapsed().as_secs_f64()));
+            }
+            start.elapsed().as_secs_f64()
+        };
+        // This thread's part: (hybrid) forecast the next layer and prefetch for it, then the
+        // accelerator's experts; returns their seconds and when it finished.
+        let mut acc_job = || -> Result<(f64, Instant)> {
             if let Some(router) = next_router {
                 let load = predict_load(model, router, x, op.rows, shape.d, k, pools.per_layer, predicted, op.operand, pool, features);
                 improve_pool(pools, split, layer + 1, &load, Why::Prefetch);
@@ -499,13 +522,28 @@ impl<'m> Experts<'m> {
                 }
                 _ => accelerator_shared(pools, shares, &mut w)?,
             };
-            let waited = Instant::now();
-            let cpu_seconds = match job {
-                Some(j) => j.join().map_err(|_| Error::request("the CPU path's thread panicked"))?,
-                None => 0.0,
-            };
-            Ok((acc, cpu_seconds, waited.elapsed().as_secs_f64()))
-        })?;
+            Ok((acc, Instant::now()))
+        };
+        // Both at once: the CPU path's job goes to its own (long-lived) threads while this
+        // thread runs the accelerator's; the scope returns when both are done.
+        let (acc, cpu_run) = match cpu {
+            Some(CpuPath { pool: cpu_pool, floats, operand, ranked, timings }) => {
+                let mut cpu_run = None;
+                let acc = cpu_pool.in_place_scope(|scope| {
+                    let run = || cpu_job(cpu_pool, floats, operand, ranked, timings);
+                    scope.spawn(|_| cpu_run = Some(std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))));
+                    acc_job()
+                });
+                (acc, cpu_run)
+            }
+            None => (acc_job(), None),
+        };
+        let (acc_seconds, acc_done) = acc?;
+        let cpu_wait = acc_done.elapsed().as_secs_f64();
+        let cpu_seconds = match cpu_run {
+            Some(r) => r.map_err(|_| Error::request("the CPU path's job panicked"))?,
+            None => 0.0,
+        };
         let by_cpu = shares.taken_by_cpu();
         self.counters.accelerator_experts += (self.candidates.len() - by_cpu.len()) as u64;
         self.counters.cpu_experts += by_cpu.len() as u64;
