@@ -43,6 +43,40 @@ impl ExpertShape {
     }
 }
 
+/// A layer's per-pick outputs (`[rows * top_k, d]`, row r's pick j at `r * top_k + j`), written
+/// by both paths at once, each straight into its place: a pick belongs to one expert, and an
+/// expert is computed by one path, so no two writers ever touch the same row.
+pub struct RankedOut<'a> {
+    ptr: *mut f32,
+    len: usize,
+    top_k: usize,
+    d: usize,
+    _buf: std::marker::PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: a view of a buffer the borrow keeps alive and unaliased; writers keep to their own
+// picks (the contract of `write`).
+unsafe impl Send for RankedOut<'_> {}
+unsafe impl Sync for RankedOut<'_> {}
+
+impl<'a> RankedOut<'a> {
+    pub fn new(buf: &'a mut [f32], top_k: usize, d: usize) -> RankedOut<'a> {
+        RankedOut { ptr: buf.as_mut_ptr(), len: buf.len(), top_k, d, _buf: std::marker::PhantomData }
+    }
+
+    /// Writes pick `p`'s output `y` (`d` floats).
+    ///
+    /// # Safety
+    /// No other thread writes or reads pick `p`'s row meanwhile: `p` is a pick of an expert
+    /// that only the calling path computes.
+    pub unsafe fn write(&self, p: Pick, y: &[f32]) {
+        let at = (p.row as usize * self.top_k + p.rank as usize) * self.d;
+        assert!(y.len() == self.d && at + self.d <= self.len, "pick ({}, {}) outside the ranked outputs", p.row, p.rank);
+        // SAFETY: in bounds (checked above); no other thread uses these floats (the contract).
+        unsafe { std::ptr::copy_nonoverlapping(y.as_ptr(), self.ptr.add(at), self.d) }
+    }
+}
+
 /// One expert (its `[gate | up]` and down matrices' bytes) over the rows `picks` of `x`
 /// (`[rows, d]`); hands each pick's output row to `write`.
 #[allow(clippy::too_many_arguments)]
@@ -104,5 +138,29 @@ mod tests {
         let mut out = [7.0f32; 4];
         combine(&route, &ranked, 1, 2, 2, &mut out);
         assert_eq!(out, [4.0 * 0.25 + 1.0 * 0.5, 8.0 * 0.25 + 2.0 * 0.5, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn two_threads_write_their_own_picks_into_one_buffer() {
+        let (rows, top_k, d) = (5, 3, 4);
+        let mut buf = vec![0f32; rows * top_k * d];
+        let out = RankedOut::new(&mut buf, top_k, d);
+        let pick = |row, rank| Pick { row, rank, weight: 0.0 };
+        std::thread::scope(|s| {
+            for parity in 0..2u32 {
+                let out = &out;
+                s.spawn(move || {
+                    for row in 0..rows as u32 {
+                        for rank in (0..top_k as u32).filter(|r| (row + r) % 2 == parity) {
+                            // SAFETY: the two threads write disjoint (row, rank) pairs.
+                            unsafe { out.write(pick(row, rank), &[(row * 10 + rank) as f32; 4]) };
+                        }
+                    }
+                });
+            }
+        });
+        for (i, v) in buf.chunks_exact(d).enumerate() {
+            assert_eq!(v, [((i / top_k) * 10 + i % top_k) as f32; 4]);
+        }
     }
 }

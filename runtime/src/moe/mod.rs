@@ -37,7 +37,7 @@ use crate::kernels::gemm::gemm;
 use crate::model::Model;
 use crate::window::{SlotPtr, Window};
 use cache::ExpertCache;
-use compute::{combine, ExpertShape, Scratch};
+use compute::{combine, ExpertShape, RankedOut, Scratch};
 use routing::{route_row, Routing};
 use shares::Shares;
 use split::{Candidate, Place, Split};
@@ -198,7 +198,6 @@ struct CpuPath {
     pool: rayon::ThreadPool,
     floats: Vec<f32>,
     operand: Vec<u8>,
-    ranked: Vec<f32>,
     /// (rows, seconds) of each expert of the last job.
     timings: Vec<(usize, f64)>,
 }
@@ -341,7 +340,6 @@ impl<'m> Experts<'m> {
                     pool,
                     floats: vec![0.0; shape.floats(max_rows) + 16],
                     operand: vec![0; operand + 64],
-                    ranked: vec![0.0; max_rows * top_k * shape.d],
                     timings: Vec::new(),
                 })
             }
@@ -476,8 +474,7 @@ impl<'m> Experts<'m> {
             }
         }
 
-        // The CPU path's job runs on its own threads while this thread computes the rest (and,
-        // hybrid, first forecasts the next layer and prefetches for it).
+        // The CPU path's job runs on its own threads while this thread computes the rest.
         let (model, shape, first, routing, strategy) = (self.model, self.shape, self.firsts[layer], &self.routing, self.strategy);
         let (x, pools, cpu, split, predicted, acc_timings) = (op.x, &mut self.pools, &mut self.cpu, &self.split, &mut self.predicted, &mut self.acc_timings);
         acc_timings.clear();
@@ -491,28 +488,27 @@ impl<'m> Experts<'m> {
             _ => None,
         };
         // The CPU path's job: its share, then what it takes from the accelerator's.
-        let cpu_job = |pool: &rayon::ThreadPool, floats: &mut [f32], operand: &mut [u8], ranked: &mut [f32], timings: &mut Vec<(usize, f64)>| -> f64 {
+        let ranked = RankedOut::new(op.ranked, k, d);
+        let ranked = &ranked;
+        let cpu_job = |pool: &rayon::ThreadPool, floats: &mut [f32], operand: &mut [u8], timings: &mut Vec<(usize, f64)>| -> f64 {
             let start = Instant::now();
             timings.clear();
             let mut s = Scratch { floats: aligned(floats), operand: aligned(operand) };
             while let Some(e) = shares.next_for_cpu() {
                 let one = Instant::now();
                 let (gu, dn) = (model.tensor_bytes(first + 2 * e), model.tensor_bytes(first + 2 * e + 1));
-                compute::expert(shape, x, &routing.picks[e as usize], gu, dn, &mut s, pool, features, |p, y| {
-                    ranked[(p.row as usize * k + p.rank as usize) * d..][..d].copy_from_slice(y)
-                });
+                // SAFETY: `shares` handed e to this path alone; its picks are its own.
+                compute::expert(shape, x, &routing.picks[e as usize], gu, dn, &mut s, pool, features, |p, y| unsafe { ranked.write(p, y) });
                 timings.push((routing.load(e as usize), one.elapsed().as_secs_f64()));
             }
             start.elapsed().as_secs_f64()
         };
-        // This thread's part: (hybrid) forecast the next layer and prefetch for it, then the
-        // accelerator's experts; returns their seconds and when it finished.
+        // This thread's part: the accelerator's experts, then (hybrid) the forecast of the
+        // next layer and its prefetches, decided while the CPU path finishes (the copies run
+        // on an idle core, mostly during the next layer's attention); returns the experts'
+        // seconds and when it finished.
         let mut acc_job = || -> Result<(f64, Instant)> {
-            if let Some(router) = next_router {
-                let load = predict_load(model, router, x, op.rows, shape.d, k, pools.per_layer, predicted, op.operand, pool, features);
-                improve_pool(pools, split, layer + 1, &load, Why::Prefetch);
-            }
-            let mut w = AcceleratorWork { shape, routing, layer, k, x, ranked: op.ranked, work: op.work, operand: op.operand, pool, features, timings: acc_timings };
+            let mut w = AcceleratorWork { shape, routing, layer, x, ranked, work: op.work, operand: op.operand, pool, features, timings: acc_timings };
             let acc = match strategy {
                 ExpertStrategy::Lru => {
                     // Ready ones first (no waiting), then those to stage, pipelined.
@@ -522,15 +518,19 @@ impl<'m> Experts<'m> {
                 }
                 _ => accelerator_shared(pools, shares, &mut w)?,
             };
+            if let Some(router) = next_router {
+                let load = predict_load(model, router, x, op.rows, shape.d, k, pools.per_layer, predicted, op.operand, pool, features);
+                improve_pool(pools, split, layer + 1, &load, Why::Prefetch);
+            }
             Ok((acc, Instant::now()))
         };
         // Both at once: the CPU path's job goes to its own (long-lived) threads while this
         // thread runs the accelerator's; the scope returns when both are done.
         let (acc, cpu_run) = match cpu {
-            Some(CpuPath { pool: cpu_pool, floats, operand, ranked, timings }) => {
+            Some(CpuPath { pool: cpu_pool, floats, operand, timings }) => {
                 let mut cpu_run = None;
                 let acc = cpu_pool.in_place_scope(|scope| {
-                    let run = || cpu_job(cpu_pool, floats, operand, ranked, timings);
+                    let run = || cpu_job(cpu_pool, floats, operand, timings);
                     scope.spawn(|_| cpu_run = Some(std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))));
                     acc_job()
                 });
@@ -558,15 +558,6 @@ impl<'m> Experts<'m> {
         if let Some(c) = self.cpu.as_ref().filter(|_| !by_cpu.is_empty()) {
             for &(rows, t) in &c.timings {
                 self.split.observe(Place::Cpu, rows, t);
-            }
-        }
-        // The CPU path's outputs join the accelerator's.
-        if let Some(c) = &self.cpu {
-            for &e in &by_cpu {
-                for p in &self.routing.picks[e as usize] {
-                    let at = (p.row as usize * k + p.rank as usize) * d;
-                    op.ranked[at..at + d].copy_from_slice(&c.ranked[at..at + d]);
-                }
             }
         }
         combine(op.route, op.ranked, op.rows, k, d, op.out);
@@ -650,9 +641,8 @@ struct AcceleratorWork<'a> {
     shape: ExpertShape,
     routing: &'a Routing,
     layer: usize,
-    k: usize,
     x: &'a [f32],
-    ranked: &'a mut [f32],
+    ranked: &'a RankedOut<'a>,
     work: &'a mut [f32],
     operand: &'a mut [u8],
     pool: &'a rayon::ThreadPool,
@@ -663,15 +653,17 @@ struct AcceleratorWork<'a> {
 impl AcceleratorWork<'_> {
     /// Expert `e` from `slot` (waiting for its copy); returns the seconds computing it.
     fn expert(&mut self, pools: &mut Pools, e: u32, slot: usize) -> Result<f64> {
-        let (shape, d, k) = (self.shape, self.shape.d, self.k);
+        let shape = self.shape;
         let (gu_len, dn_len) = (matrix_len(shape, true), matrix_len(shape, false));
         let home = pools.homes[self.layer * pools.per_layer + e as usize];
         let bytes = pools.read(self.layer, slot)?;
         let start = Instant::now();
         let mut s = Scratch { floats: &mut *self.work, operand: &mut *self.operand };
-        let ranked = &mut *self.ranked;
-        compute::expert(shape, self.x, &self.routing.picks[e as usize], &bytes[home.gate_up..][..gu_len], &bytes[home.down..][..dn_len], &mut s, self.pool, self.features, |p, y| {
-            ranked[(p.row as usize * k + p.rank as usize) * d..][..d].copy_from_slice(y)
+        let ranked = self.ranked;
+        // SAFETY: the accelerator path alone computes e (`shares` or the fixed lru list gave
+        // it), so its picks are its own.
+        compute::expert(shape, self.x, &self.routing.picks[e as usize], &bytes[home.gate_up..][..gu_len], &bytes[home.down..][..dn_len], &mut s, self.pool, self.features, |p, y| unsafe {
+            ranked.write(p, y)
         });
         let took = start.elapsed().as_secs_f64();
         self.timings.push((self.routing.load(e as usize), took));
