@@ -146,11 +146,7 @@ impl ExpertStager {
 
     /// Makes `slot`'s queued copy, if any, urgent (moving it ahead of the speculative ones).
     pub fn hurry(&self, slot: usize) {
-        let mut state = self.shared.lock();
-        if let Some(mut job) = state.queue.iter().position(|j| j.slot == slot && !j.urgent).and_then(|i| state.queue.remove(i)) {
-            job.urgent = true;
-            enqueue(&mut state.queue, job);
-        }
+        promote(&mut self.shared.lock().queue, slot);
     }
 
     /// Whether `slot`'s copy `ticket` has finished.
@@ -212,6 +208,14 @@ fn enqueue(queue: &mut VecDeque<Job>, job: Job) -> Option<usize> {
     replaced
 }
 
+/// Makes `slot`'s queued speculative job, if any, urgent: it moves behind the urgent ones.
+fn promote(queue: &mut VecDeque<Job>, slot: usize) {
+    if let Some(mut job) = queue.iter().position(|j| j.slot == slot && !j.urgent).and_then(|i| queue.remove(i)) {
+        job.urgent = true;
+        enqueue(queue, job);
+    }
+}
+
 /// Lowers the calling thread to the idle scheduling class: it then runs only on a core that
 /// nothing else wants. Copies ahead of need must not slow the paths computing (on a host
 /// whose every core computes experts they did: measured 8-12 ms waits for a 1 ms copy, and
@@ -220,11 +224,15 @@ fn enqueue(queue: &mut VecDeque<Job>, job: Job) -> Option<usize> {
 fn run_when_idle() {
     #[cfg(any(target_os = "linux", target_os = "android"))]
     {
-        let param = libc::sched_param { sched_priority: 0 };
-        // SAFETY: `param` is a valid sched_param for the call to read; pid 0 is this thread.
-        // Any thread may move itself to SCHED_IDLE (no privilege needed); on failure it
-        // keeps its class, which costs only speed.
-        let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) };
+        // SAFETY: sched_param is plain integers, all-zero valid (priority 0, which SCHED_IDLE
+        // requires; musl's has more fields than glibc's). The call only reads `param` and
+        // changes this thread's class: any thread may move itself to SCHED_IDLE, no privilege
+        // needed; on failure it keeps its class, which costs only speed. (The pthread call,
+        // not sched_setscheduler: musl's sched_setscheduler is ENOSYS by design.)
+        let _ = unsafe {
+            let param: libc::sched_param = std::mem::zeroed();
+            libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_IDLE, &param)
+        };
     }
 }
 
@@ -262,6 +270,11 @@ mod tests {
         assert_eq!(enqueue(&mut q, job(4, 10, 6, false)), None);
         let order: Vec<u64> = q.iter().map(|j| j.ticket).collect();
         assert_eq!(order, [3, 4, 5, 1, 6]);
+        // Hurrying slot 4's prefetch puts it behind the urgent ones, ahead of slot 0's.
+        promote(&mut q, 4);
+        promote(&mut q, 9);
+        let order: Vec<u64> = q.iter().map(|j| j.ticket).collect();
+        assert_eq!(order, [3, 4, 5, 6, 1]);
     }
 
     #[test]
