@@ -31,6 +31,9 @@ cat moe-quarter.lad > /dev/null
 ids=$(python3 -c "print(','.join(str((i * 104729 + 7) % 157184) for i in range(32)))")
 run() {
   local name="$1"; shift
+  # Every run starts with the artifact in the page cache: some VMs reclaim cold file pages
+  # between runs (DAMON pageout), and an expert read back from disk is not what is compared.
+  cat moe-quarter.lad > /dev/null
   "$bin/llada-rt" run moe-quarter.lad --prompt-ids "$ids" --gen-len 128 --block-len 32 --steps 128 --policy dual --json "$@" > "run-$name.json"
 }
 for r in $(seq 1 "$rounds"); do
