@@ -70,7 +70,7 @@ impl<'a> RankedOut<'a> {
     /// No other thread writes or reads pick `p`'s row meanwhile: `p` is a pick of an expert
     /// that only the calling path computes.
     pub unsafe fn write(&self, p: Pick, y: &[f32]) {
-        let at = (p.row as usize * self.top_k + p.rank as usize) * self.d;
+        let at = p.ranked_at(self.top_k, self.d);
         assert!(y.len() == self.d && at + self.d <= self.len, "pick ({}, {}) outside the ranked outputs", p.row, p.rank);
         // SAFETY: in bounds (checked above); no other thread uses these floats (the contract).
         unsafe { std::ptr::copy_nonoverlapping(y.as_ptr(), self.ptr.add(at), self.d) }

@@ -755,7 +755,7 @@ pub fn run_local(model: &Model, op: MoeOperands, experts: usize, top_k: usize, p
     for e in routing.active() {
         let (gu, dn) = (model.tensor_bytes(op.first + 2 * e as u32), model.tensor_bytes(op.first + 2 * e as u32 + 1));
         let ranked = &mut *op.ranked;
-        compute::expert(shape, op.x, &routing.picks[e], gu, dn, &mut s, pool, features, |p, y| ranked[(p.row as usize * top_k + p.rank as usize) * d..][..d].copy_from_slice(y));
+        compute::expert(shape, op.x, &routing.picks[e], gu, dn, &mut s, pool, features, |p, y| ranked[p.ranked_at(top_k, d)..][..d].copy_from_slice(y));
     }
     combine(op.route, op.ranked, op.rows, top_k, d, op.out);
     Ok(())

@@ -31,6 +31,13 @@ pub struct Pick {
     pub weight: f32,
 }
 
+impl Pick {
+    /// Where its output row starts in `ranked` (`[rows * top_k, d]` floats).
+    pub fn ranked_at(&self, top_k: usize, d: usize) -> usize {
+        (self.row as usize * top_k + self.rank as usize) * d
+    }
+}
+
 /// A layer's routing of one pass, per expert.
 #[derive(Debug, Default)]
 pub struct Routing {
