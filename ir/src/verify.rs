@@ -18,6 +18,12 @@ pub fn header(h: &Header, data_len: u64) -> Result<()> {
         }
     }
     tensors(h, data_len)?;
+    // The KV cache, sized by its capacity, is the window's largest region: it holds no more
+    // positions than the largest graph computes (the runtime serves no longer sequence).
+    let rows = h.graphs.iter().map(|g| g.rows).max().unwrap_or(0);
+    if h.plan.kv_capacity > rows {
+        return Err(Error::invalid(format!("plan.kv_capacity {} is more than the {rows} rows of the largest graph", h.plan.kv_capacity)));
+    }
     for (i, g) in h.graphs.iter().enumerate() {
         graph(h, g).map_err(|e| Error::invalid(format!("graphs[{i}] '{}' {e}", g.name)))?;
     }

@@ -2,13 +2,14 @@
 //! region inside the window and aligned, sized as the model and the kernels need, every
 //! weight an op reads placed, every swap schedule consistent with its graph's op order, and
 //! no two things (KV cache, activations, scratch, resident segments, slots) sharing bytes
-//! while both are alive. Errors name both things.
+//! while both are alive, and nothing larger than the plan needs (the runtime allocates what
+//! the plan lays out). Errors name both things.
 
-use crate::format::WINDOW_ALIGN;
+use crate::format::{align_up, WINDOW_ALIGN};
 use crate::graph::{Graph, Op};
 use crate::header::Header;
 use crate::verify::live_intervals;
-use crate::window::{attention_scratch, kv_bytes, largest_gemm_operand, segment_spans};
+use crate::window::{attention_scratch, kv_bytes, largest_gemm_operand, segment_spans, MAX_REGION_ALIGN};
 
 /// One thing in the window: name, offset, bytes, and the ops it is alive over.
 struct Item {
@@ -61,6 +62,10 @@ fn experts(h: &Header, home: &mut [&'static str]) -> Result<(), String> {
             return Err(format!("expert segment '{}' ({} bytes) does not fit a {}-byte expert slot", h.segments[s as usize].name, h.segments[s as usize].nbytes, w.slot_bytes));
         }
     }
+    let largest = w.segments.iter().map(|&s| h.segments[s as usize].nbytes).max().unwrap_or(0);
+    if w.slot_bytes > align_up(largest, MAX_REGION_ALIGN) {
+        return Err(format!("experts.slot_bytes is {}; the largest expert segment needs {largest}", w.slot_bytes));
+    }
     if w.slots_per_layer > per_layer || w.slot_bytes % WINDOW_ALIGN != 0 {
         return Err(format!("{} expert slots per layer of {} bytes for {per_layer} experts (at most one slot each, {WINDOW_ALIGN}-byte multiples)", w.slots_per_layer, w.slot_bytes));
     }
@@ -106,14 +111,14 @@ pub(crate) fn window(h: &Header) -> Result<(), String> {
         return Err(format!("the KV cache has {} bytes; {} positions of {} need {need_kv}", w.kv.bytes, h.plan.kv_capacity, w.kv_dtype.name()));
     }
     let operand = largest_gemm_operand(h);
-    if w.scratch.gemm_operand.bytes < operand {
+    if w.scratch.gemm_operand.bytes != operand {
         return Err(format!("scratch.gemm_operand has {} bytes; the largest prepared GEMM operand needs {operand}", w.scratch.gemm_operand.bytes));
     }
     if w.scratch.threads == 0 {
         return Err("scratch.threads is 0".into());
     }
     let attention = attention_scratch(m, h.plan.kv_capacity, w.kv_dtype, w.scratch.threads).2;
-    if w.scratch.attention.bytes < attention {
+    if w.scratch.attention.bytes != attention {
         return Err(format!("scratch.attention has {} bytes; {} threads need {attention}", w.scratch.attention.bytes, w.scratch.threads));
     }
     // Each segment has at most one home.
@@ -130,12 +135,22 @@ pub(crate) fn window(h: &Header) -> Result<(), String> {
     if !w.rotating.is_empty() && w.slots.is_empty() {
         return Err(format!("{} segments rotate but there are no slots", w.rotating.len()));
     }
+    if w.slots.len() > w.rotating.len() {
+        return Err(format!("slots[{}] receives no rotating segment ({} slots for {} rotating segments)", w.rotating.len(), w.slots.len(), w.rotating.len()));
+    }
     for (i, &s) in w.rotating.iter().enumerate() {
         let (seg, slot) = (&h.segments[s as usize], &w.slots[i % w.slots.len()]);
         if seg.nbytes > slot.bytes {
             return Err(format!("rotating segment '{}' ({} bytes) does not fit slots[{}] ({} bytes)", seg.name, seg.nbytes, i % w.slots.len(), slot.bytes));
         }
     }
+    let items = session_items(h, 0);
+    for it in &items {
+        if it.offset % WINDOW_ALIGN != 0 || it.offset.checked_add(it.bytes).is_none_or(|e| e > w.bytes) {
+            return Err(format!("'{}' at {} ({} bytes) is misaligned or outside the {}-byte window", it.name, it.offset, it.bytes, w.bytes));
+        }
+    }
+    no_larger_than_needed(h)?;
     // The runtime maps the resident segments as one region, first to last: they come in
     // increasing offset order and nothing else lies between them.
     if let (Some(first), Some(last)) = (w.resident.first(), w.resident.last()) {
@@ -150,12 +165,6 @@ pub(crate) fn window(h: &Header) -> Result<(), String> {
             if r.bytes > 0 && r.offset < end && first.offset < r.offset.saturating_add(r.bytes) {
                 return Err(format!("'{name}' lies between the resident segments ({}..{end})", first.offset));
             }
-        }
-    }
-    let items = session_items(h, 0);
-    for it in &items {
-        if it.offset % WINDOW_ALIGN != 0 || it.offset.checked_add(it.bytes).is_none_or(|e| e > w.bytes) {
-            return Err(format!("'{}' at {} ({} bytes) is misaligned or outside the {}-byte window", it.name, it.offset, it.bytes, w.bytes));
         }
     }
     disjoint(items)?;
@@ -183,6 +192,38 @@ pub(crate) fn window(h: &Header) -> Result<(), String> {
                 }
             }
         }
+    }
+    // The runtime allocates up to the end of the last region: with every region no larger
+    // than it needs, no gaps beyond alignment bound that by the plan's own needs.
+    let items = session_items(h, 0);
+    let used = items.iter().map(|i| align_up(i.bytes, MAX_REGION_ALIGN)).fold(0, u64::saturating_add);
+    if let Some(last) = items.iter().max_by_key(|i| i.offset + i.bytes).filter(|i| i.offset + i.bytes > used) {
+        return Err(format!(
+            "'{}' ends at byte {}, but the regions, each rounded up to {MAX_REGION_ALIGN} bytes, need only {used}: the window has gaps the plan does not need",
+            last.name,
+            last.offset + last.bytes
+        ));
+    }
+    Ok(())
+}
+
+/// Every region no larger than what the plan needs of it, computed from the graphs and the
+/// segments and rounded up to at most [`MAX_REGION_ALIGN`] (the KV cache, the scratch and the
+/// expert pools are checked where they are sized): the runtime allocates what the plan lays
+/// out, so a verified plan uses no memory it cannot use.
+fn no_larger_than_needed(h: &Header) -> Result<(), String> {
+    let w = &h.plan.window;
+    let round = |x: u64| align_up(x, MAX_REGION_ALIGN);
+    // Value ends were checked not to overflow with the graphs.
+    let values_end = h.graphs.iter().flat_map(|g| g.values.iter().map(|v| v.offset + g.value_bytes(v))).max().unwrap_or(0);
+    let need = round(values_end.saturating_sub(w.activations.offset));
+    if w.activations.bytes > need {
+        return Err(format!("'activations' has {} bytes; the graphs' values need {need}", w.activations.bytes));
+    }
+    // Slots are equal-sized: each holds any rotating segment of the ring.
+    let largest = w.rotating.iter().map(|&s| h.segments[s as usize].nbytes).max().unwrap_or(0);
+    if let Some((i, s)) = w.slots.iter().enumerate().find(|(_, s)| s.bytes > round(largest)) {
+        return Err(format!("slots[{i}] has {} bytes; the largest rotating segment needs {largest}", s.bytes));
     }
     Ok(())
 }
@@ -227,7 +268,24 @@ pub(crate) fn graph_in_window(h: &Header, g: &Graph) -> Result<(), String> {
                 return Err(at(format!("the copy starts after op {a}, not before its first use (op {})", st.first_op)));
             }
         }
-        if i >= slots {
+        // The staging thread copies the steps in order, each once its slot is released: for
+        // i >= slots after op `stage_after_op`, which precedes the step's first use; for
+        // i < slots by the previous pass. With first uses in step order, when the executor
+        // waits before op k for step i, every step up to i is first used at k or before, so
+        // every release their copies wait for came at an op before k or in the previous pass:
+        // the copy arrives. A step j > i used before step i could have the executor wait for
+        // j while the thread waits to copy i behind a release later in the pass: deadlock.
+        if let Some(prev) = i.checked_sub(1).map(|p| &g.staging[p]).filter(|p| st.first_op < p.first_op) {
+            return Err(at(format!("first used at op {}, before staging[{}] (op {}): steps must be first used in order", st.first_op, i - 1, prev.first_op)));
+        }
+        if i < slots {
+            // The slot's previous occupant was the previous pass's, and this segment was copied
+            // behind it; a release in this pass before the first use would let the staging
+            // thread overwrite the segment before it is read.
+            if let Some(a) = st.stage_after_op {
+                return Err(at(format!("releases slot {} after op {a}, before its first use (op {}); the first {slots} steps fill their slots during the previous pass", st.slot, st.first_op)));
+            }
+        } else {
             let prev = &g.staging[i - slots];
             if st.stage_after_op.is_none_or(|a| a < prev.last_op) {
                 return Err(at(format!("slot {} is still used by staging[{}] until op {}", st.slot, i - slots, prev.last_op)));

@@ -183,6 +183,11 @@ pub struct StageStep {
     pub last_op: u32,
 }
 
+/// The coarsest alignment a plan may round its regions and values to: a page (a target
+/// aligns to its accelerator's mapping granule, 64 bytes to 4 KiB). The verifier lets every
+/// size it computes a region needs be rounded up to it, and no more.
+pub const MAX_REGION_ALIGN: u64 = 4096;
+
 /// Bytes of the KV cache for `capacity` positions.
 pub fn kv_bytes(m: &ModelConfig, capacity: u32, dtype: KvDType) -> Option<u64> {
     (m.n_layers as u64)

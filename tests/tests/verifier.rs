@@ -6,7 +6,7 @@
 mod common;
 
 use llada_ir::format::Preamble;
-use llada_ir::{Artifact, Header, Op, Rows, Segment, StageStep};
+use llada_ir::{Artifact, Header, Op, Region, Rows, Segment, StageStep};
 use llada_tools::checkpoint::{Shape, WeightType};
 
 /// A valid artifact of the tiny random checkpoint (2 layers, 4/2 heads, 64 positions).
@@ -62,6 +62,8 @@ fn every_rule_refuses_its_crafted_artifact() {
     let norm = op_index(&h0, 0, |o| matches!(o, Op::RmsNorm { .. }));
     let embed = op_index(&h0, 0, |o| matches!(o, Op::Embed { .. }));
     let gather = op_index(&h0, 0, |o| matches!(o, Op::GatherHeadRows { .. }));
+    let w0 = h0.plan.window.clone();
+    let last_resident = h0.segments[w0.resident.last().unwrap().segment as usize].name.clone();
     let cases: Vec<Case> = vec![
         // The model.
         ("zero dimension", Box::new(|h| h.model.d_model = 0), vec!["model: a dimension is zero".into()]),
@@ -79,6 +81,7 @@ fn every_rule_refuses_its_crafted_artifact() {
         ("segments overlap", Box::new(|h| h.segments[1].offset = h.segments[0].offset), vec!["two segments overlap".into()]),
         // Graphs, values, ops.
         ("head rows", Box::new(|h| h.graphs[0].head_rows = h.graphs[0].rows + 1), vec!["graphs[0]".into(), "head rows".into()]),
+        ("KV capacity above the largest graph", Box::new(|h| h.plan.kv_capacity += 16), vec![format!("plan.kv_capacity {} is more than the {} rows of the largest graph", h0.plan.kv_capacity + 16, h0.plan.kv_capacity)]),
         ("graph above the KV capacity", Box::new(|h| { let g = h.graphs.len() - 1; h.graphs[g].rows = h.plan.kv_capacity + 4; h.plan.by_rows.retain(|&i| i as usize != g); h.plan.row_buckets.clear(); }), vec!["more than plan.kv_capacity".into()]),
         ("value alignment", Box::new(|h| h.graphs[0].values[1].offset += 4), vec!["graphs[0]".into(), "values[1]".into()]),
         ("value size overflow", Box::new(|h| { h.graphs[0].values[1].cols = u32::MAX; h.graphs[0].rows = u32::MAX; h.plan.kv_capacity = u32::MAX; }), vec!["values[0]".into(), "larger than the window".into()]),
@@ -110,6 +113,11 @@ fn every_rule_refuses_its_crafted_artifact() {
         ("KV bytes", Box::new(|h| h.plan.window.kv.bytes -= 64), vec!["KV cache has".into()]),
         ("GEMM scratch", Box::new(|h| h.plan.window.scratch.gemm_operand.bytes = 64), vec!["scratch.gemm_operand".into()]),
         ("attention scratch", Box::new(|h| h.plan.window.scratch.attention.bytes = 64), vec!["scratch.attention".into()]),
+        ("GEMM scratch above its need", Box::new(|h| h.plan.window.scratch.gemm_operand.bytes += 64), vec![format!("scratch.gemm_operand has {} bytes; the largest prepared GEMM operand needs {}", w0.scratch.gemm_operand.bytes + 64, w0.scratch.gemm_operand.bytes)]),
+        ("attention scratch above its need", Box::new(|h| h.plan.window.scratch.attention.bytes += 64), vec![format!("scratch.attention has {} bytes; {} threads need {}", w0.scratch.attention.bytes + 64, w0.scratch.threads, w0.scratch.attention.bytes)]),
+        ("activations above the values' need", Box::new(|h| h.plan.window.activations.bytes += 1 << 20), vec![format!("'activations' has {} bytes; the graphs' values need", w0.activations.bytes + (1 << 20))]),
+        ("slot without a rotating segment", Box::new(|h| { let end = h.plan.window.bytes - 4096; h.plan.window.slots.push(Region { name: "slots[0]".into(), offset: end, bytes: 64 }) }), vec!["slots[0] receives no rotating segment (1 slots for 0 rotating segments)".into()]),
+        ("gap in the window", Box::new(|h| h.plan.window.resident.last_mut().unwrap().offset += 1 << 20), vec![format!("'resident segment '{last_resident}'' ends at byte"), "the window has gaps the plan does not need".into()]),
         ("region outside", Box::new(|h| h.plan.window.activations.offset = h.plan.window.bytes), vec!["'activations'".into(), "outside".into()]),
         ("regions share bytes", Box::new(|h| h.plan.window.scratch.attention.offset = h.plan.window.kv.offset), vec!["'kv cache'".into(), "'scratch.attention'".into()]),
         ("resident out of order", Box::new(|h| h.plan.window.resident.swap(0, 1)), vec!["resident[1]".into(), "is not after resident[0]".into()]),
@@ -165,6 +173,9 @@ fn every_staging_rule_refuses_its_crafted_artifact() {
     let (rotating, slots) = (h0.plan.window.rotating.len(), h0.plan.window.slots.len());
     assert!(rotating > slots && slots > 0, "{rotating} rotating segments, {slots} slots: the window should make slots be reused");
     let first = h0.graphs[0].staging[0].first_op;
+    assert!(first > 0, "op 0 (the embedding) reads no rotating segment");
+    let (first_1, largest) = (h0.graphs[0].staging[1].first_op, h0.plan.window.rotating.iter().map(|&s| h0.segments[s as usize].nbytes).max().unwrap());
+    let slot_bytes = h0.plan.window.slots[0].bytes;
     let cases: Vec<Case> = vec![
         ("staging count", Box::new(|h| { h.graphs[0].staging.pop(); }), vec!["graphs[0]".into(), format!("has {} staging steps for {rotating} rotating segments", rotating - 1)]),
         ("staging order", Box::new(|h| h.graphs[0].staging.swap(0, 1)), vec!["graphs[0]".into(), "staging[0]: stages rotating segment 1".into(), "the plan's order says 0".into()]),
@@ -187,6 +198,25 @@ fn every_staging_rule_refuses_its_crafted_artifact() {
         ("staged past the last op", Box::new(|h| h.graphs[0].staging[0].last_op = h.graphs[0].ops.len() as u32), vec!["staging[0]: segment".into(), "but staged for ops".into()]),
         ("copy after the first use", Box::new(move |h| h.graphs[0].staging[0].stage_after_op = Some(first)), vec![format!("staging[0]: the copy starts after op {first}, not before its first use (op {first})")]),
         ("slot still used", Box::new(move |h| h.graphs[0].staging[slots].stage_after_op = None), vec![format!("staging[{slots}]: slot 0 is still used by staging[0]")]),
+        ("released before its first use", Box::new(|h| h.graphs[0].staging[0].stage_after_op = Some(0)), vec!["graphs[0]".into(), format!("staging[0]: releases slot 0 after op 0, before its first use (op {first})")]),
+        (
+            "first uses out of order",
+            Box::new(move |h| {
+                // The plan rotates segments 1 and 0 in that order; every graph's steps follow
+                // the plan (so step 1's segment is first used before step 0's), each copy
+                // after its slot's previous segment, as the compiler schedules them.
+                h.plan.window.rotating.swap(0, 1);
+                for g in &mut h.graphs {
+                    let (a, b) = ((g.staging[0].first_op, g.staging[0].last_op), (g.staging[1].first_op, g.staging[1].last_op));
+                    (g.staging[0].first_op, g.staging[0].last_op, g.staging[1].first_op, g.staging[1].last_op) = (b.0, b.1, a.0, a.1);
+                    for i in slots..g.staging.len() {
+                        g.staging[i].stage_after_op = Some(g.staging[i - slots].last_op);
+                    }
+                }
+            }),
+            vec!["graphs[0]".into(), format!("staging[1]: first used at op {first}, before staging[0] (op {first_1})")],
+        ),
+        ("slot larger than the largest rotating segment", Box::new(|h| h.plan.window.slots[0].bytes += 4096), vec![format!("slots[0] has {} bytes; the largest rotating segment needs {largest}", slot_bytes + 4096)]),
         ("rotating segment larger than its slot", Box::new(|h| h.plan.window.slots[0].bytes = 64), vec!["plan.window".into(), "does not fit slots[0] (64 bytes)".into()]),
     ];
     all_refused(&good, cases);
@@ -285,6 +315,7 @@ fn every_moe_rule_refuses_its_crafted_artifact() {
         ("expert segment also resident", Box::new(|h| { let s = h.plan.window.resident[0].segment; h.plan.window.experts.segments[3] = s }), vec!["is both resident and expert 3".into()]),
         ("expert segments swapped", Box::new(|h| h.plan.window.experts.segments.swap(0, 1)), vec!["of expert 0 is not in the segment experts.segments lists for layer 0".into()]),
         ("expert slot too small", Box::new(|h| h.plan.window.experts.slot_bytes = 4096), vec!["does not fit a 4096-byte expert slot".into()]),
+        ("expert slot above the largest expert", Box::new(|h| h.plan.window.experts.slot_bytes += 4096), vec![format!("plan.window: experts.slot_bytes is {}; the largest expert segment needs {}", h0.plan.window.experts.slot_bytes + 4096, h0.plan.window.experts.segments.iter().map(|&s| h0.segments[s as usize].nbytes).max().unwrap())]),
         ("expert slots above the experts", Box::new(|h| h.plan.window.experts.slots_per_layer = 9), vec!["9 expert slots per layer".into()]),
         ("expert region size", Box::new(|h| h.plan.window.experts.region.bytes += 64), vec!["the expert slot region has".into()]),
         ("expert region over the KV cache", Box::new(|h| h.plan.window.experts.region.offset = h.plan.window.kv.offset), vec!["'kv cache' and 'expert slots' share window bytes".into()]),
