@@ -13,6 +13,15 @@
  *  - The step callback runs on the thread that called llada_generate.
  *  - llada_last_error is per thread: it describes the last failed call made on that thread.
  *  - No Rust panic crosses this interface: an internal failure returns LLADA_STATUS_INTERNAL.
+ *    libllada never replaces the process's panic hook.
+ *
+ * Updating an artifact while an app runs: write the new file elsewhere and rename it over the
+ * old path. A loaded model reads only the file it verified, so it goes on unchanged until the
+ * app loads the new one. A file truncated or rewritten in place under a loaded model fails the
+ * next generation with LLADA_STATUS_IO ("changed on disk while in use"); load it again. To
+ * survive truncation, libllada installs a SIGBUS handler once (at the first model load) that
+ * handles faults in its artifact mappings and passes every other fault to the handler that
+ * was installed before it.
  */
 
 #ifndef LLADA_H
@@ -42,7 +51,8 @@ typedef enum llada_status {
   LLADA_STATUS_CANCELLED = 7,
   // Another generation is running on this session.
   LLADA_STATUS_BUSY = 8,
-  // A bug in libllada (a caught panic); the session that saw it cannot be used again.
+  // A bug in libllada (a caught panic, a worker thread that panicked); the message says
+  // whether the session that saw it can be used again.
   LLADA_STATUS_INTERNAL = 9,
 } llada_status;
 
@@ -135,8 +145,16 @@ typedef struct llada_step {
   // This step's commits, `n_committed` pairs of (position in `tokens`, token id), flat.
   const uint32_t *committed;
   size_t n_committed;
-  // The answer's committed prefix as text (diffusion commits out of order, so only the
-  // unbroken prefix reads as text). UTF-8, NUL-terminated.
+  // This step's revisions of earlier commits, `n_revised` pairs of (position in `tokens`,
+  // new token id), flat, applied after the commits (only LLADA_POLICY_MBSD revises).
+  // Together with `committed` they are every position this step changed.
+  const uint32_t *revised;
+  size_t n_revised;
+  // Leading positions of `tokens` that can no longer change (committed, and stable under
+  // revision, with none before them still open).
+  size_t n_settled;
+  // The answer as far as it is settled (the first `n_settled` tokens) as text: it only
+  // ever grows, and the output's `text` starts with it. UTF-8, NUL-terminated.
   const char *text;
 } llada_step;
 

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 
-use llada_rt::session::default_threads;
+use llada_rt::session::default_threads_for;
 use llada_rt::text::Text;
 use llada_rt::{generate_until, Model as RtModel, Session as RtSession};
 
@@ -67,8 +67,16 @@ pub struct Step {
     /// This step's commits, `n_committed` pairs of (position in `tokens`, token id), flat.
     pub committed: *const u32,
     pub n_committed: usize,
-    /// The answer's committed prefix as text (diffusion commits out of order, so only the
-    /// unbroken prefix reads as text). UTF-8, NUL-terminated.
+    /// This step's revisions of earlier commits, `n_revised` pairs of (position in `tokens`,
+    /// new token id), flat, applied after the commits (only LLADA_POLICY_MBSD revises).
+    /// Together with `committed` they are every position this step changed.
+    pub revised: *const u32,
+    pub n_revised: usize,
+    /// Leading positions of `tokens` that can no longer change (committed, and stable under
+    /// revision, with none before them still open).
+    pub n_settled: usize,
+    /// The answer as far as it is settled (the first `n_settled` tokens) as text: it only
+    /// ever grows, and the output's `text` starts with it. UTF-8, NUL-terminated.
     pub text: *const c_char,
 }
 
@@ -152,7 +160,7 @@ pub unsafe extern "C" fn llada_session_new(model: *const Model, n_threads: u32, 
         // and drops after the session (field order), and the `Arc`'s contents never move,
         // so the reference outlives every use the session makes of it.
         let rt_model: &'static RtModel = unsafe { &*(&loaded.model as *const RtModel) };
-        let threads = if n_threads == 0 { default_threads() } else { n_threads as usize };
+        let threads = if n_threads == 0 { default_threads_for(rt_model) } else { n_threads as usize };
         let session = RtSession::with_threads(rt_model, threads)?;
         let handle = Box::new(Session { cancel: AtomicBool::new(false), state: Mutex::new(SessionState { session, _loaded: loaded }) });
         // SAFETY: as above.
@@ -243,9 +251,8 @@ fn run(state: &mut SessionState, cancel: &AtomicBool, prompt: &str, params: &Par
     let mask = model.header.special.mask;
     let g = generate_until(&mut state.session, &ids, &sampler, &mut |v| {
         if let Some(f) = callback {
-            let generated = &v.canvas[v.prompt_len..];
-            let done = generated.iter().position(|&t| t == mask).unwrap_or(generated.len());
-            let prefix = CString::new(text.answer(&generated[..done]).replace('\0', " ")).unwrap_or_default();
+            let generated = v.generated();
+            let prefix = CString::new(text.answer(&generated[..v.settled]).replace('\0', " ")).unwrap_or_default();
             let step = Step {
                 step: v.step as u32,
                 steps: v.steps as u32,
@@ -254,6 +261,9 @@ fn run(state: &mut SessionState, cancel: &AtomicBool, prompt: &str, params: &Par
                 mask_id: mask,
                 committed: v.committed.as_ptr().cast(),
                 n_committed: v.committed.len(),
+                revised: v.revised.as_ptr().cast(),
+                n_revised: v.revised.len(),
+                n_settled: v.settled,
                 text: prefix.as_ptr(),
             };
             // SAFETY: every pointer in `step` lives until this call returns; the callback

@@ -26,7 +26,8 @@ pub enum Status {
     Cancelled = 7,
     /// Another generation is running on this session.
     Busy = 8,
-    /// A bug in libllada (a caught panic); the session that saw it cannot be used again.
+    /// A bug in libllada (a caught panic, a worker thread that panicked); the message says
+    /// whether the session that saw it can be used again.
     Internal = 9,
 }
 
@@ -62,11 +63,14 @@ impl From<llada_rt::Error> for Failure {
         use llada_rt::Error as E;
         let status = match &e {
             E::NotFound { .. } => Status::NotFound,
-            E::Io { .. } => Status::Io,
+            E::Io { .. } | E::Changed { .. } => Status::Io,
             E::Artifact { .. } => Status::InvalidArtifact,
             E::Request(_) | E::Input { .. } => Status::InvalidRequest,
             E::Tokenizer(_) | E::Template(_) => Status::Text,
             E::Cancelled => Status::Cancelled,
+            // Named as the C field, not the CLI flag.
+            E::Setting { setting, message } => return Failure(Status::InvalidArgument, format!("{} {message}", setting.c_field())),
+            E::Internal(_) => Status::Internal,
         };
         Failure(status, e.to_string())
     }

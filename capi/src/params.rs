@@ -121,14 +121,14 @@ impl Params {
             1 => RtRemasking::Random,
             n => return Err(Failure::argument(format!("params.remasking: {n} is not a llada_remasking"))),
         };
-        if !(self.threshold >= 0.0) {
-            return Err(Failure::argument(format!("params.threshold: {} must be 0 (off) or in (0, 1]", self.threshold)));
-        }
-        let spec_default = if policy == RtPolicy::Mbsd { plan.spec_blocks as usize } else { 1 };
+        // 0 is off; the rest of the range is the sampler's check (`validate`).
+        let threshold = (self.threshold != 0.0).then_some(self.threshold);
+        let block_length = if self.block_len == 0 { plan.block_len as usize } else { self.block_len as usize };
+        let spec_default = SamplerParams::default_spec_blocks(policy, plan.spec_blocks as usize, self.gen_len as usize, block_length);
         let defaults = SamplerParams::default();
         Ok(SamplerParams {
             gen_length: self.gen_len as usize,
-            block_length: if self.block_len == 0 { plan.block_len as usize } else { self.block_len as usize },
+            block_length,
             steps: self.steps as usize,
             temperature: self.temperature,
             cfg_scale: self.cfg_scale,
@@ -138,7 +138,7 @@ impl Params {
             confidence_eos_eot_inf: self.confidence_eos_eot_inf,
             policy,
             refresh_every: self.refresh_every as usize,
-            threshold: (self.threshold > 0.0).then_some(self.threshold),
+            threshold,
             spec_blocks: if self.spec_blocks == 0 { spec_default } else { self.spec_blocks as usize },
             revision: Revision::DualPath,
             ..defaults

@@ -20,9 +20,90 @@ pub enum Error {
     Template(String),
     #[error("{}: {msg}", path.display())]
     Input { path: PathBuf, msg: String },
+    /// The artifact changed on disk after it was loaded and verified.
+    #[error(
+        "{}: the artifact changed on disk while in use (truncated or rewritten in place); load it again. To update an artifact under a running app, write the new one to another file and rename it over the old",
+        path.display()
+    )]
+    Changed { path: PathBuf },
     /// The caller stopped a generation between steps.
     #[error("generation cancelled")]
     Cancelled,
+    /// A setting a user or an app gave is outside its range (named as the CLI's flag; the C
+    /// API names its field instead).
+    #[error("{} {message}", setting.flag())]
+    Setting { setting: Setting, message: String },
+    /// A fault of the runtime itself (a worker thread panicked), not of the request.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// A value a user or an app sets: every one is range-checked in one place
+/// (`SamplerParams::validate`, `Session` for threads) before anything is allocated for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Setting {
+    GenLength,
+    BlockLength,
+    Steps,
+    Temperature,
+    CfgScale,
+    RefreshEvery,
+    Threshold,
+    SpecBlocks,
+    SpecThreshold,
+    Rows,
+    SideRows,
+    StableConfidence,
+    StableChecks,
+    ReviseConfidence,
+    Threads,
+    CpuThreads,
+}
+
+impl Setting {
+    /// The `llada-rt` flag.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Setting::GenLength => "--gen-len",
+            Setting::BlockLength => "--block-len",
+            Setting::Steps => "--steps",
+            Setting::Temperature => "--temperature",
+            Setting::CfgScale => "--cfg",
+            Setting::RefreshEvery => "--refresh-every",
+            Setting::Threshold => "--threshold",
+            Setting::SpecBlocks => "--spec-blocks",
+            Setting::SpecThreshold => "--spec-threshold",
+            Setting::Rows => "--rows",
+            Setting::SideRows => "--side-rows",
+            Setting::StableConfidence => "--stable-confidence",
+            Setting::StableChecks => "--stable-checks",
+            Setting::ReviseConfidence => "--revise-confidence",
+            Setting::Threads => "--threads",
+            Setting::CpuThreads => "--cpu-threads",
+        }
+    }
+
+    /// The field of the C API's `llada_params` (or argument) that carries it.
+    pub fn c_field(self) -> &'static str {
+        match self {
+            Setting::GenLength => "params.gen_len",
+            Setting::BlockLength => "params.block_len",
+            Setting::Steps => "params.steps",
+            Setting::Temperature => "params.temperature",
+            Setting::CfgScale => "params.cfg_scale",
+            Setting::RefreshEvery => "params.refresh_every",
+            Setting::Threshold => "params.threshold",
+            Setting::SpecBlocks => "params.spec_blocks",
+            Setting::SpecThreshold => "params.spec_threshold",
+            Setting::Rows => "params.rows",
+            Setting::SideRows => "params.side_rows",
+            Setting::StableConfidence => "params.stable_confidence",
+            Setting::StableChecks => "params.stable_checks",
+            Setting::ReviseConfidence => "params.revise_confidence",
+            Setting::Threads => "n_threads",
+            Setting::CpuThreads => "cpu_threads",
+        }
+    }
 }
 
 impl Error {
@@ -37,6 +118,11 @@ impl Error {
 
     pub fn request(msg: impl Into<String>) -> Self {
         Error::Request(msg.into())
+    }
+
+    /// `setting` is out of range: `message` follows the setting's name and says the range.
+    pub fn setting(setting: Setting, message: impl Into<String>) -> Self {
+        Error::Setting { setting, message: message.into() }
     }
 }
 

@@ -13,6 +13,7 @@ use crate::kernels::cpu::Features;
 use crate::kernels::gemm::gemm;
 use crate::kernels::{self, attention};
 use crate::model::Model;
+use crate::pool::Pool;
 use crate::moe::{self, Experts, MoeOperands};
 use crate::staging::Stager;
 use crate::window::{homes, Home, KvView, Window};
@@ -87,7 +88,7 @@ fn operands_many<'w, const N: usize, const M: usize>(win: &'w mut [f32], ins: [R
 /// window, so running a graph does not allocate (beyond what the thread pool does
 /// internally).
 pub struct HostExecutor {
-    pool: rayon::ThreadPool,
+    pool: Pool,
     /// Instruction-set paths the matmul kernels may take.
     features: Features,
     /// Where each tensor lives in the window.
@@ -100,11 +101,7 @@ impl HostExecutor {
     /// to force the portable fallbacks).
     pub fn new(model: &Model, threads: usize, features: Features) -> HostExecutor {
         let threads = threads.clamp(1, model.header.plan.window.scratch.threads.max(1) as usize);
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("llada-worker-{i}"))
-            .build()
-            .expect("the thread pool starts");
+        let pool = Pool::new(threads, "llada-worker").expect("the thread pool starts");
         HostExecutor { pool, features, homes: homes(&model.header) }
     }
 

@@ -6,7 +6,7 @@ use clap::{Args, Parser, Subcommand};
 use llada_rt::sampler::{Policy, Revision, StepView};
 use llada_rt::text::Text;
 use llada_rt::moe::{ExpertCounters, ExpertStrategy};
-use llada_rt::session::{default_threads, ExpertOptions};
+use llada_rt::session::{default_threads, default_threads_for, ExpertOptions};
 use llada_rt::staging::StagingMode;
 use llada_rt::{conformance, generate, golden, roofline, Error, Model, Remasking, Result, SamplerParams, Session};
 use serde_json::json;
@@ -95,10 +95,11 @@ impl SamplerArgs {
     fn params(&self, model: &Model) -> SamplerParams {
         let policy = Policy::parse(&self.policy).expect("clap restricts the values");
         let plan = &model.header.plan;
-        let spec_default = if policy == Policy::Mbsd { plan.spec_blocks as usize } else { 1 };
+        let block_length = self.block_len.unwrap_or(plan.block_len as usize);
+        let spec_default = SamplerParams::default_spec_blocks(policy, plan.spec_blocks as usize, self.gen_len, block_length);
         SamplerParams {
             gen_length: self.gen_len,
-            block_length: self.block_len.unwrap_or(plan.block_len as usize),
+            block_length,
             steps: self.steps,
             temperature: self.temperature,
             cfg_scale: self.cfg,
@@ -111,9 +112,9 @@ impl SamplerArgs {
             threshold: self.threshold,
             spec_blocks: self.spec_blocks.unwrap_or(spec_default),
             spec_threshold: self.spec_threshold,
-            rows: self.rows.unwrap_or(0),
+            rows: self.rows,
             revision: Revision::parse(&self.revision).expect("clap restricts the values"),
-            side_rows: self.side_rows.unwrap_or(0),
+            side_rows: self.side_rows,
             stable_confidence: self.stable_confidence,
             stable_checks: self.stable_checks,
             revise_confidence: self.revise_confidence,
@@ -292,7 +293,7 @@ impl SessionArgs {
             experts.strategy = ExpertStrategy::parse(e).expect("clap restricts the values");
         }
         experts.cpu_threads = self.cpu_threads.unwrap_or(experts.cpu_threads);
-        Session::with_experts(model, self.threads.unwrap_or_else(default_threads), llada_rt::kernels::cpu::features(), mode, experts)
+        Session::with_experts(model, self.threads.unwrap_or_else(|| default_threads_for(model)), llada_rt::kernels::cpu::features(), mode, experts)
     }
 }
 
@@ -380,8 +381,9 @@ fn parse_ids(s: &str) -> Result<Vec<u32>> {
         .collect()
 }
 
-/// Streams the answer as its leading tokens commit (diffusion commits out of order, so only
-/// the unbroken prefix can be printed), or redraws the canvas with `--show-denoising`.
+/// Streams the answer as far as it can no longer change (diffusion commits out of order, and
+/// under revision a committed token may still be replaced, so only the settled prefix is
+/// printed; the rest follows at the end), or redraws the canvas with `--show-denoising`.
 struct Display<'t> {
     text: &'t Text,
     mask: u32,
@@ -392,7 +394,7 @@ struct Display<'t> {
 
 impl Display<'_> {
     fn step(&mut self, v: &StepView) {
-        let generated = &v.canvas[v.prompt_len..];
+        let generated = v.generated();
         let mut out = std::io::stdout().lock();
         if self.denoising {
             let shown: String = generated
@@ -405,8 +407,7 @@ impl Display<'_> {
             let _ = writeln!(out, "step {}/{}\n{shown}", v.step, v.steps);
             self.canvas_lines = 2 + shown.matches('\n').count();
         } else {
-            let done = generated.iter().position(|&t| t == self.mask).unwrap_or(generated.len());
-            let text = self.text.answer(&generated[..done]);
+            let text = self.text.answer(&generated[..v.settled]);
             // Print only what extends what is already shown (a partial UTF-8 sequence decodes
             // differently once it completes).
             if let Some(new) = text.strip_prefix(self.printed.as_str()) {
@@ -448,7 +449,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             let answer = text.answer(&g.output_ids);
             if json {
-                let obj = json!({
+                let mut obj = json!({
                     "prompt_ids": g.prompt_ids,
                     "output_ids": g.output_ids,
                     "reveals": g.reveals,
@@ -472,6 +473,10 @@ fn run(cli: Cli) -> Result<()> {
                     "mbsd": g.mbsd,
                     "window": window_report(&session),
                 });
+                // Only where commits can be revised: the official policies' output stays as it was.
+                if let Some(r) = &g.revisions {
+                    obj["revisions"] = json!(r);
+                }
                 println!("{obj}");
             } else {
                 if show_denoising {
@@ -677,7 +682,8 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::FAILURE
+            // A setting out of range is a usage error, as clap's own are.
+            if matches!(e, Error::Setting { .. }) { ExitCode::from(2) } else { ExitCode::FAILURE }
         }
     }
 }

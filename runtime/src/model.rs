@@ -3,7 +3,9 @@
 
 use std::fs::File;
 use std::ops::Range;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use half::{bf16, f16};
 use llada_ir::{Artifact, DType, Graph, Header, TensorId};
@@ -15,6 +17,11 @@ use crate::kernels::gemm::Matrix;
 pub struct Model {
     pub path: PathBuf,
     pub header: Header,
+    /// The file that was verified: every later read goes through it (or the mapping of it),
+    /// never through the path again, which may name another file by then.
+    file: Arc<File>,
+    /// Declared before `map`: unregistered before the mapping is unmapped.
+    guard: Option<crate::fault::Guard>,
     map: Mmap,
     data: Range<usize>,
 }
@@ -32,11 +39,16 @@ impl Model {
     /// false) every tensor checksum.
     pub fn open(path: &Path, verify_data: bool) -> Result<Model> {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        // SAFETY: a read-only private map of a file the runtime only reads. If another process
-        // truncated or rewrote the file while it is mapped, reads could fault or see new
-        // bytes; like every mmap-based loader (llama.cpp, ExecuTorch) we accept that the
-        // artifact is not modified while in use.
+        if file.metadata().map_err(|e| Error::io(path, e))?.is_dir() {
+            return Err(Error::Input { path: path.to_path_buf(), msg: "is a directory; give the artifact file `lladac compile -o` wrote".into() });
+        }
+        // SAFETY: a read-only private map of a file the runtime only reads. A file renamed
+        // over the path later leaves this one (and its mapping) intact; one truncated in place
+        // would fault on reads past its new end, which the guard turns into zero pages and a
+        // clear error (`fault`); one rewritten in place shows its new bytes, which no loader
+        // can prevent (the README says to replace artifacts by rename).
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        let guard = crate::fault::Guard::new(map.as_ptr(), map.len());
         let wrap = |source| Error::Artifact { path: path.to_path_buf(), source };
         let art = Artifact::parse(&map).map_err(wrap)?;
         if verify_data {
@@ -53,7 +65,26 @@ impl Model {
         }
         let (p, header) = (art.preamble, art.header);
         let data = p.data_offset as usize..(p.data_offset + p.data_len) as usize;
-        Ok(Model { path: path.to_path_buf(), header, map, data })
+        Ok(Model { path: path.to_path_buf(), header, file: Arc::new(file), guard, map, data })
+    }
+
+    /// The verified file, for threads that read from it (staging).
+    pub fn file(&self) -> Arc<File> {
+        self.file.clone()
+    }
+
+    /// Reads `dst.len()` bytes at `offset` of the data section from the verified file.
+    pub fn read_data(&self, dst: &mut [u8], offset: u64) -> Result<()> {
+        self.file.read_exact_at(dst, self.data_offset() + offset).map_err(|e| read_error(&self.path, e))
+    }
+
+    /// Fails if the artifact changed under the mapping since it was verified (truncated in
+    /// place: reads past its new end saw zeros). Checked after every pass.
+    pub fn check_intact(&self) -> Result<()> {
+        match &self.guard {
+            Some(g) if g.faulted() => Err(Error::Changed { path: self.path.clone() }),
+            _ => Ok(()),
+        }
     }
 
     pub fn tensor_bytes(&self, id: TensorId) -> &[u8] {
@@ -107,4 +138,10 @@ impl Model {
             ))
         })
     }
+}
+
+/// A read of the verified file that failed; one that ran past its end means the file was
+/// truncated after it was verified.
+pub(crate) fn read_error(path: &Path, e: std::io::Error) -> Error {
+    if e.kind() == std::io::ErrorKind::UnexpectedEof { Error::Changed { path: path.to_path_buf() } } else { Error::io(path, e) }
 }

@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Setting};
 use std::ops::Range;
 
 use crate::executor::{value_range, Executor, HostExecutor, OpProfile, RunInputs};
@@ -47,6 +47,25 @@ pub fn default_threads() -> usize {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
+/// The most threads a session on `model` may use: what the plan's attention scratch holds.
+pub fn max_threads(model: &Model) -> usize {
+    model.header.plan.window.scratch.threads.max(1) as usize
+}
+
+/// [`default_threads`], at most what `model`'s plan provides for.
+pub fn default_threads_for(model: &Model) -> usize {
+    default_threads().min(max_threads(model))
+}
+
+/// Refuses a thread count outside `1..=max_threads(model)`, naming `setting`.
+fn check_threads(model: &Model, setting: Setting, threads: usize) -> Result<()> {
+    let max = max_threads(model);
+    if !(1..=max).contains(&threads) {
+        return Err(Error::setting(setting, format!("{threads} is outside 1..={max} (the threads {} was compiled for: its kernel scratch holds {max})", model.path.display())));
+    }
+    Ok(())
+}
+
 /// How a session runs a mixture-of-experts model's experts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExpertOptions {
@@ -85,12 +104,16 @@ pub struct Session<'m> {
     /// Seconds spent reading the resident segments into the window at the start.
     pub load_seconds: f64,
     trace: Option<std::sync::Arc<crate::trace::Trace>>,
+    /// How the experts were set up, to set them up again after a failed pass.
+    expert_options: ExpertOptions,
+    /// Why the session cannot run passes any more (a failed pass it could not recover from).
+    broken: Option<String>,
 }
 
 impl<'m> Session<'m> {
     /// A session on all the default threads (see [`default_threads`]).
     pub fn new(model: &'m Model) -> Result<Session<'m>> {
-        Session::with_threads(model, default_threads())
+        Session::with_threads(model, default_threads_for(model))
     }
 
     pub fn with_threads(model: &'m Model, threads: usize) -> Result<Session<'m>> {
@@ -109,11 +132,16 @@ impl<'m> Session<'m> {
     /// `experts` says.
     pub fn with_experts(model: &'m Model, threads: usize, features: crate::kernels::cpu::Features, staging: StagingMode, experts: ExpertOptions) -> Result<Session<'m>> {
         let h = &model.header;
+        check_threads(model, Setting::Threads, threads)?;
+        if h.model.moe.is_some() {
+            check_threads(model, Setting::CpuThreads, experts.cpu_threads)?;
+        }
         let max_rows = h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize;
         let start = Instant::now();
         let mut window = Window::new(h).map_err(|e| Error::io(format!("allocating the {}-byte window", h.plan.window.bytes), e))?;
         load_resident(model, &mut window)?;
-        let stager = Stager::new(h, &model.path, model.data_offset(), window.slot_ptrs(), staging)?;
+        let stager = Stager::new(h, model.file(), &model.path, model.data_offset(), window.slot_ptrs(), staging)?;
+        let expert_options = experts;
         let experts = Experts::new(model, &window, experts.strategy, experts.cpu_threads)?;
         let load_seconds = start.elapsed().as_secs_f64();
         Ok(Session {
@@ -131,6 +159,8 @@ impl<'m> Session<'m> {
             last_staging: PassStaging::default(),
             load_seconds,
             trace: None,
+            expert_options,
+            broken: None,
         })
     }
 
@@ -330,16 +360,30 @@ impl<'m> Session<'m> {
     }
 
     /// Runs graph `gid` over the prepared rows (the first `stored` store their keys and
-    /// values; `context` cache positions are attended to) and counts it.
+    /// values; `context` cache positions are attended to) and counts it. A pass that fails
+    /// leaves the session as a new one (cache empty, staging from the start, experts reloaded)
+    /// or, if even that fails, refusing every later pass with the reason.
     fn run_pass(&mut self, gid: u32, stored: usize, context: usize, head_rows: usize, label: String, profiled: bool) -> Result<Option<OpProfile>> {
+        if let Some(why) = &self.broken {
+            return Err(Error::request(format!("this session cannot run passes since an earlier one failed ({why}); start a new session")));
+        }
         let g = self.model.graph(gid);
         let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context, head_rows: &self.head, rows: self.real_rows };
         let start = Instant::now();
-        let profile = if profiled {
-            Some(self.executor.run_profiled(self.model, g, &inputs, &mut self.window, &mut self.stager, self.experts.as_mut())?)
+        let run = if profiled {
+            self.executor.run_profiled(self.model, g, &inputs, &mut self.window, &mut self.stager, self.experts.as_mut()).map(Some)
         } else {
-            self.executor.run(self.model, g, &inputs, &mut self.window, &mut self.stager, self.experts.as_mut())?;
-            None
+            self.executor.run(self.model, g, &inputs, &mut self.window, &mut self.stager, self.experts.as_mut()).map(|()| None)
+        };
+        // Reads of a truncated artifact saw zeros: the pass computed nothing trustworthy.
+        let profile = match run.and_then(|p| self.model.check_intact().map(|()| p)) {
+            Ok(p) => p,
+            Err(e) => {
+                if let Err(again) = self.recover() {
+                    self.broken = Some(again.to_string());
+                }
+                return Err(e);
+            }
         };
         self.counters.forward_seconds += start.elapsed().as_secs_f64();
         if let Some(t) = &self.trace {
@@ -354,6 +398,21 @@ impl<'m> Session<'m> {
         self.counters.rows_computed += g.rows as u64;
         self.counters.head_rows_computed += head_rows as u64;
         Ok(profile)
+    }
+
+    /// Brings the session back to a state a new one would have after a pass failed part-way:
+    /// the cache holds nothing (the pass may have overwritten some of it), the staging thread
+    /// starts again from the first segment, and the experts are set up afresh. Fails if the
+    /// artifact no longer reads (the session is then unusable).
+    fn recover(&mut self) -> Result<()> {
+        self.cached_len = None;
+        self.model.check_intact()?;
+        self.stager.restart()?;
+        if self.experts.is_some() {
+            self.experts = None;
+            self.experts = Experts::new(self.model, &self.window, self.expert_options.strategy, self.expert_options.cpu_threads)?;
+        }
+        Ok(())
     }
 }
 
@@ -400,17 +459,11 @@ fn check_tokens(model: &Model, tokens: &[u32]) -> Result<()> {
 /// Reads every resident segment from the artifact into its place in the window (with
 /// `pread`, so the bytes are resident once: in the window, not also in a mapping).
 fn load_resident(model: &Model, window: &mut Window) -> Result<()> {
-    use std::os::unix::fs::FileExt;
     let h = &model.header;
-    if h.plan.window.resident.is_empty() {
-        return Ok(());
-    }
-    let file = std::fs::File::open(&model.path).map_err(|e| Error::io(&model.path, e))?;
     let (region, base) = window.resident_mut();
     for r in &h.plan.window.resident {
         let seg = &h.segments[r.segment as usize];
-        let dst = &mut region[(r.offset - base) as usize..][..seg.nbytes as usize];
-        file.read_exact_at(dst, model.data_offset() + seg.offset).map_err(|e| Error::io(&model.path, e))?;
+        model.read_data(&mut region[(r.offset - base) as usize..][..seg.nbytes as usize], seg.offset)?;
     }
     Ok(())
 }

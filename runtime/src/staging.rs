@@ -86,8 +86,32 @@ struct SlotState {
 struct State {
     slots: Vec<SlotState>,
     stop: bool,
-    /// A copy failed: the message, reported by the next wait.
-    failed: Option<String>,
+    /// The staging thread failed: reported by the next wait.
+    failed: Option<CopyFailure>,
+}
+
+/// Why a staging thread stopped (this one, or the experts').
+pub(crate) enum CopyFailure {
+    Read(std::io::Error),
+    Panicked,
+}
+
+impl CopyFailure {
+    /// The error a waiter for the thread's copies gets; `what` names the thread.
+    pub(crate) fn error(&self, path: &Path, what: &str) -> Error {
+        match self {
+            CopyFailure::Read(e) => crate::model::read_error(path, std::io::Error::new(e.kind(), format!("{what} failed to read: {e}"))),
+            CopyFailure::Panicked => Error::Internal(format!("{what} panicked")),
+        }
+    }
+}
+
+/// Runs a staging thread's loop; a panic in it is recorded by `on_panic` (so that waiters
+/// fail instead of waiting forever) instead of ending the thread silently.
+pub(crate) fn contain_panic(body: impl FnOnce(), on_panic: impl FnOnce()) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).is_err() {
+        on_panic();
+    }
 }
 
 struct Shared {
@@ -115,7 +139,7 @@ fn rotating_ranges(h: &Header, data_offset: u64) -> Vec<(u64, usize)> {
 pub struct Stager {
     mode: StagingMode,
     file: Arc<File>,
-    path: String,
+    path: std::path::PathBuf,
     ranges: Vec<(u64, usize)>,
     slots: Arc<[SlotPtr]>,
     shared: Arc<Shared>,
@@ -126,10 +150,10 @@ pub struct Stager {
 }
 
 impl Stager {
-    /// `slots` must point into a window that outlives the stager (the session drops the
-    /// stager, joining its thread, before the window).
-    pub fn new(h: &Header, path: &Path, data_offset: u64, slots: Vec<SlotPtr>, mode: StagingMode) -> Result<Stager> {
-        let file = Arc::new(File::open(path).map_err(|e| Error::io(path, e))?);
+    /// A stager reading `file` (the verified artifact at `path`). `slots` must point into a
+    /// window that outlives the stager (the session drops the stager, joining its thread,
+    /// before the window).
+    pub fn new(h: &Header, file: Arc<File>, path: &Path, data_offset: u64, slots: Vec<SlotPtr>, mode: StagingMode) -> Result<Stager> {
         let ranges = rotating_ranges(h, data_offset);
         let names = h.plan.window.rotating.iter().map(|&s| h.segments[s as usize].name.clone()).collect();
         let shared = Arc::new(Shared {
@@ -138,16 +162,50 @@ impl Stager {
             trace: std::sync::OnceLock::new(),
             names,
         });
-        let mut stager = Stager { mode, file, path: path.display().to_string(), ranges, slots: slots.into(), shared, thread: None, pass_base: 0, pass: PassStaging::default() };
-        if mode == StagingMode::Async && !stager.ranges.is_empty() {
-            let (file, ranges, slots, shared) = (stager.file.clone(), stager.ranges.clone(), stager.slots.clone(), stager.shared.clone());
+        let mut stager = Stager { mode, file, path: path.to_path_buf(), ranges, slots: slots.into(), shared, thread: None, pass_base: 0, pass: PassStaging::default() };
+        stager.start()?;
+        Ok(stager)
+    }
+
+    /// Starts the staging thread (async mode, anything to stage) from global step 0.
+    fn start(&mut self) -> Result<()> {
+        if self.mode == StagingMode::Async && !self.ranges.is_empty() {
+            let (file, ranges, slots, shared) = (self.file.clone(), self.ranges.clone(), self.slots.clone(), self.shared.clone());
             let thread = std::thread::Builder::new()
                 .name("llada-staging".into())
-                .spawn(move || stage_forever(&file, &ranges, &slots, &shared))
+                .spawn(move || {
+                    contain_panic(
+                        || stage_forever(&file, &ranges, &slots, &shared),
+                        || {
+                            shared.lock().failed = Some(CopyFailure::Panicked);
+                            shared.changed.notify_all();
+                        },
+                    )
+                })
                 .map_err(|e| Error::io("starting the staging thread", e))?;
-            stager.thread = Some(thread);
+            self.thread = Some(thread);
         }
-        Ok(stager)
+        Ok(())
+    }
+
+    /// Stops the staging thread and joins it.
+    fn stop(&mut self) {
+        self.shared.lock().stop = true;
+        self.shared.changed.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// After a pass that failed part-way (its slots never all released, the thread possibly
+    /// ahead of it or failed): stops the thread, forgets every slot and starts again from
+    /// the first segment, as a new session would.
+    pub fn restart(&mut self) -> Result<()> {
+        self.stop();
+        *self.shared.lock() = State { slots: vec![SlotState::default(); self.slots.len()], ..State::default() };
+        self.pass_base = 0;
+        self.pass = PassStaging::default();
+        self.start()
     }
 
     pub fn mode(&self) -> StagingMode {
@@ -177,7 +235,7 @@ impl Stager {
                     // SAFETY: in sync mode no other thread touches the slots, and no slice of
                     // this slot is alive between ops.
                     let dst = unsafe { self.slots[s].bytes_mut() };
-                    self.file.read_exact_at(&mut dst[..len], offset).map_err(|e| Error::io(&self.path, e))?;
+                    self.file.read_exact_at(&mut dst[..len], offset).map_err(|e| crate::model::read_error(&self.path, e))?;
                     if let Some(t) = self.shared.trace.get() {
                         t.span(Track::Dense, format!("copy {} (sync)", self.shared.names[i]), start, Instant::now());
                     }
@@ -191,8 +249,8 @@ impl Stager {
                     let start = Instant::now();
                     let mut waited = false;
                     while !(state.slots[s].step == Some(want) && state.slots[s].ready) {
-                        if let Some(msg) = &state.failed {
-                            return Err(Error::io(&self.path, std::io::Error::other(msg.clone())));
+                        if let Some(f) = &state.failed {
+                            return Err(f.error(&self.path, "the staging thread"));
                         }
                         waited = true;
                         state = self.shared.changed.wait(state).unwrap_or_else(|e| e.into_inner());
@@ -246,11 +304,7 @@ impl Stager {
 
 impl Drop for Stager {
     fn drop(&mut self) {
-        self.shared.lock().stop = true;
-        self.shared.changed.notify_all();
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
+        self.stop();
     }
 }
 
@@ -286,7 +340,7 @@ fn stage_forever(file: &File, ranges: &[(u64, usize)], slots: &[SlotPtr], shared
                 }
             }
             Err(e) => {
-                state.failed = Some(format!("staging a weight segment failed: {e}"));
+                state.failed = Some(CopyFailure::Read(e));
                 drop(state);
                 shared.changed.notify_all();
                 return;

@@ -6,6 +6,38 @@ use minijinja::{context, Environment};
 
 use crate::error::{Error, Result};
 
+/// An empty prompt asks for nothing (the README promises `-p ""` is refused).
+fn not_empty(text: &str) -> Result<()> {
+    if text.is_empty() {
+        return Err(Error::request("the prompt is empty: give at least one character".to_string()));
+    }
+    Ok(())
+}
+
+thread_local! {
+    /// Set while this thread runs a [`contain_quietly`] call.
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, turning a panic into `Err` without printing it; panics of other threads, and of
+/// this one outside such calls, reach whatever hook the process has. The library never
+/// replaces the app's hook: it wraps it, once, in one that stays silent only for this.
+fn contain_quietly<T>(f: impl FnOnce() -> T) -> std::thread::Result<T> {
+    static WRAPPED: std::sync::Once = std::sync::Once::new();
+    WRAPPED.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(|q| q.get()) {
+                previous(info);
+            }
+        }));
+    });
+    let was = QUIET.with(|q| q.replace(true));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    QUIET.with(|q| q.set(was));
+    result
+}
+
 pub struct Text {
     tokenizer: tokenizers::Tokenizer,
     spec: TokenizerSpec,
@@ -16,11 +48,7 @@ impl Text {
     pub fn new(spec: &TokenizerSpec, special: &SpecialTokens) -> Result<Text> {
         // `tokenizers` 0.23 panics on some malformed decoder sections (an `expect` in its
         // deserialiser, found by fuzzing): contain it as an error.
-        // (The panic hook is silenced meanwhile, so the error stays one line.)
-        let hook = std::panic::take_hook();
-        std::panic::set_hook(Box::new(|_| {}));
-        let parsed = std::panic::catch_unwind(|| spec.tokenizer_json.parse::<tokenizers::Tokenizer>().map_err(|e| e.to_string()));
-        std::panic::set_hook(hook);
+        let parsed = contain_quietly(|| spec.tokenizer_json.parse::<tokenizers::Tokenizer>().map_err(|e| e.to_string()));
         let tokenizer = parsed
             .unwrap_or_else(|_| Err("its structure is malformed (the tokenizers library failed on it)".into()))
             .map_err(|e| Error::Tokenizer(format!("cannot load the stored tokenizer: {e}")))?;
@@ -28,8 +56,9 @@ impl Text {
     }
 
     /// Token ids of plain text (the tokenizer's own post-processing, plus BOS when
-    /// `add_bos_token` asks for it).
+    /// `add_bos_token` asks for it). Empty text is refused, as it is in a chat turn.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        not_empty(text)?;
         let enc = self.tokenizer.encode(text, true).map_err(|e| Error::Tokenizer(e.to_string()))?;
         let mut ids = enc.get_ids().to_vec();
         if let (true, Some(bos)) = (self.spec.add_bos_token, self.special.bos) {
@@ -66,6 +95,8 @@ impl Text {
     /// Token ids of a chat prompt: the rendered template already holds the special tokens,
     /// so nothing is added.
     pub fn encode_chat(&self, user: &str) -> Result<Vec<u32>> {
+        // The template's own tokens would make an empty turn look like a prompt.
+        not_empty(user)?;
         let text = self.render_chat(user)?;
         let enc = self.tokenizer.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
@@ -87,5 +118,26 @@ impl Text {
     /// The answer as text, special tokens skipped.
     pub fn answer(&self, output: &[u32]) -> String {
         self.decode(self.answer_ids(output), true)
+    }
+}
+
+#[cfg(test)]
+mod quiet_tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn contained_panics_are_silent_and_the_apps_hook_stays() {
+        static SEEN: AtomicUsize = AtomicUsize::new(0);
+        std::panic::set_hook(Box::new(|_| {
+            SEEN.fetch_add(1, Ordering::SeqCst);
+        }));
+        // Contained panics on several threads at once, while another thread panics outside.
+        let handles: Vec<_> = (0..4).map(|_| std::thread::spawn(|| contain_quietly(|| panic!("contained")).is_err())).collect();
+        assert!(handles.into_iter().all(|h| h.join().unwrap()));
+        let outside = std::thread::spawn(|| panic!("the app's own")).join();
+        assert!(outside.is_err());
+        assert_eq!(SEEN.load(Ordering::SeqCst), 1, "the app's hook saw its own panic and none of the contained ones");
+        let _ = std::panic::take_hook();
     }
 }

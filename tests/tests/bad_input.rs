@@ -138,7 +138,7 @@ fn gen_length_not_a_multiple_of_block_length() {
     let dir = tempfile::tempdir().unwrap();
     let art = artifact(dir.path(), Some(64));
     let o = run("llada-rt", &["run", art.to_str().unwrap(), "--prompt-ids", "1,2", "--gen-len", "20", "--block-len", "8", "--steps", "20"]);
-    assert_clean_failure(&o, &["--gen-len 20 is not a multiple of --block-len 8"]);
+    assert_clean_failure(&o, &["--block-len 8 must divide the gen length 20"]);
 }
 
 #[test]
@@ -146,7 +146,7 @@ fn steps_not_a_multiple_of_the_block_count() {
     let dir = tempfile::tempdir().unwrap();
     let art = artifact(dir.path(), Some(64));
     let o = run("llada-rt", &["run", art.to_str().unwrap(), "--prompt-ids", "1,2", "--gen-len", "16", "--block-len", "8", "--steps", "5"]);
-    assert_clean_failure(&o, &["--steps 5", "number of blocks (2"]);
+    assert_clean_failure(&o, &["--steps 5", "multiple of the 2 blocks"]);
 }
 
 #[test]
@@ -176,7 +176,7 @@ fn wrong_flag() {
 fn policy_options_that_do_not_combine() {
     let dir = tempfile::tempdir().unwrap();
     let art = artifact(dir.path(), Some(64));
-    assert_clean_failure(&run_ids(&art, &["--policy", "dual", "--cfg", "0.5"]), &["--cfg needs --policy exact"]);
+    assert_clean_failure(&run_ids(&art, &["--policy", "dual", "--cfg", "0.5"]), &["--cfg 0.5 needs the exact policy"]);
     assert_clean_failure(&run_ids(&art, &["--threshold", "1.5"]), &["--threshold 1.5"]);
     assert_clean_failure(&run_ids(&art, &["--policy", "spec", "--spec-threshold", "2"]), &["--spec-threshold 2"]);
     let ckpt = dir.path().join("ckpt");

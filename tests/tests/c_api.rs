@@ -230,12 +230,14 @@ fn bad_arguments_get_a_status_and_a_message_naming_them() {
         // SAFETY: live session, valid prompt, params and out.
         llada_generate(loaded.session, prompt.as_ptr(), params, None, std::ptr::null_mut(), out.as_mut_ptr())
     };
-    let cases: [(Params, Status, &str); 5] = [
+    let cases: [(Params, Status, &str); 6] = [
         (Params { policy: 9, ..llada_default_params() }, Status::InvalidArgument, "params.policy: 9 is not a llada_policy"),
         (Params { remasking: 2, ..llada_default_params() }, Status::InvalidArgument, "params.remasking: 2 is not a llada_remasking"),
         (Params { threshold: f32::NAN, ..llada_default_params() }, Status::InvalidArgument, "params.threshold"),
-        (Params { gen_len: 60, ..llada_default_params() }, Status::InvalidRequest, "--gen-len 60 is not a multiple of --block-len 32"),
-        (Params { gen_len: 4096, steps: 4096, ..llada_default_params() }, Status::InvalidRequest, "serves at most 256"),
+        (Params { gen_len: 60, ..llada_default_params() }, Status::InvalidArgument, "params.block_len 32 must divide the gen length 60"),
+        (Params { gen_len: 4096, steps: 4096, ..llada_default_params() }, Status::InvalidArgument, "params.gen_len 4096 is outside 1..=255"),
+        // In range alone, too long with the prompt: the request, not the field.
+        (Params { gen_len: 224, steps: 224, ..llada_default_params() }, Status::InvalidRequest, "serves at most 256"),
     ];
     for (params, status, needle) in cases {
         assert_eq!(generate(&params), status, "{params:?}: {}", last_error());

@@ -42,7 +42,7 @@ fn mbsd_without_speculation_or_revision_on_whole_block_rows_is_dual() {
     for prompt in prompts(&model) {
         for s in &settings {
             let dual = decode(&model, 2, &prompt, &SamplerParams { policy: Policy::Dual, ..s.clone() });
-            let mbsd = SamplerParams { policy: Policy::Mbsd, spec_blocks: 0, revision: Revision::Off, rows: s.block_length, ..s.clone() };
+            let mbsd = SamplerParams { policy: Policy::Mbsd, spec_blocks: 0, revision: Revision::Off, rows: Some(s.block_length), ..s.clone() };
             let m = decode(&model, 2, &prompt, &mbsd);
             assert_eq!(m.output_ids, dual.output_ids, "{s:?}");
             assert_eq!(m.reveals, dual.reveals, "{s:?}");

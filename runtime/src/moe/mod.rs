@@ -195,7 +195,7 @@ fn expert_layout(h: &Header) -> Option<Layout> {
 /// The CPU path: its threads and working memory (outside the window: a phone's CPU reads
 /// the artifact and its own memory).
 struct CpuPath {
-    pool: rayon::ThreadPool,
+    pool: crate::pool::Pool,
     floats: Vec<f32>,
     operand: Vec<u8>,
     /// (rows, seconds) of each expert of the last job.
@@ -328,11 +328,7 @@ impl<'m> Experts<'m> {
         let cpu = match cpu_threads {
             0 => None,
             n => {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(n)
-                    .thread_name(|i| format!("llada-cpu-path-{i}"))
-                    .build()
-                    .map_err(|e| Error::request(format!("starting the CPU path's threads: {e}")))?;
+                let pool = crate::pool::Pool::new(n, "llada-cpu-path").map_err(|e| Error::Internal(format!("starting the CPU path's threads: {e}")))?;
                 let operand = llada_ir::window::largest_gemm_operand(h) as usize;
                 // 64 bytes of slack each: the kernels get cache-line-aligned views (`aligned`),
                 // as the window's scratch is.
@@ -360,20 +356,17 @@ impl<'m> Experts<'m> {
         };
         if slots_per_layer == per_layer {
             // Every expert fits: load them all now, expert e into slot e.
-            use std::os::unix::fs::FileExt;
-            let file = std::fs::File::open(&model.path).map_err(|e| Error::io(&model.path, e))?;
             for l in 0..layers {
                 for e in 0..per_layer {
                     let home = pools.homes[l * per_layer + e];
                     // SAFETY: no staging thread exists and no slice of the window is alive.
                     let dst = unsafe { pools.slots[l * slots_per_layer + e].bytes_mut() };
-                    file.read_exact_at(&mut dst[..home.range.1], model.data_offset() + home.range.0).map_err(|e| Error::io(&model.path, e))?;
+                    model.read_data(&mut dst[..home.range.1], home.range.0)?;
                     pools.cache.assign(l, e, e as u32, 0, false);
                 }
             }
         } else if slots_per_layer > 0 {
-            let file = std::fs::File::open(&model.path).map_err(|e| Error::io(&model.path, e))?;
-            pools.stager = Some(ExpertStager::new(file, model.path.display().to_string(), pools.slots.clone())?);
+            pools.stager = Some(ExpertStager::new(model.file(), model.path.clone(), pools.slots.clone())?);
         }
         Ok(Some(Experts {
             model,
@@ -541,7 +534,7 @@ impl<'m> Experts<'m> {
         let (acc_seconds, acc_done) = acc?;
         let cpu_wait = acc_done.elapsed().as_secs_f64();
         let cpu_seconds = match cpu_run {
-            Some(r) => r.map_err(|_| Error::request("the CPU path's job panicked"))?,
+            Some(r) => r.map_err(|_| Error::Internal("the CPU path's job panicked".into()))?,
             None => 0.0,
         };
         let by_cpu = shares.taken_by_cpu();

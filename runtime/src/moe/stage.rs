@@ -17,7 +17,9 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::staging::{contain_panic, CopyFailure};
 use crate::window::SlotPtr;
+use std::path::PathBuf;
 
 struct Job {
     slot: usize,
@@ -34,7 +36,7 @@ struct State {
     done: Vec<u64>,
     copying: Vec<bool>,
     stop: bool,
-    failed: Option<String>,
+    failed: Option<CopyFailure>,
     /// Bytes copied, wall seconds the copies took and CPU seconds they used, since the last
     /// `take_copied`.
     copied_bytes: u64,
@@ -45,7 +47,7 @@ struct State {
 struct Shared {
     state: Mutex<State>,
     changed: Condvar,
-    file: File,
+    file: Arc<File>,
     slots: Vec<SlotPtr>,
 }
 
@@ -83,7 +85,7 @@ impl Shared {
                 state.copy_seconds += start.elapsed().as_secs_f64();
                 state.copy_cpu_seconds += thread_cpu_seconds() - cpu_start;
             }
-            Err(e) => state.failed = Some(format!("staging an expert failed: {e}")),
+            Err(e) => state.failed = Some(CopyFailure::Read(e)),
         }
         self.changed.notify_all();
         state
@@ -110,21 +112,29 @@ fn thread_cpu_seconds() -> f64 {
 pub struct ExpertStager {
     shared: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
-    path: String,
+    path: PathBuf,
     next_ticket: u64,
 }
 
 impl ExpertStager {
     /// A staging thread reading `file` (the artifact) into `slots` (pointers into a window
     /// the owner drops after this stager).
-    pub fn new(file: File, path: String, slots: Vec<SlotPtr>) -> Result<ExpertStager> {
+    pub fn new(file: Arc<File>, path: PathBuf, slots: Vec<SlotPtr>) -> Result<ExpertStager> {
         let state = Mutex::new(State { done: vec![0; slots.len()], copying: vec![false; slots.len()], ..State::default() });
         let shared = Arc::new(Shared { state, changed: Condvar::new(), file, slots });
         let thread = {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("llada-expert-staging".into())
-                .spawn(move || copy_forever(&shared))
+                .spawn(move || {
+                    contain_panic(
+                        || copy_forever(&shared),
+                        || {
+                            shared.lock().failed = Some(CopyFailure::Panicked);
+                            shared.changed.notify_all();
+                        },
+                    )
+                })
                 .map_err(|e| Error::io("starting the expert staging thread", e))?
         };
         Ok(ExpertStager { shared, thread: Some(thread), path, next_ticket: 1 })
@@ -162,8 +172,8 @@ impl ExpertStager {
         let start = Instant::now();
         let mut state = self.shared.lock();
         while state.done[slot] < ticket {
-            if let Some(msg) = &state.failed {
-                return Err(Error::io(&self.path, std::io::Error::other(msg.clone())));
+            if let Some(f) = &state.failed {
+                return Err(f.error(&self.path, "the expert staging thread"));
             }
             state = match Shared::take(&mut state, |j| j.slot == slot) {
                 Some(job) => {
@@ -282,7 +292,7 @@ mod tests {
         let len = 1 << 16;
         let path = std::env::temp_dir().join(format!("llada-stage-test-{}", std::process::id()));
         std::fs::write(&path, (0..3 * len).map(|i| (i % 251) as u8).collect::<Vec<_>>()).unwrap();
-        let file = File::open(&path).unwrap();
+        let file = Arc::new(File::open(&path).unwrap());
         std::fs::remove_file(&path).unwrap();
         let mut bufs = vec![vec![0u8; len]; 2];
         let slots = bufs.iter_mut().map(|b| SlotPtr::new_for_test(b)).collect();

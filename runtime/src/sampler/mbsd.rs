@@ -24,7 +24,7 @@
 use std::ops::ControlFlow;
 
 use super::revision::{SidePath, SideReport, TokenState};
-use super::{commit_best, commits_per_step, settle_predictions, Generation, Predictor, Revision, SamplerParams, StepView, GUMBEL};
+use super::{commit_best, committed_prefix, commits_per_step, settle_predictions, Generation, Predictor, Revision, SamplerParams, StepView, GUMBEL};
 use crate::error::{Error, Result};
 use crate::session::{RowSet, Session};
 
@@ -98,9 +98,9 @@ pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, step
     let vocab = session.model.header.model.embedding_size as usize;
     let mask = special.mask;
     let len = prompt.len() + p.gen_length;
-    let min_rows = if p.rows > 0 { p.rows } else { session.model.header.plan.row_buckets.first().copied().unwrap_or(1) as usize };
+    let min_rows = p.rows.unwrap_or_else(|| session.model.header.plan.row_buckets.first().copied().unwrap_or(1) as usize);
     let buckets = buckets(session, min_rows)?;
-    let side_rows = if p.side_rows > 0 { p.side_rows } else { buckets[0] };
+    let side_rows = p.side_rows.unwrap_or(buckets[0]);
     let mut x: Vec<u32> = prompt.iter().copied().chain(std::iter::repeat_n(mask, p.gen_length)).collect();
     let mut states = vec![TokenState::Masked; p.gen_length];
     // Whether the cache holds each position's keys and values computed with its current
@@ -110,6 +110,7 @@ pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, step
     let mut drafts: Vec<Option<u32>> = vec![None; len];
     let mut report = MbsdReport::default();
     let mut reveals = Vec::with_capacity(p.steps);
+    let mut revisions = Vec::with_capacity(p.steps);
     let blocks = p.gen_length / p.block_length;
     let mut predictor = Predictor::new(vocab, p.block_length * (1 + p.spec_blocks));
     let mut pass = Pass::default();
@@ -156,15 +157,22 @@ pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, step
                     states[at as usize] = state;
                     kv_fresh[prompt.len() + at as usize] = false;
                 }
+                let last = b + 1 == blocks && !x[block_start..block_end].contains(&mask);
+                let mut revised: Vec<[u32; 2]> = Vec::new();
                 if let Some(side) = side.as_mut() {
-                    let last = b + 1 == blocks && !x[block_start..block_end].contains(&mask);
-                    side.merge_and_launch(scope, session, &mut x, &mut states, &mut kv_fresh, prompt.len(), &pass.stored, p, noise_step, !last)?;
+                    side.merge_and_launch(scope, session, &mut x, &mut states, &mut kv_fresh, prompt.len(), &pass.stored, p, noise_step, !last, &mut revised)?;
                 }
                 step += 1;
-                if on_step(&StepView { step, steps: p.steps, canvas: &x, prompt_len: prompt.len(), committed: &committed }).is_break() {
+                // Under revision only stable tokens are final, until the last step ends it all.
+                let settled = match side {
+                    Some(_) if !last => states.iter().position(|s| *s != TokenState::Stable).unwrap_or(states.len()),
+                    _ => committed_prefix(&x[prompt.len()..], mask),
+                };
+                if on_step(&StepView { step, steps: p.steps, canvas: &x, prompt_len: prompt.len(), committed: &committed, revised: &revised, settled }).is_break() {
                     return Err(Error::Cancelled);
                 }
                 reveals.push(committed);
+                revisions.push(revised);
             }
         }
         if let Some(side) = side {
@@ -177,6 +185,7 @@ pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, step
         prompt_ids: prompt.to_vec(),
         output_ids: x[prompt.len()..].to_vec(),
         reveals,
+        revisions: (p.revision == Revision::DualPath).then_some(revisions),
         forward_passes: 0,
         rows_computed: 0,
         drafts_confirmed: report.drafts_accepted,

@@ -163,14 +163,14 @@ pub struct SamplerParams {
     pub spec_blocks: usize,
     /// `spec` and `mbsd`: confidence a draft's confirmation needs.
     pub spec_threshold: f32,
-    /// `mbsd`: fewest rows a dense pass computes (0: the plan's smallest latency bucket);
+    /// `mbsd`: fewest rows a dense pass computes (None: the plan's smallest latency bucket);
     /// the whole block makes every pass recompute the block, as `dual` does.
-    pub rows: usize,
+    pub rows: Option<usize>,
     /// `mbsd`: the CPU side path, on (`DualPath`) or off.
     pub revision: Revision,
-    /// `mbsd` revision: rows of one side-path pass, two per checked token (0: the plan's
+    /// `mbsd` revision: rows of one side-path pass, two per checked token (None: the plan's
     /// smallest latency bucket).
-    pub side_rows: usize,
+    pub side_rows: Option<usize>,
     /// A check that agrees with this confidence or more makes a token stable.
     pub stable_confidence: f32,
     /// So many agreeing checks make a token stable whatever their confidence.
@@ -196,9 +196,9 @@ impl Default for SamplerParams {
             threshold: None,
             spec_blocks: 1,
             spec_threshold: 0.99,
-            rows: 0,
+            rows: None,
             revision: Revision::DualPath,
-            side_rows: 0,
+            side_rows: None,
             stable_confidence: 0.9,
             stable_checks: 2,
             revise_confidence: 0.5,
@@ -206,50 +206,93 @@ impl Default for SamplerParams {
     }
 }
 
+/// What an artifact's plan can serve, the bounds of the sizes a request may ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest sequence (prompt + generation) the graphs and the KV cache hold.
+    pub max_len: usize,
+    /// Rows of the largest graph: the most one pass computes.
+    pub max_rows: usize,
+}
+
+impl Limits {
+    pub fn of(model: &crate::Model) -> Limits {
+        let h = &model.header;
+        Limits { max_len: model.max_exact_len() as usize, max_rows: h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize }
+    }
+}
+
 impl SamplerParams {
-    /// Checks the settings; returns the steps per block.
-    pub fn validate(&self) -> Result<usize> {
-        let bad = |m: String| Err(Error::request(m));
-        if self.gen_length == 0 || self.block_length == 0 || self.steps == 0 {
-            return bad("--gen-len, --block-len and --steps must be at least 1".into());
+    /// Checks every setting against its range and the plan's `limits`, before anything is
+    /// allocated for it; returns the steps per block. The one place the CLI and the C API
+    /// share: errors are [`Error::Setting`], naming the setting and its range.
+    pub fn validate(&self, limits: &Limits) -> Result<usize> {
+        use crate::error::Setting as S;
+        let bad = |s: S, m: String| Err(Error::setting(s, m));
+        // At least one prompt token beside the generation.
+        let max_gen = limits.max_len.saturating_sub(1).max(1);
+        if !(1..=max_gen).contains(&self.gen_length) {
+            return bad(S::GenLength, format!("{} is outside 1..={max_gen} (the artifact holds {} positions, one at least for the prompt)", self.gen_length, limits.max_len));
         }
-        if self.gen_length % self.block_length != 0 {
-            return bad(format!("--gen-len {} is not a multiple of --block-len {}", self.gen_length, self.block_length));
+        if !(1..=self.gen_length).contains(&self.block_length) || self.gen_length % self.block_length != 0 {
+            return bad(S::BlockLength, format!("{} must divide the gen length {}", self.block_length, self.gen_length));
         }
         let blocks = self.gen_length / self.block_length;
-        if self.steps % blocks != 0 {
-            return bad(format!(
-                "--steps {} is not a multiple of the number of blocks ({} = --gen-len {} / --block-len {})",
-                self.steps, blocks, self.gen_length, self.block_length
-            ));
+        // A step beyond one per generated token commits nothing.
+        if !(1..=self.gen_length).contains(&self.steps) || self.steps % blocks != 0 {
+            return bad(S::Steps, format!("{} must be a multiple of the {blocks} blocks in 1..={} (at most one step per generated token)", self.steps, self.gen_length));
         }
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return bad(format!("--temperature {} must be a finite number >= 0", self.temperature));
+            return bad(S::Temperature, format!("{} must be a finite number >= 0", self.temperature));
         }
         if !(self.cfg_scale >= 0.0 && self.cfg_scale.is_finite()) {
-            return bad(format!("--cfg {} must be a finite number >= 0", self.cfg_scale));
+            return bad(S::CfgScale, format!("{} must be a finite number >= 0", self.cfg_scale));
         }
         if self.cfg_scale > 0.0 && self.policy != Policy::Exact {
             // The unconditional pass would overwrite the conditional sequence's cache.
-            return bad(format!("--cfg needs --policy exact (the {} policy caches one sequence)", self.policy.name()));
+            return bad(S::CfgScale, format!("{} needs the exact policy (the {} policy caches one sequence)", self.cfg_scale, self.policy.name()));
+        }
+        let steps_per_block = self.steps / blocks;
+        if self.refresh_every > steps_per_block {
+            return bad(S::RefreshEvery, format!("{} is outside 0..={steps_per_block} (the steps of one block)", self.refresh_every));
         }
         if let Some(t) = self.threshold {
             if !(0.0..=1.0).contains(&t) {
-                return bad(format!("--threshold {t} must be between 0 and 1"));
+                return bad(S::Threshold, format!("{t} must be between 0 and 1"));
             }
         }
-        for (flag, v) in [("--stable-confidence", self.stable_confidence), ("--revise-confidence", self.revise_confidence)] {
+        // Blocks after the current one: there are `blocks - 1` at most (the other policies
+        // draft nothing and allocate nothing for it).
+        if matches!(self.policy, Policy::Spec | Policy::Mbsd) && self.spec_blocks > blocks - 1 {
+            return bad(S::SpecBlocks, format!("{} is outside 0..={} (the blocks after the first of {blocks})", self.spec_blocks, blocks - 1));
+        }
+        if !(0.0..=1.0).contains(&self.spec_threshold) {
+            return bad(S::SpecThreshold, format!("{} must be between 0 and 1", self.spec_threshold));
+        }
+        if let Some(r) = self.rows.filter(|r| !(1..=limits.max_rows).contains(r)) {
+            return bad(S::Rows, format!("{r} is outside 1..={} (the artifact's largest graph)", limits.max_rows));
+        }
+        // Two rows per checked token, in one graph.
+        if let Some(r) = self.side_rows.filter(|r| !(2..=limits.max_rows).contains(r)) {
+            return bad(S::SideRows, format!("{r} is outside 2..={} (two rows per checked token, in the artifact's largest graph)", limits.max_rows));
+        }
+        for (s, v) in [(S::StableConfidence, self.stable_confidence), (S::ReviseConfidence, self.revise_confidence)] {
             if !(0.0..=1.0).contains(&v) {
-                return bad(format!("{flag} {v} must be between 0 and 1"));
+                return bad(s, format!("{v} must be between 0 and 1"));
             }
         }
         if self.stable_checks == 0 {
-            return bad("--stable-checks must be at least 1".into());
+            return bad(S::StableChecks, "0 must be at least 1".into());
         }
-        if !(0.0..=1.0).contains(&self.spec_threshold) {
-            return bad(format!("--spec-threshold {} must be between 0 and 1", self.spec_threshold));
-        }
-        Ok(self.steps / blocks)
+        Ok(steps_per_block)
+    }
+
+    /// `spec_blocks` when none is given: `spec` drafts one block ahead, `mbsd` as deep as
+    /// the artifact was compiled for; never more blocks than follow the first.
+    pub fn default_spec_blocks(policy: Policy, compiled: usize, gen_length: usize, block_length: usize) -> usize {
+        let wanted = if policy == Policy::Mbsd { compiled } else { 1 };
+        let after_first = gen_length.checked_div(block_length).unwrap_or(1).saturating_sub(1);
+        wanted.min(after_first)
     }
 }
 
@@ -312,6 +355,12 @@ pub struct Generation {
     pub output_ids: Vec<u32>,
     /// For each step, the `[position in generation, token]` pairs committed, in commit order.
     pub reveals: Vec<Vec<[u32; 2]>>,
+    /// Policies whose commits can be revised (`mbsd` with dual-path revision): for each step,
+    /// the `[position in generation, new token]` pairs revised after that step's reveals.
+    /// Replaying every step's reveals, then its revisions, onto the masked generation gives
+    /// `output_ids`. Absent for the other policies, whose commits are final.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revisions: Option<Vec<Vec<[u32; 2]>>>,
     pub forward_passes: u64,
     pub rows_computed: u64,
     /// Tokens committed by confirming a draft (`spec`).
@@ -329,7 +378,27 @@ pub struct StepView<'a> {
     /// The whole sequence: prompt then generation, masks where nothing is committed yet.
     pub canvas: &'a [u32],
     pub prompt_len: usize,
+    /// This step's commits, `[position in generation, token]`.
     pub committed: &'a [[u32; 2]],
+    /// This step's revisions of earlier commits, `[position in generation, new token]`
+    /// (after `committed`; only `mbsd` with revision makes any).
+    pub revised: &'a [[u32; 2]],
+    /// Leading generated positions that can no longer change: committed (and, under
+    /// revision, stable) with none before them still open. What a stream may print.
+    pub settled: usize,
+}
+
+impl StepView<'_> {
+    /// The generated part of the canvas.
+    pub fn generated(&self) -> &[u32] {
+        &self.canvas[self.prompt_len..]
+    }
+}
+
+/// Leading positions of `generated` that are not `mask`: where commits are final, what
+/// can no longer change.
+pub(crate) fn committed_prefix(generated: &[u32], mask: u32) -> usize {
+    generated.iter().position(|&t| t == mask).unwrap_or(generated.len())
 }
 
 /// A candidate for commitment at one step.
@@ -350,7 +419,7 @@ pub fn generate(session: &mut Session, prompt: &[u32], p: &SamplerParams, on_ste
 /// [`generate`], stopped by `on_step` returning `Break` after a step: the result is then
 /// [`Error::Cancelled`] and the session stays usable (the next generation starts afresh).
 pub fn generate_until(session: &mut Session, prompt: &[u32], p: &SamplerParams, on_step: &mut dyn FnMut(&StepView) -> ControlFlow<()>) -> Result<Generation> {
-    let steps_per_block = p.validate()?;
+    let steps_per_block = p.validate(&Limits::of(session.model))?;
     check_prompt(prompt, session.model.header.special.mask)?;
     let len = prompt.len() + p.gen_length;
     let capacity = session.head_capacity(len)?;
@@ -558,10 +627,43 @@ mod tests {
 
     #[test]
     fn validation_names_the_options() {
+        let limits = Limits { max_len: 256, max_rows: 256 };
         let p = SamplerParams { gen_length: 30, block_length: 8, ..Default::default() };
-        assert!(p.validate().unwrap_err().to_string().contains("--gen-len 30 is not a multiple of --block-len 8"));
+        assert!(p.validate(&limits).unwrap_err().to_string().contains("--block-len 8 must divide the gen length 30"));
         let p = SamplerParams { gen_length: 32, block_length: 8, steps: 6, ..Default::default() };
-        assert!(p.validate().unwrap_err().to_string().contains("--steps 6"));
+        assert!(p.validate(&limits).unwrap_err().to_string().contains("--steps 6"));
+    }
+
+    #[test]
+    fn every_size_is_bounded_before_anything_is_allocated() {
+        let limits = Limits { max_len: 160, max_rows: 64 };
+        let base = SamplerParams { gen_length: 128, block_length: 32, steps: 128, policy: Policy::Mbsd, ..Default::default() };
+        base.validate(&limits).unwrap();
+        let cases: Vec<(SamplerParams, &str)> = vec![
+            (SamplerParams { gen_length: 0, ..base.clone() }, "--gen-len 0 is outside 1..=159"),
+            (SamplerParams { gen_length: 160, block_length: 32, ..base.clone() }, "--gen-len 160 is outside 1..=159"),
+            (SamplerParams { gen_length: u32::MAX as usize, ..base.clone() }, "--gen-len 4294967295"),
+            (SamplerParams { steps: 0, ..base.clone() }, "--steps 0"),
+            (SamplerParams { steps: 129, ..base.clone() }, "--steps 129"),
+            (SamplerParams { steps: u32::MAX as usize, ..base.clone() }, "--steps 4294967295"),
+            (SamplerParams { spec_blocks: 4, ..base.clone() }, "--spec-blocks 4 is outside 0..=3"),
+            (SamplerParams { spec_blocks: u32::MAX as usize, ..base.clone() }, "--spec-blocks 4294967295"),
+            (SamplerParams { side_rows: Some(0), ..base.clone() }, "--side-rows 0 is outside 2..=64"),
+            (SamplerParams { side_rows: Some(65), ..base.clone() }, "--side-rows 65"),
+            (SamplerParams { rows: Some(0), ..base.clone() }, "--rows 0 is outside 1..=64"),
+            (SamplerParams { refresh_every: 33, ..base.clone() }, "--refresh-every 33"),
+            (SamplerParams { cfg_scale: f64::NAN, ..base.clone() }, "--cfg NaN"),
+            (SamplerParams { threshold: Some(1.5), ..base.clone() }, "--threshold 1.5"),
+        ];
+        for (p, want) in cases {
+            let e = p.validate(&limits).unwrap_err();
+            assert!(matches!(e, Error::Setting { .. }), "{e}");
+            assert!(e.to_string().contains(want), "{e} does not say {want}");
+        }
+        assert_eq!(SamplerParams { spec_blocks: 3, side_rows: Some(64), rows: Some(1), ..base.clone() }.validate(&limits).unwrap(), 32);
+        assert_eq!(SamplerParams::default_spec_blocks(Policy::Mbsd, 2, 32, 32), 0);
+        assert_eq!(SamplerParams::default_spec_blocks(Policy::Mbsd, 2, 128, 32), 2);
+        assert_eq!(SamplerParams::default_spec_blocks(Policy::Spec, 2, 128, 32), 1);
     }
 
     #[test]

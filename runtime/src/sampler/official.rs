@@ -4,7 +4,7 @@
 
 use std::ops::ControlFlow;
 
-use super::{commit_best, commits_per_step, settle_predictions, Generation, Policy, Predictor, SamplerParams, StepView, GUMBEL};
+use super::{commit_best, committed_prefix, commits_per_step, settle_predictions, Generation, Policy, Predictor, SamplerParams, StepView, GUMBEL};
 use crate::error::{Error, Result};
 use crate::session::Session;
 
@@ -81,7 +81,8 @@ pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, step
             }
             commit_best(&candidates, scheduled, p, &mut x, prompt.len(), &mut committed);
             step += 1;
-            if on_step(&StepView { step, steps: p.steps, canvas: &x, prompt_len: prompt.len(), committed: &committed }).is_break() {
+            let settled = committed_prefix(&x[prompt.len()..], mask);
+            if on_step(&StepView { step, steps: p.steps, canvas: &x, prompt_len: prompt.len(), committed: &committed, revised: &[], settled }).is_break() {
                 return Err(Error::Cancelled);
             }
             reveals.push(committed);
@@ -91,6 +92,7 @@ pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, step
         prompt_ids: prompt.to_vec(),
         output_ids: x[prompt.len()..].to_vec(),
         reveals,
+        revisions: None,
         forward_passes: 0,
         rows_computed: 0,
         drafts_confirmed,

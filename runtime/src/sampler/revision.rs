@@ -153,10 +153,11 @@ impl<'scope, 'm: 'scope> SidePath<'scope, 'm> {
         p: &'scope SamplerParams,
         step: usize,
         launch: bool,
+        revised: &mut Vec<[u32; 2]>,
     ) -> Result<()> {
         if let Some(job) = self.running.take() {
             let wait = Instant::now();
-            let (worker, outcome) = job.join().map_err(|_| Error::request("the CPU side path's thread panicked".to_string()))?;
+            let (worker, outcome) = job.join().map_err(|_| Error::Internal("the CPU side path's thread panicked".to_string()))?;
             self.report.stall_seconds += wait.elapsed().as_secs_f64();
             let outcome = outcome?;
             self.report.side_seconds += outcome.seconds;
@@ -166,7 +167,7 @@ impl<'scope, 'm: 'scope> SidePath<'scope, 'm> {
             for &q in &fresh {
                 kv_fresh[q as usize] = true;
             }
-            apply_checks(&mut self.report, &outcome.positions, &outcome.predictions, x, states, kv_fresh, prompt_len, p);
+            apply_checks(&mut self.report, &outcome.positions, &outcome.predictions, x, states, kv_fresh, prompt_len, p, revised);
             self.idle = Some(worker);
         }
         let worker = self.idle.as_mut().expect("no job runs after the merge");
@@ -204,9 +205,20 @@ impl<'scope, 'm: 'scope> SidePath<'scope, 'm> {
 }
 
 /// Applies a job's checks (`predictions` of `positions`): agreements count towards
-/// stability, confident disagreements revise the token.
+/// stability, confident disagreements revise the token (appended to `revised` as
+/// `[position in generation, new token]`).
 #[allow(clippy::too_many_arguments)]
-fn apply_checks(report: &mut SideReport, positions: &[u32], predictions: &[(u32, f32)], x: &mut [u32], states: &mut [TokenState], kv_fresh: &mut [bool], prompt_len: usize, p: &SamplerParams) {
+fn apply_checks(
+    report: &mut SideReport,
+    positions: &[u32],
+    predictions: &[(u32, f32)],
+    x: &mut [u32],
+    states: &mut [TokenState],
+    kv_fresh: &mut [bool],
+    prompt_len: usize,
+    p: &SamplerParams,
+    revised: &mut Vec<[u32; 2]>,
+) {
     for (&pos, &(token, confidence)) in positions.iter().zip(predictions) {
         let pos = pos as usize;
         let TokenState::Visible { agreed } = states[pos - prompt_len] else { continue };
@@ -223,6 +235,7 @@ fn apply_checks(report: &mut SideReport, positions: &[u32], predictions: &[(u32,
             x[pos] = token;
             kv_fresh[pos] = false;
             report.revisions += 1;
+            revised.push([(pos - prompt_len) as u32, token]);
             TokenState::Visible { agreed: 0 }
         } else {
             TokenState::Visible { agreed }
@@ -243,7 +256,9 @@ mod tests {
         // Prompt of 2: positions 2..6 are generated.
         let checks = [(10, 0.95), (11, 0.6), (99, 0.7), (5, 1.0)];
         let mut fresh = vec![true; 6];
-        apply_checks(&mut r, &[2, 3, 4, 5], &checks, &mut x, &mut states, &mut fresh, 2, &p);
+        let mut revised = Vec::new();
+        apply_checks(&mut r, &[2, 3, 4, 5], &checks, &mut x, &mut states, &mut fresh, 2, &p, &mut revised);
+        assert_eq!(revised, vec![[2, 99]], "the revision is reported in generation positions");
         assert_eq!(fresh, vec![true, true, true, true, false, true], "a revised token's keys and values are stale");
         // Confident agreement: stable. Second agreement: stable. Confident disagreement:
         // revised, checked afresh. A stable token is never checked.
@@ -251,9 +266,10 @@ mod tests {
         assert_eq!(x, vec![0, 0, 10, 11, 99, 13]);
         assert_eq!((r.checks, r.stabilised, r.revisions), (3, 2, 1));
         // A weak agreement counts; a weak disagreement changes nothing.
-        apply_checks(&mut r, &[4], &[(99, 0.3)], &mut x, &mut states, &mut fresh, 2, &p);
+        apply_checks(&mut r, &[4], &[(99, 0.3)], &mut x, &mut states, &mut fresh, 2, &p, &mut revised);
         assert_eq!(states[2], TokenState::Visible { agreed: 1 });
-        apply_checks(&mut r, &[4], &[(7, 0.3)], &mut x, &mut states, &mut fresh, 2, &p);
+        apply_checks(&mut r, &[4], &[(7, 0.3)], &mut x, &mut states, &mut fresh, 2, &p, &mut revised);
+        assert_eq!(revised.len(), 1, "weak checks revise nothing");
         assert_eq!((states[2], x[4]), (TokenState::Visible { agreed: 1 }, 99));
     }
 }

@@ -1,0 +1,69 @@
+//! A rayon thread pool whose drop joins its threads. Rayon's own pool only asks its threads
+//! to stop; an app that frees a session and then unloads the library, or counts its threads,
+//! must not find ours still running.
+
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+pub struct Pool {
+    /// `Some` until dropped.
+    pool: Option<rayon::ThreadPool>,
+    threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+}
+
+impl Pool {
+    /// `threads` threads named `name-N`.
+    pub fn new(threads: usize, name: &'static str) -> Result<Pool, rayon::ThreadPoolBuildError> {
+        let handles = Arc::new(Mutex::new(Vec::with_capacity(threads)));
+        let spawned = handles.clone();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .spawn_handler(move |t| {
+                let handle = std::thread::Builder::new().name(format!("{name}-{}", t.index())).spawn(|| t.run())?;
+                spawned.lock().unwrap_or_else(|e| e.into_inner()).push(handle);
+                Ok(())
+            })
+            .build()?;
+        Ok(Pool { pool: Some(pool), threads: handles })
+    }
+}
+
+impl std::ops::Deref for Pool {
+    type Target = rayon::ThreadPool;
+
+    fn deref(&self) -> &rayon::ThreadPool {
+        self.pool.as_ref().expect("the pool lives until dropped")
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // Dropping rayon's pool tells its threads to exit once idle; then wait until they have.
+        drop(self.pool.take());
+        for t in std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner())) {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn threads_named(prefix: &str) -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+            .filter(|c| c.starts_with(prefix))
+            .count()
+    }
+
+    #[test]
+    fn drop_returns_after_every_thread_exited() {
+        let pool = Pool::new(3, "llada-pooltest").unwrap();
+        assert_eq!(pool.install(rayon::current_num_threads), 3);
+        assert_eq!(threads_named("llada-pooltest"), 3);
+        drop(pool);
+        assert_eq!(threads_named("llada-pooltest"), 0);
+    }
+}
