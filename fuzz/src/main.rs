@@ -4,6 +4,7 @@
 //!     llada-fuzz artifact [--execs N] [--seconds S] [--seed N] [--model DIR] [--crashes DIR]
 //!     llada-fuzz importer [same options]
 //!     llada-fuzz onnx [same options; --model: an ONNX export's directory]
+//!     llada-fuzz params [same options]
 //!
 //! Stops at N executions or S seconds, whichever comes first; exits 1 if anything crashed or
 //! hung. `--model` is the checkpoint the seeds come from (default: the embedded model).
@@ -13,6 +14,7 @@ mod harness;
 mod importer;
 mod mutate;
 mod onnx;
+mod params;
 
 use std::path::PathBuf;
 
@@ -25,7 +27,7 @@ fn main() {
 }
 
 fn run(args: &[String]) -> Result<(), String> {
-    let target = args.first().ok_or("usage: llada-fuzz artifact|importer|onnx [--execs N] [--seconds S] [--seed N] [--model DIR] [--crashes DIR]")?;
+    let target = args.first().ok_or("usage: llada-fuzz artifact|importer|onnx|params [--execs N] [--seconds S] [--seed N] [--model DIR] [--crashes DIR]")?;
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut limits = harness::Limits { execs: u64::MAX, seconds: f64::INFINITY, seed: 1, crashes: PathBuf::from("fuzz-crashes") };
     let mut model = root.join(if target == "onnx" { "tests/data/onnx/external" } else { "models/llada-tiny-tasks" });
@@ -50,23 +52,7 @@ fn run(args: &[String]) -> Result<(), String> {
     std::fs::create_dir_all(&work).map_err(|e| format!("{}: {e}", work.display()))?;
     let report = match target.as_str() {
         "artifact" => {
-            // The seed: the model at q4 with 64 positions (small, so every execution is fast).
-            let seed_path = work.join("seed.lad");
-            lladac::compile(&lladac::CompileOptions {
-                model: model.clone(),
-                output: seed_path.clone(),
-                quant: Some(lladac::Quant::Q4 { group: 32 }),
-                target: "host".into(),
-                max_seq: Some(64),
-                head_rows: 64,
-                block_len: 32,
-                spec_blocks: 1,
-                bf16_activations: false,
-                window_bytes: None,
-                kv_dtype: None,
-                progress: false,
-            })
-            .map_err(|e| format!("compiling the seed: {e}"))?;
+            let seed_path = small_artifact(&model, &work)?;
             let seed = artifact::Seed::new(std::fs::read(&seed_path).map_err(|e| e.to_string())?);
             let scratch = work.join("accepted.lad");
             harness::run("artifact", &limits, |rng| artifact::make(&seed, rng), |i| artifact::test(&seed, i, &scratch), |i| i.file.clone())
@@ -79,7 +65,11 @@ fn run(args: &[String]) -> Result<(), String> {
             let seed = onnx::Seed::new(&model, &work);
             harness::run("onnx", &limits, |rng| onnx::make(&seed, rng), |i| onnx::test(&seed, i), |i| i.bytes.clone())
         }
-        other => return Err(format!("unknown target '{other}' (artifact, importer or onnx)")),
+        "params" => {
+            let seed = params::Seed::new(&small_artifact(&model, &work)?);
+            harness::run("params", &limits, |rng| params::make(&seed, rng), |i| params::test(&seed, i), |i| format!("{i:?}").into_bytes())
+        }
+        other => return Err(format!("unknown target '{other}' (artifact, importer, onnx or params)")),
     };
     let _ = std::fs::remove_dir_all(&work);
     println!(
@@ -96,4 +86,25 @@ fn run(args: &[String]) -> Result<(), String> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// The model at q4 with 64 positions (small, so every execution is fast), in `work`.
+fn small_artifact(model: &std::path::Path, work: &std::path::Path) -> Result<PathBuf, String> {
+    let path = work.join("seed.lad");
+    lladac::compile(&lladac::CompileOptions {
+        model: model.to_path_buf(),
+        output: path.clone(),
+        quant: Some(lladac::Quant::Q4 { group: 32 }),
+        target: "host".into(),
+        max_seq: Some(64),
+        head_rows: 64,
+        block_len: 32,
+        spec_blocks: 1,
+        bf16_activations: false,
+        window_bytes: None,
+        kv_dtype: None,
+        progress: false,
+    })
+    .map_err(|e| format!("compiling the seed: {e}"))?;
+    Ok(path)
 }
