@@ -92,3 +92,18 @@ pub(crate) fn guard(call: impl FnOnce() -> Result<(), Failure>) -> Status {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use llada_rt::{Error, Setting};
+
+    #[test]
+    fn each_kind_of_failure_has_one_status() {
+        assert_eq!(Failure::from(Error::Internal("the staging thread panicked".into())).0, Status::Internal);
+        let f = Failure::from(Error::setting(Setting::SpecBlocks, "7 is outside 0..=1"));
+        assert_eq!((f.0, f.1.as_str()), (Status::InvalidArgument, "params.spec_blocks 7 is outside 0..=1"));
+        assert_eq!(Failure::from(Error::Changed { path: "m.lad".into() }).0, Status::Io);
+        assert_eq!(Failure::from(Error::request("too long")).0, Status::InvalidRequest);
+    }
+}

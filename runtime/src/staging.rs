@@ -350,3 +350,22 @@ fn stage_forever(file: &File, ranges: &[(u64, usize)], slots: &[SlotPtr], shared
         shared.changed.notify_all();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panicking_staging_loop_is_recorded_not_lost() {
+        let mut recorded = false;
+        contain_panic(|| panic!("a bug in the copy loop"), || recorded = true);
+        assert!(recorded);
+        let mut recorded = false;
+        contain_panic(|| {}, || recorded = true);
+        assert!(!recorded);
+        let e = CopyFailure::Panicked.error(Path::new("m.lad"), "the staging thread");
+        assert!(matches!(e, Error::Internal(_)), "{e}");
+        let e = CopyFailure::Read(std::io::Error::from(std::io::ErrorKind::UnexpectedEof)).error(Path::new("m.lad"), "the staging thread");
+        assert!(matches!(e, Error::Changed { .. }), "{e}");
+    }
+}

@@ -239,6 +239,9 @@ fn empty_prompt_and_zero_threads_and_negative_numbers() {
     assert_clean_failure(&o, &["the prompt is empty"]);
     let o = run("llada-rt", &["run", art.to_str().unwrap(), "--prompt-ids", " , ", "--gen-len", "16", "--block-len", "8", "--steps", "16"]);
     assert_clean_failure(&o, &["the prompt is empty"]);
+    // The chat template's own tokens do not make an empty turn a prompt.
+    let o = run("llada-rt", &["run", art.to_str().unwrap(), "--chat", "-p", "", "--gen-len", "16", "--block-len", "8", "--steps", "16"]);
+    assert_clean_failure(&o, &["the prompt is empty"]);
     assert_clean_failure(&run_ids(&art, &["--threads", "0"]), &["--threads", "must be at least 1"]);
     // Negative numbers reach the option's own check, which names it and its range.
     assert_clean_failure(&run_ids(&art, &["--cfg", "-1"]), &["--cfg -1 must be a finite number >= 0"]);
