@@ -62,6 +62,8 @@ mod tests {
     fn drop_returns_after_every_thread_exited() {
         let pool = Pool::new(3, "llada-pooltest").unwrap();
         assert_eq!(pool.install(rayon::current_num_threads), 3);
+        // A thread names itself when it starts: once each has run a job, all three have.
+        pool.broadcast(|_| ());
         assert_eq!(threads_named("llada-pooltest"), 3);
         drop(pool);
         assert_eq!(threads_named("llada-pooltest"), 0);

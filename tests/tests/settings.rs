@@ -42,9 +42,11 @@ fn the_cli_refuses_each_size_at_its_bounds_with_exit_2() {
     for steps in ["0", "65", U32_MAX] {
         refused_with_usage_status(&run_embedded(&art, &["--steps", steps]), &[&format!("--steps {steps}"), "1..=64"]);
     }
-    // Two blocks: one can be drafted ahead of the first.
-    for spec in ["2", U32_MAX] {
-        refused_with_usage_status(&run_embedded(&art, &["--policy", "mbsd", "--spec-blocks", spec]), &[&format!("--spec-blocks {spec} is outside 0..=1")]);
+    // Two blocks: at most two drafted ahead, whatever the policy.
+    for spec in ["3", U32_MAX] {
+        for policy in ["mbsd", "exact"] {
+            refused_with_usage_status(&run_embedded(&art, &["--policy", policy, "--spec-blocks", spec]), &[&format!("--spec-blocks {spec} is outside 0..=2")]);
+        }
     }
     let largest = llada_rt::Model::open(&art, false).unwrap().header.graphs.iter().map(|g| g.rows).max().unwrap();
     for side in ["0".to_string(), (largest + 1).to_string(), U32_MAX.to_string()] {
@@ -100,8 +102,9 @@ fn the_c_api_refuses_each_field_at_its_bounds_with_one_status() {
         (Params { steps: 0, ..base }, "params.steps 0".into()),
         (Params { steps: 65, ..base }, "params.steps 65".into()),
         (Params { steps: u32::MAX, ..base }, "params.steps 4294967295".into()),
-        (Params { spec_blocks: 2, policy: Policy::Mbsd as u32, ..base }, "params.spec_blocks 2 is outside 0..=1".into()),
+        (Params { spec_blocks: 3, policy: Policy::Mbsd as u32, ..base }, "params.spec_blocks 3 is outside 0..=2".into()),
         (Params { spec_blocks: u32::MAX, policy: Policy::Mbsd as u32, ..base }, "params.spec_blocks 4294967295".into()),
+        (Params { spec_blocks: u32::MAX, ..base }, "params.spec_blocks 4294967295".into()),
         // Both sides of a float field's range get the same status.
         (Params { temperature: -1.0, ..base }, "params.temperature -1".into()),
         (Params { temperature: f64::NAN, ..base }, "params.temperature NaN".into()),

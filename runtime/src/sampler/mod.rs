@@ -261,10 +261,10 @@ impl SamplerParams {
                 return bad(S::Threshold, format!("{t} must be between 0 and 1"));
             }
         }
-        // Blocks after the current one: there are `blocks - 1` at most (the other policies
-        // draft nothing and allocate nothing for it).
-        if matches!(self.policy, Policy::Spec | Policy::Mbsd) && self.spec_blocks > blocks - 1 {
-            return bad(S::SpecBlocks, format!("{} is outside 0..={} (the blocks after the first of {blocks})", self.spec_blocks, blocks - 1));
+        // Blocks drafted ahead: `blocks - 1` follow the first; one more is allowed (a one-block
+        // generation with the `spec` default of 1), which drafts nothing further.
+        if self.spec_blocks > blocks {
+            return bad(S::SpecBlocks, format!("{} is outside 0..={blocks} (the generation has {blocks} blocks)", self.spec_blocks));
         }
         if !(0.0..=1.0).contains(&self.spec_threshold) {
             return bad(S::SpecThreshold, format!("{} must be between 0 and 1", self.spec_threshold));
@@ -646,7 +646,7 @@ mod tests {
             (SamplerParams { steps: 0, ..base.clone() }, "--steps 0"),
             (SamplerParams { steps: 129, ..base.clone() }, "--steps 129"),
             (SamplerParams { steps: u32::MAX as usize, ..base.clone() }, "--steps 4294967295"),
-            (SamplerParams { spec_blocks: 4, ..base.clone() }, "--spec-blocks 4 is outside 0..=3"),
+            (SamplerParams { spec_blocks: 5, ..base.clone() }, "--spec-blocks 5 is outside 0..=4"),
             (SamplerParams { spec_blocks: u32::MAX as usize, ..base.clone() }, "--spec-blocks 4294967295"),
             (SamplerParams { side_rows: Some(0), ..base.clone() }, "--side-rows 0 is outside 2..=64"),
             (SamplerParams { side_rows: Some(65), ..base.clone() }, "--side-rows 65"),
@@ -660,7 +660,10 @@ mod tests {
             assert!(matches!(e, Error::Setting { .. }), "{e}");
             assert!(e.to_string().contains(want), "{e} does not say {want}");
         }
-        assert_eq!(SamplerParams { spec_blocks: 3, side_rows: Some(64), rows: Some(1), ..base.clone() }.validate(&limits).unwrap(), 32);
+        assert_eq!(SamplerParams { spec_blocks: 4, side_rows: Some(64), rows: Some(1), ..base.clone() }.validate(&limits).unwrap(), 32);
+        // Whatever the policy: a size typed is checked even where it is not used.
+        let exact = SamplerParams { policy: Policy::Exact, spec_blocks: u32::MAX as usize, ..base.clone() };
+        assert!(exact.validate(&limits).unwrap_err().to_string().contains("--spec-blocks 4294967295"));
         assert_eq!(SamplerParams::default_spec_blocks(Policy::Mbsd, 2, 32, 32), 0);
         assert_eq!(SamplerParams::default_spec_blocks(Policy::Mbsd, 2, 128, 32), 2);
         assert_eq!(SamplerParams::default_spec_blocks(Policy::Spec, 2, 128, 32), 1);
