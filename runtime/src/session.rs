@@ -106,8 +106,9 @@ pub struct Session<'m> {
     trace: Option<std::sync::Arc<crate::trace::Trace>>,
     /// How the experts were set up, to set them up again after a failed pass.
     expert_options: ExpertOptions,
-    /// Why the session cannot run passes any more (a failed pass it could not recover from).
-    broken: Option<String>,
+    /// A pass failed: staging and the experts are set up afresh before the next one (not at
+    /// once: what failed, a file being replaced say, may be mended by then).
+    needs_reset: bool,
 }
 
 impl<'m> Session<'m> {
@@ -160,7 +161,7 @@ impl<'m> Session<'m> {
             load_seconds,
             trace: None,
             expert_options,
-            broken: None,
+            needs_reset: false,
         })
     }
 
@@ -360,12 +361,12 @@ impl<'m> Session<'m> {
     }
 
     /// Runs graph `gid` over the prepared rows (the first `stored` store their keys and
-    /// values; `context` cache positions are attended to) and counts it. A pass that fails
-    /// leaves the session as a new one (cache empty, staging from the start, experts reloaded)
-    /// or, if even that fails, refusing every later pass with the reason.
+    /// values; `context` cache positions are attended to) and counts it. After a pass that
+    /// failed, the next one first sets the session up as a new one (see [`reset`](Self::reset)),
+    /// or fails saying why it cannot.
     fn run_pass(&mut self, gid: u32, stored: usize, context: usize, head_rows: usize, label: String, profiled: bool) -> Result<Option<OpProfile>> {
-        if let Some(why) = &self.broken {
-            return Err(Error::request(format!("this session cannot run passes since an earlier one failed ({why}); start a new session")));
+        if self.needs_reset {
+            self.reset().map_err(|e| Error::request(format!("this session's last pass failed, and setting it up again failed too: {e}")))?;
         }
         let g = self.model.graph(gid);
         let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context, head_rows: &self.head, rows: self.real_rows };
@@ -379,9 +380,11 @@ impl<'m> Session<'m> {
         let profile = match run.and_then(|p| self.model.check_intact().map(|()| p)) {
             Ok(p) => p,
             Err(e) => {
-                if let Err(again) = self.recover() {
-                    self.broken = Some(again.to_string());
-                }
+                // The pass may have written part of the cache and left slots unreleased;
+                // staging stops until the next pass sets everything up again.
+                self.cached_len = None;
+                self.stager.stop();
+                self.needs_reset = true;
                 return Err(e);
             }
         };
@@ -400,18 +403,18 @@ impl<'m> Session<'m> {
         Ok(profile)
     }
 
-    /// Brings the session back to a state a new one would have after a pass failed part-way:
-    /// the cache holds nothing (the pass may have overwritten some of it), the staging thread
-    /// starts again from the first segment, and the experts are set up afresh. Fails if the
-    /// artifact no longer reads (the session is then unusable).
-    fn recover(&mut self) -> Result<()> {
-        self.cached_len = None;
+    /// Brings the session back to the state a new one has, after a pass failed part-way: the
+    /// staging thread starts again from the first segment and the experts are set up afresh
+    /// (the cache was emptied when the pass failed). Fails, for this pass, if the artifact no
+    /// longer reads; the next pass tries again.
+    fn reset(&mut self) -> Result<()> {
         self.model.check_intact()?;
         self.stager.restart()?;
         if self.experts.is_some() {
             self.experts = None;
             self.experts = Experts::new(self.model, &self.window, self.expert_options.strategy, self.expert_options.cpu_threads)?;
         }
+        self.needs_reset = false;
         Ok(())
     }
 }

@@ -188,8 +188,9 @@ impl Stager {
         Ok(())
     }
 
-    /// Stops the staging thread and joins it.
-    fn stop(&mut self) {
+    /// Stops the staging thread and joins it (a failed pass: nothing is staged until
+    /// [`restart`](Self::restart)).
+    pub fn stop(&mut self) {
         self.shared.lock().stop = true;
         self.shared.changed.notify_all();
         if let Some(t) = self.thread.take() {
@@ -198,8 +199,8 @@ impl Stager {
     }
 
     /// After a pass that failed part-way (its slots never all released, the thread possibly
-    /// ahead of it or failed): stops the thread, forgets every slot and starts again from
-    /// the first segment, as a new session would.
+    /// ahead of it or failed): stops the thread if it still runs, forgets every slot and
+    /// starts again from the first segment, as a new session would.
     pub fn restart(&mut self) -> Result<()> {
         self.stop();
         *self.shared.lock() = State { slots: vec![SlotState::default(); self.slots.len()], ..State::default() };
