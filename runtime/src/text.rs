@@ -121,23 +121,3 @@ impl Text {
     }
 }
 
-#[cfg(test)]
-mod quiet_tests {
-    use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    #[test]
-    fn contained_panics_are_silent_and_the_apps_hook_stays() {
-        static SEEN: AtomicUsize = AtomicUsize::new(0);
-        std::panic::set_hook(Box::new(|_| {
-            SEEN.fetch_add(1, Ordering::SeqCst);
-        }));
-        // Contained panics on several threads at once, while another thread panics outside.
-        let handles: Vec<_> = (0..4).map(|_| std::thread::spawn(|| contain_quietly(|| panic!("contained")).is_err())).collect();
-        assert!(handles.into_iter().all(|h| h.join().unwrap()));
-        let outside = std::thread::spawn(|| panic!("the app's own")).join();
-        assert!(outside.is_err());
-        assert_eq!(SEEN.load(Ordering::SeqCst), 1, "the app's hook saw its own panic and none of the contained ones");
-        let _ = std::panic::take_hook();
-    }
-}
