@@ -17,11 +17,13 @@
  *
  * Updating an artifact while an app runs: write the new file elsewhere and rename it over the
  * old path. A loaded model reads only the file it verified, so it goes on unchanged until the
- * app loads the new one. A file truncated or rewritten in place under a loaded model fails the
- * next generation with LLADA_STATUS_IO ("changed on disk while in use"); load it again. To
- * survive truncation, libllada installs a SIGBUS handler once (at the first model load) that
- * handles faults in its artifact mappings and passes every other fault to the handler that
- * was installed before it.
+ * app loads the new one. A file truncated in place under a loaded model fails the next
+ * generation that reads past its new end with LLADA_STATUS_IO ("changed on disk while in
+ * use"); load it again. A file rewritten in place at the same size is not detected: never do
+ * that. To survive truncation, libllada installs a SIGBUS handler once (at the first model
+ * load) that handles faults in its artifact mappings and passes every other fault to the
+ * handler installed before it; the handler stays, so libllada must not be unloaded (dlclose)
+ * once a model was loaded.
  */
 
 #ifndef LLADA_H
@@ -86,8 +88,8 @@ typedef struct llada_model llada_model;
 typedef struct llada_session llada_session;
 
 // Settings of one generation. Start from `llada_default_params()` and change what you need;
-// each field matches the llada-rt option named in its comment, and error messages name that
-// option.
+// each field matches the llada-rt option named in its comment and has its range; a field out
+// of range is LLADA_STATUS_INVALID_ARGUMENT with a message naming it (`params.FIELD`).
 typedef struct llada_params {
   // Tokens to generate, a multiple of the block length (`--gen-len`). Default 128.
   uint32_t gen_len;

@@ -33,8 +33,8 @@ pub enum Remasking {
 }
 
 /// Settings of one generation. Start from `llada_default_params()` and change what you need;
-/// each field matches the llada-rt option named in its comment, and error messages name that
-/// option.
+/// each field matches the llada-rt option named in its comment and has its range; a field out
+/// of range is LLADA_STATUS_INVALID_ARGUMENT with a message naming it (`params.FIELD`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Params {

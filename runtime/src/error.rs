@@ -20,9 +20,9 @@ pub enum Error {
     Template(String),
     #[error("{}: {msg}", path.display())]
     Input { path: PathBuf, msg: String },
-    /// The artifact changed on disk after it was loaded and verified.
+    /// The artifact shrank on disk after it was loaded and verified.
     #[error(
-        "{}: the artifact changed on disk while in use (truncated or rewritten in place); load it again. To update an artifact under a running app, write the new one to another file and rename it over the old",
+        "{}: the artifact changed on disk while in use (truncated in place); load it again. To update an artifact under a running app, write the new one to another file and rename it over the old",
         path.display()
     )]
     Changed { path: PathBuf },

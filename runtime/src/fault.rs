@@ -89,7 +89,13 @@ fn install() -> Option<&'static (libc::sigaction, usize)> {
 /// The SIGBUS handler. Only async-signal-safe work: atomic loads and stores, `mmap`, and
 /// `sigaction` to hand an unguarded fault back.
 extern "C" fn on_sigbus(signal: libc::c_int, info: *mut libc::siginfo_t, context: *mut libc::c_void) {
-    let Some(Some((previous, page))) = INSTALLED.get() else { return };
+    let Some(Some((previous, page))) = INSTALLED.get() else {
+        // A fault between our sigaction and its record: nothing is guarded yet, so take the
+        // default action (returning would re-run the faulting access forever).
+        // SAFETY: as in `pass_on`.
+        unsafe { pass_on(signal, info, &std::mem::zeroed()) };
+        return;
+    };
     // SAFETY: the kernel passes a valid siginfo for a SA_SIGINFO handler.
     let addr = unsafe { (*info).si_addr() } as usize;
     for s in &SLOTS {
@@ -109,13 +115,8 @@ extern "C" fn on_sigbus(signal: libc::c_int, info: *mut libc::siginfo_t, context
     }
     // Not ours: as if this handler did not exist.
     if previous.sa_sigaction == libc::SIG_DFL || previous.sa_sigaction == libc::SIG_IGN {
-        // SAFETY: restores the default disposition; returning re-executes the faulting
-        // access, which then takes the default action (a hardware fault cannot be ignored).
-        unsafe {
-            let mut default: libc::sigaction = std::mem::zeroed();
-            default.sa_sigaction = libc::SIG_DFL;
-            libc::sigaction(signal, &default, std::ptr::null_mut());
-        }
+        // SAFETY: `info` is the kernel's; `previous` a disposition read by sigaction.
+        unsafe { pass_on(signal, info, previous) };
     } else if previous.sa_flags & libc::SA_SIGINFO != 0 {
         // SAFETY: the previous handler was installed with SA_SIGINFO, so it has this signature.
         let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = unsafe { std::mem::transmute(previous.sa_sigaction) };
@@ -124,6 +125,29 @@ extern "C" fn on_sigbus(signal: libc::c_int, info: *mut libc::siginfo_t, context
         // SAFETY: a plain handler installed without SA_SIGINFO.
         let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(previous.sa_sigaction) };
         f(signal);
+    }
+}
+
+/// What SIGBUS does without a handler (`previous`: SIG_DFL, or SIG_IGN; zeroed is SIG_DFL). A
+/// signal sent by a process (`si_code` <= 0) is ignored under SIG_IGN, or re-raised with the
+/// default action; a fault (`si_code` > 0) cannot be ignored: the default action is restored
+/// and the faulting access, run again on return, takes it.
+///
+/// # Safety
+/// Called from the SIGBUS handler with the kernel's `info`.
+unsafe fn pass_on(signal: libc::c_int, info: *mut libc::siginfo_t, previous: &libc::sigaction) {
+    // SAFETY: the kernel's siginfo.
+    let sent = unsafe { (*info).si_code } <= 0;
+    if sent && previous.sa_sigaction == libc::SIG_IGN {
+        return;
+    }
+    // SAFETY: sigaction with a zeroed (SIG_DFL) disposition and raise are async-signal-safe.
+    unsafe {
+        let default: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signal, &default, std::ptr::null_mut());
+        if sent {
+            libc::raise(signal);
+        }
     }
 }
 

@@ -366,7 +366,9 @@ impl<'m> Session<'m> {
     /// or fails saying why it cannot.
     fn run_pass(&mut self, gid: u32, stored: usize, context: usize, head_rows: usize, label: String, profiled: bool) -> Result<Option<OpProfile>> {
         if self.needs_reset {
-            self.reset().map_err(|e| Error::request(format!("this session's last pass failed, and setting it up again failed too: {e}")))?;
+            // Still failing (the artifact unreadable, say): this pass fails as that, and the
+            // next one tries again.
+            self.reset()?;
         }
         let g = self.model.graph(gid);
         let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context, head_rows: &self.head, rows: self.real_rows };
@@ -410,7 +412,9 @@ impl<'m> Session<'m> {
     fn reset(&mut self) -> Result<()> {
         self.model.check_intact()?;
         self.stager.restart()?;
-        if self.experts.is_some() {
+        if self.model.header.model.moe.is_some() {
+            // Dropped first (its staging thread joined), so a failed setup leaves none behind
+            // and the next reset tries again.
             self.experts = None;
             self.experts = Experts::new(self.model, &self.window, self.expert_options.strategy, self.expert_options.cpu_threads)?;
         }

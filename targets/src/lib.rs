@@ -126,6 +126,8 @@ mod tests {
             assert_eq!(t.name, name);
             assert!(t.row_multiple > 0 && t.window_align.is_power_of_two() && t.window_bytes > 0, "{name}");
             assert!(t.window_align.is_multiple_of(llada_ir::WINDOW_ALIGN), "{name}: window_align below the format's");
+            // The verifier lets a region's size round up to at most this much.
+            assert!(t.window_align <= llada_ir::window::MAX_REGION_ALIGN, "{name}: window_align above what the verifier allows");
             assert!(t.sessions_per_process > 0 && t.max_threads > 0, "{name}");
             assert!(t.weight_dtypes.iter().all(|d| WEIGHT_DTYPES.contains(&d.as_str())), "{name}: {:?}", t.weight_dtypes);
             assert!(["f32", "f16"].contains(&t.activation_dtype.as_str()), "{name}");

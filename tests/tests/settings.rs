@@ -39,8 +39,8 @@ fn the_cli_refuses_each_size_at_its_bounds_with_exit_2() {
     for gen_len in ["0", "256", U32_MAX] {
         refused_with_usage_status(&run_embedded(&art, &["--gen-len", gen_len]), &[&format!("--gen-len {gen_len} is outside 1..=255")]);
     }
-    for steps in ["0", "65", U32_MAX] {
-        refused_with_usage_status(&run_embedded(&art, &["--steps", steps]), &[&format!("--steps {steps}"), "1..=64"]);
+    for steps in ["0", "65538", U32_MAX] {
+        refused_with_usage_status(&run_embedded(&art, &["--steps", steps]), &[&format!("--steps {steps}"), "1..=65536"]);
     }
     // Two blocks: at most two drafted ahead, whatever the policy.
     for spec in ["3", U32_MAX] {
@@ -58,7 +58,9 @@ fn the_cli_refuses_each_size_at_its_bounds_with_exit_2() {
     }
     refused_with_usage_status(&run_embedded(&art, &["--threads", "100000"]), &["--threads 100000 is outside 1..="]);
     // Inside the ranges the same flags run: 0 blocks drafted is speculation off, a setting.
-    for ok in [&["--policy", "mbsd", "--spec-blocks", "0", "--side-rows", "2", "--rows", "1", "--steps", "2", "--gen-len", "64"][..], &["--gen-len", "32", "--steps", "32"]] {
+    // More steps than tokens (the default 128 with a shorter --gen-len) commit nothing in the
+    // extra steps, as the official sampler does, and run.
+    for ok in [&["--policy", "mbsd", "--spec-blocks", "0", "--side-rows", "2", "--rows", "1", "--steps", "2", "--gen-len", "64"][..], &["--gen-len", "32", "--steps", "32"], &["--gen-len", "32", "--steps", "128"]] {
         let o = run_embedded(&art, ok);
         assert!(o.status.success(), "{ok:?}: {}", String::from_utf8_lossy(&o.stderr));
     }
@@ -100,7 +102,7 @@ fn the_c_api_refuses_each_field_at_its_bounds_with_one_status() {
         (Params { gen_len: 256, ..base }, "params.gen_len 256 is outside 1..=255".into()),
         (Params { gen_len: u32::MAX, ..base }, "params.gen_len 4294967295".into()),
         (Params { steps: 0, ..base }, "params.steps 0".into()),
-        (Params { steps: 65, ..base }, "params.steps 65".into()),
+        (Params { steps: 65538, ..base }, "params.steps 65538".into()),
         (Params { steps: u32::MAX, ..base }, "params.steps 4294967295".into()),
         (Params { spec_blocks: 3, policy: Policy::Mbsd as u32, ..base }, "params.spec_blocks 3 is outside 0..=2".into()),
         (Params { spec_blocks: u32::MAX, policy: Policy::Mbsd as u32, ..base }, "params.spec_blocks 4294967295".into()),

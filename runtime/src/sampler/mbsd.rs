@@ -95,7 +95,6 @@ struct Pass {
 
 pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, steps_per_block: usize, on_step: &mut dyn FnMut(&StepView) -> ControlFlow<()>) -> Result<Generation> {
     let special = session.model.header.special.clone();
-    let vocab = session.model.header.model.embedding_size as usize;
     let mask = special.mask;
     let len = prompt.len() + p.gen_length;
     let min_rows = p.rows.unwrap_or_else(|| session.model.header.plan.row_buckets.first().copied().unwrap_or(1) as usize);
@@ -109,10 +108,10 @@ pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, step
     let mut kv_fresh = vec![false; len];
     let mut drafts: Vec<Option<u32>> = vec![None; len];
     let mut report = MbsdReport::default();
-    let mut reveals = Vec::with_capacity(p.steps);
-    let mut revisions = Vec::with_capacity(p.steps);
+    let mut reveals = Vec::with_capacity(p.steps.min(p.gen_length));
+    let mut revisions = Vec::with_capacity(p.steps.min(p.gen_length));
     let blocks = p.gen_length / p.block_length;
-    let mut predictor = Predictor::new(vocab, p.block_length * (1 + p.spec_blocks));
+    let mut predictor = Predictor::for_session(session, p.block_length * (1 + p.spec_blocks));
     let mut pass = Pass::default();
     let mut candidates = Vec::with_capacity(p.block_length);
     let mut step = 0;

@@ -206,6 +206,9 @@ impl Default for SamplerParams {
     }
 }
 
+/// Most denoising steps a generation may ask for.
+pub const MAX_STEPS: usize = 1 << 16;
+
 /// What an artifact's plan can serve, the bounds of the sizes a request may ask for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -238,9 +241,10 @@ impl SamplerParams {
             return bad(S::BlockLength, format!("{} must divide the gen length {}", self.block_length, self.gen_length));
         }
         let blocks = self.gen_length / self.block_length;
-        // A step beyond one per generated token commits nothing.
-        if !(1..=self.gen_length).contains(&self.steps) || self.steps % blocks != 0 {
-            return bad(S::Steps, format!("{} must be a multiple of the {blocks} blocks in 1..={} (at most one step per generated token)", self.steps, self.gen_length));
+        // Steps beyond one per generated token commit nothing, but the official sampler runs
+        // them (each a pass and an entry of `reveals`): allowed, up to a bound.
+        if !(1..=MAX_STEPS).contains(&self.steps) || self.steps % blocks != 0 {
+            return bad(S::Steps, format!("{} must be a multiple of the {blocks} blocks in 1..={MAX_STEPS}", self.steps));
         }
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
             return bad(S::Temperature, format!("{} must be a finite number >= 0", self.temperature));
@@ -253,8 +257,10 @@ impl SamplerParams {
             return bad(S::CfgScale, format!("{} needs the exact policy (the {} policy caches one sequence)", self.cfg_scale, self.policy.name()));
         }
         let steps_per_block = self.steps / blocks;
-        if self.refresh_every > steps_per_block {
-            return bad(S::RefreshEvery, format!("{} is outside 0..={steps_per_block} (the steps of one block)", self.refresh_every));
+        // A block takes its scheduled steps, or up to one per token under a threshold.
+        let block_steps = steps_per_block.max(self.block_length);
+        if self.refresh_every > block_steps {
+            return bad(S::RefreshEvery, format!("{} is outside 0..={block_steps} (the most steps a block takes)", self.refresh_every));
         }
         if let Some(t) = self.threshold {
             if !(0.0..=1.0).contains(&t) {
@@ -471,8 +477,13 @@ pub(crate) struct Predictor {
 }
 
 impl Predictor {
-    pub(crate) fn new(vocab: usize, max_rows: usize) -> Predictor {
-        Predictor { rows: vec![0.0; vocab * max_rows], out: Vec::with_capacity(max_rows), vocab }
+    /// Buffers for passes of up to `rows` logit rows, at most what one of `session`'s graphs
+    /// returns (a pass asking for more is refused before it runs).
+    pub(crate) fn for_session(session: &Session, rows: usize) -> Predictor {
+        let h = &session.model.header;
+        let most = h.graphs.iter().map(|g| g.head_rows as usize).max().unwrap_or(0);
+        let rows = rows.min(most);
+        Predictor { rows: vec![0.0; h.model.embedding_size as usize * rows], out: Vec::with_capacity(rows), vocab: h.model.embedding_size as usize }
     }
 
     /// Copies `logits` (`rows x vocab`) in, to be predicted by [`run`](Self::run).
@@ -644,14 +655,14 @@ mod tests {
             (SamplerParams { gen_length: 160, block_length: 32, ..base.clone() }, "--gen-len 160 is outside 1..=159"),
             (SamplerParams { gen_length: u32::MAX as usize, ..base.clone() }, "--gen-len 4294967295"),
             (SamplerParams { steps: 0, ..base.clone() }, "--steps 0"),
-            (SamplerParams { steps: 129, ..base.clone() }, "--steps 129"),
+            (SamplerParams { steps: MAX_STEPS + 4, ..base.clone() }, "--steps 65540"),
             (SamplerParams { steps: u32::MAX as usize, ..base.clone() }, "--steps 4294967295"),
             (SamplerParams { spec_blocks: 5, ..base.clone() }, "--spec-blocks 5 is outside 0..=4"),
             (SamplerParams { spec_blocks: u32::MAX as usize, ..base.clone() }, "--spec-blocks 4294967295"),
             (SamplerParams { side_rows: Some(0), ..base.clone() }, "--side-rows 0 is outside 2..=64"),
             (SamplerParams { side_rows: Some(65), ..base.clone() }, "--side-rows 65"),
             (SamplerParams { rows: Some(0), ..base.clone() }, "--rows 0 is outside 1..=64"),
-            (SamplerParams { refresh_every: 33, ..base.clone() }, "--refresh-every 33"),
+            (SamplerParams { refresh_every: 33, ..base.clone() }, "--refresh-every 33 is outside 0..=32"),
             (SamplerParams { cfg_scale: f64::NAN, ..base.clone() }, "--cfg NaN"),
             (SamplerParams { threshold: Some(1.5), ..base.clone() }, "--threshold 1.5"),
         ];

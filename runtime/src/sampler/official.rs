@@ -10,21 +10,20 @@ use crate::session::Session;
 
 pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, steps_per_block: usize, on_step: &mut dyn FnMut(&StepView) -> ControlFlow<()>) -> Result<Generation> {
     let special = session.model.header.special.clone();
-    let vocab = session.model.header.model.embedding_size as usize;
     let mask = special.mask;
     let len = prompt.len() + p.gen_length;
     let mut x: Vec<u32> = prompt.iter().copied().chain(std::iter::repeat_n(mask, p.gen_length)).collect();
     // Official `prompt_index = (x != mask_id)`: the positions the unconditional pass masks.
     let prompt_index: Vec<bool> = x.iter().map(|&t| t != mask).collect();
     let mut uncond = x.clone();
-    let mut reveals = Vec::with_capacity(p.steps);
+    let mut reveals = Vec::with_capacity(p.steps.min(p.gen_length));
     let blocks = p.gen_length / p.block_length;
     let spec_blocks = if p.policy == Policy::Spec { p.spec_blocks } else { 0 };
     // Draft per position (spec): the token predicted while its block was speculative.
     let mut drafts: Vec<Option<u32>> = vec![None; len];
     let mut drafts_confirmed = 0;
     let dynamic = p.threshold.is_some() || spec_blocks > 0;
-    let mut predictor = Predictor::new(vocab, p.block_length * (1 + spec_blocks));
+    let mut predictor = Predictor::for_session(session, p.block_length * (1 + spec_blocks));
     let (mut head, mut candidates) = (Vec::with_capacity(len), Vec::with_capacity(len));
     let mut step = 0;
     for b in 0..blocks {

@@ -160,6 +160,8 @@ impl<'scope, 'm: 'scope> SidePath<'scope, 'm> {
             let (worker, outcome) = job.join().map_err(|_| Error::Internal("the CPU side path's thread panicked".to_string()))?;
             self.report.stall_seconds += wait.elapsed().as_secs_f64();
             let outcome = outcome?;
+            // Its reads of the artifact may have seen zeros if the file was truncated meanwhile.
+            session.model.check_intact()?;
             self.report.side_seconds += outcome.seconds;
             let fresh: Vec<u32> = outcome.positions.iter().copied().filter(|p| !dense_stored.contains(p)).collect();
             let model = session.model;
@@ -201,6 +203,16 @@ impl<'scope, 'm: 'scope> SidePath<'scope, 'm> {
             (worker, outcome.map(|o| Outcome { seconds: (end - start).as_secs_f64(), ..o }))
         }));
         Ok(())
+    }
+}
+
+impl Drop for SidePath<'_, '_> {
+    /// A generation that ends early (an error, a cancel) joins its running job here: left to
+    /// the scope, a job that panicked would panic the dense path's thread too.
+    fn drop(&mut self) {
+        if let Some(job) = self.running.take() {
+            let _ = job.join();
+        }
     }
 }
 
