@@ -252,10 +252,7 @@ fn run(state: &mut SessionState, cancel: &AtomicBool, prompt: &str, params: &Par
     let g = generate_until(&mut state.session, &ids, &sampler, &mut |v| {
         if let Some(f) = callback {
             let generated = v.generated();
-            // A character whose bytes span tokens not all settled yet decodes as U+FFFD until
-            // they are: held back, so the text only ever grows.
-            let settled = text.answer(&generated[..v.settled]);
-            let prefix = CString::new(settled.trim_end_matches('\u{fffd}').replace('\0', " ")).unwrap_or_default();
+            let prefix = CString::new(text.settled_answer(&generated[..v.settled]).replace('\0', " ")).unwrap_or_default();
             let step = Step {
                 step: v.step as u32,
                 steps: v.steps as u32,

@@ -407,11 +407,10 @@ impl Display<'_> {
             let _ = writeln!(out, "step {}/{}\n{shown}", v.step, v.steps);
             self.canvas_lines = 2 + shown.matches('\n').count();
         } else {
-            let text = self.text.answer(&generated[..v.settled]);
-            // Print only what extends what is already shown (a partial UTF-8 sequence decodes
-            // differently once it completes).
+            let text = self.text.settled_answer(&generated[..v.settled]);
+            // Print only what extends what is already shown.
             if let Some(new) = text.strip_prefix(self.printed.as_str()) {
-                if !new.is_empty() && !new.ends_with('\u{fffd}') {
+                if !new.is_empty() {
                     let _ = write!(out, "{new}");
                     self.printed = text;
                 }

@@ -119,5 +119,14 @@ impl Text {
     pub fn answer(&self, output: &[u32]) -> String {
         self.decode(self.answer_ids(output), true)
     }
+
+    /// [`answer`](Self::answer) of the leading tokens that can no longer change, for showing
+    /// while a generation runs: a character whose bytes span tokens not all settled yet decodes
+    /// as U+FFFD until they are, so it is held back, and the text only ever grows.
+    pub fn settled_answer(&self, settled: &[u32]) -> String {
+        let mut text = self.answer(settled);
+        text.truncate(text.trim_end_matches('\u{fffd}').len());
+        text
+    }
 }
 
