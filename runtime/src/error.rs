@@ -33,6 +33,9 @@ pub enum Error {
     /// API names its field instead).
     #[error("{} {message}", setting.flag())]
     Setting { setting: Setting, message: String },
+    /// The accelerator backend failed (a Vulkan call returned an error, the device was lost).
+    #[error("{0}")]
+    Device(String),
     /// A fault of the runtime itself (a worker thread panicked), not of the request.
     #[error("internal error: {0}")]
     Internal(String),
@@ -58,6 +61,7 @@ pub enum Setting {
     ReviseConfidence,
     Threads,
     CpuThreads,
+    Backend,
 }
 
 impl Setting {
@@ -80,6 +84,7 @@ impl Setting {
             Setting::ReviseConfidence => "--revise-confidence",
             Setting::Threads => "--threads",
             Setting::CpuThreads => "--cpu-threads",
+            Setting::Backend => "--backend",
         }
     }
 
@@ -102,6 +107,7 @@ impl Setting {
             Setting::ReviseConfidence => "params.revise_confidence",
             Setting::Threads => "n_threads",
             Setting::CpuThreads => "cpu_threads",
+            Setting::Backend => "backend",
         }
     }
 }

@@ -6,6 +6,7 @@ use clap::{Args, Parser, Subcommand};
 use llada_rt::sampler::{Policy, Revision, StepView};
 use llada_rt::text::Text;
 use llada_rt::moe::{ExpertCounters, ExpertStrategy};
+use llada_rt::executor::BackendKind;
 use llada_rt::session::{default_threads, default_threads_for, ExpertOptions};
 use llada_rt::staging::StagingMode;
 use llada_rt::{conformance, generate, golden, roofline, Error, Model, Remasking, Result, SamplerParams, Session};
@@ -232,6 +233,8 @@ enum Command {
         /// it on another machine).
         #[arg(long, conflicts_with = "tokens_only")]
         write: Option<PathBuf>,
+        #[command(flatten)]
+        backend: BackendArg,
         /// Require the output tokens (and logits) only; count reveal orders without requiring
         /// them (for quantised artifacts on another instruction set: see `llada_rt::golden::Pin`).
         #[arg(long)]
@@ -249,16 +252,40 @@ enum Command {
         model: PathBuf,
         #[command(flatten)]
         select: SelectArgs,
+        #[command(flatten)]
+        backend: BackendArg,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
     },
 }
 
-/// How a session runs: its threads, its staging and, for a mixture-of-experts model, where
-/// the experts run.
+/// What runs the dense graphs.
+#[derive(Args, Clone)]
+struct BackendArg {
+    /// host: the CPU's kernels; vulkan: a Vulkan device (a phone's or desktop's GPU, or
+    /// lavapipe on a CPU), found at run time (LLADA_VULKAN_DEVICE=<index> picks one).
+    #[arg(long, default_value = "host", value_parser = ["host", "vulkan"])]
+    backend: String,
+}
+
+impl BackendArg {
+    fn kind(&self) -> BackendKind {
+        BackendKind::parse(&self.backend).expect("clap restricts the values")
+    }
+
+    /// A session on `model` on this backend, every other option at its default.
+    fn open<'m>(&self, model: &'m Model) -> Result<Session<'m>> {
+        Session::with_backend(model, self.kind(), default_threads_for(model), llada_rt::kernels::cpu::features(), StagingMode::Async, ExpertOptions::default())
+    }
+}
+
+/// How a session runs: its backend, its threads, its staging and, for a mixture-of-experts
+/// model, where the experts run.
 #[derive(Args, Clone)]
 struct SessionArgs {
+    #[command(flatten)]
+    backend: BackendArg,
     /// Worker threads of the accelerator path, at least 1 [default: every core, or LLADA_THREADS].
     #[arg(long, value_parser = at_least_one)]
     threads: Option<usize>,
@@ -293,7 +320,7 @@ impl SessionArgs {
             experts.strategy = ExpertStrategy::parse(e).expect("clap restricts the values");
         }
         experts.cpu_threads = self.cpu_threads.unwrap_or(experts.cpu_threads);
-        Session::with_experts(model, self.threads.unwrap_or_else(|| default_threads_for(model)), llada_rt::kernels::cpu::features(), mode, experts)
+        Session::with_backend(model, self.backend.kind(), self.threads.unwrap_or_else(|| default_threads_for(model)), llada_rt::kernels::cpu::features(), mode, experts)
     }
 }
 
@@ -593,12 +620,12 @@ fn run(cli: Cli) -> Result<()> {
                 print_experts(&session);
             }
         }
-        Command::Golden { golden, model, select, write, tokens_only, json } => {
+        Command::Golden { golden, model, select, write, tokens_only, backend, json } => {
             let select = select.selection()?;
             let file = golden::read(&golden)?;
             let m = Model::open(&model, true)?;
             let text = Text::new(&m.header.tokenizer, &m.header.special)?;
-            let mut session = Session::new(&m)?;
+            let mut session = backend.open(&m)?;
             if let Some(out) = write {
                 let produced = golden::reproduce(&mut session, &text, &file, &golden, select)?;
                 golden::write(&produced, &out)?;
@@ -626,10 +653,10 @@ fn run(cli: Cli) -> Result<()> {
                 return Err(Error::request(format!("{}: golden outputs differ", golden.display())));
             }
         }
-        Command::Conformance { golden, model, select, json } => {
+        Command::Conformance { golden, model, select, backend, json } => {
             let select = select.selection()?;
             let m = Model::open(&model, true)?;
-            let mut session = Session::new(&m)?;
+            let mut session = backend.open(&m)?;
             let report = conformance::run(&mut session, &golden, select, &mut |_| {})?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report).expect("the report serializes"));

@@ -6,7 +6,7 @@ use std::time::Instant;
 use crate::error::{Error, Result, Setting};
 use std::ops::Range;
 
-use crate::executor::{value_range, Executor, HostExecutor, OpProfile, RunInputs};
+use crate::executor::{self, value_range, BackendKind, Capabilities, Executor, OpProfile, RunInputs};
 use crate::model::Model;
 use crate::moe::{ExpertCounters, ExpertStrategy, Experts};
 use crate::staging::{PassStaging, Stager, StagingMode};
@@ -92,7 +92,10 @@ pub struct Session<'m> {
     /// Length of the sequence whose every position the cache holds (set by a whole-sequence
     /// pass): the condition for passes over fewer rows.
     cached_len: Option<usize>,
-    executor: HostExecutor,
+    /// Declared after the window: a device backend's window lives in its device's memory.
+    executor: Box<dyn Executor>,
+    /// Kernel paths of the CPU work around the passes (and of the host backend's kernels).
+    features: crate::kernels::cpu::Features,
     tokens: Vec<u32>,
     positions: Vec<u32>,
     /// Rows of the current pass before padding.
@@ -132,6 +135,12 @@ impl<'m> Session<'m> {
     /// [`with_options`](Self::with_options), running a mixture-of-experts model's experts as
     /// `experts` says.
     pub fn with_experts(model: &'m Model, threads: usize, features: crate::kernels::cpu::Features, staging: StagingMode, experts: ExpertOptions) -> Result<Session<'m>> {
+        Session::with_backend(model, BackendKind::Host, threads, features, staging, experts)
+    }
+
+    /// [`with_experts`](Self::with_experts) on the `backend` that runs the dense graphs
+    /// (`threads`: the host backend's kernel threads, and the CPU threads around the passes).
+    pub fn with_backend(model: &'m Model, backend: BackendKind, threads: usize, features: crate::kernels::cpu::Features, staging: StagingMode, experts: ExpertOptions) -> Result<Session<'m>> {
         let h = &model.header;
         check_threads(model, Setting::Threads, threads)?;
         if h.model.moe.is_some() {
@@ -139,7 +148,7 @@ impl<'m> Session<'m> {
         }
         let max_rows = h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize;
         let start = Instant::now();
-        let mut window = Window::new(h).map_err(|e| Error::io(format!("allocating the {}-byte window", h.plan.window.bytes), e))?;
+        let (executor, mut window) = executor::open(backend, model, threads, features)?;
         load_resident(model, &mut window)?;
         let stager = Stager::new(h, model.file(), &model.path, model.data_offset(), window.slot_ptrs(), staging)?;
         let expert_options = experts;
@@ -151,7 +160,8 @@ impl<'m> Session<'m> {
             experts,
             window,
             cached_len: None,
-            executor: HostExecutor::new(model, threads, features),
+            executor,
+            features,
             tokens: Vec::with_capacity(max_rows),
             positions: Vec::with_capacity(max_rows),
             real_rows: 0,
@@ -168,6 +178,7 @@ impl<'m> Session<'m> {
     /// Records every pass (and the staging thread's copies) in `trace` from now on.
     pub fn set_trace(&mut self, trace: std::sync::Arc<crate::trace::Trace>) {
         self.stager.set_trace(trace.clone());
+        self.executor.set_trace(trace.clone());
         self.trace = Some(trace);
     }
 
@@ -191,7 +202,12 @@ impl<'m> Session<'m> {
     }
 
     pub fn threads(&self) -> usize {
-        self.executor.threads()
+        self.executor.pool().current_num_threads()
+    }
+
+    /// What the backend running the dense graphs is.
+    pub fn backend(&self) -> &Capabilities {
+        self.executor.capabilities()
     }
 
     /// Bytes of the window this session allocated.
@@ -325,7 +341,7 @@ impl<'m> Session<'m> {
 
     /// Instruction-set paths the session's kernels may take.
     pub fn features(&self) -> crate::kernels::cpu::Features {
-        self.executor.features()
+        self.features
     }
 
     fn logits(&mut self, gid: u32, head_rows: usize) -> &[f32] {
@@ -373,11 +389,8 @@ impl<'m> Session<'m> {
         let g = self.model.graph(gid);
         let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context, head_rows: &self.head, rows: self.real_rows };
         let start = Instant::now();
-        let run = if profiled {
-            self.executor.run_profiled(self.model, g, &inputs, &mut self.window, &mut self.stager, self.experts.as_mut()).map(Some)
-        } else {
-            self.executor.run(self.model, g, &inputs, &mut self.window, &mut self.stager, self.experts.as_mut()).map(|()| None)
-        };
+        let mut profile = profiled.then(OpProfile::default);
+        let run = self.executor.run(self.model, g, &inputs, &mut self.window, &mut self.stager, self.experts.as_mut(), profile.as_mut()).map(|()| profile);
         // Reads of a truncated artifact saw zeros: the pass computed nothing trustworthy.
         let profile = match run.and_then(|p| self.model.check_intact().map(|()| p)) {
             Ok(p) => p,

@@ -15,6 +15,9 @@ pub enum Track {
     Staging,
     /// The CPU side path's revision passes.
     SidePath,
+    /// A device backend's queue: each span a submitted run of dispatches, from submit until its
+    /// fence signalled.
+    Device,
 }
 
 impl Track {
@@ -23,6 +26,7 @@ impl Track {
             Track::Dense => 1,
             Track::Staging => 2,
             Track::SidePath => 3,
+            Track::Device => 4,
         }
     }
 
@@ -31,6 +35,7 @@ impl Track {
             Track::Dense => "dense path",
             Track::Staging => "staging",
             Track::SidePath => "CPU side path (revision)",
+            Track::Device => "device queue (dispatches)",
         }
     }
 }
@@ -65,7 +70,7 @@ impl Trace {
     /// The trace as Chrome's JSON object format.
     pub fn to_json(&self) -> serde_json::Value {
         let events = self.events.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out: Vec<serde_json::Value> = [Track::Dense, Track::Staging, Track::SidePath]
+        let mut out: Vec<serde_json::Value> = [Track::Dense, Track::Staging, Track::SidePath, Track::Device]
             .iter()
             .map(|t| json!({"name": "thread_name", "ph": "M", "pid": 1, "tid": t.id(), "args": {"name": t.name()}}))
             .collect();
@@ -94,6 +99,6 @@ mod tests {
         assert_eq!(x.len(), 1);
         assert_eq!((x[0]["tid"].as_u64(), x[0]["name"].as_str()), (Some(2), Some("blocks.0.ffn")));
         assert!((x[0]["dur"].as_f64().unwrap() - 3000.0).abs() < 1.0);
-        assert_eq!(events.iter().filter(|e| e["ph"] == "M").count(), 3);
+        assert_eq!(events.iter().filter(|e| e["ph"] == "M").count(), 4);
     }
 }

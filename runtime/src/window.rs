@@ -10,10 +10,12 @@ use std::ops::Range;
 use llada_ir::{Header, KvDType, Region, TensorId};
 
 pub struct Window {
-    /// An anonymous mapping: page-aligned like the shared buffer an NPU maps; zero pages that
-    /// become resident only when touched (an aligned heap allocation would be zeroed by hand,
-    /// touching every page), except the weight slots, committed at once.
-    map: memmap2::MmapMut,
+    /// The memory: an anonymous mapping (the host backend) or a device's host-visible
+    /// allocation (a GPU backend on unified memory).
+    #[allow(dead_code)] // held for its drop: the memory lives as long as the window
+    backing: Backing,
+    /// Bytes of the memory.
+    len: usize,
     /// The mapping's start, taken once: every view below derives from it, so no later
     /// `&mut` borrow of the whole map invalidates the slot pointers the staging thread holds.
     base: *mut u8,
@@ -27,6 +29,17 @@ pub struct Window {
     slots: Vec<Range<usize>>,
     /// Every layer's expert slots, layer-major.
     expert_slots: Vec<Range<usize>>,
+}
+
+/// Where a window's bytes are.
+enum Backing {
+    /// Page-aligned like the shared buffer an NPU maps; zero pages that become resident only
+    /// when touched (an aligned heap allocation would be zeroed by hand, touching every page),
+    /// except the weight slots, committed at once.
+    Anonymous(#[allow(dead_code)] memmap2::MmapMut),
+    /// Memory a device backend allocated and mapped; the owner frees it when dropped, after
+    /// the window (it holds it).
+    Device(#[allow(dead_code)] Box<dyn Send>),
 }
 
 // SAFETY: the window owns its mapping; `base` only addresses it, and every access goes
@@ -74,7 +87,53 @@ impl Window {
         Window::with_weights(h, false)
     }
 
+    /// A window in `len` bytes at `base` that a device backend mapped (zeroed, writable by
+    /// the host, valid until `owner` drops), laid out as [`new`](Self::new) lays it out.
+    ///
+    /// # Safety
+    /// `base..base + len` is mapped, writable and used by nothing but this window (and the
+    /// device, as the backend orders it) until `owner` is dropped.
+    pub unsafe fn over_device(h: &Header, base: *mut u8, len: usize, owner: Box<dyn Send>) -> Window {
+        let need = Window::bytes_for(h, true);
+        assert!(len >= need, "device window of {len} bytes; the plan needs {need}");
+        assert!(base as usize % 64 == 0, "a device window must start 64-byte aligned (typed views of its regions)");
+        Window::lay_out(h, true, Backing::Device(owner), base, len)
+    }
+
+    /// Bytes a window of `h` needs: up to the end of its last region.
+    pub fn bytes_for(h: &Header, weights: bool) -> usize {
+        let w = &h.plan.window;
+        let resident_end = match w.resident.last() {
+            Some(b) if weights => b.offset + h.segments[b.segment as usize].nbytes,
+            _ => 0,
+        };
+        let x = &w.experts;
+        let expert_end = if weights && x.slots_per_layer > 0 { x.region.offset + h.model.n_layers as u64 * x.slots_per_layer as u64 * x.slot_bytes } else { 0 };
+        let slots: &[Region] = if weights { &w.slots } else { &[] };
+        let ends = [&w.kv, &w.activations, &w.scratch.gemm_operand, &w.scratch.attention].into_iter().chain(slots).map(|r| r.offset + r.bytes);
+        ends.chain([expert_end, resident_end]).max().unwrap_or(0).max(1) as usize
+    }
+
     fn with_weights(h: &Header, weights: bool) -> std::io::Result<Window> {
+        // Zero pages, resident only once touched: the KV cache and activations grow with the
+        // request, not with the plan's capacity (a 64-token generation on a 4096-position plan
+        // touches 1/64 of the cache).
+        let bytes = Window::bytes_for(h, weights);
+        let mut map = memmap2::MmapMut::map_anon(bytes)?;
+        let base = map.as_mut_ptr();
+        let win = Window::lay_out(h, weights, Backing::Anonymous(map), base, bytes);
+        // Weight slots are committed now, as an NPU's buffer is: a page first touched while
+        // staging costs its fault and zeroing on the critical path (measured: 6 ms to copy a
+        // 3.1 MiB expert into fresh pages, against 0.5 ms). The resident segments are
+        // committed by being read in.
+        for r in win.slots.iter().chain(&win.expert_slots) {
+            // SAFETY: inside the mapping (asserted by `lay_out`), and nothing else holds it yet.
+            commit(unsafe { std::slice::from_raw_parts_mut(base.add(r.start), r.len()) });
+        }
+        Ok(win)
+    }
+
+    fn lay_out(h: &Header, weights: bool, backing: Backing, base: *mut u8, bytes: usize) -> Window {
         let w = &h.plan.window;
         let resident = match (w.resident.first(), w.resident.last()) {
             (Some(a), Some(b)) if weights => a.offset as usize..(b.offset + h.segments[b.segment as usize].nbytes) as usize,
@@ -86,16 +145,9 @@ impl Window {
             true => (0..h.model.n_layers as u64 * x.slots_per_layer as u64).map(|i| (x.region.offset + i * x.slot_bytes) as usize..(x.region.offset + (i + 1) * x.slot_bytes) as usize).collect(),
             false => Vec::new(),
         };
-        let expert_end = expert_slots.last().map_or(0, |r| r.end as u64);
-        let ends = [&w.kv, &w.activations, &w.scratch.gemm_operand, &w.scratch.attention].into_iter().chain(slots).map(|r| r.offset + r.bytes).chain([expert_end]);
-        let bytes = ends.chain([resident.end as u64]).max().unwrap_or(0).max(1) as usize;
-        // Zero pages, resident only once touched: the KV cache and activations grow with the
-        // request, not with the plan's capacity (a 64-token generation on a 4096-position plan
-        // touches 1/64 of the cache).
-        let mut map = memmap2::MmapMut::map_anon(bytes)?;
-        let base = map.as_mut_ptr();
-        let mut win = Window {
-            map,
+        let win = Window {
+            backing,
+            len: bytes,
             base,
             kv: range(&w.kv),
             kv_dtype: w.kv_dtype,
@@ -112,19 +164,12 @@ impl Window {
         assert!(all.windows(2).all(|p| p[0].end <= p[1].start), "window regions overlap");
         assert!(all.last().is_none_or(|r| r.end <= bytes), "a window region lies outside the window");
         assert!(all.iter().all(|r| r.start % 64 == 0), "a window region is misaligned");
-        // Weight slots are committed now, as an NPU's buffer is: a page first touched while
-        // staging costs its fault and zeroing on the critical path (measured: 6 ms to copy a
-        // 3.1 MiB expert into fresh pages, against 0.5 ms). The resident segments are
-        // committed by being read in.
-        for r in win.slots.iter().chain(&win.expert_slots) {
-            commit(&mut win.map[r.clone()]);
-        }
-        Ok(win)
+        win
     }
 
     /// Bytes allocated (the used part of the plan's window).
     pub fn bytes(&self) -> u64 {
-        self.map.len() as u64
+        self.len as u64
     }
 
     /// The mutable regions of one run (see [`Parts`]).

@@ -147,6 +147,13 @@ pub fn embed_row(table: Weights<'_>, cols: usize, token: usize, out: &mut [f32])
     }
 }
 
+/// The embedding rows of `tokens`, `cols` wide each, into `out` as f32.
+pub fn embed_rows(table: Weights<'_>, cols: usize, tokens: &[u32], out: &mut [f32]) {
+    for (row, &t) in out.chunks_exact_mut(cols).zip(tokens) {
+        embed_row(table, cols, t as usize, row);
+    }
+}
+
 /// LLaDA's RMSNorm, in the reference's order of operations:
 /// `weight * (x * rsqrt(mean(x^2) + eps))`.
 pub fn rms_norm(features: cpu::Features, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {

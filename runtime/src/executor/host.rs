@@ -1,10 +1,10 @@
-//! Executors run one planned graph over the window. The host executor is the CPU standing in
-//! for an accelerator; a phone backend would implement the same trait over the same plan.
+//! The host executor: the CPU's kernels standing in for an accelerator, under the target's
+//! window, row buckets and dtypes. Also the CPU side path's executor (revision checks).
 
 use std::ops::Range;
 
 use llada_ir::window::attention_scratch as attention_scratch_size;
-use llada_ir::{Graph, Op, Rows, TensorId, Value};
+use llada_ir::{Graph, Op, Rows, TensorId};
 
 use rayon::prelude::*;
 
@@ -18,42 +18,7 @@ use crate::moe::{self, Experts, MoeOperands};
 use crate::staging::Stager;
 use crate::window::{homes, Home, KvView, Window};
 
-/// What one run of a graph needs besides the window: the token rows and which rows' logits
-/// to produce.
-pub struct RunInputs<'a> {
-    /// One token per graph row (padding rows hold any valid token).
-    pub tokens: &'a [u32],
-    /// Position of each row (indexes the rotary tables and the KV cache).
-    pub positions: &'a [u32],
-    /// Rows `0..stored_rows` store their keys and values in the cache at their positions;
-    /// later rows (speculative rows, revision checks, padding) do not, and attend with their
-    /// own key and value at their position instead of the cache's.
-    pub stored_rows: usize,
-    /// Cache positions `0..context` are the keys every row attends to.
-    pub context: usize,
-    /// Rows whose logits the sampler needs, in output order.
-    pub head_rows: &'a [u32],
-    /// Real rows (`tokens` beyond them pad the graph's rows; row-wise ops may skip them).
-    pub rows: usize,
-}
-
-pub trait Executor {
-    /// Runs `graph` (verified at load) with `inputs` over `window` (values, KV cache,
-    /// scratch and resident weights), waiting on `stager` for rotating weights as the
-    /// graph's swap schedule says, and running MoE layers through `experts`.
-    fn run(&mut self, model: &Model, graph: &Graph, inputs: &RunInputs, window: &mut Window, stager: &mut Stager, experts: Option<&mut Experts>) -> Result<()>;
-}
-
-/// Float range a value occupies in the activation region (which starts at window byte
-/// `base`) for this run (head values use only the rows asked for).
-pub fn value_range(g: &Graph, v: &Value, head_rows: usize, base: u64) -> Range<usize> {
-    let rows = match v.rows {
-        Rows::Tokens => g.rows as usize,
-        Rows::Head => head_rows,
-    };
-    let start = ((v.offset - base) / 4) as usize;
-    start..start + rows * v.cols as usize
-}
+use super::{value_range, Capabilities, Executor, OpProfile, RunInputs};
 
 /// Shared views of an op's inputs and a mutable view of its output, all in one window.
 fn operands<'w, const N: usize>(win: &'w mut [f32], ins: [Range<usize>; N], out: Range<usize>) -> ([&'w [f32]; N], &'w mut [f32]) {
@@ -93,6 +58,7 @@ pub struct HostExecutor {
     features: Features,
     /// Where each tensor lives in the window.
     homes: Vec<Home>,
+    capabilities: Capabilities,
 }
 
 impl HostExecutor {
@@ -102,7 +68,14 @@ impl HostExecutor {
     pub fn new(model: &Model, threads: usize, features: Features) -> HostExecutor {
         let threads = threads.clamp(1, model.header.plan.window.scratch.threads.max(1) as usize);
         let pool = Pool::new(threads, "llada-worker").expect("the thread pool starts");
-        HostExecutor { pool, features, homes: homes(&model.header) }
+        let capabilities = Capabilities {
+            backend: "host",
+            device: format!("host CPU, kernel paths {features:?}"),
+            runs_on_cpu: true,
+            max_allocation_bytes: u64::MAX,
+            device_timestamps: false,
+        };
+        HostExecutor { pool, features, homes: homes(&model.header), capabilities }
     }
 
     /// An executor for the CPU side path: it reads every weight from the artifact itself
@@ -135,21 +108,7 @@ impl HostExecutor {
     }
 }
 
-/// Time spent per kind of op in one run, for `llada-rt bench`.
-#[derive(Debug, Clone, Default)]
-pub struct OpProfile {
-    /// (op index, seconds).
-    pub times: Vec<(usize, f64)>,
-}
-
 impl HostExecutor {
-    /// Runs `g` and records each op's wall time.
-    pub fn run_profiled(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window, stager: &mut Stager, experts: Option<&mut Experts>) -> Result<OpProfile> {
-        let mut profile = OpProfile::default();
-        self.run_ops(model, g, inputs, window, Some(stager), experts, Some(&mut profile))?;
-        Ok(profile)
-    }
-
     #[allow(clippy::too_many_arguments)]
     fn run_ops(
         &mut self,
@@ -209,9 +168,7 @@ impl HostExecutor {
                 Op::Embed { table, out } => {
                     let c = cols(out);
                     let ([], o) = operands(win, [], range(out));
-                    for (row, &t) in o.chunks_exact_mut(c).zip(inp.tokens) {
-                        kernels::embed_row(model.weights(table), c, t as usize, row);
-                    }
+                    kernels::embed_rows(model.weights(table), c, inp.tokens, o);
                 }
                 Op::Scale { x, factor } => kernels::scale(&mut win[range(x)], factor),
                 Op::RmsNorm { x, weight, eps, out } => {
@@ -326,8 +283,16 @@ impl HostExecutor {
 }
 
 impl Executor for HostExecutor {
-    fn run(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window, stager: &mut Stager, experts: Option<&mut Experts>) -> Result<()> {
-        self.run_ops(model, g, inputs, window, Some(stager), experts, None)
+    fn run(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window, stager: &mut Stager, experts: Option<&mut Experts>, profile: Option<&mut OpProfile>) -> Result<()> {
+        self.run_ops(model, g, inputs, window, Some(stager), experts, profile)
+    }
+
+    fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    fn pool(&self) -> &rayon::ThreadPool {
+        &self.pool
     }
 }
 

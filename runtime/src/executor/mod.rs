@@ -1,0 +1,137 @@
+//! Backends run one planned graph over the window. A backend is a small table: run a graph
+//! (waiting on the staging of its rotating weights as the swap schedule says), its
+//! capabilities as plain data, and the CPU threads that work around the passes. Two exist:
+//! the host executor (the CPU's kernels standing in for an accelerator) and Vulkan (the GPUs
+//! of phones and desktops). The window itself comes from the backend: where the accelerator
+//! can address it, laid out by the plan.
+
+use std::ops::Range;
+
+use llada_ir::{Graph, Rows, Value};
+
+use crate::error::Result;
+use crate::kernels::cpu::Features;
+use crate::model::Model;
+use crate::moe::Experts;
+use crate::staging::Stager;
+use crate::window::Window;
+
+pub mod host;
+#[cfg(feature = "vulkan")]
+pub mod vulkan;
+
+pub use host::HostExecutor;
+
+/// What one run of a graph needs besides the window: the token rows and which rows' logits
+/// to produce.
+pub struct RunInputs<'a> {
+    /// One token per graph row (padding rows hold any valid token).
+    pub tokens: &'a [u32],
+    /// Position of each row (indexes the rotary tables and the KV cache).
+    pub positions: &'a [u32],
+    /// Rows `0..stored_rows` store their keys and values in the cache at their positions;
+    /// later rows (speculative rows, revision checks, padding) do not, and attend with their
+    /// own key and value at their position instead of the cache's.
+    pub stored_rows: usize,
+    /// Cache positions `0..context` are the keys every row attends to.
+    pub context: usize,
+    /// Rows whose logits the sampler needs, in output order.
+    pub head_rows: &'a [u32],
+    /// Real rows (`tokens` beyond them pad the graph's rows; row-wise ops may skip them).
+    pub rows: usize,
+}
+
+/// Which backend runs the dense graphs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendKind {
+    /// The host CPU's kernels.
+    #[default]
+    Host,
+    /// A Vulkan 1.1 compute device (a phone's or desktop's GPU; lavapipe on a CPU).
+    Vulkan,
+}
+
+impl BackendKind {
+    pub const ALL: [BackendKind; 2] = [BackendKind::Host, BackendKind::Vulkan];
+
+    pub fn parse(s: &str) -> Option<BackendKind> {
+        BackendKind::ALL.into_iter().find(|b| b.name() == s)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Host => "host",
+            BackendKind::Vulkan => "vulkan",
+        }
+    }
+}
+
+/// What a backend is and can do, as plain data (for reports and for choosing shader paths).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Capabilities {
+    pub backend: &'static str,
+    /// The device, in words (the CPU's kernel paths, or the Vulkan device's name and driver).
+    pub device: String,
+    /// Whether the backend's clock runs on the CPU that also runs the side path (lavapipe, the
+    /// host executor): its times are CPU figures, never a GPU's.
+    pub runs_on_cpu: bool,
+    /// Largest single allocation the device makes (the window must fit one).
+    pub max_allocation_bytes: u64,
+    /// Whether op times in a profile come from device timestamps (else host wall time).
+    pub device_timestamps: bool,
+}
+
+pub trait Executor: Send {
+    /// Runs `graph` (verified at load) with `inputs` over `window` (values, KV cache,
+    /// scratch and resident weights), waiting on `stager` for rotating weights as the
+    /// graph's swap schedule says, and running MoE layers through `experts`. With `profile`,
+    /// records each op's time.
+    #[allow(clippy::too_many_arguments)]
+    fn run(&mut self, model: &Model, graph: &Graph, inputs: &RunInputs, window: &mut Window, stager: &mut Stager, experts: Option<&mut Experts>, profile: Option<&mut OpProfile>) -> Result<()>;
+
+    fn capabilities(&self) -> &Capabilities;
+
+    /// Records the backend's own spans (a device's dispatches) in `trace` from now on.
+    fn set_trace(&mut self, _trace: std::sync::Arc<crate::trace::Trace>) {}
+
+    /// The CPU threads that work around the passes (the sampler's predictions; the host
+    /// backend's kernels too).
+    fn pool(&self) -> &rayon::ThreadPool;
+}
+
+/// A backend of `kind` for `model` with `threads` CPU threads and kernel paths `features`,
+/// and the window it runs in (allocated where the backend's device addresses it).
+pub fn open(kind: BackendKind, model: &Model, threads: usize, features: Features) -> Result<(Box<dyn Executor>, Window)> {
+    match kind {
+        BackendKind::Host => {
+            let h = &model.header;
+            let window = Window::new(h).map_err(|e| crate::Error::io(format!("allocating the {}-byte window", h.plan.window.bytes), e))?;
+            Ok((Box::new(HostExecutor::new(model, threads, features)), window))
+        }
+        #[cfg(feature = "vulkan")]
+        BackendKind::Vulkan => {
+            let (e, w) = vulkan::VulkanExecutor::new(model, threads)?;
+            Ok((Box::new(e), w))
+        }
+        #[cfg(not(feature = "vulkan"))]
+        BackendKind::Vulkan => Err(crate::Error::setting(crate::Setting::Backend, "this build of llada-rt has no Vulkan backend (built without the `vulkan` feature)".to_string())),
+    }
+}
+
+/// Float range a value occupies in the activation region (which starts at window byte
+/// `base`) for this run (head values use only the rows asked for).
+pub fn value_range(g: &Graph, v: &Value, head_rows: usize, base: u64) -> Range<usize> {
+    let rows = match v.rows {
+        Rows::Tokens => g.rows as usize,
+        Rows::Head => head_rows,
+    };
+    let start = ((v.offset - base) / 4) as usize;
+    start..start + rows * v.cols as usize
+}
+
+/// Time spent per op in one run, for `llada-rt bench`.
+#[derive(Debug, Clone, Default)]
+pub struct OpProfile {
+    /// (op index, seconds).
+    pub times: Vec<(usize, f64)>,
+}

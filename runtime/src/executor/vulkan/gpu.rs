@@ -1,0 +1,255 @@
+//! The Vulkan device: the loader (found at run time, so a binary without a Vulkan driver
+//! still runs the host backend), one compute queue, host-visible memory and the error
+//! mapping. Optional Khronos validation (`LLADA_VULKAN_VALIDATION=1`) counts every error the
+//! layer reports, so a test can require none.
+
+use std::ffi::{c_void, CStr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use ash::vk;
+
+use crate::error::{Error, Result, Setting};
+
+/// Errors the validation layer reported in this process.
+static VALIDATION_ERRORS: AtomicUsize = AtomicUsize::new(0);
+
+/// How many errors the Khronos validation layer has reported so far (0 unless a session ran
+/// with `LLADA_VULKAN_VALIDATION=1`).
+pub fn validation_errors() -> usize {
+    VALIDATION_ERRORS.load(Ordering::SeqCst)
+}
+
+const VALIDATION_LAYER: &CStr = c"VK_LAYER_KHRONOS_validation";
+
+/// A Vulkan call failed: `what` says which.
+pub(super) fn vk_error(what: &str, e: vk::Result) -> Error {
+    Error::Device(format!("vulkan: {what} failed: {e}"))
+}
+
+pub(super) struct Gpu {
+    _entry: ash::Entry,
+    instance: ash::Instance,
+    pub device: ash::Device,
+    pub queue: vk::Queue,
+    pub family: u32,
+    pub memory: vk::PhysicalDeviceMemoryProperties,
+    pub limits: vk::PhysicalDeviceLimits,
+    pub max_allocation: u64,
+    /// Valid bits of the queue's timestamps (0: none).
+    pub timestamp_bits: u32,
+    pub name: String,
+    pub is_cpu: bool,
+    debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
+}
+
+unsafe extern "system" fn on_validation_message(
+    severity: vk::DebugUtilsMessageSeverityFlagsEXT,
+    _types: vk::DebugUtilsMessageTypeFlagsEXT,
+    data: *const vk::DebugUtilsMessengerCallbackDataEXT<'_>,
+    _user: *mut c_void,
+) -> vk::Bool32 {
+    // SAFETY: the layer passes a valid callback data pointer whose message, when not null, is
+    // a NUL-terminated string, both valid for this call.
+    let message = unsafe { data.as_ref().filter(|d| !d.p_message.is_null()).map(|d| CStr::from_ptr(d.p_message).to_string_lossy().into_owned()) };
+    if severity.contains(vk::DebugUtilsMessageSeverityFlagsEXT::ERROR) {
+        VALIDATION_ERRORS.fetch_add(1, Ordering::SeqCst);
+        eprintln!("vulkan validation error: {}", message.unwrap_or_default());
+    } else {
+        eprintln!("vulkan validation warning: {}", message.unwrap_or_default());
+    }
+    vk::FALSE
+}
+
+/// Device preference: a real GPU before a CPU implementation such as lavapipe.
+fn rank(t: vk::PhysicalDeviceType) -> u32 {
+    match t {
+        vk::PhysicalDeviceType::DISCRETE_GPU => 0,
+        vk::PhysicalDeviceType::INTEGRATED_GPU => 1,
+        vk::PhysicalDeviceType::VIRTUAL_GPU => 2,
+        vk::PhysicalDeviceType::CPU => 3,
+        _ => 4,
+    }
+}
+
+impl Gpu {
+    /// Loads the Vulkan loader and opens the preferred device with a compute queue
+    /// (`LLADA_VULKAN_DEVICE=<index>` picks another, in the loader's order).
+    pub fn open() -> Result<Gpu> {
+        let unavailable = |why: String| Error::setting(Setting::Backend, format!("vulkan: {why}; install a Vulkan driver (Debian: `apt-get install mesa-vulkan-drivers`) or use --backend host"));
+        // SAFETY: loading the system's Vulkan loader runs its initialisers; it is the library
+        // every Vulkan application loads this way.
+        let entry = unsafe { ash::Entry::load() }.map_err(|e| unavailable(format!("no Vulkan loader could be loaded ({e})")))?;
+        let validation = std::env::var_os("LLADA_VULKAN_VALIDATION").is_some_and(|v| v == "1");
+        let mut layers = Vec::new();
+        let mut extensions = Vec::new();
+        if validation {
+            // SAFETY: a plain query of the loader.
+            let available = unsafe { entry.enumerate_instance_layer_properties() }.map_err(|e| vk_error("listing instance layers", e))?;
+            if !available.iter().any(|l| l.layer_name_as_c_str().is_ok_and(|n| n == VALIDATION_LAYER)) {
+                return Err(Error::setting(Setting::Backend, "vulkan: LLADA_VULKAN_VALIDATION=1 but the Khronos validation layer is not installed (Debian: `apt-get install vulkan-validationlayers`)".to_string()));
+            }
+            layers.push(VALIDATION_LAYER.as_ptr());
+            extensions.push(ash::ext::debug_utils::NAME.as_ptr());
+        }
+        let app = vk::ApplicationInfo::default().application_name(c"llada-rt").api_version(vk::API_VERSION_1_1);
+        let info = vk::InstanceCreateInfo::default().application_info(&app).enabled_layer_names(&layers).enabled_extension_names(&extensions);
+        // SAFETY: the create info and the strings it points to live across the call.
+        let instance = unsafe { entry.create_instance(&info, None) }.map_err(|e| unavailable(format!("creating an instance failed ({e})")))?;
+        let debug = if validation {
+            let utils = ash::ext::debug_utils::Instance::new(&entry, &instance);
+            let info = vk::DebugUtilsMessengerCreateInfoEXT::default()
+                .message_severity(vk::DebugUtilsMessageSeverityFlagsEXT::ERROR | vk::DebugUtilsMessageSeverityFlagsEXT::WARNING)
+                .message_type(vk::DebugUtilsMessageTypeFlagsEXT::GENERAL | vk::DebugUtilsMessageTypeFlagsEXT::VALIDATION | vk::DebugUtilsMessageTypeFlagsEXT::PERFORMANCE)
+                .pfn_user_callback(Some(on_validation_message));
+            // SAFETY: the instance was created with the debug utils extension enabled.
+            let messenger = unsafe { utils.create_debug_utils_messenger(&info, None) }.map_err(|e| vk_error("creating the validation messenger", e))?;
+            Some((utils, messenger))
+        } else {
+            None
+        };
+        match Gpu::with_device(&instance) {
+            Ok((device, physical, family)) => Ok(Gpu::describe(entry, instance, device, physical, family, debug)),
+            Err(e) => {
+                // SAFETY: nothing created from the instance is alive but the messenger.
+                unsafe {
+                    if let Some((utils, m)) = &debug {
+                        utils.destroy_debug_utils_messenger(*m, None);
+                    }
+                    instance.destroy_instance(None);
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn with_device(instance: &ash::Instance) -> Result<(ash::Device, vk::PhysicalDevice, u32)> {
+        // SAFETY: plain queries of a live instance.
+        let mut devices = unsafe { instance.enumerate_physical_devices() }.map_err(|e| vk_error("listing devices", e))?;
+        let chosen = std::env::var("LLADA_VULKAN_DEVICE").ok().map(|v| v.parse::<usize>().map_err(|_| Error::setting(Setting::Backend, format!("vulkan: LLADA_VULKAN_DEVICE={v} is not a device index"))));
+        let physical = match chosen {
+            Some(i) => {
+                let i = i?;
+                *devices.get(i).ok_or_else(|| Error::setting(Setting::Backend, format!("vulkan: LLADA_VULKAN_DEVICE={i} but there are {} devices", devices.len())))?
+            }
+            None => {
+                // SAFETY: as above.
+                devices.sort_by_key(|&d| rank(unsafe { instance.get_physical_device_properties(d) }.device_type));
+                *devices.first().ok_or_else(|| Error::setting(Setting::Backend, "vulkan: the loader found no Vulkan device; install a driver (Debian: `apt-get install mesa-vulkan-drivers`) or use --backend host".to_string()))?
+            }
+        };
+        // SAFETY: as above.
+        let families = unsafe { instance.get_physical_device_queue_family_properties(physical) };
+        let family = families.iter().position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE)).ok_or_else(|| Error::setting(Setting::Backend, "vulkan: the device has no compute queue".to_string()))? as u32;
+        let priorities = [1.0f32];
+        let queues = [vk::DeviceQueueCreateInfo::default().queue_family_index(family).queue_priorities(&priorities)];
+        let info = vk::DeviceCreateInfo::default().queue_create_infos(&queues);
+        // SAFETY: the create info lives across the call; the queue family exists.
+        let device = unsafe { instance.create_device(physical, &info, None) }.map_err(|e| vk_error("creating the device", e))?;
+        Ok((device, physical, family))
+    }
+
+    fn describe(entry: ash::Entry, instance: ash::Instance, device: ash::Device, physical: vk::PhysicalDevice, family: u32, debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>) -> Gpu {
+        let mut maintenance3 = vk::PhysicalDeviceMaintenance3Properties::default();
+        let mut properties = vk::PhysicalDeviceProperties2::default().push_next(&mut maintenance3);
+        // SAFETY: plain queries of live objects; the chained struct outlives the call.
+        let (memory, families, queue) = unsafe {
+            instance.get_physical_device_properties2(physical, &mut properties);
+            (instance.get_physical_device_memory_properties(physical), instance.get_physical_device_queue_family_properties(physical), device.get_device_queue(family, 0))
+        };
+        let p = properties.properties;
+        let name = p.device_name_as_c_str().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        Gpu {
+            _entry: entry,
+            instance,
+            device,
+            queue,
+            family,
+            memory,
+            limits: p.limits,
+            max_allocation: maintenance3.max_memory_allocation_size,
+            timestamp_bits: if p.limits.timestamp_compute_and_graphics == vk::TRUE { families[family as usize].timestamp_valid_bits } else { 0 },
+            name,
+            is_cpu: p.device_type == vk::PhysicalDeviceType::CPU,
+            debug,
+        }
+    }
+
+    /// A buffer of `bytes` for storage and copies in one host-visible, host-coherent
+    /// allocation (device-local too where the device has such memory, as phones' unified
+    /// memory is), mapped: (buffer, memory, mapping).
+    pub fn mapped_buffer(&self, bytes: u64, what: &str) -> Result<(vk::Buffer, vk::DeviceMemory, *mut u8)> {
+        if bytes > self.max_allocation {
+            return Err(Error::setting(
+                Setting::Backend,
+                format!("vulkan: the {what} needs one allocation of {bytes} bytes but {} allows at most {}; compile the artifact with a smaller --window (or a GPU --target)", self.name, self.max_allocation),
+            ));
+        }
+        let info = vk::BufferCreateInfo::default()
+            .size(bytes)
+            .usage(vk::BufferUsageFlags::STORAGE_BUFFER | vk::BufferUsageFlags::TRANSFER_SRC | vk::BufferUsageFlags::TRANSFER_DST)
+            .sharing_mode(vk::SharingMode::EXCLUSIVE);
+        let d = &self.device;
+        // SAFETY: valid create info; the buffer is destroyed on every failure path below.
+        let buffer = unsafe { d.create_buffer(&info, None) }.map_err(|e| vk_error(&format!("creating the {what} buffer ({bytes} bytes)"), e))?;
+        let fail = |e: Error| {
+            // SAFETY: the buffer is unused.
+            unsafe { d.destroy_buffer(buffer, None) };
+            e
+        };
+        // SAFETY: a live buffer.
+        let needs = unsafe { d.get_buffer_memory_requirements(buffer) };
+        let wanted = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
+        let types = &self.memory.memory_types[..self.memory.memory_type_count as usize];
+        let usable = |i: usize, t: &vk::MemoryType| needs.memory_type_bits & (1 << i) != 0 && t.property_flags.contains(wanted);
+        let index = types
+            .iter()
+            .enumerate()
+            .filter(|(i, t)| usable(*i, t))
+            .min_by_key(|(_, t)| !t.property_flags.contains(vk::MemoryPropertyFlags::DEVICE_LOCAL))
+            .map(|(i, _)| i as u32)
+            .ok_or_else(|| fail(Error::setting(Setting::Backend, format!("vulkan: {} has no host-visible, coherent memory for the {what}; this backend needs unified memory (phones, integrated GPUs)", self.name))))?;
+        let alloc = vk::MemoryAllocateInfo::default().allocation_size(needs.size).memory_type_index(index);
+        // SAFETY: valid allocate info.
+        let memory = unsafe { d.allocate_memory(&alloc, None) }.map_err(|e| fail(vk_error(&format!("allocating {} bytes for the {what}", needs.size), e)))?;
+        // SAFETY: the memory is fresh, large enough for the buffer and of a type it accepts;
+        // it is host-visible, so mapping it whole is allowed.
+        let mapped = unsafe { d.bind_buffer_memory(buffer, memory, 0).and_then(|()| d.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())) };
+        match mapped {
+            Ok(ptr) => Ok((buffer, memory, ptr as *mut u8)),
+            Err(e) => {
+                // SAFETY: both are unused.
+                unsafe { d.free_memory(memory, None) };
+                Err(fail(vk_error(&format!("mapping the {what}"), e)))
+            }
+        }
+    }
+
+    /// Frees what [`mapped_buffer`](Self::mapped_buffer) made, once the device no longer
+    /// uses it.
+    pub fn free_buffer(&self, buffer: vk::Buffer, memory: vk::DeviceMemory) {
+        if memory == vk::DeviceMemory::null() {
+            return;
+        }
+        // SAFETY: the caller's work on the device is complete (every submit waited for).
+        unsafe {
+            self.device.destroy_buffer(buffer, None);
+            self.device.unmap_memory(memory);
+            self.device.free_memory(memory, None);
+        }
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // SAFETY: every object made from the device is gone (they hold the `Arc<Gpu>` this is
+        // the last of), so the device, then the messenger and the instance, can go.
+        unsafe {
+            let _ = self.device.device_wait_idle();
+            self.device.destroy_device(None);
+            if let Some((utils, m)) = &self.debug {
+                utils.destroy_debug_utils_messenger(*m, None);
+            }
+            self.instance.destroy_instance(None);
+        }
+    }
+}

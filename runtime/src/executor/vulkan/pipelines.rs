@@ -1,0 +1,134 @@
+//! The compute pipelines: one per shader (the matmul one per weight format, the attention one
+//! sized for the plan's KV capacity), all with one descriptor set layout (four storage
+//! buffers, see `shaders/common.glsl`) and one push-constant block. The SPIR-V is built from
+//! `shaders/*.comp` by `shaders/build.sh` and checked in; a test rebuilds it and compares.
+
+use std::sync::Arc;
+
+use ash::vk;
+use llada_ir::DType;
+
+use super::gpu::{vk_error, Gpu};
+use crate::error::{Error, Result, Setting};
+
+/// Bytes of push constants every pipeline may use.
+pub(super) const PUSH_BYTES: u32 = 64;
+/// Head dimensions the attention shader holds a query of (`MAX_HEAD_DIM` there).
+pub(super) const MAX_HEAD_DIM: u32 = 256;
+
+pub(super) const SHADERS: [(&str, &[u8]); 7] = [
+    ("rms_norm", include_bytes!("shaders/rms_norm.spv")),
+    ("quantize", include_bytes!("shaders/quantize.spv")),
+    ("matmul", include_bytes!("shaders/matmul.spv")),
+    ("rope", include_bytes!("shaders/rope.spv")),
+    ("store_kv", include_bytes!("shaders/store_kv.spv")),
+    ("attention", include_bytes!("shaders/attention.spv")),
+    ("elementwise", include_bytes!("shaders/elementwise.spv")),
+];
+
+/// `matmul.comp`'s FORMAT for a weight format.
+pub(super) fn matmul_format(format: DType, bf16_activations: bool) -> Option<u32> {
+    Some(match format {
+        DType::PanelF32 => 0,
+        DType::PanelF16 => 1,
+        DType::PanelBf16 if bf16_activations => 3,
+        DType::PanelBf16 => 2,
+        DType::PanelQ8 => 4,
+        DType::PanelQ4 { .. } => 5,
+        _ => return None,
+    })
+}
+
+pub(super) struct Pipelines {
+    gpu: Arc<Gpu>,
+    pub set_layout: vk::DescriptorSetLayout,
+    pub layout: vk::PipelineLayout,
+    pub rms_norm: vk::Pipeline,
+    pub quantize: vk::Pipeline,
+    /// By `matmul_format`.
+    pub matmul: [vk::Pipeline; 6],
+    pub rope: vk::Pipeline,
+    pub store_kv: vk::Pipeline,
+    pub attention: vk::Pipeline,
+    pub elementwise: vk::Pipeline,
+}
+
+impl Pipelines {
+    /// Every pipeline, the attention one holding scores for `max_keys` positions.
+    pub fn new(gpu: Arc<Gpu>, max_keys: u32) -> Result<Pipelines> {
+        let shared = (max_keys + MAX_HEAD_DIM + 64) * 4;
+        if shared > gpu.limits.max_compute_shared_memory_size {
+            return Err(Error::setting(
+                Setting::Backend,
+                format!("vulkan: attention over {max_keys} cached positions needs {shared} bytes of workgroup memory but {} has {}; compile with a smaller --max-len", gpu.name, gpu.limits.max_compute_shared_memory_size),
+            ));
+        }
+        let d = &gpu.device;
+        let bindings: Vec<_> = (0..4).map(|b| vk::DescriptorSetLayoutBinding::default().binding(b).descriptor_type(vk::DescriptorType::STORAGE_BUFFER).descriptor_count(1).stage_flags(vk::ShaderStageFlags::COMPUTE)).collect();
+        // SAFETY (this block and the ones below): valid create infos that live across each
+        // call, on a live device; what is created is destroyed in `drop`.
+        let set_layout = unsafe { d.create_descriptor_set_layout(&vk::DescriptorSetLayoutCreateInfo::default().bindings(&bindings), None) }.map_err(|e| vk_error("creating the descriptor set layout", e))?;
+        let ranges = [vk::PushConstantRange { stage_flags: vk::ShaderStageFlags::COMPUTE, offset: 0, size: PUSH_BYTES }];
+        let layouts = [set_layout];
+        let layout = unsafe { d.create_pipeline_layout(&vk::PipelineLayoutCreateInfo::default().set_layouts(&layouts).push_constant_ranges(&ranges), None) }.map_err(|e| vk_error("creating the pipeline layout", e))?;
+        let mut p = Pipelines {
+            gpu: gpu.clone(),
+            set_layout,
+            layout,
+            rms_norm: vk::Pipeline::null(),
+            quantize: vk::Pipeline::null(),
+            matmul: [vk::Pipeline::null(); 6],
+            rope: vk::Pipeline::null(),
+            store_kv: vk::Pipeline::null(),
+            attention: vk::Pipeline::null(),
+            elementwise: vk::Pipeline::null(),
+        };
+        p.rms_norm = p.pipeline("rms_norm", None)?;
+        p.quantize = p.pipeline("quantize", None)?;
+        for f in 0..6u32 {
+            p.matmul[f as usize] = p.pipeline("matmul", Some(f))?;
+        }
+        p.rope = p.pipeline("rope", None)?;
+        p.store_kv = p.pipeline("store_kv", None)?;
+        p.attention = p.pipeline("attention", Some(max_keys))?;
+        p.elementwise = p.pipeline("elementwise", None)?;
+        Ok(p)
+    }
+
+    /// The pipeline of shader `name` with specialisation constant 0 set to `constant`.
+    fn pipeline(&self, name: &str, constant: Option<u32>) -> Result<vk::Pipeline> {
+        let d = &self.gpu.device;
+        let spv = SHADERS.iter().find(|s| s.0 == name).expect("a known shader").1;
+        let words = ash::util::read_spv(&mut std::io::Cursor::new(spv)).map_err(|e| Error::Internal(format!("shader {name}: bad SPIR-V: {e}")))?;
+        // SAFETY: valid SPIR-V built from this crate's shaders; the module is destroyed below.
+        let module = unsafe { d.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None) }.map_err(|e| vk_error(&format!("loading shader {name}"), e))?;
+        let data = constant.unwrap_or(0).to_le_bytes();
+        let entries = [vk::SpecializationMapEntry { constant_id: 0, offset: 0, size: 4 }];
+        let spec = vk::SpecializationInfo::default().map_entries(&entries).data(&data);
+        let mut stage = vk::PipelineShaderStageCreateInfo::default().stage(vk::ShaderStageFlags::COMPUTE).module(module).name(c"main");
+        if constant.is_some() {
+            stage = stage.specialization_info(&spec);
+        }
+        let info = [vk::ComputePipelineCreateInfo::default().stage(stage).layout(self.layout)];
+        // SAFETY: the create info, its stage and specialisation data live across the call.
+        let made = unsafe { d.create_compute_pipelines(vk::PipelineCache::null(), &info, None) };
+        // SAFETY: a pipeline no longer needs its module once created.
+        unsafe { d.destroy_shader_module(module, None) };
+        made.map(|p| p[0]).map_err(|(_, e)| vk_error(&format!("building the {name} pipeline"), e))
+    }
+}
+
+impl Drop for Pipelines {
+    fn drop(&mut self) {
+        let d = &self.gpu.device;
+        // SAFETY: no command buffer using them is pending (every submit was waited for);
+        // destroying a null handle is a no-op.
+        unsafe {
+            for p in [self.rms_norm, self.quantize, self.rope, self.store_kv, self.attention, self.elementwise].into_iter().chain(self.matmul) {
+                d.destroy_pipeline(p, None);
+            }
+            d.destroy_pipeline_layout(self.layout, None);
+            d.destroy_descriptor_set_layout(self.set_layout, None);
+        }
+    }
+}

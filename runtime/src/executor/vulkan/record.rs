@@ -1,0 +1,349 @@
+//! Recording the graphs once per session: each graph becomes a few command buffers
+//! ("chunks"), split only where the host must act between dispatches: before an op whose
+//! rotating weights must first be in their slot (the host waits for the staging copy), after
+//! an op whose slot the swap schedule then releases (the host must know the device is done
+//! with it), and around the embedding gather, which reads the artifact on the CPU. Every
+//! dispatch's operands are fixed by the plan: value offsets in the activation region, weight
+//! offsets in the resident region or their slot, one layer's KV cache; what changes per pass
+//! (positions, head rows, context) is read from the pass-inputs buffer.
+
+use std::sync::Arc;
+
+use ash::vk;
+use llada_ir::packing::{panel_bytes, panels};
+use llada_ir::window::operand_layout;
+use llada_ir::{DType, Graph, Header, KvDType, Op, Rows, TensorId, Value};
+
+use super::gpu::{vk_error, Gpu};
+use super::pipelines::{matmul_format, Pipelines, MAX_HEAD_DIM};
+use crate::error::{Error, Result};
+use crate::window::Home;
+
+/// Storage-buffer descriptors a pool holds before another is made.
+const SETS_PER_POOL: u32 = 512;
+
+/// One part of a recorded graph.
+pub(super) enum Step {
+    /// Ops `ops` as one command buffer.
+    Device { cmd: vk::CommandBuffer, ops: std::ops::Range<usize> },
+    /// An op the host runs between command buffers (the embedding gather).
+    Host { op: usize },
+}
+
+pub(super) struct RecordedGraph {
+    pub steps: Vec<Step>,
+    /// Two timestamps per op (before, after), when the queue has timestamps.
+    pub queries: Option<vk::QueryPool>,
+}
+
+#[derive(Clone, Copy)]
+struct Bind {
+    buffer: vk::Buffer,
+    offset: u64,
+    range: u64,
+}
+
+/// Records every graph of an artifact into command buffers from `command_pool`, allocating
+/// descriptor sets from pools it makes (handed back in `descriptor_pools`).
+pub(super) struct Recorder<'a> {
+    pub gpu: &'a Arc<Gpu>,
+    pub pipelines: &'a Pipelines,
+    pub h: &'a Header,
+    pub homes: &'a [Home],
+    pub window: vk::Buffer,
+    pub inputs: vk::Buffer,
+    pub inputs_bytes: u64,
+    /// Graph rows the inputs buffer holds positions (and head rows) for.
+    pub max_rows: u32,
+    pub command_pool: vk::CommandPool,
+    pub descriptor_pools: Vec<vk::DescriptorPool>,
+    pub query_pools: Vec<vk::QueryPool>,
+    sets_left: u32,
+}
+
+impl<'a> Recorder<'a> {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(gpu: &'a Arc<Gpu>, pipelines: &'a Pipelines, h: &'a Header, homes: &'a [Home], window: vk::Buffer, inputs: vk::Buffer, inputs_bytes: u64, max_rows: u32, command_pool: vk::CommandPool) -> Self {
+        Recorder { gpu, pipelines, h, homes, window, inputs, inputs_bytes, max_rows, command_pool, descriptor_pools: Vec::new(), query_pools: Vec::new(), sets_left: 0 }
+    }
+
+    fn align(&self) -> u64 {
+        self.gpu.limits.min_storage_buffer_offset_alignment.max(4)
+    }
+
+    /// Binds window bytes `start..start + len` as 32-bit words: the binding (from `start`
+    /// rounded down to the device's offset alignment) and the word `start` is at in it.
+    fn window_words(&self, start: u64, len: u64, what: &dyn Fn() -> String) -> Result<(Bind, u32)> {
+        let aligned = start - start % self.align();
+        let range = (start + len - aligned).div_ceil(4) * 4;
+        let max = self.gpu.limits.max_storage_buffer_range as u64;
+        if range > max {
+            return Err(Error::Device(format!("vulkan: {} spans {range} bytes but {} binds at most {max} bytes at once", what(), self.gpu.name)));
+        }
+        Ok((Bind { buffer: self.window, offset: aligned, range }, ((start - aligned) / 4) as u32))
+    }
+
+    /// Window byte offset of tensor `t` (resident, or in its rotating segment's slot).
+    fn weight_at(&self, t: TensorId) -> Result<u64> {
+        let w = &self.h.plan.window;
+        match self.homes[t as usize] {
+            Home::Resident { offset } => Ok(offset),
+            Home::Rotating { rotating, offset } => Ok(w.slots[rotating as usize % w.slots.len().max(1)].offset + offset),
+            Home::Host => Err(Error::Device(format!("vulkan: tensor {} is not in the window (the plan reads it from the artifact on the CPU)", self.h.tensors[t as usize].name))),
+        }
+    }
+
+    fn weight(&self, t: TensorId) -> Result<(Bind, u32)> {
+        let at = self.weight_at(t)?;
+        self.window_words(at, self.h.tensors[t as usize].nbytes, &|| format!("tensor {}", self.h.tensors[t as usize].name))
+    }
+
+    fn descriptor_set(&mut self) -> Result<vk::DescriptorSet> {
+        let d = &self.gpu.device;
+        if self.sets_left == 0 {
+            let sizes = [vk::DescriptorPoolSize { ty: vk::DescriptorType::STORAGE_BUFFER, descriptor_count: 4 * SETS_PER_POOL }];
+            // SAFETY: valid create info; the pool is destroyed by the executor.
+            let pool = unsafe { d.create_descriptor_pool(&vk::DescriptorPoolCreateInfo::default().max_sets(SETS_PER_POOL).pool_sizes(&sizes), None) }.map_err(|e| vk_error("creating a descriptor pool", e))?;
+            self.descriptor_pools.push(pool);
+            self.sets_left = SETS_PER_POOL;
+        }
+        self.sets_left -= 1;
+        let layouts = [self.pipelines.set_layout];
+        let pool = *self.descriptor_pools.last().expect("a pool");
+        // SAFETY: the pool has a set left of this layout (counted above).
+        let sets = unsafe { d.allocate_descriptor_sets(&vk::DescriptorSetAllocateInfo::default().descriptor_pool(pool).set_layouts(&layouts)) }.map_err(|e| vk_error("allocating a descriptor set", e))?;
+        Ok(sets[0])
+    }
+
+    /// Records every graph of the artifact.
+    pub fn record_all(&mut self) -> Result<Vec<RecordedGraph>> {
+        self.h.graphs.iter().map(|g| self.record(g)).collect()
+    }
+
+    fn record(&mut self, g: &Graph) -> Result<RecordedGraph> {
+        let d = &self.gpu.device;
+        let queries = if self.gpu.timestamp_bits > 0 {
+            let info = vk::QueryPoolCreateInfo::default().query_type(vk::QueryType::TIMESTAMP).query_count(2 * g.ops.len().max(1) as u32);
+            // SAFETY: valid create info; destroyed by the executor.
+            let pool = unsafe { d.create_query_pool(&info, None) }.map_err(|e| vk_error("creating a timestamp query pool", e))?;
+            self.query_pools.push(pool);
+            Some(pool)
+        } else {
+            None
+        };
+        let host_op = |op: &Op| matches!(op, Op::Embed { .. });
+        let split_before = |i: usize| host_op(&g.ops[i]) || g.staging.iter().any(|s| s.first_op as usize == i);
+        let split_after = |i: usize| host_op(&g.ops[i]) || g.staging.iter().any(|s| s.stage_after_op == Some(i as u32) || s.last_op as usize == i);
+        let mut steps = Vec::new();
+        let mut start = 0;
+        while start < g.ops.len() {
+            if host_op(&g.ops[start]) {
+                steps.push(Step::Host { op: start });
+                start += 1;
+                continue;
+            }
+            let mut end = start + 1;
+            while end < g.ops.len() && !split_after(end - 1) && !split_before(end) {
+                end += 1;
+            }
+            let cmd = self.record_chunk(g, start..end, queries)?;
+            steps.push(Step::Device { cmd, ops: start..end });
+            start = end;
+        }
+        Ok(RecordedGraph { steps, queries })
+    }
+
+    fn record_chunk(&mut self, g: &Graph, ops: std::ops::Range<usize>, queries: Option<vk::QueryPool>) -> Result<vk::CommandBuffer> {
+        let gpu = self.gpu.clone();
+        let d = &gpu.device;
+        let info = vk::CommandBufferAllocateInfo::default().command_pool(self.command_pool).level(vk::CommandBufferLevel::PRIMARY).command_buffer_count(1);
+        // SAFETY: a live pool; the buffer is freed with it.
+        let cmd = unsafe { d.allocate_command_buffers(&info) }.map_err(|e| vk_error("allocating a command buffer", e))?[0];
+        // SAFETY: recording into a fresh command buffer; every handle used is live.
+        unsafe { d.begin_command_buffer(cmd, &vk::CommandBufferBeginInfo::default()) }.map_err(|e| vk_error("beginning a command buffer", e))?;
+        if let Some(q) = queries {
+            // SAFETY: the queries are inside the pool (two per op).
+            unsafe { d.cmd_reset_query_pool(cmd, q, 2 * ops.start as u32, 2 * ops.len() as u32) };
+        }
+        for i in ops {
+            if let Some(q) = queries {
+                // SAFETY: as above.
+                unsafe { d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::TOP_OF_PIPE, q, 2 * i as u32) };
+            }
+            self.record_op(cmd, g, &g.ops[i])?;
+            if let Some(q) = queries {
+                // SAFETY: as above.
+                unsafe { d.cmd_write_timestamp(cmd, vk::PipelineStageFlags::BOTTOM_OF_PIPE, q, 2 * i as u32 + 1) };
+            }
+        }
+        // Results become visible to the host (logits, the KV cache the side path copies)
+        // once the fence signals.
+        let to_host = [vk::MemoryBarrier::default().src_access_mask(vk::AccessFlags::SHADER_WRITE).dst_access_mask(vk::AccessFlags::HOST_READ)];
+        // SAFETY: recording state; valid barrier.
+        unsafe {
+            d.cmd_pipeline_barrier(cmd, vk::PipelineStageFlags::COMPUTE_SHADER, vk::PipelineStageFlags::HOST, vk::DependencyFlags::empty(), &to_host, &[], &[]);
+            d.end_command_buffer(cmd)
+        }
+        .map_err(|e| vk_error("ending a command buffer", e))?;
+        Ok(cmd)
+    }
+
+    /// One dispatch of `pipeline` with the activations at binding 0, `b1`/`b2` (the inputs
+    /// buffer where unused) and the pass inputs at binding 3, then a barrier so the next
+    /// dispatch sees its writes.
+    fn dispatch(&mut self, cmd: vk::CommandBuffer, pipeline: vk::Pipeline, b1: Option<Bind>, b2: Option<Bind>, push: &[u32], groups: [u32; 3]) -> Result<()> {
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        let set = self.descriptor_set()?;
+        let a = &self.h.plan.window.activations;
+        let act = self.window_words(a.offset, a.bytes, &|| "the activation region".to_string())?.0;
+        let inputs = Bind { buffer: self.inputs, offset: 0, range: self.inputs_bytes };
+        let infos = [act, b1.unwrap_or(inputs), b2.unwrap_or(inputs), inputs].map(|b| vk::DescriptorBufferInfo { buffer: b.buffer, offset: b.offset, range: b.range });
+        let writes: Vec<_> = infos
+            .iter()
+            .enumerate()
+            .map(|(i, info)| vk::WriteDescriptorSet::default().dst_set(set).dst_binding(i as u32).descriptor_type(vk::DescriptorType::STORAGE_BUFFER).buffer_info(std::slice::from_ref(info)))
+            .collect();
+        let d = &self.gpu.device;
+        let barrier = [vk::MemoryBarrier::default().src_access_mask(vk::AccessFlags::SHADER_WRITE).dst_access_mask(vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE)];
+        let limit = self.gpu.limits.max_compute_work_group_count;
+        if groups.iter().zip(limit).any(|(&g, l)| g > l) {
+            return Err(Error::Device(format!("vulkan: a dispatch of {groups:?} workgroups exceeds {}'s limit {limit:?}", self.gpu.name)));
+        }
+        // SAFETY: the set is fresh and every binding is a live buffer range within the
+        // device's limits (checked by `window_words`); recording state.
+        unsafe {
+            d.update_descriptor_sets(&writes, &[]);
+            d.cmd_bind_pipeline(cmd, vk::PipelineBindPoint::COMPUTE, pipeline);
+            d.cmd_bind_descriptor_sets(cmd, vk::PipelineBindPoint::COMPUTE, self.pipelines.layout, 0, &[set], &[]);
+            d.cmd_push_constants(cmd, self.pipelines.layout, vk::ShaderStageFlags::COMPUTE, 0, bytemuck::cast_slice(push));
+            d.cmd_dispatch(cmd, groups[0], groups[1], groups[2]);
+            d.cmd_pipeline_barrier(cmd, vk::PipelineStageFlags::COMPUTE_SHADER, vk::PipelineStageFlags::COMPUTE_SHADER, vk::DependencyFlags::empty(), &barrier, &[], &[]);
+        }
+        Ok(())
+    }
+
+    /// Word of value `v` in the activation binding.
+    fn at(&self, v: &Value) -> u32 {
+        let a = &self.h.plan.window.activations;
+        (((a.offset % self.align()) + (v.offset - a.offset)) / 4) as u32
+    }
+
+    fn record_op(&mut self, cmd: vk::CommandBuffer, g: &Graph, op: &Op) -> Result<()> {
+        let p = self.pipelines;
+        let h: &'a Header = self.h;
+        let hd = h.model.head_dim;
+        let val = |v: u32| &g.values[v as usize];
+        let cols = |v: u32| val(v).cols;
+        // Rows a dispatch covers (the graph's, or its most head rows) and whether the pass's
+        // head-row count limits them.
+        let rows = |v: u32| match val(v).rows {
+            Rows::Tokens => (g.rows, 0u32),
+            Rows::Head => (g.head_rows, 1u32),
+        };
+        let a = &h.plan.window.activations;
+        let shift = a.offset % self.align();
+        let off = |v: u32| ((shift + val(v).offset - a.offset) / 4) as u32;
+        let groups_of = |n: u32| n.div_ceil(64);
+        match *op {
+            Op::Embed { .. } => unreachable!("the host runs the embedding"),
+            Op::Route { .. } | Op::MoeExperts { .. } => unreachable!("mixture-of-experts models are refused before recording"),
+            Op::Scale { x, factor } => {
+                let (r, fh) = rows(x);
+                self.dispatch(cmd, p.elementwise, None, None, &[1, off(x), 0, cols(x), r, fh, factor.to_bits(), self.max_rows], [groups_of(cols(x)), r, 1])
+            }
+            Op::Add { acc, x } => {
+                let (r, fh) = rows(acc);
+                self.dispatch(cmd, p.elementwise, None, None, &[0, off(acc), off(x), cols(acc), r, fh, 0, self.max_rows], [groups_of(cols(acc)), r, 1])
+            }
+            Op::SwiGlu { x, out } => {
+                let (r, fh) = rows(out);
+                self.dispatch(cmd, p.elementwise, None, None, &[2, off(out), off(x), cols(out), r, fh, 0, self.max_rows], [groups_of(cols(out)), r, 1])
+            }
+            Op::GatherHeadRows { x, out } => self.dispatch(cmd, p.elementwise, None, None, &[3, off(out), off(x), cols(x), g.head_rows, 1, 0, self.max_rows], [groups_of(cols(x)), g.head_rows, 1]),
+            Op::RmsNorm { x, weight, eps, out } => {
+                let (r, fh) = rows(x);
+                let (w, w_off) = self.weight(weight)?;
+                let c = cols(x);
+                self.dispatch(cmd, p.rms_norm, Some(w), None, &[off(x), off(out), c, cols(out), c, r, fh, w_off, eps.to_bits()], [1, r, 1])
+            }
+            Op::HeadRmsNorm { x, first_head, heads, weight, eps } => {
+                let (r, fh) = rows(x);
+                let (w, w_off) = self.weight(weight)?;
+                let at = off(x) + first_head * hd;
+                self.dispatch(cmd, p.rms_norm, Some(w), None, &[at, at, cols(x), cols(x), hd, r, fh, w_off, eps.to_bits()], [heads, r, 1])
+            }
+            Op::Rope { x, heads, cos, sin } => {
+                let (c, c_off) = self.weight(cos)?;
+                let (s, s_off) = self.weight(sin)?;
+                let r = rows(x).0;
+                self.dispatch(cmd, p.rope, Some(c), Some(s), &[off(x), cols(x), heads, hd, r, c_off, s_off], [groups_of(heads * hd / 2), r, 1])
+            }
+            Op::Attention { qkv, out, heads, kv_heads, layer } => {
+                if hd > MAX_HEAD_DIM || hd % 2 != 0 {
+                    return Err(Error::Device(format!("vulkan: head dimension {hd} is not supported (even, at most {MAX_HEAD_DIM})")));
+                }
+                let w = &h.plan.window;
+                let (dtype, elem) = match w.kv_dtype {
+                    KvDType::F32 => (0u32, 4u64),
+                    KvDType::F16 => (1, 2),
+                    KvDType::Bf16 => (2, 2),
+                };
+                let cap = h.plan.kv_capacity;
+                let layer_bytes = 2 * kv_heads as u64 * hd as u64 * cap as u64 * elem;
+                let (kv, kv_off) = self.window_words(w.kv.offset + layer as u64 * layer_bytes, layer_bytes, &|| format!("layer {layer}'s KV cache"))?;
+                let words = if dtype == 0 { hd } else { hd / 2 };
+                let width = cols(qkv);
+                self.dispatch(cmd, p.store_kv, None, Some(kv), &[off(qkv), width, heads, kv_heads, hd, cap, kv_off, dtype], [groups_of(2 * kv_heads * words), g.rows, 1])?;
+                let scale = 1.0 / (hd as f32).sqrt();
+                self.dispatch(cmd, p.attention, None, Some(kv), &[off(qkv), width, off(out), heads, kv_heads, hd, cap, kv_off, dtype, g.rows, scale.to_bits()], [heads, g.rows, 1])
+            }
+            Op::MatMul { x, weight, out } => self.record_matmul(cmd, x, weight, out, g),
+        }
+    }
+
+    fn record_matmul(&mut self, cmd: vk::CommandBuffer, x: u32, weight: TensorId, out: u32, g: &Graph) -> Result<()> {
+        let h = self.h;
+        let t = &h.tensors[weight as usize];
+        let (n, k, format) = (t.shape[0], t.shape[1], t.dtype);
+        let unsupported = || Error::Device(format!("vulkan: matmul weights {} are {}, which no shader reads", t.name, format.name()));
+        let fmt = matmul_format(format, h.plan.bf16_activations).ok_or_else(unsupported)?;
+        let pb = panel_bytes(format, k as usize).ok_or_else(unsupported)? as u64;
+        let xv = &g.values[x as usize];
+        let (rows, fh) = match xv.rows {
+            Rows::Tokens => (g.rows, 0u32),
+            Rows::Head => (g.head_rows, 1u32),
+        };
+        let (x_off, out_off) = (self.at(xv), self.at(&g.values[out as usize]));
+        let group = match format {
+            DType::PanelQ4 { group } => group,
+            _ => 0,
+        };
+        let (mut q_off, mut q_stride, mut scale_off, mut operand) = (0, 0, 0, None);
+        if fmt >= 4 {
+            let l = operand_layout(format, h.plan.bf16_activations, rows as usize, k as usize);
+            let s = &h.plan.window.scratch.gemm_operand;
+            if l.bytes as u64 > s.bytes {
+                return Err(Error::Device(format!("vulkan: {}'s quantised operand needs {} bytes; the plan's GEMM scratch has {}", t.name, l.bytes, s.bytes)));
+            }
+            let (b, base) = self.window_words(s.offset, s.bytes, &|| "the GEMM scratch".to_string())?;
+            (q_off, q_stride, scale_off, operand) = (base, (l.stride / 4) as u32, base + (l.scales_at / 4) as u32, Some(b));
+            self.dispatch(cmd, self.pipelines.quantize, None, operand, &[x_off, k as u32, rows, fh, q_off, q_stride, scale_off], [rows, 1, 1])?;
+        }
+        // A matrix larger than one binding may span runs in column slices of whole panels.
+        let max = self.gpu.limits.max_storage_buffer_range as u64 - self.align();
+        let per = (max / pb).max(1);
+        let total = panels(n as usize) as u64;
+        let base = self.weight_at(weight)?;
+        let mut p0 = 0;
+        while p0 < total {
+            let p1 = (p0 + per).min(total);
+            let (w, w_off) = self.window_words(base + p0 * pb, (p1 - p0) * pb, &|| format!("a panel slice of {}", t.name))?;
+            let push = [x_off, out_off, k as u32, n as u32, rows, fh, w_off, (pb / 4) as u32, (p0 * 16) as u32, group, q_off, q_stride, scale_off];
+            self.dispatch(cmd, self.pipelines.matmul[fmt as usize], Some(w), operand, &push, [((p1 - p0) * 16).div_ceil(64) as u32, rows.div_ceil(4), 1])?;
+            p0 = p1;
+        }
+        Ok(())
+    }
+}
