@@ -90,16 +90,30 @@ pub fn op_seconds(m: &Machine, w: &OpWork) -> f64 {
     time(w.bytes, m.bandwidth).max(time(w.ops, m.rates.of(w.engine)))
 }
 
-/// The engine a MatMul over weights stored as `dtype` runs on.
+impl Engine {
+    /// The engine's name in reports: the element type its products take.
+    pub fn name(self) -> &'static str {
+        match self {
+            Engine::F32 => "f32",
+            Engine::F16 => "f16",
+            Engine::Bf16 => "bf16",
+            Engine::Int8 => "int8",
+        }
+    }
+}
+
+/// The engine a MatMul over weights stored as `dtype` runs on, given the plan's bf16 choice
+/// and the target's activation width (`act_bytes`).
 ///
-/// Quantised weights: with 16-bit activations (phones, W4A16) they are dequantised and
-/// multiplied in f16; with f32 activations (the host) the activations are quantised to int8
-/// and multiplied in int8 (VNNI). Bf16 weights use bf16 products only when the plan rounds
-/// activations to bf16. Float weights otherwise compute in the activation type.
-fn matmul_engine(dtype: DType, bf16_activations: bool, act_bytes: u32) -> Engine {
+/// Quantised weights compute W8A8 and W4A8 on every target, as the kernels do: activations
+/// are quantised to int8 per row and multiplied in int8 with int32 sums (VNNI or SDOT on a
+/// CPU, 32-bit integer arithmetic in the Vulkan shaders, an NPU's int8 matrix unit). They
+/// never run W4A16. Bf16 weights use bf16 products only when the plan rounds activations to
+/// bf16. Float weights otherwise compute in the activation type.
+pub fn matmul_engine(dtype: DType, bf16_activations: bool, act_bytes: u32) -> Engine {
     let act = if act_bytes == 2 { Engine::F16 } else { Engine::F32 };
     match dtype {
-        DType::PanelQ8 | DType::PanelQ4 { .. } => if act_bytes == 2 { Engine::F16 } else { Engine::Int8 },
+        DType::PanelQ8 | DType::PanelQ4 { .. } => Engine::Int8,
         DType::PanelBf16 | DType::Bf16 => if bf16_activations { Engine::Bf16 } else { Engine::F32 },
         DType::PanelF16 | DType::PanelF32 | DType::F16 | DType::F32 => act,
     }
@@ -350,13 +364,37 @@ mod tests {
                 assert_eq!((w.bytes, w.ops), (48.0 * 256.0 * (2.0 + 4.0), 0.0));
             }
         }
-        // With f16 activations (a phone, W4A16) the same weights compute in f16.
+        // With f16 activations (a phone NPU) the same weights still compute W4A8, as the
+        // kernels do: the activations are quantised to int8 per row, never multiplied in f16.
         let phone = graph_work(&h, g, 16, 100, 2, 2);
-        assert!(g.ops.iter().zip(&phone).all(|(op, w)| !matches!(op, Op::MatMul { .. }) || w.engine == Engine::F16));
+        assert!(g.ops.iter().zip(&phone).all(|(op, w)| !matches!(op, Op::MatMul { .. }) || w.engine == Engine::Int8));
+        assert_eq!(matmul_engine(DType::PanelQ8, false, 2), Engine::Int8);
         // Bf16 weights use bf16 products only when the plan says so.
         assert_eq!(matmul_engine(DType::PanelBf16, false, 4), Engine::F32);
         assert_eq!(matmul_engine(DType::PanelBf16, true, 4), Engine::Bf16);
         assert_eq!(matmul_engine(DType::PanelF16, false, 2), Engine::F16);
+        assert_eq!(matmul_engine(DType::PanelF16, false, 4), Engine::F32);
+    }
+
+    /// Every target's q4 matmuls run at its int8 rate: a GPU's (32-bit integer shader
+    /// arithmetic) and a phone NPU's (its int8 matrix unit) alike, never its f16 rate.
+    #[test]
+    fn q4_matmuls_run_at_each_targets_int8_rate() {
+        let h = network(1, 256, 512, 1000, DType::PanelQ4 { group: 64 }, &[64]);
+        let g = &h.graphs[0];
+        for name in crate::names() {
+            let t = crate::by_name(name).unwrap();
+            let m = t.accelerator_machine();
+            let act = if t.activation_dtype == "f16" { 2 } else { 4 };
+            let work = graph_work(&h, g, 16, 64, 2, act);
+            for (op, w) in g.ops.iter().zip(&work) {
+                if matches!(op, Op::MatMul { .. }) {
+                    assert_eq!(w.engine, Engine::Int8, "{name}");
+                    let compute = w.ops / t.accelerator.int8_ops;
+                    assert_eq!(op_seconds(&m, w), compute.max(w.bytes / t.dram_bytes_per_second), "{name}");
+                }
+            }
+        }
     }
 
     #[test]
@@ -371,7 +409,7 @@ mod tests {
         let m = t.accelerator_machine();
         let times: Vec<f64> = h.graphs.iter().map(|g| predict(&m, g).seconds).collect();
         assert!(times.windows(2).all(|w| w[0] <= w[1]), "more rows predicted less time: {times:?}");
-        // R = 64: about 1e12 ops of f16 and ~4 GB of weights; tens to hundreds of ms.
+        // R = 64: about 1e12 ops of int8 (W4A8) and ~4 GB of weights; tens to hundreds of ms.
         let p = predict(&m, &h.graphs[1]);
         assert!(p.seconds > 0.02 && p.seconds < 2.0, "{p:?}");
         assert!(p.compute_seconds > 0.0 && p.staging_seconds > 0.0 && p.seconds >= p.compute_seconds.max(p.staging_seconds));
