@@ -1,7 +1,14 @@
-//! `llada-targets`: each target SoC (or the host standing in for one) described as plain
-//! data in `targets/data/<name>.toml`, every figure with a sentence saying where it came
-//! from. The compiler reads a target to shape its graphs, plan its window and predict pass
-//! times ([`cost`]); the runtime never needs it, because the plan already carries the result.
+//! `llada-targets`: each target accelerator (a phone SoC's NPU, a phone GPU driven through
+//! Vulkan, or the host standing in for one) described as plain data in
+//! `targets/data/<name>.toml`, every figure with a sentence saying where it came from. The
+//! compiler reads a target to shape its graphs, plan its window and predict pass times
+//! ([`cost`]); the runtime never needs it, because the plan already carries the result.
+//!
+//! What the kernels compute, which the rates must describe: activations are f32 (on an NPU
+//! target, f16 where `activation_dtype` says so); q8 and q4 weights are multiplied with
+//! activations quantised to int8 per row (W8A8 and W4A8) at the `int8_ops` rate on every
+//! target; f16 and f32 weights run at the activation type's rate, bf16 weights at the bf16
+//! rate only when the plan rounds activations to bf16.
 
 pub mod cost;
 
@@ -14,14 +21,37 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Rates {
-    /// f32 multiply-adds (on an NPU: its vector unit, where elementwise ops also run).
+    /// f32 multiply-adds (on an NPU: its vector unit, where elementwise ops also run; on a
+    /// GPU: its shader ALUs, where everything but the quantised matmuls runs).
     pub f32_flops: f64,
     /// f16 products (on an NPU: its matrix unit).
     pub f16_flops: f64,
     /// bf16 products with f32 sums.
     pub bf16_flops: f64,
-    /// int8 products with int32 sums.
+    /// int8 products with int32 sums: the rate of every q8 and q4 matmul (W8A8, W4A8).
     pub int8_ops: f64,
+}
+
+/// What a GPU target's Vulkan driver reports, which the plan must respect: the window is
+/// one device allocation, and each shader binding covers at most a storage-buffer range.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuLimits {
+    /// `maxMemoryAllocationSize`: the largest single allocation, so the largest window.
+    pub max_allocation_bytes: u64,
+    /// `maxStorageBufferRange`: the most bytes one storage-buffer binding may cover, so the
+    /// most a region the backend binds whole may hold (a larger matrix is bound in slices).
+    pub max_storage_buffer_bytes: u64,
+    /// `minStorageBufferOffsetAlignment`: a binding's offset must be a multiple of it, so
+    /// `window_align` is.
+    pub storage_buffer_offset_align: u64,
+    /// Threads of one subgroup (a wave): the width shaders reduce and share across.
+    pub subgroup_size: u32,
+    /// `shaderFloat16`: f16 arithmetic in shaders.
+    pub shader_float16: bool,
+    /// `VK_KHR_shader_integer_dot_product`: packed int8 dot products in shaders (the
+    /// shaders do not use them yet: `accelerator.int8_ops` is their 32-bit integer rate).
+    pub integer_dot_product: bool,
 }
 
 /// One target: its accelerator window, graph shapes, dtypes and rates, with sources.
@@ -64,8 +94,11 @@ pub struct Target {
     /// Longest sequence compiled when `--max-seq` is not given (the model's own maximum
     /// caps it): the KV cache of a phone's window cannot hold 4096 positions of an 8B model.
     pub default_max_seq: u32,
+    /// The device's Vulkan limits, on a GPU target (absent on NPU and host targets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuLimits>,
     /// Where each numeric field's figure came from, keyed by field name (`accelerator.f16_flops`
-    /// for a rate).
+    /// for a rate, `gpu.subgroup_size` for a GPU fact).
     pub sources: BTreeMap<String, String>,
     /// True when the rates are not measured on the machine, so tools label predictions
     /// "estimate".
@@ -80,6 +113,9 @@ const BUILTIN: &[(&str, &str)] = &[
     ("sm8650", include_str!("../data/sm8650.toml")),
     ("sm8750", include_str!("../data/sm8750.toml")),
     ("dimensity9400", include_str!("../data/dimensity9400.toml")),
+    ("adreno750", include_str!("../data/adreno750.toml")),
+    ("adreno830", include_str!("../data/adreno830.toml")),
+    ("immortalis-g925", include_str!("../data/immortalis-g925.toml")),
 ];
 
 /// Names of the built-in targets.
@@ -96,18 +132,30 @@ pub fn by_name(name: &str) -> Result<Target, String> {
     toml::from_str(text).map_err(|e| format!("built-in target '{name}' is malformed: {e}"))
 }
 
+impl Target {
+    /// The largest window the accelerator can hold, with what sets it: on a GPU, its largest
+    /// single allocation (the Vulkan backend allocates the window as one); elsewhere none
+    /// beyond the window format's own.
+    pub fn max_window_bytes(&self) -> Option<(u64, String)> {
+        self.gpu.map(|g| (g.max_allocation_bytes, format!("target '{}': its GPU's largest single allocation (maxMemoryAllocationSize)", self.name)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Dotted paths of every numeric field of `t` (`accelerator.f16_flops`...), found by
-    /// serialising it, so a field added later cannot be forgotten by the sources test.
+    /// Dotted paths of every figure of `t`: its numeric fields (`accelerator.f16_flops`...)
+    /// and the yes-or-no facts of its tables (`gpu.shader_float16`), found by serialising it,
+    /// so a field added later cannot be forgotten by the sources test. (`estimated`, a
+    /// top-level flag, is a label, not a fact about the hardware.)
     fn numeric_fields(t: &Target) -> Vec<String> {
         fn walk(prefix: &str, table: &toml::Table, out: &mut Vec<String>) {
             for (k, v) in table {
                 let path = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
                 match v {
                     toml::Value::Integer(_) | toml::Value::Float(_) => out.push(path),
+                    toml::Value::Boolean(_) if !prefix.is_empty() => out.push(path),
                     // `sources` is a table of strings, never numbers: nothing to find there.
                     toml::Value::Table(inner) => walk(&path, inner, out),
                     _ => {}
@@ -165,6 +213,31 @@ mod tests {
                     assert!(t.sources[f].to_lowercase().contains("estimate"), "{name}: source of {f} must say estimate");
                 }
             }
+        }
+    }
+
+    /// A GPU target's window is one Vulkan allocation: it must fit the device's largest, its
+    /// tensors must sit at offsets a binding may start at, and its shaders compute in f32.
+    #[test]
+    fn gpu_targets_fit_their_device_limits() {
+        let gpus: Vec<Target> = names().into_iter().map(|n| by_name(n).unwrap()).filter(|t| t.gpu.is_some()).collect();
+        let gpu_names: Vec<&str> = gpus.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(gpu_names, ["adreno750", "adreno830", "immortalis-g925"]);
+        for t in &gpus {
+            let (name, g) = (&t.name, t.gpu.unwrap());
+            assert!(t.window_bytes <= g.max_allocation_bytes, "{name}: window above the largest allocation");
+            assert_eq!(t.max_window_bytes().map(|m| m.0), Some(g.max_allocation_bytes), "{name}");
+            // Vulkan guarantees at least these (its required limits), and caps the alignment.
+            assert!(g.max_allocation_bytes >= 1 << 30 && g.max_storage_buffer_bytes >= 1 << 27, "{name}");
+            assert!(g.storage_buffer_offset_align.is_power_of_two() && g.storage_buffer_offset_align <= 256, "{name}");
+            assert!(t.window_align.is_multiple_of(g.storage_buffer_offset_align), "{name}: a tensor could start where no binding may");
+            assert!(g.subgroup_size.is_power_of_two(), "{name}");
+            assert_eq!((t.activation_dtype.as_str(), t.estimated), ("f32", true), "{name}: the shaders compute activations in f32");
+            // The quantised matmuls run at `int8_ops`, so it must be a real rate, not a fallback.
+            assert!(t.accelerator.int8_ops > 0.0, "{name}");
+        }
+        for name in ["host", "sm8650", "sm8750", "dimensity9400"] {
+            assert!(by_name(name).unwrap().max_window_bytes().is_none(), "{name}");
         }
     }
 
