@@ -103,7 +103,8 @@ pub struct CompileOptions {
     /// Target name (see `llada_targets::names`).
     pub target: String,
     /// Longest sequence (prompt + generation) the artifact serves; `None`: the model's
-    /// `max_sequence_length`, at most the target's default (4096 on the host, 1024 on phones).
+    /// `max_sequence_length`, at most the target's `default_max_seq` (4096 on the host, 1024
+    /// on phone NPUs, 512 on phone GPUs).
     pub max_seq: Option<u32>,
     /// Most positions whose logits one pass produces (the exact sampler needs one block's worth).
     pub head_rows: u32,
@@ -112,7 +113,8 @@ pub struct CompileOptions {
     pub spec_blocks: u32,
     /// Round activations to bf16 in matmuls over bf16 weights (needs `quant` bf16).
     pub bf16_activations: bool,
-    /// Accelerator window size; `None`: the target's.
+    /// Accelerator window size; `None`: the target's. At most the target's
+    /// [`max_window_bytes`](llada_targets::Target::max_window_bytes) (a GPU's largest allocation).
     pub window_bytes: Option<u64>,
     /// KV cache element type; `None`: the target's.
     pub kv_dtype: Option<KvDType>,
@@ -171,6 +173,11 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
         }
     }
     let window_bytes = opts.window_bytes.unwrap_or(target.window_bytes);
+    if let Some((max, why)) = target.max_window_bytes().filter(|(max, _)| window_bytes > *max) {
+        return Err(Error::Options(format!(
+            "--window-bytes {window_bytes}: the accelerator holds at most {max} bytes in its window ({why}); ask for {max} or less"
+        )));
+    }
     let kv_dtype = match &opts.kv_dtype {
         Some(k) => *k,
         None => KvDType::parse(&target.kv_dtype).ok_or_else(|| Error::Options(format!("target '{}' names KV dtype '{}'", target.name, target.kv_dtype)))?,
@@ -324,11 +331,28 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
         window_source: if opts.window_bytes.is_some() { "--window-bytes".into() } else { format!("target '{}'", target.name) },
     };
     window::plan(&mut header, &window_opts)?;
+    if let Some(gpu) = target.gpu {
+        check_whole_bindings(&header, &target.name, gpu.max_storage_buffer_bytes)?;
+    }
     latency::record(&mut header, &target);
     latency::choose_row_buckets(&mut header, row_set_rows);
     let n_graphs = header.graphs.len();
     let bytes = w.finish(header)?;
     Ok(CompileSummary { output: opts.output.clone(), bytes, tensors: tensor_count, graphs: n_graphs, quant, max_seq, warnings })
+}
+
+/// A GPU binds each of the plan's whole bindings (`window::whole_bindings`) as one storage
+/// buffer of at most `range` bytes: a plan with a larger one cannot run there.
+fn check_whole_bindings(h: &Header, target: &str, range: u64) -> Result<()> {
+    let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
+    match window::whole_bindings(h).into_iter().find(|&(_, bytes)| bytes > range) {
+        None => Ok(()),
+        Some((what, bytes)) => Err(Error::Options(format!(
+            "{what} ({}) exceeds the {} one storage buffer binds on target '{target}' (maxStorageBufferRange), and the Vulkan backend binds it whole. \
+             Lower --max-seq or --head-rows, or choose a smaller --kv-dtype",
+            mib(bytes), mib(range)
+        ))),
+    }
 }
 
 /// The checkpoint's embedding tensor name.
@@ -384,4 +408,71 @@ pub fn rope_tables(theta: f64, head_dim: usize, rows: usize) -> (Vec<f32>, Vec<f
         }
     }
     (cos, sin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimate::{estimate, EstimateRequest};
+
+    /// The embedded model (in the repository), q4, for `target`.
+    fn tiny_q4(target: &str, output: &Path) -> CompileOptions {
+        CompileOptions {
+            model: PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../models/llada-tiny-tasks")),
+            output: output.to_path_buf(),
+            quant: Some(Quant::Q4 { group: 32 }),
+            target: target.into(),
+            max_seq: None,
+            head_rows: 64,
+            block_len: 32,
+            spec_blocks: 2,
+            bf16_activations: false,
+            window_bytes: None,
+            kv_dtype: None,
+            progress: false,
+        }
+    }
+
+    /// Every GPU target compiles a plan whose window is the device's largest allocation at
+    /// most, and predicts it W4A8 at the GPU's int8 rate; a larger window is refused, naming
+    /// the limit.
+    #[test]
+    fn gpu_targets_compile_within_their_allocation_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in llada_targets::names().into_iter().filter(|n| llada_targets::by_name(n).unwrap().gpu.is_some()) {
+            let t = llada_targets::by_name(name).unwrap();
+            let max = t.gpu.unwrap().max_allocation_bytes;
+            let out = dir.path().join(format!("{name}.lad"));
+            compile(&tiny_q4(name, &out)).unwrap();
+            let (h, ..) = crate::inspect::open(&out).unwrap();
+            assert!(h.plan.window.bytes <= max, "{name}");
+            assert_eq!(h.plan.latency_target, format!("{name} (estimate)"));
+
+            let req = EstimateRequest { policy: "dual".into(), prompt_len: 32, gen_len: 128, block_len: 32, steps: 128, rows: vec![32, 64], rates: None };
+            let e = estimate(&h, &req).unwrap();
+            assert!(e["label"].as_str().unwrap().starts_with("ESTIMATE"), "{name}");
+            let m = &e["matmuls"][0];
+            assert_eq!((m["computes"].as_str(), m["engine"].as_str()), (Some("W4A8"), Some("int8")), "{name}");
+            assert_eq!(m["ops_per_second"].as_f64(), Some(t.accelerator.int8_ops), "{name}");
+            assert!(e["generation"]["seconds"].as_f64().unwrap() > 0.0, "{name}");
+
+            let mut too_big = tiny_q4(name, &dir.path().join("too-big.lad"));
+            too_big.window_bytes = Some(max + 1);
+            let err = compile(&too_big).unwrap_err().to_string();
+            assert!(err.contains("maxMemoryAllocationSize") && err.contains(&max.to_string()), "{err}");
+            assert!(!dir.path().join("too-big.lad").exists());
+        }
+    }
+
+    /// A plan whose activations exceed a GPU's storage-buffer range is refused, saying what to
+    /// change (LLaDA-8B at 4096 positions: hundreds of MiB of activations).
+    #[test]
+    fn a_binding_above_the_storage_range_is_refused() {
+        let (h, _) = crate::testing::llada_8b_header(&crate::lower::exact_buckets(4096, 16), "host", None);
+        let err = check_whole_bindings(&h, "adreno750", 128 << 20).unwrap_err().to_string();
+        for want in ["the activation region", "128.0 MiB", "adreno750", "maxStorageBufferRange", "--max-seq"] {
+            assert!(err.contains(want), "{want}: {err}");
+        }
+        assert!(check_whole_bindings(&h, "host", u64::MAX).is_ok());
+    }
 }

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use llada_ir::{ExpertCosts, Header, Op};
+use llada_ir::{DType, ExpertCosts, Header, Op};
 use llada_targets::cost::{self, Machine};
 use llada_targets::{Rates, Target};
 use serde_json::{json, Value};
@@ -44,6 +44,29 @@ fn measured(path: &Path, target: &Target, h: &Header) -> Result<Machine> {
         bandwidth: get("read_bytes")?,
         ..target.accelerator_machine()
     })
+}
+
+/// What the plan's matmuls compute on `m`: per stored weight type, the arithmetic (q8 and q4
+/// run W8A8 and W4A8: activations quantised to int8 per row), its engine and rate.
+fn matmul_arithmetic(h: &Header, m: &Machine, act: u32) -> Vec<Value> {
+    let mut dtypes: Vec<DType> = Vec::new();
+    for t in h.tensors.iter().filter(|t| t.dtype.is_panel()) {
+        if !dtypes.contains(&t.dtype) {
+            dtypes.push(t.dtype);
+        }
+    }
+    dtypes
+        .into_iter()
+        .map(|d| {
+            let engine = cost::matmul_engine(d, h.plan.bf16_activations, act);
+            let computes = match d {
+                DType::PanelQ4 { .. } => "W4A8".to_string(),
+                DType::PanelQ8 => "W8A8".to_string(),
+                _ => format!("{} products", engine.name()),
+            };
+            json!({"weights": d.name(), "computes": computes, "engine": engine.name(), "ops_per_second": m.rates.of(engine)})
+        })
+        .collect()
 }
 
 /// One pass over `rows` token rows attending to `context` positions, logits for `head` rows:
@@ -187,6 +210,7 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
     Ok(json!({
         "label": label,
         "machine": machine,
+        "matmuls": matmul_arithmetic(h, &machine, act),
         "passes": passes,
         "setup": {"mappings": 1, "resident_bytes": resident, "seconds": setup},
         "generation": generations[0],
@@ -199,6 +223,13 @@ pub fn render_text(e: &Value) -> String {
     use std::fmt::Write;
     let mut s = String::new();
     let _ = writeln!(s, "{}", e["label"].as_str().unwrap_or(""));
+    for m in e["matmuls"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            s,
+            "  matmuls over {} weights compute {} at {:.3e} ops/s ({} engine)",
+            m["weights"].as_str().unwrap_or(""), m["computes"].as_str().unwrap_or(""), m["ops_per_second"].as_f64().unwrap_or(0.0), m["engine"].as_str().unwrap_or("")
+        );
+    }
     let experts = |v: &Value| v["experts"].as_str().map_or(String::new(), |x| format!(", experts {x}"));
     for p in e["passes"].as_array().into_iter().flatten() {
         let _ = writeln!(

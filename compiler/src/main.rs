@@ -34,7 +34,8 @@ enum Command {
         #[arg(long, default_value = "host")]
         target: String,
         /// Longest prompt + generation the artifact serves [default: the model's
-        /// max_sequence_length, at most the target's default: 4096 on the host, 1024 on phones].
+        /// max_sequence_length, at most the target's default: 4096 on the host, 1024 on phone
+        /// NPUs, 512 on phone GPUs].
         #[arg(long)]
         max_seq: Option<u32>,
         /// Most positions whose logits one pass returns: at least the block length you decode with.
@@ -53,7 +54,7 @@ enum Command {
         #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
         activations: String,
         /// Accelerator window to plan for, in bytes or with a K/M/G suffix (2G, 512M)
-        /// [default: the target's].
+        /// [default: the target's; on a GPU at most its largest allocation].
         #[arg(long, value_parser = parse_bytes)]
         window_bytes: Option<u64>,
         /// Element type of the KV cache [default: the target's].
@@ -169,7 +170,7 @@ fn run(cli: Cli) -> lladac::Result<()> {
         Command::Targets => {
             for name in llada_targets::names() {
                 let t = llada_targets::by_name(name).map_err(lladac::Error::Options)?;
-                println!("{:<12} {}", t.name, t.description);
+                println!("{:<16} {}", t.name, t.description);
             }
         }
     }

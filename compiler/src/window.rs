@@ -189,6 +189,16 @@ pub fn plan(h: &mut Header, o: &WindowOptions) -> Result<()> {
     Ok(())
 }
 
+/// The window regions the Vulkan backend binds whole, each as one storage buffer, which a
+/// GPU's `maxStorageBufferRange` bounds: the activation region, one layer's KV cache and the
+/// GEMM scratch (`runtime/src/executor/vulkan/record.rs`). (A weight matrix larger than one binding is bound in slices of whole panels,
+/// so the weights need no such bound.)
+pub fn whole_bindings(h: &Header) -> Vec<(&'static str, u64)> {
+    let (m, w) = (&h.model, &h.plan.window);
+    let layer_kv = 2 * m.n_kv_heads as u64 * m.head_dim as u64 * h.plan.kv_capacity as u64 * w.kv_dtype.bytes();
+    vec![("the activation region", w.activations.bytes), ("one layer's KV cache", layer_kv), ("the GEMM scratch", w.scratch.gemm_operand.bytes)]
+}
+
 /// Bytes a pass of `g` stages into slots.
 pub fn staged_bytes(h: &Header, g: &Graph) -> u64 {
     g.staging.iter().map(|st| h.segments[h.plan.window.rotating[st.rotating as usize] as usize].nbytes).sum()
@@ -200,13 +210,15 @@ mod tests {
     use crate::testing::llada_8b_header;
     use llada_ir::verify;
 
+    /// LLaDA-8B at q4 planned for `target` with its default positions (at most 1024).
     fn plan_8b(target: &str, window: Option<u64>) -> (llada_ir::Header, u64) {
         let t = llada_targets::by_name(target).unwrap();
-        llada_8b_header(&exact_buckets(1024, t.row_multiple), target, window)
+        llada_8b_header(&exact_buckets(t.default_max_seq.min(1024), t.row_multiple), target, window)
     }
 
-    /// LLaDA-8B at q4 with 1024 positions on every target (the host with a 2 GiB window):
-    /// the plan verifies, fits, and rotates what the window cannot hold.
+    /// LLaDA-8B at q4 with the target's default positions, at most 1024, on every target (the
+    /// host with a 2 GiB window): the plan verifies, fits (a GPU's window its largest
+    /// allocation), and rotates what the window cannot hold.
     #[test]
     fn the_llada_8b_plan_of_every_target_verifies() {
         for target in llada_targets::names() {
@@ -215,7 +227,36 @@ mod tests {
             verify::header(&h, data_len).unwrap_or_else(|e| panic!("{target}: {e}"));
             let w = &h.plan.window;
             assert!(w.bytes <= 2 << 30 && !w.rotating.is_empty() && w.slots.len() == 2, "{target}");
+            let t = llada_targets::by_name(target).unwrap();
+            if let Some((max, _)) = t.max_window_bytes() {
+                assert!(w.bytes <= max, "{target}: window above the largest allocation");
+            }
             assert!(h.plan.latency.iter().all(|&s| s > 0.0) && h.plan.latency.len() == h.graphs.len(), "{target}");
+        }
+    }
+
+    /// LLaDA-8B at 4096 positions needs more than a 128 MiB binding for its activations.
+    #[test]
+    fn whole_bindings_measure_what_a_long_plan_binds() {
+        let (h, _) = llada_8b_header(&exact_buckets(4096, 16), "host", None);
+        let b = super::whole_bindings(&h);
+        let names: Vec<&str> = b.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ["the activation region", "one layer's KV cache", "the GEMM scratch"]);
+        assert_eq!(b[0].1, h.plan.window.activations.bytes);
+        // f32 KV on the host: keys and values of 32 heads of 128 for 4096 positions.
+        assert_eq!(b[1].1, 2 * 32 * 128 * 4096 * 4);
+        assert!(b[0].1 > 128 << 20);
+    }
+
+    /// On every GPU target the LLaDA-8B plan's whole bindings fit one storage buffer.
+    #[test]
+    fn the_llada_8b_plan_of_every_gpu_target_binds_within_its_storage_range() {
+        for target in llada_targets::names() {
+            let Some(gpu) = llada_targets::by_name(target).unwrap().gpu else { continue };
+            let (h, _) = plan_8b(target, None);
+            for (what, bytes) in super::whole_bindings(&h) {
+                assert!(bytes > 0 && bytes <= gpu.max_storage_buffer_bytes, "{target}: {what} is {bytes} bytes");
+            }
         }
     }
 
