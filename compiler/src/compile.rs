@@ -328,7 +328,13 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
         host_segment: 0,
         expert_segments,
         expert_costs: latency::expert_costs(&header, &target),
-        window_source: if opts.window_bytes.is_some() { "--window-bytes".into() } else { format!("target '{}'", target.name) },
+        window_source: match (opts.window_bytes, target.max_window_bytes()) {
+            (Some(_), _) => "--window-bytes".into(),
+            // A GPU's window is already its largest allocation: --window-bytes cannot raise it.
+            (None, Some((max, _))) if window_bytes == max => format!("target '{}', its GPU's largest allocation", target.name),
+            (None, _) => format!("target '{}'", target.name),
+        },
+        can_grow: target.max_window_bytes().is_none_or(|(max, _)| window_bytes < max),
     };
     window::plan(&mut header, &window_opts)?;
     if let Some(gpu) = target.gpu {

@@ -26,6 +26,9 @@ pub struct WindowOptions {
     pub expert_costs: ExpertCosts,
     /// For the error message: what set the window size.
     pub window_source: String,
+    /// For the error message: whether a larger `--window-bytes` could help (not when the
+    /// window is already a GPU's largest allocation).
+    pub can_grow: bool,
 }
 
 fn mib(b: u64) -> String {
@@ -89,9 +92,9 @@ pub fn plan(h: &mut Header, o: &WindowOptions) -> Result<()> {
         return Err(Error::Options(format!(
             "the minimum working set does not fit the {} window ({}): KV cache {} ({} positions of {}), activations {} (graph '{big_graph}'), \
              kernel scratch {}, weights every layer reads {}, {SLOTS} slots of {} (largest weight segment '{big}'); total {}. \
-             Lower --max-seq, raise --window-bytes, or choose a smaller --quant or --kv-dtype",
+             Lower --max-seq, {}or choose a smaller --quant or --kv-dtype",
             mib(o.bytes), o.window_source, mib(kv), h.plan.kv_capacity, o.kv_dtype.name(), mib(act), mib(operand + attention),
-            mib(pinned_bytes), mib(largest), mib(fixed + slot_need(largest))
+            mib(pinned_bytes), mib(largest), mib(fixed + slot_need(largest)), if o.can_grow { "raise --window-bytes, " } else { "" }
         )));
     }
     let mut resident: Vec<u32> = pinned.clone();
