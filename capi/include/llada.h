@@ -56,6 +56,9 @@ typedef enum llada_status {
   // A bug in libllada (a caught panic, a worker thread that panicked); the message says
   // whether the session that saw it can be used again.
   LLADA_STATUS_INTERNAL = 9,
+  // The accelerator backend failed (a Vulkan call returned an error, the device was lost);
+  // the session fails its next pass too if the device stays unusable.
+  LLADA_STATUS_DEVICE = 10,
 } llada_status;
 
 // Which rows each forward pass recomputes (llada-rt's `--policy`).
@@ -80,6 +83,15 @@ typedef enum llada_remasking {
   // A random order (seeded by `seed`).
   LLADA_REMASKING_RANDOM = 1,
 } llada_remasking;
+
+// What runs a session's dense graphs.
+typedef enum llada_backend {
+  // The CPU's kernels.
+  LLADA_BACKEND_HOST = 0,
+  // A Vulkan device (the phone's GPU), found when the session is made; where there is none
+  // `llada_session_new_on` fails with `LLADA_STATUS_INVALID_ARGUMENT` naming `backend`.
+  LLADA_BACKEND_VULKAN = 1,
+} llada_backend;
 
 // A loaded, verified artifact and its tokenizer (`llada_model` in C).
 typedef struct llada_model llada_model;
@@ -197,13 +209,25 @@ void llada_model_free(struct llada_model *model);
 
 // A session on `model` computing on `n_threads` threads (0: every core, or the
 // `LLADA_THREADS` environment variable), into `*out`. It allocates the model's window and
-// reads the resident weights into it. On failure `*out` is set to NULL.
+// reads the resident weights into it. On failure `*out` is set to NULL. The same as
+// `llada_session_new_on` with `LLADA_BACKEND_HOST`.
 //
 // # Safety
 // `model` is a live handle from `llada_model_load`; `out` points to writable storage.
 enum llada_status llada_session_new(const struct llada_model *model,
                                     uint32_t n_threads,
                                     struct llada_session **out);
+
+// `llada_session_new` with the dense graphs on `backend` (`n_threads`: the CPU threads; on
+// the host backend they also run the kernels).
+//
+// # Safety
+// As `llada_session_new`. `backend` is an `llada_backend` value (another value is
+// `LLADA_STATUS_INVALID_ARGUMENT`).
+enum llada_status llada_session_new_on(const struct llada_model *model,
+                                       uint32_t n_threads,
+                                       uint32_t backend,
+                                       struct llada_session **out);
 
 // Releases a session (NULL is ignored).
 //

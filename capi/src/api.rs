@@ -6,7 +6,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 
-use llada_rt::session::default_threads_for;
+use llada_rt::executor::BackendKind;
+use llada_rt::session::{default_threads_for, ExpertOptions};
+use llada_rt::staging::StagingMode;
 use llada_rt::text::Text;
 use llada_rt::{generate_until, Model as RtModel, Session as RtSession};
 
@@ -139,14 +141,38 @@ pub unsafe extern "C" fn llada_model_free(model: *mut Model) {
     });
 }
 
+/// What runs a session's dense graphs.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The CPU's kernels.
+    Host = 0,
+    /// A Vulkan device (the phone's GPU), found when the session is made; where there is none
+    /// `llada_session_new_on` fails with `LLADA_STATUS_INVALID_ARGUMENT` naming `backend`.
+    Vulkan = 1,
+}
+
 /// A session on `model` computing on `n_threads` threads (0: every core, or the
 /// `LLADA_THREADS` environment variable), into `*out`. It allocates the model's window and
-/// reads the resident weights into it. On failure `*out` is set to NULL.
+/// reads the resident weights into it. On failure `*out` is set to NULL. The same as
+/// `llada_session_new_on` with `LLADA_BACKEND_HOST`.
 ///
 /// # Safety
 /// `model` is a live handle from `llada_model_load`; `out` points to writable storage.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn llada_session_new(model: *const Model, n_threads: u32, out: *mut *mut Session) -> Status {
+    // SAFETY: the caller's contract is this function's.
+    unsafe { llada_session_new_on(model, n_threads, Backend::Host as u32, out) }
+}
+
+/// `llada_session_new` with the dense graphs on `backend` (`n_threads`: the CPU threads; on
+/// the host backend they also run the kernels).
+///
+/// # Safety
+/// As `llada_session_new`. `backend` is an `llada_backend` value (another value is
+/// `LLADA_STATUS_INVALID_ARGUMENT`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn llada_session_new_on(model: *const Model, n_threads: u32, backend: u32, out: *mut *mut Session) -> Status {
     guard(|| {
         if out.is_null() {
             return Err(null("out"));
@@ -161,7 +187,12 @@ pub unsafe extern "C" fn llada_session_new(model: *const Model, n_threads: u32, 
         // so the reference outlives every use the session makes of it.
         let rt_model: &'static RtModel = unsafe { &*(&loaded.model as *const RtModel) };
         let threads = if n_threads == 0 { default_threads_for(rt_model) } else { n_threads as usize };
-        let session = RtSession::with_threads(rt_model, threads)?;
+        let kind = match backend {
+            b if b == Backend::Host as u32 => BackendKind::Host,
+            b if b == Backend::Vulkan as u32 => BackendKind::Vulkan,
+            other => return Err(Failure::argument(format!("backend {other} is not an llada_backend value (LLADA_BACKEND_HOST = 0, LLADA_BACKEND_VULKAN = 1)"))),
+        };
+        let session = RtSession::with_backend(rt_model, kind, threads, llada_rt::kernels::cpu::features(), StagingMode::Async, ExpertOptions::default())?;
         let handle = Box::new(Session { cancel: AtomicBool::new(false), state: Mutex::new(SessionState { session, _loaded: loaded }) });
         // SAFETY: as above.
         unsafe { *out = Box::into_raw(handle) };

@@ -29,6 +29,9 @@ pub enum Status {
     /// A bug in libllada (a caught panic, a worker thread that panicked); the message says
     /// whether the session that saw it can be used again.
     Internal = 9,
+    /// The accelerator backend failed (a Vulkan call returned an error, the device was lost);
+    /// the session fails its next pass too if the device stays unusable.
+    Device = 10,
 }
 
 thread_local! {
@@ -71,6 +74,7 @@ impl From<llada_rt::Error> for Failure {
             // Named as the C field, not the CLI flag.
             E::Setting { setting, message } => return Failure(Status::InvalidArgument, format!("{} {message}", setting.c_field())),
             E::Internal(_) => Status::Internal,
+            E::Device(_) => Status::Device,
         };
         Failure(status, e.to_string())
     }

@@ -297,7 +297,7 @@ pub fn gemm(x: &[f32], rows: usize, w: &Matrix, out: &mut [f32], scratch: &mut [
 
 /// K per chunk: the weights of a column tile over one chunk stay in L2 (tens of KiB), and
 /// the next chunk's are prefetched while it computes.
-fn chunk_k(format: DType, k: usize) -> usize {
+pub(crate) fn chunk_k(format: DType, k: usize) -> usize {
     let kc = match format {
         DType::PanelF32 => 256,
         DType::PanelF16 | DType::PanelBf16 => 512,

@@ -132,3 +132,34 @@ impl Drop for Pipelines {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::SHADERS;
+
+    #[test]
+    #[ignore = "needs glslangValidator (Debian: glslang-tools): .ci/run installs it and runs this with --ignored"]
+    fn shaders_are_built_from_their_sources() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/executor/vulkan/shaders");
+        let out = tempfile::tempdir().unwrap();
+        let mut sources: Vec<String> = std::fs::read_dir(&dir).unwrap().filter_map(|e| e.unwrap().file_name().into_string().ok()).filter(|n| n.ends_with(".comp")).collect();
+        sources.sort();
+        let mut listed: Vec<String> = SHADERS.iter().map(|s| format!("{}.comp", s.0)).collect();
+        listed.sort();
+        assert_eq!(sources, listed, "every shader source is built in, and only those");
+        for (name, spv) in SHADERS {
+            let built = out.path().join(format!("{name}.spv"));
+            let status = std::process::Command::new("glslangValidator")
+                .args(["-V", "--target-env", "vulkan1.1", "-o"])
+                .arg(&built)
+                .arg(dir.join(format!("{name}.comp")))
+                .stdout(std::process::Stdio::null())
+                .status()
+                .expect("glslangValidator runs");
+            assert!(status.success(), "{name}.comp does not compile");
+            assert!(std::fs::read(&built).unwrap() == spv, "{name}.spv is not built from {name}.comp: run src/executor/vulkan/shaders/build.sh");
+        }
+    }
+}

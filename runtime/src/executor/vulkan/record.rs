@@ -67,8 +67,10 @@ impl<'a> Recorder<'a> {
         Recorder { gpu, pipelines, h, homes, window, inputs, inputs_bytes, max_rows, command_pool, descriptor_pools: Vec::new(), query_pools: Vec::new(), sets_left: 0 }
     }
 
+    /// Binding offsets: the device's alignment, and at least 16 bytes so 128-bit vectors of a
+    /// binding sit at multiples of their size.
     fn align(&self) -> u64 {
-        self.gpu.limits.min_storage_buffer_offset_alignment.max(4)
+        self.gpu.limits.min_storage_buffer_offset_alignment.max(16)
     }
 
     /// Binds window bytes `start..start + len` as 32-bit words: the binding (from `start`
@@ -281,8 +283,8 @@ impl<'a> Recorder<'a> {
                 self.dispatch(cmd, p.rope, Some(c), Some(s), &[off(x), cols(x), heads, hd, r, c_off, s_off], [groups_of(heads * hd / 2), r, 1])
             }
             Op::Attention { qkv, out, heads, kv_heads, layer } => {
-                if hd > MAX_HEAD_DIM || hd % 2 != 0 {
-                    return Err(Error::Device(format!("vulkan: head dimension {hd} is not supported (even, at most {MAX_HEAD_DIM})")));
+                if hd > MAX_HEAD_DIM || hd % 4 != 0 {
+                    return Err(Error::Device(format!("vulkan: head dimension {hd} is not supported (a multiple of 4, at most {MAX_HEAD_DIM})")));
                 }
                 let w = &h.plan.window;
                 let (dtype, elem) = match w.kv_dtype {
@@ -293,6 +295,8 @@ impl<'a> Recorder<'a> {
                 let cap = h.plan.kv_capacity;
                 let layer_bytes = 2 * kv_heads as u64 * hd as u64 * cap as u64 * elem;
                 let (kv, kv_off) = self.window_words(w.kv.offset + layer as u64 * layer_bytes, layer_bytes, &|| format!("layer {layer}'s KV cache"))?;
+                // The shaders read the layer four elements at a time.
+                debug_assert!(kv_off % 4 == 0, "a layer's cache starts 16-byte aligned");
                 let words = if dtype == 0 { hd } else { hd / 2 };
                 let width = cols(qkv);
                 self.dispatch(cmd, p.store_kv, None, Some(kv), &[off(qkv), width, heads, kv_heads, hd, cap, kv_off, dtype], [groups_of(2 * kv_heads * words), g.rows, 1])?;
@@ -309,6 +313,9 @@ impl<'a> Recorder<'a> {
         let (n, k, format) = (t.shape[0], t.shape[1], t.dtype);
         let unsupported = || Error::Device(format!("vulkan: matmul weights {} are {}, which no shader reads", t.name, format.name()));
         let fmt = matmul_format(format, h.plan.bf16_activations).ok_or_else(unsupported)?;
+        if k % 4 != 0 {
+            return Err(Error::Device(format!("vulkan: matmul weights {} have {k} inputs; the shader reads them four at a time", t.name)));
+        }
         let pb = panel_bytes(format, k as usize).ok_or_else(unsupported)? as u64;
         let xv = &g.values[x as usize];
         let (rows, fh) = match xv.rows {
@@ -331,6 +338,8 @@ impl<'a> Recorder<'a> {
             (q_off, q_stride, scale_off, operand) = (base, (l.stride / 4) as u32, base + (l.scales_at / 4) as u32, Some(b));
             self.dispatch(cmd, self.pipelines.quantize, None, operand, &[x_off, k as u32, rows, fh, q_off, q_stride, scale_off], [rows, 1, 1])?;
         }
+        // The host kernels' K chunks, so both backends add the same partial sums.
+        let chunk = crate::kernels::gemm::chunk_k(format, k as usize) as u32;
         // A matrix larger than one binding may span runs in column slices of whole panels.
         let max = self.gpu.limits.max_storage_buffer_range as u64 - self.align();
         let per = (max / pb).max(1);
@@ -340,8 +349,9 @@ impl<'a> Recorder<'a> {
         while p0 < total {
             let p1 = (p0 + per).min(total);
             let (w, w_off) = self.window_words(base + p0 * pb, (p1 - p0) * pb, &|| format!("a panel slice of {}", t.name))?;
-            let push = [x_off, out_off, k as u32, n as u32, rows, fh, w_off, (pb / 4) as u32, (p0 * 16) as u32, group, q_off, q_stride, scale_off];
-            self.dispatch(cmd, self.pipelines.matmul[fmt as usize], Some(w), operand, &push, [((p1 - p0) * 16).div_ceil(64) as u32, rows.div_ceil(4), 1])?;
+            let push = [x_off, out_off, k as u32, n as u32, rows, fh, w_off, (pb / 4) as u32, (p0 * 16) as u32, group, q_off, q_stride, scale_off, chunk];
+            // 32 invocations per workgroup, four columns each.
+            self.dispatch(cmd, self.pipelines.matmul[fmt as usize], Some(w), operand, &push, [((p1 - p0) * 16).div_ceil(128) as u32, rows.div_ceil(4), 1])?;
             p0 = p1;
         }
         Ok(())

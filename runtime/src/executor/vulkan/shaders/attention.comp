@@ -2,9 +2,12 @@
 #extension GL_GOOGLE_include_directive : require
 // Bidirectional attention of query head `h` of row `r` (one workgroup each) against the first
 // `context` positions of one layer's KV cache (binding 2, as store_kv.comp wrote it), as the
-// host's `attention::attend`: scores q.k * scale, softmax with the maximum subtracted,
-// weights below 2^-100 dropped, then P V. Rows after the stored ones attend with their own
-// key and value at their position instead of the cache's.
+// host's `attention::attend`, in its order of operations so both backends get the same bits:
+// scores q.k * scale (the host's `dot`: 16 lanes of fused multiply-adds added pairwise; a
+// row's own key by fused multiply-adds in order), softmax with the maximum subtracted (the
+// exponentials summed in 16 lanes, the lanes in order, then the rest), weights below 2^-100
+// dropped, then P V by fused multiply-adds in key order. Rows after the stored ones attend
+// with their own key and value at their position instead of the cache's.
 layout(local_size_x = 64) in;
 layout(constant_id = 0) const uint MAX_KEYS = 4096u;
 #include "common.glsl"
@@ -17,37 +20,78 @@ layout(push_constant) uniform Params {
 const uint MAX_HEAD_DIM = 256u;
 const float NEGLIGIBLE = 7.888609e-31;
 
-shared float scores[MAX_KEYS];
-shared float q[MAX_HEAD_DIM];
-shared float partial[64];
+// Vector views of the same bindings: rows of q|k|v and of the cache are read four elements
+// at a time (head_dim is a multiple of 4 and every offset a multiple of 4 elements: checked
+// when recording).
+layout(std430, set = 0, binding = 0) readonly buffer ActivationVectors { vec4 act4[]; };
+layout(std430, set = 0, binding = 2) readonly buffer CacheVectors { vec4 kv4[]; };
+layout(std430, set = 0, binding = 2) readonly buffer CachePairs { uvec2 kv2[]; };
 
-float kv_at(uint e) {
-    if (pc.kv_dtype == 0u) return uintBitsToFloat(wb[pc.kv_off + e]);
-    uint word = wb[pc.kv_off + e / 2u];
-    uint bits = (e & 1u) == 0u ? word & 0xffffu : word >> 16;
-    return pc.kv_dtype == 1u ? f16_bits_to_f32(bits) : bf16_bits_to_f32(bits);
+shared float scores[MAX_KEYS];
+shared vec4 q[MAX_HEAD_DIM / 4u];
+shared float partial[64];
+shared float total;
+
+// Elements e..e+4 of the layer's cache (e a multiple of 4).
+vec4 kv_at(uint e) {
+    if (pc.kv_dtype == 0u) return kv4[(pc.kv_off + e) / 4u];
+    uvec2 w = kv2[(pc.kv_off + e / 2u) / 2u];
+    if (pc.kv_dtype == 1u) return vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y));
+    return vec4(uintBitsToFloat(w.x << 16), uintBitsToFloat(w.x & 0xffff0000u), uintBitsToFloat(w.y << 16), uintBitsToFloat(w.y & 0xffff0000u));
+}
+
+// The host's 16-lane dot product of the query with 16-element chunks of a key (lanes 4l..4l+3
+// in vector l), then the halving sum, then the elements past the last whole chunk in order.
+float dot_host(uint key_plane_elem) {
+    uint quads = pc.head_dim / 4u, full = pc.head_dim / 16u * 4u;
+    vec4 l0 = vec4(0.0), l1 = vec4(0.0), l2 = vec4(0.0), l3 = vec4(0.0);
+    for (uint d = 0u; d < full; d += 4u) {
+        l0 = fma(q[d], kv_at(key_plane_elem + 4u * d), l0);
+        l1 = fma(q[d + 1u], kv_at(key_plane_elem + 4u * d + 4u), l1);
+        l2 = fma(q[d + 2u], kv_at(key_plane_elem + 4u * d + 8u), l2);
+        l3 = fma(q[d + 3u], kv_at(key_plane_elem + 4u * d + 12u), l3);
+    }
+    l0 += l2;
+    l1 += l3;
+    l0 += l1;
+    l0.xy += l0.zw;
+    float s = l0.x + l0.y;
+    for (uint d = full; d < quads; d++) {
+        vec4 k = kv_at(key_plane_elem + 4u * d);
+        s = fma(q[d].x, k.x, s);
+        s = fma(q[d].y, k.y, s);
+        s = fma(q[d].z, k.z, s);
+        s = fma(q[d].w, k.w, s);
+    }
+    return s;
 }
 
 void main() {
     uint h = gl_WorkGroupID.x, row = gl_WorkGroupID.y, t = gl_LocalInvocationID.x;
     if (row >= pc.rows) return;
-    uint hd = pc.head_dim;
+    uint hd = pc.head_dim, quads = pc.head_dim / 4u;
     uint kvh = h / (pc.heads / pc.kv_heads);
     uint keys = inp[IN_CONTEXT];
     uint own = row >= inp[IN_STORED] ? position_of(row) : 0xffffffffu;
     uint row0 = pc.qkv_off + row * pc.width;
     uint own_k = row0 + (pc.heads + kvh) * hd, own_v = row0 + (pc.heads + pc.kv_heads + kvh) * hd;
     uint k_plane = kvh * pc.capacity * hd, v_plane = (pc.kv_heads + kvh) * pc.capacity * hd;
-    for (uint d = t; d < hd; d += 64u) q[d] = act[row0 + h * hd + d];
+    for (uint d = t; d < quads; d += 64u) q[d] = act4[(row0 + h * hd) / 4u + d];
     barrier();
 
     float m = -1.0 / 0.0;
     for (uint j = t; j < keys; j += 64u) {
         float s = 0.0;
         if (j == own) {
-            for (uint d = 0u; d < hd; d++) s = fma(q[d], act[own_k + d], s);
+            for (uint d = 0u; d < quads; d++) {
+                vec4 k = act4[own_k / 4u + d];
+                s = fma(q[d].x, k.x, s);
+                s = fma(q[d].y, k.y, s);
+                s = fma(q[d].z, k.z, s);
+                s = fma(q[d].w, k.w, s);
+            }
         } else {
-            for (uint d = 0u; d < hd; d++) s = fma(q[d], kv_at(k_plane + j * hd + d), s);
+            s = dot_host(k_plane + j * hd);
         }
         s *= pc.scale;
         scores[j] = s;
@@ -61,36 +105,45 @@ void main() {
     }
     m = partial[0];
     barrier();
-    float sum = 0.0;
-    for (uint j = t; j < keys; j += 64u) {
-        float e = exp_host(scores[j] - m);
-        scores[j] = e;
-        sum += e;
-    }
-    partial[t] = sum;
+    for (uint j = t; j < keys; j += 64u) scores[j] = exp_host(scores[j] - m);
     barrier();
-    for (uint w = 32u; w > 0u; w >>= 1) {
-        if (t < w) partial[t] += partial[t + w];
-        barrier();
+    uint full = keys / 16u * 16u;
+    if (t < 16u) {
+        float lane = 0.0;
+        for (uint j = t; j < full; j += 16u) lane += scores[j];
+        partial[t] = lane;
     }
-    float inv = 1.0 / partial[0];
     barrier();
-    float own_weight = 0.0;
+    if (t == 0u) {
+        float sum = 0.0;
+        for (uint l = 0u; l < 16u; l++) sum += partial[l];
+        for (uint j = full; j < keys; j++) sum += scores[j];
+        total = sum;
+    }
+    barrier();
+    float inv = 1.0 / total;
     for (uint j = t; j < keys; j += 64u) {
         float p = scores[j] * inv;
         scores[j] = p < NEGLIGIBLE ? 0.0 : p;
     }
     barrier();
+    // A row attending with its own key and value: its weight applies to its own value,
+    // after the cache's (whose entry at its position is skipped).
+    float own_weight = 0.0;
     if (own < keys) {
         own_weight = scores[own];
         barrier();
         if (t == 0u) scores[own] = 0.0;
         barrier();
     }
-    for (uint d = t; d < hd; d += 64u) {
-        float acc = 0.0;
-        for (uint j = 0u; j < keys; j++) acc = fma(scores[j], kv_at(v_plane + j * hd + d), acc);
-        if (own < keys) acc = fma(own_weight, act[own_v + d], acc);
-        act[pc.out_off + row * pc.heads * hd + h * hd + d] = acc;
+    for (uint d = t; d < quads; d += 64u) {
+        vec4 acc = vec4(0.0);
+        for (uint j = 0u; j < keys; j++) acc = fma(vec4(scores[j]), kv_at(v_plane + j * hd + 4u * d), acc);
+        if (own < keys) acc = fma(vec4(own_weight), act4[own_v / 4u + d], acc);
+        uint o = pc.out_off + row * pc.heads * hd + h * hd + 4u * d;
+        act[o] = acc.x;
+        act[o + 1u] = acc.y;
+        act[o + 2u] = acc.z;
+        act[o + 3u] = acc.w;
     }
 }

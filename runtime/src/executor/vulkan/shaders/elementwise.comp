@@ -20,7 +20,8 @@ void main() {
         act[a] *= pc.factor;
     } else if (pc.mode == 2u) {
         float g = act[pc.b_off + row * 2u * pc.cols + i], u = act[pc.b_off + row * 2u * pc.cols + pc.cols + i];
-        act[a] = g / (1.0 + exp_host(-g)) * u;
+        precise float o = g / (1.0 + exp_host(-g)) * u;
+        act[a] = o;
     } else {
         act[a] = act[pc.b_off + inp[IN_POS + pc.max_rows + row] * pc.cols + i];
     }

@@ -2,83 +2,162 @@
 #extension GL_GOOGLE_include_directive : require
 // out[r, n] = x[r, :] . W[n, :] over packed 16-column panels (layouts: `llada_ir::packing`),
 // for the columns of `panels` panels starting at word w_off of binding 1 (a large matrix is
-// split into several dispatches, each binding a part of it). One invocation computes one
-// column for four rows, so each weight word it loads serves four rows.
+// split into several dispatches, each binding a part of it). One invocation computes four
+// columns for four rows from 128-bit loads: each weight vector it loads serves four rows and
+// each activation vector four columns. k is a multiple of 4 (checked when recording).
 //
 // FORMAT (specialisation constant): 0 f32, 1 f16, 2 bf16, 3 bf16 with activations rounded to
-// bf16, 4 q8 and 5 q4 on int8 activations that `quantize.comp` wrote to binding 2. Integer
-// sums are exact; the scales are applied in the host kernels' order.
-layout(local_size_x = 64) in;
+// bf16, 4 q8 and 5 q4 on int8 activations that `quantize.comp` wrote to binding 2. The sums
+// follow the host's SIMD kernels exactly, so both backends compute the same bits: K is walked
+// in chunks of `chunk` inputs, each chunk's sum (fused multiply-adds in input order from zero;
+// integer for q8 and q4, scaled in the portable kernel's order) added to the output in chunk
+// order.
+layout(local_size_x = 32) in;
 layout(constant_id = 0) const uint FORMAT = 0u;
 #include "common.glsl"
+
+// The same bindings as 128- and 64-bit vectors (offsets of vectors are multiples of their
+// size: the recorder aligns bindings to 16 bytes, and values and tensors are 64-byte aligned).
+layout(std430, set = 0, binding = 0) readonly buffer ActivationVectors { vec4 act4[]; };
+layout(std430, set = 0, binding = 1) readonly buffer WordVectorsA { uvec4 wa4[]; };
+layout(std430, set = 0, binding = 1) readonly buffer WordPairsA { uvec2 wa2[]; };
+layout(std430, set = 0, binding = 2) readonly buffer WordPairsB { uvec2 wb2[]; };
 
 layout(push_constant) uniform Params {
     uint x_off; uint out_off; uint k; uint n; uint rows; uint from_heads;
     uint w_off; uint panel_words; uint col0; uint group;
-    uint q_off; uint q_stride; uint scale_off;
+    uint q_off; uint q_stride; uint scale_off; uint chunk;
 } pc;
 
-const uint ROWS = 4u;
+ivec4 s8x4(uint word) { return ivec4(bitfieldExtract(int(word), 0, 8), bitfieldExtract(int(word), 8, 8), bitfieldExtract(int(word), 16, 8), bitfieldExtract(int(word), 24, 8)); }
 
-int s8(uint word, uint j) { return bitfieldExtract(int(word), int(8u * j), 8); }
+int idot(ivec4 a, ivec4 b) { ivec4 p = a * b; return p.x + p.y + p.z + p.w; }
 
-float half_of(uint word, uint which) { return f16_bits_to_f32(which == 0u ? word : word >> 16); }
+// The four columns' 4-k dot products with one row's four quants.
+ivec4 dot4(uvec4 w, uint x) {
+    ivec4 xs = s8x4(x);
+    return ivec4(idot(s8x4(w.x), xs), idot(s8x4(w.y), xs), idot(s8x4(w.z), xs), idot(s8x4(w.w), xs));
+}
+
+// One q4 word of a column (nibbles: low k..k+4, high k+4..k+8) against a row's two quant
+// words: the sum of (u - 8) * x.
+int dot_q4(uint w, ivec4 lo, ivec4 hi) {
+    ivec4 wl = ivec4(w & 0xfu, (w >> 8) & 0xfu, (w >> 16) & 0xfu, (w >> 24) & 0xfu) - 8;
+    ivec4 wh = ivec4((w >> 4) & 0xfu, (w >> 12) & 0xfu, (w >> 20) & 0xfu, (w >> 28) & 0xfu) - 8;
+    return idot(wl, lo) + idot(wh, hi);
+}
+
+ivec4 dot_q4x4(uvec4 w, uvec2 x) {
+    ivec4 lo = s8x4(x.x), hi = s8x4(x.y);
+    return ivec4(dot_q4(w.x, lo, hi), dot_q4(w.y, lo, hi), dot_q4(w.z, lo, hi), dot_q4(w.w, lo, hi));
+}
+
+vec4 halves(uvec2 w) { return vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y)); }
+
+vec4 bf16s(uvec4 w, uint high) { return uintBitsToFloat(high == 0u ? w << 16 : w & 0xffff0000u); }
+
+// Weights of the invocation's four columns at input kk.
+vec4 weights(uint base, uint quad, uint kk) {
+    if (FORMAT == 0u) return uintBitsToFloat(wa4[(base + kk * 16u) / 4u + quad]);
+    if (FORMAT == 1u) return halves(wa2[(base + kk * 8u) / 2u + quad]);
+    return bf16s(wa4[(base + 16u * (kk / 2u)) / 4u + quad], kk & 1u);
+}
+
+vec4 activations(uint at) {
+    vec4 x = act4[at / 4u];
+    if (FORMAT == 3u) x = vec4(bf16_bits_to_f32(f32_to_bf16_bits(x.x)), bf16_bits_to_f32(f32_to_bf16_bits(x.y)), bf16_bits_to_f32(f32_to_bf16_bits(x.z)), bf16_bits_to_f32(f32_to_bf16_bits(x.w)));
+    return x;
+}
 
 void main() {
-    uint c = gl_GlobalInvocationID.x;
+    uint c = gl_GlobalInvocationID.x * 4u;
     uint col = pc.col0 + c;
     uint rows = value_rows(pc.rows, pc.from_heads);
-    uint r0 = gl_GlobalInvocationID.y * ROWS;
+    uint r0 = gl_GlobalInvocationID.y * 4u;
     if (col >= pc.n || r0 >= rows) return;
-    uint m = min(ROWS, rows - r0);
+    uint m = min(4u, rows - r0);
     uint base = pc.w_off + (c / 16u) * pc.panel_words;
-    uint lane = c % 16u;
-    float acc[ROWS] = float[ROWS](0.0, 0.0, 0.0, 0.0);
+    uint quad = (c % 16u) / 4u;
+    // Rows past the last are computed on the last row again and not stored.
+    uint ra = r0, rb = r0 + min(1u, m - 1u), rc = r0 + min(2u, m - 1u), rd = r0 + min(3u, m - 1u);
+    vec4 a0 = vec4(0.0), a1 = vec4(0.0), a2 = vec4(0.0), a3 = vec4(0.0);
     if (FORMAT <= 3u) {
-        for (uint kk = 0u; kk < pc.k; kk++) {
-            float w;
-            if (FORMAT == 0u) w = uintBitsToFloat(wa[base + kk * 16u + lane]);
-            else if (FORMAT == 1u) w = half_of(wa[base + kk * 8u + lane / 2u], lane & 1u);
-            else w = bf16_bits_to_f32((kk & 1u) == 0u ? wa[base + 16u * (kk / 2u) + lane] & 0xffffu : wa[base + 16u * (kk / 2u) + lane] >> 16);
-            for (uint i = 0u; i < m; i++) {
-                float x = act[pc.x_off + (r0 + i) * pc.k + kk];
-                if (FORMAT == 3u) x = bf16_bits_to_f32(f32_to_bf16_bits(x));
-                acc[i] = fma(x, w, acc[i]);
+        uint xa = pc.x_off + ra * pc.k, xb = pc.x_off + rb * pc.k, xc = pc.x_off + rc * pc.k, xd = pc.x_off + rd * pc.k;
+        for (uint k0 = 0u; k0 < pc.k; k0 += pc.chunk) {
+            vec4 c0 = vec4(0.0), c1 = vec4(0.0), c2 = vec4(0.0), c3 = vec4(0.0);
+            for (uint kk = k0; kk < min(k0 + pc.chunk, pc.k); kk += 4u) {
+                vec4 w0 = weights(base, quad, kk), w1 = weights(base, quad, kk + 1u), w2 = weights(base, quad, kk + 2u), w3 = weights(base, quad, kk + 3u);
+                vec4 x = activations(xa + kk);
+                c0 = fma(vec4(x.w), w3, fma(vec4(x.z), w2, fma(vec4(x.y), w1, fma(vec4(x.x), w0, c0))));
+                x = activations(xb + kk);
+                c1 = fma(vec4(x.w), w3, fma(vec4(x.z), w2, fma(vec4(x.y), w1, fma(vec4(x.x), w0, c1))));
+                x = activations(xc + kk);
+                c2 = fma(vec4(x.w), w3, fma(vec4(x.z), w2, fma(vec4(x.y), w1, fma(vec4(x.x), w0, c2))));
+                x = activations(xd + kk);
+                c3 = fma(vec4(x.w), w3, fma(vec4(x.z), w2, fma(vec4(x.y), w1, fma(vec4(x.x), w0, c3))));
             }
+            a0 += c0;
+            a1 += c1;
+            a2 += c2;
+            a3 += c3;
         }
-    } else if (FORMAT == 4u) {
-        int sums[ROWS] = int[ROWS](0, 0, 0, 0);
-        uint words = (pc.k + 3u) / 4u;
-        for (uint q = 0u; q < words; q++) {
-            uint w = wa[base + 16u * q + lane];
-            for (uint i = 0u; i < m; i++) {
-                uint x = wb[pc.q_off + (r0 + i) * pc.q_stride + q];
-                sums[i] += s8(w, 0u) * s8(x, 0u) + s8(w, 1u) * s8(x, 1u) + s8(w, 2u) * s8(x, 2u) + s8(w, 3u) * s8(x, 3u);
-            }
-        }
-        float ws = uintBitsToFloat(wa[base + 16u * words + lane]);
-        for (uint i = 0u; i < m; i++) acc[i] = float(sums[i]) * ws * uintBitsToFloat(wb[pc.scale_off + r0 + i]);
     } else {
-        uint groups = pc.k / pc.group;
-        for (uint g = 0u; g < groups; g++) {
-            int sums[ROWS] = int[ROWS](0, 0, 0, 0);
-            for (uint b = g * pc.group / 8u; b < (g + 1u) * pc.group / 8u; b++) {
-                uint w = wa[base + 16u * b + lane];
-                for (uint i = 0u; i < m; i++) {
-                    uint row = pc.q_off + (r0 + i) * pc.q_stride + 2u * b;
-                    uint xlo = wb[row], xhi = wb[row + 1u];
-                    int s = 0;
-                    for (uint j = 0u; j < 4u; j++) {
-                        s += (int((w >> (8u * j)) & 0xfu) - 8) * s8(xlo, j);
-                        s += (int((w >> (8u * j + 4u)) & 0xfu) - 8) * s8(xhi, j);
-                    }
-                    sums[i] += s;
+        uint qa = pc.q_off + ra * pc.q_stride, qb = pc.q_off + rb * pc.q_stride, qc = pc.q_off + rc * pc.q_stride, qd = pc.q_off + rd * pc.q_stride;
+        vec4 xs = vec4(uintBitsToFloat(wb[pc.scale_off + ra]), uintBitsToFloat(wb[pc.scale_off + rb]), uintBitsToFloat(wb[pc.scale_off + rc]), uintBitsToFloat(wb[pc.scale_off + rd]));
+        if (FORMAT == 4u) {
+            uint words = (pc.k + 3u) / 4u;
+            vec4 ws = uintBitsToFloat(wa4[(base + 16u * words) / 4u + quad]);
+            // The host adds 128 to every quant (an unsigned operand) and takes it out on the
+            // first chunk with the whole-K column sums: each chunk's integer sum is that.
+            ivec4 colsum = ivec4(wa4[(base + 16u * words) / 4u + 4u + quad]);
+            for (uint q0 = 0u; q0 < words; q0 += pc.chunk / 4u) {
+                ivec4 s0 = ivec4(0), s1 = ivec4(0), s2 = ivec4(0), s3 = ivec4(0), wsum = ivec4(0);
+                for (uint q = q0; q < min(q0 + pc.chunk / 4u, words); q++) {
+                    uvec4 w = wa4[(base + 16u * q) / 4u + quad];
+                    s0 += dot4(w, wb[qa + q]);
+                    s1 += dot4(w, wb[qb + q]);
+                    s2 += dot4(w, wb[qc + q]);
+                    s3 += dot4(w, wb[qd + q]);
+                    wsum += dot4(w, 0x01010101u);
                 }
+                ivec4 offset = 128 * wsum - (q0 == 0u ? 128 * colsum : ivec4(0));
+                a0 += vec4(s0 + offset) * ws * xs.x;
+                a1 += vec4(s1 + offset) * ws * xs.y;
+                a2 += vec4(s2 + offset) * ws * xs.z;
+                a3 += vec4(s3 + offset) * ws * xs.w;
             }
-            float d = half_of(wa[base + 2u * pc.k + 8u * g + lane / 2u], lane & 1u);
-            for (uint i = 0u; i < m; i++) acc[i] += float(sums[i]) * d;
+        } else {
+            uint blocks = pc.group / 8u;
+            uint groups = pc.k / pc.group;
+            uint per_chunk = pc.chunk / pc.group;
+            for (uint g0 = 0u; g0 < groups; g0 += per_chunk) {
+                vec4 c0 = vec4(0.0), c1 = vec4(0.0), c2 = vec4(0.0), c3 = vec4(0.0);
+                for (uint g = g0; g < min(g0 + per_chunk, groups); g++) {
+                    ivec4 s0 = ivec4(0), s1 = ivec4(0), s2 = ivec4(0), s3 = ivec4(0);
+                    for (uint b = g * blocks; b < (g + 1u) * blocks; b++) {
+                        uvec4 w = wa4[(base + 16u * b) / 4u + quad];
+                        s0 += dot_q4x4(w, wb2[(qa + 2u * b) / 2u]);
+                        s1 += dot_q4x4(w, wb2[(qb + 2u * b) / 2u]);
+                        s2 += dot_q4x4(w, wb2[(qc + 2u * b) / 2u]);
+                        s3 += dot_q4x4(w, wb2[(qd + 2u * b) / 2u]);
+                    }
+                    vec4 d = halves(wa2[(base + 2u * pc.k + 8u * g) / 2u + quad]);
+                    c0 = fma(vec4(s0), d, c0);
+                    c1 = fma(vec4(s1), d, c1);
+                    c2 = fma(vec4(s2), d, c2);
+                    c3 = fma(vec4(s3), d, c3);
+                }
+                a0 += c0 * xs.x;
+                a1 += c1 * xs.y;
+                a2 += c2 * xs.z;
+                a3 += c3 * xs.w;
+            }
         }
-        for (uint i = 0u; i < m; i++) acc[i] *= uintBitsToFloat(wb[pc.scale_off + r0 + i]);
     }
-    for (uint i = 0u; i < m; i++) act[pc.out_off + (r0 + i) * pc.n + col] = acc[i];
+    uint cols = min(4u, pc.n - col);
+    vec4 acc[4] = vec4[4](a0, a1, a2, a3);
+    for (uint i = 0u; i < m; i++) {
+        uint o = pc.out_off + (r0 + i) * pc.n + col;
+        for (uint j = 0u; j < cols; j++) act[o + j] = acc[i][j];
+    }
 }

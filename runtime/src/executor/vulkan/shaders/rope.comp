@@ -19,6 +19,9 @@ void main() {
     float c = uintBitsToFloat(wa[pc.cos_off + t]), s = uintBitsToFloat(wb[pc.sin_off + t]);
     uint at = pc.x_off + row * pc.x_stride + head * pc.head_dim + d;
     float a = act[at], b = act[at + half_dim];
-    act[at] = a * c + (-b) * s;
-    act[at + half_dim] = b * c + a * s;
+    // Unfused, as the host computes it.
+    precise float x1 = a * c + (-b) * s;
+    precise float x2 = b * c + a * s;
+    act[at] = x1;
+    act[at + half_dim] = x2;
 }

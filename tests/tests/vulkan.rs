@@ -1,0 +1,215 @@
+//! The Vulkan backend against the host backend on the embedded model: first-pass logits in
+//! every weight format and KV cache type, tokens on the golden settings, a window smaller
+//! than the weights (staging overlapped with dispatches, shown by the trace), `mbsd` with
+//! revision (deterministic, the side path running during dense passes), and what it refuses.
+//!
+//! These need a Vulkan driver: `.ci/run` installs lavapipe (Mesa's Vulkan on the CPU) and
+//! runs them with `cargo test --release -p llada-e2e --test vulkan -- --ignored`.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use llada_rt::executor::BackendKind;
+use llada_rt::kernels::cpu;
+use llada_rt::sampler::Policy;
+use llada_rt::session::ExpertOptions;
+use llada_rt::staging::StagingMode;
+use llada_rt::text::Text;
+use llada_rt::trace::Trace;
+use llada_rt::{generate, Generation, Model, SamplerParams, Session};
+use lladac::Quant;
+
+const NEEDS_VULKAN: &str = "needs a Vulkan driver (lavapipe): .ci/run installs it and runs these with --ignored";
+
+fn session(model: &Model, backend: BackendKind) -> Session<'_> {
+    Session::with_backend(model, backend, 2, cpu::features(), StagingMode::Async, ExpertOptions::default()).unwrap()
+}
+
+fn embedded() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/llada-tiny-tasks")
+}
+
+fn prompt(model: &Model, i: usize) -> Vec<u32> {
+    let text = Text::new(&model.header.tokenizer, &model.header.special).unwrap();
+    let p = ["FILL:0022001000121700300003040240606040000020037096000250158001600037=", "SHIFT:PONMLKJIHGFEDCBAABCDEFGHIJKLMNOPAEIMBFJNCGKODHLPPLHDOKGCNJFBMIEA="][i];
+    text.encode_chat(p).unwrap()
+}
+
+/// First-pass logits of `model` on `backend` over prompt 0 and a 64-token masked canvas.
+fn first_pass(model: &Model, backend: BackendKind) -> Vec<f32> {
+    let prompt = prompt(model, 0);
+    let seq: Vec<u32> = prompt.iter().copied().chain(std::iter::repeat_n(model.header.special.mask, 64)).collect();
+    let head: Vec<u32> = (0..seq.len() as u32).collect();
+    session(model, backend).forward_full(&seq, &head).unwrap().to_vec()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
+}
+
+fn compile(out: &Path, quant: Option<Quant>, kv: Option<&str>, window_bytes: Option<u64>) {
+    lladac::compile(&lladac::CompileOptions {
+        model: embedded(),
+        output: out.to_path_buf(),
+        quant,
+        target: "host".into(),
+        max_seq: Some(256),
+        head_rows: 256,
+        block_len: 32,
+        spec_blocks: 2,
+        bf16_activations: false,
+        window_bytes,
+        kv_dtype: kv.map(|k| llada_ir::KvDType::parse(k).unwrap()),
+        progress: false,
+    })
+    .expect("compiles");
+}
+
+#[test]
+#[ignore = "needs a Vulkan driver (lavapipe): .ci/run installs it and runs these with --ignored"]
+fn first_pass_logits_agree_with_the_host_in_every_format() {
+    let _ = NEEDS_VULKAN;
+    let dir = tempfile::tempdir().unwrap();
+    // (weights, KV cache, bound). The shaders add in the host kernels' order (the portable
+    // kernels' where the SIMD ones differ), so f32 weights agree within the conformance bound
+    // and int8 ones with the same bound: their integer sums are exact, and their activations
+    // (quantised from the same bits) too. A 16-bit cache rounds keys and values that differ
+    // in their last bits to different halves, as two host instruction sets do (measured:
+    // 4.4e-4 between the host's portable and AVX-512 kernels): 1e-3, and with int8
+    // activations, whose quantisation a changed value can flip, the golden files' int8
+    // tolerance, 5e-2.
+    let cases: [(Option<Quant>, Option<&str>, f32); 8] = [
+        (None, None, 1e-4),
+        (Some(Quant::F16), None, 1e-4),
+        (Some(Quant::Bf16), None, 1e-4),
+        (None, Some("f16"), 1e-3),
+        (None, Some("bf16"), 1e-3),
+        (Some(Quant::Q8), None, 1e-4),
+        (Some(Quant::Q4 { group: 128 }), None, 1e-4),
+        (Some(Quant::Q4 { group: 32 }), Some("f16"), 5e-2),
+    ];
+    let mut failures = Vec::new();
+    for (i, (quant, kv, bound)) in cases.into_iter().enumerate() {
+        let art = dir.path().join(format!("m{i}.lad"));
+        compile(&art, quant, kv, None);
+        let model = Model::open(&art, true).unwrap();
+        let (host, gpu) = (first_pass(&model, BackendKind::Host), first_pass(&model, BackendKind::Vulkan));
+        let diff = max_abs_diff(&host, &gpu);
+        eprintln!("{quant:?} kv {kv:?}: max abs difference {diff:.2e}");
+        if diff > bound {
+            failures.push(format!("{quant:?} kv {kv:?}: first-pass logits differ from the host's by {diff:.2e} (bound {bound:.0e})"));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+#[ignore = "needs a Vulkan driver (lavapipe): .ci/run installs it and runs these with --ignored"]
+fn embedded_golden_outputs_hold_on_vulkan() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = dir.path().join("embedded.lad");
+    common::compile(&embedded(), &art, None);
+    let model = Model::open(&art, true).unwrap();
+    let text = Text::new(&model.header.tokenizer, &model.header.special).unwrap();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/embedded.json");
+    let file = llada_rt::golden::read(&path).unwrap();
+    let report = llada_rt::golden::check(&mut session(&model, BackendKind::Vulkan), &text, &file, &path, Default::default(), llada_rt::golden::Pin::Reveals).unwrap();
+    assert!(report.passed(), "golden outputs differ on Vulkan:\n{}", report.failures.join("\n"));
+    assert_eq!((report.output_ids_matched, report.reveals_matched), (file.cases.len(), file.cases.len()));
+}
+
+/// Spans of `track` (its trace id) in a Chrome trace: (start, end) in microseconds.
+fn spans(trace: &Trace, track: u64) -> Vec<(f64, f64)> {
+    let json = trace.to_json();
+    json["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["tid"].as_u64() == Some(track))
+        .map(|e| (e["ts"].as_f64().unwrap(), e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap()))
+        .collect()
+}
+
+fn overlapping(a: &[(f64, f64)], b: &[(f64, f64)]) -> usize {
+    a.iter().filter(|x| b.iter().any(|y| x.0 < y.1 && y.0 < x.1)).count()
+}
+
+/// Track ids of the trace (see `llada_rt::trace::Track`).
+const DENSE: u64 = 1;
+const STAGING: u64 = 2;
+const SIDE_PATH: u64 = 3;
+const DEVICE: u64 = 4;
+
+#[test]
+#[ignore = "needs a Vulkan driver (lavapipe): .ci/run installs it and runs these with --ignored"]
+fn a_window_smaller_than_the_weights_stages_on_vulkan_and_gives_the_resident_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let (resident, swapped) = (dir.path().join("resident.lad"), dir.path().join("swapped.lad"));
+    compile(&resident, Some(Quant::Q8), None, None);
+    compile(&swapped, Some(Quant::Q8), None, Some(common::half_the_weights(&resident)));
+    let (a, b) = (Model::open(&resident, true).unwrap(), Model::open(&swapped, true).unwrap());
+    assert!(a.header.plan.window.rotating.is_empty() && b.header.plan.window.rotating.len() >= 2, "the small window should make segments rotate");
+    let p = SamplerParams { gen_length: 64, block_length: 32, steps: 32, ..Default::default() };
+    let want = generate(&mut session(&a, BackendKind::Vulkan), &prompt(&a, 0), &p, &mut |_| {}).unwrap();
+    let mut s = session(&b, BackendKind::Vulkan);
+    let trace = Arc::new(Trace::default());
+    s.set_trace(trace.clone());
+    let got = generate(&mut s, &prompt(&b, 0), &p, &mut |_| {}).unwrap();
+    assert_eq!((&got.output_ids, &got.reveals), (&want.output_ids, &want.reveals), "staged weights changed the tokens");
+    assert!(s.counters.staged_bytes > 0, "nothing was staged");
+    // The staging thread copies the next segments while the device runs the dispatches that
+    // do not need them: some copy spans overlap device spans.
+    let (copies, device) = (spans(&trace, STAGING), spans(&trace, DEVICE));
+    assert!(!copies.is_empty() && !device.is_empty(), "the trace has no copies or no device spans");
+    let overlapped = overlapping(&copies, &device);
+    eprintln!("{overlapped} of {} copies overlapped device work", copies.len());
+    assert!(overlapped > 0, "no staging copy overlapped a device span");
+}
+
+#[test]
+#[ignore = "needs a Vulkan driver (lavapipe): .ci/run installs it and runs these with --ignored"]
+fn mbsd_with_revision_on_vulkan_is_deterministic_with_the_side_path_during_dense_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = dir.path().join("embedded.lad");
+    compile(&art, None, None, None);
+    let model = Model::open(&art, true).unwrap();
+    // Hot sampling and low thresholds make checks disagree, so revisions happen.
+    let p = SamplerParams { gen_length: 64, block_length: 16, steps: 64, policy: Policy::Mbsd, temperature: 1.5, seed: 2, revise_confidence: 0.0, stable_checks: 3, stable_confidence: 1.0, ..Default::default() };
+    let run = |trace: Option<Arc<Trace>>| -> Generation {
+        let mut s = session(&model, BackendKind::Vulkan);
+        if let Some(t) = trace {
+            s.set_trace(t);
+        }
+        generate(&mut s, &prompt(&model, 1), &p, &mut |_| {}).unwrap()
+    };
+    let trace = Arc::new(Trace::default());
+    let first = run(Some(trace.clone()));
+    let m = first.mbsd.clone().expect("an mbsd report");
+    assert!(m.side.side_passes > 0 && m.side.checks > 0, "{m:?}");
+    for _ in 0..2 {
+        let again = run(None);
+        assert_eq!((&again.output_ids, &again.reveals, &again.revisions), (&first.output_ids, &first.reveals, &first.revisions), "mbsd on Vulkan changed between runs");
+    }
+    let (side, dense) = (spans(&trace, SIDE_PATH), spans(&trace, DENSE));
+    let during = overlapping(&side, &dense);
+    eprintln!("{during} of {} side-path checks ran during a dense pass ({} revisions)", side.len(), m.side.revisions);
+    assert!(during > 0, "no side-path span overlapped a dense pass");
+}
+
+#[test]
+#[ignore = "needs a Vulkan driver (lavapipe): .ci/run installs it and runs these with --ignored"]
+fn bad_device_choices_are_one_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = dir.path().join("embedded.lad");
+    compile(&art, None, None, None);
+    let out = std::process::Command::new(common::bin("llada-rt"))
+        .args(["run", art.to_str().unwrap(), "-p", "FILL:1=", "--backend", "vulkan"])
+        .env("LLADA_VULKAN_DEVICE", "99")
+        .output()
+        .unwrap();
+    common::assert_clean_failure(&out, &["--backend", "LLADA_VULKAN_DEVICE=99"]);
+    assert_eq!(out.status.code(), Some(2), "a bad setting exits 2");
+}
