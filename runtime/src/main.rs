@@ -597,8 +597,11 @@ fn run(cli: Cli) -> Result<()> {
             };
             if json {
                 let g = generation.as_ref().map(|g| json!({"seconds": g.seconds, "forward_passes": g.forward_passes, "rows_computed": g.rows_computed, "mbsd": g.mbsd}));
-                println!("{}", serde_json::to_string_pretty(&json!({"artifact": file, "threads": threads, "roofline": roof, "passes": passes, "generation": g, "window": window_report(&session)})).expect("serializes"));
+                println!("{}", serde_json::to_string_pretty(&json!({"artifact": file, "threads": threads, "backend": session.backend(), "roofline": roof, "passes": passes, "generation": g, "window": window_report(&session)})).expect("serializes"));
             } else {
+                let b = session.backend();
+                let op_times = if b.device_timestamps { "op times from device timestamps" } else { "op times from the host clock" };
+                println!("backend {}: {} ({op_times}){}", b.backend, b.device, if b.runs_on_cpu { "; it computes on this CPU: CPU figures, not a GPU's" } else { "" });
                 println!("{} on {} thread(s); roofline: f32 {:.0} / bf16 {:.0} GFLOP/s, int8 {:.0} GOP/s, read {:.1} GB/s", file.display(), threads,
                     roof.f32_flops.all_threads / 1e9, roof.bf16_flops.all_threads / 1e9, roof.int8_ops.all_threads / 1e9, roof.read_bytes.all_threads / 1e9);
                 for p in &passes {

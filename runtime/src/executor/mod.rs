@@ -17,7 +17,7 @@ use crate::staging::Stager;
 use crate::window::Window;
 
 pub mod host;
-#[cfg(feature = "vulkan")]
+#[cfg(all(feature = "vulkan", not(target_env = "musl")))]
 pub mod vulkan;
 
 pub use host::HostExecutor;
@@ -108,13 +108,16 @@ pub fn open(kind: BackendKind, model: &Model, threads: usize, features: Features
             let window = Window::new(h).map_err(|e| crate::Error::io(format!("allocating the {}-byte window", h.plan.window.bytes), e))?;
             Ok((Box::new(HostExecutor::new(model, threads, features)), window))
         }
-        #[cfg(feature = "vulkan")]
+        #[cfg(all(feature = "vulkan", not(target_env = "musl")))]
         BackendKind::Vulkan => {
             let (e, w) = vulkan::VulkanExecutor::new(model, threads)?;
             Ok((Box::new(e), w))
         }
-        #[cfg(not(feature = "vulkan"))]
-        BackendKind::Vulkan => Err(crate::Error::setting(crate::Setting::Backend, "this build of llada-rt has no Vulkan backend (built without the `vulkan` feature)".to_string())),
+        #[cfg(not(all(feature = "vulkan", not(target_env = "musl"))))]
+        BackendKind::Vulkan => Err(crate::Error::setting(
+            crate::Setting::Backend,
+            "vulkan: this build of llada-rt has no Vulkan backend (a static musl binary cannot load a Vulkan driver, or the `vulkan` feature is off); build for aarch64-linux-android with the NDK, or use --backend host".to_string(),
+        )),
     }
 }
 
