@@ -74,6 +74,7 @@ impl HostExecutor {
             runs_on_cpu: true,
             max_allocation_bytes: u64::MAX,
             device_timestamps: false,
+            int8_dot: features.avx512_vnni() || features.dotprod(),
         };
         HostExecutor { pool, features, homes: homes(&model.header), capabilities }
     }

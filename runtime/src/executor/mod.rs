@@ -79,6 +79,8 @@ pub struct Capabilities {
     pub max_allocation_bytes: u64,
     /// Whether op times in a profile come from device timestamps (else host wall time).
     pub device_timestamps: bool,
+    /// Whether the int8 matmuls use the device's packed int8 dot-product instructions.
+    pub int8_dot: bool,
 }
 
 pub trait Executor: Send {

@@ -39,6 +39,9 @@ pub(super) struct Gpu {
     pub timestamp_bits: u32,
     pub name: String,
     pub is_cpu: bool,
+    /// The device's packed int8 dot products are enabled (VK_KHR_shader_integer_dot_product),
+    /// so the q8/q4 matmuls use them.
+    pub int8_dot: bool,
     debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
 }
 
@@ -108,7 +111,7 @@ impl Gpu {
             None
         };
         match Gpu::with_device(&instance) {
-            Ok((device, physical, family)) => Ok(Gpu::describe(entry, instance, device, physical, family, debug)),
+            Ok((device, physical, family, int8_dot)) => Ok(Gpu::describe(entry, instance, device, physical, family, int8_dot, debug)),
             Err(e) => {
                 // SAFETY: nothing created from the instance is alive but the messenger.
                 unsafe {
@@ -122,7 +125,9 @@ impl Gpu {
         }
     }
 
-    fn with_device(instance: &ash::Instance) -> Result<(ash::Device, vk::PhysicalDevice, u32)> {
+    /// The chosen device with one compute queue, its family, and whether integer dot products
+    /// were enabled (where the device reports them, unless `LLADA_VULKAN_INT8_DOT=0`).
+    fn with_device(instance: &ash::Instance) -> Result<(ash::Device, vk::PhysicalDevice, u32, bool)> {
         // SAFETY: plain queries of a live instance.
         let mut devices = unsafe { instance.enumerate_physical_devices() }.map_err(|e| vk_error("listing devices", e))?;
         let chosen = std::env::var("LLADA_VULKAN_DEVICE").ok().map(|v| v.parse::<usize>().map_err(|_| Error::setting(Setting::Backend, format!("vulkan: LLADA_VULKAN_DEVICE={v} is not a device index"))));
@@ -140,15 +145,28 @@ impl Gpu {
         // SAFETY: as above.
         let families = unsafe { instance.get_physical_device_queue_family_properties(physical) };
         let family = families.iter().position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE)).ok_or_else(|| Error::setting(Setting::Backend, "vulkan: the device has no compute queue".to_string()))? as u32;
+        let dot_name = ash::khr::shader_integer_dot_product::NAME;
+        // SAFETY: plain queries; the chained struct outlives the call.
+        let listed = unsafe { instance.enumerate_device_extension_properties(physical) }.map_err(|e| vk_error("listing device extensions", e))?.iter().any(|e| e.extension_name_as_c_str() == Ok(dot_name));
+        let mut dot = vk::PhysicalDeviceShaderIntegerDotProductFeatures::default();
+        unsafe { instance.get_physical_device_features2(physical, &mut vk::PhysicalDeviceFeatures2::default().push_next(&mut dot)) };
+        let int8_dot = listed && dot.shader_integer_dot_product == vk::TRUE && std::env::var("LLADA_VULKAN_INT8_DOT").map_or(true, |v| v != "0");
         let priorities = [1.0f32];
         let queues = [vk::DeviceQueueCreateInfo::default().queue_family_index(family).queue_priorities(&priorities)];
-        let info = vk::DeviceCreateInfo::default().queue_create_infos(&queues);
-        // SAFETY: the create info lives across the call; the queue family exists.
+        let extensions = if int8_dot { vec![dot_name.as_ptr()] } else { Vec::new() };
+        let mut enable_dot = vk::PhysicalDeviceShaderIntegerDotProductFeatures::default().shader_integer_dot_product(true);
+        let mut info = vk::DeviceCreateInfo::default().queue_create_infos(&queues).enabled_extension_names(&extensions);
+        if int8_dot {
+            info = info.push_next(&mut enable_dot);
+        }
+        // SAFETY: the create info and what it points to live across the call; the queue
+        // family exists, and the extension and feature are enabled only where listed.
         let device = unsafe { instance.create_device(physical, &info, None) }.map_err(|e| vk_error("creating the device", e))?;
-        Ok((device, physical, family))
+        Ok((device, physical, family, int8_dot))
     }
 
-    fn describe(entry: ash::Entry, instance: ash::Instance, device: ash::Device, physical: vk::PhysicalDevice, family: u32, debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>) -> Gpu {
+    #[allow(clippy::too_many_arguments)]
+    fn describe(entry: ash::Entry, instance: ash::Instance, device: ash::Device, physical: vk::PhysicalDevice, family: u32, int8_dot: bool, debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>) -> Gpu {
         let mut maintenance3 = vk::PhysicalDeviceMaintenance3Properties::default();
         let mut properties = vk::PhysicalDeviceProperties2::default().push_next(&mut maintenance3);
         // SAFETY: plain queries of live objects; the chained struct outlives the call.
@@ -170,6 +188,7 @@ impl Gpu {
             timestamp_bits: if p.limits.timestamp_compute_and_graphics == vk::TRUE { families[family as usize].timestamp_valid_bits } else { 0 },
             name,
             is_cpu: p.device_type == vk::PhysicalDeviceType::CPU,
+            int8_dot,
             debug,
         }
     }

@@ -89,6 +89,7 @@ impl VulkanExecutor {
             runs_on_cpu: gpu.is_cpu,
             max_allocation_bytes: gpu.max_allocation,
             device_timestamps: gpu.timestamp_bits > 0,
+            int8_dot: gpu.int8_dot,
         };
         // The executor owns each object as soon as it exists (null until then), so a failure
         // part-way frees what was made through `drop`.

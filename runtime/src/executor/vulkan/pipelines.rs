@@ -16,14 +16,30 @@ pub(super) const PUSH_BYTES: u32 = 64;
 /// Head dimensions the attention shader holds a query of (`MAX_HEAD_DIM` there).
 pub(super) const MAX_HEAD_DIM: u32 = 256;
 
-pub(super) const SHADERS: [(&str, &[u8]); 7] = [
-    ("rms_norm", include_bytes!("shaders/rms_norm.spv")),
-    ("quantize", include_bytes!("shaders/quantize.spv")),
-    ("matmul", include_bytes!("shaders/matmul.spv")),
-    ("rope", include_bytes!("shaders/rope.spv")),
-    ("store_kv", include_bytes!("shaders/store_kv.spv")),
-    ("attention", include_bytes!("shaders/attention.spv")),
-    ("elementwise", include_bytes!("shaders/elementwise.spv")),
+/// A built shader: its name, the source it is built from, the macro defined for it (those two
+/// read by the test that rebuilds it).
+#[cfg_attr(not(test), allow(dead_code))]
+pub(super) struct Shader {
+    pub name: &'static str,
+    pub source: &'static str,
+    pub define: Option<&'static str>,
+    pub spv: &'static [u8],
+}
+
+const fn shader(name: &'static str, source: &'static str, define: Option<&'static str>, spv: &'static [u8]) -> Shader {
+    Shader { name, source, define, spv }
+}
+
+pub(super) const SHADERS: [Shader; 8] = [
+    shader("rms_norm", "rms_norm.comp", None, include_bytes!("shaders/rms_norm.spv")),
+    shader("quantize", "quantize.comp", None, include_bytes!("shaders/quantize.spv")),
+    shader("matmul", "matmul.comp", None, include_bytes!("shaders/matmul.spv")),
+    // The q8/q4 matmuls with the device's integer dot products (same sums, exact).
+    shader("matmul_dot", "matmul.comp", Some("INT8_DOT"), include_bytes!("shaders/matmul_dot.spv")),
+    shader("rope", "rope.comp", None, include_bytes!("shaders/rope.spv")),
+    shader("store_kv", "store_kv.comp", None, include_bytes!("shaders/store_kv.spv")),
+    shader("attention", "attention.comp", None, include_bytes!("shaders/attention.spv")),
+    shader("elementwise", "elementwise.comp", None, include_bytes!("shaders/elementwise.spv")),
 ];
 
 /// `matmul.comp`'s FORMAT for a weight format.
@@ -86,7 +102,8 @@ impl Pipelines {
         p.rms_norm = p.pipeline("rms_norm", None)?;
         p.quantize = p.pipeline("quantize", None)?;
         for f in 0..6u32 {
-            p.matmul[f as usize] = p.pipeline("matmul", Some(f))?;
+            let integer = f >= 4;
+            p.matmul[f as usize] = p.pipeline(if integer && gpu.int8_dot { "matmul_dot" } else { "matmul" }, Some(f))?;
         }
         p.rope = p.pipeline("rope", None)?;
         p.store_kv = p.pipeline("store_kv", None)?;
@@ -98,7 +115,7 @@ impl Pipelines {
     /// The pipeline of shader `name` with specialisation constant 0 set to `constant`.
     fn pipeline(&self, name: &str, constant: Option<u32>) -> Result<vk::Pipeline> {
         let d = &self.gpu.device;
-        let spv = SHADERS.iter().find(|s| s.0 == name).expect("a known shader").1;
+        let spv = SHADERS.iter().find(|s| s.name == name).expect("a known shader").spv;
         let words = ash::util::read_spv(&mut std::io::Cursor::new(spv)).map_err(|e| Error::Internal(format!("shader {name}: bad SPIR-V: {e}")))?;
         // SAFETY: valid SPIR-V built from this crate's shaders; the module is destroyed below.
         let module = unsafe { d.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None) }.map_err(|e| vk_error(&format!("loading shader {name}"), e))?;
@@ -146,20 +163,20 @@ mod tests {
         let out = tempfile::tempdir().unwrap();
         let mut sources: Vec<String> = std::fs::read_dir(&dir).unwrap().filter_map(|e| e.unwrap().file_name().into_string().ok()).filter(|n| n.ends_with(".comp")).collect();
         sources.sort();
-        let mut listed: Vec<String> = SHADERS.iter().map(|s| format!("{}.comp", s.0)).collect();
+        let mut listed: Vec<String> = SHADERS.iter().map(|s| s.source.to_string()).collect();
         listed.sort();
+        listed.dedup();
         assert_eq!(sources, listed, "every shader source is built in, and only those");
-        for (name, spv) in SHADERS {
-            let built = out.path().join(format!("{name}.spv"));
-            let status = std::process::Command::new("glslangValidator")
-                .args(["-V", "--target-env", "vulkan1.1", "-o"])
-                .arg(&built)
-                .arg(dir.join(format!("{name}.comp")))
-                .stdout(std::process::Stdio::null())
-                .status()
-                .expect("glslangValidator runs");
-            assert!(status.success(), "{name}.comp does not compile");
-            assert!(std::fs::read(&built).unwrap() == spv, "{name}.spv is not built from {name}.comp: run src/executor/vulkan/shaders/build.sh");
+        for s in SHADERS {
+            let built = out.path().join(format!("{}.spv", s.name));
+            let mut glslang = std::process::Command::new("glslangValidator");
+            glslang.args(["-V", "--target-env", "vulkan1.1"]);
+            if let Some(d) = s.define {
+                glslang.arg(format!("-D{d}"));
+            }
+            let status = glslang.arg("-o").arg(&built).arg(dir.join(s.source)).stdout(std::process::Stdio::null()).status().expect("glslangValidator runs");
+            assert!(status.success(), "{} does not compile", s.source);
+            assert!(std::fs::read(&built).unwrap() == s.spv, "{}.spv is not built from {}: run src/executor/vulkan/shaders/build.sh", s.name, s.source);
         }
     }
 }

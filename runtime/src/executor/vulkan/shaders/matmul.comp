@@ -1,5 +1,12 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
+#ifdef INT8_DOT
+// Built a second time with INT8_DOT (matmul_dot.spv) for devices that report
+// VK_KHR_shader_integer_dot_product: the packed 4 x int8 dot products become one instruction.
+#extension GL_EXT_spirv_intrinsics : require
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4450) int sdot4x8(uint x, uint y, spirv_literal int packed_format);
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4452) int sudot4x8(uint x, uint y, spirv_literal int packed_format);
+#endif
 // out[r, n] = x[r, :] . W[n, :] over packed 16-column panels (layouts: `llada_ir::packing`),
 // for the columns of `panels` panels starting at word w_off of binding 1 (a large matrix is
 // split into several dispatches, each binding a part of it). One invocation computes four
@@ -33,23 +40,26 @@ ivec4 s8x4(uint word) { return ivec4(bitfieldExtract(int(word), 0, 8), bitfieldE
 
 int idot(ivec4 a, ivec4 b) { ivec4 p = a * b; return p.x + p.y + p.z + p.w; }
 
+// Dot products of four packed bytes: both signed, or signed `s` with unsigned `u`.
+#ifdef INT8_DOT
+int dot_ss(uint a, uint b) { return sdot4x8(a, b, 0); }
+int dot_su(uint s, uint u) { return sudot4x8(s, u, 0); }
+#else
+int dot_ss(uint a, uint b) { return idot(s8x4(a), s8x4(b)); }
+int dot_su(uint s, uint u) { return idot(s8x4(s), ivec4(u & 0xffu, (u >> 8) & 0xffu, (u >> 16) & 0xffu, u >> 24)); }
+#endif
+
 // The four columns' 4-k dot products with one row's four quants.
-ivec4 dot4(uvec4 w, uint x) {
-    ivec4 xs = s8x4(x);
-    return ivec4(idot(s8x4(w.x), xs), idot(s8x4(w.y), xs), idot(s8x4(w.z), xs), idot(s8x4(w.w), xs));
-}
+ivec4 dot4(uvec4 w, uint x) { return ivec4(dot_ss(w.x, x), dot_ss(w.y, x), dot_ss(w.z, x), dot_ss(w.w, x)); }
 
-// One q4 word of a column (nibbles: low k..k+4, high k+4..k+8) against a row's two quant
-// words: the sum of (u - 8) * x.
-int dot_q4(uint w, ivec4 lo, ivec4 hi) {
-    ivec4 wl = ivec4(w & 0xfu, (w >> 8) & 0xfu, (w >> 16) & 0xfu, (w >> 24) & 0xfu) - 8;
-    ivec4 wh = ivec4((w >> 4) & 0xfu, (w >> 12) & 0xfu, (w >> 20) & 0xfu, (w >> 28) & 0xfu) - 8;
-    return idot(wl, lo) + idot(wh, hi);
-}
-
+// Four columns' q4 words (nibbles: low k..k+4, high k+4..k+8) against a row's two quant
+// words: the sums of (u - 8) * x, as sum(u * x) - 8 * sum(x).
 ivec4 dot_q4x4(uvec4 w, uvec2 x) {
-    ivec4 lo = s8x4(x.x), hi = s8x4(x.y);
-    return ivec4(dot_q4(w.x, lo, hi), dot_q4(w.y, lo, hi), dot_q4(w.z, lo, hi), dot_q4(w.w, lo, hi));
+    const uint LOW = 0x0f0f0f0fu;
+    int offset = 8 * (dot_ss(x.x, 0x01010101u) + dot_ss(x.y, 0x01010101u));
+    ivec4 s = ivec4(dot_su(x.x, w.x & LOW) + dot_su(x.y, (w.x >> 4) & LOW), dot_su(x.x, w.y & LOW) + dot_su(x.y, (w.y >> 4) & LOW),
+                    dot_su(x.x, w.z & LOW) + dot_su(x.y, (w.z >> 4) & LOW), dot_su(x.x, w.w & LOW) + dot_su(x.y, (w.w >> 4) & LOW));
+    return s - offset;
 }
 
 vec4 halves(uvec2 w) { return vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y)); }
