@@ -601,7 +601,8 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 let b = session.backend();
                 let op_times = if b.device_timestamps { "op times from device timestamps" } else { "op times from the host clock" };
-                println!("backend {}: {} ({op_times}){}", b.backend, b.device, if b.runs_on_cpu { "; it computes on this CPU: CPU figures, not a GPU's" } else { "" });
+                let cpu_note = if b.runs_on_cpu && b.backend != "host" { "; a CPU implementation: these are CPU figures, not a GPU's" } else { "" };
+                println!("backend {}: {} ({op_times}{cpu_note})", b.backend, b.device);
                 println!("{} on {} thread(s); roofline: f32 {:.0} / bf16 {:.0} GFLOP/s, int8 {:.0} GOP/s, read {:.1} GB/s", file.display(), threads,
                     roof.f32_flops.all_threads / 1e9, roof.bf16_flops.all_threads / 1e9, roof.int8_ops.all_threads / 1e9, roof.read_bytes.all_threads / 1e9);
                 for p in &passes {

@@ -85,7 +85,7 @@ impl VulkanExecutor {
         let pool = Pool::new(threads.max(1), "llada-cpu").map_err(|e| Error::Internal(format!("starting the CPU thread pool: {e}")))?;
         let capabilities = Capabilities {
             backend: "vulkan",
-            device: format!("{} (Vulkan{})", gpu.name, if gpu.is_cpu { ", a CPU implementation: its times are CPU figures" } else { "" }),
+            device: format!("{} (Vulkan)", gpu.name),
             runs_on_cpu: gpu.is_cpu,
             max_allocation_bytes: gpu.max_allocation,
             device_timestamps: gpu.timestamp_bits > 0,
