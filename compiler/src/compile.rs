@@ -470,13 +470,13 @@ mod tests {
         }
     }
 
-    /// A plan whose activations exceed a GPU's storage-buffer range is refused, saying what to
-    /// change (LLaDA-8B at 4096 positions: hundreds of MiB of activations).
+    /// A plan one of whose ops' values exceed a GPU's storage-buffer range is refused, saying
+    /// what to change (LLaDA-8B at 4096 positions: hundreds of MiB for one matmul's values).
     #[test]
     fn a_binding_above_the_storage_range_is_refused() {
         let (h, _) = crate::testing::llada_8b_header(&crate::lower::exact_buckets(4096, 16), "host", None);
         let err = check_whole_bindings(&h, "adreno750", 128 << 20).unwrap_err().to_string();
-        for want in ["the activation region", "128.0 MiB", "adreno750", "maxStorageBufferRange", "--max-seq"] {
+        for want in ["the values of one op", "128.0 MiB", "adreno750", "maxStorageBufferRange", "--max-seq"] {
             assert!(err.contains(want), "{want}: {err}");
         }
         assert!(check_whole_bindings(&h, "host", u64::MAX).is_ok());

@@ -267,6 +267,22 @@ pub fn attention_scratch(m: &ModelConfig, keys: u32, kv_dtype: KvDType, threads:
     (scores, widened, (scores * threads as u64 + widened) * 4)
 }
 
+/// Bytes a value occupies in the activation region at its graph's most rows.
+pub fn value_bytes(g: &Graph, v: u32) -> u64 {
+    let v = &g.values[v as usize];
+    let rows = match v.rows {
+        Rows::Tokens => g.rows,
+        Rows::Head => g.head_rows,
+    };
+    rows as u64 * v.cols as u64 * 4
+}
+
+/// The window bytes `[start, end)` that `op`'s values occupy together (None for an op with
+/// none): what an accelerator binding one range per op must reach.
+pub fn op_values_span(g: &Graph, op: &Op) -> Option<(u64, u64)> {
+    op.inputs().into_iter().chain(op.outputs()).map(|v| (g.values[v as usize].offset, g.values[v as usize].offset + value_bytes(g, v))).reduce(|(s, e), (a, b)| (s.min(a), e.max(b)))
+}
+
 /// Bytes of the largest prepared GEMM operand any graph of `h` needs (its ops' references
 /// already verified).
 pub fn largest_gemm_operand(h: &Header) -> u64 {

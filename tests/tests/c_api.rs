@@ -224,6 +224,13 @@ fn bad_arguments_get_a_status_and_a_message_naming_them() {
     }
 
     let loaded = Loaded::new(&common::embedded(dir.path()));
+    // SAFETY: a live model; `session` is writable.
+    unsafe {
+        let mut session = std::ptr::null_mut();
+        assert_eq!(llada_session_new_on(loaded.model, 1, 7, &mut session), Status::InvalidArgument);
+        assert!(session.is_null());
+        assert!(last_error().contains("backend 7 is not an llada_backend value"), "{}", last_error());
+    }
     let prompt = CString::new(PROMPT).unwrap();
     let mut out = std::mem::MaybeUninit::<Output>::uninit();
     let mut generate = |params: &Params| unsafe {

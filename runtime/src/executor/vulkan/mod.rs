@@ -52,7 +52,8 @@ unsafe impl Send for InputsMap {}
 pub struct VulkanExecutor {
     gpu: Arc<Gpu>,
     pipelines: Pipelines,
-    graphs: Vec<RecordedGraph>,
+    /// Each graph recorded, or why this device cannot run it.
+    graphs: Vec<std::result::Result<RecordedGraph, String>>,
     command_pool: vk::CommandPool,
     descriptor_pools: Vec<vk::DescriptorPool>,
     query_pools: Vec<vk::QueryPool>,
@@ -121,7 +122,10 @@ impl VulkanExecutor {
         let recorded = r.record_all();
         e.descriptor_pools = std::mem::take(&mut r.descriptor_pools);
         e.query_pools = std::mem::take(&mut r.query_pools);
-        e.graphs = recorded?;
+        e.graphs = recorded;
+        if let Some(Err(why)) = e.graphs.iter().find(|g| g.is_err()).filter(|_| e.graphs.iter().all(|g| g.is_err())) {
+            return Err(Error::Device(format!("vulkan: {} has no graph this device can run; the smallest: {why}", model.path.display())));
+        }
         Ok((e, window))
     }
 
@@ -167,8 +171,15 @@ impl VulkanExecutor {
 impl Executor for VulkanExecutor {
     fn run(&mut self, model: &Model, g: &Graph, inp: &RunInputs, window: &mut Window, stager: &mut Stager, _experts: Option<&mut Experts>, mut profile: Option<&mut OpProfile>) -> Result<()> {
         let gid = model.header.graphs.iter().position(|x| std::ptr::eq(x, g)).ok_or_else(|| Error::Internal(format!("graph {} is not one of the model's", g.name)))?;
+        let recorded = match &self.graphs[gid] {
+            Ok(r) => r,
+            Err(why) => {
+                return Err(Error::request(format!("{why}; a shorter prompt and generation use a smaller graph, or compile with a smaller --max-seq (or for a GPU --target)")));
+            }
+        };
+        let queries = recorded.queries;
         self.write_inputs(inp);
-        for step in &self.graphs[gid].steps {
+        for step in &self.graphs[gid].as_ref().expect("checked above").steps {
             match step {
                 Step::Host { op } => {
                     let start = Instant::now();
@@ -196,7 +207,7 @@ impl Executor for VulkanExecutor {
                     for op in ops.clone() {
                         stager.after_op(g, op);
                     }
-                    if let (Some(p), Some(q)) = (profile.as_deref_mut(), self.graphs[gid].queries) {
+                    if let (Some(p), Some(q)) = (profile.as_deref_mut(), queries) {
                         self.op_times(q, ops.clone(), p)?;
                     }
                 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use ash::vk;
 use llada_ir::packing::{panel_bytes, panels};
-use llada_ir::window::operand_layout;
+use llada_ir::window::{op_values_span, operand_layout};
 use llada_ir::{DType, Graph, Header, KvDType, Op, Rows, TensorId, Value};
 
 use super::gpu::{vk_error, Gpu};
@@ -59,12 +59,16 @@ pub(super) struct Recorder<'a> {
     pub descriptor_pools: Vec<vk::DescriptorPool>,
     pub query_pools: Vec<vk::QueryPool>,
     sets_left: u32,
+    /// The activation binding of the op being recorded: the span of the window its values
+    /// occupy (a whole activation region may exceed what one binding reaches).
+    act: Bind,
 }
 
 impl<'a> Recorder<'a> {
     #[allow(clippy::too_many_arguments)]
     pub fn new(gpu: &'a Arc<Gpu>, pipelines: &'a Pipelines, h: &'a Header, homes: &'a [Home], window: vk::Buffer, inputs: vk::Buffer, inputs_bytes: u64, max_rows: u32, command_pool: vk::CommandPool) -> Self {
-        Recorder { gpu, pipelines, h, homes, window, inputs, inputs_bytes, max_rows, command_pool, descriptor_pools: Vec::new(), query_pools: Vec::new(), sets_left: 0 }
+        let act = Bind { buffer: window, offset: 0, range: 0 };
+        Recorder { gpu, pipelines, h, homes, window, inputs, inputs_bytes, max_rows, command_pool, descriptor_pools: Vec::new(), query_pools: Vec::new(), sets_left: 0, act }
     }
 
     /// Binding offsets: the device's alignment, and at least 16 bytes so 128-bit vectors of a
@@ -80,7 +84,7 @@ impl<'a> Recorder<'a> {
         let range = (start + len - aligned).div_ceil(4) * 4;
         let max = self.gpu.limits.max_storage_buffer_range as u64;
         if range > max {
-            return Err(Error::Device(format!("vulkan: {} spans {range} bytes but {} binds at most {max} bytes at once", what(), self.gpu.name)));
+            return Err(Error::Device(format!("vulkan: {} span {range} bytes but {} binds at most {max} bytes at once", what(), self.gpu.name)));
         }
         Ok((Bind { buffer: self.window, offset: aligned, range }, ((start - aligned) / 4) as u32))
     }
@@ -97,7 +101,7 @@ impl<'a> Recorder<'a> {
 
     fn weight(&self, t: TensorId) -> Result<(Bind, u32)> {
         let at = self.weight_at(t)?;
-        self.window_words(at, self.h.tensors[t as usize].nbytes, &|| format!("tensor {}", self.h.tensors[t as usize].name))
+        self.window_words(at, self.h.tensors[t as usize].nbytes, &|| format!("the bytes of tensor {}", self.h.tensors[t as usize].name))
     }
 
     fn descriptor_set(&mut self) -> Result<vk::DescriptorSet> {
@@ -117,9 +121,10 @@ impl<'a> Recorder<'a> {
         Ok(sets[0])
     }
 
-    /// Records every graph of the artifact.
-    pub fn record_all(&mut self) -> Result<Vec<RecordedGraph>> {
-        self.h.graphs.iter().map(|g| self.record(g)).collect()
+    /// Records every graph of the artifact; a graph this device cannot run (a value wider than
+    /// one binding reaches) is its reason instead, reported when a pass needs that graph.
+    pub fn record_all(&mut self) -> Vec<std::result::Result<RecordedGraph, String>> {
+        self.h.graphs.iter().map(|g| self.record(g).map_err(|e| format!("{e} (in graph {}, {} rows)", g.name, g.rows))).collect()
     }
 
     fn record(&mut self, g: &Graph) -> Result<RecordedGraph> {
@@ -198,8 +203,7 @@ impl<'a> Recorder<'a> {
             return Ok(());
         }
         let set = self.descriptor_set()?;
-        let a = &self.h.plan.window.activations;
-        let act = self.window_words(a.offset, a.bytes, &|| "the activation region".to_string())?.0;
+        let act = self.act;
         let inputs = Bind { buffer: self.inputs, offset: 0, range: self.inputs_bytes };
         let infos = [act, b1.unwrap_or(inputs), b2.unwrap_or(inputs), inputs].map(|b| vk::DescriptorBufferInfo { buffer: b.buffer, offset: b.offset, range: b.range });
         let writes: Vec<_> = infos
@@ -226,13 +230,22 @@ impl<'a> Recorder<'a> {
         Ok(())
     }
 
-    /// Word of value `v` in the activation binding.
+    /// Word of value `v` in the activation binding of the op being recorded.
     fn at(&self, v: &Value) -> u32 {
-        let a = &self.h.plan.window.activations;
-        (((a.offset % self.align()) + (v.offset - a.offset)) / 4) as u32
+        ((v.offset - self.act.offset) / 4) as u32
+    }
+
+    /// Binds the span of the window that `op`'s values occupy (at the graph's most rows) as
+    /// the activations of its dispatches.
+    fn bind_activations(&mut self, g: &Graph, op: &Op) -> Result<()> {
+        if let Some((start, end)) = op_values_span(g, op) {
+            self.act = self.window_words(start, end - start, &|| format!("the values of a {} op", op.name()))?.0;
+        }
+        Ok(())
     }
 
     fn record_op(&mut self, cmd: vk::CommandBuffer, g: &Graph, op: &Op) -> Result<()> {
+        self.bind_activations(g, op)?;
         let p = self.pipelines;
         let h: &'a Header = self.h;
         let hd = h.model.head_dim;
@@ -244,9 +257,8 @@ impl<'a> Recorder<'a> {
             Rows::Tokens => (g.rows, 0u32),
             Rows::Head => (g.head_rows, 1u32),
         };
-        let a = &h.plan.window.activations;
-        let shift = a.offset % self.align();
-        let off = |v: u32| ((shift + val(v).offset - a.offset) / 4) as u32;
+        let act_base = self.act.offset;
+        let off = |v: u32| ((val(v).offset - act_base) / 4) as u32;
         let groups_of = |n: u32| n.div_ceil(64);
         match *op {
             Op::Embed { .. } => unreachable!("the host runs the embedding"),
@@ -294,7 +306,7 @@ impl<'a> Recorder<'a> {
                 };
                 let cap = h.plan.kv_capacity;
                 let layer_bytes = 2 * kv_heads as u64 * hd as u64 * cap as u64 * elem;
-                let (kv, kv_off) = self.window_words(w.kv.offset + layer as u64 * layer_bytes, layer_bytes, &|| format!("layer {layer}'s KV cache"))?;
+                let (kv, kv_off) = self.window_words(w.kv.offset + layer as u64 * layer_bytes, layer_bytes, &|| format!("the keys and values of layer {layer}"))?;
                 // The shaders read the layer four elements at a time.
                 debug_assert!(kv_off % 4 == 0, "a layer's cache starts 16-byte aligned");
                 let words = if dtype == 0 { hd } else { hd / 2 };
@@ -334,7 +346,7 @@ impl<'a> Recorder<'a> {
             if l.bytes as u64 > s.bytes {
                 return Err(Error::Device(format!("vulkan: {}'s quantised operand needs {} bytes; the plan's GEMM scratch has {}", t.name, l.bytes, s.bytes)));
             }
-            let (b, base) = self.window_words(s.offset, s.bytes, &|| "the GEMM scratch".to_string())?;
+            let (b, base) = self.window_words(s.offset, l.bytes as u64, &|| format!("the quantised activations for {}", t.name))?;
             (q_off, q_stride, scale_off, operand) = (base, (l.stride / 4) as u32, base + (l.scales_at / 4) as u32, Some(b));
             self.dispatch(cmd, self.pipelines.quantize, None, operand, &[x_off, k as u32, rows, fh, q_off, q_stride, scale_off], [rows, 1, 1])?;
         }
@@ -348,7 +360,7 @@ impl<'a> Recorder<'a> {
         let mut p0 = 0;
         while p0 < total {
             let p1 = (p0 + per).min(total);
-            let (w, w_off) = self.window_words(base + p0 * pb, (p1 - p0) * pb, &|| format!("a panel slice of {}", t.name))?;
+            let (w, w_off) = self.window_words(base + p0 * pb, (p1 - p0) * pb, &|| format!("the bytes of one panel of {}", t.name))?;
             let push = [x_off, out_off, k as u32, n as u32, rows, fh, w_off, (pb / 4) as u32, (p0 * 16) as u32, group, q_off, q_stride, scale_off, chunk];
             // 32 invocations per workgroup, four columns each.
             self.dispatch(cmd, self.pipelines.matmul[fmt as usize], Some(w), operand, &push, [((p1 - p0) * 16).div_ceil(128) as u32, rows.div_ceil(4), 1])?;
