@@ -338,7 +338,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     };
     window::plan(&mut header, &window_opts)?;
     if let Some(gpu) = target.gpu {
-        check_whole_bindings(&header, &target.name, gpu.max_storage_buffer_bytes)?;
+        check_whole_bindings(&header, &target.name, gpu.max_storage_buffer_bytes, gpu.storage_buffer_offset_align)?;
     }
     latency::record(&mut header, &target);
     latency::choose_row_buckets(&mut header, row_set_rows);
@@ -348,10 +348,11 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
 }
 
 /// A GPU binds each of the plan's whole bindings (`window::whole_bindings`) as one storage
-/// buffer of at most `range` bytes: a plan with a larger one cannot run there.
-fn check_whole_bindings(h: &Header, target: &str, range: u64) -> Result<()> {
+/// buffer of at most `range` bytes, starting up to `align` bytes early (its offset rounded down
+/// to the device's alignment): a plan with a larger one cannot run there.
+fn check_whole_bindings(h: &Header, target: &str, range: u64, align: u64) -> Result<()> {
     let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
-    match window::whole_bindings(h).into_iter().find(|&(_, bytes)| bytes > range) {
+    match window::whole_bindings(h).into_iter().find(|&(_, bytes)| bytes.saturating_add(align) > range) {
         None => Ok(()),
         Some((what, bytes)) => Err(Error::Options(format!(
             "{what} ({}) exceeds the {} one storage buffer binds on target '{target}' (maxStorageBufferRange), and the Vulkan backend binds it whole. \
@@ -475,10 +476,10 @@ mod tests {
     #[test]
     fn a_binding_above_the_storage_range_is_refused() {
         let (h, _) = crate::testing::llada_8b_header(&crate::lower::exact_buckets(4096, 16), "host", None);
-        let err = check_whole_bindings(&h, "adreno750", 128 << 20).unwrap_err().to_string();
+        let err = check_whole_bindings(&h, "adreno750", 128 << 20, 256).unwrap_err().to_string();
         for want in ["the values of one op", "128.0 MiB", "adreno750", "maxStorageBufferRange", "--max-seq"] {
             assert!(err.contains(want), "{want}: {err}");
         }
-        assert!(check_whole_bindings(&h, "host", u64::MAX).is_ok());
+        assert!(check_whole_bindings(&h, "host", u64::MAX, 0).is_ok());
     }
 }

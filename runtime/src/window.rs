@@ -87,8 +87,9 @@ impl Window {
         Window::with_weights(h, false)
     }
 
-    /// A window in `len` bytes at `base` that a device backend mapped (zeroed, writable by
-    /// the host, valid until `owner` drops), laid out as [`new`](Self::new) lays it out.
+    /// A window in `len` bytes at `base` that a device backend mapped (writable by the host,
+    /// valid until `owner` drops; not necessarily zeroed: nothing reads a region before a pass
+    /// or the loader writes it), laid out as [`new`](Self::new) lays it out.
     ///
     /// # Safety
     /// `base..base + len` is mapped, writable and used by nothing but this window (and the

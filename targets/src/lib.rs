@@ -50,7 +50,8 @@ pub struct GpuLimits {
     /// `shaderFloat16`: f16 arithmetic in shaders.
     pub shader_float16: bool,
     /// `VK_KHR_shader_integer_dot_product`: packed int8 dot products in shaders (the
-    /// shaders do not use them yet: `accelerator.int8_ops` is their 32-bit integer rate).
+    /// shaders use them where the driver reports them; `accelerator.int8_ops` stays the 32-bit
+    /// integer rate, their rate being unpublished).
     pub integer_dot_product: bool,
 }
 

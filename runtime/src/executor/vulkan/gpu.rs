@@ -131,6 +131,8 @@ impl Gpu {
         // SAFETY: plain queries of a live instance.
         let mut devices = unsafe { instance.enumerate_physical_devices() }.map_err(|e| vk_error("listing devices", e))?;
         let chosen = std::env::var("LLADA_VULKAN_DEVICE").ok().map(|v| v.parse::<usize>().map_err(|_| Error::setting(Setting::Backend, format!("vulkan: LLADA_VULKAN_DEVICE={v} is not a device index"))));
+        // SAFETY: plain queries of a live instance.
+        let version = |d: vk::PhysicalDevice| unsafe { instance.get_physical_device_properties(d) }.api_version;
         let physical = match chosen {
             Some(i) => {
                 let i = i?;
@@ -138,10 +140,14 @@ impl Gpu {
             }
             None => {
                 // SAFETY: as above.
-                devices.sort_by_key(|&d| rank(unsafe { instance.get_physical_device_properties(d) }.device_type));
+                devices.sort_by_key(|&d| (version(d) < vk::API_VERSION_1_1, rank(unsafe { instance.get_physical_device_properties(d) }.device_type)));
                 *devices.first().ok_or_else(|| Error::setting(Setting::Backend, "vulkan: the loader found no Vulkan device; install a driver (Debian: `apt-get install mesa-vulkan-drivers`) or use --backend host".to_string()))?
             }
         };
+        let v = version(physical);
+        if v < vk::API_VERSION_1_1 {
+            return Err(Error::setting(Setting::Backend, format!("vulkan: the device's driver implements Vulkan {}.{}; this backend needs 1.1", vk::api_version_major(v), vk::api_version_minor(v))));
+        }
         // SAFETY: as above.
         let families = unsafe { instance.get_physical_device_queue_family_properties(physical) };
         let family = families.iter().position(|f| f.queue_flags.contains(vk::QueueFlags::COMPUTE)).ok_or_else(|| Error::setting(Setting::Backend, "vulkan: the device has no compute queue".to_string()))? as u32;
@@ -219,17 +225,31 @@ impl Gpu {
         let needs = unsafe { d.get_buffer_memory_requirements(buffer) };
         let wanted = vk::MemoryPropertyFlags::HOST_VISIBLE | vk::MemoryPropertyFlags::HOST_COHERENT;
         let types = &self.memory.memory_types[..self.memory.memory_type_count as usize];
-        let usable = |i: usize, t: &vk::MemoryType| needs.memory_type_bits & (1 << i) != 0 && t.property_flags.contains(wanted);
-        let index = types
-            .iter()
-            .enumerate()
-            .filter(|(i, t)| usable(*i, t))
-            .min_by_key(|(_, t)| !t.property_flags.contains(vk::MemoryPropertyFlags::DEVICE_LOCAL))
-            .map(|(i, _)| i as u32)
-            .ok_or_else(|| fail(Error::setting(Setting::Backend, format!("vulkan: {} has no host-visible, coherent memory for the {what}; this backend needs unified memory (phones, integrated GPUs)", self.name))))?;
-        let alloc = vk::MemoryAllocateInfo::default().allocation_size(needs.size).memory_type_index(index);
-        // SAFETY: valid allocate info.
-        let memory = unsafe { d.allocate_memory(&alloc, None) }.map_err(|e| fail(vk_error(&format!("allocating {} bytes for the {what}", needs.size), e)))?;
+        // Host-visible, coherent types whose heap can hold it, device-local ones first (a
+        // discrete GPU's small device-local BAR heap is skipped by its size, or by failing).
+        let heap_holds = |t: &vk::MemoryType| self.memory.memory_heaps[t.heap_index as usize].size >= needs.size;
+        let mut candidates: Vec<u32> = (0..types.len()).filter(|&i| needs.memory_type_bits & (1 << i) != 0 && types[i].property_flags.contains(wanted) && heap_holds(&types[i])).map(|i| i as u32).collect();
+        candidates.sort_by_key(|&i| !types[i as usize].property_flags.contains(vk::MemoryPropertyFlags::DEVICE_LOCAL));
+        if candidates.is_empty() {
+            return Err(fail(Error::setting(
+                Setting::Backend,
+                format!("vulkan: {} has no host-visible, coherent memory that holds the {what} ({} bytes); this backend needs unified memory (phones, integrated GPUs)", self.name, needs.size),
+            )));
+        }
+        let mut last = vk::Result::ERROR_OUT_OF_DEVICE_MEMORY;
+        let mut memory = None;
+        for &index in &candidates {
+            let alloc = vk::MemoryAllocateInfo::default().allocation_size(needs.size).memory_type_index(index);
+            // SAFETY: valid allocate info.
+            match unsafe { d.allocate_memory(&alloc, None) } {
+                Ok(m) => {
+                    memory = Some(m);
+                    break;
+                }
+                Err(e) => last = e,
+            }
+        }
+        let memory = memory.ok_or_else(|| fail(vk_error(&format!("allocating {} bytes for the {what}", needs.size), last)))?;
         // SAFETY: the memory is fresh, large enough for the buffer and of a type it accepts;
         // it is host-visible, so mapping it whole is allowed.
         let mapped = unsafe { d.bind_buffer_memory(buffer, memory, 0).and_then(|()| d.map_memory(memory, 0, vk::WHOLE_SIZE, vk::MemoryMapFlags::empty())) };

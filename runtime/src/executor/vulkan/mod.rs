@@ -39,6 +39,10 @@ struct WindowMemory {
 
 impl Drop for WindowMemory {
     fn drop(&mut self) {
+        // The window drops before its session's executor: wait for the device here too (after
+        // a failed wait for a pass, work on it may still be pending).
+        // SAFETY: a live device.
+        let _ = unsafe { self.gpu.device.device_wait_idle() };
         self.gpu.free_buffer(self.buffer, self.memory);
     }
 }
@@ -122,9 +126,9 @@ impl VulkanExecutor {
         let recorded = r.record_all();
         e.descriptor_pools = std::mem::take(&mut r.descriptor_pools);
         e.query_pools = std::mem::take(&mut r.query_pools);
-        e.graphs = recorded;
-        if let Some(Err(why)) = e.graphs.iter().find(|g| g.is_err()).filter(|_| e.graphs.iter().all(|g| g.is_err())) {
-            return Err(Error::Device(format!("vulkan: {} has no graph this device can run; the smallest: {why}", model.path.display())));
+        e.graphs = recorded?;
+        if let Some(Err(why)) = e.graphs.first().filter(|_| e.graphs.iter().all(|g| g.is_err())) {
+            return Err(Error::setting(Setting::Backend, format!("vulkan: {} has no graph this device can run; the first: {why}", model.path.display())));
         }
         Ok((e, window))
     }
@@ -148,9 +152,13 @@ impl VulkanExecutor {
         // waited for); the fence is unsignalled (reset after every wait).
         unsafe {
             d.queue_submit(self.gpu.queue, &submit, self.fence).map_err(|e| vk_error("submitting a graph", e))?;
-            let waited = d.wait_for_fences(&[self.fence], true, u64::MAX).map_err(|e| vk_error("waiting for a graph", e));
-            d.reset_fences(&[self.fence]).map_err(|e| vk_error("resetting a fence", e))?;
-            waited
+            if let Err(e) = d.wait_for_fences(&[self.fence], true, u64::MAX) {
+                // Nothing may be reset or resubmitted while the work could still run.
+                let _ = d.device_wait_idle();
+                let _ = d.reset_fences(&[self.fence]);
+                return Err(vk_error("waiting for a graph", e));
+            }
+            d.reset_fences(&[self.fence]).map_err(|e| vk_error("resetting a fence", e))
         }
     }
 
@@ -207,8 +215,14 @@ impl Executor for VulkanExecutor {
                     for op in ops.clone() {
                         stager.after_op(g, op);
                     }
-                    if let (Some(p), Some(q)) = (profile.as_deref_mut(), queries) {
-                        self.op_times(q, ops.clone(), p)?;
+                    match (profile.as_deref_mut(), queries) {
+                        (Some(p), Some(q)) => self.op_times(q, ops.clone(), p)?,
+                        // No timestamps: the chunk's wall time, charged to its first op.
+                        (Some(p), None) => {
+                            p.times.push((ops.start, start.elapsed().as_secs_f64()));
+                            p.times.extend(ops.clone().skip(1).map(|i| (i, 0.0)));
+                        }
+                        (None, _) => {}
                     }
                 }
             }

@@ -72,8 +72,9 @@ pub(super) struct Pipelines {
 impl Pipelines {
     /// Every pipeline, the attention one holding scores for `max_keys` positions.
     pub fn new(gpu: Arc<Gpu>, max_keys: u32) -> Result<Pipelines> {
-        let shared = (max_keys + MAX_HEAD_DIM + 64) * 4;
-        if shared > gpu.limits.max_compute_shared_memory_size {
+        // attention.comp's workgroup memory: scores, the query, 64 partial sums and a total.
+        let shared = (max_keys as u64 + MAX_HEAD_DIM as u64 + 64 + 1) * 4;
+        if shared > gpu.limits.max_compute_shared_memory_size as u64 {
             return Err(Error::setting(
                 Setting::Backend,
                 format!("vulkan: attention over {max_keys} cached positions needs {shared} bytes of workgroup memory but {} has {}; compile with a smaller --max-len", gpu.name, gpu.limits.max_compute_shared_memory_size),

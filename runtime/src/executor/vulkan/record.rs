@@ -84,7 +84,7 @@ impl<'a> Recorder<'a> {
         let range = (start + len - aligned).div_ceil(4) * 4;
         let max = self.gpu.limits.max_storage_buffer_range as u64;
         if range > max {
-            return Err(Error::Device(format!("vulkan: {} span {range} bytes but {} binds at most {max} bytes at once", what(), self.gpu.name)));
+            return Err(Error::Request(format!("vulkan: {} span {range} bytes but {} binds at most {max} bytes at once", what(), self.gpu.name)));
         }
         Ok((Bind { buffer: self.window, offset: aligned, range }, ((start - aligned) / 4) as u32))
     }
@@ -95,7 +95,7 @@ impl<'a> Recorder<'a> {
         match self.homes[t as usize] {
             Home::Resident { offset } => Ok(offset),
             Home::Rotating { rotating, offset } => Ok(w.slots[rotating as usize % w.slots.len().max(1)].offset + offset),
-            Home::Host => Err(Error::Device(format!("vulkan: tensor {} is not in the window (the plan reads it from the artifact on the CPU)", self.h.tensors[t as usize].name))),
+            Home::Host => Err(Error::Request(format!("vulkan: tensor {} is not in the window (the plan reads it from the artifact on the CPU)", self.h.tensors[t as usize].name))),
         }
     }
 
@@ -121,10 +121,19 @@ impl<'a> Recorder<'a> {
         Ok(sets[0])
     }
 
-    /// Records every graph of the artifact; a graph this device cannot run (a value wider than
-    /// one binding reaches) is its reason instead, reported when a pass needs that graph.
-    pub fn record_all(&mut self) -> Vec<std::result::Result<RecordedGraph, String>> {
-        self.h.graphs.iter().map(|g| self.record(g).map_err(|e| format!("{e} (in graph {}, {} rows)", g.name, g.rows))).collect()
+    /// Records every graph of the artifact. A graph this device cannot run (values wider than
+    /// one binding reaches, more workgroups than it dispatches: a [`Error::Request`]) is its
+    /// reason instead, reported when a pass needs that graph; a failing Vulkan call fails all.
+    pub fn record_all(&mut self) -> Result<Vec<std::result::Result<RecordedGraph, String>>> {
+        let mut graphs = Vec::with_capacity(self.h.graphs.len());
+        for g in &self.h.graphs {
+            graphs.push(match self.record(g) {
+                Ok(r) => Ok(r),
+                Err(Error::Request(why)) => Err(format!("{why} (in graph {}, {} rows)", g.name, g.rows)),
+                Err(e) => return Err(e),
+            });
+        }
+        Ok(graphs)
     }
 
     fn record(&mut self, g: &Graph) -> Result<RecordedGraph> {
@@ -215,7 +224,7 @@ impl<'a> Recorder<'a> {
         let barrier = [vk::MemoryBarrier::default().src_access_mask(vk::AccessFlags::SHADER_WRITE).dst_access_mask(vk::AccessFlags::SHADER_READ | vk::AccessFlags::SHADER_WRITE)];
         let limit = self.gpu.limits.max_compute_work_group_count;
         if groups.iter().zip(limit).any(|(&g, l)| g > l) {
-            return Err(Error::Device(format!("vulkan: a dispatch of {groups:?} workgroups exceeds {}'s limit {limit:?}", self.gpu.name)));
+            return Err(Error::Request(format!("vulkan: a dispatch of {groups:?} workgroups exceeds {}'s limit {limit:?}", self.gpu.name)));
         }
         // SAFETY: the set is fresh and every binding is a live buffer range within the
         // device's limits (checked by `window_words`); recording state.
@@ -296,7 +305,7 @@ impl<'a> Recorder<'a> {
             }
             Op::Attention { qkv, out, heads, kv_heads, layer } => {
                 if hd > MAX_HEAD_DIM || hd % 4 != 0 {
-                    return Err(Error::Device(format!("vulkan: head dimension {hd} is not supported (a multiple of 4, at most {MAX_HEAD_DIM})")));
+                    return Err(Error::Request(format!("vulkan: head dimension {hd} is not supported (a multiple of 4, at most {MAX_HEAD_DIM})")));
                 }
                 let w = &h.plan.window;
                 let (dtype, elem) = match w.kv_dtype {
@@ -323,10 +332,10 @@ impl<'a> Recorder<'a> {
         let h = self.h;
         let t = &h.tensors[weight as usize];
         let (n, k, format) = (t.shape[0], t.shape[1], t.dtype);
-        let unsupported = || Error::Device(format!("vulkan: matmul weights {} are {}, which no shader reads", t.name, format.name()));
+        let unsupported = || Error::Request(format!("vulkan: matmul weights {} are {}, which no shader reads", t.name, format.name()));
         let fmt = matmul_format(format, h.plan.bf16_activations).ok_or_else(unsupported)?;
         if k % 4 != 0 {
-            return Err(Error::Device(format!("vulkan: matmul weights {} have {k} inputs; the shader reads them four at a time", t.name)));
+            return Err(Error::Request(format!("vulkan: matmul weights {} have {k} inputs; the shader reads them four at a time", t.name)));
         }
         let pb = panel_bytes(format, k as usize).ok_or_else(unsupported)? as u64;
         let xv = &g.values[x as usize];
@@ -344,7 +353,7 @@ impl<'a> Recorder<'a> {
             let l = operand_layout(format, h.plan.bf16_activations, rows as usize, k as usize);
             let s = &h.plan.window.scratch.gemm_operand;
             if l.bytes as u64 > s.bytes {
-                return Err(Error::Device(format!("vulkan: {}'s quantised operand needs {} bytes; the plan's GEMM scratch has {}", t.name, l.bytes, s.bytes)));
+                return Err(Error::Request(format!("vulkan: {}'s quantised operand needs {} bytes; the plan's GEMM scratch has {}", t.name, l.bytes, s.bytes)));
             }
             let (b, base) = self.window_words(s.offset, l.bytes as u64, &|| format!("the quantised activations for {}", t.name))?;
             (q_off, q_stride, scale_off, operand) = (base, (l.stride / 4) as u32, base + (l.scales_at / 4) as u32, Some(b));

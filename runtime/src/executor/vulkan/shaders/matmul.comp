@@ -15,10 +15,11 @@ spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [
 //
 // FORMAT (specialisation constant): 0 f32, 1 f16, 2 bf16, 3 bf16 with activations rounded to
 // bf16, 4 q8 and 5 q4 on int8 activations that `quantize.comp` wrote to binding 2. The sums
-// follow the host's SIMD kernels exactly, so both backends compute the same bits: K is walked
-// in chunks of `chunk` inputs, each chunk's sum (fused multiply-adds in input order from zero;
-// integer for q8 and q4, scaled in the portable kernel's order) added to the output in chunk
-// order.
+// follow the host kernels' order: K is walked in the SIMD kernels' chunks of `chunk` inputs,
+// each chunk's sum (fused multiply-adds in input order from zero; integer for q8 and q4, q8
+// scaled as the portable and NEON kernels scale it, (sum * w) * x, where the x86 SIMD ones
+// take sum * (w * x)) added to the output in chunk order. On a driver whose division and
+// square root round correctly (lavapipe) that is the host's portable kernels' bits.
 layout(local_size_x = 32) in;
 layout(constant_id = 0) const uint FORMAT = 0u;
 #include "common.glsl"
