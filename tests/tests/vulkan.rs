@@ -50,6 +50,13 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()))
 }
 
+/// The embedded model compiled as it is (f32) into `dir`.
+fn embedded_f32(dir: &Path) -> std::path::PathBuf {
+    let art = dir.join("embedded.lad");
+    compile(&art, None, None, None);
+    art
+}
+
 fn compile(out: &Path, quant: Option<Quant>, kv: Option<&str>, window_bytes: Option<u64>) {
     lladac::compile(&lladac::CompileOptions {
         model: embedded(),
@@ -173,8 +180,7 @@ fn a_window_smaller_than_the_weights_stages_on_vulkan_and_gives_the_resident_tok
 #[ignore = "needs a Vulkan driver (lavapipe): .ci/run installs it and runs these with --ignored"]
 fn mbsd_with_revision_on_vulkan_is_deterministic_with_the_side_path_during_dense_passes() {
     let dir = tempfile::tempdir().unwrap();
-    let art = dir.path().join("embedded.lad");
-    compile(&art, None, None, None);
+    let art = embedded_f32(dir.path());
     let model = Model::open(&art, true).unwrap();
     // Hot sampling and low thresholds make checks disagree, so revisions happen.
     let p = SamplerParams { gen_length: 64, block_length: 16, steps: 64, policy: Policy::Mbsd, temperature: 1.5, seed: 2, revise_confidence: 0.0, stable_checks: 3, stable_confidence: 1.0, ..Default::default() };
@@ -203,8 +209,7 @@ fn mbsd_with_revision_on_vulkan_is_deterministic_with_the_side_path_during_dense
 #[ignore = "needs a Vulkan driver (lavapipe): .ci/run installs it and runs these with --ignored"]
 fn bad_device_choices_are_one_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let art = dir.path().join("embedded.lad");
-    compile(&art, None, None, None);
+    let art = embedded_f32(dir.path());
     let out = std::process::Command::new(common::bin("llada-rt"))
         .args(["run", art.to_str().unwrap(), "-p", "FILL:1=", "--backend", "vulkan"])
         .env("LLADA_VULKAN_DEVICE", "99")

@@ -93,20 +93,6 @@ impl HostExecutor {
     pub fn run_unstaged(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window) -> Result<()> {
         self.run_ops(model, g, inputs, window, None, None, None)
     }
-
-    /// The pool the executor's kernels run on, for work that belongs with them (the
-    /// sampler's predictions).
-    pub fn pool(&self) -> &rayon::ThreadPool {
-        &self.pool
-    }
-
-    pub fn threads(&self) -> usize {
-        self.pool.current_num_threads()
-    }
-
-    pub fn features(&self) -> Features {
-        self.features
-    }
 }
 
 impl HostExecutor {
