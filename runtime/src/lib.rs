@@ -10,13 +10,14 @@ mod fault;
 pub mod golden;
 pub mod kernels;
 pub mod moe;
-mod pool;
+pub mod pool;
 pub mod model;
 pub mod roofline;
 pub mod sampler;
 pub mod session;
 pub mod staging;
 pub mod text;
+pub mod topk;
 pub mod trace;
 pub mod window;
 

@@ -14,16 +14,23 @@ use memmap2::Mmap;
 use crate::error::{Error, Result};
 use crate::kernels::gemm::Matrix;
 
+/// Shared, not copied, by [`Model::share`]: the CPU side path's worker thread holds its own
+/// handle, so it needs no borrow of the caller's.
 pub struct Model {
     pub path: PathBuf,
-    pub header: Header,
+    pub header: Arc<Header>,
     /// The file that was verified: every later read goes through it (or the mapping of it),
     /// never through the path again, which may name another file by then.
     file: Arc<File>,
+    mapping: Arc<Mapping>,
+    data: Range<usize>,
+}
+
+/// The verified file's mapping and its fault guard.
+struct Mapping {
     /// Declared before `map`: unregistered before the mapping is unmapped.
     guard: Option<crate::fault::Guard>,
     map: Mmap,
-    data: Range<usize>,
 }
 
 /// A stored tensor viewed in place, in its stored element type.
@@ -65,7 +72,13 @@ impl Model {
         }
         let (p, header) = (art.preamble, art.header);
         let data = p.data_offset as usize..(p.data_offset + p.data_len) as usize;
-        Ok(Model { path: path.to_path_buf(), header, file: Arc::new(file), guard, map, data })
+        Ok(Model { path: path.to_path_buf(), header: Arc::new(header), file: Arc::new(file), mapping: Arc::new(Mapping { guard, map }), data })
+    }
+
+    /// Another handle on the same loaded artifact (nothing is read or verified again), for a
+    /// thread that must own one.
+    pub fn share(&self) -> Model {
+        Model { path: self.path.clone(), header: self.header.clone(), file: self.file.clone(), mapping: self.mapping.clone(), data: self.data.clone() }
     }
 
     /// The verified file, for threads that read from it (staging).
@@ -81,7 +94,7 @@ impl Model {
     /// Fails if the artifact changed under the mapping since it was verified (truncated in
     /// place: reads past its new end saw zeros). Checked after every pass.
     pub fn check_intact(&self) -> Result<()> {
-        match &self.guard {
+        match &self.mapping.guard {
             Some(g) if g.faulted() => Err(Error::Changed { path: self.path.clone() }),
             _ => Ok(()),
         }
@@ -89,7 +102,7 @@ impl Model {
 
     pub fn tensor_bytes(&self, id: TensorId) -> &[u8] {
         let t = &self.header.tensors[id as usize];
-        &self.map[self.data.clone()][t.offset as usize..(t.offset + t.nbytes) as usize]
+        &self.mapping.map[self.data.clone()][t.offset as usize..(t.offset + t.nbytes) as usize]
     }
 
     /// A row-major tensor in its stored element type. Tensors are 64-byte aligned in a

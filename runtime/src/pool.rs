@@ -5,10 +5,15 @@
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-pub struct Pool {
+/// A handle on the pool: clones share it (so a generation can hold the session's pool while
+/// it borrows the session), and the last one dropped joins the threads.
+#[derive(Clone)]
+pub struct Pool(Arc<Threads>);
+
+struct Threads {
     /// `Some` until dropped.
     pool: Option<rayon::ThreadPool>,
-    threads: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    handles: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
 impl Pool {
@@ -24,7 +29,18 @@ impl Pool {
                 Ok(())
             })
             .build()?;
-        Ok(Pool { pool: Some(pool), threads: handles })
+        Ok(Pool(Arc::new(Threads { pool: Some(pool), handles })))
+    }
+
+    /// A pool of one thread, the calling one: its parallel loops run where they are called,
+    /// with no hand-off (the CPU side path's worker thread, which runs one job at a time).
+    /// On a thread that already is one of a pool's, a pool of one thread of its own.
+    pub fn this_thread() -> Result<Pool, rayon::ThreadPoolBuildError> {
+        if rayon::current_thread_index().is_some() {
+            return Pool::new(1, "llada-side");
+        }
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(1).use_current_thread().build()?;
+        Ok(Pool(Arc::new(Threads { pool: Some(pool), handles: Arc::default() })))
     }
 }
 
@@ -32,15 +48,15 @@ impl std::ops::Deref for Pool {
     type Target = rayon::ThreadPool;
 
     fn deref(&self) -> &rayon::ThreadPool {
-        self.pool.as_ref().expect("the pool lives until dropped")
+        self.0.pool.as_ref().expect("the pool lives until dropped")
     }
 }
 
-impl Drop for Pool {
+impl Drop for Threads {
     fn drop(&mut self) {
         // Dropping rayon's pool tells its threads to exit once idle; then wait until they have.
         drop(self.pool.take());
-        for t in std::mem::take(&mut *self.threads.lock().unwrap_or_else(|e| e.into_inner())) {
+        for t in std::mem::take(&mut *self.handles.lock().unwrap_or_else(|e| e.into_inner())) {
             let _ = t.join();
         }
     }

@@ -325,6 +325,11 @@ impl<'m> Session<'m> {
         self.executor.pool()
     }
 
+    /// A handle on that pool, to enter it while the session is borrowed.
+    pub fn pool_handle(&self) -> crate::pool::Pool {
+        self.executor.pool().clone()
+    }
+
     /// The window (the CPU side path copies keys and values between it and its own).
     pub fn window(&self) -> &Window {
         &self.window

@@ -67,7 +67,10 @@ impl HostExecutor {
     /// to force the portable fallbacks).
     pub fn new(model: &Model, threads: usize, features: Features) -> HostExecutor {
         let threads = threads.clamp(1, model.header.plan.window.scratch.threads.max(1) as usize);
-        let pool = Pool::new(threads, "llada-worker").expect("the thread pool starts");
+        HostExecutor::with_pool(model, Pool::new(threads, "llada-worker").expect("the thread pool starts"), features)
+    }
+
+    fn with_pool(model: &Model, pool: Pool, features: Features) -> HostExecutor {
         let capabilities = Capabilities {
             backend: "host",
             device: format!("host CPU, kernel paths {features:?}"),
@@ -82,8 +85,11 @@ impl HostExecutor {
     /// An executor for the CPU side path: it reads every weight from the artifact itself
     /// (never from the accelerator window's resident segments or slots), so it runs
     /// alongside the accelerator path without touching its weights or staging.
-    pub fn cpu_side_path(model: &Model, threads: usize, features: Features) -> HostExecutor {
-        let mut e = HostExecutor::new(model, threads, features);
+    /// Its one thread is the calling one (see [`Pool::this_thread`]): create it on the thread
+    /// that runs it.
+    pub fn cpu_side_path(model: &Model, features: Features) -> HostExecutor {
+        let pool = Pool::this_thread().expect("a pool of the calling thread starts");
+        let mut e = HostExecutor::with_pool(model, pool, features);
         e.homes.iter_mut().for_each(|h| *h = Home::Host);
         e
     }
@@ -278,7 +284,7 @@ impl Executor for HostExecutor {
         &self.capabilities
     }
 
-    fn pool(&self) -> &rayon::ThreadPool {
+    fn pool(&self) -> &Pool {
         &self.pool
     }
 }

@@ -98,7 +98,7 @@ pub trait Executor: Send {
 
     /// The CPU threads that work around the passes (the sampler's predictions; the host
     /// backend's kernels too).
-    fn pool(&self) -> &rayon::ThreadPool;
+    fn pool(&self) -> &crate::pool::Pool;
 }
 
 /// A backend of `kind` for `model` with `threads` CPU threads and kernel paths `features`,

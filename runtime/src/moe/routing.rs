@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::kernels;
-use crate::sampler::topk::topk;
+use crate::topk::topk;
 
 /// `Route` for one row: `softmax(logits)` in f32 (max subtracted, as PyTorch computes it),
 /// then the `top_k` largest as `torch.topk` orders them; writes `top_k` ids (as f32) then

@@ -21,10 +21,9 @@
 //! With `--revision dual-path`, committed tokens stay revisable and the CPU side path
 //! re-checks them (`revision`).
 
-use std::ops::ControlFlow;
-
+use super::generator::{Canvas, PolicyStep};
 use super::revision::{SidePath, SideReport, TokenState};
-use super::{commit_best, committed_prefix, commits_per_step, settle_predictions, Generation, Predictor, Revision, SamplerParams, StepView, GUMBEL};
+use super::{committed_prefix, settle_predictions, Generation, Revision, SamplerParams, GUMBEL};
 use crate::error::{Error, Result};
 use crate::session::{RowSet, Session};
 
@@ -82,8 +81,7 @@ fn buckets(session: &Session, min_rows: usize) -> Result<Vec<usize>> {
     Ok(b)
 }
 
-/// One pass's rows, and the positions whose logits it returns.
-#[derive(Default)]
+/// One pass's rows, and the positions whose logits it returns, in buffers sized once.
 struct Pass {
     rows: RowSet,
     /// Positions of the head rows, and their indexes among the rows.
@@ -91,106 +89,107 @@ struct Pass {
     head_rows: Vec<u32>,
     /// Positions whose keys and values the pass stored.
     stored: Vec<u32>,
+    /// A row-set pass's rows by kind (see `row_set`).
+    masked: Vec<usize>,
+    stale: Vec<usize>,
+    speculative: Vec<usize>,
 }
 
-pub(super) fn run(session: &mut Session, prompt: &[u32], p: &SamplerParams, steps_per_block: usize, on_step: &mut dyn FnMut(&StepView) -> ControlFlow<()>) -> Result<Generation> {
-    let special = session.model.header.special.clone();
-    let mask = special.mask;
-    let len = prompt.len() + p.gen_length;
-    let min_rows = p.rows.unwrap_or_else(|| session.model.header.plan.row_buckets.first().copied().unwrap_or(1) as usize);
-    let buckets = buckets(session, min_rows)?;
-    let side_rows = p.side_rows.unwrap_or(buckets[0]);
-    let mut x: Vec<u32> = prompt.iter().copied().chain(std::iter::repeat_n(mask, p.gen_length)).collect();
-    let mut states = vec![TokenState::Masked; p.gen_length];
-    // Whether the cache holds each position's keys and values computed with its current
-    // token (set by passes that store it and by side-path merges, cleared by commits and
-    // revisions).
-    let mut kv_fresh = vec![false; len];
-    let mut drafts: Vec<Option<u32>> = vec![None; len];
-    let mut report = MbsdReport::default();
-    let mut reveals = Vec::with_capacity(p.steps.min(p.gen_length));
-    let mut revisions = Vec::with_capacity(p.steps.min(p.gen_length));
-    let blocks = p.gen_length / p.block_length;
-    let mut predictor = Predictor::for_session(session, p.block_length * (1 + p.spec_blocks));
-    let mut pass = Pass::default();
-    let mut candidates = Vec::with_capacity(p.block_length);
-    let mut step = 0;
-    std::thread::scope(|scope| -> Result<()> {
-        let mut side = match p.revision {
-            Revision::DualPath => Some(SidePath::new(session, side_rows)?),
+/// The `mbsd` policy's state over a generation.
+pub(super) struct Mbsd {
+    buckets: Vec<usize>,
+    states: Vec<TokenState>,
+    /// Whether the cache holds each position's keys and values computed with its current
+    /// token (set by passes that store it and by side-path merges, cleared by commits and
+    /// revisions).
+    kv_fresh: Vec<bool>,
+    pass: Pass,
+    report: MbsdReport,
+    side: Option<SidePath>,
+}
+
+impl Mbsd {
+    pub(super) fn new(session: &Session, p: &SamplerParams, len: usize) -> Result<Mbsd> {
+        let min_rows = p.rows.unwrap_or_else(|| session.model.header.plan.row_buckets.first().copied().unwrap_or(1) as usize);
+        let buckets = buckets(session, min_rows)?;
+        let side_rows = p.side_rows.unwrap_or(buckets[0]);
+        let rows = session.model.header.graphs.iter().map(|g| g.rows as usize).max().unwrap_or(0);
+        let cap = |n: usize| Vec::with_capacity(n);
+        let side = match p.revision {
+            Revision::DualPath => Some(SidePath::new(session, side_rows, p)?),
             Revision::Off => None,
         };
-        for b in 0..blocks {
-            let block_start = prompt.len() + b * p.block_length;
-            let block_end = block_start + p.block_length;
-            let draft_end = (block_end + p.spec_blocks * p.block_length).min(len);
-            let block_masked = x[block_start..block_end].iter().filter(|&&t| t == mask).count();
-            let schedule = commits_per_step(block_masked, steps_per_block);
-            for i in 0.. {
-                if !x[block_start..block_end].contains(&mask) {
-                    break;
-                }
-                let scheduled = schedule.get(i).copied().unwrap_or(1).max(1);
-                // Noise as `dual` numbers its steps (the same step, the same noise).
-                let noise_step = b * steps_per_block + i;
-                let full = i == 0 || (p.refresh_every > 0 && i % p.refresh_every == 0);
-                let logits = if full {
-                    whole_sequence(session, &x, mask, block_end, draft_end, &mut pass, &mut report)?
-                } else {
-                    row_set(session, &x, &kv_fresh, mask, (block_start, block_end, draft_end), &buckets, &mut pass, &mut report)?
-                };
-                for &q in &pass.stored {
-                    kv_fresh[q as usize] = true;
-                }
-                predictor.load(logits);
-                let predictions = predictor.run(session.pool(), &pass.head_positions, p, &special, GUMBEL, noise_step);
-                candidates.clear();
-                let mut committed: Vec<[u32; 2]> = Vec::new();
-                let (accepted, dropped) =
-                    settle_predictions(&pass.head_positions, predictions, block_end, &mut drafts, p, &mut x, prompt.len(), &mut committed, &mut candidates);
-                report.drafts_accepted += accepted;
-                report.drafts_dropped += dropped;
-                commit_best(&candidates, scheduled, p, &mut x, prompt.len(), &mut committed);
-                let state = if side.is_some() { TokenState::Visible { agreed: 0 } } else { TokenState::Stable };
-                for &[at, _] in &committed {
-                    states[at as usize] = state;
-                    kv_fresh[prompt.len() + at as usize] = false;
-                }
-                let last = b + 1 == blocks && !x[block_start..block_end].contains(&mask);
-                let mut revised: Vec<[u32; 2]> = Vec::new();
-                if let Some(side) = side.as_mut() {
-                    side.merge_and_launch(scope, session, &mut x, &mut states, &mut kv_fresh, prompt.len(), &pass.stored, p, noise_step, !last, &mut revised)?;
-                }
-                step += 1;
-                // Under revision only stable tokens are final, until the last step ends it all.
-                let settled = match side {
-                    Some(_) if !last => states.iter().position(|s| *s != TokenState::Stable).unwrap_or(states.len()),
-                    _ => committed_prefix(&x[prompt.len()..], mask),
-                };
-                if on_step(&StepView { step, steps: p.steps, canvas: &x, prompt_len: prompt.len(), committed: &committed, revised: &revised, settled }).is_break() {
-                    return Err(Error::Cancelled);
-                }
-                reveals.push(committed);
-                revisions.push(revised);
-            }
+        Ok(Mbsd {
+            buckets,
+            states: vec![TokenState::Masked; p.gen_length],
+            kv_fresh: vec![false; len],
+            pass: Pass {
+                rows: RowSet { positions: cap(rows), tokens: cap(rows), stored: 0 },
+                head_positions: cap(len),
+                head_rows: cap(len),
+                stored: cap(len),
+                masked: Vec::with_capacity(len),
+                stale: Vec::with_capacity(len),
+                speculative: Vec::with_capacity(len),
+            },
+            report: MbsdReport::default(),
+            side,
+        })
+    }
+}
+
+impl PolicyStep for Mbsd {
+    fn step(&mut self, session: &mut Session, c: &mut Canvas, scheduled: usize) -> Result<()> {
+        let (mask, len, prompt_len) = (c.special.mask, c.x.len(), c.prompt_len);
+        let (block_start, block_end) = c.block_range();
+        let draft_end = (block_end + c.p.spec_blocks * c.p.block_length).min(len);
+        // Noise as `dual` numbers its steps (the same step, the same noise).
+        let noise_step = c.block * c.steps_per_block + c.i;
+        let full = c.i == 0 || (c.p.refresh_every > 0 && c.i % c.p.refresh_every == 0);
+        let (pass, report) = (&mut self.pass, &mut self.report);
+        let logits = if full {
+            whole_sequence(session, &c.x, mask, block_end, draft_end, pass, report)?
+        } else {
+            row_set(session, &c.x, &self.kv_fresh, mask, (block_start, block_end, draft_end), &self.buckets, pass, report)?
+        };
+        c.predictor.load(logits);
+        for &q in &pass.stored {
+            self.kv_fresh[q as usize] = true;
         }
-        if let Some(side) = side {
-            report.side = side.report;
+        let predictions = c.predictor.run(session.pool(), &pass.head_positions, &c.p, &c.special, GUMBEL, noise_step);
+        c.candidates.clear();
+        let first = c.reveals.len();
+        let (accepted, dropped) = settle_predictions(&pass.head_positions, predictions, block_end, &mut c.drafts, &c.p, &mut c.x, prompt_len, &mut c.reveals, &mut c.candidates);
+        report.drafts_accepted += accepted;
+        report.drafts_dropped += dropped;
+        c.drafts_confirmed += accepted;
+        c.commit_best(scheduled);
+        let state = if self.side.is_some() { TokenState::Visible { agreed: 0 } } else { TokenState::Stable };
+        for &[at, _] in &c.reveals[first..] {
+            self.states[at as usize] = state;
+            self.kv_fresh[prompt_len + at as usize] = false;
         }
+        let last = c.block + 1 == c.blocks && !c.x[block_start..block_end].contains(&mask);
+        if let Some(side) = self.side.as_mut() {
+            side.merge_and_launch(session, &mut c.x, &mut self.states, &mut self.kv_fresh, prompt_len, &pass.stored, &c.p, noise_step, !last, &mut c.revisions)?;
+        }
+        // Under revision only stable tokens are final, until the last step ends it all.
+        c.settled = match self.side {
+            Some(_) if !last => self.states.iter().position(|s| *s != TokenState::Stable).unwrap_or(self.states.len()),
+            _ => committed_prefix(&c.x[prompt_len..], mask),
+        };
         Ok(())
-    })?;
-    report.dense_passes = reveals.len() as u64;
-    Ok(Generation {
-        prompt_ids: prompt.to_vec(),
-        output_ids: x[prompt.len()..].to_vec(),
-        reveals,
-        revisions: (p.revision == Revision::DualPath).then_some(revisions),
-        forward_passes: 0,
-        rows_computed: 0,
-        drafts_confirmed: report.drafts_accepted,
-        seconds: 0.0,
-        mbsd: Some(report),
-    })
+    }
+
+    fn report(&mut self, g: &mut Generation) {
+        if let Some(side) = &self.side {
+            self.report.side = side.report;
+            // The generator fills in the steps' revisions.
+            g.revisions = Some(Vec::new());
+        }
+        self.report.dense_passes = g.reveals.len() as u64;
+        g.mbsd = Some(self.report);
+    }
 }
 
 /// The pass that starts a block: every position, stored; logits of the masked positions up
@@ -223,23 +222,26 @@ fn row_set<'s>(
     pass: &mut Pass,
     report: &mut MbsdReport,
 ) -> Result<&'s [f32]> {
-    let masked: Vec<usize> = (block_start..block_end).filter(|&i| x[i] == mask).collect();
-    let bucket = buckets.iter().copied().find(|&r| r >= masked.len()).unwrap_or(masked.len());
-    let mut idle = bucket.saturating_sub(masked.len());
-    let stale: Vec<usize> = (0..block_end).filter(|&i| x[i] != mask && !kv_fresh[i]).take(idle).collect();
-    idle -= stale.len();
-    let speculative: Vec<usize> = (block_end..draft_end).filter(|&i| x[i] == mask).take(idle).collect();
-    idle -= speculative.len();
+    pass.masked.clear();
+    pass.masked.extend((block_start..block_end).filter(|&i| x[i] == mask));
+    let bucket = buckets.iter().copied().find(|&r| r >= pass.masked.len()).unwrap_or(pass.masked.len());
+    let mut idle = bucket.saturating_sub(pass.masked.len());
+    pass.stale.clear();
+    pass.stale.extend((0..block_end).filter(|&i| x[i] != mask && !kv_fresh[i]).take(idle));
+    idle -= pass.stale.len();
+    pass.speculative.clear();
+    pass.speculative.extend((block_end..draft_end).filter(|&i| x[i] == mask).take(idle));
+    idle -= pass.speculative.len();
     let refresh = (block_start..block_end).filter(|&i| x[i] != mask && kv_fresh[i]).take(idle);
     // Stored rows in position order (then a bucket of the whole block is `dual`'s pass).
     pass.stored.clear();
-    pass.stored.extend(masked.iter().chain(&stale).map(|&i| i as u32).chain(refresh.map(|i| i as u32)));
+    pass.stored.extend(pass.masked.iter().chain(&pass.stale).map(|&i| i as u32).chain(refresh.map(|i| i as u32)));
     pass.stored.sort_unstable();
     pass.rows.clear();
     for &q in &pass.stored {
         pass.rows.push(q as usize, x[q as usize], true);
     }
-    for &q in &speculative {
+    for &q in &pass.speculative {
         pass.rows.push(q, mask, false);
     }
     pass.head_positions.clear();
@@ -251,9 +253,9 @@ fn row_set<'s>(
         }
     }
     let rows = session.model.graph(session.model.graph_for_rows(bucket.max(pass.rows.len()))?).rows as usize;
-    report.rows_masked += masked.len() as u64;
-    report.rows_speculative += speculative.len() as u64;
-    report.rows_refresh += (pass.rows.len() - masked.len() - speculative.len()) as u64;
+    report.rows_masked += pass.masked.len() as u64;
+    report.rows_speculative += pass.speculative.len() as u64;
+    report.rows_refresh += (pass.rows.len() - pass.masked.len() - pass.speculative.len()) as u64;
     report.rows_padding += (rows - pass.rows.len()) as u64;
     session.forward_rows(x.len(), &pass.rows, bucket, &pass.head_rows)
 }

@@ -27,20 +27,19 @@
 //!   whose confidence reaches it, at least the best one, instead of the fixed schedule; a
 //!   block then ends when it is full.
 
+mod generator;
 mod mbsd;
 mod official;
 mod revision;
-pub mod topk;
-
-use std::time::Instant;
-
-use rand::{RngExt, SeedableRng};
-use rayon::prelude::*;
-use rand_chacha::ChaCha8Rng;
-
-pub use mbsd::MbsdReport;
 
 use std::ops::ControlFlow;
+
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use rayon::prelude::*;
+
+pub use generator::Generator;
+pub use mbsd::MbsdReport;
 
 use crate::error::{Error, Result};
 use crate::session::Session;
@@ -130,7 +129,7 @@ impl Revision {
 }
 
 /// Sampler settings, with the official code's defaults.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SamplerParams {
     /// Tokens to generate.
     pub gen_length: usize,
@@ -302,11 +301,12 @@ impl SamplerParams {
     }
 }
 
-/// How many tokens each step of a block commits: `masked / steps` each, one more for the
-/// first `masked % steps` steps (official `get_num_transfer_tokens`).
-pub fn commits_per_step(masked: usize, steps: usize) -> Vec<usize> {
+/// How many tokens each step of a block commits, into `schedule`: `masked / steps` each, one
+/// more for the first `masked % steps` steps (official `get_num_transfer_tokens`).
+pub fn commits_per_step(masked: usize, steps: usize, schedule: &mut Vec<usize>) {
     let (base, extra) = (masked / steps, masked % steps);
-    (0..steps).map(|i| base + usize::from(i < extra)).collect()
+    schedule.clear();
+    schedule.extend((0..steps).map(|i| base + usize::from(i < extra)));
 }
 
 /// `softmax(logits)[index]` in float32, as PyTorch's vectorised CPU softmax computes it:
@@ -425,37 +425,20 @@ pub fn generate(session: &mut Session, prompt: &[u32], p: &SamplerParams, on_ste
 /// [`generate`], stopped by `on_step` returning `Break` after a step: the result is then
 /// [`Error::Cancelled`] and the session stays usable (the next generation starts afresh).
 pub fn generate_until(session: &mut Session, prompt: &[u32], p: &SamplerParams, on_step: &mut dyn FnMut(&StepView) -> ControlFlow<()>) -> Result<Generation> {
-    let steps_per_block = p.validate(&Limits::of(session.model))?;
-    check_prompt(prompt, session.model.header.special.mask)?;
-    let len = prompt.len() + p.gen_length;
-    let capacity = session.head_capacity(len)?;
-    if p.block_length > capacity {
-        return Err(Error::request(format!(
-            "--block-len {} needs {} logit rows per pass but {} was compiled for {capacity}; \
-             use --block-len {capacity} or less, or recompile with `lladac compile --head-rows {}`",
-            p.block_length,
-            p.block_length,
-            session.model.path.display(),
-            p.block_length
-        )));
+    let mut generator = Generator::start(session, prompt, p)?;
+    while let Some(view) = generator.step()? {
+        if on_step(&view).is_break() {
+            return Err(Error::Cancelled);
+        }
     }
-    let start = Instant::now();
-    let before = session.counters;
-    let mut g = match p.policy {
-        Policy::Mbsd => mbsd::run(session, prompt, p, steps_per_block, on_step)?,
-        _ => official::run(session, prompt, p, steps_per_block, on_step)?,
-    };
-    g.forward_passes = session.counters.forward_passes - before.forward_passes;
-    g.rows_computed = session.counters.rows_computed - before.rows_computed;
-    g.seconds = start.elapsed().as_secs_f64();
-    Ok(g)
+    Ok(generator.finish())
 }
 
 /// A prompt is at least one token and holds no mask token: masks mark the positions the
 /// sampler fills, and the official code would fill a masked prompt position too (its
 /// confidence is not `-inf`), which is infilling, not prompting. Other special tokens are
 /// ordinary prompt tokens.
-fn check_prompt(prompt: &[u32], mask: u32) -> Result<()> {
+pub(super) fn check_prompt(prompt: &[u32], mask: u32) -> Result<()> {
     if prompt.is_empty() {
         return Err(Error::request("the prompt is empty: give at least one token".to_string()));
     }
@@ -556,32 +539,6 @@ pub(crate) fn settle_predictions(
     (accepted, dropped)
 }
 
-/// Commits the top `k` candidates by confidence, `k` from the schedule or the threshold rule,
-/// into `x`, and appends `[position in generation, token]` in the order they are selected.
-/// The selection is the official one: PyTorch's `topk` over the whole sequence's confidences,
-/// `-inf` where a position is not a candidate (`topk.rs`), so equal confidences at the k
-/// boundary are chosen as the official code chooses them. A position `topk` returns that is
-/// not a candidate (a draft was confirmed there, leaving fewer candidates than `k`) is kept
-/// as it is, as `torch.where(mask_index, x0, x)` keeps it.
-pub(crate) fn commit_best(candidates: &[Candidate], scheduled: usize, p: &SamplerParams, x: &mut [u32], prompt_len: usize, committed: &mut Vec<[u32; 2]>) {
-    let k = match p.threshold {
-        Some(t) => candidates.iter().filter(|c| c.confidence >= t).count().max(1),
-        None => scheduled,
-    };
-    let mut confidence = vec![f32::NEG_INFINITY; x.len()];
-    let mut token = vec![None; x.len()];
-    for c in candidates {
-        confidence[c.position] = c.confidence;
-        token[c.position] = Some(c.token);
-    }
-    for position in topk::topk(&confidence, k) {
-        if let Some(t) = token[position] {
-            x[position] = t;
-            committed.push([(position - prompt_len) as u32, t]);
-        }
-    }
-}
-
 /// The prediction `x0` and its confidence for one position, from its logits `row`
 /// (modified in place as the official code modifies its logits).
 #[cfg(test)]
@@ -630,10 +587,15 @@ mod tests {
 
     #[test]
     fn schedule_spreads_the_remainder_over_the_first_steps() {
-        assert_eq!(commits_per_step(32, 32), vec![1; 32]);
-        assert_eq!(commits_per_step(10, 4), vec![3, 3, 2, 2]);
-        assert_eq!(commits_per_step(3, 5), vec![1, 1, 1, 0, 0]);
-        assert_eq!(commits_per_step(8, 8).iter().sum::<usize>(), 8);
+        let schedule = |masked, steps| {
+            let mut s = Vec::new();
+            commits_per_step(masked, steps, &mut s);
+            s
+        };
+        assert_eq!(schedule(32, 32), vec![1; 32]);
+        assert_eq!(schedule(10, 4), vec![3, 3, 2, 2]);
+        assert_eq!(schedule(3, 5), vec![1, 1, 1, 0, 0]);
+        assert_eq!(schedule(8, 8).iter().sum::<usize>(), 8);
     }
 
     #[test]

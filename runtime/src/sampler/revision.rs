@@ -20,12 +20,15 @@
 //! positions the dense pass stored the other way; where both wrote, the dense pass, computed
 //! with the newer canvas, wins).
 
-use std::thread::{Scope, ScopedJoinHandle};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 use std::time::Instant;
 
 use super::{predict_with, SamplerParams, REVISE};
 use crate::error::{Error, Result};
 use crate::executor::{value_range, HostExecutor, RunInputs};
+use crate::kernels::cpu::Features;
 use crate::model::Model;
 use crate::session::Session;
 use crate::trace::{Trace, Track};
@@ -56,162 +59,244 @@ pub struct SideReport {
     pub side_seconds: f64,
 }
 
-/// The side path's executor and working memory, owned by whichever thread runs a job.
-struct Worker<'m> {
-    model: &'m Model,
-    executor: HostExecutor,
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum JobState {
+    Idle,
+    /// Set by the dense path: the worker runs the job.
+    Requested,
+    /// Set by the worker: the outcome waits for the merge point.
+    Done,
+    /// The side path is being dropped: the worker exits.
+    Quit,
+}
+
+/// The one job between the two threads, in buffers sized once. The worker holds its lock
+/// while it runs the job, so the dense path's merge waits for it by taking the lock.
+struct Job {
+    state: JobState,
+    /// The side path's window: its cache mirrors the accelerator's.
     window: Window,
+    /// The checked positions and their committed tokens, in a `seq_len` sequence.
+    checked: Vec<u32>,
+    tokens: Vec<u32>,
+    seq_len: usize,
+    params: SamplerParams,
+    step: usize,
+    /// Outcome: each checked position's prediction and confidence, the pass's time on the
+    /// side thread, and whether it failed.
+    predictions: Vec<(u32, f32)>,
+    seconds: f64,
+    error: Option<Error>,
+}
+
+struct Shared {
+    job: Mutex<Job>,
+    changed: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Job> {
+        self.job.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The worker thread's own state: its handle on the artifact, its executor and scratch.
+struct Worker {
+    model: Model,
+    executor: HostExecutor,
     tokens: Vec<u32>,
     positions: Vec<u32>,
     head: Vec<u32>,
     logits: Vec<f32>,
 }
 
-/// A job's outcome: the checked positions and each one's prediction and confidence.
-struct Outcome {
-    positions: Vec<u32>,
-    predictions: Vec<(u32, f32)>,
-    /// The pass's time on the side thread.
-    seconds: f64,
-}
-
-impl Worker<'_> {
-    /// One side pass over `checked` (with `tokens` their committed tokens) in a `seq_len`
-    /// sequence.
-    fn check(&mut self, checked: &[u32], tokens: &[u32], seq_len: usize, p: &SamplerParams, step: usize) -> Result<Outcome> {
+impl Worker {
+    /// One side pass over the job's checked tokens.
+    fn check(&mut self, job: &mut Job) -> Result<()> {
         let h = &self.model.header;
-        let (mask, n) = (h.special.mask, checked.len());
+        let (mask, n) = (h.special.mask, job.checked.len());
         let gid = self.model.graph_for_rows(2 * n)?;
         let g = self.model.graph(gid);
         self.tokens.clear();
-        self.tokens.extend_from_slice(tokens);
+        self.tokens.extend_from_slice(&job.tokens);
         self.tokens.extend(std::iter::repeat_n(mask, n));
         self.tokens.resize(g.rows as usize, mask);
         self.positions.clear();
-        self.positions.extend_from_slice(checked);
-        self.positions.extend_from_slice(checked);
+        self.positions.extend_from_slice(&job.checked);
+        self.positions.extend_from_slice(&job.checked);
         self.positions.resize(g.rows as usize, 0);
         self.head.clear();
         self.head.extend(n as u32..2 * n as u32);
-        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: n, context: seq_len, head_rows: &self.head, rows: 2 * n };
-        self.executor.run_unstaged(self.model, g, &inputs, &mut self.window)?;
+        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: n, context: job.seq_len, head_rows: &self.head, rows: 2 * n };
+        self.executor.run_unstaged(&self.model, g, &inputs, &mut job.window)?;
         let range = value_range(g, &g.values[g.logits as usize], n, h.plan.window.activations.offset);
         self.logits.clear();
-        self.logits.extend_from_slice(&self.window.parts().activations[range]);
+        self.logits.extend_from_slice(&job.window.parts().activations[range]);
         let vocab = h.model.embedding_size as usize;
-        let predictions = self.logits.chunks_exact_mut(vocab).zip(checked).map(|(row, &pos)| predict_with(row, p, &h.special, REVISE, step, pos as usize)).collect();
-        Ok(Outcome { positions: checked.to_vec(), predictions, seconds: 0.0 })
+        job.predictions.clear();
+        let (p, step) = (&job.params, job.step);
+        job.predictions.extend(self.logits.chunks_exact_mut(vocab).zip(&job.checked).map(|(row, &pos)| predict_with(row, p, &h.special, REVISE, step, pos as usize)));
+        Ok(())
+    }
+
+    /// The thread's loop: runs each requested job, until told to quit.
+    fn serve(model: Model, features: Features, per_job: usize, shared: &Shared, trace: Option<Arc<Trace>>) {
+        let vocab = model.header.model.embedding_size as usize;
+        // Created here: the executor's pool is this thread.
+        let executor = catch_unwind(AssertUnwindSafe(|| HostExecutor::cpu_side_path(&model, features)));
+        let mut worker = executor.ok().map(|executor| Worker {
+            executor,
+            tokens: Vec::with_capacity(2 * per_job),
+            positions: Vec::with_capacity(2 * per_job),
+            head: Vec::with_capacity(per_job),
+            logits: Vec::with_capacity(per_job * vocab),
+            model,
+        });
+        let mut job = shared.lock();
+        loop {
+            match job.state {
+                JobState::Quit => return,
+                JobState::Requested => {}
+                JobState::Idle | JobState::Done => {
+                    job = shared.changed.wait(job).unwrap_or_else(|e| e.into_inner());
+                    continue;
+                }
+            }
+            let start = Instant::now();
+            let outcome = match worker.as_mut() {
+                Some(w) => catch_unwind(AssertUnwindSafe(|| w.check(&mut job))).unwrap_or_else(|_| Err(Error::Internal("the CPU side path's pass panicked".to_string()))),
+                None => Err(Error::Internal("the CPU side path's thread pool did not start".to_string())),
+            };
+            let end = Instant::now();
+            if let Some(t) = &trace {
+                t.span(Track::SidePath, format!("check {} tokens", job.checked.len()), start, end);
+            }
+            job.error = outcome.err();
+            job.seconds = (end - start).as_secs_f64();
+            job.state = JobState::Done;
+            shared.changed.notify_all();
+        }
     }
 }
 
-type Job<'scope, 'm> = ScopedJoinHandle<'scope, (Worker<'m>, Result<Outcome>)>;
-
-/// The side path as the dense path's thread sees it: an idle worker or a running job.
-pub(super) struct SidePath<'scope, 'm> {
-    idle: Option<Worker<'m>>,
-    running: Option<Job<'scope, 'm>>,
+/// The side path as the dense path's thread sees it: a persistent worker thread (started
+/// with the generation) and the job it may be running.
+pub(super) struct SidePath {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+    /// A job was launched and not merged yet.
+    running: bool,
     /// Tokens checked per job.
     per_job: usize,
-    trace: Option<std::sync::Arc<Trace>>,
+    /// The merged job's positions the dense pass did not store (scratch).
+    fresh: Vec<u32>,
     pub(super) report: SideReport,
 }
 
-impl<'scope, 'm: 'scope> SidePath<'scope, 'm> {
+impl SidePath {
     /// A side path with one CPU thread and its own window, checking `side_rows / 2` tokens a
     /// pass.
-    pub(super) fn new(session: &Session<'m>, side_rows: usize) -> Result<SidePath<'scope, 'm>> {
+    pub(super) fn new(session: &Session, side_rows: usize, p: &SamplerParams) -> Result<SidePath> {
         let model = session.model;
         let window = Window::cpu_side(&model.header).map_err(|e| Error::io("allocating the CPU side path's window", e))?;
-        let vocab = model.header.model.embedding_size as usize;
         let per_job = (side_rows / 2).max(1);
-        let worker = Worker {
-            model,
-            executor: HostExecutor::cpu_side_path(model, 1, session.features()),
-            window,
-            tokens: Vec::new(),
-            positions: Vec::new(),
-            head: Vec::new(),
-            logits: Vec::with_capacity(per_job * vocab),
-        };
-        Ok(SidePath { idle: Some(worker), running: None, per_job, trace: session.trace(), report: SideReport::default() })
+        let shared = Arc::new(Shared {
+            job: Mutex::new(Job {
+                state: JobState::Idle,
+                window,
+                checked: Vec::with_capacity(per_job),
+                tokens: Vec::with_capacity(per_job),
+                seq_len: 0,
+                params: *p,
+                step: 0,
+                predictions: Vec::with_capacity(per_job),
+                seconds: 0.0,
+                error: None,
+            }),
+            changed: Condvar::new(),
+        });
+        let (thread_model, features, trace, thread_shared) = (model.share(), session.features(), session.trace(), shared.clone());
+        let thread = std::thread::Builder::new()
+            .name("llada-side".into())
+            .spawn(move || Worker::serve(thread_model, features, per_job, &thread_shared, trace))
+            .map_err(|e| Error::io("starting the CPU side path's thread", e))?;
+        Ok(SidePath { shared, thread: Some(thread), running: false, per_job, fresh: Vec::with_capacity(per_job), report: SideReport::default() })
     }
 
     /// The merge point after a dense pass that stored keys and values at `dense_stored`
     /// positions: waits for the running job if it is late, merges its keys and values (marking
-    /// them fresh in `kv_fresh`) and applies its checks to `x` and `states`, brings the side cache level with the dense
-    /// one; then, if `launch`, starts a job over the oldest visible tokens.
+    /// them fresh in `kv_fresh`) and applies its checks to `x` and `states`, brings the side
+    /// cache level with the dense one; then, if `launch`, starts a job over the oldest
+    /// visible tokens.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn merge_and_launch(
         &mut self,
-        scope: &'scope Scope<'scope, '_>,
-        session: &mut Session<'m>,
+        session: &mut Session,
         x: &mut [u32],
         states: &mut [TokenState],
         kv_fresh: &mut [bool],
         prompt_len: usize,
         dense_stored: &[u32],
-        p: &'scope SamplerParams,
+        p: &SamplerParams,
         step: usize,
         launch: bool,
         revised: &mut Vec<[u32; 2]>,
     ) -> Result<()> {
-        if let Some(job) = self.running.take() {
-            let wait = Instant::now();
-            let (worker, outcome) = job.join().map_err(|_| Error::Internal("the CPU side path's thread panicked".to_string()))?;
+        let wait = Instant::now();
+        let mut job = self.shared.lock();
+        if std::mem::take(&mut self.running) {
+            while job.state == JobState::Requested {
+                job = self.shared.changed.wait(job).unwrap_or_else(|e| e.into_inner());
+            }
             self.report.stall_seconds += wait.elapsed().as_secs_f64();
-            let outcome = outcome?;
+            job.state = JobState::Idle;
+            if let Some(e) = job.error.take() {
+                return Err(e);
+            }
             // Its reads of the artifact may have seen zeros if the file was truncated meanwhile.
             session.model.check_intact()?;
-            self.report.side_seconds += outcome.seconds;
-            let fresh: Vec<u32> = outcome.positions.iter().copied().filter(|p| !dense_stored.contains(p)).collect();
+            self.report.side_seconds += job.seconds;
+            self.fresh.clear();
+            self.fresh.extend(job.checked.iter().copied().filter(|p| !dense_stored.contains(p)));
             let model = session.model;
-            session.window_mut().copy_kv_from(&worker.window, &fresh, &model.header);
-            for &q in &fresh {
+            session.window_mut().copy_kv_from(&job.window, &self.fresh, &model.header);
+            for &q in &self.fresh {
                 kv_fresh[q as usize] = true;
             }
-            apply_checks(&mut self.report, &outcome.positions, &outcome.predictions, x, states, kv_fresh, prompt_len, p, revised);
-            self.idle = Some(worker);
+            let job = &*job;
+            apply_checks(&mut self.report, &job.checked, &job.predictions, x, states, kv_fresh, prompt_len, p, revised);
         }
-        let worker = self.idle.as_mut().expect("no job runs after the merge");
-        worker.window.copy_kv_from(session.window(), dense_stored, &session.model.header);
+        job.window.copy_kv_from(session.window(), dense_stored, &session.model.header);
         if !launch {
             return Ok(());
         }
-        let checked: Vec<u32> = states
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| matches!(s, TokenState::Visible { .. }))
-            .map(|(i, _)| (prompt_len + i) as u32)
-            .take(self.per_job)
-            .collect();
-        if checked.is_empty() {
+        let job = &mut *job;
+        job.checked.clear();
+        job.checked.extend(
+            states.iter().enumerate().filter(|(_, s)| matches!(s, TokenState::Visible { .. })).map(|(i, _)| (prompt_len + i) as u32).take(self.per_job),
+        );
+        if job.checked.is_empty() {
             return Ok(());
         }
-        let tokens: Vec<u32> = checked.iter().map(|&q| x[q as usize]).collect();
-        let mut worker = self.idle.take().expect("checked above");
-        let (seq_len, trace) = (x.len(), self.trace.clone());
+        job.tokens.clear();
+        job.tokens.extend(job.checked.iter().map(|&q| x[q as usize]));
+        (job.seq_len, job.params, job.step) = (x.len(), *p, step);
+        job.state = JobState::Requested;
+        self.running = true;
         self.report.side_passes += 1;
-        self.report.side_rows += 2 * checked.len() as u64;
-        self.running = Some(scope.spawn(move || {
-            let start = Instant::now();
-            let outcome = worker.check(&checked, &tokens, seq_len, p, step);
-            let end = Instant::now();
-            if let Some(t) = trace {
-                t.span(Track::SidePath, format!("check {} tokens", checked.len()), start, end);
-            }
-            // The job's own time travels with it (the report lives on the dense thread).
-            (worker, outcome.map(|o| Outcome { seconds: (end - start).as_secs_f64(), ..o }))
-        }));
+        self.report.side_rows += 2 * job.checked.len() as u64;
+        self.shared.changed.notify_all();
         Ok(())
     }
 }
 
-impl Drop for SidePath<'_, '_> {
-    /// A generation that ends early (an error, a cancel) joins its running job here: left to
-    /// the scope, a job that panicked would panic the dense path's thread too.
+impl Drop for SidePath {
+    /// Tells the worker to exit once its job (if any) is done, and joins it.
     fn drop(&mut self) {
-        if let Some(job) = self.running.take() {
-            let _ = job.join();
+        self.shared.lock().state = JobState::Quit;
+        self.shared.changed.notify_all();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
         }
     }
 }

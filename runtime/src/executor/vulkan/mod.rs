@@ -238,7 +238,7 @@ impl Executor for VulkanExecutor {
         self.trace = Some(trace);
     }
 
-    fn pool(&self) -> &rayon::ThreadPool {
+    fn pool(&self) -> &Pool {
         &self.pool
     }
 }

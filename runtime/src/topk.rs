@@ -42,19 +42,25 @@ fn before<T: Score>(x: &Entry<T>, y: &Entry<T>) -> bool {
 /// The indices of the `k` largest `values`, in the order `torch.topk` returns them. `k` above
 /// `values.len()` is cut to it (PyTorch rejects it).
 pub fn topk<T: Score>(values: &[T], k: usize) -> Vec<usize> {
-    let n = values.len();
-    let k = k.min(n);
-    if k == 0 {
-        return Vec::new();
+    let mut queue = Vec::with_capacity(values.len());
+    topk_in(values, k, &mut queue).collect()
+}
+
+/// [`topk`] in a caller's buffer (`queue`, reused: no allocation once it holds `values.len()`
+/// entries), for the sampler's steps.
+pub fn topk_in<'q, T: Score>(values: &[T], k: usize, queue: &'q mut Vec<(T, usize)>) -> impl Iterator<Item = usize> + 'q {
+    let k = k.min(values.len());
+    queue.clear();
+    queue.extend(values.iter().copied().zip(0..));
+    if k > 0 {
+        if k * 64 <= values.len() {
+            partial_sort(queue, k);
+        } else {
+            nth_element(queue, k - 1);
+            sort(&mut queue[..k - 1]);
+        }
     }
-    let mut queue: Vec<Entry<T>> = values.iter().copied().zip(0..).collect();
-    if k * 64 <= n {
-        partial_sort(&mut queue, k);
-    } else {
-        nth_element(&mut queue, k - 1);
-        sort(&mut queue[..k - 1]);
-    }
-    queue[..k].iter().map(|e| e.1).collect()
+    queue[..k].iter().map(|e| e.1)
 }
 
 /// `std::__lg`: floor(log2(n)) for n > 0.
@@ -338,7 +344,7 @@ mod tests {
 
     /// The fixture: per case, a line `f32: i i i` and a line `f64: i i i` from the real
     /// libstdc++ algorithms under PyTorch's loop.
-    const FIXTURE: &str = include_str!("../../tests/data/topk_libstdcxx.txt");
+    const FIXTURE: &str = include_str!("../tests/data/topk_libstdcxx.txt");
 
     #[test]
     fn selection_and_order_match_libstdcxx_under_pytorchs_loop() {
