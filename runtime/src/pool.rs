@@ -29,6 +29,9 @@ impl Pool {
                 Ok(())
             })
             .build()?;
+        // Every thread running before the pool is used: their setup is the pool's, not left
+        // to its first jobs.
+        pool.broadcast(|_| ());
         Ok(Pool(Arc::new(Threads { pool: Some(pool), handles })))
     }
 

@@ -102,6 +102,8 @@ pub struct Session<'m> {
     real_rows: usize,
     /// Head rows of the current pass, as graph rows.
     head: Vec<u32>,
+    /// A row-set pass's stored positions, sorted (to find a position stored twice).
+    sorted_stored: Vec<u32>,
     pub counters: Counters,
     last_staging: PassStaging,
     /// Seconds spent reading the resident segments into the window at the start.
@@ -166,6 +168,7 @@ impl<'m> Session<'m> {
             positions: Vec::with_capacity(max_rows),
             real_rows: 0,
             head: Vec::with_capacity(max_rows),
+            sorted_stored: Vec::with_capacity(max_rows),
             counters: Counters::default(),
             last_staging: PassStaging::default(),
             load_seconds,
@@ -297,7 +300,9 @@ impl<'m> Session<'m> {
         if let Some(&bad) = rows.positions.iter().find(|&&p| p as usize >= seq_len) {
             return Err(Error::request(format!("row position {bad} is outside the {seq_len}-token sequence")));
         }
-        let mut stored = rows.positions[..rows.stored].to_vec();
+        let stored = &mut self.sorted_stored;
+        stored.clear();
+        stored.extend_from_slice(&rows.positions[..rows.stored]);
         stored.sort_unstable();
         if let Some(w) = stored.windows(2).find(|w| w[0] == w[1]) {
             return Err(Error::request(format!("two rows of one pass store position {}", w[0])));
@@ -315,7 +320,7 @@ impl<'m> Session<'m> {
         self.head.clear();
         self.head.extend_from_slice(head);
         self.pad(gid);
-        self.run_pass(gid, rows.stored, seq_len, head.len(), format!("{n} rows"), false)?;
+        self.run_pass(gid, rows.stored, seq_len, head.len(), n, false)?;
         Ok(self.logits(gid, head.len()))
     }
 
@@ -373,19 +378,19 @@ impl<'m> Session<'m> {
     /// Runs the pass over `span` (timing every op when `profiled`) and counts it.
     fn pass(&mut self, seq: &[u32], span: Range<usize>, head_positions: &[u32], profiled: bool) -> Result<(u32, Option<OpProfile>)> {
         let gid = self.prepare(seq, span.clone(), head_positions)?;
-        let label = format!("{} rows", span.len());
-        let profile = self.run_pass(gid, span.len(), seq.len(), head_positions.len(), label, profiled)?;
+        let profile = self.run_pass(gid, span.len(), seq.len(), head_positions.len(), span.len(), profiled)?;
         if span.len() == seq.len() {
             self.cached_len = Some(seq.len());
         }
         Ok((gid, profile))
     }
 
-    /// Runs graph `gid` over the prepared rows (the first `stored` store their keys and
-    /// values; `context` cache positions are attended to) and counts it. After a pass that
+    /// Runs graph `gid` over the prepared rows (`real_rows` of them before padding; the first
+    /// `stored` store their keys and values; `context` cache positions are attended to) and
+    /// counts it. After a pass that
     /// failed, the next one first sets the session up as a new one (see [`reset`](Self::reset)),
     /// or fails saying why it cannot.
-    fn run_pass(&mut self, gid: u32, stored: usize, context: usize, head_rows: usize, label: String, profiled: bool) -> Result<Option<OpProfile>> {
+    fn run_pass(&mut self, gid: u32, stored: usize, context: usize, head_rows: usize, real_rows: usize, profiled: bool) -> Result<Option<OpProfile>> {
         if self.needs_reset {
             // Still failing (the artifact unreadable, say): this pass fails as that, and the
             // next one tries again.
@@ -410,7 +415,7 @@ impl<'m> Session<'m> {
         };
         self.counters.forward_seconds += start.elapsed().as_secs_f64();
         if let Some(t) = &self.trace {
-            t.span(crate::trace::Track::Dense, format!("pass {} ({label})", g.name), start, Instant::now());
+            t.span(crate::trace::Track::Dense, format!("pass {} ({real_rows} rows)", g.name), start, Instant::now());
         }
         let st = self.stager.end_pass();
         self.counters.staged_bytes += st.staged_bytes;

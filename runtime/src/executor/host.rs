@@ -130,7 +130,8 @@ impl HostExecutor {
         let homes = &self.homes;
         let features = self.features;
         // No stager: every home is the host (`cpu_side_path`), no slot is read.
-        let slots: std::sync::Arc<[crate::window::SlotPtr]> = stager.as_ref().map_or_else(|| std::sync::Arc::from([]), |s| s.slots());
+        let staged_slots = stager.as_ref().map(|s| s.slots());
+        let slots: &[crate::window::SlotPtr] = staged_slots.as_deref().unwrap_or(&[]);
         let slot_count = slots.len().max(1);
         // The bytes of a tensor an op reads: in the window (resident or in its slot), or, for
         // the embedding the CPU gathers, in the artifact.

@@ -61,6 +61,8 @@ pub struct SideReport {
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum JobState {
+    /// The worker thread is setting itself up.
+    Starting,
     Idle,
     /// Set by the dense path: the worker runs the job.
     Requested,
@@ -153,11 +155,15 @@ impl Worker {
             model,
         });
         let mut job = shared.lock();
+        if job.state == JobState::Starting {
+            job.state = JobState::Idle;
+            shared.changed.notify_all();
+        }
         loop {
             match job.state {
                 JobState::Quit => return,
                 JobState::Requested => {}
-                JobState::Idle | JobState::Done => {
+                JobState::Starting | JobState::Idle | JobState::Done => {
                     job = shared.changed.wait(job).unwrap_or_else(|e| e.into_inner());
                     continue;
                 }
@@ -202,7 +208,7 @@ impl SidePath {
         let per_job = (side_rows / 2).max(1);
         let shared = Arc::new(Shared {
             job: Mutex::new(Job {
-                state: JobState::Idle,
+                state: JobState::Starting,
                 window,
                 checked: Vec::with_capacity(per_job),
                 tokens: Vec::with_capacity(per_job),
@@ -220,6 +226,12 @@ impl SidePath {
             .name("llada-side".into())
             .spawn(move || Worker::serve(thread_model, features, per_job, &thread_shared, trace))
             .map_err(|e| Error::io("starting the CPU side path's thread", e))?;
+        // Set up before the generation's first step (nothing of it is left to the steps).
+        let mut job = shared.lock();
+        while job.state == JobState::Starting {
+            job = shared.changed.wait(job).unwrap_or_else(|e| e.into_inner());
+        }
+        drop(job);
         Ok(SidePath { shared, thread: Some(thread), running: false, per_job, fresh: Vec::with_capacity(per_job), report: SideReport::default() })
     }
 
