@@ -62,6 +62,7 @@ pub enum Setting {
     Threads,
     CpuThreads,
     Backend,
+    Experts,
 }
 
 impl Setting {
@@ -85,6 +86,7 @@ impl Setting {
             Setting::Threads => "--threads",
             Setting::CpuThreads => "--cpu-threads",
             Setting::Backend => "--backend",
+            Setting::Experts => "--experts",
         }
     }
 
@@ -105,9 +107,10 @@ impl Setting {
             Setting::StableConfidence => "params.stable_confidence",
             Setting::StableChecks => "params.stable_checks",
             Setting::ReviseConfidence => "params.revise_confidence",
-            Setting::Threads => "n_threads",
-            Setting::CpuThreads => "cpu_threads",
-            Setting::Backend => "backend",
+            Setting::Threads => "session_params.threads",
+            Setting::CpuThreads => "session_params.cpu_threads",
+            Setting::Backend => "session_params.backend",
+            Setting::Experts => "session_params.experts",
         }
     }
 }

@@ -12,6 +12,7 @@ pub mod kernels;
 pub mod moe;
 pub mod pool;
 pub mod model;
+pub mod params;
 pub mod roofline;
 pub mod sampler;
 pub mod session;
@@ -23,5 +24,6 @@ pub mod window;
 
 pub use error::{Error, Result, Setting};
 pub use model::Model;
-pub use sampler::{generate, generate_until, Generation, Remasking, SamplerParams};
+pub use params::{SamplerParams, SessionParams};
+pub use sampler::{generate, generate_until, Generation, Generator, Remasking};
 pub use session::Session;

@@ -8,6 +8,7 @@ use std::ops::Range;
 
 use crate::executor::{self, value_range, BackendKind, Capabilities, Executor, OpProfile, RunInputs};
 use crate::model::Model;
+use crate::params::SessionParams;
 use crate::moe::{ExpertCounters, ExpertStrategy, Experts};
 use crate::staging::{PassStaging, Stager, StagingMode};
 use crate::window::Window;
@@ -120,6 +121,16 @@ impl<'m> Session<'m> {
     /// A session on all the default threads (see [`default_threads`]).
     pub fn new(model: &'m Model) -> Result<Session<'m>> {
         Session::with_threads(model, default_threads_for(model))
+    }
+
+    /// A session as `params` says, the defaults filled in (every core, hybrid experts on one
+    /// CPU thread): what the CLI and the C API open.
+    pub fn open(model: &'m Model, params: &SessionParams) -> Result<Session<'m>> {
+        params.check_experts(model)?;
+        let defaults = ExpertOptions::default();
+        let experts = ExpertOptions { strategy: params.experts.unwrap_or(defaults.strategy), cpu_threads: params.cpu_threads.unwrap_or(defaults.cpu_threads) };
+        let threads = params.threads.unwrap_or_else(|| default_threads_for(model));
+        Session::with_backend(model, params.backend, threads, crate::kernels::cpu::features(), params.staging, experts)
     }
 
     pub fn with_threads(model: &'m Model, threads: usize) -> Result<Session<'m>> {

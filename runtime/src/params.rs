@@ -1,0 +1,358 @@
+//! Every setting of a session and a generation, with its default and its range, defined
+//! once: the CLI, the C API and the JSON reports all go through these types.
+
+use crate::error::{Error, Result, Setting};
+use crate::executor::BackendKind;
+use crate::model::Model;
+use crate::moe::ExpertStrategy;
+use crate::staging::StagingMode;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Remasking {
+    /// Commit the positions whose prediction has the highest probability.
+    LowConfidence,
+    /// Commit positions in a random order.
+    Random,
+}
+
+impl Remasking {
+    pub fn parse(s: &str) -> Option<Remasking> {
+        match s {
+            "low_confidence" => Some(Remasking::LowConfidence),
+            "random" => Some(Remasking::Random),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Remasking::LowConfidence => "low_confidence",
+            Remasking::Random => "random",
+        }
+    }
+}
+
+/// Which rows each forward pass recomputes (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    Exact,
+    Prefix,
+    Dual,
+    Spec,
+    Mbsd,
+}
+
+impl Policy {
+    pub fn parse(s: &str) -> Option<Policy> {
+        match s {
+            "exact" => Some(Policy::Exact),
+            "prefix" => Some(Policy::Prefix),
+            "dual" => Some(Policy::Dual),
+            "spec" => Some(Policy::Spec),
+            "mbsd" => Some(Policy::Mbsd),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Exact => "exact",
+            Policy::Prefix => "prefix",
+            Policy::Dual => "dual",
+            Policy::Spec => "spec",
+            Policy::Mbsd => "mbsd",
+        }
+    }
+}
+
+/// `mbsd`: whether committed tokens stay revisable and are re-checked on the CPU side path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Revision {
+    DualPath,
+    Off,
+}
+
+impl Revision {
+    pub fn parse(s: &str) -> Option<Revision> {
+        match s {
+            "dual-path" => Some(Revision::DualPath),
+            "off" => Some(Revision::Off),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Revision::DualPath => "dual-path",
+            Revision::Off => "off",
+        }
+    }
+}
+
+/// Sampler settings, with the official code's defaults. The one definition of every
+/// sampler setting: the CLI's flags take their defaults from [`Default`], the C API's
+/// `llada_params` maps to it field for field, and `run --json` and `eval --json` print it.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct SamplerParams {
+    /// Tokens to generate.
+    pub gen_length: usize,
+    /// Semi-autoregressive block size; `gen_length` must be a multiple of it.
+    pub block_length: usize,
+    /// Denoising steps over all blocks; a multiple of the number of blocks.
+    pub steps: usize,
+    /// 0 = take the most likely token; above 0, Gumbel-max sampling at this temperature.
+    pub temperature: f64,
+    /// Classifier-free guidance scale; 0 skips the unconditional pass.
+    pub cfg_scale: f64,
+    /// Which masked positions to commit first.
+    pub remasking: Remasking,
+    /// Seed of the noise (temperature > 0 and random remasking): same seed, same output.
+    pub seed: u64,
+    /// Official `logits_eos_inf`: EOS is never predicted.
+    pub logits_eos_inf: bool,
+    /// Official `confidence_eos_eot_inf`: predictions of EoT (and of EOS at temperature 0,
+    /// where the official code's noisy and clean logits are one tensor) get zero confidence.
+    pub confidence_eos_eot_inf: bool,
+    /// Which rows each pass recomputes.
+    pub policy: Policy,
+    /// Cached policies: a whole-sequence pass every this many steps of a block (0: only at
+    /// the start of each block; 1: every step, which is `exact`).
+    pub refresh_every: usize,
+    /// Commit every masked position of the block at or above this confidence (at least one)
+    /// instead of the fixed schedule.
+    pub threshold: Option<f32>,
+    /// `spec`: how many blocks after the current one are drafted.
+    pub spec_blocks: usize,
+    /// `spec` and `mbsd`: confidence a draft's confirmation needs.
+    pub spec_threshold: f32,
+    /// `mbsd`: fewest rows a dense pass computes (None: the plan's smallest latency bucket);
+    /// the whole block makes every pass recompute the block, as `dual` does.
+    pub rows: Option<usize>,
+    /// `mbsd`: the CPU side path, on (`DualPath`) or off.
+    pub revision: Revision,
+    /// `mbsd` revision: rows of one side-path pass, two per checked token (None: the plan's
+    /// smallest latency bucket).
+    pub side_rows: Option<usize>,
+    /// A check that agrees with this confidence or more makes a token stable.
+    pub stable_confidence: f32,
+    /// So many agreeing checks make a token stable whatever their confidence.
+    pub stable_checks: u32,
+    /// A check that disagrees with this confidence or more revises the token.
+    pub revise_confidence: f32,
+}
+
+impl Default for SamplerParams {
+    fn default() -> Self {
+        SamplerParams {
+            gen_length: 128,
+            block_length: 32,
+            steps: 128,
+            temperature: 0.0,
+            cfg_scale: 0.0,
+            remasking: Remasking::LowConfidence,
+            seed: 0,
+            logits_eos_inf: false,
+            confidence_eos_eot_inf: false,
+            policy: Policy::Exact,
+            refresh_every: 0,
+            threshold: None,
+            spec_blocks: 1,
+            spec_threshold: 0.99,
+            rows: None,
+            revision: Revision::DualPath,
+            side_rows: None,
+            stable_confidence: 0.9,
+            stable_checks: 2,
+            revise_confidence: 0.5,
+        }
+    }
+}
+
+/// Most denoising steps a generation may ask for.
+pub const MAX_STEPS: usize = 1 << 16;
+
+/// What an artifact's plan can serve, the bounds of the sizes a request may ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Longest sequence (prompt + generation) the graphs and the KV cache hold.
+    pub max_len: usize,
+    /// Rows of the largest graph: the most one pass computes.
+    pub max_rows: usize,
+}
+
+impl Limits {
+    pub fn of(model: &crate::Model) -> Limits {
+        let h = &model.header;
+        Limits { max_len: model.max_exact_len() as usize, max_rows: h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize }
+    }
+}
+
+impl SamplerParams {
+    /// Checks every setting against its range and the plan's `limits`, before anything is
+    /// allocated for it; returns the steps per block. The one place the CLI and the C API
+    /// share: errors are [`Error::Setting`], naming the setting and its range.
+    pub fn validate(&self, limits: &Limits) -> Result<usize> {
+        use crate::error::Setting as S;
+        let bad = |s: S, m: String| Err(Error::setting(s, m));
+        // At least one prompt token beside the generation.
+        let max_gen = limits.max_len.saturating_sub(1).max(1);
+        if !(1..=max_gen).contains(&self.gen_length) {
+            return bad(S::GenLength, format!("{} is outside 1..={max_gen} (the artifact holds {} positions, one at least for the prompt)", self.gen_length, limits.max_len));
+        }
+        if !(1..=self.gen_length).contains(&self.block_length) || self.gen_length % self.block_length != 0 {
+            return bad(S::BlockLength, format!("{} must divide the gen length {}", self.block_length, self.gen_length));
+        }
+        let blocks = self.gen_length / self.block_length;
+        // Steps beyond one per generated token commit nothing, but the official sampler runs
+        // them (each a pass and an entry of `reveals`): allowed, up to a bound.
+        if !(1..=MAX_STEPS).contains(&self.steps) || self.steps % blocks != 0 {
+            return bad(S::Steps, format!("{} must be a multiple of the {blocks} blocks in 1..={MAX_STEPS}", self.steps));
+        }
+        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+            return bad(S::Temperature, format!("{} must be a finite number >= 0", self.temperature));
+        }
+        if !(self.cfg_scale >= 0.0 && self.cfg_scale.is_finite()) {
+            return bad(S::CfgScale, format!("{} must be a finite number >= 0", self.cfg_scale));
+        }
+        if self.cfg_scale > 0.0 && self.policy != Policy::Exact {
+            // The unconditional pass would overwrite the conditional sequence's cache.
+            return bad(S::CfgScale, format!("{} needs the exact policy (the {} policy caches one sequence)", self.cfg_scale, self.policy.name()));
+        }
+        let steps_per_block = self.steps / blocks;
+        // A block takes its scheduled steps, or up to one per token under a threshold.
+        let block_steps = steps_per_block.max(self.block_length);
+        if self.refresh_every > block_steps {
+            return bad(S::RefreshEvery, format!("{} is outside 0..={block_steps} (the most steps a block takes)", self.refresh_every));
+        }
+        if let Some(t) = self.threshold {
+            if !(0.0..=1.0).contains(&t) {
+                return bad(S::Threshold, format!("{t} must be between 0 and 1"));
+            }
+        }
+        // Blocks drafted ahead: `blocks - 1` follow the first; one more is allowed (a one-block
+        // generation with the `spec` default of 1), which drafts nothing further.
+        if self.spec_blocks > blocks {
+            return bad(S::SpecBlocks, format!("{} is outside 0..={blocks} (the generation has {blocks} blocks)", self.spec_blocks));
+        }
+        if !(0.0..=1.0).contains(&self.spec_threshold) {
+            return bad(S::SpecThreshold, format!("{} must be between 0 and 1", self.spec_threshold));
+        }
+        if let Some(r) = self.rows.filter(|r| !(1..=limits.max_rows).contains(r)) {
+            return bad(S::Rows, format!("{r} is outside 1..={} (the artifact's largest graph)", limits.max_rows));
+        }
+        // Two rows per checked token, in one graph.
+        if let Some(r) = self.side_rows.filter(|r| !(2..=limits.max_rows).contains(r)) {
+            return bad(S::SideRows, format!("{r} is outside 2..={} (two rows per checked token, in the artifact's largest graph)", limits.max_rows));
+        }
+        for (s, v) in [(S::StableConfidence, self.stable_confidence), (S::ReviseConfidence, self.revise_confidence)] {
+            if !(0.0..=1.0).contains(&v) {
+                return bad(s, format!("{v} must be between 0 and 1"));
+            }
+        }
+        if self.stable_checks == 0 {
+            return bad(S::StableChecks, "0 must be at least 1".into());
+        }
+        Ok(steps_per_block)
+    }
+
+    /// `spec_blocks` when none is given: `spec` drafts one block ahead, `mbsd` as deep as
+    /// the artifact was compiled for; never more blocks than follow the first.
+    pub fn default_spec_blocks(policy: Policy, compiled: usize, gen_length: usize, block_length: usize) -> usize {
+        let wanted = if policy == Policy::Mbsd { compiled } else { 1 };
+        let after_first = gen_length.checked_div(block_length).unwrap_or(1).saturating_sub(1);
+        wanted.min(after_first)
+    }
+}
+
+
+/// How a session runs, with the CLI's defaults: the one definition the CLI's session flags
+/// and the C API's `llada_session_params` map to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionParams {
+    /// The backend that runs the dense graphs.
+    pub backend: BackendKind,
+    /// Threads of the host backend's kernels and of the CPU work around the passes, in
+    /// `1..=` what the plan provides for. `None`: every core (or `LLADA_THREADS`), at most that.
+    pub threads: Option<usize>,
+    /// How rotating weights reach their window slots.
+    pub staging: StagingMode,
+    /// Mixture-of-experts models: where experts run (`None`: hybrid). Refused for a dense
+    /// model, as every expert setting is.
+    pub experts: Option<ExpertStrategy>,
+    /// Mixture-of-experts models: threads of the CPU path beside the accelerator path
+    /// (`None`: 1).
+    pub cpu_threads: Option<usize>,
+}
+
+impl Default for SessionParams {
+    fn default() -> Self {
+        SessionParams { backend: BackendKind::Host, threads: None, staging: StagingMode::Async, experts: None, cpu_threads: None }
+    }
+}
+
+impl SessionParams {
+    /// Refuses expert settings for a dense model, naming the first one given.
+    pub fn check_experts(&self, model: &Model) -> Result<()> {
+        if model.header.model.moe.is_some() {
+            return Ok(());
+        }
+        let given = [(Setting::Experts, self.experts.is_some()), (Setting::CpuThreads, self.cpu_threads.is_some())];
+        match given.iter().find(|g| g.1) {
+            Some(&(setting, _)) => Err(Error::setting(setting, format!("{} is a dense model; it has no experts", model.path.display()))),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_names_the_options() {
+        let limits = Limits { max_len: 256, max_rows: 256 };
+        let p = SamplerParams { gen_length: 30, block_length: 8, ..Default::default() };
+        assert!(p.validate(&limits).unwrap_err().to_string().contains("--block-len 8 must divide the gen length 30"));
+        let p = SamplerParams { gen_length: 32, block_length: 8, steps: 6, ..Default::default() };
+        assert!(p.validate(&limits).unwrap_err().to_string().contains("--steps 6"));
+    }
+
+    #[test]
+    fn every_size_is_bounded_before_anything_is_allocated() {
+        let limits = Limits { max_len: 160, max_rows: 64 };
+        let base = SamplerParams { gen_length: 128, block_length: 32, steps: 128, policy: Policy::Mbsd, ..Default::default() };
+        base.validate(&limits).unwrap();
+        let cases: Vec<(SamplerParams, &str)> = vec![
+            (SamplerParams { gen_length: 0, ..base.clone() }, "--gen-len 0 is outside 1..=159"),
+            (SamplerParams { gen_length: 160, block_length: 32, ..base.clone() }, "--gen-len 160 is outside 1..=159"),
+            (SamplerParams { gen_length: u32::MAX as usize, ..base.clone() }, "--gen-len 4294967295"),
+            (SamplerParams { steps: 0, ..base.clone() }, "--steps 0"),
+            (SamplerParams { steps: MAX_STEPS + 4, ..base.clone() }, "--steps 65540"),
+            (SamplerParams { steps: u32::MAX as usize, ..base.clone() }, "--steps 4294967295"),
+            (SamplerParams { spec_blocks: 5, ..base.clone() }, "--spec-blocks 5 is outside 0..=4"),
+            (SamplerParams { spec_blocks: u32::MAX as usize, ..base.clone() }, "--spec-blocks 4294967295"),
+            (SamplerParams { side_rows: Some(0), ..base.clone() }, "--side-rows 0 is outside 2..=64"),
+            (SamplerParams { side_rows: Some(65), ..base.clone() }, "--side-rows 65"),
+            (SamplerParams { rows: Some(0), ..base.clone() }, "--rows 0 is outside 1..=64"),
+            (SamplerParams { refresh_every: 33, ..base.clone() }, "--refresh-every 33 is outside 0..=32"),
+            (SamplerParams { cfg_scale: f64::NAN, ..base.clone() }, "--cfg NaN"),
+            (SamplerParams { threshold: Some(1.5), ..base.clone() }, "--threshold 1.5"),
+        ];
+        for (p, want) in cases {
+            let e = p.validate(&limits).unwrap_err();
+            assert!(matches!(e, Error::Setting { .. }), "{e}");
+            assert!(e.to_string().contains(want), "{e} does not say {want}");
+        }
+        assert_eq!(SamplerParams { spec_blocks: 4, side_rows: Some(64), rows: Some(1), ..base.clone() }.validate(&limits).unwrap(), 32);
+        // Whatever the policy: a size typed is checked even where it is not used.
+        let exact = SamplerParams { policy: Policy::Exact, spec_blocks: u32::MAX as usize, ..base.clone() };
+        assert!(exact.validate(&limits).unwrap_err().to_string().contains("--spec-blocks 4294967295"));
+        assert_eq!(SamplerParams::default_spec_blocks(Policy::Mbsd, 2, 32, 32), 0);
+        assert_eq!(SamplerParams::default_spec_blocks(Policy::Mbsd, 2, 128, 32), 2);
+        assert_eq!(SamplerParams::default_spec_blocks(Policy::Spec, 2, 128, 32), 1);
+    }
+
+}
