@@ -84,6 +84,14 @@ typedef enum llada_remasking {
   LLADA_REMASKING_RANDOM = 1,
 } llada_remasking;
 
+// `MBSD`: whether committed tokens stay revisable (llada-rt's `--revision`).
+typedef enum llada_revision {
+  // Committed tokens are re-checked on a CPU side path and may be revised.
+  LLADA_REVISION_DUAL_PATH = 0,
+  // Commits are final.
+  LLADA_REVISION_OFF = 1,
+} llada_revision;
+
 // What runs a session's dense graphs.
 typedef enum llada_backend {
   // The CPU's kernels.
@@ -93,11 +101,46 @@ typedef enum llada_backend {
   LLADA_BACKEND_VULKAN = 1,
 } llada_backend;
 
+// How rotating weights reach their window slots (llada-rt's `--staging`).
+typedef enum llada_staging {
+  // A staging thread copies each segment ahead of the pass that needs it.
+  LLADA_STAGING_ASYNC = 0,
+  // Each segment is read when it is needed (for comparison).
+  LLADA_STAGING_SYNC = 1,
+} llada_staging;
+
+// Mixture-of-experts models: where experts run (llada-rt's `--experts`).
+typedef enum llada_experts {
+  // Not set: hybrid for a mixture-of-experts model; a dense model accepts only this.
+  LLADA_EXPERTS_DEFAULT = 0,
+  LLADA_EXPERTS_HYBRID = 1,
+  LLADA_EXPERTS_LRU = 2,
+  LLADA_EXPERTS_STATIC = 3,
+} llada_experts;
+
 // A loaded, verified artifact and its tokenizer (`llada_model` in C).
 typedef struct llada_model llada_model;
 
 // A model bound to a window and an executor, ready to generate (`llada_session` in C).
 typedef struct llada_session llada_session;
+
+// Settings of a session. Start from `llada_default_session_params()`; each field matches
+// the llada-rt option named in its comment.
+typedef struct llada_session_params {
+  // Threads of the host backend's kernels and of the CPU work around the passes
+  // (`--threads`); 0 for every core (or the LLADA_THREADS environment variable), at most
+  // what the artifact provides for. Default 0.
+  uint32_t n_threads;
+  // A llada_backend value (`--backend`). Default LLADA_BACKEND_HOST.
+  uint32_t backend;
+  // A llada_staging value (`--staging`). Default LLADA_STAGING_ASYNC.
+  uint32_t staging;
+  // A llada_experts value (`--experts`). Default LLADA_EXPERTS_DEFAULT.
+  uint32_t experts;
+  // Mixture-of-experts models: threads of the CPU path beside the accelerator path
+  // (`--cpu-threads`); 0 for the default, 1. Default 0.
+  uint32_t cpu_threads;
+} llada_session_params;
 
 // Settings of one generation. Start from `llada_default_params()` and change what you need;
 // each field matches the llada-rt option named in its comment and has its range; a field out
@@ -130,11 +173,31 @@ typedef struct llada_params {
   uint32_t refresh_every;
   // Above 0: commit every masked position of the block whose confidence reaches this
   // value, at least one per step, instead of the fixed schedule (`--threshold`, at most 1).
-  // 0 keeps the fixed schedule. Default 0.
+  // 0 keeps the fixed schedule (so `--threshold 0` itself has no equivalent here). Default 0.
   float threshold;
-  // SPEC and MBSD: blocks drafted ahead of the current one, 0 for the default (SPEC 1, MBSD
-  // the artifact's compiled depth) (`--spec-blocks`). Default 0.
-  uint32_t spec_blocks;
+  // SPEC and MBSD: blocks drafted ahead of the current one (`--spec-blocks`); below 0 the
+  // default (SPEC 1, MBSD the artifact's compiled depth). Default -1.
+  int32_t spec_blocks;
+  // SPEC and MBSD: confidence a draft needs when its block becomes current
+  // (`--spec-threshold`, 0 to 1). Default 0.99.
+  float spec_threshold;
+  // MBSD: fewest rows a dense pass computes (`--rows`); 0 for the plan's smallest latency
+  // bucket. Default 0.
+  uint32_t rows;
+  // MBSD: a llada_revision value (`--revision`). Default LLADA_REVISION_DUAL_PATH.
+  uint32_t revision;
+  // MBSD revision: rows of one side-path pass, two per checked token (`--side-rows`); 0
+  // for the plan's smallest latency bucket. Default 0.
+  uint32_t side_rows;
+  // MBSD revision: an agreeing check at or above this confidence makes a token stable
+  // (`--stable-confidence`, 0 to 1). Default 0.9.
+  float stable_confidence;
+  // MBSD revision: this many agreeing checks make a token stable (`--stable-checks`, at
+  // least 1). Default 2.
+  uint32_t stable_checks;
+  // MBSD revision: a disagreeing check at or above this confidence revises the token
+  // (`--revise-confidence`, 0 to 1). Default 0.5.
+  float revise_confidence;
   // True: the prompt is the user's turn, wrapped in the model's chat template (`--chat`).
   // False: the prompt is tokenized as it is. Default true.
   bool chat;
@@ -210,7 +273,7 @@ void llada_model_free(struct llada_model *model);
 // A session on `model` computing on `n_threads` threads (0: every core, or the
 // `LLADA_THREADS` environment variable), into `*out`. It allocates the model's window and
 // reads the resident weights into it. On failure `*out` is set to NULL. The same as
-// `llada_session_new_on` with `LLADA_BACKEND_HOST`.
+// `llada_session_open` with `llada_default_session_params()` and `n_threads`.
 //
 // # Safety
 // `model` is a live handle from `llada_model_load`; `out` points to writable storage.
@@ -228,6 +291,17 @@ enum llada_status llada_session_new_on(const struct llada_model *model,
                                        uint32_t n_threads,
                                        uint32_t backend,
                                        struct llada_session **out);
+
+// A session on `model` as `params` say (NULL: `llada_default_session_params()`), into
+// `*out`: every session option llada-rt has. On failure `*out` is set to NULL and
+// `llada_last_error` names the field.
+//
+// # Safety
+// `model` is a live handle from `llada_model_load`; `params` NULL or valid; `out` points to
+// writable storage.
+enum llada_status llada_session_open(const struct llada_model *model,
+                                     const struct llada_session_params *params,
+                                     struct llada_session **out);
 
 // Releases a session (NULL is ignored).
 //
@@ -275,6 +349,9 @@ const char *llada_last_error(void);
 
 // The settings `llada-rt run` uses when given no options, with `chat` on.
 struct llada_params llada_default_params(void);
+
+// The session settings `llada-rt run` uses when given no options.
+struct llada_session_params llada_default_session_params(void);
 
 #ifdef __cplusplus
 }  // extern "C"

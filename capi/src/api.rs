@@ -6,14 +6,11 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 
-use llada_rt::executor::BackendKind;
-use llada_rt::session::{default_threads_for, ExpertOptions};
-use llada_rt::staging::StagingMode;
 use llada_rt::text::Text;
 use llada_rt::{generate_until, Model as RtModel, Session as RtSession};
 
 use crate::error::{guard, Failure, Status};
-use crate::params::Params;
+use crate::params::{llada_default_session_params, Params, SessionSettings};
 
 /// A loaded, verified artifact and its tokenizer (`llada_model` in C).
 pub struct Model {
@@ -155,14 +152,15 @@ pub enum Backend {
 /// A session on `model` computing on `n_threads` threads (0: every core, or the
 /// `LLADA_THREADS` environment variable), into `*out`. It allocates the model's window and
 /// reads the resident weights into it. On failure `*out` is set to NULL. The same as
-/// `llada_session_new_on` with `LLADA_BACKEND_HOST`.
+/// `llada_session_open` with `llada_default_session_params()` and `n_threads`.
 ///
 /// # Safety
 /// `model` is a live handle from `llada_model_load`; `out` points to writable storage.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn llada_session_new(model: *const Model, n_threads: u32, out: *mut *mut Session) -> Status {
-    // SAFETY: the caller's contract is this function's.
-    unsafe { llada_session_new_on(model, n_threads, Backend::Host as u32, out) }
+    let settings = SessionSettings { n_threads, ..llada_default_session_params() };
+    // SAFETY: the caller's contract is this function's; `settings` lives across the call.
+    unsafe { llada_session_open(model, &settings, out) }
 }
 
 /// `llada_session_new` with the dense graphs on `backend` (`n_threads`: the CPU threads; on
@@ -173,6 +171,20 @@ pub unsafe extern "C" fn llada_session_new(model: *const Model, n_threads: u32, 
 /// `LLADA_STATUS_INVALID_ARGUMENT`).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn llada_session_new_on(model: *const Model, n_threads: u32, backend: u32, out: *mut *mut Session) -> Status {
+    let settings = SessionSettings { n_threads, backend, ..llada_default_session_params() };
+    // SAFETY: as above.
+    unsafe { llada_session_open(model, &settings, out) }
+}
+
+/// A session on `model` as `params` say (NULL: `llada_default_session_params()`), into
+/// `*out`: every session option llada-rt has. On failure `*out` is set to NULL and
+/// `llada_last_error` names the field.
+///
+/// # Safety
+/// `model` is a live handle from `llada_model_load`; `params` NULL or valid; `out` points to
+/// writable storage.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn llada_session_open(model: *const Model, params: *const SessionSettings, out: *mut *mut Session) -> Status {
     guard(|| {
         if out.is_null() {
             return Err(null("out"));
@@ -181,18 +193,14 @@ pub unsafe extern "C" fn llada_session_new_on(model: *const Model, n_threads: u3
         unsafe { *out = std::ptr::null_mut() };
         // SAFETY: null or a live handle by the caller's contract.
         let model = unsafe { model.as_ref() }.ok_or_else(|| null("model"))?;
+        // SAFETY: null or valid by the caller's contract.
+        let settings = unsafe { params.as_ref() }.copied().unwrap_or_else(|| llada_default_session_params()).session()?;
         let loaded = model.loaded.clone();
         // SAFETY: the session borrows the model inside an `Arc` that `SessionState` holds
         // and drops after the session (field order), and the `Arc`'s contents never move,
         // so the reference outlives every use the session makes of it.
         let rt_model: &'static RtModel = unsafe { &*(&loaded.model as *const RtModel) };
-        let threads = if n_threads == 0 { default_threads_for(rt_model) } else { n_threads as usize };
-        let kind = match backend {
-            b if b == Backend::Host as u32 => BackendKind::Host,
-            b if b == Backend::Vulkan as u32 => BackendKind::Vulkan,
-            other => return Err(Failure::argument(format!("backend {other} is not an llada_backend value (LLADA_BACKEND_HOST = 0, LLADA_BACKEND_VULKAN = 1)"))),
-        };
-        let session = RtSession::with_backend(rt_model, kind, threads, llada_rt::kernels::cpu::features(), StagingMode::Async, ExpertOptions::default())?;
+        let session = RtSession::open(rt_model, &settings)?;
         let handle = Box::new(Session { cancel: AtomicBool::new(false), state: Mutex::new(SessionState { session, _loaded: loaded }) });
         // SAFETY: as above.
         unsafe { *out = Box::into_raw(handle) };

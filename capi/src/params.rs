@@ -1,7 +1,10 @@
 //! Generation settings as a C struct, and their translation to the sampler's.
 
-use llada_rt::sampler::{Policy as RtPolicy, Revision};
-use llada_rt::{Model, Remasking as RtRemasking, SamplerParams};
+use llada_rt::executor::BackendKind;
+use llada_rt::moe::ExpertStrategy;
+use llada_rt::sampler::{Policy as RtPolicy, Revision as RtRevision};
+use llada_rt::staging::StagingMode;
+use llada_rt::{Model, Remasking as RtRemasking, SamplerParams, SessionParams};
 
 use crate::error::Failure;
 
@@ -30,6 +33,16 @@ pub enum Remasking {
     LowConfidence = 0,
     /// A random order (seeded by `seed`).
     Random = 1,
+}
+
+/// `MBSD`: whether committed tokens stay revisable (llada-rt's `--revision`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Revision {
+    /// Committed tokens are re-checked on a CPU side path and may be revised.
+    DualPath = 0,
+    /// Commits are final.
+    Off = 1,
 }
 
 /// Settings of one generation. Start from `llada_default_params()` and change what you need;
@@ -65,11 +78,31 @@ pub struct Params {
     pub refresh_every: u32,
     /// Above 0: commit every masked position of the block whose confidence reaches this
     /// value, at least one per step, instead of the fixed schedule (`--threshold`, at most 1).
-    /// 0 keeps the fixed schedule. Default 0.
+    /// 0 keeps the fixed schedule (so `--threshold 0` itself has no equivalent here). Default 0.
     pub threshold: f32,
-    /// SPEC and MBSD: blocks drafted ahead of the current one, 0 for the default (SPEC 1, MBSD
-    /// the artifact's compiled depth) (`--spec-blocks`). Default 0.
-    pub spec_blocks: u32,
+    /// SPEC and MBSD: blocks drafted ahead of the current one (`--spec-blocks`); below 0 the
+    /// default (SPEC 1, MBSD the artifact's compiled depth). Default -1.
+    pub spec_blocks: i32,
+    /// SPEC and MBSD: confidence a draft needs when its block becomes current
+    /// (`--spec-threshold`, 0 to 1). Default 0.99.
+    pub spec_threshold: f32,
+    /// MBSD: fewest rows a dense pass computes (`--rows`); 0 for the plan's smallest latency
+    /// bucket. Default 0.
+    pub rows: u32,
+    /// MBSD: a llada_revision value (`--revision`). Default LLADA_REVISION_DUAL_PATH.
+    pub revision: u32,
+    /// MBSD revision: rows of one side-path pass, two per checked token (`--side-rows`); 0
+    /// for the plan's smallest latency bucket. Default 0.
+    pub side_rows: u32,
+    /// MBSD revision: an agreeing check at or above this confidence makes a token stable
+    /// (`--stable-confidence`, 0 to 1). Default 0.9.
+    pub stable_confidence: f32,
+    /// MBSD revision: this many agreeing checks make a token stable (`--stable-checks`, at
+    /// least 1). Default 2.
+    pub stable_checks: u32,
+    /// MBSD revision: a disagreeing check at or above this confidence revises the token
+    /// (`--revise-confidence`, 0 to 1). Default 0.5.
+    pub revise_confidence: f32,
     /// True: the prompt is the user's turn, wrapped in the model's chat template (`--chat`).
     /// False: the prompt is tokenized as it is. Default true.
     pub chat: bool,
@@ -91,11 +124,30 @@ pub extern "C" fn llada_default_params() -> Params {
         temperature: d.temperature,
         seed: d.seed,
         cfg_scale: d.cfg_scale,
-        remasking: Remasking::LowConfidence as u32,
-        policy: Policy::Exact as u32,
+        remasking: match d.remasking {
+            RtRemasking::LowConfidence => Remasking::LowConfidence,
+            RtRemasking::Random => Remasking::Random,
+        } as u32,
+        policy: match d.policy {
+            RtPolicy::Exact => Policy::Exact,
+            RtPolicy::Prefix => Policy::Prefix,
+            RtPolicy::Dual => Policy::Dual,
+            RtPolicy::Spec => Policy::Spec,
+            RtPolicy::Mbsd => Policy::Mbsd,
+        } as u32,
         refresh_every: d.refresh_every as u32,
-        threshold: 0.0,
-        spec_blocks: 0,
+        threshold: d.threshold.unwrap_or(0.0),
+        spec_blocks: -1,
+        spec_threshold: d.spec_threshold,
+        rows: d.rows.unwrap_or(0) as u32,
+        revision: match d.revision {
+            RtRevision::DualPath => Revision::DualPath,
+            RtRevision::Off => Revision::Off,
+        } as u32,
+        side_rows: d.side_rows.unwrap_or(0) as u32,
+        stable_confidence: d.stable_confidence,
+        stable_checks: d.stable_checks,
+        revise_confidence: d.revise_confidence,
         chat: true,
         logits_eos_inf: d.logits_eos_inf,
         confidence_eos_eot_inf: d.confidence_eos_eot_inf,
@@ -103,7 +155,7 @@ pub extern "C" fn llada_default_params() -> Params {
 }
 
 impl Params {
-    /// The sampler's settings, the artifact's plan filling what is left at 0, as llada-rt
+    /// The sampler's settings, the artifact's plan filling what is left to it, as llada-rt
     /// does. The enum fields are plain integers (C may store any value in them; a Rust enum
     /// holding an undeclared value would be undefined behaviour): an undeclared one is refused.
     pub(crate) fn sampler(&self, model: &Model) -> Result<SamplerParams, Failure> {
@@ -121,11 +173,16 @@ impl Params {
             1 => RtRemasking::Random,
             n => return Err(Failure::argument(format!("params.remasking: {n} is not a llada_remasking"))),
         };
+        let revision = match self.revision {
+            0 => RtRevision::DualPath,
+            1 => RtRevision::Off,
+            n => return Err(Failure::argument(format!("params.revision: {n} is not a llada_revision"))),
+        };
         // 0 is off; the rest of the range is the sampler's check (`validate`).
         let threshold = (self.threshold != 0.0).then_some(self.threshold);
         let block_length = if self.block_len == 0 { plan.block_len as usize } else { self.block_len as usize };
         let spec_default = SamplerParams::default_spec_blocks(policy, plan.spec_blocks as usize, self.gen_len as usize, block_length);
-        let defaults = SamplerParams::default();
+        let given = |n: u32| (n != 0).then_some(n as usize);
         Ok(SamplerParams {
             gen_length: self.gen_len as usize,
             block_length,
@@ -139,9 +196,99 @@ impl Params {
             policy,
             refresh_every: self.refresh_every as usize,
             threshold,
-            spec_blocks: if self.spec_blocks == 0 { spec_default } else { self.spec_blocks as usize },
-            revision: Revision::DualPath,
-            ..defaults
+            spec_blocks: usize::try_from(self.spec_blocks).unwrap_or(spec_default),
+            spec_threshold: self.spec_threshold,
+            rows: given(self.rows),
+            revision,
+            side_rows: given(self.side_rows),
+            stable_confidence: self.stable_confidence,
+            stable_checks: self.stable_checks,
+            revise_confidence: self.revise_confidence,
         })
+    }
+}
+
+/// How rotating weights reach their window slots (llada-rt's `--staging`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Staging {
+    /// A staging thread copies each segment ahead of the pass that needs it.
+    Async = 0,
+    /// Each segment is read when it is needed (for comparison).
+    Sync = 1,
+}
+
+/// Mixture-of-experts models: where experts run (llada-rt's `--experts`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Experts {
+    /// Not set: hybrid for a mixture-of-experts model; a dense model accepts only this.
+    Default = 0,
+    Hybrid = 1,
+    Lru = 2,
+    Static = 3,
+}
+
+/// Settings of a session. Start from `llada_default_session_params()`; each field matches
+/// the llada-rt option named in its comment.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionSettings {
+    /// Threads of the host backend's kernels and of the CPU work around the passes
+    /// (`--threads`); 0 for every core (or the LLADA_THREADS environment variable), at most
+    /// what the artifact provides for. Default 0.
+    pub n_threads: u32,
+    /// A llada_backend value (`--backend`). Default LLADA_BACKEND_HOST.
+    pub backend: u32,
+    /// A llada_staging value (`--staging`). Default LLADA_STAGING_ASYNC.
+    pub staging: u32,
+    /// A llada_experts value (`--experts`). Default LLADA_EXPERTS_DEFAULT.
+    pub experts: u32,
+    /// Mixture-of-experts models: threads of the CPU path beside the accelerator path
+    /// (`--cpu-threads`); 0 for the default, 1. Default 0.
+    pub cpu_threads: u32,
+}
+
+/// The session settings `llada-rt run` uses when given no options.
+#[unsafe(no_mangle)]
+pub extern "C" fn llada_default_session_params() -> SessionSettings {
+    let d = SessionParams::default();
+    SessionSettings {
+        n_threads: d.threads.unwrap_or(0) as u32,
+        backend: match d.backend {
+            BackendKind::Host => crate::api::Backend::Host,
+            BackendKind::Vulkan => crate::api::Backend::Vulkan,
+        } as u32,
+        staging: match d.staging {
+            StagingMode::Async => Staging::Async,
+            StagingMode::Sync => Staging::Sync,
+        } as u32,
+        experts: Experts::Default as u32,
+        cpu_threads: d.cpu_threads.unwrap_or(0) as u32,
+    }
+}
+
+impl SessionSettings {
+    /// The runtime's settings; an undeclared enum value is refused, naming the field.
+    pub(crate) fn session(&self) -> Result<SessionParams, Failure> {
+        let backend = match self.backend {
+            0 => BackendKind::Host,
+            1 => BackendKind::Vulkan,
+            other => return Err(Failure::argument(format!("backend {other} is not an llada_backend value (LLADA_BACKEND_HOST = 0, LLADA_BACKEND_VULKAN = 1)"))),
+        };
+        let staging = match self.staging {
+            0 => StagingMode::Async,
+            1 => StagingMode::Sync,
+            other => return Err(Failure::argument(format!("staging {other} is not an llada_staging value"))),
+        };
+        let experts = match self.experts {
+            0 => None,
+            1 => Some(ExpertStrategy::Hybrid),
+            2 => Some(ExpertStrategy::Lru),
+            3 => Some(ExpertStrategy::Static),
+            other => return Err(Failure::argument(format!("experts {other} is not an llada_experts value"))),
+        };
+        let given = |n: u32| (n != 0).then_some(n as usize);
+        Ok(SessionParams { backend, threads: given(self.n_threads), staging, experts, cpu_threads: given(self.cpu_threads) })
     }
 }

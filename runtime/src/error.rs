@@ -107,10 +107,10 @@ impl Setting {
             Setting::StableConfidence => "params.stable_confidence",
             Setting::StableChecks => "params.stable_checks",
             Setting::ReviseConfidence => "params.revise_confidence",
-            Setting::Threads => "session_params.threads",
-            Setting::CpuThreads => "session_params.cpu_threads",
-            Setting::Backend => "session_params.backend",
-            Setting::Experts => "session_params.experts",
+            Setting::Threads => "n_threads",
+            Setting::CpuThreads => "cpu_threads",
+            Setting::Backend => "backend",
+            Setting::Experts => "experts",
         }
     }
 }

@@ -105,8 +105,8 @@ fn the_c_api_refuses_each_field_at_its_bounds_with_one_status() {
         (Params { steps: 65538, ..base }, "params.steps 65538".into()),
         (Params { steps: u32::MAX, ..base }, "params.steps 4294967295".into()),
         (Params { spec_blocks: 3, policy: Policy::Mbsd as u32, ..base }, "params.spec_blocks 3 is outside 0..=2".into()),
-        (Params { spec_blocks: u32::MAX, policy: Policy::Mbsd as u32, ..base }, "params.spec_blocks 4294967295".into()),
-        (Params { spec_blocks: u32::MAX, ..base }, "params.spec_blocks 4294967295".into()),
+        (Params { spec_blocks: i32::MAX, policy: Policy::Mbsd as u32, ..base }, "params.spec_blocks 2147483647".into()),
+        (Params { spec_blocks: i32::MAX, ..base }, "params.spec_blocks 2147483647".into()),
         // Both sides of a float field's range get the same status.
         (Params { temperature: -1.0, ..base }, "params.temperature -1".into()),
         (Params { temperature: f64::NAN, ..base }, "params.temperature NaN".into()),
