@@ -249,6 +249,12 @@ typedef struct llada_output {
   size_t n_tokens;
   // Forward passes the generation ran.
   uint64_t forward_passes;
+  // Token rows those passes computed, padding included.
+  uint64_t rows_computed;
+  // Tokens committed by confirming a draft (SPEC, MBSD).
+  uint64_t drafts_confirmed;
+  // Committed tokens the CPU side path revised (MBSD with dual-path revision).
+  uint64_t revisions;
   // Wall-clock seconds of the generation.
   double seconds;
 } llada_output;

@@ -47,6 +47,12 @@ pub struct Output {
     pub n_tokens: usize,
     /// Forward passes the generation ran.
     pub forward_passes: u64,
+    /// Token rows those passes computed, padding included.
+    pub rows_computed: u64,
+    /// Tokens committed by confirming a draft (SPEC, MBSD).
+    pub drafts_confirmed: u64,
+    /// Committed tokens the CPU side path revised (MBSD with dual-path revision).
+    pub revisions: u64,
     /// Wall-clock seconds of the generation.
     pub seconds: f64,
 }
@@ -321,13 +327,16 @@ fn run(state: &mut SessionState, cancel: &AtomicBool, prompt: &str, params: &Par
         tokens: Box::into_raw(tokens).cast(),
         n_tokens,
         forward_passes: g.forward_passes,
+        rows_computed: g.rows_computed,
+        drafts_confirmed: g.drafts_confirmed,
+        revisions: g.revisions.iter().flatten().map(|step| step.len() as u64).sum(),
         seconds: g.seconds,
     })
 }
 
 impl Output {
     fn empty() -> Output {
-        Output { text: std::ptr::null_mut(), tokens: std::ptr::null_mut(), n_tokens: 0, forward_passes: 0, seconds: 0.0 }
+        Output { text: std::ptr::null_mut(), tokens: std::ptr::null_mut(), n_tokens: 0, forward_passes: 0, rows_computed: 0, drafts_confirmed: 0, revisions: 0, seconds: 0.0 }
     }
 }
 
