@@ -26,6 +26,12 @@
 //! - `threshold` (with any policy): each step commits every masked position of the block
 //!   whose confidence reaches it, at least the best one, instead of the fixed schedule; a
 //!   block then ends when it is full.
+//!
+//! Every policy is a state machine behind one stepping interface ([`Generator`],
+//! `generator.rs`): one dense pass and its commits and revisions per `step()`. `generate`,
+//! streaming, cancellation and the C API's callback are loops over it. A policy is one file
+//! implementing `PolicyStep` (which rows a pass computes and what follows from its
+//! predictions), plus its line in `Generator::start`.
 
 mod generator;
 mod mbsd;
