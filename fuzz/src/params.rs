@@ -1,5 +1,5 @@
-//! Target `params`: the C API's generation settings. Every field of `llada_params` (and the
-//! session's thread count) takes boundary values (0, 1, the plan's limits and one past them,
+//! Target `params`: the C API's generation settings. Every field of `llada_params` (and of
+//! `llada_session_params`, for a fresh session) takes boundary values (0, 1, the plan's limits and one past them,
 //! the integer maxima), NaN, infinities, negatives and random values, structure-aware: the
 //! struct is built field by field, not from bytes. Each execution calls `llada_generate` on
 //! one session of a small artifact; a generation the settings allow is cancelled by its step
@@ -10,7 +10,10 @@
 use std::ffi::{c_int, c_void, CStr, CString};
 use std::path::Path;
 
-use llada::{llada_default_params, llada_generate, llada_last_error, llada_model_load, llada_output_free, llada_session_free, llada_session_new, Model, Output, Params, Session, Status, Step};
+use llada::{
+    llada_default_params, llada_default_session_params, llada_generate, llada_last_error, llada_model_load, llada_output_free, llada_session_free, llada_session_new,
+    llada_session_open, Model, Output, Params, Session, SessionSettings, Status, Step,
+};
 
 use crate::harness::Outcome;
 use crate::mutate::Rng;
@@ -52,12 +55,12 @@ fn last_error() -> String {
     unsafe { CStr::from_ptr(llada_last_error()) }.to_string_lossy().into_owned()
 }
 
-/// One execution's input: the settings, the thread count of a fresh session (or none), and
-/// after how many steps the callback cancels.
+/// One execution's input: the settings, those of a fresh session (or none), and after how
+/// many steps the callback cancels.
 #[derive(Debug, Clone)]
 pub struct Input {
     params: Params,
-    threads: Option<u32>,
+    session: Option<SessionSettings>,
     cancel_after: u32,
     prompt: &'static str,
 }
@@ -84,7 +87,7 @@ pub fn make(seed: &Seed, rng: &mut Rng) -> Input {
     // Most executions change a few fields of valid settings; some change them all.
     let every = rng.chance(4);
     let limit = seed.max_len;
-    for field in 0..13 {
+    for field in 0..21 {
         if !every && !rng.chance(4) {
             continue;
         }
@@ -99,8 +102,16 @@ pub fn make(seed: &Seed, rng: &mut Rng) -> Input {
             7 => p.policy = int(rng, 5),
             8 => p.refresh_every = int(rng, 8),
             9 => p.threshold = float(rng) as f32,
-            10 => p.spec_blocks = int(rng, 4),
+            10 => p.spec_blocks = int(rng, 4) as i32,
             11 => p.chat = rng.chance(2),
+            12 => p.spec_threshold = float(rng) as f32,
+            13 => p.rows = int(rng, limit),
+            14 => p.revision = int(rng, 2),
+            15 => p.side_rows = int(rng, limit),
+            16 => p.stable_confidence = float(rng) as f32,
+            17 => p.stable_checks = int(rng, 4),
+            18 => p.revise_confidence = float(rng) as f32,
+            19 => p.spec_blocks = -(int(rng, 4) as i32),
             _ => (p.logits_eos_inf, p.confidence_eos_eot_inf) = (rng.chance(2), rng.chance(2)),
         }
     }
@@ -109,9 +120,19 @@ pub fn make(seed: &Seed, rng: &mut Rng) -> Input {
         p.gen_len = [8, 16, 32][rng.below(3)];
         p.steps = p.steps.min(p.gen_len);
     }
-    let threads = rng.chance(64).then(|| int(rng, 64));
+    let session = rng.chance(64).then(|| {
+        let d = llada_default_session_params();
+        let pick = |rng: &mut Rng, default: u32, limit: u32| if rng.chance(2) { int(rng, limit) } else { default };
+        SessionSettings {
+            n_threads: pick(rng, d.n_threads, 64),
+            backend: pick(rng, d.backend, 2),
+            staging: pick(rng, d.staging, 2),
+            experts: pick(rng, d.experts, 4),
+            cpu_threads: pick(rng, d.cpu_threads, 4),
+        }
+    });
     let prompts = ["FILL:30007050=", "SHIFT:PONM=", "", "x", "<|mdm_mask|>"];
-    Input { params: p, threads, cancel_after: 1 + rng.below(3) as u32, prompt: prompts[rng.below(prompts.len())] }
+    Input { params: p, session, cancel_after: 1 + rng.below(3) as u32, prompt: prompts[rng.below(prompts.len())] }
 }
 
 /// Cancels the generation once `*user_data` steps have run.
@@ -122,11 +143,11 @@ unsafe extern "C" fn cancel_after(step: *const Step, user_data: *mut c_void) -> 
 }
 
 pub fn test(seed: &Seed, input: &Input) -> Outcome {
-    if let Some(threads) = input.threads {
+    if let Some(settings) = &input.session {
         let mut session = std::ptr::null_mut();
-        // SAFETY: a live model handle and a valid out pointer.
-        let status = unsafe { llada_session_new(seed.model, threads, &mut session) };
-        check(status, "llada_session_new", input);
+        // SAFETY: a live model handle, valid settings and out pointer.
+        let status = unsafe { llada_session_open(seed.model, settings, &mut session) };
+        check(status, "llada_session_open", input);
         // SAFETY: null or a live session with no call running.
         unsafe { llada_session_free(session) };
     }

@@ -1,19 +1,14 @@
 //! `llada-rt`: maps a llada artifact, verifies it once, and executes its plan: the dense
 //! graphs on the accelerator path (here the host executor) and the sampler on the CPU.
 
-pub mod bench;
-pub mod conformance;
 pub mod error;
-pub mod eval;
 pub mod executor;
 mod fault;
-pub mod golden;
 pub mod kernels;
 pub mod moe;
 pub mod pool;
 pub mod model;
 pub mod params;
-pub mod roofline;
 pub mod sampler;
 pub mod session;
 pub mod staging;

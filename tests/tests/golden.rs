@@ -14,9 +14,9 @@ mod common;
 
 use std::path::PathBuf;
 
-use llada_rt::golden;
 use llada_rt::text::Text;
 use llada_rt::{Model, Remasking, SamplerParams, Session};
+use llada_rt_tools::golden;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
@@ -48,7 +48,7 @@ fn settings() -> Vec<(&'static str, SamplerParams)> {
 /// Positions (in a 64-token generation) whose first-pass logits are pinned.
 const LOGIT_POSITIONS: [u32; 4] = [0, 21, 40, 63];
 
-/// The golden file is produced and replayed by `llada_rt::golden`, the code behind
+/// The golden file is produced and replayed by `llada_rt_tools::golden`, the code behind
 /// `llada-rt golden`, which replays it on other machines (the aarch64 build under qemu in
 /// `.ci/run`).
 #[test]

@@ -122,8 +122,8 @@ fn embedded_golden_outputs_hold_on_vulkan() {
     let model = Model::open(&art, true).unwrap();
     let text = Text::new(&model.header.tokenizer, &model.header.special).unwrap();
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/embedded.json");
-    let file = llada_rt::golden::read(&path).unwrap();
-    let report = llada_rt::golden::check(&mut session(&model, BackendKind::Vulkan), &text, &file, &path, Default::default(), llada_rt::golden::Pin::Reveals).unwrap();
+    let file = llada_rt_tools::golden::read(&path).unwrap();
+    let report = llada_rt_tools::golden::check(&mut session(&model, BackendKind::Vulkan), &text, &file, &path, Default::default(), llada_rt_tools::golden::Pin::Reveals).unwrap();
     assert!(report.passed(), "golden outputs differ on Vulkan:\n{}", report.failures.join("\n"));
     assert_eq!((report.output_ids_matched, report.reveals_matched), (file.cases.len(), file.cases.len()));
 }

@@ -38,10 +38,14 @@ fi
 qemu-aarch64 --version | head -1
 
 echo "== aarch64 build"
-cargo build --profile phone -p llada-rt --target "$target"
-cargo test --profile phone -p llada-rt --lib --target "$target" --no-run 2>&1 | tail -1
+cargo build --profile phone -p llada-rt-tools --target "$target"
+# The library's test binary, by the path Cargo names: the `llada-rt` command (package
+# llada-rt-tools) is also built into deps/ as llada_rt-*, so the newest such file may be it.
+built="$(cargo test --profile phone -p llada-rt --lib --target "$target" --no-run 2>&1)"
+echo "$built" | tail -1
+tests="$(echo "$built" | sed -n 's/^ *Executable unittests src\/lib\.rs (\(.*\))$/\1/p')"
+[ -x "$tests" ] || { echo "no library test binary in: $built"; exit 1; }
 bin="target/$target/phone/llada-rt"
-tests="$(ls -t target/$target/phone/deps/llada_rt-* | grep -v '\.d$' | head -1)"
 file "$bin"
 echo "llada-rt for $target: $(stat -c %s "$bin") bytes"
 file "$bin" | grep -q "statically linked" || { echo "the musl build is not statically linked"; exit 1; }

@@ -5,7 +5,7 @@
 set -euo pipefail
 ckpt1b=$1 out=$2
 mkdir -p "$out"
-cargo build --release -q -p lladac -p llada-rt
+cargo build --release -q -p lladac -p llada-rt-tools
 lladac=target/release/lladac rt=target/release/llada-rt
 $lladac compile --model models/llada-tiny-tasks -o "$out/tiny.lad" > /dev/null
 tasks=models/tasks/heldout.jsonl args="--gen-len 64 --block-len 32 --steps 64"

@@ -15,7 +15,7 @@ pub fn bin(name: &str) -> PathBuf {
         let exe = std::env::current_exe().expect("the test executable has a path");
         let profile_dir = exe.parent().and_then(Path::parent).expect("tests run from target/<profile>/deps").to_path_buf();
         let profile = profile_dir.file_name().unwrap().to_string_lossy().into_owned();
-        assert!(cargo_build(&profile, &["-p", "lladac", "-p", "llada-rt", "-p", "llada-tools", "--bins"]), "building the binaries failed");
+        assert!(cargo_build(&profile, &["-p", "lladac", "-p", "llada-rt-tools", "-p", "llada-tools", "--bins"]), "building the binaries failed");
         profile_dir
     });
     dir.join(name)

@@ -1,4 +1,4 @@
-//! `cargo bench -p llada-rt --bench gemm`: the packed GEMM on LLaDA-8B's shapes in every
+//! `cargo bench -p llada-rt-tools --bench gemm`: the packed GEMM on LLaDA-8B's shapes in every
 //! weight format, on synthetic weights, against the machine's peaks measured in the same run.
 //! (`llada-rt bench` times the same kernels inside real artifacts' forward passes.)
 //!
@@ -9,7 +9,7 @@
 use llada_ir::packing::{pack_panel, PANEL};
 use llada_ir::DType;
 use llada_rt::kernels::{cpu, gemm};
-use llada_rt::roofline;
+use llada_rt_tools::roofline;
 
 fn main() {
     let rows: Vec<usize> = std::env::var("GEMM_ROWS").ok().map_or(vec![32, 64, 128], |s| s.split(',').filter_map(|r| r.parse().ok()).collect());

@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::kernels::cpu;
+use llada_rt::kernels::cpu;
 
 /// A rate on one thread and on all threads (0 when the engine is absent).
 #[derive(Debug, Clone, Copy, Serialize, Default)]
@@ -56,7 +56,7 @@ pub struct GemmRates {
 
 /// Times the real GEMM on synthetic weights of each format.
 fn measure_gemm(threads: usize) -> GemmRates {
-    use crate::kernels::gemm::{gemm, Matrix};
+    use llada_rt::kernels::gemm::{gemm, Matrix};
     use llada_ir::packing::{pack_panel, PANEL};
     use llada_ir::DType;
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads.max(1)).build().expect("the thread pool starts");

@@ -8,9 +8,9 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::error::{Error, Result};
-use crate::sampler::{generate, Remasking, SamplerParams};
-use crate::session::Session;
+use llada_rt::error::{Error, Result};
+use llada_rt::sampler::{generate, Remasking, SamplerParams};
+use llada_rt::session::Session;
 
 #[derive(Deserialize)]
 struct Golden {

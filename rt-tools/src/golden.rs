@@ -18,10 +18,10 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::conformance::Selection;
-use crate::error::{Error, Result};
-use crate::sampler::{generate, Policy, Remasking, SamplerParams};
-use crate::session::Session;
-use crate::text::Text;
+use llada_rt::error::{Error, Result};
+use llada_rt::sampler::{generate, Policy, Remasking, SamplerParams};
+use llada_rt::session::Session;
+use llada_rt::text::Text;
 
 /// Absolute tolerance on first-pass logits (stored rounded to 1e-5).
 pub const LOGIT_TOLERANCE: f64 = 1e-4;

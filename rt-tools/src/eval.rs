@@ -9,10 +9,10 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
-use crate::sampler::{generate, MbsdReport, SamplerParams};
-use crate::session::Session;
-use crate::text::Text;
+use llada_rt::error::{Error, Result};
+use llada_rt::sampler::{generate, MbsdReport, SamplerParams};
+use llada_rt::session::Session;
+use llada_rt::text::Text;
 
 #[derive(Deserialize)]
 struct TaskLine {

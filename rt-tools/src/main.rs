@@ -9,7 +9,8 @@ use llada_rt::moe::{ExpertCounters, ExpertStrategy};
 use llada_rt::executor::BackendKind;
 use llada_rt::session::{default_threads, default_threads_for, ExpertOptions};
 use llada_rt::staging::StagingMode;
-use llada_rt::{conformance, generate, golden, roofline, Error, Model, Remasking, Result, SamplerParams, Session};
+use llada_rt::{generate, Error, Model, Remasking, Result, SamplerParams, Session};
+use llada_rt_tools::{conformance, golden, roofline};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -236,7 +237,7 @@ enum Command {
         #[command(flatten)]
         backend: BackendArg,
         /// Require the output tokens (and logits) only; count reveal orders without requiring
-        /// them (for quantised artifacts on another instruction set: see `llada_rt::golden::Pin`).
+        /// them (for quantised artifacts on another instruction set: see `llada_rt_tools::golden::Pin`).
         #[arg(long)]
         tokens_only: bool,
         /// Print the report as JSON.
@@ -527,12 +528,12 @@ fn run(cli: Cli) -> Result<()> {
         Command::Eval { file, tasks, sampler, reference, json, session: session_args } => {
             let model = Model::open(&file, true)?;
             let text = Text::new(&model.header.tokenizer, &model.header.special)?;
-            let tasks = llada_rt::eval::load_tasks(&tasks, &text)?;
-            let reference = reference.map(|p| llada_rt::eval::load_reference(&p)).transpose()?;
+            let tasks = llada_rt_tools::eval::load_tasks(&tasks, &text)?;
+            let reference = reference.map(|p| llada_rt_tools::eval::load_reference(&p)).transpose()?;
             let mut session = session_args.open(&model)?;
             let params = sampler.params(&model);
             let show = !json && std::io::stderr().is_terminal();
-            let report = llada_rt::eval::run(&mut session, &text, &tasks, &params, reference.as_ref(), &mut |i, r| {
+            let report = llada_rt_tools::eval::run(&mut session, &text, &tasks, &params, reference.as_ref(), &mut |i, r| {
                 if show {
                     eprint!("\r{}/{} {}", i + 1, tasks.len(), if r.correct { "ok  " } else { "FAIL" });
                 }
@@ -585,7 +586,7 @@ fn run(cli: Cli) -> Result<()> {
             let mut passes = Vec::new();
             for &r in &rows {
                 let head = head_rows.unwrap_or(r).min(r).min(session.head_capacity(r)?);
-                passes.push(llada_rt::bench::pass(&mut session, &roof, r, head, repeat)?);
+                passes.push(llada_rt_tools::bench::pass(&mut session, &roof, r, head, repeat)?);
             }
             let generation = if time_generation {
                 let m = &model.header.model;

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use llada_ir::{Op, Rows};
 use serde::Serialize;
 
-use crate::error::Result;
+use llada_rt::error::Result;
 use crate::roofline::Roofline;
-use crate::session::Session;
+use llada_rt::session::Session;
 
 /// One GEMM shape at one row count (the median over the layers that share it).
 #[derive(Debug, Clone, Serialize)]

@@ -1,0 +1,14 @@
+//! `llada-rt-tools`: what a workstation runs around the runtime library, and the `llada-rt`
+//! command line over both. An app links `llada-rt` alone; nothing here is on its path.
+//!
+//! - [`conformance`]: replays the official LLaDA sampler's golden outputs.
+//! - [`golden`]: this project's own regression outputs, produced and replayed.
+//! - [`eval`]: accuracy and cost of a decoding policy on a tasks file.
+//! - [`roofline`]: this machine's measured peaks and memory bandwidth.
+//! - [`bench`]: where a forward pass spends its time, against the roofline.
+
+pub mod bench;
+pub mod conformance;
+pub mod eval;
+pub mod golden;
+pub mod roofline;
