@@ -39,6 +39,10 @@ pub struct TaskResult {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EvalReport {
+    /// The sampler settings of the run, as `run --json` prints them (absent in reports
+    /// written before they were recorded).
+    #[serde(default)]
+    pub settings: Option<SamplerParams>,
     pub tasks: usize,
     pub correct: usize,
     pub accuracy: f64,
@@ -119,6 +123,7 @@ pub fn run(
         results.iter().zip(&re.results).filter(|(a, b)| a.output_ids == b.output_ids).count() as f64 / tasks.len() as f64
     });
     Ok(EvalReport {
+        settings: Some(*params),
         tasks: tasks.len(),
         correct,
         accuracy: correct as f64 / tasks.len() as f64,

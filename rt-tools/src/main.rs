@@ -7,9 +7,9 @@ use llada_rt::sampler::{Policy, Revision, StepView};
 use llada_rt::text::Text;
 use llada_rt::moe::{ExpertCounters, ExpertStrategy};
 use llada_rt::executor::BackendKind;
-use llada_rt::session::{default_threads, default_threads_for, ExpertOptions};
+use llada_rt::session::default_threads;
 use llada_rt::staging::StagingMode;
-use llada_rt::{generate, Error, Model, Remasking, Result, SamplerParams, Session};
+use llada_rt::{generate, Error, Model, Remasking, Result, SamplerParams, Session, SessionParams};
 use llada_rt_tools::{conformance, golden, roofline};
 use serde_json::json;
 
@@ -20,29 +20,36 @@ struct Cli {
     command: Command,
 }
 
+/// Every default is the library's (`SamplerParams`, `SessionParams`): none is written here.
+fn defaults() -> SamplerParams {
+    SamplerParams::default()
+}
+
+/// The sampler's flags: each maps to the field of `SamplerParams` it names, whose
+/// `Default` gives the defaults shown in `--help`.
 #[derive(Args, Clone)]
 struct SamplerArgs {
     /// Tokens to generate.
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = defaults().gen_length)]
     gen_len: usize,
     /// Semi-autoregressive block length (gen-len must be a multiple of it) [default: the
     /// block length the artifact was compiled for].
     #[arg(long)]
     block_len: Option<usize>,
     /// Denoising steps over all blocks (a multiple of the number of blocks).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = defaults().steps)]
     steps: usize,
     /// 0 = most likely token; above 0, Gumbel-max sampling.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = defaults().temperature)]
     temperature: f64,
     /// Seed of the sampling noise.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = defaults().seed)]
     seed: u64,
     /// Classifier-free guidance scale (0 = off).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = defaults().cfg_scale)]
     cfg: f64,
     /// Which masked positions to commit first.
-    #[arg(long, default_value = "low_confidence", value_parser = ["low_confidence", "random"])]
+    #[arg(long, default_value = defaults().remasking.name(), value_parser = ["low_confidence", "random"])]
     remasking: String,
     /// Never predict end-of-text (the official `logits_eos_inf`).
     #[arg(long)]
@@ -55,10 +62,10 @@ struct SamplerArgs {
     /// of the next blocks confirmed once their block is current), mbsd (multi-block
     /// speculative decoding on the plan's row buckets: the block's masked rows, idle rows
     /// drafting the next blocks).
-    #[arg(long, default_value = "exact", value_parser = ["exact", "prefix", "dual", "spec", "mbsd"])]
+    #[arg(long, default_value = defaults().policy.name(), value_parser = ["exact", "prefix", "dual", "spec", "mbsd"])]
     policy: String,
     /// Cached policies: refresh the whole cache every N steps of a block (0 = at each block's start only).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = defaults().refresh_every)]
     refresh_every: usize,
     /// Commit every masked token of the block at or above this confidence (at least one) per step.
     #[arg(long)]
@@ -68,27 +75,27 @@ struct SamplerArgs {
     #[arg(long)]
     spec_blocks: Option<usize>,
     /// spec, mbsd: confidence a draft needs when its block becomes current.
-    #[arg(long, default_value_t = 0.99)]
+    #[arg(long, default_value_t = defaults().spec_threshold)]
     spec_threshold: f32,
     /// mbsd: fewest rows a dense pass computes [default: the plan's smallest latency bucket].
     #[arg(long)]
     rows: Option<usize>,
     /// mbsd: committed tokens stay revisable and a CPU side path re-checks them (dual-path),
     /// or commits are final (off).
-    #[arg(long, default_value = "dual-path", value_parser = ["dual-path", "off"])]
+    #[arg(long, default_value = defaults().revision.name(), value_parser = ["dual-path", "off"])]
     revision: String,
     /// mbsd revision: rows of one side-path pass, two per checked token [default: the plan's
     /// smallest latency bucket].
     #[arg(long)]
     side_rows: Option<usize>,
     /// mbsd revision: an agreeing check at or above this confidence makes a token stable.
-    #[arg(long, default_value_t = 0.9)]
+    #[arg(long, default_value_t = defaults().stable_confidence)]
     stable_confidence: f32,
     /// mbsd revision: this many agreeing checks make a token stable.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = defaults().stable_checks)]
     stable_checks: u32,
     /// mbsd revision: a disagreeing check at or above this confidence revises the token.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = defaults().revise_confidence)]
     revise_confidence: f32,
 }
 
@@ -266,7 +273,7 @@ enum Command {
 struct BackendArg {
     /// host: the CPU's kernels; vulkan: a Vulkan device (a phone's or desktop's GPU, or
     /// lavapipe on a CPU), found at run time (LLADA_VULKAN_DEVICE=<index> picks one).
-    #[arg(long, default_value = "host", value_parser = ["host", "vulkan"])]
+    #[arg(long, default_value = SessionParams::default().backend.name(), value_parser = ["host", "vulkan"])]
     backend: String,
 }
 
@@ -277,7 +284,7 @@ impl BackendArg {
 
     /// A session on `model` on this backend, every other option at its default.
     fn open<'m>(&self, model: &'m Model) -> Result<Session<'m>> {
-        Session::with_backend(model, self.kind(), default_threads_for(model), llada_rt::kernels::cpu::features(), StagingMode::Async, ExpertOptions::default())
+        Session::open(model, &SessionParams { backend: self.kind(), ..SessionParams::default() })
     }
 }
 
@@ -292,7 +299,7 @@ struct SessionArgs {
     threads: Option<usize>,
     /// How rotating weights reach their window slots: async (a staging thread copies
     /// ahead, as the plan schedules) or sync (each copied right before its first op).
-    #[arg(long, default_value = "async", value_parser = ["async", "sync"])]
+    #[arg(long, default_value = SessionParams::default().staging.name(), value_parser = ["async", "sync"])]
     staging: String,
     /// Mixture-of-experts models: where experts run. hybrid: a score-ranked expert cache in
     /// the window, refreshed from the last pass's routing and prefetched from the next
@@ -308,20 +315,21 @@ struct SessionArgs {
 }
 
 impl SessionArgs {
+    /// The session settings these flags give.
+    fn params(&self) -> SessionParams {
+        let d = SessionParams::default();
+        SessionParams {
+            backend: self.backend.kind(),
+            threads: self.threads,
+            staging: StagingMode::parse(&self.staging).expect("clap restricts the values"),
+            experts: self.experts.as_deref().map(|e| ExpertStrategy::parse(e).expect("clap restricts the values")),
+            cpu_threads: self.cpu_threads.or(d.cpu_threads),
+        }
+    }
+
     /// A session on `model` as these options say; expert options on a dense model are an error.
     fn open<'m>(&self, model: &'m Model) -> Result<Session<'m>> {
-        let mode = StagingMode::parse(&self.staging).expect("clap restricts the values");
-        let mut experts = ExpertOptions::default();
-        if model.header.model.moe.is_none() {
-            if let Some(flag) = [("--experts", self.experts.is_some()), ("--cpu-threads", self.cpu_threads.is_some())].iter().find(|f| f.1) {
-                return Err(Error::request(format!("{}: {} is a dense model; it has no experts", flag.0, model.path.display())));
-            }
-        }
-        if let Some(e) = &self.experts {
-            experts.strategy = ExpertStrategy::parse(e).expect("clap restricts the values");
-        }
-        experts.cpu_threads = self.cpu_threads.unwrap_or(experts.cpu_threads);
-        Session::with_backend(model, self.backend.kind(), self.threads.unwrap_or_else(|| default_threads_for(model)), llada_rt::kernels::cpu::features(), mode, experts)
+        Session::open(model, &self.params())
     }
 }
 
@@ -485,17 +493,7 @@ fn run(cli: Cli) -> Result<()> {
                     "forward_passes": g.forward_passes,
                     "rows_computed": g.rows_computed,
                     "seconds": g.seconds,
-                    "settings": {
-                        "gen_length": params.gen_length, "block_length": params.block_length, "steps": params.steps,
-                        "temperature": params.temperature, "cfg_scale": params.cfg_scale,
-                        "remasking": params.remasking.name(), "seed": params.seed,
-                        "logits_eos_inf": params.logits_eos_inf, "confidence_eos_eot_inf": params.confidence_eos_eot_inf,
-                        "policy": params.policy.name(), "refresh_every": params.refresh_every, "threshold": params.threshold,
-                        "spec_blocks": params.spec_blocks, "spec_threshold": params.spec_threshold,
-                        "rows": params.rows, "revision": params.revision.name(), "side_rows": params.side_rows,
-                        "stable_confidence": params.stable_confidence, "stable_checks": params.stable_checks,
-                        "revise_confidence": params.revise_confidence,
-                    },
+                    "settings": params,
                     "drafts_confirmed": g.drafts_confirmed,
                     "mbsd": g.mbsd,
                     "window": window_report(&session),

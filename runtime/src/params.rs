@@ -7,7 +7,7 @@ use crate::model::Model;
 use crate::moe::ExpertStrategy;
 use crate::staging::StagingMode;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Remasking {
     /// Commit the positions whose prediction has the highest probability.
@@ -68,7 +68,7 @@ impl Policy {
 }
 
 /// `mbsd`: whether committed tokens stay revisable and are re-checked on the CPU side path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Revision {
     DualPath,
@@ -95,7 +95,7 @@ impl Revision {
 /// Sampler settings, with the official code's defaults. The one definition of every
 /// sampler setting: the CLI's flags take their defaults from [`Default`], the C API's
 /// `llada_params` maps to it field for field, and `run --json` and `eval --json` print it.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SamplerParams {
     /// Tokens to generate.
     pub gen_length: usize,
@@ -301,7 +301,7 @@ impl SessionParams {
         }
         let given = [(Setting::Experts, self.experts.is_some()), (Setting::CpuThreads, self.cpu_threads.is_some())];
         match given.iter().find(|g| g.1) {
-            Some(&(setting, _)) => Err(Error::setting(setting, format!("{} is a dense model; it has no experts", model.path.display()))),
+            Some(&(setting, _)) => Err(Error::setting(setting, format!("is refused: {} is a dense model; it has no experts", model.path.display()))),
             None => Ok(()),
         }
     }
