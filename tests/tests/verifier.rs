@@ -276,7 +276,7 @@ fn valid_moe() -> Vec<u8> {
     common::checkpoint(&ckpt, Shape::tiny_moe(), WeightType::F32, u64::MAX, 0.02);
     let (full, quarter) = (dir.path().join("full.lad"), dir.path().join("quarter.lad"));
     common::compile(&ckpt, &full, Some(64));
-    let x = llada_rt::Model::open(&full, false).unwrap().header.plan.window.experts;
+    let x = llada_rt::Model::open(&full, false).unwrap().header.plan.window.experts.clone();
     common::compile_in_window(&ckpt, &quarter, Some(64), Some(x.region.offset + x.region.bytes / 4));
     std::fs::read(quarter).unwrap()
 }
