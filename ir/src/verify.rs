@@ -5,7 +5,8 @@
 use crate::error::{Error, Result};
 use crate::format::{MAX_THREADS, MAX_WINDOW_BYTES, SEGMENT_ALIGN, TENSOR_ALIGN, WINDOW_ALIGN};
 use crate::graph::{Graph, Op, Rows, TensorId, ValueId};
-use crate::header::{DType, Header, ModelConfig};
+use crate::header::{Header, ModelConfig};
+use crate::packing::DType;
 
 pub fn header(h: &Header, data_len: u64) -> Result<()> {
     model(&h.model)?;

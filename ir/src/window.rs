@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::format::align_up;
 use crate::graph::{Graph, Op, Rows, TensorId};
-use crate::header::{DType, Header, ModelConfig};
+use crate::header::{Header, ModelConfig};
+use crate::packing::DType;
 
 /// Element type of the KV cache.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
