@@ -154,7 +154,21 @@ pub struct Graph {
     /// Bytes of the activation region this graph's values need.
     pub window_bytes: u64,
     /// The swap schedule: one step per rotating segment, in `WindowPlan::rotating` order.
-    pub staging: Vec<crate::window::StageStep>,
+    pub staging: Vec<StageStep>,
+}
+
+/// One entry of a graph's swap schedule: rotating segment `rotating` (index into
+/// `WindowPlan::rotating`) is staged into `slot` before op `first_op` and released after op
+/// `last_op`. Its copy may start once the slot's previous occupant is released: after op
+/// `stage_after_op` of this graph, or (`None`) during the previous pass, which then copies
+/// it behind that pass's last ops.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct StageStep {
+    pub rotating: u32,
+    pub slot: u32,
+    pub stage_after_op: Option<u32>,
+    pub first_op: u32,
+    pub last_op: u32,
 }
 
 impl Graph {

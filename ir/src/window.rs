@@ -170,20 +170,6 @@ impl Default for WindowPlan {
     }
 }
 
-/// One entry of a graph's swap schedule: rotating segment `rotating` (index into
-/// `WindowPlan::rotating`) is staged into `slot` before op `first_op` and released after op
-/// `last_op`. Its copy may start once the slot's previous occupant is released: after op
-/// `stage_after_op` of this graph, or (`None`) during the previous pass, which then copies
-/// it behind that pass's last ops.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub struct StageStep {
-    pub rotating: u32,
-    pub slot: u32,
-    pub stage_after_op: Option<u32>,
-    pub first_op: u32,
-    pub last_op: u32,
-}
-
 /// The coarsest alignment a plan may round its regions and values to: a page (a target
 /// aligns to its accelerator's mapping granule, 64 bytes to 4 KiB). The verifier lets every
 /// size it computes a region needs be rounded up to it, and no more.
