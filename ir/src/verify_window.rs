@@ -6,9 +6,8 @@
 //! the plan lays out). Errors name both things.
 
 use crate::format::{align_up, WINDOW_ALIGN};
-use crate::graph::{Graph, Op};
+use crate::graph::{live_intervals, Graph, Op};
 use crate::header::Header;
-use crate::verify::live_intervals;
 use crate::window::{attention_scratch, kv_bytes, largest_gemm_operand, segment_spans, MAX_REGION_ALIGN};
 
 /// One thing in the window: name, offset, bytes, and the ops it is alive over.
