@@ -10,6 +10,7 @@ pub mod read;
 pub mod verify;
 mod verify_window;
 pub mod window;
+pub mod window_sizes;
 #[cfg(feature = "write")]
 pub mod write;
 
