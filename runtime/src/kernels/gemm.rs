@@ -16,34 +16,12 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use llada_ir::packing::{panel_bytes, panel_data_bytes, panels, PANEL};
-use llada_ir::window::{operand_layout, operand_of, Operand, OperandLayout, OPERAND_TILE_ROWS};
+use llada_ir::window::{Operand, OPERAND_TILE_ROWS};
 use llada_ir::DType;
 use rayon::prelude::*;
 
 use super::cpu::Features;
-
-/// A packed weight matrix `[n, k]`.
-#[derive(Clone, Copy)]
-pub struct Matrix<'a> {
-    pub format: DType,
-    pub n: usize,
-    pub k: usize,
-    pub bytes: &'a [u8],
-    /// bf16 weights only: round the activations to bf16 too (`vdpbf16ps`) rather than
-    /// multiplying in f32.
-    pub bf16_activations: bool,
-}
-
-impl Matrix<'_> {
-    fn operand(&self) -> Operand {
-        operand_of(self.format, self.bf16_activations)
-    }
-
-    /// Where the prepared operand of `rows` rows goes in the scratch.
-    pub fn operand_layout(&self, rows: usize) -> OperandLayout {
-        operand_layout(self.format, self.bf16_activations, rows, self.k)
-    }
-}
+pub use crate::model::Matrix;
 
 /// Rows per register tile; prepared activations are padded to a multiple.
 const TILE_ROWS: usize = OPERAND_TILE_ROWS;
