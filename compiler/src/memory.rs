@@ -3,7 +3,7 @@
 //! best-fitting gap among the values whose lifetimes overlap, as TFLite's arena planner and
 //! IREE's slice layout do. `llada_ir::verify` re-checks the result.
 
-use llada_ir::{align_up, verify::live_intervals, Graph};
+use llada_ir::{align_up, graph::live_intervals, Graph};
 
 /// Assigns `offset` to every value and sets `window_bytes`.
 pub fn plan(g: &mut Graph, align: u64) {

@@ -3,7 +3,7 @@
 //! weight segments stay resident and which rotate through slots, and writes each graph's
 //! swap schedule. `llada_ir::verify` re-checks all of it.
 
-use llada_ir::window::{attention_scratch, kv_bytes, largest_gemm_operand, segment_spans};
+use llada_ir::window_sizes::{attention_scratch, kv_bytes, largest_gemm_operand, segment_spans};
 use llada_ir::{align_up, ExpertCosts, ExpertPlan, Graph, Header, KvDType, Region, ResidentSegment, Scratch, StageStep, WindowPlan};
 
 use crate::error::{Error, Result};

@@ -154,7 +154,21 @@ pub struct Graph {
     /// Bytes of the activation region this graph's values need.
     pub window_bytes: u64,
     /// The swap schedule: one step per rotating segment, in `WindowPlan::rotating` order.
-    pub staging: Vec<crate::window::StageStep>,
+    pub staging: Vec<StageStep>,
+}
+
+/// One entry of a graph's swap schedule: rotating segment `rotating` (index into
+/// `WindowPlan::rotating`) is staged into `slot` before op `first_op` and released after op
+/// `last_op`. Its copy may start once the slot's previous occupant is released: after op
+/// `stage_after_op` of this graph, or (`None`) during the previous pass, which then copies
+/// it behind that pass's last ops.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct StageStep {
+    pub rotating: u32,
+    pub slot: u32,
+    pub stage_after_op: Option<u32>,
+    pub first_op: u32,
+    pub last_op: u32,
 }
 
 impl Graph {
@@ -175,4 +189,20 @@ impl Graph {
     pub fn checked_value_bytes(&self, v: &Value) -> Option<u64> {
         self.row_count(v.rows).checked_mul(v.cols as u64)?.checked_mul(4)
     }
+}
+
+/// Live interval (first op that touches it, last op that touches it) of every value; the
+/// logits stay live to the end because the sampler reads them after the run.
+pub fn live_intervals(g: &Graph) -> Vec<Option<(usize, usize)>> {
+    let mut live: Vec<Option<(usize, usize)>> = vec![None; g.values.len()];
+    for (i, op) in g.ops.iter().enumerate() {
+        for v in op.inputs().into_iter().chain(op.outputs()) {
+            let e = &mut live[v as usize];
+            *e = Some(e.map_or((i, i), |(a, _)| (a, i)));
+        }
+    }
+    if let Some(e) = live.get_mut(g.logits as usize) {
+        *e = Some(e.map_or((g.ops.len(), g.ops.len()), |(a, _)| (a, g.ops.len())));
+    }
+    live
 }

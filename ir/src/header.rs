@@ -2,7 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::graph::Graph;
+use crate::graph::{Graph, TensorId};
+use crate::packing::DType;
 use crate::window::WindowPlan;
 
 /// Hyperparameters of a LLaDA-architecture network, as the runtime needs them.
@@ -65,75 +66,6 @@ pub struct TokenizerSpec {
     pub eos_token: Option<String>,
     /// `add_bos_token` from `tokenizer_config.json`.
     pub add_bos_token: bool,
-}
-
-/// How a stored tensor's bytes are laid out: plain row-major elements, or one of the packed
-/// matrix layouts of [`crate::packing`] (16-column panels, possibly quantised).
-#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum DType {
-    F32,
-    Bf16,
-    F16,
-    PanelF32,
-    PanelF16,
-    PanelBf16,
-    /// int8, one f32 scale per output channel.
-    PanelQ8,
-    /// int4, one f16 scale per output channel and `group` inputs.
-    PanelQ4 { group: u32 },
-}
-
-impl DType {
-    /// Bytes per element of a row-major type (`None` for packed layouts).
-    pub fn element_bytes(self) -> Option<u64> {
-        match self {
-            DType::F32 => Some(4),
-            DType::Bf16 | DType::F16 => Some(2),
-            _ => None,
-        }
-    }
-
-    /// Bytes a tensor of `shape` takes in this layout (`None` if the layout cannot hold it;
-    /// packed layouts need a 2-D `[n, k]` shape).
-    pub fn nbytes(self, shape: &[u64]) -> Option<u64> {
-        let numel = shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d))?;
-        match self.element_bytes() {
-            Some(b) => numel.checked_mul(b),
-            None => match *shape {
-                [n, k] => {
-                    let panel = crate::packing::panel_bytes(self, k as usize)? as u64;
-                    (crate::packing::panels(n as usize) as u64).checked_mul(panel)
-                }
-                _ => None,
-            },
-        }
-    }
-
-    pub fn is_panel(self) -> bool {
-        self.element_bytes().is_none()
-    }
-
-    pub fn name(self) -> String {
-        match self {
-            DType::F32 => "f32".into(),
-            DType::Bf16 => "bf16".into(),
-            DType::F16 => "f16".into(),
-            DType::PanelF32 => "panel-f32".into(),
-            DType::PanelF16 => "panel-f16".into(),
-            DType::PanelBf16 => "panel-bf16".into(),
-            DType::PanelQ8 => "panel-q8".into(),
-            DType::PanelQ4 { group } => format!("panel-q4g{group}"),
-        }
-    }
-
-    pub fn parse(name: &str) -> Option<DType> {
-        match name {
-            "f32" => Some(DType::F32),
-            "bf16" => Some(DType::Bf16),
-            "f16" => Some(DType::F16),
-            _ => None,
-        }
-    }
 }
 
 /// One stored tensor: row-major, little-endian, `offset` bytes into the data section.
@@ -252,7 +184,7 @@ impl Header {
     }
 
     /// The segment holding tensor `t` whole, if any.
-    pub fn segment_of(&self, t: crate::TensorId) -> Option<u32> {
+    pub fn segment_of(&self, t: TensorId) -> Option<u32> {
         let t = self.tensors.get(t as usize)?;
         let end = t.offset.checked_add(t.nbytes)?;
         self.segments.iter().position(|s| t.offset >= s.offset && s.offset.checked_add(s.nbytes).is_some_and(|e| end <= e)).map(|s| s as u32)

@@ -10,15 +10,17 @@ pub mod read;
 pub mod verify;
 mod verify_window;
 pub mod window;
+pub mod window_sizes;
 #[cfg(feature = "write")]
 pub mod write;
 
 pub use error::{Error, Result};
 pub use format::{align_up, FORMAT_MAJOR, FORMAT_MINOR, SEGMENT_ALIGN, TENSOR_ALIGN, WINDOW_ALIGN};
-pub use graph::{Graph, Op, Rows, TensorId, Value, ValueId};
-pub use header::{CompileInfo, DType, Extension, Header, ModelConfig, MoeConfig, Plan, Segment, SpecialTokens, TensorInfo, TokenizerSpec};
+pub use graph::{Graph, Op, Rows, StageStep, TensorId, Value, ValueId};
+pub use header::{CompileInfo, Extension, Header, ModelConfig, MoeConfig, Plan, Segment, SpecialTokens, TensorInfo, TokenizerSpec};
+pub use packing::DType;
 pub use read::Artifact;
-pub use window::{ExpertCosts, ExpertPlan, KvDType, PathCost, Region, ResidentSegment, Scratch, StageStep, WindowPlan};
+pub use window::{ExpertCosts, ExpertPlan, KvDType, PathCost, Region, ResidentSegment, Scratch, WindowPlan};
 #[cfg(feature = "write")]
 pub use write::ArtifactWriter;
 

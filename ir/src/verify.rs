@@ -5,7 +5,8 @@
 use crate::error::{Error, Result};
 use crate::format::{MAX_THREADS, MAX_WINDOW_BYTES, SEGMENT_ALIGN, TENSOR_ALIGN, WINDOW_ALIGN};
 use crate::graph::{Graph, Op, Rows, TensorId, ValueId};
-use crate::header::{DType, Header, ModelConfig};
+use crate::header::{Header, ModelConfig};
+use crate::packing::DType;
 
 pub fn header(h: &Header, data_len: u64) -> Result<()> {
     model(&h.model)?;
@@ -316,20 +317,4 @@ fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
 fn overlaps(g: &Graph, a: ValueId, b: ValueId) -> bool {
     let (va, vb) = (&g.values[a as usize], &g.values[b as usize]);
     va.offset < vb.offset.saturating_add(g.value_bytes(vb)) && vb.offset < va.offset.saturating_add(g.value_bytes(va))
-}
-
-/// Live interval (first op that touches it, last op that touches it) of every value; the
-/// logits stay live to the end because the sampler reads them after the run.
-pub fn live_intervals(g: &Graph) -> Vec<Option<(usize, usize)>> {
-    let mut live: Vec<Option<(usize, usize)>> = vec![None; g.values.len()];
-    for (i, op) in g.ops.iter().enumerate() {
-        for v in op.inputs().into_iter().chain(op.outputs()) {
-            let e = &mut live[v as usize];
-            *e = Some(e.map_or((i, i), |(a, _)| (a, i)));
-        }
-    }
-    if let Some(e) = live.get_mut(g.logits as usize) {
-        *e = Some(e.map_or((g.ops.len(), g.ops.len()), |(a, _)| (a, g.ops.len())));
-    }
-    live
 }

@@ -6,10 +6,10 @@
 //! the plan lays out). Errors name both things.
 
 use crate::format::{align_up, WINDOW_ALIGN};
-use crate::graph::{Graph, Op};
+use crate::graph::{live_intervals, Graph, Op};
 use crate::header::Header;
-use crate::verify::live_intervals;
-use crate::window::{attention_scratch, kv_bytes, largest_gemm_operand, segment_spans, MAX_REGION_ALIGN};
+use crate::window::MAX_REGION_ALIGN;
+use crate::window_sizes::{attention_scratch, kv_bytes, largest_gemm_operand, segment_spans};
 
 /// One thing in the window: name, offset, bytes, and the ops it is alive over.
 struct Item {

@@ -10,12 +10,14 @@
 //! remaps nothing. The embedding is gathered row by row by the CPU from the artifact
 //! (as phone deployments feed embeddings, not token ids, to the accelerator), so its segment
 //! never enters the window.
+//!
+//! Sizes computed from a whole header (the KV cache, the attention scratch, the largest GEMM
+//! operand, segments' lifetimes) are in `window_sizes`.
 
 use serde::{Deserialize, Serialize};
 
-use crate::format::align_up;
-use crate::graph::{Graph, Op, Rows, TensorId};
-use crate::header::{DType, Header, ModelConfig};
+use crate::graph::{Graph, Op, Rows};
+use crate::packing::DType;
 
 /// Element type of the KV cache.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,33 +171,10 @@ impl Default for WindowPlan {
     }
 }
 
-/// One entry of a graph's swap schedule: rotating segment `rotating` (index into
-/// `WindowPlan::rotating`) is staged into `slot` before op `first_op` and released after op
-/// `last_op`. Its copy may start once the slot's previous occupant is released: after op
-/// `stage_after_op` of this graph, or (`None`) during the previous pass, which then copies
-/// it behind that pass's last ops.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub struct StageStep {
-    pub rotating: u32,
-    pub slot: u32,
-    pub stage_after_op: Option<u32>,
-    pub first_op: u32,
-    pub last_op: u32,
-}
-
 /// The coarsest alignment a plan may round its regions and values to: a page (a target
 /// aligns to its accelerator's mapping granule, 64 bytes to 4 KiB). The verifier lets every
 /// size it computes a region needs be rounded up to it, and no more.
 pub const MAX_REGION_ALIGN: u64 = 4096;
-
-/// Bytes of the KV cache for `capacity` positions.
-pub fn kv_bytes(m: &ModelConfig, capacity: u32, dtype: KvDType) -> Option<u64> {
-    (m.n_layers as u64)
-        .checked_mul(2 * m.n_kv_heads as u64)?
-        .checked_mul(m.head_dim as u64)?
-        .checked_mul(capacity as u64)?
-        .checked_mul(dtype.bytes())
-}
 
 /// Rows per register tile of the host GEMM; prepared operands are padded to a multiple.
 pub const OPERAND_TILE_ROWS: usize = 4;
@@ -257,16 +236,6 @@ pub fn operand_layout(format: DType, bf16_activations: bool, rows: usize, k: usi
     OperandLayout { operand, stride, padded_rows, groups, scales_at, sums_at, bytes }
 }
 
-/// Attention scratch: per thread, the scores of four query rows against `keys` positions
-/// (floats, rounded up to a whole cache line); and, for a 16-bit KV cache, one layer's keys
-/// and values widened to f32 and shared by every thread. Returns (score floats per thread,
-/// widened floats, total bytes).
-pub fn attention_scratch(m: &ModelConfig, keys: u32, kv_dtype: KvDType, threads: u32) -> (u64, u64, u64) {
-    let scores = align_up(4 * keys as u64, 16);
-    let widened = if kv_dtype == KvDType::F32 { 0 } else { 2 * m.n_kv_heads as u64 * m.head_dim as u64 * keys as u64 };
-    (scores, widened, (scores * threads as u64 + widened) * 4)
-}
-
 /// Bytes a value occupies in the activation region at its graph's most rows.
 pub fn value_bytes(g: &Graph, v: u32) -> u64 {
     let v = &g.values[v as usize];
@@ -281,43 +250,4 @@ pub fn value_bytes(g: &Graph, v: u32) -> u64 {
 /// none): what an accelerator binding one range per op must reach.
 pub fn op_values_span(g: &Graph, op: &Op) -> Option<(u64, u64)> {
     op.inputs().into_iter().chain(op.outputs()).map(|v| (g.values[v as usize].offset, g.values[v as usize].offset + value_bytes(g, v))).reduce(|(s, e), (a, b)| (s.min(a), e.max(b)))
-}
-
-/// Bytes of the largest prepared GEMM operand any graph of `h` needs (its ops' references
-/// already verified).
-pub fn largest_gemm_operand(h: &Header) -> u64 {
-    let mut largest = 0;
-    for g in &h.graphs {
-        for op in &g.ops {
-            let operand = |t: TensorId, rows: u32| {
-                let t = &h.tensors[t as usize];
-                operand_layout(t.dtype, h.plan.bf16_activations, rows as usize, t.shape[1] as usize).bytes as u64
-            };
-            match *op {
-                Op::MatMul { x, weight, .. } => {
-                    let rows = if g.values[x as usize].rows == Rows::Tokens { g.rows } else { g.head_rows };
-                    largest = largest.max(operand(weight, rows));
-                }
-                // Every expert has the same shapes: the first one's [gate | up] and down
-                // operands, over every row (all of a pass's rows may pick one expert).
-                Op::MoeExperts { first, .. } => largest = largest.max(operand(first, g.rows)).max(operand(first + 1, g.rows)),
-                _ => {}
-            }
-        }
-    }
-    largest
-}
-
-/// For each segment of `h` (by index), the first and last op of `g` that read one of its
-/// tensors, or `None` if no op does: a segment's lifetime in the graph.
-pub fn segment_spans(h: &Header, g: &Graph) -> Vec<Option<(usize, usize)>> {
-    let mut spans = vec![None; h.segments.len()];
-    for (i, op) in g.ops.iter().enumerate() {
-        for t in op.tensors() {
-            if let Some(span) = h.segment_of(t).and_then(|s| spans.get_mut(s as usize)) {
-                *span = Some(span.map_or((i, i), |(first, _)| (first, i)));
-            }
-        }
-    }
-    spans
 }

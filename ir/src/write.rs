@@ -12,7 +12,8 @@ use tempfile::NamedTempFile;
 use crate::error::{Error, Result};
 use crate::format::{align_up, Preamble, FORMAT_MAJOR, FORMAT_MINOR, SEGMENT_ALIGN, TENSOR_ALIGN};
 use crate::graph::TensorId;
-use crate::header::{DType, Header, Segment, TensorInfo};
+use crate::header::{Header, Segment, TensorInfo};
+use crate::packing::DType;
 
 struct OpenTensor {
     info: TensorInfo,

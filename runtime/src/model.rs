@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use half::{bf16, f16};
+use llada_ir::window::{operand_layout, operand_of, Operand, OperandLayout};
 use llada_ir::{Artifact, DType, Graph, Header, TensorId};
 use memmap2::Mmap;
 
 use crate::error::{Error, Result};
-use crate::kernels::gemm::Matrix;
 
 /// Shared, not copied, by [`Model::share`]: the CPU side path's worker thread holds its own
 /// handle, so it needs no borrow of the caller's.
@@ -39,6 +39,29 @@ pub enum Weights<'a> {
     F32(&'a [f32]),
     Bf16(&'a [bf16]),
     F16(&'a [f16]),
+}
+
+/// A packed weight matrix `[n, k]` viewed in place, as the matmul kernels take it.
+#[derive(Clone, Copy)]
+pub struct Matrix<'a> {
+    pub format: DType,
+    pub n: usize,
+    pub k: usize,
+    pub bytes: &'a [u8],
+    /// bf16 weights only: round the activations to bf16 too (`vdpbf16ps`) rather than
+    /// multiplying in f32.
+    pub bf16_activations: bool,
+}
+
+impl Matrix<'_> {
+    pub(crate) fn operand(&self) -> Operand {
+        operand_of(self.format, self.bf16_activations)
+    }
+
+    /// Where the prepared operand of `rows` rows goes in the scratch.
+    pub fn operand_layout(&self, rows: usize) -> OperandLayout {
+        operand_layout(self.format, self.bf16_activations, rows, self.k)
+    }
 }
 
 impl Model {

@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 
-use crate::checkpoint::{CheckpointSpec, MoeShape, Shape, SpecialIds};
+use crate::checkpoint_spec::{CheckpointSpec, MoeShape, Shape, SpecialIds};
 
 /// Every tensor in the order `modeling_lladamoe.py` registers them, with its shape; norms
 /// are marked.

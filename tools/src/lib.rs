@@ -8,6 +8,7 @@
 
 pub mod checkpoint;
 pub mod checkpoint_moe;
+mod checkpoint_spec;
 pub mod reference;
 pub mod reference_moe;
 pub mod tasks;

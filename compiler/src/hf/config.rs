@@ -3,61 +3,15 @@
 //! for training are accepted, and any value the compiler cannot honour is refused with a
 //! message naming the key. Unknown keys are reported as warnings, not silently dropped.
 //! LLaDA-MoE's keys (another configuration class under the same `model_type`) are read by
-//! `config_moe`.
+//! `config_moe`; what both read into, and their key reader, are in `config_common`.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
+pub use super::config_common::{Arch, LladaConfig, MoeSettings};
+use super::config_common::Keys;
 use crate::error::{Error, Result};
-
-/// Which Hugging Face layout the checkpoint has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arch {
-    /// `LLaDAModelLM`: `model.transformer.*` tensors.
-    Llada,
-    /// `LLaDAMoEModelLM`: `model.layers.*` tensors, mixture-of-experts feed-forward.
-    LladaMoe,
-}
-
-/// The experts of a mixture-of-experts config.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MoeSettings {
-    pub experts: usize,
-    pub top_k: usize,
-}
-
-/// The network-shaping part of a LLaDA config.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LladaConfig {
-    pub arch: Arch,
-    pub d_model: usize,
-    pub n_layers: usize,
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    /// SwiGLU width (of each expert, with `moe`).
-    pub mlp_hidden: usize,
-    pub vocab_size: usize,
-    pub embedding_size: usize,
-    pub max_sequence_length: usize,
-    pub rope_theta: f64,
-    pub rms_eps: f64,
-    pub input_emb_norm: bool,
-    pub scale_logits: bool,
-    pub mask_token_id: u32,
-    pub bos_token_id: Option<u32>,
-    pub eos_token_id: Option<u32>,
-    pub pad_token_id: Option<u32>,
-    /// RMSNorm on each query and key head before rotary.
-    pub qk_norm: bool,
-    pub moe: Option<MoeSettings>,
-}
-
-impl LladaConfig {
-    pub fn head_dim(&self) -> usize {
-        self.d_model / self.n_heads
-    }
-}
 
 /// Keys that only affect training, initialisation or the Python implementation.
 const ACCEPTED_KEYS: &[&str] = &[
@@ -67,100 +21,6 @@ const ACCEPTED_KEYS: &[&str] = &[
     "alibi_bias_max", "attention_layer_norm_with_affine", "mlp_ratio", "_name_or_path", "return_dict",
     "output_hidden_states", "output_attentions", "tie_word_embeddings",
 ];
-
-pub(super) struct Keys<'a> {
-    pub(super) path: &'a Path,
-    pub(super) map: &'a Map<String, Value>,
-    pub(super) used: Vec<&'static str>,
-}
-
-impl<'a> Keys<'a> {
-    pub(super) fn err(&self, key: &str, msg: impl Into<String>) -> Error {
-        Error::config(self.path, key, msg)
-    }
-
-    pub(super) fn get(&mut self, key: &'static str) -> Option<&'a Value> {
-        self.used.push(key);
-        self.map.get(key).filter(|v| !v.is_null())
-    }
-
-    pub(super) fn usize(&mut self, key: &'static str) -> Result<Option<usize>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .filter(|&n| n > 0)
-                .map(|n| Some(n as usize))
-                .ok_or_else(|| self.err(key, format!("expected a positive integer, found {v}"))),
-        }
-    }
-
-    pub(super) fn required(&mut self, key: &'static str) -> Result<usize> {
-        self.usize(key)?.ok_or_else(|| self.err(key, "missing; a LLaDA config.json must set it"))
-    }
-
-    pub(super) fn f64(&mut self, key: &'static str, default: f64) -> Result<f64> {
-        match self.get(key) {
-            None => Ok(default),
-            Some(v) => v.as_f64().ok_or_else(|| self.err(key, format!("expected a number, found {v}"))),
-        }
-    }
-
-    pub(super) fn bool(&mut self, key: &'static str, default: bool) -> Result<bool> {
-        match self.get(key) {
-            None => Ok(default),
-            Some(v) => v.as_bool().ok_or_else(|| self.err(key, format!("expected true or false, found {v}"))),
-        }
-    }
-
-    /// A boolean the compiler supports only at one value.
-    pub(super) fn require_bool(&mut self, key: &'static str, default: bool, supported: bool, why: &str) -> Result<()> {
-        let v = self.bool(key, default)?;
-        if v != supported {
-            return Err(self.err(key, format!("{v} is not supported ({why})")));
-        }
-        Ok(())
-    }
-
-    pub(super) fn require_str(&mut self, key: &'static str, default: &str, supported: &[&str]) -> Result<()> {
-        let v = match self.get(key) {
-            None => default.to_string(),
-            Some(Value::String(s)) => s.clone(),
-            Some(v) => return Err(self.err(key, format!("expected a string, found {v}"))),
-        };
-        if !supported.contains(&v.as_str()) {
-            return Err(self.err(key, format!("\"{v}\" is not supported (supported: {})", supported.join(", "))));
-        }
-        Ok(())
-    }
-
-    /// Refuses, by key, a token id outside an embedding of `rows` rows.
-    pub(super) fn ids_inside(&self, ids: &[(&str, Option<u32>)], rows: usize) -> Result<()> {
-        match ids.iter().find_map(|&(key, id)| id.filter(|&id| id as usize >= rows).map(|id| (key, id))) {
-            Some((key, id)) => Err(self.err(key, format!("{id} is outside the embedding ({rows} rows)"))),
-            None => Ok(()),
-        }
-    }
-
-    /// Warnings for the keys neither read nor in `accepted`.
-    pub(super) fn unknown(&self, accepted: &[&str]) -> Vec<String> {
-        self.map
-            .keys()
-            .filter(|key| !self.used.contains(&key.as_str()) && !accepted.contains(&key.as_str()))
-            .map(|key| format!("{}: unknown key '{key}' ignored", self.path.display()))
-            .collect()
-    }
-
-    pub(super) fn token(&mut self, key: &'static str) -> Result<Option<u32>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(|n| Some(n as u32))
-                .ok_or_else(|| self.err(key, format!("expected a token id, found {v}"))),
-        }
-    }
-}
 
 /// Parses `dir/config.json`; returns the config and warnings about keys it did not know.
 /// (LLaDA-MoE's config.json names no mask token: its `generation_config.json` does.)

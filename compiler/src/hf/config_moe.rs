@@ -11,7 +11,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::config::{Arch, Keys, LladaConfig, MoeSettings};
+use super::config_common::{Arch, Keys, LladaConfig, MoeSettings};
 use crate::error::Result;
 
 /// Whether `config.json` describes LLaDA-MoE: its architecture, or its expert keys.

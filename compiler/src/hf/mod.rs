@@ -2,6 +2,7 @@
 
 pub mod checkpoint;
 pub mod config;
+mod config_common;
 pub mod config_moe;
 pub mod tokenizer;
 

@@ -3,7 +3,7 @@
 
 use std::ops::Range;
 
-use llada_ir::window::attention_scratch as attention_scratch_size;
+use llada_ir::window_sizes::attention_scratch as attention_scratch_size;
 use llada_ir::{Graph, Op, Rows, TensorId};
 
 use rayon::prelude::*;

@@ -19,8 +19,7 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use super::gemm::Path;
-use super::tile::{Prefetch, TileOut, TILE_ROWS};
+use super::tile::{Path, Prefetch, TileOut, TILE_ROWS};
 
 /// Dot products of `MR` rows of `x` with `NR` rows of `w`, all of length `k`: 4-lane
 /// accumulators, reduced pairwise.

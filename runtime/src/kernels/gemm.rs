@@ -16,34 +16,13 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use llada_ir::packing::{panel_bytes, panel_data_bytes, panels, PANEL};
-use llada_ir::window::{operand_layout, operand_of, Operand, OperandLayout, OPERAND_TILE_ROWS};
+use llada_ir::window::{Operand, OPERAND_TILE_ROWS};
 use llada_ir::DType;
 use rayon::prelude::*;
 
 use super::cpu::Features;
-
-/// A packed weight matrix `[n, k]`.
-#[derive(Clone, Copy)]
-pub struct Matrix<'a> {
-    pub format: DType,
-    pub n: usize,
-    pub k: usize,
-    pub bytes: &'a [u8],
-    /// bf16 weights only: round the activations to bf16 too (`vdpbf16ps`) rather than
-    /// multiplying in f32.
-    pub bf16_activations: bool,
-}
-
-impl Matrix<'_> {
-    fn operand(&self) -> Operand {
-        operand_of(self.format, self.bf16_activations)
-    }
-
-    /// Where the prepared operand of `rows` rows goes in the scratch.
-    pub fn operand_layout(&self, rows: usize) -> OperandLayout {
-        operand_layout(self.format, self.bf16_activations, rows, self.k)
-    }
-}
+use super::tile::Path;
+pub use crate::model::Matrix;
 
 /// Rows per register tile; prepared activations are padded to a multiple.
 const TILE_ROWS: usize = OPERAND_TILE_ROWS;
@@ -184,60 +163,6 @@ impl Output {
     /// rather than the bare pointer.)
     fn at(self, offset: usize) -> *mut f32 {
         self.ptr.wrapping_add(offset)
-    }
-}
-
-/// The kernels a GEMM runs on. On x86-64: the AVX-512 tiles when the CPU has the format's
-/// extension (`vdpbf16ps` for bf16 activations, `vpdpbusd` for the integer formats), else
-/// the AVX2 tiles (every format: bf16 widened to f32, int8 dot products from `vpmaddubsw`).
-/// On AArch64 (`arm`): NEON tiles for every format, with `sdot` (dotprod) or `smmla` (i8mm)
-/// for the integer formats and `bfdot` for bf16 activations where the CPU has them. Else
-/// portable code.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Path {
-    Portable,
-    Avx2,
-    Avx512,
-    /// NEON only: int8 by widening multiplies, bf16 widened to f32.
-    Neon,
-    /// NEON with `sdot`.
-    NeonDotprod,
-    /// NEON with `smmla` (and `sdot` for odd quads).
-    NeonI8mm,
-    /// NEON with `bfdot` (bf16 activations).
-    NeonBf16,
-}
-
-impl Path {
-    /// The path `features` allows for `w`.
-    pub(crate) fn of(w: &Matrix, features: Features) -> Path {
-        if matches!(w.format, DType::F32 | DType::Bf16 | DType::F16) {
-            return Path::Portable;
-        }
-        if cfg!(target_arch = "aarch64") {
-            return match w.format {
-                _ if !features.neon() => Path::Portable,
-                DType::PanelBf16 if w.bf16_activations && features.bf16() => Path::NeonBf16,
-                DType::PanelQ8 | DType::PanelQ4 { .. } if features.i8mm() => Path::NeonI8mm,
-                DType::PanelQ8 | DType::PanelQ4 { .. } if features.dotprod() => Path::NeonDotprod,
-                _ => Path::Neon,
-            };
-        }
-        let avx512 = match w.format {
-            DType::PanelF32 | DType::PanelF16 => features.avx512(),
-            DType::PanelBf16 if w.bf16_activations => features.avx512_bf16(),
-            DType::PanelBf16 => features.avx512(),
-            _ => features.avx512_vnni(),
-        };
-        if !cfg!(target_arch = "x86_64") {
-            Path::Portable
-        } else if avx512 {
-            Path::Avx512
-        } else if features.avx2() {
-            Path::Avx2
-        } else {
-            Path::Portable
-        }
     }
 }
 

@@ -275,9 +275,9 @@ mod tests {
         assert_eq!(fast, twin);
         for format in [DType::PanelF32, DType::PanelF16, DType::PanelBf16, DType::PanelQ8, DType::PanelQ4 { group: 32 }] {
             for bf16_activations in [false, true] {
-                let m = gemm::Matrix { format, n: 16, k: 64, bytes: &[], bf16_activations };
-                assert_eq!(gemm::Path::of(&m, portable), gemm::Path::Portable, "{}", format.name());
-                assert_eq!(gemm::Path::of(&m, all), gemm::Path::of(&m, cpu::features()), "{}", format.name());
+                let m = crate::model::Matrix { format, n: 16, k: 64, bytes: &[], bf16_activations };
+                assert_eq!(tile::Path::of(&m, portable), tile::Path::Portable, "{}", format.name());
+                assert_eq!(tile::Path::of(&m, all), tile::Path::of(&m, cpu::features()), "{}", format.name());
             }
         }
     }

@@ -1,9 +1,69 @@
-//! What every SIMD GEMM tile shares, whatever its instruction set: where its results go
-//! ([`TileOut`]) and which weight lines it pulls into cache while it computes ([`Prefetch`]).
-//! Each ISA module adds its own store methods to [`TileOut`].
+//! What every SIMD GEMM tile shares, whatever its instruction set: which tiles run
+//! ([`Path`]), where their results go ([`TileOut`]) and which weight lines they pull into
+//! cache while they compute ([`Prefetch`]). Each ISA module adds its own store methods to
+//! [`TileOut`].
+
+use llada_ir::DType;
+
+use super::cpu::Features;
+use crate::model::Matrix;
 
 /// Rows of every register tile.
 pub const TILE_ROWS: usize = llada_ir::window::OPERAND_TILE_ROWS;
+
+/// The kernels a GEMM runs on. On x86-64: the AVX-512 tiles when the CPU has the format's
+/// extension (`vdpbf16ps` for bf16 activations, `vpdpbusd` for the integer formats), else
+/// the AVX2 tiles (every format: bf16 widened to f32, int8 dot products from `vpmaddubsw`).
+/// On AArch64 (`arm`): NEON tiles for every format, with `sdot` (dotprod) or `smmla` (i8mm)
+/// for the integer formats and `bfdot` for bf16 activations where the CPU has them. Else
+/// portable code.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Path {
+    Portable,
+    Avx2,
+    Avx512,
+    /// NEON only: int8 by widening multiplies, bf16 widened to f32.
+    Neon,
+    /// NEON with `sdot`.
+    NeonDotprod,
+    /// NEON with `smmla` (and `sdot` for odd quads).
+    NeonI8mm,
+    /// NEON with `bfdot` (bf16 activations).
+    NeonBf16,
+}
+
+impl Path {
+    /// The path `features` allows for `w`.
+    pub(crate) fn of(w: &Matrix, features: Features) -> Path {
+        if matches!(w.format, DType::F32 | DType::Bf16 | DType::F16) {
+            return Path::Portable;
+        }
+        if cfg!(target_arch = "aarch64") {
+            return match w.format {
+                _ if !features.neon() => Path::Portable,
+                DType::PanelBf16 if w.bf16_activations && features.bf16() => Path::NeonBf16,
+                DType::PanelQ8 | DType::PanelQ4 { .. } if features.i8mm() => Path::NeonI8mm,
+                DType::PanelQ8 | DType::PanelQ4 { .. } if features.dotprod() => Path::NeonDotprod,
+                _ => Path::Neon,
+            };
+        }
+        let avx512 = match w.format {
+            DType::PanelF32 | DType::PanelF16 => features.avx512(),
+            DType::PanelBf16 if w.bf16_activations => features.avx512_bf16(),
+            DType::PanelBf16 => features.avx512(),
+            _ => features.avx512_vnni(),
+        };
+        if !cfg!(target_arch = "x86_64") {
+            Path::Portable
+        } else if avx512 {
+            Path::Avx512
+        } else if features.avx2() {
+            Path::Avx2
+        } else {
+            Path::Portable
+        }
+    }
+}
 
 /// Where one tile's results go and what scales them. Row `i` of the tile is output row
 /// `row0 + i`; panel `j` covers output columns `16 * j ..` of the tile.

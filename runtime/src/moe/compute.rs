@@ -9,8 +9,9 @@ use llada_ir::DType;
 
 use super::routing::Pick;
 use crate::kernels::cpu::Features;
-use crate::kernels::gemm::{gemm, Matrix};
+use crate::kernels::gemm::gemm;
 use crate::kernels::swiglu;
+use crate::model::Matrix;
 
 /// Working memory of one path: `[rows * d | rows * 2h | rows * h | rows * d]` floats (gathered
 /// inputs, `[gate | up]` outputs, hidden, expert outputs) and the GEMM operand scratch.

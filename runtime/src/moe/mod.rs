@@ -329,7 +329,7 @@ impl<'m> Experts<'m> {
             0 => None,
             n => {
                 let pool = crate::pool::Pool::new(n, "llada-cpu-path").map_err(|e| Error::Internal(format!("starting the CPU path's threads: {e}")))?;
-                let operand = llada_ir::window::largest_gemm_operand(h) as usize;
+                let operand = llada_ir::window_sizes::largest_gemm_operand(h) as usize;
                 // 64 bytes of slack each: the kernels get cache-line-aligned views (`aligned`),
                 // as the window's scratch is.
                 Some(CpuPath {
