@@ -22,6 +22,7 @@
 
 pub mod cache;
 pub mod compute;
+pub mod cpu;
 pub mod routing;
 pub mod shares;
 pub mod split;
@@ -39,6 +40,7 @@ use crate::model::Model;
 use crate::window::{SlotPtr, Window};
 use cache::ExpertCache;
 use compute::{combine, ExpertShape, RankedOut, Scratch};
+use cpu::{CpuPath, CpuWork};
 use routing::{route_row, RouteScratch, Routing};
 use shares::Shares;
 use split::{Candidate, Place, Split};
@@ -191,16 +193,6 @@ fn expert_layout(h: &Header) -> Option<Layout> {
         }
     }
     Some(Layout { shape, top_k: moe.top_k as usize, firsts, routers, homes })
-}
-
-/// The CPU path: its threads and working memory (outside the window: a phone's CPU reads
-/// the artifact and its own memory).
-struct CpuPath {
-    pool: crate::pool::Pool,
-    floats: Vec<f32>,
-    operand: Vec<u8>,
-    /// (rows, seconds) of each expert of the last job.
-    timings: Vec<(usize, f64)>,
 }
 
 /// The expert slots: what each holds, the copies into them, and their figures.
@@ -366,18 +358,7 @@ impl<'m> Experts<'m> {
         let max_rows = h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize;
         let cpu = match cpu_threads {
             0 => None,
-            n => {
-                let pool = crate::pool::Pool::new(n, "llada-cpu-path").map_err(|e| Error::Internal(format!("starting the CPU path's threads: {e}")))?;
-                let operand = llada_ir::window::largest_gemm_operand(h) as usize;
-                // 64 bytes of slack each: the kernels get cache-line-aligned views (`aligned`),
-                // as the window's scratch is.
-                Some(CpuPath {
-                    pool,
-                    floats: vec![0.0; shape.floats(max_rows) + 16],
-                    operand: vec![0; operand + 64],
-                    timings: Vec::with_capacity(per_layer),
-                })
-            }
+            n => Some(CpuPath::new(n, shape.floats(max_rows), llada_ir::window::largest_gemm_operand(h) as usize, per_layer)?),
         };
         let mut pools = Pools {
             cache: ExpertCache::new(layers, slots_per_layer, per_layer),
@@ -525,18 +506,15 @@ impl<'m> Experts<'m> {
         // The CPU path's job: its share, then what it takes from the accelerator's.
         let ranked = RankedOut::new(op.ranked, k, d);
         let ranked = &ranked;
-        let cpu_job = |pool: &rayon::ThreadPool, floats: &mut [f32], operand: &mut [u8], timings: &mut Vec<(usize, f64)>| -> f64 {
-            let start = Instant::now();
-            timings.clear();
-            let mut s = Scratch { floats: aligned(floats), operand: aligned(operand) };
+        let cpu_job = |w: &mut CpuWork| {
+            let mut s = Scratch { floats: &mut *w.floats, operand: &mut *w.operand };
             while let Some(e) = shares.next_for_cpu() {
                 let one = Instant::now();
                 let (gu, dn) = (model.tensor_bytes(first + 2 * e), model.tensor_bytes(first + 2 * e + 1));
                 // SAFETY: `shares` handed e to this path alone; its picks are its own.
-                compute::expert(shape, x, routing.picks(e as usize), gu, dn, &mut s, pool, features, |p, y| unsafe { ranked.write(p, y) });
-                timings.push((routing.load(e as usize), one.elapsed().as_secs_f64()));
+                compute::expert(shape, x, routing.picks(e as usize), gu, dn, &mut s, w.pool, features, |p, y| unsafe { ranked.write(p, y) });
+                w.timings.push((routing.load(e as usize), one.elapsed().as_secs_f64()));
             }
-            start.elapsed().as_secs_f64()
         };
         // This thread's part: the accelerator's experts, then (hybrid) the forecast of the
         // next layer and its prefetches, decided while the CPU path finishes (the copies run
@@ -561,25 +539,17 @@ impl<'m> Experts<'m> {
             Ok((acc, Instant::now()))
         };
         // Both at once: the CPU path's job goes to its own (long-lived) threads while this
-        // thread runs the accelerator's; the scope returns when both are done.
-        let (acc, cpu_run) = match cpu {
-            Some(CpuPath { pool: cpu_pool, floats, operand, timings }) => {
-                let mut cpu_run = None;
-                let acc = cpu_pool.in_place_scope(|scope| {
-                    let run = || cpu_job(cpu_pool, floats, operand, timings);
-                    scope.spawn(|_| cpu_run = Some(std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))));
-                    acc_job()
-                });
-                (acc, cpu_run)
+        // thread runs the accelerator's; both are done when `run_beside` returns.
+        let (acc, cpu_seconds) = match cpu {
+            Some(c) => {
+                let (acc, cpu_seconds) = c.run_beside(&cpu_job, acc_job);
+                (acc, Some(cpu_seconds))
             }
             None => (acc_job(), None),
         };
         let (acc_seconds, acc_done) = acc?;
         let cpu_wait = acc_done.elapsed().as_secs_f64();
-        let cpu_seconds = match cpu_run {
-            Some(r) => r.map_err(|_| Error::Internal("the CPU path's job panicked".into()))?,
-            None => 0.0,
-        };
+        let cpu_seconds = cpu_seconds.transpose()?.unwrap_or(0.0);
         let by_cpu = self.shares.taken_by_cpu();
         self.counters.accelerator_experts += (self.candidates.len() - by_cpu) as u64;
         self.counters.cpu_experts += by_cpu as u64;
@@ -592,7 +562,7 @@ impl<'m> Experts<'m> {
             self.split.observe(Place::Accelerator, rows, t);
         }
         if let Some(c) = self.cpu.as_ref().filter(|_| by_cpu > 0) {
-            for &(rows, t) in &c.timings {
+            for &(rows, t) in c.timings() {
                 self.split.observe(Place::Cpu, rows, t);
             }
         }
@@ -756,13 +726,6 @@ fn accelerator_part(pools: &mut Pools, strategy: ExpertStrategy, list: &[(u32, b
         computing += w.expert(pools, e, slot)?;
     }
     Ok(computing)
-}
-
-/// The part of `buf` from its first 64-byte-aligned element on (its last 64 bytes are slack
-/// for this).
-fn aligned<T>(buf: &mut [T]) -> &mut [T] {
-    let skip = buf.as_ptr().align_offset(64).min(buf.len());
-    &mut buf[skip..]
 }
 
 /// Hybrid's accelerator path: the experts `shares` hands it, from their slots (waiting for
