@@ -1,22 +1,29 @@
 //! No allocation on the hot path: once a generation has started, its steps (the dense
 //! passes with their staging, the predictions, the commits, and `mbsd`'s side path) allocate
 //! nothing. A counting global allocator counts every allocation, on every thread, during
-//! the steps of `exact`, `dual` and `mbsd` generations (with dual-path revision), on an
-//! artifact whose weights do not all fit its window (so segments rotate through slots), in
-//! a warm session.
+//! the steps of `exact`, `dual` and `mbsd` generations (with dual-path revision), in a warm
+//! session: on an artifact whose weights do not all fit its window (so segments rotate
+//! through slots), and on a mixture-of-experts artifact whose expert pools hold a quarter
+//! of each layer's experts, under each expert strategy (so experts are routed, staged, and
+//! computed on the accelerator path and on the CPU path's own threads).
 //!
 //! The one exception is rayon's: a step enters the session's thread pool once, as a job sent
 //! from outside the pool, and rayon queues such jobs in blocks of 63 that it allocates as it
 //! goes, so a pool allocates one block per 63 steps. The test allows exactly that: at most
 //! one allocation per 63 steps, all of one size (inside a step every parallel loop starts
-//! from a pool thread, which queues nothing).
+//! from a pool thread, which queues nothing; so does the CPU expert path's job, handed to
+//! one of its pool's threads, not sent into the pool).
 
 mod common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard};
 
+use llada_rt::moe::ExpertStrategy;
 use llada_rt::sampler::{Generator, Policy};
+use llada_rt::session::ExpertOptions;
+use llada_rt::staging::StagingMode;
 use llada_rt::text::Text;
 use llada_rt::{Model, SamplerParams, Session};
 
@@ -61,6 +68,13 @@ fn count(layout: Layout) {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// The count is the process's: one test at a time (held for the whole test), so no other
+/// test's allocations land in a count.
+fn alone() -> MutexGuard<'static, ()> {
+    static ONE: Mutex<()> = Mutex::new(());
+    ONE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Runs every step of a generation with `p`, counting; returns the steps and the sizes of
 /// the allocations counted.
 fn count_steps(session: &mut Session, prompt: &[u32], p: &SamplerParams) -> (usize, Vec<usize>) {
@@ -79,8 +93,38 @@ fn count_steps(session: &mut Session, prompt: &[u32], p: &SamplerParams) -> (usi
     (steps, sizes)
 }
 
+/// The policies counted, over `base`: exact, dual, mbsd (one speculative block, dual-path
+/// revision) and exact sampling at a temperature.
+fn policies(base: SamplerParams) -> [SamplerParams; 4] {
+    [
+        SamplerParams { policy: Policy::Exact, ..base },
+        SamplerParams { policy: Policy::Dual, ..base },
+        SamplerParams { policy: Policy::Mbsd, spec_blocks: 1, ..base },
+        SamplerParams { policy: Policy::Exact, temperature: 0.5, seed: 1, ..base },
+    ]
+}
+
+/// Warms `session` with one generation with `base` (its threads, kernels, staging and CPU
+/// path, start and set themselves up on their own time, not the steps'), then counts the steps
+/// of a generation with each of `policies(base)`; returns what each one that allocated more
+/// than rayon's queue blocks did (`what` names the session).
+fn over_rayons_blocks(what: &str, session: &mut Session, prompt: &[u32], base: SamplerParams) -> Vec<String> {
+    llada_rt::generate(session, prompt, &base, &mut |_| {}).unwrap();
+    let mut failed = Vec::new();
+    for p in policies(base) {
+        let (steps, sizes) = count_steps(session, prompt, &p);
+        let rayon_blocks = steps.div_ceil(63);
+        eprintln!("{what} {:?}: {steps} steps, {} allocations (sizes {:?})", p.policy, sizes.len(), &sizes[..sizes.len().min(8)]);
+        if !(sizes.len() <= rayon_blocks && sizes.windows(2).all(|w| w[0] == w[1])) {
+            failed.push(format!("{what} {:?}: {} allocations in {steps} steps (sizes {:?}), at most {rayon_blocks} of rayon's queue allowed", p.policy, sizes.len(), &sizes[..sizes.len().min(8)]));
+        }
+    }
+    failed
+}
+
 #[test]
 fn steps_allocate_nothing_for_exact_dual_and_mbsd() {
+    let _alone = alone();
     let dir = tempfile::tempdir().unwrap();
     let resident = common::embedded(dir.path());
     let rotating = dir.path().join("rotating.lad");
@@ -90,19 +134,31 @@ fn steps_allocate_nothing_for_exact_dual_and_mbsd() {
     let text = Text::new(&model.header.tokenizer, &model.header.special).unwrap();
     let prompt = text.encode_chat("FILL:3000705000000920000040015000608000070060300000004000000800900010=").unwrap();
     let mut session = Session::with_threads(&model, 2).unwrap();
-    let base = SamplerParams { gen_length: 64, block_length: 32, steps: 64, ..Default::default() };
-    // A warm session: its threads (kernels, staging) have started and set themselves up,
-    // which they do on their own time, not the steps'.
-    llada_rt::generate(&mut session, &prompt, &base, &mut |_| {}).unwrap();
-    for p in [
-        SamplerParams { policy: Policy::Exact, ..base },
-        SamplerParams { policy: Policy::Dual, ..base },
-        SamplerParams { policy: Policy::Mbsd, spec_blocks: 1, ..base },
-        SamplerParams { policy: Policy::Exact, temperature: 0.5, seed: 1, ..base },
-    ] {
-        let (steps, sizes) = count_steps(&mut session, &prompt, &p);
-        let rayon_blocks = steps.div_ceil(63);
-        assert!(sizes.len() <= rayon_blocks && sizes.windows(2).all(|w| w[0] == w[1]), "{:?}: {} allocations in {steps} steps (sizes {:?}), at most {rayon_blocks} of rayon's queue allowed", p.policy, sizes.len(), &sizes[..sizes.len().min(8)]);
-        eprintln!("{:?}: {steps} steps, {} allocations (sizes {sizes:?})", p.policy, sizes.len());
+    let failed = over_rayons_blocks("dense", &mut session, &prompt, SamplerParams { gen_length: 64, block_length: 32, steps: 64, ..Default::default() });
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// The same for a mixture-of-experts model whose expert pools hold a quarter of each layer's
+/// experts (experts are staged, and computed on both paths), under every expert strategy.
+#[test]
+fn moe_steps_allocate_nothing_under_every_expert_strategy() {
+    let _alone = alone();
+    let dir = tempfile::tempdir().unwrap();
+    let art = common::moe_quarter_window(dir.path(), None);
+    let model = Model::open(&art, true).unwrap();
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % 250).collect();
+    let mut failed = Vec::new();
+    for strategy in [ExpertStrategy::Hybrid, ExpertStrategy::Lru, ExpertStrategy::Static] {
+        let mut session = Session::with_experts(&model, 2, llada_rt::kernels::cpu::features(), StagingMode::Async, ExpertOptions { strategy, cpu_threads: 1 }).unwrap();
+        failed.extend(over_rayons_blocks(strategy.name(), &mut session, &prompt, SamplerParams { gen_length: 64, block_length: 32, steps: 64, ..Default::default() }));
+        // What the strategy runs, ran.
+        let x = session.expert_counters().unwrap();
+        let ran = match strategy {
+            ExpertStrategy::Hybrid => x.accelerator_experts > 0 && x.cpu_experts > 0 && x.staged_experts > 0,
+            ExpertStrategy::Lru => x.staged_experts > 0 && x.cpu_experts == 0,
+            ExpertStrategy::Static => x.cpu_experts > 0 && x.accelerator_experts == 0,
+        };
+        assert!(ran, "{}: {x:?}", strategy.name());
     }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
 }

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use llada_rt::kernels::cpu;
@@ -59,24 +59,6 @@ fn bf16_moe_with_more_experts_matches_burn() {
     assert!(err <= 1e-4, "relative error {err:.2e}");
 }
 
-/// The tiny MoE compiled with the experts' pools holding a quarter of each layer's experts.
-fn quarter_window(dir: &Path, quant: Option<Quant>) -> PathBuf {
-    let ckpt = dir.join("ckpt");
-    common::checkpoint(&ckpt, Shape::tiny_moe(), WeightType::F32, u64::MAX, 0.08);
-    let full = dir.join("full.lad");
-    compile(&ckpt, &full, quant, None);
-    let m = Model::open(&full, false).unwrap();
-    let x = &m.header.plan.window.experts;
-    assert_eq!(x.slots_per_layer, x.per_layer, "the host's window holds every expert");
-    // The same plan minus three quarters of each pool.
-    let window = x.region.offset + x.region.bytes / 4;
-    let out = dir.join("quarter.lad");
-    compile(&ckpt, &out, quant, Some(window));
-    let q = Model::open(&out, false).unwrap();
-    assert_eq!(q.header.plan.window.experts.slots_per_layer * 4, x.per_layer);
-    out
-}
-
 type Run = (Vec<u32>, Vec<Vec<[u32; 2]>>, Vec<u32>);
 
 /// Tokens, reveals and first-pass logit bits of the dual-cache policy under a strategy.
@@ -94,7 +76,7 @@ fn run(model: &Model, strategy: ExpertStrategy) -> (Run, llada_rt::moe::ExpertCo
 
 fn strategies_agree(quant: Option<Quant>) {
     let dir = tempfile::tempdir().unwrap();
-    let art = quarter_window(dir.path(), quant);
+    let art = common::moe_quarter_window(dir.path(), quant);
     let model = Model::open(&art, true).unwrap();
     let (want, hybrid) = run(&model, ExpertStrategy::Hybrid);
     for strategy in [ExpertStrategy::Lru, ExpertStrategy::Static] {

@@ -59,6 +59,8 @@ pub struct HostExecutor {
     /// Where each tensor lives in the window.
     homes: Vec<Home>,
     capabilities: Capabilities,
+    /// The MoE ops' scratch (routing rows; an MoE layer without an expert runtime).
+    moe: moe::OpScratch,
 }
 
 impl HostExecutor {
@@ -79,7 +81,7 @@ impl HostExecutor {
             device_timestamps: false,
             int8_dot: features.avx512_vnni() || features.dotprod(),
         };
-        HostExecutor { pool, features, homes: homes(&model.header), capabilities }
+        HostExecutor { pool, features, homes: homes(&model.header), capabilities, moe: moe::OpScratch::new(&model.header) }
     }
 
     /// An executor for the CPU side path: it reads every weight from the artifact itself
@@ -253,7 +255,7 @@ impl HostExecutor {
                     // Padding rows route to expert 0 with weight 0: defined, and never read.
                     o.fill(0.0);
                     for (l, o) in l.chunks_exact(e).zip(o.chunks_exact_mut(2 * k)).take(inp.rows) {
-                        crate::moe::routing::route_row(l, k, o);
+                        moe::routing::route_row(l, k, o, &mut self.moe.route);
                     }
                 }
                 Op::MoeExperts { x, route, out, layer, first, experts: n, ranked, work } => {
@@ -261,7 +263,7 @@ impl HostExecutor {
                     let op = MoeOperands { layer: layer as usize, first, x: xs, route: rs, out: o, ranked: rk, work: wk, operand: &mut *gemm_scratch, rows: inp.rows };
                     match experts.as_deref_mut() {
                         Some(e) => e.run(op, &self.pool, features)?,
-                        None => moe::run_local(model, op, n as usize, m.moe.map_or(1, |m| m.top_k) as usize, &self.pool, features)?,
+                        None => moe::run_local(model, op, n as usize, m.moe.map_or(1, |m| m.top_k) as usize, &mut self.moe, &self.pool, features)?,
                     }
                 }
             }

@@ -103,9 +103,9 @@ pub fn expert(shape: ExpertShape, x: &[f32], picks: &[Pick], gate_up: &[u8], dow
 
 /// The layer's output: for each of the first `rows` rows, the sum over its picks in
 /// increasing expert id of probability x expert output (`ranked` holds row r's pick j at
-/// `(r * top_k + j) * d`); rows past `rows` (padding) are zero.
-pub fn combine(route: &[f32], ranked: &[f32], rows: usize, top_k: usize, d: usize, out: &mut [f32]) {
-    let mut order: Vec<(u32, usize, f32)> = Vec::with_capacity(top_k);
+/// `(r * top_k + j) * d`); rows past `rows` (padding) are zero. `order` is scratch (no
+/// allocation once it holds `top_k` entries).
+pub fn combine(route: &[f32], ranked: &[f32], rows: usize, top_k: usize, d: usize, out: &mut [f32], order: &mut Vec<(u32, usize, f32)>) {
     for (r, o) in out.chunks_exact_mut(d).enumerate() {
         if r >= rows {
             o.fill(0.0);
@@ -137,7 +137,7 @@ mod tests {
         let route = [5.0, 1.0, 0.5, 0.25, 0.0, 0.0, 0.0, 0.0];
         let ranked = [1.0, 2.0, 4.0, 8.0, 9.0, 9.0, 9.0, 9.0];
         let mut out = [7.0f32; 4];
-        combine(&route, &ranked, 1, 2, 2, &mut out);
+        combine(&route, &ranked, 1, 2, 2, &mut out, &mut Vec::new());
         assert_eq!(out, [4.0 * 0.25 + 1.0 * 0.5, 8.0 * 0.25 + 2.0 * 0.5, 0.0, 0.0]);
     }
 

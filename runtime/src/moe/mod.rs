@@ -22,11 +22,13 @@
 
 pub mod cache;
 pub mod compute;
+pub mod cpu;
 pub mod routing;
 pub mod shares;
 pub mod split;
 pub mod stage;
 
+use std::collections::VecDeque;
 use std::time::Instant;
 
 use llada_ir::{Header, Op, TensorId};
@@ -38,7 +40,8 @@ use crate::model::Model;
 use crate::window::{SlotPtr, Window};
 use cache::ExpertCache;
 use compute::{combine, ExpertShape, RankedOut, Scratch};
-use routing::{route_row, Routing};
+use cpu::{CpuPath, CpuWork};
+use routing::{route_row, RouteScratch, Routing};
 use shares::Shares;
 use split::{Candidate, Place, Split};
 use stage::ExpertStager;
@@ -192,16 +195,6 @@ fn expert_layout(h: &Header) -> Option<Layout> {
     Some(Layout { shape, top_k: moe.top_k as usize, firsts, routers, homes })
 }
 
-/// The CPU path: its threads and working memory (outside the window: a phone's CPU reads
-/// the artifact and its own memory).
-struct CpuPath {
-    pool: crate::pool::Pool,
-    floats: Vec<f32>,
-    operand: Vec<u8>,
-    /// (rows, seconds) of each expert of the last job.
-    timings: Vec<(usize, f64)>,
-}
-
 /// The expert slots: what each holds, the copies into them, and their figures.
 struct Pools {
     cache: ExpertCache,
@@ -291,14 +284,52 @@ pub struct Experts<'m> {
     cpu: Option<CpuPath>,
     routing: Routing,
     split: Split,
-    /// Scratch of the decisions, reused across layers.
+    /// Scratch of the decisions, sized when the experts are set up (a layer's experts, its
+    /// rows) and reused across layers: a layer allocates nothing.
     mass: Vec<f32>,
     candidates: Vec<Candidate>,
     places: Vec<Place>,
-    predicted: Vec<f32>,
+    order: Vec<usize>,
+    /// Each path's share, (expert, cached) in the order it takes them, and lru's list.
+    acc_share: Vec<(u32, bool)>,
+    cpu_share: Vec<(u32, bool)>,
+    lru_list: Vec<(u32, bool)>,
+    shares: Shares,
+    /// Lru's copies in flight: (list index, slot).
+    inflight: VecDeque<(usize, usize)>,
+    forecast: Forecast,
+    /// `combine`'s order of a row's picks.
+    combine_order: Vec<(u32, usize, f32)>,
     /// (rows, seconds) of each expert the accelerator path computed in the last layer.
     acc_timings: Vec<(usize, f64)>,
     counters: ExpertCounters,
+}
+
+/// Hybrid's forecast of a layer's next run (rows per expert) and what deciding on it works
+/// in, sized once.
+struct Forecast {
+    load: Vec<usize>,
+    /// The next layer's router logits and routes over this layer's rows (`predict_load`).
+    routes: Vec<f32>,
+    route: RouteScratch,
+    candidates: Vec<Candidate>,
+    wanted: Vec<usize>,
+    places: Vec<Place>,
+    order: Vec<usize>,
+}
+
+impl Forecast {
+    fn new(experts: usize, rows: usize, top_k: usize) -> Forecast {
+        Forecast {
+            load: Vec::with_capacity(experts),
+            routes: Vec::with_capacity(rows * (experts + 2 * top_k)),
+            route: RouteScratch::new(experts),
+            candidates: Vec::with_capacity(experts),
+            wanted: Vec::with_capacity(experts),
+            places: Vec::with_capacity(experts),
+            order: Vec::with_capacity(experts),
+        }
+    }
 }
 
 /// How many pool slots a hybrid refresh or prefetch may restage per layer run, as a share of
@@ -327,18 +358,7 @@ impl<'m> Experts<'m> {
         let max_rows = h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize;
         let cpu = match cpu_threads {
             0 => None,
-            n => {
-                let pool = crate::pool::Pool::new(n, "llada-cpu-path").map_err(|e| Error::Internal(format!("starting the CPU path's threads: {e}")))?;
-                let operand = llada_ir::window_sizes::largest_gemm_operand(h) as usize;
-                // 64 bytes of slack each: the kernels get cache-line-aligned views (`aligned`),
-                // as the window's scratch is.
-                Some(CpuPath {
-                    pool,
-                    floats: vec![0.0; shape.floats(max_rows) + 16],
-                    operand: vec![0; operand + 64],
-                    timings: Vec::new(),
-                })
-            }
+            n => Some(CpuPath::new(n, shape.floats(max_rows), llada_ir::window_sizes::largest_gemm_operand(h) as usize, per_layer)?),
         };
         let mut pools = Pools {
             cache: ExpertCache::new(layers, slots_per_layer, per_layer),
@@ -377,13 +397,20 @@ impl<'m> Experts<'m> {
             routers: layout.routers,
             pools,
             cpu,
-            routing: Routing::default(),
+            routing: Routing::new(per_layer, max_rows, top_k),
             split: Split::new(plan.costs),
             mass: vec![0.0; per_layer],
-            candidates: Vec::new(),
-            places: Vec::new(),
-            predicted: Vec::new(),
-            acc_timings: Vec::new(),
+            candidates: Vec::with_capacity(per_layer),
+            places: Vec::with_capacity(per_layer),
+            order: Vec::with_capacity(per_layer),
+            acc_share: Vec::with_capacity(per_layer),
+            cpu_share: Vec::with_capacity(per_layer),
+            lru_list: Vec::with_capacity(per_layer),
+            shares: Shares::with_capacity(per_layer),
+            inflight: VecDeque::with_capacity(slots_per_layer),
+            forecast: Forecast::new(per_layer, max_rows, top_k),
+            combine_order: Vec::with_capacity(top_k),
+            acc_timings: Vec::with_capacity(per_layer),
             counters: ExpertCounters::default(),
         }))
     }
@@ -405,7 +432,7 @@ impl<'m> Experts<'m> {
         self.counters.layers += 1;
         // This pass's routing mass per expert: the decayed score's new term.
         for (e, m) in self.mass.iter_mut().enumerate() {
-            *m = self.routing.picks[e].iter().map(|p| p.weight).sum();
+            *m = self.routing.picks(e).iter().map(|p| p.weight).sum();
         }
         self.pools.cache.update_scores(layer, &self.mass);
         self.candidates.clear();
@@ -432,26 +459,21 @@ impl<'m> Experts<'m> {
                 self.places.resize(self.candidates.len(), Place::Accelerator);
             }
             ExpertStrategy::Hybrid => {
-                self.split.assign(&self.candidates, evictable, &mut self.places);
+                self.split.assign(&self.candidates, evictable, &mut self.places, &mut self.order);
             }
         }
         // Each path's share, heaviest first (`shares` lets a path that runs out take from the
-        // other's end, hybrid only).
-        let share = |place| {
-            let mut l: Vec<&Candidate> = self.candidates.iter().zip(&self.places).filter(|(_, p)| **p == place).map(|(c, _)| c).collect();
-            l.sort_by_key(|c| (std::cmp::Reverse(c.rows), c.expert));
-            l.into_iter().map(|c| (c.expert, c.cached)).collect::<Vec<_>>()
-        };
-        let (mut acc_share, cpu_share) = (share(Place::Accelerator), share(Place::Cpu));
-        // The accelerator computes what its slots hold first, giving the copies of the rest
-        // time to land (lru orders its list so too); those then sit at its light end, where
-        // the CPU path takes from if it runs out first.
-        acc_share.sort_by_key(|&(_, cached)| !cached);
-        let shares = Shares::new(&acc_share, &cpu_share, self.strategy == ExpertStrategy::Hybrid);
+        // other's end, hybrid only). The accelerator computes what its slots hold first,
+        // giving the copies of the rest time to land (lru orders its list so too); those then
+        // sit at its light end, where the CPU path takes from if it runs out first.
+        share(&self.candidates, &self.places, Place::Accelerator, &mut self.order, &mut self.acc_share);
+        share(&self.candidates, &self.places, Place::Cpu, &mut self.order, &mut self.cpu_share);
+        let (acc_share, cpu_share) = (&self.acc_share, &self.cpu_share);
+        self.shares.set(acc_share, cpu_share, self.strategy == ExpertStrategy::Hybrid);
         if self.strategy == ExpertStrategy::Hybrid {
             // The uncached experts the split gave the accelerator: their copies start now, into
             // slots whose experts this layer does not use (the split's budget).
-            for &(e, cached) in &acc_share {
+            for &(e, cached) in acc_share {
                 let idle = |s: &cache::Slot| s.expert.is_none_or(|held| self.routing.load(held as usize) == 0) && s.expert != Some(e);
                 if cached {
                     continue;
@@ -469,10 +491,11 @@ impl<'m> Experts<'m> {
 
         // The CPU path's job runs on its own threads while this thread computes the rest.
         let (model, shape, first, routing, strategy) = (self.model, self.shape, self.firsts[layer], &self.routing, self.strategy);
-        let (x, pools, cpu, split, predicted, acc_timings) = (op.x, &mut self.pools, &mut self.cpu, &self.split, &mut self.predicted, &mut self.acc_timings);
+        let (x, pools, cpu, split, forecast, acc_timings) = (op.x, &mut self.pools, &mut self.cpu, &self.split, &mut self.forecast, &mut self.acc_timings);
+        let (lru_list, inflight) = (&mut self.lru_list, &mut self.inflight);
         acc_timings.clear();
         let next_router = self.routers.get(layer + 1).copied().flatten().filter(|_| strategy == ExpertStrategy::Hybrid && pools.stager.is_some());
-        let shares = &shares;
+        let shares = &self.shares;
         // Hybrid's CPU path runs even with an empty share: it may take the accelerator's.
         let cpu_takes = !cpu_share.is_empty() || (strategy == ExpertStrategy::Hybrid && !acc_share.is_empty());
         let cpu = match cpu.as_mut() {
@@ -483,18 +506,15 @@ impl<'m> Experts<'m> {
         // The CPU path's job: its share, then what it takes from the accelerator's.
         let ranked = RankedOut::new(op.ranked, k, d);
         let ranked = &ranked;
-        let cpu_job = |pool: &rayon::ThreadPool, floats: &mut [f32], operand: &mut [u8], timings: &mut Vec<(usize, f64)>| -> f64 {
-            let start = Instant::now();
-            timings.clear();
-            let mut s = Scratch { floats: aligned(floats), operand: aligned(operand) };
+        let cpu_job = |w: &mut CpuWork| {
+            let mut s = Scratch { floats: &mut *w.floats, operand: &mut *w.operand };
             while let Some(e) = shares.next_for_cpu() {
                 let one = Instant::now();
                 let (gu, dn) = (model.tensor_bytes(first + 2 * e), model.tensor_bytes(first + 2 * e + 1));
                 // SAFETY: `shares` handed e to this path alone; its picks are its own.
-                compute::expert(shape, x, &routing.picks[e as usize], gu, dn, &mut s, pool, features, |p, y| unsafe { ranked.write(p, y) });
-                timings.push((routing.load(e as usize), one.elapsed().as_secs_f64()));
+                compute::expert(shape, x, routing.picks(e as usize), gu, dn, &mut s, w.pool, features, |p, y| unsafe { ranked.write(p, y) });
+                w.timings.push((routing.load(e as usize), one.elapsed().as_secs_f64()));
             }
-            start.elapsed().as_secs_f64()
         };
         // This thread's part: the accelerator's experts, then (hybrid) the forecast of the
         // next layer and its prefetches, decided while the CPU path finishes (the copies run
@@ -505,55 +525,48 @@ impl<'m> Experts<'m> {
             let acc = match strategy {
                 ExpertStrategy::Lru => {
                     // Ready ones first (no waiting), then those to stage, pipelined.
-                    let mut list = acc_share.clone();
-                    list.sort_by_key(|&(e, cached)| (!cached, e));
-                    accelerator_part(pools, strategy, &list, &mut w)?
+                    lru_list.clear();
+                    lru_list.extend_from_slice(acc_share);
+                    lru_list.sort_unstable_by_key(|&(e, cached)| (!cached, e));
+                    accelerator_part(pools, strategy, lru_list, inflight, &mut w)?
                 }
                 _ => accelerator_shared(pools, shares, &mut w)?,
             };
             if let Some(router) = next_router {
-                let load = predict_load(model, router, x, op.rows, shape.d, k, pools.per_layer, predicted, op.operand, pool, features);
-                improve_pool(pools, split, layer + 1, &load, Why::Prefetch);
+                predict_load(model, router, x, op.rows, shape.d, k, pools.per_layer, forecast, op.operand, pool, features);
+                improve_pool(pools, split, layer + 1, forecast, Why::Prefetch);
             }
             Ok((acc, Instant::now()))
         };
         // Both at once: the CPU path's job goes to its own (long-lived) threads while this
-        // thread runs the accelerator's; the scope returns when both are done.
-        let (acc, cpu_run) = match cpu {
-            Some(CpuPath { pool: cpu_pool, floats, operand, timings }) => {
-                let mut cpu_run = None;
-                let acc = cpu_pool.in_place_scope(|scope| {
-                    let run = || cpu_job(cpu_pool, floats, operand, timings);
-                    scope.spawn(|_| cpu_run = Some(std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))));
-                    acc_job()
-                });
-                (acc, cpu_run)
+        // thread runs the accelerator's; both are done when `run_beside` returns.
+        let (acc, cpu_seconds) = match cpu {
+            Some(c) => {
+                let (acc, cpu_seconds) = c.run_beside(&cpu_job, acc_job);
+                (acc, Some(cpu_seconds))
             }
             None => (acc_job(), None),
         };
         let (acc_seconds, acc_done) = acc?;
         let cpu_wait = acc_done.elapsed().as_secs_f64();
-        let cpu_seconds = match cpu_run {
-            Some(r) => r.map_err(|_| Error::Internal("the CPU path's job panicked".into()))?,
-            None => 0.0,
-        };
-        let by_cpu = shares.taken_by_cpu();
-        self.counters.accelerator_experts += (self.candidates.len() - by_cpu.len()) as u64;
-        self.counters.cpu_experts += by_cpu.len() as u64;
+        let cpu_seconds = cpu_seconds.transpose()?.unwrap_or(0.0);
+        let by_cpu = self.shares.taken_by_cpu();
+        self.counters.accelerator_experts += (self.candidates.len() - by_cpu) as u64;
+        self.counters.cpu_experts += by_cpu as u64;
         self.counters.accelerator_seconds += acc_seconds;
         self.counters.cpu_seconds += cpu_seconds;
-        if !by_cpu.is_empty() {
+        if by_cpu > 0 {
             self.counters.cpu_wait_seconds += cpu_wait;
         }
         for &(rows, t) in &self.acc_timings {
             self.split.observe(Place::Accelerator, rows, t);
         }
-        if let Some(c) = self.cpu.as_ref().filter(|_| !by_cpu.is_empty()) {
-            for &(rows, t) in &c.timings {
+        if let Some(c) = self.cpu.as_ref().filter(|_| by_cpu > 0) {
+            for &(rows, t) in c.timings() {
                 self.split.observe(Place::Cpu, rows, t);
             }
         }
-        combine(op.route, op.ranked, op.rows, k, d, op.out);
+        combine(op.route, op.ranked, op.rows, k, d, op.out, &mut self.combine_order);
         if let Some(st) = &self.pools.stager {
             let c = st.take_copied();
             let expert = self.pools.homes[0].range.1 as f64;
@@ -571,54 +584,71 @@ impl<'m> Experts<'m> {
         if self.pools.stager.is_none() {
             return;
         }
-        let load: Vec<usize> = (0..self.pools.per_layer).map(|e| self.routing.load(e)).collect();
-        improve_pool(&mut self.pools, &self.split, layer, &load, Why::Refresh);
+        let routing = &self.routing;
+        self.forecast.load.clear();
+        self.forecast.load.extend((0..self.pools.per_layer).map(|e| routing.load(e)));
+        improve_pool(&mut self.pools, &self.split, layer, &mut self.forecast, Why::Refresh);
     }
+}
+
+/// `place`'s share of a layer's `candidates` (placed by `places`) into `out`, as (expert,
+/// cached), heaviest first; the accelerator's with the cached ones first. `order` is scratch.
+fn share(candidates: &[Candidate], places: &[Place], place: Place, order: &mut Vec<usize>, out: &mut Vec<(u32, bool)>) {
+    order.clear();
+    order.extend((0..candidates.len()).filter(|&i| places[i] == place));
+    let cached_first = place == Place::Accelerator;
+    // Unstable (no scratch allocated): the keys are distinct, an expert being one candidate.
+    order.sort_unstable_by_key(|&i| (cached_first && !candidates[i].cached, std::cmp::Reverse(candidates[i].rows), candidates[i].expert));
+    out.clear();
+    out.extend(order.iter().map(|&i| (candidates[i].expert, candidates[i].cached)));
 }
 
 /// Hybrid's cross-layer forecast (HybriMoE's): the next layer's router applied to this
-/// layer's input rows `x` predicts its routing; returns the rows each expert would get.
+/// layer's input rows `x` predicts its routing; writes the rows each expert would get into
+/// `f.load`.
 #[allow(clippy::too_many_arguments)]
-fn predict_load(model: &Model, router: TensorId, x: &[f32], rows: usize, d: usize, k: usize, experts: usize, buf: &mut Vec<f32>, operand: &mut [u8], pool: &rayon::ThreadPool, features: Features) -> Vec<usize> {
+fn predict_load(model: &Model, router: TensorId, x: &[f32], rows: usize, d: usize, k: usize, experts: usize, f: &mut Forecast, operand: &mut [u8], pool: &rayon::ThreadPool, features: Features) {
     let w = model.matrix_at(router, model.tensor_bytes(router));
-    buf.resize(rows * experts + rows * 2 * k, 0.0);
-    let (logits, routes) = buf.split_at_mut(rows * experts);
+    f.routes.resize(rows * experts + rows * 2 * k, 0.0);
+    let (logits, routes) = f.routes.split_at_mut(rows * experts);
     gemm(&x[..rows * d], rows, &w, logits, operand, pool, features);
-    let mut load = vec![0usize; experts];
+    f.load.clear();
+    f.load.resize(experts, 0);
     for (l, r) in logits.chunks_exact(experts).zip(routes.chunks_exact_mut(2 * k)) {
-        route_row(l, k, r);
+        route_row(l, k, r, &mut f.route);
         for &id in &r[..k] {
-            load[id as usize] += 1;
+            f.load[id as usize] += 1;
         }
     }
-    load
 }
 
 /// Hybrid: stages into `layer`'s pool the experts whose caching the cost model says shortens
-/// the layer's next run, by the forecast `load` (rows per expert), more than the copy costs:
+/// the layer's next run, by the forecast `f.load` (rows per expert), more than the copy costs:
 /// each candidate (heaviest first) is weighed by the layer's predicted finish time (the
 /// later of the two paths, as `split` places the experts, from the pool alone) with it cached
 /// in place of the lowest-scored expert the forecast leaves idle, against without; the
 /// latency each copy saves decides it (HybriMoE's impact-driven prefetch). A copy made ahead
 /// runs on the staging thread, off the layer's critical path, but it takes CPU time (and
 /// memory bandwidth) from the cores that compute: its measured CPU time is its cost.
-fn improve_pool(pools: &mut Pools, split: &Split, layer: usize, load: &[usize], why: Why) {
+fn improve_pool(pools: &mut Pools, split: &Split, layer: usize, f: &mut Forecast, why: Why) {
     let budget = (pools.slots_per_layer / RESTAGE_SHARE).max(1);
-    let mut forecast: Vec<Candidate> =
-        (0..load.len()).filter(|&e| load[e] > 0).map(|e| Candidate { expert: e as u32, rows: load[e], cached: pools.cache.slot_of(layer, e as u32).is_some() }).collect();
-    let mut wanted: Vec<usize> = (0..forecast.len()).filter(|&i| !forecast[i].cached).collect();
-    wanted.sort_by_key(|&i| (std::cmp::Reverse(forecast[i].rows), forecast[i].expert));
-    let mut places = Vec::new();
+    let Forecast { load, candidates: forecast, wanted, places, order, .. } = f;
+    forecast.clear();
+    forecast.extend((0..load.len()).filter(|&e| load[e] > 0).map(|e| Candidate { expert: e as u32, rows: load[e], cached: pools.cache.slot_of(layer, e as u32).is_some() }));
+    wanted.clear();
+    wanted.extend((0..forecast.len()).filter(|&i| !forecast[i].cached));
+    // Unstable (no scratch allocated): the keys are distinct, an expert being one candidate.
+    wanted.sort_unstable_by_key(|&i| (std::cmp::Reverse(forecast[i].rows), forecast[i].expert));
     let mut staged = 0;
-    for i in wanted {
+    for &i in wanted.iter() {
         if staged == budget {
             break;
         }
         let idle = |s: &cache::Slot| s.expert.is_none_or(|held| load[held as usize] == 0);
         let Some((slot, _)) = pools.cache.lowest_score(layer, |s| !idle(s)) else { break };
-        let (a, c) = split.assign(&forecast, 0, &mut places);
+        let (a, c) = split.assign(forecast, 0, places, order);
         forecast[i].cached = true;
-        let (a2, c2) = split.assign(&forecast, 0, &mut places);
+        let (a2, c2) = split.assign(forecast, 0, places, order);
         if a.max(c) - a2.max(c2) <= split.stage_cost() {
             forecast[i].cached = false;
             continue;
@@ -655,7 +685,7 @@ impl AcceleratorWork<'_> {
         let ranked = self.ranked;
         // SAFETY: the accelerator path alone computes e (`shares` or the fixed lru list gave
         // it), so its picks are its own.
-        compute::expert(shape, self.x, &self.routing.picks[e as usize], &bytes[home.gate_up..][..gu_len], &bytes[home.down..][..dn_len], &mut s, self.pool, self.features, |p, y| unsafe {
+        compute::expert(shape, self.x, self.routing.picks(e as usize), &bytes[home.gate_up..][..gu_len], &bytes[home.down..][..dn_len], &mut s, self.pool, self.features, |p, y| unsafe {
             ranked.write(p, y)
         });
         let took = start.elapsed().as_secs_f64();
@@ -666,12 +696,12 @@ impl AcceleratorWork<'_> {
 
 /// Lru's accelerator path: `list`'s experts from their slots, staging the uncached ones first
 /// (into slots no later expert of the list needs, as many ahead as there are such slots).
-/// Returns the seconds spent computing (waits for copies aside).
-fn accelerator_part(pools: &mut Pools, strategy: ExpertStrategy, list: &[(u32, bool)], w: &mut AcceleratorWork) -> Result<f64> {
+/// `inflight` is scratch for the copies in flight (list index, slot), with room for a pool's
+/// slots. Returns the seconds spent computing (waits for copies aside).
+fn accelerator_part(pools: &mut Pools, strategy: ExpertStrategy, list: &[(u32, bool)], inflight: &mut VecDeque<(usize, usize)>, w: &mut AcceleratorWork) -> Result<f64> {
     let layer = w.layer;
     let mut computing = 0.0;
-    // Copies in flight for this list: (list index, slot).
-    let mut inflight: std::collections::VecDeque<(usize, usize)> = std::collections::VecDeque::new();
+    inflight.clear();
     let mut next_miss = list.iter().position(|&(_, cached)| !cached).unwrap_or(list.len());
     for i in 0..list.len() {
         while next_miss < list.len() && inflight.len() < pools.slots_per_layer {
@@ -696,13 +726,6 @@ fn accelerator_part(pools: &mut Pools, strategy: ExpertStrategy, list: &[(u32, b
         computing += w.expert(pools, e, slot)?;
     }
     Ok(computing)
-}
-
-/// The part of `buf` from its first 64-byte-aligned element on (its last 64 bytes are slack
-/// for this).
-fn aligned<T>(buf: &mut [T]) -> &mut [T] {
-    let skip = buf.as_ptr().align_offset(64).min(buf.len());
-    &mut buf[skip..]
 }
 
 /// Hybrid's accelerator path: the experts `shares` hands it, from their slots (waiting for
@@ -737,19 +760,38 @@ fn matrix_len(shape: ExpertShape, gate_up: bool) -> usize {
 
 /// An MoE op without an expert runtime (the revision side path, which reads every weight from
 /// the artifact): every expert on `pool`, in increasing id.
-pub fn run_local(model: &Model, op: MoeOperands, experts: usize, top_k: usize, pool: &rayon::ThreadPool, features: Features) -> Result<()> {
+pub fn run_local(model: &Model, op: MoeOperands, experts: usize, top_k: usize, scratch: &mut OpScratch, pool: &rayon::ThreadPool, features: Features) -> Result<()> {
     let h = &model.header;
     let t = &h.tensors[op.first as usize];
     let shape = ExpertShape { d: h.model.d_model as usize, hidden: h.model.mlp_hidden as usize, format: t.dtype, bf16_activations: h.plan.bf16_activations };
-    let mut routing = Routing::default();
+    let routing = &mut scratch.routing;
     routing.from_route(op.route, op.rows, top_k, experts)?;
     let d = shape.d;
     let mut s = Scratch { floats: op.work, operand: op.operand };
     for e in routing.active() {
         let (gu, dn) = (model.tensor_bytes(op.first + 2 * e as u32), model.tensor_bytes(op.first + 2 * e as u32 + 1));
         let ranked = &mut *op.ranked;
-        compute::expert(shape, op.x, &routing.picks[e], gu, dn, &mut s, pool, features, |p, y| ranked[p.ranked_at(top_k, d)..][..d].copy_from_slice(y));
+        compute::expert(shape, op.x, routing.picks(e), gu, dn, &mut s, pool, features, |p, y| ranked[p.ranked_at(top_k, d)..][..d].copy_from_slice(y));
     }
-    combine(op.route, op.ranked, op.rows, top_k, d, op.out);
+    combine(op.route, op.ranked, op.rows, top_k, d, op.out, &mut scratch.combine_order);
     Ok(())
+}
+
+/// What a host executor's MoE ops work in, sized once for the model (empty for a dense one):
+/// the router's per-row scratch (`Route`), and a layer's routing and combine order
+/// ([`run_local`]).
+#[derive(Debug, Default)]
+pub struct OpScratch {
+    pub route: RouteScratch,
+    routing: Routing,
+    combine_order: Vec<(u32, usize, f32)>,
+}
+
+impl OpScratch {
+    pub fn new(h: &Header) -> OpScratch {
+        let Some(moe) = h.model.moe else { return OpScratch::default() };
+        let (experts, top_k) = (moe.experts as usize, moe.top_k as usize);
+        let rows = h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize;
+        OpScratch { route: RouteScratch::new(experts), routing: Routing::new(experts, rows, top_k), combine_order: Vec::with_capacity(top_k) }
+    }
 }

@@ -3,20 +3,37 @@
 
 use crate::error::{Error, Result};
 use crate::kernels;
-use crate::topk::topk;
+use crate::topk::topk_in;
+
+/// What [`route_row`] works in: a row's probabilities and the top-k queue, sized once for a
+/// layer's experts.
+#[derive(Debug, Default)]
+pub struct RouteScratch {
+    probs: Vec<f32>,
+    queue: Vec<(f32, usize)>,
+}
+
+impl RouteScratch {
+    /// Scratch for rows of `experts` logits (no allocation routing them).
+    pub fn new(experts: usize) -> RouteScratch {
+        RouteScratch { probs: Vec::with_capacity(experts), queue: Vec::with_capacity(experts) }
+    }
+}
 
 /// `Route` for one row: `softmax(logits)` in f32 (max subtracted, as PyTorch computes it),
 /// then the `top_k` largest as `torch.topk` orders them; writes `top_k` ids (as f32) then
 /// their probabilities into `out`.
-pub fn route_row(logits: &[f32], top_k: usize, out: &mut [f32]) {
+pub fn route_row(logits: &[f32], top_k: usize, out: &mut [f32], s: &mut RouteScratch) {
     let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    let mut probs: Vec<f32> = logits.iter().map(|&v| kernels::exp(v - max)).collect();
-    let sum: f32 = probs.iter().sum();
-    for p in &mut probs {
+    s.probs.clear();
+    s.probs.extend(logits.iter().map(|&v| kernels::exp(v - max)));
+    let sum: f32 = s.probs.iter().sum();
+    for p in &mut s.probs {
         *p /= sum;
     }
     let (ids, weights) = out.split_at_mut(top_k);
-    for ((id, w), e) in ids.iter_mut().zip(weights).zip(topk(&probs, top_k)) {
+    let probs = &s.probs;
+    for ((id, w), e) in ids.iter_mut().zip(weights).zip(topk_in(probs, top_k, &mut s.queue)) {
         *id = e as f32;
         *w = probs[e];
     }
@@ -38,40 +55,70 @@ impl Pick {
     }
 }
 
-/// A layer's routing of one pass, per expert.
+/// A layer's routing of one pass, per expert: every pick grouped by expert (a counting sort),
+/// in buffers sized once for the largest graph.
 #[derive(Debug, Default)]
 pub struct Routing {
-    /// `picks[e]`: the rows expert e computes, in increasing row order.
-    pub picks: Vec<Vec<Pick>>,
+    /// Expert e's picks are `picks[starts[e]..starts[e + 1]]`, in increasing row order.
+    picks: Vec<Pick>,
+    starts: Vec<usize>,
+    /// Per expert, where its next pick goes while regrouping.
+    next: Vec<usize>,
 }
 
 impl Routing {
+    /// A routing of up to `rows` rows of `top_k` picks among `experts` (no allocation
+    /// regrouping them).
+    pub fn new(experts: usize, rows: usize, top_k: usize) -> Routing {
+        Routing { picks: Vec::with_capacity(rows * top_k), starts: Vec::with_capacity(experts + 1), next: Vec::with_capacity(experts) }
+    }
+
     /// Regroups `route` (rows of `top_k` ids then probabilities) by expert, for the first
     /// `rows` rows. Ids come from a value an artifact's ops wrote, so each is checked.
     pub fn from_route(&mut self, route: &[f32], rows: usize, top_k: usize, experts: usize) -> Result<()> {
-        self.picks.resize_with(experts, Vec::new);
-        self.picks.iter_mut().for_each(Vec::clear);
-        for (row, r) in route.chunks_exact(2 * top_k).take(rows).enumerate() {
-            let (ids, weights) = r.split_at(top_k);
-            for (rank, (&id, &weight)) in ids.iter().zip(weights).enumerate() {
+        let route = || route.chunks_exact(2 * top_k).take(rows).map(|r| r.split_at(top_k));
+        // Count each expert's picks (checking the ids), then place them, row by row.
+        self.starts.clear();
+        self.starts.resize(experts + 1, 0);
+        for (ids, _) in route() {
+            for &id in ids {
                 let e = id as usize;
                 if id != e as f32 || e >= experts {
                     return Err(Error::request(format!("a route names expert {id}, not one of the layer's {experts}")));
                 }
-                self.picks[e].push(Pick { row: row as u32, rank: rank as u32, weight });
+                self.starts[e + 1] += 1;
+            }
+        }
+        for e in 0..experts {
+            self.starts[e + 1] += self.starts[e];
+        }
+        self.next.clear();
+        self.next.extend_from_slice(&self.starts[..experts]);
+        self.picks.clear();
+        self.picks.resize(self.starts[experts], Pick { row: 0, rank: 0, weight: 0.0 });
+        for (row, (ids, weights)) in route().enumerate() {
+            for (rank, (&id, &weight)) in ids.iter().zip(weights).enumerate() {
+                let at = &mut self.next[id as usize];
+                self.picks[*at] = Pick { row: row as u32, rank: rank as u32, weight };
+                *at += 1;
             }
         }
         Ok(())
     }
 
+    /// The rows expert `e` computes, in increasing row order.
+    pub fn picks(&self, e: usize) -> &[Pick] {
+        &self.picks[self.starts[e]..self.starts[e + 1]]
+    }
+
     /// Rows routed to expert `e`.
     pub fn load(&self, e: usize) -> usize {
-        self.picks[e].len()
+        self.starts[e + 1] - self.starts[e]
     }
 
     /// Experts with at least one row.
     pub fn active(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.picks.len()).filter(|&e| !self.picks[e].is_empty())
+        (0..self.starts.len().saturating_sub(1)).filter(|&e| self.load(e) > 0)
     }
 }
 
@@ -83,7 +130,7 @@ mod tests {
     fn a_row_routes_to_its_largest_probabilities() {
         let logits = [0.5f32, 2.0, -1.0, 1.0];
         let mut out = [0f32; 4];
-        route_row(&logits, 2, &mut out);
+        route_row(&logits, 2, &mut out, &mut RouteScratch::default());
         assert_eq!(&out[..2], &[1.0, 3.0]);
         let z: f64 = logits.iter().map(|&v| (v as f64).exp()).sum();
         assert!((out[2] as f64 - 2f64.exp() / z).abs() < 1e-6 && (out[3] as f64 - 1f64.exp() / z).abs() < 1e-6, "{out:?}");
@@ -95,7 +142,7 @@ mod tests {
         let route = [3.0, 1.0, 0.6, 0.4, 1.0, 0.0, 0.7, 0.3];
         let mut r = Routing::default();
         r.from_route(&route, 2, 2, 4).unwrap();
-        assert_eq!(r.picks[1], vec![Pick { row: 0, rank: 1, weight: 0.4 }, Pick { row: 1, rank: 0, weight: 0.7 }]);
+        assert_eq!(r.picks(1), [Pick { row: 0, rank: 1, weight: 0.4 }, Pick { row: 1, rank: 0, weight: 0.7 }]);
         assert_eq!((r.load(0), r.load(2), r.load(3)), (1, 0, 1));
         assert_eq!(r.active().collect::<Vec<_>>(), vec![0, 1, 3]);
         // Only the real rows count.

@@ -20,8 +20,8 @@ struct Item {
 struct Lists {
     accelerator: Vec<Item>,
     cpu: Vec<Item>,
-    /// Experts the CPU path took, in the order it took them.
-    by_cpu: Vec<u32>,
+    /// Experts the CPU path took.
+    by_cpu: usize,
 }
 
 #[derive(Debug)]
@@ -33,10 +33,29 @@ pub struct Shares {
 }
 
 impl Shares {
-    /// `accelerator` and `cpu`: (expert, cached) in the order each path should take them.
-    pub fn new(accelerator: &[(u32, bool)], cpu: &[(u32, bool)], share: bool) -> Shares {
-        let items = |l: &[(u32, bool)]| l.iter().map(|&(expert, cached)| Item { expert, cached, taken: false }).collect();
-        Shares { lists: Mutex::new(Lists { accelerator: items(accelerator), cpu: items(cpu), by_cpu: Vec::new() }), share }
+    /// Empty shares with room for a layer of `experts` experts (no allocation setting them).
+    pub fn with_capacity(experts: usize) -> Shares {
+        Shares { lists: Mutex::new(Lists { accelerator: Vec::with_capacity(experts), cpu: Vec::with_capacity(experts), by_cpu: 0 }), share: false }
+    }
+
+    /// A layer's shares: `accelerator` and `cpu` are (expert, cached) in the order each path
+    /// should take them.
+    pub fn set(&mut self, accelerator: &[(u32, bool)], cpu: &[(u32, bool)], share: bool) {
+        let l = self.lists.get_mut().unwrap_or_else(|e| e.into_inner());
+        let item = |&(expert, cached): &(u32, bool)| Item { expert, cached, taken: false };
+        l.accelerator.clear();
+        l.accelerator.extend(accelerator.iter().map(item));
+        l.cpu.clear();
+        l.cpu.extend(cpu.iter().map(item));
+        l.by_cpu = 0;
+        self.share = share;
+    }
+
+    #[cfg(test)]
+    fn new(accelerator: &[(u32, bool)], cpu: &[(u32, bool)], share: bool) -> Shares {
+        let mut s = Shares::with_capacity(accelerator.len() + cpu.len());
+        s.set(accelerator, cpu, share);
+        s
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Lists> {
@@ -71,13 +90,13 @@ impl Shares {
         }?;
         pick.taken = true;
         let e = pick.expert;
-        l.by_cpu.push(e);
+        l.by_cpu += 1;
         Some(e)
     }
 
-    /// The experts the CPU path computed.
-    pub fn taken_by_cpu(&self) -> Vec<u32> {
-        self.lock().by_cpu.clone()
+    /// How many experts the CPU path computed.
+    pub fn taken_by_cpu(&self) -> usize {
+        self.lock().by_cpu
     }
 }
 
@@ -96,7 +115,7 @@ mod tests {
         assert_eq!(s.next_for_accelerator(true), Some((1, true)));
         assert_eq!(s.next_for_accelerator(true), Some((2, true)));
         assert_eq!(s.next_for_accelerator(true), None);
-        assert_eq!(s.taken_by_cpu(), vec![4, 5, 6, 3]);
+        assert_eq!(s.taken_by_cpu(), 4);
         // The accelerator takes cached experts from the CPU's share first, then uncached ones
         // (to stage) while the CPU path has more than one left.
         let s = Shares::new(&[], &[(4, false), (5, true), (6, false)], true);

@@ -123,15 +123,18 @@ impl Split {
     }
 
     /// Places every candidate; at most `stage_budget` uncached ones on the accelerator (the
-    /// slots it may stage into). Returns the places (in `candidates` order) and the two
-    /// paths' predicted seconds.
-    pub fn assign(&self, candidates: &[Candidate], stage_budget: usize, places: &mut Vec<Place>) -> (f64, f64) {
-        let mut order: Vec<usize> = (0..candidates.len()).collect();
-        order.sort_by_key(|&i| (std::cmp::Reverse(candidates[i].rows), candidates[i].expert));
+    /// slots it may stage into). Writes the places (in `candidates` order) into `places` and
+    /// returns the two paths' predicted seconds; `order` is scratch. Neither allocates once
+    /// it holds a layer's experts.
+    pub fn assign(&self, candidates: &[Candidate], stage_budget: usize, places: &mut Vec<Place>, order: &mut Vec<usize>) -> (f64, f64) {
+        order.clear();
+        order.extend(0..candidates.len());
+        // Unstable (no scratch allocated): the keys are distinct, an expert being one candidate.
+        order.sort_unstable_by_key(|&i| (std::cmp::Reverse(candidates[i].rows), candidates[i].expert));
         places.clear();
         places.resize(candidates.len(), Place::Cpu);
         let (mut acc, mut cpu, mut staged) = (0.0, 0.0, 0);
-        for i in order {
+        for &i in order.iter() {
             let c = &candidates[i];
             let (a, p) = (acc + self.accelerator_seconds(c), cpu + self.cpu_seconds(c));
             if a <= p && (c.cached || staged < stage_budget) {
@@ -186,15 +189,15 @@ mod tests {
         let c = |expert, rows, cached| Candidate { expert, rows, cached };
         let cands = [c(0, 4, true), c(1, 4, true), c(2, 3, false), c(3, 1, false)];
         let mut places = Vec::new();
-        let (acc, cpu) = s.assign(&cands, 4, &mut places);
+        let (acc, cpu) = s.assign(&cands, 4, &mut places, &mut Vec::new());
         assert_eq!(places, [Place::Accelerator, Place::Cpu, Place::Cpu, Place::Cpu]);
         assert_eq!((acc, cpu), (4.0, 8.0));
         // A slow CPU makes staging worth it.
         let s = split(1.0, 50.0, 1.0);
-        let (_, cpu) = s.assign(&cands, 4, &mut places);
+        let (_, cpu) = s.assign(&cands, 4, &mut places, &mut Vec::new());
         assert!(places.iter().all(|&p| p == Place::Accelerator) && cpu == 0.0, "{places:?}");
         // ...but only as many as there are slots to stage into.
-        s.assign(&cands, 1, &mut places);
+        s.assign(&cands, 1, &mut places, &mut Vec::new());
         assert_eq!(places, [Place::Accelerator, Place::Accelerator, Place::Accelerator, Place::Cpu]);
     }
 

@@ -120,7 +120,9 @@ impl ExpertStager {
     /// A staging thread reading `file` (the artifact) into `slots` (pointers into a window
     /// the owner drops after this stager).
     pub fn new(file: Arc<File>, path: PathBuf, slots: Vec<SlotPtr>) -> Result<ExpertStager> {
-        let state = Mutex::new(State { done: vec![0; slots.len()], copying: vec![false; slots.len()], ..State::default() });
+        // At most one queued job per slot (`enqueue`): the queue never outgrows this.
+        let queue = VecDeque::with_capacity(slots.len());
+        let state = Mutex::new(State { queue, done: vec![0; slots.len()], copying: vec![false; slots.len()], ..State::default() });
         let shared = Arc::new(Shared { state, changed: Condvar::new(), file, slots });
         let thread = {
             let shared = shared.clone();

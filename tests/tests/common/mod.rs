@@ -120,6 +120,25 @@ pub fn half_the_weights(resident: &Path) -> u64 {
     end - weights / 2
 }
 
+/// The tiny MoE checkpoint compiled into `dir` (with `quant`) with its experts' pools holding
+/// a quarter of each layer's experts: staging and the CPU path both run.
+pub fn moe_quarter_window(dir: &Path, quant: Option<lladac::Quant>) -> PathBuf {
+    let ckpt = dir.join("ckpt");
+    checkpoint(&ckpt, Shape::tiny_moe(), WeightType::F32, u64::MAX, 0.08);
+    let full = dir.join("full.lad");
+    compile_quant(&ckpt, &full, quant, 128, None);
+    let m = llada_rt::Model::open(&full, false).unwrap();
+    let x = &m.header.plan.window.experts;
+    assert_eq!(x.slots_per_layer, x.per_layer, "the host's window holds every expert");
+    // The same plan minus three quarters of each pool.
+    let window = x.region.offset + x.region.bytes / 4;
+    let out = dir.join("quarter.lad");
+    compile_quant(&ckpt, &out, quant, 128, Some(window));
+    let q = llada_rt::Model::open(&out, false).unwrap();
+    assert_eq!(q.header.plan.window.experts.slots_per_layer * 4, x.per_layer);
+    out
+}
+
 /// Path of `libllada.a`, built (once per test process) with the tests' profile, as [`bin`]
 /// builds the binaries.
 pub fn libllada() -> PathBuf {
