@@ -144,17 +144,6 @@ pub unsafe extern "C" fn llada_model_free(model: *mut Model) {
     });
 }
 
-/// What runs a session's dense graphs.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    /// The CPU's kernels.
-    Host = 0,
-    /// A Vulkan device (the phone's GPU), found when the session is made; where there is none
-    /// `llada_session_new_on` fails with `LLADA_STATUS_INVALID_ARGUMENT` naming `backend`.
-    Vulkan = 1,
-}
-
 /// A session on `model` computing on `n_threads` threads (0: every core, or the
 /// `LLADA_THREADS` environment variable), into `*out`. It allocates the model's window and
 /// reads the resident weights into it. On failure `*out` is set to NULL. The same as

@@ -208,6 +208,17 @@ impl Params {
     }
 }
 
+/// What runs a session's dense graphs.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The CPU's kernels.
+    Host = 0,
+    /// A Vulkan device (the phone's GPU), found when the session is made; where there is none
+    /// `llada_session_new_on` fails with `LLADA_STATUS_INVALID_ARGUMENT` naming `backend`.
+    Vulkan = 1,
+}
+
 /// How rotating weights reach their window slots (llada-rt's `--staging`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -256,8 +267,8 @@ pub extern "C" fn llada_default_session_params() -> SessionSettings {
     SessionSettings {
         n_threads: d.threads.unwrap_or(0) as u32,
         backend: match d.backend {
-            BackendKind::Host => crate::api::Backend::Host,
-            BackendKind::Vulkan => crate::api::Backend::Vulkan,
+            BackendKind::Host => Backend::Host,
+            BackendKind::Vulkan => Backend::Vulkan,
         } as u32,
         staging: match d.staging {
             StagingMode::Async => Staging::Async,

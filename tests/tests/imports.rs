@@ -22,18 +22,6 @@ use std::path::{Path, PathBuf};
 /// The crates whose `src` trees are checked.
 const CRATES: &[&str] = &["ir", "targets", "compiler", "runtime", "tools", "capi"];
 
-/// Pairs of files (relative to the workspace root; one ending in `/`, any file below that
-/// folder) allowed to import each other for now.
-const ALLOWED: &[(&str, &str)] = &[
-    // Removed by the stepping-interface change.
-    ("runtime/src/session.rs", "runtime/src/sampler/"),
-];
-
-fn allowed(a: &str, b: &str) -> bool {
-    let matches = |pattern: &str, file: &str| if pattern.ends_with('/') { file.starts_with(pattern) } else { file == pattern };
-    ALLOWED.iter().any(|&(x, y)| (matches(x, a) && matches(y, b)) || (matches(x, b) && matches(y, a)))
-}
-
 #[test]
 fn no_files_import_each_other() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
@@ -42,7 +30,7 @@ fn no_files_import_each_other() {
     for krate in CRATES {
         let graph = Crate::read(&root.join(krate).join("src"));
         files_seen += graph.files.len();
-        cycles.extend(graph.cycles(root, &allowed));
+        cycles.extend(graph.cycles(root));
     }
     assert!(files_seen > 50, "only {files_seen} source files found under {}", root.display());
     assert!(cycles.is_empty(), "the import structure is not one-way:\n  {}", cycles.join("\n  "));
@@ -79,7 +67,7 @@ fn the_checker_finds_cycles_through_uses_paths_and_re_exports() {
         }
         let graph = Crate::read(&dir);
         // Without the places named.
-        graph.cycles(&dir, &|_, _| false).into_iter().map(|m| m.split(" (").next().unwrap().to_string()).collect()
+        graph.cycles(&dir).into_iter().map(|m| m.split(" (").next().unwrap().to_string()).collect()
     };
     let pair = |a: &str, b: &str| vec![format!("{a} and {b} import each other")];
     // `use crate::` both ways.
@@ -122,9 +110,6 @@ fn the_checker_finds_cycles_through_uses_paths_and_re_exports() {
         Vec::<String>::new()
     );
     let _ = std::fs::remove_dir_all(&dir);
-    // The allow-list: a folder entry covers every file below it, in either order.
-    assert!(allowed("runtime/src/sampler/mbsd.rs", "runtime/src/session.rs"));
-    assert!(!allowed("runtime/src/session.rs", "runtime/src/staging.rs"));
 }
 
 fn rel(root: &Path, p: &Path) -> String {
@@ -365,15 +350,15 @@ impl Crate {
     }
 
     /// What keeps the import structure from being one-way, leaving out imports between a
-    /// module and its ancestors and pairs `allowed`: each pair of files importing each other
+    /// module and its ancestors: each pair of files importing each other
     /// (with a place each import is made), then, where files reach each other only through a
     /// longer loop, one such loop.
-    fn cycles(&self, root: &Path, allowed: &dyn Fn(&str, &str) -> bool) -> Vec<String> {
+    fn cycles(&self, root: &Path) -> Vec<String> {
         let mut edges = self.imports();
         edges.retain(|(a, b), _| {
             let (ma, mb) = (&self.files[a], &self.files[b]);
             let nested = ma.0 == mb.0 && (ma.1.starts_with(&mb.1) || mb.1.starts_with(&ma.1));
-            !nested && !allowed(&rel(root, a), &rel(root, b))
+            !nested
         });
         let mut out = Vec::new();
         for ((a, b), at_a) in &edges {

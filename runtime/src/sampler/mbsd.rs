@@ -21,7 +21,7 @@
 //! With `--revision dual-path`, committed tokens stay revisable and the CPU side path
 //! re-checks them (`revision`).
 
-use super::generator::{Canvas, PolicyStep};
+use super::canvas::{Canvas, PolicyStep};
 use super::revision::{SidePath, SideReport, TokenState};
 use super::{committed_prefix, settle_predictions, Generation, Revision, SamplerParams, GUMBEL};
 use crate::error::{Error, Result};

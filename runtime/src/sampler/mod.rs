@@ -33,6 +33,7 @@
 //! implementing `PolicyStep` (which rows a pass computes and what follows from its
 //! predictions), plus its line in `Generator::start`.
 
+mod canvas;
 mod generator;
 mod mbsd;
 mod official;

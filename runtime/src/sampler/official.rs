@@ -2,7 +2,7 @@
 //! `prefix`, `dual` and `spec` (see the module documentation of `sampler`). One pass per step
 //! over the rows the policy recomputes, then the step's commits.
 
-use super::generator::{Canvas, PolicyStep};
+use super::canvas::{Canvas, PolicyStep};
 use super::{committed_prefix, settle_predictions, Policy, SamplerParams, GUMBEL};
 use crate::error::Result;
 use crate::session::Session;

@@ -1,0 +1,210 @@
+//! What every policy shares over a generation: the canvas being denoised, where the
+//! generation is, its records, and the `PolicyStep` a policy implements. Below the generator,
+//! which owns the policies and the canvas.
+
+use llada_ir::SpecialTokens;
+
+use super::{commits_per_step, Candidate, Generation, Policy, Predictor, SamplerParams, StepView};
+use crate::error::Result;
+use crate::session::Session;
+use crate::topk::topk_in;
+
+/// One policy's part of a step: which rows the pass computes, and what follows from its
+/// predictions. The block schedule, the records and the view are the generator's.
+pub(crate) trait PolicyStep: Send {
+    /// One step of block `c.block` (its step `c.i`), committing `scheduled` positions (or as
+    /// the threshold rule says) into `c`.
+    fn step(&mut self, session: &mut Session, c: &mut Canvas, scheduled: usize) -> Result<()>;
+    /// Adds what the policy reports to the finished generation.
+    fn report(&mut self, _g: &mut Generation) {}
+}
+
+/// The state every policy shares, in buffers sized when the generation starts.
+pub(crate) struct Canvas {
+    pub(crate) p: SamplerParams,
+    pub(crate) special: SpecialTokens,
+    /// Prompt then generation, masks where nothing is committed.
+    pub(crate) x: Vec<u32>,
+    pub(crate) prompt_len: usize,
+    pub(crate) steps_per_block: usize,
+    pub(crate) blocks: usize,
+    /// The current block, the step within it, and the commits its schedule gives each step.
+    pub(crate) block: usize,
+    pub(crate) i: usize,
+    schedule: Vec<usize>,
+    block_started: bool,
+    /// The schedule ends a block when its steps are taken; the dynamic rules (a threshold,
+    /// drafts, `mbsd`) when the block is full.
+    dynamic: bool,
+    /// Steps taken.
+    pub(crate) step: usize,
+    /// Every step's commits and revisions, `[position in generation, token]`, flat, and
+    /// where each step's end.
+    pub(crate) reveals: Vec<[u32; 2]>,
+    reveal_ends: Vec<usize>,
+    pub(crate) revisions: Vec<[u32; 2]>,
+    revision_ends: Vec<usize>,
+    /// Leading generated positions that can no longer change (set by the policy's step).
+    pub(crate) settled: usize,
+    /// Draft per position (`spec`, `mbsd`): the token predicted while its block was speculative.
+    pub(crate) drafts: Vec<Option<u32>>,
+    pub(crate) drafts_confirmed: u64,
+    pub(crate) predictor: Predictor,
+    pub(crate) candidates: Vec<Candidate>,
+    /// Positions whose logits a pass returns.
+    pub(crate) head: Vec<u32>,
+    selection: Selection,
+}
+
+/// `commit_best`'s working memory: the whole sequence's confidences as the official `topk`
+/// sees them.
+struct Selection {
+    confidence: Vec<f32>,
+    token: Vec<Option<u32>>,
+    queue: Vec<(f32, usize)>,
+}
+
+impl Canvas {
+    /// The canvas of a generation of `prompt` with `p` (`steps_per_block` from its
+    /// validation), every buffer sized for the whole generation.
+    pub(super) fn new(p: &SamplerParams, steps_per_block: usize, prompt: &[u32], special: SpecialTokens, predictor: Predictor) -> Canvas {
+        let len = prompt.len() + p.gen_length;
+        let blocks = p.gen_length / p.block_length;
+        // A block takes its scheduled steps, or at most one per token under a dynamic rule
+        // (every step then commits at least one).
+        let most_steps = blocks * steps_per_block.max(p.block_length);
+        let drafting = matches!(p.policy, Policy::Spec | Policy::Mbsd) && p.spec_blocks > 0;
+        let mbsd = p.policy == Policy::Mbsd;
+        Canvas {
+            x: prompt.iter().copied().chain(std::iter::repeat_n(special.mask, p.gen_length)).collect(),
+            special,
+            prompt_len: prompt.len(),
+            steps_per_block,
+            blocks,
+            block: 0,
+            i: 0,
+            schedule: Vec::with_capacity(steps_per_block),
+            block_started: false,
+            dynamic: mbsd || p.threshold.is_some() || drafting,
+            step: 0,
+            // Each position is committed once (revisions replace tokens, never re-mask them).
+            reveals: Vec::with_capacity(p.gen_length),
+            reveal_ends: Vec::with_capacity(most_steps),
+            // A side job checks at most half its rows' tokens, at most the generation.
+            revisions: Vec::with_capacity(if mbsd { most_steps * p.gen_length.min(p.side_rows.unwrap_or(p.gen_length)) } else { 0 }),
+            revision_ends: Vec::with_capacity(most_steps),
+            settled: 0,
+            drafts: vec![None; len],
+            drafts_confirmed: 0,
+            predictor,
+            candidates: Vec::with_capacity(len),
+            head: Vec::with_capacity(len),
+            selection: Selection { confidence: vec![f32::NEG_INFINITY; len], token: vec![None; len], queue: Vec::with_capacity(len) },
+            p: *p,
+        }
+    }
+
+    /// Closes the step just taken: its records end here.
+    pub(super) fn end_step(&mut self) {
+        self.i += 1;
+        self.step += 1;
+        self.reveal_ends.push(self.reveals.len());
+        self.revision_ends.push(self.revisions.len());
+    }
+
+    pub(super) fn reveals_per_step(&self) -> Vec<Vec<[u32; 2]>> {
+        Canvas::per_step(&self.reveals, &self.reveal_ends)
+    }
+
+    pub(super) fn revisions_per_step(&self) -> Vec<Vec<[u32; 2]>> {
+        Canvas::per_step(&self.revisions, &self.revision_ends)
+    }
+
+    /// First and one-past-last position of the current block.
+    pub(crate) fn block_range(&self) -> (usize, usize) {
+        let start = self.prompt_len + self.block * self.p.block_length;
+        (start, start + self.p.block_length)
+    }
+
+    /// Commits the top `scheduled` candidates by confidence (or as the threshold rule says)
+    /// into `x` and this step's reveals, in the order they are selected. The selection is the
+    /// official one: PyTorch's `topk` over the whole sequence's confidences, `-inf` where a
+    /// position is not a candidate (`topk.rs`), so equal confidences at the k boundary are
+    /// chosen as the official code chooses them. A position `topk` returns that is not a
+    /// candidate (a draft was confirmed there, leaving fewer candidates than `k`) is kept as
+    /// it is, as `torch.where(mask_index, x0, x)` keeps it.
+    pub(crate) fn commit_best(&mut self, scheduled: usize) {
+        let k = match self.p.threshold {
+            Some(t) => self.candidates.iter().filter(|c| c.confidence >= t).count().max(1),
+            None => scheduled,
+        };
+        let s = &mut self.selection;
+        s.confidence.fill(f32::NEG_INFINITY);
+        s.token.fill(None);
+        for c in &self.candidates {
+            s.confidence[c.position] = c.confidence;
+            s.token[c.position] = Some(c.token);
+        }
+        for position in topk_in(&s.confidence, k, &mut s.queue) {
+            if let Some(t) = s.token[position] {
+                self.x[position] = t;
+                self.reveals.push([(position - self.prompt_len) as u32, t]);
+            }
+        }
+    }
+
+    /// The step's `scheduled` commits, or `None` when the generation is over; moves to the
+    /// next block when the current one is done.
+    pub(super) fn next_step(&mut self) -> Option<usize> {
+        let mask = self.special.mask;
+        loop {
+            if self.block == self.blocks {
+                return None;
+            }
+            let (start, end) = self.block_range();
+            if !self.block_started {
+                let masked = self.x[start..end].iter().filter(|&&t| t == mask).count();
+                commits_per_step(masked, self.steps_per_block, &mut self.schedule);
+                self.block_started = true;
+            }
+            let scheduled = if self.dynamic {
+                self.x[start..end].contains(&mask).then(|| self.schedule.get(self.i).copied().unwrap_or(1).max(1))
+            } else {
+                self.schedule.get(self.i).copied()
+            };
+            if scheduled.is_some() {
+                return scheduled;
+            }
+            self.block += 1;
+            self.i = 0;
+            self.block_started = false;
+        }
+    }
+
+    pub(super) fn view(&self) -> StepView<'_> {
+        let n = self.reveal_ends.len();
+        let step_range = |ends: &[usize]| if n == 0 { 0..0 } else { n.checked_sub(2).map_or(0, |i| ends[i])..ends[n - 1] };
+        StepView {
+            step: self.step,
+            steps: self.p.steps,
+            canvas: &self.x,
+            prompt_len: self.prompt_len,
+            committed: &self.reveals[step_range(&self.reveal_ends)],
+            revised: &self.revisions[step_range(&self.revision_ends)],
+            settled: self.settled,
+        }
+    }
+
+    /// Every step's records, one list per step.
+    fn per_step(flat: &[[u32; 2]], ends: &[usize]) -> Vec<Vec<[u32; 2]>> {
+        let mut start = 0;
+        ends.iter()
+            .map(|&end| {
+                let step = flat[start..end].to_vec();
+                start = end;
+                step
+            })
+            .collect()
+    }
+}
+
