@@ -34,17 +34,6 @@ impl Pool {
         pool.broadcast(|_| ());
         Ok(Pool(Arc::new(Threads { pool: Some(pool), handles })))
     }
-
-    /// A pool of one thread, the calling one: its parallel loops run where they are called,
-    /// with no hand-off (the CPU side path's worker thread, which runs one job at a time).
-    /// On a thread that already is one of a pool's, a pool of one thread of its own.
-    pub fn this_thread() -> Result<Pool, rayon::ThreadPoolBuildError> {
-        if rayon::current_thread_index().is_some() {
-            return Pool::new(1, "llada-side");
-        }
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(1).use_current_thread().build()?;
-        Ok(Pool(Arc::new(Threads { pool: Some(pool), handles: Arc::default() })))
-    }
 }
 
 impl std::ops::Deref for Pool {

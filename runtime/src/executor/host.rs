@@ -87,10 +87,8 @@ impl HostExecutor {
     /// An executor for the CPU side path: it reads every weight from the artifact itself
     /// (never from the accelerator window's resident segments or slots), so it runs
     /// alongside the accelerator path without touching its weights or staging.
-    /// Its one thread is the calling one (see [`Pool::this_thread`]): create it on the thread
-    /// that runs it.
-    pub fn cpu_side_path(model: &Model, features: Features) -> HostExecutor {
-        let pool = Pool::this_thread().expect("a pool of the calling thread starts");
+    /// Its kernels run on `pool`.
+    pub fn cpu_side_path(model: &Model, pool: Pool, features: Features) -> HostExecutor {
         let mut e = HostExecutor::with_pool(model, pool, features);
         e.homes.iter_mut().for_each(|h| *h = Home::Host);
         e

@@ -30,6 +30,7 @@ use crate::error::{Error, Result};
 use crate::executor::{value_range, HostExecutor, RunInputs};
 use crate::kernels::cpu::Features;
 use crate::model::Model;
+use crate::pool::Pool;
 use crate::session::Session;
 use crate::trace::{Trace, Track};
 use crate::window::Window;
@@ -141,19 +142,28 @@ impl Worker {
         Ok(())
     }
 
-    /// The thread's loop: runs each requested job, until told to quit.
+    /// The thread's work: sets up the worker, then runs each requested job until told to
+    /// quit. The jobs run on the executor's own one-thread pool, entered once here, so their
+    /// parallel loops start inside it and queue nothing.
     fn serve(model: Model, features: Features, per_job: usize, shared: &Shared, trace: Option<Arc<Trace>>) {
         let vocab = model.header.model.embedding_size as usize;
-        // Created here: the executor's pool is this thread.
-        let executor = catch_unwind(AssertUnwindSafe(|| HostExecutor::cpu_side_path(&model, features)));
-        let mut worker = executor.ok().map(|executor| Worker {
-            executor,
+        let pool = Pool::new(1, "llada-side-pool").ok();
+        let worker = pool.as_ref().map(|pool| Worker {
+            executor: HostExecutor::cpu_side_path(&model, pool.clone(), features),
             tokens: Vec::with_capacity(2 * per_job),
             positions: Vec::with_capacity(2 * per_job),
             head: Vec::with_capacity(per_job),
             logits: Vec::with_capacity(per_job * vocab),
             model,
         });
+        // The worker is dropped inside; the pool, joined, here (never from its own thread).
+        match &pool {
+            Some(pool) => pool.install(|| Worker::jobs(worker, shared, trace)),
+            None => Worker::jobs(worker, shared, trace),
+        }
+    }
+
+    fn jobs(mut worker: Option<Worker>, shared: &Shared, trace: Option<Arc<Trace>>) {
         let mut job = shared.lock();
         if job.state == JobState::Starting {
             job.state = JobState::Idle;
