@@ -178,22 +178,9 @@ fn run(cli: Cli) -> lladac::Result<()> {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match llada_cli::parse::<Cli>("lladac") {
         Ok(cli) => cli,
-        Err(e) if !e.use_stderr() => {
-            // --help and --version.
-            let _ = e.print();
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            // One line: clap's error line (plus its tip, if it has one).
-            let text = e.render().to_string();
-            let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-            let first = lines.next().unwrap_or("error: invalid arguments");
-            let tip = lines.find(|l| l.trim_start().starts_with("tip:")).map(|t| format!(" ({})", t.trim())).unwrap_or_default();
-            eprintln!("{first}{tip}; see lladac --help");
-            return ExitCode::from(2);
-        }
+        Err(status) => return status,
     };
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
