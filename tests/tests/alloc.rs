@@ -95,11 +95,13 @@ fn count_steps(session: &mut Session, prompt: &[u32], p: &SamplerParams) -> (usi
 
 /// The policies counted, over `base`: exact, dual, mbsd (one speculative block, dual-path
 /// revision) and exact sampling at a temperature.
-fn policies(base: SamplerParams) -> [SamplerParams; 4] {
+fn policies(base: SamplerParams) -> [SamplerParams; 5] {
     [
         SamplerParams { policy: Policy::Exact, ..base },
         SamplerParams { policy: Policy::Dual, ..base },
         SamplerParams { policy: Policy::Mbsd, spec_blocks: 1, ..base },
+        // Side passes of a size no graph has: padded to the next one.
+        SamplerParams { policy: Policy::Mbsd, spec_blocks: 1, side_rows: Some(6), revise_confidence: 0.01, ..base },
         SamplerParams { policy: Policy::Exact, temperature: 0.5, seed: 1, ..base },
     ]
 }

@@ -33,7 +33,7 @@ use std::time::Instant;
 
 use llada_ir::{Header, Op, TensorId};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Setting};
 use crate::kernels::cpu::Features;
 use crate::kernels::gemm::gemm;
 use crate::model::Model;
@@ -346,13 +346,13 @@ impl<'m> Experts<'m> {
         let plan = &h.plan.window.experts;
         let (per_layer, slots_per_layer, layers) = (plan.per_layer as usize, plan.slots_per_layer as usize, h.model.n_layers as usize);
         if strategy != ExpertStrategy::Lru && cpu_threads == 0 {
-            return Err(Error::request(format!("--experts {} runs experts on the CPU path: --cpu-threads must be at least 1", strategy.name())));
+            return Err(Error::setting(Setting::CpuThreads, format!("0 must be at least 1: experts {} runs experts on the CPU path", strategy.name())));
         }
         if strategy == ExpertStrategy::Lru && slots_per_layer == 0 {
-            return Err(Error::request(format!(
-                "--experts lru runs every expert on the accelerator, but {}'s window has no expert slots; recompile with a larger --window-bytes or use --experts hybrid",
-                model.path.display()
-            )));
+            return Err(Error::setting(
+                Setting::Experts,
+                format!("lru runs every expert on the accelerator, but {}'s window has no expert slots; recompile with a larger --window-bytes or use hybrid experts", model.path.display()),
+            ));
         }
         let (shape, top_k) = (layout.shape, layout.top_k);
         let max_rows = h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize;

@@ -66,15 +66,15 @@ struct Selection {
 
 impl Canvas {
     /// The canvas of a generation of `prompt` with `p` (`steps_per_block` from its
-    /// validation), every buffer sized for the whole generation.
-    pub(super) fn new(p: &SamplerParams, steps_per_block: usize, prompt: &[u32], special: SpecialTokens, predictor: Predictor) -> Canvas {
+    /// validation), every buffer sized for the whole generation; `revised_per_step`: the
+    /// most revisions one step can make (the tokens a side pass checks; 0 without one).
+    pub(super) fn new(p: &SamplerParams, steps_per_block: usize, prompt: &[u32], special: SpecialTokens, predictor: Predictor, revised_per_step: usize) -> Canvas {
         let len = prompt.len() + p.gen_length;
         let blocks = p.gen_length / p.block_length;
-        // A block takes its scheduled steps, or at most one per token under a dynamic rule
-        // (every step then commits at least one).
-        let most_steps = blocks * steps_per_block.max(p.block_length);
         let drafting = matches!(p.policy, Policy::Spec | Policy::Mbsd) && p.spec_blocks > 0;
-        let mbsd = p.policy == Policy::Mbsd;
+        let dynamic = p.policy == Policy::Mbsd || p.threshold.is_some() || drafting;
+        // The schedule takes `steps`; a dynamic rule commits at least one token a step.
+        let most_steps = if dynamic { p.gen_length } else { p.steps };
         Canvas {
             x: prompt.iter().copied().chain(std::iter::repeat_n(special.mask, p.gen_length)).collect(),
             special,
@@ -85,13 +85,12 @@ impl Canvas {
             i: 0,
             schedule: Vec::with_capacity(steps_per_block),
             block_started: false,
-            dynamic: mbsd || p.threshold.is_some() || drafting,
+            dynamic,
             step: 0,
             // Each position is committed once (revisions replace tokens, never re-mask them).
             reveals: Vec::with_capacity(p.gen_length),
             reveal_ends: Vec::with_capacity(most_steps),
-            // A side job checks at most half its rows' tokens, at most the generation.
-            revisions: Vec::with_capacity(if mbsd { most_steps * p.gen_length.min(p.side_rows.unwrap_or(p.gen_length)) } else { 0 }),
+            revisions: Vec::with_capacity(most_steps * revised_per_step),
             revision_ends: Vec::with_capacity(most_steps),
             settled: 0,
             drafts: vec![None; len],

@@ -2,8 +2,9 @@
 //! (and revisions) per [`Generator::step`]. `generate`, streaming, cancellation and the C
 //! API's callback are loops over it; a policy is a [`PolicyStep`] (one file each).
 //!
-//! Everything a step touches is sized in [`Generator::start`]: the steps themselves allocate
-//! nothing (the `alloc` end-to-end test counts).
+//! Everything a step touches is sized in [`Generator::start`], so the steps allocate nothing
+//! of their own (the `alloc` end-to-end test counts; what remains is rayon's queue block for
+//! the step's entry into the pool, one per 63 steps, and the labels of a trace when tracing).
 
 use std::time::Instant;
 
@@ -44,12 +45,16 @@ impl<'s, 'm> Generator<'s, 'm> {
             )));
         }
         let spec_blocks = if matches!(p.policy, Policy::Spec | Policy::Mbsd) { p.spec_blocks } else { 0 };
-        let policy: Box<dyn PolicyStep> = match p.policy {
-            Policy::Mbsd => Box::new(mbsd::Mbsd::new(session, p, len)?),
-            _ => Box::new(official::Official::new(p, prompt, len, special.mask)),
+        let (policy, revised_per_step): (Box<dyn PolicyStep>, usize) = match p.policy {
+            Policy::Mbsd => {
+                let m = mbsd::Mbsd::new(session, p, len)?;
+                let checked = m.checked_per_step();
+                (Box::new(m), checked)
+            }
+            _ => (Box::new(official::Official::new(p, prompt, len, special.mask)), 0),
         };
         let predictor = Predictor::for_session(session, p.block_length * (1 + spec_blocks));
-        let canvas = Canvas::new(p, steps_per_block, prompt, special, predictor);
+        let canvas = Canvas::new(p, steps_per_block, prompt, special, predictor, revised_per_step);
         let before = session.counters;
         Ok(Generator { session, canvas, policy, start: Instant::now(), before, failed: false })
     }
@@ -65,11 +70,11 @@ impl<'s, 'm> Generator<'s, 'm> {
         // The whole step on a thread of the session's pool: the kernels' parallel loops then
         // start from inside it, not as jobs sent from outside, which rayon queues in
         // allocated blocks.
-        let run = session.pool_handle().install(|| policy.step(session, canvas, scheduled));
-        if let Err(e) = run {
-            self.failed = true;
-            return Err(e);
-        }
+        // Failed until it succeeds: a step left half done (an error, a caught panic) ends
+        // the generation.
+        self.failed = true;
+        session.pool_handle().install(|| policy.step(session, canvas, scheduled))?;
+        self.failed = false;
         self.canvas.end_step();
         Ok(Some(self.canvas.view()))
     }
@@ -79,7 +84,8 @@ impl<'s, 'm> Generator<'s, 'm> {
         self.canvas.view()
     }
 
-    /// What the generation did (called before it is complete: what it did so far).
+    /// What the generation did (called before it is complete: what it did so far; after a
+    /// failed step, `output_ids` may hold commits of that step which `reveals` lacks).
     pub fn finish(mut self) -> Generation {
         let c = &self.canvas;
         let mut g = Generation {

@@ -138,6 +138,13 @@ impl Mbsd {
     }
 }
 
+impl Mbsd {
+    /// The most tokens one step's merge can revise: those a side pass checks.
+    pub(super) fn checked_per_step(&self) -> usize {
+        self.side.as_ref().map_or(0, SidePath::per_job)
+    }
+}
+
 impl PolicyStep for Mbsd {
     fn step(&mut self, session: &mut Session, c: &mut Canvas, scheduled: usize) -> Result<()> {
         let (mask, len, prompt_len) = (c.special.mask, c.x.len(), c.prompt_len);

@@ -71,6 +71,8 @@ enum JobState {
     Done,
     /// The side path is being dropped: the worker exits.
     Quit,
+    /// The worker panicked outside a job's own guard and is gone.
+    Failed,
 }
 
 /// The one job between the two threads, in buffers sized once. The worker holds its lock
@@ -148,10 +150,12 @@ impl Worker {
     fn serve(model: Model, features: Features, per_job: usize, shared: &Shared, trace: Option<Arc<Trace>>) {
         let vocab = model.header.model.embedding_size as usize;
         let pool = Pool::new(1, "llada-side-pool").ok();
+        // A pass's rows are padded to its graph's.
+        let rows = model.graph_for_rows(2 * per_job).map_or(2 * per_job, |g| model.graph(g).rows as usize);
         let worker = pool.as_ref().map(|pool| Worker {
             executor: HostExecutor::cpu_side_path(&model, pool.clone(), features),
-            tokens: Vec::with_capacity(2 * per_job),
-            positions: Vec::with_capacity(2 * per_job),
+            tokens: Vec::with_capacity(rows),
+            positions: Vec::with_capacity(rows),
             head: Vec::with_capacity(per_job),
             logits: Vec::with_capacity(per_job * vocab),
             model,
@@ -171,7 +175,7 @@ impl Worker {
         }
         loop {
             match job.state {
-                JobState::Quit => return,
+                JobState::Quit | JobState::Failed => return,
                 JobState::Requested => {}
                 JobState::Starting | JobState::Idle | JobState::Done => {
                     job = shared.changed.wait(job).unwrap_or_else(|e| e.into_inner());
@@ -234,15 +238,29 @@ impl SidePath {
         let (thread_model, features, trace, thread_shared) = (model.share(), session.features(), session.trace(), shared.clone());
         let thread = std::thread::Builder::new()
             .name("llada-side".into())
-            .spawn(move || Worker::serve(thread_model, features, per_job, &thread_shared, trace))
+            .spawn(move || {
+                // A panic in the setup or between jobs must not leave the dense path waiting.
+                if catch_unwind(AssertUnwindSafe(|| Worker::serve(thread_model, features, per_job, &thread_shared, trace))).is_err() {
+                    thread_shared.lock().state = JobState::Failed;
+                    thread_shared.changed.notify_all();
+                }
+            })
             .map_err(|e| Error::io("starting the CPU side path's thread", e))?;
         // Set up before the generation's first step (nothing of it is left to the steps).
         let mut job = shared.lock();
         while job.state == JobState::Starting {
             job = shared.changed.wait(job).unwrap_or_else(|e| e.into_inner());
         }
+        if job.state == JobState::Failed {
+            return Err(Error::Internal("the CPU side path's thread failed while starting".to_string()));
+        }
         drop(job);
         Ok(SidePath { shared, thread: Some(thread), running: false, per_job, fresh: Vec::with_capacity(per_job), report: SideReport::default() })
+    }
+
+    /// Tokens one side pass checks.
+    pub(super) fn per_job(&self) -> usize {
+        self.per_job
     }
 
     /// The merge point after a dense pass that stored keys and values at `dense_stored`
@@ -266,10 +284,14 @@ impl SidePath {
     ) -> Result<()> {
         let wait = Instant::now();
         let mut job = self.shared.lock();
-        if std::mem::take(&mut self.running) {
-            while job.state == JobState::Requested {
-                job = self.shared.changed.wait(job).unwrap_or_else(|e| e.into_inner());
-            }
+        let running = std::mem::take(&mut self.running);
+        while running && job.state == JobState::Requested {
+            job = self.shared.changed.wait(job).unwrap_or_else(|e| e.into_inner());
+        }
+        if job.state == JobState::Failed {
+            return Err(Error::Internal("the CPU side path's thread failed".to_string()));
+        }
+        if running {
             self.report.stall_seconds += wait.elapsed().as_secs_f64();
             job.state = JobState::Idle;
             if let Some(e) = job.error.take() {
