@@ -1,6 +1,7 @@
 //! What `lladac` and `llada-rt` share around their `main`: command-line errors as one line
 //! with the usage exit status.
 
+use std::fmt::Display;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -17,6 +18,23 @@ pub fn parse<C: Parser>(program: &str) -> Result<C, ExitCode> {
         Err(e) => {
             eprintln!("{}", one_line(&e.render().to_string(), program));
             Err(ExitCode::from(2))
+        }
+    }
+}
+
+/// A command's `main`: parses the command line of `program` (see [`parse`]), runs it, and
+/// prints an error as `error: ...`, ending with status 2 where `usage` says the error is the
+/// caller's (a setting out of range), 1 otherwise.
+pub fn main<C: Parser, E: Display>(program: &str, run: impl FnOnce(C) -> Result<(), E>, usage: impl Fn(&E) -> bool) -> ExitCode {
+    let cli = match parse::<C>(program) {
+        Ok(cli) => cli,
+        Err(status) => return status,
+    };
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            if usage(&e) { ExitCode::from(2) } else { ExitCode::FAILURE }
         }
     }
 }

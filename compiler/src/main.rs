@@ -178,17 +178,7 @@ fn run(cli: Cli) -> lladac::Result<()> {
 }
 
 fn main() -> ExitCode {
-    let cli = match llada_cli::parse::<Cli>("lladac") {
-        Ok(cli) => cli,
-        Err(status) => return status,
-    };
-    match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    llada_cli::main::<Cli, _>("lladac", run, |_| false)
 }
 
 #[cfg(test)]

@@ -692,18 +692,8 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    let cli = match llada_cli::parse::<Cli>("llada-rt") {
-        Ok(cli) => cli,
-        Err(status) => return status,
-    };
-    match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            // A setting out of range is a usage error, as clap's own are.
-            if matches!(e, Error::Setting { .. }) { ExitCode::from(2) } else { ExitCode::FAILURE }
-        }
-    }
+    // A setting out of range is a usage error, as clap's own are.
+    llada_cli::main::<Cli, _>("llada-rt", run, |e| matches!(e, Error::Setting { .. }))
 }
 
 /// The dense and side paths' figures of `mbsd` runs, for people.
