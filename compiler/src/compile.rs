@@ -141,18 +141,25 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     if !opts.model.exists() {
         return Err(Error::NotFound { path: opts.model.clone() });
     }
-    // An ONNX export's config and tokenizer files sit beside it.
-    let from_onnx = onnx::is_onnx(&opts.model);
-    let dir = &if from_onnx { opts.model.parent().unwrap_or(Path::new(".")).to_path_buf() } else { opts.model.clone() };
-    if from_onnx && !dir.join("config.json").exists() {
+    // An ONNX export's config and tokenizer files sit beside it; a directory holding one
+    // `.onnx` file and no safetensors (as Optimum lays an export out) names that export.
+    let onnx_file = if onnx::is_onnx(&opts.model) { Some(opts.model.clone()) } else { onnx::export_in(&opts.model) };
+    let dir = &match &onnx_file {
+        Some(f) => f.parent().unwrap_or(Path::new(".")).to_path_buf(),
+        None => opts.model.clone(),
+    };
+    if onnx_file.is_some() && !dir.join("config.json").exists() {
         return Err(Error::Onnx {
-            path: opts.model.clone(),
+            path: onnx_file.clone().unwrap_or_default(),
             msg: "no config.json beside it: an ONNX graph carries no model config or tokenizer, so lladac reads the checkpoint's config.json and tokenizer files from the .onnx file's directory (as Hugging Face Optimum's exports place them)".into(),
         });
     }
     let (cfg, mut warnings) = config::load(dir)?;
     let target = llada_targets::by_name(&opts.target).map_err(Error::Options)?;
-    let ckpt = if from_onnx { onnx::open(&opts.model, &cfg)? } else { Checkpoint::open(dir)? };
+    let ckpt = match &onnx_file {
+        Some(f) => onnx::open(f, &cfg)?,
+        None => Checkpoint::open(dir)?,
+    };
     let (tok_spec, special) = tokenizer::load(dir, &cfg)?;
 
     let (d, hd, f) = (cfg.d_model, cfg.head_dim(), cfg.mlp_hidden);
