@@ -187,3 +187,59 @@ fn exports_replay_the_official_goldens_and_narrow_ones_give_the_narrow_checkpoin
         }
     }
 }
+
+/// `lladac compile` of `model` fails with one line holding `needles`, a non-zero exit and
+/// nothing written.
+fn refused(model: &Path, needles: &[&str]) {
+    let dir = model.parent().unwrap();
+    let before = common::leftovers(dir);
+    let out = dir.join("out.lad");
+    let o = common::run("lladac", &["compile", "--model", model.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    common::assert_clean_failure(&o, needles);
+    assert_eq!(common::leftovers(dir), before, "a failed compile left files behind");
+}
+
+/// A copy of export `name` whose config.json has `edit` applied to its text.
+fn with_config(dir: &Path, name: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
+    let src = repo().join("tests/data/onnx-public").join(name);
+    let dst = dir.join(name);
+    std::fs::create_dir_all(&dst).unwrap();
+    for f in std::fs::read_dir(&src).unwrap() {
+        let p = f.unwrap().path();
+        std::fs::copy(&p, dst.join(p.file_name().unwrap())).unwrap();
+    }
+    let cfg = dst.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(&cfg, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    dst.join("model.onnx")
+}
+
+/// A config that disagrees with what the graph fixes is refused naming the key and both
+/// values, for the decomposed ops of opset 18 and the fused ones of opset 23 alike.
+#[test]
+fn a_config_that_disagrees_with_the_graph_is_refused_naming_the_key_and_both_values() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: &[(&str, serde_json::Value, &[&str])] = &[
+        ("rope_theta", 10000.0.into(), &["config.json says rope_theta 10000", "rope_theta 500000"]),
+        ("rms_norm_eps", 1e-6.into(), &["config.json says rms_norm_eps 1e-6", "epsilon 1e-5"]),
+        ("n_heads", 8.into(), &["config.json says n_heads 8", "4 heads of 32"]),
+        ("d_model", 256.into(), &["config.json says d_model 256", "d_model 128"]),
+        ("n_kv_heads", 2.into(), &["config.json says n_kv_heads 2", "gives 4 heads"]),
+        ("mlp_hidden_size", 512.into(), &["config.json says mlp_hidden_size 512", "384 wide"]),
+        ("n_layers", 3.into(), &["config.json says n_layers 3", "4 LLaDA blocks"]),
+    ];
+    for export in ["A-dynamo-opset18-dynamic", "A-dynamo-opset23-static", "A-torchscript-opset17-bf16"] {
+        for (key, value, want) in cases {
+            let path = with_config(dir.path(), export, |c| c[*key] = value.clone());
+            let needles: Vec<&str> = want.iter().copied().chain(["model.onnx"]).collect();
+            refused(&path, &needles);
+        }
+    }
+    // The vocabulary: embedding_size where the config separates it from vocab_size.
+    let path = with_config(dir.path(), "A-dynamo-default-static", |c| {
+        c["vocab_size"] = 400.into();
+        c["embedding_size"] = 400.into();
+    });
+    refused(&path, &["config.json says vocab_size 400", "320 rows"]);
+}

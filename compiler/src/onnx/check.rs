@@ -8,7 +8,7 @@ use super::recognise::{Recognised, RotaryTable};
 use super::tensor::Elem;
 
 fn disagree(key: &str, config: impl std::fmt::Display, graph: String) -> String {
-    format!("config.json's {key} is {config}, but {graph}; correct config.json (or re-export from the checkpoint it belongs to)")
+    format!("config.json says {key} {config}, but {graph}; correct config.json (or re-export from the checkpoint it belongs to)")
 }
 
 pub fn against_config(found: &Recognised, cfg: &LladaConfig) -> Result<(), String> {
@@ -52,7 +52,7 @@ pub fn against_config(found: &Recognised, cfg: &LladaConfig) -> Result<(), Strin
         // The exporter stores epsilon as a float32 (or narrower) constant.
         let tol = elem.epsilon().max(Elem::F32.epsilon()) * 2.0;
         if ((eps - cfg.rms_eps) / cfg.rms_eps).abs() > tol {
-            return Err(disagree("rms_norm_eps", cfg.rms_eps, format!("{} adds epsilon {eps:e}", node.label())));
+            return Err(disagree("rms_norm_eps", format!("{:e}", cfg.rms_eps), format!("{} adds RMSNorm epsilon {:e}", node.label(), *eps as f32)));
         }
     }
     rotary(&found.rotary, cfg)
@@ -90,8 +90,8 @@ fn rotary(tables: &[RotaryTable], cfg: &LladaConfig) -> Result<(), String> {
         let worst = (0..rows).flat_map(|p| (0..cols).map(move |c| (p, c))).map(|(p, c)| (values[p * cols + c] - expected(cfg.rope_theta, p, c)).abs()).fold(0.0, f64::max);
         if worst > tol {
             let graph = match graph_theta(tables, hd) {
-                Some(theta) => format!("{}'s rotary tables are those of rope_theta {}", t.node.label(), round_sig(theta)),
-                None => format!("{}'s rotary tables differ from its tables by up to {worst:.3}", t.node.label()),
+                Some(theta) => format!("the rotary tables {} multiplies by are those of rope_theta {}", t.node.label(), round_sig(theta)),
+                None => format!("the rotary tables {} multiplies by differ from that base's by up to {worst:.3}", t.node.label()),
             };
             return Err(disagree("rope_theta", cfg.rope_theta, graph));
         }

@@ -465,7 +465,7 @@ fn infer(node: &Node, inputs: &[Option<&Value>], opset: i64) -> Result<Vec<Value
 }
 
 pub fn unknown_op() -> String {
-    "not an op lladac knows LLaDA's exports to use".into()
+    format!("not an op of LLaDA's forward pass; lladac recognises LLaDA blocks built from {}, and folds the shape arithmetic around them", super::recognise::known_ops())
 }
 
 /// Evaluates a node whose inputs are all constants.

@@ -322,7 +322,7 @@ pub fn recognise<'g>(f: &Folded<'g>) -> Result<Recognised<'g>, String> {
                 same.ok_or_else(mixes)?
             }
             _ => {
-                return Err(format!("{}: not an op of LLaDA's forward pass; lladac recognises LLaDA blocks built from {}", node.label(), known_ops()));
+                return Err(format!("{}: {}", node.label(), super::fold::unknown_op()));
             }
         };
         for o in &node.outputs {
