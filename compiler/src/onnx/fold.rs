@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 
 use super::proto::{Attr, Graph, Node};
-use super::tensor::{strides, Elem, Tensor};
+use super::tensor::{strides, Elem, Tensor, FOLD_LIMIT};
 
 /// A value of the graph at the compiled shape: a constant, or one that depends on the tokens.
 #[derive(Clone)]
@@ -202,6 +202,12 @@ fn broadcast_index(from: &[usize], out: &[usize]) -> Vec<usize> {
     idx
 }
 
+/// Refuses to fold an output past `FOLD_LIMIT` elements (or whose size overflows): shape
+/// arithmetic and tables are small, and a malformed file must not exhaust memory.
+fn small(dims: &[usize]) -> Result<usize, String> {
+    dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).filter(|&n| n <= FOLD_LIMIT).ok_or_else(|| format!("folding would build a constant of shape {dims:?}, past what lladac folds ({FOLD_LIMIT} elements)"))
+}
+
 /// A constant input that must be there.
 fn need<'a>(ins: &[Option<&'a Tensor>], i: usize, what: &str) -> Result<&'a Tensor, String> {
     ins.get(i).copied().flatten().ok_or_else(|| format!("needs its {what} input"))
@@ -231,7 +237,7 @@ fn slice_plan(node: &Node, dims: &[usize], ins: &[Option<&Tensor>]) -> Result<Ve
             return Err("a slice step of 0".into());
         }
         let norm = |v: i64, lo: i64, hi: i64| (if v < 0 { v + d } else { v }).clamp(lo, hi);
-        let (start, end) = if step > 0 { (norm(starts[k], 0, d), norm(*ends.get(k).ok_or("fewer ends than starts")?, 0, d)) } else { (norm(starts[k], -1, d - 1), norm(ends[k], -1, d - 1)) };
+        let (start, end) = if step > 0 { (norm(starts[k], 0, d), norm(*ends.get(k).ok_or("fewer ends than starts")?, 0, d)) } else { (norm(starts[k], -1, d - 1), norm(*ends.get(k).ok_or("fewer ends than starts")?, -1, d - 1)) };
         let count = if step > 0 { (end - start + step - 1).max(0) / step } else { (start - end - step - 1).max(0) / -step };
         plan[ax] = (start, step, count as usize);
     }
@@ -271,7 +277,13 @@ fn split_sizes(node: &Node, ins: &[Option<&Tensor>], dim: usize, opset: i64) -> 
     let n_out = node.outputs.len();
     let given = if opset >= 13 { ins.get(1).copied().flatten().map(|t| t.i64s().map(|v| v.into_owned())).transpose()? } else { node.ints("split").map(|v| v.to_vec()) };
     Ok(match given {
-        Some(s) => s.into_iter().map(|x| x.max(0) as usize).collect(),
+        Some(s) => {
+            let s: Vec<usize> = s.into_iter().map(|x| x.max(0) as usize).collect();
+            if s.iter().sum::<usize>() != dim {
+                return Err(format!("split sizes {s:?} do not add up to the axis's {dim}"));
+            }
+            s
+        }
         None => {
             let n = node.int("num_outputs").map_or(n_out, |n| n as usize).max(1);
             let each = dim.div_ceil(n);
@@ -285,8 +297,10 @@ fn transpose_perm(node: &Node, rank: usize) -> Result<Vec<usize>, String> {
         Some(p) => p.iter().map(|&a| axis(a, rank)).collect::<Result<_, _>>()?,
         None => (0..rank).rev().collect(),
     };
-    if perm.len() != rank {
-        return Err(format!("perm {perm:?} for rank {rank}"));
+    let mut seen = perm.clone();
+    seen.sort_unstable();
+    if seen != (0..rank).collect::<Vec<_>>() {
+        return Err(format!("perm {perm:?} is not a permutation of rank {rank}"));
     }
     Ok(perm)
 }
@@ -308,6 +322,9 @@ fn squeeze_dims(dims: &[usize], axes: Option<&[i64]>) -> Result<Vec<usize>, Stri
         Some(a) => a.iter().map(|&a| axis(a, dims.len())).collect::<Result<_, _>>()?,
         None => (0..dims.len()).filter(|&i| dims[i] == 1).collect(),
     };
+    if let Some(&a) = ax.iter().find(|&&a| dims[a] != 1) {
+        return Err(format!("squeezes axis {a} of size {}", dims[a]));
+    }
     Ok(dims.iter().enumerate().filter(|(i, _)| !ax.contains(i)).map(|(_, &d)| d).collect())
 }
 
@@ -418,6 +435,9 @@ fn infer(node: &Node, inputs: &[Option<&Value>], opset: i64) -> Result<Vec<Value
             let parts: Vec<Vec<usize>> = inputs.iter().flatten().map(|v| v.dims().to_vec()).collect();
             let first = parts.first().ok_or("no inputs")?.clone();
             let ax = axis(node.int("axis").ok_or("needs axis")?, first.len())?;
+            if parts.iter().any(|p| p.len() != first.len()) {
+                return Err("concatenates tensors of different ranks".into());
+            }
             let mut out = first;
             out[ax] = parts.iter().map(|p| p.get(ax).copied().unwrap_or(0)).sum();
             let elem = inputs.iter().flatten().find(|v| matches!(v, Value::Dyn { .. })).map_or(elem0, |v| v.elem());
@@ -429,6 +449,9 @@ fn infer(node: &Node, inputs: &[Option<&Value>], opset: i64) -> Result<Vec<Value
         }
         "Tile" => {
             let reps = need(&consts, 1, "repeats")?.i64s()?.into_owned();
+            if reps.len() != dims(0)?.len() {
+                return Err("repeats of another rank than the input".into());
+            }
             one(elem0, dims(0)?.iter().zip(reps).map(|(&d, r)| d * r.max(0) as usize).collect())
         }
         "ReduceMean" | "ReduceSum" | "ReduceMax" => {
@@ -460,12 +483,21 @@ fn infer(node: &Node, inputs: &[Option<&Value>], opset: i64) -> Result<Vec<Value
             outs.extend((1..node.outputs.len()).map(|_| Value::Dyn { elem: elem0, dims: vec![] }));
             Ok(outs)
         }
-        _ => Err(unknown_op()),
+        _ => Err(unknown_op(op)),
     }
 }
 
-pub fn unknown_op() -> String {
-    format!("not an op of LLaDA's forward pass; lladac recognises LLaDA blocks built from {}, and folds the shape arithmetic around them", super::recognise::known_ops())
+/// The error for an op lladac does not read, with the fix where the op says what made it.
+pub fn unknown_op(op: &str) -> String {
+    let known = format!("lladac recognises LLaDA blocks built from {}, and folds the shape arithmetic around them", super::recognise::known_ops());
+    let hint = if matches!(op, "QuantizeLinear" | "DequantizeLinear" | "DynamicQuantizeLinear" | "MatMulInteger" | "QLinearMatMul") || op.ends_with("MatMulNBits") {
+        "; export float weights and quantise with `lladac compile --quant`"
+    } else if op.starts_with("com.microsoft::") {
+        "; this is ONNX Runtime's fused op: compile the graph as torch.onnx.export wrote it, before ONNX Runtime's transformer optimisation"
+    } else {
+        ""
+    };
+    format!("not an op of LLaDA's forward pass; {known}{hint}")
 }
 
 /// Evaluates a node whose inputs are all constants.
@@ -518,6 +550,7 @@ fn eval(node: &Node, ins: &[Option<&Tensor>], opset: i64) -> Result<Vec<Tensor>,
         "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" | "Mod" | "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or" => {
             let (a, b) = (x()?, need(ins, 1, "second")?);
             let out = broadcast(&a.dims, &b.dims)?;
+            small(&out)?;
             let (ia, ib) = (broadcast_index(&a.dims, &out), broadcast_index(&b.dims, &out));
             let (va, vb) = (a.f64s()?, b.f64s()?);
             let int = !a.elem.is_float();
@@ -548,6 +581,7 @@ fn eval(node: &Node, ins: &[Option<&Tensor>], opset: i64) -> Result<Vec<Tensor>,
         "Where" => {
             let (c, a, b) = (x()?, need(ins, 1, "second")?, need(ins, 2, "third")?);
             let out = broadcast(&broadcast(&c.dims, &a.dims)?, &b.dims)?;
+            small(&out)?;
             let (ic, ia, ib) = (broadcast_index(&c.dims, &out), broadcast_index(&a.dims, &out), broadcast_index(&b.dims, &out));
             let (vc, va, vb) = (c.f64s()?, a.f64s()?, b.f64s()?);
             let v = (0..ic.len()).map(|k| if vc[ic[k]] != 0.0 { va[ia[k]] } else { vb[ib[k]] }).collect();
@@ -555,17 +589,45 @@ fn eval(node: &Node, ins: &[Option<&Tensor>], opset: i64) -> Result<Vec<Tensor>,
         }
         "Range" => {
             let (s, l, d) = (x()?.scalar().ok_or("start")?, need(ins, 1, "limit")?.scalar().ok_or("limit")?, need(ins, 2, "delta")?.scalar().ok_or("delta")?);
-            let n = ((l - s) / d).ceil().max(0.0) as usize;
+            let n = ((l - s) / d).ceil().max(0.0).min(usize::MAX as f64) as usize;
+            small(&[n])?;
             single(Tensor::floats(x()?.elem, vec![n], (0..n).map(|i| s + i as f64 * d).collect()))
         }
         "ConstantOfShape" => {
             let dims: Vec<usize> = x()?.i64s()?.iter().map(|&d| d.max(0) as usize).collect();
+            small(&dims)?;
             let (elem, v) = match node.attrs.get("value") {
                 Some(Attr::Tensor(t)) => (t.elem, t.scalar().unwrap_or(0.0)),
                 _ => (Elem::F32, 0.0),
             };
             let n = dims.iter().product();
             single(Tensor::floats(elem, dims, vec![v; n]))
+        }
+        "OneHot" => {
+            // TorchScript's repeat_interleave (grouped-query attention) builds its index
+            // pattern from shapes with OneHot.
+            let idx = x()?;
+            let depth = need(ins, 1, "depth")?.scalar().ok_or("a depth that is not a scalar")? as i64;
+            let values = need(ins, 2, "values")?;
+            let [off, on] = values.f64s()?[..] else { return Err("values that are not [off, on]".into()) };
+            let rank = idx.dims.len() + 1;
+            let ax = axis(node.int("axis").unwrap_or(-1), rank)?;
+            let mut out = idx.dims.clone();
+            out.insert(ax, depth.max(0) as usize);
+            small(&out)?;
+            let (outer, inner) = (idx.dims[..ax].iter().product::<usize>(), idx.dims[ax..].iter().product::<usize>());
+            let ids = idx.i64s()?;
+            let mut v = vec![off; out.iter().product()];
+            for o in 0..outer {
+                for i in 0..inner {
+                    let raw = ids[o * inner + i];
+                    let k = if raw < 0 { raw + depth } else { raw };
+                    if (0..depth).contains(&k) {
+                        v[(o * depth as usize + k as usize) * inner + i] = on;
+                    }
+                }
+            }
+            single(Tensor::floats(values.elem, out, v))
         }
         "Reshape" => {
             let t = x()?;
@@ -614,6 +676,9 @@ fn eval(node: &Node, ins: &[Option<&Tensor>], opset: i64) -> Result<Vec<Tensor>,
             let mut out = t.dims[..ax].to_vec();
             out.extend(&idx.dims);
             out.extend(&t.dims[ax + 1..]);
+            if out.iter().product::<usize>() > t.numel() {
+                small(&out)?;
+            }
             let index = (0..outer).flat_map(|o| ids.iter().flat_map(move |&i| (0..inner).map(move |j| (o * t.dims[ax] + i) * inner + j)));
             single(t.select(out, index.collect::<Vec<_>>().into_iter()))
         }
@@ -621,6 +686,9 @@ fn eval(node: &Node, ins: &[Option<&Tensor>], opset: i64) -> Result<Vec<Tensor>,
             let parts: Vec<&Tensor> = ins.iter().flatten().copied().collect();
             let first = parts.first().ok_or("no inputs")?;
             let ax = axis(node.int("axis").ok_or("needs axis")?, first.dims.len())?;
+            if parts.iter().any(|p| p.dims.len() != first.dims.len() || (0..first.dims.len()).any(|d| d != ax && p.dims[d] != first.dims[d])) {
+                return Err("concatenates tensors whose other axes differ".into());
+            }
             let mut out = first.dims.clone();
             out[ax] = parts.iter().map(|p| p.dims[ax]).sum();
             let outer: usize = out[..ax].iter().product();
@@ -653,13 +721,18 @@ fn eval(node: &Node, ins: &[Option<&Tensor>], opset: i64) -> Result<Vec<Tensor>,
             let t = x()?;
             let shape: Vec<usize> = need(ins, 1, "shape")?.i64s()?.iter().map(|&d| d.max(0) as usize).collect();
             let out = broadcast(&t.dims, &shape)?;
+            small(&out)?;
             let index = broadcast_index(&t.dims, &out);
             single(t.select(out, index.into_iter()))
         }
         "Tile" => {
             let t = x()?;
             let reps = need(ins, 1, "repeats")?.i64s()?.into_owned();
-            let out: Vec<usize> = t.dims.iter().zip(&reps).map(|(&d, &r)| d * r.max(0) as usize).collect();
+            if reps.len() != t.dims.len() {
+                return Err("repeats of another rank than the input".into());
+            }
+            let out: Vec<usize> = t.dims.iter().zip(&reps).map(|(&d, &r)| d.saturating_mul(r.max(0) as usize)).collect();
+            small(&out)?;
             let (is, os) = (strides(&t.dims), strides(&out));
             let index = (0..out.iter().product::<usize>()).map(|flat| (0..out.len()).map(|k| ((flat / os[k]) % out[k] % t.dims[k]) * is[k]).sum());
             single(t.select(out.clone(), index))
@@ -693,6 +766,8 @@ fn eval(node: &Node, ins: &[Option<&Tensor>], opset: i64) -> Result<Vec<Tensor>,
         "MatMul" => {
             let (a, b) = (x()?, need(ins, 1, "second")?);
             let out = matmul_dims(&a.dims, &b.dims)?;
+            small(&out)?;
+            small(&[out.iter().product::<usize>(), a.dims[a.dims.len() - 1]])?;
             let (m, k, n) = (a.dims[a.dims.len() - 2], a.dims[a.dims.len() - 1], b.dims[b.dims.len() - 1]);
             let batch: Vec<usize> = out[..out.len() - 2].to_vec();
             let ia = broadcast_index(&a.dims[..a.dims.len() - 2], &batch);
@@ -708,7 +783,7 @@ fn eval(node: &Node, ins: &[Option<&Tensor>], opset: i64) -> Result<Vec<Tensor>,
             }
             single(Tensor::floats(a.elem, out, v))
         }
-        _ => Err(unknown_op()),
+        _ => Err(unknown_op(op)),
     }
 }
 
@@ -763,6 +838,17 @@ mod tests {
         let t = Tensor::floats(Elem::F32, vec![2, 3], (0..6).map(|x| x as f64).collect());
         let tt = eval(&node("Transpose", &[("perm", Attr::Ints(vec![1, 0]))]), &[Some(&t)], 18).unwrap();
         assert_eq!(&*tt[0].f64s().unwrap(), &[0.0, 3.0, 1.0, 4.0, 2.0, 5.0]);
+    }
+
+    #[test]
+    fn one_hot_puts_on_values_at_the_indices_along_its_axis() {
+        let idx = ints(&[1, -1]);
+        let out = eval(&node("OneHot", &[]), &[Some(&idx), Some(&Tensor::scalar_i64(3)), Some(&ints(&[0, 5]))], 18).unwrap();
+        assert_eq!(out[0].dims, [2, 3]);
+        assert_eq!(&*out[0].i64s().unwrap(), &[0, 5, 0, 0, 0, 5]);
+        let out = eval(&node("OneHot", &[("axis", Attr::Int(0))]), &[Some(&idx), Some(&Tensor::scalar_i64(3)), Some(&ints(&[0, 5]))], 18).unwrap();
+        assert_eq!(out[0].dims, [3, 2]);
+        assert_eq!(&*out[0].i64s().unwrap(), &[0, 0, 5, 0, 0, 5]);
     }
 
     #[test]

@@ -245,7 +245,7 @@ pub fn recognise<'g>(f: &Folded<'g>) -> Result<Recognised<'g>, String> {
                             norm_eps.push((node, eps, c.elem));
                         }
                     } else if !all_zero(c) {
-                        return Err(format!("{}: adds a constant of shape {:?} (an attention mask or bias?); LLaDA's bidirectional attention adds none", node.label(), c.dims));
+                        return Err(format!("{}: adds a constant of shape {:?} (an attention mask or bias?); LLaDA's bidirectional attention adds none: export without a mask, or with a mask of all ones", node.label(), c.dims));
                     }
                     *x
                 }
@@ -322,7 +322,7 @@ pub fn recognise<'g>(f: &Folded<'g>) -> Result<Recognised<'g>, String> {
                 same.ok_or_else(mixes)?
             }
             _ => {
-                return Err(format!("{}: {}", node.label(), super::fold::unknown_op()));
+                return Err(format!("{}: {}", node.label(), super::fold::unknown_op(&node.op)));
             }
         };
         for o in &node.outputs {
