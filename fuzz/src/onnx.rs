@@ -1,7 +1,8 @@
-//! Target `onnx`: the ONNX importer (`lladac::onnx::open`: the protobuf checks, onnx-ir's
-//! parse, the recogniser, the weights' extraction). The seed is the PyTorch export of the
-//! embedded model with external data (`tests/data/onnx/external`: a 214 KB graph, so each
-//! execution is quick); each execution mutates the graph file, structure-aware (nodes'
+//! Target `onnx`: the ONNX importer (`lladac::onnx::open`: the protobuf reader, the folding
+//! of shape arithmetic, the recogniser, the config checks, the weights' extraction). The seed
+//! is the PyTorch export of the embedded model with external data (`tests/data/onnx/external`:
+//! a 214 KB graph, so each execution is quick; `--model` picks another, such as the dynamic
+//! public export `tests/data/onnx-public/A-dynamo-opset18-external`); each execution mutates the graph file, structure-aware (nodes'
 //! ops, inputs and order; initializers' shapes, element types and external-data ranges and
 //! paths; the graph's inputs) or as raw bytes, and imports it.
 
