@@ -4,8 +4,8 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::sync::Arc;
 
+use bytes::Bytes;
 use onnx_ir::{AttributeProto, AttributeType, Message, ModelProto, TensorProto};
 
 use super::tensor::{Data, Elem, Tensor};
@@ -74,11 +74,21 @@ pub struct Graph {
     pub initializers: HashMap<String, Tensor>,
 }
 
+/// Maps `path` read-only as shared bytes: initializers parsed from it, or sliced from an
+/// external data file, are views of the mapping, so a model's weights are copied once, into
+/// the checkpoint the compiler takes.
+fn map(path: &Path) -> std::io::Result<Bytes> {
+    let file = std::fs::File::open(path)?;
+    // SAFETY: the mapping is read-only; lladac does not guard against another process
+    // truncating the file while it compiles (as with the safetensors importer's mappings).
+    let map = unsafe { memmap2::Mmap::map(&file) }?;
+    Ok(Bytes::from_owner(map))
+}
+
 /// Reads `path` and any external data files it names (relative to its directory).
 pub fn read(path: &Path) -> Result<Graph, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
-    let model = ModelProto::parse_from_bytes(&bytes).map_err(|e| format!("not a valid ONNX model (truncated or not protobuf): {e}"))?;
-    drop(bytes);
+    let bytes = map(path).map_err(|e| format!("cannot read: {e}"))?;
+    let model = ModelProto::parse_from_tokio_bytes(&bytes).map_err(|e| format!("not a valid ONNX model (truncated or not protobuf): {e}"))?;
     let g = model.graph.as_ref().ok_or("the ONNX model has no graph")?;
     let opset = model.opset_import.iter().find(|o| matches!(o.domain.as_str(), "" | "ai.onnx")).map_or(1, |o| o.version);
     let dir = path.parent().unwrap_or(Path::new("."));
@@ -130,31 +140,28 @@ fn attr(a: &AttributeProto, files: &mut ExternalFiles) -> Result<Attr, String> {
     })
 }
 
-/// External data files, each read once.
+/// External data files, each mapped once.
 struct ExternalFiles<'a> {
     dir: &'a Path,
-    open: HashMap<String, Arc<memmap2::Mmap>>,
+    open: HashMap<String, Bytes>,
 }
 
 impl ExternalFiles<'_> {
-    fn bytes(&mut self, location: &str, offset: usize, length: Option<usize>) -> Result<Arc<[u8]>, String> {
+    fn bytes(&mut self, location: &str, offset: usize, length: Option<usize>) -> Result<Bytes, String> {
         if Path::new(location).is_absolute() || location.split(['/', '\\']).any(|c| c == "..") {
             return Err(format!("external data location '{location}' leaves the model's directory"));
         }
         let path = self.dir.join(location);
         if !self.open.contains_key(location) {
-            let file = std::fs::File::open(&path).map_err(|e| format!("external data file {}: {e}", path.display()))?;
-            // SAFETY: the mapping is read-only and lives while its bytes are copied out below;
-            // a file truncated meanwhile by another process is outside what lladac guards against.
-            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| format!("external data file {}: {e}", path.display()))?;
-            self.open.insert(location.to_string(), Arc::new(map));
+            let bytes = map(&path).map_err(|e| format!("external data file {}: {e}", path.display()))?;
+            self.open.insert(location.to_string(), bytes);
         }
         let map = &self.open[location];
         let end = length.map_or(map.len(), |l| offset.saturating_add(l));
         if end > map.len() || offset > end {
             return Err(format!("byte range {offset}..{end} exceeds the {} bytes of external data file {}", map.len(), path.display()));
         }
-        Ok(map[offset..end].into())
+        Ok(map.slice(offset..end))
     }
 }
 
@@ -168,14 +175,14 @@ fn tensor(t: &TensorProto, files: &mut ExternalFiles) -> Result<Tensor, String> 
         let num = |k: &str| key(k).map(|v| v.parse::<usize>().map_err(|_| format!("external data {k} '{v}' is not a number"))).transpose();
         Data::Raw(files.bytes(location, num("offset")?.unwrap_or(0), num("length")?)?)
     } else if !t.raw_data.is_empty() {
-        Data::Raw(t.raw_data.to_vec().into())
+        Data::Raw(t.raw_data.clone())
     } else {
         match elem {
             Elem::F32 => Data::Float(t.float_data.iter().map(|&x| x as f64).collect::<Vec<_>>().into()),
             Elem::F64 => Data::Float(t.double_data.clone().into()),
             Elem::I64 => Data::Int(t.int64_data.clone().into()),
             // float16 and bfloat16 travel as their bits in int32_data.
-            Elem::F16 | Elem::Bf16 => Data::Raw(t.int32_data.iter().flat_map(|&x| (x as u16).to_le_bytes()).collect::<Vec<u8>>().into()),
+            Elem::F16 | Elem::Bf16 => Data::Raw(Bytes::from(t.int32_data.iter().flat_map(|&x| (x as u16).to_le_bytes()).collect::<Vec<u8>>())),
             Elem::I32 | Elem::I8 | Elem::U8 | Elem::Bool => Data::Int(t.int32_data.iter().map(|&x| x as i64).collect::<Vec<_>>().into()),
         }
     };

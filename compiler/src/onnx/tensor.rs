@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use half::{bf16, f16};
 
 /// ONNX element types lladac meets (`TensorProto.DataType` numbering).
@@ -78,8 +79,9 @@ impl Elem {
 /// The values of a constant: the file's bytes, or numbers folding produced.
 #[derive(Clone)]
 pub enum Data {
-    /// Little-endian elements as the file stores them (an initializer: no copy until used).
-    Raw(Arc<[u8]>),
+    /// Little-endian elements as the file stores them: a slice of the mapped model or external
+    /// data file (an initializer is not copied until the compiler takes it).
+    Raw(Bytes),
     Float(Arc<[f64]>),
     Int(Arc<[i64]>),
 }
@@ -171,7 +173,7 @@ impl Tensor {
         let data = match &self.data {
             Data::Raw(b) => {
                 let s = self.elem.size();
-                Data::Raw(index.flat_map(|i| b[i * s..(i + 1) * s].iter().copied()).collect::<Vec<u8>>().into())
+                Data::Raw(Bytes::from(index.flat_map(|i| b[i * s..(i + 1) * s].iter().copied()).collect::<Vec<u8>>()))
             }
             Data::Float(v) => Data::Float(index.map(|i| v[i]).collect::<Vec<_>>().into()),
             Data::Int(v) => Data::Int(index.map(|i| v[i]).collect::<Vec<_>>().into()),
@@ -229,7 +231,7 @@ mod tests {
     #[test]
     fn raw_bytes_decode_per_element_type_and_round_trip() {
         let b: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|x| x.to_le_bytes()).collect();
-        let t = Tensor { elem: Elem::F32, dims: vec![2], data: Data::Raw(b.clone().into()) };
+        let t = Tensor { elem: Elem::F32, dims: vec![2], data: Data::Raw(Bytes::from(b.clone())) };
         assert_eq!(&*t.f64s().unwrap(), &[1.5, -2.0]);
         let f = Tensor::floats(Elem::F32, vec![2], vec![1.5, -2.0]);
         assert_eq!(&*f.bytes(), &b[..]);
@@ -239,7 +241,7 @@ mod tests {
     #[test]
     fn select_moves_raw_elements_whole() {
         let b: Vec<u8> = [1u16, 2, 3, 4, 5, 6].iter().flat_map(|x| x.to_le_bytes()).collect();
-        let t = Tensor { elem: Elem::Bf16, dims: vec![2, 3], data: Data::Raw(b.into()) };
+        let t = Tensor { elem: Elem::Bf16, dims: vec![2, 3], data: Data::Raw(Bytes::from(b)) };
         // Transpose [2, 3] -> [3, 2].
         let tt = t.select(vec![3, 2], (0..6).map(|i| (i % 2) * 3 + i / 2));
         let got: Vec<u16> = tt.bytes().chunks(2).map(|c| u16::from_le_bytes([c[0], c[1]])).collect();
