@@ -74,15 +74,6 @@ fn edited(dir: &Path, edit: impl FnOnce(&mut onnx_ir::ModelProto)) -> PathBuf {
     path
 }
 
-fn refused(model: &Path, needles: &[&str]) {
-    let dir = model.parent().unwrap();
-    let before = common::leftovers(dir);
-    let out = dir.join("out.lad");
-    let o = common::run("lladac", &["compile", "--model", model.to_str().unwrap(), "-o", out.to_str().unwrap()]);
-    common::assert_clean_failure(&o, needles);
-    assert_eq!(common::leftovers(dir), before, "a failed compile left files behind");
-}
-
 #[test]
 fn a_missing_initializer_is_named_with_the_node_that_reads_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -94,7 +85,7 @@ fn a_missing_initializer_is_named_with_the_node_that_reads_it() {
         taken = reader.input[1].clone();
         g.initializer.retain(|t| t.name != taken);
     });
-    refused(&path, &["model.onnx", "node 'node_linear' (MatMul)", &format!("input '{taken}' is missing")]);
+    common::compile_refused(&path, &["model.onnx", "node 'node_linear' (MatMul)", &format!("input '{taken}' is missing")]);
 }
 
 #[test]
@@ -105,7 +96,7 @@ fn an_unsupported_op_is_named_with_its_node() {
         let n = g.node.iter_mut().find(|n| n.op_type == "Softmax").unwrap();
         n.op_type = "Hardmax".into();
     });
-    refused(&path, &["model.onnx", "node 'node_softmax' (Hardmax)", "not an op of LLaDA's forward pass"]);
+    common::compile_refused(&path, &["model.onnx", "node 'node_softmax' (Hardmax)", "not an op of LLaDA's forward pass"]);
 
     // An op outside the standard domain (a vendor's fused kernel) is named with its domain.
     let dir = tempfile::tempdir().unwrap();
@@ -113,7 +104,7 @@ fn an_unsupported_op_is_named_with_its_node() {
         let n = m.graph.as_mut().unwrap().node.iter_mut().find(|n| n.op_type == "Softmax").unwrap();
         (n.op_type, n.domain) = ("FusedSoftmax".into(), "com.example".into());
     });
-    refused(&path, &["node 'node_softmax' (com.example::FusedSoftmax)"]);
+    common::compile_refused(&path, &["node 'node_softmax' (com.example::FusedSoftmax)"]);
 }
 
 #[test]
@@ -122,7 +113,7 @@ fn a_truncated_onnx_file_or_external_data_is_refused() {
     let path = edited(dir.path(), |_| {});
     let bytes = std::fs::read(&path).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
-    refused(&path, &["model.onnx", "not a valid ONNX model (truncated or not protobuf)"]);
+    common::compile_refused(&path, &["model.onnx", "not a valid ONNX model (truncated or not protobuf)"]);
 
     // External data shorter than the graph says.
     let dir = tempfile::tempdir().unwrap();
@@ -134,7 +125,7 @@ fn a_truncated_onnx_file_or_external_data_is_refused() {
     let data = dir.path().join("model.onnx.data");
     let len = std::fs::metadata(&data).unwrap().len();
     std::fs::OpenOptions::new().write(true).open(&data).unwrap().set_len(len / 2).unwrap();
-    refused(&dir.path().join("model.onnx"), &["model.onnx", "model.onnx.data", "exceeds"]);
+    common::compile_refused(&dir.path().join("model.onnx"), &["model.onnx", "model.onnx.data", "exceeds"]);
 }
 
 /// What the graph computes must agree with the config beside it.
@@ -145,11 +136,11 @@ fn a_graph_that_disagrees_with_its_config_is_refused() {
     let cfg = dir.path().join("config.json");
     let text = std::fs::read_to_string(&cfg).unwrap();
     std::fs::write(&cfg, text.replace("\"n_layers\": 4", "\"n_layers\": 3")).unwrap();
-    refused(&path, &["model.onnx", "4 LLaDA blocks", "n_layers 3"]);
+    common::compile_refused(&path, &["model.onnx", "4 LLaDA blocks", "n_layers 3"]);
 
     std::fs::write(&cfg, text.replace("\"rms_norm_eps\": 0.00001", "\"rms_norm_eps\": 0.000001")).unwrap();
-    refused(&path, &["node 'node_add' (Add)", "RMSNorm epsilon"]);
+    common::compile_refused(&path, &["node 'node_add' (Add)", "RMSNorm epsilon"]);
 
     std::fs::remove_file(&cfg).unwrap();
-    refused(&path, &["model.onnx", "no config.json beside it"]);
+    common::compile_refused(&path, &["model.onnx", "no config.json beside it"]);
 }

@@ -188,17 +188,6 @@ fn exports_replay_the_official_goldens_and_narrow_ones_give_the_narrow_checkpoin
     }
 }
 
-/// `lladac compile` of `model` fails with one line holding `needles`, a non-zero exit and
-/// nothing written.
-fn refused(model: &Path, needles: &[&str]) {
-    let dir = model.parent().unwrap();
-    let before = common::leftovers(dir);
-    let out = dir.join("out.lad");
-    let o = common::run("lladac", &["compile", "--model", model.to_str().unwrap(), "-o", out.to_str().unwrap()]);
-    common::assert_clean_failure(&o, needles);
-    assert_eq!(common::leftovers(dir), before, "a failed compile left files behind");
-}
-
 /// A copy of export `name` whose config.json has `edit` applied to its text.
 fn with_config(dir: &Path, name: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
     let src = repo().join("tests/data/onnx-public").join(name);
@@ -233,7 +222,7 @@ fn a_config_that_disagrees_with_the_graph_is_refused_naming_the_key_and_both_val
         for (key, value, want) in cases {
             let path = with_config(dir.path(), export, |c| c[*key] = value.clone());
             let needles: Vec<&str> = want.iter().copied().chain(["model.onnx"]).collect();
-            refused(&path, &needles);
+            common::compile_refused(&path, &needles);
         }
     }
     // The vocabulary: embedding_size where the config separates it from vocab_size.
@@ -241,5 +230,5 @@ fn a_config_that_disagrees_with_the_graph_is_refused_naming_the_key_and_both_val
         c["vocab_size"] = 400.into();
         c["embedding_size"] = 400.into();
     });
-    refused(&path, &["config.json says vocab_size 400", "320 rows"]);
+    common::compile_refused(&path, &["config.json says vocab_size 400", "320 rows"]);
 }

@@ -22,6 +22,13 @@ from safetensors.torch import load_file
 SIDECARS = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
 
 
+def copy_sidecars(model, out):
+    """The checkpoint's config and tokenizer files beside the export (an ONNX graph has neither)."""
+    for f in SIDECARS:
+        if os.path.exists(os.path.join(model, f)):
+            shutil.copy(os.path.join(model, f), out)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, d, eps):
         super().__init__()
@@ -126,9 +133,7 @@ def main():
     ids = torch.zeros((1, args.seq_len), dtype=torch.long)
     torch.onnx.export(m, (ids,), path, input_names=["input_ids"], output_names=["logits"], opset_version=args.opset,
                       dynamo=not args.torchscript, external_data=args.external_data)
-    for f in SIDECARS:
-        if os.path.exists(os.path.join(args.model, f)):
-            shutil.copy(os.path.join(args.model, f), args.out)
+    copy_sidecars(args.model, args.out)
     print(f"wrote {path} (torch {torch.__version__})")
 
 

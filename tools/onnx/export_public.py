@@ -31,7 +31,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-SIDECARS = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from export_llada import copy_sidecars  # noqa: E402
+
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
@@ -91,7 +93,10 @@ def main():
     cfg = configuration.LLaDAConfig.from_pretrained(args.model)
     cfg.init_device = "cpu"
     lm = modeling.LLaDAModelLM(cfg, init_params=False)
-    state = load_file(os.path.join(args.model, "model.safetensors"))
+    state = {}
+    for f in sorted(os.listdir(args.model)):  # one file or the shards of a sharded checkpoint
+        if f.endswith(".safetensors"):
+            state.update(load_file(os.path.join(args.model, f)))
     missing, unexpected = lm.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise SystemExit(f"checkpoint does not match the public module: missing {missing}, unexpected {unexpected}")
@@ -127,9 +132,7 @@ def main():
             if f.startswith("model.onnx"):
                 os.remove(os.path.join(args.out, f))
         onnx.save_model(m, path, save_as_external_data=True, all_tensors_to_one_file=True, location="model.onnx_data", size_threshold=1024)
-    for f in SIDECARS:
-        if os.path.exists(os.path.join(args.model, f)):
-            shutil.copy(os.path.join(args.model, f), args.out)
+    copy_sidecars(args.model, args.out)
     print(f"wrote {path} (torch {torch.__version__}, {args.exporter}, opset {args.opset or 'default'}, {args.dtype}{', dynamic' if args.dynamic else ''})")
 
 

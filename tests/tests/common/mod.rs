@@ -169,3 +169,14 @@ fn cargo_build(profile: &str, args: &[&str]) -> bool {
     }
     cmd.current_dir(env!("CARGO_MANIFEST_DIR")).status().expect("cargo runs").success()
 }
+
+/// `lladac compile` of `model` fails with one line holding `needles`, a non-zero exit, and
+/// leaves nothing behind in the model's directory.
+pub fn compile_refused(model: &Path, needles: &[&str]) {
+    let dir = model.parent().unwrap();
+    let before = leftovers(dir);
+    let out = dir.join("out.lad");
+    let o = run("lladac", &["compile", "--model", model.to_str().unwrap(), "-o", out.to_str().unwrap()]);
+    assert_clean_failure(&o, needles);
+    assert_eq!(leftovers(dir), before, "a failed compile left files behind");
+}
