@@ -24,6 +24,8 @@ export_ --model "$A" --out "$out/A-torchscript-opset17-bf16" --exporter torchscr
 export_ --model "$A" --out "$out/A-torchscript-opset18-dynamic-mask" --exporter torchscript --opset 18 --dynamic --attention-mask
 export_ --model "$A" --out "$out/A-torchscript-opset20-unfolded-save-external" --exporter torchscript --opset 20 --no-constant-folding --save-external
 export_ --model "$B" --out "$out/B-dynamo-opset18-dynamic" --opset 18 --dynamic
+# The opset-23 form with one RotaryEmbedding op per rotation (PyTorch writes Slice/Neg/Concat).
+python tools/onnx/fuse_rotary.py "$out/A-dynamo-opset23-static" "$out/A-dynamo-opset23-rotary-op"
 python - "$out" <<'PY'
 import json, os, sys, onnx, torch
 out = sys.argv[1]
