@@ -93,6 +93,11 @@ pub fn fold(g: &Graph) -> Result<Folded<'_>, String> {
         let v = match other.name.as_str() {
             "attention_mask" => Tensor::ints(elem, id_dims.clone(), vec![1; n]),
             "position_ids" => Tensor::ints(elem, id_dims.clone(), (0..n as i64).collect()),
+            name if other.elem.is_some_and(Elem::is_float) => {
+                return Err(format!(
+                    "graph input '{name}' is a float tensor: the weights are graph inputs rather than initializers; export with export_params=True (torch.onnx.export's default)"
+                ))
+            }
             name => {
                 return Err(format!(
                     "graph input '{name}': a LLaDA export takes the token ids (and optionally attention_mask and position_ids); lladac does not know what to feed '{name}'"

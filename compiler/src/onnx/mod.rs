@@ -105,11 +105,17 @@ fn tensor(name: &str, t: &Tensor, in_out: bool) -> std::result::Result<MemoryTen
 
 /// A row-major `[rows, cols]` matrix of `size`-byte elements, transposed.
 fn transpose(bytes: &[u8], rows: usize, cols: usize, size: usize) -> Vec<u8> {
+    // In tiles, so both sides stay in cache on matrices of hundreds of megabytes.
+    const TILE: usize = 64;
     let mut t = vec![0u8; bytes.len()];
-    for r in 0..rows {
-        for c in 0..cols {
-            let (from, to) = ((r * cols + c) * size, (c * rows + r) * size);
-            t[to..to + size].copy_from_slice(&bytes[from..from + size]);
+    for r0 in (0..rows).step_by(TILE) {
+        for c0 in (0..cols).step_by(TILE) {
+            for r in r0..(r0 + TILE).min(rows) {
+                for c in c0..(c0 + TILE).min(cols) {
+                    let (from, to) = ((r * cols + c) * size, (c * rows + r) * size);
+                    t[to..to + size].copy_from_slice(&bytes[from..from + size]);
+                }
+            }
         }
     }
     t
