@@ -214,7 +214,7 @@ fn a_config_that_disagrees_with_the_graph_is_refused_naming_the_key_and_both_val
         ("rms_norm_eps", 1e-6.into(), &["config.json says rms_norm_eps 1e-6", "epsilon 1e-5"]),
         ("n_heads", 8.into(), &["config.json says n_heads 8", "4 heads of 32"]),
         ("d_model", 256.into(), &["config.json says d_model 256", "d_model 128"]),
-        ("n_kv_heads", 2.into(), &["config.json says n_kv_heads 2", "gives 4 heads"]),
+        ("n_kv_heads", 2.into(), &["config.json says n_kv_heads 2", "the k projection) gives 128 features, 4 heads"]),
         ("mlp_hidden_size", 512.into(), &["config.json says mlp_hidden_size 512", "384 wide"]),
         ("n_layers", 3.into(), &["config.json says n_layers 3", "4 LLaDA blocks"]),
     ];
@@ -231,4 +231,59 @@ fn a_config_that_disagrees_with_the_graph_is_refused_naming_the_key_and_both_val
         c["embedding_size"] = 400.into();
     });
     common::compile_refused(&path, &["config.json says vocab_size 400", "320 rows"]);
+}
+
+/// A copy of export `name` with its graph rewritten by `edit`, as a user's tool would.
+fn with_graph(dir: &Path, name: &str, edit: impl FnOnce(&mut onnx_ir::ModelProto)) -> PathBuf {
+    use onnx_ir::Message;
+    let path = with_config(dir, name, |_| {});
+    let mut model = onnx_ir::ModelProto::parse_from_bytes(&std::fs::read(&path).unwrap()).unwrap();
+    edit(&mut model);
+    std::fs::write(&path, model.write_to_bytes().unwrap()).unwrap();
+    path
+}
+
+fn set_raw(model: &mut onnx_ir::ModelProto, initializer: &str, bytes: Vec<u8>) {
+    let t = model.graph.as_mut().unwrap().initializer.iter_mut().find(|t| t.name == initializer).unwrap();
+    t.raw_data = bytes.into();
+}
+
+/// Adds an initializer of ONNX element type `elem` (7: int64) and shape `dims`.
+fn add_initializer(model: &mut onnx_ir::ModelProto, name: &str, elem: i32, dims: &[i64], bytes: Vec<u8>) {
+    let mut t = onnx_ir::TensorProto::new();
+    t.name = name.into();
+    t.data_type = elem;
+    t.dims = dims.to_vec();
+    t.raw_data = bytes.into();
+    model.graph.as_mut().unwrap().initializer.push(t);
+}
+
+fn rewire(model: &mut onnx_ir::ModelProto, node: &str, input: usize, to: &str) {
+    let n = model.graph.as_mut().unwrap().node.iter_mut().find(|n| n.name == node).unwrap();
+    n.input[input] = to.into();
+}
+
+/// Graphs that are not LLaDA's are refused, not compiled into something else: a wrong
+/// attention scale, a mean over the wrong axis, a cube for a square, GLU for SwiGLU.
+#[test]
+fn a_graph_that_computes_something_else_than_llada_is_refused_naming_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let export = "A-dynamo-opset18-dynamic";
+    let sub = |name: &str| dir.path().join(name);
+    let cases: Vec<(&str, Box<dyn FnOnce(&mut onnx_ir::ModelProto)>, &[&str])> = vec![
+        ("scale", Box::new(|m| set_raw(m, "val_119", 0.5f32.to_le_bytes().to_vec())), &["attention scores scaled by 0.25", "needs 1/sqrt(32) = 0.176777"]),
+        ("mean-axis", Box::new(|m| {
+            add_initializer(m, "axis_1", 7, &[1], 1i64.to_le_bytes().to_vec());
+            rewire(m, "node_mean", 1, "axis_1")
+        }), &["node 'node_mean' (ReduceMean)", "a mean over other axes than the last"]),
+        ("cube", Box::new(|m| set_raw(m, "val_2", 3f32.to_le_bytes().to_vec())), &["node 'node_pow_1' (Pow)", "a power other than the square"]),
+        ("glu", Box::new(|m| rewire(m, "node_mul_8", 0, "val_138")), &["node 'node_mul_8' (Mul)", "GLU", "silu(gate) * up"]),
+        ("values-before-softmax", Box::new(|m| rewire(m, "node_scaled_dot_product_attention", 0, "val_124")), &["node 'node_scaled_dot_product_attention' (MatMul)", "before their softmax"]),
+    ];
+    for (what, edit, needles) in cases {
+        std::fs::create_dir_all(sub(what)).unwrap();
+        let path = with_graph(&sub(what), export, edit);
+        let needles: Vec<&str> = needles.iter().copied().chain(["model.onnx"]).collect();
+        common::compile_refused(&path, &needles);
+    }
 }

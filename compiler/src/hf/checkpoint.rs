@@ -139,14 +139,13 @@ impl Checkpoint {
 
     /// A checkpoint whose tensors an importer read from `source` (named in errors).
     pub fn from_memory(dir: &Path, source: &Path, tensors: Vec<MemoryTensor>) -> Checkpoint {
+        // Each tensor its own in-memory shard: its bytes move in, never copied again.
         let mut ckpt = Checkpoint { dir: dir.to_path_buf(), shards: Vec::new(), tensors: BTreeMap::new() };
-        let mut blob = Vec::with_capacity(tensors.iter().map(|t| t.bytes.len()).sum());
         for t in tensors {
-            let loc = TensorLocation { shard: 0, dtype: t.dtype, shape: t.shape, start: blob.len() as u64, nbytes: t.bytes.len() as u64 };
-            blob.extend_from_slice(&t.bytes);
+            let loc = TensorLocation { shard: ckpt.shards.len(), dtype: t.dtype, shape: t.shape, start: 0, nbytes: t.bytes.len() as u64 };
             ckpt.tensors.insert(t.name, loc);
+            ckpt.shards.push((source.to_path_buf(), Shard::Memory(t.bytes)));
         }
-        ckpt.shards.push((source.to_path_buf(), Shard::Memory(blob)));
         ckpt
     }
 

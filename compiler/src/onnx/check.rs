@@ -40,9 +40,11 @@ pub fn against_config(found: &Recognised, cfg: &LladaConfig) -> Result<(), Strin
                 a.scale
             ));
         }
-        let kv = b.k.out_features() / hd.max(1);
-        if kv != cfg.n_kv_heads || b.v.out_features() != b.k.out_features() {
-            return Err(disagree("n_kv_heads", cfg.n_kv_heads, format!("{} (the k projection) gives {} heads of {hd}", b.k.node.label(), kv)));
+        for (what, p) in [("k", &b.k), ("v", &b.v)] {
+            let kv = p.out_features() / hd.max(1);
+            if kv != cfg.n_kv_heads || p.out_features() % hd.max(1) != 0 {
+                return Err(disagree("n_kv_heads", cfg.n_kv_heads, format!("{} (the {what} projection) gives {} features, {kv} heads of {hd}", p.node.label(), p.out_features())));
+            }
         }
         if b.gate.out_features() != cfg.mlp_hidden {
             return Err(disagree("mlp_hidden_size", cfg.mlp_hidden, format!("{} (the gate projection) is {} wide", b.gate.node.label(), b.gate.out_features())));
@@ -61,9 +63,9 @@ pub fn against_config(found: &Recognised, cfg: &LladaConfig) -> Result<(), Strin
 /// The rotary tables must be LLaDA's for the config: cos and sin of `p * theta^(-2j/hd)` for
 /// position `p` and frequency `j`, the half-split layout (both halves of a head share angles).
 fn rotary(tables: &[RotaryTable], cfg: &LladaConfig) -> Result<(), String> {
-    let Some(first) = tables.first() else {
+    if tables.is_empty() {
         return Err("no rotary embedding found: no constant cos or sin table multiplies q or k, and no RotaryEmbedding op rotates them".into());
-    };
+    }
     let hd = cfg.head_dim();
     for t in tables {
         let cols = *t.table.dims.last().unwrap_or(&0);
@@ -72,7 +74,10 @@ fn rotary(tables: &[RotaryTable], cfg: &LladaConfig) -> Result<(), String> {
             return Err(disagree("n_heads", cfg.n_heads, format!("{}'s rotary tables rotate {dim} dimensions per head, while d_model/n_heads is {hd} (LLaDA rotates whole heads)", t.node.label())));
         }
         let values = t.table.f64s()?;
-        let rows = values.len() / cols.max(1);
+        if cols == 0 || values.len() < cols {
+            return Err(format!("{}: a rotary table of shape {:?} holds no position", t.node.label(), t.table.dims));
+        }
+        let rows = values.len() / cols;
         let is_cos = values[..cols].iter().all(|&v| (v - 1.0).abs() < 1e-3);
         if !is_cos && !values[..cols].iter().all(|&v| v.abs() < 1e-3) {
             return Err(format!("{}: multiplies q or k by a constant of shape {:?} that is not a rotary cos or sin table (position 0 is not all 1 or all 0)", t.node.label(), t.table.dims));
@@ -96,7 +101,6 @@ fn rotary(tables: &[RotaryTable], cfg: &LladaConfig) -> Result<(), String> {
             return Err(disagree("rope_theta", cfg.rope_theta, graph));
         }
     }
-    let _ = first;
     Ok(())
 }
 
@@ -108,7 +112,7 @@ fn graph_theta(tables: &[RotaryTable], hd: usize) -> Option<f64> {
         let v = t.table.f64s().ok()?;
         (v.len() >= 2 * cols && cols >= 2).then(|| v[cols + 1])
     };
-    let row0 = |t: &RotaryTable| t.table.f64s().ok().map(|v| v[0]);
+    let row0 = |t: &RotaryTable| t.table.f64s().ok().and_then(|v| v.first().copied());
     let cos = tables.iter().find(|t| row0(t).is_some_and(|x| (x - 1.0).abs() < 1e-3)).and_then(at)?;
     let sin = tables.iter().find(|t| row0(t).is_some_and(|x| x.abs() < 1e-3)).and_then(at)?;
     let freq = sin.atan2(cos);
@@ -116,9 +120,16 @@ fn graph_theta(tables: &[RotaryTable], hd: usize) -> Option<f64> {
 }
 
 fn round_sig(x: f64) -> String {
-    let digits = 4 - (x.abs().log10().floor() as i32) - 1;
-    let r = if digits > 0 { format!("{:.*}", digits as usize, x) } else { let p = 10f64.powi(-digits); format!("{}", (x / p).round() * p) };
-    r
+    if !x.is_normal() {
+        return format!("{x}");
+    }
+    let digits = 3 - (x.abs().log10().floor() as i32).clamp(-300, 300);
+    if digits > 0 {
+        format!("{:.*}", digits as usize, x)
+    } else {
+        let p = 10f64.powi(-digits);
+        format!("{}", (x / p).round() * p)
+    }
 }
 
 #[cfg(test)]

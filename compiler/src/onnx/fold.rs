@@ -123,7 +123,12 @@ pub fn fold(g: &Graph) -> Result<Folded<'_>, String> {
             eval(node, &ins, g.opset).map_err(|e| format!("{}: {e}", node.label()))?.into_iter().map(Value::Const).collect()
         } else {
             live.push(node);
-            infer(node, &inputs, g.opset).map_err(|e| format!("{}: {e}", node.label()))?
+            let outs = infer(node, &inputs, g.opset).map_err(|e| format!("{}: {e}", node.label()))?;
+            // Token-dependent values are never built, but their sizes must be real ones.
+            if let Some(v) = outs.iter().find(|v| v.dims().iter().try_fold(1usize, |n, &d| n.checked_mul(d)).is_none_or(|n| n > isize::MAX as usize)) {
+                return Err(format!("{}: an output of shape {:?}, past any memory", node.label(), v.dims()));
+            }
+            outs
         };
         for (name, v) in node.outputs.iter().zip(outs) {
             if !name.is_empty() {
@@ -149,6 +154,12 @@ fn token_input(g: &Graph) -> Result<&str, String> {
     }
 }
 
+/// Cast's target type, which the op must name.
+fn cast_to(node: &Node) -> Result<Elem, String> {
+    let to = node.int("to").ok_or("a Cast without its 'to' attribute")?;
+    i32::try_from(to).ok().and_then(Elem::from_onnx).ok_or_else(|| format!("a Cast to element type {to}, which lladac does not read"))
+}
+
 fn shape_of(node: &Node, dims: &[usize]) -> Tensor {
     let r = dims.len() as i64;
     let clamp = |i: i64| (if i < 0 { i + r } else { i }).clamp(0, r) as usize;
@@ -156,6 +167,16 @@ fn shape_of(node: &Node, dims: &[usize]) -> Tensor {
     let end = clamp(node.int("end").unwrap_or(r));
     let v: Vec<i64> = dims[start..end.max(start)].iter().map(|&d| d as i64).collect();
     Tensor::ints(Elem::I64, vec![v.len()], v)
+}
+
+/// Flatten's axis: `-rank..=rank`, a negative one counted from the end.
+fn flatten_axis(a: i64, rank: usize) -> Result<usize, String> {
+    let r = rank as i64;
+    let x = if a < 0 { a + r } else { a };
+    if !(0..=r).contains(&x) {
+        return Err(format!("axis {a} is outside rank {rank}"));
+    }
+    Ok(x as usize)
 }
 
 fn axis(a: i64, rank: usize) -> Result<usize, String> {
@@ -215,7 +236,7 @@ fn small(dims: &[usize]) -> Result<usize, String> {
 
 /// A constant input that must be there.
 fn need<'a>(ins: &[Option<&'a Tensor>], i: usize, what: &str) -> Result<&'a Tensor, String> {
-    ins.get(i).copied().flatten().ok_or_else(|| format!("needs its {what} input"))
+    ins.get(i).copied().flatten().ok_or_else(|| format!("its {what} input is missing or depends on the token values (lladac folds it at a static shape)"))
 }
 
 /// An int-list operand (axes, shape, starts...): from input `i` where the opset puts it in
@@ -237,7 +258,8 @@ fn slice_plan(node: &Node, dims: &[usize], ins: &[Option<&Tensor>]) -> Result<Ve
     for k in 0..starts.len() {
         let ax = axis(*axes.get(k).ok_or("fewer axes than starts")?, dims.len())?;
         let d = dims[ax] as i64;
-        let step = *steps.get(k).unwrap_or(&1);
+        // A step past the axis takes one element, like one of exactly the axis's length.
+        let step = steps.get(k).copied().unwrap_or(1).clamp(-(d + 1), d + 1);
         if step == 0 {
             return Err("a slice step of 0".into());
         }
@@ -265,14 +287,15 @@ fn reshape_dims(node: &Node, from: &[usize], shape: &[i64]) -> Result<Vec<usize>
             s => return Err(format!("shape entry {s}")),
         });
     }
+    let product = |d: &[usize]| d.iter().try_fold(1usize, |n, &x| n.checked_mul(x));
     if let Some(i) = infer_at {
-        let rest: usize = out.iter().product();
+        let rest = product(&out).unwrap_or(0);
         if rest == 0 || total % rest != 0 {
             return Err(format!("cannot reshape {from:?} to {shape:?}"));
         }
         out[i] = total / rest;
     }
-    if out.iter().product::<usize>() != total {
+    if product(&out) != Some(total) {
         return Err(format!("cannot reshape {from:?} ({total} elements) to {out:?}"));
     }
     Ok(out)
@@ -284,8 +307,8 @@ fn split_sizes(node: &Node, ins: &[Option<&Tensor>], dim: usize, opset: i64) -> 
     Ok(match given {
         Some(s) => {
             let s: Vec<usize> = s.into_iter().map(|x| x.max(0) as usize).collect();
-            if s.iter().sum::<usize>() != dim {
-                return Err(format!("split sizes {s:?} do not add up to the axis's {dim}"));
+            if s.len() != n_out || s.iter().try_fold(0usize, |a, &x| a.checked_add(x)) != Some(dim) {
+                return Err(format!("split sizes {s:?} do not give {n_out} outputs adding up to the axis's {dim}"));
             }
             s
         }
@@ -338,6 +361,8 @@ fn reduce_axes(node: &Node, ins: &[Option<&Tensor>], rank: usize, opset: i64) ->
     let axes = if from_input { int_list(node, ins, 1, "axes")? } else { node.ints("axes").map(|v| v.to_vec()) };
     match axes {
         Some(a) if !a.is_empty() => a.iter().map(|&x| axis(x, rank)).collect(),
+        // Empty axes reduce everything, unless noop_with_empty_axes makes the op an identity.
+        _ if node.int("noop_with_empty_axes").unwrap_or(0) != 0 => Ok(Vec::new()),
         _ => Ok((0..rank).collect()),
     }
 }
@@ -367,7 +392,7 @@ fn infer(node: &Node, inputs: &[Option<&Value>], opset: i64) -> Result<Vec<Value
         "Identity" | "Neg" | "Sqrt" | "Reciprocal" | "Sigmoid" | "Softmax" | "Exp" | "Tanh" | "Relu" | "Abs" | "Erf" | "Dropout" | "Sin" | "Cos" | "Floor" => {
             one(elem0, dims(0)?)
         }
-        "Cast" => one(Elem::from_onnx(node.int("to").unwrap_or(1) as i32).ok_or("an element type lladac does not read")?, dims(0)?),
+        "Cast" => one(cast_to(node)?, dims(0)?),
         "CastLike" => one(inputs.get(1).copied().flatten().map_or(elem0, Value::elem), dims(0)?),
         "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" => {
             let elem = inputs.iter().flatten().find(|v| matches!(v, Value::Dyn { .. })).map_or(elem0, |v| v.elem());
@@ -404,7 +429,7 @@ fn infer(node: &Node, inputs: &[Option<&Value>], opset: i64) -> Result<Vec<Value
         }
         "Flatten" => {
             let d = dims(0)?;
-            let ax = axis(node.int("axis").unwrap_or(1), d.len() + 1)?;
+            let ax = flatten_axis(node.int("axis").unwrap_or(1), d.len())?;
             one(elem0, vec![d[..ax].iter().product(), d[ax..].iter().product()])
         }
         "Transpose" => {
@@ -457,7 +482,7 @@ fn infer(node: &Node, inputs: &[Option<&Value>], opset: i64) -> Result<Vec<Value
             if reps.len() != dims(0)?.len() {
                 return Err("repeats of another rank than the input".into());
             }
-            one(elem0, dims(0)?.iter().zip(reps).map(|(&d, r)| d * r.max(0) as usize).collect())
+            one(elem0, dims(0)?.iter().zip(reps).map(|(&d, r)| d.saturating_mul(r.max(0) as usize)).collect())
         }
         "ReduceMean" | "ReduceSum" | "ReduceMax" => {
             let d = dims(0)?;
@@ -478,9 +503,9 @@ fn infer(node: &Node, inputs: &[Option<&Value>], opset: i64) -> Result<Vec<Value
             let out = match (q.len(), v.len()) {
                 (4, 4) => vec![q[0], q[1], q[2], v[3]],
                 (3, 3) => {
-                    let qh = node.int("q_num_heads").ok_or("3-D inputs need q_num_heads")? as usize;
-                    let kvh = node.int("kv_num_heads").ok_or("3-D inputs need kv_num_heads")? as usize;
-                    vec![q[0], q[1], qh * (v[2] / kvh.max(1))]
+                    let heads = |k: &str| node.int(k).and_then(|h| usize::try_from(h).ok()).filter(|&h| h > 0).ok_or(format!("3-D inputs need a positive {k}"));
+                    let (qh, kvh) = (heads("q_num_heads")?, heads("kv_num_heads")?);
+                    vec![q[0], q[1], qh.saturating_mul(v[2] / kvh)]
                 }
                 _ => return Err(format!("inputs of shapes {q:?} and {v:?}")),
             };
@@ -512,19 +537,20 @@ fn eval(node: &Node, ins: &[Option<&Tensor>], opset: i64) -> Result<Vec<Tensor>,
     let single = |t: Tensor| Ok(vec![t]);
     match op {
         "Constant" => {
-            let t = match node.attrs.iter().next().map(|(k, v)| (k.as_str(), v)) {
-                Some(("value", Attr::Tensor(t))) => t.clone(),
-                Some(("value_float", Attr::Float(f))) => Tensor::floats(Elem::F32, vec![], vec![*f]),
-                Some(("value_floats", Attr::Floats(f))) => Tensor::floats(Elem::F32, vec![f.len()], f.clone()),
-                Some(("value_int", Attr::Int(i))) => Tensor::scalar_i64(*i),
-                Some(("value_ints", Attr::Ints(v))) => Tensor::ints(Elem::I64, vec![v.len()], v.clone()),
+            let a = |k: &str| node.attrs.get(k);
+            let t = match (a("value"), a("value_float"), a("value_floats"), a("value_int"), a("value_ints")) {
+                (Some(Attr::Tensor(t)), ..) => t.clone(),
+                (_, Some(Attr::Float(f)), ..) => Tensor::floats(Elem::F32, vec![], vec![*f]),
+                (_, _, Some(Attr::Floats(f)), ..) => Tensor::floats(Elem::F32, vec![f.len()], f.clone()),
+                (.., Some(Attr::Int(i)), _) => Tensor::scalar_i64(*i),
+                (.., Some(Attr::Ints(v))) => Tensor::ints(Elem::I64, vec![v.len()], v.clone()),
                 _ => return Err("a Constant without a numeric value".into()),
             };
             single(t)
         }
         "Identity" | "Dropout" => single(x()?.clone()),
         "Cast" | "CastLike" => {
-            let to = if op == "Cast" { Elem::from_onnx(node.int("to").unwrap_or(1) as i32).ok_or("an element type lladac does not read")? } else { need(ins, 1, "target")?.elem };
+            let to = if op == "Cast" { cast_to(node)? } else { need(ins, 1, "target")?.elem };
             let t = x()?;
             if t.elem == to {
                 return single(t.clone());
@@ -559,6 +585,8 @@ fn eval(node: &Node, ins: &[Option<&Tensor>], opset: i64) -> Result<Vec<Tensor>,
             let (ia, ib) = (broadcast_index(&a.dims, &out), broadcast_index(&b.dims, &out));
             let (va, vb) = (a.f64s()?, b.f64s()?);
             let int = !a.elem.is_float();
+            // Mod's fmod=1 keeps the dividend's sign (C's fmod); the default floors.
+            let fmod = node.int("fmod").unwrap_or(0) != 0;
             let f = |p: f64, q: f64| -> f64 {
                 match op {
                     "Add" => p + q,
@@ -569,6 +597,7 @@ fn eval(node: &Node, ins: &[Option<&Tensor>], opset: i64) -> Result<Vec<Tensor>,
                     "Pow" => p.powf(q),
                     "Max" => p.max(q),
                     "Min" => p.min(q),
+                    "Mod" if fmod => p % q,
                     "Mod" => p - q * (p / q).floor(),
                     "Equal" => (p == q) as u8 as f64,
                     "Less" => (p < q) as u8 as f64,
@@ -640,7 +669,7 @@ fn eval(node: &Node, ins: &[Option<&Tensor>], opset: i64) -> Result<Vec<Tensor>,
         }
         "Flatten" => {
             let t = x()?;
-            let ax = axis(node.int("axis").unwrap_or(1), t.dims.len() + 1)?;
+            let ax = flatten_axis(node.int("axis").unwrap_or(1), t.dims.len())?;
             single(t.reshaped(vec![t.dims[..ax].iter().product(), t.dims[ax..].iter().product()]))
         }
         "Unsqueeze" => {
@@ -696,12 +725,14 @@ fn eval(node: &Node, ins: &[Option<&Tensor>], opset: i64) -> Result<Vec<Tensor>,
             }
             let mut out = first.dims.clone();
             out[ax] = parts.iter().map(|p| p.dims[ax]).sum();
+            small(&out)?;
             let outer: usize = out[..ax].iter().product();
+            let values = parts.iter().map(|p| p.f64s()).collect::<Result<Vec<_>, _>>()?;
             let mut v = Vec::with_capacity(out.iter().product());
             for o in 0..outer {
-                for p in &parts {
+                for (p, pv) in parts.iter().zip(&values) {
                     let chunk: usize = p.dims[ax..].iter().product();
-                    v.extend_from_slice(&p.f64s()?[o * chunk..(o + 1) * chunk]);
+                    v.extend_from_slice(&pv[o * chunk..(o + 1) * chunk]);
                 }
             }
             single(Tensor::floats(first.elem, out, v))

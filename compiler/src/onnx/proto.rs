@@ -168,7 +168,7 @@ impl ExternalFiles<'_> {
 fn tensor(t: &TensorProto, files: &mut ExternalFiles) -> Result<Tensor, String> {
     let elem = Elem::from_onnx(t.data_type).ok_or_else(|| format!("element type {} is not one lladac reads", t.data_type))?;
     let dims = t.dims.iter().map(|&d| usize::try_from(d).map_err(|_| format!("negative dimension {d}"))).collect::<Result<Vec<_>, _>>()?;
-    let numel: usize = dims.iter().product();
+    let numel = dims.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| format!("shape {dims:?} overflows"))?;
     let data = if t.data_location.value() == 1 {
         let key = |k: &str| t.external_data.iter().find(|e| e.key == k).map(|e| e.value.as_str());
         let location = key("location").ok_or("external data without a location")?;
