@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 
 use super::proto::{Attr, Graph, Node};
+use super::ops::unknown_op;
 use super::tensor::{strides, Elem, Tensor, FOLD_LIMIT};
 
 /// A value of the graph at the compiled shape: a constant, or one that depends on the tokens.
@@ -517,18 +518,6 @@ fn infer(node: &Node, inputs: &[Option<&Value>], opset: i64) -> Result<Vec<Value
     }
 }
 
-/// The error for an op lladac does not read, with the fix where the op says what made it.
-pub fn unknown_op(op: &str) -> String {
-    let known = format!("lladac recognises LLaDA blocks built from {}, and folds the shape arithmetic around them", super::recognise::known_ops());
-    let hint = if matches!(op, "QuantizeLinear" | "DequantizeLinear" | "DynamicQuantizeLinear" | "MatMulInteger" | "QLinearMatMul") || op.ends_with("MatMulNBits") {
-        "; export float weights and quantise with `lladac compile --quant`"
-    } else if op.starts_with("com.microsoft::") {
-        "; this is ONNX Runtime's fused op: compile the graph as torch.onnx.export wrote it, before ONNX Runtime's transformer optimisation"
-    } else {
-        ""
-    };
-    format!("not an op of LLaDA's forward pass; {known}{hint}")
-}
 
 /// Evaluates a node whose inputs are all constants.
 fn eval(node: &Node, ins: &[Option<&Tensor>], opset: i64) -> Result<Vec<Tensor>, String> {

@@ -12,6 +12,7 @@
 
 mod check;
 mod fold;
+mod ops;
 mod proto;
 mod recognise;
 mod tensor;
@@ -25,7 +26,7 @@ use crate::hf::names;
 use recognise::{Projection, Recognised};
 use tensor::{Elem, Tensor};
 
-pub use recognise::known_ops;
+pub use ops::known_ops;
 
 /// Whether `path` names an ONNX file rather than a checkpoint directory.
 pub fn is_onnx(path: &Path) -> bool {

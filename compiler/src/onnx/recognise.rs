@@ -24,6 +24,7 @@
 use std::collections::HashMap;
 
 use super::fold::{Folded, Value};
+use super::ops::{unknown_op, CARRY_OPS};
 use super::proto::Node;
 use super::tensor::{Elem, Tensor};
 
@@ -119,21 +120,6 @@ impl Trace {
     fn unscaled(&self) -> bool {
         (self.factor - 1.0).abs() <= 2.0 * self.tolerance + 1e-6
     }
-}
-
-/// Ops that carry their input's origin through: layout, casts, and the elementwise steps of
-/// RMSNorm and rotary embedding.
-const CARRY_OPS: &[&str] = &[
-    "Identity", "Cast", "CastLike", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice", "Split", "Concat", "Expand", "Tile", "Flatten",
-    "Neg", "Pow", "Sqrt", "Reciprocal", "ReduceMean", "Dropout", "Where",
-];
-
-/// Ops the walk gives a meaning of their own.
-const MEANING_OPS: &[&str] = &["Gather", "MatMul", "Gemm", "Add", "Sub", "Mul", "Div", "Softmax", "Sigmoid", "RMSNormalization", "SimplifiedLayerNormalization", "RotaryEmbedding", "Attention"];
-
-/// The ops lladac reads in a LLaDA export (besides those it folds away: shape arithmetic).
-pub fn known_ops() -> String {
-    MEANING_OPS.iter().chain(CARRY_OPS).copied().collect::<Vec<_>>().join(", ")
 }
 
 fn op_name(node: &Node) -> &str {
@@ -406,7 +392,7 @@ fn walk<'g>(f: &Folded<'g>) -> Result<Walk<'g>, String> {
                 }
                 same.ok_or_else(mixes)?
             }
-            _ => return Err(format!("{}: {}", node.label(), super::fold::unknown_op(&node.op))),
+            _ => return Err(format!("{}: {}", node.label(), unknown_op(&node.op))),
         };
         for o in &node.outputs {
             w.trace.insert(o.as_str(), out);
