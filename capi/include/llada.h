@@ -84,6 +84,18 @@ typedef enum llada_remasking {
   LLADA_REMASKING_RANDOM = 1,
 } llada_remasking;
 
+// Dream's confidence rule (llada-rt's `--alg`; LLaDA models take `remasking`).
+typedef enum llada_alg {
+  // The highest probability of the prediction.
+  LLADA_ALG_MASKGIT_PLUS = 0,
+  // The top probability minus the second.
+  LLADA_ALG_TOPK_MARGIN = 1,
+  // The negative entropy of the prediction.
+  LLADA_ALG_ENTROPY = 2,
+  // Each masked position with probability 1 - s/t, in random order.
+  LLADA_ALG_ORIGIN = 3,
+} llada_alg;
+
 // `MBSD`: whether committed tokens stay revisable (llada-rt's `--revision`).
 typedef enum llada_revision {
   // Committed tokens are re-checked on a CPU side path and may be revised.
@@ -206,6 +218,12 @@ typedef struct llada_params {
   // End-of-text and end-of-turn predictions get zero confidence (the official
   // `confidence_eos_eot_inf`). Default false.
   bool confidence_eos_eot_inf;
+  // Dream: its sampler's confidence rule, a llada_alg value (`--alg`). Default
+  // LLADA_ALG_MASKGIT_PLUS.
+  uint32_t alg;
+  // Dream: its schedule runs from timestep 1 down to this (`--eps`, between 0 and 1).
+  // Default 0.001.
+  double eps;
 } llada_params;
 
 // The state after one denoising step, for showing the answer as it forms. Every pointer is

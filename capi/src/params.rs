@@ -2,7 +2,7 @@
 
 use llada_rt::executor::BackendKind;
 use llada_rt::moe::ExpertStrategy;
-use llada_rt::sampler::{Policy as RtPolicy, Revision as RtRevision};
+use llada_rt::sampler::{Alg as RtAlg, Policy as RtPolicy, Revision as RtRevision};
 use llada_rt::staging::StagingMode;
 use llada_rt::{Model, Remasking as RtRemasking, SamplerParams, SessionParams};
 
@@ -33,6 +33,20 @@ pub enum Remasking {
     LowConfidence = 0,
     /// A random order (seeded by `seed`).
     Random = 1,
+}
+
+/// Dream's confidence rule (llada-rt's `--alg`; LLaDA models take `remasking`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alg {
+    /// The highest probability of the prediction.
+    MaskgitPlus = 0,
+    /// The top probability minus the second.
+    TopkMargin = 1,
+    /// The negative entropy of the prediction.
+    Entropy = 2,
+    /// Each masked position with probability 1 - s/t, in random order.
+    Origin = 3,
 }
 
 /// `MBSD`: whether committed tokens stay revisable (llada-rt's `--revision`).
@@ -111,6 +125,12 @@ pub struct Params {
     /// End-of-text and end-of-turn predictions get zero confidence (the official
     /// `confidence_eos_eot_inf`). Default false.
     pub confidence_eos_eot_inf: bool,
+    /// Dream: its sampler's confidence rule, a llada_alg value (`--alg`). Default
+    /// LLADA_ALG_MASKGIT_PLUS.
+    pub alg: u32,
+    /// Dream: its schedule runs from timestep 1 down to this (`--eps`, between 0 and 1).
+    /// Default 0.001.
+    pub eps: f64,
 }
 
 /// The settings `llada-rt run` uses when given no options, with `chat` on.
@@ -151,6 +171,13 @@ pub extern "C" fn llada_default_params() -> Params {
         chat: true,
         logits_eos_inf: d.logits_eos_inf,
         confidence_eos_eot_inf: d.confidence_eos_eot_inf,
+        alg: match d.alg {
+            RtAlg::MaskgitPlus => Alg::MaskgitPlus,
+            RtAlg::TopkMargin => Alg::TopkMargin,
+            RtAlg::Entropy => Alg::Entropy,
+            RtAlg::Origin => Alg::Origin,
+        } as u32,
+        eps: d.eps,
     }
 }
 
@@ -180,7 +207,19 @@ impl Params {
         };
         // 0 is off; the rest of the range is the sampler's check (`validate`).
         let threshold = (self.threshold != 0.0).then_some(self.threshold);
-        let block_length = if self.block_len == 0 { plan.block_len as usize } else { self.block_len as usize };
+        let alg = match self.alg {
+            0 => RtAlg::MaskgitPlus,
+            1 => RtAlg::TopkMargin,
+            2 => RtAlg::Entropy,
+            3 => RtAlg::Origin,
+            n => return Err(Failure::argument(format!("params.alg: {n} is not a llada_alg"))),
+        };
+        // Dream's sampler has no blocks: 0 takes the whole generation as one.
+        let block_length = match self.block_len {
+            0 if model.logit_shift() > 0 => self.gen_len as usize,
+            0 => plan.block_len as usize,
+            n => n as usize,
+        };
         let spec_default = SamplerParams::default_spec_blocks(policy, plan.spec_blocks as usize, self.gen_len as usize, block_length);
         let given = |n: u32| (n != 0).then_some(n as usize);
         Ok(SamplerParams {
@@ -204,6 +243,8 @@ impl Params {
             stable_confidence: self.stable_confidence,
             stable_checks: self.stable_checks,
             revise_confidence: self.revise_confidence,
+            alg,
+            eps: self.eps,
         })
     }
 }

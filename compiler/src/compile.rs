@@ -229,6 +229,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
         architecture: match cfg.arch {
             Arch::Llada => "llada",
             Arch::LladaMoe => "llada-moe",
+            Arch::Dream => "dream",
         }
         .into(),
         d_model: d as u32,
@@ -373,7 +374,7 @@ fn check_whole_bindings(h: &Header, target: &str, range: u64, align: u64) -> Res
 fn embedding_name(cfg: &LladaConfig) -> &'static str {
     match cfg.arch {
         Arch::Llada => names::EMBEDDING,
-        Arch::LladaMoe => names::moe::EMBEDDING,
+        Arch::LladaMoe | Arch::Dream => names::moe::EMBEDDING,
     }
 }
 

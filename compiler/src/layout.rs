@@ -53,6 +53,12 @@ impl<'c> Builder<'c> {
         Ok(Planned { name: name.into(), sources: vec![self.get(name, shape, why)?], dtype, shape: shape.iter().map(|&x| x as u64).collect() })
     }
 
+    /// Vectors `parts` concatenated into one named `name` (fused biases).
+    fn fused_vector(&mut self, name: String, parts: &[(&str, usize, &str)], dtype: DType) -> Result<Planned<'c>> {
+        let sources = parts.iter().map(|(n, len, why)| self.get(n, &[*len], why)).collect::<Result<Vec<_>>>()?;
+        Ok(Planned { name, sources, dtype, shape: vec![parts.iter().map(|p| p.1 as u64).sum()] })
+    }
+
     /// Rows of `parts` stacked into one matrix named `name`.
     fn fused(&mut self, name: String, parts: &[(&str, [usize; 2], &str)], dtype: DType) -> Result<Planned<'c>> {
         let sources = parts.iter().map(|(n, shape, why)| self.get(n, shape, why)).collect::<Result<Vec<_>>>()?;
@@ -67,6 +73,7 @@ pub fn plan<'c>(cfg: &LladaConfig, ckpt: &'c Checkpoint, storage: Storage) -> Re
     let segments = match cfg.arch {
         Arch::Llada => dense(cfg, &mut b, storage)?,
         Arch::LladaMoe => moe(cfg, &mut b, storage)?,
+        Arch::Dream => dream(cfg, &mut b, storage)?,
     };
     Ok(Layout { arch: cfg.arch, segments, consumed: b.consumed })
 }
@@ -147,6 +154,45 @@ fn moe<'c>(cfg: &LladaConfig, b: &mut Builder<'c>, st: Storage) -> Result<Vec<(S
     Ok(segments)
 }
 
+/// Dream (`modeling_dream.py`): LLaDA-MoE's names, a dense SwiGLU, and the q, k and v biases
+/// fused as the projections are (`[q | k | v]`), stored f32 (they are added to f32 rows).
+fn dream<'c>(cfg: &LladaConfig, b: &mut Builder<'c>, st: Storage) -> Result<Vec<(String, Vec<Planned<'c>>)>> {
+    use names::moe as n;
+    let (d, hd, f, v) = (cfg.d_model, cfg.head_dim(), cfg.mlp_hidden, cfg.embedding_size);
+    let (q_dim, kv_dim) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
+    let why_d = format!("hidden_size {d}");
+    let why_v = format!("vocab_size {v}, {why_d}");
+    let why_q = format!("num_attention_heads {} x head_dim {hd}, {why_d}", cfg.n_heads);
+    let why_kv = format!("num_key_value_heads {} x head_dim {hd}, {why_d}", cfg.n_kv_heads);
+    let why_f = format!("intermediate_size {f}, {why_d}");
+    let mut segments = vec![("embedding".to_string(), vec![b.single(n::EMBEDDING, &[v, d], &why_v, st.embedding)?])];
+    for l in 0..cfg.n_layers {
+        let p = |part: &str| n::layer(l, part);
+        let bias = |part: &str| n::layer_bias(l, part);
+        let (bq, bk, bv) = (bias("self_attn.q_proj"), bias("self_attn.k_proj"), bias("self_attn.v_proj"));
+        let biases = b.fused_vector(n::layer_bias(l, "self_attn.qkv_proj"), &[(&bq, q_dim, &why_q), (&bk, kv_dim, &why_kv), (&bv, kv_dim, &why_kv)], DType::F32)?;
+        segments.push((
+            format!("blocks.{l}.attn"),
+            vec![
+                b.single(&p("input_layernorm"), &[d], &why_d, DType::F32)?,
+                b.fused(p("self_attn.qkv_proj"), &[(&p("self_attn.q_proj"), [q_dim, d], &why_q), (&p("self_attn.k_proj"), [kv_dim, d], &why_kv), (&p("self_attn.v_proj"), [kv_dim, d], &why_kv)], st.matrix)?,
+                biases,
+                b.single(&p("self_attn.o_proj"), &[d, q_dim], &why_q, st.matrix)?,
+            ],
+        ));
+        segments.push((
+            format!("blocks.{l}.ffn"),
+            vec![
+                b.single(&p("post_attention_layernorm"), &[d], &why_d, DType::F32)?,
+                b.fused(p("mlp.gate_up_proj"), &[(&p("mlp.gate_proj"), [f, d], &why_f), (&p("mlp.up_proj"), [f, d], &why_f)], st.matrix)?,
+                b.single(&p("mlp.down_proj"), &[d, f], &why_f, st.matrix)?,
+            ],
+        ));
+    }
+    segments.push(("head".into(), vec![b.single(n::FINAL_NORM, &[d], &why_d, DType::F32)?, b.single(n::HEAD, &[v, d], &why_v, st.matrix)?]));
+    Ok(segments)
+}
+
 impl Layout<'_> {
     /// The network's tensor ids, from the ids the writer gave each segment's tensors (in
     /// layout order), and the expert segments (layer-major) by writer segment index.
@@ -158,7 +204,12 @@ impl Layout<'_> {
             match self.arch {
                 Arch::Llada => {
                     let (a, f) = (&ids[seg], &ids[seg + 1]);
-                    blocks.push(BlockTensors { attn_norm: a[0], qkv: a[1], qk_norm: None, attn_out: a[2], ff_norm: f[0], ffn: Ffn::Dense { gate_up: f[1], ff_out: f[2] } });
+                    blocks.push(BlockTensors { attn_norm: a[0], qkv: a[1], qkv_bias: None, qk_norm: None, attn_out: a[2], ff_norm: f[0], ffn: Ffn::Dense { gate_up: f[1], ff_out: f[2] } });
+                    seg += 2;
+                }
+                Arch::Dream => {
+                    let (a, f) = (&ids[seg], &ids[seg + 1]);
+                    blocks.push(BlockTensors { attn_norm: a[0], qkv: a[1], qkv_bias: Some(a[2]), qk_norm: None, attn_out: a[3], ff_norm: f[0], ffn: Ffn::Dense { gate_up: f[1], ff_out: f[2] } });
                     seg += 2;
                 }
                 Arch::LladaMoe => {
@@ -173,7 +224,7 @@ impl Layout<'_> {
                         }
                         expert_segments.push((seg + 1 + e) as u32);
                     }
-                    blocks.push(BlockTensors { attn_norm: a[0], qkv: a[1], qk_norm, attn_out: rest[0], ff_norm: rest[1], ffn: Ffn::Moe { router: rest[2], first } });
+                    blocks.push(BlockTensors { attn_norm: a[0], qkv: a[1], qkv_bias: None, qk_norm, attn_out: rest[0], ff_norm: rest[1], ffn: Ffn::Moe { router: rest[2], first } });
                     seg += 1 + experts;
                 }
             }

@@ -9,6 +9,8 @@ use llada_ir::{Graph, ModelConfig, Op, Rows, TensorId, Value, ValueId};
 pub struct BlockTensors {
     pub attn_norm: TensorId,
     pub qkv: TensorId,
+    /// The `[q | k | v]` projection biases (Dream), f32.
+    pub qkv_bias: Option<TensorId>,
     /// Per-head RMSNorm weights of the query and of the key heads (LLaDA-MoE).
     pub qk_norm: Option<(TensorId, TensorId)>,
     pub attn_out: TensorId,
@@ -79,6 +81,9 @@ pub fn full_sequence_graph(m: &ModelConfig, t: &NetworkTensors, opts: NetworkOpt
         let fin = v(&mut b, "ff_in", d);
         let f = v(&mut b, "ff_proj_out", d);
         b.ops.extend([Op::RmsNorm { x, weight: bt.attn_norm, eps, out: xn }, Op::MatMul { x: xn, weight: bt.qkv, out: qkv }]);
+        if let Some(bias) = bt.qkv_bias {
+            b.ops.push(Op::Bias { x: qkv, bias });
+        }
         if let Some((q_norm, k_norm)) = bt.qk_norm {
             b.ops.extend([
                 Op::HeadRmsNorm { x: qkv, first_head: 0, heads: m.n_heads, weight: q_norm, eps },

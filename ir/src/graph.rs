@@ -74,6 +74,8 @@ pub enum Op {
     /// sum; `work` is the expert kernels' scratch, `[d_model | 2 * hidden | hidden | d_model]`
     /// per row.
     MoeExperts { x: ValueId, route: ValueId, out: ValueId, layer: u32, first: TensorId, experts: u32, ranked: ValueId, work: ValueId },
+    /// `x[r] += bias` for every row: a projection's bias (Dream's q, k and v), `[x.cols]` f32.
+    Bias { x: ValueId, bias: TensorId },
 }
 
 impl Op {
@@ -91,6 +93,7 @@ impl Op {
             Op::HeadRmsNorm { .. } => "HeadRmsNorm",
             Op::Route { .. } => "Route",
             Op::MoeExperts { .. } => "MoeExperts",
+            Op::Bias { .. } => "Bias",
         }
     }
 
@@ -98,7 +101,7 @@ impl Op {
     pub fn inputs(&self) -> Vec<ValueId> {
         match *self {
             Op::Embed { .. } => vec![],
-            Op::Scale { x, .. } => vec![x],
+            Op::Scale { x, .. } | Op::Bias { x, .. } => vec![x],
             Op::RmsNorm { x, .. } | Op::MatMul { x, .. } | Op::GatherHeadRows { x, .. } => vec![x],
             Op::Rope { x, .. } => vec![x],
             Op::Attention { qkv, .. } => vec![qkv],
@@ -119,7 +122,7 @@ impl Op {
             | Op::Attention { out, .. }
             | Op::SwiGlu { out, .. }
             | Op::GatherHeadRows { out, .. } => vec![out],
-            Op::Scale { x, .. } | Op::Rope { x, .. } | Op::HeadRmsNorm { x, .. } => vec![x],
+            Op::Scale { x, .. } | Op::Rope { x, .. } | Op::HeadRmsNorm { x, .. } | Op::Bias { x, .. } => vec![x],
             Op::Add { acc, .. } => vec![acc],
             Op::Route { out, .. } => vec![out],
             Op::MoeExperts { out, ranked, work, .. } => vec![out, ranked, work],
@@ -132,7 +135,7 @@ impl Op {
             Op::Embed { table, .. } => vec![table],
             Op::RmsNorm { weight, .. } | Op::MatMul { weight, .. } => vec![weight],
             Op::Rope { cos, sin, .. } => vec![cos, sin],
-            Op::HeadRmsNorm { weight, .. } => vec![weight],
+            Op::HeadRmsNorm { weight, .. } | Op::Bias { bias: weight, .. } => vec![weight],
             Op::MoeExperts { first, experts, .. } => (0..2 * experts).map(|i| first.saturating_add(i)).collect(),
             _ => vec![],
         }

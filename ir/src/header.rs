@@ -9,7 +9,9 @@ use crate::window::WindowPlan;
 /// Hyperparameters of a LLaDA-architecture network, as the runtime needs them.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct ModelConfig {
-    /// Architecture family: "llada" (dense) or "llada-moe".
+    /// Architecture family: "llada" (dense), "llada-moe" or "dream". Dream predicts the token
+    /// at position `i` from the network's output at `i - 1` (position 0 from its own), as its
+    /// published sampler shifts the logits; the runtime reads its head rows accordingly.
     pub architecture: String,
     pub d_model: u32,
     pub n_layers: u32,

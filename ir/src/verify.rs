@@ -184,6 +184,12 @@ fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
                 }
             }
             Op::Scale { .. } => {}
+            Op::Bias { x, bias } => {
+                let t = tensor(bias)?;
+                if t.dtype != DType::F32 || t.shape != [value(x)?.cols as u64] {
+                    return Err(at(format!("bias '{}' is not f32 [{}]", t.name, value(x)?.cols)));
+                }
+            }
             Op::RmsNorm { x, weight, out, .. } => {
                 same(x, out)?;
                 let t = tensor(weight)?;
@@ -298,7 +304,7 @@ fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
         let in_place = |o: ValueId, inp: ValueId| {
             o == inp
                 && match *op {
-                    Op::Scale { x, .. } | Op::Rope { x, .. } | Op::HeadRmsNorm { x, .. } => x == o,
+                    Op::Scale { x, .. } | Op::Rope { x, .. } | Op::HeadRmsNorm { x, .. } | Op::Bias { x, .. } => x == o,
                     Op::Add { acc, .. } => acc == o,
                     _ => false,
                 }

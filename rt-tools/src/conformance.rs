@@ -1,7 +1,8 @@
-//! `llada-rt conformance`: replays a golden file made by the official LLaDA `generate()` and
-//! checks that this runtime produces the same tokens, the same reveals at every step (ties
-//! among equal confidences included: the sampler selects as PyTorch's `topk` does) and the
-//! same first-pass logits within 1e-4.
+//! `llada-rt conformance`: replays a golden file made by the official LLaDA `generate()` (or
+//! by Dream's published `diffusion_generate`: cases with an `alg`, no blocks) and checks that
+//! this runtime produces the same tokens, the same reveals at every step (ties among equal
+//! confidences included: the sampler selects as PyTorch's `topk` does) and the same
+//! first-pass logits within 1e-4 (Dream's shifted by one position, as its sampler reads them).
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -9,7 +10,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use llada_rt::error::{Error, Result};
-use llada_rt::sampler::{generate, Remasking, SamplerParams};
+use llada_rt::sampler::{generate, Alg, Remasking, SamplerParams};
 use llada_rt::session::Session;
 
 #[derive(Deserialize)]
@@ -24,11 +25,17 @@ struct Case {
     id: String,
     prompt_ids: Vec<u32>,
     gen_length: usize,
-    block_length: usize,
+    /// LLaDA's; Dream's sampler has none.
+    block_length: Option<usize>,
     steps: usize,
     temperature: f64,
-    remasking: String,
+    /// LLaDA's confidence rule.
+    remasking: Option<String>,
+    #[serde(default)]
     cfg_scale: f64,
+    /// Dream's confidence rule and schedule end.
+    alg: Option<String>,
+    eps: Option<f64>,
     mask_id: u32,
     output_ids: Vec<u32>,
     step_reveals: Vec<Vec<[u32; 2]>>,
@@ -119,20 +126,25 @@ pub fn run(session: &mut Session, golden_path: &Path, select: Selection, progres
             r.failures.push(format!("{}: golden mask id {} but the model's is {mask}", c.id, c.mask_id));
             continue;
         }
-        let remasking = Remasking::parse(&c.remasking)
-            .ok_or_else(|| Error::Input { path: golden_path.to_path_buf(), msg: format!("{}: unknown remasking '{}'", c.id, c.remasking) })?;
-        if c.temperature > 0.0 || remasking == Remasking::Random {
+        let unknown = |what: &str, v: &str| Error::Input { path: golden_path.to_path_buf(), msg: format!("{}: unknown {what} '{v}'", c.id) };
+        let d = SamplerParams::default();
+        let remasking = c.remasking.as_deref().map(|v| Remasking::parse(v).ok_or_else(|| unknown("remasking", v))).transpose()?.unwrap_or(d.remasking);
+        let alg = c.alg.as_deref().map(|v| Alg::parse(v).ok_or_else(|| unknown("alg", v))).transpose()?;
+        // Sampled cases follow PyTorch's random stream, which no other implementation has.
+        if c.temperature > 0.0 || remasking == Remasking::Random || alg == Some(Alg::Origin) {
             r.skipped += 1;
             continue;
         }
         let params = SamplerParams {
             gen_length: c.gen_length,
-            block_length: c.block_length,
+            block_length: c.block_length.unwrap_or(c.gen_length),
             steps: c.steps,
             temperature: c.temperature,
             cfg_scale: c.cfg_scale,
             remasking,
-            ..Default::default()
+            alg: alg.unwrap_or(d.alg),
+            eps: c.eps.unwrap_or(d.eps),
+            ..d
         };
         let g = generate(session, &c.prompt_ids, &params, &mut |_| {})?;
         if g.output_ids == c.output_ids {

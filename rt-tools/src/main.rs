@@ -3,7 +3,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use llada_rt::sampler::{Policy, Revision, StepView};
+use llada_rt::sampler::{Alg, Policy, Revision, StepView};
 use llada_rt::text::Text;
 use llada_rt::moe::{ExpertCounters, ExpertStrategy};
 use llada_rt::executor::BackendKind;
@@ -97,6 +97,12 @@ struct SamplerArgs {
     /// mbsd revision: a disagreeing check at or above this confidence revises the token.
     #[arg(long, default_value_t = defaults().revise_confidence)]
     revise_confidence: f32,
+    /// Dream: the confidence rule of its sampler (LLaDA models take --remasking).
+    #[arg(long, default_value = defaults().alg.name(), value_parser = ["origin", "maskgit_plus", "topk_margin", "entropy"])]
+    alg: String,
+    /// Dream: its schedule runs from timestep 1 down to this.
+    #[arg(long, default_value_t = defaults().eps)]
+    eps: f64,
 }
 
 impl SamplerArgs {
@@ -104,7 +110,8 @@ impl SamplerArgs {
     fn params(&self, model: &Model) -> SamplerParams {
         let policy = Policy::parse(&self.policy).expect("clap restricts the values");
         let plan = &model.header.plan;
-        let block_length = self.block_len.unwrap_or(plan.block_len as usize);
+        // Dream's sampler has no blocks: one block of the whole generation unless given.
+        let block_length = self.block_len.unwrap_or(if model.logit_shift() > 0 { self.gen_len } else { plan.block_len as usize });
         let spec_default = SamplerParams::default_spec_blocks(policy, plan.spec_blocks as usize, self.gen_len, block_length);
         SamplerParams {
             gen_length: self.gen_len,
@@ -127,6 +134,8 @@ impl SamplerArgs {
             stable_confidence: self.stable_confidence,
             stable_checks: self.stable_checks,
             revise_confidence: self.revise_confidence,
+            alg: Alg::parse(&self.alg).expect("clap restricts the values"),
+            eps: self.eps,
         }
     }
 }

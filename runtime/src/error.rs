@@ -63,6 +63,10 @@ pub enum Setting {
     CpuThreads,
     Backend,
     Experts,
+    Alg,
+    Eps,
+    Policy,
+    Remasking,
 }
 
 impl Setting {
@@ -87,6 +91,10 @@ impl Setting {
             Setting::CpuThreads => "--cpu-threads",
             Setting::Backend => "--backend",
             Setting::Experts => "--experts",
+            Setting::Alg => "--alg",
+            Setting::Eps => "--eps",
+            Setting::Policy => "--policy",
+            Setting::Remasking => "--remasking",
         }
     }
 
@@ -111,6 +119,10 @@ impl Setting {
             Setting::CpuThreads => "cpu_threads",
             Setting::Backend => "backend",
             Setting::Experts => "experts",
+            Setting::Alg => "params.alg",
+            Setting::Eps => "params.eps",
+            Setting::Policy => "params.policy",
+            Setting::Remasking => "params.remasking",
         }
     }
 }

@@ -159,6 +159,13 @@ impl Model {
 
     /// The longest sequence (prompt + generation) the artifact serves: what its largest graph
     /// and its KV cache hold.
+    /// How far left of a position the network's output predicts it: 1 for Dream, whose
+    /// published sampler shifts the logits by one position (position 0 keeps its own), 0
+    /// for LLaDA.
+    pub fn logit_shift(&self) -> u32 {
+        u32::from(self.header.model.architecture == "dream")
+    }
+
     pub fn max_exact_len(&self) -> u32 {
         self.header.plan.by_rows.last().map_or(0, |&g| self.graph(g).rows).min(self.header.plan.kv_capacity)
     }

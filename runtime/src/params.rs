@@ -33,6 +33,42 @@ impl Remasking {
     }
 }
 
+/// Dream's confidence rule (`alg` of its published `diffusion_generate`): which masked
+/// positions a step commits. LLaDA's sampler takes [`Remasking`] instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Alg {
+    /// Each masked position independently, with probability `1 - s/t` (random order).
+    Origin,
+    /// The highest probability of the prediction.
+    MaskgitPlus,
+    /// The top probability minus the second.
+    TopkMargin,
+    /// The negative entropy of the distribution.
+    Entropy,
+}
+
+impl Alg {
+    pub fn parse(s: &str) -> Option<Alg> {
+        match s {
+            "origin" => Some(Alg::Origin),
+            "maskgit_plus" => Some(Alg::MaskgitPlus),
+            "topk_margin" => Some(Alg::TopkMargin),
+            "entropy" => Some(Alg::Entropy),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Alg::Origin => "origin",
+            Alg::MaskgitPlus => "maskgit_plus",
+            Alg::TopkMargin => "topk_margin",
+            Alg::Entropy => "entropy",
+        }
+    }
+}
+
 /// Which rows each forward pass recomputes (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -142,6 +178,10 @@ pub struct SamplerParams {
     pub stable_checks: u32,
     /// A check that disagrees with this confidence or more revises the token.
     pub revise_confidence: f32,
+    /// Dream: the confidence rule (LLaDA: `remasking`).
+    pub alg: Alg,
+    /// Dream: the last timestep of its schedule, which runs from 1 down to `eps`.
+    pub eps: f64,
 }
 
 impl Default for SamplerParams {
@@ -167,6 +207,8 @@ impl Default for SamplerParams {
             stable_confidence: 0.9,
             stable_checks: 2,
             revise_confidence: 0.5,
+            alg: Alg::MaskgitPlus,
+            eps: 1e-3,
         }
     }
 }
@@ -181,12 +223,14 @@ pub struct Limits {
     pub max_len: usize,
     /// Rows of the largest graph: the most one pass computes.
     pub max_rows: usize,
+    /// The model is Dream, whose sampler is its own (see [`SamplerParams::validate`]).
+    pub dream: bool,
 }
 
 impl Limits {
     pub fn of(model: &crate::Model) -> Limits {
         let h = &model.header;
-        Limits { max_len: model.max_exact_len() as usize, max_rows: h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize }
+        Limits { max_len: model.max_exact_len() as usize, max_rows: h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize, dream: model.logit_shift() > 0 }
     }
 }
 
@@ -255,7 +299,43 @@ impl SamplerParams {
         if self.stable_checks == 0 {
             return bad(S::StableChecks, "0 must be at least 1".into());
         }
+        self.validate_family(limits.dream)?;
         Ok(steps_per_block)
+    }
+
+    /// LLaDA's and Dream's samplers take different settings: each refuses the other's, set
+    /// away from its default, naming it. Dream's sampler has no blocks, and runs on the
+    /// exact policy only (for now).
+    fn validate_family(&self, dream: bool) -> Result<()> {
+        use crate::error::Setting as S;
+        let d = SamplerParams::default();
+        let bad = |s: S, m: String| Err(Error::setting(s, m));
+        if !dream {
+            if self.alg != d.alg {
+                return bad(S::Alg, format!("{} is Dream's confidence rule; this is a LLaDA model, whose sampler takes --remasking", self.alg.name()));
+            }
+            if self.eps != d.eps {
+                return bad(S::Eps, format!("{} is Dream's schedule end; this is a LLaDA model, whose sampler has none", self.eps));
+            }
+            return Ok(());
+        }
+        if !(self.eps > 0.0 && self.eps < 1.0) {
+            return bad(S::Eps, format!("{} must be between 0 and 1 (the schedule runs from 1 down to it)", self.eps));
+        }
+        if self.block_length != self.gen_length {
+            return bad(S::BlockLength, format!("{}: Dream's sampler has no blocks; use --block-len {} (the gen length)", self.block_length, self.gen_length));
+        }
+        if self.policy != Policy::Exact {
+            return bad(S::Policy, format!("{} is not implemented for Dream yet; Dream runs the exact policy", self.policy.name()));
+        }
+        if self.remasking != d.remasking {
+            return bad(S::Remasking, format!("{} is LLaDA's; Dream's sampler takes --alg", self.remasking.name()));
+        }
+        if self.cfg_scale != 0.0 || self.threshold.is_some() || self.logits_eos_inf || self.confidence_eos_eot_inf {
+            let s = if self.cfg_scale != 0.0 { S::CfgScale } else if self.threshold.is_some() { S::Threshold } else { S::Remasking };
+            return bad(s, "is one of LLaDA's sampler options, which Dream's published sampler does not have".into());
+        }
+        Ok(())
     }
 
     /// `spec_blocks` when none is given: `spec` drafts one block ahead, `mbsd` as deep as
@@ -313,7 +393,7 @@ mod tests {
 
     #[test]
     fn validation_names_the_options() {
-        let limits = Limits { max_len: 256, max_rows: 256 };
+        let limits = Limits { max_len: 256, max_rows: 256, dream: false };
         let p = SamplerParams { gen_length: 30, block_length: 8, ..Default::default() };
         assert!(p.validate(&limits).unwrap_err().to_string().contains("--block-len 8 must divide the gen length 30"));
         let p = SamplerParams { gen_length: 32, block_length: 8, steps: 6, ..Default::default() };
@@ -321,8 +401,27 @@ mod tests {
     }
 
     #[test]
+    fn llada_and_dream_each_refuse_the_others_settings_by_flag() {
+        let llada = Limits { max_len: 256, max_rows: 256, dream: false };
+        let dream = Limits { dream: true, ..llada };
+        let p = SamplerParams { gen_length: 32, block_length: 32, steps: 32, ..Default::default() };
+        p.validate(&llada).unwrap();
+        p.validate(&dream).unwrap();
+        let refused = |q: SamplerParams, l: &Limits, want: &str| {
+            let msg = q.validate(l).unwrap_err().to_string();
+            assert!(msg.contains(want), "{msg}");
+        };
+        refused(SamplerParams { alg: Alg::Entropy, ..p }, &llada, "--alg entropy is Dream's");
+        refused(SamplerParams { eps: 0.01, ..p }, &llada, "--eps 0.01 is Dream's");
+        refused(SamplerParams { block_length: 8, ..p }, &dream, "--block-len 8: Dream's sampler has no blocks; use --block-len 32");
+        refused(SamplerParams { policy: Policy::Dual, ..p }, &dream, "--policy dual is not implemented for Dream");
+        refused(SamplerParams { remasking: Remasking::Random, ..p }, &dream, "--remasking random is LLaDA's");
+        refused(SamplerParams { eps: 1.5, ..p }, &dream, "--eps 1.5 must be between 0 and 1");
+    }
+
+    #[test]
     fn every_size_is_bounded_before_anything_is_allocated() {
-        let limits = Limits { max_len: 160, max_rows: 64 };
+        let limits = Limits { max_len: 160, max_rows: 64, dream: false };
         let base = SamplerParams { gen_length: 128, block_length: 32, steps: 128, policy: Policy::Mbsd, ..Default::default() };
         base.validate(&limits).unwrap();
         let cases: Vec<(SamplerParams, &str)> = vec![

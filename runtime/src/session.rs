@@ -257,15 +257,17 @@ impl<'m> Session<'m> {
         let gid = self.model.graph_for_rows(span.len())?;
         self.check_head(gid, head_positions.len())?;
         check_tokens(self.model, seq)?;
-        if let Some(&bad) = head_positions.iter().find(|&&r| !span.contains(&(r as usize))) {
-            return Err(Error::request(format!("logits asked for position {bad}, outside the rows {span:?} of this pass")));
+        // Dream predicts position p from the output at p - 1 (position 0 from its own).
+        let shift = self.model.logit_shift();
+        if let Some(&bad) = head_positions.iter().find(|&&r| !span.contains(&(r.saturating_sub(shift) as usize))) {
+            return Err(Error::request(format!("logits asked for position {bad}, outside the rows {span:?} of this pass (the model predicts it from position {})", bad.saturating_sub(shift))));
         }
         self.tokens.clear();
         self.tokens.extend_from_slice(&seq[span.clone()]);
         self.positions.clear();
         self.positions.extend(span.start as u32..span.end as u32);
         self.head.clear();
-        self.head.extend(head_positions.iter().map(|&p| p - span.start as u32));
+        self.head.extend(head_positions.iter().map(|&p| p.saturating_sub(shift) - span.start as u32));
         self.pad(gid);
         Ok(gid)
     }

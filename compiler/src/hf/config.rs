@@ -27,6 +27,9 @@ const ACCEPTED_KEYS: &[&str] = &[
 pub fn load(dir: &Path) -> Result<(LladaConfig, Vec<String>)> {
     let path: PathBuf = dir.join("config.json");
     let map = read_object(&path)?;
+    if super::config_dream::is_dream(&map) {
+        return super::config_dream::parse(&path, &map);
+    }
     if super::config_moe::is_moe(&map) {
         let generation = dir.join("generation_config.json");
         let mask = match generation.exists() {

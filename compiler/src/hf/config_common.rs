@@ -15,6 +15,9 @@ pub enum Arch {
     Llada,
     /// `LLaDAMoEModelLM`: `model.layers.*` tensors, mixture-of-experts feed-forward.
     LladaMoe,
+    /// `DreamModel`: `model.layers.*` tensors like LLaDA-MoE's, dense SwiGLU, q/k/v biases;
+    /// logits shifted by one position.
+    Dream,
 }
 
 /// The experts of a mixture-of-experts config.

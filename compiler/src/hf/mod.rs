@@ -3,6 +3,7 @@
 pub mod checkpoint;
 pub mod config;
 mod config_common;
+pub mod config_dream;
 pub mod config_moe;
 pub mod tokenizer;
 
@@ -16,7 +17,8 @@ pub mod names {
         format!("model.transformer.blocks.{layer}.{part}.weight")
     }
 
-    /// LLaDA-MoE's (`modeling_lladamoe.py`).
+    /// LLaDA-MoE's (`modeling_lladamoe.py`); Dream's (`modeling_dream.py`) use the same names
+    /// for the tensors they share.
     pub mod moe {
         pub const EMBEDDING: &str = "model.embed_tokens.weight";
         pub const FINAL_NORM: &str = "model.norm.weight";
@@ -25,6 +27,11 @@ pub mod names {
         /// `part` of layer `layer`: `self_attn.q_proj`, `mlp.gate`, `input_layernorm`...
         pub fn layer(layer: usize, part: &str) -> String {
             format!("model.layers.{layer}.{part}.weight")
+        }
+
+        /// The bias of `part` of layer `layer` (Dream's `self_attn.q_proj`...).
+        pub fn layer_bias(layer: usize, part: &str) -> String {
+            format!("model.layers.{layer}.{part}.bias")
         }
 
         /// `part` (`gate_proj`, `up_proj`, `down_proj`) of expert `expert` of layer `layer`.

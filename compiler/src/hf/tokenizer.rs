@@ -13,6 +13,8 @@ use crate::hf::config::{Arch, LladaConfig};
 /// The end-of-turn token of LLaDA's chat format, and of LLaDA-MoE's.
 const EOT_TOKEN: &str = "<|eot_id|>";
 const MOE_EOT_TOKEN: &str = "<|role_end|>";
+/// Dream (Qwen2.5 chat format) ends a turn with this.
+const DREAM_EOT_TOKEN: &str = "<|im_end|>";
 
 /// A special token in `tokenizer_config.json`: either a string or `{"content": ...}`.
 fn token_string(v: Option<&Value>) -> Option<String> {
@@ -65,6 +67,7 @@ pub fn load(dir: &Path, cfg: &LladaConfig) -> Result<(TokenizerSpec, SpecialToke
     let eot = tokenizer.token_to_id(match cfg.arch {
         Arch::Llada => EOT_TOKEN,
         Arch::LladaMoe => MOE_EOT_TOKEN,
+        Arch::Dream => DREAM_EOT_TOKEN,
     });
     for (what, id) in [("bos", bos), ("eos", eos), ("eot", eot)] {
         if let Some(id) = id {

@@ -165,6 +165,10 @@ impl HostExecutor {
                     kernels::embed_rows(model.weights(table), c, inp.tokens, o);
                 }
                 Op::Scale { x, factor } => kernels::scale(&mut win[range(x)], factor),
+                Op::Bias { x, bias } => {
+                    let b = f32s(bias);
+                    win[range(x)].chunks_exact_mut(b.len()).for_each(|row| kernels::add(row, b));
+                }
                 Op::RmsNorm { x, weight, eps, out } => {
                     let ([xs], o) = operands(win, [range(x)], range(out));
                     kernels::rms_norm(features, xs, f32s(weight), eps, o);

@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use super::canvas::{Canvas, PolicyStep};
-use super::{check_prompt, mbsd, official, Generation, Limits, Policy, Predictor, SamplerParams, StepView};
+use super::{check_prompt, dream, mbsd, official, Generation, Limits, Policy, Predictor, SamplerParams, StepView};
 use crate::error::{Error, Result};
 use crate::session::{Counters, Session};
 
@@ -46,6 +46,8 @@ impl<'s, 'm> Generator<'s, 'm> {
         }
         let spec_blocks = if matches!(p.policy, Policy::Spec | Policy::Mbsd) { p.spec_blocks } else { 0 };
         let (policy, revised_per_step): (Box<dyn PolicyStep>, usize) = match p.policy {
+            // Dream's own sampler (its validation allows the exact policy only).
+            _ if session.model.logit_shift() > 0 => (Box::new(dream::Dream::new(p)), 0),
             Policy::Mbsd => {
                 let m = mbsd::Mbsd::new(session, p, len)?;
                 let checked = m.checked_per_step();

@@ -34,6 +34,7 @@
 //! predictions), plus its line in `Generator::start`.
 
 mod canvas;
+mod dream;
 mod generator;
 mod mbsd;
 mod official;
@@ -47,7 +48,7 @@ use rayon::prelude::*;
 
 pub use generator::Generator;
 pub use mbsd::MbsdReport;
-pub use crate::params::{Limits, Policy, Remasking, Revision, SamplerParams, MAX_STEPS};
+pub use crate::params::{Alg, Limits, Policy, Remasking, Revision, SamplerParams, MAX_STEPS};
 
 use crate::error::{Error, Result};
 use crate::session::Session;
@@ -245,6 +246,22 @@ impl Predictor {
         pool.install(|| {
             rows.par_chunks_mut(vocab).zip(positions.par_iter()).zip(out.par_iter_mut()).for_each(|((row, &pos), o)| {
                 *o = predict_with(row, p, special, purpose, step, pos as usize);
+            })
+        });
+        &self.out
+    }
+
+    /// Dream's predictions at `positions` (`dream.rs`): the token and its confidence under
+    /// `p.alg`, from the loaded logits.
+    pub(crate) fn run_dream(&mut self, pool: &rayon::ThreadPool, positions: &[u32], p: &SamplerParams, step: usize) -> &[(u32, f32)] {
+        let vocab = self.vocab;
+        let rows = &mut self.rows[..positions.len() * vocab];
+        self.out.clear();
+        self.out.resize(positions.len(), (0, 0.0));
+        let out = &mut self.out;
+        pool.install(|| {
+            rows.par_chunks_mut(vocab).zip(positions.par_iter()).zip(out.par_iter_mut()).for_each(|((row, &pos), o)| {
+                *o = dream::predict(row, p, step, pos as usize);
             })
         });
         &self.out

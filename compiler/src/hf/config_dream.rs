@@ -1,0 +1,126 @@
+//! `config.json` of a Dream checkpoint (`DreamModel`, `model_type` "Dream": Dream-org's
+//! Dream-v0-Instruct-7B and -Base-7B). Read as `modeling_dream.py` uses it: a Qwen2.5-style
+//! transformer with biases on the q, k and v projections (none on o), grouped-query attention,
+//! full half-split rotary at `rope_theta`, RMSNorm, SwiGLU, bidirectional attention, its own
+//! mask token. What the code would compute differently from that (rope scaling, sliding-window
+//! attention, tied embeddings, another activation) is refused by key.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use super::config_common::{Arch, Keys, LladaConfig};
+use crate::error::Result;
+
+/// Whether `config.json` describes Dream: its architecture or its model type.
+pub fn is_dream(map: &Map<String, Value>) -> bool {
+    let arch = map.get("architectures").and_then(Value::as_array).into_iter().flatten().filter_map(Value::as_str).any(|a| a.starts_with("Dream"));
+    arch || map.get("model_type").and_then(Value::as_str).is_some_and(|t| t.eq_ignore_ascii_case("dream"))
+}
+
+/// Keys that do not shape the forward pass (training, the Python implementation).
+const ACCEPTED_KEYS: &[&str] = &[
+    "architectures", "auto_map", "model_type", "transformers_version", "torch_dtype", "initializer_range", "use_cache",
+    "attention_dropout", "max_window_layers", "sliding_window", "_name_or_path", "return_dict", "output_hidden_states",
+    "output_attentions", "_attn_implementation",
+];
+
+pub fn parse(path: &Path, map: &Map<String, Value>) -> Result<(LladaConfig, Vec<String>)> {
+    let mut k = Keys { path, map, used: Vec::new() };
+    if let Some(Value::String(t)) = k.get("model_type") {
+        if !t.eq_ignore_ascii_case("dream") {
+            return Err(k.err("model_type", format!("\"{t}\" is not a Dream model (expected \"Dream\")")));
+        }
+    }
+    k.require_str("hidden_act", "silu", &["silu"])?;
+    k.require_bool("tie_word_embeddings", false, false, "the output head must be its own tensor, lm_head.weight")?;
+    k.require_bool("use_sliding_window", false, false, "sliding-window attention is not implemented; Dream attends to the whole sequence")?;
+    if let Some(v) = k.get("rope_scaling") {
+        return Err(k.err("rope_scaling", format!("{v} is not supported (only null is)")));
+    }
+    let d_model = k.required("hidden_size")?;
+    let n_layers = k.required("num_hidden_layers")?;
+    let n_heads = k.required("num_attention_heads")?;
+    let n_kv_heads = k.usize("num_key_value_heads")?.unwrap_or(n_heads);
+    let mlp_hidden = k.required("intermediate_size")?;
+    let vocab_size = k.required("vocab_size")?;
+    let max_sequence_length = k.required("max_position_embeddings")?;
+    let rope_theta = k.f64("rope_theta", 10000.0)?;
+    let rms_eps = k.f64("rms_norm_eps", 1e-6)?;
+    let mask_token_id = k.token("mask_token_id")?.unwrap_or(151666);
+    let bos_token_id = k.token("bos_token_id")?;
+    let eos_token_id = k.token("eos_token_id")?;
+    let pad_token_id = k.token("pad_token_id")?;
+    if d_model % n_heads != 0 || (d_model / n_heads) % 2 != 0 {
+        return Err(k.err("num_attention_heads", format!("hidden_size {d_model} over {n_heads} heads is not an even head dimension")));
+    }
+    if n_heads % n_kv_heads != 0 {
+        return Err(k.err("num_key_value_heads", format!("num_attention_heads {n_heads} is not a multiple of {n_kv_heads}")));
+    }
+    k.ids_inside(&[("mask_token_id", Some(mask_token_id)), ("bos_token_id", bos_token_id), ("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)], vocab_size)?;
+    let warnings = k.unknown(ACCEPTED_KEYS);
+    let cfg = LladaConfig {
+        arch: Arch::Dream,
+        d_model,
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        mlp_hidden,
+        vocab_size,
+        embedding_size: vocab_size,
+        max_sequence_length,
+        rope_theta,
+        rms_eps,
+        input_emb_norm: false,
+        scale_logits: false,
+        mask_token_id,
+        bos_token_id,
+        eos_token_id,
+        pad_token_id,
+        qk_norm: false,
+        moe: None,
+    };
+    Ok((cfg, warnings))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Dream-v0-Instruct-7B's config.json, as published.
+    fn dream_7b() -> Value {
+        json!({
+            "architectures": ["DreamModel"], "attention_dropout": 0.0,
+            "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
+            "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02,
+            "intermediate_size": 18944, "mask_token_id": 151666, "max_position_embeddings": 131072, "max_window_layers": 28,
+            "model_type": "Dream", "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4, "pad_token_id": 151643,
+            "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000.0, "sliding_window": null, "tie_word_embeddings": false,
+            "torch_dtype": "bfloat16", "transformers_version": "4.46.2", "use_cache": true, "use_sliding_window": false, "vocab_size": 152064
+        })
+    }
+
+    fn parse_json(v: Value) -> Result<(LladaConfig, Vec<String>)> {
+        parse(Path::new("config.json"), v.as_object().unwrap())
+    }
+
+    #[test]
+    fn reads_dream_7b() {
+        assert!(is_dream(dream_7b().as_object().unwrap()));
+        let (c, warnings) = parse_json(dream_7b()).unwrap();
+        assert_eq!((c.arch, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim(), c.mlp_hidden, c.vocab_size), (Arch::Dream, 3584, 28, 4, 128, 18944, 152064));
+        assert_eq!((c.rope_theta, c.rms_eps, c.mask_token_id), (1e6, 1e-6, 151666));
+        assert!(warnings.is_empty(), "{warnings:?}");
+    }
+
+    #[test]
+    fn refuses_what_the_reference_would_compute_differently_naming_the_key() {
+        for (key, value) in [("rope_scaling", json!({"type": "yarn", "factor": 4.0})), ("use_sliding_window", json!(true)), ("tie_word_embeddings", json!(true)), ("hidden_act", json!("gelu")), ("num_key_value_heads", json!(5))] {
+            let mut v = dream_7b();
+            v[key] = value;
+            let msg = parse_json(v).unwrap_err().to_string();
+            assert!(msg.contains(key), "{key}: {msg}");
+        }
+    }
+}

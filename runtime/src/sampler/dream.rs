@@ -1,0 +1,187 @@
+//! Dream's sampler (`diffusion_generate` of its published `generation_utils.py`), on the exact
+//! policy. No blocks: each of `steps` steps is one pass over the whole sequence, whose logits
+//! at position `p` are the network's output at `p - 1` (the session shifts them, see
+//! `Model::logit_shift`). The step commits, among all masked positions, the
+//! `int(masked * (1 - s / t))` (every remaining one at the last step) with the highest
+//! confidence, `t` and `s` consecutive entries of `linspace(1, eps, steps + 1)` in float32 as
+//! PyTorch computes it; the confidence is the rule `alg` names. `origin` instead commits each
+//! masked position with probability `1 - s / t`.
+//!
+//! Greedy settings (temperature 0, every rule but `origin`) reproduce the published tokens
+//! and reveals: float32 arithmetic as PyTorch's, the selection by `topk.rs`. Sampling
+//! (temperature above 0, `origin`) draws from the same distributions with this crate's own
+//! random streams, not PyTorch's: the same distribution, not the same draws.
+
+use rand::RngExt;
+
+use super::canvas::{Canvas, PolicyStep};
+use super::{committed_prefix, stream, Candidate};
+use crate::error::Result;
+use crate::params::{Alg, SamplerParams};
+use crate::session::Session;
+
+/// Random streams of Dream's draws (distinct from LLaDA's purposes).
+const DREAM_SAMPLE: u64 = 11;
+const DREAM_TRANSFER: u64 = 12;
+
+pub(super) struct Dream {
+    timesteps: Vec<f32>,
+}
+
+impl Dream {
+    pub(super) fn new(p: &SamplerParams) -> Dream {
+        Dream { timesteps: timesteps(p.steps, p.eps) }
+    }
+}
+
+/// `torch.linspace(1, eps, steps + 1)` in float32 as PyTorch's CPU kernel computes it: the
+/// step `(eps - 1) / steps` in float32, then `1 + step * i` for the first half and `eps - step *
+/// (n - 1 - i)` for the second, each rounded once (a fused multiply-add). Checked against
+/// PyTorch 2.15 for every step count up to 600.
+pub(crate) fn timesteps(steps: usize, eps: f64) -> Vec<f32> {
+    let n = steps + 1;
+    let (start, end) = (1f32, eps as f32);
+    let step = (end - start) / (n - 1) as f32;
+    (0..n)
+        .map(|i| if i < n / 2 { (step as f64).mul_add(i as f64, start as f64) as f32 } else { (-(step as f64)).mul_add((n - 1 - i) as f64, end as f64) as f32 })
+        .collect()
+}
+
+/// How many of `masked` positions step `i` of `steps` commits: `int(masked * (1 - s / t))` in
+/// float32 before the last step, every one at it.
+pub(crate) fn transfer_count(masked: usize, i: usize, steps: usize, ts: &[f32]) -> usize {
+    if i + 1 >= steps {
+        return masked;
+    }
+    let (t, s) = (ts[i], ts[i + 1]);
+    (masked as f32 * (1.0 - s / t)) as usize
+}
+
+/// `softmax(row)` in float32 into `row`, as PyTorch's vectorised CPU softmax computes it (see
+/// `softmax_at`, whose arithmetic this is, for every entry).
+fn softmax_in_place(row: &mut [f32]) {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    let mut lanes = [0f32; 16];
+    for (i, v) in row.iter_mut().enumerate() {
+        *v = (*v - max).exp();
+        lanes[i % 16] += *v;
+    }
+    let b: [f32; 8] = std::array::from_fn(|i| lanes[i] + lanes[i + 8]);
+    let inv = 1.0 / (((b[0] + b[4]) + (b[2] + b[6])) + ((b[1] + b[5]) + (b[3] + b[7])));
+    row.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// Dream's `sample_tokens` for one position: the token and its confidence under `alg`, from
+/// its logits `row` (overwritten with the probabilities).
+pub(crate) fn predict(row: &mut [f32], p: &SamplerParams, step: usize, position: usize) -> (u32, f32) {
+    if p.temperature > 0.0 {
+        let t = p.temperature as f32;
+        row.iter_mut().for_each(|v| *v /= t);
+    }
+    softmax_in_place(row);
+    let (mut confidence, token) = if p.temperature > 0.0 {
+        // A categorical draw from the probabilities (the published code's is PyTorch's).
+        let u: f64 = stream(p.seed, DREAM_SAMPLE, step, position).random();
+        let total: f64 = row.iter().map(|&v| v as f64).sum();
+        let mut acc = 0.0;
+        let token = row.iter().position(|&v| {
+            acc += v as f64;
+            acc > u * total
+        });
+        let token = token.unwrap_or(row.len() - 1);
+        (row[token], token)
+    } else {
+        // `probs.max(-1)`: the first largest.
+        row.iter().enumerate().fold((f32::NEG_INFINITY, 0), |(b, bi), (i, &v)| if v > b { (v, i) } else { (b, bi) })
+    };
+    match p.alg {
+        Alg::TopkMargin => {
+            let (mut top1, mut top2) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+            for &v in row.iter() {
+                if v > top1 {
+                    (top1, top2) = (v, top1);
+                } else if v > top2 {
+                    top2 = v;
+                }
+            }
+            confidence = top1 - top2;
+        }
+        Alg::Entropy => confidence = row.iter().map(|&v| v * (v + 1e-10).ln()).sum(),
+        Alg::MaskgitPlus | Alg::Origin => {}
+    }
+    (token as u32, confidence)
+}
+
+impl PolicyStep for Dream {
+    fn step(&mut self, session: &mut Session, c: &mut Canvas, _scheduled: usize) -> Result<()> {
+        let (mask, len, steps, i) = (c.special.mask, c.x.len(), c.p.steps, c.i);
+        c.head.clear();
+        c.head.extend((0..len).filter(|&j| c.x[j] == mask).map(|j| j as u32));
+        c.candidates.clear();
+        let masked = c.head.len();
+        let count = transfer_count(masked, i, steps, &self.timesteps);
+        // A step that commits nothing changes nothing: its pass is skipped (the published
+        // loop runs it and discards it).
+        if masked > 0 && (count > 0 || c.p.alg == Alg::Origin) {
+            c.predictor.load(session.forward_full(&c.x, &c.head)?);
+            let predictions = c.predictor.run_dream(session.pool(), &c.head, &c.p, c.step);
+            c.candidates.extend(c.head.iter().zip(predictions).map(|(&pos, &(token, confidence))| Candidate { position: pos as usize, token, confidence }));
+            if c.p.alg == Alg::Origin {
+                let p_transfer = if i + 1 < steps { 1.0 - self.timesteps[i + 1] / self.timesteps[i] } else { 1.0 };
+                for cand in &c.candidates {
+                    let u: f32 = stream(c.p.seed, DREAM_TRANSFER, c.step, cand.position).random();
+                    if u < p_transfer {
+                        c.x[cand.position] = cand.token;
+                        c.reveals.push([(cand.position - c.prompt_len) as u32, cand.token]);
+                    }
+                }
+                c.candidates.clear();
+            } else {
+                c.commit_best(count);
+            }
+        }
+        c.settled = committed_prefix(&c.x[c.prompt_len..], mask);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timesteps_are_pytorchs_float32_linspace() {
+        // torch.linspace(1, 1e-3, 9) in float32, and one where a plain `1 + step * i` in float32
+        // rounds differently (steps 8 is the first such count).
+        let ts = timesteps(8, 1e-3);
+        assert_eq!(ts, [1.0, 0.875125, 0.75025, 0.625375, 0.5005, 0.375625, 0.25075, 0.125875, 0.001]);
+        assert_eq!((ts[0], ts[8]), (1.0, 0.001));
+    }
+
+    #[test]
+    fn the_schedule_commits_int_of_the_masked_fraction_and_everything_at_the_end() {
+        let ts = timesteps(4, 1e-3);
+        // 1 - s/t for t=1, s=0.75025: 0.24975 of 16 masks is 3.996 -> 3.
+        assert_eq!(transfer_count(16, 0, 4, &ts), 3);
+        assert_eq!(transfer_count(5, 3, 4, &ts), 5);
+    }
+
+    #[test]
+    fn confidences_follow_the_rule() {
+        let p = |alg| SamplerParams { alg, ..Default::default() };
+        let logits = [0.0f32, 2.0, 1.0, -1.0];
+        let (t, c) = predict(&mut logits.clone(), &p(Alg::MaskgitPlus), 0, 0);
+        let probs: Vec<f32> = {
+            let e: Vec<f32> = logits.iter().map(|&l| (l - 2.0).exp()).collect();
+            let s: f32 = e.iter().sum();
+            e.iter().map(|&x| x / s).collect()
+        };
+        assert_eq!(t, 1);
+        assert!((c - probs[1]).abs() < 1e-6);
+        let (_, m) = predict(&mut logits.clone(), &p(Alg::TopkMargin), 0, 0);
+        assert!((m - (probs[1] - probs[2])).abs() < 1e-6);
+        let (_, e) = predict(&mut logits.clone(), &p(Alg::Entropy), 0, 0);
+        let want: f32 = probs.iter().map(|&q| q * (q + 1e-10).ln()).sum();
+        assert!((e - want).abs() < 1e-6 && e < 0.0);
+    }
+}

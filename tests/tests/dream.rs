@@ -1,0 +1,48 @@
+//! Dream (Dream-org's Dream-v0 7B family: a Qwen2.5-style diffusion LM with q/k/v biases and
+//! logits shifted by one position) against its published sampler: the project's own
+//! conformance kit (`tests/data/dream-conformance/`, made by `tools/dream/` with the published
+//! `modeling_dream.py` and `generation_utils.py` and PyTorch) replays exactly, and what Dream
+//! does not run yet is refused by flag.
+
+mod common;
+
+use std::path::PathBuf;
+
+use llada_rt::{Model, Session};
+use llada_rt_tools::conformance;
+
+fn kit() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/dream-conformance/tiny-dream-A")
+}
+
+fn compiled(dir: &std::path::Path) -> PathBuf {
+    let out = dir.join("dream.lad");
+    common::compile(&kit(), &out, None);
+    out
+}
+
+#[test]
+fn the_dream_kit_replays_every_greedy_case_with_its_reveals_and_first_pass_logits() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Model::open(&compiled(dir.path()), true).unwrap();
+    assert_eq!(model.header.model.architecture, "dream");
+    let r = conformance::run(&mut Session::new(&model).unwrap(), &kit().join("golden.json"), conformance::Selection::default(), &mut |_| {}).unwrap();
+    assert!(r.passed(), "{:?}", r.failures);
+    assert_eq!(r.cases, 144, "every greedy case of the kit: 8 prompts, 2 lengths, 3 step counts, 3 rules");
+    assert_eq!((r.output_ids_matched, r.reveals_all_steps_matched, r.skipped), (144, 144, 0));
+    assert_eq!(r.logit_cases_within_tolerance, 3);
+}
+
+#[test]
+fn what_dream_does_not_run_yet_is_refused_by_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let lad = compiled(dir.path());
+    let lad = lad.to_str().unwrap();
+    let run = |extra: &[&str]| common::run("llada-rt", &[&["run", lad, "-p", "hi", "--gen-len", "16", "--steps", "8"], extra].concat());
+    common::assert_clean_failure(&run(&["--policy", "dual"]), &["--policy dual is not implemented for Dream yet"]);
+    common::assert_clean_failure(&run(&["--block-len", "8"]), &["--block-len 8: Dream's sampler has no blocks; use --block-len 16"]);
+    common::assert_clean_failure(&run(&["--remasking", "random"]), &["--remasking random is LLaDA's; Dream's sampler takes --alg"]);
+    common::assert_clean_failure(&run(&["--backend", "vulkan"]), &["dream model, whose projection biases have no Vulkan kernel yet"]);
+    let ok = run(&["--alg", "topk_margin", "--eps", "0.01"]);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+}
