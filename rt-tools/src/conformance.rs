@@ -112,6 +112,12 @@ fn as_set(step: &[[u32; 2]]) -> BTreeSet<[u32; 2]> {
 }
 
 pub fn run(session: &mut Session, golden_path: &Path, select: Selection, progress: &mut dyn FnMut(&str)) -> Result<Report> {
+    run_with(session, golden_path, select, LOGIT_TOLERANCE, progress)
+}
+
+/// [`run`] with first-pass logits checked to `logit_tolerance` (absolute) instead of
+/// [`LOGIT_TOLERANCE`].
+pub fn run_with(session: &mut Session, golden_path: &Path, select: Selection, logit_tolerance: f64, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     let text = std::fs::read_to_string(golden_path).map_err(|e| Error::io(golden_path, e))?;
     let golden: Golden = serde_json::from_str(&text)
         .map_err(|e| Error::Input { path: golden_path.to_path_buf(), msg: format!("not a golden file: {e}") })?;
@@ -191,10 +197,10 @@ pub fn run(session: &mut Session, golden_path: &Path, select: Selection, progres
             }
         }
         r.max_logit_abs_error = r.max_logit_abs_error.max(err);
-        if err <= LOGIT_TOLERANCE {
+        if err <= logit_tolerance {
             r.logit_cases_within_tolerance += 1;
         } else {
-            r.failures.push(format!("first_step_logits[{i}]: max abs error {err:.2e} > {LOGIT_TOLERANCE:.0e}"));
+            r.failures.push(format!("first_step_logits[{i}]: max abs error {err:.2e} > {logit_tolerance:.0e}"));
         }
     }
     Ok(r)

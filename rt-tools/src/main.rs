@@ -271,6 +271,9 @@ enum Command {
         select: SelectArgs,
         #[command(flatten)]
         backend: BackendArg,
+        /// Largest absolute error allowed on the first-pass logits.
+        #[arg(long, default_value_t = conformance::LOGIT_TOLERANCE)]
+        logit_tolerance: f64,
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
@@ -665,11 +668,11 @@ fn run(cli: Cli) -> Result<()> {
                 return Err(Error::request(format!("{}: golden outputs differ", golden.display())));
             }
         }
-        Command::Conformance { golden, model, select, backend, json } => {
+        Command::Conformance { golden, model, select, backend, logit_tolerance, json } => {
             let select = select.selection()?;
             let m = Model::open(&model, true)?;
             let mut session = backend.open(&m)?;
-            let report = conformance::run(&mut session, &golden, select, &mut |_| {})?;
+            let report = conformance::run_with(&mut session, &golden, select, logit_tolerance, &mut |_| {})?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report).expect("the report serializes"));
             } else {
@@ -686,7 +689,7 @@ fn run(cli: Cli) -> Result<()> {
                 println!("  reveals at every step:     {}/{} matched (ties included)", report.reveals_all_steps_matched, ran);
                 println!(
                     "  first_step_logits:         {}/{} within {:.0e} (max abs error {:.2e})",
-                    report.logit_cases_within_tolerance, report.logit_cases, conformance::LOGIT_TOLERANCE, report.max_logit_abs_error
+                    report.logit_cases_within_tolerance, report.logit_cases, logit_tolerance, report.max_logit_abs_error
                 );
                 if report.skipped > 0 {
                     println!("  skipped: {} case(s) that need PyTorch's own random stream", report.skipped);

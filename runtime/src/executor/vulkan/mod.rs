@@ -78,9 +78,6 @@ impl VulkanExecutor {
         if h.model.moe.is_some() {
             return Err(Error::setting(Setting::Backend, format!("vulkan: {} is a mixture-of-experts model, whose experts run only on the host backend; use --backend host", model.path.display())));
         }
-        if h.graphs.iter().flat_map(|g| &g.ops).any(|op| matches!(op, llada_ir::Op::Bias { .. })) {
-            return Err(Error::setting(Setting::Backend, format!("vulkan: {} is a {} model, whose projection biases have no Vulkan kernel yet; use --backend host", model.path.display(), h.model.architecture)));
-        }
         let gpu = Arc::new(Gpu::open()?);
         let bytes = Window::bytes_for(h, true);
         let (buffer, memory, ptr) = gpu.mapped_buffer(bytes as u64, "window")?;

@@ -272,7 +272,11 @@ impl<'a> Recorder<'a> {
         match *op {
             Op::Embed { .. } => unreachable!("the host runs the embedding"),
             Op::Route { .. } | Op::MoeExperts { .. } => unreachable!("mixture-of-experts models are refused before recording"),
-            Op::Bias { .. } => unreachable!("models with projection biases are refused before recording"),
+            Op::Bias { x, bias } => {
+                let (r, fh) = rows(x);
+                let (w, w_off) = self.weight(bias)?;
+                self.dispatch(cmd, p.elementwise, Some(w), None, &[4, off(x), w_off, cols(x), r, fh, 0, self.max_rows], [groups_of(cols(x)), r, 1])
+            }
             Op::Scale { x, factor } => {
                 let (r, fh) = rows(x);
                 self.dispatch(cmd, p.elementwise, None, None, &[1, off(x), 0, cols(x), r, fh, factor.to_bits(), self.max_rows], [groups_of(cols(x)), r, 1])

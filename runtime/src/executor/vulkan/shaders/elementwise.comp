@@ -2,7 +2,8 @@
 #extension GL_GOOGLE_include_directive : require
 // Row-wise elementwise ops over `cols` columns of each row (one invocation per element):
 // MODE 0 a += b; 1 a *= factor; 2 a = silu(gate) * up with b's rows [gate | up] (a is `cols`
-// wide, b twice that); 3 a = b's row head_row[r] (the rows whose logits the sampler needs).
+// wide, b twice that); 3 a = b's row head_row[r] (the rows whose logits the sampler needs);
+// 4 a += bias, the bias an f32 vector at word b_off of binding 1 (a projection's bias).
 layout(local_size_x = 64) in;
 #include "common.glsl"
 
@@ -22,7 +23,9 @@ void main() {
         float g = act[pc.b_off + row * 2u * pc.cols + i], u = act[pc.b_off + row * 2u * pc.cols + pc.cols + i];
         precise float o = g / (1.0 + exp_host(-g)) * u;
         act[a] = o;
-    } else {
+    } else if (pc.mode == 3u) {
         act[a] = act[pc.b_off + inp[IN_POS + pc.max_rows + row] * pc.cols + i];
+    } else {
+        act[a] += uintBitsToFloat(wa[pc.b_off + i]);
     }
 }
