@@ -224,6 +224,14 @@ typedef struct llada_params {
   // Dream: its schedule runs from timestep 1 down to this (`--eps`, between 0 and 1).
   // Default 0.001.
   double eps;
+  // Dream: nucleus filtering of each prediction (`--top-p`, (0, 1]); 0 for none. Default 0.
+  double top_p;
+  // Dream: keep only the k most likely tokens of each prediction (`--top-k`); 0 for all.
+  // Default 0.
+  uint32_t top_k;
+  // Dream: above 0, the positions a step commits are drawn from the softmax of their
+  // confidences over this temperature (`--alg-temp`); 0 takes the most confident. Default 0.
+  double alg_temp;
 } llada_params;
 
 // The state after one denoising step, for showing the answer as it forms. Every pointer is

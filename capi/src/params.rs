@@ -131,6 +131,14 @@ pub struct Params {
     /// Dream: its schedule runs from timestep 1 down to this (`--eps`, between 0 and 1).
     /// Default 0.001.
     pub eps: f64,
+    /// Dream: nucleus filtering of each prediction (`--top-p`, (0, 1]); 0 for none. Default 0.
+    pub top_p: f64,
+    /// Dream: keep only the k most likely tokens of each prediction (`--top-k`); 0 for all.
+    /// Default 0.
+    pub top_k: u32,
+    /// Dream: above 0, the positions a step commits are drawn from the softmax of their
+    /// confidences over this temperature (`--alg-temp`); 0 takes the most confident. Default 0.
+    pub alg_temp: f64,
 }
 
 /// The settings `llada-rt run` uses when given no options, with `chat` on.
@@ -178,6 +186,9 @@ pub extern "C" fn llada_default_params() -> Params {
             RtAlg::Origin => Alg::Origin,
         } as u32,
         eps: d.eps,
+        top_p: d.top_p.unwrap_or(0.0),
+        top_k: d.top_k.unwrap_or(0) as u32,
+        alg_temp: d.alg_temp.unwrap_or(0.0),
     }
 }
 
@@ -245,6 +256,10 @@ impl Params {
             revise_confidence: self.revise_confidence,
             alg,
             eps: self.eps,
+            // 0 is off, as for `threshold`; the rest of the range is the sampler's check.
+            top_p: (self.top_p != 0.0).then_some(self.top_p),
+            top_k: (self.top_k != 0).then_some(self.top_k as usize),
+            alg_temp: (self.alg_temp != 0.0).then_some(self.alg_temp),
         })
     }
 }

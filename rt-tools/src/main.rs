@@ -103,6 +103,16 @@ struct SamplerArgs {
     /// Dream: its schedule runs from timestep 1 down to this.
     #[arg(long, default_value_t = defaults().eps)]
     eps: f64,
+    /// Dream: nucleus filtering of each prediction, (0, 1].
+    #[arg(long)]
+    top_p: Option<f64>,
+    /// Dream: keep only the k most likely tokens of each prediction.
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Dream: draw the positions a step commits from the softmax of their confidences over
+    /// this temperature, instead of taking the most confident.
+    #[arg(long)]
+    alg_temp: Option<f64>,
 }
 
 impl SamplerArgs {
@@ -136,6 +146,9 @@ impl SamplerArgs {
             revise_confidence: self.revise_confidence,
             alg: Alg::parse(&self.alg).expect("clap restricts the values"),
             eps: self.eps,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            alg_temp: self.alg_temp,
         }
     }
 }

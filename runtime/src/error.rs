@@ -67,6 +67,9 @@ pub enum Setting {
     Eps,
     Policy,
     Remasking,
+    TopP,
+    TopK,
+    AlgTemp,
 }
 
 impl Setting {
@@ -95,6 +98,9 @@ impl Setting {
             Setting::Eps => "--eps",
             Setting::Policy => "--policy",
             Setting::Remasking => "--remasking",
+            Setting::TopP => "--top-p",
+            Setting::TopK => "--top-k",
+            Setting::AlgTemp => "--alg-temp",
         }
     }
 
@@ -123,6 +129,9 @@ impl Setting {
             Setting::Eps => "params.eps",
             Setting::Policy => "params.policy",
             Setting::Remasking => "params.remasking",
+            Setting::TopP => "params.top_p",
+            Setting::TopK => "params.top_k",
+            Setting::AlgTemp => "params.alg_temp",
         }
     }
 }

@@ -182,6 +182,14 @@ pub struct SamplerParams {
     pub alg: Alg,
     /// Dream: the last timestep of its schedule, which runs from 1 down to `eps`.
     pub eps: f64,
+    /// Dream: keep the smallest set of most likely tokens whose probability reaches this
+    /// (nucleus), before the confidence is taken; `None` or 1 keeps all.
+    pub top_p: Option<f64>,
+    /// Dream: keep the `top_k` most likely tokens before the confidence is taken.
+    pub top_k: Option<usize>,
+    /// Dream: above 0, the positions a step commits are drawn (without replacement) from the
+    /// softmax of their confidences divided by this, instead of the most confident.
+    pub alg_temp: Option<f64>,
 }
 
 impl Default for SamplerParams {
@@ -209,6 +217,9 @@ impl Default for SamplerParams {
             revise_confidence: 0.5,
             alg: Alg::MaskgitPlus,
             eps: 1e-3,
+            top_p: None,
+            top_k: None,
+            alg_temp: None,
         }
     }
 }
@@ -317,7 +328,21 @@ impl SamplerParams {
             if self.eps != d.eps {
                 return bad(S::Eps, format!("{} is Dream's schedule end; this is a LLaDA model, whose sampler has none", self.eps));
             }
+            for (s, set) in [(S::TopP, self.top_p.is_some()), (S::TopK, self.top_k.is_some()), (S::AlgTemp, self.alg_temp.is_some())] {
+                if set {
+                    return bad(s, "is an option of Dream's sampler; this is a LLaDA model".into());
+                }
+            }
             return Ok(());
+        }
+        if let Some(p) = self.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+            return bad(S::TopP, format!("{p} must be in (0, 1]"));
+        }
+        if self.top_k == Some(0) {
+            return bad(S::TopK, "0 must be at least 1".into());
+        }
+        if let Some(t) = self.alg_temp.filter(|t| !(*t >= 0.0 && t.is_finite())) {
+            return bad(S::AlgTemp, format!("{t} must be a finite number >= 0"));
         }
         if !(self.eps > 0.0 && self.eps < 1.0) {
             return bad(S::Eps, format!("{} must be between 0 and 1 (the schedule runs from 1 down to it)", self.eps));
@@ -413,6 +438,9 @@ mod tests {
         };
         refused(SamplerParams { alg: Alg::Entropy, ..p }, &llada, "--alg entropy is Dream's");
         refused(SamplerParams { eps: 0.01, ..p }, &llada, "--eps 0.01 is Dream's");
+        refused(SamplerParams { top_k: Some(5), ..p }, &llada, "--top-k is an option of Dream's sampler");
+        refused(SamplerParams { top_k: Some(0), ..p }, &dream, "--top-k 0 must be at least 1");
+        refused(SamplerParams { alg_temp: Some(-1.0), ..p }, &dream, "--alg-temp -1 must be a finite number >= 0");
         refused(SamplerParams { block_length: 8, ..p }, &dream, "--block-len 8: Dream's sampler has no blocks; use --block-len 32");
         refused(SamplerParams { policy: Policy::Dual, ..p }, &dream, "--policy dual is not implemented for Dream");
         refused(SamplerParams { remasking: Remasking::Random, ..p }, &dream, "--remasking random is LLaDA's");

@@ -8,7 +8,8 @@ mod common;
 
 use std::path::PathBuf;
 
-use llada_rt::{Model, Session};
+use llada_rt::sampler::Alg;
+use llada_rt::{generate, Model, SamplerParams, Session};
 use llada_rt_tools::conformance;
 
 fn kit() -> PathBuf {
@@ -42,6 +43,39 @@ fn what_dream_does_not_run_yet_is_refused_by_flag() {
     common::assert_clean_failure(&run(&["--policy", "dual"]), &["--policy dual is not implemented for Dream yet"]);
     common::assert_clean_failure(&run(&["--block-len", "8"]), &["--block-len 8: Dream's sampler has no blocks; use --block-len 16"]);
     common::assert_clean_failure(&run(&["--remasking", "random"]), &["--remasking random is LLaDA's; Dream's sampler takes --alg"]);
+    common::assert_clean_failure(&run(&["--top-p", "1.5"]), &["--top-p 1.5 must be in (0, 1]"]);
+    // Sampled settings run (the same distributions, this runtime's random streams).
+    for extra in [&["--alg", "origin"][..], &["--temperature", "0.7", "--top-p", "0.9"], &["--alg-temp", "0.5"]] {
+        let o = run(extra);
+        assert!(o.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
     let ok = run(&["--alg", "topk_margin", "--eps", "0.01"]);
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+}
+
+/// The published top_p and top_k filters at temperature 0 (`filtered.json`, written by
+/// `tools/dream/make_filtered.py` with the published code): the same tokens.
+#[test]
+fn top_p_and_top_k_give_the_published_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Model::open(&compiled(dir.path()), true).unwrap();
+    let cases: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(kit().join("filtered.json")).unwrap()).unwrap();
+    let cases = cases["cases"].as_array().unwrap();
+    assert_eq!(cases.len(), 18);
+    for c in cases {
+        let ids = |k: &str| -> Vec<u32> { c[k].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
+        let gen_length = c["gen_length"].as_u64().unwrap() as usize;
+        let p = SamplerParams {
+            gen_length,
+            block_length: gen_length,
+            steps: c["steps"].as_u64().unwrap() as usize,
+            alg: Alg::parse(c["alg"].as_str().unwrap()).unwrap(),
+            eps: c["eps"].as_f64().unwrap(),
+            top_p: c["top_p"].as_f64(),
+            top_k: c["top_k"].as_u64().map(|k| k as usize),
+            ..Default::default()
+        };
+        let g = generate(&mut Session::new(&model).unwrap(), &ids("prompt_ids"), &p, &mut |_| {}).unwrap();
+        assert_eq!(g.output_ids, ids("output_ids"), "{}", c["id"]);
+    }
 }

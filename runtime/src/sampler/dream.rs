@@ -23,6 +23,7 @@ use crate::session::Session;
 /// Random streams of Dream's draws (distinct from LLaDA's purposes).
 const DREAM_SAMPLE: u64 = 11;
 const DREAM_TRANSFER: u64 = 12;
+const DREAM_ALG_TEMP: u64 = 13;
 
 pub(super) struct Dream {
     timesteps: Vec<f32>,
@@ -57,6 +58,37 @@ pub(crate) fn transfer_count(masked: usize, i: usize, steps: usize, ts: &[f32]) 
     (masked as f32 * (1.0 - s / t)) as usize
 }
 
+/// Published `top_k_logits`: every logit below the `k`-th largest becomes float32's lowest.
+fn keep_top_k(row: &mut [f32], k: usize, sorted: &mut Vec<f32>) {
+    let k = k.min(row.len());
+    sorted.clear();
+    sorted.extend_from_slice(row);
+    let (_, kth, _) = sorted.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+    let kth = *kth;
+    row.iter_mut().filter(|v| **v < kth).for_each(|v| *v = f32::MIN);
+}
+
+/// Published `top_p_logits`: sorted descending, the softmax's running sum; every token after
+/// the first whose running sum passes `p` becomes float32's lowest.
+fn keep_top_p(row: &mut [f32], p: f64, order: &mut Vec<usize>, sorted: &mut Vec<f32>) {
+    order.clear();
+    order.extend(0..row.len());
+    order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+    sorted.clear();
+    sorted.extend(order.iter().map(|&i| row[i]));
+    softmax_in_place(sorted);
+    let mut cumulative = 0f32;
+    let mut remove_next = false;
+    for (j, &i) in order.iter().enumerate() {
+        cumulative += sorted[j];
+        // The mask is shifted right by one: a token goes when the sum before it passed p.
+        if remove_next {
+            row[i] = f32::MIN;
+        }
+        remove_next = cumulative as f64 > p;
+    }
+}
+
 /// `softmax(row)` in float32 into `row`, as PyTorch's vectorised CPU softmax computes it (see
 /// `softmax_at`, whose arithmetic this is, for every entry).
 fn softmax_in_place(row: &mut [f32]) {
@@ -77,6 +109,16 @@ pub(crate) fn predict(row: &mut [f32], p: &SamplerParams, step: usize, position:
     if p.temperature > 0.0 {
         let t = p.temperature as f32;
         row.iter_mut().for_each(|v| *v /= t);
+    }
+    if p.top_p.is_some_and(|tp| tp < 1.0) || p.top_k.is_some() {
+        // Rare settings: their working memory is allocated here, not sized ahead.
+        let (mut order, mut sorted) = (Vec::new(), Vec::new());
+        if let Some(tp) = p.top_p.filter(|&tp| tp < 1.0) {
+            keep_top_p(row, tp, &mut order, &mut sorted);
+        }
+        if let Some(k) = p.top_k {
+            keep_top_k(row, k, &mut sorted);
+        }
     }
     softmax_in_place(row);
     let (mut confidence, token) = if p.temperature > 0.0 {
@@ -126,7 +168,9 @@ impl PolicyStep for Dream {
             c.predictor.load(session.forward_full(&c.x, &c.head)?);
             let predictions = c.predictor.run_dream(session.pool(), &c.head, &c.p, c.step);
             c.candidates.extend(c.head.iter().zip(predictions).map(|(&pos, &(token, confidence))| Candidate { position: pos as usize, token, confidence }));
-            if c.p.alg == Alg::Origin {
+            if let Some(t) = c.p.alg_temp.filter(|&t| t > 0.0 && c.p.alg != Alg::Origin) {
+                commit_drawn(c, count, t);
+            } else if c.p.alg == Alg::Origin {
                 let p_transfer = if i + 1 < steps { 1.0 - self.timesteps[i + 1] / self.timesteps[i] } else { 1.0 };
                 for cand in &c.candidates {
                     let u: f32 = stream(c.p.seed, DREAM_TRANSFER, c.step, cand.position).random();
@@ -143,6 +187,31 @@ impl PolicyStep for Dream {
         c.settled = committed_prefix(&c.x[c.prompt_len..], mask);
         Ok(())
     }
+}
+
+/// Published `alg_temp`: `count` positions drawn without replacement, each with probability
+/// proportional to `exp(confidence / alg_temp)` among the candidates left (PyTorch's
+/// `multinomial` over the softmax; this runtime's random stream).
+fn commit_drawn(c: &mut Canvas, count: usize, alg_temp: f64) {
+    let max = c.candidates.iter().map(|k| k.confidence as f64 / alg_temp).fold(f64::NEG_INFINITY, f64::max);
+    // A rare setting: its weights are allocated here, not sized ahead.
+    let mut weights: Vec<f64> = c.candidates.iter().map(|k| (k.confidence as f64 / alg_temp - max).exp()).collect();
+    let mut rng = stream(c.p.seed, DREAM_ALG_TEMP, c.step, 0);
+    for _ in 0..count.min(weights.len()) {
+        let total: f64 = weights.iter().sum();
+        let u: f64 = rng.random::<f64>() * total;
+        let mut acc = 0.0;
+        let pick = weights.iter().position(|&w| {
+            acc += w;
+            w > 0.0 && acc > u
+        });
+        let Some(j) = pick.or_else(|| weights.iter().rposition(|&w| w > 0.0)) else { break };
+        weights[j] = 0.0;
+        let (position, token) = (c.candidates[j].position, c.candidates[j].token);
+        c.x[position] = token;
+        c.reveals.push([(position - c.prompt_len) as u32, token]);
+    }
+    c.candidates.clear();
 }
 
 #[cfg(test)]
