@@ -1,8 +1,8 @@
-//! Random-weight LLaDA checkpoints in exact Hugging Face layout: `config.json` with the keys of
-//! LLaDA-8B-Instruct's (or LLaDA-MoE-7B-A1B's, see `checkpoint_moe`), weights as safetensors
-//! (sharded with `model.safetensors.index.json` when they exceed one shard), a byte-level BPE
-//! `tokenizer.json` whose special tokens sit at the model's ids, and `tokenizer_config.json`
-//! with its chat template.
+//! Random-weight checkpoints in exact Hugging Face layout: `config.json` with the keys of
+//! LLaDA-8B-Instruct's (or LLaDA-MoE-7B-A1B's, see `checkpoint_moe`, or Dream-v0-Instruct-7B's,
+//! see `checkpoint_dream`), weights as safetensors (sharded with `model.safetensors.index.json`
+//! when they exceed one shard), a byte-level BPE `tokenizer.json` whose special tokens sit at
+//! the model's ids, and `tokenizer_config.json` with its chat template.
 //!
 //! Tensors are generated one at a time while the shard is written, each from its own seeded
 //! stream, so an 8B checkpoint never has to fit in memory and the bytes of a tensor do not
@@ -19,15 +19,17 @@ use rand_distr::{Distribution, Normal};
 use safetensors::{Dtype, View};
 use serde_json::{json, Value};
 
-pub use crate::checkpoint_spec::{CheckpointSpec, MoeShape, Shape, SpecialIds, WeightType};
+pub use crate::checkpoint_spec::{ChatFormat, CheckpointSpec, Family, MoeShape, Shape, SpecialIds, WeightType};
 
-/// The layouts of a shape, here where both (LLaDA's, and LLaDA-MoE's from `checkpoint_moe`)
-/// are known.
+/// The layouts of a shape, here where all (LLaDA's, LLaDA-MoE's from `checkpoint_moe` and
+/// Dream's from `checkpoint_dream`) are known.
 impl Shape {
     /// Every tensor of the checkpoint in the model's order, with its shape; norms are marked.
     pub fn tensors(&self) -> Vec<(String, Vec<usize>, bool)> {
-        if let Some(moe) = self.moe {
-            return crate::checkpoint_moe::tensors(self, moe);
+        match self.family {
+            Family::Llada => {}
+            Family::LladaMoe(moe) => return crate::checkpoint_moe::tensors(self, moe),
+            Family::Dream => return crate::checkpoint_dream::tensors(self),
         }
         let (d, f, hd) = (self.d_model, self.mlp_hidden_size, self.head_dim());
         let mut t = vec![("model.transformer.wte.weight".to_string(), vec![self.embedding_size, d], false)];
@@ -58,12 +60,12 @@ impl SpecialIds {
     /// Where the special tokens go for a shape: the model's ids when the vocabulary is the
     /// model's size, otherwise right after the byte tokens and merges of [`bpe_vocab`].
     pub fn for_shape(shape: &Shape) -> SpecialIds {
-        let (full, moe) = if shape.moe.is_some() { (SpecialIds::LLADA_MOE, true) } else { (SpecialIds::LLADA, false) };
-        if shape.embedding_size > full.eot.max(full.mask) as usize {
+        let chat = shape.family.chat_format();
+        let full = SpecialIds::of(chat);
+        if shape.embedding_size > full.highest() as usize {
             return full;
         }
-        let first = bpe_vocab().0.len() as u32;
-        SpecialIds { bos: first, eos: first + 1, mask: first + 2, start_header: first + 3, end_header: first + 4, eot: first + 5, moe }
+        SpecialIds::packed(chat, bpe_vocab().0.len() as u32)
     }
 }
 
@@ -71,8 +73,9 @@ impl SpecialIds {
 struct LazyTensor {
     shape: Vec<usize>,
     weights: WeightType,
-    /// Norm weights are ones, like an initialised LLaDA (LLaDA-MoE's: one plus
-    /// normal(0, 0.1), so tests see a norm's weight applied); matrices are normal(0, std).
+    /// Norm weights are ones, like an initialised LLaDA (LLaDA-MoE's and Dream's: one plus
+    /// normal(0, 0.1), so tests see a norm's weight applied); matrices (and Dream's biases)
+    /// are normal(0, std).
     is_norm: bool,
     norm_jitter: bool,
     std: f32,
@@ -134,13 +137,18 @@ pub fn write(spec: &CheckpointSpec, dir: &Path) -> std::io::Result<Written> {
         return Err(invalid(format!("inconsistent heads: d_model {} n_heads {} n_kv_heads {}", s.d_model, s.n_heads, s.n_kv_heads)));
     }
     let special = SpecialIds::for_shape(s);
-    if special.eot.max(special.mask) as usize >= s.embedding_size {
-        return Err(invalid(format!("embedding_size {} is too small for the tokenizer's {} tokens", s.embedding_size, special.eot.max(special.mask) + 1)));
+    if special.highest() as usize >= s.embedding_size {
+        return Err(invalid(format!("embedding_size {} is too small for the tokenizer's {} tokens", s.embedding_size, special.highest() + 1)));
     }
-    if let Some(moe) = s.moe {
-        if moe.experts == 0 || moe.top_k == 0 || moe.top_k > moe.experts {
+    match s.family {
+        Family::LladaMoe(moe) if moe.experts == 0 || moe.top_k == 0 || moe.top_k > moe.experts => {
             return Err(invalid(format!("{} experts with top_k {}: top_k must be between 1 and the experts", moe.experts, moe.top_k)));
         }
+        // Dream's config has one size for both, the embedding's rows.
+        Family::Dream if s.vocab_size != s.embedding_size => {
+            return Err(invalid(format!("vocab_size {} differs from embedding_size {}: Dream has one vocabulary size", s.vocab_size, s.embedding_size)));
+        }
+        _ => {}
     }
     std::fs::create_dir_all(dir)?;
 
@@ -170,7 +178,7 @@ pub fn write(spec: &CheckpointSpec, dir: &Path) -> std::io::Result<Written> {
                 shape: shape.clone(),
                 weights: spec.weights,
                 is_norm: *is_norm,
-                norm_jitter: s.moe.is_some(),
+                norm_jitter: s.family != Family::Llada,
                 std: spec.init_std,
                 seed: tensor_seed(spec.seed, name),
             };
@@ -193,15 +201,19 @@ pub fn write(spec: &CheckpointSpec, dir: &Path) -> std::io::Result<Written> {
 /// `tokenizer_config.json` and `special_tokens_map.json`.
 pub fn write_metadata(spec: &CheckpointSpec, special: SpecialIds, dir: &Path) -> std::io::Result<()> {
     let s = &spec.shape;
+    if s.family == Family::Dream {
+        return crate::checkpoint_dream::write_metadata(spec, special, dir);
+    }
+    let moe = special.chat == ChatFormat::LladaMoe;
     std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config_json(spec, special))?)?;
     // LLaDA-MoE's config.json sets no BOS and no mask id: the mask id is here.
-    let bos = if special.moe { Value::Null } else { json!(special.bos) };
+    let bos = if moe { Value::Null } else { json!(special.bos) };
     std::fs::write(dir.join("generation_config.json"), serde_json::to_string_pretty(&json!({
         "bos_token_id": bos, "eos_token_id": special.eos, "pad_token_id": special.eos, "mask_token_id": special.mask,
     }))?)?;
     std::fs::write(dir.join("tokenizer.json"), serde_json::to_string_pretty(&tokenizer_json(special))?)?;
     std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_string_pretty(&tokenizer_config_json(special, s))?)?;
-    let bos = if special.moe { Value::Null } else { json!("<|startoftext|>") };
+    let bos = if moe { Value::Null } else { json!("<|startoftext|>") };
     std::fs::write(dir.join("special_tokens_map.json"), serde_json::to_string_pretty(&json!({
         "bos_token": bos, "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "mask_token": "<|mdm_mask|>",
     }))?)?;
@@ -236,11 +248,13 @@ pub fn write_weights(spec: &CheckpointSpec, dir: &Path, tensors: Vec<(String, Ve
     write_metadata(spec, special, dir)
 }
 
-/// `config.json` with every key of LLaDA-8B-Instruct's (or of LLaDA-MoE's).
+/// `config.json` with every key of LLaDA-8B-Instruct's (or of LLaDA-MoE's, or of Dream's).
 pub fn config_json(spec: &CheckpointSpec, special: SpecialIds) -> Value {
     let s = &spec.shape;
-    if let Some(moe) = s.moe {
-        return crate::checkpoint_moe::config_json(spec, moe, special);
+    match s.family {
+        Family::Llada => {}
+        Family::LladaMoe(moe) => return crate::checkpoint_moe::config_json(spec, moe, special),
+        Family::Dream => return crate::checkpoint_dream::config_json(spec, special),
     }
     json!({
         "activation_type": "silu",
@@ -329,6 +343,8 @@ pub fn bpe_vocab() -> (Vec<String>, Vec<(String, String)>) {
     (vocab, merges)
 }
 
+/// A byte-level BPE tokenizer: [`bpe_vocab`] and the chat format's special tokens at their
+/// ids.
 pub fn tokenizer_json(special: SpecialIds) -> Value {
     let (vocab, merges) = bpe_vocab();
     // The special tokens are in the model vocabulary at their ids as well (as in LLaDA's own
@@ -367,7 +383,12 @@ pub fn tokenizer_json(special: SpecialIds) -> Value {
 pub const CHAT_TEMPLATE: &str = "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
 
 pub fn tokenizer_config_json(special: SpecialIds, shape: &Shape) -> Value {
-    let bos = if special.moe { Value::Null } else { json!("<|startoftext|>") };
+    let template = match special.chat {
+        ChatFormat::Llada => CHAT_TEMPLATE,
+        ChatFormat::LladaMoe => crate::checkpoint_moe::CHAT_TEMPLATE,
+        ChatFormat::Dream => return crate::checkpoint_dream::tokenizer_config_json(special, shape),
+    };
+    let bos = if special.chat == ChatFormat::LladaMoe { Value::Null } else { json!("<|startoftext|>") };
     let decoder: serde_json::Map<String, Value> = special
         .named()
         .iter()
@@ -385,7 +406,7 @@ pub fn tokenizer_config_json(special: SpecialIds, shape: &Shape) -> Value {
         "clean_up_tokenization_spaces": false,
         "model_max_length": shape.max_sequence_length,
         "tokenizer_class": "PreTrainedTokenizerFast",
-        "chat_template": if special.moe { crate::checkpoint_moe::CHAT_TEMPLATE } else { CHAT_TEMPLATE },
+        "chat_template": template,
         "added_tokens_decoder": decoder,
     })
 }
@@ -409,10 +430,10 @@ mod tests {
         let tok: tokenizers::Tokenizer = tokenizer_json(special).to_string().parse().unwrap();
         let ids = tok.encode("<|start_header_id|>assistant<|end_header_id|>\n\nHi", false).unwrap().get_ids().to_vec();
         assert_eq!(ids[0], special.start_header);
-        assert_eq!(ids[2], special.end_header);
+        assert_eq!(Some(ids[2]), special.end_header);
         // header, assistant, header, \n, \n, H, i: the byte-level pre-tokenizer splits a
         // newline run before a letter, as in the conformance kit's tokenizer.
-        assert_eq!(ids, [special.start_header, 266, special.end_header, 10, 10, 72, 105]);
+        assert_eq!(ids, [special.start_header, 266, ids[2], 10, 10, 72, 105]);
         assert_eq!(tok.decode(&[b'H' as u32, b'i' as u32], true).unwrap(), "Hi");
     }
 

@@ -116,7 +116,7 @@ mod tests {
         let ids = tok.encode("<role>HUMAN</role>Hi<|role_end|><|mdm_mask|>", false).unwrap().get_ids().to_vec();
         assert_eq!(ids[0], special.start_header);
         assert_eq!(*ids.last().unwrap(), 156895);
-        assert!(ids.contains(&special.end_header) && ids.contains(&special.eot));
+        assert!(ids.contains(&special.end_header.unwrap()) && ids.contains(&special.eot));
     }
 
     #[test]

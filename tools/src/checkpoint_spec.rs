@@ -1,11 +1,13 @@
-//! What a random checkpoint is: its shape (LLaDA's or LLaDA-MoE's), the stored type of its
-//! weights, the ids of its special tokens, and the spec `checkpoint` writes. Both layouts'
-//! writers read these: `checkpoint` (LLaDA's, the shard writer and the tokenizer) and
-//! `checkpoint_moe` (LLaDA-MoE's tensors and config).
+//! What a random checkpoint is: its shape and model family (LLaDA, LLaDA-MoE or Dream), the
+//! stored type of its weights, the ids of its special tokens, and the spec `checkpoint`
+//! writes. Every layout's writer reads these: `checkpoint` (LLaDA's, the shard writer and the
+//! tokenizer), `checkpoint_moe` (LLaDA-MoE's tensors and config) and `checkpoint_dream`
+//! (Dream's).
 
 use safetensors::Dtype;
 
-/// Network shape, in the terms of LLaDA's `config.json`.
+/// Network shape, in the terms of LLaDA's `config.json`, and the family whose Hugging Face
+/// layout it is written in.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Shape {
     pub d_model: usize,
@@ -17,9 +19,38 @@ pub struct Shape {
     pub embedding_size: usize,
     pub max_sequence_length: usize,
     pub rope_theta: f64,
-    /// Mixture-of-experts feed-forward (LLaDA-MoE's layout); `mlp_hidden_size` is then each
-    /// expert's hidden width.
-    pub moe: Option<MoeShape>,
+    pub family: Family,
+}
+
+/// The model family of a shape: which tensors, `config.json` keys, special tokens and chat
+/// template its checkpoint has.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Family {
+    /// LLaDA-8B's (`LLaDAModelLM`, `model.transformer.*`).
+    Llada,
+    /// LLaDA-MoE-7B-A1B's (`LLaDAMoEModelLM`): a mixture-of-experts feed-forward, with
+    /// `mlp_hidden_size` each expert's hidden width.
+    LladaMoe(MoeShape),
+    /// Dream-v0-7B's (`DreamModel`, Qwen2.5-style: biases on q, k and v).
+    Dream,
+}
+
+impl Family {
+    /// The experts, for LLaDA-MoE.
+    pub fn moe(self) -> Option<MoeShape> {
+        match self {
+            Family::LladaMoe(moe) => Some(moe),
+            Family::Llada | Family::Dream => None,
+        }
+    }
+
+    pub fn chat_format(self) -> ChatFormat {
+        match self {
+            Family::Llada => ChatFormat::Llada,
+            Family::LladaMoe(_) => ChatFormat::LladaMoe,
+            Family::Dream => ChatFormat::Dream,
+        }
+    }
 }
 
 /// Experts per layer and experts per token.
@@ -42,7 +73,7 @@ impl Shape {
             embedding_size: 126464,
             max_sequence_length: 4096,
             rope_theta: 500000.0,
-            moe: None,
+            family: Family::Llada,
         }
     }
 
@@ -64,7 +95,7 @@ impl Shape {
             embedding_size: 320,
             max_sequence_length: 512,
             rope_theta: 500000.0,
-            moe: None,
+            family: Family::Llada,
         }
     }
 
@@ -81,13 +112,41 @@ impl Shape {
             embedding_size: 157184,
             max_sequence_length: 8192,
             rope_theta: 50000.0,
-            moe: Some(MoeShape { experts: 64, top_k: 8 }),
+            family: Family::LladaMoe(MoeShape { experts: 64, top_k: 8 }),
         }
     }
 
     /// A small LLaDA-MoE for tests: 8 experts of 64, top 2, grouped-query attention.
     pub fn tiny_moe() -> Shape {
-        Shape { mlp_hidden_size: 64, rope_theta: 50000.0, moe: Some(MoeShape { experts: 8, top_k: 2 }), ..Shape::tiny() }
+        Shape { mlp_hidden_size: 64, rope_theta: 50000.0, family: Family::LladaMoe(MoeShape { experts: 8, top_k: 2 }), ..Shape::tiny() }
+    }
+
+    /// Dream-v0-Instruct-7B (and -Base-7B; Qwen2.5-7B's shape): 28 layers of 3584, 28 query
+    /// heads and 4 key/value heads, SwiGLU 18944, vocabulary 152064, RoPE base 1e6.
+    pub fn dream_7b() -> Shape {
+        Shape {
+            d_model: 3584,
+            n_layers: 28,
+            n_heads: 28,
+            n_kv_heads: 4,
+            mlp_hidden_size: 18944,
+            vocab_size: 152064,
+            embedding_size: 152064,
+            max_sequence_length: 131072,
+            rope_theta: 1e6,
+            family: Family::Dream,
+        }
+    }
+
+    /// A small Dream for tests: `tiny`'s sizes (grouped-query attention, head dim 32) with
+    /// Dream's RoPE base.
+    pub fn tiny_dream() -> Shape {
+        Shape { rope_theta: 1e6, family: Family::Dream, ..Shape::tiny() }
+    }
+
+    /// The experts, for LLaDA-MoE.
+    pub fn moe(&self) -> Option<MoeShape> {
+        self.family.moe()
     }
 
     pub fn head_dim(&self) -> usize {
@@ -95,34 +154,101 @@ impl Shape {
     }
 }
 
-/// Special tokens of LLaDA's chat format, by id.
+/// A family's chat format: which special tokens it has, their texts, and its template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChatFormat {
+    /// `<|start_header_id|>role<|end_header_id|>\n\n...<|eot_id|>`, BOS first.
+    Llada,
+    /// `<role>ROLE</role>...<|role_end|>`, no BOS.
+    LladaMoe,
+    /// Qwen2's `<|im_start|>role\n...<|im_end|>\n`: no end-of-header token.
+    Dream,
+}
+
+/// Special tokens of a chat format, by id.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SpecialIds {
+    /// `<|startoftext|>`; Dream's `<|beginoftext|>` (its tokenizer's BOS, which its template
+    /// never emits; its config's `bos_token_id` is `eos`).
     pub bos: u32,
+    /// `<|endoftext|>`, also the padding.
     pub eos: u32,
     pub mask: u32,
+    /// Opens a turn's role: `<|start_header_id|>`, `<role>`, `<|im_start|>`.
     pub start_header: u32,
-    pub end_header: u32,
+    /// Closes the role: `<|end_header_id|>`, `</role>`; `None` in Dream's format (a newline
+    /// closes the role there).
+    pub end_header: Option<u32>,
+    /// Ends a turn: `<|eot_id|>`, `<|role_end|>`, `<|im_end|>`.
     pub eot: u32,
-    /// LLaDA-MoE's chat format (`<role>`, `</role>`, `<|role_end|>` in the header and
-    /// end-of-turn places) rather than LLaDA's.
-    pub moe: bool,
+    pub chat: ChatFormat,
 }
 
 impl SpecialIds {
     /// LLaDA-8B's ids.
     pub const LLADA: SpecialIds =
-        SpecialIds { bos: 126080, eos: 126081, mask: 126336, start_header: 126346, end_header: 126347, eot: 126348, moe: false };
+        SpecialIds { bos: 126080, eos: 126081, mask: 126336, start_header: 126346, end_header: Some(126347), eot: 126348, chat: ChatFormat::Llada };
 
     /// LLaDA-MoE's: end of text 156892 and mask 156895 are the model's (BACKGROUND.md); its
     /// role tokens' ids are not published, so they take the free ids around them.
     pub const LLADA_MOE: SpecialIds =
-        SpecialIds { bos: 156891, eos: 156892, mask: 156895, start_header: 156893, end_header: 156894, eot: 156896, moe: true };
+        SpecialIds { bos: 156891, eos: 156892, mask: 156895, start_header: 156893, end_header: Some(156894), eot: 156896, chat: ChatFormat::LladaMoe };
 
-    /// The tokens' texts with their ids.
-    pub fn named(&self) -> [(&'static str, u32); 6] {
-        let (start, end, eot) = if self.moe { ("<role>", "</role>", "<|role_end|>") } else { ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>") };
-        [("<|startoftext|>", self.bos), ("<|endoftext|>", self.eos), ("<|mdm_mask|>", self.mask), (start, self.start_header), (end, self.end_header), (eot, self.eot)]
+    /// Dream-v0-7B's (Qwen2.5's `<|endoftext|>`, `<|im_start|>`, `<|im_end|>`, and Dream's
+    /// own `<|beginoftext|>` and `<|mask|>`), as in the conformance kit's README.
+    pub const DREAM: SpecialIds =
+        SpecialIds { bos: 151665, eos: 151643, mask: 151666, start_header: 151644, end_header: None, eot: 151645, chat: ChatFormat::Dream };
+
+    /// The full-vocabulary ids of a chat format.
+    pub fn of(chat: ChatFormat) -> SpecialIds {
+        match chat {
+            ChatFormat::Llada => SpecialIds::LLADA,
+            ChatFormat::LladaMoe => SpecialIds::LLADA_MOE,
+            ChatFormat::Dream => SpecialIds::DREAM,
+        }
+    }
+
+    /// The tokens' texts with their ids, in the order the small-vocabulary layout gives them
+    /// ids (LLaDA's and LLaDA-MoE's as before; Dream's in its ids' order).
+    pub fn named(&self) -> Vec<(&'static str, u32)> {
+        let (start, end, eot) = match self.chat {
+            ChatFormat::Llada => ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+            ChatFormat::LladaMoe => ("<role>", "</role>", "<|role_end|>"),
+            ChatFormat::Dream => {
+                return vec![
+                    ("<|endoftext|>", self.eos),
+                    ("<|im_start|>", self.start_header),
+                    ("<|im_end|>", self.eot),
+                    ("<|beginoftext|>", self.bos),
+                    ("<|mask|>", self.mask),
+                ];
+            }
+        };
+        let mut t = vec![("<|startoftext|>", self.bos), ("<|endoftext|>", self.eos), ("<|mdm_mask|>", self.mask), (start, self.start_header)];
+        t.extend(self.end_header.map(|id| (end, id)));
+        t.push((eot, self.eot));
+        t
+    }
+
+    /// The smallest special id: ids below it are ordinary tokens.
+    pub fn lowest(&self) -> u32 {
+        self.named().iter().map(|&(_, id)| id).min().expect("every format has special tokens")
+    }
+
+    /// The largest special id: the embedding must have more rows.
+    pub fn highest(&self) -> u32 {
+        self.named().iter().map(|&(_, id)| id).max().expect("every format has special tokens")
+    }
+
+    /// The same tokens at consecutive ids from `first`, in [`named`](Self::named)'s order.
+    pub fn packed(chat: ChatFormat, first: u32) -> SpecialIds {
+        let at = |i: u32| first + i;
+        match chat {
+            ChatFormat::Llada | ChatFormat::LladaMoe => {
+                SpecialIds { bos: at(0), eos: at(1), mask: at(2), start_header: at(3), end_header: Some(at(4)), eot: at(5), chat }
+            }
+            ChatFormat::Dream => SpecialIds { eos: at(0), start_header: at(1), eot: at(2), bos: at(3), mask: at(4), end_header: None, chat },
+        }
     }
 }
 

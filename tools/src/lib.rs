@@ -1,12 +1,13 @@
 //! `llada-tools`: what the project needs to make its own models, since weights cannot be
-//! downloaded here: random-weight checkpoints with real LLaDA shapes in exact Hugging Face
-//! layout (`checkpoint`, `checkpoint_moe`), and LLaDA and LLaDA-MoE written in burn
-//! (`reference`, `reference_moe`): the independent models the tests check the runtime
-//! against, and the one the trainer trains.
+//! downloaded here: random-weight checkpoints with real LLaDA, LLaDA-MoE and Dream shapes in
+//! exact Hugging Face layout (`checkpoint`, `checkpoint_moe`, `checkpoint_dream`), and LLaDA
+//! and LLaDA-MoE written in burn (`reference`, `reference_moe`): the independent models the
+//! tests check the runtime against, and the one the trainer trains.
 
 #![recursion_limit = "256"]
 
 pub mod checkpoint;
+pub mod checkpoint_dream;
 pub mod checkpoint_moe;
 mod checkpoint_spec;
 pub mod reference;

@@ -114,7 +114,7 @@ impl LladaMoe {
 
     /// Loads a Hugging Face LLaDA-MoE checkpoint as f32.
     pub fn load(dir: &Path, shape: &Shape, device: &Device) -> std::io::Result<LladaMoe> {
-        let moe = shape.moe.ok_or_else(|| std::io::Error::other("not a mixture-of-experts shape"))?;
+        let moe = shape.moe().ok_or_else(|| std::io::Error::other("not a mixture-of-experts shape"))?;
         let mut store = load_tensors(dir)?;
         let mut take = |name: &str| store.remove(name).ok_or_else(|| std::io::Error::other(format!("missing tensor {name}")));
         let mut t2 = |name: &str| -> std::io::Result<Tensor<2>> {

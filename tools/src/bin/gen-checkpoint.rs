@@ -1,21 +1,23 @@
-//! Writes a random-weight LLaDA checkpoint in Hugging Face layout.
+//! Writes a random-weight LLaDA, LLaDA-MoE or Dream checkpoint in Hugging Face layout.
 //!
 //! `gen-checkpoint --preset llada-8b --dtype bf16 -o /tmp/llada-8b` gives the exact LLaDA-8B
-//! shapes (`--preset llada-moe-7b` LLaDA-MoE-7B-A1B's, in its own layout); any field can be
-//! overridden (`--n-kv-heads 8` for grouped-query attention, `--experts 16` for fewer experts).
+//! shapes (`--preset llada-moe-7b` LLaDA-MoE-7B-A1B's, `--preset dream-7b`
+//! Dream-v0-Instruct-7B's, each in its own layout); any field can be overridden
+//! (`--n-kv-heads 8` for grouped-query attention, `--experts 16` for fewer experts).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use llada_tools::checkpoint::{write, CheckpointSpec, Shape, WeightType};
+use llada_tools::checkpoint::{write, CheckpointSpec, Family, Shape, WeightType};
 
 #[derive(Parser)]
-#[command(about = "Write a random-weight LLaDA checkpoint in exact Hugging Face layout")]
+#[command(about = "Write a random-weight LLaDA, LLaDA-MoE or Dream checkpoint in exact Hugging Face layout")]
 struct Args {
-    /// Starting shape: tiny, llada-1b, llada-8b, or the mixture-of-experts tiny-moe and
-    /// llada-moe-7b.
-    #[arg(long, default_value = "tiny", value_parser = ["tiny", "llada-1b", "llada-8b", "tiny-moe", "llada-moe-7b"])]
+    /// Starting shape and layout: LLaDA's tiny, llada-1b and llada-8b; the mixture-of-experts
+    /// LLaDA-MoE's tiny-moe and llada-moe-7b; Dream's tiny-dream and dream-7b
+    /// (Dream-v0-Instruct-7B).
+    #[arg(long, default_value = "tiny", value_parser = ["tiny", "llada-1b", "llada-8b", "tiny-moe", "llada-moe-7b", "tiny-dream", "dream-7b"])]
     preset: String,
     #[arg(long)]
     d_model: Option<usize>,
@@ -25,7 +27,7 @@ struct Args {
     n_heads: Option<usize>,
     #[arg(long)]
     n_kv_heads: Option<usize>,
-    /// SwiGLU width (of each expert, for the MoE presets).
+    /// SwiGLU width (of each expert, for the MoE presets; Dream's intermediate_size).
     #[arg(long)]
     mlp_hidden_size: Option<usize>,
     /// Experts per layer (MoE presets only).
@@ -62,18 +64,20 @@ fn main() -> ExitCode {
         "llada-1b" => Shape::llada_1b(),
         "tiny-moe" => Shape::tiny_moe(),
         "llada-moe-7b" => Shape::llada_moe_7b(),
+        "tiny-dream" => Shape::tiny_dream(),
+        "dream-7b" => Shape::dream_7b(),
         _ => Shape::tiny(),
     };
-    match &mut shape.moe {
-        Some(moe) => {
+    match &mut shape.family {
+        Family::LladaMoe(moe) => {
             moe.experts = a.experts.unwrap_or(moe.experts);
             moe.top_k = a.top_k.unwrap_or(moe.top_k);
         }
-        None if a.experts.is_some() || a.top_k.is_some() => {
+        Family::Llada | Family::Dream if a.experts.is_some() || a.top_k.is_some() => {
             eprintln!("error: --experts and --top-k need a mixture-of-experts preset (tiny-moe, llada-moe-7b), not '{}'", a.preset);
             return ExitCode::FAILURE;
         }
-        None => {}
+        Family::Llada | Family::Dream => {}
     }
     shape.d_model = a.d_model.unwrap_or(shape.d_model);
     shape.n_layers = a.n_layers.unwrap_or(shape.n_layers);
