@@ -10,7 +10,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use llada_rt::error::{Error, Result};
-use llada_rt::sampler::{generate, Alg, Remasking, SamplerParams};
+use llada_rt::sampler::{generate, Alg, Policy, Remasking, SamplerParams};
 use llada_rt::session::Session;
 
 #[derive(Deserialize)]
@@ -36,6 +36,9 @@ struct Case {
     /// Dream's confidence rule and schedule end.
     alg: Option<String>,
     eps: Option<f64>,
+    /// Fast-dLLM's blocked Dream sampler: its dual cache (the `dual` policy) or its prefix
+    /// cache (`prefix`); absent for the published sampler (`exact`).
+    dual_cache: Option<bool>,
     mask_id: u32,
     output_ids: Vec<u32>,
     step_reveals: Vec<Vec<[u32; 2]>>,
@@ -150,6 +153,11 @@ pub fn run_with(session: &mut Session, golden_path: &Path, select: Selection, lo
             remasking,
             alg: alg.unwrap_or(d.alg),
             eps: c.eps.unwrap_or(d.eps),
+            policy: match c.dual_cache {
+                None => d.policy,
+                Some(true) => Policy::Dual,
+                Some(false) => Policy::Prefix,
+            },
             ..d
         };
         let g = generate(session, &c.prompt_ids, &params, &mut |_| {})?;

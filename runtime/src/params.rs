@@ -347,11 +347,15 @@ impl SamplerParams {
         if !(self.eps > 0.0 && self.eps < 1.0) {
             return bad(S::Eps, format!("{} must be between 0 and 1 (the schedule runs from 1 down to it)", self.eps));
         }
-        if self.block_length != self.gen_length {
-            return bad(S::BlockLength, format!("{}: Dream's sampler has no blocks; use --block-len {} (the gen length)", self.block_length, self.gen_length));
+        match self.policy {
+            Policy::Exact if self.block_length != self.gen_length => {
+                return bad(S::BlockLength, format!("{}: Dream's sampler has no blocks; use --block-len {} (the gen length), or the prefix or dual policy, which block it as Fast-dLLM does", self.block_length, self.gen_length));
+            }
+            Policy::Exact | Policy::Prefix | Policy::Dual => {}
+            other => return bad(S::Policy, format!("{} is not implemented for Dream yet; Dream runs the exact, prefix and dual policies", other.name())),
         }
-        if self.policy != Policy::Exact {
-            return bad(S::Policy, format!("{} is not implemented for Dream yet; Dream runs the exact policy", self.policy.name()));
+        if self.refresh_every != 0 {
+            return bad(S::RefreshEvery, format!("{}: Dream's cached policies refresh at each block's start only, as Fast-dLLM's Dream code does", self.refresh_every));
         }
         if self.remasking != d.remasking {
             return bad(S::Remasking, format!("{} is LLaDA's; Dream's sampler takes --alg", self.remasking.name()));
@@ -442,7 +446,7 @@ mod tests {
         refused(SamplerParams { top_k: Some(0), ..p }, &dream, "--top-k 0 must be at least 1");
         refused(SamplerParams { alg_temp: Some(-1.0), ..p }, &dream, "--alg-temp -1 must be a finite number >= 0");
         refused(SamplerParams { block_length: 8, ..p }, &dream, "--block-len 8: Dream's sampler has no blocks; use --block-len 32");
-        refused(SamplerParams { policy: Policy::Dual, ..p }, &dream, "--policy dual is not implemented for Dream");
+        refused(SamplerParams { policy: Policy::Mbsd, ..p }, &dream, "--policy mbsd is not implemented for Dream");
         refused(SamplerParams { remasking: Remasking::Random, ..p }, &dream, "--remasking random is LLaDA's");
         refused(SamplerParams { eps: 1.5, ..p }, &dream, "--eps 1.5 must be between 0 and 1");
     }

@@ -257,17 +257,18 @@ impl<'m> Session<'m> {
         let gid = self.model.graph_for_rows(span.len())?;
         self.check_head(gid, head_positions.len())?;
         check_tokens(self.model, seq)?;
-        // Dream predicts position p from the output at p - 1 (position 0 from its own).
-        let shift = self.model.logit_shift();
-        if let Some(&bad) = head_positions.iter().find(|&&r| !span.contains(&(r.saturating_sub(shift) as usize))) {
-            return Err(Error::request(format!("logits asked for position {bad}, outside the rows {span:?} of this pass (the model predicts it from position {})", bad.saturating_sub(shift))));
+        if let Some(&bad) = head_positions.iter().find(|&&r| !span.contains(&(r as usize))) {
+            return Err(Error::request(format!("logits asked for position {bad}, outside the rows {span:?} of this pass")));
         }
+        // Dream predicts position p from the pass's output at p - 1; the pass's first row from
+        // its own (Dream's samplers shift the logits of whatever rows a pass computed).
+        let shift = self.model.logit_shift();
         self.tokens.clear();
         self.tokens.extend_from_slice(&seq[span.clone()]);
         self.positions.clear();
         self.positions.extend(span.start as u32..span.end as u32);
         self.head.clear();
-        self.head.extend(head_positions.iter().map(|&p| p.saturating_sub(shift) - span.start as u32));
+        self.head.extend(head_positions.iter().map(|&p| p.saturating_sub(shift).max(span.start as u32) - span.start as u32));
         self.pad(gid);
         Ok(gid)
     }

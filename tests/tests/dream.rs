@@ -34,13 +34,25 @@ fn the_dream_kit_replays_every_greedy_case_with_its_reveals_and_first_pass_logit
     assert_eq!(r.logit_cases_within_tolerance, 3);
 }
 
+/// The prefix and dual policies on Dream against Fast-dLLM's blocked Dream sampler
+/// (`block_golden.json`, written by `tools/dream/make_block_golden.py` with Fast-dLLM's
+/// `generation_utils_block.py`): the same tokens and reveals at every step.
+#[test]
+fn prefix_and_dual_replay_fast_dllms_block_sampler() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Model::open(&compiled(dir.path()), true).unwrap();
+    let r = conformance::run(&mut Session::new(&model).unwrap(), &kit().join("block_golden.json"), conformance::Selection::default(), &mut |_| {}).unwrap();
+    assert!(r.passed(), "{:?}", r.failures);
+    assert_eq!((r.cases, r.output_ids_matched, r.reveals_all_steps_matched), (64, 64, 64));
+}
+
 #[test]
 fn what_dream_does_not_run_yet_is_refused_by_flag() {
     let dir = tempfile::tempdir().unwrap();
     let lad = compiled(dir.path());
     let lad = lad.to_str().unwrap();
     let run = |extra: &[&str]| common::run("llada-rt", &[&["run", lad, "-p", "hi", "--gen-len", "16", "--steps", "8"], extra].concat());
-    common::assert_clean_failure(&run(&["--policy", "dual"]), &["--policy dual is not implemented for Dream yet"]);
+    common::assert_clean_failure(&run(&["--policy", "mbsd"]), &["--policy mbsd is not implemented for Dream yet"]);
     common::assert_clean_failure(&run(&["--block-len", "8"]), &["--block-len 8: Dream's sampler has no blocks; use --block-len 16"]);
     common::assert_clean_failure(&run(&["--remasking", "random"]), &["--remasking random is LLaDA's; Dream's sampler takes --alg"]);
     common::assert_clean_failure(&run(&["--top-p", "1.5"]), &["--top-p 1.5 must be in (0, 1]"]);

@@ -7,6 +7,17 @@
 //! PyTorch computes it; the confidence is the rule `alg` names. `origin` instead commits each
 //! masked position with probability `1 - s / t`.
 //!
+//! The cached policies block it as Fast-dLLM's Dream code (`generation_utils_block.py`) does:
+//! `block_length` blocks of `steps / blocks` steps. Each block's first step is a pass over the
+//! whole sequence that commits its first position (the prediction there, whatever its
+//! confidence); the others are passes over the block and everything after it (`prefix`) or
+//! over the block alone (`dual`), attending to the cache for the rest, each committing
+//! `int(masked * (1 - s / t))` of the block's masked positions with `t`, `s` from
+//! `linspace(1, eps, steps_per_block + 1)` from index 1 on (every remaining one at the block's
+//! last step), by the negative-entropy confidence whatever `alg` says (that code passes
+//! `neg_entropy=True` there). A pass over a span reads its first row's logits from that row
+//! itself, as that code's shift over the span's logits does.
+//!
 //! Greedy settings (temperature 0, every rule but `origin`) reproduce the published tokens
 //! and reveals: float32 arithmetic as PyTorch's, the selection by `topk.rs`. Sampling
 //! (temperature above 0, `origin`) draws from the same distributions with this crate's own
@@ -17,7 +28,7 @@ use rand::RngExt;
 use super::canvas::{Canvas, PolicyStep};
 use super::{committed_prefix, stream, Candidate};
 use crate::error::Result;
-use crate::params::{Alg, SamplerParams};
+use crate::params::{Alg, Policy, SamplerParams};
 use crate::session::Session;
 
 /// Random streams of Dream's draws (distinct from LLaDA's purposes).
@@ -26,12 +37,52 @@ const DREAM_TRANSFER: u64 = 12;
 const DREAM_ALG_TEMP: u64 = 13;
 
 pub(super) struct Dream {
+    /// The schedule's timesteps: of the whole generation (exact), or of one block.
     timesteps: Vec<f32>,
+    /// `prefix` or `dual` (Fast-dLLM's blocked sampler); `exact` the published one.
+    policy: Policy,
+    /// The rules of the blocked sampler's cached steps: `p` with the negative-entropy
+    /// confidence.
+    cached: SamplerParams,
 }
 
 impl Dream {
-    pub(super) fn new(p: &SamplerParams) -> Dream {
-        Dream { timesteps: timesteps(p.steps, p.eps) }
+    pub(super) fn new(p: &SamplerParams, steps_per_block: usize) -> Dream {
+        let steps = if p.policy == Policy::Exact { p.steps } else { steps_per_block };
+        Dream { timesteps: timesteps(steps, p.eps), policy: p.policy, cached: SamplerParams { alg: Alg::Entropy, ..*p } }
+    }
+
+    /// A step of the blocked sampler (`prefix`, `dual`).
+    fn blocked_step(&mut self, session: &mut Session, c: &mut Canvas) -> Result<()> {
+        let (mask, len) = (c.special.mask, c.x.len());
+        let (start, end) = c.block_range();
+        c.candidates.clear();
+        if c.i == 0 {
+            // The block's first position from a whole-sequence pass, which refreshes the cache.
+            c.head.clear();
+            c.head.push(start as u32);
+            c.predictor.load(session.forward_full(&c.x, &c.head)?);
+            let (token, _) = c.predictor.run_dream(session.pool(), &c.head, &c.p, c.step)[0];
+            c.x[start] = token;
+            c.reveals.push([(start - c.prompt_len) as u32, token]);
+        } else {
+            c.head.clear();
+            c.head.extend((start..end).filter(|&j| c.x[j] == mask).map(|j| j as u32));
+            let steps = self.timesteps.len() - 1;
+            let count = transfer_count(c.head.len(), c.i, steps, &self.timesteps);
+            if !c.head.is_empty() && count > 0 {
+                let span = if self.policy == Policy::Dual { start..end } else { start..len };
+                c.predictor.load(session.forward_span(&c.x, span, &c.head)?);
+                let predictions = c.predictor.run_dream(session.pool(), &c.head, &self.cached, c.step);
+                c.candidates.extend(c.head.iter().zip(predictions).map(|(&pos, &(token, confidence))| Candidate { position: pos as usize, token, confidence }));
+                match c.p.alg_temp.filter(|&t| t > 0.0) {
+                    Some(t) => commit_drawn(c, count, t),
+                    None => c.commit_best(count),
+                }
+            }
+        }
+        c.settled = committed_prefix(&c.x[c.prompt_len..], mask);
+        Ok(())
     }
 }
 
@@ -156,6 +207,9 @@ pub(crate) fn predict(row: &mut [f32], p: &SamplerParams, step: usize, position:
 
 impl PolicyStep for Dream {
     fn step(&mut self, session: &mut Session, c: &mut Canvas, _scheduled: usize) -> Result<()> {
+        if self.policy != Policy::Exact {
+            return self.blocked_step(session, c);
+        }
         let (mask, len, steps, i) = (c.special.mask, c.x.len(), c.p.steps, c.i);
         c.head.clear();
         c.head.extend((0..len).filter(|&j| c.x[j] == mask).map(|j| j as u32));

@@ -47,7 +47,7 @@ impl<'s, 'm> Generator<'s, 'm> {
         let spec_blocks = if matches!(p.policy, Policy::Spec | Policy::Mbsd) { p.spec_blocks } else { 0 };
         let (policy, revised_per_step): (Box<dyn PolicyStep>, usize) = match p.policy {
             // Dream's own sampler (its validation allows the exact policy only).
-            _ if session.model.logit_shift() > 0 => (Box::new(dream::Dream::new(p)), 0),
+            _ if session.model.logit_shift() > 0 => (Box::new(dream::Dream::new(p, steps_per_block)), 0),
             Policy::Mbsd => {
                 let m = mbsd::Mbsd::new(session, p, len)?;
                 let checked = m.checked_per_step();
