@@ -259,3 +259,42 @@ fn bad_arguments_get_a_status_and_a_message_naming_them() {
     assert_eq!(status, Status::InvalidArgument);
     assert_eq!(last_error(), "out is NULL");
 }
+
+/// Dream through the C interface: its sampler's settings (`alg`, `eps`, the dual policy with
+/// blocks) give the tokens the Rust sampler gives, and LLaDA's `remasking` is refused naming
+/// the field.
+#[test]
+fn dream_generates_through_the_c_interface_as_through_rust() {
+    let dir = tempfile::tempdir().unwrap();
+    let lad = dir.path().join("dream.lad");
+    common::compile(&repo().join("tests/data/dream-conformance/tiny-dream-A"), &lad, None);
+    let loaded = Loaded::new(&lad);
+    let rust_model = llada_rt::Model::open(&lad, true).unwrap();
+    let prompt = CString::new("hello").unwrap();
+    for (alg, policy, block_len, rt_alg, rt_policy) in [
+        (Alg::Entropy as u32, Policy::Exact as u32, 0, llada_rt::sampler::Alg::Entropy, llada_rt::sampler::Policy::Exact),
+        (Alg::MaskgitPlus as u32, Policy::Dual as u32, 8, llada_rt::sampler::Alg::MaskgitPlus, llada_rt::sampler::Policy::Dual),
+    ] {
+        let params = Params { gen_len: 16, steps: 8, block_len, alg, policy, ..llada_default_params() };
+        let mut out = std::mem::MaybeUninit::<Output>::uninit();
+        // SAFETY: live session, valid strings and params, `out` writable.
+        let status = unsafe { llada_generate(loaded.session, prompt.as_ptr(), &params, None, std::ptr::null_mut(), out.as_mut_ptr()) };
+        assert_eq!(status, Status::Ok, "{}", last_error());
+        // SAFETY: written by `llada_generate`; its tokens are valid until freed.
+        let mut out = unsafe { out.assume_init() };
+        let tokens = unsafe { std::slice::from_raw_parts(out.tokens, out.n_tokens) }.to_vec();
+        unsafe { llada_output_free(&mut out) };
+        let text = llada_rt::text::Text::new(&rust_model.header.tokenizer, &rust_model.header.special).unwrap();
+        let ids = text.encode_chat("hello").unwrap();
+        let p = llada_rt::SamplerParams { gen_length: 16, block_length: if block_len == 0 { 16 } else { 8 }, steps: 8, alg: rt_alg, policy: rt_policy, ..Default::default() };
+        let want = llada_rt::generate(&mut llada_rt::Session::new(&rust_model).unwrap(), &ids, &p, &mut |_| {}).unwrap();
+        assert_eq!(tokens, want.output_ids, "{rt_policy:?}");
+    }
+    let params = Params { gen_len: 16, steps: 8, remasking: Remasking::Random as u32, ..llada_default_params() };
+    let mut out = std::mem::MaybeUninit::<Output>::uninit();
+    // SAFETY: as above.
+    let status = unsafe { llada_generate(loaded.session, prompt.as_ptr(), &params, None, std::ptr::null_mut(), out.as_mut_ptr()) };
+    assert_ne!(status, Status::Ok);
+    assert!(last_error().contains("params.remasking"), "{}", last_error());
+    unsafe { llada_output_free(out.as_mut_ptr()) };
+}

@@ -5,7 +5,8 @@
 #      aarch64-unknown-linux-musl, and says how large the binary is and how it is linked;
 #   3. runs the kernel tests at three CPU feature levels: -cpu max (ARMv8.6+: dotprod,
 #      i8mm, bf16), cortex-a76 (dotprod), cortex-a53 (NEON only);
-#   4. under -cpu max, replays the conformance kit (tiny-llada-A and -B at f32) and the
+#   4. under -cpu max, replays the conformance kits (tiny-llada-A and -B at f32, and the
+#      project's Dream kit: the published sampler's and Fast-dLLM's blocked cases) and the
 #      embedded model's golden outputs at f32, and at q8 and q4 against what the x86 build
 #      produces for the same settings;
 #   5. builds libllada (the C API) for the same target, links the C example against it
@@ -109,6 +110,20 @@ done
 for ck in tiny-llada-A tiny-llada-B; do
   job "conformance-$ck" arm conformance "$shared/conformance/$ck/golden.json" --model "$work/$ck.lad" "${conformance_sample[@]}"
 done
+# Dream's kit: the published sampler's cases and Fast-dLLM's blocked ones (a sample of each).
+dream=tests/data/dream-conformance/tiny-dream-A
+./target/release/lladac compile --model "$dream" -o "$work/tiny-dream-A.lad" >/dev/null
+dream_sample=(--every 72)
+block_sample=(--every 64)
+if [ "$full" = 1 ]; then
+  dream_sample=()
+  block_sample=()
+fi
+dream_replays() {
+  arm conformance "$dream/golden.json" --model "$work/tiny-dream-A.lad" "${dream_sample[@]}" &&
+    arm conformance "$dream/block_golden.json" --model "$work/tiny-dream-A.lad" "${block_sample[@]}"
+}
+job "conformance-dream" dream_replays
 # The C example, statically linked against libllada.a and musl (crt objects and libc.a from
 # the Rust target's self-contained directory), on the q4 artifact the README pushes.
 sc="$(rustc --print sysroot)/lib/rustlib/$target/lib/self-contained"
