@@ -71,42 +71,89 @@ impl<'c> Builder<'c> {
 pub fn plan<'c>(cfg: &LladaConfig, ckpt: &'c Checkpoint, storage: Storage) -> Result<Layout<'c>> {
     let mut b = Builder { ckpt, consumed: HashSet::new() };
     let segments = match cfg.arch {
-        Arch::Llada => dense(cfg, &mut b, storage)?,
+        Arch::Llada => dense(cfg, &mut b, storage, &LLADA)?,
         Arch::LladaMoe => moe(cfg, &mut b, storage)?,
-        Arch::Dream => dream(cfg, &mut b, storage)?,
+        Arch::Dream => dense(cfg, &mut b, storage, &DREAM)?,
     };
     Ok(Layout { arch: cfg.arch, segments, consumed: b.consumed })
 }
 
-fn dense<'c>(cfg: &LladaConfig, b: &mut Builder<'c>, st: Storage) -> Result<Vec<(String, Vec<Planned<'c>>)>> {
+/// A dense family's checkpoint names and config keys: LLaDA's (`modeling_llada.py`) or Dream's
+/// (`modeling_dream.py`, LLaDA-MoE's names with q, k and v biases).
+struct DenseFamily {
+    embedding: &'static str,
+    final_norm: &'static str,
+    head: &'static str,
+    /// A block's tensor: (layer, part) to its name.
+    block: fn(usize, &str) -> String,
+    /// The parts: attention norm, q, k, v, output, feed-forward norm, gate, up, down.
+    parts: [&'static str; 9],
+    /// The names of the q, k and v biases, where the family has them.
+    qkv_bias: Option<fn(usize, &str) -> String>,
+    /// Config keys for the errors: d_model, vocabulary, heads, kv heads, SwiGLU width.
+    keys: [&'static str; 5],
+}
+
+const LLADA: DenseFamily = DenseFamily {
+    embedding: names::EMBEDDING,
+    final_norm: names::FINAL_NORM,
+    head: names::HEAD,
+    block: names::block,
+    parts: ["attn_norm", "q_proj", "k_proj", "v_proj", "attn_out", "ff_norm", "ff_proj", "up_proj", "ff_out"],
+    qkv_bias: None,
+    keys: ["d_model", "embedding_size", "n_heads", "n_kv_heads", "mlp_hidden_size"],
+};
+
+/// Dream: the q, k and v biases fused as the projections are (`[q | k | v]`), stored f32
+/// (they are added to f32 rows).
+const DREAM: DenseFamily = DenseFamily {
+    embedding: names::moe::EMBEDDING,
+    final_norm: names::moe::FINAL_NORM,
+    head: names::moe::HEAD,
+    block: names::moe::layer,
+    parts: [
+        "input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+    ],
+    qkv_bias: Some(names::moe::layer_bias),
+    keys: ["hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "intermediate_size"],
+};
+
+fn dense<'c>(cfg: &LladaConfig, b: &mut Builder<'c>, st: Storage, fam: &DenseFamily) -> Result<Vec<(String, Vec<Planned<'c>>)>> {
     let (d, hd, f, v) = (cfg.d_model, cfg.head_dim(), cfg.mlp_hidden, cfg.embedding_size);
     let (q_dim, kv_dim) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
-    let why_d = format!("d_model {d}");
-    let why_v = format!("embedding_size {v}, {why_d}");
-    let why_q = format!("n_heads {} x head_dim {hd}, {why_d}", cfg.n_heads);
-    let why_kv = format!("n_kv_heads {} x head_dim {hd}, {why_d}", cfg.n_kv_heads);
-    let why_f = format!("mlp_hidden_size {f}, {why_d}");
-    let mut segments = vec![("embedding".to_string(), vec![b.single(names::EMBEDDING, &[v, d], &why_v, st.embedding)?])];
+    let [key_d, key_v, key_h, key_kv, key_f] = fam.keys;
+    let why_d = format!("{key_d} {d}");
+    let why_v = format!("{key_v} {v}, {why_d}");
+    let why_q = format!("{key_h} {} x head_dim {hd}, {why_d}", cfg.n_heads);
+    let why_kv = format!("{key_kv} {} x head_dim {hd}, {why_d}", cfg.n_kv_heads);
+    let why_f = format!("{key_f} {f}, {why_d}");
+    let [attn_norm, q, k, vp, o, ff_norm, gate, up, down] = fam.parts;
+    let mut segments = vec![("embedding".to_string(), vec![b.single(fam.embedding, &[v, d], &why_v, st.embedding)?])];
     for l in 0..cfg.n_layers {
-        let n = |part: &str| names::block(l, part);
-        segments.push((
-            format!("blocks.{l}.attn"),
-            vec![
-                b.single(&n("attn_norm"), &[d], &why_d, DType::F32)?,
-                b.fused(n("qkv_proj"), &[(&n("q_proj"), [q_dim, d], &why_q), (&n("k_proj"), [kv_dim, d], &why_kv), (&n("v_proj"), [kv_dim, d], &why_kv)], st.matrix)?,
-                b.single(&n("attn_out"), &[d, q_dim], &why_q, st.matrix)?,
-            ],
-        ));
+        let n = |part: &str| (fam.block)(l, part);
+        // The fused names: the parts' with `qkv_proj` and `gate_up_proj` for the last word.
+        let fused = |part: &str, whole: &str| n(&part.replace(part.rsplit('.').next().unwrap_or(part), whole));
+        let mut attn = vec![
+            b.single(&n(attn_norm), &[d], &why_d, DType::F32)?,
+            b.fused(fused(q, "qkv_proj"), &[(&n(q), [q_dim, d], &why_q), (&n(k), [kv_dim, d], &why_kv), (&n(vp), [kv_dim, d], &why_kv)], st.matrix)?,
+        ];
+        if let Some(bias) = fam.qkv_bias {
+            let (bq, bk, bv) = (bias(l, q), bias(l, k), bias(l, vp));
+            attn.push(b.fused_vector(bias(l, &q.replace("q_proj", "qkv_proj")), &[(&bq, q_dim, &why_q), (&bk, kv_dim, &why_kv), (&bv, kv_dim, &why_kv)], DType::F32)?);
+        }
+        attn.push(b.single(&n(o), &[d, q_dim], &why_q, st.matrix)?);
+        segments.push((format!("blocks.{l}.attn"), attn));
         segments.push((
             format!("blocks.{l}.ffn"),
             vec![
-                b.single(&n("ff_norm"), &[d], &why_d, DType::F32)?,
-                b.fused(n("gate_up_proj"), &[(&n("ff_proj"), [f, d], &why_f), (&n("up_proj"), [f, d], &why_f)], st.matrix)?,
-                b.single(&n("ff_out"), &[d, f], &why_f, st.matrix)?,
+                b.single(&n(ff_norm), &[d], &why_d, DType::F32)?,
+                b.fused(fused(gate, "gate_up_proj"), &[(&n(gate), [f, d], &why_f), (&n(up), [f, d], &why_f)], st.matrix)?,
+                b.single(&n(down), &[d, f], &why_f, st.matrix)?,
             ],
         ));
     }
-    segments.push(("head".into(), vec![b.single(names::FINAL_NORM, &[d], &why_d, DType::F32)?, b.single(names::HEAD, &[v, d], &why_v, st.matrix)?]));
+    segments.push(("head".into(), vec![b.single(fam.final_norm, &[d], &why_d, DType::F32)?, b.single(fam.head, &[v, d], &why_v, st.matrix)?]));
     Ok(segments)
 }
 
@@ -149,45 +196,6 @@ fn moe<'c>(cfg: &LladaConfig, b: &mut Builder<'c>, st: Storage) -> Result<Vec<(S
                 ],
             ));
         }
-    }
-    segments.push(("head".into(), vec![b.single(n::FINAL_NORM, &[d], &why_d, DType::F32)?, b.single(n::HEAD, &[v, d], &why_v, st.matrix)?]));
-    Ok(segments)
-}
-
-/// Dream (`modeling_dream.py`): LLaDA-MoE's names, a dense SwiGLU, and the q, k and v biases
-/// fused as the projections are (`[q | k | v]`), stored f32 (they are added to f32 rows).
-fn dream<'c>(cfg: &LladaConfig, b: &mut Builder<'c>, st: Storage) -> Result<Vec<(String, Vec<Planned<'c>>)>> {
-    use names::moe as n;
-    let (d, hd, f, v) = (cfg.d_model, cfg.head_dim(), cfg.mlp_hidden, cfg.embedding_size);
-    let (q_dim, kv_dim) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
-    let why_d = format!("hidden_size {d}");
-    let why_v = format!("vocab_size {v}, {why_d}");
-    let why_q = format!("num_attention_heads {} x head_dim {hd}, {why_d}", cfg.n_heads);
-    let why_kv = format!("num_key_value_heads {} x head_dim {hd}, {why_d}", cfg.n_kv_heads);
-    let why_f = format!("intermediate_size {f}, {why_d}");
-    let mut segments = vec![("embedding".to_string(), vec![b.single(n::EMBEDDING, &[v, d], &why_v, st.embedding)?])];
-    for l in 0..cfg.n_layers {
-        let p = |part: &str| n::layer(l, part);
-        let bias = |part: &str| n::layer_bias(l, part);
-        let (bq, bk, bv) = (bias("self_attn.q_proj"), bias("self_attn.k_proj"), bias("self_attn.v_proj"));
-        let biases = b.fused_vector(n::layer_bias(l, "self_attn.qkv_proj"), &[(&bq, q_dim, &why_q), (&bk, kv_dim, &why_kv), (&bv, kv_dim, &why_kv)], DType::F32)?;
-        segments.push((
-            format!("blocks.{l}.attn"),
-            vec![
-                b.single(&p("input_layernorm"), &[d], &why_d, DType::F32)?,
-                b.fused(p("self_attn.qkv_proj"), &[(&p("self_attn.q_proj"), [q_dim, d], &why_q), (&p("self_attn.k_proj"), [kv_dim, d], &why_kv), (&p("self_attn.v_proj"), [kv_dim, d], &why_kv)], st.matrix)?,
-                biases,
-                b.single(&p("self_attn.o_proj"), &[d, q_dim], &why_q, st.matrix)?,
-            ],
-        ));
-        segments.push((
-            format!("blocks.{l}.ffn"),
-            vec![
-                b.single(&p("post_attention_layernorm"), &[d], &why_d, DType::F32)?,
-                b.fused(p("mlp.gate_up_proj"), &[(&p("mlp.gate_proj"), [f, d], &why_f), (&p("mlp.up_proj"), [f, d], &why_f)], st.matrix)?,
-                b.single(&p("mlp.down_proj"), &[d, f], &why_f, st.matrix)?,
-            ],
-        ));
     }
     segments.push(("head".into(), vec![b.single(n::FINAL_NORM, &[d], &why_d, DType::F32)?, b.single(n::HEAD, &[v, d], &why_v, st.matrix)?]));
     Ok(segments)

@@ -59,6 +59,56 @@ impl LladaConfig {
     }
 }
 
+/// The network keys LLaDA-MoE's and Dream's configs share (Hugging Face's Qwen and Llama
+/// names), checked for a consistent head layout; the mask id, when `config.json` has none, is
+/// `mask_default` (the caller's rule: refused when `None`).
+pub(super) fn qwen_style(k: &mut Keys, arch: Arch, mlp_key: &'static str, eps_default: f64, mask_default: Option<u32>) -> Result<LladaConfig> {
+    let d_model = k.required("hidden_size")?;
+    let n_layers = k.required("num_hidden_layers")?;
+    let n_heads = k.required("num_attention_heads")?;
+    let n_kv_heads = k.usize("num_key_value_heads")?.unwrap_or(n_heads);
+    let mlp_hidden = k.required(mlp_key)?;
+    let vocab_size = k.required("vocab_size")?;
+    let max_sequence_length = k.required("max_position_embeddings")?;
+    let rope_theta = k.f64("rope_theta", 10000.0)?;
+    let rms_eps = k.f64("rms_norm_eps", eps_default)?;
+    let mask_token_id = match k.token("mask_token_id")?.or(mask_default) {
+        Some(m) => m,
+        None => return Err(k.err("mask_token_id", "missing here and in generation_config.json; the sampler needs the mask token")),
+    };
+    let bos_token_id = k.token("bos_token_id")?;
+    let eos_token_id = k.token("eos_token_id")?;
+    let pad_token_id = k.token("pad_token_id")?;
+    if d_model % n_heads != 0 || (d_model / n_heads) % 2 != 0 {
+        return Err(k.err("num_attention_heads", format!("hidden_size {d_model} over {n_heads} heads is not an even head dimension")));
+    }
+    if n_heads % n_kv_heads != 0 {
+        return Err(k.err("num_key_value_heads", format!("num_attention_heads {n_heads} is not a multiple of {n_kv_heads}")));
+    }
+    k.ids_inside(&[("mask_token_id", Some(mask_token_id)), ("bos_token_id", bos_token_id), ("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)], vocab_size)?;
+    Ok(LladaConfig {
+        arch,
+        d_model,
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        mlp_hidden,
+        vocab_size,
+        embedding_size: vocab_size,
+        max_sequence_length,
+        rope_theta,
+        rms_eps,
+        input_emb_norm: false,
+        scale_logits: false,
+        mask_token_id,
+        bos_token_id,
+        eos_token_id,
+        pad_token_id,
+        qk_norm: false,
+        moe: None,
+    })
+}
+
 pub(super) struct Keys<'a> {
     pub(super) path: &'a Path,
     pub(super) map: &'a Map<String, Value>,

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::config_common::{Arch, Keys, LladaConfig};
+use super::config_common::{qwen_style, Arch, Keys, LladaConfig};
 use crate::error::Result;
 
 /// Whether `config.json` describes Dream: its architecture or its model type.
@@ -38,48 +38,9 @@ pub fn parse(path: &Path, map: &Map<String, Value>) -> Result<(LladaConfig, Vec<
     if let Some(v) = k.get("rope_scaling") {
         return Err(k.err("rope_scaling", format!("{v} is not supported (only null is)")));
     }
-    let d_model = k.required("hidden_size")?;
-    let n_layers = k.required("num_hidden_layers")?;
-    let n_heads = k.required("num_attention_heads")?;
-    let n_kv_heads = k.usize("num_key_value_heads")?.unwrap_or(n_heads);
-    let mlp_hidden = k.required("intermediate_size")?;
-    let vocab_size = k.required("vocab_size")?;
-    let max_sequence_length = k.required("max_position_embeddings")?;
-    let rope_theta = k.f64("rope_theta", 10000.0)?;
-    let rms_eps = k.f64("rms_norm_eps", 1e-6)?;
-    let mask_token_id = k.token("mask_token_id")?.unwrap_or(151666);
-    let bos_token_id = k.token("bos_token_id")?;
-    let eos_token_id = k.token("eos_token_id")?;
-    let pad_token_id = k.token("pad_token_id")?;
-    if d_model % n_heads != 0 || (d_model / n_heads) % 2 != 0 {
-        return Err(k.err("num_attention_heads", format!("hidden_size {d_model} over {n_heads} heads is not an even head dimension")));
-    }
-    if n_heads % n_kv_heads != 0 {
-        return Err(k.err("num_key_value_heads", format!("num_attention_heads {n_heads} is not a multiple of {n_kv_heads}")));
-    }
-    k.ids_inside(&[("mask_token_id", Some(mask_token_id)), ("bos_token_id", bos_token_id), ("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)], vocab_size)?;
+    // Dream's mask id is in config.json (its generation_config.json has none); 151666 is the 7B's.
+    let cfg = qwen_style(&mut k, Arch::Dream, "intermediate_size", 1e-6, Some(151666))?;
     let warnings = k.unknown(ACCEPTED_KEYS);
-    let cfg = LladaConfig {
-        arch: Arch::Dream,
-        d_model,
-        n_layers,
-        n_heads,
-        n_kv_heads,
-        mlp_hidden,
-        vocab_size,
-        embedding_size: vocab_size,
-        max_sequence_length,
-        rope_theta,
-        rms_eps,
-        input_emb_norm: false,
-        scale_logits: false,
-        mask_token_id,
-        bos_token_id,
-        eos_token_id,
-        pad_token_id,
-        qk_norm: false,
-        moe: None,
-    };
     Ok((cfg, warnings))
 }
 

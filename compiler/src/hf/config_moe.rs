@@ -11,7 +11,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::config_common::{Arch, Keys, LladaConfig, MoeSettings};
+use super::config_common::{qwen_style, Arch, Keys, LladaConfig, MoeSettings};
 use crate::error::Result;
 
 /// Whether `config.json` describes LLaDA-MoE: its architecture, or its expert keys.
@@ -65,36 +65,15 @@ pub fn parse(path: &Path, map: &Map<String, Value>, generation_mask: Option<u32>
         warnings.push(format!("{}: routed_scaling_factor is ignored, as LLaDA-MoE's modelling code ignores it", path.display()));
     }
 
-    let d_model = k.required("hidden_size")?;
-    let n_layers = k.required("num_hidden_layers")?;
-    let n_heads = k.required("num_attention_heads")?;
-    let n_kv_heads = k.usize("num_key_value_heads")?.unwrap_or(n_heads);
-    let mlp_hidden = k.required("expert_intermediate_size")?;
+    let base = qwen_style(&mut k, Arch::LladaMoe, "expert_intermediate_size", 1e-5, generation_mask)?;
     let experts = k.required("num_experts")?;
     let top_k = k.required("num_experts_per_tok")?;
-    let vocab_size = k.required("vocab_size")?;
-    let max_sequence_length = k.required("max_position_embeddings")?;
-    let rope_theta = k.f64("rope_theta", 10000.0)?;
-    let rms_eps = k.f64("rms_norm_eps", 1e-5)?;
     let qk_norm = k.bool("qk_layernorm", false)?;
+    let n_layers = base.n_layers;
     match k.get("moe_layer_freq") {
         None => return Err(k.err("moe_layer_freq", "missing; LLaDA-MoE's modelling code reads it for every layer")),
         Some(Value::Array(f)) if f.len() == n_layers && f.iter().all(|x| x.as_u64().is_some_and(|x| x > 0)) => {}
         Some(v) => return Err(k.err("moe_layer_freq", format!("{v} is not supported (every one of the {n_layers} layers must be a mixture of experts; dense layers are not implemented)"))),
-    }
-    let mask_token_id = match k.token("mask_token_id")?.or(generation_mask) {
-        Some(m) => m,
-        None => return Err(k.err("mask_token_id", "missing here and in generation_config.json; the sampler needs the mask token")),
-    };
-    let bos_token_id = k.token("bos_token_id")?;
-    let eos_token_id = k.token("eos_token_id")?;
-    let pad_token_id = k.token("pad_token_id")?;
-
-    if d_model % n_heads != 0 || (d_model / n_heads) % 2 != 0 {
-        return Err(k.err("num_attention_heads", format!("hidden_size {d_model} over {n_heads} heads is not an even head dimension")));
-    }
-    if n_heads % n_kv_heads != 0 {
-        return Err(k.err("num_key_value_heads", format!("num_attention_heads {n_heads} is not a multiple of {n_kv_heads}")));
     }
     if top_k > experts {
         return Err(k.err("num_experts_per_tok", format!("{top_k} is more than num_experts {experts}")));
@@ -102,29 +81,8 @@ pub fn parse(path: &Path, map: &Map<String, Value>, generation_mask: Option<u32>
     if experts > llada_ir::verify::MAX_EXPERTS as usize {
         return Err(k.err("num_experts", format!("{experts} is more than the {} the artifact format allows", llada_ir::verify::MAX_EXPERTS)));
     }
-    k.ids_inside(&[("mask_token_id", Some(mask_token_id)), ("bos_token_id", bos_token_id), ("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)], vocab_size)?;
     warnings.extend(k.unknown(ACCEPTED_KEYS));
-    let cfg = LladaConfig {
-        arch: Arch::LladaMoe,
-        d_model,
-        n_layers,
-        n_heads,
-        n_kv_heads,
-        mlp_hidden,
-        vocab_size,
-        embedding_size: vocab_size,
-        max_sequence_length,
-        rope_theta,
-        rms_eps,
-        input_emb_norm: false,
-        scale_logits: false,
-        mask_token_id,
-        bos_token_id,
-        eos_token_id,
-        pad_token_id,
-        qk_norm,
-        moe: Some(MoeSettings { experts, top_k }),
-    };
+    let cfg = LladaConfig { qk_norm, moe: Some(MoeSettings { experts, top_k }), ..base };
     Ok((cfg, warnings))
 }
 

@@ -238,22 +238,17 @@ impl Predictor {
 
     /// Predicts the loaded rows, row `i` at `positions[i]`, noise of step `step`.
     pub(crate) fn run(&mut self, pool: &rayon::ThreadPool, positions: &[u32], p: &SamplerParams, special: &llada_ir::SpecialTokens, purpose: u64, step: usize) -> &[(u32, f32)] {
-        let vocab = self.vocab;
-        let rows = &mut self.rows[..positions.len() * vocab];
-        self.out.clear();
-        self.out.resize(positions.len(), (0, 0.0));
-        let out = &mut self.out;
-        pool.install(|| {
-            rows.par_chunks_mut(vocab).zip(positions.par_iter()).zip(out.par_iter_mut()).for_each(|((row, &pos), o)| {
-                *o = predict_with(row, p, special, purpose, step, pos as usize);
-            })
-        });
-        &self.out
+        self.each_row(pool, positions, |row, pos| predict_with(row, p, special, purpose, step, pos))
     }
 
     /// Dream's predictions at `positions` (`dream.rs`): the token and its confidence under
     /// `p.alg`, from the loaded logits.
     pub(crate) fn run_dream(&mut self, pool: &rayon::ThreadPool, positions: &[u32], p: &SamplerParams, step: usize) -> &[(u32, f32)] {
+        self.each_row(pool, positions, |row, pos| dream::predict(row, p, step, pos))
+    }
+
+    /// `predict` on each loaded row (its position beside it), in parallel on `pool`.
+    fn each_row(&mut self, pool: &rayon::ThreadPool, positions: &[u32], predict: impl Fn(&mut [f32], usize) -> (u32, f32) + Sync) -> &[(u32, f32)] {
         let vocab = self.vocab;
         let rows = &mut self.rows[..positions.len() * vocab];
         self.out.clear();
@@ -261,7 +256,7 @@ impl Predictor {
         let out = &mut self.out;
         pool.install(|| {
             rows.par_chunks_mut(vocab).zip(positions.par_iter()).zip(out.par_iter_mut()).for_each(|((row, &pos), o)| {
-                *o = dream::predict(row, p, step, pos as usize);
+                *o = predict(row, pos as usize);
             })
         });
         &self.out
