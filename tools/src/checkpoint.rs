@@ -382,6 +382,15 @@ pub fn tokenizer_json(special: SpecialIds) -> Value {
 /// assistant header as the generation prompt.
 pub const CHAT_TEMPLATE: &str = "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
 
+/// `tokenizer_config.json`'s `added_tokens_decoder`: every special token by id.
+pub(crate) fn added_tokens_decoder(special: SpecialIds) -> serde_json::Map<String, Value> {
+    special
+        .named()
+        .iter()
+        .map(|(content, id)| (id.to_string(), json!({"content": content, "lstrip": false, "normalized": false, "rstrip": false, "single_word": false, "special": true})))
+        .collect()
+}
+
 pub fn tokenizer_config_json(special: SpecialIds, shape: &Shape) -> Value {
     let template = match special.chat {
         ChatFormat::Llada => CHAT_TEMPLATE,
@@ -389,13 +398,7 @@ pub fn tokenizer_config_json(special: SpecialIds, shape: &Shape) -> Value {
         ChatFormat::Dream => return crate::checkpoint_dream::tokenizer_config_json(special, shape),
     };
     let bos = if special.chat == ChatFormat::LladaMoe { Value::Null } else { json!("<|startoftext|>") };
-    let decoder: serde_json::Map<String, Value> = special
-        .named()
-        .iter()
-        .map(|(content, id)| {
-            (id.to_string(), json!({"content": content, "lstrip": false, "normalized": false, "rstrip": false, "single_word": false, "special": true}))
-        })
-        .collect();
+    let decoder = added_tokens_decoder(special);
     json!({
         "add_bos_token": false,
         "add_eos_token": false,

@@ -107,13 +107,7 @@ pub const CHAT_TEMPLATE: &str = "{% for message in messages %}{% if loop.first a
 /// `PreTrainedTokenizerFast` for the published `DreamTokenizer`, which needs
 /// `tokenization_dream.py`).
 pub fn tokenizer_config_json(special: SpecialIds, shape: &Shape) -> Value {
-    let decoder: serde_json::Map<String, Value> = special
-        .named()
-        .iter()
-        .map(|(content, id)| {
-            (id.to_string(), json!({"content": content, "lstrip": false, "normalized": false, "rstrip": false, "single_word": false, "special": true}))
-        })
-        .collect();
+    let decoder = crate::checkpoint::added_tokens_decoder(special);
     json!({
         "add_prefix_space": false,
         "added_tokens_decoder": decoder,
