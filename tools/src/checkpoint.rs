@@ -20,6 +20,8 @@ use safetensors::{Dtype, View};
 use serde_json::{json, Value};
 
 pub use crate::checkpoint_spec::{ChatFormat, CheckpointSpec, Family, MoeShape, Shape, SpecialIds, WeightType};
+pub use crate::checkpoint_tokenizer::{bpe_vocab, tokenizer_json};
+use crate::checkpoint_tokenizer::added_tokens_decoder;
 
 /// The layouts of a shape, here where all (LLaDA's, LLaDA-MoE's from `checkpoint_moe` and
 /// Dream's from `checkpoint_dream`) are known.
@@ -198,6 +200,10 @@ pub fn write(spec: &CheckpointSpec, dir: &Path) -> std::io::Result<Written> {
 }
 
 /// Everything but the weights: `config.json`, `generation_config.json`, `tokenizer.json`,
+/// LLaDA-8B-Instruct's chat template: one header per message, BOS before the first, and the
+/// assistant header as the generation prompt.
+pub const CHAT_TEMPLATE: &str = "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+
 /// `tokenizer_config.json` and `special_tokens_map.json`.
 pub fn write_metadata(spec: &CheckpointSpec, special: SpecialIds, dir: &Path) -> std::io::Result<()> {
     let s = &spec.shape;
@@ -311,86 +317,6 @@ pub fn config_json(spec: &CheckpointSpec, special: SpecialIds) -> Value {
     })
 }
 
-/// GPT-2's byte-to-character map of byte-level BPE: printable bytes stand for themselves,
-/// the others are shifted above 255.
-fn byte_char(b: u8) -> char {
-    let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
-    if printable(b) {
-        return b as char;
-    }
-    let shifted = (0..b).filter(|&c| !printable(c)).count() as u32;
-    char::from_u32(256 + shifted).expect("a valid code point")
-}
-
-/// Byte tokens (id = byte value) plus merges that make the chat template's words single
-/// tokens, as LLaDA's tokenizer does. Returns the vocabulary in id order and the merges.
-pub fn bpe_vocab() -> (Vec<String>, Vec<(String, String)>) {
-    let mut vocab: Vec<String> = (0..=255u8).map(|b| byte_char(b).to_string()).collect();
-    let mut merges = Vec::new();
-    let newline = byte_char(b'\n').to_string();
-    for word in ["user".to_string(), "assistant".to_string(), "system".to_string(), newline.repeat(2)] {
-        let chars: Vec<String> = word.chars().map(|c| c.to_string()).collect();
-        let mut left = chars[0].clone();
-        for c in &chars[1..] {
-            let merged = format!("{left}{c}");
-            if !vocab.contains(&merged) {
-                merges.push((left.clone(), c.clone()));
-                vocab.push(merged.clone());
-            }
-            left = merged;
-        }
-    }
-    (vocab, merges)
-}
-
-/// A byte-level BPE tokenizer: [`bpe_vocab`] and the chat format's special tokens at their
-/// ids.
-pub fn tokenizer_json(special: SpecialIds) -> Value {
-    let (vocab, merges) = bpe_vocab();
-    // The special tokens are in the model vocabulary at their ids as well (as in LLaDA's own
-    // tokenizer.json): an added token only keeps its id if the model already knows it.
-    let vocab: serde_json::Map<String, Value> = vocab
-        .into_iter()
-        .enumerate()
-        .map(|(i, t)| (t, json!(i)))
-        .chain(special.named().iter().map(|(content, id)| (content.to_string(), json!(id))))
-        .collect();
-    let merges: Vec<Value> = merges.into_iter().map(|(a, b)| json!([a, b])).collect();
-    let added: Vec<Value> = special
-        .named()
-        .iter()
-        .map(|(content, id)| json!({"id": id, "content": content, "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}))
-        .collect();
-    json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": added,
-        "normalizer": null,
-        "pre_tokenizer": { "type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true },
-        "post_processor": null,
-        "decoder": { "type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true },
-        "model": {
-            "type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
-            "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
-            "vocab": vocab, "merges": merges
-        }
-    })
-}
-
-/// LLaDA-8B-Instruct's chat template: one header per message, BOS before the first, and the
-/// assistant header as the generation prompt.
-pub const CHAT_TEMPLATE: &str = "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
-
-/// `tokenizer_config.json`'s `added_tokens_decoder`: every special token by id.
-pub(crate) fn added_tokens_decoder(special: SpecialIds) -> serde_json::Map<String, Value> {
-    special
-        .named()
-        .iter()
-        .map(|(content, id)| (id.to_string(), json!({"content": content, "lstrip": false, "normalized": false, "rstrip": false, "single_word": false, "special": true})))
-        .collect()
-}
-
 pub fn tokenizer_config_json(special: SpecialIds, shape: &Shape) -> Value {
     let template = match special.chat {
         ChatFormat::Llada => CHAT_TEMPLATE,
@@ -417,28 +343,6 @@ pub fn tokenizer_config_json(special: SpecialIds, shape: &Shape) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn byte_map_is_a_bijection_onto_gpt2_characters() {
-        let chars: std::collections::HashSet<char> = (0..=255u8).map(byte_char).collect();
-        assert_eq!(chars.len(), 256);
-        assert_eq!(byte_char(b'A'), 'A');
-        assert_eq!(byte_char(b'\n'), 'Ċ');
-        assert_eq!(byte_char(b' '), 'Ġ');
-    }
-
-    #[test]
-    fn tokenizer_loads_and_knows_the_chat_words() {
-        let special = SpecialIds::LLADA;
-        let tok: tokenizers::Tokenizer = tokenizer_json(special).to_string().parse().unwrap();
-        let ids = tok.encode("<|start_header_id|>assistant<|end_header_id|>\n\nHi", false).unwrap().get_ids().to_vec();
-        assert_eq!(ids[0], special.start_header);
-        assert_eq!(Some(ids[2]), special.end_header);
-        // header, assistant, header, \n, \n, H, i: the byte-level pre-tokenizer splits a
-        // newline run before a letter, as in the conformance kit's tokenizer.
-        assert_eq!(ids, [special.start_header, 266, ids[2], 10, 10, 72, 105]);
-        assert_eq!(tok.decode(&[b'H' as u32, b'i' as u32], true).unwrap(), "Hi");
-    }
 
     #[test]
     fn sharded_bf16_checkpoint_has_an_index_and_every_tensor() {

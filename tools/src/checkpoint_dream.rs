@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde_json::{json, Value};
 
-use crate::checkpoint::tokenizer_json;
+use crate::checkpoint_tokenizer::{added_tokens_decoder, tokenizer_json};
 use crate::checkpoint_spec::{CheckpointSpec, Shape, SpecialIds};
 
 /// Every tensor in the order `modeling_dream.py` registers them (a module's weight before its
@@ -107,7 +107,7 @@ pub const CHAT_TEMPLATE: &str = "{% for message in messages %}{% if loop.first a
 /// `PreTrainedTokenizerFast` for the published `DreamTokenizer`, which needs
 /// `tokenization_dream.py`).
 pub fn tokenizer_config_json(special: SpecialIds, shape: &Shape) -> Value {
-    let decoder = crate::checkpoint::added_tokens_decoder(special);
+    let decoder = added_tokens_decoder(special);
     json!({
         "add_prefix_space": false,
         "added_tokens_decoder": decoder,

@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod checkpoint_dream;
 pub mod checkpoint_moe;
 mod checkpoint_spec;
+mod checkpoint_tokenizer;
 pub mod reference;
 pub mod reference_moe;
 pub mod tasks;
