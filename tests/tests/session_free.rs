@@ -8,16 +8,6 @@ use std::ffi::{CStr, CString};
 
 use llada::*;
 
-/// Threads of this process whose name starts with `llada-`.
-fn llada_threads() -> Vec<String> {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .map(|c| c.trim().to_string())
-        .filter(|c| c.starts_with("llada-"))
-        .collect()
-}
-
 #[test]
 fn freeing_a_session_joins_its_threads() {
     let dir = tempfile::tempdir().unwrap();
@@ -25,7 +15,7 @@ fn freeing_a_session_joins_its_threads() {
     let mut model = std::ptr::null_mut();
     // SAFETY: valid string and out pointer.
     assert_eq!(unsafe { llada_model_load(art.as_ptr(), &mut model) }, Status::Ok);
-    assert_eq!(llada_threads(), Vec::<String>::new());
+    assert_eq!(common::threads_now("llada-"), Vec::<String>::new());
     for _ in 0..3 {
         let mut session = std::ptr::null_mut();
         // SAFETY: a live model and a valid out pointer.
@@ -40,10 +30,10 @@ fn freeing_a_session_joins_its_threads() {
         assert_eq!(status, Status::Ok, "{}", unsafe { CStr::from_ptr(llada_last_error()) }.to_string_lossy());
         // SAFETY: written by `llada_generate`.
         unsafe { llada_output_free(out.as_mut_ptr()) };
-        assert!(!llada_threads().is_empty(), "the session runs worker threads");
+        assert!(!common::threads_now("llada-").is_empty(), "the session runs worker threads");
         // SAFETY: a live session with no call running.
         unsafe { llada_session_free(session) };
-        assert_eq!(llada_threads(), Vec::<String>::new(), "threads outlived llada_session_free");
+        assert_eq!(common::threads_after_join("llada-"), Vec::<String>::new(), "threads outlived llada_session_free");
     }
     // SAFETY: a live model handle.
     unsafe { llada_model_free(model) };

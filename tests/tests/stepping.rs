@@ -56,14 +56,7 @@ fn every_policy_stepped_from_outside_matches_generate() {
         drop(part);
         assert_eq!(generate(&mut session, &prompt, &p, &mut |_| {}).unwrap().output_ids, want.output_ids, "{p:?}");
         // A generation's side-path threads end with it, finished or dropped part-way.
-        assert_eq!(threads_named("llada-side"), 0, "{p:?}");
+        assert_eq!(common::threads_after_join("llada-side"), Vec::<String>::new(), "{p:?}");
     }
 }
 
-fn threads_named(prefix: &str) -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .filter(|c| c.starts_with(prefix))
-        .count()
-}

@@ -180,3 +180,27 @@ pub fn compile_refused(model: &Path, needles: &[&str]) {
     assert_clean_failure(&o, needles);
     assert_eq!(leftovers(dir), before, "a failed compile left files behind");
 }
+
+/// Threads of this process whose name starts with `prefix`.
+pub fn threads_now(prefix: &str) -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|c| c.trim().to_string())
+        .filter(|c| c.starts_with(prefix))
+        .collect()
+}
+
+/// [`threads_now`], once threads that were joined have left /proc: Linux wakes a joiner
+/// (clearing the thread id) a moment before it removes the finished task from
+/// /proc/self/task, so a count taken right after a join may still see it. Waits up to 5 s for
+/// none to be listed, then returns those still listed.
+pub fn threads_after_join(prefix: &str) -> Vec<String> {
+    for _ in 0..500 {
+        if threads_now(prefix).is_empty() {
+            return Vec::new();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    threads_now(prefix)
+}
