@@ -119,8 +119,11 @@ if [ "$full" = 1 ]; then
   dream_sample=()
   block_sample=()
 fi
+# Its first-pass logits differ from the reference by up to 7.8e-5 on x86; NEON's GEMM sums in
+# another order, which adds a few 1e-5 (1.14e-4 seen), hence the wider logit bound (tokens and
+# reveals are exact), as on Vulkan in .ci/run.
 dream_replays() {
-  arm conformance "$dream/golden.json" --model "$work/tiny-dream-A.lad" "${dream_sample[@]}" &&
+  arm conformance "$dream/golden.json" --model "$work/tiny-dream-A.lad" "${dream_sample[@]}" --logit-tolerance 2e-4 &&
     arm conformance "$dream/block_golden.json" --model "$work/tiny-dream-A.lad" "${block_sample[@]}"
 }
 job "conformance-dream" dream_replays
