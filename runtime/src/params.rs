@@ -315,8 +315,8 @@ impl SamplerParams {
     }
 
     /// LLaDA's and Dream's samplers take different settings: each refuses the other's, set
-    /// away from its default, naming it. Dream's sampler has no blocks, and runs on the
-    /// exact policy only (for now).
+    /// away from its default, naming it. Dream's sampler has no blocks (the cached policies
+    /// block it); `spec` is not implemented for it.
     fn validate_family(&self, dream: bool) -> Result<()> {
         use crate::error::Setting as S;
         let d = SamplerParams::default();
@@ -352,7 +352,16 @@ impl SamplerParams {
                 return bad(S::BlockLength, format!("{}: Dream's sampler has no blocks; use --block-len {} (the gen length), or the prefix or dual policy, which block it as Fast-dLLM does", self.block_length, self.gen_length));
             }
             Policy::Exact | Policy::Prefix | Policy::Dual => {}
-            other => return bad(S::Policy, format!("{} is not implemented for Dream yet; Dream runs the exact, prefix and dual policies", other.name())),
+            // Drafts and revision compare the confidence with thresholds that are
+            // probabilities: `entropy`'s is not one, and `origin` has none.
+            Policy::Mbsd if self.alg == Alg::Origin => {
+                return bad(S::Alg, "origin commits at random, without the confidence --policy mbsd orders its commits by; use maskgit_plus, topk_margin or entropy".into());
+            }
+            Policy::Mbsd if self.alg == Alg::Entropy && (self.spec_blocks > 0 || self.revision != Revision::Off) => {
+                return bad(S::Alg, "entropy's confidence is not a probability, which the drafts' and the revision's thresholds are: with --policy mbsd use it with --spec-blocks 0 --revision off, or use maskgit_plus or topk_margin".into());
+            }
+            Policy::Mbsd => {}
+            Policy::Spec => return bad(S::Policy, "spec is not implemented for Dream; Dream runs the exact, prefix, dual and mbsd policies".into()),
         }
         if self.refresh_every != 0 {
             return bad(S::RefreshEvery, format!("{}: Dream's cached policies refresh at each block's start only, as Fast-dLLM's Dream code does", self.refresh_every));
@@ -446,7 +455,11 @@ mod tests {
         refused(SamplerParams { top_k: Some(0), ..p }, &dream, "--top-k 0 must be at least 1");
         refused(SamplerParams { alg_temp: Some(-1.0), ..p }, &dream, "--alg-temp -1 must be a finite number >= 0");
         refused(SamplerParams { block_length: 8, ..p }, &dream, "--block-len 8: Dream's sampler has no blocks; use --block-len 32");
-        refused(SamplerParams { policy: Policy::Mbsd, ..p }, &dream, "--policy mbsd is not implemented for Dream");
+        refused(SamplerParams { policy: Policy::Spec, ..p }, &dream, "--policy spec is not implemented for Dream");
+        refused(SamplerParams { policy: Policy::Mbsd, alg: Alg::Origin, ..p }, &dream, "--alg origin commits at random");
+        refused(SamplerParams { policy: Policy::Mbsd, alg: Alg::Entropy, spec_blocks: 1, ..p }, &dream, "--alg entropy's confidence is not a probability");
+        SamplerParams { policy: Policy::Mbsd, alg: Alg::Entropy, spec_blocks: 0, revision: Revision::Off, ..p }.validate(&dream).unwrap();
+        SamplerParams { policy: Policy::Mbsd, ..p }.validate(&dream).unwrap();
         refused(SamplerParams { remasking: Remasking::Random, ..p }, &dream, "--remasking random is LLaDA's");
         refused(SamplerParams { eps: 1.5, ..p }, &dream, "--eps 1.5 must be between 0 and 1");
     }

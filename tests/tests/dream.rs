@@ -8,7 +8,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use llada_rt::sampler::Alg;
+use llada_rt::sampler::{Alg, Policy, Revision};
 use llada_rt::{generate, Model, SamplerParams, Session};
 use llada_rt_tools::conformance;
 
@@ -46,13 +46,75 @@ fn prefix_and_dual_replay_fast_dllms_block_sampler() {
     assert_eq!((r.cases, r.output_ids_matched, r.reveals_all_steps_matched), (64, 64, 64));
 }
 
+/// `mbsd` on Dream without drafts or revision, on a bucket as large as the block, is the
+/// `dual` pass (the block's rows, the rest from the cache) with the blocked sampler's commits:
+/// it replays Fast-dLLM's dual-cache cases (whose cached steps rank by negative entropy, so
+/// `--alg entropy`), tokens and reveals at every step, passes skipped where a step commits
+/// nothing.
+#[test]
+fn mbsd_without_drafts_or_revision_on_a_block_sized_bucket_is_fast_dllms_dual_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Model::open(&compiled(dir.path()), true).unwrap();
+    let golden: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(kit().join("block_golden.json")).unwrap()).unwrap();
+    let mut replayed = 0;
+    for c in golden["cases"].as_array().unwrap().iter().filter(|c| c["dual_cache"] == true) {
+        let ids = |v: &serde_json::Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
+        let n = |k: &str| c[k].as_u64().unwrap() as usize;
+        let p = SamplerParams {
+            gen_length: n("gen_length"),
+            block_length: n("block_length"),
+            steps: n("steps"),
+            eps: c["eps"].as_f64().unwrap(),
+            alg: Alg::Entropy,
+            policy: Policy::Mbsd,
+            spec_blocks: 0,
+            revision: Revision::Off,
+            rows: Some(n("block_length")),
+            ..Default::default()
+        };
+        let g = generate(&mut Session::new(&model).unwrap(), &ids(&c["prompt_ids"]), &p, &mut |_| {}).unwrap();
+        assert_eq!(g.output_ids, ids(&c["output_ids"]), "{}", c["id"]);
+        // A step's commits as a set (the golden file lists them by position).
+        let sorted = |r: Vec<Vec<[u32; 2]>>| -> Vec<Vec<[u32; 2]>> { r.into_iter().map(|mut s| { s.sort_unstable(); s }).collect() };
+        let reveals: Vec<Vec<[u32; 2]>> = serde_json::from_value(c["step_reveals"].clone()).unwrap();
+        assert_eq!(sorted(g.reveals.clone()), sorted(reveals), "{}", c["id"]);
+        let m = g.mbsd.unwrap();
+        assert_eq!(m.dense_passes, g.forward_passes, "{}: a pass per step that commits", c["id"]);
+        assert_eq!(m.rows_speculative, 0);
+        replayed += 1;
+    }
+    assert_eq!(replayed, 32);
+}
+
+/// `mbsd` with drafts and the CPU side path's revision on Dream: it runs to the end, the side
+/// path checks tokens (two passes a job: the masks, then the refresh), and it is
+/// deterministic.
+#[test]
+fn mbsd_with_drafts_and_revision_runs_on_dream_and_is_deterministic() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Model::open(&compiled(dir.path()), true).unwrap();
+    let p = SamplerParams { gen_length: 64, block_length: 16, steps: 64, policy: Policy::Mbsd, spec_blocks: 2, ..Default::default() };
+    let prompt: Vec<u32> = (40..60).collect();
+    let run = || generate(&mut Session::new(&model).unwrap(), &prompt, &p, &mut |_| {}).unwrap();
+    let (a, b) = (run(), run());
+    assert_eq!(a.output_ids, b.output_ids);
+    assert!(!a.output_ids.contains(&model.header.special.mask));
+    let m = a.mbsd.unwrap();
+    assert!(m.side.checks > 0 && m.rows_speculative > 0, "{m:?}");
+    assert_eq!(m.side.side_passes % 2, 0, "{m:?}");
+    let counts = |m: &llada_rt::sampler::MbsdReport| (m.dense_passes, m.dense_rows(), m.drafts_accepted, m.side.checks, m.side.revisions, m.side.stabilised);
+    assert_eq!(counts(&m), counts(&b.mbsd.unwrap()));
+}
+
 #[test]
 fn what_dream_does_not_run_yet_is_refused_by_flag() {
     let dir = tempfile::tempdir().unwrap();
     let lad = compiled(dir.path());
     let lad = lad.to_str().unwrap();
     let run = |extra: &[&str]| common::run("llada-rt", &[&["run", lad, "-p", "hi", "--gen-len", "16", "--steps", "8"], extra].concat());
-    common::assert_clean_failure(&run(&["--policy", "mbsd"]), &["--policy mbsd is not implemented for Dream yet"]);
+    common::assert_clean_failure(&run(&["--policy", "spec"]), &["--policy spec is not implemented for Dream"]);
+    common::assert_clean_failure(&run(&["--policy", "mbsd", "--alg", "origin"]), &["--alg origin commits at random"]);
+    common::assert_clean_failure(&run(&["--policy", "mbsd", "--alg", "entropy"]), &["--alg entropy's confidence is not a probability"]);
     common::assert_clean_failure(&run(&["--block-len", "8"]), &["--block-len 8: Dream's sampler has no blocks; use --block-len 16"]);
     common::assert_clean_failure(&run(&["--remasking", "random"]), &["--remasking random is LLaDA's; Dream's sampler takes --alg"]);
     common::assert_clean_failure(&run(&["--top-p", "1.5"]), &["--top-p 1.5 must be in (0, 1]"]);

@@ -31,10 +31,12 @@ use crate::error::Result;
 use crate::params::{Alg, Policy, SamplerParams};
 use crate::session::Session;
 
-/// Random streams of Dream's draws (distinct from LLaDA's purposes).
-const DREAM_SAMPLE: u64 = 11;
+/// Random streams of Dream's draws (distinct from LLaDA's purposes): the commits' samples,
+/// `origin`'s transfers, `alg_temp`'s picks, and the `mbsd` side path's checks.
+pub(super) const DREAM_SAMPLE: u64 = 11;
 const DREAM_TRANSFER: u64 = 12;
 const DREAM_ALG_TEMP: u64 = 13;
+pub(super) const DREAM_REVISE: u64 = 14;
 
 pub(super) struct Dream {
     /// The schedule's timesteps: of the whole generation (exact), or of one block.
@@ -62,7 +64,7 @@ impl Dream {
             c.head.clear();
             c.head.push(start as u32);
             c.predictor.load(session.forward_full(&c.x, &c.head)?);
-            let (token, _) = c.predictor.run_dream(session.pool(), &c.head, &c.p, c.step)[0];
+            let (token, _) = c.predictor.run_dream(session.pool(), &c.head, &c.p, DREAM_SAMPLE, c.step)[0];
             c.x[start] = token;
             c.reveals.push([(start - c.prompt_len) as u32, token]);
         } else {
@@ -73,16 +75,22 @@ impl Dream {
             if !c.head.is_empty() && count > 0 {
                 let span = if self.policy == Policy::Dual { start..end } else { start..len };
                 c.predictor.load(session.forward_span(&c.x, span, &c.head)?);
-                let predictions = c.predictor.run_dream(session.pool(), &c.head, &self.cached, c.step);
+                let predictions = c.predictor.run_dream(session.pool(), &c.head, &self.cached, DREAM_SAMPLE, c.step);
                 c.candidates.extend(c.head.iter().zip(predictions).map(|(&pos, &(token, confidence))| Candidate { position: pos as usize, token, confidence }));
-                match c.p.alg_temp.filter(|&t| t > 0.0) {
-                    Some(t) => commit_drawn(c, count, t),
-                    None => c.commit_best(count),
-                }
+                commit_blocked(c, count);
             }
         }
         c.settled = committed_prefix(&c.x[c.prompt_len..], mask);
         Ok(())
+    }
+}
+
+/// The blocked sampler's commits after a block's first step: the `count` best candidates, or
+/// `count` drawn with `alg_temp`.
+pub(super) fn commit_blocked(c: &mut Canvas, count: usize) {
+    match c.p.alg_temp.filter(|&t| t > 0.0) {
+        Some(t) => commit_drawn(c, count, t),
+        None => c.commit_best(count),
     }
 }
 
@@ -155,8 +163,8 @@ fn softmax_in_place(row: &mut [f32]) {
 }
 
 /// Dream's `sample_tokens` for one position: the token and its confidence under `alg`, from
-/// its logits `row` (overwritten with the probabilities).
-pub(crate) fn predict(row: &mut [f32], p: &SamplerParams, step: usize, position: usize) -> (u32, f32) {
+/// its logits `row` (overwritten with the probabilities); a draw takes random stream `purpose`.
+pub(crate) fn predict(row: &mut [f32], p: &SamplerParams, purpose: u64, step: usize, position: usize) -> (u32, f32) {
     if p.temperature > 0.0 {
         let t = p.temperature as f32;
         row.iter_mut().for_each(|v| *v /= t);
@@ -174,7 +182,7 @@ pub(crate) fn predict(row: &mut [f32], p: &SamplerParams, step: usize, position:
     softmax_in_place(row);
     let (mut confidence, token) = if p.temperature > 0.0 {
         // A categorical draw from the probabilities (the published code's is PyTorch's).
-        let u: f64 = stream(p.seed, DREAM_SAMPLE, step, position).random();
+        let u: f64 = stream(p.seed, purpose, step, position).random();
         let total: f64 = row.iter().map(|&v| v as f64).sum();
         let mut acc = 0.0;
         let token = row.iter().position(|&v| {
@@ -220,7 +228,7 @@ impl PolicyStep for Dream {
         // loop runs it and discards it).
         if masked > 0 && (count > 0 || c.p.alg == Alg::Origin) {
             c.predictor.load(session.forward_full(&c.x, &c.head)?);
-            let predictions = c.predictor.run_dream(session.pool(), &c.head, &c.p, c.step);
+            let predictions = c.predictor.run_dream(session.pool(), &c.head, &c.p, DREAM_SAMPLE, c.step);
             c.candidates.extend(c.head.iter().zip(predictions).map(|(&pos, &(token, confidence))| Candidate { position: pos as usize, token, confidence }));
             if let Some(t) = c.p.alg_temp.filter(|&t| t > 0.0 && c.p.alg != Alg::Origin) {
                 commit_drawn(c, count, t);
@@ -293,7 +301,7 @@ mod tests {
     fn confidences_follow_the_rule() {
         let p = |alg| SamplerParams { alg, ..Default::default() };
         let logits = [0.0f32, 2.0, 1.0, -1.0];
-        let (t, c) = predict(&mut logits.clone(), &p(Alg::MaskgitPlus), 0, 0);
+        let (t, c) = predict(&mut logits.clone(), &p(Alg::MaskgitPlus), DREAM_SAMPLE, 0, 0);
         let probs: Vec<f32> = {
             let e: Vec<f32> = logits.iter().map(|&l| (l - 2.0).exp()).collect();
             let s: f32 = e.iter().sum();
@@ -301,9 +309,9 @@ mod tests {
         };
         assert_eq!(t, 1);
         assert!((c - probs[1]).abs() < 1e-6);
-        let (_, m) = predict(&mut logits.clone(), &p(Alg::TopkMargin), 0, 0);
+        let (_, m) = predict(&mut logits.clone(), &p(Alg::TopkMargin), DREAM_SAMPLE, 0, 0);
         assert!((m - (probs[1] - probs[2])).abs() < 1e-6);
-        let (_, e) = predict(&mut logits.clone(), &p(Alg::Entropy), 0, 0);
+        let (_, e) = predict(&mut logits.clone(), &p(Alg::Entropy), DREAM_SAMPLE, 0, 0);
         let want: f32 = probs.iter().map(|&q| q * (q + 1e-10).ln()).sum();
         assert!((e - want).abs() < 1e-6 && e < 0.0);
     }

@@ -46,13 +46,13 @@ impl<'s, 'm> Generator<'s, 'm> {
         }
         let spec_blocks = if matches!(p.policy, Policy::Spec | Policy::Mbsd) { p.spec_blocks } else { 0 };
         let (policy, revised_per_step): (Box<dyn PolicyStep>, usize) = match p.policy {
-            // Dream's own sampler (its validation allows the exact policy only).
-            _ if session.model.logit_shift() > 0 => (Box::new(dream::Dream::new(p, steps_per_block)), 0),
             Policy::Mbsd => {
-                let m = mbsd::Mbsd::new(session, p, len)?;
+                let m = mbsd::Mbsd::new(session, p, steps_per_block, len)?;
                 let checked = m.checked_per_step();
                 (Box::new(m), checked)
             }
+            // Dream's own sampler, unblocked or blocked as Fast-dLLM blocks it.
+            _ if session.model.logit_shift() > 0 => (Box::new(dream::Dream::new(p, steps_per_block)), 0),
             _ => (Box::new(official::Official::new(p, prompt, len, special.mask)), 0),
         };
         let predictor = Predictor::for_session(session, p.block_length * (1 + spec_blocks));

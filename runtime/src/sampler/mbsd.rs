@@ -20,8 +20,17 @@
 //! otherwise. A block ends when nothing in it is masked, so accepted drafts save passes.
 //! With `--revision dual-path`, committed tokens stay revisable and the CPU side path
 //! re-checks them (`revision`).
+//!
+//! On Dream, whose prediction for position `q` is the output of the row at `q - 1`
+//! (`Model::logit_shift`), a pass computes for each position it predicts the row before it
+//! (the block's masked positions' rows are stored, a draft's row only read), and idle rows
+//! fill with the block's other positions, so a bucket as large as the block is the `dual`
+//! pass. Blocks commit as `dream.rs`'s blocked sampler does, with `--alg`'s confidence: a
+//! block's first pass commits its first position; each later step of the block commits
+//! `transfer_count` of its masked positions, and a step that commits none runs no pass.
 
 use super::canvas::{Canvas, PolicyStep};
+use super::dream::{self, DREAM_SAMPLE};
 use super::revision::{SidePath, SideReport, TokenState};
 use super::{committed_prefix, settle_predictions, Generation, Revision, SamplerParams, GUMBEL};
 use crate::error::{Error, Result};
@@ -93,6 +102,8 @@ struct Pass {
     masked: Vec<usize>,
     stale: Vec<usize>,
     speculative: Vec<usize>,
+    /// Whether a position already has a row in the pass being built (cleared after it).
+    in_rows: Vec<bool>,
 }
 
 /// The `mbsd` policy's state over a generation.
@@ -106,10 +117,14 @@ pub(super) struct Mbsd {
     pass: Pass,
     report: MbsdReport,
     side: Option<SidePath>,
+    /// Rows before the position they predict: 0 for LLaDA, 1 for Dream.
+    shift: usize,
+    /// Dream: its blocked schedule's timesteps, `linspace(1, eps, steps_per_block + 1)`.
+    dream_timesteps: Option<Vec<f32>>,
 }
 
 impl Mbsd {
-    pub(super) fn new(session: &Session, p: &SamplerParams, len: usize) -> Result<Mbsd> {
+    pub(super) fn new(session: &Session, p: &SamplerParams, steps_per_block: usize, len: usize) -> Result<Mbsd> {
         let min_rows = p.rows.unwrap_or_else(|| session.model.header.plan.row_buckets.first().copied().unwrap_or(1) as usize);
         let buckets = buckets(session, min_rows)?;
         let side_rows = p.side_rows.unwrap_or(buckets[0]);
@@ -131,9 +146,12 @@ impl Mbsd {
                 masked: Vec::with_capacity(len),
                 stale: Vec::with_capacity(len),
                 speculative: Vec::with_capacity(len),
+                in_rows: vec![false; len],
             },
             report: MbsdReport::default(),
             side,
+            shift: session.model.logit_shift() as usize,
+            dream_timesteps: (session.model.logit_shift() > 0).then(|| dream::timesteps(steps_per_block, p.eps)),
         })
     }
 }
@@ -153,24 +171,46 @@ impl PolicyStep for Mbsd {
         // Noise as `dual` numbers its steps (the same step, the same noise).
         let noise_step = c.block * c.steps_per_block + c.i;
         let full = c.i == 0 || (c.p.refresh_every > 0 && c.i % c.p.refresh_every == 0);
+        // Dream's commits this step, known before the pass (a step committing none runs none).
+        let commits = match &self.dream_timesteps {
+            None => scheduled,
+            Some(_) if c.i == 0 => 1,
+            Some(ts) => dream::transfer_count(c.x[block_start..block_end].iter().filter(|&&t| t == mask).count(), c.i, ts.len() - 1, ts),
+        };
+        if commits == 0 {
+            return Ok(());
+        }
         let (pass, report) = (&mut self.pass, &mut self.report);
         let logits = if full {
             whole_sequence(session, &c.x, mask, block_end, draft_end, pass, report)?
         } else {
-            row_set(session, &c.x, &self.kv_fresh, mask, (block_start, block_end, draft_end), &self.buckets, pass, report)?
+            row_set(session, &c.x, &self.kv_fresh, mask, self.shift, (block_start, block_end, draft_end), &self.buckets, pass, report)?
         };
         c.predictor.load(logits);
         for &q in &pass.stored {
             self.kv_fresh[q as usize] = true;
         }
-        let predictions = c.predictor.run(session.pool(), &pass.head_positions, &c.p, &c.special, GUMBEL, noise_step);
+        let predictions = match self.dream_timesteps {
+            Some(_) => c.predictor.run_dream(session.pool(), &pass.head_positions, &c.p, DREAM_SAMPLE, noise_step),
+            None => c.predictor.run(session.pool(), &pass.head_positions, &c.p, &c.special, GUMBEL, noise_step),
+        };
         c.candidates.clear();
         let first = c.reveals.len();
         let (accepted, dropped) = settle_predictions(&pass.head_positions, predictions, block_end, &mut c.drafts, &c.p, &mut c.x, prompt_len, &mut c.reveals, &mut c.candidates);
         report.drafts_accepted += accepted;
         report.drafts_dropped += dropped;
         c.drafts_confirmed += accepted;
-        c.commit_best(scheduled);
+        match self.dream_timesteps {
+            None => c.commit_best(commits),
+            // The block's first position, whatever its confidence (unless a draft took it).
+            Some(_) if c.i == 0 => {
+                if let Some(k) = c.candidates.iter().find(|k| k.position == block_start) {
+                    c.x[block_start] = k.token;
+                    c.reveals.push([(block_start - prompt_len) as u32, k.token]);
+                }
+            }
+            Some(_) => dream::commit_blocked(c, commits),
+        }
         let state = if self.side.is_some() { TokenState::Visible { agreed: 0 } } else { TokenState::Stable };
         for &[at, _] in &c.reveals[first..] {
             self.states[at as usize] = state;
@@ -194,7 +234,6 @@ impl PolicyStep for Mbsd {
             // The generator fills in the steps' revisions.
             g.revisions = Some(Vec::new());
         }
-        self.report.dense_passes = g.reveals.len() as u64;
         g.mbsd = Some(self.report);
     }
 }
@@ -213,49 +252,78 @@ fn whole_sequence<'s>(session: &'s mut Session, x: &[u32], mask: u32, block_end:
     report.rows_speculative += speculative as u64;
     report.rows_refresh += (x.len() - masked - speculative) as u64;
     report.rows_padding += (rows - x.len()) as u64;
+    report.dense_passes += 1;
     session.forward_full(x, &pass.head_positions)
 }
 
-/// A pass on the smallest bucket holding the block's masked positions, its idle rows filled
-/// with speculative rows, then refresh rows (see the module documentation).
+/// A pass on the smallest bucket holding the rows of the block's masked positions, its idle
+/// rows filled with stale rows, speculative rows, then the block's other positions (see the
+/// module documentation). A position `q`'s logits are those of the row at `q - shift`.
 #[allow(clippy::too_many_arguments)]
 fn row_set<'s>(
     session: &'s mut Session,
     x: &[u32],
     kv_fresh: &[bool],
     mask: u32,
+    shift: usize,
     (block_start, block_end, draft_end): (usize, usize, usize),
     buckets: &[usize],
     pass: &mut Pass,
     report: &mut MbsdReport,
 ) -> Result<&'s [f32]> {
+    let in_rows = &mut pass.in_rows;
     pass.masked.clear();
-    pass.masked.extend((block_start..block_end).filter(|&i| x[i] == mask));
+    pass.masked.extend((block_start..block_end).filter(|&i| x[i] == mask).map(|q| q.saturating_sub(shift)));
+    pass.masked.iter().for_each(|&r| in_rows[r] = true);
     let bucket = buckets.iter().copied().find(|&r| r >= pass.masked.len()).unwrap_or(pass.masked.len());
     let mut idle = bucket.saturating_sub(pass.masked.len());
     pass.stale.clear();
-    pass.stale.extend((0..block_end).filter(|&i| x[i] != mask && !kv_fresh[i]).take(idle));
+    pass.stale.extend((0..block_end).filter(|&i| x[i] != mask && !kv_fresh[i] && !in_rows[i]).take(idle));
+    pass.stale.iter().for_each(|&r| in_rows[r] = true);
     idle -= pass.stale.len();
+    // A draft whose row is there already costs nothing.
     pass.speculative.clear();
-    pass.speculative.extend((block_end..draft_end).filter(|&i| x[i] == mask).take(idle));
-    idle -= pass.speculative.len();
-    let refresh = (block_start..block_end).filter(|&i| x[i] != mask && kv_fresh[i]).take(idle);
+    for q in (block_end..draft_end).filter(|&q| x[q] == mask) {
+        let r = q - shift;
+        if in_rows[r] {
+            continue;
+        }
+        if idle == 0 {
+            break;
+        }
+        in_rows[r] = true;
+        pass.speculative.push(r);
+        idle -= 1;
+    }
     // Stored rows in position order (then a bucket of the whole block is `dual`'s pass).
     pass.stored.clear();
-    pass.stored.extend(pass.masked.iter().chain(&pass.stale).map(|&i| i as u32).chain(refresh.map(|i| i as u32)));
+    pass.stored.extend(pass.masked.iter().chain(&pass.stale).map(|&i| i as u32));
+    for i in block_start..block_end {
+        if idle == 0 {
+            break;
+        }
+        if !in_rows[i] {
+            in_rows[i] = true;
+            pass.stored.push(i as u32);
+            idle -= 1;
+        }
+    }
     pass.stored.sort_unstable();
     pass.rows.clear();
     for &q in &pass.stored {
         pass.rows.push(q as usize, x[q as usize], true);
     }
-    for &q in &pass.speculative {
-        pass.rows.push(q, mask, false);
+    for &r in &pass.speculative {
+        pass.rows.push(r, x[r], false);
     }
+    // Every row whose prediction is of a masked position of this block or a drafted one.
     pass.head_positions.clear();
     pass.head_rows.clear();
-    for (row, &q) in pass.rows.positions.iter().enumerate() {
-        if x[q as usize] == mask {
-            pass.head_positions.push(q);
+    for (row, &r) in pass.rows.positions.iter().enumerate() {
+        in_rows[r as usize] = false;
+        let q = r as usize + shift;
+        if q >= block_start && q < draft_end && x[q] == mask {
+            pass.head_positions.push(q as u32);
             pass.head_rows.push(row as u32);
         }
     }
@@ -264,5 +332,6 @@ fn row_set<'s>(
     report.rows_speculative += pass.speculative.len() as u64;
     report.rows_refresh += (pass.rows.len() - pass.masked.len() - pass.speculative.len()) as u64;
     report.rows_padding += (rows - pass.rows.len()) as u64;
+    report.dense_passes += 1;
     session.forward_rows(x.len(), &pass.rows, bucket, &pass.head_rows)
 }

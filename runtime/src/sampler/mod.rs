@@ -243,8 +243,8 @@ impl Predictor {
 
     /// Dream's predictions at `positions` (`dream.rs`): the token and its confidence under
     /// `p.alg`, from the loaded logits.
-    pub(crate) fn run_dream(&mut self, pool: &rayon::ThreadPool, positions: &[u32], p: &SamplerParams, step: usize) -> &[(u32, f32)] {
-        self.each_row(pool, positions, |row, pos| dream::predict(row, p, step, pos))
+    pub(crate) fn run_dream(&mut self, pool: &rayon::ThreadPool, positions: &[u32], p: &SamplerParams, purpose: u64, step: usize) -> &[(u32, f32)] {
+        self.each_row(pool, positions, |row, pos| dream::predict(row, p, purpose, step, pos))
     }
 
     /// `predict` on each loaded row (its position beside it), in parallel on `pool`.

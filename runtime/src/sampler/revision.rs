@@ -10,6 +10,12 @@
 //! - a *check* row (the mask as input, not stored, so it sees its own position masked and
 //!   every other visible token refreshed): the token predicted again under the newer context.
 //!
+//! On Dream, whose prediction for `q` is the output of the row at `q - 1`, a check row at
+//! `q - 1` must see `q` masked, which only the cache can show it: the job runs two passes,
+//! one storing the mask at each checked `q` with the rows at `q - 1` reading (the checks;
+//! no two checked tokens adjacent, so each check row's own input is its token), then one
+//! storing the tokens at the checked positions (the refresh).
+//!
 //! The merge point is fixed: after the dense pass that ran while the job ran, never when the
 //! thread happens to finish; the dense path waits there if the job is late (counted as
 //! stall). Then a check that agrees with at least `stable_confidence`, or the
@@ -25,6 +31,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
+use super::dream::{self, DREAM_REVISE};
 use super::{predict_with, SamplerParams, REVISE};
 use crate::error::{Error, Result};
 use crate::executor::{value_range, HostExecutor, RunInputs};
@@ -84,6 +91,8 @@ struct Job {
     /// The checked positions and their committed tokens, in a `seq_len` sequence.
     checked: Vec<u32>,
     tokens: Vec<u32>,
+    /// Dream: the tokens at the positions before the checked ones (the check rows' inputs).
+    before: Vec<u32>,
     seq_len: usize,
     params: SamplerParams,
     step: usize,
@@ -116,32 +125,60 @@ struct Worker {
 }
 
 impl Worker {
-    /// One side pass over the job's checked tokens.
+    /// The side passes over the job's checked tokens.
     fn check(&mut self, job: &mut Job) -> Result<()> {
-        let h = &self.model.header;
-        let (mask, n) = (h.special.mask, job.checked.len());
-        let gid = self.model.graph_for_rows(2 * n)?;
-        let g = self.model.graph(gid);
+        let (mask, n) = (self.model.header.special.mask, job.checked.len());
+        let dream = self.model.logit_shift() > 0;
+        // LLaDA: refresh rows (stored), then check rows at the same positions (masks, read
+        // only). Dream: masks stored at the checked positions, then the rows before them.
         self.tokens.clear();
-        self.tokens.extend_from_slice(&job.tokens);
-        self.tokens.extend(std::iter::repeat_n(mask, n));
-        self.tokens.resize(g.rows as usize, mask);
         self.positions.clear();
-        self.positions.extend_from_slice(&job.checked);
-        self.positions.extend_from_slice(&job.checked);
-        self.positions.resize(g.rows as usize, 0);
+        if dream {
+            self.tokens.extend(std::iter::repeat_n(mask, n));
+            self.tokens.extend_from_slice(&job.before);
+            self.positions.extend_from_slice(&job.checked);
+            self.positions.extend(job.checked.iter().map(|&q| q - 1));
+        } else {
+            self.tokens.extend_from_slice(&job.tokens);
+            self.tokens.extend(std::iter::repeat_n(mask, n));
+            self.positions.extend_from_slice(&job.checked);
+            self.positions.extend_from_slice(&job.checked);
+        }
         self.head.clear();
         self.head.extend(n as u32..2 * n as u32);
-        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: n, context: job.seq_len, head_rows: &self.head, rows: 2 * n };
-        self.executor.run_unstaged(&self.model, g, &inputs, &mut job.window)?;
+        self.run(2 * n, n, job)?;
+        let h = &self.model.header;
+        let g = self.model.graph(self.model.graph_for_rows(2 * n)?);
         let range = value_range(g, &g.values[g.logits as usize], n, h.plan.window.activations.offset);
         self.logits.clear();
         self.logits.extend_from_slice(&job.window.parts().activations[range]);
         let vocab = h.model.embedding_size as usize;
         job.predictions.clear();
         let (p, step) = (&job.params, job.step);
-        job.predictions.extend(self.logits.chunks_exact_mut(vocab).zip(&job.checked).map(|(row, &pos)| predict_with(row, p, &h.special, REVISE, step, pos as usize)));
+        if dream {
+            job.predictions.extend(self.logits.chunks_exact_mut(vocab).zip(&job.checked).map(|(row, &pos)| dream::predict(row, p, DREAM_REVISE, step, pos as usize)));
+            // The refresh: the tokens' keys and values where the checks stored masks.
+            self.tokens.clear();
+            self.tokens.extend_from_slice(&job.tokens);
+            self.positions.clear();
+            self.positions.extend_from_slice(&job.checked);
+            self.head.clear();
+            self.run(n, n, job)?;
+        } else {
+            let special = &self.model.header.special;
+            job.predictions.extend(self.logits.chunks_exact_mut(vocab).zip(&job.checked).map(|(row, &pos)| predict_with(row, p, special, REVISE, step, pos as usize)));
+        }
         Ok(())
+    }
+
+    /// Runs the graph for `rows` of the prepared rows (padded here), the first `stored`
+    /// storing their keys and values, logits at `self.head`.
+    fn run(&mut self, rows: usize, stored: usize, job: &mut Job) -> Result<()> {
+        let g = self.model.graph(self.model.graph_for_rows(rows)?);
+        self.tokens.resize(g.rows as usize, self.model.header.special.mask);
+        self.positions.resize(g.rows as usize, 0);
+        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context: job.seq_len, head_rows: &self.head, rows };
+        self.executor.run_unstaged(&self.model, g, &inputs, &mut job.window)
     }
 
     /// The thread's work: sets up the worker, then runs each requested job until told to
@@ -226,6 +263,7 @@ impl SidePath {
                 window,
                 checked: Vec::with_capacity(per_job),
                 tokens: Vec::with_capacity(per_job),
+                before: Vec::with_capacity(per_job),
                 seq_len: 0,
                 params: *p,
                 step: 0,
@@ -316,19 +354,30 @@ impl SidePath {
         }
         let job = &mut *job;
         job.checked.clear();
-        job.checked.extend(
-            states.iter().enumerate().filter(|(_, s)| matches!(s, TokenState::Visible { .. })).map(|(i, _)| (prompt_len + i) as u32).take(self.per_job),
-        );
+        let dream = session.model.logit_shift() > 0;
+        for q in states.iter().enumerate().filter(|(_, s)| matches!(s, TokenState::Visible { .. })).map(|(i, _)| (prompt_len + i) as u32) {
+            // Dream: never a token and the one before it (see the module documentation).
+            if job.checked.len() == self.per_job {
+                break;
+            }
+            if !(dream && job.checked.last() == Some(&(q - 1))) {
+                job.checked.push(q);
+            }
+        }
         if job.checked.is_empty() {
             return Ok(());
         }
         job.tokens.clear();
         job.tokens.extend(job.checked.iter().map(|&q| x[q as usize]));
+        job.before.clear();
+        if dream {
+            job.before.extend(job.checked.iter().map(|&q| x[q as usize - 1]));
+        }
         (job.seq_len, job.params, job.step) = (x.len(), *p, step);
         job.state = JobState::Requested;
         self.running = true;
-        self.report.side_passes += 1;
-        self.report.side_rows += 2 * job.checked.len() as u64;
+        self.report.side_passes += if dream { 2 } else { 1 };
+        self.report.side_rows += if dream { 3 } else { 2 } * job.checked.len() as u64;
         self.shared.changed.notify_all();
         Ok(())
     }
