@@ -111,10 +111,15 @@ fn policies(base: SamplerParams) -> [SamplerParams; 5] {
 /// of a generation with each of `policies(base)`; returns what each one that allocated more
 /// than rayon's queue blocks did (`what` names the session).
 fn over_rayons_blocks(what: &str, session: &mut Session, prompt: &[u32], base: SamplerParams) -> Vec<String> {
-    llada_rt::generate(session, prompt, &base, &mut |_| {}).unwrap();
+    over_rayons_blocks_of(what, session, prompt, &base, &policies(base))
+}
+
+/// [`over_rayons_blocks`] for the generations `each`, the session warmed with `warm`.
+fn over_rayons_blocks_of(what: &str, session: &mut Session, prompt: &[u32], warm: &SamplerParams, each: &[SamplerParams]) -> Vec<String> {
+    llada_rt::generate(session, prompt, warm, &mut |_| {}).unwrap();
     let mut failed = Vec::new();
-    for p in policies(base) {
-        let (steps, sizes) = count_steps(session, prompt, &p);
+    for p in each {
+        let (steps, sizes) = count_steps(session, prompt, p);
         let rayon_blocks = steps.div_ceil(63);
         eprintln!("{what} {:?}: {steps} steps, {} allocations (sizes {:?})", p.policy, sizes.len(), &sizes[..sizes.len().min(8)]);
         if !(sizes.len() <= rayon_blocks && sizes.windows(2).all(|w| w[0] == w[1])) {
@@ -137,6 +142,30 @@ fn steps_allocate_nothing_for_exact_dual_and_mbsd() {
     let prompt = text.encode_chat("FILL:3000705000000920000040015000608000070060300000004000000800900010=").unwrap();
     let mut session = Session::with_threads(&model, 2).unwrap();
     let failed = over_rayons_blocks("dense", &mut session, &prompt, SamplerParams { gen_length: 64, block_length: 32, steps: 64, ..Default::default() });
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
+/// The same for Dream (logits shifted by a row; its own sampler): exact unblocked, sampled,
+/// `dual` blocked as Fast-dLLM blocks it, and `mbsd` with drafts and the two-pass side path.
+#[test]
+fn dream_steps_allocate_nothing() {
+    let _alone = alone();
+    let dir = tempfile::tempdir().unwrap();
+    let lad = dir.path().join("dream.lad");
+    common::compile(&std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/dream-conformance/tiny-dream-A"), &lad, None);
+    let model = Model::open(&lad, true).unwrap();
+    let prompt: Vec<u32> = (40..70).collect();
+    let mut session = Session::with_threads(&model, 2).unwrap();
+    let exact = SamplerParams { gen_length: 64, block_length: 64, steps: 64, ..Default::default() };
+    let blocked = SamplerParams { block_length: 16, ..exact };
+    let each = [
+        exact,
+        SamplerParams { temperature: 0.5, seed: 1, ..exact },
+        SamplerParams { policy: Policy::Dual, ..blocked },
+        SamplerParams { policy: Policy::Mbsd, spec_blocks: 1, ..blocked },
+        SamplerParams { policy: Policy::Mbsd, spec_blocks: 1, side_rows: Some(6), revise_confidence: 0.01, ..blocked },
+    ];
+    let failed = over_rayons_blocks_of("dream", &mut session, &prompt, &exact, &each);
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
