@@ -102,6 +102,9 @@ typedef enum llada_revision {
   LLADA_REVISION_DUAL_PATH = 0,
   // Commits are final.
   LLADA_REVISION_OFF = 1,
+  // DUAL_PATH where the dense path leaves the CPU free (a GPU), OFF where it runs on the
+  // same cores (the host backend, lavapipe).
+  LLADA_REVISION_AUTO = 2,
 } llada_revision;
 
 // What runs a session's dense graphs.
@@ -196,7 +199,7 @@ typedef struct llada_params {
   // MBSD: fewest rows a dense pass computes (`--rows`); 0 for the plan's smallest latency
   // bucket. Default 0.
   uint32_t rows;
-  // MBSD: a llada_revision value (`--revision`). Default LLADA_REVISION_DUAL_PATH.
+  // MBSD: a llada_revision value (`--revision`). Default LLADA_REVISION_AUTO.
   uint32_t revision;
   // MBSD revision: rows of one side-path pass, two per checked token (`--side-rows`); 0
   // for the plan's smallest latency bucket. Default 0.

@@ -57,6 +57,9 @@ pub enum Revision {
     DualPath = 0,
     /// Commits are final.
     Off = 1,
+    /// DUAL_PATH where the dense path leaves the CPU free (a GPU), OFF where it runs on the
+    /// same cores (the host backend, lavapipe).
+    Auto = 2,
 }
 
 /// Settings of one generation. Start from `llada_default_params()` and change what you need;
@@ -103,7 +106,7 @@ pub struct Params {
     /// MBSD: fewest rows a dense pass computes (`--rows`); 0 for the plan's smallest latency
     /// bucket. Default 0.
     pub rows: u32,
-    /// MBSD: a llada_revision value (`--revision`). Default LLADA_REVISION_DUAL_PATH.
+    /// MBSD: a llada_revision value (`--revision`). Default LLADA_REVISION_AUTO.
     pub revision: u32,
     /// MBSD revision: rows of one side-path pass, two per checked token (`--side-rows`); 0
     /// for the plan's smallest latency bucket. Default 0.
@@ -171,6 +174,7 @@ pub extern "C" fn llada_default_params() -> Params {
         revision: match d.revision {
             RtRevision::DualPath => Revision::DualPath,
             RtRevision::Off => Revision::Off,
+            RtRevision::Auto => Revision::Auto,
         } as u32,
         side_rows: d.side_rows.unwrap_or(0) as u32,
         stable_confidence: d.stable_confidence,
@@ -214,6 +218,7 @@ impl Params {
         let revision = match self.revision {
             0 => RtRevision::DualPath,
             1 => RtRevision::Off,
+            2 => RtRevision::Auto,
             n => return Err(Failure::argument(format!("params.revision: {n} is not a llada_revision"))),
         };
         // 0 is off; the rest of the range is the sampler's check (`validate`).

@@ -81,8 +81,9 @@ struct SamplerArgs {
     #[arg(long)]
     rows: Option<usize>,
     /// mbsd: committed tokens stay revisable and a CPU side path re-checks them (dual-path),
-    /// or commits are final (off).
-    #[arg(long, default_value = defaults().revision.name(), value_parser = ["dual-path", "off"])]
+    /// commits are final (off), or auto: dual-path where the dense path leaves the CPU free
+    /// (a GPU), off where it runs on the same cores (the host backend, lavapipe).
+    #[arg(long, default_value = defaults().revision.name(), value_parser = ["auto", "dual-path", "off"])]
     revision: String,
     /// mbsd revision: rows of one side-path pass, two per checked token [default: the plan's
     /// smallest latency bucket].

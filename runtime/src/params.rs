@@ -109,6 +109,10 @@ impl Policy {
 pub enum Revision {
     DualPath,
     Off,
+    /// `dual-path` where the dense path leaves the CPU free (a GPU, an NPU), `off` where it
+    /// runs on the same cores (the host backend, lavapipe): there the side path's work takes
+    /// the dense path's time and revision makes a generation slower (BENCHMARKS.md).
+    Auto,
 }
 
 impl Revision {
@@ -116,6 +120,7 @@ impl Revision {
         match s {
             "dual-path" => Some(Revision::DualPath),
             "off" => Some(Revision::Off),
+            "auto" => Some(Revision::Auto),
             _ => None,
         }
     }
@@ -124,6 +129,17 @@ impl Revision {
         match self {
             Revision::DualPath => "dual-path",
             Revision::Off => "off",
+            Revision::Auto => "auto",
+        }
+    }
+
+    /// What runs on a backend whose dense path does (`dense_on_cpu`) or does not run on the
+    /// CPU cores the side path would use.
+    pub fn resolve(self, dense_on_cpu: bool) -> Revision {
+        match self {
+            Revision::Auto if dense_on_cpu => Revision::Off,
+            Revision::Auto => Revision::DualPath,
+            r => r,
         }
     }
 }
@@ -167,7 +183,7 @@ pub struct SamplerParams {
     /// `mbsd`: fewest rows a dense pass computes (None: the plan's smallest latency bucket);
     /// the whole block makes every pass recompute the block, as `dual` does.
     pub rows: Option<usize>,
-    /// `mbsd`: the CPU side path, on (`DualPath`) or off.
+    /// `mbsd`: the CPU side path, on (`DualPath`), off, or chosen by the backend (`Auto`).
     pub revision: Revision,
     /// `mbsd` revision: rows of one side-path pass, two per checked token (None: the plan's
     /// smallest latency bucket).
@@ -210,7 +226,7 @@ impl Default for SamplerParams {
             spec_blocks: 1,
             spec_threshold: 0.99,
             rows: None,
-            revision: Revision::DualPath,
+            revision: Revision::Auto,
             side_rows: None,
             stable_confidence: 0.9,
             stable_checks: 2,
@@ -357,8 +373,8 @@ impl SamplerParams {
             Policy::Mbsd if self.alg == Alg::Origin => {
                 return bad(S::Alg, "origin commits at random, without the confidence --policy mbsd orders its commits by; use maskgit_plus, topk_margin or entropy".into());
             }
-            Policy::Mbsd if self.alg == Alg::Entropy && (self.spec_blocks > 0 || self.revision != Revision::Off) => {
-                return bad(S::Alg, "entropy's confidence is not a probability, which the drafts' and the revision's thresholds are: with --policy mbsd use it with --spec-blocks 0 --revision off, or use maskgit_plus or topk_margin".into());
+            Policy::Mbsd if self.alg == Alg::Entropy && (self.spec_blocks > 0 || self.revision == Revision::DualPath) => {
+                return bad(S::Alg, "entropy's confidence is not a probability, which the drafts' and the revision's thresholds are: with --policy mbsd use it with --spec-blocks 0 (and --revision auto or off), or use maskgit_plus or topk_margin".into());
             }
             Policy::Mbsd => {}
             Policy::Spec => return bad(S::Policy, "spec is not implemented for Dream; Dream runs the exact, prefix, dual and mbsd policies".into()),

@@ -93,7 +93,7 @@ fn mbsd_without_drafts_or_revision_on_a_block_sized_bucket_is_fast_dllms_dual_ca
 fn mbsd_with_drafts_and_revision_runs_on_dream_and_is_deterministic() {
     let dir = tempfile::tempdir().unwrap();
     let model = Model::open(&compiled(dir.path()), true).unwrap();
-    let p = SamplerParams { gen_length: 64, block_length: 16, steps: 64, policy: Policy::Mbsd, spec_blocks: 2, ..Default::default() };
+    let p = SamplerParams { gen_length: 64, block_length: 16, steps: 64, policy: Policy::Mbsd, spec_blocks: 2, revision: Revision::DualPath, ..Default::default() };
     let prompt: Vec<u32> = (40..60).collect();
     let run = || generate(&mut Session::new(&model).unwrap(), &prompt, &p, &mut |_| {}).unwrap();
     let (a, b) = (run(), run());
@@ -114,7 +114,7 @@ fn what_dream_does_not_run_yet_is_refused_by_flag() {
     let run = |extra: &[&str]| common::run("llada-rt", &[&["run", lad, "-p", "hi", "--gen-len", "16", "--steps", "8"], extra].concat());
     common::assert_clean_failure(&run(&["--policy", "spec"]), &["--policy spec is not implemented for Dream"]);
     common::assert_clean_failure(&run(&["--policy", "mbsd", "--alg", "origin"]), &["--alg origin commits at random"]);
-    common::assert_clean_failure(&run(&["--policy", "mbsd", "--alg", "entropy"]), &["--alg entropy's confidence is not a probability"]);
+    common::assert_clean_failure(&run(&["--policy", "mbsd", "--alg", "entropy", "--revision", "dual-path"]), &["--alg entropy's confidence is not a probability"]);
     common::assert_clean_failure(&run(&["--block-len", "8"]), &["--block-len 8: Dream's sampler has no blocks; use --block-len 16"]);
     common::assert_clean_failure(&run(&["--remasking", "random"]), &["--remasking random is LLaDA's; Dream's sampler takes --alg"]);
     common::assert_clean_failure(&run(&["--top-p", "1.5"]), &["--top-p 1.5 must be in (0, 1]"]);

@@ -56,9 +56,9 @@ fn mbsd_with_revision_is_the_same_across_runs_and_thread_counts() {
     let dir = tempfile::tempdir().unwrap();
     let model = Model::open(&common::embedded(dir.path()), true).unwrap();
     let settings = [
-        SamplerParams { gen_length: 64, block_length: 32, steps: 64, policy: Policy::Mbsd, ..Default::default() },
+        SamplerParams { gen_length: 64, block_length: 32, steps: 64, policy: Policy::Mbsd, revision: Revision::DualPath, ..Default::default() },
         // Hot sampling and low thresholds make checks disagree, so revisions happen.
-        SamplerParams { gen_length: 64, block_length: 16, steps: 64, policy: Policy::Mbsd, temperature: 1.5, seed: 2, revise_confidence: 0.0, stable_checks: 3, stable_confidence: 1.0, ..Default::default() },
+        SamplerParams { gen_length: 64, block_length: 16, steps: 64, policy: Policy::Mbsd, revision: Revision::DualPath, temperature: 1.5, seed: 2, revise_confidence: 0.0, stable_checks: 3, stable_confidence: 1.0, ..Default::default() },
     ];
     let mut revised = 0;
     for prompt in prompts(&model) {

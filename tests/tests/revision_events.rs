@@ -4,7 +4,7 @@
 
 mod common;
 
-use llada_rt::sampler::Policy;
+use llada_rt::sampler::{Policy, Revision};
 use llada_rt::text::Text;
 use llada_rt::{generate, Model, SamplerParams, Session};
 
@@ -21,6 +21,7 @@ fn revising() -> SamplerParams {
         block_length: 16,
         steps: 64,
         policy: Policy::Mbsd,
+        revision: Revision::DualPath,
         temperature: 1.5,
         seed: 2,
         revise_confidence: 0.0,
@@ -96,7 +97,7 @@ fn the_cli_streams_exactly_the_final_answer_under_revision() {
     let mut replayed_revisions = 0;
     for prompt in PROMPTS {
         let args = [
-            "run", art, "--chat", "-p", prompt, "--gen-len", "64", "--block-len", "16", "--steps", "64", "--policy", "mbsd", "--temperature", "1.5", "--seed", "2",
+            "run", art, "--chat", "-p", prompt, "--gen-len", "64", "--block-len", "16", "--steps", "64", "--policy", "mbsd", "--revision", "dual-path", "--temperature", "1.5", "--seed", "2",
             "--revise-confidence", "0", "--stable-checks", "3", "--stable-confidence", "1", "--threads", "2",
         ];
         let streamed = common::run("llada-rt", &args);

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use llada_rt::executor::BackendKind;
 use llada_rt::kernels::cpu;
-use llada_rt::sampler::Policy;
+use llada_rt::sampler::{Policy, Revision};
 use llada_rt::session::ExpertOptions;
 use llada_rt::staging::StagingMode;
 use llada_rt::text::Text;
@@ -183,7 +183,7 @@ fn mbsd_with_revision_on_vulkan_is_deterministic_with_the_side_path_during_dense
     let art = embedded_f32(dir.path());
     let model = Model::open(&art, true).unwrap();
     // Hot sampling and low thresholds make checks disagree, so revisions happen.
-    let p = SamplerParams { gen_length: 64, block_length: 16, steps: 64, policy: Policy::Mbsd, temperature: 1.5, seed: 2, revise_confidence: 0.0, stable_checks: 3, stable_confidence: 1.0, ..Default::default() };
+    let p = SamplerParams { gen_length: 64, block_length: 16, steps: 64, policy: Policy::Mbsd, revision: Revision::DualPath, temperature: 1.5, seed: 2, revise_confidence: 0.0, stable_checks: 3, stable_confidence: 1.0, ..Default::default() };
     let run = |trace: Option<Arc<Trace>>| -> Generation {
         let mut s = session(&model, BackendKind::Vulkan);
         if let Some(t) = trace {

@@ -130,9 +130,11 @@ impl Mbsd {
         let side_rows = p.side_rows.unwrap_or(buckets[0]);
         let rows = session.model.header.graphs.iter().map(|g| g.rows as usize).max().unwrap_or(0);
         let cap = |n: usize| Vec::with_capacity(n);
-        let side = match p.revision {
+        // `auto` on Dream's entropy rule: off (its confidence is no probability to compare).
+        let entropy = session.model.logit_shift() > 0 && p.alg == crate::params::Alg::Entropy;
+        let side = match p.revision.resolve(session.backend().runs_on_cpu || entropy) {
             Revision::DualPath => Some(SidePath::new(session, side_rows, p)?),
-            Revision::Off => None,
+            _ => None,
         };
         Ok(Mbsd {
             buckets,
