@@ -119,11 +119,16 @@ impl HostExecutor {
         let nh = inp.head_rows.len();
         let parts = window.parts();
         let base = parts.activations_offset;
-        let range = |v: u32| value_range(g, &g.values[v as usize], nh, base);
         let cols = |v: u32| g.values[v as usize].cols as usize;
+        // The real rows only: padding rows are never stored or read, and on the CPU every row
+        // computed costs its time, so a graph's padding costs nothing here.
         let rows_of = |v: u32| match g.values[v as usize].rows {
-            Rows::Tokens => g.rows as usize,
+            Rows::Tokens => inp.rows,
             Rows::Head => nh,
+        };
+        let range = |v: u32| {
+            let r = value_range(g, &g.values[v as usize], nh, base);
+            r.start..r.start + rows_of(v) * cols(v)
         };
         let (win, resident, resident_offset) = (parts.activations, parts.resident, parts.resident_offset);
         let (kv, gemm_scratch, attention_scratch) = (parts.kv, parts.gemm, parts.attention);
@@ -216,8 +221,7 @@ impl HostExecutor {
                         }
                     };
                     let out_width = cols(out);
-                    let rows = g.rows as usize;
-                    let per = rows.div_ceil(threads).max(1);
+                    let per = inp.rows.div_ceil(threads).max(1);
                     let scores_per = score_floats as usize;
                     self.pool.install(|| {
                         o.par_chunks_mut(per * out_width).zip(scores.par_chunks_mut(scores_per)).enumerate().for_each(|(t, (chunk, scores))| {
