@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 9's measurements in one run: the embedded model on the 200 held-out tasks (exact, dual,
-# mbsd without and with revision), and a 1B-shape q4 generation (dual against mbsd, with a trace
-# of the dense and side paths). Usage: tools/bench/mbsd.sh CKPT_1B OUT_DIR
+# mbsd without and with revision), and a 1B-shape q4 generation (dual against mbsd: the default,
+# revision off, revision on; with a trace of the dense and side paths). Usage: tools/bench/mbsd.sh CKPT_1B OUT_DIR
 set -euo pipefail
 ckpt1b=$1 out=$2
 mkdir -p "$out"
@@ -12,7 +12,7 @@ tasks=models/tasks/heldout.jsonl args="--gen-len 64 --block-len 32 --steps 64"
 $rt eval "$out/tiny.lad" --tasks $tasks $args --policy exact --json > "$out/eval-exact.json"
 $rt eval "$out/tiny.lad" --tasks $tasks $args --policy dual --reference "$out/eval-exact.json" --json > "$out/eval-dual.json"
 $rt eval "$out/tiny.lad" --tasks $tasks $args --policy mbsd --revision off --reference "$out/eval-exact.json" --json > "$out/eval-mbsd-off.json"
-$rt eval "$out/tiny.lad" --tasks $tasks $args --policy mbsd --reference "$out/eval-exact.json" --json > "$out/eval-mbsd.json"
+$rt eval "$out/tiny.lad" --tasks $tasks $args --policy mbsd --revision dual-path --reference "$out/eval-exact.json" --json > "$out/eval-mbsd.json"
 python3 - "$out" <<'PY'
 import json, sys
 out = sys.argv[1]
@@ -25,7 +25,7 @@ PY
 [ -f "$out/1b-q4.lad" ] || $lladac compile --model "$ckpt1b" --quant q4 -o "$out/1b-q4.lad" > /dev/null
 ids=$(python3 -c "print(','.join(str((i*104729+7)%126000) for i in range(32)))")
 gen="--gen-len 128 --block-len 32 --steps 128"
-for run in "dual --threads 2" "mbsd --revision off --threads 2" "mbsd --threads 2" "mbsd --threads 1"; do
+for run in "dual --threads 2" "mbsd --threads 2" "mbsd --revision off --threads 2" "mbsd --revision dual-path --threads 2" "mbsd --revision dual-path --threads 1"; do
   name=$(echo "$run" | tr -d ' -')
   $rt run "$out/1b-q4.lad" --prompt-ids "$ids" $gen --policy $run --json --trace "$out/trace-$name.json" > "$out/run-$name.json"
   python3 - "$out" "$name" <<'PY'
