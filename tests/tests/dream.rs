@@ -106,6 +106,30 @@ fn mbsd_with_drafts_and_revision_runs_on_dream_and_is_deterministic() {
     assert_eq!(counts(&m), counts(&b.mbsd.unwrap()));
 }
 
+/// The trained tiny Dream (`models/dream-tiny-tasks`) on the first 20 held-out tasks: the
+/// exact sampler answers every one, and `mbsd` (drafts, revision on the side path) too, with
+/// fewer dense passes than exact (the full 200-task comparison is in BENCHMARKS.md).
+#[test]
+fn the_trained_tiny_dream_answers_its_tasks_under_exact_and_mbsd() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let lad = dir.path().join("dream-tiny.lad");
+    common::compile(&root.join("models/dream-tiny-tasks"), &lad, None);
+    let model = Model::open(&lad, true).unwrap();
+    let text = llada_rt::text::Text::new(&model.header.tokenizer, &model.header.special).unwrap();
+    let mut tasks = llada_rt_tools::eval::load_tasks(&root.join("models/tasks/heldout.jsonl"), &text).unwrap();
+    tasks.truncate(20);
+    let mut session = Session::new(&model).unwrap();
+    let exact = SamplerParams { gen_length: 64, block_length: 64, steps: 64, ..Default::default() };
+    let e = llada_rt_tools::eval::run(&mut session, &text, &tasks, &exact, None, &mut |_, _| {}).unwrap();
+    assert_eq!(e.correct, 20);
+    let mbsd = SamplerParams { block_length: 32, policy: Policy::Mbsd, spec_blocks: 1, revision: Revision::DualPath, ..exact };
+    let m = llada_rt_tools::eval::run(&mut session, &text, &tasks, &mbsd, None, &mut |_, _| {}).unwrap();
+    assert_eq!(m.correct, 20);
+    let report = m.mbsd.unwrap();
+    assert!(report.dense_passes < e.forward_passes * 2 / 3 && report.drafts_accepted > 0 && report.side.checks > 0, "{report:?}");
+}
+
 #[test]
 fn what_dream_does_not_run_yet_is_refused_by_flag() {
     let dir = tempfile::tempdir().unwrap();

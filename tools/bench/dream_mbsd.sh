@@ -8,7 +8,7 @@ out=$1
 mkdir -p "$out"
 cargo build --release -q -p lladac -p llada-rt-tools
 lladac=target/release/lladac rt=target/release/llada-rt
-$lladac compile --model models/dream-tiny-tasks -o "$out/dream-tiny.lad" > /dev/null
+$lladac compile --model "${MODEL:-models/dream-tiny-tasks}" -o "$out/dream-tiny.lad" > /dev/null
 tasks=models/tasks/heldout.jsonl gen="--gen-len 64 --steps 64"
 $rt eval "$out/dream-tiny.lad" --tasks $tasks $gen --block-len 64 --policy exact --json > "$out/eval-exact.json"
 ref="--reference $out/eval-exact.json"

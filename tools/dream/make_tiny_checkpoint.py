@@ -208,6 +208,39 @@ def write_tokenizer(out, llada_tokenizer):
         )
 
 
+TINY = dict(
+    hidden_size=128,
+    intermediate_size=384,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
+
+
+def dream_config(configuration, cfg_dict):
+    """The published DreamConfig built from a config.json dict (see published_config)."""
+    kw = {k: v for k, v in cfg_dict.items() if k not in ("architectures", "auto_map", "model_type", "transformers_version")}
+    config = configuration.DreamConfig(**kw)
+    config.architectures = ["DreamModel"]
+    config._attn_implementation = "sdpa"
+    return config
+
+
+def write_checkpoint(model, out, cfg_dict, llada_tokenizer):
+    """Writes model.safetensors (save_pretrained), config.json, generation_config.json and the tokenizer files."""
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    os.chmod(os.path.join(out, "model.safetensors"), 0o644)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(cfg_dict, f, indent=2)
+        f.write("\n")
+    with open(os.path.join(out, "generation_config.json"), "w") as f:
+        json.dump(generation_config(), f, indent=2)
+        f.write("\n")
+    write_tokenizer(out, llada_tokenizer)
+
+
 def main():
     a = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     a.add_argument("--modeling", required=True, help="directory with the published Dream python files")
@@ -218,33 +251,13 @@ def main():
     torch.set_num_threads(1)
     modeling, configuration, _ = load_public_code(args.modeling)
 
-    tiny = dict(
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
-    cfg_dict = published_config(tiny)
-    kw = {k: v for k, v in cfg_dict.items() if k not in ("architectures", "auto_map", "model_type", "transformers_version")}
-    config = configuration.DreamConfig(**kw)
-    config.architectures = ["DreamModel"]
-    config._attn_implementation = "sdpa"
+    cfg_dict = published_config(TINY)
+    config = dream_config(configuration, cfg_dict)
     torch.manual_seed(args.seed)
     model = modeling.DreamModel(config).float().eval()
     init_weights(model, args.seed)
 
-    os.makedirs(args.out, exist_ok=True)
-    model.save_pretrained(args.out, safe_serialization=True)
-    os.chmod(os.path.join(args.out, "model.safetensors"), 0o644)
-    with open(os.path.join(args.out, "config.json"), "w") as f:
-        json.dump(cfg_dict, f, indent=2)
-        f.write("\n")
-    with open(os.path.join(args.out, "generation_config.json"), "w") as f:
-        json.dump(generation_config(), f, indent=2)
-        f.write("\n")
-    write_tokenizer(args.out, args.llada_tokenizer)
+    write_checkpoint(model, args.out, cfg_dict, args.llada_tokenizer)
 
     from safetensors import safe_open
 
