@@ -130,6 +130,43 @@ fn the_trained_tiny_dream_answers_its_tasks_under_exact_and_mbsd() {
     assert!(report.dense_passes < e.forward_passes * 2 / 3 && report.drafts_accepted > 0 && report.side.checks > 0, "{report:?}");
 }
 
+/// The trained tiny Dream's first 8 held-out tasks under exact and `mbsd`: in a window that
+/// holds half its weights (they rotate through slots) the tokens are the resident artifact's;
+/// quantized to q8 and q4 it still answers them.
+#[test]
+fn dream_runs_in_a_rotating_window_and_quantized() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let ckpt = root.join("models/dream-tiny-tasks");
+    let resident = dir.path().join("resident.lad");
+    common::compile(&ckpt, &resident, Some(256));
+    let rotating = dir.path().join("rotating.lad");
+    common::compile_in_window(&ckpt, &rotating, Some(256), Some(common::half_the_weights(&resident)));
+    let settings = [
+        SamplerParams { gen_length: 64, block_length: 64, steps: 64, ..Default::default() },
+        SamplerParams { gen_length: 64, block_length: 32, steps: 64, policy: Policy::Mbsd, spec_blocks: 1, ..Default::default() },
+    ];
+    let answers = |lad: &std::path::Path, p: &SamplerParams| -> (Vec<Vec<u32>>, usize) {
+        let model = Model::open(lad, true).unwrap();
+        let text = llada_rt::text::Text::new(&model.header.tokenizer, &model.header.special).unwrap();
+        let mut tasks = llada_rt_tools::eval::load_tasks(&root.join("models/tasks/heldout.jsonl"), &text).unwrap();
+        tasks.truncate(8);
+        let r = llada_rt_tools::eval::run(&mut Session::new(&model).unwrap(), &text, &tasks, p, None, &mut |_, _| {}).unwrap();
+        (r.results.into_iter().map(|t| t.output_ids).collect(), r.correct)
+    };
+    assert!(!Model::open(&rotating, true).unwrap().header.plan.window.rotating.is_empty(), "the weights rotate through slots");
+    for p in &settings {
+        assert_eq!(answers(&rotating, p), answers(&resident, p), "{:?}", p.policy);
+    }
+    for quant in [lladac::Quant::Q8, lladac::Quant::Q4 { group: 32 }] {
+        let lad = dir.path().join("quantized.lad");
+        common::compile_quant(&ckpt, &lad, Some(quant), 256, None);
+        for p in &settings {
+            assert_eq!(answers(&lad, p).1, 8, "{quant:?} {:?}", p.policy);
+        }
+    }
+}
+
 #[test]
 fn what_dream_does_not_run_yet_is_refused_by_flag() {
     let dir = tempfile::tempdir().unwrap();
