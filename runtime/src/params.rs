@@ -180,8 +180,9 @@ pub struct SamplerParams {
     pub spec_blocks: usize,
     /// `spec` and `mbsd`: confidence a draft's confirmation needs.
     pub spec_threshold: f32,
-    /// `mbsd`: fewest rows a dense pass computes (None: the plan's smallest latency bucket);
-    /// the whole block makes every pass recompute the block, as `dual` does.
+    /// `mbsd`: fewest rows a dense pass computes (None: the plan's smallest latency bucket, or
+    /// on a backend that pays for every row, only the rows the step needs); the whole block
+    /// makes every pass recompute the block, as `dual` does.
     pub rows: Option<usize>,
     /// `mbsd`: the CPU side path, on (`DualPath`), off, or chosen by the backend (`Auto`).
     pub revision: Revision,

@@ -18,7 +18,8 @@ use crate::window::Window;
 pub struct Counters {
     /// Graph runs.
     pub forward_passes: u64,
-    /// Token rows computed, padding included (the static graphs compute every row).
+    /// Token rows computed: a graph's rows, padding included, where the backend computes them
+    /// all; the rows asked for where it computes only those (`Capabilities::cost_per_row`).
     pub rows_computed: u64,
     /// Logit rows computed by the output head.
     pub head_rows_computed: u64,
@@ -437,7 +438,7 @@ impl<'m> Session<'m> {
         self.counters.copy_seconds += st.copy_seconds;
         self.last_staging = st;
         self.counters.forward_passes += 1;
-        self.counters.rows_computed += g.rows as u64;
+        self.counters.rows_computed += if self.executor.capabilities().cost_per_row { real_rows } else { g.rows as usize } as u64;
         self.counters.head_rows_computed += head_rows as u64;
         Ok(profile)
     }

@@ -77,6 +77,7 @@ impl HostExecutor {
             backend: "host",
             device: format!("host CPU, kernel paths {features:?}"),
             runs_on_cpu: true,
+            cost_per_row: true,
             max_allocation_bytes: u64::MAX,
             device_timestamps: false,
             int8_dot: features.avx512_vnni() || features.dotprod(),

@@ -75,6 +75,10 @@ pub struct Capabilities {
     /// Whether the backend's clock runs on the CPU that also runs the side path (lavapipe, the
     /// host executor): its times are CPU figures, never a GPU's.
     pub runs_on_cpu: bool,
+    /// Whether a pass costs every row it computes and computes only the rows asked for (the
+    /// host executor), rather than a graph's whole row count (a dispatch shaped by the graph,
+    /// a phone's latency bucket). Policies then fill no idle rows: they are not free.
+    pub cost_per_row: bool,
     /// Largest single allocation the device makes (the window must fit one).
     pub max_allocation_bytes: u64,
     /// Whether op times in a profile come from device timestamps (else host wall time).

@@ -14,6 +14,16 @@
 //! - the other committed positions of the current block (refresh rows too), so a bucket as
 //!   large as the block recomputes it whole, as `dual` does.
 //!
+//! On a backend that pays for every row it computes (`Capabilities::cost_per_row`: the host
+//! executor) idle rows are not free, so unless `--rows` asks for a bucket a row-set pass
+//! computes the block's masked positions only: no refresh rows (stale keys and values wait for
+//! the next whole-sequence pass, as in `dual`). Drafts are made once per position, by the pass
+//! that empties the block (the freshest context before the next block starts), and only while
+//! they pay: while no draft was judged yet in this generation, or at least one in
+//! [`DRAFTS_PAY_ONE_IN`] was accepted. A whole-sequence pass there computes no draft's LM-head
+//! row. (A speculative row costs one row once; an accepted draft saves a commit, and so a
+//! step's pass of a dozen rows or more.)
+//!
 //! Drafts are never commitments. When a drafted position's block is current, the first pass
 //! that predicts it accepts the draft if it predicts the same token with at least
 //! `spec_threshold` confidence (a commit besides the step's scheduled ones) and drops it
@@ -41,7 +51,8 @@ use crate::session::{RowSet, Session};
 pub struct MbsdReport {
     pub dense_passes: u64,
     /// Dense rows by kind: masked positions of the current block, speculative rows,
-    /// refreshed rows (committed tokens, and the rest of a whole-sequence pass) and padding.
+    /// refreshed rows (committed tokens, and the rest of a whole-sequence pass) and padding (a
+    /// graph's rows beyond those, where the backend computes them).
     pub rows_masked: u64,
     pub rows_speculative: u64,
     pub rows_refresh: u64,
@@ -75,6 +86,10 @@ impl MbsdReport {
         s.side_seconds += t.side_seconds;
     }
 }
+
+/// On a backend that pays for every row: drafts keep being made while at least one in this
+/// many of those judged was accepted.
+pub const DRAFTS_PAY_ONE_IN: u64 = 4;
 
 /// The row buckets of the plan a pass may run, at least `min_rows` rows each.
 fn buckets(session: &Session, min_rows: usize) -> Result<Vec<usize>> {
@@ -121,6 +136,19 @@ pub(super) struct Mbsd {
     shift: usize,
     /// Dream: its blocked schedule's timesteps, `linspace(1, eps, steps_per_block + 1)`.
     dream_timesteps: Option<Vec<f32>>,
+    /// Whether passes fill a bucket (idle rows are free on the backend, or `--rows` asked for
+    /// one), else compute only the rows the step needs.
+    fill_buckets: bool,
+    /// Whether the backend computes a graph's padding rows.
+    pads: bool,
+}
+
+/// What a row-set pass computes besides the rows of the block's masked positions.
+struct Extra {
+    /// Rows to add at most: the bucket's idle rows, or the speculative rows a step wants.
+    rows: usize,
+    /// Whether refresh rows (stale positions, then the block's others) may take them.
+    refresh: bool,
 }
 
 impl Mbsd {
@@ -154,6 +182,8 @@ impl Mbsd {
             side,
             shift: session.model.logit_shift() as usize,
             dream_timesteps: (session.model.logit_shift() > 0).then(|| dream::timesteps(steps_per_block, p.eps)),
+            fill_buckets: p.rows.is_some() || !session.backend().cost_per_row,
+            pads: !session.backend().cost_per_row,
         })
     }
 }
@@ -162,6 +192,24 @@ impl Mbsd {
     /// The most tokens one step's merge can revise: those a side pass checks.
     pub(super) fn checked_per_step(&self) -> usize {
         self.side.as_ref().map_or(0, SidePath::per_job)
+    }
+
+    /// Without bucket filling: whether drafts pay so far (see the module documentation).
+    fn drafts_pay(&self) -> bool {
+        let (accepted, dropped) = (self.report.drafts_accepted, self.report.drafts_dropped);
+        accepted + dropped == 0 || accepted * DRAFTS_PAY_ONE_IN >= accepted + dropped
+    }
+
+    /// The extra rows of a row-set pass whose block has `masked` masked positions and whose
+    /// step commits `commits`: a bucket's idle rows, or without bucket filling, the
+    /// speculative rows of the pass that empties the block, while drafts pay.
+    fn extra(&self, masked: usize, commits: usize) -> Extra {
+        if self.fill_buckets {
+            let bucket = self.buckets.iter().copied().find(|&r| r >= masked).unwrap_or(masked);
+            return Extra { rows: bucket - masked, refresh: true };
+        }
+        let drafting = masked <= commits && self.drafts_pay();
+        Extra { rows: if drafting { usize::MAX } else { 0 }, refresh: false }
     }
 }
 
@@ -182,12 +230,16 @@ impl PolicyStep for Mbsd {
         if commits == 0 {
             return Ok(());
         }
-        let (pass, report) = (&mut self.pass, &mut self.report);
         let logits = if full {
-            whole_sequence(session, &c.x, mask, block_end, draft_end, pass, report)?
+            // Without bucket filling, the block's last pass drafts (with fresher context).
+            let draft_end = if self.fill_buckets { draft_end } else { block_end };
+            whole_sequence(session, &c.x, mask, (block_end, draft_end), self.pads, &mut self.pass, &mut self.report)?
         } else {
-            row_set(session, &c.x, &self.kv_fresh, mask, self.shift, (block_start, block_end, draft_end), &self.buckets, pass, report)?
+            let masked = c.x[block_start..block_end].iter().filter(|&&t| t == mask).count();
+            let extra = self.extra(masked, commits);
+            row_set(session, &c.x, &self.kv_fresh, mask, self.shift, (block_start, block_end, draft_end), extra, self.pads, &mut self.pass, &mut self.report)?
         };
+        let (pass, report) = (&mut self.pass, &mut self.report);
         c.predictor.load(logits);
         for &q in &pass.stored {
             self.kv_fresh[q as usize] = true;
@@ -242,7 +294,7 @@ impl PolicyStep for Mbsd {
 
 /// The pass that starts a block: every position, stored; logits of the masked positions up
 /// to the block's end and of those drafted after it.
-fn whole_sequence<'s>(session: &'s mut Session, x: &[u32], mask: u32, block_end: usize, draft_end: usize, pass: &mut Pass, report: &mut MbsdReport) -> Result<&'s [f32]> {
+fn whole_sequence<'s>(session: &'s mut Session, x: &[u32], mask: u32, (block_end, draft_end): (usize, usize), pads: bool, pass: &mut Pass, report: &mut MbsdReport) -> Result<&'s [f32]> {
     pass.head_positions.clear();
     pass.head_positions.extend((0..draft_end).filter(|&i| x[i] == mask).map(|i| i as u32));
     let masked = pass.head_positions.iter().filter(|&&q| (q as usize) < block_end).count();
@@ -253,14 +305,15 @@ fn whole_sequence<'s>(session: &'s mut Session, x: &[u32], mask: u32, block_end:
     report.rows_masked += masked as u64;
     report.rows_speculative += speculative as u64;
     report.rows_refresh += (x.len() - masked - speculative) as u64;
-    report.rows_padding += (rows - x.len()) as u64;
+    report.rows_padding += if pads { rows - x.len() } else { 0 } as u64;
     report.dense_passes += 1;
     session.forward_full(x, &pass.head_positions)
 }
 
-/// A pass on the smallest bucket holding the rows of the block's masked positions, its idle
-/// rows filled with stale rows, speculative rows, then the block's other positions (see the
-/// module documentation). A position `q`'s logits are those of the row at `q - shift`.
+/// A pass on the rows of the block's masked positions and up to `extra.rows` more: stale rows
+/// (with `extra.refresh`), speculative rows, then the block's other positions (with
+/// `extra.refresh`; see the module documentation). A position `q`'s logits are those of the
+/// row at `q - shift`.
 #[allow(clippy::too_many_arguments)]
 fn row_set<'s>(
     session: &'s mut Session,
@@ -269,7 +322,8 @@ fn row_set<'s>(
     mask: u32,
     shift: usize,
     (block_start, block_end, draft_end): (usize, usize, usize),
-    buckets: &[usize],
+    extra: Extra,
+    pads: bool,
     pass: &mut Pass,
     report: &mut MbsdReport,
 ) -> Result<&'s [f32]> {
@@ -277,12 +331,11 @@ fn row_set<'s>(
     pass.masked.clear();
     pass.masked.extend((block_start..block_end).filter(|&i| x[i] == mask).map(|q| q.saturating_sub(shift)));
     pass.masked.iter().for_each(|&r| in_rows[r] = true);
-    let bucket = buckets.iter().copied().find(|&r| r >= pass.masked.len()).unwrap_or(pass.masked.len());
-    let mut idle = bucket.saturating_sub(pass.masked.len());
+    let mut idle = extra.rows;
     pass.stale.clear();
-    pass.stale.extend((0..block_end).filter(|&i| x[i] != mask && !kv_fresh[i] && !in_rows[i]).take(idle));
+    pass.stale.extend((0..block_end).filter(|&i| x[i] != mask && !kv_fresh[i] && !in_rows[i]).take(if extra.refresh { idle } else { usize::MAX }));
+    idle = idle.saturating_sub(pass.stale.len());
     pass.stale.iter().for_each(|&r| in_rows[r] = true);
-    idle -= pass.stale.len();
     // A draft whose row is there already costs nothing.
     pass.speculative.clear();
     for q in (block_end..draft_end).filter(|&q| x[q] == mask) {
@@ -301,7 +354,7 @@ fn row_set<'s>(
     pass.stored.clear();
     pass.stored.extend(pass.masked.iter().chain(&pass.stale).map(|&i| i as u32));
     for i in block_start..block_end {
-        if idle == 0 {
+        if idle == 0 || !extra.refresh {
             break;
         }
         if !in_rows[i] {
@@ -329,11 +382,13 @@ fn row_set<'s>(
             pass.head_rows.push(row as u32);
         }
     }
-    let rows = session.model.graph(session.model.graph_for_rows(bucket.max(pass.rows.len()))?).rows as usize;
+    // A filled bucket's rows, or the rows computed (a graph's padding rows, if any).
+    let bucket = if extra.refresh { pass.masked.len().saturating_add(extra.rows) } else { pass.rows.len() }.max(pass.rows.len());
+    let rows = session.model.graph(session.model.graph_for_rows(bucket)?).rows as usize;
     report.rows_masked += pass.masked.len() as u64;
     report.rows_speculative += pass.speculative.len() as u64;
     report.rows_refresh += (pass.rows.len() - pass.masked.len() - pass.speculative.len()) as u64;
-    report.rows_padding += (rows - pass.rows.len()) as u64;
+    report.rows_padding += if pads { rows - pass.rows.len() } else { 0 } as u64;
     report.dense_passes += 1;
     session.forward_rows(x.len(), &pass.rows, bucket, &pass.head_rows)
 }

@@ -92,6 +92,8 @@ impl VulkanExecutor {
             backend: "vulkan",
             device: format!("{} (Vulkan)", gpu.name),
             runs_on_cpu: gpu.is_cpu,
+            // The shaders dispatch the graph's rows, whatever the pass asks for.
+            cost_per_row: false,
             max_allocation_bytes: gpu.max_allocation,
             device_timestamps: gpu.timestamp_bits > 0,
             int8_dot: gpu.int8_dot,
