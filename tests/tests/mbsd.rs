@@ -115,3 +115,42 @@ fn rows_that_do_not_store_leave_the_cache_as_it_was() {
     let err = s.forward_rows(seq.len(), &twice, 16, &[0]).unwrap_err().to_string();
     assert!(err.contains("two rows of one pass store position"), "{err}");
 }
+
+/// On the host, which pays for every row it computes, `mbsd` without `--rows` computes no
+/// padding and no bucket fill: a row-set pass has the block's masked rows and its stale ones
+/// (each committed token once), and drafts come only from the pass that empties a block, while
+/// they pay. On random weights, whose drafts are all dropped, only the first block drafts; on
+/// the trained embedded model drafts keep paying and save passes.
+#[test]
+fn mbsd_on_the_host_computes_the_rows_a_step_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = SamplerParams { gen_length: 64, block_length: 16, steps: 64, policy: Policy::Mbsd, spec_blocks: 1, revision: Revision::Off, ..Default::default() };
+    let rows_of = |g: &Generation| {
+        let m = g.mbsd.unwrap();
+        assert_eq!(m.rows_padding, 0);
+        assert_eq!(g.rows_computed, m.dense_rows());
+        m
+    };
+
+    let ckpt = dir.path().join("random");
+    common::checkpoint(&ckpt, llada_tools::checkpoint::Shape::tiny(), llada_tools::checkpoint::WeightType::F32, u64::MAX, 0.05);
+    let lad = dir.path().join("random.lad");
+    common::compile(&ckpt, &lad, None);
+    let random = Model::open(&lad, true).unwrap();
+    let prompt: Vec<u32> = (0..12).map(|i| 3 + 7 * i).collect();
+    let g = decode(&random, 2, &prompt, &p);
+    let m = rows_of(&g);
+    assert_eq!((m.drafts_accepted, m.drafts_dropped, m.rows_speculative), (0, 16, 16), "{m:?}");
+    // Per block, a whole-sequence pass (all 76 positions, 16 of them masked) and one row per
+    // masked position in each later step; besides, each committed token's refresh at most once.
+    assert_eq!(m.rows_masked, 4 * (16 + (1..=15).sum::<u64>()), "{m:?}");
+    assert!(m.rows_refresh <= 4 * (76 - 16) + 64, "{m:?}");
+
+    let embedded = Model::open(&common::embedded(dir.path()), true).unwrap();
+    for prompt in prompts(&embedded) {
+        let dual = decode(&embedded, 2, &prompt, &SamplerParams { policy: Policy::Dual, ..p.clone() });
+        let g = decode(&embedded, 2, &prompt, &p);
+        let m = rows_of(&g);
+        assert!(m.drafts_accepted > 0 && g.forward_passes < dual.forward_passes && g.rows_computed < dual.rows_computed, "{m:?}");
+    }
+}
