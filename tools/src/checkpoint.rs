@@ -19,7 +19,7 @@ use rand_distr::{Distribution, Normal};
 use safetensors::{Dtype, View};
 use serde_json::{json, Value};
 
-pub use crate::checkpoint_spec::{ChatFormat, CheckpointSpec, Family, MoeShape, Shape, SpecialIds, WeightType};
+pub use crate::checkpoint_spec::{ChatFormat, CheckpointSpec, Family, MoeShape, Outliers, Shape, SpecialIds, WeightType};
 pub use crate::checkpoint_tokenizer::{bpe_vocab, tokenizer_json};
 use crate::checkpoint_tokenizer::added_tokens_decoder;
 
@@ -82,6 +82,8 @@ struct LazyTensor {
     norm_jitter: bool,
     std: f32,
     seed: u64,
+    /// The embedding's outlier columns (`Outliers`): whether each column is one, and its gain.
+    outlier_columns: Option<(Vec<bool>, f32)>,
 }
 
 impl View for LazyTensor {
@@ -99,12 +101,18 @@ impl View for LazyTensor {
         let mut rng = ChaCha8Rng::seed_from_u64(self.seed);
         let normal = Normal::new(0.0f32, self.std).expect("a positive standard deviation");
         let jitter = Normal::new(0.0f32, 0.1).expect("a positive standard deviation");
-        for _ in 0..n {
-            let v = match (self.is_norm, self.norm_jitter) {
+        for i in 0..n {
+            let mut v = match (self.is_norm, self.norm_jitter) {
                 (false, _) => normal.sample(&mut rng),
                 (true, false) => 1.0,
                 (true, true) => 1.0 + jitter.sample(&mut rng),
             };
+            // After the draw, so the other weights are those of the checkpoint without them.
+            if let Some((columns, gain)) = &self.outlier_columns {
+                if columns[i % columns.len()] {
+                    v *= gain;
+                }
+            }
             match self.weights {
                 WeightType::F32 => out.extend_from_slice(&v.to_le_bytes()),
                 WeightType::Bf16 => out.extend_from_slice(&bf16::from_f32(v).to_le_bytes()),
@@ -183,6 +191,12 @@ pub fn write(spec: &CheckpointSpec, dir: &Path) -> std::io::Result<Written> {
                 norm_jitter: s.family != Family::Llada,
                 std: spec.init_std,
                 seed: tensor_seed(spec.seed, name),
+                // The embedding is every family's first tensor.
+                outlier_columns: spec.outliers.filter(|_| i == 0).map(|o| {
+                    let mut columns = vec![false; s.d_model];
+                    o.dims(s.d_model).into_iter().for_each(|c| columns[c] = true);
+                    (columns, o.gain)
+                }),
             };
             total += t.data_len() as u64;
             (name.clone(), t)
@@ -347,12 +361,37 @@ mod tests {
     #[test]
     fn sharded_bf16_checkpoint_has_an_index_and_every_tensor() {
         let dir = tempfile::tempdir().unwrap();
-        let spec = CheckpointSpec { shape: Shape::tiny(), weights: WeightType::Bf16, shard_bytes: 200_000, seed: 1, init_std: 0.02 };
+        let spec = CheckpointSpec { shape: Shape::tiny(), weights: WeightType::Bf16, shard_bytes: 200_000, seed: 1, init_std: 0.02, outliers: None };
         let w = write(&spec, dir.path()).unwrap();
         assert!(w.shards.len() > 1);
         let index: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("model.safetensors.index.json")).unwrap()).unwrap();
         let map = index["weight_map"].as_object().unwrap();
         assert_eq!(map.len(), Shape::tiny().tensors().len());
         assert_eq!(w.bytes, Shape::tiny().parameters() * 2);
+    }
+
+    #[test]
+    fn outliers_scale_the_embeddings_columns_and_nothing_else() {
+        let dir = tempfile::tempdir().unwrap();
+        let plain = CheckpointSpec { shape: Shape::tiny(), weights: WeightType::F32, shard_bytes: u64::MAX, seed: 1, init_std: 0.02, outliers: None };
+        let outliers = Outliers { channels: 3, gain: 40.0 };
+        let with = CheckpointSpec { outliers: Some(outliers), ..plain.clone() };
+        write(&plain, &dir.path().join("plain")).unwrap();
+        write(&with, &dir.path().join("with")).unwrap();
+        let read = |d: &str| std::fs::read(dir.path().join(d).join("model.safetensors")).unwrap();
+        let (a, b) = (read("plain"), read("with"));
+        let (a, b) = (safetensors::SafeTensors::deserialize(&a).unwrap(), safetensors::SafeTensors::deserialize(&b).unwrap());
+        let d = Shape::tiny().d_model;
+        let dims = outliers.dims(d);
+        assert_eq!(dims.len(), 3);
+        assert!(dims.iter().all(|&c| c < d) && dims.windows(2).all(|w| w[0] < w[1]));
+        for (name, _, _) in Shape::tiny().tensors() {
+            let floats = |t: &safetensors::SafeTensors| -> Vec<f32> { t.tensor(&name).unwrap().data().chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect() };
+            let (x, y) = (floats(&a), floats(&b));
+            for (i, (x, y)) in x.iter().zip(&y).enumerate() {
+                let want = if name == "model.transformer.wte.weight" && dims.contains(&(i % d)) { x * 40.0 } else { *x };
+                assert_eq!(*y, want, "{name}[{i}]");
+            }
+        }
     }
 }

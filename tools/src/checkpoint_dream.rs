@@ -186,7 +186,7 @@ mod tests {
             "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000.0, "sliding_window": null, "tie_word_embeddings": false,
             "torch_dtype": "bfloat16", "transformers_version": "4.46.2", "use_cache": true, "use_sliding_window": false, "vocab_size": 152064
         });
-        let spec = CheckpointSpec { shape: Shape::dream_7b(), weights: WeightType::Bf16, shard_bytes: u64::MAX, seed: 0, init_std: 0.02 };
+        let spec = CheckpointSpec { shape: Shape::dream_7b(), weights: WeightType::Bf16, shard_bytes: u64::MAX, seed: 0, init_std: 0.02, outliers: None };
         // Through `checkpoint::config_json`, which picks the layout by family.
         assert_eq!(crate::checkpoint::config_json(&spec, SpecialIds::for_shape(&spec.shape)), published);
     }
@@ -194,7 +194,7 @@ mod tests {
     #[test]
     fn a_tiny_checkpoint_has_every_tensor_and_the_kits_keys() {
         let dir = tempfile::tempdir().unwrap();
-        let spec = CheckpointSpec { shape: Shape::tiny_dream(), weights: WeightType::F32, shard_bytes: 300_000, seed: 1, init_std: 0.02 };
+        let spec = CheckpointSpec { shape: Shape::tiny_dream(), weights: WeightType::F32, shard_bytes: 300_000, seed: 1, init_std: 0.02, outliers: None };
         let w = write(&spec, dir.path()).unwrap();
         assert!(w.shards.len() > 1);
         assert_eq!(w.bytes, spec.shape.parameters() * 4);

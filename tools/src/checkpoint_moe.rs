@@ -122,7 +122,7 @@ mod tests {
     #[test]
     fn a_tiny_checkpoint_has_every_expert() {
         let dir = tempfile::tempdir().unwrap();
-        let spec = CheckpointSpec { shape: Shape::tiny_moe(), weights: WeightType::F32, shard_bytes: 100_000, seed: 1, init_std: 0.02 };
+        let spec = CheckpointSpec { shape: Shape::tiny_moe(), weights: WeightType::F32, shard_bytes: 100_000, seed: 1, init_std: 0.02, outliers: None };
         let w = write(&spec, dir.path()).unwrap();
         assert!(w.shards.len() > 1);
         let index: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("model.safetensors.index.json")).unwrap()).unwrap();

@@ -303,4 +303,31 @@ pub struct CheckpointSpec {
     pub seed: u64,
     /// Standard deviation of the weight matrices (LLaDA's `init_std`).
     pub init_std: f32,
+    /// Large channels in the residual stream, as trained LLMs have (None: none).
+    pub outliers: Option<Outliers>,
+}
+
+/// A few channels of the residual stream with large magnitudes, as trained LLMs have: the
+/// embedding's columns of `channels` hidden dimensions (spread evenly) are multiplied by
+/// `gain`. Every position's residual stream then carries them through every layer (a random
+/// layer adds nothing that cancels them), so every matmul that reads the normalised stream (q,
+/// k and v, the SwiGLU's two inputs, the LM head) sees a few inputs `gain` times the others,
+/// in every row. The model: Dettmers et al. 2022 ("LLM.int8()", arXiv 2208.07339) find, from
+/// about 6.7B parameters on, outlier features of magnitude 6 to 20x the rest confined to about
+/// six hidden dimensions and present in most layers and tokens; Sun et al. 2024 ("Massive
+/// activations in large language models", arXiv 2402.17762) find a few fixed residual-stream
+/// channels (two in LLaMA2-7B) with values up to thousands of times the median. Per-row int8
+/// activation scales are set by those channels, so the other channels lose precision.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Outliers {
+    pub channels: usize,
+    pub gain: f32,
+}
+
+impl Outliers {
+    /// The hidden dimensions that carry the outliers, of `d_model`.
+    pub fn dims(&self, d_model: usize) -> Vec<usize> {
+        let n = self.channels.min(d_model);
+        (0..n).map(|i| i * d_model / n + d_model / (2 * n)).collect()
+    }
 }

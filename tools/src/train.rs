@@ -174,7 +174,7 @@ pub fn train(cfg: &TrainConfig, out: &Path, log: &mut dyn FnMut(&str)) -> std::i
     let mut model = Llada::init(&cfg.shape, 0.02, cfg.seed, &device);
     let mut optim = AdamWConfig::new().with_weight_decay(cfg.weight_decay).init();
     let mut trainer = Trainer::new(&cfg.shape, cfg.seed);
-    let spec = CheckpointSpec { shape: cfg.shape.clone(), weights: WeightType::F32, shard_bytes: u64::MAX, seed: cfg.seed, init_std: 0.02 };
+    let spec = CheckpointSpec { shape: cfg.shape.clone(), weights: WeightType::F32, shard_bytes: u64::MAX, seed: cfg.seed, init_std: 0.02, outliers: None };
     let start = Instant::now();
     let mut loss_sum = 0.0f64;
     // Masked-token accuracy per kind over the last logging interval.

@@ -27,7 +27,7 @@ pub fn run(binary: &str, args: &[&str]) -> Output {
 
 /// A random-weight checkpoint of `shape` in `dir`.
 pub fn checkpoint(dir: &Path, shape: Shape, weights: WeightType, shard_bytes: u64, init_std: f32) -> checkpoint::Written {
-    checkpoint::write(&CheckpointSpec { shape, weights, shard_bytes, seed: 11, init_std }, dir).expect("checkpoint written")
+    checkpoint::write(&CheckpointSpec { shape, weights, shard_bytes, seed: 11, init_std, outliers: None }, dir).expect("checkpoint written")
 }
 
 /// Compiles `model` into `out` through the library, keeping the checkpoint's element type

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use llada_tools::checkpoint::{write, CheckpointSpec, Family, Shape, WeightType};
+use llada_tools::checkpoint::{write, CheckpointSpec, Family, Outliers, Shape, WeightType};
 
 #[derive(Parser)]
 #[command(about = "Write a random-weight LLaDA, LLaDA-MoE or Dream checkpoint in exact Hugging Face layout")]
@@ -52,6 +52,13 @@ struct Args {
     /// Standard deviation of the weight matrices.
     #[arg(long, default_value_t = 0.02)]
     init_std: f32,
+    /// Residual-stream outlier channels, as trained LLMs have: this many hidden dimensions
+    /// whose embedding columns are multiplied by --outlier-gain (see `Outliers`).
+    #[arg(long, default_value_t = 0)]
+    outlier_channels: usize,
+    /// The outlier channels' magnitude against the others.
+    #[arg(long, default_value_t = 20.0)]
+    outlier_gain: f32,
     /// Output directory.
     #[arg(short, long)]
     output: PathBuf,
@@ -95,7 +102,12 @@ fn main() -> ExitCode {
         shard_bytes: a.shard_mb * 1_000_000,
         seed: a.seed,
         init_std: a.init_std,
+        outliers: (a.outlier_channels > 0).then_some(Outliers { channels: a.outlier_channels, gain: a.outlier_gain }),
     };
+    if a.outlier_channels > spec.shape.d_model || !(a.outlier_gain.is_finite() && a.outlier_gain > 0.0) {
+        eprintln!("error: --outlier-channels {} --outlier-gain {}: at most d_model ({}) channels, and a positive finite gain", a.outlier_channels, a.outlier_gain, spec.shape.d_model);
+        return ExitCode::FAILURE;
+    }
     match write(&spec, &a.output) {
         Ok(w) => {
             eprintln!(
