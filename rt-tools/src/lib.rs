@@ -6,8 +6,10 @@
 //! - [`eval`]: accuracy and cost of a decoding policy on a tasks file.
 //! - [`roofline`]: this machine's measured peaks and memory bandwidth.
 //! - [`bench`]: where a forward pass spends its time, against the roofline.
+//! - [`compare`]: how far an artifact's logits and tokens are from a reference artifact's.
 
 pub mod bench;
+pub mod compare;
 pub mod conformance;
 pub mod eval;
 pub mod golden;

@@ -274,6 +274,25 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// How far an artifact is from a reference compiled from the same checkpoint (a quantised
+    /// one against the unquantised): first-pass logit error, top-1 and generated-token
+    /// agreement, and the time of each generation.
+    #[command(allow_negative_numbers = true)]
+    Compare {
+        /// The reference artifact.
+        reference: PathBuf,
+        /// The artifact to measure against it.
+        other: PathBuf,
+        /// Prompt as comma-separated token ids.
+        #[arg(long)]
+        prompt_ids: String,
+        #[command(flatten)]
+        sampler: SamplerArgs,
+        #[command(flatten)]
+        session: SessionArgs,
+        #[arg(long)]
+        json: bool,
+    },
     /// Check the runtime against a golden file from the official sampler.
     Conformance {
         /// golden.json (schema: the conformance kit's README).
@@ -484,6 +503,19 @@ impl Display<'_> {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
+        Command::Compare { reference, other, prompt_ids, sampler, session: session_args, json } => {
+            let (a, b) = (Model::open(&reference, true)?, Model::open(&other, true)?);
+            let params = sampler.params(&a);
+            let c = llada_rt_tools::compare::compare(&mut session_args.open(&a)?, &mut session_args.open(&b)?, &parse_ids(&prompt_ids)?, &params)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&c).expect("serializes"));
+            } else {
+                println!("{} against {}:", other.display(), reference.display());
+                println!("  first pass: logit error {:.3e} (L2, relative), largest {:.3e} (of the largest logit); top-1 agreement {:.1}%",
+                    c.logit_relative_error, c.logit_max_error, 100.0 * c.top1_agreement);
+                println!("  generation: {:.1}% of tokens the same; {:.2} s against {:.2} s", 100.0 * c.token_agreement, c.other_seconds, c.reference_seconds);
+            }
+        }
         Command::Run { file, prompt, chat, prompt_ids, sampler, json, show_denoising, trace, session: session_args } => {
             let model = Model::open(&file, true)?;
             let text = Text::new(&model.header.tokenizer, &model.header.special)?;
