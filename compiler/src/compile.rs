@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use llada_ir::packing::{pack_panel, PANEL};
+use llada_ir::window::{ActivationScales, ACTIVATION_BLOCK};
 use llada_ir::{ArtifactWriter, CompileInfo, DType, Header, KvDType, ModelConfig, MoeConfig, Plan, TensorId};
 
 use crate::convert::{convert, to_f32};
@@ -91,6 +92,10 @@ impl Quant {
     }
 }
 
+/// How q8 and q4 artifacts scale their int8 activations unless told: chosen by the outlier
+/// study in BENCHMARKS.md (issue 29).
+pub const DEFAULT_ACTIVATION_SCALES: ActivationScales = ActivationScales::PerRow;
+
 #[derive(Debug, Clone)]
 pub struct CompileOptions {
     /// Hugging Face checkpoint directory, or an ONNX export (`*.onnx`) with the checkpoint's
@@ -113,6 +118,9 @@ pub struct CompileOptions {
     pub spec_blocks: u32,
     /// Round activations to bf16 in matmuls over bf16 weights (needs `quant` bf16).
     pub bf16_activations: bool,
+    /// Scales of the int8 activations of q8 and q4 matmuls; `None`: the default
+    /// ([`DEFAULT_ACTIVATION_SCALES`]) for q8 and q4, nothing for other weights.
+    pub activation_scales: Option<ActivationScales>,
     /// Accelerator window size; `None`: the target's. At most the target's
     /// [`max_window_bytes`](llada_targets::Target::max_window_bytes) (a GPU's largest allocation).
     pub window_bytes: Option<u64>,
@@ -168,6 +176,23 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     let quant = opts.quant.unwrap_or_else(|| Quant::of_source(embed_dtype));
     if opts.bf16_activations && quant != Quant::Bf16 {
         return Err(Error::Options(format!("--activations bf16 needs bf16 weights (--quant bf16), not {}", quant.name())));
+    }
+    let int8 = matches!(quant, Quant::Q8 | Quant::Q4 { .. });
+    if let (Some(scales), false) = (opts.activation_scales, int8) {
+        return Err(Error::Options(format!("--activation-scales {}: only q8 and q4 weights run with int8 activations, not {}", scales.name(), quant.name())));
+    }
+    let activation_scales = if int8 { opts.activation_scales.unwrap_or(DEFAULT_ACTIVATION_SCALES) } else { ActivationScales::PerRow };
+    if let (Quant::Q4 { group }, ActivationScales::PerBlock) = (quant, activation_scales) {
+        if group as usize % ACTIVATION_BLOCK != 0 {
+            return Err(Error::Options(format!("--activation-scales block: q4 groups must be whole blocks of {ACTIVATION_BLOCK} inputs, not --group {group}")));
+        }
+    }
+    if activation_scales == ActivationScales::PerBlock {
+        for (what, k) in [("d_model", d), ("n_heads x head_dim", q_dim), ("mlp_hidden_size", f)] {
+            if k % ACTIVATION_BLOCK != 0 {
+                return Err(Error::Options(format!("--activation-scales block: {what} ({k}) is not whole blocks of {ACTIVATION_BLOCK} inputs; use --activation-scales row")));
+            }
+        }
     }
     if !target.weight_dtypes.iter().any(|t| t == quant.target_name()) {
         return Err(Error::Options(format!("--quant {}: target '{}' supports {}", quant.target_name(), target.name, target.weight_dtypes.join(", "))));
@@ -306,6 +331,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
             block_len: opts.block_len,
             spec_blocks: opts.spec_blocks,
             bf16_activations: opts.bf16_activations,
+            activation_scales,
             ..Plan::default()
         },
         graphs,
@@ -320,6 +346,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
                 ("block_len".into(), opts.block_len.to_string()),
                 ("spec_blocks".into(), opts.spec_blocks.to_string()),
                 ("activations".into(), (if opts.bf16_activations { "bf16" } else { "f32" }).into()),
+                ("activation_scales".into(), activation_scales.name().into()),
                 ("window_bytes".into(), window_bytes.to_string()),
                 ("kv_dtype".into(), kv_dtype.name().into()),
             ],
@@ -442,6 +469,7 @@ mod tests {
             block_len: 32,
             spec_blocks: 2,
             bf16_activations: false,
+            activation_scales: None,
             window_bytes: None,
             kv_dtype: None,
             progress: false,

@@ -53,6 +53,12 @@ enum Command {
         /// twice the arithmetic rate here).
         #[arg(long, default_value = "f32", value_parser = ["f32", "bf16"])]
         activations: String,
+        /// q8 and q4: scales of the int8 activations: one per row of a matmul's input, or
+        /// one per block of 32 inputs (llama.cpp's Q8_0 blocks; a few large channels, which
+        /// trained LLMs have, then cost precision only in their blocks) [default: see
+        /// BENCHMARKS.md's outlier study].
+        #[arg(long, value_parser = ["row", "block"])]
+        activation_scales: Option<String>,
         /// Accelerator window to plan for, in bytes or with a K/M/G suffix (2G, 512M)
         /// [default: the target's; on a GPU at most its largest allocation].
         #[arg(long, value_parser = parse_bytes)]
@@ -117,7 +123,7 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 
 fn run(cli: Cli) -> lladac::Result<()> {
     match cli.command {
-        Command::Compile { model, output, quant, group, target, max_seq, head_rows, block_len, spec_blocks, activations, window_bytes, kv_dtype } => {
+        Command::Compile { model, output, quant, group, target, max_seq, head_rows, block_len, spec_blocks, activations, activation_scales, window_bytes, kv_dtype } => {
             let opts = CompileOptions {
                 model,
                 output,
@@ -128,6 +134,7 @@ fn run(cli: Cli) -> lladac::Result<()> {
                 block_len,
                 spec_blocks,
                 bf16_activations: activations == "bf16",
+                activation_scales: activation_scales.as_deref().and_then(llada_ir::window::ActivationScales::parse),
                 window_bytes,
                 kv_dtype: kv_dtype.as_deref().and_then(llada_ir::KvDType::parse),
                 progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),

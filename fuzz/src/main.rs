@@ -101,6 +101,7 @@ fn small_artifact(model: &std::path::Path, work: &std::path::Path) -> Result<Pat
         block_len: 32,
         spec_blocks: 1,
         bf16_activations: false,
+        activation_scales: None,
         window_bytes: None,
         kv_dtype: None,
         progress: false,

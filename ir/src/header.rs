@@ -132,6 +132,8 @@ pub struct Plan {
     /// MatMuls over bf16 weights round their activations to bf16 too (bf16 products, f32
     /// sums, as PyTorch's bf16 and NPUs compute) instead of multiplying in f32.
     pub bf16_activations: bool,
+    /// How the int8 matmuls (q8, q4) scale their activations.
+    pub activation_scales: crate::window::ActivationScales,
     /// Every byte the accelerator touches: KV cache, activations, scratch, weights.
     pub window: WindowPlan,
     /// Predicted seconds of one pass of each graph (by graph index) on `latency_target`,

@@ -102,6 +102,9 @@ fn tensors(h: &Header, data_len: u64) -> Result<()> {
         if t.offset % TENSOR_ALIGN != 0 {
             return Err(Error::invalid(format!("{}: offset {} is not {}-byte aligned", at(), t.offset, TENSOR_ALIGN)));
         }
+        if let Some(why) = t.shape.get(1).and_then(|&k| h.plan.activation_scales.unsupported(t.dtype, k as usize)) {
+            return Err(Error::invalid(format!("{} under plan.activation_scales {}: {why}", at(), h.plan.activation_scales.name())));
+        }
         match t.offset.checked_add(t.nbytes) {
             Some(end) if end <= data_len => spans.push((t.offset, end, i)),
             _ => {

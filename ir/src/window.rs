@@ -199,22 +199,71 @@ pub fn operand_of(format: DType, bf16_activations: bool) -> Operand {
     }
 }
 
+/// How int8 activations are scaled: one scale per row of a GEMM's input (its largest
+/// magnitude maps to 127), or one per block of [`ACTIVATION_BLOCK`] inputs of a row, as
+/// llama.cpp's Q8_0 quantises them: a few large channels (trained LLMs have them) then cost
+/// precision in their own blocks only.
+#[derive(Serialize, Deserialize, Clone, Copy, PartialEq, Eq, Debug, Default)]
+pub enum ActivationScales {
+    #[default]
+    PerRow,
+    PerBlock,
+}
+
+/// Inputs per activation scale with [`ActivationScales::PerBlock`].
+pub const ACTIVATION_BLOCK: usize = 32;
+
+impl ActivationScales {
+    pub fn name(self) -> &'static str {
+        match self {
+            ActivationScales::PerRow => "row",
+            ActivationScales::PerBlock => "block",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ActivationScales> {
+        match s {
+            "row" => Some(ActivationScales::PerRow),
+            "block" => Some(ActivationScales::PerBlock),
+            _ => None,
+        }
+    }
+
+    /// Why a weight format of `k` inputs per row cannot take these scales, if it cannot:
+    /// blocks need a `k` of whole blocks and, for q4, groups of whole blocks (each block's
+    /// sum then has one weight scale).
+    pub fn unsupported(self, format: DType, k: usize) -> Option<String> {
+        if self == ActivationScales::PerRow || operand_of(format, false) != Operand::Int8 {
+            return None;
+        }
+        match format {
+            DType::PanelQ4 { group } if group as usize % ACTIVATION_BLOCK != 0 => Some(format!("per-block activation scales need q4 groups of a multiple of {ACTIVATION_BLOCK} inputs, not {group}")),
+            _ if k % ACTIVATION_BLOCK != 0 => Some(format!("per-block activation scales need rows of whole {ACTIVATION_BLOCK}-input blocks; this matrix has {k} inputs")),
+            _ => None,
+        }
+    }
+}
+
 /// Layout of a prepared operand of `rows` rows of `k` inputs: elements per row (`stride`),
-/// rows after padding, q4 groups per row, and byte offsets of its parts inside the scratch
-/// region: the values, the per-row scales and the per-row, per-group sums (int8 only).
+/// rows after padding, sums per row (q4 groups, or activation blocks; int8 only), scales per
+/// row, and byte offsets of its parts inside the scratch region: the values, the scales and
+/// the sums.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct OperandLayout {
     pub operand: Operand,
     pub stride: usize,
     pub padded_rows: usize,
     pub groups: usize,
+    /// Activation scales per row: 1, or one per block.
+    pub scales_per_row: usize,
     pub scales_at: usize,
     pub sums_at: usize,
     pub bytes: usize,
 }
 
-pub fn operand_layout(format: DType, bf16_activations: bool, rows: usize, k: usize) -> OperandLayout {
+pub fn operand_layout(format: DType, bf16_activations: bool, scales: ActivationScales, rows: usize, k: usize) -> OperandLayout {
     let operand = operand_of(format, bf16_activations);
+    let blocks = scales == ActivationScales::PerBlock && operand == Operand::Int8;
     let padded_rows = rows.div_ceil(OPERAND_TILE_ROWS) * OPERAND_TILE_ROWS;
     let (stride, elem) = match operand {
         Operand::F32 => (k + OPERAND_ROW_PAD_BYTES / 4, 4),
@@ -222,18 +271,20 @@ pub fn operand_layout(format: DType, bf16_activations: bool, rows: usize, k: usi
         Operand::Int8 => (k.div_ceil(8) * 8 + OPERAND_ROW_PAD_BYTES, 1),
     };
     let groups = match format {
+        _ if blocks => k.div_ceil(ACTIVATION_BLOCK),
         DType::PanelQ4 { group } if group > 0 => k.div_ceil(group as usize),
         _ => 1,
     };
+    let scales_per_row = if blocks { groups } else { 1 };
     let a64 = |x: usize| x.div_ceil(64) * 64;
     let scales_at = a64(padded_rows * stride * elem);
     let (sums_at, bytes) = if operand == Operand::Int8 {
-        let sums_at = a64(scales_at + padded_rows * 4);
+        let sums_at = a64(scales_at + padded_rows * scales_per_row * 4);
         (sums_at, a64(sums_at + padded_rows * groups * 4))
     } else {
         (scales_at, scales_at)
     };
-    OperandLayout { operand, stride, padded_rows, groups, scales_at, sums_at, bytes }
+    OperandLayout { operand, stride, padded_rows, groups, scales_per_row, scales_at, sums_at, bytes }
 }
 
 /// Bytes a value occupies in the activation region at its graph's most rows.
@@ -250,4 +301,27 @@ pub fn value_bytes(g: &Graph, v: u32) -> u64 {
 /// none): what an accelerator binding one range per op must reach.
 pub fn op_values_span(g: &Graph, op: &Op) -> Option<(u64, u64)> {
     op.inputs().into_iter().chain(op.outputs()).map(|v| (g.values[v as usize].offset, g.values[v as usize].offset + value_bytes(g, v))).reduce(|(s, e), (a, b)| (s.min(a), e.max(b)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn per_block_scales_say_which_weights_cannot_take_them() {
+        let block = ActivationScales::PerBlock;
+        assert_eq!(block.unsupported(DType::PanelQ8, 64), None);
+        assert_eq!(block.unsupported(DType::PanelQ4 { group: 128 }, 256), None);
+        assert!(block.unsupported(DType::PanelQ4 { group: 24 }, 96).unwrap().contains("not 24"));
+        assert!(block.unsupported(DType::PanelQ8, 40).unwrap().contains("40 inputs"));
+        // Float weights have no int8 activations to scale; per row is always fine.
+        assert_eq!(block.unsupported(DType::PanelF32, 40), None);
+        assert_eq!(ActivationScales::PerRow.unsupported(DType::PanelQ4 { group: 24 }, 96), None);
+        // Per block: one scale and one sum per block of each row.
+        let l = operand_layout(DType::PanelQ4 { group: 128 }, false, block, 5, 256);
+        assert_eq!((l.groups, l.scales_per_row, l.padded_rows), (8, 8, 8));
+        assert!(l.sums_at >= l.scales_at + 8 * 8 * 4 && l.bytes >= l.sums_at + 8 * 8 * 4);
+        let r = operand_layout(DType::PanelQ4 { group: 128 }, false, ActivationScales::PerRow, 5, 256);
+        assert_eq!((r.groups, r.scales_per_row), (2, 1));
+    }
 }

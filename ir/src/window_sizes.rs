@@ -34,7 +34,7 @@ pub fn largest_gemm_operand(h: &Header) -> u64 {
         for op in &g.ops {
             let operand = |t: TensorId, rows: u32| {
                 let t = &h.tensors[t as usize];
-                operand_layout(t.dtype, h.plan.bf16_activations, rows as usize, t.shape[1] as usize).bytes as u64
+                operand_layout(t.dtype, h.plan.bf16_activations, h.plan.activation_scales, rows as usize, t.shape[1] as usize).bytes as u64
             };
             match *op {
                 Op::MatMul { x, weight, .. } => {

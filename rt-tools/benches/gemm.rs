@@ -44,7 +44,7 @@ fn main() {
             for _ in 0..n / PANEL {
                 pack_panel(format, &rows16, k, &mut bytes);
             }
-            let m = gemm::Matrix { format, n, k, bytes: &bytes, bf16_activations };
+            let m = gemm::Matrix { format, n, k, bytes: &bytes, bf16_activations, activation_scales: Default::default() };
             for &r in &rows {
                 let x: Vec<f32> = (0..r * k).map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6).collect();
                 let mut out = vec![0.0; r * n];

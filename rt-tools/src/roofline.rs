@@ -73,7 +73,7 @@ fn measure_gemm(threads: usize) -> GemmRates {
             for _ in 0..n / PANEL {
                 pack_panel(format, &rows16, k, &mut bytes);
             }
-            let m = Matrix { format, n, k, bytes: &bytes, bf16_activations: false };
+            let m = Matrix { format, n, k, bytes: &bytes, bf16_activations: false, activation_scales: Default::default() };
             for rows in [32usize, 64, 128] {
                 let x: Vec<f32> = (0..rows * k).map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6).collect();
                 let mut out = vec![0.0; rows * n];

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use half::{bf16, f16};
-use llada_ir::window::{operand_layout, operand_of, Operand, OperandLayout};
+use llada_ir::window::{operand_layout, operand_of, ActivationScales, Operand, OperandLayout};
 use llada_ir::{Artifact, DType, Graph, Header, TensorId};
 use memmap2::Mmap;
 
@@ -51,6 +51,8 @@ pub struct Matrix<'a> {
     /// bf16 weights only: round the activations to bf16 too (`vdpbf16ps`) rather than
     /// multiplying in f32.
     pub bf16_activations: bool,
+    /// Integer formats: one activation scale per row or per block (the plan's choice).
+    pub activation_scales: ActivationScales,
 }
 
 impl Matrix<'_> {
@@ -60,7 +62,7 @@ impl Matrix<'_> {
 
     /// Where the prepared operand of `rows` rows goes in the scratch.
     pub fn operand_layout(&self, rows: usize) -> OperandLayout {
-        operand_layout(self.format, self.bf16_activations, rows, self.k)
+        operand_layout(self.format, self.bf16_activations, self.activation_scales, rows, self.k)
     }
 }
 
@@ -145,7 +147,7 @@ impl Model {
     /// them (`bytes`: the tensor's whole stored bytes).
     pub fn matrix_at<'a>(&self, id: TensorId, bytes: &'a [u8]) -> Matrix<'a> {
         let t = &self.header.tensors[id as usize];
-        Matrix { format: t.dtype, n: t.shape[0] as usize, k: t.shape[1] as usize, bytes, bf16_activations: self.header.plan.bf16_activations }
+        Matrix { format: t.dtype, n: t.shape[0] as usize, k: t.shape[1] as usize, bytes, bf16_activations: self.header.plan.bf16_activations, activation_scales: self.header.plan.activation_scales }
     }
 
     /// File offset of the data section (segments' offsets are relative to it).

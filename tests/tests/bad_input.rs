@@ -184,6 +184,10 @@ fn policy_options_that_do_not_combine() {
     let o = run("lladac", &["compile", "--model", ckpt.to_str().unwrap(), "-o", out.to_str().unwrap(), "--quant", "q4", "--activations", "bf16"]);
     assert_clean_failure(&o, &["--activations bf16", "--quant bf16"]);
     assert!(!out.exists());
+    // Activation scales are for int8 activations (q8, q4) only.
+    let o = run("lladac", &["compile", "--model", ckpt.to_str().unwrap(), "-o", out.to_str().unwrap(), "--quant", "f16", "--activation-scales", "block"]);
+    assert_clean_failure(&o, &["--activation-scales block", "q8 and q4", "f16"]);
+    assert!(!out.exists());
     let o = run("lladac", &["compile", "--model", ckpt.to_str().unwrap(), "-o", out.to_str().unwrap(), "--max-seq", "64", "--block-len", "100"]);
     assert_clean_failure(&o, &["--block-len 100"]);
 }

@@ -20,6 +20,7 @@ use llada_rt::text::Text;
 use llada_rt::trace::Trace;
 use llada_rt::{generate, Generation, Model, SamplerParams, Session};
 use lladac::Quant;
+use llada_ir::window::ActivationScales;
 
 const NEEDS_VULKAN: &str = "needs a Vulkan driver (lavapipe): .ci/run installs it and runs these with --ignored";
 
@@ -58,6 +59,10 @@ fn embedded_f32(dir: &Path) -> std::path::PathBuf {
 }
 
 fn compile(out: &Path, quant: Option<Quant>, kv: Option<&str>, window_bytes: Option<u64>) {
+    compile_with(out, quant, kv, window_bytes, None)
+}
+
+fn compile_with(out: &Path, quant: Option<Quant>, kv: Option<&str>, window_bytes: Option<u64>, activation_scales: Option<ActivationScales>) {
     lladac::compile(&lladac::CompileOptions {
         model: embedded(),
         output: out.to_path_buf(),
@@ -68,6 +73,7 @@ fn compile(out: &Path, quant: Option<Quant>, kv: Option<&str>, window_bytes: Opt
         block_len: 32,
         spec_blocks: 2,
         bf16_activations: false,
+        activation_scales,
         window_bytes,
         kv_dtype: kv.map(|k| llada_ir::KvDType::parse(k).unwrap()),
         progress: false,
@@ -88,26 +94,31 @@ fn first_pass_logits_agree_with_the_host_in_every_format() {
     // 4.4e-4 between the host's portable and AVX-512 kernels): 1e-3, and with int8
     // activations, whose quantisation a changed value can flip, the golden files' int8
     // tolerance, 5e-2.
-    let cases: [(Option<Quant>, Option<&str>, f32); 8] = [
-        (None, None, 1e-4),
-        (Some(Quant::F16), None, 1e-4),
-        (Some(Quant::Bf16), None, 1e-4),
-        (None, Some("f16"), 1e-3),
-        (None, Some("bf16"), 1e-3),
-        (Some(Quant::Q8), None, 1e-4),
-        (Some(Quant::Q4 { group: 128 }), None, 1e-4),
-        (Some(Quant::Q4 { group: 32 }), Some("f16"), 5e-2),
+    let (row, block) = (Some(ActivationScales::PerRow), Some(ActivationScales::PerBlock));
+    let cases: [(Option<Quant>, Option<&str>, Option<ActivationScales>, f32); 11] = [
+        (None, None, None, 1e-4),
+        (Some(Quant::F16), None, None, 1e-4),
+        (Some(Quant::Bf16), None, None, 1e-4),
+        (None, Some("f16"), None, 1e-3),
+        (None, Some("bf16"), None, 1e-3),
+        (Some(Quant::Q8), None, row, 1e-4),
+        (Some(Quant::Q4 { group: 128 }), None, row, 1e-4),
+        (Some(Quant::Q4 { group: 32 }), Some("f16"), row, 5e-2),
+        // Per-block activation scales (the blocks' sums are exact too).
+        (Some(Quant::Q8), None, block, 1e-4),
+        (Some(Quant::Q4 { group: 128 }), None, block, 1e-4),
+        (Some(Quant::Q4 { group: 32 }), None, block, 1e-4),
     ];
     let mut failures = Vec::new();
-    for (i, (quant, kv, bound)) in cases.into_iter().enumerate() {
+    for (i, (quant, kv, scales, bound)) in cases.into_iter().enumerate() {
         let art = dir.path().join(format!("m{i}.lad"));
-        compile(&art, quant, kv, None);
+        compile_with(&art, quant, kv, None, scales);
         let model = Model::open(&art, true).unwrap();
         let (host, gpu) = (first_pass(&model, BackendKind::Host), first_pass(&model, BackendKind::Vulkan));
         let diff = max_abs_diff(&host, &gpu);
-        eprintln!("{quant:?} kv {kv:?}: max abs difference {diff:.2e}");
+        eprintln!("{quant:?} kv {kv:?} {scales:?}: max abs difference {diff:.2e}");
         if diff > bound {
-            failures.push(format!("{quant:?} kv {kv:?}: first-pass logits differ from the host's by {diff:.2e} (bound {bound:.0e})"));
+            failures.push(format!("{quant:?} kv {kv:?} {scales:?}: first-pass logits differ from the host's by {diff:.2e} (bound {bound:.0e})"));
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

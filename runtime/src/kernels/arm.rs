@@ -19,7 +19,7 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use super::tile::{Path, Prefetch, TileOut, TILE_ROWS};
+use super::tile::{BlockScales, Path, Prefetch, TileOut, TILE_ROWS};
 
 /// Dot products of `MR` rows of `x` with `NR` rows of `w`, all of length `k`: 4-lane
 /// accumulators, reduced pairwise.
@@ -585,6 +585,57 @@ pub unsafe fn tile_q8<const NR: usize>(
     }
 }
 
+/// q8 panels with per-block activation scales: the activations are signed quants (no flip),
+/// each block of 8 quads summed on its own and multiplied by the row's scale of that block;
+/// the total times `scale_w` is accumulated into `out` (`bsums` is unused: the sums are
+/// exact signed ones). Contract as `x86::tile_q8_blocks`.
+///
+/// # Safety
+/// As `x86::tile_q8_blocks`; `path` is allowed on this CPU (`Path::of`).
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn tile_q8_blocks<const NR: usize>(
+    path: Path,
+    x: *const u8,
+    stride: usize,
+    w: [*const u8; NR],
+    blocks: usize,
+    _bsums: *const i32,
+    _bstride: usize,
+    ws: [*const f32; NR],
+    xs: BlockScales,
+    out: &TileOut,
+    pf: Prefetch<NR>,
+) {
+    for (j, &wj) in w.iter().enumerate() {
+        let panel = IntPanel { x, stride, w: wj, nibbles: false, flip: 0 };
+        let pfj = six(first_only(pf, j));
+        // SAFETY: NEON is in the base instruction set.
+        let mut res = [[unsafe { vdupq_n_f32(0.0) }; 4]; TILE_ROWS];
+        for b in 0..blocks {
+            let mut acc = zero_sums();
+            let spread = Prefetch { ptr: pfj.ptr, lines: (b + 1) * pfj.lines / blocks - b * pfj.lines / blocks };
+            // SAFETY: the block's quads are inside the caller's ranges; its scales too; NEON
+            // is in the base set. Multiply then add, unfused, in the portable path's order.
+            unsafe {
+                panel.sums(path, 8 * b, 8 * b + 8, spread, &mut acc);
+                for (i, row) in res.iter_mut().enumerate() {
+                    let s = xs.at(i, b);
+                    for m in 0..4 {
+                        row[m] = vaddq_f32(row[m], vmulq_n_f32(vcvtq_f32_s32(acc[i][m]), s));
+                    }
+                }
+            }
+        }
+        // SAFETY: the panel's 16 scales (caller's contract); NEON is in the base set.
+        let res = unsafe {
+            let scale: [float32x4_t; 4] = std::array::from_fn(|m| vld1q_f32(ws[j].add(4 * m)));
+            std::array::from_fn(|i| std::array::from_fn(|m| vmulq_f32(res[i][m], scale[m])))
+        };
+        // SAFETY: the caller's contract.
+        unsafe { out.put_panel(j, NR, &res) };
+    }
+}
+
 /// q4 panels over `groups` groups of `group` inputs: per group, `(acc - 8 * sum of the
 /// group's activation quants) * scale_w[group]`, then times the row's activation scale,
 /// accumulated into `out`. Contract as `x86::tile_q4`.
@@ -600,9 +651,11 @@ pub unsafe fn tile_q4<const NR: usize>(
     group: usize,
     groups: usize,
     scales: [*const u8; NR],
+    scale_group: usize,
     gsums: *const i32,
     gstride: usize,
     xs: &[f32; TILE_ROWS],
+    act_blocks: Option<BlockScales>,
     out: &TileOut,
     pf: Prefetch<NR>,
 ) {
@@ -621,17 +674,26 @@ pub unsafe fn tile_q4<const NR: usize>(
             // (caller's contract); NEON is in the base set. Multiply then add, unfused, in
             // the portable path's order.
             unsafe {
-                let sw = widen_f16([vld1q_u16(scales[j].add(32 * g) as *const u16), vld1q_u16(scales[j].add(32 * g + 16) as *const u16)]);
+                let at = 32 * (g * group / scale_group);
+                let sw = widen_f16([vld1q_u16(scales[j].add(at) as *const u16), vld1q_u16(scales[j].add(at + 16) as *const u16)]);
                 for (i, row) in res.iter_mut().enumerate() {
                     let corr = vdupq_n_s32(*gsums.add(i * gstride + g));
+                    // Per block: the group's scales times the row's scale of this block.
+                    let swi = match act_blocks {
+                        Some(b) => sw.map(|v| vmulq_n_f32(v, b.at(i, g))),
+                        None => sw,
+                    };
                     for m in 0..4 {
-                        row[m] = vaddq_f32(row[m], vmulq_f32(vcvtq_f32_s32(vsubq_s32(acc[i][m], corr)), sw[m]));
+                        row[m] = vaddq_f32(row[m], vmulq_f32(vcvtq_f32_s32(vsubq_s32(acc[i][m], corr)), swi[m]));
                     }
                 }
             }
         }
         // SAFETY: NEON is in the base set.
-        let res: [[float32x4_t; 4]; TILE_ROWS] = std::array::from_fn(|i| res[i].map(|v| unsafe { vmulq_n_f32(v, xs[i]) }));
+        let res: [[float32x4_t; 4]; TILE_ROWS] = match act_blocks {
+            Some(_) => res,
+            None => std::array::from_fn(|i| res[i].map(|v| unsafe { vmulq_n_f32(v, xs[i]) })),
+        };
         // SAFETY: the caller's contract.
         unsafe { out.put_panel(j, NR, &res) };
     }

@@ -275,7 +275,7 @@ mod tests {
         assert_eq!(fast, twin);
         for format in [DType::PanelF32, DType::PanelF16, DType::PanelBf16, DType::PanelQ8, DType::PanelQ4 { group: 32 }] {
             for bf16_activations in [false, true] {
-                let m = crate::model::Matrix { format, n: 16, k: 64, bytes: &[], bf16_activations };
+                let m = crate::model::Matrix { format, n: 16, k: 64, bytes: &[], bf16_activations, activation_scales: Default::default() };
                 assert_eq!(tile::Path::of(&m, portable), tile::Path::Portable, "{}", format.name());
                 assert_eq!(tile::Path::of(&m, all), tile::Path::of(&m, cpu::features()), "{}", format.name());
             }

@@ -87,6 +87,27 @@ impl TileOut {
     }
 }
 
+/// Per-block activation scales of a tile's rows (`ActivationScales::PerBlock`): row `i`'s
+/// scale of block `b` (counted from the chunk's first) at `ptr[i * stride + b]`.
+#[derive(Clone, Copy)]
+pub struct BlockScales {
+    pub ptr: *const f32,
+    pub stride: usize,
+}
+
+impl BlockScales {
+    /// Row `i`'s scale of block `b`.
+    ///
+    /// # Safety
+    /// The prepared operand holds that scale (the GEMM driver points `ptr` at the tile's
+    /// first row and the chunk's first block, rows padded to whole tiles).
+    #[inline(always)]
+    pub unsafe fn at(&self, i: usize, b: usize) -> f32 {
+        // SAFETY: the caller's contract.
+        unsafe { *self.ptr.add(i * self.stride + b) }
+    }
+}
+
 /// Weight lines to pull into L2 while a tile computes: `lines` consecutive 64-byte lines
 /// from each pointer, issued evenly over the tile's loop. The GEMM driver points them at the
 /// next chunk, so a chunk's weights arrive from memory while the previous chunk computes

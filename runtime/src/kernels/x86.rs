@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-pub use super::tile::{Prefetch, TileOut, TILE_ROWS};
+pub use super::tile::{BlockScales, Prefetch, TileOut, TILE_ROWS};
 
 /// AVX-512: 16 lanes, up to 4x4 independent accumulators.
 ///
@@ -284,14 +284,17 @@ pub unsafe fn tile_q8<const NR: usize>(
 
 /// q4 panels with `vpdpbusd` (weights the unsigned operand) over `groups` groups of `group`
 /// inputs: per group, `(acc - 8 * sum of the group's activation quants) * scale_w[group]`,
-/// then times the row's activation scale, accumulated into `out`. `scales[j]` points at
+/// then times the row's activation scale, accumulated into `out`. The weights' scales cover
+/// `scale_group` inputs each (a multiple of `group`). With `act_blocks` (per-block activation
+/// scales: `group` is one block), each group's term is multiplied by the row's scale of that
+/// block instead. `scales[j]` points at
 /// panel `j`'s f16 scales of the chunk's first group; `gsums` at row 0's sums of the chunk's
 /// first group (row stride `gstride`).
 ///
 /// # Safety
 /// AVX-512 VNNI and BW. `x` holds 4 rows of `stride` bytes with `groups * group` from its
 /// start (int8 quants); each panel pointer addresses `groups * group / 8` blocks of 64 bytes;
-/// `scales` 16 halves per group per panel; `gsums` `groups` values per row; `out` as in
+/// `scales` 16 halves per `scale_group` inputs per panel; `gsums` `groups` values per row; `out` as in
 /// [`TileOut::put`].
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
@@ -302,9 +305,11 @@ pub unsafe fn tile_q4<const NR: usize>(
     group: usize,
     groups: usize,
     scales: [*const u8; NR],
+    scale_group: usize,
     gsums: *const i32,
     gstride: usize,
     xs: &[f32; TILE_ROWS],
+    act_blocks: Option<BlockScales>,
     out: &TileOut,
     pf: Prefetch<NR>,
 ) {
@@ -329,20 +334,83 @@ pub unsafe fn tile_q4<const NR: usize>(
                 }
             }
         }
+        // SAFETY: row i's scale of block g (caller's contract).
+        let xb: [__m512; TILE_ROWS] = std::array::from_fn(|i| _mm512_set1_ps(act_blocks.map_or(1.0, |b| unsafe { b.at(i, g) })));
         for j in 0..NR {
             // SAFETY: the group's 16 scales of panel j (caller's contract).
-            let sw = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(scales[j].add(32 * g) as *const __m256i)) };
+            let sw = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(scales[j].add(32 * (g * group / scale_group)) as *const __m256i)) };
             for i in 0..TILE_ROWS {
                 // SAFETY: row i's sum of group g (caller's contract).
                 let corr = unsafe { _mm512_set1_epi32(*gsums.add(i * gstride + g)) };
+                let sw = if act_blocks.is_some() { _mm512_mul_ps(sw, xb[i]) } else { sw };
                 res[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], corr)), sw, res[i][j]);
             }
         }
     }
     for (i, row) in res.iter().enumerate() {
         for (j, &r) in row.iter().enumerate() {
+            let r = if act_blocks.is_some() { r } else { _mm512_mul_ps(r, _mm512_set1_ps(xs[i])) };
             // SAFETY: see the function's contract.
-            unsafe { out.put(i, j, NR, _mm512_mul_ps(r, _mm512_set1_ps(xs[i]))) };
+            unsafe { out.put(i, j, NR, r) };
+        }
+    }
+}
+
+/// q8 panels with per-block activation scales: `blocks` blocks of 32 inputs (8 quads). The
+/// activations are signed quants and the weights, XOR-ed with 0x80, the unsigned operand
+/// (`w + 128`), so each block's sum carries `128 * sum of its activation quants`, which
+/// `bsums` holds (row stride `bstride`, from the chunk's first block). Per block, `(acc -
+/// bsum) * scale_x[block]` is summed; the total times `scale_w` is accumulated into `out`.
+///
+/// # Safety
+/// AVX-512 VNNI. `x` holds 4 rows of `stride` bytes with `32 * blocks` from its start; each
+/// panel pointer addresses `8 * blocks` steps of 64 bytes; `ws` 16 values per panel; `bsums`
+/// and `xs` `blocks` values per row; `out` as in [`TileOut::put`].
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512vnni")]
+pub unsafe fn tile_q8_blocks<const NR: usize>(
+    x: *const u8,
+    stride: usize,
+    w: [*const u8; NR],
+    blocks: usize,
+    bsums: *const i32,
+    bstride: usize,
+    ws: [*const f32; NR],
+    xs: BlockScales,
+    out: &TileOut,
+    pf: Prefetch<NR>,
+) {
+    let flip = _mm512_set1_epi8(-128);
+    let mut res = [[_mm512_setzero_ps(); NR]; TILE_ROWS];
+    for b in 0..blocks {
+        let mut acc = [[_mm512_setzero_si512(); NR]; TILE_ROWS];
+        for q in 8 * b..8 * b + 8 {
+            pf.at(q, 8 * blocks);
+            // SAFETY: inside the ranges the caller vouches for.
+            unsafe {
+                let wv: [__m512i; NR] = std::array::from_fn(|j| _mm512_xor_si512(_mm512_loadu_si512(w[j].add(64 * q) as *const __m512i), flip));
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let xv = _mm512_set1_epi32(std::ptr::read_unaligned(x.add(i * stride + 4 * q) as *const i32));
+                    for (a, &wj) in row.iter_mut().zip(&wv) {
+                        *a = _mm512_dpbusd_epi32(*a, wj, xv);
+                    }
+                }
+            }
+        }
+        for (i, (r, a)) in res.iter_mut().zip(&acc).enumerate() {
+            // SAFETY: row i's sum and scale of block b (caller's contract).
+            let (corr, s) = unsafe { (_mm512_set1_epi32(*bsums.add(i * bstride + b)), _mm512_set1_ps(xs.at(i, b))) };
+            for (rj, &aj) in r.iter_mut().zip(a) {
+                *rj = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(aj, corr)), s, *rj);
+            }
+        }
+    }
+    for j in 0..NR {
+        // SAFETY: 16 scales per panel (caller's contract).
+        let scale = unsafe { _mm512_loadu_ps(ws[j]) };
+        for (i, row) in res.iter().enumerate() {
+            // SAFETY: see the function's contract.
+            unsafe { out.put(i, j, NR, _mm512_mul_ps(row[j], scale)) };
         }
     }
 }

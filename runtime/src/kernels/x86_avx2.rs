@@ -17,7 +17,7 @@
 
 use std::arch::x86_64::*;
 
-use super::tile::{Prefetch, TileOut, TILE_ROWS};
+use super::tile::{BlockScales, Prefetch, TileOut, TILE_ROWS};
 
 impl TileOut {
     /// Writes or accumulates 8 columns: row `i`, half-panel `h` (columns `8 * h ..` of the
@@ -376,6 +376,67 @@ pub unsafe fn tile_q8<const NR: usize>(
     }
 }
 
+/// q8 panels with per-block activation scales, as [`super::x86::tile_q8_blocks`]: the
+/// activations are signed quants here, and the products are exact signed sums as in
+/// [`tile_q8`], so no block sum is needed (`bsums` is unused). Per block of 8 quads, `acc *
+/// scale_x[block]` is summed; the total times `scale_w` is accumulated into `out`.
+///
+/// # Safety
+/// As [`super::x86::tile_q8_blocks`] (AVX2, FMA, F16C instead of AVX-512 VNNI).
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn tile_q8_blocks<const NR: usize>(
+    x: *const u8,
+    stride: usize,
+    w: [*const u8; NR],
+    blocks: usize,
+    _bsums: *const i32,
+    _bstride: usize,
+    ws: [*const f32; NR],
+    xs: BlockScales,
+    out: &TileOut,
+    pf: Prefetch<NR>,
+) {
+    let ones = _mm256_set1_epi16(1);
+    let mut pf = Spread::new(pf, NR * blocks);
+    for (j, &wj) in w.iter().enumerate() {
+        let mut res = [[_mm256_setzero_ps(); 2]; TILE_ROWS];
+        for b in 0..blocks {
+            pf.step();
+            let mut acc = [[_mm256_setzero_si256(); 2]; TILE_ROWS];
+            for q in 8 * b..8 * b + 8 {
+                // SAFETY: inside the ranges the caller vouches for.
+                unsafe {
+                    let wv = [_mm256_loadu_si256(wj.add(64 * q) as *const __m256i), _mm256_loadu_si256(wj.add(64 * q + 32) as *const __m256i)];
+                    let wabs = wv.map(|v| _mm256_abs_epi8(v));
+                    for (i, row) in acc.iter_mut().enumerate() {
+                        let xv = _mm256_set1_epi32(std::ptr::read_unaligned(x.add(i * stride + 4 * q) as *const i32));
+                        for h in 0..2 {
+                            let pairs = _mm256_maddubs_epi16(wabs[h], _mm256_sign_epi8(xv, wv[h]));
+                            row[h] = _mm256_add_epi32(row[h], _mm256_madd_epi16(pairs, ones));
+                        }
+                    }
+                }
+            }
+            for (i, (r, a)) in res.iter_mut().zip(&acc).enumerate() {
+                // SAFETY: row i's scale of block b (caller's contract).
+                let s = _mm256_set1_ps(unsafe { xs.at(i, b) });
+                for h in 0..2 {
+                    r[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[h]), s, r[h]);
+                }
+            }
+        }
+        for h in 0..2 {
+            // SAFETY: 16 scales per panel (caller's contract).
+            let scale = unsafe { _mm256_loadu_ps(ws[j].add(8 * h)) };
+            for (i, row) in res.iter().enumerate() {
+                // SAFETY: see the function's contract.
+                unsafe { out.put8(i, 2 * j + h, NR, _mm256_mul_ps(row[h], scale)) };
+            }
+        }
+    }
+}
+
 /// q4 panels over `groups` groups of `group` inputs, weights the unsigned operand: per
 /// group, `(acc - 8 * sum of the group's activation quants) * scale_w[group]`, then times
 /// the row's activation scale, accumulated into `out`.
@@ -395,9 +456,11 @@ pub unsafe fn tile_q4<const NR: usize>(
     group: usize,
     groups: usize,
     scales: [*const u8; NR],
+    scale_group: usize,
     gsums: *const i32,
     gstride: usize,
     xs: &[f32; TILE_ROWS],
+    act_blocks: Option<BlockScales>,
     out: &TileOut,
     pf: Prefetch<NR>,
 ) {
@@ -437,18 +500,23 @@ pub unsafe fn tile_q4<const NR: usize>(
             }
             for h in 0..2 {
                 // SAFETY: the group's 16 scales of panel j, this half's 8 (caller's contract).
-                let sw = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(scales[j].add(32 * g + 16 * h) as *const __m128i)) };
+                let sw = unsafe { _mm256_cvtph_ps(_mm_loadu_si128(scales[j].add(32 * (g * group / scale_group) + 16 * h) as *const __m128i)) };
                 for (i, (r, a)) in res.iter_mut().zip(&acc).enumerate() {
-                    // SAFETY: row i's sum of group g (caller's contract).
+                    // SAFETY: row i's sum (and, per block, scale) of group g (caller's contract).
                     let corr = unsafe { _mm256_set1_epi32(*gsums.add(i * gstride + g)) };
+                    let sw = match act_blocks {
+                        Some(b) => _mm256_mul_ps(sw, _mm256_set1_ps(unsafe { b.at(i, g) })),
+                        None => sw,
+                    };
                     r[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(a[h], corr)), sw, r[h]);
                 }
             }
         }
         for (i, row) in res.iter().enumerate() {
             for (h, &r) in row.iter().enumerate() {
+                let r = if act_blocks.is_some() { r } else { _mm256_mul_ps(r, _mm256_set1_ps(xs[i])) };
                 // SAFETY: see the function's contract.
-                unsafe { out.put8(i, 2 * j + h, NR, _mm256_mul_ps(r, _mm256_set1_ps(xs[i]))) };
+                unsafe { out.put8(i, 2 * j + h, NR, r) };
             }
         }
     }

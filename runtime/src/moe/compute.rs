@@ -27,6 +27,7 @@ pub struct ExpertShape {
     pub hidden: usize,
     pub format: DType,
     pub bf16_activations: bool,
+    pub activation_scales: llada_ir::window::ActivationScales,
 }
 
 impl ExpertShape {
@@ -36,11 +37,11 @@ impl ExpertShape {
     }
 
     pub fn gate_up<'a>(&self, bytes: &'a [u8]) -> Matrix<'a> {
-        Matrix { format: self.format, n: 2 * self.hidden, k: self.d, bytes, bf16_activations: self.bf16_activations }
+        Matrix { format: self.format, n: 2 * self.hidden, k: self.d, bytes, bf16_activations: self.bf16_activations, activation_scales: self.activation_scales }
     }
 
     pub fn down<'a>(&self, bytes: &'a [u8]) -> Matrix<'a> {
-        Matrix { format: self.format, n: self.d, k: self.hidden, bytes, bf16_activations: self.bf16_activations }
+        Matrix { format: self.format, n: self.d, k: self.hidden, bytes, bf16_activations: self.bf16_activations, activation_scales: self.activation_scales }
     }
 }
 

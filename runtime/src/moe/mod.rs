@@ -183,7 +183,7 @@ fn expert_layout(h: &Header) -> Option<Layout> {
     let first0 = firsts.iter().flatten().next().copied()?;
     let firsts: Vec<TensorId> = firsts.into_iter().map(|f| f.unwrap_or(first0)).collect();
     let t = &h.tensors[first0 as usize];
-    let shape = ExpertShape { d: h.model.d_model as usize, hidden: h.model.mlp_hidden as usize, format: t.dtype, bf16_activations: h.plan.bf16_activations };
+    let shape = ExpertShape { d: h.model.d_model as usize, hidden: h.model.mlp_hidden as usize, format: t.dtype, bf16_activations: h.plan.bf16_activations, activation_scales: h.plan.activation_scales };
     let mut homes = Vec::with_capacity(layers * moe.experts as usize);
     for (l, &first) in firsts.iter().enumerate() {
         for e in 0..moe.experts {
@@ -763,7 +763,7 @@ fn matrix_len(shape: ExpertShape, gate_up: bool) -> usize {
 pub fn run_local(model: &Model, op: MoeOperands, experts: usize, top_k: usize, scratch: &mut OpScratch, pool: &rayon::ThreadPool, features: Features) -> Result<()> {
     let h = &model.header;
     let t = &h.tensors[op.first as usize];
-    let shape = ExpertShape { d: h.model.d_model as usize, hidden: h.model.mlp_hidden as usize, format: t.dtype, bf16_activations: h.plan.bf16_activations };
+    let shape = ExpertShape { d: h.model.d_model as usize, hidden: h.model.mlp_hidden as usize, format: t.dtype, bf16_activations: h.plan.bf16_activations, activation_scales: h.plan.activation_scales };
     let routing = &mut scratch.routing;
     routing.from_route(op.route, op.rows, top_k, experts)?;
     let d = shape.d;

@@ -39,6 +39,11 @@ pub fn compile(model: &Path, out: &Path, max_seq: Option<u32>) -> lladac::Compil
 /// Compiles `model` for the host with `quant` (the checkpoint's type when `None`), `max_seq`
 /// positions and a window of `window_bytes` (the target's when `None`); one speculative block.
 pub fn compile_quant(model: &Path, out: &Path, quant: Option<lladac::Quant>, max_seq: u32, window_bytes: Option<u64>) {
+    compile_scaled(model, out, quant, max_seq, window_bytes, None)
+}
+
+/// [`compile_quant`] with the int8 activations' scales (`None`: the compiler's default).
+pub fn compile_scaled(model: &Path, out: &Path, quant: Option<lladac::Quant>, max_seq: u32, window_bytes: Option<u64>, activation_scales: Option<llada_ir::window::ActivationScales>) {
     lladac::compile(&lladac::CompileOptions {
         model: model.to_path_buf(),
         output: out.to_path_buf(),
@@ -49,6 +54,7 @@ pub fn compile_quant(model: &Path, out: &Path, quant: Option<lladac::Quant>, max
         block_len: 32,
         spec_blocks: 1,
         bf16_activations: false,
+        activation_scales,
         window_bytes,
         kv_dtype: None,
         progress: false,
@@ -78,6 +84,7 @@ pub fn compile_in_window(model: &Path, out: &Path, max_seq: Option<u32>, window_
         block_len: 32,
         spec_blocks: 2,
         bf16_activations: false,
+        activation_scales: None,
         window_bytes,
         kv_dtype: None,
         progress: false,

@@ -353,16 +353,16 @@ impl<'a> Recorder<'a> {
             DType::PanelQ4 { group } => group,
             _ => 0,
         };
-        let (mut q_off, mut q_stride, mut scale_off, mut operand) = (0, 0, 0, None);
+        let (mut q_off, mut q_stride, mut scale_off, mut operand, mut blocks) = (0, 0, 0, None, 1);
         if fmt >= 4 {
-            let l = operand_layout(format, h.plan.bf16_activations, rows as usize, k as usize);
+            let l = operand_layout(format, h.plan.bf16_activations, h.plan.activation_scales, rows as usize, k as usize);
             let s = &h.plan.window.scratch.gemm_operand;
             if l.bytes as u64 > s.bytes {
                 return Err(Error::Request(format!("vulkan: {}'s quantised operand needs {} bytes; the plan's GEMM scratch has {}", t.name, l.bytes, s.bytes)));
             }
             let (b, base) = self.window_words(s.offset, l.bytes as u64, &|| format!("the quantised activations for {}", t.name))?;
-            (q_off, q_stride, scale_off, operand) = (base, (l.stride / 4) as u32, base + (l.scales_at / 4) as u32, Some(b));
-            self.dispatch(cmd, self.pipelines.quantize, None, operand, &[x_off, k as u32, rows, fh, q_off, q_stride, scale_off], [rows, 1, 1])?;
+            (q_off, q_stride, scale_off, operand, blocks) = (base, (l.stride / 4) as u32, base + (l.scales_at / 4) as u32, Some(b), l.scales_per_row as u32);
+            self.dispatch(cmd, self.pipelines.quantize, None, operand, &[x_off, k as u32, rows, fh, q_off, q_stride, scale_off, blocks], [rows, 1, 1])?;
         }
         // The host kernels' K chunks, so both backends add the same partial sums.
         let chunk = crate::kernels::gemm::chunk_k(format, k as usize) as u32;
@@ -375,7 +375,7 @@ impl<'a> Recorder<'a> {
         while p0 < total {
             let p1 = (p0 + per).min(total);
             let (w, w_off) = self.window_words(base + p0 * pb, (p1 - p0) * pb, &|| format!("the bytes of one panel of {}", t.name))?;
-            let push = [x_off, out_off, k as u32, n as u32, rows, fh, w_off, (pb / 4) as u32, (p0 * 16) as u32, group, q_off, q_stride, scale_off, chunk];
+            let push = [x_off, out_off, k as u32, n as u32, rows, fh, w_off, (pb / 4) as u32, (p0 * 16) as u32, group, q_off, q_stride, scale_off, chunk, blocks];
             // 32 invocations per workgroup, four columns each.
             self.dispatch(cmd, self.pipelines.matmul[fmt as usize], Some(w), operand, &push, [((p1 - p0) * 16).div_ceil(128) as u32, rows.div_ceil(4), 1])?;
             p0 = p1;

@@ -20,6 +20,8 @@ spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [
 // scaled as the portable and NEON kernels scale it, (sum * w) * x, where the x86 SIMD ones
 // take sum * (w * x)) added to the output in chunk order. On a driver whose division and
 // square root round correctly (lavapipe) that is the host's portable kernels' bits.
+// With `blocks` > 1 (per-block activation scales) each 32-input block's integer sum is scaled
+// by its row's scale of that block (q8: then by the column's; q4: times the group's).
 layout(local_size_x = 32) in;
 layout(constant_id = 0) const uint FORMAT = 0u;
 #include "common.glsl"
@@ -34,7 +36,7 @@ layout(std430, set = 0, binding = 2) readonly buffer WordPairsB { uvec2 wb2[]; }
 layout(push_constant) uniform Params {
     uint x_off; uint out_off; uint k; uint n; uint rows; uint from_heads;
     uint w_off; uint panel_words; uint col0; uint group;
-    uint q_off; uint q_stride; uint scale_off; uint chunk;
+    uint q_off; uint q_stride; uint scale_off; uint chunk; uint blocks;
 } pc;
 
 ivec4 s8x4(uint word) { return ivec4(bitfieldExtract(int(word), 0, 8), bitfieldExtract(int(word), 8, 8), bitfieldExtract(int(word), 16, 8), bitfieldExtract(int(word), 24, 8)); }
@@ -115,7 +117,43 @@ void main() {
     } else {
         uint qa = pc.q_off + ra * pc.q_stride, qb = pc.q_off + rb * pc.q_stride, qc = pc.q_off + rc * pc.q_stride, qd = pc.q_off + rd * pc.q_stride;
         vec4 xs = vec4(uintBitsToFloat(wb[pc.scale_off + ra]), uintBitsToFloat(wb[pc.scale_off + rb]), uintBitsToFloat(wb[pc.scale_off + rc]), uintBitsToFloat(wb[pc.scale_off + rd]));
-        if (FORMAT == 4u) {
+        if (pc.blocks > 1u) {
+            // Scales of block b of the four rows.
+            uint sa = pc.scale_off + ra * pc.blocks, sb = pc.scale_off + rb * pc.blocks, sc = pc.scale_off + rc * pc.blocks, sd = pc.scale_off + rd * pc.blocks;
+            uint words = pc.k / 4u;
+            vec4 ws = FORMAT == 4u ? uintBitsToFloat(wa4[(base + 16u * words) / 4u + quad]) : vec4(1.0);
+            for (uint b = 0u; b < pc.blocks; b++) {
+                ivec4 s0 = ivec4(0), s1 = ivec4(0), s2 = ivec4(0), s3 = ivec4(0);
+                if (FORMAT == 4u) {
+                    // Signed quants against signed weights: exact block sums.
+                    for (uint q = 8u * b; q < 8u * b + 8u; q++) {
+                        uvec4 w = wa4[(base + 16u * q) / 4u + quad];
+                        s0 += dot4(w, wb[qa + q]);
+                        s1 += dot4(w, wb[qb + q]);
+                        s2 += dot4(w, wb[qc + q]);
+                        s3 += dot4(w, wb[qd + q]);
+                    }
+                } else {
+                    for (uint e = 4u * b; e < 4u * b + 4u; e++) {
+                        uvec4 w = wa4[(base + 16u * e) / 4u + quad];
+                        s0 += dot_q4x4(w, wb2[(qa + 2u * e) / 2u]);
+                        s1 += dot_q4x4(w, wb2[(qb + 2u * e) / 2u]);
+                        s2 += dot_q4x4(w, wb2[(qc + 2u * e) / 2u]);
+                        s3 += dot_q4x4(w, wb2[(qd + 2u * e) / 2u]);
+                    }
+                }
+                // q4: the block's group scale (a group is whole blocks).
+                vec4 d = FORMAT == 4u ? vec4(1.0) : halves(wa2[(base + 2u * pc.k + 8u * (32u * b / pc.group)) / 2u + quad]);
+                a0 += vec4(s0) * (d * uintBitsToFloat(wb[sa + b]));
+                a1 += vec4(s1) * (d * uintBitsToFloat(wb[sb + b]));
+                a2 += vec4(s2) * (d * uintBitsToFloat(wb[sc + b]));
+                a3 += vec4(s3) * (d * uintBitsToFloat(wb[sd + b]));
+            }
+            a0 *= ws;
+            a1 *= ws;
+            a2 *= ws;
+            a3 *= ws;
+        } else if (FORMAT == 4u) {
             uint words = (pc.k + 3u) / 4u;
             vec4 ws = uintBitsToFloat(wa4[(base + 16u * words) / 4u + quad]);
             // The host adds 128 to every quant (an unsigned operand) and takes it out on the
