@@ -4,6 +4,7 @@
 
 pub mod attention;
 pub mod cpu;
+pub mod expf;
 pub mod gemm;
 mod tile;
 mod x86;

@@ -230,6 +230,8 @@ impl PolicyStep for Mbsd {
         if commits == 0 {
             return Ok(());
         }
+        // The pool, held apart from the session the logits borrow (an Arc, no allocation).
+        let pool = session.pool_handle();
         let logits = if full {
             // Without bucket filling, the block's last pass drafts (with fresher context).
             let draft_end = if self.fill_buckets { draft_end } else { block_end };
@@ -240,13 +242,15 @@ impl PolicyStep for Mbsd {
             row_set(session, &c.x, &self.kv_fresh, mask, self.shift, (block_start, block_end, draft_end), extra, self.pads, &mut self.pass, &mut self.report)?
         };
         let (pass, report) = (&mut self.pass, &mut self.report);
-        c.predictor.load(logits);
         for &q in &pass.stored {
             self.kv_fresh[q as usize] = true;
         }
         let predictions = match self.dream_timesteps {
-            Some(_) => c.predictor.run_dream(session.pool(), &pass.head_positions, &c.p, DREAM_SAMPLE, noise_step),
-            None => c.predictor.run(session.pool(), &pass.head_positions, &c.p, &c.special, GUMBEL, noise_step),
+            Some(_) => {
+                c.predictor.load(logits);
+                c.predictor.run_dream(&pool, &pass.head_positions, &c.p, DREAM_SAMPLE, noise_step)
+            }
+            None => c.predictor.run_on(&pool, logits, &pass.head_positions, &c.p, &c.special, GUMBEL, noise_step),
         };
         c.candidates.clear();
         let first = c.reveals.len();

@@ -66,18 +66,13 @@ pub fn commits_per_step(masked: usize, steps: usize, schedule: &mut Vec<usize>) 
 /// sum)`. Matching its rounding matters: many confidences round to exactly 1.0 and tie.
 pub fn softmax_at(logits: &[f32], index: usize) -> f32 {
     let max = logits.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
-    let mut lanes = [0f32; 16];
-    let mut chunks = logits.chunks_exact(16);
-    for c in &mut chunks {
-        for (l, &v) in lanes.iter_mut().zip(c) {
-            *l += (v - max).exp();
-        }
-    }
-    for (l, &v) in lanes.iter_mut().zip(chunks.remainder()) {
-        *l += (v - max).exp();
-    }
-    let b: [f32; 8] = std::array::from_fn(|i| lanes[i] + lanes[i + 8]);
-    let sum = ((b[0] + b[4]) + (b[2] + b[6])) + ((b[1] + b[5]) + (b[3] + b[7]));
+    softmax_at_max(logits, index, max)
+}
+
+/// [`softmax_at`] with the row's maximum known (a greedy prediction's logit).
+fn softmax_at_max(logits: &[f32], index: usize, max: f32) -> f32 {
+    // The C library's expf bits, vectorised (`kernels::expf`).
+    let sum = crate::kernels::expf::exp_sum(crate::kernels::cpu::features(), logits, max);
     (logits[index] - max).exp() * (1.0 / sum)
 }
 
@@ -236,6 +231,28 @@ impl Predictor {
         &mut self.rows[..n]
     }
 
+    /// [`run`](Self::run) on `logits` where they lie (the session's output): rows are copied
+    /// only when the settings mask logits (`logits_eos_inf`, `confidence_eos_eot_inf`), as
+    /// copying every row costs about what predicting it does.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run_on(&mut self, pool: &rayon::ThreadPool, logits: &[f32], positions: &[u32], p: &SamplerParams, special: &llada_ir::SpecialTokens, purpose: u64, step: usize) -> &[(u32, f32)] {
+        if p.logits_eos_inf || p.confidence_eos_eot_inf {
+            self.load(logits);
+            return self.run(pool, positions, p, special, purpose, step);
+        }
+        let vocab = self.vocab;
+        self.out.clear();
+        self.out.resize(positions.len(), (0, 0.0));
+        let out = &mut self.out;
+        pool.install(|| {
+            logits.par_chunks(vocab).zip(positions.par_iter()).zip(out.par_iter_mut()).for_each(|((row, &pos), o)| {
+                let (token, max) = choose(row, p, purpose, step, pos as usize);
+                *o = (token as u32, confidence(row, token, max, p, purpose, step, pos as usize));
+            })
+        });
+        &self.out
+    }
+
     /// Predicts the loaded rows, row `i` at `positions[i]`, noise of step `step`.
     pub(crate) fn run(&mut self, pool: &rayon::ThreadPool, positions: &[u32], p: &SamplerParams, special: &llada_ir::SpecialTokens, purpose: u64, step: usize) -> &[(u32, f32)] {
         self.each_row(pool, positions, |row, pos| predict_with(row, p, special, purpose, step, pos))
@@ -317,16 +334,7 @@ fn predict_with(row: &mut [f32], p: &SamplerParams, special: &llada_ir::SpecialT
             row[eos as usize] = f32::NEG_INFINITY;
         }
     }
-    let token = if p.temperature > 0.0 {
-        // Official add_gumbel_noise: exp(logits) / (-ln u)^temperature in float64.
-        let mut rng = stream(p.seed, purpose, step, position);
-        argmax(row.iter().map(|&l| {
-            let u: f64 = rng.random();
-            (l as f64).exp() / (-u.ln()).powf(p.temperature)
-        }))
-    } else {
-        argmax(row.iter().copied())
-    };
+    let (token, mut max) = choose(row, p, purpose, step, position);
     if p.confidence_eos_eot_inf {
         if let Some(eot) = special.eot {
             row[eot as usize] = f32::NEG_INFINITY;
@@ -336,12 +344,38 @@ fn predict_with(row: &mut [f32], p: &SamplerParams, special: &llada_ir::SpecialT
                 row[eos as usize] = f32::NEG_INFINITY;
             }
         }
+        // The masked entries may have been the maximum.
+        max = None;
     }
-    let confidence = match p.remasking {
-        Remasking::LowConfidence => softmax_at(row, token),
+    (token as u32, confidence(row, token, max, p, purpose, step, position))
+}
+
+/// The predicted token of `row` (the official code's choice), and the row's maximum when that
+/// is the token's logit (greedy).
+fn choose(row: &[f32], p: &SamplerParams, purpose: u64, step: usize, position: usize) -> (usize, Option<f32>) {
+    if p.temperature > 0.0 {
+        // Official add_gumbel_noise: exp(logits) / (-ln u)^temperature in float64.
+        let mut rng = stream(p.seed, purpose, step, position);
+        let token = argmax(row.iter().map(|&l| {
+            let u: f64 = rng.random();
+            (l as f64).exp() / (-u.ln()).powf(p.temperature)
+        }));
+        (token, None)
+    } else {
+        let token = argmax(row.iter().copied());
+        (token, Some(row[token]).filter(|m| !m.is_nan()))
+    }
+}
+
+/// The confidence of `token` under the remasking rule (`max`: the row's maximum, if known).
+fn confidence(row: &[f32], token: usize, max: Option<f32>, p: &SamplerParams, purpose: u64, step: usize, position: usize) -> f32 {
+    match p.remasking {
+        Remasking::LowConfidence => match max {
+            Some(max) => softmax_at_max(row, token, max),
+            None => softmax_at(row, token),
+        },
         Remasking::Random => stream(p.seed, RANDOM_REMASK + purpose - GUMBEL, step, position).random::<f32>(),
-    };
-    (token as u32, confidence)
+    }
 }
 
 #[cfg(test)]

@@ -51,8 +51,8 @@ impl PolicyStep for Official {
                 Policy::Dual => block_start..block_end,
                 _ => block_start..len,
             };
-            // Logits of the head rows (guided when cfg_scale > 0).
-            if c.p.cfg_scale > 0.0 {
+            // Logits of the head rows (guided when cfg_scale > 0), predicted.
+            let predictions = if c.p.cfg_scale > 0.0 {
                 for (u, (&t, &is_prompt)) in self.uncond.iter_mut().zip(c.x.iter().zip(&self.prompt_index)) {
                     *u = if is_prompt { mask } else { t };
                 }
@@ -62,10 +62,12 @@ impl PolicyStep for Official {
                 for (g, &l) in c.predictor.load_mut(cond.len()).iter_mut().zip(cond) {
                     *g += w * (l - *g);
                 }
+                c.predictor.run(session.pool(), &c.head, &c.p, &c.special, GUMBEL, c.step)
             } else {
-                c.predictor.load(session.forward_span(&c.x, span, &c.head)?);
-            }
-            let predictions = c.predictor.run(session.pool(), &c.head, &c.p, &c.special, GUMBEL, c.step);
+                let pool = session.pool_handle();
+                let logits = session.forward_span(&c.x, span, &c.head)?;
+                c.predictor.run_on(&pool, logits, &c.head, &c.p, &c.special, GUMBEL, c.step)
+            };
             let (accepted, _) = settle_predictions(&c.head, predictions, block_end, &mut c.drafts, &c.p, &mut c.x, c.prompt_len, &mut c.reveals, &mut c.candidates);
             c.drafts_confirmed += accepted;
         }
