@@ -92,9 +92,17 @@ impl Quant {
     }
 }
 
-/// How q8 and q4 artifacts scale their int8 activations unless told: chosen by the outlier
-/// study in BENCHMARKS.md (issue 29).
-pub const DEFAULT_ACTIVATION_SCALES: ActivationScales = ActivationScales::PerRow;
+/// How an artifact of `quant` weights scales its int8 activations unless told, chosen by the
+/// outlier study in BENCHMARKS.md (issue 29): q8 per 32-input block (against a few large
+/// channels its logit error was 2.7x lower, for 2% more time); q4 per row (its error there is
+/// the weights', which block scales do not touch, and blocks cost it 21% more time, as its
+/// groups of 128 inputs then end every 32). Other weights have no int8 activations.
+pub fn default_activation_scales(quant: Quant) -> ActivationScales {
+    match quant {
+        Quant::Q8 => ActivationScales::PerBlock,
+        _ => ActivationScales::PerRow,
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct CompileOptions {
@@ -118,8 +126,8 @@ pub struct CompileOptions {
     pub spec_blocks: u32,
     /// Round activations to bf16 in matmuls over bf16 weights (needs `quant` bf16).
     pub bf16_activations: bool,
-    /// Scales of the int8 activations of q8 and q4 matmuls; `None`: the default
-    /// ([`DEFAULT_ACTIVATION_SCALES`]) for q8 and q4, nothing for other weights.
+    /// Scales of the int8 activations of q8 and q4 matmuls; `None`: the default for the
+    /// weights ([`default_activation_scales`]).
     pub activation_scales: Option<ActivationScales>,
     /// Accelerator window size; `None`: the target's. At most the target's
     /// [`max_window_bytes`](llada_targets::Target::max_window_bytes) (a GPU's largest allocation).
@@ -181,7 +189,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     if let (Some(scales), false) = (opts.activation_scales, int8) {
         return Err(Error::Options(format!("--activation-scales {}: only q8 and q4 weights run with int8 activations, not {}", scales.name(), quant.name())));
     }
-    let activation_scales = if int8 { opts.activation_scales.unwrap_or(DEFAULT_ACTIVATION_SCALES) } else { ActivationScales::PerRow };
+    let activation_scales = opts.activation_scales.unwrap_or_else(|| default_activation_scales(quant));
     if let (Quant::Q4 { group }, ActivationScales::PerBlock) = (quant, activation_scales) {
         if group as usize % ACTIVATION_BLOCK != 0 {
             return Err(Error::Options(format!("--activation-scales block: q4 groups must be whole blocks of {ACTIVATION_BLOCK} inputs, not --group {group}")));

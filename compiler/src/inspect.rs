@@ -107,6 +107,7 @@ pub fn describe(h: &Header, major: u16, minor: u16, file_bytes: u64) -> Value {
             "spec_blocks": h.plan.spec_blocks,
             "row_buckets": h.plan.row_buckets,
             "activations": if h.plan.bf16_activations { "bf16" } else { "f32" },
+            "activation_scales": h.plan.activation_scales.name(),
             "latency_target": h.plan.latency_target,
         },
         "window": {
@@ -193,6 +194,6 @@ pub fn render_text(d: &Value) -> String {
     let p = &d["plan"];
     let _ = writeln!(s, "\nplan: graphs by rows -> {}", p["by_rows"]);
     let _ = writeln!(s, "      row-set latency buckets (rows) -> {}", p["row_buckets"]);
-    let _ = writeln!(s, "      KV cache {} positions, block {} x (1 + {} speculative), matmul activations {}", p["kv_capacity"], p["block_len"], p["spec_blocks"], p["activations"].as_str().unwrap_or("?"));
+    let _ = writeln!(s, "      KV cache {} positions, block {} x (1 + {} speculative), matmul activations {} (int8 scales per {})", p["kv_capacity"], p["block_len"], p["spec_blocks"], p["activations"].as_str().unwrap_or("?"), p["activation_scales"].as_str().unwrap_or("?"));
     s
 }

@@ -55,8 +55,8 @@ enum Command {
         activations: String,
         /// q8 and q4: scales of the int8 activations: one per row of a matmul's input, or
         /// one per block of 32 inputs (llama.cpp's Q8_0 blocks; a few large channels, which
-        /// trained LLMs have, then cost precision only in their blocks) [default: see
-        /// BENCHMARKS.md's outlier study].
+        /// trained LLMs have, then cost precision only in their blocks) [default: block for
+        /// q8, row for q4: BENCHMARKS.md's outlier study].
         #[arg(long, value_parser = ["row", "block"])]
         activation_scales: Option<String>,
         /// Accelerator window to plan for, in bytes or with a K/M/G suffix (2G, 512M)

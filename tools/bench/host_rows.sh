@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Issue 29's acceptance run on the host: the 1B-shape q4 artifact, 32-token prompt, gen 128,
+# block 32, steps 128, 2 threads, one command after another on an idle machine:
+# `llada-rt roofline` (the sustained q4 GEMM rate), then dual, the default mbsd, mbsd
+# --revision off and mbsd --revision dual-path, then (with a Fast-dLLM checkout) Fast-dLLM's
+# dual cache on the same bf16 checkpoint. Prints each run's time, its rows and head rows, and
+# the minimum-rows bound: (per block, the whole-sequence pass plus one row per masked position
+# per step) x the ops per row / the sustained q4 GEMM rate.
+# Usage: tools/bench/host_rows.sh CKPT_1B_BF16 OUT_DIR [FAST_DLLM_LLADA_DIR]
+set -euo pipefail
+ckpt=$1 out=$2 fast=${3:-}
+mkdir -p "$out"
+cargo build --release -q -p lladac -p llada-rt-tools
+lladac=target/release/lladac rt=target/release/llada-rt
+[ -f "$out/1b-q4.lad" ] || $lladac compile --model "$ckpt" --quant q4 -o "$out/1b-q4.lad" 2> /dev/null
+ids=$(python3 -c "print(','.join(str((i*104729+7)%126000) for i in range(32)))")
+gen="--gen-len 128 --block-len 32 --steps 128 --threads 2"
+$rt roofline --threads 2 --json > "$out/roofline.json"
+for run in "dual" "mbsd" "mbsd --revision off" "mbsd --revision dual-path"; do
+  name=$(echo "$run" | tr -d ' -')
+  $rt run "$out/1b-q4.lad" --prompt-ids "$ids" $gen --policy $run --json --trace "$out/trace-$name.json" > "$out/run-$name.json"
+done
+if [ -n "$fast" ]; then
+  "${PYTHON:-python3}" tools/peers/fast_dllm_llada.py --fast-dllm "$fast" --model "$ckpt" --cache dual --gen-len 128 --block-len 32 --steps 128 --threads 2 > "$out/fast-dllm-dual.txt"
+fi
+python3 - "$out" "$ckpt" <<'PY'
+import json, sys
+out, ckpt = sys.argv[1:]
+cfg = json.load(open(f"{ckpt}/config.json"))
+d, f, L, V = cfg["d_model"], cfg["mlp_hidden_size"], cfg["n_layers"], cfg["embedding_size"]
+heads, kv = cfg["n_heads"], cfg.get("n_kv_heads", cfg["n_heads"])
+hd = d // heads
+layer = 2 * L * (d * heads * hd + 2 * d * kv * hd + heads * hd * d + 3 * d * f)  # ops per row through the layers
+head = 2 * d * V                                                                 # ops per LM-head row
+rate = json.load(open(f"{out}/roofline.json"))["gemm"]["q4"]
+prompt, gen, block = 32, 128, 32
+blocks = gen // block
+min_rows = sum(prompt + gen + sum(range(1, block)) for _ in range(blocks))
+min_head = blocks * sum(range(1, block + 1))
+bound = (min_rows * layer + min_head * head) / rate
+print(f"sustained q4 GEMM {rate/1e9:.0f} GOP/s; minimum {min_rows} rows through the layers and {min_head} head rows: {(min_rows*layer+min_head*head)/1e9:.0f} GOP, bound {bound:.2f} s")
+print("| run | seconds | vs dual | / bound | dense passes | rows through the layers | head rows |")
+print("|---|---|---|---|---|---|---|")
+dual = json.load(open(f"{out}/run-dual.json"))["seconds"]
+for name in ["dual", "mbsd", "mbsdrevisionoff", "mbsdrevisiondualpath"]:
+    r = json.load(open(f"{out}/run-{name}.json"))
+    m = r.get("mbsd") or {}
+    # mbsd's head rows are its masked and speculative rows (dual's: the block's 32 per pass).
+    heads_n = m["rows_masked"] + m["rows_speculative"] if m else r["forward_passes"] * block
+    print(f"| {name} | {r['seconds']:.2f} | {r['seconds']/dual:.2f} | {r['seconds']/bound:.2f} | {r['forward_passes']} | {r['rows_computed']} | {heads_n} |")
+try:
+    txt = open(f"{out}/fast-dllm-dual.txt").read()
+    peer = json.loads(txt.strip().splitlines()[-1])
+    print(f"Fast-dLLM dual cache, bf16: {peer['seconds']:.2f} s; llada dual {dual:.2f} s ({peer['seconds']/dual:.2f}x faster), mbsd {json.load(open(f'{out}/run-mbsd.json'))['seconds']:.2f} s")
+except FileNotFoundError:
+    pass
+PY
