@@ -431,10 +431,25 @@ unsafe fn simd_tile_column(w: &Matrix, x: &Prepared, rows: usize, p0: usize, p1:
                         let g = if blocks.is_some() { ACTIVATION_BLOCK } else { sg };
                         let xp = x.bytes.as_ptr().add(r0 * x.stride + k0);
                         let gsums = x.group_sums.as_ptr().add(r0 * x.groups + k0 / g);
+                        let wp = |j: usize| panel(p0 + j).add(8 * k0);
+                        let sp = |j: usize| panel(p0 + j).add(data + 32 * (k0 / sg));
+                        // A last tile of 1-3 real rows on AVX-512 computes those rows only
+                        // (on the host every row computed costs its time).
+                        #[cfg(target_arch = "x86_64")]
+                        let short = (path == Path::Avx512 && o.rows < TILE_ROWS).then_some(o.rows);
+                        #[cfg(not(target_arch = "x86_64"))]
+                        let short: Option<usize> = None;
                         macro_rules! call {
                             ($nr:literal) => {
-                                kernel!(tile_q4::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(8 * k0)), g, len / g,
-                                    std::array::from_fn(|j| panel(p0 + j).add(data + 32 * (k0 / sg))), sg, gsums, x.groups, &xs, blocks, &o, prefetch::<$nr>(pf($nr))))
+                                match short {
+                                    #[cfg(target_arch = "x86_64")]
+                                    Some(1) => x86::tile_q4_rows::<$nr, 1>(xp, x.stride, std::array::from_fn(wp), g, len / g, std::array::from_fn(sp), sg, gsums, x.groups, &xs, blocks, &o, prefetch::<$nr>(pf($nr))),
+                                    #[cfg(target_arch = "x86_64")]
+                                    Some(2) => x86::tile_q4_rows::<$nr, 2>(xp, x.stride, std::array::from_fn(wp), g, len / g, std::array::from_fn(sp), sg, gsums, x.groups, &xs, blocks, &o, prefetch::<$nr>(pf($nr))),
+                                    #[cfg(target_arch = "x86_64")]
+                                    Some(3) => x86::tile_q4_rows::<$nr, 3>(xp, x.stride, std::array::from_fn(wp), g, len / g, std::array::from_fn(sp), sg, gsums, x.groups, &xs, blocks, &o, prefetch::<$nr>(pf($nr))),
+                                    _ => kernel!(tile_q4::<$nr>(xp, x.stride, std::array::from_fn(wp), g, len / g, std::array::from_fn(sp), sg, gsums, x.groups, &xs, blocks, &o, prefetch::<$nr>(pf($nr)))),
+                                }
                             };
                         }
                         by_width!(p1 - p0, call)

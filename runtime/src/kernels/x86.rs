@@ -287,7 +287,8 @@ pub unsafe fn tile_q8<const NR: usize>(
 /// then times the row's activation scale, accumulated into `out`. The weights' scales cover
 /// `scale_group` inputs each (a multiple of `group`). With `act_blocks` (per-block activation
 /// scales: `group` is one block), each group's term is multiplied by the row's scale of that
-/// block instead. `scales[j]` points at
+/// block instead. Only the tile's first `MR` rows (1 to 4) are computed: a last tile of fewer
+/// real rows computes no padding. `scales[j]` points at
 /// panel `j`'s f16 scales of the chunk's first group; `gsums` at row 0's sums of the chunk's
 /// first group (row stride `gstride`).
 ///
@@ -296,6 +297,70 @@ pub unsafe fn tile_q8<const NR: usize>(
 /// start (int8 quants); each panel pointer addresses `groups * group / 8` blocks of 64 bytes;
 /// `scales` 16 halves per `scale_group` inputs per panel; `gsums` `groups` values per row; `out` as in
 /// [`TileOut::put`].
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+pub unsafe fn tile_q4_rows<const NR: usize, const MR: usize>(
+    x: *const u8,
+    stride: usize,
+    w: [*const u8; NR],
+    group: usize,
+    groups: usize,
+    scales: [*const u8; NR],
+    scale_group: usize,
+    gsums: *const i32,
+    gstride: usize,
+    xs: &[f32; TILE_ROWS],
+    act_blocks: Option<BlockScales>,
+    out: &TileOut,
+    pf: Prefetch<NR>,
+) {
+    let low = _mm512_set1_epi8(0x0f);
+    let mut res = [[_mm512_setzero_ps(); NR]; MR];
+    let blocks = groups * group / 8;
+    for g in 0..groups {
+        let mut acc = [[_mm512_setzero_si512(); NR]; MR];
+        for b in g * group / 8..(g + 1) * group / 8 {
+            pf.at(b, blocks);
+            // SAFETY: inside the ranges the caller vouches for.
+            unsafe {
+                let xa: [__m512i; MR] = std::array::from_fn(|i| _mm512_set1_epi32(std::ptr::read_unaligned(x.add(i * stride + 8 * b) as *const i32)));
+                let xb: [__m512i; MR] = std::array::from_fn(|i| _mm512_set1_epi32(std::ptr::read_unaligned(x.add(i * stride + 8 * b + 4) as *const i32)));
+                for j in 0..NR {
+                    let packed = _mm512_loadu_si512(w[j].add(64 * b) as *const __m512i);
+                    let wa = _mm512_and_si512(packed, low);
+                    let wb = _mm512_and_si512(_mm512_srli_epi16::<4>(packed), low);
+                    for i in 0..MR {
+                        acc[i][j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[i][j], wa, xa[i]), wb, xb[i]);
+                    }
+                }
+            }
+        }
+        // SAFETY: row i's scale of block g (caller's contract).
+        let xb: [__m512; MR] = std::array::from_fn(|i| _mm512_set1_ps(act_blocks.map_or(1.0, |b| unsafe { b.at(i, g) })));
+        for j in 0..NR {
+            // SAFETY: the group's 16 scales of panel j (caller's contract).
+            let sw = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(scales[j].add(32 * (g * group / scale_group)) as *const __m256i)) };
+            for i in 0..MR {
+                // SAFETY: row i's sum of group g (caller's contract).
+                let corr = unsafe { _mm512_set1_epi32(*gsums.add(i * gstride + g)) };
+                let sw = if act_blocks.is_some() { _mm512_mul_ps(sw, xb[i]) } else { sw };
+                res[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], corr)), sw, res[i][j]);
+            }
+        }
+    }
+    for (i, row) in res.iter().enumerate() {
+        for (j, &r) in row.iter().enumerate() {
+            let r = if act_blocks.is_some() { r } else { _mm512_mul_ps(r, _mm512_set1_ps(xs[i])) };
+            // SAFETY: see the function's contract.
+            unsafe { out.put(i, j, NR, r) };
+        }
+    }
+}
+
+/// [`tile_q4_rows`] on a whole tile of rows.
+///
+/// # Safety
+/// As [`tile_q4_rows`].
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 pub unsafe fn tile_q4<const NR: usize>(
@@ -313,47 +378,8 @@ pub unsafe fn tile_q4<const NR: usize>(
     out: &TileOut,
     pf: Prefetch<NR>,
 ) {
-    let low = _mm512_set1_epi8(0x0f);
-    let mut res = [[_mm512_setzero_ps(); NR]; TILE_ROWS];
-    let blocks = groups * group / 8;
-    for g in 0..groups {
-        let mut acc = [[_mm512_setzero_si512(); NR]; TILE_ROWS];
-        for b in g * group / 8..(g + 1) * group / 8 {
-            pf.at(b, blocks);
-            // SAFETY: inside the ranges the caller vouches for.
-            unsafe {
-                let xa: [__m512i; TILE_ROWS] = std::array::from_fn(|i| _mm512_set1_epi32(std::ptr::read_unaligned(x.add(i * stride + 8 * b) as *const i32)));
-                let xb: [__m512i; TILE_ROWS] = std::array::from_fn(|i| _mm512_set1_epi32(std::ptr::read_unaligned(x.add(i * stride + 8 * b + 4) as *const i32)));
-                for j in 0..NR {
-                    let packed = _mm512_loadu_si512(w[j].add(64 * b) as *const __m512i);
-                    let wa = _mm512_and_si512(packed, low);
-                    let wb = _mm512_and_si512(_mm512_srli_epi16::<4>(packed), low);
-                    for i in 0..TILE_ROWS {
-                        acc[i][j] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(acc[i][j], wa, xa[i]), wb, xb[i]);
-                    }
-                }
-            }
-        }
-        // SAFETY: row i's scale of block g (caller's contract).
-        let xb: [__m512; TILE_ROWS] = std::array::from_fn(|i| _mm512_set1_ps(act_blocks.map_or(1.0, |b| unsafe { b.at(i, g) })));
-        for j in 0..NR {
-            // SAFETY: the group's 16 scales of panel j (caller's contract).
-            let sw = unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(scales[j].add(32 * (g * group / scale_group)) as *const __m256i)) };
-            for i in 0..TILE_ROWS {
-                // SAFETY: row i's sum of group g (caller's contract).
-                let corr = unsafe { _mm512_set1_epi32(*gsums.add(i * gstride + g)) };
-                let sw = if act_blocks.is_some() { _mm512_mul_ps(sw, xb[i]) } else { sw };
-                res[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[i][j], corr)), sw, res[i][j]);
-            }
-        }
-    }
-    for (i, row) in res.iter().enumerate() {
-        for (j, &r) in row.iter().enumerate() {
-            let r = if act_blocks.is_some() { r } else { _mm512_mul_ps(r, _mm512_set1_ps(xs[i])) };
-            // SAFETY: see the function's contract.
-            unsafe { out.put(i, j, NR, r) };
-        }
-    }
+    // SAFETY: the caller's contract.
+    unsafe { tile_q4_rows::<NR, TILE_ROWS>(x, stride, w, group, groups, scales, scale_group, gsums, gstride, xs, act_blocks, out, pf) }
 }
 
 /// q8 panels with per-block activation scales: `blocks` blocks of 32 inputs (8 quads). The
