@@ -433,21 +433,31 @@ unsafe fn simd_tile_column(w: &Matrix, x: &Prepared, rows: usize, p0: usize, p1:
                         let gsums = x.group_sums.as_ptr().add(r0 * x.groups + k0 / g);
                         let wp = |j: usize| panel(p0 + j).add(8 * k0);
                         let sp = |j: usize| panel(p0 + j).add(data + 32 * (k0 / sg));
-                        // A last tile of 1-3 real rows on AVX-512 computes those rows only
-                        // (on the host every row computed costs its time).
+                        // A last tile of 1-3 real rows on x86 computes those rows only (on the
+                        // host every row computed costs its time).
                         #[cfg(target_arch = "x86_64")]
-                        let short = (path == Path::Avx512 && o.rows < TILE_ROWS).then_some(o.rows);
+                        let short = (o.rows < TILE_ROWS).then_some(o.rows);
                         #[cfg(not(target_arch = "x86_64"))]
                         let short: Option<usize> = None;
+                        #[cfg(target_arch = "x86_64")]
+                        macro_rules! rows {
+                            ($nr:literal, $mr:literal) => {
+                                if path == Path::Avx2 {
+                                    x86_avx2::tile_q4_rows::<$nr, $mr>(xp, x.stride, std::array::from_fn(wp), g, len / g, std::array::from_fn(sp), sg, gsums, x.groups, &xs, blocks, &o, prefetch::<$nr>(pf($nr)))
+                                } else {
+                                    x86::tile_q4_rows::<$nr, $mr>(xp, x.stride, std::array::from_fn(wp), g, len / g, std::array::from_fn(sp), sg, gsums, x.groups, &xs, blocks, &o, prefetch::<$nr>(pf($nr)))
+                                }
+                            };
+                        }
                         macro_rules! call {
                             ($nr:literal) => {
                                 match short {
                                     #[cfg(target_arch = "x86_64")]
-                                    Some(1) => x86::tile_q4_rows::<$nr, 1>(xp, x.stride, std::array::from_fn(wp), g, len / g, std::array::from_fn(sp), sg, gsums, x.groups, &xs, blocks, &o, prefetch::<$nr>(pf($nr))),
+                                    Some(1) => rows!($nr, 1),
                                     #[cfg(target_arch = "x86_64")]
-                                    Some(2) => x86::tile_q4_rows::<$nr, 2>(xp, x.stride, std::array::from_fn(wp), g, len / g, std::array::from_fn(sp), sg, gsums, x.groups, &xs, blocks, &o, prefetch::<$nr>(pf($nr))),
+                                    Some(2) => rows!($nr, 2),
                                     #[cfg(target_arch = "x86_64")]
-                                    Some(3) => x86::tile_q4_rows::<$nr, 3>(xp, x.stride, std::array::from_fn(wp), g, len / g, std::array::from_fn(sp), sg, gsums, x.groups, &xs, blocks, &o, prefetch::<$nr>(pf($nr))),
+                                    Some(3) => rows!($nr, 3),
                                     _ => kernel!(tile_q4::<$nr>(xp, x.stride, std::array::from_fn(wp), g, len / g, std::array::from_fn(sp), sg, gsums, x.groups, &xs, blocks, &o, prefetch::<$nr>(pf($nr)))),
                                 }
                             };

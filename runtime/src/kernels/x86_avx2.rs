@@ -445,11 +445,13 @@ pub unsafe fn tile_q8_blocks<const NR: usize>(
 /// blocks are summed in i16 (exactly) before one `vpmaddwd` widens them: about one
 /// multiply instruction per 32 products rather than two.
 ///
+/// Only the tile's first `MR` rows (1 to 4) are computed.
+///
 /// # Safety
-/// As [`super::x86::tile_q4`] (AVX2, FMA, F16C instead of AVX-512).
+/// As [`super::x86::tile_q4_rows`] (AVX2, FMA, F16C instead of AVX-512).
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn tile_q4<const NR: usize>(
+pub unsafe fn tile_q4_rows<const NR: usize, const MR: usize>(
     x: *const u8,
     stride: usize,
     w: [*const u8; NR],
@@ -468,14 +470,14 @@ pub unsafe fn tile_q4<const NR: usize>(
     // A prefetch share per batch of four blocks.
     let mut pf = Spread::new(pf, NR * groups * (group / 8).div_ceil(4));
     for (j, &wj) in w.iter().enumerate() {
-        let mut res = [[_mm256_setzero_ps(); 2]; TILE_ROWS];
+        let mut res = [[_mm256_setzero_ps(); 2]; MR];
         for g in 0..groups {
-            let mut acc = [[_mm256_setzero_si256(); 2]; TILE_ROWS];
+            let mut acc = [[_mm256_setzero_si256(); 2]; MR];
             let (mut b, end) = (g * group / 8, (g + 1) * group / 8);
             while b < end {
                 let batch = (end - b).min(4);
                 pf.step();
-                let mut sum16 = [[_mm256_setzero_si256(); 2]; TILE_ROWS];
+                let mut sum16 = [[_mm256_setzero_si256(); 2]; MR];
                 for bb in b..b + batch {
                     // SAFETY: inside the ranges the caller vouches for.
                     unsafe {
@@ -520,6 +522,31 @@ pub unsafe fn tile_q4<const NR: usize>(
             }
         }
     }
+}
+
+/// [`tile_q4_rows`] on a whole tile of rows.
+///
+/// # Safety
+/// As [`tile_q4_rows`].
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn tile_q4<const NR: usize>(
+    x: *const u8,
+    stride: usize,
+    w: [*const u8; NR],
+    group: usize,
+    groups: usize,
+    scales: [*const u8; NR],
+    scale_group: usize,
+    gsums: *const i32,
+    gstride: usize,
+    xs: &[f32; TILE_ROWS],
+    act_blocks: Option<BlockScales>,
+    out: &TileOut,
+    pf: Prefetch<NR>,
+) {
+    // SAFETY: the caller's contract.
+    unsafe { tile_q4_rows::<NR, TILE_ROWS>(x, stride, w, group, groups, scales, scale_group, gsums, gstride, xs, act_blocks, out, pf) }
 }
 
 /// Quantises one row to int8 as `super::x86::quantize_row_avx512` does (`x ~= q * scale`,
