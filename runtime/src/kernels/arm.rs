@@ -638,10 +638,10 @@ pub unsafe fn tile_q8_blocks<const NR: usize>(
 
 /// q4 panels over `groups` groups of `group` inputs: per group, `(acc - 8 * sum of the
 /// group's activation quants) * scale_w[group]`, then times the row's activation scale,
-/// accumulated into `out`. Contract as `x86::tile_q4`.
+/// accumulated into `out`. Contract as `x86::tile_q4_rows` with 4 rows.
 ///
 /// # Safety
-/// As `x86::tile_q4`; `path` is allowed on this CPU (`Path::of`).
+/// As `x86::tile_q4_rows`; `path` is allowed on this CPU (`Path::of`).
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn tile_q4<const NR: usize>(
     path: Path,

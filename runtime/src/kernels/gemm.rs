@@ -433,12 +433,8 @@ unsafe fn simd_tile_column(w: &Matrix, x: &Prepared, rows: usize, p0: usize, p1:
                         let gsums = x.group_sums.as_ptr().add(r0 * x.groups + k0 / g);
                         let wp = |j: usize| panel(p0 + j).add(8 * k0);
                         let sp = |j: usize| panel(p0 + j).add(data + 32 * (k0 / sg));
-                        // A last tile of 1-3 real rows on x86 computes those rows only (on the
+                        // On x86 a last tile of 1-3 real rows computes those rows only (on the
                         // host every row computed costs its time).
-                        #[cfg(target_arch = "x86_64")]
-                        let short = (o.rows < TILE_ROWS).then_some(o.rows);
-                        #[cfg(not(target_arch = "x86_64"))]
-                        let short: Option<usize> = None;
                         #[cfg(target_arch = "x86_64")]
                         macro_rules! rows {
                             ($nr:literal, $mr:literal) => {
@@ -449,17 +445,21 @@ unsafe fn simd_tile_column(w: &Matrix, x: &Prepared, rows: usize, p0: usize, p1:
                                 }
                             };
                         }
+                        #[cfg(target_arch = "x86_64")]
                         macro_rules! call {
                             ($nr:literal) => {
-                                match short {
-                                    #[cfg(target_arch = "x86_64")]
-                                    Some(1) => rows!($nr, 1),
-                                    #[cfg(target_arch = "x86_64")]
-                                    Some(2) => rows!($nr, 2),
-                                    #[cfg(target_arch = "x86_64")]
-                                    Some(3) => rows!($nr, 3),
-                                    _ => kernel!(tile_q4::<$nr>(xp, x.stride, std::array::from_fn(wp), g, len / g, std::array::from_fn(sp), sg, gsums, x.groups, &xs, blocks, &o, prefetch::<$nr>(pf($nr)))),
+                                match o.rows {
+                                    1 => rows!($nr, 1),
+                                    2 => rows!($nr, 2),
+                                    3 => rows!($nr, 3),
+                                    _ => rows!($nr, 4),
                                 }
+                            };
+                        }
+                        #[cfg(target_arch = "aarch64")]
+                        macro_rules! call {
+                            ($nr:literal) => {
+                                kernel!(tile_q4::<$nr>(xp, x.stride, std::array::from_fn(wp), g, len / g, std::array::from_fn(sp), sg, gsums, x.groups, &xs, blocks, &o, prefetch::<$nr>(pf($nr))))
                             };
                         }
                         by_width!(p1 - p0, call)

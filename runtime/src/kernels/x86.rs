@@ -357,31 +357,6 @@ pub unsafe fn tile_q4_rows<const NR: usize, const MR: usize>(
     }
 }
 
-/// [`tile_q4_rows`] on a whole tile of rows.
-///
-/// # Safety
-/// As [`tile_q4_rows`].
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub unsafe fn tile_q4<const NR: usize>(
-    x: *const u8,
-    stride: usize,
-    w: [*const u8; NR],
-    group: usize,
-    groups: usize,
-    scales: [*const u8; NR],
-    scale_group: usize,
-    gsums: *const i32,
-    gstride: usize,
-    xs: &[f32; TILE_ROWS],
-    act_blocks: Option<BlockScales>,
-    out: &TileOut,
-    pf: Prefetch<NR>,
-) {
-    // SAFETY: the caller's contract.
-    unsafe { tile_q4_rows::<NR, TILE_ROWS>(x, stride, w, group, groups, scales, scale_group, gsums, gstride, xs, act_blocks, out, pf) }
-}
-
 /// q8 panels with per-block activation scales: `blocks` blocks of 32 inputs (8 quads). The
 /// activations are signed quants and the weights, XOR-ed with 0x80, the unsigned operand
 /// (`w + 128`), so each block's sum carries `128 * sum of its activation quants`, which

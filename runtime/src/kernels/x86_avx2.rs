@@ -524,31 +524,6 @@ pub unsafe fn tile_q4_rows<const NR: usize, const MR: usize>(
     }
 }
 
-/// [`tile_q4_rows`] on a whole tile of rows.
-///
-/// # Safety
-/// As [`tile_q4_rows`].
-#[allow(clippy::too_many_arguments)]
-#[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn tile_q4<const NR: usize>(
-    x: *const u8,
-    stride: usize,
-    w: [*const u8; NR],
-    group: usize,
-    groups: usize,
-    scales: [*const u8; NR],
-    scale_group: usize,
-    gsums: *const i32,
-    gstride: usize,
-    xs: &[f32; TILE_ROWS],
-    act_blocks: Option<BlockScales>,
-    out: &TileOut,
-    pf: Prefetch<NR>,
-) {
-    // SAFETY: the caller's contract.
-    unsafe { tile_q4_rows::<NR, TILE_ROWS>(x, stride, w, group, groups, scales, scale_group, gsums, gstride, xs, act_blocks, out, pf) }
-}
-
 /// Quantises one row to int8 as `super::x86::quantize_row_avx512` does (`x ~= q * scale`,
 /// half to even, each byte XOR-ed with `flip`, 8 x each `group`'s quant sum into `sums`),
 /// giving the same quants as the portable path. Returns the scale.
