@@ -553,10 +553,10 @@ impl IntPanel {
 /// q8 panels: `quads` groups of 4 inputs. The activations arrive as the x86 operand (u8,
 /// quant + 128) and are turned back into signed quants as they load, so no column-sum
 /// correction is needed (`colsum` is unused). The chunk's result `acc * scale_w * scale_x`
-/// is accumulated into `out`. Contract as `x86::tile_q8`.
+/// is accumulated into `out`. Contract as `x86::tile_q8_rows` with 4 rows.
 ///
 /// # Safety
-/// As `x86::tile_q8`; `path` is allowed on this CPU (`Path::of`).
+/// As `x86::tile_q8_rows`; `path` is allowed on this CPU (`Path::of`).
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn tile_q8<const NR: usize>(
     path: Path,
@@ -588,10 +588,10 @@ pub unsafe fn tile_q8<const NR: usize>(
 /// q8 panels with per-block activation scales: the activations are signed quants (no flip),
 /// each block of 8 quads summed on its own and multiplied by the row's scale of that block;
 /// the total times `scale_w` is accumulated into `out` (`bsums` is unused: the sums are
-/// exact signed ones). Contract as `x86::tile_q8_blocks`.
+/// exact signed ones). Contract as `x86::tile_q8_blocks_rows` with 4 rows.
 ///
 /// # Safety
-/// As `x86::tile_q8_blocks`; `path` is allowed on this CPU (`Path::of`).
+/// As `x86::tile_q8_blocks_rows`; `path` is allowed on this CPU (`Path::of`).
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn tile_q8_blocks<const NR: usize>(
     path: Path,

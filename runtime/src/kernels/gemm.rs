@@ -325,6 +325,30 @@ unsafe fn simd_tile_column(w: &Matrix, x: &Prepared, rows: usize, p0: usize, p1:
             r
         }};
     }
+    // The integer kernels by the tile's real rows: on x86 a last tile of 1-3 rows computes
+    // those rows only (on the host every row computed costs its time). `$rows_f` is the x86
+    // kernel with a row count, `$f` the NEON one.
+    macro_rules! int_kernel {
+        ($real:expr, $rows_f:ident, $f:ident::<$nr:literal>($($a:expr),* $(,)?)) => {{
+            #[cfg(target_arch = "x86_64")]
+            let r = match ($real, path == Path::Avx2) {
+                (1, true) => x86_avx2::$rows_f::<$nr, 1>($($a),*),
+                (1, false) => x86::$rows_f::<$nr, 1>($($a),*),
+                (2, true) => x86_avx2::$rows_f::<$nr, 2>($($a),*),
+                (2, false) => x86::$rows_f::<$nr, 2>($($a),*),
+                (3, true) => x86_avx2::$rows_f::<$nr, 3>($($a),*),
+                (3, false) => x86::$rows_f::<$nr, 3>($($a),*),
+                (_, true) => x86_avx2::$rows_f::<$nr, 4>($($a),*),
+                (_, false) => x86::$rows_f::<$nr, 4>($($a),*),
+            };
+            #[cfg(target_arch = "aarch64")]
+            let r = {
+                let _ = $real;
+                arm::$f::<$nr>(path, $($a),*)
+            };
+            r
+        }};
+    }
     macro_rules! by_width {
         ($nr:expr, $f:ident) => {
             match $nr {
@@ -408,7 +432,7 @@ unsafe fn simd_tile_column(w: &Matrix, x: &Prepared, rows: usize, p0: usize, p1:
                         let bsums = x.group_sums.as_ptr().add(r0 * x.groups + k0 / ACTIVATION_BLOCK);
                         macro_rules! call {
                             ($nr:literal) => {
-                                kernel!(tile_q8_blocks::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(16 * k0)), len / ACTIVATION_BLOCK, bsums, x.groups,
+                                int_kernel!(o.rows, tile_q8_blocks_rows, tile_q8_blocks::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(16 * k0)), len / ACTIVATION_BLOCK, bsums, x.groups,
                                     std::array::from_fn(|j| panel(p0 + j).add(data) as *const f32), bs, &o, prefetch::<$nr>(pf($nr))))
                             };
                         }
@@ -419,7 +443,7 @@ unsafe fn simd_tile_column(w: &Matrix, x: &Prepared, rows: usize, p0: usize, p1:
                         let colsum = |j: usize| if k0 == 0 { panel(p0 + j).add(data + 64) as *const i32 } else { zeros.as_ptr() };
                         macro_rules! call {
                             ($nr:literal) => {
-                                kernel!(tile_q8::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(16 * k0)), len.div_ceil(4),
+                                int_kernel!(o.rows, tile_q8_rows, tile_q8::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(16 * k0)), len.div_ceil(4),
                                     std::array::from_fn(colsum), std::array::from_fn(|j| panel(p0 + j).add(data) as *const f32), &xs, &o, prefetch::<$nr>(pf($nr))))
                             };
                         }
@@ -433,33 +457,9 @@ unsafe fn simd_tile_column(w: &Matrix, x: &Prepared, rows: usize, p0: usize, p1:
                         let gsums = x.group_sums.as_ptr().add(r0 * x.groups + k0 / g);
                         let wp = |j: usize| panel(p0 + j).add(8 * k0);
                         let sp = |j: usize| panel(p0 + j).add(data + 32 * (k0 / sg));
-                        // On x86 a last tile of 1-3 real rows computes those rows only (on the
-                        // host every row computed costs its time).
-                        #[cfg(target_arch = "x86_64")]
-                        macro_rules! rows {
-                            ($nr:literal, $mr:literal) => {
-                                if path == Path::Avx2 {
-                                    x86_avx2::tile_q4_rows::<$nr, $mr>(xp, x.stride, std::array::from_fn(wp), g, len / g, std::array::from_fn(sp), sg, gsums, x.groups, &xs, blocks, &o, prefetch::<$nr>(pf($nr)))
-                                } else {
-                                    x86::tile_q4_rows::<$nr, $mr>(xp, x.stride, std::array::from_fn(wp), g, len / g, std::array::from_fn(sp), sg, gsums, x.groups, &xs, blocks, &o, prefetch::<$nr>(pf($nr)))
-                                }
-                            };
-                        }
-                        #[cfg(target_arch = "x86_64")]
                         macro_rules! call {
                             ($nr:literal) => {
-                                match o.rows {
-                                    1 => rows!($nr, 1),
-                                    2 => rows!($nr, 2),
-                                    3 => rows!($nr, 3),
-                                    _ => rows!($nr, 4),
-                                }
-                            };
-                        }
-                        #[cfg(target_arch = "aarch64")]
-                        macro_rules! call {
-                            ($nr:literal) => {
-                                kernel!(tile_q4::<$nr>(xp, x.stride, std::array::from_fn(wp), g, len / g, std::array::from_fn(sp), sg, gsums, x.groups, &xs, blocks, &o, prefetch::<$nr>(pf($nr))))
+                                int_kernel!(o.rows, tile_q4_rows, tile_q4::<$nr>(xp, x.stride, std::array::from_fn(wp), g, len / g, std::array::from_fn(sp), sg, gsums, x.groups, &xs, blocks, &o, prefetch::<$nr>(pf($nr))))
                             };
                         }
                         by_width!(p1 - p0, call)

@@ -239,6 +239,7 @@ pub unsafe fn tile_bf16<const NR: usize>(x: *const u16, stride: usize, w: [*cons
 /// 128). The chunk's result, `(acc - 128 * colsum) * scale_w * scale_x`, is accumulated into
 /// `out`; `colsum` points at each panel's 16 column sums (the whole-K sums on the first chunk,
 /// zeros on later ones, so the +128 comes out exactly once) and `ws` at its 16 f32 scales.
+/// Only the tile's first `MR` rows (1 to 4) are computed, as in [`tile_q4_rows`].
 ///
 /// # Safety
 /// AVX-512 VNNI. `x` holds 4 rows of `stride` bytes with `4 * quads` from its start; each
@@ -246,7 +247,7 @@ pub unsafe fn tile_bf16<const NR: usize>(x: *const u16, stride: usize, w: [*cons
 /// `xs` 4 scales; `out` as in [`TileOut::put`].
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512vnni")]
-pub unsafe fn tile_q8<const NR: usize>(
+pub unsafe fn tile_q8_rows<const NR: usize, const MR: usize>(
     x: *const u8,
     stride: usize,
     w: [*const u8; NR],
@@ -257,7 +258,7 @@ pub unsafe fn tile_q8<const NR: usize>(
     out: &TileOut,
     pf: Prefetch<NR>,
 ) {
-    let mut acc = [[_mm512_setzero_si512(); NR]; TILE_ROWS];
+    let mut acc = [[_mm512_setzero_si512(); NR]; MR];
     for q in 0..quads {
         pf.at(q, quads);
         // SAFETY: inside the ranges the caller vouches for.
@@ -362,6 +363,7 @@ pub unsafe fn tile_q4_rows<const NR: usize, const MR: usize>(
 /// (`w + 128`), so each block's sum carries `128 * sum of its activation quants`, which
 /// `bsums` holds (row stride `bstride`, from the chunk's first block). Per block, `(acc -
 /// bsum) * scale_x[block]` is summed; the total times `scale_w` is accumulated into `out`.
+/// Only the tile's first `MR` rows (1 to 4) are computed.
 ///
 /// # Safety
 /// AVX-512 VNNI. `x` holds 4 rows of `stride` bytes with `32 * blocks` from its start; each
@@ -369,7 +371,7 @@ pub unsafe fn tile_q4_rows<const NR: usize, const MR: usize>(
 /// and `xs` `blocks` values per row; `out` as in [`TileOut::put`].
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,avx512vnni")]
-pub unsafe fn tile_q8_blocks<const NR: usize>(
+pub unsafe fn tile_q8_blocks_rows<const NR: usize, const MR: usize>(
     x: *const u8,
     stride: usize,
     w: [*const u8; NR],
@@ -382,9 +384,9 @@ pub unsafe fn tile_q8_blocks<const NR: usize>(
     pf: Prefetch<NR>,
 ) {
     let flip = _mm512_set1_epi8(-128);
-    let mut res = [[_mm512_setzero_ps(); NR]; TILE_ROWS];
+    let mut res = [[_mm512_setzero_ps(); NR]; MR];
     for b in 0..blocks {
-        let mut acc = [[_mm512_setzero_si512(); NR]; TILE_ROWS];
+        let mut acc = [[_mm512_setzero_si512(); NR]; MR];
         for q in 8 * b..8 * b + 8 {
             pf.at(q, 8 * blocks);
             // SAFETY: inside the ranges the caller vouches for.

@@ -328,10 +328,10 @@ pub unsafe fn tile_bf16<const NR: usize>(x: *const u16, stride: usize, w: [*cons
 /// `acc * scale_w * scale_x` is accumulated into `out`.
 ///
 /// # Safety
-/// As [`super::x86::tile_q8`] (AVX2, FMA, F16C instead of AVX-512 VNNI); `colsum` is unused.
+/// As [`super::x86::tile_q8_rows`] (AVX2, FMA, F16C instead of AVX-512 VNNI); `colsum` is unused.
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn tile_q8<const NR: usize>(
+pub unsafe fn tile_q8_rows<const NR: usize, const MR: usize>(
     x: *const u8,
     stride: usize,
     w: [*const u8; NR],
@@ -346,7 +346,7 @@ pub unsafe fn tile_q8<const NR: usize>(
     // A prefetch share per 8 quads.
     let mut pf = Spread::new(pf, NR * quads.div_ceil(8));
     for (j, &wj) in w.iter().enumerate() {
-        let mut acc = [[_mm256_setzero_si256(); 2]; TILE_ROWS];
+        let mut acc = [[_mm256_setzero_si256(); 2]; MR];
         for q in 0..quads {
             if q % 8 == 0 {
                 pf.step();
@@ -376,16 +376,16 @@ pub unsafe fn tile_q8<const NR: usize>(
     }
 }
 
-/// q8 panels with per-block activation scales, as [`super::x86::tile_q8_blocks`]: the
+/// q8 panels with per-block activation scales, as [`super::x86::tile_q8_blocks_rows`]: the
 /// activations are signed quants here, and the products are exact signed sums as in
-/// [`tile_q8`], so no block sum is needed (`bsums` is unused). Per block of 8 quads, `acc *
+/// [`tile_q8_rows`], so no block sum is needed (`bsums` is unused). Per block of 8 quads, `acc *
 /// scale_x[block]` is summed; the total times `scale_w` is accumulated into `out`.
 ///
 /// # Safety
-/// As [`super::x86::tile_q8_blocks`] (AVX2, FMA, F16C instead of AVX-512 VNNI).
+/// As [`super::x86::tile_q8_blocks_rows`] (AVX2, FMA, F16C instead of AVX-512 VNNI).
 #[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn tile_q8_blocks<const NR: usize>(
+pub unsafe fn tile_q8_blocks_rows<const NR: usize, const MR: usize>(
     x: *const u8,
     stride: usize,
     w: [*const u8; NR],
@@ -400,10 +400,10 @@ pub unsafe fn tile_q8_blocks<const NR: usize>(
     let ones = _mm256_set1_epi16(1);
     let mut pf = Spread::new(pf, NR * blocks);
     for (j, &wj) in w.iter().enumerate() {
-        let mut res = [[_mm256_setzero_ps(); 2]; TILE_ROWS];
+        let mut res = [[_mm256_setzero_ps(); 2]; MR];
         for b in 0..blocks {
             pf.step();
-            let mut acc = [[_mm256_setzero_si256(); 2]; TILE_ROWS];
+            let mut acc = [[_mm256_setzero_si256(); 2]; MR];
             for q in 8 * b..8 * b + 8 {
                 // SAFETY: inside the ranges the caller vouches for.
                 unsafe {
