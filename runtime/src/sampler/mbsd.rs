@@ -16,8 +16,9 @@
 //!
 //! On a backend that pays for every row it computes (`Capabilities::cost_per_row`: the host
 //! executor) idle rows are not free, so unless `--rows` asks for a bucket a row-set pass
-//! computes the block's masked positions only: no refresh rows (stale keys and values wait for
-//! the next whole-sequence pass, as in `dual`). Drafts are made once per position, by the pass
+//! computes the block's masked positions and its stale committed positions (each refreshed
+//! once, by the pass after its commit, so later passes read its token; without that the tiny
+//! Dream lost half a point), nothing else. Drafts are made once per position, by the pass
 //! that empties the block (the freshest context before the next block starts), and only while
 //! they pay: while no draft was judged yet in this generation, or at least one in
 //! [`DRAFTS_PAY_ONE_IN`] was accepted. A whole-sequence pass there computes no draft's LM-head
@@ -147,7 +148,8 @@ pub(super) struct Mbsd {
 struct Extra {
     /// Rows to add at most: the bucket's idle rows, or the speculative rows a step wants.
     rows: usize,
-    /// Whether refresh rows (stale positions, then the block's others) may take them.
+    /// Bucket filling: the idle rows bound the stale rows, and the block's other positions
+    /// take what is left. Without it every stale row is computed and nothing else fills.
     refresh: bool,
 }
 
