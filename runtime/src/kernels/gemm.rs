@@ -35,7 +35,8 @@ pub struct Prepared<'s> {
     stride: usize,
     f32s: &'s mut [f32],
     bf16s: &'s mut [bf16],
-    /// int8 quants: as u8 with +128 for q8 (the unsigned operand), as i8 bits for q4.
+    /// int8 quants: as u8 with +128 for q8 with per-row scales (the unsigned operand), as i8
+    /// bits for q4 and for q8 with per-block scales.
     bytes: &'s mut [u8],
     /// Per row: the activation scale, or with per-block scales one per block.
     scale: &'s mut [f32],
