@@ -221,12 +221,15 @@ impl HostExecutor {
                             (&*widened, shape(ctx))
                         }
                     };
-                    let out_width = cols(out);
-                    let per = inp.rows.div_ceil(threads).max(1);
-                    let scores_per = score_floats as usize;
+                    // Units of one head and up to four rows, an even share per thread.
+                    let rows = inp.rows;
+                    let units = heads as usize * rows.div_ceil(attention::UNIT_ROWS);
+                    let per = units.div_ceil(threads).max(1);
+                    let out = attention::Out::new(&mut o[..rows * cols(out)]);
                     self.pool.install(|| {
-                        o.par_chunks_mut(per * out_width).zip(scores.par_chunks_mut(scores_per)).enumerate().for_each(|(t, (chunk, scores))| {
-                            attention::attend(features, q, planes, sh, own, t * per, chunk, scores);
+                        scores.par_chunks_mut(score_floats as usize).enumerate().for_each(|(t, scores)| {
+                            let mine = (t * per).min(units)..((t + 1) * per).min(units);
+                            attention::attend(features, q, planes, sh, own, rows, mine, out, scores);
                         })
                     });
                 }

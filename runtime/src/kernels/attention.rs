@@ -1,7 +1,8 @@
 //! Bidirectional attention of the query heads of a fused q|k|v matrix against a KV cache:
 //! for every query row and head, `softmax(q K^T / sqrt(head_dim)) V` over the cache's first
 //! `keys` positions. Scores are computed four queries by four keys at a time, so each loaded
-//! vector serves four dot products.
+//! vector serves four dot products. The work is split into units of one query head and up to
+//! four rows, which threads share without locks (see [`Out`]).
 
 use super::{cpu::multiversion, dot_tile};
 
@@ -75,8 +76,9 @@ impl OwnKv<'_> {
 /// 1 / keys) they are below f32 resolution by far.
 const NEGLIGIBLE: f32 = 7.888_609e-31;
 
-/// Head dimensions per register block of the `P V` product (two 16-lane vectors per row).
-const V_CHUNK: usize = 32;
+/// Query rows per unit of work: the score tile's rows (each loaded key feeds this many dot
+/// products, each loaded value this many multiply-adds).
+pub const UNIT_ROWS: usize = 4;
 
 #[inline(always)]
 fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
@@ -108,101 +110,176 @@ fn softmax_body<const FMA: bool>(s: &mut [f32]) {
     s.iter_mut().for_each(|v| *v *= inv);
 }
 
-multiversion! {
-    /// Attention for query rows `first..first + out.len() / (heads * head_dim)` of `qkv`
-    /// against the first `keys` rows of `kv`. `scores` holds at least `4 * keys` floats.
-    /// Compiled per instruction set as a whole, so the per-key helpers inline.
-    pub fn attend(features: Features, qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, first: usize, out: &mut [f32], scores: &mut [f32]) => attend_body
+/// The output of one attention call, `[rows, heads * head_dim]`, shared by the threads that
+/// compute its units: each unit writes the head slices of its own rows, which no other unit
+/// writes (so the threads need no lock and the output no split into contiguous chunks).
+#[derive(Clone, Copy)]
+pub struct Out {
+    ptr: *mut f32,
+    len: usize,
 }
 
+// SAFETY: an `Out` is only written through `put`, whose callers write disjoint ranges (one
+// unit per (head, row group), each unit on one thread); `new` borrows the slice mutably for
+// as long as the call that shares it.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    pub fn new(out: &mut [f32]) -> Out {
+        Out { ptr: out.as_mut_ptr(), len: out.len() }
+    }
+
+    /// Writes `v` at `at`.
+    ///
+    /// # Safety
+    /// No other thread reads or writes `at..at + v.len()` during the call that shares this
+    /// `Out` (the units are disjoint), and the slice given to `new` outlives it.
+    #[inline(always)]
+    unsafe fn put(&self, at: usize, v: &[f32]) {
+        assert!(at + v.len() <= self.len, "attention output out of bounds");
+        // SAFETY: in bounds (asserted); exclusive by the caller's contract.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), self.ptr.add(at), v.len()) };
+    }
+}
+
+multiversion! {
+    /// Attention for units `units` of the call's `rows` query rows of `qkv` against the first
+    /// `keys` rows of `kv`. Units are head-major: unit `u` is query head `u / groups` for the
+    /// rows of group `u % groups` (groups of [`UNIT_ROWS`], `groups = ceil(rows / UNIT_ROWS)`);
+    /// splitting the units between threads keeps both busy even for a single row. `scores`
+    /// holds at least `UNIT_ROWS * keys` floats. Compiled per instruction set as a whole, so
+    /// the per-key helpers inline.
+    pub fn attend(features: Features, qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, rows: usize, units: std::ops::Range<usize>, out: Out, scores: &mut [f32]) => attend_body
+}
+
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn attend_body<const FMA: bool>(features: super::cpu::Features, qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, first: usize, out: &mut [f32], scores: &mut [f32]) {
+fn attend_body<const FMA: bool>(features: super::cpu::Features, qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, rows: usize, units: std::ops::Range<usize>, out: Out, scores: &mut [f32]) {
+    let groups = rows.div_ceil(UNIT_ROWS);
+    // Two vectors of values per query row (AVX-512: 32 floats, AVX2: 16), so four rows' sums
+    // stay in registers.
+    let wide = features.isa() == super::cpu::Isa::Avx512;
+    for u in units {
+        let (h, i0) = (u / groups, UNIT_ROWS * (u % groups));
+        let m = UNIT_ROWS.min(rows - i0);
+        macro_rules! unit {
+            ($m:literal) => {
+                if wide {
+                    attend_unit::<FMA, $m, 32>(features, qkv, kv, sh, own, h, i0, out, scores)
+                } else {
+                    attend_unit::<FMA, $m, 16>(features, qkv, kv, sh, own, h, i0, out, scores)
+                }
+            };
+        }
+        match m {
+            1 => unit!(1),
+            2 => unit!(2),
+            3 => unit!(3),
+            _ => unit!(4),
+        }
+    }
+}
+
+/// Query head `h` for the `M` rows from `i0`: scores of every row against every key (four
+/// keys at a time), softmax, then `P V` in slices of `V` head dimensions with the rows' sums
+/// in registers.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn attend_unit<const FMA: bool, const M: usize, const V: usize>(features: super::cpu::Features, qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, h: usize, i0: usize, out: Out, scores: &mut [f32]) {
     let hd = sh.head_dim;
     let out_width = sh.heads * hd;
-    let rows = out.len() / out_width;
     let group = sh.heads / sh.kv_heads;
     let scale = 1.0 / (hd as f32).sqrt();
     let keys = sh.keys;
     let row = |r: usize, off: usize| &qkv[r * sh.width + off..r * sh.width + off + hd];
     let cached = |r: usize, plane: usize| &kv[plane + r * hd..plane + (r + 1) * hd];
-    for h in 0..sh.heads {
-        let (q_off, k_off, v_off) = (h * hd, kv_plane(h / group, sh.capacity, hd), kv_plane(sh.kv_heads + h / group, sh.capacity, hd));
-        for i0 in (0..rows).step_by(4) {
-            let m = 4.min(rows - i0);
-            // Scores of up to four queries against every key.
-            let q: [&[f32]; 4] = std::array::from_fn(|i| row(first + i0 + i.min(m - 1), q_off));
-            let mut j = 0;
-            while j < keys {
-                let n = 4.min(keys - j);
-                let k: [&[f32]; 4] = std::array::from_fn(|t| cached(j + t.min(n - 1), k_off));
-                let tile = dot_tile::<FMA, 4, 4>(features, q, k, hd);
-                for i in 0..m {
-                    for t in 0..n {
-                        scores[i * keys + j + t] = tile[i][t] * scale;
-                    }
-                }
-                j += n;
+    let (q_off, k_off, v_off) = (h * hd, kv_plane(h / group, sh.capacity, hd), kv_plane(sh.kv_heads + h / group, sh.capacity, hd));
+    let q: [&[f32]; M] = std::array::from_fn(|i| row(i0 + i, q_off));
+    let mut j = 0;
+    while j < keys {
+        let n = 4.min(keys - j);
+        let k: [&[f32]; 4] = std::array::from_fn(|t| cached(j + t.min(n - 1), k_off));
+        let tile = dot_tile::<FMA, M, 4>(features, q, k, hd);
+        for (i, t) in tile.iter().enumerate() {
+            for (s, &v) in scores[i * keys + j..][..n].iter_mut().zip(t) {
+                *s = v * scale;
             }
-            // Rows using their own key and value: their score at their own position, and
-            // (after the softmax) that weight, applied to their own value after `P V`.
-            let own_at: [Option<usize>; 4] = std::array::from_fn(|i| if i < m { own.position(first + i0 + i).filter(|&p| p < keys) } else { None });
-            let mut own_weight = [0f32; 4];
-            for i in 0..m {
-                if let Some(p) = own_at[i] {
-                    let k = row(first + i0 + i, (sh.heads + h / group) * hd);
-                    scores[i * keys + p] = q[i].iter().zip(k).fold(0.0, |a, (&x, &y)| madd::<FMA>(x, y, a)) * scale;
+        }
+        j += n;
+    }
+    // Rows using their own key and value: their score at their own position, and (after the
+    // softmax) that weight, applied to their own value after `P V`.
+    let own_at: [Option<usize>; M] = std::array::from_fn(|i| own.position(i0 + i).filter(|&p| p < keys));
+    let mut own_weight = [0f32; M];
+    for i in 0..M {
+        if let Some(p) = own_at[i] {
+            let k = row(i0 + i, (sh.heads + h / group) * hd);
+            scores[i * keys + p] = q[i].iter().zip(k).fold(0.0, |a, (&x, &y)| madd::<FMA>(x, y, a)) * scale;
+        }
+    }
+    for i in 0..M {
+        let s = &mut scores[i * keys..(i + 1) * keys];
+        softmax_body::<FMA>(s);
+        // Keys this far below the best one add nothing an f32 output can hold, and their
+        // products would be subnormal, which costs the FPU dearly: zero them.
+        s.iter_mut().filter(|p| **p < NEGLIGIBLE).for_each(|p| *p = 0.0);
+        if let Some(p) = own_at[i] {
+            own_weight[i] = std::mem::take(&mut s[p]);
+        }
+    }
+    // out = P V, `V` head dimensions at a time (a remainder one by one), each value slice
+    // loaded feeding the `M` rows' sums.
+    let p: [&[f32]; M] = std::array::from_fn(|i| &scores[i * keys..(i + 1) * keys]);
+    let values = &kv[v_off..v_off + keys * hd];
+    let full = hd / V * V;
+    let mut c0 = 0;
+    while c0 < hd {
+        let w = if c0 < full { V } else { 1 };
+        let mut acc = [[0f32; V]; M];
+        if w == V {
+            acc = weighted_values::<FMA, M, V>(p, values, hd, c0);
+        } else {
+            for (j, row) in values.chunks_exact(hd).enumerate() {
+                for i in 0..M {
+                    acc[i][0] = madd::<FMA>(p[i][j], row[c0], acc[i][0]);
                 }
             }
-            for i in 0..m {
-                let s = &mut scores[i * keys..(i + 1) * keys];
-                softmax_body::<FMA>(s);
-                // Keys this far below the best one add nothing an f32 output can hold, and
-                // their products would be subnormal, which costs the FPU dearly: zero them.
-                s.iter_mut().filter(|p| **p < NEGLIGIBLE).for_each(|p| *p = 0.0);
-                if let Some(p) = own_at[i] {
-                    own_weight[i] = std::mem::take(&mut s[p]);
+        }
+        for (i, a) in acc.iter_mut().enumerate() {
+            if own_at[i].is_some() {
+                let v = &row(i0 + i, (sh.heads + sh.kv_heads + h / group) * hd)[c0..c0 + w];
+                for (x, &y) in a.iter_mut().zip(v) {
+                    *x = madd::<FMA>(own_weight[i], y, *x);
                 }
             }
-            // out = P V, a slice of head dimensions at a time with the up-to-four query rows'
-            // sums in registers, so each value row loaded feeds four multiply-adds.
-            let p: [&[f32]; 4] = std::array::from_fn(|i| &scores[i.min(m - 1) * keys..(i.min(m - 1) + 1) * keys]);
-            let mut c0 = 0;
-            while c0 < hd {
-                let w = V_CHUNK.min(hd - c0);
-                let mut acc = [[0f32; V_CHUNK]; 4];
-                for jj in 0..keys {
-                    let v = &cached(jj, v_off)[c0..c0 + w];
-                    if w == V_CHUNK {
-                        let v: &[f32; V_CHUNK] = v.try_into().unwrap();
-                        for (a, pi) in acc.iter_mut().zip(&p) {
-                            let pj = pi[jj];
-                            for (x, &y) in a.iter_mut().zip(v) {
-                                *x = madd::<FMA>(pj, y, *x);
-                            }
-                        }
-                    } else {
-                        for (a, pi) in acc.iter_mut().zip(&p) {
-                            let pj = pi[jj];
-                            for (x, &y) in a.iter_mut().zip(v) {
-                                *x = madd::<FMA>(pj, y, *x);
-                            }
-                        }
-                    }
-                }
-                for (i, a) in acc.iter_mut().enumerate().take(m) {
-                    if own_at[i].is_some() {
-                        let v = &row(first + i0 + i, (sh.heads + sh.kv_heads + h / group) * hd)[c0..c0 + w];
-                        for (x, &y) in a.iter_mut().zip(v) {
-                            *x = madd::<FMA>(own_weight[i], y, *x);
-                        }
-                    }
-                    let at = (i0 + i) * out_width + q_off + c0;
-                    out[at..at + w].copy_from_slice(&a[..w]);
-                }
-                c0 += w;
+            // SAFETY: row i0 + i's slice of head h is this unit's alone (see `Out`).
+            unsafe { out.put((i0 + i) * out_width + q_off + c0, &a[..w]) };
+        }
+        c0 += w;
+    }
+}
+
+/// `sum over keys j of p[i][j] * values[j][c0..c0 + V]` for each of the `M` rows (`values`
+/// holds `p[i].len()` rows of `hd`). Its own function, with its bounds checked before the
+/// loop, so the sums stay in registers (a check inside the loop makes the compiler store
+/// them at every key, for the panic's sake).
+#[inline(always)]
+fn weighted_values<const FMA: bool, const M: usize, const V: usize>(p: [&[f32]; M], values: &[f32], hd: usize, c0: usize) -> [[f32; V]; M] {
+    let keys = values.len() / hd;
+    assert!(c0 + V <= hd && p.iter().all(|r| r.len() >= keys));
+    let p = p.map(|r| &r[..keys]);
+    let mut acc = [[0f32; V]; M];
+    for (j, row) in values.chunks_exact(hd).enumerate() {
+        let v: &[f32; V] = row[c0..c0 + V].try_into().unwrap();
+        for i in 0..M {
+            let pj = p[i][j];
+            for d in 0..V {
+                acc[i][d] = madd::<FMA>(pj, v[d], acc[i][d]);
             }
         }
     }
+    acc
 }
 
 #[cfg(test)]
@@ -231,19 +308,20 @@ mod tests {
         let at = |plane: usize, j: usize, d: usize| kv[kv_plane(plane, capacity, hd) + j * hd + d] as f64;
         let sh = Shape { width, capacity, heads, kv_heads, head_dim: hd, keys };
         let mut out = vec![0f32; rows * heads * hd];
-        let mut scores = vec![0f32; 4 * keys];
+        let mut scores = vec![0f32; UNIT_ROWS * keys];
+        let units = heads * rows.div_ceil(UNIT_ROWS);
         // Rows 4 and 5 did not store: each sees its own key and value at its position.
         let positions = [0u32, 1, 2, 3, 7, 2];
-        attend(super::super::cpu::features(), &qkv, &kv, sh, OwnKv { from_row: 4, positions: &positions }, 0, &mut out, &mut scores);
+        attend(super::super::cpu::features(), &qkv, &kv, sh, OwnKv { from_row: 4, positions: &positions }, rows, 0..units, Out::new(&mut out), &mut scores);
         // The portable twin (unfused, scalar order) of the dispatched kernel.
         let mut twin = vec![0f32; rows * heads * hd];
-        attend_body::<false>(super::super::cpu::Features::PORTABLE, &qkv, &kv, sh, OwnKv { from_row: 4, positions: &positions }, 0, &mut twin, &mut scores);
+        attend_body::<false>(super::super::cpu::Features::PORTABLE, &qkv, &kv, sh, OwnKv { from_row: 4, positions: &positions }, rows, 0..units, Out::new(&mut twin), &mut scores);
         for (i, (&a, &b)) in out.iter().zip(&twin).enumerate() {
             assert!((a - b).abs() < 1e-5, "[{i}]: {a} vs portable twin {b}");
         }
         // The features given reach the kernel: the portable set runs the twin, bit for bit.
         let mut portable = vec![0f32; rows * heads * hd];
-        attend(super::super::cpu::Features::PORTABLE, &qkv, &kv, sh, OwnKv { from_row: 4, positions: &positions }, 0, &mut portable, &mut scores);
+        attend(super::super::cpu::Features::PORTABLE, &qkv, &kv, sh, OwnKv { from_row: 4, positions: &positions }, rows, 0..units, Out::new(&mut portable), &mut scores);
         assert_eq!(portable, twin);
         for r in 0..rows {
             for h in 0..heads {
