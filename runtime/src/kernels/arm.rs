@@ -19,7 +19,7 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use super::tile::{BlockScales, Path, Prefetch, TileOut, TILE_ROWS};
+use super::tile::{BlockScales, Path, Prefetch, Spread, TileOut, TILE_ROWS};
 
 /// Dot products of `MR` rows of `x` with `NR` rows of `w`, all of length `k`: 4-lane
 /// accumulators, reduced pairwise.
@@ -137,8 +137,9 @@ fn widen_f16(h: [uint16x8_t; 2]) -> [float32x4_t; 4] {
 fn float_panel(steps: usize, pf: Prefetch<6>, mut load: impl FnMut(usize) -> [float32x4_t; 4], mut x: impl FnMut(usize, usize) -> f32) -> [[float32x4_t; 4]; TILE_ROWS] {
     // SAFETY: NEON is in the base instruction set.
     let mut acc = [[unsafe { vdupq_n_f32(0.0) }; 4]; TILE_ROWS];
+    let mut pf = Spread::new(pf, steps);
     for s in 0..steps {
-        pf.at(s, steps);
+        pf.step();
         fma_rows(&mut acc, std::array::from_fn(|i| x(i, s)), load(s));
     }
     acc
@@ -210,9 +211,9 @@ pub unsafe fn tile_bf16_f32<const NR: usize>(_path: Path, x: *const f32, stride:
     for (j, &wj) in w.iter().enumerate() {
         // SAFETY: NEON is in the base instruction set.
         let mut acc = [[unsafe { vdupq_n_f32(0.0) }; 4]; TILE_ROWS];
-        let pfj = first_only(pf, j);
+        let mut pfj = Spread::new(first_only(pf, j), pairs);
         for p in 0..pairs {
-            pfj.at(p, pairs);
+            pfj.step();
             // SAFETY: step p of the panel and inputs 2p, 2p + 1 of each row are inside the
             // ranges the caller vouches for (rows hold 2 * pairs floats).
             let (even, odd) = widen_bf16_pairs(unsafe { load64(wj.add(64 * p)) });
@@ -246,8 +247,9 @@ unsafe fn bf16_panel_bfdot(x: *const u16, stride: usize, w: *const u8, pairs: us
     // are inside the caller's ranges.
     unsafe {
         let mut acc = [[vdupq_n_f32(0.0); 4]; TILE_ROWS];
+        let mut pf = Spread::new(pf, pairs);
         for p in 0..pairs {
-            pf.at(p, pairs);
+            pf.step();
             let wv = load64(w.add(64 * p));
             for (i, row) in acc.iter_mut().enumerate() {
                 let pair = vdupq_n_u32(std::ptr::read_unaligned(x.add(i * stride + 2 * p) as *const u32));
@@ -275,8 +277,9 @@ pub unsafe fn tile_bf16<const NR: usize>(path: Path, x: *const u16, stride: usiz
         } else {
             // SAFETY: NEON is in the base instruction set.
             let mut acc = [[unsafe { vdupq_n_f32(0.0) }; 4]; TILE_ROWS];
+            let mut pfj = Spread::new(pfj, pairs);
             for p in 0..pairs {
-                pfj.at(p, pairs);
+                pfj.step();
                 // SAFETY: inside the ranges the caller vouches for.
                 let (even, odd) = widen_bf16_pairs(unsafe { load64(wj.add(64 * p)) });
                 fma_rows(&mut acc, std::array::from_fn(|i| widen(unsafe { *x.add(i * stride + 2 * p) })), even);
@@ -438,6 +441,7 @@ impl IntPanel {
     #[inline(always)]
     unsafe fn sums_neon(&self, s0: usize, s1: usize, pf: Prefetch<6>, acc: &mut IntSums) {
         let (flip, xs) = (self.flip32(), self.x_step());
+        let mut pf = Spread::new(pf, s1 - s0);
         for rp in 0..2 {
             // SAFETY (the block): NEON is in the base instruction set; the loads are inside
             // the caller's ranges.
@@ -447,7 +451,7 @@ impl IntPanel {
                 let mut hi = [[vdupq_n_s32(0); 4]; 2];
                 for s in s0..s1 {
                     if rp == 0 {
-                        pf.at(s - s0, s1 - s0);
+                        pf.step();
                     }
                     let (wa, wb) = self.weights(s);
                     for r in 0..2 {
@@ -479,8 +483,9 @@ impl IntPanel {
     #[target_feature(enable = "dotprod")]
     unsafe fn sums_sdot(&self, s0: usize, s1: usize, pf: Prefetch<6>, acc: &mut IntSums) {
         let (flip, xs) = (self.flip32(), self.x_step());
+        let mut pf = Spread::new(pf, s1 - s0);
         for s in s0..s1 {
-            pf.at(s - s0, s1 - s0);
+            pf.step();
             // SAFETY: inside the caller's ranges.
             let (wa, wb) = unsafe { self.weights(s) };
             for (i, row) in acc.iter_mut().enumerate() {
@@ -511,8 +516,9 @@ impl IntPanel {
         // q8 pairs two quad steps into eight inputs; q4 has eight in each step.
         let per = if self.nibbles { 1 } else { 2 };
         let mut s = s0;
+        let mut spread = Spread::new(pf, (s1 - s0) / per);
         while s + per <= s1 {
-            pf.at(s - s0, s1 - s0);
+            spread.step();
             // SAFETY: steps s..s + per are inside the caller's ranges.
             let (wa, wb) = unsafe { if self.nibbles { self.weights(s) } else { (self.weights(s).0, self.weights(s + 1).0) } };
             let k = s * self.x_step();

@@ -17,7 +17,7 @@
 
 use std::arch::x86_64::*;
 
-use super::tile::{BlockScales, Prefetch, TileOut, TILE_ROWS};
+use super::tile::{BlockScales, Prefetch, Spread, TileOut, TILE_ROWS};
 
 impl TileOut {
     /// Writes or accumulates 8 columns: row `i`, half-panel `h` (columns `8 * h ..` of the
@@ -44,33 +44,6 @@ impl TileOut {
                 _mm256_maskstore_ps(p, mask, v);
             }
         }
-    }
-}
-
-/// A tile's prefetches ([`Prefetch`]) issued in equal shares over a loop's steps, without
-/// the divisions of `Prefetch::at` (the AVX2 loop steps are short).
-struct Spread<const NR: usize> {
-    pf: Prefetch<NR>,
-    /// Lines per step, and the next line.
-    per: usize,
-    next: usize,
-}
-
-impl<const NR: usize> Spread<NR> {
-    fn new(pf: Prefetch<NR>, steps: usize) -> Self {
-        Spread { pf, per: pf.lines.div_ceil(steps.max(1)), next: 0 }
-    }
-
-    #[inline(always)]
-    fn step(&mut self) {
-        let end = (self.next + self.per).min(self.pf.lines);
-        for l in self.next..end {
-            for p in self.pf.ptr {
-                // SAFETY: prefetching never faults, whatever the address.
-                unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(64 * l) as *const i8) };
-            }
-        }
-        self.next = end;
     }
 }
 
