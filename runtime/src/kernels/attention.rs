@@ -150,6 +150,7 @@ multiversion! {
     /// splitting the units between threads keeps both busy even for a single row. `scores`
     /// holds at least `UNIT_ROWS * keys` floats. Compiled per instruction set as a whole, so
     /// the per-key helpers inline.
+    #[allow(clippy::too_many_arguments)]
     pub fn attend(features: Features, qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, rows: usize, units: std::ops::Range<usize>, out: Out, scores: &mut [f32]) => attend_body
 }
 

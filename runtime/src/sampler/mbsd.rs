@@ -140,8 +140,6 @@ pub(super) struct Mbsd {
     /// Whether passes fill a bucket (idle rows are free on the backend, or `--rows` asked for
     /// one), else compute only the rows the step needs.
     fill_buckets: bool,
-    /// Whether the backend computes a graph's padding rows.
-    pads: bool,
 }
 
 /// What a row-set pass computes besides the rows of the block's masked positions.
@@ -185,7 +183,6 @@ impl Mbsd {
             shift: session.model.logit_shift() as usize,
             dream_timesteps: (session.model.logit_shift() > 0).then(|| dream::timesteps(steps_per_block, p.eps)),
             fill_buckets: p.rows.is_some() || !session.backend().cost_per_row,
-            pads: !session.backend().cost_per_row,
         })
     }
 }
@@ -237,11 +234,11 @@ impl PolicyStep for Mbsd {
         let logits = if full {
             // Without bucket filling, the block's last pass drafts (with fresher context).
             let draft_end = if self.fill_buckets { draft_end } else { block_end };
-            whole_sequence(session, &c.x, mask, (block_end, draft_end), self.pads, &mut self.pass, &mut self.report)?
+            whole_sequence(session, &c.x, mask, (block_end, draft_end), &mut self.pass, &mut self.report)?
         } else {
             let masked = c.x[block_start..block_end].iter().filter(|&&t| t == mask).count();
             let extra = self.extra(masked, commits);
-            row_set(session, &c.x, &self.kv_fresh, mask, self.shift, (block_start, block_end, draft_end), extra, self.pads, &mut self.pass, &mut self.report)?
+            row_set(session, &c.x, &self.kv_fresh, mask, self.shift, (block_start, block_end, draft_end), extra, &mut self.pass, &mut self.report)?
         };
         let (pass, report) = (&mut self.pass, &mut self.report);
         for &q in &pass.stored {
@@ -300,7 +297,7 @@ impl PolicyStep for Mbsd {
 
 /// The pass that starts a block: every position, stored; logits of the masked positions up
 /// to the block's end and of those drafted after it.
-fn whole_sequence<'s>(session: &'s mut Session, x: &[u32], mask: u32, (block_end, draft_end): (usize, usize), pads: bool, pass: &mut Pass, report: &mut MbsdReport) -> Result<&'s [f32]> {
+fn whole_sequence<'s>(session: &'s mut Session, x: &[u32], mask: u32, (block_end, draft_end): (usize, usize), pass: &mut Pass, report: &mut MbsdReport) -> Result<&'s [f32]> {
     pass.head_positions.clear();
     pass.head_positions.extend((0..draft_end).filter(|&i| x[i] == mask).map(|i| i as u32));
     let masked = pass.head_positions.iter().filter(|&&q| (q as usize) < block_end).count();
@@ -311,9 +308,15 @@ fn whole_sequence<'s>(session: &'s mut Session, x: &[u32], mask: u32, (block_end
     report.rows_masked += masked as u64;
     report.rows_speculative += speculative as u64;
     report.rows_refresh += (x.len() - masked - speculative) as u64;
-    report.rows_padding += if pads { rows - x.len() } else { 0 } as u64;
+    report.rows_padding += padding_rows(session, rows - x.len());
     report.dense_passes += 1;
     session.forward_full(x, &pass.head_positions)
+}
+
+/// The padding rows a graph of `padding` more rows than the pass's costs: none where the
+/// backend computes only real rows.
+fn padding_rows(session: &Session, padding: usize) -> u64 {
+    if session.backend().cost_per_row { 0 } else { padding as u64 }
 }
 
 /// A pass on the rows of the block's masked positions and up to `extra.rows` more: stale rows
@@ -329,7 +332,6 @@ fn row_set<'s>(
     shift: usize,
     (block_start, block_end, draft_end): (usize, usize, usize),
     extra: Extra,
-    pads: bool,
     pass: &mut Pass,
     report: &mut MbsdReport,
 ) -> Result<&'s [f32]> {
@@ -394,7 +396,7 @@ fn row_set<'s>(
     report.rows_masked += pass.masked.len() as u64;
     report.rows_speculative += pass.speculative.len() as u64;
     report.rows_refresh += (pass.rows.len() - pass.masked.len() - pass.speculative.len()) as u64;
-    report.rows_padding += if pads { rows - pass.rows.len() } else { 0 } as u64;
+    report.rows_padding += padding_rows(session, rows - pass.rows.len());
     report.dense_passes += 1;
     session.forward_rows(x.len(), &pass.rows, bucket, &pass.head_rows)
 }
