@@ -619,7 +619,7 @@ pub unsafe fn tile_q8_blocks<const NR: usize>(
         let mut res = [[unsafe { vdupq_n_f32(0.0) }; 4]; TILE_ROWS];
         for b in 0..blocks {
             let mut acc = zero_sums();
-            let spread = Prefetch { ptr: pfj.ptr, lines: (b + 1) * pfj.lines / blocks - b * pfj.lines / blocks };
+            let spread = pfj.part(b, blocks);
             // SAFETY: the block's quads are inside the caller's ranges; its scales too; NEON
             // is in the base set. Multiply then add, unfused, in the portable path's order.
             unsafe {
@@ -673,7 +673,7 @@ pub unsafe fn tile_q4<const NR: usize>(
         let mut res = [[unsafe { vdupq_n_f32(0.0) }; 4]; TILE_ROWS];
         for g in 0..groups {
             let mut acc = zero_sums();
-            let spread = Prefetch { ptr: pfj.ptr, lines: (g + 1) * pfj.lines / groups - g * pfj.lines / groups };
+            let spread = pfj.part(g, groups);
             // SAFETY: the group's blocks are inside the caller's ranges.
             unsafe { panel.sums(path, g * blocks, (g + 1) * blocks, spread, &mut acc) };
             // SAFETY: the group's 16 f16 scales of panel j and each row's sum of group g

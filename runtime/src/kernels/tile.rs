@@ -118,6 +118,17 @@ pub struct Prefetch<const NR: usize> {
     pub lines: usize,
 }
 
+impl<const NR: usize> Prefetch<NR> {
+    /// Part `i` of `parts` of these lines (split evenly, in order), for a loop that hands
+    /// each of its parts to an inner loop: the part starts where the one before it ends.
+    #[cfg_attr(not(target_arch = "aarch64"), allow(dead_code))]
+    pub fn part(&self, i: usize, parts: usize) -> Prefetch<NR> {
+        let parts = parts.max(1);
+        let (from, to) = (i * self.lines / parts, (i + 1) * self.lines / parts);
+        Prefetch { ptr: self.ptr.map(|p| p.wrapping_add(64 * from)), lines: to - from }
+    }
+}
+
 /// A tile's prefetches ([`Prefetch`]) spread evenly over its loop's `steps` steps: by the
 /// end of step `s`, `(s + 1) * lines / steps` lines are issued. Counted by a running
 /// remainder, as a line is drawn, not divided out: a division at every step took a tenth of
@@ -166,4 +177,27 @@ pub fn prefetch_line(p: *const u8) {
     };
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let _ = p;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The parts cover every line once, in order, each starting where the last ended.
+    #[test]
+    fn parts_cover_the_lines_in_order() {
+        let base = [0x1000 as *const u8, 0x9000 as *const u8];
+        for (lines, parts) in [(0, 3), (5, 8), (8, 8), (130, 16), (7, 1)] {
+            let pf = Prefetch { ptr: base, lines };
+            let mut next = 0;
+            for i in 0..parts {
+                let part = pf.part(i, parts);
+                for (p, b) in part.ptr.iter().zip(base) {
+                    assert_eq!(*p as usize, b as usize + 64 * next, "{lines} lines, part {i} of {parts}");
+                }
+                next += part.lines;
+            }
+            assert_eq!(next, lines);
+        }
+    }
 }
