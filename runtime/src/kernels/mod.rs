@@ -135,7 +135,16 @@ pub fn exp(x: f32) -> f32 {
     let n = (x * std::f32::consts::LOG2_E).round_ties_even();
     let r = (x - n * LN2_HI) - n * LN2_LO;
     let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
-    f32::from_bits(((n as i32 + 127) as u32) << 23) * p
+    pow2i(n) * p
+}
+
+/// `2^n` for an integral `n` in -126..=127, from its bits: adding `127 + 2^23` leaves `n + 127`
+/// exactly in the low mantissa bits. (A float-to-int cast would keep [`exp`] from
+/// vectorising: its saturation is a scalar branch per element.)
+#[inline(always)]
+fn pow2i(n: f32) -> f32 {
+    let biased = (n + (127.0 + 8_388_608.0)).to_bits() - 0x4b00_0000;
+    f32::from_bits(biased << 23)
 }
 
 /// Copies row `token` of the embedding table into `out` as f32.
@@ -355,6 +364,13 @@ mod tests {
         let silu = |g: f32| g / (1.0 + (-g).exp());
         for (o, want) in out.iter().zip([silu(1.0) * 3.0, silu(-2.0) * 0.5]) {
             assert!((o - want).abs() <= 1e-6 * want.abs(), "{o} vs {want}");
+        }
+    }
+
+    #[test]
+    fn powers_of_two_from_bits_are_exact() {
+        for n in -126..=127 {
+            assert_eq!(pow2i(n as f32), 2f32.powi(n), "2^{n}");
         }
     }
 
