@@ -89,10 +89,18 @@ fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
-/// Softmax of `s` in place: `s = exp(s - max) / sum`.
+/// Softmax of `s` in place, `s = exp(s - max) / sum`, with weights below [`NEGLIGIBLE`] set
+/// to zero. The maximum and the sum run in 16 lanes, so both vectorise.
 #[inline(always)]
 fn softmax_body<const FMA: bool>(s: &mut [f32]) {
-    let max = s.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let mut top = [f32::NEG_INFINITY; 16];
+    let mut chunks = s.chunks_exact(16);
+    for c in &mut chunks {
+        for (m, &v) in top.iter_mut().zip(c) {
+            *m = m.max(v);
+        }
+    }
+    let max = chunks.remainder().iter().fold(top.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)), |m, &v| m.max(v));
     let mut lanes = [0f32; 16];
     let mut chunks = s.chunks_exact_mut(16);
     for c in &mut chunks {
@@ -107,7 +115,12 @@ fn softmax_body<const FMA: bool>(s: &mut [f32]) {
         sum += *v;
     }
     let inv = 1.0 / sum;
-    s.iter_mut().for_each(|v| *v *= inv);
+    // Keys this far below the best one add nothing an f32 output can hold, and their
+    // products would be subnormal, which costs the FPU dearly: zero them.
+    for v in s.iter_mut() {
+        let p = *v * inv;
+        *v = if p < NEGLIGIBLE { 0.0 } else { p };
+    }
 }
 
 /// The output of one attention call, `[rows, heads * head_dim]`, shared by the threads that
@@ -158,8 +171,8 @@ multiversion! {
 #[inline(always)]
 fn attend_body<const FMA: bool>(features: super::cpu::Features, qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, rows: usize, units: std::ops::Range<usize>, out: Out, scores: &mut [f32]) {
     let groups = rows.div_ceil(UNIT_ROWS);
-    // Two vectors of values per query row (AVX-512: 32 floats, AVX2: 16), so four rows' sums
-    // stay in registers.
+    // Four vectors of values per query row on AVX-512 (64 floats: 16 sums and room for the
+    // loads in its 32 registers), two on AVX2 (16 floats of its 16 registers).
     let wide = features.isa() == super::cpu::Isa::Avx512;
     for u in units {
         let (h, i0) = (u / groups, UNIT_ROWS * (u % groups));
@@ -167,7 +180,7 @@ fn attend_body<const FMA: bool>(features: super::cpu::Features, qkv: &[f32], kv:
         macro_rules! unit {
             ($m:literal) => {
                 if wide {
-                    attend_unit::<FMA, $m, 32>(features, qkv, kv, sh, own, h, i0, out, scores)
+                    attend_unit::<FMA, $m, 64>(features, qkv, kv, sh, own, h, i0, out, scores)
                 } else {
                     attend_unit::<FMA, $m, 16>(features, qkv, kv, sh, own, h, i0, out, scores)
                 }
@@ -222,9 +235,6 @@ fn attend_unit<const FMA: bool, const M: usize, const V: usize>(features: super:
     for i in 0..M {
         let s = &mut scores[i * keys..(i + 1) * keys];
         softmax_body::<FMA>(s);
-        // Keys this far below the best one add nothing an f32 output can hold, and their
-        // products would be subnormal, which costs the FPU dearly: zero them.
-        s.iter_mut().filter(|p| **p < NEGLIGIBLE).for_each(|p| *p = 0.0);
         if let Some(p) = own_at[i] {
             own_weight[i] = std::mem::take(&mut s[p]);
         }
@@ -271,7 +281,9 @@ fn weighted_values<const FMA: bool, const M: usize, const V: usize>(p: [&[f32]; 
     assert!(c0 + V <= hd && p.iter().all(|r| r.len() >= keys));
     let p = p.map(|r| &r[..keys]);
     let mut acc = [[0f32; V]; M];
-    for (j, row) in values.chunks_exact(hd).enumerate() {
+    // `j` from a range of `keys` (not an enumeration) lets the compiler drop the checks on
+    // `p[i][j]`.
+    for (row, j) in values.chunks_exact(hd).zip(0..keys) {
         let v: &[f32; V] = row[c0..c0 + V].try_into().unwrap();
         for i in 0..M {
             let pj = p[i][j];
@@ -286,6 +298,35 @@ fn weighted_values<const FMA: bool, const M: usize, const V: usize>(p: [&[f32]; 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A row's output has the same bits whether it is computed alone or in a unit with
+    /// others (its sums run in one order whatever the unit's rows), on every path this CPU
+    /// has, with keys not a whole number of score tiles.
+    #[test]
+    fn a_row_is_the_same_bits_whatever_rows_share_its_unit() {
+        let (heads, hd, rows, keys) = (3, 40, 7, 37);
+        let width = 3 * heads * hd;
+        let mut s = 11u64;
+        let mut rnd = || {
+            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+        };
+        let qkv: Vec<f32> = (0..rows * width).map(|_| rnd()).collect();
+        let kv: Vec<f32> = (0..2 * heads * keys * hd).map(|_| rnd()).collect();
+        let sh = Shape { width, capacity: keys, heads, kv_heads: heads, head_dim: hd, keys };
+        let mut scores = vec![0f32; UNIT_ROWS * keys];
+        use super::super::cpu::{FeatureRequest, Features};
+        let avx2 = Features::request(FeatureRequest::level("avx2").expect("a level"));
+        for features in [super::super::cpu::features(), avx2, Features::PORTABLE] {
+            let mut all = vec![0f32; rows * heads * hd];
+            attend(features, &qkv, &kv, sh, OwnKv::NONE, rows, 0..heads * rows.div_ceil(UNIT_ROWS), Out::new(&mut all), &mut scores);
+            for r in 0..rows {
+                let mut alone = vec![0f32; heads * hd];
+                attend(features, &qkv[r * width..(r + 1) * width], &kv, sh, OwnKv::NONE, 1, 0..heads, Out::new(&mut alone), &mut scores);
+                assert!(alone.iter().zip(&all[r * heads * hd..]).all(|(a, b)| a.to_bits() == b.to_bits()), "row {r} differs alone ({})", features.describe());
+            }
+        }
+    }
 
     /// Grouped-query attention of 6 query rows against 11 of 16 cached positions, against a
     /// double-precision reference; cache rows past the context hold garbage that must not leak.
