@@ -162,13 +162,18 @@ impl<const NR: usize> Spread<NR> {
     }
 }
 
-/// Asks for the cache line at `p` in L2. A hint: it never faults, whatever the address.
+/// Asks for the cache line at `p`: on x86 into L1, on ARM into L2. A hint: it never faults,
+/// whatever the address.
+///
+/// x86: into L1 (`prefetcht0`), measured against L2 (`prefetcht1`) on the 1B q4 artifact's
+/// passes, interleaved: 7-13% faster from 9 to 24 rows, the same at 2-5 and 160 (see
+/// BENCHMARKS, issue 29). ARM keeps L2, unmeasured there (qemu models no caches).
 #[inline(always)]
 pub fn prefetch_line(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: prefetching never faults and has no other effect.
     unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(p as *const i8)
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
     };
     #[cfg(target_arch = "aarch64")]
     // SAFETY: as above; `prfm` reads no memory architecturally.
