@@ -210,8 +210,16 @@ fn attend_unit<const FMA: bool, const M: usize, const V: usize>(features: super:
     let cached = |r: usize, plane: usize| &kv[plane + r * hd..plane + (r + 1) * hd];
     let (q_off, k_off, v_off) = (h * hd, kv_plane(h / group, sh.capacity, hd), kv_plane(sh.kv_heads + h / group, sh.capacity, hd));
     let q: [&[f32]; M] = std::array::from_fn(|i| row(i0 + i, q_off));
+    #[cfg(target_arch = "x86_64")]
+    let done = features.isa() == super::cpu::Isa::Avx512 && {
+        // SAFETY: a `Features` holds only features the CPU has.
+        unsafe { super::x86::attention_scores::<M>(q, &kv[k_off..], hd, keys, scale, scores) };
+        true
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let done = false;
     let mut j = 0;
-    while j < keys {
+    while j < keys && !done {
         let n = 4.min(keys - j);
         let k: [&[f32]; 4] = std::array::from_fn(|t| cached(j + t.min(n - 1), k_off));
         let tile = dot_tile::<FMA, M, 4>(features, q, k, hd);
@@ -249,7 +257,7 @@ fn attend_unit<const FMA: bool, const M: usize, const V: usize>(features: super:
         let w = if c0 < full { V } else { 1 };
         let mut acc = [[0f32; V]; M];
         if w == V {
-            acc = weighted_values::<FMA, M, V>(p, values, hd, c0);
+            acc = weighted_values::<FMA, M, V>(features, p, values, hd, c0);
         } else {
             for (j, row) in values.chunks_exact(hd).enumerate() {
                 for i in 0..M {
@@ -276,7 +284,14 @@ fn attend_unit<const FMA: bool, const M: usize, const V: usize>(features: super:
 /// loop, so the sums stay in registers (a check inside the loop makes the compiler store
 /// them at every key, for the panic's sake).
 #[inline(always)]
-fn weighted_values<const FMA: bool, const M: usize, const V: usize>(p: [&[f32]; M], values: &[f32], hd: usize, c0: usize) -> [[f32; V]; M] {
+fn weighted_values<const FMA: bool, const M: usize, const V: usize>(features: super::cpu::Features, p: [&[f32]; M], values: &[f32], hd: usize, c0: usize) -> [[f32; V]; M] {
+    #[cfg(target_arch = "x86_64")]
+    if V == 64 && features.isa() == super::cpu::Isa::Avx512 {
+        // SAFETY: a `Features` holds only features the CPU has.
+        let sums = unsafe { super::x86::weighted_values_64::<M>(p, values, hd, c0) };
+        return std::array::from_fn(|i| std::array::from_fn(|d| sums[i][d % 64]));
+    }
+    let _ = features;
     let keys = values.len() / hd;
     assert!(c0 + V <= hd && p.iter().all(|r| r.len() >= keys));
     let p = p.map(|r| &r[..keys]);
