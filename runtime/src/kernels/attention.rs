@@ -316,10 +316,17 @@ mod tests {
 
     /// A row's output has the same bits whether it is computed alone or in a unit with
     /// others (its sums run in one order whatever the unit's rows), on every path this CPU
-    /// has, with keys not a whole number of score tiles.
+    /// has, with keys not a whole number of score tiles; head dimensions with and without a
+    /// tail past whole vectors, and wide enough for AVX-512's 64-column `P V`.
     #[test]
     fn a_row_is_the_same_bits_whatever_rows_share_its_unit() {
-        let (heads, hd, rows, keys) = (3, 40, 7, 37);
+        for hd in [40, 80] {
+            a_row_is_the_same_bits_alone(hd);
+        }
+    }
+
+    fn a_row_is_the_same_bits_alone(hd: usize) {
+        let (heads, rows, keys) = (3, 7, 37);
         let width = 3 * heads * hd;
         let mut s = 11u64;
         let mut rnd = || {
