@@ -231,6 +231,37 @@ pub fn scale(x: &mut [f32], factor: f32) {
     }
 }
 
+#[inline(always)]
+fn argmax_body<const FMA: bool>(_: cpu::Features, row: &[f32]) -> usize {
+    // A scan from the first element keeps it when it is NaN (nothing compares greater).
+    if row.first().is_none_or(|x| x.is_nan()) {
+        return 0;
+    }
+    // The largest value that is not NaN, in 16 lanes (`x > m` is false for NaN)...
+    let mut top = [f32::NEG_INFINITY; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (m, &x) in top.iter_mut().zip(c) {
+            *m = if x > *m { x } else { *m };
+        }
+    }
+    let max = chunks.remainder().iter().chain(&top).fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m });
+    if max == f32::NEG_INFINITY {
+        // Nothing is greater than -inf: the scan keeps the first element.
+        return 0;
+    }
+    // ... then its first index: the first chunk holding it, then the place in that chunk.
+    let chunk = row.chunks(LANES).position(|c| c.iter().fold(false, |any, &x| any | (x == max))).expect("the maximum is in the row");
+    chunk * LANES + row[chunk * LANES..].iter().position(|&x| x == max).expect("in this chunk")
+}
+
+multiversion! {
+    /// The index of the first largest element of `row`, as a scan that keeps its first element
+    /// and takes each one strictly greater finds it (so NaN is never taken, unless first), in
+    /// 16 lanes. The greedy prediction over a vocabulary row.
+    pub fn argmax(features: Features, row: &[f32]) -> usize => argmax_body
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -364,6 +395,42 @@ mod tests {
         let silu = |g: f32| g / (1.0 + (-g).exp());
         for (o, want) in out.iter().zip([silu(1.0) * 3.0, silu(-2.0) * 0.5]) {
             assert!((o - want).abs() <= 1e-6 * want.abs(), "{o} vs {want}");
+        }
+    }
+
+    /// The lanes find the scan's index: ties (the first wins, also across lanes), NaN
+    /// anywhere, first or not, infinities, lengths with a tail, on every path.
+    #[test]
+    fn argmax_is_the_scans_index() {
+        let scan = |row: &[f32]| {
+            let mut best: Option<(usize, f32)> = None;
+            for (i, &x) in row.iter().enumerate() {
+                if best.is_none_or(|(_, b)| x > b) {
+                    best = Some((i, x));
+                }
+            }
+            best.map_or(0, |(i, _)| i)
+        };
+        let mut s = 5u64;
+        for len in [0, 1, 5, 16, 17, 40, 1000] {
+            for case in 0..60 {
+                let mut row: Vec<f32> = (0..len).map(|_| (lcg(&mut s) * 8.0).round()).collect();
+                if len > 0 && case % 5 == 1 {
+                    row[case % len] = f32::NAN;
+                }
+                if len > 0 && case % 7 == 2 {
+                    row[0] = f32::NAN;
+                }
+                if len > 0 && case % 3 == 0 {
+                    row[(case * 7) % len] = f32::INFINITY;
+                }
+                if case % 11 == 4 {
+                    row.iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
+                }
+                for features in [cpu::features(), cpu::Features::PORTABLE] {
+                    assert_eq!(argmax(features, &row), scan(&row), "{row:?}");
+                }
+            }
         }
     }
 

@@ -362,7 +362,7 @@ fn choose(row: &[f32], p: &SamplerParams, purpose: u64, step: usize, position: u
         }));
         (token, None)
     } else {
-        let token = argmax(row.iter().copied());
+        let token = crate::kernels::argmax(crate::kernels::cpu::features(), row);
         (token, Some(row[token]).filter(|m| !m.is_nan()))
     }
 }
