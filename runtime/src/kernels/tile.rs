@@ -108,7 +108,7 @@ impl BlockScales {
     }
 }
 
-/// Weight lines to pull into L2 while a tile computes: `lines` consecutive 64-byte lines
+/// Weight lines to pull into cache ([`prefetch_line`]) while a tile computes: `lines` consecutive 64-byte lines
 /// from each pointer, issued evenly over the tile's loop. The GEMM driver points them at the
 /// next chunk, so a chunk's weights arrive from memory while the previous chunk computes
 /// from cache (a tile's first pass over its weights could not otherwise run at compute pace).
