@@ -2,6 +2,7 @@
 //! window, row buckets and dtypes. Also the CPU side path's executor (revision checks).
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use llada_ir::window_sizes::attention_scratch as attention_scratch_size;
 use llada_ir::{Graph, Op, Rows, TensorId};
@@ -177,7 +178,9 @@ impl HostExecutor {
                 }
                 Op::RmsNorm { x, weight, eps, out } => {
                     let ([xs], o) = operands(win, [range(x)], range(out));
-                    kernels::rms_norm(features, xs, f32s(weight), eps, o);
+                    let (w, c) = (f32s(weight), cols(x));
+                    // A row at a time, as threads are free (see Attention).
+                    self.pool.install(|| o.par_chunks_mut(c).zip(xs.par_chunks(c)).for_each(|(o, x)| kernels::rms_norm(features, x, w, eps, o)));
                 }
                 Op::MatMul { x, weight: w, out } => {
                     let ([xs], o) = operands(win, [range(x)], range(out));
@@ -221,25 +224,29 @@ impl HostExecutor {
                             (&*widened, shape(ctx))
                         }
                     };
-                    // Units of one head and up to four rows, an even share per thread.
+                    // Units of one head and a group of rows, claimed one at a time by whichever
+                    // thread is free: a core of a shared host can run at half speed for
+                    // seconds (a neighbour on its sibling hyperthread), and a fixed share would
+                    // leave the other waiting for it.
                     let rows = inp.rows;
-                    let units = heads as usize * rows.div_ceil(attention::UNIT_ROWS);
-                    let per = units.div_ceil(threads).max(1);
+                    let units = attention::units(features, &sh, rows);
+                    let next = AtomicUsize::new(0);
                     let out = attention::Out::new(&mut o[..rows * cols(out)]);
                     self.pool.install(|| {
-                        scores.par_chunks_mut(score_floats as usize).enumerate().for_each(|(t, scores)| {
-                            let mine = (t * per).min(units)..((t + 1) * per).min(units);
-                            attention::attend(features, q, planes, sh, own, rows, mine, out, scores);
+                        scores.par_chunks_mut(score_floats as usize).for_each(|scores| loop {
+                            let u = next.fetch_add(1, Ordering::Relaxed);
+                            if u >= units {
+                                break;
+                            }
+                            attention::attend(features, q, planes, sh, own, rows, u..u + 1, out, scores);
                         })
                     });
                 }
                 Op::SwiGlu { x, out } => {
+                    // A row at a time, as threads are free (see Attention).
                     let ([xs], o) = operands(win, [range(x)], range(out));
                     let hidden = cols(out);
-                    let per = rows_of(out).div_ceil(threads).max(1);
-                    self.pool.install(|| {
-                        o.par_chunks_mut(per * hidden).zip(xs.par_chunks(per * 2 * hidden)).for_each(|(o, x)| kernels::swiglu(features, x, hidden, o))
-                    });
+                    self.pool.install(|| o.par_chunks_mut(hidden).zip(xs.par_chunks(2 * hidden)).for_each(|(o, x)| kernels::swiglu(features, x, hidden, o)));
                 }
                 Op::Add { acc, x } => {
                     let ([xs], a) = operands(win, [range(x)], range(acc));

@@ -76,9 +76,37 @@ impl OwnKv<'_> {
 /// 1 / keys) they are below f32 resolution by far.
 const NEGLIGIBLE: f32 = 7.888_609e-31;
 
-/// Query rows per unit of work: the score tile's rows (each loaded key feeds this many dot
-/// products, each loaded value this many multiply-adds).
+/// Query rows per unit of work on the dot-product path: the score tile's rows (each loaded
+/// key feeds this many dot products, each loaded value this many multiply-adds).
 pub const UNIT_ROWS: usize = 4;
+
+/// Whether this CPU and head shape take the AVX-512 kernel with the query rows in vector lanes
+/// (`x86_attention`: units of one head and up to 32 rows), else the dot-product path.
+fn lanes_path(features: super::cpu::Features, sh: &Shape) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return features.isa() == super::cpu::Isa::Avx512 && sh.head_dim % 16 == 0 && sh.head_dim <= super::x86_attention::MAX_HEAD_DIM;
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (features, sh);
+        false
+    }
+}
+
+/// Query rows per unit of work on the path `features` takes for `sh`.
+fn unit_rows(features: super::cpu::Features, sh: &Shape) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if lanes_path(features, sh) {
+        return super::x86_attention::ROWS;
+    }
+    let _ = (features, sh);
+    UNIT_ROWS
+}
+
+/// The units of work of an attention call over `rows` query rows (see [`attend`]): one query
+/// head and a group of rows each, head-major.
+pub fn units(features: super::cpu::Features, sh: &Shape, rows: usize) -> usize {
+    sh.heads * rows.div_ceil(unit_rows(features, sh))
+}
 
 #[inline(always)]
 fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
@@ -157,12 +185,13 @@ impl Out {
 }
 
 multiversion! {
-    /// Attention for units `units` of the call's `rows` query rows of `qkv` against the first
-    /// `keys` rows of `kv`. Units are head-major: unit `u` is query head `u / groups` for the
-    /// rows of group `u % groups` (groups of [`UNIT_ROWS`], `groups = ceil(rows / UNIT_ROWS)`);
-    /// splitting the units between threads keeps both busy even for a single row. `scores`
-    /// holds at least `UNIT_ROWS * keys` floats. Compiled per instruction set as a whole, so
-    /// the per-key helpers inline.
+    /// Attention for units `units` (of [`units`]) of the call's `rows` query rows of `qkv`
+    /// against the first `keys` rows of `kv`. Units are head-major: unit `u` is query head
+    /// `u / groups` for the rows of group `u % groups` (groups of 32 rows on the AVX-512
+    /// lanes path, else of [`UNIT_ROWS`]); splitting the units between threads keeps both busy
+    /// even for a single row. `scores` holds at least `UNIT_ROWS * keys` floats (the
+    /// dot-product path's). Compiled per instruction set as a whole, so the per-key helpers
+    /// inline.
     #[allow(clippy::too_many_arguments)]
     pub fn attend(features: Features, qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, rows: usize, units: std::ops::Range<usize>, out: Out, scores: &mut [f32]) => attend_body
 }
@@ -170,9 +199,14 @@ multiversion! {
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn attend_body<const FMA: bool>(features: super::cpu::Features, qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, rows: usize, units: std::ops::Range<usize>, out: Out, scores: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if lanes_path(features, &sh) {
+        return attend_lanes(qkv, kv, sh, own, rows, units, out);
+    }
     let groups = rows.div_ceil(UNIT_ROWS);
     // Four vectors of values per query row on AVX-512 (64 floats: 16 sums and room for the
-    // loads in its 32 registers), two on AVX2 (16 floats of its 16 registers).
+    // loads in its 32 registers; head shapes the lanes path does not take), two on AVX2 (16
+    // floats of its 16 registers).
     let wide = features.isa() == super::cpu::Isa::Avx512;
     for u in units {
         let (h, i0) = (u / groups, UNIT_ROWS * (u % groups));
@@ -195,6 +229,39 @@ fn attend_body<const FMA: bool>(features: super::cpu::Features, qkv: &[f32], kv:
     }
 }
 
+/// [`attend`]'s units on the AVX-512 lanes path: query head `h` for up to 32 rows at a time.
+#[cfg(target_arch = "x86_64")]
+fn attend_lanes(qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, rows: usize, units: std::ops::Range<usize>, out: Out) {
+    use super::x86_attention::{attend_rows, OwnRow, ROWS};
+    let hd = sh.head_dim;
+    let (group, groups) = (sh.heads / sh.kv_heads, rows.div_ceil(ROWS));
+    let scale = 1.0 / (hd as f32).sqrt();
+    let out_width = sh.heads * hd;
+    let row = |r: usize, off: usize| &qkv[r * sh.width + off..r * sh.width + off + hd];
+    for u in units {
+        let (h, r0) = (u / groups, ROWS * (u % groups));
+        let n = ROWS.min(rows - r0);
+        let kv_head = h / group;
+        let q: [&[f32]; ROWS] = std::array::from_fn(|i| row(r0 + i.min(n - 1), h * hd));
+        let owns: [Option<OwnRow>; ROWS] = std::array::from_fn(|i| {
+            let p = (i < n).then(|| own.position(r0 + i)).flatten().filter(|&p| p < sh.keys)?;
+            Some(OwnRow { position: p, key: row(r0 + i, (sh.heads + kv_head) * hd), value: row(r0 + i, (sh.heads + sh.kv_heads + kv_head) * hd) })
+        });
+        let k = &kv[kv_plane(kv_head, sh.capacity, hd)..][..sh.keys * hd];
+        let v = &kv[kv_plane(sh.kv_heads + kv_head, sh.capacity, hd)..][..sh.keys * hd];
+        // SAFETY: row r0 + i's slice of head h is this unit's alone (see `Out`).
+        let emit = |i: usize, o: &[f32]| unsafe { out.put((r0 + i) * out_width + h * hd, o) };
+        // SAFETY: the lanes path is taken only where the CPU has AVX-512F.
+        unsafe {
+            if n > 16 {
+                attend_rows::<2>(&q[..n], k, v, hd, sh.keys, scale, &owns[..n], emit)
+            } else {
+                attend_rows::<1>(&q[..n], k, v, hd, sh.keys, scale, &owns[..n], emit)
+            }
+        }
+    }
+}
+
 /// Query head `h` for the `M` rows from `i0`: scores of every row against every key (four
 /// keys at a time), softmax, then `P V` in slices of `V` head dimensions with the rows' sums
 /// in registers.
@@ -210,16 +277,8 @@ fn attend_unit<const FMA: bool, const M: usize, const V: usize>(features: super:
     let cached = |r: usize, plane: usize| &kv[plane + r * hd..plane + (r + 1) * hd];
     let (q_off, k_off, v_off) = (h * hd, kv_plane(h / group, sh.capacity, hd), kv_plane(sh.kv_heads + h / group, sh.capacity, hd));
     let q: [&[f32]; M] = std::array::from_fn(|i| row(i0 + i, q_off));
-    #[cfg(target_arch = "x86_64")]
-    let done = features.isa() == super::cpu::Isa::Avx512 && {
-        // SAFETY: a `Features` holds only features the CPU has.
-        unsafe { super::x86::attention_scores::<M>(q, &kv[k_off..], hd, keys, scale, scores) };
-        true
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let done = false;
     let mut j = 0;
-    while j < keys && !done {
+    while j < keys {
         let n = 4.min(keys - j);
         let k: [&[f32]; 4] = std::array::from_fn(|t| cached(j + t.min(n - 1), k_off));
         let tile = dot_tile::<FMA, M, 4>(features, q, k, hd);
@@ -285,12 +344,6 @@ fn attend_unit<const FMA: bool, const M: usize, const V: usize>(features: super:
 /// them at every key, for the panic's sake).
 #[inline(always)]
 fn weighted_values<const FMA: bool, const M: usize, const V: usize>(features: super::cpu::Features, p: [&[f32]; M], values: &[f32], hd: usize, c0: usize) -> [[f32; V]; M] {
-    #[cfg(target_arch = "x86_64")]
-    if V == 64 && features.isa() == super::cpu::Isa::Avx512 {
-        // SAFETY: a `Features` holds only features the CPU has.
-        let sums = unsafe { super::x86::weighted_values_64::<M>(p, values, hd, c0) };
-        return std::array::from_fn(|i| std::array::from_fn(|d| sums[i][d % 64]));
-    }
     let _ = features;
     let keys = values.len() / hd;
     assert!(c0 + V <= hd && p.iter().all(|r| r.len() >= keys));
@@ -316,17 +369,18 @@ mod tests {
 
     /// A row's output has the same bits whether it is computed alone or in a unit with
     /// others (its sums run in one order whatever the unit's rows), on every path this CPU
-    /// has, with keys not a whole number of score tiles; head dimensions with and without a
-    /// tail past whole vectors, and wide enough for AVX-512's 64-column `P V`.
+    /// has, with keys not a whole number of score tiles or key blocks; head dimensions with
+    /// and without a tail past whole vectors (40: the dot-product path on AVX-512 too), and
+    /// wide enough for 64-column `P V`; 7 rows (one vector of lanes) and 21 (two).
     #[test]
     fn a_row_is_the_same_bits_whatever_rows_share_its_unit() {
-        for hd in [40, 80] {
-            a_row_is_the_same_bits_alone(hd);
+        for (hd, rows) in [(40, 7), (80, 7), (80, 21), (128, 21)] {
+            a_row_is_the_same_bits_alone(hd, rows);
         }
     }
 
-    fn a_row_is_the_same_bits_alone(hd: usize) {
-        let (heads, rows, keys) = (3, 7, 37);
+    fn a_row_is_the_same_bits_alone(hd: usize, rows: usize) {
+        let (heads, keys) = (3, 37);
         let width = 3 * heads * hd;
         let mut s = 11u64;
         let mut rnd = || {
@@ -341,20 +395,32 @@ mod tests {
         let avx2 = Features::request(FeatureRequest::level("avx2").expect("a level"));
         for features in [super::super::cpu::features(), avx2, Features::PORTABLE] {
             let mut all = vec![0f32; rows * heads * hd];
-            attend(features, &qkv, &kv, sh, OwnKv::NONE, rows, 0..heads * rows.div_ceil(UNIT_ROWS), Out::new(&mut all), &mut scores);
+            attend(features, &qkv, &kv, sh, OwnKv::NONE, rows, 0..units(features, &sh, rows), Out::new(&mut all), &mut scores);
             for r in 0..rows {
                 let mut alone = vec![0f32; heads * hd];
-                attend(features, &qkv[r * width..(r + 1) * width], &kv, sh, OwnKv::NONE, 1, 0..heads, Out::new(&mut alone), &mut scores);
+                attend(features, &qkv[r * width..(r + 1) * width], &kv, sh, OwnKv::NONE, 1, 0..units(features, &sh, 1), Out::new(&mut alone), &mut scores);
                 assert!(alone.iter().zip(&all[r * heads * hd..]).all(|(a, b)| a.to_bits() == b.to_bits()), "row {r} differs alone ({})", features.describe());
             }
         }
     }
 
-    /// Grouped-query attention of 6 query rows against 11 of 16 cached positions, against a
-    /// double-precision reference; cache rows past the context hold garbage that must not leak.
+    /// Grouped-query attention against a double-precision reference, on the dot-product path
+    /// (head dimension 8: 6 query rows against 11 of 16 cached positions) and, where the CPU
+    /// has AVX-512, the lanes path (head dimension 32: 6 rows, one vector of lanes, and 21,
+    /// two, against 37 of 40 positions, three key blocks); cache rows past the context hold
+    /// garbage that must not leak. Rows from the fifth did not store: each sees its own key
+    /// and value at its position.
     #[test]
     fn attends_to_the_cached_context_only() {
-        let (heads, kv_heads, hd, rows, keys, capacity) = (4, 2, 8, 6, 11, 16);
+        attends_to_the_context(8, 6, 11, 16, &[0, 1, 2, 3, 7, 2]);
+        attends_to_the_context(32, 6, 37, 40, &[0, 1, 2, 3, 36, 17]);
+        let mut positions: Vec<u32> = (0..21).collect();
+        positions[4..].iter_mut().enumerate().for_each(|(i, p)| *p = (i as u32 * 7 + 3) % 37);
+        attends_to_the_context(32, 21, 37, 40, &positions);
+    }
+
+    fn attends_to_the_context(hd: usize, rows: usize, keys: usize, capacity: usize, positions: &[u32]) {
+        let (heads, kv_heads) = (4, 2);
         let width = (heads + 2 * kv_heads) * hd;
         let planes = 2 * kv_heads;
         let mut s = 3u64;
@@ -373,19 +439,19 @@ mod tests {
         let sh = Shape { width, capacity, heads, kv_heads, head_dim: hd, keys };
         let mut out = vec![0f32; rows * heads * hd];
         let mut scores = vec![0f32; UNIT_ROWS * keys];
-        let units = heads * rows.div_ceil(UNIT_ROWS);
-        // Rows 4 and 5 did not store: each sees its own key and value at its position.
-        let positions = [0u32, 1, 2, 3, 7, 2];
-        attend(super::super::cpu::features(), &qkv, &kv, sh, OwnKv { from_row: 4, positions: &positions }, rows, 0..units, Out::new(&mut out), &mut scores);
+        let (features, portable_features) = (super::super::cpu::features(), super::super::cpu::Features::PORTABLE);
+        let own = OwnKv { from_row: 4, positions };
+        attend(features, &qkv, &kv, sh, own, rows, 0..units(features, &sh, rows), Out::new(&mut out), &mut scores);
         // The portable twin (unfused, scalar order) of the dispatched kernel.
         let mut twin = vec![0f32; rows * heads * hd];
-        attend_body::<false>(super::super::cpu::Features::PORTABLE, &qkv, &kv, sh, OwnKv { from_row: 4, positions: &positions }, rows, 0..units, Out::new(&mut twin), &mut scores);
+        let portable_units = 0..units(portable_features, &sh, rows);
+        attend_body::<false>(portable_features, &qkv, &kv, sh, own, rows, portable_units.clone(), Out::new(&mut twin), &mut scores);
         for (i, (&a, &b)) in out.iter().zip(&twin).enumerate() {
             assert!((a - b).abs() < 1e-5, "[{i}]: {a} vs portable twin {b}");
         }
         // The features given reach the kernel: the portable set runs the twin, bit for bit.
         let mut portable = vec![0f32; rows * heads * hd];
-        attend(super::super::cpu::Features::PORTABLE, &qkv, &kv, sh, OwnKv { from_row: 4, positions: &positions }, rows, 0..units, Out::new(&mut portable), &mut scores);
+        attend(portable_features, &qkv, &kv, sh, own, rows, portable_units, Out::new(&mut portable), &mut scores);
         assert_eq!(portable, twin);
         for r in 0..rows {
             for h in 0..heads {

@@ -9,6 +9,7 @@ pub mod gemm;
 mod tile;
 mod x86;
 mod x86_avx2;
+mod x86_attention;
 mod arm;
 
 use half::slice::HalfFloatSliceExt;

@@ -52,137 +52,6 @@ pub unsafe fn dot_tile_avx512<const MR: usize, const NR: usize>(x: [&[f32]; MR],
     out
 }
 
-/// Attention scores of `M` (1 to 4) query rows against the first `keys` rows of `k` (rows of
-/// `hd` floats): `scores[i * keys + j] = (q[i] . k[j]) * scale`, four keys at a time. Each dot
-/// product is the one [`dot_tile_avx512`] computes (16 lanes, reduced in
-/// `_mm512_reduce_add_ps`'s order, then the tail), so a score has the same bits whatever
-/// rows share the call. The 16 sums of a tile are reduced together ([`reduce_add_16`]) and
-/// each row's four scores stored at once: per tile that is a third of the instructions of
-/// four separate reductions and scalar stores.
-///
-/// # Safety
-/// The CPU must support AVX-512F.
-#[target_feature(enable = "avx512f")]
-pub unsafe fn attention_scores<const M: usize>(q: [&[f32]; M], k: &[f32], hd: usize, keys: usize, scale: f32, scores: &mut [f32]) {
-    assert!(M <= 4 && q.iter().all(|r| r.len() >= hd) && k.len() >= keys * hd && scores.len() >= M * keys, "attention scores out of bounds");
-    let full = hd / 16 * 16;
-    let scale4 = _mm_set1_ps(scale);
-    let mut j = 0;
-    while j < keys {
-        let n = 4.min(keys - j);
-        // The last tile repeats its last key in the lanes past `keys` (not stored).
-        let kr: [&[f32]; 4] = std::array::from_fn(|t| &k[(j + t.min(n - 1)) * hd..][..hd]);
-        let mut acc = [[_mm512_setzero_ps(); 4]; 4];
-        let mut c = 0;
-        while c < full {
-            // SAFETY: c + 16 <= full <= hd <= every row's length (asserted, sliced above).
-            unsafe {
-                let kv: [__m512; 4] = std::array::from_fn(|t| _mm512_loadu_ps(kr[t].as_ptr().add(c)));
-                for i in 0..M {
-                    let qv = _mm512_loadu_ps(q[i].as_ptr().add(c));
-                    for t in 0..4 {
-                        acc[i][t] = _mm512_fmadd_ps(qv, kv[t], acc[i][t]);
-                    }
-                }
-            }
-            c += 16;
-        }
-        // Row i's four sums in 128-bit block i.
-        let sums = reduce_add_16(acc);
-        if full == hd && n == 4 {
-            for i in 0..M {
-                let row = _mm_mul_ps(_mm512_extractf32x4_ps_dyn(sums, i), scale4);
-                // SAFETY: i * keys + j + 4 <= M * keys <= scores.len() (n == 4, asserted).
-                unsafe { _mm_storeu_ps(scores.as_mut_ptr().add(i * keys + j), row) };
-            }
-        } else {
-            let mut lanes = [0f32; 16];
-            // SAFETY: `lanes` holds 16 floats.
-            unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), sums) };
-            for i in 0..M {
-                for t in 0..n {
-                    let mut s = lanes[4 * i + t];
-                    for d in full..hd {
-                        s = q[i][d].mul_add(kr[t][d], s);
-                    }
-                    scores[i * keys + j + t] = s * scale;
-                }
-            }
-        }
-        j += n;
-    }
-}
-
-/// Block `i` (0 to 3) of `v`.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn _mm512_extractf32x4_ps_dyn(v: __m512, i: usize) -> __m128 {
-    match i {
-        0 => _mm512_extractf32x4_ps::<0>(v),
-        1 => _mm512_extractf32x4_ps::<1>(v),
-        2 => _mm512_extractf32x4_ps::<2>(v),
-        _ => _mm512_extractf32x4_ps::<3>(v),
-    }
-}
-
-/// The lane sums of 4 x 4 vectors, each added in `_mm512_reduce_add_ps`'s order (lane `i`
-/// plus lane `i + 8`, then `i + 4`, `i + 2`, `i + 1`; float addition commutes, so only the
-/// pairing matters), folded together a level at a time: lane `4 * i + t` of the result is the
-/// sum of `a[i][t]`.
-#[inline]
-#[target_feature(enable = "avx512f")]
-fn reduce_add_16(a: [[__m512; 4]; 4]) -> __m512 {
-    // i + (i + 8): 128-bit blocks [x0 x1 y0 y1] + [x2 x3 y2 y3].
-    let half = |x: __m512, y: __m512| _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(x, y), _mm512_shuffle_f32x4::<0xee>(x, y));
-    // i + (i + 4): [x0 x2 y0 y2] + [x1 x3 y1 y3]; block k then holds vector k's four partials.
-    let quarter = |x: __m512, y: __m512| _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(x, y), _mm512_shuffle_f32x4::<0xdd>(x, y));
-    let rows: [__m512; 4] = std::array::from_fn(|i| quarter(half(a[i][0], a[i][1]), half(a[i][2], a[i][3])));
-    // Within each block (key t): i + (i + 2) for two rows, [x0 x1 y0 y1] + [x2 x3 y2 y3] ...
-    let pairs = |x: __m512, y: __m512| _mm512_add_ps(_mm512_shuffle_ps::<0x44>(x, y), _mm512_shuffle_ps::<0xee>(x, y));
-    let (r01, r23) = (pairs(rows[0], rows[1]), pairs(rows[2], rows[3]));
-    // ... then i + (i + 1): [x0 x2 y0 y2] + [x1 x3 y1 y3]; block t holds rows 0-3 of key t.
-    let by_key = _mm512_add_ps(_mm512_shuffle_ps::<0x88>(r01, r23), _mm512_shuffle_ps::<0xdd>(r01, r23));
-    _mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), by_key)
-}
-
-/// Attention's `P V` for `M` query rows over 64 value columns from `c0`: `out[i][c] = sum
-/// over keys j of p[i][j] * values[j * hd + c0 + c]`, the keys in order and each step one
-/// fused multiply-add, as the portable loop sums (so the bits are its bits, whatever rows
-/// share the call). Written out because the compiler, given the portable loop, re-reads a
-/// key's four value vectors from memory for every row: here they are loaded once and feed
-/// the `M` rows' 16 sums from registers.
-///
-/// # Safety
-/// The CPU must support AVX-512F.
-#[target_feature(enable = "avx512f")]
-pub unsafe fn weighted_values_64<const M: usize>(p: [&[f32]; M], values: &[f32], hd: usize, c0: usize) -> [[f32; 64]; M] {
-    let keys = values.len() / hd;
-    assert!(c0 + 64 <= hd && p.iter().all(|r| r.len() >= keys), "attention values out of bounds");
-    let mut acc = [[_mm512_setzero_ps(); 4]; M];
-    for j in 0..keys {
-        // SAFETY: j * hd + c0 + 64 <= keys * hd <= values.len(), and j < keys <= every
-        // row's length (asserted above).
-        unsafe {
-            let at = values.as_ptr().add(j * hd + c0);
-            let v: [__m512; 4] = std::array::from_fn(|t| _mm512_loadu_ps(at.add(16 * t)));
-            for i in 0..M {
-                let pj = _mm512_set1_ps(*p[i].get_unchecked(j));
-                for t in 0..4 {
-                    acc[i][t] = _mm512_fmadd_ps(pj, v[t], acc[i][t]);
-                }
-            }
-        }
-    }
-    let mut out = [[0f32; 64]; M];
-    for (o, a) in out.iter_mut().zip(&acc) {
-        for (t, &v) in a.iter().enumerate() {
-            // SAFETY: 16 floats at 16 * t of a 64-float row.
-            unsafe { _mm512_storeu_ps(o.as_mut_ptr().add(16 * t), v) };
-        }
-    }
-    out
-}
-
 /// The lane sums of four vectors, each added in `_mm512_reduce_add_ps`'s order (lane `i`
 /// plus lane `i + 8`, then `i + 4`, `i + 2`, `i + 1`), so a dot product has the same bits
 /// whatever shares its tile, in 13 instructions where four reductions take 32: the vectors
@@ -621,8 +490,8 @@ pub unsafe fn quantize_row_avx512(x: &[f32], out: &mut [u8], flip: u8, group: us
 mod tests {
     use super::*;
 
-    /// The four- and sixteen-way folds add each vector's lanes in `_mm512_reduce_add_ps`'s
-    /// order: the same bits for values whose sums round differently in other orders.
+    /// The four-way fold adds each vector's lanes in `_mm512_reduce_add_ps`'s order: the same
+    /// bits for values whose sums round differently in other orders.
     #[test]
     fn four_sums_at_once_have_the_bits_of_one_at_a_time() {
         if !std::arch::is_x86_feature_detected!("avx512f") {
@@ -644,17 +513,6 @@ mod tests {
                 (reduce_add_4(v), v.map(|x| _mm512_reduce_add_ps(x)))
             };
             assert_eq!(four.map(f32::to_bits), one.map(f32::to_bits), "{lanes:?}");
-        }
-        for _ in 0..500 {
-            let lanes: [[[f32; 16]; 4]; 4] = std::array::from_fn(|_| std::array::from_fn(|_| std::array::from_fn(|_| rnd())));
-            let mut sixteen = [0f32; 16];
-            // SAFETY: AVX-512F detected above; each array holds 16 floats.
-            let one = unsafe {
-                let v: [[__m512; 4]; 4] = std::array::from_fn(|i| std::array::from_fn(|t| _mm512_loadu_ps(lanes[i][t].as_ptr())));
-                _mm512_storeu_ps(sixteen.as_mut_ptr(), reduce_add_16(v));
-                v.map(|r| r.map(|x| _mm512_reduce_add_ps(x)))
-            };
-            assert_eq!(sixteen.map(f32::to_bits), std::array::from_fn(|l| one[l / 4][l % 4].to_bits()), "{lanes:?}");
         }
     }
 }

@@ -2,12 +2,14 @@
 #extension GL_GOOGLE_include_directive : require
 // Bidirectional attention of query head `h` of row `r` (one workgroup each) against the first
 // `context` positions of one layer's KV cache (binding 2, as store_kv.comp wrote it), as the
-// host's `attention::attend`, in its order of operations so both backends get the same bits:
-// scores q.k * scale (the host's `dot`: 16 lanes of fused multiply-adds added pairwise; a
-// row's own key by fused multiply-adds in order), softmax with the maximum subtracted (the
-// exponentials summed in 16 lanes, the lanes in order, then the rest), weights below 2^-100
-// dropped, then P V by fused multiply-adds in key order. Rows after the stored ones attend
-// with their own key and value at their position instead of the cache's.
+// host's `attention::attend` on its dot-product path (the portable kernels, AVX2, NEON), in
+// its order of operations so both get the same bits: scores q.k * scale (the host's `dot`:
+// 16 lanes of fused multiply-adds added pairwise; a row's own key by fused multiply-adds in
+// order), softmax with the maximum subtracted (the exponentials summed in 16 lanes, the lanes
+// in order, then the rest), weights below 2^-100 dropped, then P V by fused multiply-adds in
+// key order. (The host's AVX-512 kernel, query rows in vector lanes with an online softmax,
+// orders its sums otherwise.) Rows after the stored ones attend with their own key and value
+// at their position instead of the cache's.
 layout(local_size_x = 64) in;
 layout(constant_id = 0) const uint MAX_KEYS = 4096u;
 #include "common.glsl"
