@@ -74,8 +74,10 @@ super::cpu::multiversion! {
 
 impl<'s> Prepared<'s> {
     /// Prepares `rows` rows of `x` for `w` in `scratch` (at least
-    /// `w.operand_layout(rows).bytes` bytes, 4-byte aligned).
-    pub fn prepare(scratch: &'s mut [u8], x: &[f32], rows: usize, w: &Matrix, features: Features) -> Prepared<'s> {
+    /// `w.operand_layout(rows).bytes` bytes, 4-byte aligned). The SIMD quantisers share the
+    /// rows among `pool`'s threads where one is given (the matmul's threads would otherwise
+    /// wait for one of them to quantise every row).
+    pub fn prepare(scratch: &'s mut [u8], x: &[f32], rows: usize, w: &Matrix, features: Features, pool: Option<&rayon::ThreadPool>) -> Prepared<'s> {
         let (k, format) = (w.k, w.format);
         let l = w.operand_layout(rows);
         assert!(scratch.len() >= l.bytes, "GEMM scratch of {} bytes; this operand needs {}", scratch.len(), l.bytes);
@@ -98,7 +100,7 @@ impl<'s> Prepared<'s> {
                     p.bf16s[r * p.stride..r * p.stride + k].convert_from_f32_slice(&x[r * k..(r + 1) * k]);
                 }
             }
-            Operand::Int8 if l.scales_per_row > 1 => p.quantize_blocks(x, rows, k, format == DType::PanelQ8, prows, values, scales, sums, features),
+            Operand::Int8 if l.scales_per_row > 1 => p.quantize_blocks(x, rows, k, format == DType::PanelQ8, prows, values, scales, sums, features, pool),
             Operand::Int8 => {
                 let q8 = format == DType::PanelQ8;
                 p.bytes = &mut values[..prows * l.stride];
@@ -124,13 +126,12 @@ impl<'s> Prepared<'s> {
                         None
                     };
                     if let Some(quantize) = simd {
-                        for r in 0..rows {
-                            let dst = &mut p.bytes[r * p.stride..r * p.stride + k];
-                            let sums = &mut p.group_sums[r * p.groups..(r + 1) * p.groups];
+                        let flip = if q8 { 0x80 } else { 0 };
+                        p.each_row(x, rows, k, pool, |((dst, sums), (scale, x))| {
                             // SAFETY: chosen above only when the CPU has its features and K
                             // and the group are multiples of its lanes, as its contract asks.
-                            p.scale[r] = unsafe { quantize(&x[r * k..(r + 1) * k], dst, if q8 { 0x80 } else { 0 }, group, sums) };
-                        }
+                            scale[0] = unsafe { quantize(x, &mut dst[..k], flip, group, sums) };
+                        });
                         return p;
                     }
                 }
@@ -156,7 +157,7 @@ impl<'s> Prepared<'s> {
     /// its VNNI tile makes the weights the unsigned operand), with its scale and its
     /// correction sum (8 x the quant sum for q4's nibbles, 128 x for q8's offset weights).
     #[allow(clippy::too_many_arguments)]
-    fn quantize_blocks(&mut self, x: &[f32], rows: usize, k: usize, q8: bool, prows: usize, values: &'s mut [u8], scales: &'s mut [u8], sums: &'s mut [u8], features: Features) {
+    fn quantize_blocks(&mut self, x: &[f32], rows: usize, k: usize, q8: bool, prows: usize, values: &'s mut [u8], scales: &'s mut [u8], sums: &'s mut [u8], features: Features, pool: Option<&rayon::ThreadPool>) {
         let (blocks, stride) = (self.groups, self.stride);
         self.bytes = &mut values[..prows * stride];
         self.bytes.fill(0);
@@ -166,26 +167,41 @@ impl<'s> Prepared<'s> {
         self.group_sums.fill(0);
         // The quantisers give 8 x the sum; q8's correction is 128 x.
         let factor = if q8 { 16 } else { 1 };
-        for r in 0..rows {
+        self.each_row(x, rows, k, pool, |((dst, sums), (scales, x))| {
             for b in 0..blocks {
                 let (from, to) = (b * ACTIVATION_BLOCK, ((b + 1) * ACTIVATION_BLOCK).min(k));
-                let src = &x[r * k + from..r * k + to];
-                let dst = &mut self.bytes[r * stride + from..r * stride + to];
-                let sum = &mut self.group_sums[r * blocks + b];
+                let (src, dst, sum) = (&x[from..to], &mut dst[from..to], &mut sums[b]);
                 #[cfg(target_arch = "x86_64")]
                 if features.avx512() && src.len() % 16 == 0 {
                     // SAFETY: the CPU has AVX-512 F/BW (`avx512()` implies both); the block
                     // is a multiple of 16 and one group.
-                    self.scale[r * blocks + b] = unsafe { super::x86::quantize_row_avx512(src, dst, 0, src.len(), std::slice::from_mut(sum)) };
+                    scales[b] = unsafe { super::x86::quantize_row_avx512(src, dst, 0, src.len(), std::slice::from_mut(sum)) };
                     *sum *= factor;
                     continue;
                 }
-                self.scale[r * blocks + b] = quantize_row(features, src, bytemuck::cast_slice_mut(dst));
+                scales[b] = quantize_row(features, src, bytemuck::cast_slice_mut(dst));
                 *sum = 8 * factor * dst.iter().map(|&v| v as i8 as i32).sum::<i32>();
             }
+        });
+    }
+
+    /// Runs `quantize` on each of the first `rows` rows: its quants, its correction sums and
+    /// scales (`self.groups` and `self.scales_per_row` of them), and its `k` activations. On
+    /// `pool`'s threads from four rows (a row takes about a microsecond, about what handing
+    /// work to another thread costs).
+    fn each_row(&mut self, x: &[f32], rows: usize, k: usize, pool: Option<&rayon::ThreadPool>, quantize: impl Fn(OperandRow) + Sync + Send) {
+        let (stride, groups, per_row) = (self.stride, self.groups, self.scales_per_row);
+        let (bytes, sums, scales, x) = (&mut self.bytes[..rows * stride], &mut self.group_sums[..rows * groups], &mut self.scale[..rows * per_row], &x[..rows * k]);
+        match pool.filter(|pool| rows >= 4 && pool.current_num_threads() > 1) {
+            Some(pool) => pool.install(|| bytes.par_chunks_mut(stride).zip(sums.par_chunks_mut(groups)).zip(scales.par_chunks_mut(per_row).zip(x.par_chunks(k))).for_each(&quantize)),
+            None => bytes.chunks_mut(stride).zip(sums.chunks_mut(groups)).zip(scales.chunks_mut(per_row).zip(x.chunks(k))).for_each(quantize),
         }
     }
 }
+
+/// One row of a prepared operand, as [`Prepared::each_row`] hands it out: its quants and
+/// correction sums, its scales and its activations.
+type OperandRow<'a> = ((&'a mut [u8], &'a mut [i32]), (&'a mut [f32], &'a [f32]));
 
 /// Where the worker tasks write: rows of `n` floats, each task its own columns.
 #[derive(Clone, Copy)]
@@ -212,7 +228,7 @@ pub fn gemm(x: &[f32], rows: usize, w: &Matrix, out: &mut [f32], scratch: &mut [
     assert!(x.len() >= rows * k && out.len() >= rows * n, "gemm operands too small");
     let pbytes = panel_bytes(w.format, k).expect("a panel format");
     assert_eq!(w.bytes.len(), panels(n) * pbytes, "packed weights of the wrong size");
-    let prepared = Prepared::prepare(scratch, x, rows, w, features);
+    let prepared = Prepared::prepare(scratch, x, rows, w, features, Some(pool));
     let path = Path::of(w, features);
     let output = Output { ptr: out.as_mut_ptr() };
     let prepared = &prepared;
@@ -677,8 +693,8 @@ mod tests {
                 // The integer formats see identical quants on both paths.
                 if matches!(format, DType::PanelQ8 | DType::PanelQ4 { .. }) && k % 16 == 0 {
                     let mut other = scratch_for(&m, rows);
-                    let prep = Prepared::prepare(bytemuck::cast_slice_mut(&mut scratch), &x, rows, &m, features);
-                    let again = Prepared::prepare(bytemuck::cast_slice_mut(&mut other), &x, rows, &m, Features::PORTABLE);
+                    let prep = Prepared::prepare(bytemuck::cast_slice_mut(&mut scratch), &x, rows, &m, features, Some(&pool));
+                    let again = Prepared::prepare(bytemuck::cast_slice_mut(&mut other), &x, rows, &m, Features::PORTABLE, None);
                     assert_eq!((&prep.bytes, &prep.group_sums), (&again.bytes, &again.group_sums), "{}", format.name());
                     assert_eq!(prep.scale, again.scale);
                 }
