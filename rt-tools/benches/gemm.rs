@@ -4,7 +4,9 @@
 //!
 //! `GEMM_ROWS=32,64`, `GEMM_THREADS=1`, `GEMM_SHAPES=5632x2048,2048x5632` (n x k; LLaDA-1B's
 //! MLP) and `GEMM_FORMATS=q4,f32` narrow the sweep; `GEMM_REPEAT=N` times N runs (default
-//! 5, the median reported); `LLADA_ISA=portable|avx2` caps the path.
+//! 5, the median reported); `LLADA_ISA=portable|avx2` caps the path. `GEMM_COPIES=N` cycles
+//! each timed run through N copies of the weights (all the copies in one run), so that with
+//! enough copies they stream from memory as a model's do, not from the last-level cache.
 
 use llada_ir::packing::{pack_panel, PANEL};
 use llada_ir::DType;
@@ -19,6 +21,7 @@ fn main() {
         s.split(',').filter_map(|p| p.split_once('x').and_then(|(n, k)| Some((n.parse().ok()?, k.parse().ok()?)))).collect()
     });
     let repeat: usize = std::env::var("GEMM_REPEAT").ok().and_then(|t| t.parse().ok()).unwrap_or(5).max(1);
+    let copies: usize = std::env::var("GEMM_COPIES").ok().and_then(|t| t.parse().ok()).unwrap_or(1).max(1);
     let only: Option<Vec<String>> = std::env::var("GEMM_FORMATS").ok().map(|s| s.split(',').map(str::to_string).collect());
     let roof = roofline::measure(threads);
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
@@ -44,19 +47,23 @@ fn main() {
             for _ in 0..n / PANEL {
                 pack_panel(format, &rows16, k, &mut bytes);
             }
-            let m = gemm::Matrix { format, n, k, bytes: &bytes, bf16_activations, activation_scales: Default::default() };
+            let all: Vec<Vec<u8>> = (0..copies).map(|_| bytes.clone()).collect();
+            let ms: Vec<gemm::Matrix> = all.iter().map(|b| gemm::Matrix { format, n, k, bytes: b, bf16_activations, activation_scales: Default::default() }).collect();
+            let m = &ms[0];
             for &r in &rows {
                 let x: Vec<f32> = (0..r * k).map(|i| ((i * 7) % 13) as f32 * 0.1 - 0.6).collect();
                 let mut out = vec![0.0; r * n];
                 // 8-byte aligned, as the window's scratch is (64).
                 let mut scratch = vec![0u64; m.operand_layout(r).bytes.div_ceil(8)];
                 let scratch: &mut [u8] = bytemuck::cast_slice_mut(&mut scratch);
-                gemm::gemm(&x, r, &m, &mut out, scratch, &pool, cpu::features());
+                gemm::gemm(&x, r, m, &mut out, scratch, &pool, cpu::features());
                 let times: Vec<f64> = (0..repeat)
                     .map(|_| {
                         let t = std::time::Instant::now();
-                        gemm::gemm(&x, r, &m, &mut out, scratch, &pool, cpu::features());
-                        t.elapsed().as_secs_f64()
+                        for m in &ms {
+                            gemm::gemm(&x, r, m, &mut out, scratch, &pool, cpu::features());
+                        }
+                        t.elapsed().as_secs_f64() / copies as f64
                     })
                     .collect();
                 let mut sorted = times.clone();
