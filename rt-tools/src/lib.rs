@@ -7,10 +7,12 @@
 //! - [`roofline`]: this machine's measured peaks and memory bandwidth.
 //! - [`bench`]: where a forward pass spends its time, against the roofline.
 //! - [`compare`]: how far an artifact's logits and tokens are from a reference artifact's.
+//! - [`profile`]: a whole generation's time op by op (`run --op-profile`).
 
 pub mod bench;
 pub mod compare;
 pub mod conformance;
 pub mod eval;
 pub mod golden;
+pub mod profile;
 pub mod roofline;

@@ -193,6 +193,10 @@ enum Command {
         /// Write a Chrome/Perfetto trace of the run (dense passes, waits, staging copies).
         #[arg(long)]
         trace: Option<PathBuf>,
+        /// Time every op of every pass and print the sums by op, and the matmuls' by shape
+        /// and rows (with --json: as "op_profile"). Timing each op costs a little time.
+        #[arg(long)]
+        op_profile: bool,
         #[command(flatten)]
         session: SessionArgs,
     },
@@ -516,7 +520,7 @@ fn run(cli: Cli) -> Result<()> {
                 println!("  generation: {:.1}% of tokens the same; {:.2} s against {:.2} s", 100.0 * c.token_agreement, c.other_seconds, c.reference_seconds);
             }
         }
-        Command::Run { file, prompt, chat, prompt_ids, sampler, json, show_denoising, trace, session: session_args } => {
+        Command::Run { file, prompt, chat, prompt_ids, sampler, json, show_denoising, trace, op_profile, session: session_args } => {
             let model = Model::open(&file, true)?;
             let text = Text::new(&model.header.tokenizer, &model.header.special)?;
             let ids = match (&prompt, &prompt_ids) {
@@ -531,6 +535,7 @@ fn run(cli: Cli) -> Result<()> {
             if let Some(t) = &timeline {
                 session.set_trace(t.clone());
             }
+            session.profile_ops(op_profile);
             let mut display = Display { text: &text, mask: model.header.special.mask, denoising: show_denoising, printed: String::new(), canvas_lines: 0 };
             let g = if json {
                 generate(&mut session, &ids, &params, &mut |_| {})?
@@ -541,6 +546,7 @@ fn run(cli: Cli) -> Result<()> {
                 t.write(path).map_err(|e| Error::io(path, e))?;
             }
             let answer = text.answer(&g.output_ids);
+            let ops = op_profile.then(|| llada_rt_tools::profile::split(&model, &session.take_op_profiles()));
             if json {
                 let mut obj = json!({
                     "prompt_ids": g.prompt_ids,
@@ -560,6 +566,9 @@ fn run(cli: Cli) -> Result<()> {
                 if let Some(r) = &g.revisions {
                     obj["revisions"] = json!(r);
                 }
+                if let Some(ops) = &ops {
+                    obj["op_profile"] = json!(ops);
+                }
                 println!("{obj}");
             } else {
                 if show_denoising {
@@ -578,6 +587,9 @@ fn run(cli: Cli) -> Result<()> {
                         print_mbsd(m);
                     }
                     print_experts(&session);
+                }
+                if let Some(ops) = &ops {
+                    ops.print();
                 }
             }
         }

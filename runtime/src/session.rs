@@ -6,7 +6,7 @@ use std::time::Instant;
 use crate::error::{Error, Result, Setting};
 use std::ops::Range;
 
-use crate::executor::{self, value_range, BackendKind, Capabilities, Executor, OpProfile, RunInputs};
+use crate::executor::{self, value_range, BackendKind, Capabilities, Executor, OpProfile, PassProfile, RunInputs};
 use crate::model::Model;
 use crate::params::SessionParams;
 use crate::moe::{ExpertCounters, ExpertStrategy, Experts};
@@ -116,6 +116,9 @@ pub struct Session<'m> {
     /// A pass failed: staging and the experts are set up afresh before the next one (not at
     /// once: what failed, a file being replaced say, may be mended by then).
     needs_reset: bool,
+    /// Every pass's op times while [`profile_ops`](Self::profile_ops) is on (a diagnostic:
+    /// timing ops and keeping them allocates).
+    op_profiles: Option<Vec<PassProfile>>,
 }
 
 impl<'m> Session<'m> {
@@ -187,6 +190,7 @@ impl<'m> Session<'m> {
             trace: None,
             expert_options,
             needs_reset: false,
+            op_profiles: None,
         })
     }
 
@@ -233,6 +237,18 @@ impl<'m> Session<'m> {
     /// Most logit rows one pass over `rows` positions can return.
     pub fn head_capacity(&self, rows: usize) -> Result<usize> {
         Ok(self.model.graph(self.model.graph_for_rows(rows)?).head_rows as usize)
+    }
+
+    /// Times every op of every pass from now on (`on`), keeping the times for
+    /// [`take_op_profiles`](Self::take_op_profiles), or stops.
+    pub fn profile_ops(&mut self, on: bool) {
+        self.op_profiles = on.then(Vec::new);
+    }
+
+    /// The op times of the passes since [`profile_ops`](Self::profile_ops) was turned on or
+    /// last taken.
+    pub fn take_op_profiles(&mut self) -> Vec<PassProfile> {
+        self.op_profiles.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// [`forward_full`](Self::forward_full), timing every op: for `llada-rt bench`.
@@ -414,7 +430,7 @@ impl<'m> Session<'m> {
         let g = self.model.graph(gid);
         let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context, head_rows: &self.head, rows: self.real_rows };
         let start = Instant::now();
-        let mut profile = profiled.then(OpProfile::default);
+        let mut profile = (profiled || self.op_profiles.is_some()).then(OpProfile::default);
         let run = self.executor.run(self.model, g, &inputs, &mut self.window, &mut self.stager, self.experts.as_mut(), profile.as_mut()).map(|()| profile);
         // Reads of a truncated artifact saw zeros: the pass computed nothing trustworthy.
         let profile = match run.and_then(|p| self.model.check_intact().map(|()| p)) {
@@ -440,7 +456,10 @@ impl<'m> Session<'m> {
         self.counters.forward_passes += 1;
         self.counters.rows_computed += if self.executor.capabilities().cost_per_row { real_rows } else { g.rows as usize } as u64;
         self.counters.head_rows_computed += head_rows as u64;
-        Ok(profile)
+        if let (Some(all), Some(ops)) = (self.op_profiles.as_mut(), profile.as_ref()) {
+            all.push(PassProfile { graph: gid, rows: real_rows, head_rows, ops: ops.clone() });
+        }
+        Ok(profile.filter(|_| profiled))
     }
 
     /// Brings the session back to the state a new one has, after a pass failed part-way: the

@@ -138,9 +138,18 @@ pub fn value_range(g: &Graph, v: &Value, head_rows: usize, base: u64) -> Range<u
     start..start + rows * v.cols as usize
 }
 
-/// Time spent per op in one run, for `llada-rt bench`.
+/// Time spent per op in one run, for `llada-rt bench` and `run --op-profile`.
 #[derive(Debug, Clone, Default)]
 pub struct OpProfile {
     /// (op index, seconds).
     pub times: Vec<(usize, f64)>,
+}
+
+/// One pass's op times with what it ran: the graph, its real rows and its logit rows.
+#[derive(Debug, Clone)]
+pub struct PassProfile {
+    pub graph: u32,
+    pub rows: usize,
+    pub head_rows: usize,
+    pub ops: OpProfile,
 }
