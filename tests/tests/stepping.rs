@@ -60,3 +60,29 @@ fn every_policy_stepped_from_outside_matches_generate() {
     }
 }
 
+
+/// `run --op-profile`'s source: with op profiling on, every pass of a generation is timed op
+/// by op, and the sums account for every pass, every matmul and no more time than the passes
+/// took; with it off, nothing is kept.
+#[test]
+fn an_op_profile_covers_every_pass_of_a_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Model::open(&common::embedded(dir.path()), true).unwrap();
+    let prompt = [5u32, 9, 11, 3];
+    let mut session = Session::with_threads(&model, 2).unwrap();
+    let p = SamplerParams { gen_length: 32, block_length: 16, steps: 16, policy: Policy::Mbsd, revision: Revision::Off, ..Default::default() };
+    session.profile_ops(true);
+    let before = session.counters.forward_seconds;
+    let g = generate(&mut session, &prompt, &p, &mut |_| {}).unwrap();
+    let passes = session.take_op_profiles();
+    assert_eq!(passes.len() as u64, g.forward_passes);
+    let split = llada_rt_tools::profile::split(&model, &passes);
+    let matmuls_per_pass = model.graph(passes[0].graph).ops.iter().filter(|o| o.name() == "MatMul").count() as u64;
+    assert_eq!(split.matmuls.iter().map(|m| m.calls).sum::<u64>(), matmuls_per_pass * g.forward_passes);
+    assert_eq!(split.ops.iter().find(|t| t.op == "MatMul").map(|t| t.calls), Some(matmuls_per_pass * g.forward_passes));
+    assert!(split.seconds > 0.0 && split.seconds <= session.counters.forward_seconds - before, "{split:?}");
+    assert!(split.matmuls.iter().all(|m| m.gop > 0.0 && m.seconds > 0.0));
+    session.profile_ops(false);
+    generate(&mut session, &prompt, &p, &mut |_| {}).unwrap();
+    assert!(session.take_op_profiles().is_empty());
+}
