@@ -82,14 +82,9 @@ pub const UNIT_ROWS: usize = 4;
 
 /// Whether this CPU and head shape take the AVX-512 kernel with the query rows in vector lanes
 /// (`x86_attention`: units of one head and up to 32 rows), else the dot-product path.
+#[cfg(target_arch = "x86_64")]
 fn lanes_path(features: super::cpu::Features, sh: &Shape) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return features.isa() == super::cpu::Isa::Avx512 && sh.head_dim % 16 == 0 && sh.head_dim <= super::x86_attention::MAX_HEAD_DIM;
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (features, sh);
-        false
-    }
+    features.isa() == super::cpu::Isa::Avx512 && sh.head_dim % 16 == 0 && sh.head_dim <= super::x86_attention::MAX_HEAD_DIM
 }
 
 /// Query rows per unit of work on the path `features` takes for `sh`.
