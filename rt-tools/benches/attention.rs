@@ -14,6 +14,7 @@ use llada_rt::kernels::attention::{self, OwnKv, Shape, UNIT_ROWS};
 use llada_rt::kernels::cpu;
 use llada_rt_tools::roofline;
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 fn list(var: &str, default: &[usize]) -> Vec<usize> {
     std::env::var(var).ok().map_or(default.to_vec(), |s| s.split(',').filter_map(|r| r.parse().ok()).collect())
@@ -47,14 +48,18 @@ fn main() {
             let mut scores = vec![0f32; threads * UNIT_ROWS * keys];
             let sh = Shape { width, capacity: keys, heads, kv_heads: heads, head_dim: hd, keys };
             let units = attention::units(features, &sh, rows);
-            let per = units.div_ceil(threads).max(1);
             let mut once = || {
                 for (qkv, kv) in qkvs.iter().zip(&kvs) {
                     let o = attention::Out::new(&mut out);
+                    // Units claimed one at a time by whichever thread is free, as the executor does.
+                    let next = AtomicUsize::new(0);
                     pool.install(|| {
-                        scores.par_chunks_mut(UNIT_ROWS * keys).enumerate().for_each(|(t, scores)| {
-                            let mine = (t * per).min(units)..((t + 1) * per).min(units);
-                            attention::attend(features, qkv, kv, sh, OwnKv::NONE, rows, mine, o, scores);
+                        scores.par_chunks_mut(UNIT_ROWS * keys).for_each(|scores| loop {
+                            let u = next.fetch_add(1, Ordering::Relaxed);
+                            if u >= units {
+                                break;
+                            }
+                            attention::attend(features, qkv, kv, sh, OwnKv::NONE, rows, u..u + 1, o, scores);
                         })
                     });
                 }

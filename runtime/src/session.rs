@@ -456,10 +456,15 @@ impl<'m> Session<'m> {
         self.counters.forward_passes += 1;
         self.counters.rows_computed += if self.executor.capabilities().cost_per_row { real_rows } else { g.rows as usize } as u64;
         self.counters.head_rows_computed += head_rows as u64;
-        if let (Some(all), Some(ops)) = (self.op_profiles.as_mut(), profile.as_ref()) {
-            all.push(PassProfile { graph: gid, rows: real_rows, head_rows, ops: ops.clone() });
+        match (self.op_profiles.as_mut(), profile) {
+            // Kept for `take_op_profiles` (a copy only when the caller wants it too).
+            (Some(all), Some(ops)) => {
+                let returned = profiled.then(|| ops.clone());
+                all.push(PassProfile { graph: gid, rows: real_rows, head_rows, ops });
+                Ok(returned)
+            }
+            (_, profile) => Ok(profile),
         }
-        Ok(profile.filter(|_| profiled))
     }
 
     /// Brings the session back to the state a new one has, after a pass failed part-way: the

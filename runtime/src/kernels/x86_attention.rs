@@ -42,23 +42,18 @@ pub struct OwnRow<'a> {
     pub value: &'a [f32],
 }
 
-/// `e^x` as `kernels::exp` computes it, 16 lanes at a time: the same clamp, reduction and
-/// polynomial, each step rounded as that scalar code rounds it (Rust fuses no float
-/// operations), so every lane has `exp`'s bits.
+/// `kernels::exp` of each lane: the scalar function, which the compiler vectorises here.
 #[inline]
 #[target_feature(enable = "avx512f")]
 fn exp16(x: __m512) -> __m512 {
-    let c = _mm512_set1_ps;
-    let x = _mm512_min_ps(_mm512_max_ps(x, c(-87.3)), c(88.3));
-    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(x, c(std::f32::consts::LOG2_E)));
-    let r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, c(0.693_145_75))), _mm512_mul_ps(n, c(1.428_606_8e-6)));
-    let mut p = _mm512_add_ps(c(1.0 / 720.0), _mm512_mul_ps(r, c(1.0 / 5040.0)));
-    for k in [1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
-        p = _mm512_add_ps(c(k), _mm512_mul_ps(r, p));
+    let mut lanes = [0f32; 16];
+    // SAFETY: `lanes` holds 16 floats.
+    unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), x) };
+    for v in &mut lanes {
+        *v = super::exp(*v);
     }
-    // 2^n from the bits of n + 127 + 2^23 (`kernels::pow2i`).
-    let biased = _mm512_sub_epi32(_mm512_castps_si512(_mm512_add_ps(n, c(127.0 + 8_388_608.0))), _mm512_set1_epi32(0x4b00_0000));
-    _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32::<23>(biased)), p)
+    // SAFETY: as above.
+    unsafe { _mm512_loadu_ps(lanes.as_ptr()) }
 }
 
 /// The 16 x 16 transpose of `m` (row `i`, lane `j` to row `j`, lane `i`), in four rounds of
