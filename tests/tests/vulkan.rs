@@ -12,6 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use llada_rt::executor::BackendKind;
+use llada_rt_tools::conformance::Selection;
 use llada_rt::kernels::cpu;
 use llada_rt::sampler::{Policy, Revision};
 use llada_rt::session::ExpertOptions;
@@ -155,9 +156,13 @@ fn embedded_golden_outputs_hold_on_vulkan() {
     let text = Text::new(&model.header.tokenizer, &model.header.special).unwrap();
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/embedded.json");
     let file = llada_rt_tools::golden::read(&path).unwrap();
-    let report = llada_rt_tools::golden::check(&mut session(&model, BackendKind::Vulkan), &text, &file, &path, Default::default(), llada_rt_tools::golden::Pin::Reveals).unwrap();
+    // A spread half of the cases: lavapipe takes about 6 s a case here, and every case runs
+    // the same shaders (the host's golden test replays them all).
+    let half = Selection::new(2, 0).unwrap();
+    let report = llada_rt_tools::golden::check(&mut session(&model, BackendKind::Vulkan), &text, &file, &path, half, llada_rt_tools::golden::Pin::Reveals).unwrap();
     assert!(report.passed(), "golden outputs differ on Vulkan:\n{}", report.failures.join("\n"));
-    assert_eq!((report.output_ids_matched, report.reveals_matched), (file.cases.len(), file.cases.len()));
+    let sampled = file.cases.len().div_ceil(2);
+    assert_eq!((report.output_ids_matched, report.reveals_matched), (sampled, sampled));
 }
 
 /// Spans of `track` (its trace id) in a Chrome trace: (start, end) in microseconds.
