@@ -21,8 +21,6 @@ lladac=target/release/lladac rt=target/release/llada-rt
 [ -f "$out/1b-q4.lad" ] || $lladac compile --model "$ckpt" --quant q4 -o "$out/1b-q4.lad" 2> /dev/null
 ids=$(python3 -c "print(','.join(str((i*104729+7)%126000) for i in range(32)))")
 gen="--gen-len 128 --block-len 32 --steps 128 --threads 2"
-# The roofline before, between and after the runs: this VM's speed drifts, and one reading
-# can be 30% low. The bound takes the fastest (the kernel's rate, the strictest bound).
 $rt roofline --threads 2 --json > "$out/roofline-1.json"
 for rep in 1 2 3; do
   for run in "dual" "mbsd" "mbsd --revision off" "mbsd --revision dual-path"; do
@@ -36,7 +34,7 @@ if [ -n "$fast" ]; then
   "${PYTHON:-python3}" tools/peers/fast_dllm_llada.py --fast-dllm "$fast" --model "$ckpt" --cache dual --gen-len 128 --block-len 32 --steps 128 --threads 2 > "$out/fast-dllm-dual.txt"
 fi
 python3 - "$out" "$ckpt" <<'PY'
-import json, sys
+import glob, json, statistics, sys
 out, ckpt = sys.argv[1:]
 cfg = json.load(open(f"{ckpt}/config.json"))
 d, f, L, V = cfg["d_model"], cfg["mlp_hidden_size"], cfg["n_layers"], cfg["embedding_size"]
@@ -53,10 +51,9 @@ min_rows = sum(prompt + gen + sum(range(1, block)) for _ in range(blocks))
 min_head = blocks * sum(range(1, block + 1))
 bound = (min_rows * layer + min_head * head) / rate
 print(f"sustained q4 GEMM {rate/1e9:.0f} GOP/s; minimum {min_rows} rows through the layers and {min_head} head rows: {(min_rows*layer+min_head*head)/1e9:.0f} GOP, bound {bound:.2f} s")
-reps = (1, 2, 3)
-runs = {name: [json.load(open(f"{out}/run-{name}-{k}.json")) for k in reps] for name in ["dual", "mbsd", "mbsdrevisionoff", "mbsdrevisiondualpath"]}
+runs = {name: [json.load(open(f)) for f in sorted(glob.glob(f"{out}/run-{name}-*.json"))] for name in ["dual", "mbsd", "mbsdrevisionoff", "mbsdrevisiondualpath"]}
 fastest = {name: min(r["seconds"] for r in rs) for name, rs in runs.items()}
-median = {name: sorted(r["seconds"] for r in rs)[1] for name, rs in runs.items()}
+median = {name: statistics.median(r["seconds"] for r in rs) for name, rs in runs.items()}
 print("| run | seconds (three runs) | fastest | vs dual | / bound | median / bound | dense passes | rows through the layers | head rows |")
 print("|---|---|---|---|---|---|---|---|---|")
 for name, rs in runs.items():
