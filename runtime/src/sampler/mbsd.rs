@@ -20,8 +20,10 @@
 //! once, by the pass after its commit, so later passes read its token; without that the tiny
 //! Dream lost half a point), nothing else. Drafts are made once per position, by the pass
 //! that empties the block (the freshest context before the next block starts), and only while
-//! they pay: while no draft was judged yet in this generation, or at least one in
-//! [`DRAFTS_PAY_ONE_IN`] was accepted. A whole-sequence pass there computes no draft's LM-head
+//! they pay: at least one in [`DRAFTS_PAY_ONE_IN`] of those judged was accepted, or, before
+//! any was judged, some prediction of this generation already had the confidence a draft
+//! needs to be accepted (`spec_threshold`; a model that is never that sure, such as random
+//! weights, would have every draft dropped). A whole-sequence pass there computes no draft's LM-head
 //! row. (A speculative row costs one row once; an accepted draft saves a commit, and so a
 //! step's pass of a dozen rows or more.)
 //!
@@ -92,6 +94,16 @@ impl MbsdReport {
 /// many of those judged was accepted.
 pub const DRAFTS_PAY_ONE_IN: u64 = 4;
 
+/// Whether drafts pay (see the module documentation): at least one in [`DRAFTS_PAY_ONE_IN`]
+/// of those judged was accepted, or none was judged yet and a prediction was `confident`
+/// enough to accept one.
+fn drafts_pay(accepted: u64, dropped: u64, confident: bool) -> bool {
+    match accepted + dropped {
+        0 => confident,
+        judged => accepted * DRAFTS_PAY_ONE_IN >= judged,
+    }
+}
+
 /// The row buckets of the plan a pass may run, at least `min_rows` rows each.
 fn buckets(session: &Session, min_rows: usize) -> Result<Vec<usize>> {
     let plan = &session.model.header.plan;
@@ -140,6 +152,9 @@ pub(super) struct Mbsd {
     /// Whether passes fill a bucket (idle rows are free on the backend, or `--rows` asked for
     /// one), else compute only the rows the step needs.
     fill_buckets: bool,
+    /// Whether a prediction of this generation reached `spec_threshold`, the confidence an
+    /// accepted draft needs.
+    confident: bool,
 }
 
 /// What a row-set pass computes besides the rows of the block's masked positions.
@@ -183,6 +198,7 @@ impl Mbsd {
             shift: session.model.logit_shift() as usize,
             dream_timesteps: (session.model.logit_shift() > 0).then(|| dream::timesteps(steps_per_block, p.eps)),
             fill_buckets: p.rows.is_some() || !session.backend().cost_per_row,
+            confident: false,
         })
     }
 }
@@ -193,10 +209,9 @@ impl Mbsd {
         self.side.as_ref().map_or(0, SidePath::per_job)
     }
 
-    /// Without bucket filling: whether drafts pay so far (see the module documentation).
+    /// Without bucket filling: whether drafts pay so far.
     fn drafts_pay(&self) -> bool {
-        let (accepted, dropped) = (self.report.drafts_accepted, self.report.drafts_dropped);
-        accepted + dropped == 0 || accepted * DRAFTS_PAY_ONE_IN >= accepted + dropped
+        drafts_pay(self.report.drafts_accepted, self.report.drafts_dropped, self.confident)
     }
 
     /// The extra rows of a row-set pass whose block has `masked` masked positions and whose
@@ -256,6 +271,7 @@ impl PolicyStep for Mbsd {
         let (accepted, dropped) = settle_predictions(&pass.head_positions, predictions, block_end, &mut c.drafts, &c.p, &mut c.x, prompt_len, &mut c.reveals, &mut c.candidates);
         report.drafts_accepted += accepted;
         report.drafts_dropped += dropped;
+        self.confident |= c.candidates.iter().any(|k| k.confidence >= c.p.spec_threshold);
         c.drafts_confirmed += accepted;
         match self.dream_timesteps {
             None => c.commit_best(commits),
@@ -399,4 +415,17 @@ fn row_set<'s>(
     report.rows_padding += padding_rows(session, rows - pass.rows.len());
     report.dense_passes += 1;
     session.forward_rows(x.len(), &pass.rows, bucket, &pass.head_rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::drafts_pay;
+
+    #[test]
+    fn drafts_pay_while_one_in_four_is_accepted_or_before_any_is_judged_if_confident() {
+        assert!(!drafts_pay(0, 0, false), "a model never sure enough for a draft");
+        assert!(drafts_pay(0, 0, true));
+        assert!(drafts_pay(1, 3, false) && drafts_pay(1, 3, true));
+        assert!(!drafts_pay(1, 4, true) && !drafts_pay(0, 16, true));
+    }
 }
