@@ -174,7 +174,7 @@ impl HostExecutor {
                 Op::Scale { x, factor } => kernels::scale(&mut win[range(x)], factor),
                 Op::Bias { x, bias } => {
                     let b = f32s(bias);
-                    win[range(x)].chunks_exact_mut(b.len()).for_each(|row| kernels::add(row, b));
+                    win[range(x)].chunks_exact_mut(b.len()).for_each(|row| kernels::add(features, row, b));
                 }
                 Op::RmsNorm { x, weight, eps, out } => {
                     let ([xs], o) = operands(win, [range(x)], range(out));
@@ -190,10 +190,13 @@ impl HostExecutor {
                     let half = hd / 2;
                     let (cos, sin) = (f32s(cos), f32s(sin));
                     let c = cols(x);
-                    for (row, &p) in win[range(x)].chunks_exact_mut(c).zip(inp.positions) {
-                        let t = p as usize * half..(p as usize + 1) * half;
-                        kernels::rope_row(&mut row[..heads as usize * hd], hd, &cos[t.clone()], &sin[t]);
-                    }
+                    // A row at a time, as threads are free (see Attention).
+                    self.pool.install(|| {
+                        win[range(x)].par_chunks_exact_mut(c).zip(inp.positions.par_iter()).for_each(|(row, &p)| {
+                            let t = p as usize * half..(p as usize + 1) * half;
+                            kernels::rope_row(features, &mut row[..heads as usize * hd], hd, &cos[t.clone()], &sin[t]);
+                        })
+                    });
                 }
                 Op::Attention { qkv, out, heads, kv_heads, layer } => {
                     let ([q], o) = operands(win, [range(qkv)], range(out));
@@ -250,7 +253,9 @@ impl HostExecutor {
                 }
                 Op::Add { acc, x } => {
                     let ([xs], a) = operands(win, [range(x)], range(acc));
-                    kernels::add(a, xs);
+                    // Four rows a task: a row's sum is about what handing it to a thread costs.
+                    let chunk = 4 * cols(acc);
+                    self.pool.install(|| a.par_chunks_mut(chunk).zip(xs.par_chunks(chunk)).for_each(|(a, x)| kernels::add(features, a, x)));
                 }
                 Op::GatherHeadRows { x, out } => {
                     let c = cols(x);

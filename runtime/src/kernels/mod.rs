@@ -191,10 +191,10 @@ pub fn head_rms_norm(features: cpu::Features, heads: &mut [f32], weight: &[f32],
     }
 }
 
-/// Rotary embedding in place on the heads of `row` (whole heads of `head_dim`), half-split
-/// convention: `[x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin]`.
-pub fn rope_row(row: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
+#[inline(always)]
+fn rope_body<const FMA: bool>(_: cpu::Features, row: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
     let half = head_dim / 2;
+    let (cos, sin) = (&cos[..half], &sin[..half]);
     for head in row.chunks_exact_mut(head_dim) {
         let (x1, x2) = head.split_at_mut(half);
         for i in 0..half {
@@ -203,6 +203,13 @@ pub fn rope_row(row: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) {
             x2[i] = b * cos[i] + a * sin[i];
         }
     }
+}
+
+multiversion! {
+    /// Rotary embedding in place on the heads of `row` (whole heads of `head_dim`), half-split
+    /// convention: `[x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin]` (products rounded, then
+    /// summed: no fused multiply-add on any path, so every path gives the same bits).
+    pub fn rope_row(features: Features, row: &mut [f32], head_dim: usize, cos: &[f32], sin: &[f32]) => rope_body
 }
 
 #[inline(always)]
@@ -220,10 +227,16 @@ multiversion! {
     pub fn swiglu(features: Features, x: &[f32], hidden: usize, out: &mut [f32]) => swiglu_body
 }
 
-pub fn add(acc: &mut [f32], x: &[f32]) {
+#[inline(always)]
+fn add_body<const FMA: bool>(_: cpu::Features, acc: &mut [f32], x: &[f32]) {
     for (a, &b) in acc.iter_mut().zip(x) {
         *a += b;
     }
+}
+
+multiversion! {
+    /// `acc += x`, element by element.
+    pub fn add(features: Features, acc: &mut [f32], x: &[f32]) => add_body
 }
 
 pub fn scale(x: &mut [f32], factor: f32) {
@@ -352,7 +365,10 @@ mod tests {
         let cos: Vec<f32> = angle.iter().map(|a| a.cos() as f32).collect();
         let sin: Vec<f32> = angle.iter().map(|a| a.sin() as f32).collect();
         let mut out = row.clone();
-        rope_row(&mut out, hd, &cos, &sin);
+        rope_row(cpu::features(), &mut out, hd, &cos, &sin);
+        let mut portable = row.clone();
+        rope_row(cpu::Features::PORTABLE, &mut portable, hd, &cos, &sin);
+        assert_eq!(out, portable, "the dispatched and portable paths' bits");
         for h in 0..heads {
             for i in 0..hd / 2 {
                 let (a, b) = (row[h * hd + i] as f64, row[h * hd + hd / 2 + i] as f64);
