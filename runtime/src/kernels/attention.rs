@@ -224,6 +224,11 @@ fn attend_body<const FMA: bool>(features: super::cpu::Features, qkv: &[f32], kv:
     }
 }
 
+/// Units between one a thread runs and the one it likely runs next: the executor's threads
+/// (two on the phones and hosts we measure) claim units in turn.
+#[cfg(target_arch = "x86_64")]
+const NEXT_UNIT_AHEAD: usize = 2;
+
 /// [`attend`]'s units on the AVX-512 lanes path: query head `h` for up to 32 rows at a time.
 #[cfg(target_arch = "x86_64")]
 fn attend_lanes(qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, rows: usize, units: std::ops::Range<usize>, out: Out) {
@@ -244,14 +249,22 @@ fn attend_lanes(qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, rows: usize, uni
         });
         let k = &kv[kv_plane(kv_head, sh.capacity, hd)..][..sh.keys * hd];
         let v = &kv[kv_plane(sh.kv_heads + kv_head, sh.capacity, hd)..][..sh.keys * hd];
+        // The unit this thread likely takes next (units go to the threads in turn): its first
+        // keys and values, fetched during this unit's last key block.
+        let later = u + NEXT_UNIT_AHEAD;
+        let after = (later < sh.heads * groups).then(|| {
+            let kv_head = later / groups / group;
+            let first = super::x86_attention::KEY_BLOCK.min(sh.keys) * hd;
+            (&kv[kv_plane(kv_head, sh.capacity, hd)..][..first], &kv[kv_plane(sh.kv_heads + kv_head, sh.capacity, hd)..][..first])
+        });
         // SAFETY: row r0 + i's slice of head h is this unit's alone (see `Out`).
         let emit = |i: usize, o: &[f32]| unsafe { out.put((r0 + i) * out_width + h * hd, o) };
         // SAFETY: the lanes path is taken only where the CPU has AVX-512F.
         unsafe {
             if n > 16 {
-                attend_rows::<2>(&q[..n], k, v, hd, sh.keys, scale, &owns[..n], emit)
+                attend_rows::<2>(&q[..n], k, v, hd, sh.keys, scale, &owns[..n], after, emit)
             } else {
-                attend_rows::<1>(&q[..n], k, v, hd, sh.keys, scale, &owns[..n], emit)
+                attend_rows::<1>(&q[..n], k, v, hd, sh.keys, scale, &owns[..n], after, emit)
             }
         }
     }

@@ -23,7 +23,7 @@ pub const ROWS: usize = 32;
 pub const MAX_HEAD_DIM: usize = 256;
 /// Keys per online-softmax block: its keys' and values' rows stay in L1 while every row's
 /// scores and sums use them.
-const KEY_BLOCK: usize = 32;
+pub const KEY_BLOCK: usize = 32;
 /// Keys per score tile (register accumulators: `SCORE_KEYS x RV` vectors).
 const SCORE_KEYS: usize = 8;
 // A block's score tiles issue a 64-byte prefetch per input each: per input as many bytes as
@@ -100,13 +100,24 @@ fn transpose16(m: [__m512; 16]) -> [__m512; 16] {
 /// Attention of the `q.len()` (at most `16 * RV`) query rows of one head: row `i`'s output,
 /// `softmax(q[i] K^T * scale) V` over the first `keys` rows of `k` and `v` (rows of `hd`
 /// floats), with its own key and value at its position where `own[i]` says so, is given to
-/// `emit(i, row)`.
+/// `emit(i, row)`. `after` (keys and values, at most [`KEY_BLOCK`] rows each) is prefetched
+/// during the last key block, for the call that likely follows.
 ///
 /// # Safety
 /// The CPU must support AVX-512F. (Every slice is bounds-checked here.)
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn attend_rows<const RV: usize>(q: &[&[f32]], k: &[f32], v: &[f32], hd: usize, keys: usize, scale: f32, own: &[Option<OwnRow>], mut emit: impl FnMut(usize, &[f32])) {
+pub unsafe fn attend_rows<const RV: usize>(
+    q: &[&[f32]],
+    k: &[f32],
+    v: &[f32],
+    hd: usize,
+    keys: usize,
+    scale: f32,
+    own: &[Option<OwnRow>],
+    after: Option<(&[f32], &[f32])>,
+    mut emit: impl FnMut(usize, &[f32]),
+) {
     let (n, lanes) = (q.len(), 16 * RV);
     assert!(RV <= 2 && n <= lanes && own.len() == n && hd % 16 == 0 && hd <= MAX_HEAD_DIM, "attention block shape");
     assert!(keys >= 1 && k.len() >= keys * hd && v.len() >= keys * hd && q.iter().all(|r| r.len() >= hd), "attention block bounds");
@@ -146,10 +157,15 @@ pub unsafe fn attend_rows<const RV: usize>(q: &[&[f32]], k: &[f32], v: &[f32], h
         // The next block's keys and values, fetched while this one computes: a line of them
         // per input of each score tile (4 * hd lines in all). From memory, a head's planes
         // otherwise arrive at the pace of the hardware prefetcher finding the stream.
-        let next = (kb + KEY_BLOCK < keys).then(|| {
+        let next = if kb + KEY_BLOCK < keys {
             let rows = KEY_BLOCK.min(keys - kb - KEY_BLOCK) * hd;
-            (k[(kb + KEY_BLOCK) * hd..][..rows].as_ptr() as *const u8, v[(kb + KEY_BLOCK) * hd..][..rows].as_ptr() as *const u8, rows * 4)
-        });
+            Some((k[(kb + KEY_BLOCK) * hd..][..rows].as_ptr() as *const u8, v[(kb + KEY_BLOCK) * hd..][..rows].as_ptr() as *const u8, rows * 4))
+        } else {
+            after.map(|(k, v)| {
+                let rows = k.len().min(v.len()).min(KEY_BLOCK * hd);
+                (k.as_ptr() as *const u8, v.as_ptr() as *const u8, rows * 4)
+            })
+        };
         // Scores of the block's keys, a tile of SCORE_KEYS keys at a time (a short last tile
         // repeats its last key, not stored).
         for g in (0..nk).step_by(SCORE_KEYS) {
