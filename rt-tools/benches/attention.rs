@@ -46,7 +46,7 @@ fn main() {
             let qkvs: Vec<Vec<f32>> = (0..layers).map(|_| (0..rows * width).map(|_| rnd()).collect()).collect();
             let mut out = vec![0f32; rows * heads * hd];
             let mut scores = vec![0f32; threads * UNIT_ROWS * keys];
-            let sh = Shape { width, capacity: keys, heads, kv_heads: heads, head_dim: hd, keys };
+            let sh = Shape { width, capacity: keys, heads, kv_heads: heads, head_dim: hd, keys, threads };
             let units = attention::units(features, &sh, rows);
             let mut once = || {
                 for (qkv, kv) in qkvs.iter().zip(&kvs) {

@@ -204,7 +204,7 @@ impl HostExecutor {
                     let layer = layer as usize * kv_layer..(layer as usize + 1) * kv_layer;
                     let real = &inp.positions[..inp.stored_rows];
                     let own = attention::OwnKv { from_row: inp.stored_rows, positions: inp.positions };
-                    let shape = |capacity| attention::Shape { width, capacity, heads: heads as usize, kv_heads: kv_heads as usize, head_dim: hd, keys: inp.context };
+                    let shape = |capacity| attention::Shape { width, capacity, heads: heads as usize, kv_heads: kv_heads as usize, head_dim: hd, keys: inp.context, threads };
                     let (planes, sh) = match &mut kv {
                         KvView::F32(all) => {
                             let planes = &mut all[layer];

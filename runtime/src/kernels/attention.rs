@@ -18,6 +18,9 @@ pub struct Shape {
     pub head_dim: usize,
     /// Cache positions attended to.
     pub keys: usize,
+    /// Threads taking the call's units in turn: a thread's next unit is likely this many on
+    /// (the lanes path prefetches its first keys and values).
+    pub threads: usize,
 }
 
 /// Offset of a head plane in one layer's KV cache, which holds `2 * kv_heads` planes of
@@ -224,11 +227,6 @@ fn attend_body<const FMA: bool>(features: super::cpu::Features, qkv: &[f32], kv:
     }
 }
 
-/// Units between one a thread runs and the one it likely runs next: the executor's threads
-/// (two on the phones and hosts we measure) claim units in turn.
-#[cfg(target_arch = "x86_64")]
-const NEXT_UNIT_AHEAD: usize = 2;
-
 /// [`attend`]'s units on the AVX-512 lanes path: query head `h` for up to 32 rows at a time.
 #[cfg(target_arch = "x86_64")]
 fn attend_lanes(qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, rows: usize, units: std::ops::Range<usize>, out: Out) {
@@ -251,7 +249,7 @@ fn attend_lanes(qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, rows: usize, uni
         let v = &kv[kv_plane(sh.kv_heads + kv_head, sh.capacity, hd)..][..sh.keys * hd];
         // The unit this thread likely takes next (units go to the threads in turn): its first
         // keys and values, fetched during this unit's last key block.
-        let later = u + NEXT_UNIT_AHEAD;
+        let later = u + sh.threads.max(1);
         let after = (later < sh.heads * groups).then(|| {
             let kv_head = later / groups / group;
             let first = super::x86_attention::KEY_BLOCK.min(sh.keys) * hd;
@@ -397,7 +395,7 @@ mod tests {
         };
         let qkv: Vec<f32> = (0..rows * width).map(|_| rnd()).collect();
         let kv: Vec<f32> = (0..2 * heads * keys * hd).map(|_| rnd()).collect();
-        let sh = Shape { width, capacity: keys, heads, kv_heads: heads, head_dim: hd, keys };
+        let sh = Shape { width, capacity: keys, heads, kv_heads: heads, head_dim: hd, keys, threads: 1 };
         let mut scores = vec![0f32; UNIT_ROWS * keys];
         use super::super::cpu::{FeatureRequest, Features};
         let avx2 = Features::request(FeatureRequest::level("avx2").expect("a level"));
@@ -444,7 +442,7 @@ mod tests {
             }
         }
         let at = |plane: usize, j: usize, d: usize| kv[kv_plane(plane, capacity, hd) + j * hd + d] as f64;
-        let sh = Shape { width, capacity, heads, kv_heads, head_dim: hd, keys };
+        let sh = Shape { width, capacity, heads, kv_heads, head_dim: hd, keys, threads: 2 };
         let mut out = vec![0f32; rows * heads * hd];
         let mut scores = vec![0f32; UNIT_ROWS * keys];
         let (features, portable_features) = (super::super::cpu::features(), super::super::cpu::Features::PORTABLE);
