@@ -107,17 +107,7 @@ fn transpose16(m: [__m512; 16]) -> [__m512; 16] {
 /// The CPU must support AVX-512F. (Every slice is bounds-checked here.)
 #[target_feature(enable = "avx512f")]
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn attend_rows<const RV: usize>(
-    q: &[&[f32]],
-    k: &[f32],
-    v: &[f32],
-    hd: usize,
-    keys: usize,
-    scale: f32,
-    own: &[Option<OwnRow>],
-    after: Option<(&[f32], &[f32])>,
-    mut emit: impl FnMut(usize, &[f32]),
-) {
+pub unsafe fn attend_rows<const RV: usize>(q: &[&[f32]], k: &[f32], v: &[f32], hd: usize, keys: usize, scale: f32, own: &[Option<OwnRow>], after: Option<(&[f32], &[f32])>, mut emit: impl FnMut(usize, &[f32])) {
     let (n, lanes) = (q.len(), 16 * RV);
     assert!(RV <= 2 && n <= lanes && own.len() == n && hd % 16 == 0 && hd <= MAX_HEAD_DIM, "attention block shape");
     assert!(keys >= 1 && k.len() >= keys * hd && v.len() >= keys * hd && q.iter().all(|r| r.len() >= hd), "attention block bounds");

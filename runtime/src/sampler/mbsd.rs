@@ -23,8 +23,8 @@
 //! they pay: at least one in [`DRAFTS_PAY_ONE_IN`] of those judged was accepted, or, before
 //! any was judged, some prediction of this generation already had the confidence a draft
 //! needs to be accepted (`spec_threshold`; a model that is never that sure, such as random
-//! weights, would have every draft dropped). A whole-sequence pass there computes no draft's LM-head
-//! row. (A speculative row costs one row once; an accepted draft saves a commit, and so a
+//! weights, would have every draft dropped). A whole-sequence pass there computes no draft's
+//! LM-head row. (A speculative row costs one row once; an accepted draft saves a commit, and so a
 //! step's pass of a dozen rows or more.)
 //!
 //! Drafts are never commitments. When a drafted position's block is current, the first pass
@@ -271,7 +271,7 @@ impl PolicyStep for Mbsd {
         let (accepted, dropped) = settle_predictions(&pass.head_positions, predictions, block_end, &mut c.drafts, &c.p, &mut c.x, prompt_len, &mut c.reveals, &mut c.candidates);
         report.drafts_accepted += accepted;
         report.drafts_dropped += dropped;
-        self.confident |= c.candidates.iter().any(|k| k.confidence >= c.p.spec_threshold);
+        self.confident = self.confident || c.candidates.iter().any(|k| k.confidence >= c.p.spec_threshold);
         c.drafts_confirmed += accepted;
         match self.dream_timesteps {
             None => c.commit_best(commits),
