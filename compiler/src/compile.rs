@@ -154,9 +154,8 @@ pub struct CompileSummary {
 const CHUNK_BYTES: usize = 16 << 20;
 
 pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
-    if !opts.model.exists() {
-        return Err(Error::NotFound { path: opts.model.clone() });
-    }
+    // `metadata`, not `exists`: a link loop or an unreadable folder says so, not "not found".
+    std::fs::metadata(&opts.model).map_err(|e| Error::io(&opts.model, e))?;
     // An ONNX export's config and tokenizer files sit beside it; a directory holding one
     // `.onnx` file and no safetensors (as Optimum lays an export out) names that export.
     let onnx_file = if onnx::is_onnx(&opts.model) { Some(opts.model.clone()) } else { onnx::export_in(&opts.model) };
@@ -170,6 +169,10 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
             msg: "no config.json beside it: an ONNX graph carries no model config or tokenizer, so lladac reads the checkpoint's config.json and tokenizer files from the .onnx file's directory (as Hugging Face Optimum's exports place them)".into(),
         });
     }
+    // Everything the compile reads, which the output must not replace; checked now, before
+    // the work, and again when the artifact is moved into place.
+    let reads = [opts.model.as_path(), dir.as_path()];
+    llada_ir::files::check_destination(&opts.output, &reads).map_err(|e| Error::io(&opts.output, e))?;
     let (cfg, mut warnings) = config::load(dir)?;
     let target = llada_targets::by_name(&opts.target).map_err(Error::Options)?;
     let ckpt = match &onnx_file {
@@ -284,7 +287,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     let bar = if opts.progress { ProgressBar::new(total_bytes) } else { ProgressBar::hidden() };
     bar.set_style(ProgressStyle::with_template("{msg:>12} [{bar:40}] {bytes}/{total_bytes} {eta}").unwrap().progress_chars("=> "));
 
-    let mut w = ArtifactWriter::create(&opts.output)?;
+    let mut w = ArtifactWriter::create(&opts.output, &reads)?;
     let mut ids: Vec<Vec<TensorId>> = Vec::new();
     for (segment, tensors) in segments {
         bar.set_message(segment.clone());

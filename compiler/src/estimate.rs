@@ -32,7 +32,7 @@ pub struct EstimateRequest {
 /// kernels' sustained rates (int8: that of the artifact's own quantised format), the
 /// memory read bandwidth; the staging rate stays the target's.
 fn measured(path: &Path, target: &Target, h: &Header) -> Result<Machine> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = llada_ir::files::read_text_bounded(path, llada_ir::files::DATA_LIMIT).map_err(|e| Error::io(path, e))?;
     let v: Value = serde_json::from_str(&text).map_err(|e| Error::Json { path: path.to_path_buf(), msg: e.to_string() })?;
     let get = |key: &str| {
         v[key]["all_threads"].as_f64().ok_or_else(|| Error::config(path, key, "missing: expected `llada-rt roofline --json` output"))

@@ -1,6 +1,5 @@
 //! `lladac inspect`: what an artifact holds, for people (`text`) and scripts (`--json`).
 
-use std::fs::File;
 use std::path::Path;
 
 use llada_ir::{Artifact, Header, Rows};
@@ -16,7 +15,7 @@ pub fn inspect(path: &Path) -> Result<Value> {
 
 /// Maps and fully verifies an artifact: its header, format version and size.
 pub fn open(path: &Path) -> Result<(Header, u16, u16, u64)> {
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let file = llada_ir::files::open_regular(path).map_err(|e| Error::io(path, e))?;
     // SAFETY: read-only map of a file we only read; a concurrent writer could change bytes
     // under us, which the checksum pass below would then report.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;

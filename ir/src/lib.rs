@@ -2,6 +2,7 @@
 //! runs it). Types, serialization and verification; no compute. See `COMPATIBILITY.md`.
 
 pub mod error;
+pub mod files;
 pub mod format;
 pub mod graph;
 pub mod header;

@@ -1,15 +1,15 @@
 //! Streaming artifact writer. Tensors go to disk as they are produced (the compiler never
 //! holds a whole checkpoint in memory); the header follows them. Everything is written to a
-//! temporary file beside the destination and renamed into place by [`ArtifactWriter::finish`],
-//! so a compile that fails or is interrupted leaves no partial artifact behind.
+//! new file beside the destination that gets its name only in [`ArtifactWriter::finish`]
+//! ([`AtomicFile`]), so a compile that fails or is interrupted leaves no partial artifact
+//! behind, and the destination is never a device, a FIFO or a file the compile reads.
 
 use std::fs::File;
 use std::io::{BufWriter, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use tempfile::NamedTempFile;
-
 use crate::error::{Error, Result};
+use crate::files::AtomicFile;
 use crate::format::{align_up, Preamble, FORMAT_MAJOR, FORMAT_MINOR, SEGMENT_ALIGN, TENSOR_ALIGN};
 use crate::graph::TensorId;
 use crate::header::{Header, Segment, TensorInfo};
@@ -23,7 +23,7 @@ struct OpenTensor {
 
 pub struct ArtifactWriter {
     path: PathBuf,
-    tmp: NamedTempFile,
+    tmp: AtomicFile,
     out: BufWriter<File>,
     /// Absolute position in the file.
     pos: u64,
@@ -37,18 +37,11 @@ const DATA_OFFSET: u64 = SEGMENT_ALIGN;
 
 impl ArtifactWriter {
     /// Starts an artifact that will appear at `path` once [`finish`](Self::finish) succeeds.
-    pub fn create(path: &Path) -> Result<Self> {
-        let dir = match path.parent() {
-            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-            _ => PathBuf::from("."),
-        };
+    /// `reads` are the files (or folders of files) the compile reads, which `path` must not be.
+    pub fn create(path: &Path, reads: &[&Path]) -> Result<Self> {
         let ctx = |what: &str| format!("{}: {what}", path.display());
-        let tmp = tempfile::Builder::new()
-            .prefix(".lladac-")
-            .suffix(".partial")
-            .tempfile_in(&dir)
-            .map_err(|e| Error::io(ctx("cannot create a temporary file in the output directory"), e))?;
-        let file = tmp.as_file().try_clone().map_err(|e| Error::io(ctx("cannot open the temporary file"), e))?;
+        let mut tmp = AtomicFile::create(path, reads).map_err(|e| Error::io(ctx("cannot write the artifact there"), e))?;
+        let file = tmp.file().try_clone().map_err(|e| Error::io(ctx("cannot open the new file"), e))?;
         let mut w = ArtifactWriter {
             path: path.to_path_buf(),
             tmp,
@@ -170,17 +163,8 @@ impl ArtifactWriter {
         let file = self.out.get_mut();
         file.seek(SeekFrom::Start(0)).map_err(|e| Error::io("seeking to the preamble", e))?;
         file.write_all(&preamble.encode()).map_err(|e| Error::io("writing the preamble", e))?;
-        file.sync_all().map_err(|e| Error::io("syncing the artifact", e))?;
-        // Temporary files are created private (0600); an artifact is an ordinary file.
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let _ = file.set_permissions(std::fs::Permissions::from_mode(0o644));
-        }
         let path = self.path.clone();
-        self.tmp
-            .persist(&path)
-            .map_err(|e| Error::io(format!("{}: cannot move the finished artifact into place", path.display()), e.error))?;
+        self.tmp.commit().map_err(|e| Error::io(format!("{}: cannot sync the artifact or move it into place", path.display()), e))?;
         Ok(total)
     }
 }

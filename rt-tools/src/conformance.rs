@@ -121,7 +121,7 @@ pub fn run(session: &mut Session, golden_path: &Path, select: Selection, progres
 /// [`run`] with first-pass logits checked to `logit_tolerance` (absolute) instead of
 /// [`LOGIT_TOLERANCE`].
 pub fn run_with(session: &mut Session, golden_path: &Path, select: Selection, logit_tolerance: f64, progress: &mut dyn FnMut(&str)) -> Result<Report> {
-    let text = std::fs::read_to_string(golden_path).map_err(|e| Error::io(golden_path, e))?;
+    let text = llada_ir::files::read_text_bounded(golden_path, llada_ir::files::DATA_LIMIT).map_err(|e| Error::io(golden_path, e))?;
     let golden: Golden = serde_json::from_str(&text)
         .map_err(|e| Error::Input { path: golden_path.to_path_buf(), msg: format!("not a golden file: {e}") })?;
     let mask = session.model.header.special.mask;

@@ -61,7 +61,7 @@ pub struct EvalReport {
 
 /// The prompts and expected answers of a tasks file.
 pub fn load_tasks(path: &Path, text: &Text) -> Result<Vec<(Vec<u32>, String)>> {
-    let content = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let content = llada_ir::files::read_text_bounded(path, llada_ir::files::DATA_LIMIT).map_err(|e| Error::io(path, e))?;
     let bad = |line: usize, msg: String| Error::Input { path: path.to_path_buf(), msg: format!("line {line}: {msg}") };
     let mut tasks = Vec::new();
     for (i, line) in content.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
@@ -81,7 +81,7 @@ pub fn load_tasks(path: &Path, text: &Text) -> Result<Vec<(Vec<u32>, String)>> {
 }
 
 pub fn load_reference(path: &Path) -> Result<EvalReport> {
-    let content = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let content = llada_ir::files::read_text_bounded(path, llada_ir::files::DATA_LIMIT).map_err(|e| Error::io(path, e))?;
     serde_json::from_str(&content)
         .map_err(|e| Error::Input { path: path.to_path_buf(), msg: format!("not the JSON output of `llada-rt eval --json`: {e}") })
 }

@@ -235,16 +235,14 @@ pub fn check(session: &mut Session, text: &Text, golden: &GoldenFile, path: &Pat
 
 /// Reads a golden file.
 pub fn read(path: &Path) -> Result<GoldenFile> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = llada_ir::files::read_text_bounded(path, llada_ir::files::DATA_LIMIT).map_err(|e| Error::io(path, e))?;
     serde_json::from_str(&text).map_err(|e| Error::Input { path: path.to_path_buf(), msg: format!("not a golden file: {e}") })
 }
 
-/// Writes a golden file (keys sorted, so diffs stay small) through a temporary file beside
-/// it, so a failed write never leaves half a file.
-pub fn write(file: &GoldenFile, path: &Path) -> Result<()> {
+/// Writes a golden file (keys sorted, so diffs stay small) whole or not at all, never over a
+/// file of `reads` (see `llada_ir::files`).
+pub fn write(file: &GoldenFile, path: &Path, reads: &[&Path]) -> Result<()> {
     let value = serde_json::to_value(file).expect("a golden file serializes");
     let body = serde_json::to_string_pretty(&value).expect("a JSON value serializes") + "\n";
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, body).map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    llada_ir::files::write_atomic(path, reads, body.as_bytes()).map_err(|e| Error::io(path, e))
 }

@@ -70,10 +70,11 @@ impl Model {
     /// Maps `path`, checks the preamble, header and structure, and (unless `verify_data` is
     /// false) every tensor checksum.
     pub fn open(path: &Path, verify_data: bool) -> Result<Model> {
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        if file.metadata().map_err(|e| Error::io(path, e))?.is_dir() {
-            return Err(Error::Input { path: path.to_path_buf(), msg: "is a directory; give the artifact file `lladac compile -o` wrote".into() });
-        }
+        // A regular file only: a FIFO would block here forever, a device maps as nothing.
+        let file = match std::fs::metadata(path) {
+            Ok(meta) if meta.is_dir() => return Err(Error::Input { path: path.to_path_buf(), msg: "is a directory; give the artifact file `lladac compile -o` wrote".into() }),
+            _ => llada_ir::files::open_regular(path).map_err(|e| Error::io(path, e))?,
+        };
         // SAFETY: a read-only private map of a file the runtime only reads. A file renamed
         // over the path later leaves this one (and its mapping) intact; one truncated in place
         // would fault on reads past its new end, which the guard turns into zero pages and a

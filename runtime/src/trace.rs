@@ -78,8 +78,10 @@ impl Trace {
         json!({"traceEvents": out, "displayTimeUnit": "ms"})
     }
 
-    pub fn write(&self, path: &Path) -> std::io::Result<()> {
-        std::fs::write(path, serde_json::to_vec(&self.to_json())?)
+    /// Writes the trace to `path` whole or not at all, never over a file of `reads` (the
+    /// artifact being run) or anything but a regular file.
+    pub fn write(&self, path: &Path, reads: &[&Path]) -> std::io::Result<()> {
+        llada_ir::files::write_atomic(path, reads, &serde_json::to_vec(&self.to_json())?)
     }
 }
 

@@ -78,7 +78,7 @@ pub struct Graph {
 /// external data file, are views of the mapping, so a model's weights are copied once, into
 /// the checkpoint the compiler takes.
 fn map(path: &Path) -> std::io::Result<Bytes> {
-    let file = std::fs::File::open(path)?;
+    let file = llada_ir::files::open_regular(path)?;
     // SAFETY: the mapping is read-only; lladac does not guard against another process
     // truncating the file while it compiles (as with the safetensors importer's mappings).
     let map = unsafe { memmap2::Mmap::map(&file) }?;
