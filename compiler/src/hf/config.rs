@@ -33,7 +33,10 @@ pub fn load(dir: &Path) -> Result<(LladaConfig, Vec<String>)> {
     if super::config_moe::is_moe(&map) {
         let generation = dir.join("generation_config.json");
         let mask = match generation.exists() {
-            true => read_object(&generation)?.get("mask_token_id").and_then(Value::as_u64).map(|m| m as u32),
+            true => {
+                let map = read_object(&generation)?;
+                Keys { path: &generation, map: &map, used: Vec::new() }.token("mask_token_id")?
+            }
             false => None,
         };
         return super::config_moe::parse(&path, &map, mask);
@@ -85,13 +88,16 @@ pub fn parse(path: &Path, map: &Map<String, Value>) -> Result<(LladaConfig, Vec<
     };
     let mlp_hidden = match k.usize("mlp_hidden_size")? {
         Some(h) => h,
-        None => k.required("mlp_ratio")? * d_model,
+        None => match k.required("mlp_ratio")? * d_model {
+            h if h > u32::MAX as usize => return Err(k.err("mlp_ratio", format!("mlp_ratio times d_model ({h}) is more than the 32 bits the artifact stores a width in"))),
+            h => h,
+        },
     };
     let vocab_size = k.required("vocab_size")?;
     let embedding_size = k.usize("embedding_size")?.unwrap_or(vocab_size);
     let max_sequence_length = k.required("max_sequence_length")?;
-    let rope_theta = k.f64("rope_theta", 10000.0)?;
-    let rms_eps = k.f64("rms_norm_eps", 1e-5)?;
+    let rope_theta = k.float("rope_theta", 10000.0, false)?;
+    let rms_eps = k.float("rms_norm_eps", 1e-5, true)?;
     let input_emb_norm = k.bool("input_emb_norm", false)?;
     let scale_logits = k.bool("scale_logits", false)?;
     let mask_token_id = k.token("mask_token_id")?.unwrap_or(126336);
@@ -182,6 +188,36 @@ mod tests {
         assert!(parse_json(v.clone()).unwrap_err().to_string().contains("n_kv_heads"));
         v["multi_query_attention"] = json!(true);
         assert_eq!(parse_json(v).unwrap().0.n_kv_heads, 1);
+    }
+
+    /// Out of their range or their width (a wrapped 64-bit integer once passed the range
+    /// checks as its low 32 bits): refused, by key.
+    #[test]
+    fn values_outside_their_range_or_width_are_refused_naming_the_key() {
+        for (key, value) in [
+            ("rope_theta", json!(0.0)),
+            ("rope_theta", json!(-10000.0)),
+            ("rope_theta", json!(1e300)),
+            ("rms_norm_eps", json!(-1e-5)),
+            ("max_sequence_length", json!(4294967396u64)),
+            ("max_sequence_length", json!(1u64 << 62)),
+            ("mask_token_id", json!(4294967571u64)),
+            ("eos_token_id", json!(-1)),
+            ("d_model", json!(0)),
+            ("n_layers", json!(2.5)),
+            ("mlp_ratio", json!(1u64 << 31)),
+        ] {
+            let mut v = base();
+            v[key] = value.clone();
+            if key == "mlp_ratio" {
+                v.as_object_mut().unwrap().remove("mlp_hidden_size");
+            }
+            let msg = parse_json(v).unwrap_err().to_string();
+            assert!(msg.contains(&format!("config.json: {key}: ")), "{key} = {value}: {msg}");
+        }
+        let mut v = base();
+        v["rms_norm_eps"] = json!(0.0);
+        assert_eq!(parse_json(v).unwrap().0.rms_eps, 0.0);
     }
 
     #[test]

@@ -70,8 +70,8 @@ pub(super) fn qwen_style(k: &mut Keys, arch: Arch, mlp_key: &'static str, eps_de
     let mlp_hidden = k.required(mlp_key)?;
     let vocab_size = k.required("vocab_size")?;
     let max_sequence_length = k.required("max_position_embeddings")?;
-    let rope_theta = k.f64("rope_theta", 10000.0)?;
-    let rms_eps = k.f64("rms_norm_eps", eps_default)?;
+    let rope_theta = k.float("rope_theta", 10000.0, false)?;
+    let rms_eps = k.float("rms_norm_eps", eps_default, true)?;
     let mask_token_id = match k.token("mask_token_id")?.or(mask_default) {
         Some(m) => m,
         None => return Err(k.err("mask_token_id", "missing here and in generation_config.json; the sampler needs the mask token")),
@@ -125,15 +125,22 @@ impl<'a> Keys<'a> {
         self.map.get(key).filter(|v| !v.is_null())
     }
 
-    pub(super) fn usize(&mut self, key: &'static str) -> Result<Option<usize>> {
+    /// An integer key between `min` and `max`, both given as what the key means (`what`): every
+    /// integer the config gives goes through here, so none is cast to a narrower type unchecked.
+    pub(super) fn integer(&mut self, key: &'static str, min: u64, max: u64, what: &str) -> Result<Option<u64>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .filter(|&n| n > 0)
-                .map(|n| Some(n as usize))
-                .ok_or_else(|| self.err(key, format!("expected a positive integer, found {v}"))),
+            Some(v) => match v.as_u64() {
+                Some(n) if (min..=max).contains(&n) => Ok(Some(n)),
+                _ => Err(self.err(key, format!("expected {what} from {min} to {max}, found {v}"))),
+            },
         }
+    }
+
+    /// A size (of a dimension, a count of layers, heads or positions): positive, and at most
+    /// what the artifact's 32-bit header fields hold.
+    pub(super) fn usize(&mut self, key: &'static str) -> Result<Option<usize>> {
+        Ok(self.integer(key, 1, u32::MAX as u64, "an integer (32 bits, as the artifact stores it)")?.map(|n| n as usize))
     }
 
     pub(super) fn required(&mut self, key: &'static str) -> Result<usize> {
@@ -145,6 +152,18 @@ impl<'a> Keys<'a> {
             None => Ok(default),
             Some(v) => v.as_f64().ok_or_else(|| self.err(key, format!("expected a number, found {v}"))),
         }
+    }
+
+    /// A float the network computes with: finite as a float32 (the models compute their rotary
+    /// tables and norms in float32), and positive, or with `zero_ok` also 0.
+    pub(super) fn float(&mut self, key: &'static str, default: f64, zero_ok: bool) -> Result<f64> {
+        let x = self.f64(key, default)?;
+        let in_range = x.is_finite() && x.abs() <= f32::MAX as f64 && (x > 0.0 || (zero_ok && x == 0.0));
+        if !in_range {
+            let what = if zero_ok { "0 or a positive" } else { "a positive" };
+            return Err(self.err(key, format!("{x} is out of range: expected {what} number a float32 can hold")));
+        }
+        Ok(x)
     }
 
     pub(super) fn bool(&mut self, key: &'static str, default: bool) -> Result<bool> {
@@ -192,13 +211,9 @@ impl<'a> Keys<'a> {
             .collect()
     }
 
+    /// A token id: 32 bits, as the artifact and the runtime hold ids (then checked against the
+    /// embedding by [`ids_inside`](Self::ids_inside)).
     pub(super) fn token(&mut self, key: &'static str) -> Result<Option<u32>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(|n| Some(n as u32))
-                .ok_or_else(|| self.err(key, format!("expected a token id, found {v}"))),
-        }
+        Ok(self.integer(key, 0, u32::MAX as u64, "a token id (32 bits)")?.map(|n| n as u32))
     }
 }
