@@ -19,6 +19,9 @@ pub enum Error {
     TensorShape { path: PathBuf, name: String, found: Vec<usize>, expected: Vec<usize>, why: String },
     #[error("{}: tensor '{name}' has dtype {dtype}; supported: F32, BF16, F16", path.display())]
     TensorDType { path: PathBuf, name: String, dtype: String },
+    /// A weight that is NaN or infinite: the model would compute NaN from it.
+    #[error("{}: tensor '{name}' holds {value} at {index}; every weight must be finite (a damaged or diverged checkpoint)", path.display())]
+    NonFinite { path: PathBuf, name: String, value: String, index: String },
     #[error("{}: not a valid safetensors file: {msg}", path.display())]
     Safetensors { path: PathBuf, msg: String },
     #[error("{}: {msg}", path.display())]

@@ -82,6 +82,15 @@ impl Checkpoint {
     pub fn open(dir: &Path) -> Result<Checkpoint> {
         let index_path = dir.join(INDEX);
         let mut ckpt = Checkpoint { dir: dir.to_path_buf(), shards: Vec::new(), tensors: BTreeMap::new() };
+        // Both: one is left over from an earlier checkpoint written here, and which is the
+        // model's cannot be told (Hugging Face would read the single file, a sharded save
+        // leaves the index).
+        if index_path.exists() && dir.join(SINGLE).exists() {
+            return Err(Error::Options(format!(
+                "{}: holds both {SINGLE} and {INDEX}, two sets of weights; a checkpoint has one of them. Remove the one left over from an earlier checkpoint (and its shards)",
+                dir.display()
+            )));
+        }
         if index_path.exists() {
             let text = std::fs::read_to_string(&index_path).map_err(|e| Error::io(&index_path, e))?;
             let json: serde_json::Value =
@@ -213,15 +222,30 @@ impl Checkpoint {
         Ok(loc)
     }
 
+    /// The checkpoint's name of the tensor at `loc`.
+    pub fn name_of(&self, loc: &TensorLocation) -> &str {
+        let same = |l: &TensorLocation| l.shard == loc.shard && l.start == loc.start && l.nbytes == loc.nbytes;
+        self.tensors.iter().find(|(_, l)| same(l)).map_or("?", |(name, _)| name.as_str())
+    }
+
     /// Calls `f` with the raw little-endian bytes of whole rows (dimension 0) of a tensor, a
     /// chunk of at most about `max_chunk_bytes` at a time, each chunk mapped only while `f`
-    /// runs.
+    /// runs. Each chunk is checked as it passes (the weights are read once): a NaN or an
+    /// infinity is refused, naming the tensor and the element.
     pub fn for_each_row_chunk(
         &self,
         loc: &TensorLocation,
         max_chunk_bytes: usize,
         mut f: impl FnMut(&[u8]) -> Result<()>,
     ) -> Result<()> {
+        let mut seen = 0usize;
+        let mut f = |raw: &[u8]| -> Result<()> {
+            if let Some(i) = first_non_finite(loc.dtype, raw) {
+                return Err(self.non_finite(loc, raw, i, seen + i));
+            }
+            seen += raw.len() / loc.dtype.size_bytes();
+            f(raw)
+        };
         let rows = loc.shape.first().copied().unwrap_or(1).max(1) as u64;
         let row_bytes = loc.nbytes / rows;
         let rows_per_chunk = (max_chunk_bytes as u64 / row_bytes.max(1)).max(1);
@@ -256,9 +280,76 @@ impl Checkpoint {
     }
 }
 
+impl Checkpoint {
+    /// The error for element `i` of chunk `raw`, element `flat` of the tensor at `loc`.
+    fn non_finite(&self, loc: &TensorLocation, raw: &[u8], i: usize, flat: usize) -> Error {
+        let n = loc.dtype.size_bytes();
+        let bytes = &raw[i * n..(i + 1) * n];
+        let value = match loc.dtype {
+            SourceDType::F32 => f32::from_le_bytes(bytes.try_into().expect("4 bytes")),
+            SourceDType::Bf16 => half::bf16::from_le_bytes(bytes.try_into().expect("2 bytes")).to_f32(),
+            SourceDType::F16 => half::f16::from_le_bytes(bytes.try_into().expect("2 bytes")).to_f32(),
+        };
+        // The element's place in each dimension, last dimension fastest.
+        let mut rest = flat;
+        let mut place: Vec<usize> = loc.shape.iter().rev().map(|&d| { let p = rest % d.max(1); rest /= d.max(1); p }).collect();
+        place.reverse();
+        let place: Vec<String> = place.iter().map(usize::to_string).collect();
+        Error::NonFinite {
+            path: self.shards[loc.shard].0.clone(),
+            name: self.name_of(loc).to_string(),
+            value: value.to_string(),
+            index: format!("[{}] (flat index {flat})", place.join(", ")),
+        }
+    }
+}
+
+/// The index of the first element of `raw` (little-endian elements of `dtype`) that is NaN or
+/// infinite: all its exponent bits set. A block at a time without branches (which vectorises),
+/// then the block with a hit element by element.
+pub fn first_non_finite(dtype: SourceDType, raw: &[u8]) -> Option<usize> {
+    fn find<const N: usize>(raw: &[u8], exponent: u32) -> Option<usize> {
+        const BLOCK: usize = 1024;
+        let bits = |c: &[u8]| if N == 4 { u32::from_le_bytes([c[0], c[1], c[2], c[3]]) } else { u16::from_le_bytes([c[0], c[1]]) as u32 };
+        let bad = |c: &[u8]| bits(c) & exponent == exponent;
+        raw.chunks(BLOCK * N).enumerate().find_map(|(b, block)| {
+            let any = block.chunks_exact(N).fold(false, |any, c| any | bad(c));
+            any.then(|| block.chunks_exact(N).position(bad).map(|i| b * BLOCK + i)).flatten()
+        })
+    }
+    match dtype {
+        SourceDType::F32 => find::<4>(raw, 0x7f80_0000),
+        SourceDType::Bf16 => find::<2>(raw, 0x7f80),
+        SourceDType::F16 => find::<2>(raw, 0x7c00),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn non_finite_elements_are_found_in_every_source_type() {
+        let n = 3000;
+        for at in [0, 1, 1023, 1024, 2999] {
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let mut v = vec![1.5f32; n];
+                v[at] = bad;
+                let f32s: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                let bf16s: Vec<u8> = v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect();
+                let f16s: Vec<u8> = v.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect();
+                assert_eq!(first_non_finite(SourceDType::F32, &f32s), Some(at));
+                assert_eq!(first_non_finite(SourceDType::Bf16, &bf16s), Some(at));
+                assert_eq!(first_non_finite(SourceDType::F16, &f16s), Some(at));
+            }
+        }
+        // The largest finite values, subnormals and zeros pass.
+        let fine = [f32::MAX, -f32::MAX, f32::MIN_POSITIVE / 2.0, 0.0, -0.0];
+        assert_eq!(first_non_finite(SourceDType::F32, &fine.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()), None);
+        let halves = [half::f16::MAX, half::f16::MIN, half::f16::from_f32(6e-8)];
+        assert_eq!(first_non_finite(SourceDType::F16, &halves.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()), None);
+        assert_eq!(first_non_finite(SourceDType::Bf16, &half::bf16::MAX.to_le_bytes()), None);
+    }
 
     #[test]
     fn shard_names_must_be_plain_file_names() {
@@ -268,6 +359,15 @@ mod tests {
         for bad in ["", ".", "..", "../x.safetensors", "/etc/passwd", "sub/x.safetensors", "a\\b", "./x"] {
             assert!(!is_plain_file_name(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_single_file_beside_a_shard_index_is_refused_naming_both() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(INDEX), r#"{"weight_map": {}}"#).unwrap();
+        std::fs::write(dir.path().join(SINGLE), b"").unwrap();
+        let err = Checkpoint::open(dir.path()).err().expect("refused").to_string();
+        assert!(err.contains(INDEX) && err.contains(SINGLE), "{err}");
     }
 
     /// An index naming a shard outside the directory is refused before anything is opened.
