@@ -140,7 +140,91 @@ pub struct Written {
     pub special: SpecialIds,
 }
 
+/// Refuses a spec [`write`] cannot honour, before anything is created: each message names the
+/// `gen-checkpoint` flag that sets the value.
+pub fn check(spec: &CheckpointSpec) -> std::io::Result<()> {
+    let s = &spec.shape;
+    let invalid = |m: String| Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, m));
+    for (flag, v) in [("--d-model", s.d_model), ("--n-layers", s.n_layers), ("--mlp-hidden-size", s.mlp_hidden_size), ("--max-sequence-length", s.max_sequence_length)] {
+        if v == 0 {
+            return invalid(format!("{flag} 0: must be at least 1"));
+        }
+    }
+    if !(spec.init_std.is_finite() && spec.init_std >= 0.0) {
+        return invalid(format!("--init-std {}: the weights' standard deviation must be a finite number, 0 or more", spec.init_std));
+    }
+    if let Some(o) = spec.outliers {
+        if o.channels > s.d_model || !(o.gain.is_finite() && o.gain > 0.0) {
+            return invalid(format!("--outlier-channels {} --outlier-gain {}: at most d_model ({}) channels, and a positive finite gain", o.channels, o.gain, s.d_model));
+        }
+    }
+    if spec.shard_bytes == 0 {
+        return invalid("--shard-mb 0: a shard must hold at least one tensor".into());
+    }
+    // Every tensor's bytes, and all of them, must be countable (an absurd shape would wrap).
+    let bytes = |shape: &[usize]| shape.iter().try_fold(spec.weights.size() as u64, |n, &d| n.checked_mul(d as u64));
+    let total = s.tensors().iter().try_fold(0u64, |sum, (_, shape, _)| sum.checked_add(bytes(shape)?));
+    if total.is_none_or(|t| t > isize::MAX as u64) {
+        return invalid(format!("d_model {} n_layers {} mlp_hidden_size {} vocab_size {}: the checkpoint's size overflows", s.d_model, s.n_layers, s.mlp_hidden_size, s.vocab_size));
+    }
+    Ok(())
+}
+
+/// The files [`write`] and [`write_weights`] write: what `gen-checkpoint --replace` may remove.
+pub fn is_written_here(name: &str) -> bool {
+    const FIXED: &[&str] = &[
+        "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+        "model.safetensors", "model.safetensors.index.json",
+    ];
+    // model-00001-of-00012.safetensors
+    let shard = name.strip_prefix("model-").and_then(|r| r.strip_suffix(".safetensors")).and_then(|r| r.split_once("-of-"));
+    let digits = |d: &str| d.len() == 5 && d.bytes().all(|b| b.is_ascii_digit());
+    FIXED.contains(&name) || shard.is_some_and(|(k, n)| digits(k) && digits(n))
+}
+
+/// Makes `dir` ready for a new checkpoint: a folder that does not exist or is empty is used as
+/// it is; one holding files is refused, naming it, unless `replace`, which removes the files
+/// an earlier checkpoint written here left (only those [`is_written_here`] names: stale shards
+/// and an index beside a new single file would otherwise be read as the model) and refuses a
+/// folder holding anything else.
+pub fn prepare_output(dir: &Path, replace: bool) -> std::io::Result<()> {
+    let invalid = |m: String| Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, m));
+    let entries = match std::fs::read_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => return invalid("exists and is not a folder".into()),
+        r => r?,
+    };
+    let mut ours = Vec::new();
+    let mut others = Vec::new();
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        match is_written_here(&name) && !entry.file_type()?.is_dir() {
+            true => ours.push(entry.path()),
+            false => others.push(name),
+        }
+    }
+    others.sort();
+    let count = ours.len() + others.len();
+    if count == 0 {
+        return Ok(());
+    }
+    if !replace {
+        return invalid(format!(
+            "is not empty ({count} entries); gen-checkpoint writes into a new or empty folder, or, with --replace, over a checkpoint it wrote there"
+        ));
+    }
+    if let Some(first) = others.first() {
+        return invalid(format!(
+            "--replace removes only the files gen-checkpoint writes, and this folder also holds '{first}'{}: choose another folder",
+            if others.len() > 1 { format!(" and {} more", others.len() - 1) } else { String::new() }
+        ));
+    }
+    ours.iter().try_for_each(std::fs::remove_file)
+}
+
 pub fn write(spec: &CheckpointSpec, dir: &Path) -> std::io::Result<Written> {
+    check(spec)?;
     let s = &spec.shape;
     let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, m);
     if s.n_heads == 0 || s.d_model % s.n_heads != 0 || s.n_kv_heads == 0 || s.n_heads % s.n_kv_heads != 0 || s.head_dim() % 2 != 0 {
@@ -368,6 +452,50 @@ mod tests {
         let map = index["weight_map"].as_object().unwrap();
         assert_eq!(map.len(), Shape::tiny().tensors().len());
         assert_eq!(w.bytes, Shape::tiny().parameters() * 2);
+    }
+
+    #[test]
+    fn nonsense_numbers_are_refused_before_anything_is_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("ckpt");
+        let good = CheckpointSpec { shape: Shape::tiny(), weights: WeightType::F32, shard_bytes: u64::MAX, seed: 1, init_std: 0.02, outliers: None };
+        let mut wide = Shape::tiny();
+        wide.d_model = usize::MAX / 2;
+        let mut zero = Shape::tiny();
+        zero.n_layers = 0;
+        for (spec, flag) in [
+            (CheckpointSpec { init_std: f32::NAN, ..good.clone() }, "--init-std"),
+            (CheckpointSpec { init_std: -0.5, ..good.clone() }, "--init-std"),
+            (CheckpointSpec { init_std: f32::INFINITY, ..good.clone() }, "--init-std"),
+            (CheckpointSpec { outliers: Some(Outliers { channels: 2, gain: f32::NAN }), ..good.clone() }, "--outlier-gain"),
+            (CheckpointSpec { shard_bytes: 0, ..good.clone() }, "--shard-mb"),
+            (CheckpointSpec { shape: zero, ..good.clone() }, "--n-layers"),
+            (CheckpointSpec { shape: wide, ..good.clone() }, "overflows"),
+        ] {
+            let msg = write(&spec, &out).unwrap_err().to_string();
+            assert!(msg.contains(flag), "{msg}");
+            assert!(!out.exists(), "{flag}: created {}", out.display());
+        }
+    }
+
+    #[test]
+    fn replace_removes_only_what_gen_checkpoint_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = CheckpointSpec { shape: Shape::tiny(), weights: WeightType::F32, shard_bytes: 200_000, seed: 1, init_std: 0.02, outliers: None };
+        write(&spec, dir.path()).unwrap();
+        let msg = prepare_output(dir.path(), false).unwrap_err().to_string();
+        assert!(msg.contains("not empty") && msg.contains("--replace"), "{msg}");
+        prepare_output(dir.path(), true).unwrap();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        // Something gen-checkpoint does not write is neither removed nor written beside.
+        write(&spec, dir.path()).unwrap();
+        std::fs::write(dir.path().join("notes.txt"), "mine").unwrap();
+        let msg = prepare_output(dir.path(), true).unwrap_err().to_string();
+        assert!(msg.contains("notes.txt"), "{msg}");
+        assert!(dir.path().join("model.safetensors.index.json").exists() && dir.path().join("notes.txt").exists());
+        for (name, ours) in [("model-00001-of-00012.safetensors", true), ("model-1-of-2.safetensors", false), ("model.safetensors", true), ("pytorch_model.bin", false)] {
+            assert_eq!(is_written_here(name), ours, "{name}");
+        }
     }
 
     #[test]

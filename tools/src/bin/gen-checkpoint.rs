@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use llada_tools::checkpoint::{write, CheckpointSpec, Family, Outliers, Shape, WeightType};
+use llada_tools::checkpoint::{check, prepare_output, write, CheckpointSpec, Family, Outliers, Shape, WeightType};
 
 #[derive(Parser)]
 #[command(about = "Write a random-weight LLaDA, LLaDA-MoE or Dream checkpoint in exact Hugging Face layout")]
@@ -59,9 +59,15 @@ struct Args {
     /// The outlier channels' magnitude against the others.
     #[arg(long, default_value_t = 20.0)]
     outlier_gain: f32,
-    /// Output directory.
+    /// Output directory: new or empty, unless --replace.
     #[arg(short, long)]
     output: PathBuf,
+    /// Replace a checkpoint written into the output directory before: removes the files
+    /// gen-checkpoint writes (config.json, generation_config.json, the tokenizer files,
+    /// model*.safetensors, model.safetensors.index.json) first, so no stale shard or index is
+    /// left beside the new weights; a directory holding anything else is refused.
+    #[arg(long)]
+    replace: bool,
 }
 
 fn main() -> ExitCode {
@@ -96,16 +102,25 @@ fn main() -> ExitCode {
         shape.embedding_size = v;
     }
     shape.max_sequence_length = a.max_sequence_length.unwrap_or(shape.max_sequence_length);
+    let Some(shard_bytes) = a.shard_mb.checked_mul(1_000_000) else {
+        eprintln!("error: --shard-mb {}: more bytes than a file can hold", a.shard_mb);
+        return ExitCode::FAILURE;
+    };
     let spec = CheckpointSpec {
         shape,
         weights: WeightType::parse(&a.dtype).expect("clap restricts the values"),
-        shard_bytes: a.shard_mb * 1_000_000,
+        shard_bytes,
         seed: a.seed,
         init_std: a.init_std,
         outliers: (a.outlier_channels > 0).then_some(Outliers { channels: a.outlier_channels, gain: a.outlier_gain }),
     };
-    if a.outlier_channels > spec.shape.d_model || !(a.outlier_gain.is_finite() && a.outlier_gain > 0.0) {
-        eprintln!("error: --outlier-channels {} --outlier-gain {}: at most d_model ({}) channels, and a positive finite gain", a.outlier_channels, a.outlier_gain, spec.shape.d_model);
+    // Every number checked, then the folder, before anything is created or removed.
+    if let Err(e) = check(&spec) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
+    if let Err(e) = prepare_output(&a.output, a.replace) {
+        eprintln!("error: {}: {e}", a.output.display());
         return ExitCode::FAILURE;
     }
     match write(&spec, &a.output) {
