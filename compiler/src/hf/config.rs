@@ -45,7 +45,7 @@ pub fn load(dir: &Path) -> Result<(LladaConfig, Vec<String>)> {
 }
 
 fn read_object(path: &Path) -> Result<Map<String, Value>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = llada_ir::files::read_text_bounded(path, llada_ir::files::CONFIG_LIMIT).map_err(|e| Error::io(path, e))?;
     let root: Value = serde_json::from_str(&text).map_err(|e| Error::Json { path: path.to_path_buf(), msg: e.to_string() })?;
     match root {
         Value::Object(map) => Ok(map),

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use llada_ir::{SpecialTokens, TokenizerSpec};
+use llada_ir::{files, SpecialTokens, TokenizerSpec};
 
 use crate::error::{contain_panic, Error, Result};
 use crate::hf::config::{Arch, LladaConfig};
@@ -90,7 +90,7 @@ fn token_string(v: Option<&Value>) -> Option<String> {
 
 pub fn load(dir: &Path, cfg: &LladaConfig) -> Result<(TokenizerSpec, SpecialTokens)> {
     let tok_path = dir.join("tokenizer.json");
-    let tokenizer_json = std::fs::read_to_string(&tok_path).map_err(|e| Error::io(&tok_path, e))?;
+    let tokenizer_json = files::read_text_bounded(&tok_path, files::TOKENIZER_LIMIT).map_err(|e| Error::io(&tok_path, e))?;
     // `tokenizers` 0.23 panics on some malformed decoder sections (an `expect` in its
     // deserialiser, found by fuzzing): contain it as an error naming the file.
     let tokenizer = contain_panic(|| tokenizer_json.parse::<tokenizers::Tokenizer>().map_err(|e| e.to_string()))
@@ -98,7 +98,7 @@ pub fn load(dir: &Path, cfg: &LladaConfig) -> Result<(TokenizerSpec, SpecialToke
         .map_err(|e| Error::Tokenizer { path: tok_path.clone(), msg: format!("cannot be loaded: {e}") })?;
 
     let cfg_path = dir.join("tokenizer_config.json");
-    let text = std::fs::read_to_string(&cfg_path).map_err(|e| Error::io(&cfg_path, e))?;
+    let text = files::read_text_bounded(&cfg_path, files::CONFIG_LIMIT).map_err(|e| Error::io(&cfg_path, e))?;
     let tc: Value = serde_json::from_str(&text).map_err(|e| Error::Json { path: cfg_path.clone(), msg: e.to_string() })?;
     let chat_template = match tc.get("chat_template") {
         None | Some(Value::Null) => None,
