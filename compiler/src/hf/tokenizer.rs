@@ -21,7 +21,7 @@ const DREAM_EOT_TOKEN: &str = "<|im_end|>";
 /// `tests/tests/careless_checkpoint.rs`).
 pub const CHAT_TEMPLATE_FUEL: u64 = 10_000;
 /// The runtime's `text::CHAT_TEMPLATE_OUTPUT`: what one turn may add.
-const CHAT_TEMPLATE_OUTPUT: usize = 1 << 20;
+pub const CHAT_TEMPLATE_OUTPUT: usize = 1 << 20;
 /// The turn of the dry run.
 const SAMPLE_TURN: &str = "Hello! What is 2 + 2?";
 

@@ -211,3 +211,33 @@ pub fn threads_after_join(prefix: &str) -> Vec<String> {
     }
     threads_now(prefix)
 }
+
+/// Rewrites the JSON file `path` through `edit`.
+pub fn edit_json(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(path, v.to_string()).unwrap();
+}
+
+/// Overwrites element `index` (flat, row-major) of tensor `name` in the checkpoint `ckpt`
+/// (single file or sharded) with `bits`, the little-endian bytes of one element of its type.
+pub fn set_weight(ckpt: &Path, name: &str, index: usize, bits: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    let index_path = ckpt.join("model.safetensors.index.json");
+    let file = match index_path.exists() {
+        true => {
+            let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&index_path).unwrap()).unwrap();
+            ckpt.join(v["weight_map"][name].as_str().expect("the tensor is in the index"))
+        }
+        false => ckpt.join("model.safetensors"),
+    };
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(&file).unwrap();
+    let mut len = [0u8; 8];
+    f.read_exact_at(&mut len, 0).unwrap();
+    let n = u64::from_le_bytes(len);
+    let mut header = vec![0u8; n as usize];
+    f.read_exact_at(&mut header, 8).unwrap();
+    let header: serde_json::Value = serde_json::from_slice(&header).unwrap();
+    let start = header[name]["data_offsets"][0].as_u64().expect("the tensor is in its shard");
+    f.write_all_at(bits, 8 + n + start + (index * bits.len()) as u64).unwrap();
+}
