@@ -386,9 +386,15 @@ impl SamplerParams {
         if self.remasking != d.remasking {
             return bad(S::Remasking, format!("{} is LLaDA's; Dream's sampler takes --alg", self.remasking.name()));
         }
-        if self.cfg_scale != 0.0 || self.threshold.is_some() || self.logits_eos_inf || self.confidence_eos_eot_inf {
-            let s = if self.cfg_scale != 0.0 { S::CfgScale } else if self.threshold.is_some() { S::Threshold } else { S::Remasking };
-            return bad(s, "is one of LLaDA's sampler options, which Dream's published sampler does not have".into());
+        let llada_only = "is one of LLaDA's sampler options, which Dream's published sampler does not have";
+        if self.cfg_scale != 0.0 || self.threshold.is_some() {
+            return bad(if self.cfg_scale != 0.0 { S::CfgScale } else { S::Threshold }, llada_only.into());
+        }
+        // Switches without a range, so without a `Setting`: named by their flag.
+        for (set, flag) in [(self.logits_eos_inf, "--logits-eos-inf"), (self.confidence_eos_eot_inf, "--confidence-eos-eot-inf")] {
+            if set {
+                return Err(Error::request(format!("{flag} {llada_only}")));
+            }
         }
         Ok(())
     }
@@ -402,6 +408,75 @@ impl SamplerParams {
     }
 }
 
+
+/// A sampler setting that only some policies read, and which: under any other policy it does
+/// nothing. The settings not listed apply to every policy (`--threshold`, the temperature, the
+/// confidences) or to one model family (refused for the other by [`SamplerParams::validate`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PolicySetting {
+    /// The CLI's flag.
+    pub flag: &'static str,
+    /// The policies that read it.
+    pub policies: &'static [Policy],
+}
+
+/// Which policies use which setting: the sampler's `official.rs` reads `refresh_every` on the
+/// cached passes and `spec_blocks` under `spec`; `mbsd.rs` reads those, `spec_threshold`,
+/// `rows` and `revision`, and its side path (`revision.rs`) the revision settings.
+pub const POLICY_SETTINGS: &[PolicySetting] = &[
+    PolicySetting { flag: "--refresh-every", policies: &[Policy::Prefix, Policy::Dual, Policy::Spec, Policy::Mbsd] },
+    PolicySetting { flag: "--spec-blocks", policies: &[Policy::Spec, Policy::Mbsd] },
+    PolicySetting { flag: "--spec-threshold", policies: &[Policy::Spec, Policy::Mbsd] },
+    PolicySetting { flag: "--rows", policies: &[Policy::Mbsd] },
+    PolicySetting { flag: "--revision", policies: &[Policy::Mbsd] },
+    PolicySetting { flag: "--side-rows", policies: &[Policy::Mbsd] },
+    PolicySetting { flag: "--stable-confidence", policies: &[Policy::Mbsd] },
+    PolicySetting { flag: "--stable-checks", policies: &[Policy::Mbsd] },
+    PolicySetting { flag: "--revise-confidence", policies: &[Policy::Mbsd] },
+];
+
+impl Policy {
+    /// Whether this policy reads the setting of `flag` (every setting not in
+    /// [`POLICY_SETTINGS`] is read by every policy).
+    pub fn uses(self, flag: &str) -> bool {
+        POLICY_SETTINGS.iter().find(|s| s.flag == flag).is_none_or(|s| s.policies.contains(&self))
+    }
+}
+
+/// The first setting `given` says was given (by flag) that `policy` does not use, as a
+/// refusal naming the policies that use it; `None` if every given setting is used. The CLI
+/// asks with the flags typed, not those left at their defaults; the C API has no such
+/// distinction (every field has a value), so it does not ask.
+pub fn unused_setting(policy: Policy, given: impl Fn(&str) -> bool) -> Option<String> {
+    let s = POLICY_SETTINGS.iter().find(|s| given(s.flag) && !s.policies.contains(&policy))?;
+    let names: Vec<&str> = s.policies.iter().map(|p| p.name()).collect();
+    let users = match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => names.join(""),
+    };
+    Some(format!("{} does nothing under --policy {}, so it is refused: only --policy {users} uses it", s.flag, policy.name()))
+}
+
+/// The most threads a thread count may ask for where no plan bounds it (`llada-rt roofline`,
+/// `LLADA_THREADS` before a model is open): far above any plan's scratch (the host target's
+/// 64), a bound on the threads a typo can make a tool start.
+pub const MAX_THREADS: usize = 1024;
+
+/// `LLADA_THREADS`, which replaces "every core" as the default thread count: `None` when
+/// unset or empty, else a whole number in `1..=max` (`max`: what the plan provides for, or
+/// [`MAX_THREADS`]), or an error naming it and that range: a value that is not one is refused,
+/// not ignored.
+pub fn env_threads(max: usize) -> Result<Option<usize>> {
+    let Some(value) = std::env::var_os("LLADA_THREADS") else { return Ok(None) };
+    let text = value.to_string_lossy();
+    if text.trim().is_empty() {
+        return Ok(None);
+    }
+    match text.trim().parse::<usize>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(Some(n)),
+        _ => Err(Error::request(format!("LLADA_THREADS={text:?} must be a whole number in 1..={max} (the threads this run can use); set it in that range, or unset it to use every core"))),
+    }
+}
 
 /// How a session runs, with the CLI's defaults: the one definition the CLI's session flags
 /// and the C API's `llada_session_params` map to.
@@ -479,6 +554,20 @@ mod tests {
         SamplerParams { policy: Policy::Mbsd, ..p }.validate(&dream).unwrap();
         refused(SamplerParams { remasking: Remasking::Random, ..p }, &dream, "--remasking random is LLaDA's");
         refused(SamplerParams { eps: 1.5, ..p }, &dream, "--eps 1.5 must be between 0 and 1");
+    }
+
+    #[test]
+    fn a_setting_given_under_a_policy_that_does_not_read_it_is_named_with_its_policies() {
+        let given = |flags: &'static [&'static str]| move |f: &str| flags.contains(&f);
+        assert_eq!(unused_setting(Policy::Exact, given(&["--threshold", "--temperature"])), None);
+        assert_eq!(unused_setting(Policy::Mbsd, given(&["--rows", "--side-rows", "--refresh-every", "--revision"])), None);
+        let refused = unused_setting(Policy::Exact, given(&["--rows"])).unwrap();
+        assert_eq!(refused, "--rows does nothing under --policy exact, so it is refused: only --policy mbsd uses it");
+        let refused = unused_setting(Policy::Exact, given(&["--refresh-every"])).unwrap();
+        assert!(refused.ends_with("only --policy prefix, dual, spec or mbsd uses it"), "{refused}");
+        assert!(unused_setting(Policy::Dual, given(&["--side-rows"])).unwrap().starts_with("--side-rows does nothing under --policy dual"));
+        assert!(unused_setting(Policy::Prefix, given(&["--spec-threshold"])).unwrap().contains("only --policy spec or mbsd uses it"));
+        assert!(Policy::Exact.uses("--threshold") && !Policy::Exact.uses("--spec-blocks") && Policy::Spec.uses("--spec-blocks"));
     }
 
     #[test]

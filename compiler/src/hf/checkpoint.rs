@@ -169,7 +169,11 @@ impl Checkpoint {
             safetensors::SafeTensorError::MetadataIncompleteBuffer | safetensors::SafeTensorError::InvalidHeaderLength => {
                 bad(format!("truncated: the header describes more data than the file's {} bytes", map.len()))
             }
-            e => bad(e.to_string()),
+            // A dtype safetensors does not know fails the whole header: name its tensor.
+            e => match unknown_dtype(&map) {
+                Some((name, dtype)) => Error::TensorDType { path: path.to_path_buf(), name, dtype },
+                None => bad(e.to_string()),
+            },
         })?;
         let data_start = 8 + n as u64;
         let shard = self.shards.len();
@@ -278,6 +282,19 @@ impl Checkpoint {
         }
         Ok(())
     }
+}
+
+/// The first tensor of a safetensors file's header (`file`, its first bytes) whose dtype is
+/// none of safetensors' own, with that dtype: the name a header that fails to parse as a
+/// whole leaves out.
+fn unknown_dtype(file: &[u8]) -> Option<(String, String)> {
+    let len = usize::try_from(u64::from_le_bytes(file.get(..8)?.try_into().ok()?)).ok()?;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(file.get(8..8usize.checked_add(len)?)?).ok()?;
+    header.iter().filter(|(name, _)| name.as_str() != "__metadata__").find_map(|(name, info)| {
+        let dtype = info.get("dtype")?;
+        let known = serde_json::from_value::<Dtype>(dtype.clone()).is_ok();
+        (!known).then(|| (name.clone(), dtype.as_str().map_or_else(|| dtype.to_string(), str::to_string)))
+    })
 }
 
 impl Checkpoint {
