@@ -1,7 +1,10 @@
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Parser, Subcommand};
+use llada_cli::{out, outln, Failure};
 use lladac::compile::Quant;
 use lladac::{compile, CompileOptions};
 
@@ -27,7 +30,7 @@ enum Command {
         /// per output channel; q4: int4 per --group inputs (both run with int8 activations).
         #[arg(long, alias = "dtype", value_parser = ["f32", "bf16", "f16", "q8", "q4"])]
         quant: Option<String>,
-        /// Inputs per q4 scale.
+        /// Inputs per q4 scale (--quant q4 only).
         #[arg(long, default_value = "128", value_parser = clap::builder::TypedValueParser::map(clap::builder::PossibleValuesParser::new(["32", "64", "128"]), |s: String| s.parse::<u32>().expect("one of the listed numbers")))]
         group: u32,
         /// Target to compile for (`lladac targets` lists them).
@@ -45,7 +48,8 @@ enum Command {
         /// block x (1 + k) rows, k up to --spec-blocks, are added to the row buckets).
         #[arg(long, default_value_t = 32)]
         block_len: u32,
-        /// How many blocks ahead `--policy spec` may speculate.
+        /// How many blocks ahead `--policy spec` and `mbsd` may speculate: a block and those
+        /// ahead of it, --block-len x (1 + K) rows, fit in --max-seq.
         #[arg(long, default_value_t = 2)]
         spec_blocks: u32,
         /// Activations of matmuls over bf16 weights: f32 (exact: only the weights are
@@ -121,9 +125,42 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
     n.checked_mul(1 << shift).filter(|&b| b > 0).ok_or_else(|| format!("'{s}': must be between 1 byte and 16 EiB"))
 }
 
-fn run(cli: Cli) -> lladac::Result<()> {
+/// Whether `id` of the subcommand in `matches` was typed, not left at its default.
+fn typed(matches: &ArgMatches, id: &str) -> bool {
+    matches.subcommand().is_some_and(|(_, m)| m.try_contains_id(id).is_ok() && m.value_source(id) == Some(ValueSource::CommandLine))
+}
+
+/// Refuses compile flags typed with values that would do nothing or cannot be served, naming
+/// the flag, before the checkpoint is read.
+fn check_compile_flags(matches: &ArgMatches, quant: Option<&str>, group: u32, target: &str, max_seq: Option<u32>, block_len: u32, spec_blocks: u32) -> Result<(), String> {
+    if typed(matches, "group") && quant != Some("q4") {
+        let stored = quant.map_or("the checkpoint's own type".to_string(), |q| format!("--quant {q}"));
+        return Err(format!("--group {group} does nothing with {stored}, so it is refused: only --quant q4 uses it (inputs per int4 scale)"));
+    }
+    // The positions the artifact will hold at most: --max-seq, else the target's default (the
+    // model's own maximum may be smaller still; the compile then drops graphs beyond it).
+    let (positions, whose) = match (max_seq, llada_targets::by_name(target)) {
+        (Some(m), _) => (m, "--max-seq".to_string()),
+        (None, Ok(t)) => (t.default_max_seq, format!("the {} target's default --max-seq", t.name)),
+        // An unknown target: the compile names it.
+        (None, Err(_)) => return Ok(()),
+    };
+    // A --block-len outside 1..=positions: the compile names it.
+    if typed(matches, "spec_blocks") && (1..=positions).contains(&block_len) {
+        let most = positions / block_len - 1;
+        if spec_blocks > most {
+            return Err(format!(
+                "--spec-blocks {spec_blocks} is outside 0..={most}: a block and the {spec_blocks} drafted ahead take --block-len {block_len} x (1 + {spec_blocks}) rows, more than the {positions} positions of {whose}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
     match cli.command {
         Command::Compile { model, output, quant, group, target, max_seq, head_rows, block_len, spec_blocks, activations, activation_scales, window_bytes, kv_dtype } => {
+            check_compile_flags(matches, quant.as_deref(), group, &target, max_seq, block_len, spec_blocks).map_err(Failure::Usage)?;
             let opts = CompileOptions {
                 model,
                 output,
@@ -140,10 +177,13 @@ fn run(cli: Cli) -> lladac::Result<()> {
                 progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
             };
             let s = compile(&opts)?;
+            // The artifact is written: a stderr that cannot take the report changes nothing.
+            let mut err = std::io::stderr().lock();
             for w in &s.warnings {
-                eprintln!("warning: {w}");
+                let _ = writeln!(err, "warning: {w}");
             }
-            eprintln!(
+            let _ = writeln!(
+                err,
                 "wrote {} ({:.1} MiB, {} tensors, {}, {} graphs up to {} tokens)",
                 s.output.display(),
                 s.bytes as f64 / (1 << 20) as f64,
@@ -166,18 +206,18 @@ fn run(cli: Cli) -> lladac::Result<()> {
                 if let Some(e) = e {
                     d["estimate"] = e;
                 }
-                println!("{}", serde_json::to_string_pretty(&d).expect("a JSON value serializes"));
+                outln!("{}", serde_json::to_string_pretty(&d).expect("a JSON value serializes"))?;
             } else {
-                print!("{}", lladac::inspect::render_text(&d));
+                out!("{}", lladac::inspect::render_text(&d))?;
                 if let Some(e) = e {
-                    print!("\n{}", lladac::estimate::render_text(&e));
+                    out!("\n{}", lladac::estimate::render_text(&e))?;
                 }
             }
         }
         Command::Targets => {
             for name in llada_targets::names() {
                 let t = llada_targets::by_name(name).map_err(lladac::Error::Options)?;
-                println!("{:<16} {}", t.name, t.description);
+                outln!("{:<16} {}", t.name, t.description)?;
             }
         }
     }

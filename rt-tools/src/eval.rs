@@ -69,6 +69,8 @@ pub fn load_tasks(path: &Path, text: &Text) -> Result<Vec<(Vec<u32>, String)>> {
         let ids = match (t.prompt, t.prompt_ids) {
             (Some(p), None) if t.chat => text.encode_chat(&p)?,
             (Some(p), None) => text.encode(&p)?,
+            // The template applies to text: ids are the prompt as given.
+            (None, Some(_)) if t.chat => return Err(bad(i + 1, "\"chat\" applies the chat template to \"prompt\" text; \"prompt_ids\" are token ids as given, so it is refused with them".into())),
             (None, Some(ids)) => ids,
             _ => return Err(bad(i + 1, "needs exactly one of \"prompt\" and \"prompt_ids\"".into())),
         };

@@ -1,17 +1,25 @@
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, Parser, Subcommand};
+use llada_cli::{out, outln, Failure};
+use llada_rt::params::{env_threads, unused_setting, Limits, MAX_THREADS};
 use llada_rt::sampler::{Alg, Policy, Revision, StepView};
 use llada_rt::text::Text;
 use llada_rt::moe::{ExpertCounters, ExpertStrategy};
 use llada_rt::executor::BackendKind;
-use llada_rt::session::default_threads;
+use llada_rt::session::{default_threads, max_threads};
 use llada_rt::staging::StagingMode;
-use llada_rt::{generate, Error, Model, Remasking, Result, SamplerParams, Session, SessionParams};
+use llada_rt::{generate, generate_until, Error, Model, Remasking, Result, SamplerParams, Session, SessionParams};
 use llada_rt_tools::{conformance, golden, roofline};
 use serde_json::json;
+
+/// What a command, or a part of one that prints, ends with: its error, a usage error, or
+/// stdout's (see `llada_cli::Failure`).
+type Done = std::result::Result<(), Failure<Error>>;
 
 #[derive(Parser)]
 #[command(name = "llada-rt", version, about = "Run a compiled llada artifact")]
@@ -40,13 +48,13 @@ struct SamplerArgs {
     #[arg(long, default_value_t = defaults().steps)]
     steps: usize,
     /// 0 = most likely token; above 0, Gumbel-max sampling.
-    #[arg(long, default_value_t = defaults().temperature)]
+    #[arg(long, default_value_t = defaults().temperature, allow_hyphen_values = true)]
     temperature: f64,
     /// Seed of the sampling noise.
     #[arg(long, default_value_t = defaults().seed)]
     seed: u64,
     /// Classifier-free guidance scale (0 = off).
-    #[arg(long, default_value_t = defaults().cfg_scale)]
+    #[arg(long, default_value_t = defaults().cfg_scale, allow_hyphen_values = true)]
     cfg: f64,
     /// Which masked positions to commit first.
     #[arg(long, default_value = defaults().remasking.name(), value_parser = ["low_confidence", "random"])]
@@ -68,14 +76,14 @@ struct SamplerArgs {
     #[arg(long, default_value_t = defaults().refresh_every)]
     refresh_every: usize,
     /// Commit every masked token of the block at or above this confidence (at least one) per step.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     threshold: Option<f32>,
     /// spec, mbsd: blocks drafted ahead of the current one [default: spec 1, mbsd the
     /// artifact's compiled speculation depth].
     #[arg(long)]
     spec_blocks: Option<usize>,
     /// spec, mbsd: confidence a draft needs when its block becomes current.
-    #[arg(long, default_value_t = defaults().spec_threshold)]
+    #[arg(long, default_value_t = defaults().spec_threshold, allow_hyphen_values = true)]
     spec_threshold: f32,
     /// mbsd: fewest rows a dense pass computes [default: the plan's smallest latency bucket].
     #[arg(long)]
@@ -90,29 +98,29 @@ struct SamplerArgs {
     #[arg(long)]
     side_rows: Option<usize>,
     /// mbsd revision: an agreeing check at or above this confidence makes a token stable.
-    #[arg(long, default_value_t = defaults().stable_confidence)]
+    #[arg(long, default_value_t = defaults().stable_confidence, allow_hyphen_values = true)]
     stable_confidence: f32,
     /// mbsd revision: this many agreeing checks make a token stable.
     #[arg(long, default_value_t = defaults().stable_checks)]
     stable_checks: u32,
     /// mbsd revision: a disagreeing check at or above this confidence revises the token.
-    #[arg(long, default_value_t = defaults().revise_confidence)]
+    #[arg(long, default_value_t = defaults().revise_confidence, allow_hyphen_values = true)]
     revise_confidence: f32,
     /// Dream: the confidence rule of its sampler (LLaDA models take --remasking).
     #[arg(long, default_value = defaults().alg.name(), value_parser = ["origin", "maskgit_plus", "topk_margin", "entropy"])]
     alg: String,
     /// Dream: its schedule runs from timestep 1 down to this.
-    #[arg(long, default_value_t = defaults().eps)]
+    #[arg(long, default_value_t = defaults().eps, allow_hyphen_values = true)]
     eps: f64,
     /// Dream: nucleus filtering of each prediction, (0, 1].
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     top_p: Option<f64>,
     /// Dream: keep only the k most likely tokens of each prediction.
     #[arg(long)]
     top_k: Option<usize>,
     /// Dream: draw the positions a step commits from the softmax of their confidences over
     /// this temperature, instead of taking the most confident.
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     alg_temp: Option<f64>,
 }
 
@@ -152,12 +160,60 @@ impl SamplerArgs {
             alg_temp: self.alg_temp,
         }
     }
+
+    /// [`params`](Self::params), each setting checked against its range and the plan's
+    /// limits, then refused if it was typed (`typed`, by flag) under a policy that does not
+    /// use it (`llada_rt::params::POLICY_SETTINGS`): it would do nothing.
+    fn checked_params(&self, model: &Model, typed: &dyn Fn(&str) -> bool) -> std::result::Result<SamplerParams, Failure<Error>> {
+        let params = self.params(model);
+        params.validate(&Limits::of(model))?;
+        match unused_setting(params.policy, typed) {
+            Some(refusal) => Err(Failure::Usage(refusal)),
+            None => Ok(params),
+        }
+    }
+}
+
+/// Whether the flag `--name` of the subcommand in `matches` was typed (not left at its
+/// default): clap's source of the value of `name`'s id.
+fn typed(matches: &ArgMatches) -> impl Fn(&str) -> bool + '_ {
+    move |flag: &str| {
+        let id = flag.trim_start_matches("--").replace('-', "_");
+        matches.subcommand().is_some_and(|(_, m)| m.try_contains_id(&id).is_ok() && m.value_source(&id) == Some(ValueSource::CommandLine))
+    }
+}
+
+/// `--logit-tolerance`: a finite number, at least 0.
+fn tolerance_flag(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(t) if t >= 0.0 && t.is_finite() => Ok(t),
+        Ok(t) => Err(format!("{t} must be a finite number >= 0")),
+        Err(e) => Err(format!("not a number: {e}")),
+    }
 }
 
 /// `--threads`: a count of at least 1 (0 would mean nothing to run on).
-fn at_least_one(s: &str) -> std::result::Result<usize, String> {
+fn threads_flag(s: &str) -> std::result::Result<usize, String> {
+    at_least_one(s, "omit --threads to use every core")
+}
+
+/// `--cpu-threads`: a count of at least 1.
+fn cpu_threads_flag(s: &str) -> std::result::Result<usize, String> {
+    at_least_one(s, "omit --cpu-threads for one")
+}
+
+/// `roofline --threads`: a count in `1..=MAX_THREADS` (no plan bounds it there).
+fn roofline_threads_flag(s: &str) -> std::result::Result<usize, String> {
+    match at_least_one(s, "omit --threads to use every core")? {
+        n if n > MAX_THREADS => Err(format!("{n} is outside 1..={MAX_THREADS}")),
+        n => Ok(n),
+    }
+}
+
+/// A count of at least 1, or why not (with what to do instead of 0: `instead`).
+fn at_least_one(s: &str, instead: &str) -> std::result::Result<usize, String> {
     match s.parse::<usize>() {
-        Ok(0) => Err("must be at least 1 (omit --threads to use every core)".into()),
+        Ok(0) => Err(format!("must be at least 1 ({instead})")),
         Ok(n) => Ok(n),
         Err(e) => Err(format!("not a whole number: {e}")),
     }
@@ -176,8 +232,9 @@ enum Command {
         /// Prompt text.
         #[arg(short, long, conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
         prompt: Option<String>,
-        /// Apply the model's chat template to the prompt (one user turn).
-        #[arg(long, requires = "prompt")]
+        /// Apply the model's chat template to the prompt (one user turn); not with
+        /// --prompt-ids, which are token ids as given.
+        #[arg(long, requires = "prompt", conflicts_with = "prompt_ids")]
         chat: bool,
         /// Prompt as comma-separated token ids.
         #[arg(long)]
@@ -202,8 +259,8 @@ enum Command {
     },
     /// Measure this machine's ceilings: peak f32, bf16 and int8 rates and memory bandwidth.
     Roofline {
-        /// Threads for the all-threads figures, at least 1 [default: every core].
-        #[arg(long, value_parser = at_least_one)]
+        /// Threads for the all-threads figures, 1 to 1024 [default: every core, or LLADA_THREADS].
+        #[arg(long, value_parser = roofline_threads_flag)]
         threads: Option<usize>,
         #[arg(long)]
         json: bool,
@@ -309,7 +366,7 @@ enum Command {
         #[command(flatten)]
         backend: BackendArg,
         /// Largest absolute error allowed on the first-pass logits.
-        #[arg(long, default_value_t = conformance::LOGIT_TOLERANCE)]
+        #[arg(long, default_value_t = conformance::LOGIT_TOLERANCE, value_parser = tolerance_flag, allow_hyphen_values = true)]
         logit_tolerance: f64,
         /// Print the report as JSON.
         #[arg(long)]
@@ -344,7 +401,7 @@ struct SessionArgs {
     #[command(flatten)]
     backend: BackendArg,
     /// Worker threads of the accelerator path, at least 1 [default: every core, or LLADA_THREADS].
-    #[arg(long, value_parser = at_least_one)]
+    #[arg(long, value_parser = threads_flag)]
     threads: Option<usize>,
     /// How rotating weights reach their window slots: async (a staging thread copies
     /// ahead, as the plan schedules) or sync (each copied right before its first op).
@@ -359,26 +416,35 @@ struct SessionArgs {
     experts: Option<String>,
     /// Mixture-of-experts models: threads of the CPU path, which computes experts beside the
     /// accelerator path [default: 1].
-    #[arg(long, value_parser = at_least_one)]
+    #[arg(long, value_parser = cpu_threads_flag)]
     cpu_threads: Option<usize>,
 }
 
 impl SessionArgs {
-    /// The session settings these flags give.
-    fn params(&self) -> SessionParams {
-        let d = SessionParams::default();
-        SessionParams {
-            backend: self.backend.kind(),
-            threads: self.threads,
-            staging: StagingMode::parse(&self.staging).expect("clap restricts the values"),
-            experts: self.experts.as_deref().map(|e| ExpertStrategy::parse(e).expect("clap restricts the values")),
-            cpu_threads: self.cpu_threads.or(d.cpu_threads),
+    /// The thread count: `--threads`, else `LLADA_THREADS` (refused, naming it, outside
+    /// `1..=max`), else `None` (every core).
+    fn threads(&self, max: usize) -> std::result::Result<Option<usize>, Failure<Error>> {
+        match self.threads {
+            Some(n) => Ok(Some(n)),
+            None => env_threads(max).map_err(|e| Failure::Usage(e.to_string())),
         }
     }
 
+    /// The session settings these flags give on `model`.
+    fn params(&self, model: &Model) -> std::result::Result<SessionParams, Failure<Error>> {
+        let d = SessionParams::default();
+        Ok(SessionParams {
+            backend: self.backend.kind(),
+            threads: self.threads(max_threads(model))?,
+            staging: StagingMode::parse(&self.staging).expect("clap restricts the values"),
+            experts: self.experts.as_deref().map(|e| ExpertStrategy::parse(e).expect("clap restricts the values")),
+            cpu_threads: self.cpu_threads.or(d.cpu_threads),
+        })
+    }
+
     /// A session on `model` as these options say; expert options on a dense model are an error.
-    fn open<'m>(&self, model: &'m Model) -> Result<Session<'m>> {
-        Session::open(model, &self.params())
+    fn open<'m>(&self, model: &'m Model) -> std::result::Result<Session<'m>, Failure<Error>> {
+        Ok(Session::open(model, &self.params(model)?)?)
     }
 }
 
@@ -442,10 +508,10 @@ fn expert_report(session: &Session, x: &ExpertCounters) -> serde_json::Value {
 }
 
 /// The experts' figures, for people.
-fn print_experts(session: &Session) {
+fn print_experts(session: &Session) -> Done {
     if let Some(x) = session.expert_counters() {
         let passes = session.counters.forward_passes.max(1) as f64;
-        println!(
+        outln!(
             "experts ({}):      hit rate {:.3}, per pass {:.1} on the accelerator / {:.1} on the CPU path, {:.1} MiB staged, {:.4} s stalled on copies, {:.4} s waiting for the CPU path",
             session.expert_strategy().map_or("-", ExpertStrategy::name),
             x.hit_rate(),
@@ -454,8 +520,9 @@ fn print_experts(session: &Session) {
             x.staged_bytes as f64 / passes / (1u64 << 20) as f64,
             x.stall_seconds / passes,
             x.cpu_wait_seconds / passes
-        );
+        )?;
     }
+    Ok(())
 }
 
 fn parse_ids(s: &str) -> Result<Vec<u32>> {
@@ -475,49 +542,61 @@ struct Display<'t> {
     denoising: bool,
     printed: String,
     canvas_lines: usize,
+    /// Why stdout refused a step: the generation stops there.
+    failed: Option<std::io::Error>,
 }
 
 impl Display<'_> {
-    fn step(&mut self, v: &StepView) {
+    /// Shows step `v`; once stdout fails, keeps its error and breaks off the generation.
+    fn step(&mut self, v: &StepView) -> ControlFlow<()> {
+        match self.show(v) {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                self.failed = Some(e);
+                ControlFlow::Break(())
+            }
+        }
+    }
+
+    fn show(&mut self, v: &StepView) -> std::io::Result<()> {
+        use llada_cli::print_stdout;
         let generated = v.generated();
-        let mut out = std::io::stdout().lock();
         if self.denoising {
             let shown: String = generated
                 .iter()
                 .map(|&t| if t == self.mask { "░".to_string() } else { self.text.decode(&[t], false) })
                 .collect();
-            if self.canvas_lines > 0 {
-                let _ = write!(out, "\x1b[{}F\x1b[J", self.canvas_lines);
-            }
-            let _ = writeln!(out, "step {}/{}\n{shown}", v.step, v.steps);
+            let up = if self.canvas_lines > 0 { format!("\x1b[{}F\x1b[J", self.canvas_lines) } else { String::new() };
+            print_stdout(format_args!("{up}step {}/{}\n{shown}", v.step, v.steps), true)?;
             self.canvas_lines = 2 + shown.matches('\n').count();
         } else {
             let text = self.text.settled_answer(&generated[..v.settled]);
             // Print only what extends what is already shown.
             if let Some(new) = text.strip_prefix(self.printed.as_str()) {
                 if !new.is_empty() {
-                    let _ = write!(out, "{new}");
+                    print_stdout(format_args!("{new}"), false)?;
                     self.printed = text;
                 }
             }
         }
-        let _ = out.flush();
+        Ok(())
     }
 }
 
-fn run(cli: Cli) -> Result<()> {
+fn run(cli: Cli, matches: &ArgMatches) -> Done {
+    let typed = typed(matches);
     match cli.command {
         Command::Compare { reference, other, prompt_ids, sampler, session: session_args, json } => {
             let (a, b) = (Model::open(&reference, true)?, Model::open(&other, true)?);
-            let params = sampler.params(&a);
+            let params = sampler.checked_params(&a, &typed)?;
             let c = llada_rt_tools::compare::compare(&mut session_args.open(&a)?, &mut session_args.open(&b)?, &parse_ids(&prompt_ids)?, &params)?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&c).expect("serializes"));
+                outln!("{}", serde_json::to_string_pretty(&c).expect("serializes"))?;
             } else {
-                println!("{} against {}:", other.display(), reference.display());
-                println!("  first pass: logit error {:.3e} (L2, relative), largest {:.3e} (of the largest logit); top-1 agreement {:.1}%",
-                    c.logit_relative_error, c.logit_max_error, 100.0 * c.top1_agreement);
-                println!("  generation: {:.1}% of tokens the same; {:.2} s against {:.2} s", 100.0 * c.token_agreement, c.other_seconds, c.reference_seconds);
+                outln!("{} against {}:", other.display(), reference.display())?;
+                outln!("  first pass: logit error {:.3e} (L2, relative), largest {:.3e} (of the largest logit); top-1 agreement {:.1}%",
+                    c.logit_relative_error, c.logit_max_error, 100.0 * c.top1_agreement)?;
+                outln!("  generation: {:.1}% of tokens the same; {:.2} s against {:.2} s", 100.0 * c.token_agreement, c.other_seconds, c.reference_seconds)?;
             }
         }
         Command::Run { file, prompt, chat, prompt_ids, sampler, json, show_denoising, trace, op_profile, session: session_args } => {
@@ -529,19 +608,24 @@ fn run(cli: Cli) -> Result<()> {
                 (None, Some(s)) => parse_ids(s)?,
                 (None, None) => unreachable!("clap requires one of them"),
             };
-            let params = sampler.params(&model);
+            let params = sampler.checked_params(&model, &typed)?;
             let mut session = session_args.open(&model)?;
             let timeline = trace.as_ref().map(|_| std::sync::Arc::new(llada_rt::trace::Trace::default()));
             if let Some(t) = &timeline {
                 session.set_trace(t.clone());
             }
             session.profile_ops(op_profile);
-            let mut display = Display { text: &text, mask: model.header.special.mask, denoising: show_denoising, printed: String::new(), canvas_lines: 0 };
+            let mut display = Display { text: &text, mask: model.header.special.mask, denoising: show_denoising, printed: String::new(), canvas_lines: 0, failed: None };
             let g = if json {
-                generate(&mut session, &ids, &params, &mut |_| {})?
+                generate(&mut session, &ids, &params, &mut |_| {})
             } else {
-                generate(&mut session, &ids, &params, &mut |v| display.step(v))?
+                generate_until(&mut session, &ids, &params, &mut |v| display.step(v))
             };
+            // A stream stdout stopped taking stopped the generation (`Error::Cancelled`).
+            if let Some(e) = display.failed.take() {
+                return Err(Failure::Stdout(e));
+            }
+            let g = g?;
             if let (Some(path), Some(t)) = (&trace, &timeline) {
                 t.write(path).map_err(|e| Error::io(path, e))?;
             }
@@ -569,14 +653,14 @@ fn run(cli: Cli) -> Result<()> {
                 if let Some(ops) = &ops {
                     obj["op_profile"] = json!(ops);
                 }
-                println!("{obj}");
+                outln!("{obj}")?;
             } else {
                 if show_denoising {
-                    println!("{answer}");
+                    outln!("{answer}")?;
                 } else {
                     // Whatever the prefix streaming held back.
-                    print!("{}", answer.strip_prefix(display.printed.as_str()).unwrap_or(""));
-                    println!();
+                    out!("{}", answer.strip_prefix(display.printed.as_str()).unwrap_or(""))?;
+                    outln!()?;
                 }
                 if std::io::stderr().is_terminal() {
                     eprintln!(
@@ -584,12 +668,12 @@ fn run(cli: Cli) -> Result<()> {
                         params.gen_length, g.forward_passes, params.policy.name(), g.rows_computed, g.seconds
                     );
                     if let Some(m) = &g.mbsd {
-                        print_mbsd(m);
+                        print_mbsd(m)?;
                     }
-                    print_experts(&session);
+                    print_experts(&session)?;
                 }
                 if let Some(ops) = &ops {
-                    ops.print();
+                    ops.print()?;
                 }
             }
         }
@@ -598,8 +682,8 @@ fn run(cli: Cli) -> Result<()> {
             let text = Text::new(&model.header.tokenizer, &model.header.special)?;
             let tasks = llada_rt_tools::eval::load_tasks(&tasks, &text)?;
             let reference = reference.map(|p| llada_rt_tools::eval::load_reference(&p)).transpose()?;
+            let params = sampler.checked_params(&model, &typed)?;
             let mut session = session_args.open(&model)?;
-            let params = sampler.params(&model);
             let show = !json && std::io::stderr().is_terminal();
             let report = llada_rt_tools::eval::run(&mut session, &text, &tasks, &params, reference.as_ref(), &mut |i, r| {
                 if show {
@@ -610,87 +694,107 @@ fn run(cli: Cli) -> Result<()> {
                 eprintln!();
             }
             if json {
-                println!("{}", serde_json::to_string(&report).expect("the report serializes"));
+                outln!("{}", serde_json::to_string(&report).expect("the report serializes"))?;
             } else {
-                println!("tasks:              {}", report.tasks);
-                println!("accuracy:           {:.4} ({}/{})", report.accuracy, report.correct, report.tasks);
+                outln!("tasks:              {}", report.tasks)?;
+                outln!("accuracy:           {:.4} ({}/{})", report.accuracy, report.correct, report.tasks)?;
                 if let Some(m) = report.exact_match {
-                    println!("exact match vs ref: {m:.4}");
+                    outln!("exact match vs ref: {m:.4}")?;
                 }
-                println!("forward passes:     {} ({:.1} per task)", report.forward_passes, report.forward_passes as f64 / report.tasks as f64);
-                println!("rows computed:      {}", report.rows_computed);
+                outln!("forward passes:     {} ({:.1} per task)", report.forward_passes, report.forward_passes as f64 / report.tasks as f64)?;
+                outln!("rows computed:      {}", report.rows_computed)?;
                 if let Some(m) = &report.mbsd {
-                    print_mbsd(m);
+                    print_mbsd(m)?;
                 }
-                println!("generated tokens/s: {:.1} ({} tokens in {:.2} s)", report.tokens_per_second, report.generated_tokens, report.seconds);
-                print_experts(&session);
+                outln!("generated tokens/s: {:.1} ({} tokens in {:.2} s)", report.tokens_per_second, report.generated_tokens, report.seconds)?;
+                print_experts(&session)?;
             }
         }
         Command::Roofline { threads, json } => {
-            let r = roofline::measure(threads.unwrap_or_else(default_threads));
+            let threads = match threads {
+                Some(n) => n,
+                None => env_threads(MAX_THREADS).map_err(|e| Failure::Usage(e.to_string()))?.unwrap_or_else(default_threads),
+            };
+            let r = roofline::measure(threads);
             if json {
-                println!("{}", serde_json::to_string_pretty(&r).expect("the roofline serializes"));
+                outln!("{}", serde_json::to_string_pretty(&r).expect("the roofline serializes"))?;
             } else {
                 let g = |x: f64| x / 1e9;
                 // The peak probes exist for x86-64 only; elsewhere they print as not measured.
                 let peak = |x: f64| if x > 0.0 { format!("{:>7.1}", x / 1e9) } else { "      -".to_string() };
-                println!("features:      {} (AMX {})", r.features, if r.amx_present { "present, not used" } else { "absent" });
-                println!("                 1 thread   {} threads", r.threads);
-                println!("f32 FMA:       {}     {}  GFLOP/s", peak(r.f32_flops.one_thread), peak(r.f32_flops.all_threads));
-                println!("bf16 dot:      {}     {}  GFLOP/s", peak(r.bf16_flops.one_thread), peak(r.bf16_flops.all_threads));
-                println!("int8 dot:      {}     {}  GOP/s", peak(r.int8_ops.one_thread), peak(r.int8_ops.all_threads));
-                println!("memory read:   {}     {}  GB/s", peak(r.read_bytes.one_thread), peak(r.read_bytes.all_threads));
-                println!("GEMM sustained (median of 6 shapes), {} threads: f32 {:.1}, bf16 {:.1} GFLOP/s; q8 {:.1}, q4 {:.1} GOP/s", r.threads, g(r.gemm.f32), g(r.gemm.bf16), g(r.gemm.q8), g(r.gemm.q4));
+                outln!("features:      {} (AMX {})", r.features, if r.amx_present { "present, not used" } else { "absent" })?;
+                outln!("                 1 thread   {} threads", r.threads)?;
+                outln!("f32 FMA:       {}     {}  GFLOP/s", peak(r.f32_flops.one_thread), peak(r.f32_flops.all_threads))?;
+                outln!("bf16 dot:      {}     {}  GFLOP/s", peak(r.bf16_flops.one_thread), peak(r.bf16_flops.all_threads))?;
+                outln!("int8 dot:      {}     {}  GOP/s", peak(r.int8_ops.one_thread), peak(r.int8_ops.all_threads))?;
+                outln!("memory read:   {}     {}  GB/s", peak(r.read_bytes.one_thread), peak(r.read_bytes.all_threads))?;
+                outln!("GEMM sustained (median of 6 shapes), {} threads: f32 {:.1}, bf16 {:.1} GFLOP/s; q8 {:.1}, q4 {:.1} GOP/s", r.threads, g(r.gemm.f32), g(r.gemm.bf16), g(r.gemm.q8), g(r.gemm.q4))?;
             }
         }
         Command::Bench { file, rows, head_rows, repeat, session: session_args, generate: time_generation, prompt_len, sampler, json } => {
-            let threads = session_args.threads.unwrap_or_else(default_threads);
+            // The sampler's flags (and --prompt-len) time the generation --generate adds:
+            // without it they would do nothing. (`--rows` is bench's own.)
+            if !time_generation {
+                let sampler_flags = <SamplerArgs as Args>::augment_args(clap::Command::new("sampler"));
+                let flags = sampler_flags.get_arguments().filter_map(|a| a.get_long()).map(|l| format!("--{l}")).chain(["--prompt-len".to_string()]);
+                if let Some(flag) = flags.filter(|f| f != "--rows").find(|f| typed(f)) {
+                    return Err(Failure::Usage(format!("{flag} sets the generation that --generate times; without --generate it does nothing, so it is refused")));
+                }
+            }
+            let threads = session_args.threads(MAX_THREADS)?.unwrap_or_else(default_threads);
             let staging = session_args.staging.clone();
             // Before loading: checksumming a large artifact leaves the kernel busy with the
             // page cache for a while, which would disturb the peak measurements.
             let roof = roofline::measure(threads);
             let model = Model::open(&file, true)?;
+            // LLADA_THREADS within what the plan provides for, named as itself.
+            session_args.threads(max_threads(&model))?;
+            let max_len = Limits::of(&model).max_len;
+            if let Some(r) = rows.iter().find(|r| !(1..=max_len).contains(*r)) {
+                return Err(Failure::Usage(format!("--rows {r} is outside 1..={max_len} (the positions {} serves)", file.display())));
+            }
+            let params = if time_generation { Some(sampler.checked_params(&model, &|f: &str| f != "--rows" && typed(f))?) } else { None };
             let mut session = SessionArgs { threads: Some(threads), ..session_args }.open(&model)?;
             let mut passes = Vec::new();
             for &r in &rows {
                 let head = head_rows.unwrap_or(r).min(r).min(session.head_capacity(r)?);
                 passes.push(llada_rt_tools::bench::pass(&mut session, &roof, r, head, repeat)?);
             }
-            let generation = if time_generation {
+            let generation = if let Some(params) = &params {
                 let m = &model.header.model;
                 let vocab = m.vocab_size.min(m.embedding_size) as usize;
                 let prompt: Vec<u32> = (0..prompt_len).map(|i| ((i * 104729 + 7) % vocab) as u32).collect();
-                Some(generate(&mut session, &prompt, &sampler.params(&model), &mut |_| {})?)
+                Some(generate(&mut session, &prompt, params, &mut |_| {})?)
             } else {
                 None
             };
             if json {
                 let g = generation.as_ref().map(|g| json!({"seconds": g.seconds, "forward_passes": g.forward_passes, "rows_computed": g.rows_computed, "mbsd": g.mbsd}));
-                println!("{}", serde_json::to_string_pretty(&json!({"artifact": file, "threads": threads, "backend": session.backend(), "roofline": roof, "passes": passes, "generation": g, "window": window_report(&session)})).expect("serializes"));
+                outln!("{}", serde_json::to_string_pretty(&json!({"artifact": file, "threads": threads, "backend": session.backend(), "roofline": roof, "passes": passes, "generation": g, "window": window_report(&session)})).expect("serializes"))?;
             } else {
                 let b = session.backend();
                 let op_times = if b.device_timestamps { "op times from device timestamps" } else { "op times from the host clock" };
                 let cpu_note = if b.runs_on_cpu && b.backend != "host" { "; a CPU implementation: these are CPU figures, not a GPU's" } else { "" };
-                println!("backend {}: {} ({op_times}{cpu_note})", b.backend, b.device);
-                println!("{} on {} thread(s); roofline: f32 {:.0} / bf16 {:.0} GFLOP/s, int8 {:.0} GOP/s, read {:.1} GB/s", file.display(), threads,
-                    roof.f32_flops.all_threads / 1e9, roof.bf16_flops.all_threads / 1e9, roof.int8_ops.all_threads / 1e9, roof.read_bytes.all_threads / 1e9);
+                outln!("backend {}: {} ({op_times}{cpu_note})", b.backend, b.device)?;
+                outln!("{} on {} thread(s); roofline: f32 {:.0} / bf16 {:.0} GFLOP/s, int8 {:.0} GOP/s, read {:.1} GB/s", file.display(), threads,
+                    roof.f32_flops.all_threads / 1e9, roof.bf16_flops.all_threads / 1e9, roof.int8_ops.all_threads / 1e9, roof.read_bytes.all_threads / 1e9)?;
                 for p in &passes {
-                    println!("\nrows {} (graph {}, {} logit rows): {:.4} s, roofline bound {:.4} s, ratio {:.2}", p.rows, p.graph, p.head_rows, p.seconds, p.bound_seconds, p.ratio);
-                    println!("  staging ({}): {:.1} MiB staged, {:.4} s stalled, overlap {:.2}", staging, p.staged_bytes as f64 / (1u64 << 20) as f64, p.stall_seconds, p.overlap);
+                    outln!("\nrows {} (graph {}, {} logit rows): {:.4} s, roofline bound {:.4} s, ratio {:.2}", p.rows, p.graph, p.head_rows, p.seconds, p.bound_seconds, p.ratio)?;
+                    outln!("  staging ({}): {:.1} MiB staged, {:.4} s stalled, overlap {:.2}", staging, p.staged_bytes as f64 / (1u64 << 20) as f64, p.stall_seconds, p.overlap)?;
                     let ops: Vec<String> = p.by_op.iter().map(|(k, v)| format!("{k} {:.4}", v)).collect();
-                    println!("  by op (s): {}", ops.join(", "));
+                    outln!("  by op (s): {}", ops.join(", "))?;
                     for g in &p.gemms {
-                        println!("  {:<12} {:>6} x {:>5} x {:>6} (x{:>2}) {:>9.5} s  {:>7.1} GFLOP/s {:>6.1} GB/s  bound {:>9.5} s  ratio {:.2}",
-                            g.format, g.rows, g.k, g.n, g.count, g.seconds, g.flops_per_second / 1e9, g.bytes_per_second / 1e9, g.bound_seconds, g.ratio);
+                        outln!("  {:<12} {:>6} x {:>5} x {:>6} (x{:>2}) {:>9.5} s  {:>7.1} GFLOP/s {:>6.1} GB/s  bound {:>9.5} s  ratio {:.2}",
+                            g.format, g.rows, g.k, g.n, g.count, g.seconds, g.flops_per_second / 1e9, g.bytes_per_second / 1e9, g.bound_seconds, g.ratio)?;
                     }
                 }
                 if let Some(g) = &generation {
-                    println!("\ngeneration: {:.2} s, {} forward passes, {} rows", g.seconds, g.forward_passes, g.rows_computed);
+                    outln!("\ngeneration: {:.2} s, {} forward passes, {} rows", g.seconds, g.forward_passes, g.rows_computed)?;
                     if let Some(m) = &g.mbsd {
-                        print_mbsd(m);
+                        print_mbsd(m)?;
                     }
                 }
-                print_experts(&session);
+                print_experts(&session)?;
             }
         }
         Command::Golden { golden, model, select, write, tokens_only, backend, json } => {
@@ -702,28 +806,28 @@ fn run(cli: Cli) -> Result<()> {
             if let Some(out) = write {
                 let produced = golden::reproduce(&mut session, &text, &file, &golden, select)?;
                 golden::write(&produced, &out)?;
-                println!("wrote {} ({} cases, {} logit cases)", out.display(), produced.cases.len(), produced.first_pass_logits.len());
+                outln!("wrote {} ({} cases, {} logit cases)", out.display(), produced.cases.len(), produced.first_pass_logits.len())?;
                 return Ok(());
             }
             let pin = if tokens_only { golden::Pin::Tokens } else { golden::Pin::Reveals };
             let report = golden::check(&mut session, &text, &file, &golden, select, pin)?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&report).expect("the report serializes"));
+                outln!("{}", serde_json::to_string_pretty(&report).expect("the report serializes"))?;
             } else {
                 for f in &report.failures {
-                    println!("MISMATCH {f}");
+                    outln!("MISMATCH {f}")?;
                 }
-                println!("{}: {}", golden.display(), if report.passed() { "PASS" } else { "FAIL" });
-                println!("  cases:             {} of {} (every {} from {})", report.cases, report.cases_in_file, select.every, select.offset);
-                println!("  output_ids:        {}/{} matched", report.output_ids_matched, report.cases);
-                println!("  reveals:           {}/{} matched at every step{}", report.reveals_matched, report.cases, if tokens_only { " (not required: --tokens-only)" } else { "" });
-                println!(
+                outln!("{}: {}", golden.display(), if report.passed() { "PASS" } else { "FAIL" })?;
+                outln!("  cases:             {} of {} (every {} from {})", report.cases, report.cases_in_file, select.every, select.offset)?;
+                outln!("  output_ids:        {}/{} matched", report.output_ids_matched, report.cases)?;
+                outln!("  reveals:           {}/{} matched at every step{}", report.reveals_matched, report.cases, if tokens_only { " (not required: --tokens-only)" } else { "" })?;
+                outln!(
                     "  first-pass logits: {}/{} within {:.0e} (max abs change {:.2e})",
                     report.logit_cases_within_tolerance, report.logit_cases, report.logit_tolerance, report.max_logit_abs_error
-                );
+                )?;
             }
             if !report.passed() {
-                return Err(Error::request(format!("{}: golden outputs differ", golden.display())));
+                return Err(Error::request(format!("{}: golden outputs differ", golden.display())).into());
             }
         }
         Command::Conformance { golden, model, select, backend, logit_tolerance, json } => {
@@ -732,29 +836,29 @@ fn run(cli: Cli) -> Result<()> {
             let mut session = backend.open(&m)?;
             let report = conformance::run_with(&mut session, &golden, select, logit_tolerance, &mut |_| {})?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&report).expect("the report serializes"));
+                outln!("{}", serde_json::to_string_pretty(&report).expect("the report serializes"))?;
             } else {
                 for f in &report.failures {
-                    println!("MISMATCH {f}");
+                    outln!("MISMATCH {f}")?;
                 }
                 let ran = report.cases - report.skipped;
-                println!("{}: {}", golden.display(), if report.passed() { "PASS" } else { "FAIL" });
+                outln!("{}: {}", golden.display(), if report.passed() { "PASS" } else { "FAIL" })?;
                 if report.cases < report.cases_in_file {
-                    println!("  cases:                     {} of {} (every {} from {})", report.cases, report.cases_in_file, select.every, select.offset);
+                    outln!("  cases:                     {} of {} (every {} from {})", report.cases, report.cases_in_file, select.every, select.offset)?;
                 }
-                println!("  output_ids:                {}/{} matched", report.output_ids_matched, ran);
-                println!("  reveals before first tie:  {}/{} matched", report.reveals_before_tie_matched, ran);
-                println!("  reveals at every step:     {}/{} matched (ties included)", report.reveals_all_steps_matched, ran);
-                println!(
+                outln!("  output_ids:                {}/{} matched", report.output_ids_matched, ran)?;
+                outln!("  reveals before first tie:  {}/{} matched", report.reveals_before_tie_matched, ran)?;
+                outln!("  reveals at every step:     {}/{} matched (ties included)", report.reveals_all_steps_matched, ran)?;
+                outln!(
                     "  first_step_logits:         {}/{} within {:.0e} (max abs error {:.2e})",
                     report.logit_cases_within_tolerance, report.logit_cases, logit_tolerance, report.max_logit_abs_error
-                );
+                )?;
                 if report.skipped > 0 {
-                    println!("  skipped: {} case(s) that need PyTorch's own random stream", report.skipped);
+                    outln!("  skipped: {} case(s) that need PyTorch's own random stream", report.skipped)?;
                 }
             }
             if !report.passed() {
-                return Err(Error::request(format!("{}: conformance failed", golden.display())));
+                return Err(Error::request(format!("{}: conformance failed", golden.display())).into());
             }
         }
     }
@@ -767,20 +871,20 @@ fn main() -> ExitCode {
 }
 
 /// The dense and side paths' figures of `mbsd` runs, for people.
-fn print_mbsd(m: &llada_rt::sampler::MbsdReport) {
+fn print_mbsd(m: &llada_rt::sampler::MbsdReport) -> Done {
     let s = &m.side;
-    println!("dense passes:       {}", m.dense_passes);
-    println!(
+    outln!("dense passes:       {}", m.dense_passes)?;
+    outln!(
         "dense rows:         {} (masked {}, speculative {}, refresh {}, padding {})",
         m.dense_rows(),
         m.rows_masked,
         m.rows_speculative,
         m.rows_refresh,
         m.rows_padding
-    );
-    println!("drafts:             {} accepted, {} dropped", m.drafts_accepted, m.drafts_dropped);
-    println!(
+    )?;
+    outln!("drafts:             {} accepted, {} dropped", m.drafts_accepted, m.drafts_dropped)?;
+    outln!(
         "side path:          {} passes, {} rows, {} checks, {} revisions, {} stabilised, {:.3} s on its thread, dense path stalled {:.3} s",
         s.side_passes, s.side_rows, s.checks, s.revisions, s.stabilised, s.side_seconds, s.stall_seconds
-    );
+    )
 }

@@ -88,15 +88,18 @@ pub fn split(model: &Model, passes: &[PassProfile]) -> OpSplit {
 }
 
 impl OpSplit {
-    /// The split as a table for people.
-    pub fn print(&self) {
-        println!("op profile: {} passes, {:.3} s in their ops", self.passes, self.seconds);
+    /// The split as a table for people, on stdout (an error there is the command's, see
+    /// `llada_cli::Failure`).
+    pub fn print<E>(&self) -> Result<(), llada_cli::Failure<E>> {
+        use llada_cli::outln;
+        outln!("op profile: {} passes, {:.3} s in their ops", self.passes, self.seconds)?;
         for t in &self.ops {
-            println!("  {:<16} {:>8.3} s {:>5.1}%  {:>7} calls", t.op, t.seconds, 100.0 * t.seconds / self.seconds, t.calls);
+            outln!("  {:<16} {:>8.3} s {:>5.1}%  {:>7} calls", t.op, t.seconds, 100.0 * t.seconds / self.seconds, t.calls)?;
         }
-        println!("  matmuls by weight (n x k) and rows computed:");
+        outln!("  matmuls by weight (n x k) and rows computed:")?;
         for m in &self.matmuls {
-            println!("    {:>6} x {:<6} rows {:<6} {:>8.3} s {:>7} calls {:>9.1} GOP {:>7.0} GOP/s", m.n, m.k, m.rows, m.seconds, m.calls, m.gop, m.gop / m.seconds);
+            outln!("    {:>6} x {:<6} rows {:<6} {:>8.3} s {:>7} calls {:>9.1} GOP {:>7.0} GOP/s", m.n, m.k, m.rows, m.seconds, m.calls, m.gop, m.gop / m.seconds)?;
         }
+        Ok(())
     }
 }

@@ -23,7 +23,12 @@ fn artifact(dir: &std::path::Path, quant: &str) -> std::path::PathBuf {
 fn compile_quant(ckpt: &std::path::Path, dir: &std::path::Path, quant: &str, max_seq: &str) -> std::path::PathBuf {
     let out = dir.join(format!("{quant}.lad"));
     let (q, acts) = if quant == "bf16a" { ("bf16", "bf16") } else { (quant, "f32") };
-    let o = common::run("lladac", &["compile", "--model", ckpt.to_str().unwrap(), "-o", out.to_str().unwrap(), "--quant", q, "--activations", acts, "--group", "32", "--max-seq", max_seq]);
+    // q4 in groups of 32; --group is refused with the other formats, which do not use it.
+    let mut args = vec!["compile", "--model", ckpt.to_str().unwrap(), "-o", out.to_str().unwrap(), "--quant", q, "--activations", acts, "--max-seq", max_seq];
+    if q == "q4" {
+        args.extend(["--group", "32"]);
+    }
+    let o = common::run("lladac", &args);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     out
 }
