@@ -286,12 +286,11 @@ pub fn write(spec: &CheckpointSpec, dir: &Path) -> std::io::Result<Written> {
             (name.clone(), t)
         });
         let views: Vec<_> = views.collect();
-        safetensors::serialize_to_file(views, metadata.clone(), &dir.join(file_name(k)))
-            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        write_safetensors(&dir.join(file_name(k)), views, metadata.clone())?;
     }
     if n > 1 {
         let index = json!({ "metadata": { "total_size": total }, "weight_map": weight_map });
-        std::fs::write(dir.join("model.safetensors.index.json"), serde_json::to_string_pretty(&index)?)?;
+        write_json(&dir.join("model.safetensors.index.json"), &index)?;
     }
     write_metadata(spec, special, dir)?;
     Ok(Written { shards: (0..n).map(file_name).collect(), bytes: total, special })
@@ -309,18 +308,18 @@ pub fn write_metadata(spec: &CheckpointSpec, special: SpecialIds, dir: &Path) ->
         return crate::checkpoint_dream::write_metadata(spec, special, dir);
     }
     let moe = special.chat == ChatFormat::LladaMoe;
-    std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&config_json(spec, special))?)?;
+    write_json(&dir.join("config.json"), &config_json(spec, special))?;
     // LLaDA-MoE's config.json sets no BOS and no mask id: the mask id is here.
     let bos = if moe { Value::Null } else { json!(special.bos) };
-    std::fs::write(dir.join("generation_config.json"), serde_json::to_string_pretty(&json!({
+    write_json(&dir.join("generation_config.json"), &json!({
         "bos_token_id": bos, "eos_token_id": special.eos, "pad_token_id": special.eos, "mask_token_id": special.mask,
-    }))?)?;
-    std::fs::write(dir.join("tokenizer.json"), serde_json::to_string_pretty(&tokenizer_json(special))?)?;
-    std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_string_pretty(&tokenizer_config_json(special, s))?)?;
+    }))?;
+    write_json(&dir.join("tokenizer.json"), &tokenizer_json(special))?;
+    write_json(&dir.join("tokenizer_config.json"), &tokenizer_config_json(special, s))?;
     let bos = if moe { Value::Null } else { json!("<|startoftext|>") };
-    std::fs::write(dir.join("special_tokens_map.json"), serde_json::to_string_pretty(&json!({
+    write_json(&dir.join("special_tokens_map.json"), &json!({
         "bos_token": bos, "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "mask_token": "<|mdm_mask|>",
-    }))?)?;
+    }))?;
     Ok(())
 }
 
@@ -348,8 +347,26 @@ pub fn write_weights(spec: &CheckpointSpec, dir: &Path, tensors: Vec<(String, Ve
         .map(|(n, shape, b)| Ok((n.clone(), safetensors::tensor::TensorView::new(spec.weights.dtype(), shape.clone(), b).map_err(|e| std::io::Error::other(e.to_string()))?)))
         .collect::<std::io::Result<_>>()?;
     let metadata = Some([("format".to_string(), "pt".to_string())].into_iter().collect());
-    safetensors::serialize_to_file(views, metadata, &dir.join("model.safetensors")).map_err(|e| std::io::Error::other(e.to_string()))?;
+    write_safetensors(&dir.join("model.safetensors"), views, metadata)?;
     write_metadata(spec, special, dir)
+}
+
+/// Writes a JSON file of a checkpoint whole or not at all (`llada_ir::files`).
+pub(crate) fn write_json(path: &Path, v: &Value) -> std::io::Result<()> {
+    llada_ir::files::write_atomic(path, &[], serde_json::to_string_pretty(v)?.as_bytes())
+}
+
+/// Writes a safetensors file under a hidden name beside `path`, renamed to it when complete
+/// (safetensors writes through a path and streams the lazily made tensors, so the whole
+/// shard is never in memory; an interrupted run can leave the hidden `.NAME.partial`).
+fn write_safetensors<V: safetensors::View>(path: &Path, views: Vec<(String, V)>, metadata: Option<std::collections::HashMap<String, String>>) -> std::io::Result<()> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.partial"));
+    let written = safetensors::serialize_to_file(views, metadata, &tmp).map_err(|e| std::io::Error::other(e.to_string())).and_then(|()| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// `config.json` with every key of LLaDA-8B-Instruct's (or of LLaDA-MoE's, or of Dream's).

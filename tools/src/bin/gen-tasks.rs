@@ -22,8 +22,18 @@ struct Args {
     kinds: Vec<String>,
 }
 
-fn main() -> std::io::Result<()> {
+fn main() -> std::process::ExitCode {
     let a = Args::parse();
+    match write(&a) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {}: {e}", a.output.display());
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn write(a: &Args) -> std::io::Result<()> {
     let kinds: Vec<Kind> = match a.kinds.iter().map(|k| Kind::parse(k).ok_or(k)).collect::<Result<_, _>>() {
         Ok(k) => k,
         Err(bad) => {
@@ -32,10 +42,14 @@ fn main() -> std::io::Result<()> {
         }
     };
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(a.seed);
-    let mut out = std::io::BufWriter::new(std::fs::File::create(&a.output)?);
+    // Whole or not at all, never over a device or FIFO (llada_ir::files).
+    let mut file = llada_ir::files::AtomicFile::create(&a.output, &[])?;
+    let mut out = std::io::BufWriter::new(file.file());
     for i in 0..a.count {
         let t = sample(kinds[i % kinds.len()], &mut rng);
         writeln!(out, "{}", serde_json::json!({ "prompt": t.content, "chat": true, "expected": t.answer }))?;
     }
-    Ok(())
+    out.flush()?;
+    drop(out);
+    file.commit()
 }
