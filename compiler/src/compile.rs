@@ -7,9 +7,9 @@ use llada_ir::packing::{pack_panel, PANEL};
 use llada_ir::window::{ActivationScales, ACTIVATION_BLOCK};
 use llada_ir::{ArtifactWriter, CompileInfo, DType, Header, KvDType, ModelConfig, MoeConfig, Plan, TensorId};
 
-use crate::convert::{convert, to_f32};
+use crate::convert::{convert, first_overflow, first_overflow_raw, to_f32};
 use crate::error::{Error, Result};
-use crate::hf::checkpoint::{Checkpoint, SourceDType};
+use crate::hf::checkpoint::{Checkpoint, SourceDType, TensorLocation};
 use crate::hf::config::{Arch, LladaConfig};
 use crate::hf::{config, names, tokenizer};
 use crate::layout::{self, Planned, Storage};
@@ -300,7 +300,12 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
             } else {
                 let mut buf = Vec::with_capacity(CHUNK_BYTES * 2);
                 for src in &t.sources {
+                    let mut done = 0;
                     ckpt.for_each_row_chunk(src, CHUNK_BYTES, |raw| {
+                        if let Some(i) = first_overflow_raw(src.dtype, raw, t.dtype) {
+                            return Err(overflow(&ckpt, src, done + i, t.dtype));
+                        }
+                        done += raw.len() / src.dtype.size_bytes();
                         buf.clear();
                         convert(src.dtype, raw, t.dtype, &mut buf);
                         bar.inc(raw.len() as u64);
@@ -435,13 +440,25 @@ fn write_packed(ckpt: &Checkpoint, t: &Planned, w: &mut ArtifactWriter, bar: &Pr
         Ok(())
     };
     for src in &t.sources {
+        let mut done = 0;
         ckpt.for_each_row_chunk(src, CHUNK_BYTES, |raw| {
+            let from = pending.len();
             to_f32(src.dtype, raw, &mut pending);
+            if let Some(i) = first_overflow(pending[from..].iter().copied(), t.dtype) {
+                return Err(overflow(ckpt, src, done + i, t.dtype));
+            }
+            done += pending.len() - from;
             bar.inc(raw.len() as u64);
             flush(&mut pending, false, w)
         })?;
     }
     flush(&mut pending, true, w)
+}
+
+/// A finite weight that `dtype` would store as infinity (the source is checked finite as read).
+fn overflow(ckpt: &Checkpoint, src: &TensorLocation, element: usize, dtype: DType) -> Error {
+    let range = if matches!(dtype, DType::F16 | DType::PanelF16) { "f16's range (largest 65504)" } else { "bf16's range (largest 3.39e38)" };
+    Error::Options(format!("{}: tensor '{}': element {element} is beyond {range}; compile with --quant bf16 or f32", ckpt.dir.display(), ckpt.name_of(src)))
 }
 
 /// Rotary tables `[rows, head_dim / 2]`, computed as LLaDA's reference does in float32:

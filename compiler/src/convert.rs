@@ -30,6 +30,25 @@ pub fn convert(src: SourceDType, raw: &[u8], dst: DType, out: &mut Vec<u8>) {
     }
 }
 
+/// The first of `values` that `dst` stores as infinity: a finite value past a 16-bit
+/// format's range (f16's 65504) rounds to it. The source's own infinities and NaNs are
+/// refused as it is read.
+pub fn first_overflow(values: impl IntoIterator<Item = f32>, dst: DType) -> Option<usize> {
+    match dst {
+        DType::F16 | DType::PanelF16 => values.into_iter().position(|x| f16::from_f32(x).is_infinite()),
+        DType::Bf16 | DType::PanelBf16 => values.into_iter().position(|x| bf16::from_f32(x).is_infinite()),
+        _ => None,
+    }
+}
+
+/// [`first_overflow`] of `raw`, little-endian elements of `src`.
+pub fn first_overflow_raw(src: SourceDType, raw: &[u8], dst: DType) -> Option<usize> {
+    match (src, dst) {
+        (SourceDType::F32, DType::F16 | DType::Bf16) | (SourceDType::Bf16, DType::F16) => first_overflow(decode(src, raw), dst),
+        _ => None,
+    }
+}
+
 /// Appends `raw` (little-endian elements of `src`) to `out` as f32.
 pub fn to_f32(src: SourceDType, raw: &[u8], out: &mut Vec<f32>) {
     out.extend(decode(src, raw));
@@ -46,6 +65,17 @@ pub fn source_to_dtype(src: SourceDType) -> DType {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn narrowing_past_the_range_is_found() {
+        let vals = [1.0f32, -65504.0, 65520.0, 3.0];
+        let raw: Vec<u8> = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(first_overflow_raw(SourceDType::F32, &raw, DType::F16), Some(2));
+        assert_eq!(first_overflow(vals, DType::PanelF16), Some(2));
+        assert_eq!(first_overflow_raw(SourceDType::F32, &raw, DType::Bf16), None);
+        assert_eq!(first_overflow([f32::MAX], DType::PanelBf16), Some(0));
+        assert_eq!(first_overflow([f32::MAX], DType::PanelF32), None);
+    }
 
     #[test]
     fn widening_is_exact_and_narrowing_rounds_to_nearest() {

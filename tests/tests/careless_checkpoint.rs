@@ -55,6 +55,18 @@ fn a_non_finite_weight_is_refused_naming_the_tensor_and_its_index_under_every_qu
     refused_with(&model, &["--quant", "q4"], &["lm_head.weight", "-inf", "[10, 0]"]);
 }
 
+/// A finite weight past f16's range became infinity in an f16 artifact, and then NaN logits.
+#[test]
+fn a_weight_past_f16s_range_is_refused_under_quant_f16() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = ckpt(dir.path(), Shape::tiny(), WeightType::F32, u64::MAX);
+    set_weight(&model, "model.transformer.blocks.0.up_proj.weight", 9, &70000f32.to_le_bytes());
+    refused_with(&model, &["--quant", "f16"], &["model.transformer.blocks.0.up_proj.weight", "element 9", "f16's range", "--quant bf16 or f32"]);
+    let out = dir.path().join("bf16.lad");
+    let o = common::run("lladac", &["compile", "--model", model.to_str().unwrap(), "-o", out.to_str().unwrap(), "--quant", "bf16"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 /// `rope_theta` 0 or negative and `rms_norm_eps` negative once compiled: refused by key, in
 /// each family's config.
 #[test]
