@@ -600,6 +600,9 @@ fn run(cli: Cli, matches: &ArgMatches) -> Done {
             }
         }
         Command::Run { file, prompt, chat, prompt_ids, sampler, json, show_denoising, trace, op_profile, session: session_args } => {
+            if let Some(path) = &trace {
+                llada_ir::files::check_destination(path, &[&file]).map_err(|e| Error::io(path, e))?;
+            }
             let model = Model::open(&file, true)?;
             let text = Text::new(&model.header.tokenizer, &model.header.special)?;
             let ids = match (&prompt, &prompt_ids) {
@@ -627,7 +630,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Done {
             }
             let g = g?;
             if let (Some(path), Some(t)) = (&trace, &timeline) {
-                t.write(path).map_err(|e| Error::io(path, e))?;
+                t.write(path, &[&file]).map_err(|e| Error::io(path, e))?;
             }
             let answer = text.answer(&g.output_ids);
             let ops = op_profile.then(|| llada_rt_tools::profile::split(&model, &session.take_op_profiles()));
@@ -799,13 +802,16 @@ fn run(cli: Cli, matches: &ArgMatches) -> Done {
         }
         Command::Golden { golden, model, select, write, tokens_only, backend, json } => {
             let select = select.selection()?;
+            if let Some(out) = &write {
+                llada_ir::files::check_destination(out, &[&golden, &model]).map_err(|e| Error::io(out, e))?;
+            }
             let file = golden::read(&golden)?;
             let m = Model::open(&model, true)?;
             let text = Text::new(&m.header.tokenizer, &m.header.special)?;
             let mut session = backend.open(&m)?;
             if let Some(out) = write {
                 let produced = golden::reproduce(&mut session, &text, &file, &golden, select)?;
-                golden::write(&produced, &out)?;
+                golden::write(&produced, &out, &[&golden, &model])?;
                 outln!("wrote {} ({} cases, {} logit cases)", out.display(), produced.cases.len(), produced.first_pass_logits.len())?;
                 return Ok(());
             }

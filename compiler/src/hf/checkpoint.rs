@@ -92,7 +92,7 @@ impl Checkpoint {
             )));
         }
         if index_path.exists() {
-            let text = std::fs::read_to_string(&index_path).map_err(|e| Error::io(&index_path, e))?;
+            let text = llada_ir::files::read_text_bounded(&index_path, llada_ir::files::CONFIG_LIMIT).map_err(|e| Error::io(&index_path, e))?;
             let json: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| Error::Json { path: index_path.clone(), msg: e.to_string() })?;
             let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| Error::Json {
@@ -159,7 +159,7 @@ impl Checkpoint {
     }
 
     fn add_shard(&mut self, path: &Path) -> Result<()> {
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let file = llada_ir::files::open_regular(path).map_err(|e| Error::io(path, e))?;
         // SAFETY: the checkpoint is opened read-only and is not expected to change while we
         // compile; a concurrent writer could at worst give us wrong bytes, which the artifact's
         // checksums then faithfully record. Only the header pages are touched here.
