@@ -54,9 +54,12 @@ pub fn max_threads(model: &Model) -> usize {
     model.header.plan.window.scratch.threads.max(1) as usize
 }
 
-/// [`default_threads`], at most what `model`'s plan provides for.
-pub fn default_threads_for(model: &Model) -> usize {
-    default_threads().min(max_threads(model))
+/// Threads a session on `model` uses unless told otherwise: `LLADA_THREADS`, refused outside
+/// `1..=max_threads(model)` (never ignored: an app's user set it for a reason), else every core,
+/// at most what the plan provides for.
+pub fn default_threads_for(model: &Model) -> Result<usize> {
+    let max = max_threads(model);
+    Ok(crate::params::env_threads(max)?.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()).min(max)))
 }
 
 /// Refuses a thread count outside `1..=max_threads(model)`, naming `setting`.
@@ -124,7 +127,7 @@ pub struct Session<'m> {
 impl<'m> Session<'m> {
     /// A session on all the default threads (see [`default_threads`]).
     pub fn new(model: &'m Model) -> Result<Session<'m>> {
-        Session::with_threads(model, default_threads_for(model))
+        Session::with_threads(model, default_threads_for(model)?)
     }
 
     /// A session as `params` says, the defaults filled in (every core, hybrid experts on one
@@ -133,7 +136,10 @@ impl<'m> Session<'m> {
         params.check_experts(model)?;
         let defaults = ExpertOptions::default();
         let experts = ExpertOptions { strategy: params.experts.unwrap_or(defaults.strategy), cpu_threads: params.cpu_threads.unwrap_or(defaults.cpu_threads) };
-        let threads = params.threads.unwrap_or_else(|| default_threads_for(model));
+        let threads = match params.threads {
+            Some(n) => n,
+            None => default_threads_for(model)?,
+        };
         Session::with_backend(model, params.backend, threads, crate::kernels::cpu::features(), params.staging, experts)
     }
 
