@@ -21,9 +21,9 @@
  * generation that reads past its new end with LLADA_STATUS_IO ("changed on disk while in
  * use"); load it again. A file rewritten in place at the same size is not detected: never do
  * that. To survive truncation, libllada installs a SIGBUS handler once (at the first model
- * load) that handles faults in its artifact mappings and passes every other fault to the
- * handler installed before it; the handler stays, so libllada must not be unloaded (dlclose)
- * once a model was loaded.
+ * load) that handles faults in its artifact mappings, every loaded model's however many are
+ * loaded, and passes every other fault to the handler installed before it; the handler stays,
+ * so libllada must not be unloaded (dlclose) once a model was loaded.
  */
 
 #ifndef LLADA_H
@@ -40,7 +40,9 @@ typedef enum llada_status {
   LLADA_STATUS_INVALID_ARGUMENT = 1,
   // The artifact (or a file it names) does not exist.
   LLADA_STATUS_NOT_FOUND = 2,
-  // Reading a file failed.
+  // A file could not be used: reading it failed, the path names a directory (or another
+  // thing that is not a regular file), or the artifact changed on disk while loaded. The
+  // message names the path and what is wrong with it.
   LLADA_STATUS_IO = 3,
   // The artifact is not a valid llada artifact (the message names the failing element).
   LLADA_STATUS_INVALID_ARTIFACT = 4,
@@ -293,7 +295,10 @@ extern "C" {
 #endif // __cplusplus
 
 // Loads the artifact at `path` (mapped, every checksum verified) and its tokenizer into
-// `*out`. On failure `*out` is set to NULL.
+// `*out`. On failure `*out` is set to NULL: LLADA_STATUS_NOT_FOUND if nothing is at `path`,
+// LLADA_STATUS_IO if it is a directory or another thing that is not a regular file, or
+// cannot be read, LLADA_STATUS_INVALID_ARTIFACT if it is not a valid artifact. There is no
+// limit on how many models are loaded at once but memory.
 //
 // # Safety
 // `path` is a NUL-terminated string; `out` points to writable storage for a pointer.

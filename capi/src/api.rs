@@ -106,7 +106,10 @@ fn null(name: &str) -> Failure {
 }
 
 /// Loads the artifact at `path` (mapped, every checksum verified) and its tokenizer into
-/// `*out`. On failure `*out` is set to NULL.
+/// `*out`. On failure `*out` is set to NULL: LLADA_STATUS_NOT_FOUND if nothing is at `path`,
+/// LLADA_STATUS_IO if it is a directory or another thing that is not a regular file, or
+/// cannot be read, LLADA_STATUS_INVALID_ARTIFACT if it is not a valid artifact. There is no
+/// limit on how many models are loaded at once but memory.
 ///
 /// # Safety
 /// `path` is a NUL-terminated string; `out` points to writable storage for a pointer.

@@ -13,7 +13,9 @@ pub enum Status {
     InvalidArgument = 1,
     /// The artifact (or a file it names) does not exist.
     NotFound = 2,
-    /// Reading a file failed.
+    /// A file could not be used: reading it failed, the path names a directory (or another
+    /// thing that is not a regular file), or the artifact changed on disk while loaded. The
+    /// message names the path and what is wrong with it.
     Io = 3,
     /// The artifact is not a valid llada artifact (the message names the failing element).
     InvalidArtifact = 4,
@@ -66,9 +68,11 @@ impl From<llada_rt::Error> for Failure {
         use llada_rt::Error as E;
         let status = match &e {
             E::NotFound { .. } => Status::NotFound,
-            E::Io { .. } | E::Changed { .. } => Status::Io,
+            // `Input`: a path that names something other than the file it must be (a
+            // directory): a problem with the file, not with the request.
+            E::Io { .. } | E::Changed { .. } | E::Input { .. } => Status::Io,
             E::Artifact { .. } => Status::InvalidArtifact,
-            E::Request(_) | E::Input { .. } => Status::InvalidRequest,
+            E::Request(_) => Status::InvalidRequest,
             E::Tokenizer(_) | E::Template(_) => Status::Text,
             E::Cancelled => Status::Cancelled,
             // Named as the C field, not the CLI flag.
@@ -109,5 +113,7 @@ mod tests {
         assert_eq!((f.0, f.1.as_str()), (Status::InvalidArgument, "params.spec_blocks 7 is outside 0..=1"));
         assert_eq!(Failure::from(Error::Changed { path: "m.lad".into() }).0, Status::Io);
         assert_eq!(Failure::from(Error::request("too long")).0, Status::InvalidRequest);
+        let f = Failure::from(Error::Input { path: "models".into(), msg: "is a directory".into() });
+        assert_eq!((f.0, f.1.as_str()), (Status::Io, "models: is a directory"));
     }
 }
