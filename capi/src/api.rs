@@ -284,7 +284,12 @@ fn run(state: &mut SessionState, cancel: &AtomicBool, prompt: &str, params: &Par
     let loaded = state._loaded.clone();
     let (model, text) = (&loaded.model, &loaded.text);
     let sampler = params.sampler(model)?;
-    let ids = if params.chat { text.encode_chat(prompt)? } else { text.encode(prompt)? };
+    // Encoded on the session's own threads, not the caller's: `tokenizers` keeps a BPE cache
+    // per thread and per tokenizer that lives as long as the thread, even after the tokenizer
+    // is dropped. On an app's long-lived thread every loaded model would leave its entry
+    // behind (kilobytes per load-generate-free cycle); the session's threads are joined
+    // when it is freed, and their caches go with them.
+    let ids = state.session.pool().install(|| if params.chat { text.encode_chat(prompt) } else { text.encode(prompt) })?;
     let mask = model.header.special.mask;
     let g = generate_until(&mut state.session, &ids, &sampler, &mut |v| {
         if let Some(f) = callback {
