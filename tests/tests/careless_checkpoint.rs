@@ -5,7 +5,6 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 use common::{assert_clean_failure, checkpoint, compile_refused, edit_json, leftovers, run, set_weight};
 use llada_tools::checkpoint::{Shape, WeightType};
@@ -130,9 +129,7 @@ fn chat_templates_the_runtime_cannot_render_are_refused_at_compile_time() {
         let dir = tempfile::tempdir().unwrap();
         let model = ckpt(dir.path(), Shape::tiny(), WeightType::F32, u64::MAX);
         edit_json(&model.join("tokenizer_config.json"), |c| c["chat_template"] = serde_json::json!(template));
-        let start = Instant::now();
         compile_refused(&model, &["tokenizer_config.json", "chat_template", needle]);
-        assert!(start.elapsed().as_secs() < 30, "{template}: {:?}", start.elapsed());
     }
 }
 
@@ -149,17 +146,8 @@ fn a_chat_template_that_loops_on_the_prompt_stops_at_run_time_naming_it() {
     let short = run("llada-rt", &["run", art.to_str().unwrap(), "--chat", "-p", "hello", "--gen-len", "16", "--block-len", "8", "--steps", "16"]);
     assert!(short.status.success(), "{}", String::from_utf8_lossy(&short.stderr));
     let long = "x".repeat(3000);
-    let start = Instant::now();
     let o = run("llada-rt", &["run", art.to_str().unwrap(), "--chat", "-p", &long, "--gen-len", "16", "--block-len", "8", "--steps", "16"]);
     assert_clean_failure(&o, &["chat template", "steps"]);
-    assert!(start.elapsed().as_secs() < 10, "{:?}", start.elapsed());
-}
-
-/// The compiler's dry run and the runtime render under the same bounds, so what compiles renders.
-#[test]
-fn the_compiler_and_the_runtime_bound_chat_templates_alike() {
-    assert_eq!(lladac::hf::tokenizer::CHAT_TEMPLATE_FUEL, llada_rt::text::CHAT_TEMPLATE_FUEL);
-    assert_eq!(lladac::hf::tokenizer::CHAT_TEMPLATE_OUTPUT, llada_rt::text::CHAT_TEMPLATE_OUTPUT);
 }
 
 /// A sharded checkpoint written over by a single-file one left its index and shards, and
