@@ -265,6 +265,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Load Qualcomm's QNN HTP library and report what it is (provider, API versions, build),
+    /// with a backend instance created and freed: the check that the NPU backend's library is
+    /// usable here.
+    #[cfg(all(feature = "qnn", not(target_env = "musl")))]
+    QnnInfo {
+        /// Folder holding libQnnHtp.so and libQnnSystem.so [default: LLADA_QNN_LIB].
+        #[arg(long)]
+        qnn_lib: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Time forward passes op by op against the roofline, and optionally a whole generation.
     #[command(allow_negative_numbers = true)]
     Bench {
@@ -711,6 +722,29 @@ fn run(cli: Cli, matches: &ArgMatches) -> Done {
                 }
                 outln!("generated tokens/s: {:.1} ({} tokens in {:.2} s)", report.tokens_per_second, report.generated_tokens, report.seconds)?;
                 print_experts(&session)?;
+            }
+        }
+        #[cfg(all(feature = "qnn", not(target_env = "musl")))]
+        Command::QnnInfo { qnn_lib, json } => {
+            use llada_rt::executor::qnn::QnnLibrary;
+            // No library (or one that cannot be used) is the machine's setup, as a usage error.
+            let lib = QnnLibrary::open(qnn_lib.as_deref()).map_err(|e| Failure::Usage(e.to_string()))?;
+            let table = lib.backend_api_version()?;
+            drop(lib.backend()?);
+            let v = |v: llada_rt::executor::qnn::abi::Version| format!("{}.{}.{}", v.major, v.minor, v.patch);
+            if json {
+                let report = serde_json::json!({
+                    "dir": lib.dir, "provider": lib.provider_name, "backend_id": lib.backend_id,
+                    "core_api": v(lib.api_version.core), "backend_api": v(lib.api_version.backend), "build_id": lib.build_id,
+                });
+                outln!("{}", serde_json::to_string_pretty(&report).expect("a JSON value serializes"))?;
+            } else {
+                outln!("library:      {}", lib.dir.join(llada_rt::executor::qnn::library::HTP_LIBRARY).display())?;
+                outln!("provider:     {} (backend id {})", lib.provider_name, lib.backend_id)?;
+                outln!("core API:     {} (backendGetApiVersion: {})", v(lib.api_version.core), v(table.core))?;
+                outln!("backend API:  {}", v(lib.api_version.backend))?;
+                outln!("build:        {}", lib.build_id)?;
+                outln!("backend:      created and freed")?;
             }
         }
         Command::Roofline { threads, json } => {

@@ -19,6 +19,8 @@ use crate::window::Window;
 pub mod host;
 #[cfg(all(feature = "vulkan", not(target_env = "musl")))]
 pub mod vulkan;
+#[cfg(all(feature = "qnn", not(target_env = "musl")))]
+pub mod qnn;
 
 pub use host::HostExecutor;
 
