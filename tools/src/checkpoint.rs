@@ -19,6 +19,7 @@ use rand_distr::{Distribution, Normal};
 use safetensors::{Dtype, View};
 use serde_json::{json, Value};
 
+use crate::checkpoint_files::{write_json, write_safetensors};
 pub use crate::checkpoint_spec::{ChatFormat, CheckpointSpec, Family, MoeShape, Outliers, Shape, SpecialIds, WeightType};
 pub use crate::checkpoint_tokenizer::{bpe_vocab, tokenizer_json};
 use crate::checkpoint_tokenizer::added_tokens_decoder;
@@ -349,24 +350,6 @@ pub fn write_weights(spec: &CheckpointSpec, dir: &Path, tensors: Vec<(String, Ve
     let metadata = Some([("format".to_string(), "pt".to_string())].into_iter().collect());
     write_safetensors(&dir.join("model.safetensors"), views, metadata)?;
     write_metadata(spec, special, dir)
-}
-
-/// Writes a JSON file of a checkpoint whole or not at all (`llada_ir::files`).
-pub(crate) fn write_json(path: &Path, v: &Value) -> std::io::Result<()> {
-    llada_ir::files::write_atomic(path, &[], serde_json::to_string_pretty(v)?.as_bytes())
-}
-
-/// Writes a safetensors file under a hidden name beside `path`, renamed to it when complete
-/// (safetensors writes through a path and streams the lazily made tensors, so the whole
-/// shard is never in memory; an interrupted run can leave the hidden `.NAME.partial`).
-fn write_safetensors<V: safetensors::View>(path: &Path, views: Vec<(String, V)>, metadata: Option<std::collections::HashMap<String, String>>) -> std::io::Result<()> {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.partial"));
-    let written = safetensors::serialize_to_file(views, metadata, &tmp).map_err(|e| std::io::Error::other(e.to_string())).and_then(|()| std::fs::rename(&tmp, path));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
 }
 
 /// `config.json` with every key of LLaDA-8B-Instruct's (or of LLaDA-MoE's, or of Dream's).

@@ -129,7 +129,7 @@ pub fn tokenizer_config_json(special: SpecialIds, shape: &Shape) -> Value {
 /// Everything but the weights: `config.json`, `generation_config.json`, `tokenizer.json`,
 /// `tokenizer_config.json` and `special_tokens_map.json`.
 pub fn write_metadata(spec: &CheckpointSpec, special: SpecialIds, dir: &Path) -> std::io::Result<()> {
-    let write = |name: &str, v: &Value| crate::checkpoint::write_json(&dir.join(name), v);
+    let write = |name: &str, v: &Value| crate::checkpoint_files::write_json(&dir.join(name), v);
     write("config.json", &config_json(spec, special))?;
     write("generation_config.json", &generation_config_json(special))?;
     write("tokenizer.json", &tokenizer_json(special))?;

@@ -8,6 +8,7 @@
 
 pub mod checkpoint;
 pub mod checkpoint_dream;
+mod checkpoint_files;
 pub mod checkpoint_moe;
 mod checkpoint_spec;
 mod checkpoint_tokenizer;
