@@ -13,6 +13,7 @@ fn a_mixture_of_experts_model_is_refused_on_vulkan() {
     common::checkpoint(&ckpt, Shape::tiny_moe(), WeightType::F32, u64::MAX, 0.08);
     let art = dir.path().join("moe.lad");
     common::compile_quant(&ckpt, &art, None, 128, None);
-    let out = common::run("llada-rt", &["run", art.to_str().unwrap(), "--prompt-ids", "1,2,3", "--backend", "vulkan"]);
+    // Settings the artifact serves, so the backend is the one thing refused.
+    let out = common::run("llada-rt", &["run", art.to_str().unwrap(), "--prompt-ids", "1,2,3", "--gen-len", "32", "--steps", "32", "--backend", "vulkan"]);
     common::assert_clean_failure(&out, &["--backend", "mixture-of-experts", "--backend host"]);
 }
