@@ -8,11 +8,12 @@
 #   tools/careless/replay.sh            # after `cargo build --release --workspace`
 #
 # Environment: CARELESS_MEM_KB (default 4 GiB of address space per command), CARELESS_SECS
-# (default 60 s per command).
+# (default 60 s per command), CARELESS_BIN (the folder of the binaries to replay against,
+# default target/release: another build's, to see what it gets wrong).
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
-bin="$root/target/release"
+bin="${CARELESS_BIN:-$root/target/release}"
 mem_kb="${CARELESS_MEM_KB:-4194304}"
 secs="${CARELESS_SECS:-60}"
 for b in lladac llada-rt gen-checkpoint; do
