@@ -77,6 +77,13 @@ pub fn parse<C: FromArgMatches + CommandFactory>(program: &str) -> Result<(C, Ar
     }
 }
 
+/// Whether the argument `id` of the subcommand in `matches` was typed on the command line,
+/// not left at its default (clap's value source): what both commands' "this flag does
+/// nothing here" refusals ask.
+pub fn typed(matches: &ArgMatches, id: &str) -> bool {
+    matches.subcommand().is_some_and(|(_, m)| m.try_contains_id(id).is_ok() && m.value_source(id) == Some(clap::parser::ValueSource::CommandLine))
+}
+
 /// A command's `main`: parses the command line of `program` (see [`parse`]), runs it, and
 /// prints an error as `error: ...`, ending with status 2 for a [`Failure::Usage`] or where
 /// `usage` says the error is the caller's (a setting out of range), 1 otherwise. A closed

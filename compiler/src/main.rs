@@ -2,9 +2,8 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::parser::ValueSource;
 use clap::{ArgMatches, Parser, Subcommand};
-use llada_cli::{out, outln, Failure};
+use llada_cli::{out, outln, typed, Failure};
 use lladac::compile::Quant;
 use lladac::{compile, CompileOptions};
 
@@ -123,11 +122,6 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
     };
     let n: u64 = digits.parse().map_err(|_| format!("'{s}': expected a byte count such as 2G, 512M or 1048576"))?;
     n.checked_mul(1 << shift).filter(|&b| b > 0).ok_or_else(|| format!("'{s}': must be between 1 byte and 16 EiB"))
-}
-
-/// Whether `id` of the subcommand in `matches` was typed, not left at its default.
-fn typed(matches: &ArgMatches, id: &str) -> bool {
-    matches.subcommand().is_some_and(|(_, m)| m.try_contains_id(id).is_ok() && m.value_source(id) == Some(ValueSource::CommandLine))
 }
 
 /// Refuses compile flags typed with values that would do nothing or cannot be served, naming

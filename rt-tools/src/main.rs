@@ -3,7 +3,6 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, Parser, Subcommand};
 use llada_cli::{out, outln, Failure};
 use llada_rt::params::{env_threads, unused_setting, Limits, MAX_THREADS};
@@ -178,8 +177,7 @@ impl SamplerArgs {
 /// default): clap's source of the value of `name`'s id.
 fn typed(matches: &ArgMatches) -> impl Fn(&str) -> bool + '_ {
     move |flag: &str| {
-        let id = flag.trim_start_matches("--").replace('-', "_");
-        matches.subcommand().is_some_and(|(_, m)| m.try_contains_id(&id).is_ok() && m.value_source(&id) == Some(ValueSource::CommandLine))
+        llada_cli::typed(matches, &flag.trim_start_matches("--").replace('-', "_"))
     }
 }
 

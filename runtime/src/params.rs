@@ -448,7 +448,7 @@ impl Policy {
 /// asks with the flags typed, not those left at their defaults; the C API has no such
 /// distinction (every field has a value), so it does not ask.
 pub fn unused_setting(policy: Policy, given: impl Fn(&str) -> bool) -> Option<String> {
-    let s = POLICY_SETTINGS.iter().find(|s| given(s.flag) && !s.policies.contains(&policy))?;
+    let s = POLICY_SETTINGS.iter().find(|s| given(s.flag) && !policy.uses(s.flag))?;
     let names: Vec<&str> = s.policies.iter().map(|p| p.name()).collect();
     let users = match names.split_last() {
         Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
