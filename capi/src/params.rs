@@ -232,7 +232,7 @@ impl Params {
         };
         // Dream's sampler has no blocks: 0 takes the whole generation as one.
         let block_length = match self.block_len {
-            0 if model.logit_shift() > 0 => self.gen_len as usize,
+            0 if model.is_dream() => self.gen_len as usize,
             0 => plan.block_len as usize,
             n => n as usize,
         };

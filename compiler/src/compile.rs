@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use indicatif::{ProgressBar, ProgressStyle};
 use llada_ir::packing::{pack_panel, PANEL};
 use llada_ir::window::{ActivationScales, ACTIVATION_BLOCK};
-use llada_ir::{ArtifactWriter, CompileInfo, DType, Header, KvDType, ModelConfig, MoeConfig, Plan, TensorId};
+use llada_ir::{ArtifactWriter, CompileInfo, DType, Family, Header, KvDType, ModelConfig, MoeConfig, Plan, TensorId};
 
 use crate::convert::{convert, first_overflow, first_overflow_raw, to_f32};
 use crate::error::{Error, Result};
@@ -263,10 +263,11 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
 
     let model = ModelConfig {
         architecture: match cfg.arch {
-            Arch::Llada => "llada",
-            Arch::LladaMoe => "llada-moe",
-            Arch::Dream => "dream",
+            Arch::Llada => Family::Llada,
+            Arch::LladaMoe => Family::LladaMoe,
+            Arch::Dream => Family::Dream,
         }
+        .name()
         .into(),
         d_model: d as u32,
         n_layers: cfg.n_layers as u32,

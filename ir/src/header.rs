@@ -36,6 +36,43 @@ pub struct ModelConfig {
     pub moe: Option<MoeConfig>,
 }
 
+/// What a model is, by its family: what the sampler, the head rows and the backends branch on
+/// (never on a side effect such as the logit shift).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// LLaDA's dense network.
+    Llada,
+    /// LLaDA-MoE: the dense network with mixture-of-experts feed-forwards and q/k norms.
+    LladaMoe,
+    /// Dream: predicts the token at `i` from the output at `i - 1`, with its own sampler.
+    Dream,
+}
+
+impl Family {
+    pub const ALL: [Family; 3] = [Family::Llada, Family::LladaMoe, Family::Dream];
+
+    /// The name `ModelConfig::architecture` stores.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Llada => "llada",
+            Family::LladaMoe => "llada-moe",
+            Family::Dream => "dream",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<Family> {
+        Family::ALL.into_iter().find(|f| f.name() == name)
+    }
+}
+
+impl ModelConfig {
+    /// The model's family; the verifier has refused any other architecture name, so a
+    /// verified header always has one (`Llada` stands in for an unverified unknown name).
+    pub fn family(&self) -> Family {
+        Family::parse(&self.architecture).unwrap_or(Family::Llada)
+    }
+}
+
 /// The feed-forward of a mixture-of-experts model: a router picks `top_k` of `experts`
 /// SwiGLU experts per token, weighted by their softmax probabilities (not renormalised over
 /// the `top_k`, as LLaDA-MoE's reference code does).

@@ -64,6 +64,10 @@ pub fn header(h: &Header, data_len: u64) -> Result<()> {
 
 fn model(m: &ModelConfig) -> Result<()> {
     let bad = |msg: String| Err(Error::invalid(format!("model: {msg}")));
+    if crate::header::Family::parse(&m.architecture).is_none() {
+        let known: Vec<&str> = crate::header::Family::ALL.iter().map(|f| f.name()).collect();
+        return bad(format!("architecture '{}' is none this runtime knows ({})", m.architecture, known.join(", ")));
+    }
     if m.d_model == 0 || m.n_layers == 0 || m.n_heads == 0 || m.n_kv_heads == 0 || m.head_dim == 0 || m.mlp_hidden == 0 || m.embedding_size == 0 {
         return bad("a dimension is zero".into());
     }

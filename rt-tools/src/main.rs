@@ -129,7 +129,7 @@ impl SamplerArgs {
         let policy = Policy::parse(&self.policy).expect("clap restricts the values");
         let plan = &model.header.plan;
         // Dream's sampler has no blocks: one block of the whole generation unless given.
-        let block_length = self.block_len.unwrap_or(if model.logit_shift() > 0 { self.gen_len } else { plan.block_len as usize });
+        let block_length = self.block_len.unwrap_or(if model.is_dream() { self.gen_len } else { plan.block_len as usize });
         let spec_default = SamplerParams::default_spec_blocks(policy, plan.spec_blocks as usize, self.gen_len, block_length);
         SamplerParams {
             gen_length: self.gen_len,

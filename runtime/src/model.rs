@@ -160,14 +160,25 @@ impl Model {
         &self.header.graphs[id as usize]
     }
 
-    /// The longest sequence (prompt + generation) the artifact serves: what its largest graph
-    /// and its KV cache hold.
+    /// What the model is (LLaDA, LLaDA-MoE or Dream).
+    pub fn family(&self) -> llada_ir::Family {
+        self.header.model.family()
+    }
+
+    /// Whether the model is Dream, whose sampler and logit shift differ from LLaDA's.
+    pub fn is_dream(&self) -> bool {
+        self.family() == llada_ir::Family::Dream
+    }
+
     /// How far left of a position the network's output predicts it: 1 for Dream, whose
     /// published sampler shifts the logits by one position (position 0 keeps its own), 0
     /// for LLaDA.
     pub fn logit_shift(&self) -> u32 {
-        u32::from(self.header.model.architecture == "dream")
+        u32::from(self.is_dream())
     }
+
+    /// The longest sequence (prompt + generation) the artifact serves: what its largest graph
+    /// and its KV cache hold.
 
     pub fn max_exact_len(&self) -> u32 {
         self.header.plan.by_rows.last().map_or(0, |&g| self.graph(g).rows).min(self.header.plan.kv_capacity)

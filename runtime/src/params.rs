@@ -258,7 +258,7 @@ pub struct Limits {
 impl Limits {
     pub fn of(model: &crate::Model) -> Limits {
         let h = &model.header;
-        Limits { max_len: model.max_exact_len() as usize, max_rows: h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize, dream: model.logit_shift() > 0 }
+        Limits { max_len: model.max_exact_len() as usize, max_rows: h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize, dream: model.is_dream() }
     }
 }
 

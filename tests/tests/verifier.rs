@@ -67,6 +67,7 @@ fn every_rule_refuses_its_crafted_artifact() {
     let cases: Vec<Case> = vec![
         // The model.
         ("zero dimension", Box::new(|h| h.model.d_model = 0), vec!["model: a dimension is zero".into()]),
+        ("unknown family", Box::new(|h| h.model.architecture = "gpt2".into()), vec!["architecture 'gpt2'".into(), "llada, llada-moe, dream".into()]),
         ("heads not a multiple", Box::new(|h| h.model.n_kv_heads = 3), vec!["n_heads 4 is not a multiple of n_kv_heads 3".into()]),
         ("odd head_dim", Box::new(|h| h.model.head_dim = 31), vec!["head_dim 31 is odd".into()]),
         ("huge dimension", Box::new(|h| h.model.mlp_hidden = u32::MAX), vec!["above 2^24".into()]),

@@ -52,7 +52,7 @@ impl<'s, 'm> Generator<'s, 'm> {
                 (Box::new(m), checked)
             }
             // Dream's own sampler, unblocked or blocked as Fast-dLLM blocks it.
-            _ if session.model.logit_shift() > 0 => (Box::new(dream::Dream::new(p, steps_per_block)), 0),
+            _ if session.model.is_dream() => (Box::new(dream::Dream::new(p, steps_per_block)), 0),
             _ => (Box::new(official::Official::new(p, prompt, len, special.mask)), 0),
         };
         let predictor = Predictor::for_session(session, p.block_length * (1 + spec_blocks));

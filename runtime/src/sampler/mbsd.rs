@@ -174,7 +174,7 @@ impl Mbsd {
         let rows = session.model.header.graphs.iter().map(|g| g.rows as usize).max().unwrap_or(0);
         let cap = |n: usize| Vec::with_capacity(n);
         // `auto` on Dream's entropy rule: off (its confidence is no probability to compare).
-        let entropy = session.model.logit_shift() > 0 && p.alg == crate::params::Alg::Entropy;
+        let entropy = session.model.is_dream() && p.alg == crate::params::Alg::Entropy;
         let side = match p.revision.resolve(session.backend().runs_on_cpu || entropy) {
             Revision::DualPath => Some(SidePath::new(session, side_rows, p)?),
             _ => None,
@@ -196,7 +196,7 @@ impl Mbsd {
             report: MbsdReport::default(),
             side,
             shift: session.model.logit_shift() as usize,
-            dream_timesteps: (session.model.logit_shift() > 0).then(|| dream::timesteps(steps_per_block, p.eps)),
+            dream_timesteps: (session.model.is_dream()).then(|| dream::timesteps(steps_per_block, p.eps)),
             fill_buckets: p.rows.is_some() || !session.backend().cost_per_row,
             confident: false,
         })

@@ -128,7 +128,7 @@ impl Worker {
     /// The side passes over the job's checked tokens.
     fn check(&mut self, job: &mut Job) -> Result<()> {
         let (mask, n) = (self.model.header.special.mask, job.checked.len());
-        let dream = self.model.logit_shift() > 0;
+        let dream = self.model.is_dream();
         // LLaDA: refresh rows (stored), then check rows at the same positions (masks, read
         // only). Dream: masks stored at the checked positions, then the rows before them.
         self.tokens.clear();
@@ -354,7 +354,7 @@ impl SidePath {
         }
         let job = &mut *job;
         job.checked.clear();
-        let dream = session.model.logit_shift() > 0;
+        let dream = session.model.is_dream();
         for q in states.iter().enumerate().filter(|(_, s)| matches!(s, TokenState::Visible { .. })).map(|(i, _)| (prompt_len + i) as u32) {
             // Dream: never a token and the one before it (see the module documentation).
             if job.checked.len() == self.per_job {
