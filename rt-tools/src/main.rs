@@ -727,8 +727,8 @@ fn run(cli: Cli, matches: &ArgMatches) -> Done {
             use llada_rt::executor::qnn::QnnLibrary;
             // No library (or one that cannot be used) is the machine's setup, as a usage error.
             let lib = QnnLibrary::open(qnn_lib.as_deref()).map_err(|e| Failure::Usage(e.to_string()))?;
-            let table = lib.backend_api_version()?;
-            drop(lib.backend()?);
+            let table = lib.backend_api_version().map_err(llada_rt::Error::from)?;
+            drop(lib.backend().map_err(llada_rt::Error::from)?);
             let v = |v: llada_rt::executor::qnn::abi::Version| format!("{}.{}.{}", v.major, v.minor, v.patch);
             if json {
                 let report = serde_json::json!({

@@ -5,9 +5,10 @@
 
 use std::ffi::{c_char, c_void, CStr};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use super::abi::{self, ApiVersion, BackendHandle, ErrorHandle, Interface, LogHandle};
-use crate::error::{Error, Result};
+use crate::abi::{self, ApiVersion, BackendHandle, Interface, LogHandle};
+use crate::{check, Error, Result};
 
 /// The library's file name in the folder.
 pub const HTP_LIBRARY: &str = "libQnnHtp.so";
@@ -32,35 +33,26 @@ pub struct QnnLibrary {
 unsafe impl Send for QnnLibrary {}
 unsafe impl Sync for QnnLibrary {}
 
-/// One QNN failure, named by its call (and graph, where there is one) with its code.
-pub fn check(call: &str, graph: Option<&str>, e: ErrorHandle) -> Result<()> {
-    if e == 0 {
-        return Ok(());
-    }
-    let graph = graph.map(|g| format!(" (graph '{g}')")).unwrap_or_default();
-    Err(Error::Device(format!("QNN {call}{graph} failed with error {} (handle {e:#x})", abi::error_code(e))))
-}
-
 impl QnnLibrary {
     /// Opens the library in `dir`, or in `LLADA_QNN_LIB` when `dir` is `None`.
-    pub fn open(dir: Option<&Path>) -> Result<QnnLibrary> {
+    pub fn open(dir: Option<&Path>) -> Result<Arc<QnnLibrary>> {
         let dir = match dir {
             Some(d) => d.to_path_buf(),
             None => match std::env::var_os("LLADA_QNN_LIB").filter(|v| !v.is_empty()) {
                 Some(d) => PathBuf::from(d),
-                None => return Err(Error::Request(format!("the QNN backend needs Qualcomm's HTP library: {HOW_TO_GET}"))),
+                None => return Err(Error::Missing(format!("the QNN backend needs Qualcomm's HTP library: {HOW_TO_GET}"))),
             },
         };
         let path = dir.join(HTP_LIBRARY);
         if !path.is_file() {
-            return Err(Error::Request(format!("{}: no {HTP_LIBRARY} there; {HOW_TO_GET}", dir.display())));
+            return Err(Error::Missing(format!("{}: no {HTP_LIBRARY} there; {HOW_TO_GET}", dir.display())));
         }
         // SAFETY: loading runs the library's initialisers; libQnnHtp's are Qualcomm's and
         // touch nothing of ours. Its symbols are looked up by name with the types declared in
         // `abi`, pinned to the 2.51 library by its tests.
-        let library = with_stdout_on_stderr(|| unsafe { libloading::Library::new(&path) }).map_err(|e| Error::Request(format!("{}: cannot be loaded: {e}", path.display())))?;
+        let library = with_stdout_on_stderr(|| unsafe { libloading::Library::new(&path) }).map_err(|e| Error::Missing(format!("{}: cannot be loaded: {e}", path.display())))?;
         let get_providers: libloading::Symbol<abi::GetProviders> =
-            unsafe { library.get(b"QnnInterface_getProviders\0") }.map_err(|e| Error::Request(format!("{}: not a QNN backend library: {e}", path.display())))?;
+            unsafe { library.get(b"QnnInterface_getProviders\0") }.map_err(|e| Error::Missing(format!("{}: not a QNN backend library: {e}", path.display())))?;
         let mut list: *const *const Interface = std::ptr::null();
         let mut count = 0u32;
         // SAFETY: both out-pointers are valid for writes; the library fills them with its own
@@ -76,7 +68,7 @@ impl QnnLibrary {
             version.core.major == abi::CORE_MAJOR && version.core.minor >= abi::CORE_MINOR_MIN
         });
         let Some(interface) = chosen else {
-            return Err(Error::Request(format!(
+            return Err(Error::Missing(format!(
                 "{}: no provider of the QNN core API {}.{} or a later 2.x (it offers {}); use QAIRT 2.51 or later",
                 path.display(),
                 abi::CORE_MAJOR,
@@ -89,17 +81,17 @@ impl QnnLibrary {
         let provider_name = if name.is_null() { String::new() } else { unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned() };
         let mut lib = QnnLibrary { dir, interface, provider_name, backend_id, api_version, build_id: String::new(), _library: library };
         lib.build_id = lib.query_build_id()?;
-        Ok(lib)
+        Ok(Arc::new(lib))
     }
 
-    fn table(&self) -> &abi::FunctionTable {
+    pub(crate) fn table(&self) -> &abi::FunctionTable {
         // SAFETY: the chosen provider's core version is at least the one `abi` declares, so its
         // table has every slot of `FunctionTable`; it lives as long as `self`.
         unsafe { &(*self.interface).table }
     }
 
     fn query_build_id(&self) -> Result<String> {
-        let f = self.table().backend_get_build_id.ok_or_else(|| Error::Device("QNN backendGetBuildId is missing from the library's table".into()))?;
+        let f = self.table().backend_get_build_id.ok_or_else(|| Error::Other("QNN backendGetBuildId is missing from the library's table".into()))?;
         let mut id: *const c_char = std::ptr::null();
         // SAFETY: `id` is valid for a write; the library points it at a static string.
         check("backendGetBuildId", None, unsafe { f(&mut id) })?;
@@ -109,7 +101,7 @@ impl QnnLibrary {
     /// The backend's API version as its `backendGetApiVersion` reports it (the provider's
     /// header says the same; the two agreeing shows the table is read where it is).
     pub fn backend_api_version(&self) -> Result<ApiVersion> {
-        let f = self.table().backend_get_api_version.ok_or_else(|| Error::Device("QNN backendGetApiVersion is missing from the library's table".into()))?;
+        let f = self.table().backend_get_api_version.ok_or_else(|| Error::Other("QNN backendGetApiVersion is missing from the library's table".into()))?;
         let mut v = ApiVersion { core: abi::Version { major: 0, minor: 0, patch: 0 }, backend: abi::Version { major: 0, minor: 0, patch: 0 } };
         // SAFETY: `v` is valid for a write of an `ApiVersion`.
         check("backendGetApiVersion", None, unsafe { f(&mut v) })?;
@@ -118,33 +110,45 @@ impl QnnLibrary {
 
     /// A backend instance with the library's log routed to the runtime's (stderr, warnings and
     /// errors).
-    pub fn backend(&self) -> Result<Backend<'_>> {
+    pub fn backend(self: &Arc<Self>) -> Result<Arc<Backend>> {
         let t = self.table();
         let (log_create, backend_create) = match (t.log_create, t.backend_create) {
             (Some(l), Some(b)) => (l, b),
-            _ => return Err(Error::Device("QNN logCreate or backendCreate is missing from the library's table".into())),
+            _ => return Err(Error::Other("QNN logCreate or backendCreate is missing from the library's table".into())),
         };
         let mut log: LogHandle = std::ptr::null_mut();
         // SAFETY: `log` is valid for a write; the callback is a plain function that lives for
         // the whole process.
         check("logCreate", None, unsafe { log_create(Some(log_line), abi::LOG_WARN, &mut log) })?;
+        let mut b = Backend { lib: self.clone(), log, backend: std::ptr::null_mut() };
         let mut backend: BackendHandle = std::ptr::null_mut();
-        let mut b = Backend { lib: self, log, backend: std::ptr::null_mut() };
         // SAFETY: no configs (a null list); `backend` is valid for a write.
         check("backendCreate", None, with_stdout_on_stderr(|| unsafe { backend_create(log, std::ptr::null(), &mut backend) }))?;
         b.backend = backend;
-        Ok(b)
+        Ok(Arc::new(b))
     }
 }
 
-/// A QNN backend instance and its logger, freed together.
-pub struct Backend<'l> {
-    lib: &'l QnnLibrary,
-    log: LogHandle,
-    backend: BackendHandle,
+/// A QNN backend instance and its logger, freed together (after every device and context
+/// made from it, which hold it).
+pub struct Backend {
+    pub(crate) lib: Arc<QnnLibrary>,
+    pub(crate) log: LogHandle,
+    pub(crate) backend: BackendHandle,
 }
 
-impl Drop for Backend<'_> {
+// SAFETY: QNN's handles may be used from any thread; the crate never uses one concurrently
+// from two (a context's graphs run one at a time, behind `&mut`).
+unsafe impl Send for Backend {}
+unsafe impl Sync for Backend {}
+
+impl Backend {
+    pub fn library(&self) -> &QnnLibrary {
+        &self.lib
+    }
+}
+
+impl Drop for Backend {
     fn drop(&mut self) {
         let t = self.lib.table();
         // SAFETY: each handle was created by this library and is freed once, backend first.
@@ -162,7 +166,7 @@ impl Drop for Backend<'_> {
 /// Runs `f` with the process's stdout pointed at its stderr. libQnnHtp prints a line of its
 /// own (" # LIBNATIVE: ...") through C's stdout, which would land in the middle of a
 /// command's output (`--json`); its buffered C stdio is flushed before stdout is restored.
-fn with_stdout_on_stderr<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn with_stdout_on_stderr<T>(f: impl FnOnce() -> T) -> T {
     use std::io::Write;
     let _ = std::io::stdout().flush();
     // SAFETY: dup, dup2, fflush and close on the process's own standard descriptors, which

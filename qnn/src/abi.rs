@@ -1,0 +1,325 @@
+//! Our own declarations of the QNN C ABI, for the library version the runtime loads: QAIRT
+//! 2.51 (core API 2.40, HTP API 5.51), as `../shared/docs/QNN.md` records it. Only what
+//! lladac and the runtime call is typed; the rest of the function table is held as opaque
+//! slots, so the layout matches the library's. The tests pin every size and offset the runtime relies on
+//! (x86-64 and AArch64 alike: LP64, 8-byte pointers).
+
+use std::ffi::{c_char, c_void};
+
+/// Every QNN call returns one: 0 is success; the low 16 bits are the error code
+/// (`QnnCommon.h`: context 5xxx, graph 6xxx, tensor 7xxx, mem 8xxx, device 14xxx).
+pub type ErrorHandle = u64;
+
+/// The code part of an [`ErrorHandle`].
+pub fn error_code(e: ErrorHandle) -> u64 {
+    e & 0xffff
+}
+
+pub type BackendHandle = *mut c_void;
+pub type LogHandle = *mut c_void;
+pub type DeviceHandle = *mut c_void;
+pub type ContextHandle = *mut c_void;
+pub type GraphHandle = *mut c_void;
+
+/// `Qnn_Version_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Version {
+    pub major: u32,
+    pub minor: u32,
+    pub patch: u32,
+}
+
+/// `Qnn_ApiVersion_t`: the core API and the backend's own API.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiVersion {
+    pub core: Version,
+    pub backend: Version,
+}
+
+/// `QnnLog_Level_t`.
+pub const LOG_ERROR: u32 = 1;
+pub const LOG_WARN: u32 = 2;
+pub const LOG_INFO: u32 = 3;
+pub const LOG_VERBOSE: u32 = 4;
+
+/// `QnnLog_Callback_t`: `void (*)(const char* fmt, QnnLog_Level_t, uint64_t timestamp,
+/// va_list)`. The `va_list` is declared as a pointer: on x86-64 it is an array (passed as a
+/// pointer to its first element), on AArch64 a 32-byte struct (passed by reference, being
+/// larger than 16 bytes); either way the callee receives one pointer, which `vsnprintf` takes.
+pub type LogCallback = unsafe extern "C" fn(fmt: *const c_char, level: u32, timestamp: u64, args: *mut c_void);
+
+/// `Qnn_DataType_t` values the lowering uses.
+pub const DATATYPE_INT_32: u32 = 0x032;
+pub const DATATYPE_UINT_32: u32 = 0x132;
+pub const DATATYPE_FLOAT_16: u32 = 0x216;
+pub const DATATYPE_FLOAT_32: u32 = 0x232;
+pub const DATATYPE_BOOL_8: u32 = 0x508;
+
+/// `Qnn_TensorType_t`. (`APP_READWRITE`, 2, is refused by the HTP: QNN.md.)
+pub const TENSOR_TYPE_APP_WRITE: u32 = 0;
+pub const TENSOR_TYPE_APP_READ: u32 = 1;
+pub const TENSOR_TYPE_NATIVE: u32 = 3;
+pub const TENSOR_TYPE_STATIC: u32 = 4;
+
+/// `Qnn_TensorVersion_t`, `Qnn_OpConfigVersion_t`, `Qnn_ParamType_t`, memory types.
+pub const TENSOR_VERSION_1: u32 = 1;
+pub const OPCONFIG_VERSION_1: u32 = 1;
+pub const PARAMTYPE_SCALAR: u32 = 0;
+pub const PARAMTYPE_TENSOR: u32 = 1;
+pub const TENSORMEMTYPE_RAW: u32 = 0;
+/// `QNN_DEFINITION_UNDEFINED` and `QNN_QUANTIZATION_ENCODING_UNDEFINED`: a float tensor.
+pub const UNDEFINED: u32 = 0x7FFF_FFFF;
+
+/// `Qnn_ClientBuffer_t`: tensor data in the client's own memory.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ClientBuffer {
+    pub data: *mut c_void,
+    pub data_size: u32,
+}
+
+/// `Qnn_QuantizeParams_t`: definition and encoding, then a 32-byte union of the encodings
+/// (unused here: every tensor of this issue is a float tensor).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct QuantizeParams {
+    pub definition: u32,
+    pub encoding: u32,
+    pub payload: [u64; 4],
+}
+
+impl QuantizeParams {
+    pub const NONE: QuantizeParams = QuantizeParams { definition: UNDEFINED, encoding: UNDEFINED, payload: [0; 4] };
+}
+
+/// `Qnn_TensorV1_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct TensorV1 {
+    pub id: u32,
+    pub name: *const c_char,
+    pub tensor_type: u32,
+    pub data_format: u32,
+    pub data_type: u32,
+    pub quantize: QuantizeParams,
+    pub rank: u32,
+    pub dimensions: *mut u32,
+    pub mem_type: u32,
+    pub client_buf: ClientBuffer,
+}
+
+/// `Qnn_Tensor_t`: a version, then the union of `TensorV1` (used here) and the 136-byte
+/// `TensorV2`, whose tail is held as padding.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Tensor {
+    pub version: u32,
+    pub v1: TensorV1,
+    pub _v2_tail: [u64; 3],
+}
+
+/// `Qnn_Scalar_t`: a data type and an 8-byte union, held as its bits.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct Scalar {
+    pub data_type: u32,
+    pub bits: u64,
+}
+
+/// `Qnn_Param_t`'s union: a scalar or a tensor.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub union ParamValue {
+    pub scalar: Scalar,
+    pub tensor: Tensor,
+}
+
+/// `Qnn_Param_t`: a named scalar or tensor parameter of an op.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Param {
+    pub param_type: u32,
+    pub name: *const c_char,
+    pub value: ParamValue,
+}
+
+/// `Qnn_OpConfigV1_t` inside `Qnn_OpConfig_t`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct OpConfig {
+    pub version: u32,
+    pub name: *const c_char,
+    pub package_name: *const c_char,
+    pub type_name: *const c_char,
+    pub num_params: u32,
+    pub params: *mut Param,
+    pub num_inputs: u32,
+    pub inputs: *mut Tensor,
+    pub num_outputs: u32,
+    pub outputs: *mut Tensor,
+}
+
+/// `QnnDevice_Config_t` with `QNN_DEVICE_CONFIG_OPTION_CUSTOM` (0): a pointer to the
+/// backend's own device config.
+#[repr(C)]
+pub struct DeviceConfig {
+    pub option: u32,
+    pub custom: *const c_void,
+}
+pub const DEVICE_CONFIG_OPTION_CUSTOM: u32 = 0;
+
+/// `QnnHtpDevice_CustomConfig_t` with `QNN_HTP_DEVICE_CONFIG_OPTION_SOC` (0). Pitfall
+/// (QNN.md): in the 2.51 library its union holds pointers, so `socModel` sits at byte 8, not
+/// at 4 as 2.30's headers imply. The tail pads the union to the largest member we know of.
+#[repr(C)]
+pub struct HtpDeviceSocConfig {
+    pub option: u32,
+    pub soc_model: u64,
+    pub _tail: [u64; 3],
+}
+pub const HTP_DEVICE_CONFIG_OPTION_SOC: u32 = 0;
+
+/// The interface's function table (`QNN_INTERFACE_VER_TYPE`) as the 2.51 library lays it out:
+/// 64 slots, append-only across versions. Slots the runtime does not call are opaque.
+#[repr(C)]
+pub struct FunctionTable {
+    pub property_has_capability: *const c_void,
+    pub backend_create: Option<unsafe extern "C" fn(logger: LogHandle, config: *const *const c_void, backend: *mut BackendHandle) -> ErrorHandle>,
+    pub backend_set_config: *const c_void,
+    pub backend_get_api_version: Option<unsafe extern "C" fn(version: *mut ApiVersion) -> ErrorHandle>,
+    pub backend_get_build_id: Option<unsafe extern "C" fn(id: *mut *const c_char) -> ErrorHandle>,
+    /// registerOpPackage, getSupportedOperations, validateOpConfig.
+    pub _backend_ops: [*const c_void; 3],
+    pub backend_free: Option<unsafe extern "C" fn(backend: BackendHandle) -> ErrorHandle>,
+    pub context_create: Option<unsafe extern "C" fn(backend: BackendHandle, device: DeviceHandle, config: *const *const c_void, context: *mut ContextHandle) -> ErrorHandle>,
+    pub context_set_config: *const c_void,
+    pub context_get_binary_size: Option<unsafe extern "C" fn(context: ContextHandle, size: *mut u64) -> ErrorHandle>,
+    pub context_get_binary: Option<unsafe extern "C" fn(context: ContextHandle, buffer: *mut c_void, size: u64, written: *mut u64) -> ErrorHandle>,
+    pub context_create_from_binary: Option<unsafe extern "C" fn(backend: BackendHandle, device: DeviceHandle, config: *const *const c_void, binary: *const c_void, size: u64, context: *mut ContextHandle, profile: *mut c_void) -> ErrorHandle>,
+    pub context_free: Option<unsafe extern "C" fn(context: ContextHandle, profile: *mut c_void) -> ErrorHandle>,
+    pub graph_create: Option<unsafe extern "C" fn(context: ContextHandle, name: *const c_char, config: *const *const c_void, graph: *mut GraphHandle) -> ErrorHandle>,
+    pub graph_create_subgraph: *const c_void,
+    pub graph_set_config: *const c_void,
+    pub graph_add_node: Option<unsafe extern "C" fn(graph: GraphHandle, op: OpConfig) -> ErrorHandle>,
+    pub graph_finalize: Option<unsafe extern "C" fn(graph: GraphHandle, profile: *mut c_void, signal: *mut c_void) -> ErrorHandle>,
+    pub graph_retrieve: Option<unsafe extern "C" fn(context: ContextHandle, name: *const c_char, graph: *mut GraphHandle) -> ErrorHandle>,
+    pub graph_execute: Option<unsafe extern "C" fn(graph: GraphHandle, inputs: *const Tensor, num_inputs: u32, outputs: *mut Tensor, num_outputs: u32, profile: *mut c_void, signal: *mut c_void) -> ErrorHandle>,
+    pub graph_execute_async: *const c_void,
+    pub tensor_create_context_tensor: *const c_void,
+    pub tensor_create_graph_tensor: Option<unsafe extern "C" fn(graph: GraphHandle, tensor: *mut Tensor) -> ErrorHandle>,
+    pub log_create: Option<unsafe extern "C" fn(callback: Option<LogCallback>, max_level: u32, logger: *mut LogHandle) -> ErrorHandle>,
+    pub log_set_log_level: *const c_void,
+    pub log_free: Option<unsafe extern "C" fn(logger: LogHandle) -> ErrorHandle>,
+    /// 7 profile entries, mem register and deregister, device getPlatformInfo,
+    /// freePlatformInfo, getInfrastructure.
+    pub _profile_mem_platform: [*const c_void; 12],
+    pub device_create: Option<unsafe extern "C" fn(logger: LogHandle, config: *const *const DeviceConfig, device: *mut DeviceHandle) -> ErrorHandle>,
+    pub device_set_config: *const c_void,
+    pub device_get_info: *const c_void,
+    pub device_free: Option<unsafe extern "C" fn(device: DeviceHandle) -> ErrorHandle>,
+    /// Signal, error, execution environment and later additions.
+    pub _rest: [*const c_void; 20],
+}
+
+/// `QnnInterface_t`: one provider of the interface.
+#[repr(C)]
+pub struct Interface {
+    pub backend_id: u32,
+    pub provider_name: *const c_char,
+    pub api_version: ApiVersion,
+    pub table: FunctionTable,
+}
+
+/// `QnnInterface_getProviders(const QnnInterface_t*** list, uint32_t* count)`.
+pub type GetProviders = unsafe extern "C" fn(list: *mut *const *const Interface, count: *mut u32) -> ErrorHandle;
+
+/// The core API these declarations follow (2.51's, 2.40): a provider of 2.x with x at least
+/// this has every slot of [`FunctionTable`], the table being append-only.
+pub const CORE_MAJOR: u32 = 2;
+pub const CORE_MINOR_MIN: u32 = 40;
+
+/// The HTP backend's id (`QNN_BACKEND_ID_HTP`).
+pub const BACKEND_ID_HTP: u32 = 6;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    /// QNN.md: `QnnInterface_t` is 552 bytes, its function table at byte 40 (after the id,
+    /// the provider's name and the two API versions); the table's order is append-only.
+    #[test]
+    fn layouts_match_the_2_51_library() {
+        assert_eq!(size_of::<Version>(), 12);
+        assert_eq!(size_of::<ApiVersion>(), 24);
+        assert_eq!(offset_of!(Interface, provider_name), 8);
+        assert_eq!(offset_of!(Interface, api_version), 16);
+        assert_eq!(offset_of!(Interface, table), 40);
+        assert_eq!(size_of::<Interface>(), 552);
+        assert_eq!(size_of::<FunctionTable>(), 64 * 8);
+        let slot = |offset: usize| offset / 8;
+        assert_eq!(slot(offset_of!(FunctionTable, backend_create)), 1);
+        assert_eq!(slot(offset_of!(FunctionTable, backend_get_api_version)), 3);
+        assert_eq!(slot(offset_of!(FunctionTable, backend_get_build_id)), 4);
+        assert_eq!(slot(offset_of!(FunctionTable, backend_free)), 8);
+        assert_eq!(slot(offset_of!(FunctionTable, log_create)), 25);
+        assert_eq!(slot(offset_of!(FunctionTable, log_free)), 27);
+        assert_eq!(slot(offset_of!(FunctionTable, context_create)), 9);
+        assert_eq!(slot(offset_of!(FunctionTable, context_get_binary_size)), 11);
+        assert_eq!(slot(offset_of!(FunctionTable, context_create_from_binary)), 13);
+        assert_eq!(slot(offset_of!(FunctionTable, context_free)), 14);
+        assert_eq!(slot(offset_of!(FunctionTable, graph_create)), 15);
+        assert_eq!(slot(offset_of!(FunctionTable, graph_add_node)), 18);
+        assert_eq!(slot(offset_of!(FunctionTable, graph_finalize)), 19);
+        assert_eq!(slot(offset_of!(FunctionTable, graph_retrieve)), 20);
+        assert_eq!(slot(offset_of!(FunctionTable, graph_execute)), 21);
+        assert_eq!(slot(offset_of!(FunctionTable, tensor_create_graph_tensor)), 24);
+        assert_eq!(slot(offset_of!(FunctionTable, device_create)), 40);
+        assert_eq!(slot(offset_of!(FunctionTable, device_free)), 43);
+        // An `Option` of a function pointer is one pointer (null for none), as C's is.
+        assert_eq!(size_of::<Option<LogCallback>>(), 8);
+    }
+
+    /// QNN.md: `Qnn_Tensor_t` 144 bytes (the v1/v2 union at 8); `TensorV1` 112 with its fields
+    /// at id 0, name 8, type 16, dataFormat 20, dataType 24, quantizeParams 32 (40 bytes),
+    /// rank 72, dimensions 80, memType 88, clientBuf 96; `Qnn_Param_t` 160 (name 8, union 16);
+    /// `Qnn_OpConfig_t` 80; the HTP device config's `socModel` at byte 8.
+    #[test]
+    fn tensor_param_and_op_layouts_match_the_2_51_library() {
+        assert_eq!(size_of::<Tensor>(), 144);
+        assert_eq!(offset_of!(Tensor, v1), 8);
+        assert_eq!(size_of::<TensorV1>(), 112);
+        assert_eq!(size_of::<QuantizeParams>(), 40);
+        assert_eq!(offset_of!(QuantizeParams, payload), 8);
+        let fields = [
+            offset_of!(TensorV1, id),
+            offset_of!(TensorV1, name),
+            offset_of!(TensorV1, tensor_type),
+            offset_of!(TensorV1, data_format),
+            offset_of!(TensorV1, data_type),
+            offset_of!(TensorV1, quantize),
+            offset_of!(TensorV1, rank),
+            offset_of!(TensorV1, dimensions),
+            offset_of!(TensorV1, mem_type),
+            offset_of!(TensorV1, client_buf),
+        ];
+        assert_eq!(fields, [0, 8, 16, 20, 24, 32, 72, 80, 88, 96]);
+        assert_eq!(size_of::<ClientBuffer>(), 16);
+        assert_eq!(size_of::<Scalar>(), 16);
+        assert_eq!(size_of::<Param>(), 160);
+        assert_eq!((offset_of!(Param, name), offset_of!(Param, value)), (8, 16));
+        assert_eq!(size_of::<OpConfig>(), 80);
+        assert_eq!(offset_of!(OpConfig, name), 8);
+        assert_eq!(offset_of!(OpConfig, outputs), 72);
+        assert_eq!(size_of::<DeviceConfig>(), 16);
+        assert_eq!(offset_of!(HtpDeviceSocConfig, soc_model), 8);
+    }
+
+    #[test]
+    fn an_error_handles_code_is_its_low_16_bits() {
+        assert_eq!(error_code(0), 0);
+        assert_eq!(error_code(0x1_0000_1389), 5001);
+    }
+}
