@@ -1,5 +1,6 @@
 //! `lladac compile`: checkpoint directory -> artifact.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use indicatif::{ProgressBar, ProgressStyle};
@@ -136,6 +137,11 @@ pub struct CompileOptions {
     pub kv_dtype: Option<KvDType>,
     /// Show a progress bar on a terminal.
     pub progress: bool,
+    /// On a Snapdragon target (`sm8550`...), skip the NPU executables: build the host
+    /// stand-in only (no QNN library needed).
+    pub host_only: bool,
+    /// Folder of Qualcomm's QNN libraries for an NPU target; `None`: `LLADA_QNN_LIB`.
+    pub qnn_lib: Option<PathBuf>,
 }
 
 #[derive(Debug)]
@@ -147,6 +153,8 @@ pub struct CompileSummary {
     pub quant: Quant,
     pub max_seq: u32,
     pub warnings: Vec<String>,
+    /// NPU executables built: (SoC, contexts, binary bytes, seconds to build them).
+    pub npu: Option<(String, usize, u64, f64)>,
 }
 
 /// Chunk size for streaming tensors: large enough for fast I/O, small enough that compiling
@@ -184,7 +192,24 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     let (d, hd, f) = (cfg.d_model, cfg.head_dim(), cfg.mlp_hidden);
     let q_dim = cfg.n_heads * hd;
     let embed_dtype = ckpt.expect(embedding_name(&cfg), &[cfg.embedding_size, d], &format!("embedding_size {}, d_model {d}", cfg.embedding_size))?.dtype;
-    let quant = opts.quant.unwrap_or_else(|| Quant::of_source(embed_dtype));
+    // An NPU target's executables hold fp16 weights (quantized HTP weights come next), so
+    // fp16 is its default storage too.
+    let npu_soc = if opts.host_only { None } else { crate::qnn::soc_of(&target.name) };
+    if crate::qnn::soc_of(&target.name).is_none() && (opts.host_only || opts.qnn_lib.is_some()) {
+        let flag = if opts.host_only { "--host-only" } else { "--qnn-lib" };
+        return Err(Error::Options(format!("{flag}: target '{}' has no NPU executables (only sm8550, sm8650, sm8750 and sm8850 do)", target.name)));
+    }
+    if opts.host_only && opts.qnn_lib.is_some() {
+        return Err(Error::Options("--qnn-lib: --host-only builds no NPU executables, so no QNN library is used".into()));
+    }
+    let quant = opts.quant.unwrap_or_else(|| if npu_soc.is_some() { Quant::F16 } else { Quant::of_source(embed_dtype) });
+    if let (Some((soc, _)), false) = (npu_soc, quant == Quant::F16) {
+        return Err(Error::Options(format!(
+            "--quant {}: the NPU executables for '{soc}' hold fp16 weights in this version; use --quant f16, or --host-only to build the host stand-in with {} weights",
+            quant.name(),
+            quant.name()
+        )));
+    }
     if opts.bf16_activations && quant != Quant::Bf16 {
         return Err(Error::Options(format!("--activations bf16 needs bf16 weights (--quant bf16), not {}", quant.name())));
     }
@@ -225,6 +250,12 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
         Some(k) => *k,
         None => KvDType::parse(&target.kv_dtype).ok_or_else(|| Error::Options(format!("target '{}' names KV dtype '{}'", target.name, target.kv_dtype)))?,
     };
+    if let (Some((soc, _)), false) = (npu_soc, kv_dtype == KvDType::F16) {
+        return Err(Error::Options(format!("--kv-dtype {}: the NPU executables for '{soc}' read an f16 KV cache in place; use --kv-dtype f16, or --host-only", kv_dtype.name())));
+    }
+    if let (Some((soc, _)), Arch::LladaMoe) = (npu_soc, cfg.arch) {
+        return Err(Error::Options(format!("--target {soc}: LLaDA-MoE has no NPU executables (its experts would run on the CPU path, not built yet); add --host-only to build the host stand-in")));
+    }
     // Check every tensor before writing anything.
     let layout = layout::plan(&cfg, &ckpt, Storage { matrix: quant.matrix_dtype(), embedding: quant.embedding_dtype() })?;
     let unused: Vec<&str> = ckpt.names().filter(|n| !layout.consumed.contains(*n)).collect();
@@ -394,9 +425,49 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     }
     latency::record(&mut header, &target);
     latency::choose_row_buckets(&mut header, row_set_rows);
+    let npu = match npu_soc {
+        Some(soc) => Some(add_npu_executables(&mut header, &mut w, &ckpt, segments, &ids, soc, opts, window_bytes)?),
+        None => None,
+    };
     let n_graphs = header.graphs.len();
     let bytes = w.finish(header)?;
-    Ok(CompileSummary { output: opts.output.clone(), bytes, tensors: tensor_count, graphs: n_graphs, quant, max_seq, warnings })
+    Ok(CompileSummary { output: opts.output.clone(), bytes, tensors: tensor_count, graphs: n_graphs, quant, max_seq, warnings, npu })
+}
+
+/// Lowers every graph to QNN for `soc`, writes each context binary as a segment and records
+/// the section; returns (SoC, contexts, binary bytes, seconds).
+#[allow(clippy::too_many_arguments)]
+fn add_npu_executables(
+    header: &mut Header,
+    w: &mut ArtifactWriter,
+    ckpt: &Checkpoint,
+    segments: &[(String, Vec<Planned>)],
+    ids: &[Vec<TensorId>],
+    soc: (&str, u32),
+    opts: &CompileOptions,
+    window_bytes: u64,
+) -> Result<(String, usize, u64, f64)> {
+    let planned: HashMap<TensorId, &Planned> = ids.iter().flatten().copied().zip(segments.iter().flat_map(|(_, p)| p.iter())).collect();
+    let weights = |t: TensorId| -> Result<Vec<f32>> {
+        let p = planned.get(&t).ok_or_else(|| Error::Options(format!("lowering to QNN: tensor {t} has no checkpoint source")))?;
+        let mut out = Vec::new();
+        for src in &p.sources {
+            ckpt.for_each_row_chunk(src, CHUNK_BYTES, |raw| {
+                to_f32(src.dtype, raw, &mut out);
+                Ok(())
+            })?;
+        }
+        Ok(out)
+    };
+    let mut lowered = crate::qnn::lower(header, &weights, soc, opts.qnn_lib.as_deref(), window_bytes)?;
+    let mut bytes = 0;
+    for (i, (context, binary)) in lowered.section.contexts.iter_mut().zip(&lowered.binaries).enumerate() {
+        context.segment = w.add_raw_segment(&format!("npu.context.{i}"), binary)?;
+        bytes += binary.len() as u64;
+    }
+    header.extensions.push(llada_ir::Extension { key: llada_ir::npu::EXTENSION_KEY.into(), bytes: lowered.section.encode() });
+    header.compile.options.push(("npu".into(), format!("qnn {} ({})", soc.0, lowered.section.qnn_build)));
+    Ok((soc.0.to_string(), lowered.section.contexts.len(), bytes, lowered.seconds))
 }
 
 /// A GPU binds each of the plan's whole bindings (`window::whole_bindings`) as one storage

@@ -12,6 +12,7 @@ pub mod layout;
 pub mod lower;
 pub mod memory;
 pub mod onnx;
+pub mod qnn;
 pub mod window;
 
 #[cfg(test)]

@@ -69,6 +69,15 @@ enum Command {
         /// Element type of the KV cache [default: the target's].
         #[arg(long, value_parser = ["f32", "f16", "bf16"])]
         kv_dtype: Option<String>,
+        /// On a Snapdragon target (sm8550, sm8650, sm8750, sm8850): build only the host
+        /// stand-in (the CPU kernels under the target's window), without the NPU's QNN
+        /// executables, so without Qualcomm's library.
+        #[arg(long)]
+        host_only: bool,
+        /// Folder holding Qualcomm's libQnnHtp.so and libQnnSystem.so, which build the NPU
+        /// executables of a Snapdragon target [default: LLADA_QNN_LIB].
+        #[arg(long)]
+        qnn_lib: Option<PathBuf>,
     },
     /// Describe an artifact: model, tensors, graphs, plan (verifies all checksums).
     Inspect {
@@ -153,7 +162,7 @@ fn check_compile_flags(matches: &ArgMatches, quant: Option<&str>, group: u32, ta
 
 fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
     match cli.command {
-        Command::Compile { model, output, quant, group, target, max_seq, head_rows, block_len, spec_blocks, activations, activation_scales, window_bytes, kv_dtype } => {
+        Command::Compile { model, output, quant, group, target, max_seq, head_rows, block_len, spec_blocks, activations, activation_scales, window_bytes, kv_dtype, host_only, qnn_lib } => {
             check_compile_flags(matches, quant.as_deref(), group, &target, max_seq, block_len, spec_blocks).map_err(Failure::Usage)?;
             let opts = CompileOptions {
                 model,
@@ -169,6 +178,8 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
                 window_bytes,
                 kv_dtype: kv_dtype.as_deref().and_then(llada_ir::KvDType::parse),
                 progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                host_only,
+                qnn_lib,
             };
             let s = compile(&opts)?;
             // The artifact is written: a stderr that cannot take the report changes nothing.
@@ -186,6 +197,9 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
                 s.graphs,
                 s.max_seq
             );
+            if let Some((soc, contexts, bytes, seconds)) = &s.npu {
+                let _ = writeln!(err, "  NPU: QNN executables for {soc} in {contexts} context(s), {:.1} MiB, built in {seconds:.1} s", *bytes as f64 / (1 << 20) as f64);
+            }
         }
         Command::Inspect { file, json, estimate, policy, prompt_len, gen_len, block_len, steps, rows, rates } => {
             let (header, major, minor, bytes) = lladac::inspect::open(&file)?;

@@ -6,6 +6,7 @@ pub mod files;
 pub mod format;
 pub mod graph;
 pub mod header;
+pub mod npu;
 pub mod packing;
 pub mod read;
 pub mod verify;

@@ -91,6 +91,14 @@ impl ArtifactWriter {
         Ok(())
     }
 
+    /// A segment of opaque bytes (a backend's executable), outside any tensor; returns its index.
+    pub fn add_raw_segment(&mut self, name: &str, bytes: &[u8]) -> Result<u32> {
+        self.begin_segment(name)?;
+        self.put(bytes)?;
+        self.end_segment()?;
+        Ok(self.segments.len() as u32 - 1)
+    }
+
     /// Opens a tensor; its bytes follow through [`write`](Self::write).
     pub fn begin_tensor(&mut self, name: &str, dtype: DType, shape: &[u64]) -> Result<TensorId> {
         assert!(self.open_segment.is_some(), "tensor '{name}' written outside a segment");

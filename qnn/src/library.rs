@@ -108,8 +108,9 @@ impl QnnLibrary {
         Ok(v)
     }
 
-    /// A backend instance with the library's log routed to the runtime's (stderr, warnings and
-    /// errors).
+    /// A backend instance with the library's log routed to the runtime's (stderr): errors, or
+    /// more with `LLADA_QNN_LOG=warn|info|verbose` (its warnings run to thousands of lines per
+    /// finalized graph, about tiling choices).
     pub fn backend(self: &Arc<Self>) -> Result<Arc<Backend>> {
         let t = self.table();
         let (log_create, backend_create) = match (t.log_create, t.backend_create) {
@@ -119,13 +120,23 @@ impl QnnLibrary {
         let mut log: LogHandle = std::ptr::null_mut();
         // SAFETY: `log` is valid for a write; the callback is a plain function that lives for
         // the whole process.
-        check("logCreate", None, unsafe { log_create(Some(log_line), abi::LOG_WARN, &mut log) })?;
+        check("logCreate", None, unsafe { log_create(Some(log_line), log_level(), &mut log) })?;
         let mut b = Backend { lib: self.clone(), log, backend: std::ptr::null_mut() };
         let mut backend: BackendHandle = std::ptr::null_mut();
         // SAFETY: no configs (a null list); `backend` is valid for a write.
         check("backendCreate", None, with_stdout_on_stderr(|| unsafe { backend_create(log, std::ptr::null(), &mut backend) }))?;
         b.backend = backend;
         Ok(Arc::new(b))
+    }
+}
+
+/// The most detailed QNN log level to print: `LLADA_QNN_LOG`, else errors only.
+fn log_level() -> u32 {
+    match std::env::var("LLADA_QNN_LOG").as_deref() {
+        Ok("warn") => abi::LOG_WARN,
+        Ok("info") => abi::LOG_INFO,
+        Ok("verbose") => abi::LOG_VERBOSE,
+        _ => abi::LOG_ERROR,
     }
 }
 

@@ -1,0 +1,375 @@
+//! Lowering to Qualcomm's HTP through QNN: every planned graph (each row bucket) becomes one
+//! QNN graph computing what its op list computes after the embedding, whole layers in one
+//! graph (not op by op: a per-op graph pays a dispatch per op), fp16 activations, KV and
+//! weights. The graphs are finalized for the target's SoC, packed into as many contexts as
+//! the NPU's window needs, and serialized; the artifact carries the binaries and each graph's
+//! I/O table (`llada_ir::npu`). The QNN library must be on the build machine (`--qnn-lib` or
+//! `LLADA_QNN_LIB`).
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use half::f16;
+use llada_ir::npu::{NpuContext, NpuDType, NpuGraph, NpuSection, NpuTensor, Role, SECTION_VERSION, SOCS};
+use llada_ir::{Graph, Header, Op, Rows, TensorId, ValueId};
+use llada_qnn::abi::{DATATYPE_FLOAT_16, DATATYPE_INT_32};
+use llada_qnn::build::{Out, ParamSpec};
+use llada_qnn::{Context, Device, GraphBuilder, QnnLibrary, TensorRef};
+
+use crate::error::{Error, Result};
+
+/// The SoC a target names, if it is one of QNN's (`sm8550`, `sm8650`, `sm8750`, `sm8850`).
+pub fn soc_of(target: &str) -> Option<(&'static str, u32)> {
+    SOCS.iter().find(|s| s.0 == target).map(|s| (s.0, s.1))
+}
+
+/// The compiled graphs: one binary per context, and the section describing them (its
+/// contexts' `segment` fields are filled in when the binaries are written).
+pub struct Lowered {
+    pub section: NpuSection,
+    pub binaries: Vec<Vec<u8>>,
+    /// Seconds spent building and finalizing.
+    pub seconds: f64,
+}
+
+fn qnn_err(e: llada_qnn::Error) -> Error {
+    match e {
+        llada_qnn::Error::Missing(m) => Error::Options(format!("--target with an NPU: {m}")),
+        other => Error::Options(format!("lowering to QNN: {other}")),
+    }
+}
+
+/// Lowers every graph of `h` for `soc`. `weights` gives a tensor's values as f32.
+pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, soc: (&str, u32), lib_dir: Option<&Path>, window_bytes: u64) -> Result<Lowered> {
+    if h.model.moe.is_some() {
+        return Err(Error::Options(format!("--target {}: LLaDA-MoE has no NPU lowering (its experts run on the CPU path); compile it for the host or a GPU target", soc.0)));
+    }
+    let start = std::time::Instant::now();
+    let lib = QnnLibrary::open(lib_dir).map_err(qnn_err)?;
+    let backend = lib.backend().map_err(qnn_err)?;
+    let device = Device::new(&backend, soc.1).map_err(qnn_err)?;
+    // Contexts: graphs in plan order, a new context when the next graph's weights would take
+    // the current one past the NPU's window (each graph carries its own weights: the
+    // simulator cannot reload weight-shared binaries, QNN.md).
+    let mut groups: Vec<Vec<u32>> = vec![Vec::new()];
+    let mut bytes = 0u64;
+    for (i, g) in h.graphs.iter().enumerate() {
+        let b = weight_bytes(h, g);
+        if !groups.last().unwrap().is_empty() && bytes + b > window_bytes {
+            groups.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += b;
+        groups.last_mut().unwrap().push(i as u32);
+    }
+    let mut contexts = Vec::new();
+    let mut binaries = Vec::new();
+    for group in groups {
+        let ctx = Context::create(&device).map_err(qnn_err)?;
+        let mut graphs = Vec::new();
+        for gi in group {
+            graphs.push(lower_graph(h, gi, &ctx, weights)?);
+        }
+        let binary = ctx.binary().map_err(qnn_err)?;
+        contexts.push(NpuContext { segment: u32::MAX, crc32: crc32fast::hash(&binary), graphs });
+        binaries.push(binary);
+    }
+    let section = NpuSection { version: SECTION_VERSION, soc: soc.0.to_string(), soc_id: soc.1, qnn_build: lib.build_id.clone(), contexts };
+    drop(device);
+    drop(backend);
+    Ok(Lowered { section, binaries, seconds: start.elapsed().as_secs_f64() })
+}
+
+/// fp16 bytes of the weights a graph's ops read.
+fn weight_bytes(h: &Header, g: &Graph) -> u64 {
+    let mut seen = std::collections::HashSet::new();
+    g.ops.iter().skip(1).flat_map(|o| o.tensors()).filter(|t| seen.insert(*t)).map(|t| h.tensors[t as usize].numel() * 2).sum()
+}
+
+fn f16_bits(v: &[f32]) -> Vec<u16> {
+    v.iter().map(|&x| f16::from_f32(x).to_bits()).collect()
+}
+
+/// One planned graph as a QNN graph.
+struct Lowering<'a, 'c> {
+    h: &'a Header,
+    g: &'a Graph,
+    b: GraphBuilder<'c>,
+    values: HashMap<ValueId, TensorRef>,
+    statics: HashMap<TensorId, TensorRef>,
+    next: usize,
+}
+
+impl Lowering<'_, '_> {
+    fn fresh(&mut self, what: &str) -> String {
+        self.next += 1;
+        format!("{what}.{}", self.next)
+    }
+
+    fn rows(&self, v: ValueId) -> u32 {
+        match self.g.values[v as usize].rows {
+            Rows::Tokens => self.g.rows,
+            Rows::Head => self.g.head_rows,
+        }
+    }
+
+    fn value(&self, v: ValueId) -> Result<TensorRef> {
+        self.values.get(&v).copied().ok_or_else(|| Error::Options(format!("lowering graph '{}' to QNN: value '{}' is read before it is written", self.g.name, self.g.values[v as usize].name)))
+    }
+
+    fn weight(&mut self, t: TensorId, dims: &[u32], weights: &dyn Fn(TensorId) -> Result<Vec<f32>>) -> Result<TensorRef> {
+        if let Some(&r) = self.statics.get(&t) {
+            return Ok(r);
+        }
+        let values = weights(t)?;
+        let name = format!("w.{}", self.h.tensors[t as usize].name);
+        let r = self.b.static_f16(&name, dims, &f16_bits(&values)).map_err(qnn_err)?;
+        self.statics.insert(t, r);
+        Ok(r)
+    }
+
+    fn constant(&mut self, dims: &[u32], v: &[f32]) -> Result<TensorRef> {
+        let name = self.fresh("const");
+        self.b.static_f16(&name, dims, &f16_bits(v)).map_err(qnn_err)
+    }
+
+    fn op(&mut self, ty: &str, inputs: &[TensorRef], params: Vec<ParamSpec>, dims: &[u32]) -> Result<TensorRef> {
+        let name = self.fresh(&ty.to_lowercase());
+        self.b.op(ty, inputs, params, &name, DATATYPE_FLOAT_16, dims, Out::Native).map_err(qnn_err)
+    }
+
+    fn output(&mut self, ty: &str, inputs: &[TensorRef], params: Vec<ParamSpec>, name: &str, dims: &[u32]) -> Result<TensorRef> {
+        self.b.op(ty, inputs, params, name, DATATYPE_FLOAT_16, dims, Out::AppRead).map_err(qnn_err)
+    }
+
+    /// Columns `from..to` of every row of a `[rows, cols]` tensor.
+    fn columns(&mut self, x: TensorRef, rows: u32, from: u32, to: u32) -> Result<TensorRef> {
+        let ranges = vec![0, rows as i32, 1, from as i32, to as i32, 1];
+        self.op("StridedSlice", &[x], vec![ParamSpec::I32s("ranges", vec![2, 3], ranges)], &[rows, to - from])
+    }
+
+    fn reshape(&mut self, x: TensorRef, dims: &[u32]) -> Result<TensorRef> {
+        self.op("Reshape", &[x], vec![], dims)
+    }
+
+    fn transpose(&mut self, x: TensorRef, perm: &[u32]) -> Result<TensorRef> {
+        let from = self.b.dims(x).to_vec();
+        let dims: Vec<u32> = perm.iter().map(|&p| from[p as usize]).collect();
+        self.op("Transpose", &[x], vec![ParamSpec::U32s("perm", perm.to_vec())], &dims)
+    }
+
+    fn binary(&mut self, ty: &str, a: TensorRef, b: TensorRef) -> Result<TensorRef> {
+        let dims = broadcast(self.b.dims(a), self.b.dims(b));
+        self.op(ty, &[a, b], vec![], &dims)
+    }
+}
+
+/// The numpy-broadcast shape of two operands.
+fn broadcast(a: &[u32], b: &[u32]) -> Vec<u32> {
+    let n = a.len().max(b.len());
+    (0..n)
+        .map(|i| {
+            let x = if i + a.len() >= n { a[i + a.len() - n] } else { 1 };
+            let y = if i + b.len() >= n { b[i + b.len() - n] } else { 1 };
+            x.max(y)
+        })
+        .collect()
+}
+
+fn lower_graph(h: &Header, gi: u32, ctx: &Context, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>) -> Result<NpuGraph> {
+    let g = &h.graphs[gi as usize];
+    let m = &h.model;
+    let name = format!("g{gi}_{}", g.name.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
+    let b = GraphBuilder::new(ctx, &name).map_err(qnn_err)?;
+    let mut l = Lowering { h, g, b, values: HashMap::new(), statics: HashMap::new(), next: 0 };
+    let (r, hr, c, hd) = (g.rows, g.head_rows, h.plan.kv_capacity, m.head_dim);
+    let (heads, kvh) = (m.n_heads, m.n_kv_heads);
+    let group = heads / kvh;
+    let Some(Op::Embed { out: embedded, .. }) = g.ops.first() else {
+        return Err(Error::Options(format!("lowering graph '{}' to QNN: it does not start with the embedding", g.name)));
+    };
+    // Inputs, in the order `Role::expected` lists them.
+    let mut inputs: Vec<(Role, TensorRef)> = Vec::new();
+    for role in Role::expected(m.n_layers).0 {
+        let dtype = if role.dtype() == NpuDType::I32 { DATATYPE_INT_32 } else { DATATYPE_FLOAT_16 };
+        let t = l.b.input(&role_name(role), dtype, &role.dims(h, r, hr)).map_err(qnn_err)?;
+        inputs.push((role, t));
+    }
+    let input = |role: Role| inputs.iter().find(|(r, _)| *r == role).map(|(_, t)| *t).expect("every role is an input");
+    l.values.insert(*embedded, input(Role::Hidden));
+    let mut outputs: Vec<(Role, TensorRef)> = Vec::new();
+    // The op that writes the logits last: its result is the graph's output.
+    let logits_op = g.ops.iter().rposition(|o| o.outputs().contains(&g.logits));
+    for (index, op) in g.ops.iter().enumerate().skip(1) {
+        let last = Some(index) == logits_op;
+        let result = |l: &mut Lowering, ty: &str, ins: &[TensorRef], params: Vec<ParamSpec>, dims: &[u32]| -> Result<TensorRef> {
+            if last { l.output(ty, ins, params, &role_name(Role::Logits), dims) } else { l.op(ty, ins, params, dims) }
+        };
+        match *op {
+            Op::Embed { .. } => return Err(Error::Options(format!("lowering graph '{}' to QNN: a second embedding", g.name))),
+            Op::Scale { x, factor } => {
+                let xs = l.value(x)?;
+                let f = l.constant(&[1], &[factor])?;
+                let dims = l.b.dims(xs).to_vec();
+                let t = result(&mut l, "ElementWiseMultiply", &[xs, f], vec![], &dims)?;
+                l.values.insert(x, t);
+            }
+            Op::Bias { x, bias } => {
+                let xs = l.value(x)?;
+                let cols = g.values[x as usize].cols;
+                let bt = l.weight(bias, &[cols], weights)?;
+                let dims = l.b.dims(xs).to_vec();
+                let t = result(&mut l, "ElementWiseAdd", &[xs, bt], vec![], &dims)?;
+                l.values.insert(x, t);
+            }
+            Op::RmsNorm { x, weight, eps, out } => {
+                let xs = l.value(x)?;
+                let cols = g.values[x as usize].cols;
+                let gamma = l.weight(weight, &[cols], weights)?;
+                let beta = l.constant(&[cols], &vec![0.0; cols as usize])?;
+                let params = vec![ParamSpec::F32("epsilon", eps), ParamSpec::U32s("axes", vec![1])];
+                let rows = l.rows(x);
+                let t = result(&mut l, "RmsNorm", &[xs, gamma, beta], params, &[rows, cols])?;
+                l.values.insert(out, t);
+            }
+            Op::MatMul { x, weight, out } => {
+                let xs = l.value(x)?;
+                let shape = &h.tensors[weight as usize].shape;
+                let (n, k) = (shape[0] as u32, shape[1] as u32);
+                let w = l.weight(weight, &[n, k], weights)?;
+                let rows = l.rows(x);
+                let t = result(&mut l, "FullyConnected", &[xs, w], vec![], &[rows, n])?;
+                l.values.insert(out, t);
+            }
+            Op::Rope { x, heads: rotated, .. } => {
+                let xs = l.value(x)?;
+                let width = g.values[x as usize].cols;
+                let half = hd / 2;
+                let span = rotated * hd;
+                let part = l.columns(xs, r, 0, span)?;
+                let part = l.reshape(part, &[r, rotated, hd])?;
+                let slice = |l: &mut Lowering, from: u32| {
+                    let ranges = vec![0, r as i32, 1, 0, rotated as i32, 1, from as i32, (from + half) as i32, 1];
+                    l.op("StridedSlice", &[part], vec![ParamSpec::I32s("ranges", vec![3, 3], ranges)], &[r, rotated, half])
+                };
+                let (x1, x2) = (slice(&mut l, 0)?, slice(&mut l, half)?);
+                let (cos, sin) = (input(Role::Cos), input(Role::Sin));
+                let (a1, a2) = (l.binary("ElementWiseMultiply", x1, cos)?, l.binary("ElementWiseMultiply", x2, sin)?);
+                let a = l.binary("ElementWiseSubtract", a1, a2)?;
+                let (b1, b2) = (l.binary("ElementWiseMultiply", x2, cos)?, l.binary("ElementWiseMultiply", x1, sin)?);
+                let bsum = l.binary("ElementWiseAdd", b1, b2)?;
+                let cat = l.op("Concat", &[a, bsum], vec![ParamSpec::U32("axis", 2)], &[r, rotated, hd])?;
+                let flat = l.reshape(cat, &[r, span])?;
+                let t = if span < width {
+                    let rest = l.columns(xs, r, span, width)?;
+                    result(&mut l, "Concat", &[flat, rest], vec![ParamSpec::U32("axis", 1)], &[r, width])?
+                } else {
+                    flat
+                };
+                l.values.insert(x, t);
+            }
+            Op::Attention { qkv, out, heads: hq, kv_heads, layer } => {
+                if hq != heads || kv_heads != kvh {
+                    return Err(Error::Options(format!("lowering graph '{}' to QNN: attention with {hq}/{kv_heads} heads, the model has {heads}/{kvh}", g.name)));
+                }
+                let x = l.value(qkv)?;
+                let q = l.columns(x, r, 0, heads * hd)?;
+                // The softmax scale folded into the queries (fewer elements than the scores).
+                let scale = l.constant(&[1], &[1.0 / (hd as f32).sqrt()])?;
+                let q = l.binary("ElementWiseMultiply", q, scale)?;
+                let q = l.reshape(q, &[r, heads, hd])?;
+                let q = l.transpose(q, &[1, 0, 2])?;
+                let q = l.reshape(q, &[kvh, group * r, hd])?;
+                let mut new = Vec::new();
+                for (i, role) in [Role::KNew(layer), Role::VNew(layer)].into_iter().enumerate() {
+                    let from = (heads + i as u32 * kvh) * hd;
+                    let t = l.columns(x, r, from, from + kvh * hd)?;
+                    let t = l.reshape(t, &[r, kvh, hd])?;
+                    let t = l.output("Transpose", &[t], vec![ParamSpec::U32s("perm", vec![1, 0, 2])], &role_name(role), &[kvh, r, hd])?;
+                    outputs.push((role, t));
+                    new.push(t);
+                }
+                let keys = l.op("Concat", &[input(Role::KCache(layer)), new[0]], vec![ParamSpec::U32("axis", 1)], &[kvh, c + r, hd])?;
+                let values = l.op("Concat", &[input(Role::VCache(layer)), new[1]], vec![ParamSpec::U32("axis", 1)], &[kvh, c + r, hd])?;
+                let params = vec![ParamSpec::Bool("transpose_in0", false), ParamSpec::Bool("transpose_in1", true)];
+                let scores = l.op("MatMul", &[q, keys], params, &[kvh, group * r, c + r])?;
+                let scores = l.binary("ElementWiseAdd", scores, input(Role::Mask))?;
+                let p = l.op("Softmax", &[scores], vec![ParamSpec::U32("axis", 2), ParamSpec::F32("beta", 1.0)], &[kvh, group * r, c + r])?;
+                let params = vec![ParamSpec::Bool("transpose_in0", false), ParamSpec::Bool("transpose_in1", false)];
+                let o = l.op("MatMul", &[p, values], params, &[kvh, group * r, hd])?;
+                let o = l.reshape(o, &[heads, r, hd])?;
+                let o = l.transpose(o, &[1, 0, 2])?;
+                let t = result(&mut l, "Reshape", &[o], vec![], &[r, heads * hd])?;
+                l.values.insert(out, t);
+            }
+            Op::SwiGlu { x, out } => {
+                let xs = l.value(x)?;
+                let hidden = g.values[out as usize].cols;
+                let gate = l.columns(xs, r, 0, hidden)?;
+                let up = l.columns(xs, r, hidden, 2 * hidden)?;
+                let s = l.op("Sigmoid", &[gate], vec![], &[r, hidden])?;
+                let silu = l.binary("ElementWiseMultiply", gate, s)?;
+                let t = result(&mut l, "ElementWiseMultiply", &[silu, up], vec![], &[r, hidden])?;
+                l.values.insert(out, t);
+            }
+            Op::Add { acc, x } => {
+                let (a, xs) = (l.value(acc)?, l.value(x)?);
+                let dims = l.b.dims(a).to_vec();
+                let t = result(&mut l, "ElementWiseAdd", &[a, xs], vec![], &dims)?;
+                l.values.insert(acc, t);
+            }
+            Op::GatherHeadRows { x, out } => {
+                let xs = l.value(x)?;
+                let cols = g.values[x as usize].cols;
+                let t = result(&mut l, "Gather", &[xs, input(Role::HeadIndex)], vec![ParamSpec::I32("axis", 0)], &[hr, cols])?;
+                l.values.insert(out, t);
+            }
+            Op::HeadRmsNorm { .. } | Op::Route { .. } | Op::MoeExperts { .. } => {
+                return Err(Error::Options(format!("lowering graph '{}' to QNN: op {} has no NPU lowering", g.name, op.name())));
+            }
+        }
+        if last {
+            outputs.push((Role::Logits, l.value(g.logits)?));
+        }
+    }
+    let expected = Role::expected(m.n_layers);
+    let table = |b: &GraphBuilder, list: &[(Role, TensorRef)], roles: Vec<Role>| -> Result<Vec<NpuTensor>> {
+        roles
+            .into_iter()
+            .map(|role| {
+                let t = list.iter().find(|(r, _)| *r == role).map(|(_, t)| *t).ok_or_else(|| Error::Options(format!("lowering graph '{}' to QNN: no {role:?}", g.name)))?;
+                Ok(NpuTensor { id: b.id(t), name: role_name(role), role, dtype: role.dtype(), dims: b.dims(t).to_vec() })
+            })
+            .collect()
+    };
+    let io_in = table(&l.b, &inputs, expected.0)?;
+    let io_out = table(&l.b, &outputs, expected.1)?;
+    l.b.finalize().map_err(qnn_err)?;
+    Ok(NpuGraph { graph: gi, name, inputs: io_in, outputs: io_out })
+}
+
+/// A role's tensor name in every graph.
+fn role_name(role: Role) -> String {
+    match role {
+        Role::Hidden => "hidden".into(),
+        Role::Cos => "rope_cos".into(),
+        Role::Sin => "rope_sin".into(),
+        Role::Mask => "mask".into(),
+        Role::HeadIndex => "head_index".into(),
+        Role::KCache(l) => format!("k_cache_{l}"),
+        Role::VCache(l) => format!("v_cache_{l}"),
+        Role::KNew(l) => format!("k_new_{l}"),
+        Role::VNew(l) => format!("v_new_{l}"),
+        Role::Logits => "logits".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn broadcast_follows_numpy() {
+        assert_eq!(super::broadcast(&[4, 2, 16], &[4, 1, 16]), vec![4, 2, 16]);
+        assert_eq!(super::broadcast(&[2, 8, 40], &[8, 40]), vec![2, 8, 40]);
+        assert_eq!(super::broadcast(&[5, 3], &[1]), vec![5, 3]);
+    }
+}
