@@ -278,6 +278,9 @@ pub enum Backend {
     /// A Vulkan device (the phone's GPU), found when the session is made; where there is none
     /// `llada_session_new_on` fails with `LLADA_STATUS_INVALID_ARGUMENT` naming `backend`.
     Vulkan = 1,
+    /// Qualcomm's HTP through the QNN library in `LLADA_QNN_LIB`, running the artifact's NPU
+    /// executables.
+    Qnn = 2,
 }
 
 /// How rotating weights reach their window slots (llada-rt's `--staging`).
@@ -330,6 +333,7 @@ pub extern "C" fn llada_default_session_params() -> SessionSettings {
         backend: match d.backend {
             BackendKind::Host => Backend::Host,
             BackendKind::Vulkan => Backend::Vulkan,
+            BackendKind::Qnn => Backend::Qnn,
         } as u32,
         staging: match d.staging {
             StagingMode::Async => Staging::Async,
@@ -346,7 +350,8 @@ impl SessionSettings {
         let backend = match self.backend {
             0 => BackendKind::Host,
             1 => BackendKind::Vulkan,
-            other => return Err(Failure::argument(format!("backend {other} is not an llada_backend value (LLADA_BACKEND_HOST = 0, LLADA_BACKEND_VULKAN = 1)"))),
+            2 => BackendKind::Qnn,
+            other => return Err(Failure::argument(format!("backend {other} is not an llada_backend value (LLADA_BACKEND_HOST = 0, LLADA_BACKEND_VULKAN = 1, LLADA_BACKEND_QNN = 2)"))),
         };
         let staging = match self.staging {
             0 => StagingMode::Async,

@@ -573,6 +573,8 @@ mod tests {
             window_bytes: None,
             kv_dtype: None,
             progress: false,
+            host_only: false,
+            qnn_lib: None,
         }
     }
 

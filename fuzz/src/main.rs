@@ -105,6 +105,8 @@ fn small_artifact(model: &std::path::Path, work: &std::path::Path) -> Result<Pat
         window_bytes: None,
         kv_dtype: None,
         progress: false,
+        host_only: false,
+        qnn_lib: None,
     })
     .map_err(|e| format!("compiling the seed: {e}"))?;
     Ok(path)

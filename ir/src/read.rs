@@ -51,7 +51,7 @@ impl<'a> Artifact<'a> {
         Ok(Artifact { preamble: p, header, data: &file[p.data_offset as usize..data_end as usize], file })
     }
 
-    /// Checks every tensor's CRC-32 and that all bytes outside tensors (preamble padding,
+    /// Checks every tensor's (and backend executable's) CRC-32 and that all bytes outside them (preamble padding,
     /// alignment gaps) are zero.
     pub fn verify_data(&self) -> Result<()> {
         self.verify_data_each(|_, _| {})
@@ -67,17 +67,24 @@ impl<'a> Artifact<'a> {
             Ok(())
         };
         zero_gap(&self.file[PREAMBLE_LEN..self.preamble.data_offset as usize], "the preamble padding")?;
-        let mut order: Vec<usize> = (0..self.header.tensors.len()).collect();
-        order.sort_by_key(|&i| self.header.tensors[i].offset);
-        let mut cursor = 0u64;
-        for i in order {
-            let t = &self.header.tensors[i];
-            zero_gap(&self.data[cursor as usize..t.offset as usize], &format!("the padding before tensor '{}'", t.name))?;
-            if crc32fast::hash(self.tensor_bytes(i as TensorId)) != t.crc32 {
-                return Err(Error::Checksum { what: format!("tensor '{}'", t.name) });
+        // Every checksummed span: the tensors, and the backend executables (their CRC-32 in
+        // the NPU section, which the header verification already decoded).
+        let mut spans: Vec<(u64, u64, u32, String)> = self.header.tensors.iter().map(|t| (t.offset, t.nbytes, t.crc32, format!("tensor '{}'", t.name))).collect();
+        if let Some(npu) = crate::npu::NpuSection::of(&self.header)? {
+            for c in &npu.contexts {
+                let seg = &self.header.segments[c.segment as usize];
+                spans.push((seg.offset, seg.nbytes, c.crc32, format!("the NPU context binary '{}'", seg.name)));
             }
-            checked(self.preamble.data_offset + t.offset, t.nbytes);
-            cursor = t.offset + t.nbytes;
+        }
+        spans.sort_by_key(|s| s.0);
+        let mut cursor = 0u64;
+        for (offset, nbytes, crc, what) in spans {
+            zero_gap(&self.data[cursor as usize..offset as usize], &format!("the padding before {what}"))?;
+            if crc32fast::hash(&self.data[offset as usize..(offset + nbytes) as usize]) != crc {
+                return Err(Error::Checksum { what });
+            }
+            checked(self.preamble.data_offset + offset, nbytes);
+            cursor = offset + nbytes;
         }
         zero_gap(&self.data[cursor as usize..], "the padding after the last tensor")
     }

@@ -387,8 +387,10 @@ enum Command {
 #[derive(Args, Clone)]
 struct BackendArg {
     /// host: the CPU's kernels; vulkan: a Vulkan device (a phone's or desktop's GPU, or
-    /// lavapipe on a CPU), found at run time (LLADA_VULKAN_DEVICE=<index> picks one).
-    #[arg(long, default_value = SessionParams::default().backend.name(), value_parser = ["host", "vulkan"])]
+    /// lavapipe on a CPU), found at run time (LLADA_VULKAN_DEVICE=<index> picks one); qnn:
+    /// Qualcomm's HTP running the NPU executables of an artifact compiled for sm8550, sm8650,
+    /// sm8750 or sm8850, through the QNN library in LLADA_QNN_LIB (on x86-64, its simulator).
+    #[arg(long, default_value = SessionParams::default().backend.name(), value_parser = ["host", "vulkan", "qnn"])]
     backend: String,
 }
 

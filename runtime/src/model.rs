@@ -126,6 +126,13 @@ impl Model {
         }
     }
 
+    /// The bytes of segment `id`, in place (a backend's executable, which no window region
+    /// holds).
+    pub fn segment_bytes(&self, id: u32) -> &[u8] {
+        let s = &self.header.segments[id as usize];
+        &self.mapping.map[self.data.clone()][s.offset as usize..(s.offset + s.nbytes) as usize]
+    }
+
     pub fn tensor_bytes(&self, id: TensorId) -> &[u8] {
         let t = &self.header.tensors[id as usize];
         &self.mapping.map[self.data.clone()][t.offset as usize..(t.offset + t.nbytes) as usize]

@@ -437,7 +437,7 @@ impl<'m> Session<'m> {
         let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context, head_rows: &self.head, rows: self.real_rows };
         let start = Instant::now();
         let mut profile = (profiled || self.op_profiles.is_some()).then(OpProfile::default);
-        let run = self.executor.run(self.model, g, &inputs, &mut self.window, &mut self.stager, self.experts.as_mut(), profile.as_mut()).map(|()| profile);
+        let run = self.executor.run(self.model, gid, &inputs, &mut self.window, &mut self.stager, self.experts.as_mut(), profile.as_mut()).map(|()| profile);
         // Reads of a truncated artifact saw zeros: the pass computed nothing trustworthy.
         let profile = match run.and_then(|p| self.model.check_intact().map(|()| p)) {
             Ok(p) => p,

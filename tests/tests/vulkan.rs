@@ -87,6 +87,8 @@ fn compile_with(out: &Path, quant: Option<Quant>, kv: Option<&str>, window_bytes
         window_bytes,
         kv_dtype: kv.map(|k| llada_ir::KvDType::parse(k).unwrap()),
         progress: false,
+        host_only: false,
+        qnn_lib: None,
     })
     .expect("compiles");
 }

@@ -301,7 +301,8 @@ impl HostExecutor {
 }
 
 impl Executor for HostExecutor {
-    fn run(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window, stager: &mut Stager, experts: Option<&mut Experts>, profile: Option<&mut OpProfile>) -> Result<()> {
+    fn run(&mut self, model: &Model, graph: u32, inputs: &RunInputs, window: &mut Window, stager: &mut Stager, experts: Option<&mut Experts>, profile: Option<&mut OpProfile>) -> Result<()> {
+        let g = model.graph(graph);
         // The whole pass on one of the pool's threads: each op's parallel part then starts
         // from inside the team instead of handing over from this thread and back (two
         // wake-ups per op, a few hundred ops per pass).

@@ -51,10 +51,13 @@ pub enum BackendKind {
     Host,
     /// A Vulkan 1.1 compute device (a phone's or desktop's GPU; lavapipe on a CPU).
     Vulkan,
+    /// Qualcomm's HTP (a Snapdragon phone's NPU, or QNN's simulator on x86-64), running the
+    /// executables `lladac` compiled into the artifact.
+    Qnn,
 }
 
 impl BackendKind {
-    pub const ALL: [BackendKind; 2] = [BackendKind::Host, BackendKind::Vulkan];
+    pub const ALL: [BackendKind; 3] = [BackendKind::Host, BackendKind::Vulkan, BackendKind::Qnn];
 
     pub fn parse(s: &str) -> Option<BackendKind> {
         BackendKind::ALL.into_iter().find(|b| b.name() == s)
@@ -64,6 +67,7 @@ impl BackendKind {
         match self {
             BackendKind::Host => "host",
             BackendKind::Vulkan => "vulkan",
+            BackendKind::Qnn => "qnn",
         }
     }
 }
@@ -90,12 +94,13 @@ pub struct Capabilities {
 }
 
 pub trait Executor: Send {
-    /// Runs `graph` (verified at load) with `inputs` over `window` (values, KV cache,
-    /// scratch and resident weights), waiting on `stager` for rotating weights as the
-    /// graph's swap schedule says, and running MoE layers through `experts`. With `profile`,
-    /// records each op's time.
+    /// Runs planned graph `graph` (by id: an interpreting backend reads its op list from
+    /// `model`, an ahead-of-time one runs the executable it prepared for that id) with
+    /// `inputs` over `window` (values, KV cache, scratch and resident weights), waiting on
+    /// `stager` for rotating weights as the graph's swap schedule says, and running MoE layers
+    /// through `experts`. With `profile`, records each op's time.
     #[allow(clippy::too_many_arguments)]
-    fn run(&mut self, model: &Model, graph: &Graph, inputs: &RunInputs, window: &mut Window, stager: &mut Stager, experts: Option<&mut Experts>, profile: Option<&mut OpProfile>) -> Result<()>;
+    fn run(&mut self, model: &Model, graph: u32, inputs: &RunInputs, window: &mut Window, stager: &mut Stager, experts: Option<&mut Experts>, profile: Option<&mut OpProfile>) -> Result<()>;
 
     fn capabilities(&self) -> &Capabilities;
 
@@ -125,6 +130,17 @@ pub fn open(kind: BackendKind, model: &Model, threads: usize, features: Features
         BackendKind::Vulkan => Err(crate::Error::setting(
             crate::Setting::Backend,
             "vulkan: this build of llada-rt has no Vulkan backend (a static musl binary cannot load a Vulkan driver, or the `vulkan` feature is off); build for aarch64-linux-android with the NDK, or use --backend host".to_string(),
+        )),
+        #[cfg(all(feature = "qnn", not(target_env = "musl")))]
+        BackendKind::Qnn => {
+            let h = &model.header;
+            let window = Window::new(h).map_err(|e| crate::Error::io(format!("allocating the {}-byte window", h.plan.window.bytes), e))?;
+            Ok((Box::new(qnn::QnnExecutor::new(model, threads)?), window))
+        }
+        #[cfg(not(all(feature = "qnn", not(target_env = "musl"))))]
+        BackendKind::Qnn => Err(crate::Error::setting(
+            crate::Setting::Backend,
+            "qnn: this build of llada-rt has no QNN backend (a static musl binary cannot load Qualcomm's bionic libraries, or the `qnn` feature is off); build for aarch64-linux-android with the NDK".to_string(),
         )),
     }
 }

@@ -58,6 +58,8 @@ pub fn compile_scaled(model: &Path, out: &Path, quant: Option<lladac::Quant>, ma
         window_bytes,
         kv_dtype: None,
         progress: false,
+        host_only: false,
+        qnn_lib: None,
     })
     .expect("compiles");
 }
@@ -88,6 +90,8 @@ pub fn compile_in_window(model: &Path, out: &Path, max_seq: Option<u32>, window_
         window_bytes,
         kv_dtype: None,
         progress: false,
+        host_only: false,
+        qnn_lib: None,
     })
     .expect("compiles")
 }

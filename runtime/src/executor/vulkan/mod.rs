@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use ash::vk;
-use llada_ir::{Graph, Op};
+use llada_ir::Op;
 
 pub use gpu::validation_errors;
 use gpu::{vk_error, Gpu};
@@ -179,8 +179,8 @@ impl VulkanExecutor {
 }
 
 impl Executor for VulkanExecutor {
-    fn run(&mut self, model: &Model, g: &Graph, inp: &RunInputs, window: &mut Window, stager: &mut Stager, _experts: Option<&mut Experts>, mut profile: Option<&mut OpProfile>) -> Result<()> {
-        let gid = model.header.graphs.iter().position(|x| std::ptr::eq(x, g)).ok_or_else(|| Error::Internal(format!("graph {} is not one of the model's", g.name)))?;
+    fn run(&mut self, model: &Model, graph: u32, inp: &RunInputs, window: &mut Window, stager: &mut Stager, _experts: Option<&mut Experts>, mut profile: Option<&mut OpProfile>) -> Result<()> {
+        let (g, gid) = (model.graph(graph), graph as usize);
         let recorded = match &self.graphs[gid] {
             Ok(r) => r,
             Err(why) => {
