@@ -167,7 +167,7 @@ mod tests {
     }
 
     fn open(mask: &[u16], width: usize, r: usize) -> Vec<usize> {
-        mask[r * width..][..width].iter().enumerate().filter(|(_, &m)| m == 0).map(|(j, _)| j).collect()
+        mask[r * width..][..width].iter().enumerate().filter(|&(_, &m)| m == 0).map(|(j, _)| j).collect()
     }
 
     /// A pass over positions 2 and 3 of a 4-token sequence whose cache holds all four (a
