@@ -130,6 +130,37 @@ pub fn describe(h: &Header, major: u16, minor: u16, file_bytes: u64) -> Value {
             })),
         },
         "compile": h.compile,
+        "npu": npu(h),
+    })
+}
+
+/// The NPU executables (`null` when the artifact has none): the SoC, and each context with its
+/// bytes and the planned graphs it runs.
+fn npu(h: &Header) -> Value {
+    let Ok(Some(n)) = llada_ir::npu::NpuSection::of(h) else {
+        return Value::Null;
+    };
+    let arch = llada_ir::npu::SOCS.iter().find(|s| s.0 == n.soc).map_or("?", |s| s.2);
+    json!({
+        "backend": "qnn",
+        "section_version": n.version,
+        "soc": n.soc,
+        "soc_id": n.soc_id,
+        "htp_arch": arch,
+        "qnn_build": n.qnn_build,
+        "contexts": n.contexts.iter().map(|c| {
+            let seg = &h.segments[c.segment as usize];
+            json!({
+                "soc": n.soc,
+                "segment": seg.name,
+                "bytes": seg.nbytes,
+                "crc32": c.crc32,
+                "graphs": c.graphs.iter().map(|g| json!({
+                    "name": g.name, "graph": h.graphs[g.graph as usize].name,
+                    "inputs": g.inputs.len(), "outputs": g.outputs.len(),
+                })).collect::<Vec<_>>(),
+            })
+        }).collect::<Vec<_>>(),
     })
 }
 
@@ -189,6 +220,14 @@ pub fn render_text(d: &Value) -> String {
             x["costs"]["cpu"]["weight_seconds"].as_f64().unwrap_or(0.0), x["costs"]["cpu"]["row_seconds"].as_f64().unwrap_or(0.0),
             x["costs"]["stage_seconds"].as_f64().unwrap_or(0.0)
         );
+    }
+    let n = &d["npu"];
+    if !n.is_null() {
+        let _ = writeln!(s, "\nNPU executables: QNN HTP for {} (socModel {}, {}), prepared by QNN {}", n["soc"].as_str().unwrap_or("?"), n["soc_id"], n["htp_arch"].as_str().unwrap_or("?"), n["qnn_build"].as_str().unwrap_or("?"));
+        for c in n["contexts"].as_array().into_iter().flatten() {
+            let graphs: Vec<&str> = c["graphs"].as_array().into_iter().flatten().filter_map(|g| g["graph"].as_str()).collect();
+            let _ = writeln!(s, "  context '{}' for {}: {:.1} MiB, {} graphs: {}", c["segment"].as_str().unwrap_or("?"), c["soc"].as_str().unwrap_or("?"), mib(&c["bytes"]), graphs.len(), graphs.join(", "));
+        }
     }
     let p = &d["plan"];
     let _ = writeln!(s, "\nplan: graphs by rows -> {}", p["by_rows"]);

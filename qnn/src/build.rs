@@ -252,6 +252,12 @@ mod tests {
             (ctx.binary().unwrap(), ids.0, ids.1)
         };
         assert!(!binary.is_empty());
+        // The binary says what it was built for, and its graph's I/O as the builder recorded it.
+        let desc = crate::system::describe(&lib.dir, &binary).unwrap();
+        assert_eq!(desc.soc_model, Some(57));
+        assert_eq!(desc.graphs.len(), 1);
+        assert_eq!((desc.graphs[0].inputs[0].id, desc.graphs[0].inputs[0].dims.as_slice()), (x_id, &[rows, k][..]));
+        assert_eq!((desc.graphs[0].outputs[0].id, desc.graphs[0].outputs[0].name.as_str()), (y_id, "y"));
         let mut ctx = Context::from_binary(&device, &binary).unwrap();
         let graph = ctx.graph("fc").unwrap();
         let mut xs: Vec<u16> = x.iter().map(|&v| f16(v)).collect();

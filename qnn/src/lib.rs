@@ -10,6 +10,7 @@ pub mod abi;
 pub mod build;
 pub mod context;
 pub mod library;
+pub mod system;
 
 pub use build::{GraphBuilder, TensorRef};
 pub use context::{Context, Device, IoBuffer};

@@ -111,8 +111,10 @@ pub const WEIGHT_DTYPES: &[&str] = &["f32", "bf16", "f16", "q8", "q4"];
 
 const BUILTIN: &[(&str, &str)] = &[
     ("host", include_str!("../data/host.toml")),
+    ("sm8550", include_str!("../data/sm8550.toml")),
     ("sm8650", include_str!("../data/sm8650.toml")),
     ("sm8750", include_str!("../data/sm8750.toml")),
+    ("sm8850", include_str!("../data/sm8850.toml")),
     ("dimensity9400", include_str!("../data/dimensity9400.toml")),
     ("adreno750", include_str!("../data/adreno750.toml")),
     ("adreno830", include_str!("../data/adreno830.toml")),

@@ -74,6 +74,7 @@ impl QnnExecutor {
             if crc32fast::hash(binary) != c.crc32 {
                 return Err(artifact(llada_ir::Error::invalid(format!("the NPU context binary '{}' is corrupted (its CRC-32 is not the one recorded)", seg.name))));
             }
+            check_binary(&lib, binary, &seg.name, &section, c)?;
             let context = Context::from_binary(&device, binary).map_err(|e| {
                 Error::Device(format!("{}: QNN refused context binary '{}' (built for {} by QNN {}): {e}", model.path.display(), seg.name, section.soc, section.qnn_build))
             })?;
@@ -97,6 +98,45 @@ impl QnnExecutor {
         };
         Ok(QnnExecutor { contexts, graphs, pool, capabilities, scratch: io::Scratch::new(h), _device: device })
     }
+}
+
+/// Checks what a context binary says of itself (libQnnSystem) against the artifact's record:
+/// the SoC it was prepared for, and each executable's inputs and outputs (ids, names, types,
+/// shapes). The simulator would run a binary of another SoC without a word (QNN.md).
+fn check_binary(lib: &QnnLibrary, binary: &[u8], segment: &str, section: &NpuSection, c: &llada_ir::npu::NpuContext) -> Result<()> {
+    let desc = llada_qnn::system::describe(&lib.dir, binary)?;
+    let soc_name = |id: u32| llada_ir::npu::SOCS.iter().find(|s| s.1 == id).map_or(format!("socModel {id}"), |s| s.0.to_string());
+    if let Some(soc) = desc.soc_model.filter(|&s| s != section.soc_id) {
+        return Err(Error::Device(format!(
+            "NPU context binary '{segment}' was prepared for {} (socModel {soc}), but the artifact says {} (socModel {}): recompile with `lladac compile --target {}`",
+            soc_name(soc),
+            section.soc,
+            section.soc_id,
+            section.soc
+        )));
+    }
+    for g in &c.graphs {
+        let Some(found) = desc.graphs.iter().find(|d| d.name == g.name) else {
+            return Err(Error::Device(format!("NPU context binary '{segment}' holds no graph '{}' (it holds {})", g.name, desc.graphs.iter().map(|d| d.name.as_str()).collect::<Vec<_>>().join(", "))));
+        };
+        for (what, table, actual) in [("input", &g.inputs, &found.inputs), ("output", &g.outputs, &found.outputs)] {
+            if table.len() != actual.len() {
+                return Err(Error::Device(format!("NPU executable '{}' in '{segment}': the binary has {} {what}s, the artifact's I/O table {}", g.name, actual.len(), table.len())));
+            }
+            for t in table.iter() {
+                let data_type = if t.role == Role::HeadIndex { DATATYPE_INT_32 } else { DATATYPE_FLOAT_16 };
+                let ok = actual.iter().any(|a| a.id == t.id && a.name == t.name && a.dims == t.dims && a.data_type == data_type);
+                if !ok {
+                    let have = actual.iter().find(|a| a.name == t.name).map_or("nothing of that name".to_string(), |a| format!("id {} shape {:?} type {:#x}", a.id, a.dims, a.data_type));
+                    return Err(Error::Device(format!(
+                        "NPU executable '{}' in '{segment}': {what} '{}' is id {} shape {:?} in the artifact's I/O table, but the binary has {have}",
+                        g.name, t.name, t.id, t.dims
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A client buffer over `data` for the table entry `t`.
