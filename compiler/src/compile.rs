@@ -183,6 +183,10 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     llada_ir::files::check_destination(&opts.output, &reads).map_err(|e| Error::io(&opts.output, e))?;
     let (cfg, mut warnings) = config::load(dir)?;
     let target = llada_targets::by_name(&opts.target).map_err(Error::Options)?;
+    let qnn_library = match (opts.host_only, crate::qnn::soc_of(&target.name)) {
+        (false, Some((soc, _))) => Some(crate::qnn::open_library(soc, opts.qnn_lib.as_deref())?),
+        _ => None,
+    };
     let ckpt = match &onnx_file {
         Some(f) => onnx::open(f, &cfg)?,
         None => Checkpoint::open(dir)?,
@@ -193,7 +197,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     let q_dim = cfg.n_heads * hd;
     let embed_dtype = ckpt.expect(embedding_name(&cfg), &[cfg.embedding_size, d], &format!("embedding_size {}, d_model {d}", cfg.embedding_size))?.dtype;
     // An NPU target's executables hold fp16 weights (quantized HTP weights come next), so
-    // fp16 is its default storage too.
+    // fp16 is its default storage too (with --host-only as well: its kernels take no f32).
     let npu_soc = if opts.host_only { None } else { crate::qnn::soc_of(&target.name) };
     if crate::qnn::soc_of(&target.name).is_none() && (opts.host_only || opts.qnn_lib.is_some()) {
         let flag = if opts.host_only { "--host-only" } else { "--qnn-lib" };
@@ -202,7 +206,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     if opts.host_only && opts.qnn_lib.is_some() {
         return Err(Error::Options("--qnn-lib: --host-only builds no NPU executables, so no QNN library is used".into()));
     }
-    let quant = opts.quant.unwrap_or_else(|| if npu_soc.is_some() { Quant::F16 } else { Quant::of_source(embed_dtype) });
+    let quant = opts.quant.unwrap_or_else(|| if crate::qnn::soc_of(&target.name).is_some() { Quant::F16 } else { Quant::of_source(embed_dtype) });
     if let (Some((soc, _)), false) = (npu_soc, quant == Quant::F16) {
         return Err(Error::Options(format!(
             "--quant {}: the NPU executables for '{soc}' hold fp16 weights in this version; use --quant f16, or --host-only to build the host stand-in with {} weights",
@@ -425,9 +429,9 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     }
     latency::record(&mut header, &target);
     latency::choose_row_buckets(&mut header, row_set_rows);
-    let npu = match npu_soc {
-        Some(soc) => Some(add_npu_executables(&mut header, &mut w, &ckpt, segments, &ids, soc, opts, window_bytes)?),
-        None => None,
+    let npu = match (npu_soc, &qnn_library) {
+        (Some(soc), Some(lib)) => Some(add_npu_executables(&mut header, &mut w, &ckpt, segments, &ids, soc, lib, window_bytes)?),
+        _ => None,
     };
     let n_graphs = header.graphs.len();
     let bytes = w.finish(header)?;
@@ -444,7 +448,7 @@ fn add_npu_executables(
     segments: &[(String, Vec<Planned>)],
     ids: &[Vec<TensorId>],
     soc: (&str, u32),
-    opts: &CompileOptions,
+    lib: &std::sync::Arc<llada_qnn::QnnLibrary>,
     window_bytes: u64,
 ) -> Result<(String, usize, u64, f64)> {
     let planned: HashMap<TensorId, &Planned> = ids.iter().flatten().copied().zip(segments.iter().flat_map(|(_, p)| p.iter())).collect();
@@ -459,7 +463,7 @@ fn add_npu_executables(
         }
         Ok(out)
     };
-    let mut lowered = crate::qnn::lower(header, &weights, soc, opts.qnn_lib.as_deref(), window_bytes)?;
+    let mut lowered = crate::qnn::lower(header, &weights, soc, lib, window_bytes)?;
     let mut bytes = 0;
     for (i, (context, binary)) in lowered.section.contexts.iter_mut().zip(&lowered.binaries).enumerate() {
         context.segment = w.add_raw_segment(&format!("npu.context.{i}"), binary)?;

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use half::f16;
 use llada_ir::npu::{NpuContext, NpuDType, NpuGraph, NpuSection, NpuTensor, Role, SECTION_VERSION, SOCS};
@@ -32,6 +33,14 @@ pub struct Lowered {
     pub seconds: f64,
 }
 
+/// The QNN library, opened before any work so a machine without it learns so at once.
+pub fn open_library(target: &str, dir: Option<&Path>) -> Result<Arc<QnnLibrary>> {
+    QnnLibrary::open(dir).map_err(|e| match e {
+        llada_qnn::Error::Missing(m) => Error::Options(format!("--target {target} builds NPU executables, which needs Qualcomm's QNN library: {m}; or add --host-only to build the host stand-in without it")),
+        other => qnn_err(other),
+    })
+}
+
 fn qnn_err(e: llada_qnn::Error) -> Error {
     match e {
         llada_qnn::Error::Missing(m) => Error::Options(format!("--target with an NPU: {m}")),
@@ -40,12 +49,11 @@ fn qnn_err(e: llada_qnn::Error) -> Error {
 }
 
 /// Lowers every graph of `h` for `soc`. `weights` gives a tensor's values as f32.
-pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, soc: (&str, u32), lib_dir: Option<&Path>, window_bytes: u64) -> Result<Lowered> {
+pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, soc: (&str, u32), lib: &Arc<QnnLibrary>, window_bytes: u64) -> Result<Lowered> {
     if h.model.moe.is_some() {
         return Err(Error::Options(format!("--target {}: LLaDA-MoE has no NPU lowering (its experts run on the CPU path); compile it for the host or a GPU target", soc.0)));
     }
     let start = std::time::Instant::now();
-    let lib = QnnLibrary::open(lib_dir).map_err(qnn_err)?;
     let backend = lib.backend().map_err(qnn_err)?;
     let device = Device::new(&backend, soc.1).map_err(qnn_err)?;
     // Contexts: graphs in plan order, a new context when the next graph's weights would take

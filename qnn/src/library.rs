@@ -50,7 +50,7 @@ impl QnnLibrary {
         // SAFETY: loading runs the library's initialisers; libQnnHtp's are Qualcomm's and
         // touch nothing of ours. Its symbols are looked up by name with the types declared in
         // `abi`, pinned to the 2.51 library by its tests.
-        let library = with_stdout_on_stderr(|| unsafe { libloading::Library::new(&path) }).map_err(|e| Error::Missing(format!("{}: cannot be loaded: {e}", path.display())))?;
+        let library = with_stdout_discarded(|| unsafe { libloading::Library::new(&path) }).map_err(|e| Error::Missing(format!("{}: cannot be loaded: {e}", path.display())))?;
         let get_providers: libloading::Symbol<abi::GetProviders> =
             unsafe { library.get(b"QnnInterface_getProviders\0") }.map_err(|e| Error::Missing(format!("{}: not a QNN backend library: {e}", path.display())))?;
         let mut list: *const *const Interface = std::ptr::null();
@@ -124,7 +124,7 @@ impl QnnLibrary {
         let mut b = Backend { lib: self.clone(), log, backend: std::ptr::null_mut() };
         let mut backend: BackendHandle = std::ptr::null_mut();
         // SAFETY: no configs (a null list); `backend` is valid for a write.
-        check("backendCreate", None, with_stdout_on_stderr(|| unsafe { backend_create(log, std::ptr::null(), &mut backend) }))?;
+        check("backendCreate", None, with_stdout_discarded(|| unsafe { backend_create(log, std::ptr::null(), &mut backend) }))?;
         b.backend = backend;
         Ok(Arc::new(b))
     }
@@ -178,14 +178,33 @@ impl Drop for Backend {
 /// own (" # LIBNATIVE: ...") through C's stdout, which would land in the middle of a
 /// command's output (`--json`); its buffered C stdio is flushed before stdout is restored.
 pub(crate) fn with_stdout_on_stderr<T>(f: impl FnOnce() -> T) -> T {
+    with_stdout_to(2, f)
+}
+
+/// Runs `f` with the process's stdout discarded: libQnnHtp's greeting on loading
+/// (" # LIBNATIVE: No alternate configuration ...") says nothing a user can act on, and
+/// would make a one-line error two.
+pub(crate) fn with_stdout_discarded<T>(f: impl FnOnce() -> T) -> T {
+    // SAFETY: opens /dev/null read-write; closed below.
+    let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_WRONLY) };
+    if null < 0 {
+        return with_stdout_on_stderr(f);
+    }
+    let result = with_stdout_to(null, f);
+    // SAFETY: our own descriptor, closed once.
+    unsafe { libc::close(null) };
+    result
+}
+
+fn with_stdout_to<T>(fd: i32, f: impl FnOnce() -> T) -> T {
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    // SAFETY: dup, dup2, fflush and close on the process's own standard descriptors, which
-    // stay open; stdout is restored before returning (briefly, another thread's print to
-    // stdout would go to stderr instead, nothing worse).
+    // SAFETY: dup, dup2, fflush and close on the process's own standard descriptors (and
+    // `fd`, open for the call), which stay open; stdout is restored before returning
+    // (briefly, another thread's print to stdout would go to `fd` instead, nothing worse).
     unsafe {
         let saved = libc::dup(1);
-        if saved < 0 || libc::dup2(2, 1) < 0 {
+        if saved < 0 || libc::dup2(fd, 1) < 0 {
             if saved >= 0 {
                 libc::close(saved);
             }

@@ -158,13 +158,13 @@ impl Error {
 
 pub type Result<T> = std::result::Result<T, Error>;
 
-/// A QNN failure: a missing library is the user's to fix (exit 2, with how to get it); a
-/// failed call is the device's.
+/// A QNN failure: a missing library is the user's to fix, named as `--backend qnn` (status 2,
+/// with how to get it); a failed call is the device's.
 #[cfg(all(feature = "qnn", not(target_env = "musl")))]
 impl From<llada_qnn::Error> for Error {
     fn from(e: llada_qnn::Error) -> Error {
         match e {
-            llada_qnn::Error::Missing(m) => Error::Request(m),
+            llada_qnn::Error::Missing(m) => Error::setting(Setting::Backend, format!("qnn: {m}")),
             other => Error::Device(other.to_string()),
         }
     }

@@ -30,3 +30,269 @@ fn the_pinned_library_reports_its_versions_and_keeps_stdout_json() {
     assert_eq!(v["backend_api"], "5.51.0");
     assert!(v["build_id"].as_str().unwrap().starts_with("v2.51.0"), "{v}");
 }
+
+// ---- The NPU backend end to end (on QNN's x86-64 simulator, through `LLADA_QNN_LIB`). ----
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use llada_ir::format::Preamble;
+use llada_ir::npu::NpuSection;
+use llada_ir::Header;
+use llada_rt::executor::BackendKind;
+use llada_rt::kernels::cpu;
+use llada_rt::params::{Policy, Revision};
+use llada_rt::session::ExpertOptions;
+use llada_rt::staging::StagingMode;
+use llada_rt::text::Text;
+use llada_rt::trace::Trace;
+use llada_rt::{generate, Generation, Model, SamplerParams, Session};
+
+const NEEDS_QNN: &str = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)";
+
+fn lib() -> String {
+    std::env::var("LLADA_QNN_LIB").expect("set LLADA_QNN_LIB to tools/qnn/fetch.sh's folder")
+}
+
+/// `model` compiled for `target` into `out` by the `lladac` command.
+fn lladac(model: &Path, target: &str, out: &Path, extra: &[&str]) {
+    let mut args = vec!["compile", "--model", model.to_str().unwrap(), "--target", target, "-o", out.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let o = Command::new(common::bin("lladac")).args(&args).env("LLADA_QNN_LIB", lib()).output().unwrap();
+    assert!(o.status.success(), "lladac {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+}
+
+fn embedded_model() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/llada-tiny-tasks")
+}
+
+/// The embedded model for SM8650, 128 positions (the chat prompt and 32 tokens).
+fn embedded_npu(dir: &Path) -> PathBuf {
+    let out = dir.join("embedded-sm8650.lad");
+    lladac(&embedded_model(), "sm8650", &out, &["--max-seq", "160"]);
+    out
+}
+
+fn session(model: &Model, backend: BackendKind) -> Session<'_> {
+    Session::with_backend(model, backend, 2, cpu::features(), StagingMode::Async, ExpertOptions::default()).unwrap()
+}
+
+fn prompt(model: &Model) -> Vec<u32> {
+    let text = Text::new(&model.header.tokenizer, &model.header.special).unwrap();
+    text.encode_chat("FILL:0022001000121700300003040240606040000020037096000250158001600037=").unwrap()
+}
+
+fn header(file: &[u8]) -> Header {
+    let p = Preamble::decode(file).unwrap();
+    postcard::from_bytes(&file[p.header_offset as usize..]).unwrap()
+}
+
+/// `file` with its header changed by `edit` and both checksums recomputed.
+fn reseal(file: &[u8], edit: impl FnOnce(&mut Header)) -> Vec<u8> {
+    let p = Preamble::decode(file).unwrap();
+    let mut h = header(file);
+    edit(&mut h);
+    let bytes = postcard::to_allocvec(&h).unwrap();
+    let p = Preamble { header_len: bytes.len() as u64, header_crc32: crc32fast::hash(&bytes), ..p };
+    let mut out = file[..p.header_offset as usize].to_vec();
+    out[..p.encode().len()].copy_from_slice(&p.encode());
+    out.extend_from_slice(&bytes);
+    out
+}
+
+fn edit_section(h: &mut Header, edit: impl FnOnce(&mut NpuSection)) {
+    let mut s = NpuSection::of(h).unwrap().unwrap();
+    edit(&mut s);
+    h.extensions.iter_mut().find(|e| e.key == llada_ir::npu::EXTENSION_KEY).unwrap().bytes = s.encode();
+}
+
+/// `llada-rt run --backend qnn` on `art`: its output.
+fn run_qnn(art: &Path, env_lib: bool) -> std::process::Output {
+    let mut c = Command::new(common::bin("llada-rt"));
+    c.args(["run", art.to_str().unwrap(), "--backend", "qnn", "-p", "FILL:1=", "--gen-len", "32", "--steps", "4"]);
+    if env_lib {
+        c.env("LLADA_QNN_LIB", lib());
+    } else {
+        c.env_remove("LLADA_QNN_LIB");
+    }
+    c.output().unwrap()
+}
+
+#[test]
+#[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
+fn one_model_compiles_for_every_snapdragon_and_inspect_lists_its_contexts() {
+    let _ = NEEDS_QNN;
+    let dir = tempfile::tempdir().unwrap();
+    let mut binaries = Vec::new();
+    for (soc, id) in [("sm8550", 43), ("sm8650", 57), ("sm8750", 69), ("sm8850", 87)] {
+        let out = dir.path().join(format!("{soc}.lad"));
+        lladac(&embedded_model(), soc, &out, &["--max-seq", "64"]);
+        let o = common::run("lladac", &["inspect", out.to_str().unwrap(), "--json"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let npu = &v["npu"];
+        assert_eq!((npu["soc"].as_str(), npu["soc_id"].as_u64()), (Some(soc), Some(id)), "{npu}");
+        let contexts = npu["contexts"].as_array().unwrap();
+        assert!(!contexts.is_empty());
+        let graphs: usize = contexts.iter().map(|c| c["graphs"].as_array().unwrap().len()).sum();
+        assert_eq!(graphs, v["graphs"].as_array().unwrap().len(), "every planned graph has an executable");
+        for c in contexts {
+            assert_eq!(c["soc"].as_str(), Some(soc));
+            assert!(c["bytes"].as_u64().unwrap() > 0);
+        }
+        let text = common::run("lladac", &["inspect", out.to_str().unwrap()]);
+        assert!(String::from_utf8_lossy(&text.stdout).contains(&format!("NPU executables: QNN HTP for {soc}")));
+        let file = std::fs::read(&out).unwrap();
+        let h = header(&file);
+        let seg = &h.segments[NpuSection::of(&h).unwrap().unwrap().contexts[0].segment as usize];
+        binaries.push(file[4096 + seg.offset as usize..][..seg.nbytes as usize].to_vec());
+    }
+    // Four SoCs, four different preparations of the same graphs.
+    for i in 0..binaries.len() {
+        for j in i + 1..binaries.len() {
+            assert_ne!(binaries[i], binaries[j], "the binaries for two SoCs are identical");
+        }
+    }
+}
+
+/// Every policy on the NPU, twice: the same tokens both times, and (on this trained model,
+/// whose margins are far above fp16's error) the host's tokens.
+#[test]
+#[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
+fn every_policy_runs_on_the_npu_deterministically_with_the_hosts_tokens() {
+    let _ = lib();
+    let dir = tempfile::tempdir().unwrap();
+    let art = embedded_npu(dir.path());
+    let model = Model::open(&art, true).unwrap();
+    let p0 = prompt(&model);
+    for policy in [Policy::Exact, Policy::Prefix, Policy::Dual, Policy::Spec, Policy::Mbsd] {
+        let p = SamplerParams { gen_length: 32, block_length: 16, steps: 16, policy, ..Default::default() };
+        let npu = generate(&mut session(&model, BackendKind::Qnn), &p0, &p, &mut |_| {}).unwrap();
+        let again = generate(&mut session(&model, BackendKind::Qnn), &p0, &p, &mut |_| {}).unwrap();
+        assert_eq!((&npu.output_ids, &npu.reveals), (&again.output_ids, &again.reveals), "{policy:?} changed between runs on the NPU");
+        let host = generate(&mut session(&model, BackendKind::Host), &p0, &p, &mut |_| {}).unwrap();
+        let same = npu.output_ids.iter().zip(&host.output_ids).filter(|(a, b)| a == b).count();
+        eprintln!("{policy:?}: {same}/{} tokens as the host's, {} passes", host.output_ids.len(), npu.forward_passes);
+        assert_eq!(npu.output_ids, host.output_ids, "{policy:?}: the NPU's tokens differ from the host's");
+    }
+}
+
+#[test]
+#[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
+fn mbsd_with_revision_on_the_npu_is_deterministic_with_the_side_path_during_dense_passes() {
+    let _ = lib();
+    let dir = tempfile::tempdir().unwrap();
+    let art = embedded_npu(dir.path());
+    let model = Model::open(&art, true).unwrap();
+    // Hot sampling and low thresholds make checks disagree, so revisions happen.
+    let p = SamplerParams { gen_length: 32, block_length: 16, steps: 32, policy: Policy::Mbsd, revision: Revision::DualPath, temperature: 1.5, seed: 2, revise_confidence: 0.0, stable_checks: 3, stable_confidence: 1.0, ..Default::default() };
+    let run = |trace: Option<Arc<Trace>>| -> Generation {
+        let mut s = session(&model, BackendKind::Qnn);
+        if let Some(t) = trace {
+            s.set_trace(t);
+        }
+        generate(&mut s, &prompt(&model), &p, &mut |_| {}).unwrap()
+    };
+    let trace = Arc::new(Trace::default());
+    let first = run(Some(trace.clone()));
+    let m = first.mbsd.clone().expect("an mbsd report");
+    assert!(m.side.side_passes > 0 && m.side.checks > 0, "{m:?}");
+    let again = run(None);
+    assert_eq!((&again.output_ids, &again.reveals, &again.revisions), (&first.output_ids, &first.reveals, &first.revisions), "mbsd on the NPU changed between runs");
+    let json = trace.to_json();
+    let spans = |track: u64| -> Vec<(f64, f64)> {
+        json["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X" && e["tid"].as_u64() == Some(track)).map(|e| (e["ts"].as_f64().unwrap(), e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap())).collect()
+    };
+    let (side, dense) = (spans(3), spans(1));
+    let during = side.iter().filter(|x| dense.iter().any(|y| x.0 < y.1 && y.0 < x.1)).count();
+    eprintln!("{during} of {} side-path checks ran during a dense pass ({} revisions)", side.len(), m.side.revisions);
+    assert!(during > 0, "no side-path span overlapped a dense pass");
+}
+
+/// An AOT backend runs graph ids: the artifact's op lists can be emptied and it still runs
+/// (the host backend, which interprets them, then computes nothing of the network).
+#[test]
+#[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
+fn the_npu_backend_never_reads_the_op_list() {
+    let _ = lib();
+    let dir = tempfile::tempdir().unwrap();
+    let art = embedded_npu(dir.path());
+    let model = Model::open(&art, true).unwrap();
+    let p = SamplerParams { gen_length: 32, block_length: 32, steps: 8, ..Default::default() };
+    let want = generate(&mut session(&model, BackendKind::Qnn), &prompt(&model), &p, &mut |_| {}).unwrap();
+    // Every op after the embedding (and the rotary op whose tables the host gathers) removed
+    // from the header the session sees: the executables alone compute the pass.
+    let mut stripped = model.share();
+    let mut h = (*stripped.header).clone();
+    for g in &mut h.graphs {
+        g.ops.retain(|o| matches!(o, llada_ir::Op::Embed { .. } | llada_ir::Op::Rope { .. }));
+        g.staging.clear();
+    }
+    stripped.header = Arc::new(h);
+    let got = generate(&mut session(&stripped, BackendKind::Qnn), &prompt(&model), &p, &mut |_| {}).unwrap();
+    assert_eq!(got.output_ids, want.output_ids);
+}
+
+#[test]
+#[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
+fn bad_npu_inputs_are_one_clear_error_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = embedded_model();
+    let (a, b) = (dir.path().join("sm8650.lad"), dir.path().join("sm8550.lad"));
+    lladac(&model, "sm8650", &a, &["--max-seq", "64"]);
+    lladac(&model, "sm8550", &b, &["--max-seq", "64"]);
+    let good = std::fs::read(&a).unwrap();
+    let write = |name: &str, bytes: &[u8]| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        p
+    };
+    // A missing library: how to get it, status 2.
+    let out = run_qnn(&a, false);
+    common::assert_clean_failure(&out, &["libQnnHtp.so", "tools/qnn/fetch.sh"]);
+    assert_eq!(out.status.code(), Some(2));
+    // An artifact without executables.
+    let host = dir.path().join("host.lad");
+    lladac(&model, "host", &host, &["--max-seq", "64"]);
+    common::assert_clean_failure(&run_qnn(&host, true), &["no NPU executables", "--target sm8650"]);
+    // A binary for another SoC than the artifact (and so the device) says: SM8550's binary
+    // under an SM8650 record.
+    let other = reseal(&std::fs::read(&b).unwrap(), |h| edit_section(h, |s| (s.soc, s.soc_id) = ("sm8650".into(), 57)));
+    common::assert_clean_failure(&run_qnn(&write("other-soc.lad", &other), true), &["npu.context.0", "prepared for sm8550 (socModel 43)", "sm8650"]);
+    // A corrupted binary: its checksum, at load.
+    let h = header(&good);
+    let seg = &h.segments[NpuSection::of(&h).unwrap().unwrap().contexts[0].segment as usize];
+    let mut bad = good.clone();
+    bad[4096 + seg.offset as usize + seg.nbytes as usize / 2] ^= 0x40;
+    common::assert_clean_failure(&run_qnn(&write("corrupt.lad", &bad), true), &["NPU context binary 'npu.context.0'"]);
+    // An I/O table that disagrees with the binary (a tensor id), and one that disagrees with
+    // the plan (a shape): the runtime's check and the verifier's.
+    let ids = reseal(&good, |h| edit_section(h, |s| s.contexts[0].graphs[0].inputs[3].id += 1000));
+    common::assert_clean_failure(&run_qnn(&write("ids.lad", &ids), true), &["input 'mask'", "in the artifact's I/O table, but the binary has"]);
+    let shape = reseal(&good, |h| edit_section(h, |s| s.contexts[0].graphs[0].outputs[0].dims[1] += 1));
+    common::assert_clean_failure(&run_qnn(&write("shape.lad", &shape), true), &["npu.qnn", "outputs 'logits'", "needs Logits"]);
+}
+
+#[test]
+fn an_npu_target_without_the_library_says_how_to_get_it_or_build_the_stand_in() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("m.lad");
+    let o = Command::new(common::bin("lladac"))
+        .args(["compile", "--model", embedded_model().to_str().unwrap(), "--target", "sm8650", "--max-seq", "64", "-o", out.to_str().unwrap()])
+        .env_remove("LLADA_QNN_LIB")
+        .output()
+        .unwrap();
+    common::assert_clean_failure(&o, &["libQnnHtp.so", "tools/qnn/fetch.sh"]);
+    assert!(!out.exists());
+    let o = Command::new(common::bin("lladac"))
+        .args(["compile", "--model", embedded_model().to_str().unwrap(), "--target", "sm8650", "--max-seq", "64", "--host-only", "-o", out.to_str().unwrap()])
+        .env_remove("LLADA_QNN_LIB")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&common::run("lladac", &["inspect", out.to_str().unwrap(), "--json"]).stdout).unwrap();
+    assert!(v["npu"].is_null());
+    // --host-only where there is nothing to skip is refused by name.
+    let o = Command::new(common::bin("lladac")).args(["compile", "--model", embedded_model().to_str().unwrap(), "--host-only", "-o", out.to_str().unwrap()]).output().unwrap();
+    common::assert_clean_failure(&o, &["--host-only", "target 'host'"]);
+}
