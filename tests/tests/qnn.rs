@@ -296,3 +296,23 @@ fn an_npu_target_without_the_library_says_how_to_get_it_or_build_the_stand_in() 
     let o = Command::new(common::bin("lladac")).args(["compile", "--model", embedded_model().to_str().unwrap(), "--host-only", "-o", out.to_str().unwrap()]).output().unwrap();
     common::assert_clean_failure(&o, &["--host-only", "target 'host'"]);
 }
+
+/// Dream on the NPU (q/k/v biases, the shifted logits): the trained tiny Dream answers a
+/// held-out task as on the host.
+#[test]
+#[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
+fn the_trained_dream_answers_on_the_npu_as_on_the_host() {
+    let _ = lib();
+    let dir = tempfile::tempdir().unwrap();
+    let art = dir.path().join("dream-sm8650.lad");
+    lladac(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/dream-tiny-tasks"), "sm8650", &art, &["--max-seq", "192"]);
+    let model = Model::open(&art, true).unwrap();
+    assert!(model.is_dream());
+    let text = Text::new(&model.header.tokenizer, &model.header.special).unwrap();
+    let ids = text.encode_chat("FILL:8760330202380988009055401800690570160003300000000008000000130502=").unwrap();
+    let p = SamplerParams { gen_length: 64, block_length: 64, steps: 32, ..Default::default() };
+    let npu = generate(&mut session(&model, BackendKind::Qnn), &ids, &p, &mut |_| {}).unwrap();
+    let host = generate(&mut session(&model, BackendKind::Host), &ids, &p, &mut |_| {}).unwrap();
+    assert_eq!(npu.output_ids, host.output_ids, "Dream's tokens differ on the NPU");
+    assert!(text.decode(&npu.output_ids, true).starts_with("8766333222388988889955441888699577166663333333333338888888133552"), "{:?}", text.decode(&npu.output_ids, true));
+}

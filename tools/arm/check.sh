@@ -133,7 +133,7 @@ sc="$(rustc --print sysroot)/lib/rustlib/$target/lib/self-contained"
 aarch64-linux-gnu-gcc -O2 -Wall -Werror -Icapi/include -c capi/examples/generate.c -o "$work/generate.o"
 aarch64-linux-gnu-gcc -static -nostdlib -nostartfiles "$sc/crt1.o" "$sc/crti.o" "$sc/crtbegin.o" "$work/generate.o" \
   "target/$target/phone/libllada.a" "$sc/libunwind.a" "$sc/libc.a" -lgcc "$sc/crtend.o" "$sc/crtn.o" -o "$work/generate"
-./target/release/lladac compile --model models/llada-tiny-tasks --target sm8650 --quant q4 -o "$work/tiny-sm8650.lad" >/dev/null
+./target/release/lladac compile --model models/llada-tiny-tasks --target sm8650 --host-only --quant q4 -o "$work/tiny-sm8650.lad" >/dev/null
 readme_prompt="FILL:3000705000000920000040015000608000070060300000004000000800900010="
 ./target/release/llada-rt run "$work/tiny-sm8650.lad" --chat -p "$readme_prompt" --gen-len 64 --steps 64 >"$work/x86-answer.txt" 2>/dev/null
 c_example() {
