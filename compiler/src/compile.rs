@@ -430,7 +430,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     latency::record(&mut header, &target);
     latency::choose_row_buckets(&mut header, row_set_rows);
     let npu = match (npu_soc, &qnn_library) {
-        (Some(soc), Some(lib)) => Some(add_npu_executables(&mut header, &mut w, &ckpt, segments, &ids, soc, lib, window_bytes)?),
+        (Some(soc), Some(lib)) => Some(add_npu_executables(&mut header, &mut w, &ckpt, segments, &ids, soc, lib, window_bytes, &mut warnings)?),
         _ => None,
     };
     let n_graphs = header.graphs.len();
@@ -450,6 +450,7 @@ fn add_npu_executables(
     soc: (&str, u32),
     lib: &std::sync::Arc<llada_qnn::QnnLibrary>,
     window_bytes: u64,
+    warnings: &mut Vec<String>,
 ) -> Result<(String, usize, u64, f64)> {
     let planned: HashMap<TensorId, &Planned> = ids.iter().flatten().copied().zip(segments.iter().flat_map(|(_, p)| p.iter())).collect();
     let weights = |t: TensorId| -> Result<Vec<f32>> {
@@ -464,6 +465,7 @@ fn add_npu_executables(
         Ok(out)
     };
     let mut lowered = crate::qnn::lower(header, &weights, soc, lib, window_bytes)?;
+    warnings.append(&mut lowered.warnings);
     let mut bytes = 0;
     for (i, (context, binary)) in lowered.section.contexts.iter_mut().zip(&lowered.binaries).enumerate() {
         context.segment = w.add_raw_segment(&format!("npu.context.{i}"), binary)?;

@@ -31,6 +31,8 @@ pub struct Lowered {
     pub binaries: Vec<Vec<u8>>,
     /// Seconds spent building and finalizing.
     pub seconds: f64,
+    /// What a phone would not accept (a context larger than the NPU's window).
+    pub warnings: Vec<String>,
 }
 
 /// The QNN library, opened before any work so a machine without it learns so at once.
@@ -72,6 +74,7 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, soc: (&
     }
     let mut contexts = Vec::new();
     let mut binaries = Vec::new();
+    let mut warnings = Vec::new();
     for group in groups {
         let ctx = Context::create(&device).map_err(qnn_err)?;
         let mut graphs = Vec::new();
@@ -79,13 +82,21 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, soc: (&
             graphs.push(lower_graph(h, gi, &ctx, weights)?);
         }
         let binary = ctx.binary().map_err(qnn_err)?;
+        if binary.len() as u64 > window_bytes {
+            // One graph holds the whole network: it cannot be split further here.
+            warnings.push(format!(
+                "NPU context {} is {} bytes, more than the target's {window_bytes}-byte NPU window: a phone cannot map it (the simulator can); splitting a model's layers across contexts is not built yet",
+                contexts.len(),
+                binary.len()
+            ));
+        }
         contexts.push(NpuContext { segment: u32::MAX, crc32: crc32fast::hash(&binary), graphs });
         binaries.push(binary);
     }
     let section = NpuSection { version: SECTION_VERSION, soc: soc.0.to_string(), soc_id: soc.1, qnn_build: lib.build_id.clone(), contexts };
     drop(device);
     drop(backend);
-    Ok(Lowered { section, binaries, seconds: start.elapsed().as_secs_f64() })
+    Ok(Lowered { section, binaries, seconds: start.elapsed().as_secs_f64(), warnings })
 }
 
 /// fp16 bytes of the weights a graph's ops read.
