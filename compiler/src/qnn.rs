@@ -85,7 +85,7 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, soc: (&
         if binary.len() as u64 > window_bytes {
             // One graph holds the whole network: it cannot be split further here.
             warnings.push(format!(
-                "NPU context {} is {} bytes, more than the target's {window_bytes}-byte NPU window: a phone cannot map it (the simulator can); splitting a model's layers across contexts is not built yet",
+                "NPU context {} is {} bytes, more than the target's {window_bytes}-byte NPU window: a phone cannot map it, and QNN's simulator refuses a second context past its process domain; splitting a model's layers across contexts is not built yet",
                 contexts.len(),
                 binary.len()
             ));
