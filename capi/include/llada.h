@@ -116,9 +116,9 @@ typedef enum llada_backend {
   // A Vulkan device (the phone's GPU), found when the session is made; where there is none
   // `llada_session_new_on` fails with `LLADA_STATUS_INVALID_ARGUMENT` naming `backend`.
   LLADA_BACKEND_VULKAN = 1,
-  // Qualcomm's HTP (the phone's NPU) through the QNN library in LLADA_QNN_LIB, running the
-  // executables of an artifact compiled for a Snapdragon target; without them, or without
-  // the library, `llada_session_new_on` fails naming `backend`.
+  // Qualcomm's HTP (the phone's NPU) through the QNN library in `LLADA_QNN_LIB`, running
+  // the executables of an artifact compiled for a Snapdragon target; without the library
+  // `llada_session_new_on` fails with `LLADA_STATUS_INVALID_ARGUMENT` naming `backend`.
   LLADA_BACKEND_QNN = 2,
 } llada_backend;
 

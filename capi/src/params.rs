@@ -278,8 +278,9 @@ pub enum Backend {
     /// A Vulkan device (the phone's GPU), found when the session is made; where there is none
     /// `llada_session_new_on` fails with `LLADA_STATUS_INVALID_ARGUMENT` naming `backend`.
     Vulkan = 1,
-    /// Qualcomm's HTP through the QNN library in `LLADA_QNN_LIB`, running the artifact's NPU
-    /// executables.
+    /// Qualcomm's HTP (the phone's NPU) through the QNN library in `LLADA_QNN_LIB`, running
+    /// the executables of an artifact compiled for a Snapdragon target; without the library
+    /// `llada_session_new_on` fails with `LLADA_STATUS_INVALID_ARGUMENT` naming `backend`.
     Qnn = 2,
 }
 
