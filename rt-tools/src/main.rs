@@ -816,15 +816,22 @@ fn run(cli: Cli, matches: &ArgMatches) -> Done {
             } else {
                 let b = session.backend();
                 let op_times = if b.device_timestamps { "op times from device timestamps" } else { "op times from the host clock" };
-                let cpu_note = if b.runs_on_cpu && b.backend != "host" { "; a CPU implementation: these are CPU figures, not a GPU's" } else { "" };
+                let cpu_note = if b.runs_on_cpu && b.backend != "host" { "; it runs on this CPU (a CPU implementation or a simulator): these are CPU figures, not the device's" } else { "" };
                 outln!("backend {}: {} ({op_times}{cpu_note})", b.backend, b.device)?;
                 outln!("{} on {} thread(s); roofline: f32 {:.0} / bf16 {:.0} GFLOP/s, int8 {:.0} GOP/s, read {:.1} GB/s", file.display(), threads,
                     roof.f32_flops.all_threads / 1e9, roof.bf16_flops.all_threads / 1e9, roof.int8_ops.all_threads / 1e9, roof.read_bytes.all_threads / 1e9)?;
                 for p in &passes {
-                    outln!("\nrows {} (graph {}, {} logit rows): {:.4} s, roofline bound {:.4} s, ratio {:.2}", p.rows, p.graph, p.head_rows, p.seconds, p.bound_seconds, p.ratio)?;
+                    if p.by_op.is_empty() {
+                        // An ahead-of-time backend: one executable a pass, no op of ours timed.
+                        outln!("\nrows {} (graph {}, {} logit rows): {:.4} s (one executable; no roofline bound without op times)", p.rows, p.graph, p.head_rows, p.seconds)?;
+                    } else {
+                        outln!("\nrows {} (graph {}, {} logit rows): {:.4} s, roofline bound {:.4} s, ratio {:.2}", p.rows, p.graph, p.head_rows, p.seconds, p.bound_seconds, p.ratio)?;
+                    }
                     outln!("  staging ({}): {:.1} MiB staged, {:.4} s stalled, overlap {:.2}", staging, p.staged_bytes as f64 / (1u64 << 20) as f64, p.stall_seconds, p.overlap)?;
                     let ops: Vec<String> = p.by_op.iter().map(|(k, v)| format!("{k} {:.4}", v)).collect();
-                    outln!("  by op (s): {}", ops.join(", "))?;
+                    if !ops.is_empty() {
+                        outln!("  by op (s): {}", ops.join(", "))?;
+                    }
                     for g in &p.gemms {
                         outln!("  {:<12} {:>6} x {:>5} x {:>6} (x{:>2}) {:>9.5} s  {:>7.1} GFLOP/s {:>6.1} GB/s  bound {:>9.5} s  ratio {:.2}",
                             g.format, g.rows, g.k, g.n, g.count, g.seconds, g.flops_per_second / 1e9, g.bytes_per_second / 1e9, g.bound_seconds, g.ratio)?;
