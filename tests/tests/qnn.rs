@@ -316,3 +316,36 @@ fn the_trained_dream_answers_on_the_npu_as_on_the_host() {
     assert_eq!(npu.output_ids, host.output_ids, "Dream's tokens differ on the NPU");
     assert!(text.decode(&npu.output_ids, true).starts_with("8766333222388988889955441888699577166663333333333338888888133552"), "{:?}", text.decode(&npu.output_ids, true));
 }
+
+/// Grouped-query attention (4 query heads over 2 KV heads: each KV head's query heads folded
+/// into rows) and a random checkpoint's first-pass logits: the NPU's fp16 against the host.
+#[test]
+#[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
+fn grouped_query_attention_gives_the_hosts_logits_to_fp16_precision() {
+    let _ = lib();
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    common::checkpoint(&ckpt, llada_tools::checkpoint::Shape::tiny(), llada_tools::checkpoint::WeightType::F32, u64::MAX, 0.1);
+    let art = dir.path().join("gqa.lad");
+    lladac(&ckpt, "sm8650", &art, &["--max-seq", "64"]);
+    let model = Model::open(&art, true).unwrap();
+    assert!(model.header.model.n_kv_heads < model.header.model.n_heads);
+    let seq: Vec<u32> = (0..40u32).map(|i| if i < 24 { (i * 7) % 300 } else { model.header.special.mask }).collect();
+    let head: Vec<u32> = (0..seq.len() as u32).collect();
+    let host = session(&model, BackendKind::Host).forward_full(&seq, &head).unwrap().to_vec();
+    let npu = session(&model, BackendKind::Qnn).forward_full(&seq, &head).unwrap().to_vec();
+    let err = common::relative_error(&npu, &host);
+    eprintln!("first-pass logits, NPU against host: {err:.2e} relative");
+    assert!(err < 2e-2, "relative error {err}");
+    // A pass over part of the rows, reading the rest from the cache the first pass filled.
+    let part: Vec<u32> = (24..40).collect();
+    let host = session(&model, BackendKind::Host);
+    let (mut host, mut npu) = (host, session(&model, BackendKind::Qnn));
+    host.forward_full(&seq, &head).unwrap();
+    npu.forward_full(&seq, &head).unwrap();
+    let h = host.forward_span(&seq, 24..40, &part).unwrap().to_vec();
+    let n = npu.forward_span(&seq, 24..40, &part).unwrap().to_vec();
+    let err = common::relative_error(&n, &h);
+    eprintln!("a span pass over the cache, NPU against host: {err:.2e} relative");
+    assert!(err < 2e-2, "relative error {err}");
+}
