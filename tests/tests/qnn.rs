@@ -36,7 +36,6 @@ fn the_pinned_library_reports_its_versions_and_keeps_stdout_json() {
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use llada_ir::format::Preamble;
 use llada_ir::npu::NpuSection;
 use llada_ir::Header;
 use llada_rt::executor::BackendKind;
@@ -82,24 +81,6 @@ fn prompt(model: &Model) -> Vec<u32> {
     text.encode_chat("FILL:0022001000121700300003040240606040000020037096000250158001600037=").unwrap()
 }
 
-fn header(file: &[u8]) -> Header {
-    let p = Preamble::decode(file).unwrap();
-    postcard::from_bytes(&file[p.header_offset as usize..]).unwrap()
-}
-
-/// `file` with its header changed by `edit` and both checksums recomputed.
-fn reseal(file: &[u8], edit: impl FnOnce(&mut Header)) -> Vec<u8> {
-    let p = Preamble::decode(file).unwrap();
-    let mut h = header(file);
-    edit(&mut h);
-    let bytes = postcard::to_allocvec(&h).unwrap();
-    let p = Preamble { header_len: bytes.len() as u64, header_crc32: crc32fast::hash(&bytes), ..p };
-    let mut out = file[..p.header_offset as usize].to_vec();
-    out[..p.encode().len()].copy_from_slice(&p.encode());
-    out.extend_from_slice(&bytes);
-    out
-}
-
 fn edit_section(h: &mut Header, edit: impl FnOnce(&mut NpuSection)) {
     let mut s = NpuSection::of(h).unwrap().unwrap();
     edit(&mut s);
@@ -143,7 +124,7 @@ fn one_model_compiles_for_every_snapdragon_and_inspect_lists_its_contexts() {
         let text = common::run("lladac", &["inspect", out.to_str().unwrap()]);
         assert!(String::from_utf8_lossy(&text.stdout).contains(&format!("NPU executables: QNN HTP for {soc}")));
         let file = std::fs::read(&out).unwrap();
-        let h = header(&file);
+        let h = common::stored_header(&file);
         let seg = &h.segments[NpuSection::of(&h).unwrap().unwrap().contexts[0].segment as usize];
         binaries.push(file[4096 + seg.offset as usize..][..seg.nbytes as usize].to_vec());
     }
@@ -199,12 +180,8 @@ fn mbsd_with_revision_on_the_npu_is_deterministic_with_the_side_path_during_dens
     assert!(m.side.side_passes > 0 && m.side.checks > 0, "{m:?}");
     let again = run(None);
     assert_eq!((&again.output_ids, &again.reveals, &again.revisions), (&first.output_ids, &first.reveals, &first.revisions), "mbsd on the NPU changed between runs");
-    let json = trace.to_json();
-    let spans = |track: u64| -> Vec<(f64, f64)> {
-        json["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X" && e["tid"].as_u64() == Some(track)).map(|e| (e["ts"].as_f64().unwrap(), e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap())).collect()
-    };
-    let (side, dense) = (spans(3), spans(1));
-    let during = side.iter().filter(|x| dense.iter().any(|y| x.0 < y.1 && y.0 < x.1)).count();
+    let (side, dense) = (common::spans(&trace, 3), common::spans(&trace, 1));
+    let during = common::overlapping(&side, &dense);
     eprintln!("{during} of {} side-path checks ran during a dense pass ({} revisions)", side.len(), m.side.revisions);
     assert!(during > 0, "no side-path span overlapped a dense pass");
 }
@@ -257,19 +234,19 @@ fn bad_npu_inputs_are_one_clear_error_each() {
     common::assert_clean_failure(&run_qnn(&host, true), &["no NPU executables", "--target sm8650"]);
     // A binary for another SoC than the artifact (and so the device) says: SM8550's binary
     // under an SM8650 record.
-    let other = reseal(&std::fs::read(&b).unwrap(), |h| edit_section(h, |s| (s.soc, s.soc_id) = ("sm8650".into(), 57)));
+    let other = common::reseal(&std::fs::read(&b).unwrap(), |h| edit_section(h, |s| (s.soc, s.soc_id) = ("sm8650".into(), 57)));
     common::assert_clean_failure(&run_qnn(&write("other-soc.lad", &other), true), &["npu.context.0", "prepared for sm8550 (socModel 43)", "sm8650"]);
     // A corrupted binary: its checksum, at load.
-    let h = header(&good);
+    let h = common::stored_header(&good);
     let seg = &h.segments[NpuSection::of(&h).unwrap().unwrap().contexts[0].segment as usize];
     let mut bad = good.clone();
     bad[4096 + seg.offset as usize + seg.nbytes as usize / 2] ^= 0x40;
     common::assert_clean_failure(&run_qnn(&write("corrupt.lad", &bad), true), &["NPU context binary 'npu.context.0'"]);
     // An I/O table that disagrees with the binary (a tensor id), and one that disagrees with
     // the plan (a shape): the runtime's check and the verifier's.
-    let ids = reseal(&good, |h| edit_section(h, |s| s.contexts[0].graphs[0].inputs[3].id += 1000));
+    let ids = common::reseal(&good, |h| edit_section(h, |s| s.contexts[0].graphs[0].inputs[3].id += 1000));
     common::assert_clean_failure(&run_qnn(&write("ids.lad", &ids), true), &["input 'mask'", "in the artifact's I/O table, but the binary has"]);
-    let shape = reseal(&good, |h| edit_section(h, |s| s.contexts[0].graphs[0].outputs[0].dims[1] += 1));
+    let shape = common::reseal(&good, |h| edit_section(h, |s| s.contexts[0].graphs[0].outputs[0].dims[1] += 1));
     common::assert_clean_failure(&run_qnn(&write("shape.lad", &shape), true), &["npu.qnn", "outputs 'logits'", "needs Logits"]);
 }
 

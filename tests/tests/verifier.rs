@@ -19,19 +19,6 @@ fn valid() -> Vec<u8> {
     std::fs::read(out).unwrap()
 }
 
-/// `file` with its header changed by `edit` and both checksums recomputed.
-fn reseal(file: &[u8], edit: impl FnOnce(&mut Header)) -> Vec<u8> {
-    let p = Preamble::decode(file).unwrap();
-    let mut h: Header = postcard::from_bytes(&file[p.header_offset as usize..]).unwrap();
-    edit(&mut h);
-    let header = postcard::to_allocvec(&h).unwrap();
-    let p = Preamble { header_len: header.len() as u64, header_crc32: crc32fast::hash(&header), ..p };
-    let mut out = file[..p.header_offset as usize].to_vec();
-    out[..p.encode().len()].copy_from_slice(&p.encode());
-    out.extend_from_slice(&header);
-    out
-}
-
 fn refused(file: &[u8], needles: &[&str]) {
     let err = match Artifact::parse(file) {
         Ok(_) => panic!("the crafted artifact verified; expected an error naming {needles:?}"),
@@ -50,10 +37,7 @@ fn op_index(h: &Header, g: usize, pick: impl Fn(&Op) -> bool) -> usize {
 fn every_rule_refuses_its_crafted_artifact() {
     let good = valid();
     Artifact::parse(&good).expect("the untouched artifact verifies");
-    let h0: Header = {
-        let p = Preamble::decode(&good).unwrap();
-        postcard::from_bytes(&good[p.header_offset as usize..]).unwrap()
-    };
+    let h0 = common::stored_header(&good);
     let attention = op_index(&h0, 0, |o| matches!(o, Op::Attention { .. }));
     let add = op_index(&h0, 0, |o| matches!(o, Op::Add { .. }));
     let rope = op_index(&h0, 0, |o| matches!(o, Op::Rope { .. }));
@@ -140,7 +124,7 @@ type Case = (&'static str, Box<dyn Fn(&mut Header)>, Vec<String>);
 fn all_refused(good: &[u8], cases: Vec<Case>) {
     let mut failures = Vec::new();
     for (name, edit, needles) in cases {
-        let crafted = reseal(good, edit);
+        let crafted = common::reseal(good, edit);
         let needles: Vec<&str> = needles.iter().map(String::as_str).collect();
         if let Err(e) = std::panic::catch_unwind(|| refused(&crafted, &needles)) {
             failures.push(format!("{name}: {}", e.downcast_ref::<String>().cloned().unwrap_or_default()));
@@ -167,10 +151,7 @@ fn valid_swapping() -> Vec<u8> {
 fn every_staging_rule_refuses_its_crafted_artifact() {
     let good = valid_swapping();
     Artifact::parse(&good).expect("the untouched swapping artifact verifies");
-    let h0: Header = {
-        let p = Preamble::decode(&good).unwrap();
-        postcard::from_bytes(&good[p.header_offset as usize..]).unwrap()
-    };
+    let h0 = common::stored_header(&good);
     let (rotating, slots) = (h0.plan.window.rotating.len(), h0.plan.window.slots.len());
     assert!(rotating > slots && slots > 0, "{rotating} rotating segments, {slots} slots: the window should make slots be reused");
     let first = h0.graphs[0].staging[0].first_op;
@@ -242,7 +223,7 @@ fn a_misaligned_data_section_is_refused() {
 #[test]
 fn llada_rt_reports_a_crafted_artifact_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
-    let crafted = reseal(&valid(), |h| {
+    let crafted = common::reseal(&valid(), |h| {
         let i = h.graphs[0].ops.iter().position(|o| matches!(o, Op::Add { .. })).unwrap();
         if let Op::Add { acc, x } = &mut h.graphs[0].ops[i] {
             *x = *acc;
@@ -258,7 +239,7 @@ fn llada_rt_reports_a_crafted_artifact_in_one_line() {
 #[test]
 fn llada_rt_reports_a_malformed_stored_tokenizer_in_one_line() {
     let dir = tempfile::tempdir().unwrap();
-    let crafted = reseal(&valid(), |h| {
+    let crafted = common::reseal(&valid(), |h| {
         let at = h.tokenizer.tokenizer_json.find("\"decoder\"").unwrap();
         let tail = h.tokenizer.tokenizer_json[at..].replacen("\"type\":", "\"type\"", 1);
         h.tokenizer.tokenizer_json = format!("{}{tail}", &h.tokenizer.tokenizer_json[..at]);
@@ -288,10 +269,7 @@ fn valid_moe() -> Vec<u8> {
 fn every_moe_rule_refuses_its_crafted_artifact() {
     let good = valid_moe();
     Artifact::parse(&good).expect("the untouched MoE artifact verifies");
-    let h0: Header = {
-        let p = Preamble::decode(&good).unwrap();
-        postcard::from_bytes(&good[p.header_offset as usize..]).unwrap()
-    };
+    let h0 = common::stored_header(&good);
     assert_eq!(h0.plan.window.experts.slots_per_layer, 2, "a quarter of 8 experts per layer");
     let moe = op_index(&h0, 0, |o| matches!(o, Op::MoeExperts { .. }));
     let route = op_index(&h0, 0, |o| matches!(o, Op::Route { .. }));

@@ -166,22 +166,6 @@ fn embedded_golden_outputs_hold_on_vulkan() {
     assert_eq!((report.output_ids_matched, report.reveals_matched), (sampled, sampled));
 }
 
-/// Spans of `track` (its trace id) in a Chrome trace: (start, end) in microseconds.
-fn spans(trace: &Trace, track: u64) -> Vec<(f64, f64)> {
-    let json = trace.to_json();
-    json["traceEvents"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["ph"] == "X" && e["tid"].as_u64() == Some(track))
-        .map(|e| (e["ts"].as_f64().unwrap(), e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap()))
-        .collect()
-}
-
-fn overlapping(a: &[(f64, f64)], b: &[(f64, f64)]) -> usize {
-    a.iter().filter(|x| b.iter().any(|y| x.0 < y.1 && y.0 < x.1)).count()
-}
-
 /// Track ids of the trace (see `llada_rt::trace::Track`).
 const DENSE: u64 = 1;
 const STAGING: u64 = 2;
@@ -207,9 +191,9 @@ fn a_window_smaller_than_the_weights_stages_on_vulkan_and_gives_the_resident_tok
     assert!(s.counters.staged_bytes > 0, "nothing was staged");
     // The staging thread copies the next segments while the device runs the dispatches that
     // do not need them: some copy spans overlap device spans.
-    let (copies, device) = (spans(&trace, STAGING), spans(&trace, DEVICE));
+    let (copies, device) = (common::spans(&trace, STAGING), common::spans(&trace, DEVICE));
     assert!(!copies.is_empty() && !device.is_empty(), "the trace has no copies or no device spans");
-    let overlapped = overlapping(&copies, &device);
+    let overlapped = common::overlapping(&copies, &device);
     eprintln!("{overlapped} of {} copies overlapped device work", copies.len());
     assert!(overlapped > 0, "no staging copy overlapped a device span");
 }
@@ -237,8 +221,8 @@ fn mbsd_with_revision_on_vulkan_is_deterministic_with_the_side_path_during_dense
         let again = run(None);
         assert_eq!((&again.output_ids, &again.reveals, &again.revisions), (&first.output_ids, &first.reveals, &first.revisions), "mbsd on Vulkan changed between runs");
     }
-    let (side, dense) = (spans(&trace, SIDE_PATH), spans(&trace, DENSE));
-    let during = overlapping(&side, &dense);
+    let (side, dense) = (common::spans(&trace, SIDE_PATH), common::spans(&trace, DENSE));
+    let during = common::overlapping(&side, &dense);
     eprintln!("{during} of {} side-path checks ran during a dense pass ({} revisions)", side.len(), m.side.revisions);
     assert!(during > 0, "no side-path span overlapped a dense pass");
 }

@@ -245,3 +245,41 @@ pub fn set_weight(ckpt: &Path, name: &str, index: usize, bits: &[u8]) {
     let start = header[name]["data_offsets"][0].as_u64().expect("the tensor is in its shard");
     f.write_all_at(bits, 8 + n + start + (index * bits.len()) as u64).unwrap();
 }
+
+/// `file`'s header as stored (after its preamble).
+pub fn stored_header(file: &[u8]) -> llada_ir::Header {
+    let p = llada_ir::format::Preamble::decode(file).unwrap();
+    postcard::from_bytes(&file[p.header_offset as usize..]).unwrap()
+}
+
+/// `file` with its header changed by `edit` and both checksums recomputed (header and
+/// preamble valid), so only what `edit` changed can refuse it.
+pub fn reseal(file: &[u8], edit: impl FnOnce(&mut llada_ir::Header)) -> Vec<u8> {
+    let p = llada_ir::format::Preamble::decode(file).unwrap();
+    let mut h = stored_header(file);
+    edit(&mut h);
+    let header = postcard::to_allocvec(&h).unwrap();
+    let p = llada_ir::format::Preamble { header_len: header.len() as u64, header_crc32: crc32fast::hash(&header), ..p };
+    let mut out = file[..p.header_offset as usize].to_vec();
+    out[..p.encode().len()].copy_from_slice(&p.encode());
+    out.extend_from_slice(&header);
+    out
+}
+
+/// Spans of `track` (its trace id, see `llada_rt::trace::Track`) in a Chrome trace: (start,
+/// end) in microseconds.
+pub fn spans(trace: &llada_rt::trace::Trace, track: u64) -> Vec<(f64, f64)> {
+    let json = trace.to_json();
+    json["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["ph"] == "X" && e["tid"].as_u64() == Some(track))
+        .map(|e| (e["ts"].as_f64().unwrap(), e["ts"].as_f64().unwrap() + e["dur"].as_f64().unwrap()))
+        .collect()
+}
+
+/// How many spans of `a` overlap some span of `b`.
+pub fn overlapping(a: &[(f64, f64)], b: &[(f64, f64)]) -> usize {
+    a.iter().filter(|x| b.iter().any(|y| x.0 < y.1 && y.0 < x.1)).count()
+}

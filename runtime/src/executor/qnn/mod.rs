@@ -124,8 +124,7 @@ fn check_binary(lib: &QnnLibrary, binary: &[u8], segment: &str, section: &NpuSec
                 return Err(Error::Device(format!("NPU executable '{}' in '{segment}': the binary has {} {what}s, the artifact's I/O table {}", g.name, actual.len(), table.len())));
             }
             for t in table.iter() {
-                let data_type = if t.role == Role::HeadIndex { DATATYPE_INT_32 } else { DATATYPE_FLOAT_16 };
-                let ok = actual.iter().any(|a| a.id == t.id && a.name == t.name && a.dims == t.dims && a.data_type == data_type);
+                let ok = actual.iter().any(|a| a.id == t.id && a.name == t.name && a.dims == t.dims && a.data_type == qnn_dtype(t));
                 if !ok {
                     let have = actual.iter().find(|a| a.name == t.name).map_or("nothing of that name".to_string(), |a| format!("id {} shape {:?} type {:#x}", a.id, a.dims, a.data_type));
                     return Err(Error::Device(format!(
@@ -139,12 +138,20 @@ fn check_binary(lib: &QnnLibrary, binary: &[u8], segment: &str, section: &NpuSec
     Ok(())
 }
 
+/// QNN's data type of a table entry.
+fn qnn_dtype(t: &NpuTensor) -> u32 {
+    match t.dtype {
+        llada_ir::npu::NpuDType::F16 => DATATYPE_FLOAT_16,
+        llada_ir::npu::NpuDType::I32 => DATATYPE_INT_32,
+    }
+}
+
 /// A client buffer over `data` for the table entry `t`.
 fn buffer<T>(t: &NpuTensor, data: &mut [T]) -> IoBuffer {
     IoBuffer {
         id: t.id,
         name: CString::new(t.name.as_str()).unwrap_or_default(),
-        data_type: if t.role == Role::HeadIndex { DATATYPE_INT_32 } else { DATATYPE_FLOAT_16 },
+        data_type: qnn_dtype(t),
         dims: t.dims.clone(),
         data: data.as_mut_ptr().cast(),
         bytes: std::mem::size_of_val(data),
