@@ -5,6 +5,7 @@ pub mod error;
 pub mod executor;
 mod fault;
 pub mod kernels;
+pub mod lease;
 pub mod moe;
 pub mod pool;
 pub mod model;

@@ -10,6 +10,7 @@ use crate::executor::{self, value_range, BackendKind, Capabilities, Executor, Op
 use crate::model::Model;
 use crate::params::SessionParams;
 use crate::moe::{ExpertCounters, ExpertStrategy, Experts};
+use crate::sampler::revision::SidePath;
 use crate::staging::{PassStaging, Stager, StagingMode};
 use crate::window::Window;
 
@@ -30,6 +31,9 @@ pub struct Counters {
     pub staged_bytes: u64,
     pub stall_seconds: f64,
     pub copy_seconds: f64,
+    /// CPU side paths set up (a thread and a window each): one per session and `side_rows`,
+    /// however many generations revise.
+    pub side_path_starts: u64,
 }
 
 impl Counters {
@@ -93,6 +97,9 @@ pub struct Session<'m> {
     stager: Stager,
     /// The expert runtime of a mixture-of-experts model.
     experts: Option<Experts<'m>>,
+    /// The CPU side path that revises beside the dense passes (`mbsd --revision dual-path`),
+    /// set up by the first generation that asks for it and kept for the next.
+    side: Option<SidePath>,
     window: Window,
     /// Length of the sequence whose every position the cache holds (set by a whole-sequence
     /// pass): the condition for passes over fewer rows.
@@ -181,6 +188,7 @@ impl<'m> Session<'m> {
             model,
             stager,
             experts,
+            side: None,
             window,
             cached_len: None,
             executor,
@@ -379,6 +387,29 @@ impl<'m> Session<'m> {
 
     pub fn window_mut(&mut self) -> &mut Window {
         &mut self.window
+    }
+
+    /// Readies the session's CPU side path for a generation checking `per_job` tokens a side
+    /// pass: the one kept from an earlier generation if it checks as many, else a new one
+    /// (thread started, window allocated); returns `per_job`.
+    pub(crate) fn begin_side_path(&mut self, per_job: usize) -> Result<usize> {
+        if self.side.as_ref().is_none_or(|s| s.per_job() != per_job) {
+            // The old one's thread is joined before the new one starts.
+            self.side = None;
+            self.side = Some(SidePath::new(self.model, self.features, per_job)?);
+            self.counters.side_path_starts += 1;
+        }
+        self.side.as_mut().map_or(Ok(()), SidePath::begin)?;
+        Ok(per_job)
+    }
+
+    /// The side path, taken out while a merge borrows the session; [`put_side_path`](Self::put_side_path) returns it.
+    pub(crate) fn take_side_path(&mut self) -> Option<SidePath> {
+        self.side.take()
+    }
+
+    pub(crate) fn put_side_path(&mut self, side: SidePath) {
+        self.side = Some(side);
     }
 
     /// The trace passes are recorded in, if any.

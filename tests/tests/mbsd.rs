@@ -84,6 +84,34 @@ fn mbsd_with_revision_is_the_same_across_runs_and_thread_counts() {
 }
 
 #[test]
+fn the_side_path_is_the_sessions_kept_across_generations_with_unchanged_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Model::open(&common::embedded(dir.path()), true).unwrap();
+    let s = SamplerParams { gen_length: 64, block_length: 16, steps: 64, policy: Policy::Mbsd, revision: Revision::DualPath, temperature: 1.5, seed: 2, revise_confidence: 0.0, stable_checks: 3, ..Default::default() };
+    let prompts = prompts(&model);
+    let fresh: Vec<Generation> = prompts.iter().map(|p| decode(&model, 2, p, &s)).collect();
+    let mut session = Session::with_threads(&model, 2).unwrap();
+    // A generation stopped after three steps leaves its side job running: the next one waits
+    // for it and starts clean.
+    let mut g = llada_rt::sampler::Generator::start(&mut session, &prompts[1], &s).unwrap();
+    for _ in 0..3 {
+        g.step().unwrap();
+    }
+    drop(g);
+    for (prompt, want) in prompts.iter().zip(&fresh) {
+        let got = generate(&mut session, prompt, &s, &mut |_| {}).unwrap();
+        assert_eq!((&got.output_ids, &got.reveals, &got.revisions), (&want.output_ids, &want.reveals, &want.revisions));
+        let (a, b) = (got.mbsd.unwrap().side, want.mbsd.unwrap().side);
+        assert_eq!((a.side_passes, a.checks, a.revisions, a.stabilised), (b.side_passes, b.checks, b.revisions, b.stabilised), "the report starts at zero");
+        // One side path for the session, kept from the first generation on.
+        assert_eq!(session.counters.side_path_starts, 1);
+    }
+    // Another side-row count needs another side path.
+    generate(&mut session, &prompts[0], &SamplerParams { side_rows: Some(2), ..s }, &mut |_| {}).unwrap();
+    assert_eq!(session.counters.side_path_starts, 2);
+}
+
+#[test]
 fn rows_that_do_not_store_leave_the_cache_as_it_was() {
     let dir = tempfile::tempdir().unwrap();
     let model = Model::open(&common::embedded(dir.path()), true).unwrap();

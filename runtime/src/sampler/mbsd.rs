@@ -44,7 +44,7 @@
 
 use super::canvas::{Canvas, PolicyStep};
 use super::dream::{self, DREAM_SAMPLE};
-use super::revision::{SidePath, SideReport, TokenState};
+use super::revision::{SideReport, TokenState};
 use super::{committed_prefix, settle_predictions, Generation, Revision, SamplerParams, GUMBEL};
 use crate::error::{Error, Result};
 use crate::session::{RowSet, Session};
@@ -144,7 +144,8 @@ pub(super) struct Mbsd {
     kv_fresh: Vec<bool>,
     pass: Pass,
     report: MbsdReport,
-    side: Option<SidePath>,
+    /// Tokens a side pass checks, when the session's CPU side path revises (dual path).
+    side: Option<usize>,
     /// Rows before the position they predict: 0 for LLaDA, 1 for Dream.
     shift: usize,
     /// Dream: its blocked schedule's timesteps, `linspace(1, eps, steps_per_block + 1)`.
@@ -167,7 +168,7 @@ struct Extra {
 }
 
 impl Mbsd {
-    pub(super) fn new(session: &Session, p: &SamplerParams, steps_per_block: usize, len: usize) -> Result<Mbsd> {
+    pub(super) fn new(session: &mut Session, p: &SamplerParams, steps_per_block: usize, len: usize) -> Result<Mbsd> {
         let min_rows = p.rows.unwrap_or_else(|| session.model.header.plan.row_buckets.first().copied().unwrap_or(1) as usize);
         let buckets = buckets(session, min_rows)?;
         let side_rows = p.side_rows.unwrap_or(buckets[0]);
@@ -176,7 +177,7 @@ impl Mbsd {
         // `auto` on Dream's entropy rule: off (its confidence is no probability to compare).
         let entropy = session.model.is_dream() && p.alg == crate::params::Alg::Entropy;
         let side = match p.revision.resolve(session.backend().runs_on_cpu || entropy) {
-            Revision::DualPath => Some(SidePath::new(session, side_rows, p)?),
+            Revision::DualPath => Some(session.begin_side_path((side_rows / 2).max(1))?),
             _ => None,
         };
         Ok(Mbsd {
@@ -206,7 +207,7 @@ impl Mbsd {
 impl Mbsd {
     /// The most tokens one step's merge can revise: those a side pass checks.
     pub(super) fn checked_per_step(&self) -> usize {
-        self.side.as_ref().map_or(0, SidePath::per_job)
+        self.side.unwrap_or(0)
     }
 
     /// Without bucket filling: whether drafts pay so far.
@@ -290,8 +291,13 @@ impl PolicyStep for Mbsd {
             self.kv_fresh[prompt_len + at as usize] = false;
         }
         let last = c.block + 1 == c.blocks && !c.x[block_start..block_end].contains(&mask);
-        if let Some(side) = self.side.as_mut() {
-            side.merge_and_launch(session, &mut c.x, &mut self.states, &mut self.kv_fresh, prompt_len, &pass.stored, &c.p, noise_step, !last, &mut c.revisions)?;
+        if self.side.is_some() {
+            // The session's side path, out of it while it borrows the session.
+            let mut side = session.take_side_path().ok_or_else(|| Error::Internal("the session's CPU side path is gone".to_string()))?;
+            let merged = side.merge_and_launch(session, &mut c.x, &mut self.states, &mut self.kv_fresh, prompt_len, &pass.stored, &c.p, noise_step, !last, &mut c.revisions);
+            self.report.side = side.report;
+            session.put_side_path(side);
+            merged?;
         }
         // Under revision only stable tokens are final, until the last step ends it all.
         c.settled = match self.side {
@@ -302,8 +308,7 @@ impl PolicyStep for Mbsd {
     }
 
     fn report(&mut self, g: &mut Generation) {
-        if let Some(side) = &self.side {
-            self.report.side = side.report;
+        if self.side.is_some() {
             // The generator fills in the steps' revisions.
             g.revisions = Some(Vec::new());
         }

@@ -38,7 +38,7 @@ mod dream;
 mod generator;
 mod mbsd;
 mod official;
-mod revision;
+pub(crate) mod revision;
 
 use std::ops::ControlFlow;
 

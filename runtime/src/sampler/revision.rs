@@ -27,13 +27,14 @@
 //! with the newer canvas, wins).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use super::dream::{self, DREAM_REVISE};
 use super::{predict_with, SamplerParams, REVISE};
 use crate::error::{Error, Result};
+use crate::lease::Slots;
 use crate::executor::{value_range, HostExecutor, RunInputs};
 use crate::kernels::cpu::Features;
 use crate::model::Model;
@@ -67,25 +68,10 @@ pub struct SideReport {
     pub side_seconds: f64,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum JobState {
-    /// The worker thread is setting itself up.
-    Starting,
-    Idle,
-    /// Set by the dense path: the worker runs the job.
-    Requested,
-    /// Set by the worker: the outcome waits for the merge point.
-    Done,
-    /// The side path is being dropped: the worker exits.
-    Quit,
-    /// The worker panicked outside a job's own guard and is gone.
-    Failed,
-}
-
-/// The one job between the two threads, in buffers sized once. The worker holds its lock
-/// while it runs the job, so the dense path's merge waits for it by taking the lock.
+/// The one job between the dense path and the side path's thread, in buffers sized once: a
+/// lease's value (see `lease`), so while the thread runs it the dense path cannot touch it,
+/// and its merge waits for it to come home.
 struct Job {
-    state: JobState,
     /// The side path's window: its cache mirrors the accelerator's.
     window: Window,
     /// The checked positions and their committed tokens, in a `seq_len` sequence.
@@ -96,22 +82,13 @@ struct Job {
     seq_len: usize,
     params: SamplerParams,
     step: usize,
+    /// Where the side pass is recorded, if the session traces.
+    trace: Option<Arc<Trace>>,
     /// Outcome: each checked position's prediction and confidence, the pass's time on the
     /// side thread, and whether it failed.
     predictions: Vec<(u32, f32)>,
     seconds: f64,
     error: Option<Error>,
-}
-
-struct Shared {
-    job: Mutex<Job>,
-    changed: Condvar,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Job> {
-        self.job.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
 /// The worker thread's own state: its handle on the artifact, its executor and scratch.
@@ -181,65 +158,31 @@ impl Worker {
         self.executor.run_unstaged(&self.model, g, &inputs, &mut job.window)
     }
 
-    /// The thread's work: sets up the worker, then runs each requested job until told to
-    /// quit. The jobs run on the executor's own one-thread pool, entered once here, so their
-    /// parallel loops start inside it and queue nothing.
-    fn serve(model: Model, features: Features, per_job: usize, shared: &Shared, trace: Option<Arc<Trace>>) {
-        let vocab = model.header.model.embedding_size as usize;
-        let pool = Pool::new(1, "llada-side-pool").ok();
-        // A pass's rows are padded to its graph's.
-        let rows = model.graph_for_rows(2 * per_job).map_or(2 * per_job, |g| model.graph(g).rows as usize);
-        let worker = pool.as_ref().map(|pool| Worker {
-            executor: HostExecutor::cpu_side_path(&model, pool.clone(), features),
-            tokens: Vec::with_capacity(rows),
-            positions: Vec::with_capacity(rows),
-            head: Vec::with_capacity(per_job),
-            logits: Vec::with_capacity(per_job * vocab),
-            model,
-        });
-        // The worker is dropped inside; the pool, joined, here (never from its own thread).
-        match &pool {
-            Some(pool) => pool.install(|| Worker::jobs(worker, shared, trace)),
-            None => Worker::jobs(worker, shared, trace),
-        }
-    }
-
-    fn jobs(mut worker: Option<Worker>, shared: &Shared, trace: Option<Arc<Trace>>) {
-        let mut job = shared.lock();
-        if job.state == JobState::Starting {
-            job.state = JobState::Idle;
-            shared.changed.notify_all();
-        }
-        loop {
-            match job.state {
-                JobState::Quit | JobState::Failed => return,
-                JobState::Requested => {}
-                JobState::Starting | JobState::Idle | JobState::Done => {
-                    job = shared.changed.wait(job).unwrap_or_else(|e| e.into_inner());
-                    continue;
+    /// The thread's loop: runs each job lent to it until the side path closes its slot. The
+    /// jobs run on the executor's own one-thread pool, entered once here, so their parallel
+    /// loops start inside it and queue nothing. A job's failure or panic is its outcome.
+    fn serve(mut self, pool: &Pool, jobs: &Slots<Job, ()>) {
+        pool.install(|| {
+            while let Some(mut lease) = jobs.take(|_, _| Some(())) {
+                let (job, ()) = lease.parts();
+                let start = Instant::now();
+                let outcome = catch_unwind(AssertUnwindSafe(|| self.check(job))).unwrap_or_else(|_| Err(Error::Internal("the CPU side path's pass panicked".to_string())));
+                let end = Instant::now();
+                if let Some(t) = &job.trace {
+                    t.span(Track::SidePath, format!("check {} tokens", job.checked.len()), start, end);
                 }
+                job.error = outcome.err();
+                job.seconds = (end - start).as_secs_f64();
             }
-            let start = Instant::now();
-            let outcome = match worker.as_mut() {
-                Some(w) => catch_unwind(AssertUnwindSafe(|| w.check(&mut job))).unwrap_or_else(|_| Err(Error::Internal("the CPU side path's pass panicked".to_string()))),
-                None => Err(Error::Internal("the CPU side path's thread pool did not start".to_string())),
-            };
-            let end = Instant::now();
-            if let Some(t) = &trace {
-                t.span(Track::SidePath, format!("check {} tokens", job.checked.len()), start, end);
-            }
-            job.error = outcome.err();
-            job.seconds = (end - start).as_secs_f64();
-            job.state = JobState::Done;
-            shared.changed.notify_all();
-        }
+        });
     }
 }
 
-/// The side path as the dense path's thread sees it: a persistent worker thread (started
-/// with the generation) and the job it may be running.
-pub(super) struct SidePath {
-    shared: Arc<Shared>,
+/// The side path as the dense path's thread sees it: a persistent worker thread and the one
+/// job slot it serves. A session keeps it across generations (its thread and window are set
+/// up once); [`begin`](Self::begin) readies it for a generation.
+pub struct SidePath {
+    jobs: Slots<Job, ()>,
     thread: Option<JoinHandle<()>>,
     /// A job was launched and not merged yet.
     running: bool,
@@ -247,58 +190,62 @@ pub(super) struct SidePath {
     per_job: usize,
     /// The merged job's positions the dense pass did not store (scratch).
     fresh: Vec<u32>,
-    pub(super) report: SideReport,
+    pub(crate) report: SideReport,
 }
 
 impl SidePath {
-    /// A side path with one CPU thread and its own window, checking `side_rows / 2` tokens a
-    /// pass.
-    pub(super) fn new(session: &Session, side_rows: usize, p: &SamplerParams) -> Result<SidePath> {
-        let model = session.model;
+    /// A side path with one CPU thread and its own window, checking `per_job` tokens a pass,
+    /// set up (thread started, window allocated) before this returns.
+    pub(crate) fn new(model: &Model, features: Features, per_job: usize) -> Result<SidePath> {
         let window = Window::cpu_side(&model.header).map_err(|e| Error::io("allocating the CPU side path's window", e))?;
-        let per_job = (side_rows / 2).max(1);
-        let shared = Arc::new(Shared {
-            job: Mutex::new(Job {
-                state: JobState::Starting,
-                window,
-                checked: Vec::with_capacity(per_job),
-                tokens: Vec::with_capacity(per_job),
-                before: Vec::with_capacity(per_job),
-                seq_len: 0,
-                params: *p,
-                step: 0,
-                predictions: Vec::with_capacity(per_job),
-                seconds: 0.0,
-                error: None,
-            }),
-            changed: Condvar::new(),
-        });
-        let (thread_model, features, trace, thread_shared) = (model.share(), session.features(), session.trace(), shared.clone());
+        let pool = Pool::new(1, "llada-side-pool").map_err(|e| Error::Internal(format!("starting the CPU side path's thread pool: {e}")))?;
+        let vocab = model.header.model.embedding_size as usize;
+        // A pass's rows are padded to its graph's.
+        let rows = model.graph_for_rows(2 * per_job).map_or(2 * per_job, |g| model.graph(g).rows as usize);
+        let worker = Worker {
+            executor: HostExecutor::cpu_side_path(model, pool.clone(), features),
+            tokens: Vec::with_capacity(rows),
+            positions: Vec::with_capacity(rows),
+            head: Vec::with_capacity(per_job),
+            logits: Vec::with_capacity(per_job * vocab),
+            model: model.share(),
+        };
+        let job = Job {
+            window,
+            checked: Vec::with_capacity(per_job),
+            tokens: Vec::with_capacity(per_job),
+            before: Vec::with_capacity(per_job),
+            seq_len: 0,
+            params: SamplerParams::default(),
+            step: 0,
+            trace: None,
+            predictions: Vec::with_capacity(per_job),
+            seconds: 0.0,
+            error: None,
+        };
+        let jobs = Slots::new(vec![job]);
+        let helper = jobs.clone();
         let thread = std::thread::Builder::new()
             .name("llada-side".into())
-            .spawn(move || {
-                // A panic in the setup or between jobs must not leave the dense path waiting.
-                if catch_unwind(AssertUnwindSafe(|| Worker::serve(thread_model, features, per_job, &thread_shared, trace))).is_err() {
-                    thread_shared.lock().state = JobState::Failed;
-                    thread_shared.changed.notify_all();
-                }
-            })
+            // The pool is dropped (joined) here, never from its own threads.
+            .spawn(move || helper.contain_panic(|| worker.serve(&pool, &helper)))
             .map_err(|e| Error::io("starting the CPU side path's thread", e))?;
-        // Set up before the generation's first step (nothing of it is left to the steps).
-        let mut job = shared.lock();
-        while job.state == JobState::Starting {
-            job = shared.changed.wait(job).unwrap_or_else(|e| e.into_inner());
-        }
-        if job.state == JobState::Failed {
-            return Err(Error::Internal("the CPU side path's thread failed while starting".to_string()));
-        }
-        drop(job);
-        Ok(SidePath { shared, thread: Some(thread), running: false, per_job, fresh: Vec::with_capacity(per_job), report: SideReport::default() })
+        Ok(SidePath { jobs, thread: Some(thread), running: false, per_job, fresh: Vec::with_capacity(per_job), report: SideReport::default() })
     }
 
     /// Tokens one side pass checks.
-    pub(super) fn per_job(&self) -> usize {
+    pub(crate) fn per_job(&self) -> usize {
         self.per_job
+    }
+
+    /// Readies the side path for a new generation: a job left running by a generation that
+    /// stopped early is waited for and dropped, and the report starts at zero.
+    pub(crate) fn begin(&mut self) -> Result<()> {
+        if std::mem::take(&mut self.running) {
+            self.jobs.wait(0, |_, requested| !requested, |_| ()).map_err(|_| failed())?;
+        }
+        self.report = SideReport::default();
+        Ok(())
     }
 
     /// The merge point after a dense pass that stored keys and values at `dense_stored`
@@ -321,73 +268,74 @@ impl SidePath {
         revised: &mut Vec<[u32; 2]>,
     ) -> Result<()> {
         let wait = Instant::now();
-        let mut job = self.shared.lock();
         let running = std::mem::take(&mut self.running);
-        while running && job.state == JobState::Requested {
-            job = self.shared.changed.wait(job).unwrap_or_else(|e| e.into_inner());
-        }
-        if job.state == JobState::Failed {
-            return Err(Error::Internal("the CPU side path's thread failed".to_string()));
-        }
-        if running {
-            self.report.stall_seconds += wait.elapsed().as_secs_f64();
-            job.state = JobState::Idle;
-            if let Some(e) = job.error.take() {
-                return Err(e);
+        let (report, fresh, per_job) = (&mut self.report, &mut self.fresh, self.per_job);
+        // The job is home (the thread finished it) once its request is gone.
+        let launched = self.jobs.wait(0, |_, requested| !requested, |job| -> Result<bool> {
+            if running {
+                report.stall_seconds += wait.elapsed().as_secs_f64();
+                if let Some(e) = job.error.take() {
+                    return Err(e);
+                }
+                // Its reads of the artifact may have seen zeros if the file was truncated meanwhile.
+                session.model.check_intact()?;
+                report.side_seconds += job.seconds;
+                fresh.clear();
+                fresh.extend(job.checked.iter().copied().filter(|p| !dense_stored.contains(p)));
+                let model = session.model;
+                session.window_mut().copy_kv_from(&job.window, fresh, &model.header);
+                for &q in fresh.iter() {
+                    kv_fresh[q as usize] = true;
+                }
+                apply_checks(report, &job.checked, &job.predictions, x, states, kv_fresh, prompt_len, p, revised);
             }
-            // Its reads of the artifact may have seen zeros if the file was truncated meanwhile.
-            session.model.check_intact()?;
-            self.report.side_seconds += job.seconds;
-            self.fresh.clear();
-            self.fresh.extend(job.checked.iter().copied().filter(|p| !dense_stored.contains(p)));
-            let model = session.model;
-            session.window_mut().copy_kv_from(&job.window, &self.fresh, &model.header);
-            for &q in &self.fresh {
-                kv_fresh[q as usize] = true;
+            job.window.copy_kv_from(session.window(), dense_stored, &session.model.header);
+            if !launch {
+                return Ok(false);
             }
-            let job = &*job;
-            apply_checks(&mut self.report, &job.checked, &job.predictions, x, states, kv_fresh, prompt_len, p, revised);
-        }
-        job.window.copy_kv_from(session.window(), dense_stored, &session.model.header);
-        if !launch {
-            return Ok(());
-        }
-        let job = &mut *job;
-        job.checked.clear();
-        let dream = session.model.is_dream();
-        for q in states.iter().enumerate().filter(|(_, s)| matches!(s, TokenState::Visible { .. })).map(|(i, _)| (prompt_len + i) as u32) {
-            // Dream: never a token and the one before it (see the module documentation).
-            if job.checked.len() == self.per_job {
-                break;
+            job.checked.clear();
+            let dream = session.model.is_dream();
+            for q in states.iter().enumerate().filter(|(_, s)| matches!(s, TokenState::Visible { .. })).map(|(i, _)| (prompt_len + i) as u32) {
+                // Dream: never a token and the one before it (see the module documentation).
+                if job.checked.len() == per_job {
+                    break;
+                }
+                if !(dream && job.checked.last() == Some(&(q - 1))) {
+                    job.checked.push(q);
+                }
             }
-            if !(dream && job.checked.last() == Some(&(q - 1))) {
-                job.checked.push(q);
+            if job.checked.is_empty() {
+                return Ok(false);
             }
+            job.tokens.clear();
+            job.tokens.extend(job.checked.iter().map(|&q| x[q as usize]));
+            job.before.clear();
+            if dream {
+                job.before.extend(job.checked.iter().map(|&q| x[q as usize - 1]));
+            }
+            (job.seq_len, job.params, job.step) = (x.len(), *p, step);
+            job.trace = session.trace();
+            report.side_passes += if dream { 2 } else { 1 };
+            report.side_rows += if dream { 3 } else { 2 } * job.checked.len() as u64;
+            Ok(true)
+        });
+        if launched.map_err(|_| failed())?? {
+            self.jobs.request(0, ());
+            self.running = true;
         }
-        if job.checked.is_empty() {
-            return Ok(());
-        }
-        job.tokens.clear();
-        job.tokens.extend(job.checked.iter().map(|&q| x[q as usize]));
-        job.before.clear();
-        if dream {
-            job.before.extend(job.checked.iter().map(|&q| x[q as usize - 1]));
-        }
-        (job.seq_len, job.params, job.step) = (x.len(), *p, step);
-        job.state = JobState::Requested;
-        self.running = true;
-        self.report.side_passes += if dream { 2 } else { 1 };
-        self.report.side_rows += if dream { 3 } else { 2 } * job.checked.len() as u64;
-        self.shared.changed.notify_all();
         Ok(())
     }
+}
+
+/// The error of a side path whose thread failed outside a job.
+fn failed() -> Error {
+    Error::Internal("the CPU side path's thread failed".to_string())
 }
 
 impl Drop for SidePath {
     /// Tells the worker to exit once its job (if any) is done, and joins it.
     fn drop(&mut self) {
-        self.shared.lock().state = JobState::Quit;
-        self.shared.changed.notify_all();
+        self.jobs.close();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
