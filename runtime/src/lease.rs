@@ -24,6 +24,16 @@ pub enum Failure {
     Panicked,
 }
 
+impl Failure {
+    /// The error a waiter for the helper gets; `what` names the helper, `path` the artifact.
+    pub fn error(&self, path: &std::path::Path, what: &str) -> crate::Error {
+        match self {
+            Failure::Read(e) => crate::model::read_error(path, std::io::Error::new(e.kind(), format!("{what} failed to read: {e}"))),
+            Failure::Panicked => crate::Error::Internal(format!("{what} panicked")),
+        }
+    }
+}
+
 /// A wait ended because the helper failed (see [`Slots::failure`] for why).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Failed;

@@ -14,7 +14,7 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -22,7 +22,8 @@ use llada_ir::{Graph, Header};
 
 use crate::error::{Error, Result};
 use crate::trace::{Trace, Track};
-use crate::window::SlotPtr;
+use crate::lease::{Failure, Slots};
+use crate::window::{SlotMem, SlotPtr};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StagingMode {
@@ -73,62 +74,12 @@ impl PassStaging {
     }
 }
 
-#[derive(Clone, Copy, Default)]
-struct SlotState {
-    /// Global step (pass * rotating + index) the slot holds or is receiving.
+/// A slot as the copies see it: its bytes, the global step (pass * rotating + index) it
+/// holds, and how long that copy took. The copy into a slot is requested by its global step.
+struct RotatingSlot {
+    mem: SlotMem,
     step: Option<u64>,
-    ready: bool,
-    released: bool,
     copy_seconds: f64,
-}
-
-#[derive(Default)]
-struct State {
-    slots: Vec<SlotState>,
-    stop: bool,
-    /// The staging thread failed: reported by the next wait.
-    failed: Option<CopyFailure>,
-}
-
-/// Why a staging thread stopped (this one, or the experts').
-pub(crate) enum CopyFailure {
-    Read(std::io::Error),
-    Panicked,
-}
-
-impl CopyFailure {
-    /// The error a waiter for the thread's copies gets; `what` names the thread.
-    pub(crate) fn error(&self, path: &Path, what: &str) -> Error {
-        match self {
-            CopyFailure::Read(e) => crate::model::read_error(path, std::io::Error::new(e.kind(), format!("{what} failed to read: {e}"))),
-            CopyFailure::Panicked => Error::Internal(format!("{what} panicked")),
-        }
-    }
-}
-
-/// Runs a staging thread's loop; a panic in it is recorded by `on_panic` (so that waiters
-/// fail instead of waiting forever) instead of ending the thread silently.
-pub(crate) fn contain_panic(body: impl FnOnce(), on_panic: impl FnOnce()) {
-    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).is_err() {
-        on_panic();
-    }
-}
-
-struct Shared {
-    state: Mutex<State>,
-    changed: Condvar,
-    /// Where copies are recorded, once a trace is attached.
-    trace: std::sync::OnceLock<Arc<Trace>>,
-    /// Segment names, for the trace.
-    names: Vec<String>,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A poisoned lock means the other side panicked; its state is still consistent
-        // enough to report and stop.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
 /// File range of each rotating segment, in the plan's order.
@@ -136,13 +87,23 @@ fn rotating_ranges(h: &Header, data_offset: u64) -> Vec<(u64, usize)> {
     h.plan.window.rotating.iter().map(|&s| (data_offset + h.segments[s as usize].offset, h.segments[s as usize].nbytes as usize)).collect()
 }
 
+/// What the staging thread reads and where it records its copies.
+struct Source {
+    file: Arc<File>,
+    ranges: Vec<(u64, usize)>,
+    /// Where copies are recorded, once a trace is attached.
+    trace: OnceLock<Arc<Trace>>,
+    /// Segment names, for the trace.
+    names: Vec<String>,
+}
+
 pub struct Stager {
     mode: StagingMode,
-    file: Arc<File>,
     path: std::path::PathBuf,
-    ranges: Vec<(u64, usize)>,
-    slots: Arc<[SlotPtr]>,
-    shared: Arc<Shared>,
+    source: Arc<Source>,
+    slots: Slots<RotatingSlot, u64>,
+    /// Read handles on the slots, for the executor.
+    reads: Arc<[SlotPtr]>,
     thread: Option<JoinHandle<()>>,
     /// Global step of the current pass's first rotating segment.
     pass_base: u64,
@@ -150,38 +111,32 @@ pub struct Stager {
 }
 
 impl Stager {
-    /// A stager reading `file` (the verified artifact at `path`). `slots` must point into a
-    /// window that outlives the stager (the session drops the stager, joining its thread,
-    /// before the window).
+    /// A stager reading `file` (the verified artifact at `path`) into the window's `slots`.
+    /// The window must outlive the stager (the session drops the stager, joining its thread,
+    /// before the window), and this must be the slots' only stager.
     pub fn new(h: &Header, file: Arc<File>, path: &Path, data_offset: u64, slots: Vec<SlotPtr>, mode: StagingMode) -> Result<Stager> {
-        let ranges = rotating_ranges(h, data_offset);
         let names = h.plan.window.rotating.iter().map(|&s| h.segments[s as usize].name.clone()).collect();
-        let shared = Arc::new(Shared {
-            state: Mutex::new(State { slots: vec![SlotState::default(); slots.len()], ..State::default() }),
-            changed: Condvar::new(),
-            trace: std::sync::OnceLock::new(),
-            names,
-        });
-        let mut stager = Stager { mode, file, path: path.to_path_buf(), ranges, slots: slots.into(), shared, thread: None, pass_base: 0, pass: PassStaging::default() };
+        let source = Arc::new(Source { file, ranges: rotating_ranges(h, data_offset), trace: OnceLock::new(), names });
+        // SAFETY: one handle per slot (the caller's contract: the only stager of a window
+        // that outlives it); the executor reads a slot only once its copy is home (`before_op`).
+        let mems = slots.iter().map(|&p| RotatingSlot { mem: unsafe { SlotMem::new(p) }, step: None, copy_seconds: 0.0 }).collect();
+        let mut stager = Stager { mode, path: path.to_path_buf(), source, slots: Slots::new(mems), reads: slots.into(), thread: None, pass_base: 0, pass: PassStaging::default() };
         stager.start()?;
         Ok(stager)
     }
 
-    /// Starts the staging thread (async mode, anything to stage) from global step 0.
+    /// Starts the staging thread (async mode, anything to stage) from global step 0: each
+    /// slot's first segment is requested at once.
     fn start(&mut self) -> Result<()> {
-        if self.mode == StagingMode::Async && !self.ranges.is_empty() {
-            let (file, ranges, slots, shared) = (self.file.clone(), self.ranges.clone(), self.slots.clone(), self.shared.clone());
+        let rotating = self.source.ranges.len();
+        if self.mode == StagingMode::Async && rotating > 0 {
+            for s in 0..self.reads.len().min(rotating) {
+                self.slots.request(s, s as u64);
+            }
+            let (source, slots) = (self.source.clone(), self.slots.clone());
             let thread = std::thread::Builder::new()
                 .name("llada-staging".into())
-                .spawn(move || {
-                    contain_panic(
-                        || stage_forever(&file, &ranges, &slots, &shared),
-                        || {
-                            shared.lock().failed = Some(CopyFailure::Panicked);
-                            shared.changed.notify_all();
-                        },
-                    )
-                })
+                .spawn(move || slots.contain_panic(|| stage(&source, &slots)))
                 .map_err(|e| Error::io("starting the staging thread", e))?;
             self.thread = Some(thread);
         }
@@ -191,8 +146,7 @@ impl Stager {
     /// Stops the staging thread and joins it (a failed pass: nothing is staged until
     /// [`restart`](Self::restart)).
     pub fn stop(&mut self) {
-        self.shared.lock().stop = true;
-        self.shared.changed.notify_all();
+        self.slots.close();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
@@ -203,7 +157,7 @@ impl Stager {
     /// starts again from the first segment, as a new session would.
     pub fn restart(&mut self) -> Result<()> {
         self.stop();
-        *self.shared.lock() = State { slots: vec![SlotState::default(); self.slots.len()], ..State::default() };
+        self.slots.reopen(|s| (s.step, s.copy_seconds) = (None, 0.0));
         self.pass_base = 0;
         self.pass = PassStaging::default();
         self.start()
@@ -215,13 +169,14 @@ impl Stager {
 
     /// Records copies and waits in `trace` from now on.
     pub fn set_trace(&mut self, trace: Arc<Trace>) {
-        let _ = self.shared.trace.set(trace);
+        let _ = self.source.trace.set(trace);
     }
 
-    /// The slots; rotating segment `i` lives in slot `i % slots.len()`. (An owned copy of
-    /// the handles, so the executor can read slots while it tells the stager about ops.)
+    /// Read handles on the slots; rotating segment `i` lives in slot `i % slots.len()`. (An
+    /// owned copy of the handles, so the executor can read slots while it tells the stager
+    /// about ops.)
     pub fn slots(&self) -> Arc<[SlotPtr]> {
-        self.slots.clone()
+        self.reads.clone()
     }
 
     /// Before op `op` of `g`: makes sure every segment first used there is in its slot.
@@ -229,40 +184,36 @@ impl Stager {
         for st in g.staging.iter().filter(|st| st.first_op as usize == op) {
             let i = st.rotating as usize;
             let s = st.slot as usize;
-            let (offset, len) = self.ranges[i];
+            let (offset, len) = self.source.ranges[i];
             match self.mode {
                 StagingMode::Sync => {
                     let start = Instant::now();
-                    // SAFETY: in sync mode no other thread touches the slots, and no slice of
-                    // this slot is alive between ops.
-                    let dst = unsafe { self.slots[s].bytes_mut() };
-                    self.file.read_exact_at(&mut dst[..len], offset).map_err(|e| crate::model::read_error(&self.path, e))?;
-                    if let Some(t) = self.shared.trace.get() {
-                        t.span(Track::Dense, format!("copy {} (sync)", self.shared.names[i]), start, Instant::now());
+                    // No thread: the slot's handle is always home.
+                    let read = self.slots.with(s, |slot, _| self.source.file.read_exact_at(&mut slot.mem.bytes_mut()[..len], offset));
+                    read.unwrap_or(Ok(())).map_err(|e| crate::model::read_error(&self.path, e))?;
+                    if let Some(t) = self.source.trace.get() {
+                        t.span(Track::Dense, format!("copy {} (sync)", self.source.names[i]), start, Instant::now());
                     }
                     let t = start.elapsed().as_secs_f64();
                     self.pass.stall_seconds += t;
                     self.pass.copy_seconds += t;
                 }
                 StagingMode::Async => {
-                    let want = self.pass_base + i as u64;
-                    let mut state = self.shared.lock();
+                    let want = Some(self.pass_base + i as u64);
                     let start = Instant::now();
-                    let mut waited = false;
-                    while !(state.slots[s].step == Some(want) && state.slots[s].ready) {
-                        if let Some(f) = &state.failed {
-                            return Err(f.error(&self.path, "the staging thread"));
+                    let copy_seconds = match self.slots.with(s, |slot, _| (slot.step == want).then_some(slot.copy_seconds)).flatten() {
+                        Some(t) => t,
+                        None => {
+                            let t = self.slots.wait(s, |slot, _| slot.step == want, |slot| slot.copy_seconds);
+                            let t = t.map_err(|_| self.slots.failure(|f| f.error(&self.path, "the staging thread")).unwrap_or_else(|| Error::Internal("the staging thread stopped".into())))?;
+                            self.pass.stall_seconds += start.elapsed().as_secs_f64();
+                            if let Some(tr) = self.source.trace.get() {
+                                tr.span(Track::Dense, format!("wait for {}", self.source.names[i]), start, Instant::now());
+                            }
+                            t
                         }
-                        waited = true;
-                        state = self.shared.changed.wait(state).unwrap_or_else(|e| e.into_inner());
-                    }
-                    if waited {
-                        self.pass.stall_seconds += start.elapsed().as_secs_f64();
-                        if let Some(t) = self.shared.trace.get() {
-                            t.span(Track::Dense, format!("wait for {}", self.shared.names[i]), start, Instant::now());
-                        }
-                    }
-                    self.pass.copy_seconds += state.slots[s].copy_seconds;
+                    };
+                    self.pass.copy_seconds += copy_seconds;
                 }
             }
             self.pass.staged_bytes += len as u64;
@@ -273,32 +224,29 @@ impl Stager {
     /// After op `op` of `g`: releases a slot for its next segment where the schedule says
     /// that segment's copy may start (`stage_after_op`), and, for a slot's last segment of the
     /// pass (whose successor is the next pass's and is staged behind this one), after its
-    /// last use.
+    /// last use. A release is the request for the slot's next copy, by its global step.
     pub fn after_op(&mut self, g: &Graph, op: usize) {
         if self.mode == StagingMode::Sync {
             return;
         }
-        let mut released = false;
-        let mut state = None;
+        let rotating = self.source.ranges.len() as u64;
         let steps = &g.staging;
         for (i, st) in steps.iter().enumerate() {
-            let copy_may_start = st.stage_after_op == Some(op as u32);
-            let last_in_slot = st.last_op as usize == op && !steps[i + 1..].iter().any(|later| later.slot == st.slot);
-            if copy_may_start || last_in_slot {
-                let state = state.get_or_insert_with(|| self.shared.lock());
-                state.slots[st.slot as usize].released = true;
-                released = true;
+            if st.stage_after_op == Some(op as u32) {
+                self.slots.request(st.slot as usize, self.pass_base + st.rotating as u64);
             }
-        }
-        drop(state);
-        if released {
-            self.shared.changed.notify_all();
+            let last_in_slot = st.last_op as usize == op && !steps[i + 1..].iter().any(|later| later.slot == st.slot);
+            if last_in_slot {
+                // The next pass's first segments go into the slots in order (the verifier:
+                // steps below the slot count are staged by the previous pass).
+                self.slots.request(st.slot as usize, self.pass_base + rotating + st.slot as u64);
+            }
         }
     }
 
     /// Ends a pass: returns its staging figures.
     pub fn end_pass(&mut self) -> PassStaging {
-        self.pass_base += self.ranges.len() as u64;
+        self.pass_base += self.source.ranges.len() as u64;
         std::mem::take(&mut self.pass)
     }
 }
@@ -309,46 +257,25 @@ impl Drop for Stager {
     }
 }
 
-/// The staging thread: copies rotating segment `n % R` of global step `n` into its slot as
-/// soon as the slot is free, for n = 0, 1, 2, ... until told to stop.
-fn stage_forever(file: &File, ranges: &[(u64, usize)], slots: &[SlotPtr], shared: &Shared) {
-    for n in 0u64.. {
-        let i = (n % ranges.len() as u64) as usize;
-        let s = i % slots.len();
-        {
-            let mut state = shared.lock();
-            while !state.stop && !(state.slots[s].step.is_none() || state.slots[s].released) {
-                state = shared.changed.wait(state).unwrap_or_else(|e| e.into_inner());
-            }
-            if state.stop {
-                return;
-            }
-            state.slots[s] = SlotState { step: Some(n), ready: false, released: false, copy_seconds: 0.0 };
-        }
-        let (offset, len) = ranges[i];
+/// The staging thread: copies each requested step, the earliest first, into its slot, until
+/// the stager closes its slots; a failed read fails them (the executor's wait reports it).
+fn stage(source: &Source, slots: &Slots<RotatingSlot, u64>) {
+    while let Some(mut lease) = slots.take(|_, &step| Some(step)) {
+        let s = lease.index();
+        let (slot, &step) = lease.parts();
+        let i = (step % source.ranges.len() as u64) as usize;
+        let (offset, len) = source.ranges[i];
         let start = Instant::now();
-        // SAFETY: the executor released this slot and will not read it until it is marked
-        // ready below; the session joins this thread before freeing the window.
-        let dst = unsafe { slots[s].bytes_mut() };
-        let result = file.read_exact_at(&mut dst[..len], offset);
-        let mut state = shared.lock();
-        match result {
-            Ok(()) => {
-                state.slots[s].ready = true;
-                state.slots[s].copy_seconds = start.elapsed().as_secs_f64();
-                if let Some(t) = shared.trace.get() {
-                    t.span(Track::Staging, format!("copy {} into slot {s}", shared.names[i]), start, Instant::now());
-                }
-            }
-            Err(e) => {
-                state.failed = Some(CopyFailure::Read(e));
-                drop(state);
-                shared.changed.notify_all();
-                return;
-            }
+        if let Err(e) = source.file.read_exact_at(&mut slot.mem.bytes_mut()[..len], offset) {
+            slot.step = None;
+            drop(lease);
+            slots.fail(Failure::Read(e));
+            return;
         }
-        drop(state);
-        shared.changed.notify_all();
+        (slot.step, slot.copy_seconds) = (Some(step), start.elapsed().as_secs_f64());
+        if let Some(t) = source.trace.get() {
+            t.span(Track::Staging, format!("copy {} into slot {s}", source.names[i]), start, Instant::now());
+        }
     }
 }
 
@@ -357,16 +284,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_panicking_staging_loop_is_recorded_not_lost() {
-        let mut recorded = false;
-        contain_panic(|| panic!("a bug in the copy loop"), || recorded = true);
-        assert!(recorded);
-        let mut recorded = false;
-        contain_panic(|| {}, || recorded = true);
-        assert!(!recorded);
-        let e = CopyFailure::Panicked.error(Path::new("m.lad"), "the staging thread");
+    fn a_failed_copy_names_the_artifact() {
+        let e = Failure::Panicked.error(Path::new("m.lad"), "the staging thread");
         assert!(matches!(e, Error::Internal(_)), "{e}");
-        let e = CopyFailure::Read(std::io::Error::from(std::io::ErrorKind::UnexpectedEof)).error(Path::new("m.lad"), "the staging thread");
+        let e = Failure::Read(std::io::Error::from(std::io::ErrorKind::UnexpectedEof)).error(Path::new("m.lad"), "the staging thread");
         assert!(matches!(e, Error::Changed { .. }), "{e}");
     }
 }

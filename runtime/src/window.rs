@@ -304,11 +304,26 @@ impl SlotPtr {
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 
+}
+
+/// The one handle that writes a slot's bytes. It is not `Clone`, and a stager keeps it as a
+/// lease's value (`lease::Slots`), so the thread that holds it is the slot's only writer; the
+/// executor reads the slot (through [`SlotPtr`]) only while the handle is home and its copy
+/// has finished.
+pub struct SlotMem(SlotPtr);
+
+impl SlotMem {
     /// # Safety
-    /// No other thread reads or writes the slot meanwhile (it is released and being staged),
-    /// and the window outlives it.
-    pub unsafe fn bytes_mut<'a>(self) -> &'a mut [u8] {
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.len) }
+    /// No other `SlotMem` of this slot is alive, nobody reads the slot while this handle is
+    /// lent, and the window outlives the handle.
+    pub unsafe fn new(slot: SlotPtr) -> SlotMem {
+        SlotMem(slot)
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: `new`'s contract: this handle is the slot's only writer, the window is
+        // alive, and `&mut self` makes the slice exclusive for its lifetime.
+        unsafe { std::slice::from_raw_parts_mut(self.0.ptr, self.0.len) }
     }
 }
 

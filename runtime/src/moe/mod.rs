@@ -37,7 +37,7 @@ use crate::error::{Error, Result, Setting};
 use crate::kernels::cpu::Features;
 use crate::kernels::gemm::gemm;
 use crate::model::Model;
-use crate::window::{SlotPtr, Window};
+use crate::window::{SlotMem, SlotPtr, Window};
 use cache::ExpertCache;
 use compute::{combine, ExpertShape, RankedOut, Scratch};
 use cpu::{CpuPath, CpuWork};
@@ -250,7 +250,7 @@ impl Pools {
     /// Moves `layer`'s `slot`'s queued copy, if any, ahead of the speculative ones.
     fn hurry(&mut self, layer: usize, slot: usize) {
         let g = self.global_slot(layer, slot);
-        if let Some(st) = &self.stager {
+        if let Some(st) = self.stager.as_mut() {
             st.hurry(g);
         }
     }
@@ -379,14 +379,18 @@ impl<'m> Experts<'m> {
             for l in 0..layers {
                 for e in 0..per_layer {
                     let home = pools.homes[l * per_layer + e];
-                    // SAFETY: no staging thread exists and no slice of the window is alive.
-                    let dst = unsafe { pools.slots[l * slots_per_layer + e].bytes_mut() };
-                    model.read_data(&mut dst[..home.range.1], home.range.0)?;
+                    // SAFETY: the one handle of this slot, used once here: no staging thread
+                    // exists, no slice of the window is alive, and the window outlives it.
+                    let mut dst = unsafe { SlotMem::new(pools.slots[l * slots_per_layer + e]) };
+                    model.read_data(&mut dst.bytes_mut()[..home.range.1], home.range.0)?;
                     pools.cache.assign(l, e, e as u32, 0, false);
                 }
             }
         } else if slots_per_layer > 0 {
-            pools.stager = Some(ExpertStager::new(model.file(), model.path.clone(), pools.slots.clone())?);
+            // SAFETY: one handle per slot, owned by the one stager of these slots; the
+            // window outlives the experts (the session drops them first).
+            let mems = pools.slots.iter().map(|&p| unsafe { SlotMem::new(p) }).collect();
+            pools.stager = Some(ExpertStager::new(model.file(), model.path.clone(), mems)?);
         }
         Ok(Some(Experts {
             model,

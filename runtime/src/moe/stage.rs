@@ -2,94 +2,44 @@
 //! running now computes from its slot) before speculative ones (prefetches, refreshes), each
 //! kind in the order asked.
 //!
-//! Only the accelerator path's thread decides what goes where: it asks for a copy (slot,
+//! Only the accelerator path's thread decides what goes where: it requests a copy (slot,
 //! expert) and gets a ticket; the slot holds that expert once the slot's finished ticket
-//! reaches it. The protocol that makes the raw slot pointers safe: the thread writes only the
-//! slots of queued jobs; the executor reads a slot only when its latest ticket is finished,
-//! and never queues a copy into a slot it is reading (it queues before or after computing
-//! from it, on the same thread).
+//! reaches it. Each slot's writing handle is a lease's value (`lease::Slots`): the thread
+//! copying into a slot holds it, so no two copies into one slot can overlap, and the executor
+//! reads a slot only when the handle is home with its latest ticket finished (and never
+//! requests a copy into a slot it is reading: it requests before or after computing from it,
+//! on the same thread).
 
-use std::collections::VecDeque;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
-use crate::staging::{contain_panic, CopyFailure};
-use crate::window::SlotPtr;
-use std::path::PathBuf;
+use crate::lease::{Failure, Lease, Slots};
+use crate::window::SlotMem;
 
-struct Job {
-    slot: usize,
+/// A slot as the copies see it: its bytes and the last ticket copied into it.
+struct ExpertSlot {
+    mem: SlotMem,
+    done: u64,
+}
+
+/// A requested copy.
+struct Copy {
     /// File offset and length of the expert's segment.
     range: (u64, usize),
     ticket: u64,
     urgent: bool,
+    /// When it was asked for (or made urgent): its place among its kind.
+    order: u64,
 }
 
-#[derive(Default)]
-struct State {
-    queue: VecDeque<Job>,
-    /// Per slot: the last finished ticket, and whether a thread is copying into it now.
-    done: Vec<u64>,
-    copying: Vec<bool>,
-    stop: bool,
-    failed: Option<CopyFailure>,
-    /// Bytes copied, wall seconds the copies took and CPU seconds they used, since the last
-    /// `take_copied`.
-    copied_bytes: u64,
-    copy_seconds: f64,
-    copy_cpu_seconds: f64,
-}
-
-struct Shared {
-    state: Mutex<State>,
-    changed: Condvar,
-    file: Arc<File>,
-    slots: Vec<SlotPtr>,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Takes the first queued job that `fits` and whose slot no thread is copying into (two
-    /// copies into one slot at once would mix), marking its slot as being copied into.
-    fn take(state: &mut State, fits: impl Fn(&Job) -> bool) -> Option<Job> {
-        let i = state.queue.iter().position(|j| fits(j) && !state.copying[j.slot])?;
-        let job = state.queue.remove(i)?;
-        state.copying[job.slot] = true;
-        Some(job)
-    }
-
-    /// Copies `job`, which the calling thread has [`take`](Self::take)n (so no other thread
-    /// writes its slot), then publishes it; returns the state, locked again.
-    fn copy(&self, job: Job) -> MutexGuard<'_, State> {
-        let (start, cpu_start) = (Instant::now(), thread_cpu_seconds());
-        // SAFETY: the executor queued this job and reads the slot only after its ticket is
-        // marked done below (and queues no copy into a slot it is reading); `take` removed the
-        // job under the lock while no other copy into its slot ran and marked the slot, so
-        // this thread alone writes it; the window outlives the stager (its owner drops it
-        // first).
-        let dst = unsafe { self.slots[job.slot].bytes_mut() };
-        let result = self.file.read_exact_at(&mut dst[..job.range.1], job.range.0);
-        let mut state = self.lock();
-        state.copying[job.slot] = false;
-        match result {
-            Ok(()) => {
-                state.done[job.slot] = state.done[job.slot].max(job.ticket);
-                state.copied_bytes += job.range.1 as u64;
-                state.copy_seconds += start.elapsed().as_secs_f64();
-                state.copy_cpu_seconds += thread_cpu_seconds() - cpu_start;
-            }
-            Err(e) => state.failed = Some(CopyFailure::Read(e)),
-        }
-        self.changed.notify_all();
-        state
-    }
+/// The order copies are taken in: urgent ones first, each kind in the order asked.
+fn rank(c: &Copy) -> (bool, u64) {
+    (!c.urgent, c.order)
 }
 
 /// What the copies of a while took (see [`ExpertStager::take_copied`]).
@@ -109,37 +59,52 @@ fn thread_cpu_seconds() -> f64 {
     t.tv_sec as f64 + t.tv_nsec as f64 * 1e-9
 }
 
+/// Makes the copy a lease was taken for, by whichever thread took it.
+fn copy(file: &File, copied: &Mutex<Copied>, mut lease: Lease<ExpertSlot, Copy>) -> std::io::Result<()> {
+    let (slot, job) = lease.parts();
+    let (start, cpu_start) = (Instant::now(), thread_cpu_seconds());
+    file.read_exact_at(&mut slot.mem.bytes_mut()[..job.range.1], job.range.0)?;
+    slot.done = slot.done.max(job.ticket);
+    let mut c = copied.lock().unwrap_or_else(|e| e.into_inner());
+    c.bytes += job.range.1 as u64;
+    c.seconds += start.elapsed().as_secs_f64();
+    c.cpu_seconds += thread_cpu_seconds() - cpu_start;
+    Ok(())
+}
+
 pub struct ExpertStager {
-    shared: Arc<Shared>,
+    slots: Slots<ExpertSlot, Copy>,
+    file: Arc<File>,
+    copied: Arc<Mutex<Copied>>,
     thread: Option<JoinHandle<()>>,
     path: PathBuf,
     next_ticket: u64,
+    next_order: u64,
 }
 
 impl ExpertStager {
-    /// A staging thread reading `file` (the artifact) into `slots` (pointers into a window
-    /// the owner drops after this stager).
-    pub fn new(file: Arc<File>, path: PathBuf, slots: Vec<SlotPtr>) -> Result<ExpertStager> {
-        // At most one queued job per slot (`enqueue`): the queue never outgrows this.
-        let queue = VecDeque::with_capacity(slots.len());
-        let state = Mutex::new(State { queue, done: vec![0; slots.len()], copying: vec![false; slots.len()], ..State::default() });
-        let shared = Arc::new(Shared { state, changed: Condvar::new(), file, slots });
+    /// A staging thread reading `file` (the artifact) into the slots `mems` write.
+    pub fn new(file: Arc<File>, path: PathBuf, mems: Vec<SlotMem>) -> Result<ExpertStager> {
+        let slots = Slots::new(mems.into_iter().map(|mem| ExpertSlot { mem, done: 0 }).collect());
+        let copied = Arc::new(Mutex::new(Copied::default()));
         let thread = {
-            let shared = shared.clone();
+            let (slots, file, copied) = (slots.clone(), file.clone(), copied.clone());
             std::thread::Builder::new()
                 .name("llada-expert-staging".into())
                 .spawn(move || {
-                    contain_panic(
-                        || copy_forever(&shared),
-                        || {
-                            shared.lock().failed = Some(CopyFailure::Panicked);
-                            shared.changed.notify_all();
-                        },
-                    )
+                    run_when_idle();
+                    slots.contain_panic(|| {
+                        while let Some(lease) = slots.take(|_, c| Some(rank(c))) {
+                            if let Err(e) = copy(&file, &copied, lease) {
+                                slots.fail(Failure::Read(e));
+                                return;
+                            }
+                        }
+                    })
                 })
                 .map_err(|e| Error::io("starting the expert staging thread", e))?
         };
-        Ok(ExpertStager { shared, thread: Some(thread), path, next_ticket: 1 })
+        Ok(ExpertStager { slots, file, copied, thread: Some(thread), path, next_ticket: 1, next_order: 0 })
     }
 
     /// Queues a copy of the segment at `range` into `slot`, ahead of every speculative copy
@@ -149,21 +114,22 @@ impl ExpertStager {
     pub fn stage(&mut self, slot: usize, range: (u64, usize), urgent: bool) -> (u64, Option<usize>) {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
-        let mut state = self.shared.lock();
-        let replaced = enqueue(&mut state.queue, Job { slot, range, ticket, urgent });
-        drop(state);
-        self.shared.changed.notify_all();
-        (ticket, replaced)
+        self.next_order += 1;
+        let replaced = self.slots.request(slot, Copy { range, ticket, urgent, order: self.next_order });
+        (ticket, replaced.map(|c| c.range.1))
     }
 
-    /// Makes `slot`'s queued copy, if any, urgent (moving it ahead of the speculative ones).
-    pub fn hurry(&self, slot: usize) {
-        promote(&mut self.shared.lock().queue, slot);
+    /// Makes `slot`'s queued copy, if any, urgent (moving it behind the urgent ones, ahead of
+    /// the speculative ones).
+    pub fn hurry(&mut self, slot: usize) {
+        self.next_order += 1;
+        let order = self.next_order;
+        self.slots.update_request(slot, |c| hurried(c, order));
     }
 
     /// Whether `slot`'s copy `ticket` has finished.
     pub fn is_done(&self, slot: usize, ticket: u64) -> bool {
-        self.shared.lock().done[slot] >= ticket
+        self.slots.with(slot, |s, _| s.done >= ticket).unwrap_or(false)
     }
 
     /// Waits until `slot`'s copy `ticket` has finished; returns the seconds waited. A copy
@@ -172,59 +138,41 @@ impl ExpertStager {
     /// one (measured: 8-12 ms a copy with both cores on experts, against about 1 ms).
     pub fn wait(&self, slot: usize, ticket: u64) -> Result<f64> {
         let start = Instant::now();
-        let mut state = self.shared.lock();
-        while state.done[slot] < ticket {
-            if let Some(f) = &state.failed {
-                return Err(f.error(&self.path, "the expert staging thread"));
-            }
-            state = match Shared::take(&mut state, |j| j.slot == slot) {
-                Some(job) => {
-                    drop(state);
-                    self.shared.copy(job)
+        loop {
+            let done = self.slots.wait(slot, |s, requested| s.done >= ticket || requested, |s| s.done >= ticket);
+            match done {
+                Ok(true) => return Ok(start.elapsed().as_secs_f64()),
+                // Home with a copy requested: make it here (unless the thread took it meanwhile).
+                Ok(false) => {
+                    if let Some(lease) = self.slots.try_take(slot) {
+                        copy(&self.file, &self.copied, lease).map_err(|e| crate::model::read_error(&self.path, e))?;
+                    }
                 }
-                None => self.shared.changed.wait(state).unwrap_or_else(|e| e.into_inner()),
-            };
+                Err(_) => return Err(self.slots.failure(|f| f.error(&self.path, "the expert staging thread")).unwrap_or_else(|| Error::Internal("the expert staging thread failed".into()))),
+            }
         }
-        Ok(start.elapsed().as_secs_f64())
     }
 
     /// Bytes copied, and the copies' wall seconds (how long one waits for a copy) and CPU
     /// seconds (what a copy takes from the cores), since the last call.
     pub fn take_copied(&self) -> Copied {
-        let mut state = self.shared.lock();
-        Copied {
-            bytes: std::mem::take(&mut state.copied_bytes),
-            seconds: std::mem::take(&mut state.copy_seconds),
-            cpu_seconds: std::mem::take(&mut state.copy_cpu_seconds),
-        }
+        std::mem::take(&mut *self.copied.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
 
 impl Drop for ExpertStager {
     fn drop(&mut self) {
-        self.shared.lock().stop = true;
-        self.shared.changed.notify_all();
+        self.slots.close();
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
 }
 
-/// Queues `job`: after the urgent jobs if it is urgent, else last. Keeps at most one queued
-/// job per slot: a later copy overtaking an older one into the same slot must cancel it, or
-/// the older would overwrite it; returns the cancelled job's bytes.
-fn enqueue(queue: &mut VecDeque<Job>, job: Job) -> Option<usize> {
-    let replaced = queue.iter().position(|j| j.slot == job.slot).and_then(|i| queue.remove(i)).map(|j| j.range.1);
-    let at = if job.urgent { queue.iter().position(|j| !j.urgent).unwrap_or(queue.len()) } else { queue.len() };
-    queue.insert(at, job);
-    replaced
-}
-
-/// Makes `slot`'s queued speculative job, if any, urgent: it moves behind the urgent ones.
-fn promote(queue: &mut VecDeque<Job>, slot: usize) {
-    if let Some(mut job) = queue.iter().position(|j| j.slot == slot && !j.urgent).and_then(|i| queue.remove(i)) {
-        job.urgent = true;
-        enqueue(queue, job);
+/// A speculative copy made urgent at `order`: it goes behind the urgent ones asked so far.
+fn hurried(c: &mut Copy, order: u64) {
+    if !c.urgent {
+        (c.urgent, c.order) = (true, order);
     }
 }
 
@@ -248,45 +196,31 @@ fn run_when_idle() {
     }
 }
 
-fn copy_forever(shared: &Shared) {
-    run_when_idle();
-    let mut state = shared.lock();
-    loop {
-        if state.stop || state.failed.is_some() {
-            return;
-        }
-        state = match Shared::take(&mut state, |_| true) {
-            Some(job) => {
-                drop(state);
-                shared.copy(job)
-            }
-            None => shared.changed.wait(state).unwrap_or_else(|e| e.into_inner()),
-        };
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn urgent_jobs_overtake_speculative_ones_and_a_newer_job_replaces_a_queued_one() {
-        let job = |slot, len, ticket, urgent| Job { slot, range: (0, len), ticket, urgent };
-        let mut q = VecDeque::new();
-        assert_eq!(enqueue(&mut q, job(0, 10, 1, false)), None);
-        assert_eq!(enqueue(&mut q, job(1, 10, 2, false)), None);
-        assert_eq!(enqueue(&mut q, job(2, 10, 3, true)), None);
-        assert_eq!(enqueue(&mut q, job(3, 10, 4, true)), None);
+    fn urgent_copies_overtake_speculative_ones_and_a_newer_copy_replaces_a_queued_one() {
+        let copy = |len, ticket, urgent| Copy { range: (0, len), ticket, urgent, order: ticket };
+        let slots: Slots<(), Copy> = Slots::new(vec![(); 5]);
+        assert!(slots.request(0, copy(10, 1, false)).is_none());
+        assert!(slots.request(1, copy(10, 2, false)).is_none());
+        assert!(slots.request(2, copy(10, 3, true)).is_none());
+        assert!(slots.request(3, copy(10, 4, true)).is_none());
         // Into slot 1 again: the queued speculative copy is cancelled.
-        assert_eq!(enqueue(&mut q, job(1, 7, 5, true)), Some(10));
-        assert_eq!(enqueue(&mut q, job(4, 10, 6, false)), None);
-        let order: Vec<u64> = q.iter().map(|j| j.ticket).collect();
-        assert_eq!(order, [3, 4, 5, 1, 6]);
+        assert_eq!(slots.request(1, copy(7, 5, true)).map(|c| c.range.1), Some(10));
+        assert!(slots.request(4, copy(10, 6, false)).is_none());
         // Hurrying slot 4's prefetch puts it behind the urgent ones, ahead of slot 0's.
-        promote(&mut q, 4);
-        promote(&mut q, 9);
-        let order: Vec<u64> = q.iter().map(|j| j.ticket).collect();
-        assert_eq!(order, [3, 4, 5, 6, 1]);
+        slots.update_request(4, |c| hurried(c, 7));
+        slots.update_request(3, |c| hurried(c, 8));
+        // The order the staging thread's `take` ranks them in.
+        let order: Vec<u64> = std::iter::from_fn(|| {
+            let (_, best) = (0..5).filter_map(|i| slots.with(i, |_, r| r.as_ref().map(|c| (rank(c), i))).flatten()).min()?;
+            Some(slots.try_take(best)?.parts().1.ticket)
+        })
+        .collect();
+        assert_eq!(order, [3, 4, 5, 6, 1], "an urgent copy keeps its place when hurried");
     }
 
     #[test]
@@ -297,7 +231,8 @@ mod tests {
         let file = Arc::new(File::open(&path).unwrap());
         std::fs::remove_file(&path).unwrap();
         let mut bufs = vec![vec![0u8; len]; 2];
-        let slots = bufs.iter_mut().map(|b| SlotPtr::new_for_test(b)).collect();
+        // SAFETY: one handle per buffer; the buffers are read only after the stager is dropped.
+        let slots = bufs.iter_mut().map(|b| unsafe { SlotMem::new(crate::window::SlotPtr::new_for_test(b)) }).collect();
         let mut st = ExpertStager::new(file, "test".into(), slots).unwrap();
         let (a, _) = st.stage(0, (len as u64, len), false);
         let (b, _) = st.stage(1, (2 * len as u64, len), true);
