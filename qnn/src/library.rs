@@ -16,6 +16,26 @@ pub const HTP_LIBRARY: &str = "libQnnHtp.so";
 /// What a machine without the library is told.
 pub const HOW_TO_GET: &str = "set LLADA_QNN_LIB (or --qnn-lib) to a folder holding libQnnHtp.so and libQnnSystem.so: on x86-64, `tools/qnn/fetch.sh DIR` fetches the HTP simulator's from PyPI's onnxruntime-qnn 2.7.0 wheel; on a phone they come with Qualcomm's QAIRT SDK (lib/aarch64-android)";
 
+/// The shared library that allocates memory the HTP can map (rpcmem), which registered
+/// shared buffers (`memRegister` of ION or DMA-BUF memory) need.
+pub const RPCMEM_LIBRARY: &str = "libcdsprpc.so";
+
+/// How a graph's inputs and outputs bind on this machine, and why, in words: client buffers
+/// (QNN copies each tensor in and out of the process's memory per run). Registered shared buffers need rpcmem
+/// from the phone's FastRPC library; the x86-64 simulator has none (QNN.md). Where it is
+/// present the runtime still uses client buffers: registering them is the next issue's work,
+/// and the report says so rather than claim it.
+pub fn io_binding() -> &'static str {
+    // SAFETY: loading the vendor's FastRPC library runs its initialisers, which only set up
+    // its own state; it is unloaded at once (`RTLD_NOLOAD` is not used: it may not be loaded).
+    let rpcmem = unsafe { libloading::Library::new(RPCMEM_LIBRARY) }.is_ok();
+    if rpcmem {
+        "client buffers (libcdsprpc.so is present, but registered shared buffers are not used yet)"
+    } else {
+        "client buffers (no libcdsprpc.so here, so no registered shared buffers: the simulator has none)"
+    }
+}
+
 /// The loaded HTP library and the provider of the interface the runtime declares.
 pub struct QnnLibrary {
     pub dir: PathBuf,

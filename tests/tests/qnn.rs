@@ -146,6 +146,9 @@ fn every_policy_runs_on_the_npu_deterministically_with_the_hosts_tokens() {
     let art = embedded_npu(dir.path());
     let model = Model::open(&art, true).unwrap();
     let p0 = prompt(&model);
+    // How I/O binds is chosen by what the machine has, and said.
+    let device = session(&model, BackendKind::Qnn).backend().device.clone();
+    assert!(device.contains("I/O: client buffers (no libcdsprpc.so here"), "{device}");
     for policy in [Policy::Exact, Policy::Prefix, Policy::Dual, Policy::Spec, Policy::Mbsd] {
         let p = SamplerParams { gen_length: 32, block_length: 16, steps: 16, policy, ..Default::default() };
         let npu = generate(&mut session(&model, BackendKind::Qnn), &p0, &p, &mut |_| {}).unwrap();

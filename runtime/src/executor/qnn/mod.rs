@@ -88,7 +88,14 @@ impl QnnExecutor {
         let pool = Pool::new(threads, "llada-worker").map_err(|e| Error::Internal(format!("the thread pool does not start: {e}")))?;
         let capabilities = Capabilities {
             backend: "qnn",
-            device: format!("Qualcomm HTP, {} ({}), QNN {}{}", section.soc, lib.provider_name, lib.build_id, if cfg!(target_arch = "x86_64") { ", x86-64 simulator" } else { "" }),
+            device: format!(
+                "Qualcomm HTP, {} ({}), QNN {}{}; I/O: {}",
+                section.soc,
+                lib.provider_name,
+                lib.build_id,
+                if cfg!(target_arch = "x86_64") { ", x86-64 simulator" } else { "" },
+                llada_qnn::library::io_binding()
+            ),
             // The simulator runs on this machine's CPU: its times are CPU figures.
             runs_on_cpu: cfg!(target_arch = "x86_64"),
             cost_per_row: false,
