@@ -295,12 +295,14 @@ impl<T> Back<'_, T> {
     fn wait(&mut self) -> Result<(), Failed> {
         self.waited = true;
         let r = self.slots.wait(self.index, |_, requested| !requested, |_| ());
-        if r.is_err() {
-            // The helper is gone: withdraw the request so nothing can run it later (a lease
-            // taken before the failure brings its value home before dropping it: `Lease::drop`).
-            self.slots.lock().cells[self.index].request = None;
-            // A lease still out is one whose helper is unwinding: wait for its value.
-            let _ = self.slots.wait(self.index, |_, _| true, |_| ());
+        // Whatever happened, the job must not be reachable once this returns: an untaken
+        // request is withdrawn, and a lease still out (a helper unwinding through it, or
+        // failed by another) is waited for, failure or not: it drops the job only after its
+        // value is home (`Lease::drop`).
+        let mut t = self.slots.lock();
+        t.cells[self.index].request = None;
+        while t.cells[self.index].value.is_none() {
+            t = self.slots.sleep(t);
         }
         r
     }
