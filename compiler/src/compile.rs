@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use indicatif::{ProgressBar, ProgressStyle};
 use llada_ir::packing::{pack_panel, PANEL};
 use llada_ir::window::{ActivationScales, ACTIVATION_BLOCK};
+use llada_ir::npu::NpuWeights;
 use llada_ir::{ArtifactWriter, CompileInfo, DType, Family, Header, KvDType, ModelConfig, MoeConfig, Plan, TensorId};
 
 use crate::convert::{convert, first_overflow, first_overflow_raw, to_f32};
@@ -196,7 +197,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     let (d, hd, f) = (cfg.d_model, cfg.head_dim(), cfg.mlp_hidden);
     let q_dim = cfg.n_heads * hd;
     let embed_dtype = ckpt.expect(embedding_name(&cfg), &[cfg.embedding_size, d], &format!("embedding_size {}, d_model {d}", cfg.embedding_size))?.dtype;
-    // An NPU target's executables hold fp16 weights (quantized HTP weights come next), so
+    // An NPU target's executables hold fp16 weights unless --quant asks for int8 or int4, so
     // fp16 is its default storage too (with --host-only as well: its kernels take no f32).
     let npu_soc = if opts.host_only { None } else { crate::qnn::soc_of(&target.name) };
     if crate::qnn::soc_of(&target.name).is_none() && (opts.host_only || opts.qnn_lib.is_some()) {
@@ -207,13 +208,23 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
         return Err(Error::Options("--qnn-lib: --host-only builds no NPU executables, so no QNN library is used".into()));
     }
     let quant = opts.quant.unwrap_or_else(|| if crate::qnn::soc_of(&target.name).is_some() { Quant::F16 } else { Quant::of_source(embed_dtype) });
-    if let (Some((soc, _)), false) = (npu_soc, quant == Quant::F16) {
-        return Err(Error::Options(format!(
-            "--quant {}: the NPU executables for '{soc}' hold fp16 weights in this version; use --quant f16, or --host-only to build the host stand-in with {} weights",
-            quant.name(),
-            quant.name()
-        )));
-    }
+    let npu_weights = match quant {
+        Quant::F16 => NpuWeights::F16,
+        Quant::Q8 => NpuWeights::Int8PerChannel,
+        // The HTP's int4 with fp16 activations is per output channel (QNN.md); the host
+        // stand-in keeps its groups.
+        Quant::Q4 { .. } => NpuWeights::Int4PerChannel,
+        Quant::F32 | Quant::Bf16 => {
+            if let Some((soc, _)) = npu_soc {
+                return Err(Error::Options(format!(
+                    "--quant {}: the NPU executables for '{soc}' hold fp16, int8 or int4 weights; use --quant f16, q8 or q4, or --host-only to build the host stand-in with {} weights",
+                    quant.name(),
+                    quant.name()
+                )));
+            }
+            NpuWeights::F16
+        }
+    };
     if opts.bf16_activations && quant != Quant::Bf16 {
         return Err(Error::Options(format!("--activations bf16 needs bf16 weights (--quant bf16), not {}", quant.name())));
     }
@@ -430,7 +441,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     latency::record(&mut header, &target);
     latency::choose_row_buckets(&mut header, row_set_rows);
     let npu = match (npu_soc, &qnn_library) {
-        (Some(soc), Some(lib)) => Some(add_npu_executables(&mut header, &mut w, &ckpt, segments, &ids, soc, lib, window_bytes, &mut warnings)?),
+        (Some(soc), Some(lib)) => Some(add_npu_executables(&mut header, &mut w, &ckpt, segments, &ids, soc, npu_weights, lib, window_bytes, &mut warnings)?),
         _ => None,
     };
     let n_graphs = header.graphs.len();
@@ -448,6 +459,7 @@ fn add_npu_executables(
     segments: &[(String, Vec<Planned>)],
     ids: &[Vec<TensorId>],
     soc: (&str, u32),
+    format: NpuWeights,
     lib: &std::sync::Arc<llada_qnn::QnnLibrary>,
     window_bytes: u64,
     warnings: &mut Vec<String>,
@@ -464,7 +476,7 @@ fn add_npu_executables(
         }
         Ok(out)
     };
-    let mut lowered = crate::qnn::lower(header, &weights, soc, lib, window_bytes)?;
+    let mut lowered = crate::qnn::lower(header, &weights, format, soc, lib, window_bytes)?;
     warnings.append(&mut lowered.warnings);
     let mut bytes = 0;
     for (i, (context, binary)) in lowered.section.contexts.iter_mut().zip(&lowered.binaries).enumerate() {
@@ -472,7 +484,7 @@ fn add_npu_executables(
         bytes += binary.len() as u64;
     }
     header.extensions.push(llada_ir::Extension { key: llada_ir::npu::EXTENSION_KEY.into(), bytes: lowered.section.encode() });
-    header.compile.options.push(("npu".into(), format!("qnn {} ({})", soc.0, lowered.section.qnn_build)));
+    header.compile.options.push(("npu".into(), format!("qnn {} ({}), {} weights", soc.0, lowered.section.qnn_build, format.name())));
     Ok((soc.0.to_string(), lowered.section.contexts.len(), bytes, lowered.seconds))
 }
 

@@ -148,6 +148,7 @@ fn npu(h: &Header) -> Value {
         "soc_id": n.soc_id,
         "htp_arch": arch,
         "qnn_build": n.qnn_build,
+        "weights": n.weights.name(),
         "contexts": n.contexts.iter().map(|c| {
             let seg = &h.segments[c.segment as usize];
             json!({
@@ -223,7 +224,15 @@ pub fn render_text(d: &Value) -> String {
     }
     let n = &d["npu"];
     if !n.is_null() {
-        let _ = writeln!(s, "\nNPU executables: QNN HTP for {} (socModel {}, {}), prepared by QNN {}", n["soc"].as_str().unwrap_or("?"), n["soc_id"], n["htp_arch"].as_str().unwrap_or("?"), n["qnn_build"].as_str().unwrap_or("?"));
+        let _ = writeln!(
+            s,
+            "\nNPU executables: QNN HTP for {} (socModel {}, {}), prepared by QNN {}; matmul weights {}, activations fp16",
+            n["soc"].as_str().unwrap_or("?"),
+            n["soc_id"],
+            n["htp_arch"].as_str().unwrap_or("?"),
+            n["qnn_build"].as_str().unwrap_or("?"),
+            n["weights"].as_str().unwrap_or("?")
+        );
         for c in n["contexts"].as_array().into_iter().flatten() {
             let graphs: Vec<&str> = c["graphs"].as_array().into_iter().flatten().filter_map(|g| g["graph"].as_str()).collect();
             let _ = writeln!(s, "  context '{}' for {}: {:.1} MiB, {} graphs: {}", c["segment"].as_str().unwrap_or("?"), c["soc"].as_str().unwrap_or("?"), mib(&c["bytes"]), graphs.len(), graphs.join(", "));

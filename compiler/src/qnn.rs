@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use half::f16;
-use llada_ir::npu::{NpuContext, NpuDType, NpuGraph, NpuSection, NpuTensor, Role, SECTION_VERSION, SOCS};
+use llada_ir::npu::{NpuContext, NpuDType, NpuGraph, NpuSection, NpuTensor, NpuWeights, Role, SECTION_VERSION, SOCS};
 use llada_ir::{Graph, Header, Op, Rows, TensorId, ValueId};
 use llada_qnn::abi::{DATATYPE_FLOAT_16, DATATYPE_INT_32};
 use llada_qnn::build::{Out, ParamSpec};
@@ -51,7 +51,7 @@ fn qnn_err(e: llada_qnn::Error) -> Error {
 }
 
 /// Lowers every graph of `h` for `soc`. `weights` gives a tensor's values as f32.
-pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, soc: (&str, u32), lib: &Arc<QnnLibrary>, window_bytes: u64) -> Result<Lowered> {
+pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format: NpuWeights, soc: (&str, u32), lib: &Arc<QnnLibrary>, window_bytes: u64) -> Result<Lowered> {
     if h.model.moe.is_some() {
         return Err(Error::Options(format!("--target {}: LLaDA-MoE has no NPU lowering (its experts run on the CPU path); compile it for the host or a GPU target", soc.0)));
     }
@@ -64,7 +64,7 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, soc: (&
     let mut groups: Vec<Vec<u32>> = vec![Vec::new()];
     let mut bytes = 0u64;
     for (i, g) in h.graphs.iter().enumerate() {
-        let b = weight_bytes(h, g);
+        let b = weight_bytes(h, g, format);
         if !groups.last().unwrap().is_empty() && bytes + b > window_bytes {
             groups.push(Vec::new());
             bytes = 0;
@@ -79,7 +79,7 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, soc: (&
         let ctx = Context::create(&device).map_err(qnn_err)?;
         let mut graphs = Vec::new();
         for gi in group {
-            graphs.push(lower_graph(h, gi, &ctx, weights)?);
+            graphs.push(lower_graph(h, gi, &ctx, weights, format)?);
         }
         let binary = ctx.binary().map_err(qnn_err)?;
         if binary.len() as u64 > window_bytes {
@@ -93,16 +93,41 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, soc: (&
         contexts.push(NpuContext { segment: u32::MAX, crc32: crc32fast::hash(&binary), graphs });
         binaries.push(binary);
     }
-    let section = NpuSection { version: SECTION_VERSION, soc: soc.0.to_string(), soc_id: soc.1, qnn_build: lib.build_id.clone(), contexts };
+    let section = NpuSection { version: SECTION_VERSION, soc: soc.0.to_string(), soc_id: soc.1, qnn_build: lib.build_id.clone(), weights: format, contexts };
     drop(device);
     drop(backend);
     Ok(Lowered { section, binaries, seconds: start.elapsed().as_secs_f64(), warnings })
 }
 
-/// fp16 bytes of the weights a graph's ops read.
-fn weight_bytes(h: &Header, g: &Graph) -> u64 {
+/// Bytes of the weights a graph's ops read, as the executables hold them (int4 packed).
+fn weight_bytes(h: &Header, g: &Graph, format: NpuWeights) -> u64 {
     let mut seen = std::collections::HashSet::new();
-    g.ops.iter().skip(1).flat_map(|o| o.tensors()).filter(|t| seen.insert(*t)).map(|t| h.tensors[t as usize].numel() * 2).sum()
+    let matmul: std::collections::HashSet<TensorId> = g.ops.iter().filter_map(|o| if let Op::MatMul { weight, .. } = *o { Some(weight) } else { None }).collect();
+    let bytes = |t: TensorId| {
+        let n = h.tensors[t as usize].numel();
+        match (matmul.contains(&t), format) {
+            (true, NpuWeights::Int8PerChannel) => n,
+            (true, NpuWeights::Int4PerChannel) => n.div_ceil(2),
+            _ => 2 * n,
+        }
+    };
+    g.ops.iter().skip(1).flat_map(|o| o.tensors()).filter(|t| seen.insert(*t)).map(bytes).sum()
+}
+
+/// Symmetric per-row quantization of an `[n, k]` matrix to signed `bits`: the values and one
+/// scale per row (a zero row gets scale 1: QNN wants scales strictly positive).
+fn per_channel(values: &[f32], n: usize, bits: u32) -> (Vec<i8>, Vec<f32>) {
+    let qmax = ((1i32 << (bits - 1)) - 1) as f32;
+    let k = values.len() / n.max(1);
+    let mut q = Vec::with_capacity(values.len());
+    let mut scales = Vec::with_capacity(n);
+    for row in values.chunks_exact(k.max(1)) {
+        let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let scale = if max > 0.0 { max / qmax } else { 1.0 };
+        q.extend(row.iter().map(|v| (v / scale).round().clamp(-qmax, qmax) as i8));
+        scales.push(scale);
+    }
+    (q, scales)
 }
 
 fn f16_bits(v: &[f32]) -> Vec<u16> {
@@ -117,6 +142,7 @@ struct Lowering<'a, 'c> {
     values: HashMap<ValueId, TensorRef>,
     statics: HashMap<TensorId, TensorRef>,
     next: usize,
+    format: NpuWeights,
 }
 
 impl Lowering<'_, '_> {
@@ -143,6 +169,23 @@ impl Lowering<'_, '_> {
         let values = weights(t)?;
         let name = format!("w.{}", self.h.tensors[t as usize].name);
         let r = self.b.static_f16(&name, dims, &f16_bits(&values)).map_err(qnn_err)?;
+        self.statics.insert(t, r);
+        Ok(r)
+    }
+
+    /// A matmul's `[n, k]` weight in the section's format.
+    fn matmul_weight(&mut self, t: TensorId, n: u32, k: u32, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>) -> Result<TensorRef> {
+        let bits = match self.format {
+            NpuWeights::F16 => return self.weight(t, &[n, k], weights),
+            NpuWeights::Int8PerChannel => 8,
+            NpuWeights::Int4PerChannel => 4,
+        };
+        if let Some(&r) = self.statics.get(&t) {
+            return Ok(r);
+        }
+        let (q, scales) = per_channel(&weights(t)?, n as usize, bits);
+        let name = format!("w.{}", self.h.tensors[t as usize].name);
+        let r = self.b.static_per_channel(&name, &[n, k], q, scales, bits).map_err(qnn_err)?;
         self.statics.insert(t, r);
         Ok(r)
     }
@@ -195,12 +238,12 @@ fn broadcast(a: &[u32], b: &[u32]) -> Vec<u32> {
         .collect()
 }
 
-fn lower_graph(h: &Header, gi: u32, ctx: &Context, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>) -> Result<NpuGraph> {
+fn lower_graph(h: &Header, gi: u32, ctx: &Context, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format: NpuWeights) -> Result<NpuGraph> {
     let g = &h.graphs[gi as usize];
     let m = &h.model;
     let name = format!("g{gi}_{}", g.name.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
     let b = GraphBuilder::new(ctx, &name).map_err(qnn_err)?;
-    let mut l = Lowering { h, g, b, values: HashMap::new(), statics: HashMap::new(), next: 0 };
+    let mut l = Lowering { h, g, b, values: HashMap::new(), statics: HashMap::new(), next: 0, format };
     let (r, hr, c, hd) = (g.rows, g.head_rows, h.plan.kv_capacity, m.head_dim);
     let (heads, kvh) = (m.n_heads, m.n_kv_heads);
     let group = heads / kvh;
@@ -255,7 +298,7 @@ fn lower_graph(h: &Header, gi: u32, ctx: &Context, weights: &dyn Fn(TensorId) ->
                 let xs = l.value(x)?;
                 let shape = &h.tensors[weight as usize].shape;
                 let (n, k) = (shape[0] as u32, shape[1] as u32);
-                let w = l.weight(weight, &[n, k], weights)?;
+                let w = l.matmul_weight(weight, n, k, weights)?;
                 let rows = l.rows(x);
                 let t = result(&mut l, "FullyConnected", &[xs, w], vec![], &[rows, n])?;
                 l.values.insert(out, t);
@@ -385,6 +428,17 @@ fn role_name(role: Role) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn per_channel_quantization_is_symmetric_per_row() {
+        use super::per_channel;
+        let (q, s) = per_channel(&[1.0, -0.5, 0.25, 0.0, 0.0, 0.0, -2.0, 2.0, 1.0], 3, 8);
+        assert_eq!(s, [1.0 / 127.0, 1.0, 2.0 / 127.0]);
+        assert_eq!(q, [127, -64, 32, 0, 0, 0, -127, 127, 64]);
+        let (q, s) = per_channel(&[3.5, -1.0, 0.5, 0.0], 1, 4);
+        assert_eq!(s, [0.5]);
+        assert_eq!(q, [7, -2, 1, 0]);
+    }
+
     #[test]
     fn broadcast_follows_numpy() {
         assert_eq!(super::broadcast(&[4, 2, 16], &[4, 1, 16]), vec![4, 2, 16]);

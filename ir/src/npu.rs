@@ -18,7 +18,7 @@ use crate::header::Header;
 /// The extension key of the section.
 pub const EXTENSION_KEY: &str = "npu.qnn";
 /// The section's own version: a reader refuses any other.
-pub const SECTION_VERSION: u32 = 1;
+pub const SECTION_VERSION: u32 = 2;
 /// Masked attention scores: QNN.md found that an `-inf` mask gives wrong results on the HTP,
 /// so a large finite negative stands in for it (f16's lowest).
 pub const MASKED: f32 = -65504.0;
@@ -35,7 +35,30 @@ pub struct NpuSection {
     pub soc_id: u32,
     /// The QNN build that prepared them (`backendGetBuildId`).
     pub qnn_build: String,
+    /// How the executables hold the matmul weights (norms and biases stay fp16).
+    pub weights: NpuWeights,
     pub contexts: Vec<NpuContext>,
+}
+
+/// The matmul weights' format inside the executables: what the HTP computes natively with
+/// fp16 activations (QNN.md's table; block-scaled int4 needs 16-bit activations, not built).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NpuWeights {
+    F16,
+    /// Signed int8, one scale per output channel (symmetric).
+    Int8PerChannel,
+    /// Signed int4 in an int8 container, one scale per output channel (symmetric).
+    Int4PerChannel,
+}
+
+impl NpuWeights {
+    pub fn name(self) -> &'static str {
+        match self {
+            NpuWeights::F16 => "fp16",
+            NpuWeights::Int8PerChannel => "int8 per output channel",
+            NpuWeights::Int4PerChannel => "int4 per output channel",
+        }
+    }
 }
 
 /// One context binary and the graphs it holds.
@@ -154,6 +177,11 @@ impl NpuSection {
         let Some(e) = h.extensions.iter().find(|e| e.key == EXTENSION_KEY) else {
             return Ok(None);
         };
+        // The version first: an older section's fields do not decode as this one's.
+        let (version, _) = postcard::take_from_bytes::<u32>(&e.bytes).map_err(|err| Error::invalid(format!("extension '{EXTENSION_KEY}' does not decode: {err}")))?;
+        if version != SECTION_VERSION {
+            return Err(Error::invalid(format!("extension '{EXTENSION_KEY}': section version {version} is not the {SECTION_VERSION} this runtime reads; compile the artifact again")));
+        }
         let s: NpuSection = postcard::from_bytes(&e.bytes).map_err(|err| Error::invalid(format!("extension '{EXTENSION_KEY}' does not decode: {err}")))?;
         Ok(Some(s))
     }

@@ -52,6 +52,8 @@ pub type LogCallback = unsafe extern "C" fn(fmt: *const c_char, level: u32, time
 
 /// `Qnn_DataType_t` values the lowering uses.
 pub const DATATYPE_INT_32: u32 = 0x032;
+/// Signed fixed point in 8 bits: int8 weights, and int4 ones in its container (QNN.md).
+pub const DATATYPE_SFIXED_POINT_8: u32 = 0x308;
 pub const DATATYPE_UINT_32: u32 = 0x132;
 pub const DATATYPE_FLOAT_16: u32 = 0x216;
 pub const DATATYPE_FLOAT_32: u32 = 0x232;
@@ -80,8 +82,24 @@ pub struct ClientBuffer {
     pub data_size: u32,
 }
 
-/// `Qnn_QuantizeParams_t`: definition and encoding, then a 32-byte union of the encodings
-/// (unused here: every tensor of this issue is a float tensor).
+/// `QNN_DEFINITION_DEFINED`: the tensor's quantization is given.
+pub const DEFINITION_DEFINED: u32 = 1;
+/// `Qnn_QuantizationEncoding_t`: one scale and offset per channel of an axis; the same with
+/// a bit width below the data type's (int4 in an int8 container).
+pub const ENCODING_AXIS_SCALE_OFFSET: u32 = 1;
+pub const ENCODING_BW_AXIS_SCALE_OFFSET: u32 = 3;
+
+/// `Qnn_ScaleOffset_t`: a value is `(q + offset) * scale`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScaleOffset {
+    pub scale: f32,
+    pub offset: i32,
+}
+
+/// `Qnn_QuantizeParams_t`: definition and encoding, then a 32-byte union of the encodings,
+/// held as words: `Qnn_AxisScaleOffset_t {i32 axis; u32 count; ScaleOffset*}` or
+/// `Qnn_BwAxisScaleOffset_t {u32 bitwidth; i32 axis; u32 count; f32* scales; i32* offsets}`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct QuantizeParams {
@@ -92,6 +110,19 @@ pub struct QuantizeParams {
 
 impl QuantizeParams {
     pub const NONE: QuantizeParams = QuantizeParams { definition: UNDEFINED, encoding: UNDEFINED, payload: [0; 4] };
+
+    /// Per-channel scales and offsets along `axis`; `scale_offsets` must outlive every use.
+    pub fn axis(axis: i32, scale_offsets: &[ScaleOffset]) -> QuantizeParams {
+        let head = (axis as u32 as u64) | ((scale_offsets.len() as u64) << 32);
+        QuantizeParams { definition: DEFINITION_DEFINED, encoding: ENCODING_AXIS_SCALE_OFFSET, payload: [head, scale_offsets.as_ptr() as u64, 0, 0] }
+    }
+
+    /// Per-channel symmetric scales along `axis` for values of `bitwidth` bits (offsets
+    /// null: zero); `scales` must outlive every use.
+    pub fn bw_axis(bitwidth: u32, axis: i32, scales: &[f32]) -> QuantizeParams {
+        let head = (bitwidth as u64) | ((axis as u32 as u64) << 32);
+        QuantizeParams { definition: DEFINITION_DEFINED, encoding: ENCODING_BW_AXIS_SCALE_OFFSET, payload: [head, scales.len() as u64, scales.as_ptr() as u64, 0] }
+    }
 }
 
 /// `Qnn_TensorV1_t`.
@@ -292,6 +323,7 @@ mod tests {
         assert_eq!(offset_of!(Tensor, v1), 8);
         assert_eq!(size_of::<TensorV1>(), 112);
         assert_eq!(size_of::<QuantizeParams>(), 40);
+        assert_eq!(size_of::<ScaleOffset>(), 8);
         assert_eq!(offset_of!(QuantizeParams, payload), 8);
         let fields = [
             offset_of!(TensorV1, id),

@@ -42,8 +42,10 @@ pub struct GraphBuilder<'c> {
     graph: GraphHandle,
     names: Vec<CString>,
     tensors: Vec<Built>,
-    /// Static data, kept until finalize.
+    /// Static data and quantization scales, kept until finalize.
     data: Vec<Vec<u8>>,
+    scale_offsets: Vec<Vec<abi::ScaleOffset>>,
+    scales: Vec<Vec<f32>>,
     ops: usize,
 }
 
@@ -55,7 +57,7 @@ impl<'c> GraphBuilder<'c> {
         // SAFETY: `c` is NUL-terminated and alive for the call; no configs; `graph` is valid
         // for a write.
         check("graphCreate", Some(name), unsafe { create(context.context, c.as_ptr(), std::ptr::null(), &mut graph) })?;
-        Ok(GraphBuilder { context, name: name.to_string(), graph, names: vec![c], tensors: Vec::new(), data: Vec::new(), ops: 0 })
+        Ok(GraphBuilder { context, name: name.to_string(), graph, names: vec![c], tensors: Vec::new(), data: Vec::new(), scale_offsets: Vec::new(), scales: Vec::new(), ops: 0 })
     }
 
     /// QNN's id of a tensor (what execution names it by).
@@ -68,6 +70,10 @@ impl<'c> GraphBuilder<'c> {
     }
 
     fn create(&mut self, name: &str, tensor_type: u32, data_type: u32, dims: &[u32], data: Option<Vec<u8>>) -> Result<TensorRef> {
+        self.create_quantized(name, tensor_type, data_type, dims, data, abi::QuantizeParams::NONE)
+    }
+
+    fn create_quantized(&mut self, name: &str, tensor_type: u32, data_type: u32, dims: &[u32], data: Option<Vec<u8>>, quantize: abi::QuantizeParams) -> Result<TensorRef> {
         let create = self.context.table().tensor_create_graph_tensor.ok_or_else(|| Error::Other("QNN tensorCreateGraphTensor is missing from the library's table".into()))?;
         let c = cstring(name)?;
         let mut dims = dims.to_vec();
@@ -91,7 +97,7 @@ impl<'c> GraphBuilder<'c> {
                 tensor_type,
                 data_format: 0,
                 data_type,
-                quantize: abi::QuantizeParams::NONE,
+                quantize,
                 rank: dims.len() as u32,
                 dimensions: dims.as_mut_ptr(),
                 mem_type: abi::TENSORMEMTYPE_RAW,
@@ -123,6 +129,26 @@ impl<'c> GraphBuilder<'c> {
             return Err(Error::Other(format!("QNN static tensor '{name}': {} bytes for shape {dims:?}", bytes.len())));
         }
         self.create(name, abi::TENSOR_TYPE_STATIC, data_type, dims, Some(bytes))
+    }
+
+    /// A static signed weight of `bits` (8, or 4 in an int8 container) with one symmetric
+    /// scale per channel of axis 0 (`scales.len() == dims[0]`): `(q) * scale`.
+    pub fn static_per_channel(&mut self, name: &str, dims: &[u32], values: Vec<i8>, scales: Vec<f32>, bits: u32) -> Result<TensorRef> {
+        let n: u64 = dims.iter().map(|&d| d as u64).product();
+        if n != values.len() as u64 || dims.first().map(|&d| d as usize) != Some(scales.len()) || !(bits == 8 || bits == 4) {
+            return Err(Error::Other(format!("QNN static tensor '{name}': {} values, {} scales, {bits} bits for shape {dims:?}", values.len(), scales.len())));
+        }
+        // The encoding points at the scales: kept until finalize, like the data (a `Vec`'s
+        // heap buffer does not move when the `Vec` does).
+        let quantize = if bits == 8 {
+            self.scale_offsets.push(scales.iter().map(|&scale| abi::ScaleOffset { scale, offset: 0 }).collect());
+            abi::QuantizeParams::axis(0, self.scale_offsets.last().expect("just pushed"))
+        } else {
+            self.scales.push(scales);
+            abi::QuantizeParams::bw_axis(4, 0, self.scales.last().expect("just pushed"))
+        };
+        let bytes = values.into_iter().map(|v| v as u8).collect();
+        self.create_quantized(name, abi::TENSOR_TYPE_STATIC, abi::DATATYPE_SFIXED_POINT_8, dims, Some(bytes), quantize)
     }
 
     /// Adds op `op_type` (QNN's name: "FullyConnected", "RmsNorm"...) reading `inputs`, with

@@ -34,6 +34,23 @@ fn the_dream_kit_replays_every_greedy_case_with_its_reveals_and_first_pass_logit
     assert_eq!(r.logit_cases_within_tolerance, 3);
 }
 
+/// The trained tiny Dream's kit (`data/dream-conformance/tiny-dream-tasks`: eight held-out
+/// tasks, the published sampler at gen 64 with 64, 32 and 16 steps, three rules): replayed
+/// exactly on the host, ties included (the NPU replays it in CI within fp16's precision).
+#[test]
+fn the_trained_dreams_kit_replays_on_the_host_ties_included() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let lad = dir.path().join("dream-tiny.lad");
+    common::compile(&root.join("../models/dream-tiny-tasks"), &lad, None);
+    let model = Model::open(&lad, true).unwrap();
+    let golden = root.join("data/dream-conformance/tiny-dream-tasks/golden.json");
+    let r = conformance::run(&mut Session::new(&model).unwrap(), &golden, conformance::Selection::default(), &mut |_| {}).unwrap();
+    assert!(r.passed(), "{:?}", r.failures);
+    assert_eq!((r.cases, r.output_ids_matched, r.reveals_all_steps_matched, r.skipped), (72, 72, 72, 0));
+    assert_eq!(r.logit_cases_within_tolerance, 3);
+}
+
 /// The prefix and dual policies on Dream against Fast-dLLM's blocked Dream sampler
 /// (`block_golden.json`, written by `tools/dream/make_block_golden.py` with Fast-dLLM's
 /// `generation_utils_block.py`): the same tokens and reveals at every step.

@@ -2,6 +2,11 @@
 """Golden outputs of the published Dream sampler (diffusion_generate) on a tiny Dream checkpoint.
 
     python tools/dream/make_golden.py --modeling DIR --checkpoint CKPT --out CKPT/golden.json
+    python tools/dream/make_golden.py --modeling DIR --checkpoint models/dream-tiny-tasks \
+        --tasks models/tasks/heldout.jsonl --gen-lengths 64 --out KIT/golden.json
+
+With --tasks (a trained checkpoint), the prompts are eight tasks spread over the file, chat-framed as the model
+was trained, instead of random bytes, and the cases run at --gen-lengths.
 
 DIR holds the published modeling_dream.py, configuration_dream.py and generation_utils.py. The checkpoint is
 loaded with the published DreamModel.from_pretrained in float32; every case is one call of the published
@@ -32,10 +37,29 @@ LOGIT_PROMPTS = (0, 1, 2)
 LOGIT_GEN_LENGTH = 32
 
 
+def frame(tok):
+    """The chat template's text before and after a user turn's content (default system turn, generation prompt)."""
+    text = tok.apply_chat_template([{"role": "user", "content": "@@C@@"}], tokenize=False, add_generation_prompt=True)
+    return text.split("@@C@@")
+
+
+def task_prompts(tok, path):
+    """Eight tasks spread over a task file ({"prompt", "expected"} per line), chat-framed."""
+    tasks = [json.loads(line) for line in open(path) if line.strip()]
+    pre, post = frame(tok)
+    pre_ids = tok.encode(pre, add_special_tokens=False)
+    post_ids = tok.encode(post, add_special_tokens=False)
+    prompts = []
+    for p in range(N_PROMPTS):
+        t = tasks[p * len(tasks) // N_PROMPTS]
+        content = tok.encode(t["prompt"], add_special_tokens=False)
+        prompts.append(dict(content_ids=content, prompt_ids=pre_ids + content + post_ids, task=t["prompt"], expected_answer=t["expected"]))
+    return prompts, pre, post
+
+
 def make_prompts(tok, seed):
     """Chat-template framing (default system turn, one user turn, generation prompt) around 16-24 random byte ids."""
-    text = tok.apply_chat_template([{"role": "user", "content": "@@C@@"}], tokenize=False, add_generation_prompt=True)
-    pre, post = text.split("@@C@@")
+    pre, post = frame(tok)
     pre_ids = tok.encode(pre, add_special_tokens=False)
     post_ids = tok.encode(post, add_special_tokens=False)
     rng = np.random.default_rng(seed)
@@ -143,7 +167,10 @@ def main():
     a.add_argument("--out", required=True)
     a.add_argument("--prompt-seed", type=int, default=1234)
     a.add_argument("--threads", type=int, default=1)
+    a.add_argument("--tasks", help="prompts from this task file (a trained checkpoint) instead of random bytes")
+    a.add_argument("--gen-lengths", default=",".join(map(str, GEN_LENGTHS)), help="comma-separated generation lengths")
     args = a.parse_args()
+    gen_lengths = [int(g) for g in args.gen_lengths.split(",")]
     torch.set_num_threads(args.threads)
     modeling, _, generation = load_public_code(args.modeling)
     from transformers import AutoTokenizer, __version__ as tf_version
@@ -153,9 +180,9 @@ def main():
     tok = AutoTokenizer.from_pretrained(args.checkpoint)
     mask_id = model.config.mask_token_id
     assert mask_id == tok.mask_token_id
-    prompts, pre, post = make_prompts(tok, args.prompt_seed)
+    prompts, pre, post = task_prompts(tok, args.tasks) if args.tasks else make_prompts(tok, args.prompt_seed)
 
-    settings = [[g, s] for g in GEN_LENGTHS for s in (g, g // 2, g // 4)]
+    settings = [[g, s] for g in gen_lengths for s in (g, g // 2, g // 4)]
     cases, schedules = [], {}
     for pi, pr in enumerate(prompts):
         for g, s in settings:
@@ -169,6 +196,7 @@ def main():
                         prompt_index=pi,
                         prompt_ids=pr["prompt_ids"],
                         content_ids=pr["content_ids"],
+                        **{k: pr[k] for k in ("task", "expected_answer") if k in pr},
                         gen_length=g,
                         steps=s,
                         alg=alg,
