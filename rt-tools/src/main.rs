@@ -360,6 +360,10 @@ enum Command {
         sampler: SamplerArgs,
         #[command(flatten)]
         session: SessionArgs,
+        /// The reference's backend [default: --backend's]: e.g. an NPU artifact on qnn
+        /// against the f32 host artifact on host.
+        #[arg(long, value_parser = ["host", "vulkan", "qnn"])]
+        reference_backend: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -602,10 +606,14 @@ impl Display<'_> {
 fn run(cli: Cli, matches: &ArgMatches) -> Done {
     let typed = typed(matches);
     match cli.command {
-        Command::Compare { reference, other, prompt_ids, sampler, session: session_args, json } => {
+        Command::Compare { reference, other, prompt_ids, sampler, session: session_args, reference_backend, json } => {
             let (a, b) = (Model::open(&reference, true)?, Model::open(&other, true)?);
             let params = sampler.checked_params(&a, &typed)?;
-            let c = llada_rt_tools::compare::compare(&mut session_args.open(&a)?, &mut session_args.open(&b)?, &parse_ids(&prompt_ids)?, &params)?;
+            let mut reference_args = session_args.clone();
+            if let Some(backend) = reference_backend {
+                reference_args.backend.backend = backend;
+            }
+            let c = llada_rt_tools::compare::compare(&mut reference_args.open(&a)?, &mut session_args.open(&b)?, &parse_ids(&prompt_ids)?, &params)?;
             if json {
                 outln!("{}", serde_json::to_string_pretty(&c).expect("serializes"))?;
             } else {

@@ -136,6 +136,36 @@ fn one_model_compiles_for_every_snapdragon_and_inspect_lists_its_contexts() {
     }
 }
 
+/// `--quant q8|q4` for an NPU target: int8 or int4 weights per output channel inside the
+/// executables (inspect says which; the binaries shrink accordingly), and the quantized NPU
+/// path still answers the embedded model's task as the f32 host does.
+#[test]
+#[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
+fn quantized_npu_weights_are_int8_and_int4_per_channel_and_still_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = Model::open(&common::embedded(dir.path()), true).unwrap();
+    let p0 = prompt(&host);
+    let p = SamplerParams { gen_length: 32, block_length: 32, steps: 32, policy: Policy::Dual, ..Default::default() };
+    let want = generate(&mut session(&host, BackendKind::Host), &p0, &p, &mut |_| {}).unwrap();
+    let mut sizes = Vec::new();
+    for (quant, format) in [("f16", "fp16"), ("q8", "int8 per output channel"), ("q4", "int4 per output channel")] {
+        let out = dir.path().join(format!("sm8750-{quant}.lad"));
+        lladac(&embedded_model(), "sm8750", &out, &["--max-seq", "128", "--quant", quant]);
+        let o = common::run("lladac", &["inspect", out.to_str().unwrap(), "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["npu"]["weights"].as_str(), Some(format), "{quant}");
+        sizes.push(v["npu"]["contexts"].as_array().unwrap().iter().map(|c| c["bytes"].as_u64().unwrap()).sum::<u64>());
+        if quant == "f16" {
+            // Its tokens are checked by every policy's test.
+            continue;
+        }
+        let model = Model::open(&out, true).unwrap();
+        let got = generate(&mut session(&model, BackendKind::Qnn), &p0, &p, &mut |_| {}).unwrap();
+        assert_eq!(got.output_ids, want.output_ids, "{quant} on the NPU does not answer as the host does");
+    }
+    assert!(sizes[0] > sizes[1] && sizes[1] > sizes[2], "binary bytes f16, q8, q4: {sizes:?}");
+}
+
 /// Every policy on the NPU, twice: the same tokens both times, and (on this trained model,
 /// whose margins are far above fp16's error) the host's tokens.
 #[test]
