@@ -10,7 +10,6 @@ use crate::executor::{self, value_range, BackendKind, Capabilities, Executor, Op
 use crate::model::Model;
 use crate::params::SessionParams;
 use crate::moe::{ExpertCounters, ExpertStrategy, Experts};
-use crate::sampler::revision::SidePath;
 use crate::staging::{PassStaging, Stager, StagingMode};
 use crate::window::Window;
 
@@ -98,8 +97,10 @@ pub struct Session<'m> {
     /// The expert runtime of a mixture-of-experts model.
     experts: Option<Experts<'m>>,
     /// The CPU side path that revises beside the dense passes (`mbsd --revision dual-path`),
-    /// set up by the first generation that asks for it and kept for the next.
-    side: Option<SidePath>,
+    /// set up by the first generation that asks for it and kept for the next. Typed by the
+    /// sampler, which defines it (`sampler::revision::SidePath`): the session stays below the
+    /// sampler in the import order and only keeps it.
+    side: Option<Box<dyn std::any::Any + Send>>,
     window: Window,
     /// Length of the sequence whose every position the cache holds (set by a whole-sequence
     /// pass): the condition for passes over fewer rows.
@@ -389,26 +390,13 @@ impl<'m> Session<'m> {
         &mut self.window
     }
 
-    /// Readies the session's CPU side path for a generation checking `per_job` tokens a side
-    /// pass: the one kept from an earlier generation if it checks as many, else a new one
-    /// (thread started, window allocated); returns `per_job`.
-    pub(crate) fn begin_side_path(&mut self, per_job: usize) -> Result<usize> {
-        if self.side.as_ref().is_none_or(|s| s.per_job() != per_job) {
-            // The old one's thread is joined before the new one starts.
-            self.side = None;
-            self.side = Some(SidePath::new(self.model, self.features, per_job)?);
-            self.counters.side_path_starts += 1;
-        }
-        self.side.as_mut().map_or(Ok(()), SidePath::begin)?;
-        Ok(per_job)
-    }
-
-    /// The side path, taken out while a merge borrows the session; [`put_side_path`](Self::put_side_path) returns it.
-    pub(crate) fn take_side_path(&mut self) -> Option<SidePath> {
+    /// The side path, taken out while a generation uses it (it borrows the session);
+    /// [`put_side_path`](Self::put_side_path) returns it.
+    pub(crate) fn take_side_path(&mut self) -> Option<Box<dyn std::any::Any + Send>> {
         self.side.take()
     }
 
-    pub(crate) fn put_side_path(&mut self, side: SidePath) {
+    pub(crate) fn put_side_path(&mut self, side: Box<dyn std::any::Any + Send>) {
         self.side = Some(side);
     }
 

@@ -177,7 +177,7 @@ impl Mbsd {
         // `auto` on Dream's entropy rule: off (its confidence is no probability to compare).
         let entropy = session.model.is_dream() && p.alg == crate::params::Alg::Entropy;
         let side = match p.revision.resolve(session.backend().runs_on_cpu || entropy) {
-            Revision::DualPath => Some(session.begin_side_path((side_rows / 2).max(1))?),
+            Revision::DualPath => Some(super::revision::begin(session, (side_rows / 2).max(1))?),
             _ => None,
         };
         Ok(Mbsd {
@@ -292,12 +292,12 @@ impl PolicyStep for Mbsd {
         }
         let last = c.block + 1 == c.blocks && !c.x[block_start..block_end].contains(&mask);
         if self.side.is_some() {
-            // The session's side path, out of it while it borrows the session.
-            let mut side = session.take_side_path().ok_or_else(|| Error::Internal("the session's CPU side path is gone".to_string()))?;
-            let merged = side.merge_and_launch(session, &mut c.x, &mut self.states, &mut self.kv_fresh, prompt_len, &pass.stored, &c.p, noise_step, !last, &mut c.revisions);
-            self.report.side = side.report;
-            session.put_side_path(side);
-            merged?;
+            let (states, kv_fresh, report) = (&mut self.states, &mut self.kv_fresh, &mut self.report);
+            super::revision::with_side_path(session, |side, session| {
+                let merged = side.merge_and_launch(session, &mut c.x, states, kv_fresh, prompt_len, &pass.stored, &c.p, noise_step, !last, &mut c.revisions);
+                report.side = side.report;
+                merged
+            })?;
         }
         // Under revision only stable tokens are final, until the last step ends it all.
         c.settled = match self.side {

@@ -38,7 +38,7 @@ mod dream;
 mod generator;
 mod mbsd;
 mod official;
-pub(crate) mod revision;
+mod revision;
 
 use std::ops::ControlFlow;
 

@@ -327,6 +327,33 @@ impl SidePath {
     }
 }
 
+/// Readies the session's CPU side path for a generation checking `per_job` tokens a side
+/// pass: the one kept from an earlier generation if it checks as many, else a new one
+/// (thread started, window allocated; counted in `Counters::side_path_starts`).
+pub(super) fn begin(session: &mut Session, per_job: usize) -> Result<usize> {
+    let kept = session.take_side_path().and_then(|s| s.downcast::<SidePath>().ok()).filter(|s| s.per_job() == per_job);
+    let mut side = match kept {
+        Some(s) => s,
+        None => {
+            session.counters.side_path_starts += 1;
+            Box::new(SidePath::new(session.model, session.features(), per_job)?)
+        }
+    };
+    let begun = side.begin();
+    session.put_side_path(side);
+    begun.map(|()| per_job)
+}
+
+/// Runs `f` with the session's side path taken out of it (so `f` may borrow the session).
+pub(super) fn with_side_path<R>(session: &mut Session, f: impl FnOnce(&mut SidePath, &mut Session) -> Result<R>) -> Result<R> {
+    let Some(mut side) = session.take_side_path().and_then(|s| s.downcast::<SidePath>().ok()) else {
+        return Err(Error::Internal("the session's CPU side path is gone".to_string()));
+    };
+    let r = f(&mut side, session);
+    session.put_side_path(side);
+    r
+}
+
 /// The error of a side path whose thread failed outside a job.
 fn failed() -> Error {
     Error::Internal("the CPU side path's thread failed".to_string())
