@@ -112,14 +112,13 @@ impl<T, R> Slots<T, R> {
         }
     }
 
-    /// Owner: runs `f` on slot `i`'s value and request if the value is home (`None` if lent).
-    pub fn with<X>(&self, i: usize, f: impl FnOnce(&mut T, &mut Option<R>) -> X) -> Option<X> {
+    /// Owner: runs `f` on slot `i`'s value (and sees its request) if the value is home
+    /// (`None` if lent). No request changes, so nobody is woken (a hot path: per expert and
+    /// per staged segment).
+    pub fn with<X>(&self, i: usize, f: impl FnOnce(&mut T, Option<&R>) -> X) -> Option<X> {
         let mut t = self.lock();
         let cell = &mut t.cells[i];
-        let x = cell.value.as_mut().map(|v| f(v, &mut cell.request));
-        drop(t);
-        self.notify();
-        x
+        cell.value.as_mut().map(|v| f(v, cell.request.as_ref()))
     }
 
     /// Owner: waits until slot `i`'s value is home and `ready(value, requested)`, then runs

@@ -216,7 +216,7 @@ mod tests {
         slots.update_request(3, |c| hurried(c, 8));
         // The order the staging thread's `take` ranks them in.
         let order: Vec<u64> = std::iter::from_fn(|| {
-            let (_, best) = (0..5).filter_map(|i| slots.with(i, |_, r| r.as_ref().map(|c| (rank(c), i))).flatten()).min()?;
+            let (_, best) = (0..5).filter_map(|i| slots.with(i, |_, r| r.map(|c| (rank(c), i))).flatten()).min()?;
             Some(slots.try_take(best)?.parts().1.ticket)
         })
         .collect();
