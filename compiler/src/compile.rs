@@ -143,6 +143,8 @@ pub struct CompileOptions {
     pub host_only: bool,
     /// Folder of Qualcomm's QNN libraries for an NPU target; `None`: `LLADA_QNN_LIB`.
     pub qnn_lib: Option<PathBuf>,
+    /// Contexts to split an NPU target's layers into; `None`: the fewest that fit the window.
+    pub npu_contexts: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -206,6 +208,9 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     }
     if opts.host_only && opts.qnn_lib.is_some() {
         return Err(Error::Options("--qnn-lib: --host-only builds no NPU executables, so no QNN library is used".into()));
+    }
+    if let (Some(n), None) = (opts.npu_contexts, npu_soc) {
+        return Err(Error::Options(format!("--npu-contexts {n}: only the NPU executables of a Snapdragon target (without --host-only) are split into contexts")));
     }
     let quant = opts.quant.unwrap_or_else(|| if crate::qnn::soc_of(&target.name).is_some() { Quant::F16 } else { Quant::of_source(embed_dtype) });
     let npu_weights = match quant {
@@ -441,7 +446,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     latency::record(&mut header, &target);
     latency::choose_row_buckets(&mut header, row_set_rows);
     let npu = match (npu_soc, &qnn_library) {
-        (Some(soc), Some(lib)) => Some(add_npu_executables(&mut header, &mut w, &ckpt, segments, &ids, soc, npu_weights, lib, window_bytes, &mut warnings)?),
+        (Some(soc), Some(lib)) => Some(add_npu_executables(&mut header, &mut w, &ckpt, segments, &ids, soc, npu_weights, lib, opts.npu_contexts, &mut warnings)?),
         _ => None,
     };
     let n_graphs = header.graphs.len();
@@ -461,7 +466,7 @@ fn add_npu_executables(
     soc: (&str, u32),
     format: NpuWeights,
     lib: &std::sync::Arc<llada_qnn::QnnLibrary>,
-    window_bytes: u64,
+    contexts: Option<u32>,
     warnings: &mut Vec<String>,
 ) -> Result<(String, usize, u64, f64)> {
     let planned: HashMap<TensorId, &Planned> = ids.iter().flatten().copied().zip(segments.iter().flat_map(|(_, p)| p.iter())).collect();
@@ -476,7 +481,7 @@ fn add_npu_executables(
         }
         Ok(out)
     };
-    let mut lowered = crate::qnn::lower(header, &weights, format, soc, lib, window_bytes)?;
+    let mut lowered = crate::qnn::lower(header, &weights, format, soc, lib, contexts)?;
     warnings.append(&mut lowered.warnings);
     let mut bytes = 0;
     for (i, (context, binary)) in lowered.section.contexts.iter_mut().zip(&lowered.binaries).enumerate() {
@@ -593,6 +598,7 @@ mod tests {
             progress: false,
             host_only: false,
             qnn_lib: None,
+            npu_contexts: None,
         }
     }
 

@@ -149,6 +149,8 @@ fn npu(h: &Header) -> Value {
         "htp_arch": arch,
         "qnn_build": n.qnn_build,
         "weights": n.weights.name(),
+        "context_budget": n.context_budget,
+        "window_bytes": h.plan.window.bytes,
         "contexts": n.contexts.iter().map(|c| {
             let seg = &h.segments[c.segment as usize];
             json!({
@@ -156,6 +158,8 @@ fn npu(h: &Header) -> Value {
                 "segment": seg.name,
                 "bytes": seg.nbytes,
                 "crc32": c.crc32,
+                "layers": c.layers,
+                "resident": c.resident,
                 "graphs": c.graphs.iter().map(|g| json!({
                     "name": g.name, "graph": h.graphs[g.graph as usize].name,
                     "inputs": g.inputs.len(), "outputs": g.outputs.len(),
@@ -233,9 +237,21 @@ pub fn render_text(d: &Value) -> String {
             n["qnn_build"].as_str().unwrap_or("?"),
             n["weights"].as_str().unwrap_or("?")
         );
+        let _ = writeln!(s, "  contexts may use {:.1} MiB of the {:.1} MiB window at once (the rest: KV cache and a pass's I/O)", mib(&n["context_budget"]), mib(&n["window_bytes"]));
         for c in n["contexts"].as_array().into_iter().flatten() {
             let graphs: Vec<&str> = c["graphs"].as_array().into_iter().flatten().filter_map(|g| g["graph"].as_str()).collect();
-            let _ = writeln!(s, "  context '{}' for {}: {:.1} MiB, {} graphs: {}", c["segment"].as_str().unwrap_or("?"), c["soc"].as_str().unwrap_or("?"), mib(&c["bytes"]), graphs.len(), graphs.join(", "));
+            let _ = writeln!(
+                s,
+                "  context '{}' for {}: layers {}..{}, {:.1} MiB, {}, {} graphs: {}",
+                c["segment"].as_str().unwrap_or("?"),
+                c["soc"].as_str().unwrap_or("?"),
+                c["layers"][0],
+                c["layers"][1],
+                mib(&c["bytes"]),
+                if c["resident"].as_bool() == Some(true) { "resident" } else { "rotating" },
+                graphs.len(),
+                graphs.join(", ")
+            );
         }
     }
     let p = &d["plan"];

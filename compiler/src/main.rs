@@ -78,6 +78,10 @@ enum Command {
         /// executables of a Snapdragon target [default: LLADA_QNN_LIB].
         #[arg(long)]
         qnn_lib: Option<PathBuf>,
+        /// On a Snapdragon target: split the model's layers into this many NPU contexts
+        /// (at most one per layer) [default: the fewest whose binaries fit the window].
+        #[arg(long)]
+        npu_contexts: Option<u32>,
     },
     /// Describe an artifact: model, tensors, graphs, plan (verifies all checksums).
     Inspect {
@@ -162,7 +166,7 @@ fn check_compile_flags(matches: &ArgMatches, quant: Option<&str>, group: u32, ta
 
 fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
     match cli.command {
-        Command::Compile { model, output, quant, group, target, max_seq, head_rows, block_len, spec_blocks, activations, activation_scales, window_bytes, kv_dtype, host_only, qnn_lib } => {
+        Command::Compile { model, output, quant, group, target, max_seq, head_rows, block_len, spec_blocks, activations, activation_scales, window_bytes, kv_dtype, host_only, qnn_lib, npu_contexts } => {
             check_compile_flags(matches, quant.as_deref(), group, &target, max_seq, block_len, spec_blocks).map_err(Failure::Usage)?;
             let opts = CompileOptions {
                 model,
@@ -180,6 +184,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
                 progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
                 host_only,
                 qnn_lib,
+                npu_contexts,
             };
             let s = compile(&opts)?;
             // The artifact is written: a stderr that cannot take the report changes nothing.

@@ -50,57 +50,157 @@ fn qnn_err(e: llada_qnn::Error) -> Error {
     }
 }
 
-/// Lowers every graph of `h` for `soc`. `weights` gives a tensor's values as f32.
-pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format: NpuWeights, soc: (&str, u32), lib: &Arc<QnnLibrary>, window_bytes: u64) -> Result<Lowered> {
+/// Lowers every graph of `h` for `soc`, its layers split into `contexts` contexts (`None`:
+/// the fewest whose binaries fit the window's room for contexts). `weights` gives a
+/// tensor's values as f32.
+pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format: NpuWeights, soc: (&str, u32), lib: &Arc<QnnLibrary>, contexts: Option<u32>) -> Result<Lowered> {
     if h.model.moe.is_some() {
         return Err(Error::Options(format!("--target {}: LLaDA-MoE has no NPU lowering (its experts run on the CPU path); compile it for the host or a GPU target", soc.0)));
     }
     let start = std::time::Instant::now();
+    let w = &h.plan.window;
+    let io = llada_ir::npu::io_bytes(h);
+    let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
+    let budget = w.bytes.checked_sub(w.kv.bytes + io).filter(|&b| b > 0).ok_or_else(|| {
+        Error::Options(format!(
+            "--target {}: the {} window leaves no room for the NPU's contexts after the KV cache ({}) and a pass's inputs and outputs ({}); lower --max-seq or raise --window-bytes",
+            soc.0,
+            mib(w.bytes),
+            mib(w.kv.bytes),
+            mib(io)
+        ))
+    })?;
+    let bounds: Vec<Vec<usize>> = h.graphs.iter().map(|g| layer_bounds(h, g)).collect::<Result<_>>()?;
+    let n = h.model.n_layers;
+    // What each layer adds to a context (every graph carries its own weights: the simulator
+    // cannot reload weight-shared binaries, QNN.md), the head counted with the last layer.
+    let layer_bytes: Vec<u64> = (0..n as usize)
+        .map(|l| {
+            h.graphs.iter().zip(&bounds).map(|(g, b)| weight_bytes(h, g, format, b[l]..if l + 1 == n as usize { g.ops.len() } else { b[l + 1] })).sum()
+        })
+        .collect();
+    let groups = split_layers(&layer_bytes, budget, contexts).map_err(|e| Error::Options(format!("--target {}: {e}", soc.0)))?;
     let backend = lib.backend().map_err(qnn_err)?;
     let device = Device::new(&backend, soc.1).map_err(qnn_err)?;
-    // Contexts: graphs in plan order, a new context when the next graph's weights would take
-    // the current one past the NPU's window (each graph carries its own weights: the
-    // simulator cannot reload weight-shared binaries, QNN.md).
-    let mut groups: Vec<Vec<u32>> = vec![Vec::new()];
-    let mut bytes = 0u64;
-    for (i, g) in h.graphs.iter().enumerate() {
-        let b = weight_bytes(h, g, format);
-        if !groups.last().unwrap().is_empty() && bytes + b > window_bytes {
-            groups.push(Vec::new());
-            bytes = 0;
-        }
-        bytes += b;
-        groups.last_mut().unwrap().push(i as u32);
-    }
-    let mut contexts = Vec::new();
+    let mut built = Vec::new();
     let mut binaries = Vec::new();
-    let mut warnings = Vec::new();
-    for group in groups {
+    for (ci, layers) in groups.into_iter().enumerate() {
         let ctx = Context::create(&device).map_err(qnn_err)?;
         let mut graphs = Vec::new();
-        for gi in group {
-            graphs.push(lower_graph(h, gi, &ctx, weights, format)?);
+        for (gi, b) in bounds.iter().enumerate() {
+            let ops = b[layers[0] as usize]..if layers[1] == n { h.graphs[gi].ops.len() } else { b[layers[1] as usize] };
+            graphs.push(lower_graph(h, gi as u32, &ctx, weights, format, layers, ops)?);
         }
         let binary = ctx.binary().map_err(qnn_err)?;
-        if binary.len() as u64 > window_bytes {
-            // One graph holds the whole network: it cannot be split further here.
-            warnings.push(format!(
-                "NPU context {} is {} bytes, more than the target's {window_bytes}-byte NPU window: a phone cannot map it, and QNN's simulator refuses a second context past its process domain; splitting a model's layers across contexts is not built yet",
-                contexts.len(),
-                binary.len()
-            ));
+        if binary.len() as u64 > budget {
+            return Err(Error::Options(format!(
+                "--target {}: NPU context {ci} (layers {}..{}) is {}, more than the {} the window leaves for contexts; ask for more contexts (--npu-contexts), a larger --window-bytes, or smaller weights (--quant q4)",
+                soc.0,
+                layers[0],
+                layers[1],
+                mib(binary.len() as u64),
+                mib(budget)
+            )));
         }
-        contexts.push(NpuContext { segment: u32::MAX, crc32: crc32fast::hash(&binary), graphs });
+        built.push(NpuContext { segment: u32::MAX, crc32: crc32fast::hash(&binary), layers, resident: false, graphs });
         binaries.push(binary);
     }
-    let section = NpuSection { version: SECTION_VERSION, soc: soc.0.to_string(), soc_id: soc.1, qnn_build: lib.build_id.clone(), weights: format, contexts };
+    let sizes: Vec<u64> = binaries.iter().map(|b| b.len() as u64).collect();
+    for (c, resident) in built.iter_mut().zip(resident_prefix(&sizes, budget)) {
+        c.resident = resident;
+    }
+    let section = NpuSection { version: SECTION_VERSION, soc: soc.0.to_string(), soc_id: soc.1, qnn_build: lib.build_id.clone(), weights: format, context_budget: budget, contexts: built };
     drop(device);
     drop(backend);
-    Ok(Lowered { section, binaries, seconds: start.elapsed().as_secs_f64(), warnings })
+    Ok(Lowered { section, binaries, seconds: start.elapsed().as_secs_f64(), warnings: Vec::new() })
 }
 
-/// Bytes of the weights a graph's ops read, as the executables hold them (int4 packed).
-fn weight_bytes(h: &Header, g: &Graph, format: NpuWeights) -> u64 {
+/// Where each layer's ops start in `g`, and (last) where the head's start: layer 0 right after
+/// the embedding, layer l after the last residual addition before its attention. Only the
+/// residual stream crosses these boundaries (the lowering refuses any other value read there).
+fn layer_bounds(h: &Header, g: &Graph) -> Result<Vec<usize>> {
+    let bad = |what: String| Error::Options(format!("lowering graph '{}' to QNN: {what}", g.name));
+    let Some(Op::Embed { out: residual, .. }) = g.ops.first() else {
+        return Err(bad("it does not start with the embedding".into()));
+    };
+    let after_last_add = |before: usize| g.ops[..before].iter().rposition(|o| matches!(o, Op::Add { acc, .. } if acc == residual)).map(|i| i + 1);
+    let mut bounds = vec![1];
+    for l in 1..h.model.n_layers {
+        let attention = g.ops.iter().position(|o| matches!(o, Op::Attention { layer, .. } if *layer == l)).ok_or_else(|| bad(format!("no attention for layer {l}")))?;
+        match after_last_add(attention) {
+            Some(b) if b > *bounds.last().unwrap() => bounds.push(b),
+            _ => return Err(bad(format!("no residual addition between layers {} and {l}", l - 1))),
+        }
+    }
+    Ok(bounds)
+}
+
+/// Layers (by their bytes) grouped into contexts: `count` of them balanced by bytes, or (no
+/// count) the fewest that keep each within `budget`.
+fn split_layers(layer_bytes: &[u64], budget: u64, count: Option<u32>) -> std::result::Result<Vec<[u32; 2]>, String> {
+    let n = layer_bytes.len() as u32;
+    let total: u64 = layer_bytes.iter().sum();
+    // A binary is a little more than its weights (graphs, I/O descriptions): leave room.
+    let fits = |bytes: u64| bytes + bytes / 16 + (1 << 20) <= budget;
+    let groups_of = |count: u32| -> Vec<[u32; 2]> {
+        // `count` groups, each closing once it reaches its share of the bytes.
+        let mut groups = Vec::new();
+        let (mut first, mut acc) = (0u32, 0u64);
+        for (l, &b) in layer_bytes.iter().enumerate() {
+            acc += b;
+            let left_groups = count - groups.len() as u32 - 1;
+            let left_layers = n - l as u32 - 1;
+            let share = total * (groups.len() as u64 + 1) / count as u64;
+            if left_groups > 0 && (acc >= share || left_layers == left_groups) {
+                groups.push([first, l as u32 + 1]);
+                first = l as u32 + 1;
+            }
+        }
+        groups.push([first, n]);
+        groups
+    };
+    match count {
+        Some(c) if c == 0 || c > n => Err(format!("--npu-contexts {c}: the model has {n} layers, so 1 to {n} contexts")),
+        Some(c) => Ok(groups_of(c)),
+        None => {
+            if let Some(l) = layer_bytes.iter().position(|&b| !fits(b)) {
+                return Err(format!(
+                    "layer {l} alone ({} bytes of weights over all graphs) does not fit the {budget} bytes the window leaves for NPU contexts; raise --window-bytes, lower --max-seq, or use smaller weights (--quant q4)",
+                    layer_bytes[l]
+                ));
+            }
+            // The fewest contexts (greedy in layer order is optimal for contiguous groups),
+            // balanced by bytes where that still fits.
+            let mut greedy = vec![[0, 0]];
+            let mut acc = 0;
+            for (l, &b) in layer_bytes.iter().enumerate() {
+                if acc > 0 && !fits(acc + b) {
+                    greedy.push([l as u32, l as u32]);
+                    acc = 0;
+                }
+                acc += b;
+                greedy.last_mut().unwrap()[1] = l as u32 + 1;
+            }
+            let balanced = groups_of(greedy.len() as u32);
+            let bytes = |g: &[u32; 2]| layer_bytes[g[0] as usize..g[1] as usize].iter().sum::<u64>();
+            Ok(if balanced.iter().all(|g| fits(bytes(g))) { balanced } else { greedy })
+        }
+    }
+}
+
+/// Which contexts stay resident: the longest prefix that leaves room, within `budget`, for the
+/// largest of the others to be created beside them (all of them, when everything fits).
+fn resident_prefix(sizes: &[u64], budget: u64) -> Vec<bool> {
+    let k = (0..=sizes.len())
+        .rev()
+        .find(|&k| sizes[..k].iter().sum::<u64>() + sizes[k..].iter().copied().max().unwrap_or(0) <= budget)
+        .unwrap_or(0);
+    (0..sizes.len()).map(|i| i < k).collect()
+}
+
+/// Bytes of the weights the ops `ops` of a graph read, as the executables hold them (int4
+/// packed).
+fn weight_bytes(h: &Header, g: &Graph, format: NpuWeights, ops: std::ops::Range<usize>) -> u64 {
     let mut seen = std::collections::HashSet::new();
     let matmul: std::collections::HashSet<TensorId> = g.ops.iter().filter_map(|o| if let Op::MatMul { weight, .. } = *o { Some(weight) } else { None }).collect();
     let bytes = |t: TensorId| {
@@ -111,7 +211,7 @@ fn weight_bytes(h: &Header, g: &Graph, format: NpuWeights) -> u64 {
             _ => 2 * n,
         }
     };
-    g.ops.iter().skip(1).flat_map(|o| o.tensors()).filter(|t| seen.insert(*t)).map(bytes).sum()
+    g.ops[ops].iter().filter(|o| !matches!(o, Op::Embed { .. })).flat_map(|o| o.tensors()).filter(|t| seen.insert(*t)).map(bytes).sum()
 }
 
 /// Symmetric per-row quantization of an `[n, k]` matrix to signed `bits`: the values and one
@@ -238,34 +338,50 @@ fn broadcast(a: &[u32], b: &[u32]) -> Vec<u32> {
         .collect()
 }
 
-fn lower_graph(h: &Header, gi: u32, ctx: &Context, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format: NpuWeights) -> Result<NpuGraph> {
+/// Layers `layers` of planned graph `gi` (its ops `ops`) as one QNN graph in `ctx`.
+fn lower_graph(h: &Header, gi: u32, ctx: &Context, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format: NpuWeights, layers: [u32; 2], ops: std::ops::Range<usize>) -> Result<NpuGraph> {
     let g = &h.graphs[gi as usize];
     let m = &h.model;
-    let name = format!("g{gi}_{}", g.name.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
+    let name = format!("g{gi}_l{}_{}_{}", layers[0], layers[1], g.name.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
     let b = GraphBuilder::new(ctx, &name).map_err(qnn_err)?;
     let mut l = Lowering { h, g, b, values: HashMap::new(), statics: HashMap::new(), next: 0, format };
     let (r, hr, c, hd) = (g.rows, g.head_rows, h.plan.kv_capacity, m.head_dim);
     let (heads, kvh) = (m.n_heads, m.n_kv_heads);
     let group = heads / kvh;
-    let Some(Op::Embed { out: embedded, .. }) = g.ops.first() else {
+    let Some(Op::Embed { out: residual, .. }) = g.ops.first() else {
         return Err(Error::Options(format!("lowering graph '{}' to QNN: it does not start with the embedding", g.name)));
     };
+    let residual = *residual;
+    let last_context = layers[1] == m.n_layers;
     // Inputs, in the order `Role::expected` lists them.
+    let (input_roles, output_roles) = Role::expected(layers, m.n_layers);
     let mut inputs: Vec<(Role, TensorRef)> = Vec::new();
-    for role in Role::expected(m.n_layers).0 {
+    for role in input_roles {
         let dtype = if role.dtype() == NpuDType::I32 { DATATYPE_INT_32 } else { DATATYPE_FLOAT_16 };
         let t = l.b.input(&role_name(role), dtype, &role.dims(h, r, hr)).map_err(qnn_err)?;
         inputs.push((role, t));
     }
-    let input = |role: Role| inputs.iter().find(|(r, _)| *r == role).map(|(_, t)| *t).expect("every role is an input");
-    l.values.insert(*embedded, input(Role::Hidden));
+    let input = |role: Role| inputs.iter().find(|(r, _)| *r == role).map(|(_, t)| *t).expect("every role the ops read is an input of this context");
+    // The residual stream enters as the hidden states (the embedding's output in the first
+    // context); nothing else crosses a context's boundary.
+    l.values.insert(residual, input(Role::Hidden));
     let mut outputs: Vec<(Role, TensorRef)> = Vec::new();
-    // The op that writes the logits last: its result is the graph's output.
-    let logits_op = g.ops.iter().rposition(|o| o.outputs().contains(&g.logits));
-    for (index, op) in g.ops.iter().enumerate().skip(1) {
-        let last = Some(index) == logits_op;
+    // The op whose result leaves the graph: the last writer of the logits in the last
+    // context, the residual addition closing the context in the others.
+    let (out_op, out_role, out_value) = if last_context {
+        let op = g.ops[ops.clone()].iter().rposition(|o| o.outputs().contains(&g.logits)).map(|i| i + ops.start);
+        (op, Role::Logits, g.logits)
+    } else {
+        let closes = matches!(g.ops[ops.end - 1], Op::Add { acc, .. } if acc == residual);
+        (closes.then_some(ops.end - 1), Role::HiddenOut, residual)
+    };
+    if out_op.is_none() {
+        return Err(Error::Options(format!("lowering graph '{}' to QNN: layers {}..{} do not end in {out_role:?}", g.name, layers[0], layers[1])));
+    }
+    for (index, op) in g.ops.iter().enumerate().skip(ops.start).take(ops.len()) {
+        let last = Some(index) == out_op;
         let result = |l: &mut Lowering, ty: &str, ins: &[TensorRef], params: Vec<ParamSpec>, dims: &[u32]| -> Result<TensorRef> {
-            if last { l.output(ty, ins, params, &role_name(Role::Logits), dims) } else { l.op(ty, ins, params, dims) }
+            if last { l.output(ty, ins, params, &role_name(out_role), dims) } else { l.op(ty, ins, params, dims) }
         };
         match *op {
             Op::Embed { .. } => return Err(Error::Options(format!("lowering graph '{}' to QNN: a second embedding", g.name))),
@@ -391,10 +507,9 @@ fn lower_graph(h: &Header, gi: u32, ctx: &Context, weights: &dyn Fn(TensorId) ->
             }
         }
         if last {
-            outputs.push((Role::Logits, l.value(g.logits)?));
+            outputs.push((out_role, l.value(out_value)?));
         }
     }
-    let expected = Role::expected(m.n_layers);
     let table = |b: &GraphBuilder, list: &[(Role, TensorRef)], roles: Vec<Role>| -> Result<Vec<NpuTensor>> {
         roles
             .into_iter()
@@ -404,8 +519,8 @@ fn lower_graph(h: &Header, gi: u32, ctx: &Context, weights: &dyn Fn(TensorId) ->
             })
             .collect()
     };
-    let io_in = table(&l.b, &inputs, expected.0)?;
-    let io_out = table(&l.b, &outputs, expected.1)?;
+    let io_in = table(&l.b, &inputs, Role::expected(layers, m.n_layers).0)?;
+    let io_out = table(&l.b, &outputs, output_roles)?;
     l.b.finalize().map_err(qnn_err)?;
     Ok(NpuGraph { graph: gi, name, inputs: io_in, outputs: io_out })
 }
@@ -414,6 +529,7 @@ fn lower_graph(h: &Header, gi: u32, ctx: &Context, weights: &dyn Fn(TensorId) ->
 fn role_name(role: Role) -> String {
     match role {
         Role::Hidden => "hidden".into(),
+        Role::HiddenOut => "hidden_out".into(),
         Role::Cos => "rope_cos".into(),
         Role::Sin => "rope_sin".into(),
         Role::Mask => "mask".into(),

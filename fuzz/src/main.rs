@@ -107,6 +107,7 @@ fn small_artifact(model: &std::path::Path, work: &std::path::Path) -> Result<Pat
         progress: false,
         host_only: false,
         qnn_lib: None,
+        npu_contexts: None,
     })
     .map_err(|e| format!("compiling the seed: {e}"))?;
     Ok(path)

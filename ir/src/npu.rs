@@ -3,12 +3,19 @@
 //! versioned section in the header's extensions (key [`EXTENSION_KEY`]); each context's binary
 //! is a segment of the data section, which no window region holds (QNN maps it itself).
 //!
-//! A planned graph's executable computes what its op list computes, from the boundary the
-//! compiler recorded: the host embeds the token rows ([`Role::Hidden`] is the embedding's
-//! output), and the executable runs every op after it. Its inputs and outputs, by role:
-//! the rows' hidden states, their rotary tables and attention mask, the head-row indices, each
-//! layer's KV cache (bound to the window's KV planes), each layer's new keys and values (which
-//! the runtime stores into the cache for the rows the run stores), and the logits.
+//! A model too large for one context of the NPU's window is split by layers: context k holds
+//! layers `layers[0]..layers[1]` of every planned graph (one executable per graph and
+//! context), and a pass runs the contexts in order, each handing its rows' hidden states to
+//! the next. The host embeds the token rows ([`Role::Hidden`] of the first context is the
+//! embedding's output); the last context ends with the head. An executable's inputs and
+//! outputs, by role: the rows' hidden states, their rotary tables and attention mask, the
+//! head-row indices (last context), each of its layers' KV cache (bound to the window's KV
+//! planes), each of its layers' new keys and values (which the runtime stores into the cache
+//! for the rows the run stores), and the next context's hidden states or the logits.
+//!
+//! Residency: the contexts marked `resident` stay created for the whole session; the others
+//! rotate through what is left of [`NpuSection::context_budget`], created before their
+//! layers run and freed after (the swap schedule of the contexts).
 
 use serde::{Deserialize, Serialize};
 
@@ -18,7 +25,7 @@ use crate::header::Header;
 /// The extension key of the section.
 pub const EXTENSION_KEY: &str = "npu.qnn";
 /// The section's own version: a reader refuses any other.
-pub const SECTION_VERSION: u32 = 2;
+pub const SECTION_VERSION: u32 = 3;
 /// Masked attention scores: QNN.md found that an `-inf` mask gives wrong results on the HTP,
 /// so a large finite negative stands in for it (f16's lowest).
 pub const MASKED: f32 = -65504.0;
@@ -37,6 +44,10 @@ pub struct NpuSection {
     pub qnn_build: String,
     /// How the executables hold the matmul weights (norms and biases stay fp16).
     pub weights: NpuWeights,
+    /// Bytes of the NPU window the contexts may occupy at once: the window less the KV cache
+    /// and the largest pass's inputs and outputs ([`io_bytes`]).
+    pub context_budget: u64,
+    /// In layer order.
     pub contexts: Vec<NpuContext>,
 }
 
@@ -61,14 +72,30 @@ impl NpuWeights {
     }
 }
 
-/// One context binary and the graphs it holds.
+/// One context binary: layers `layers[0]..layers[1]` of every planned graph.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct NpuContext {
     /// The segment holding the binary.
     pub segment: u32,
     /// CRC-32 of the binary (checked when a session creates the context).
     pub crc32: u32,
+    pub layers: [u32; 2],
+    /// Created once for the session (else created before each use and freed after).
+    pub resident: bool,
+    /// One executable per planned graph.
     pub graphs: Vec<NpuGraph>,
+}
+
+impl NpuContext {
+    /// Whether the context holds the first (last) layer: it reads the embedded rows (ends
+    /// with the head).
+    pub fn first(&self) -> bool {
+        self.layers[0] == 0
+    }
+
+    pub fn last(&self, n_layers: u32) -> bool {
+        self.layers[1] == n_layers
+    }
 }
 
 /// The executable of planned graph `graph`.
@@ -110,8 +137,12 @@ impl NpuDType {
 /// rows, C the KV capacity, H its head rows, G the query heads per KV head.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
-    /// `[R, d_model]` f16: the embedded rows (the host runs the embedding).
+    /// `[R, d_model]` f16: the rows' hidden states before the context's first layer (the
+    /// embedded rows in the first context: the host runs the embedding).
     Hidden,
+    /// `[R, d_model]` f16: the rows' hidden states after the context's last layer, output of
+    /// every context but the last (the next one's `Hidden`).
+    HiddenOut,
     /// `[R, 1, head_dim / 2]` f16: the rotary tables at each row's position.
     Cos,
     Sin,
@@ -138,7 +169,7 @@ impl Role {
         let (c, hd, kvh) = (h.plan.kv_capacity, m.head_dim, m.n_kv_heads);
         let group = m.n_heads / m.n_kv_heads.max(1);
         match self {
-            Role::Hidden => vec![rows, m.d_model],
+            Role::Hidden | Role::HiddenOut => vec![rows, m.d_model],
             Role::Cos | Role::Sin => vec![rows, 1, hd / 2],
             Role::Mask => vec![group * rows, c + rows],
             Role::HeadIndex => vec![head_rows],
@@ -155,16 +186,43 @@ impl Role {
         }
     }
 
-    /// The roles every executable of a model with `layers` layers has, inputs then outputs.
-    pub fn expected(layers: u32) -> (Vec<Role>, Vec<Role>) {
-        let mut inputs = vec![Role::Hidden, Role::Cos, Role::Sin, Role::Mask, Role::HeadIndex];
-        let mut outputs = vec![Role::Logits];
-        for l in 0..layers {
+    /// The roles, inputs then outputs, of an executable of layers `layers[0]..layers[1]` of a
+    /// model with `n_layers` layers.
+    pub fn expected(layers: [u32; 2], n_layers: u32) -> (Vec<Role>, Vec<Role>) {
+        let last = layers[1] == n_layers;
+        let mut inputs = vec![Role::Hidden, Role::Cos, Role::Sin, Role::Mask];
+        let mut outputs = vec![if last { Role::Logits } else { Role::HiddenOut }];
+        if last {
+            inputs.push(Role::HeadIndex);
+        }
+        for l in layers[0]..layers[1] {
             inputs.extend([Role::KCache(l), Role::VCache(l)]);
             outputs.extend([Role::KNew(l), Role::VNew(l)]);
         }
         (inputs, outputs)
     }
+}
+
+/// Bytes of the inputs and outputs of the largest pass, besides the KV cache they bind in
+/// place: the hidden states in and out, rotary rows, mask, head-row indices, every layer's new
+/// keys and values, and the logits. A phone registers them in the NPU's window beside the
+/// cache, so they come out of what the contexts may use.
+pub fn io_bytes(h: &Header) -> u64 {
+    let n = h.model.n_layers;
+    let (inputs, mut outputs) = Role::expected([0, n], n);
+    outputs.push(Role::HiddenOut);
+    h.graphs
+        .iter()
+        .map(|g| {
+            inputs
+                .iter()
+                .chain(&outputs)
+                .filter(|r| !matches!(r, Role::KCache(_) | Role::VCache(_)))
+                .map(|r| r.dims(h, g.rows, g.head_rows).iter().map(|&d| d as u64).product::<u64>() * r.dtype().bytes())
+                .sum::<u64>()
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 impl NpuSection {
@@ -186,9 +244,11 @@ impl NpuSection {
         Ok(Some(s))
     }
 
-    /// Checks the section against the header it sits in: its version and SoC, every
-    /// context's segment, every executable's graph (each planned graph exactly once) and its
-    /// I/O table against the plan's shapes. Errors name the element.
+    /// Checks the section against the header it sits in: its version and SoC, the window's
+    /// room for the contexts, every context's segment, size and layers (in order, covering
+    /// the model), every executable's graph (each planned graph exactly once per context) and
+    /// its I/O table against the plan's shapes, and that the resident contexts leave room for
+    /// the rotating ones. Errors name the element.
     pub fn verify(&self, h: &Header) -> Result<()> {
         let bad = |msg: String| Err(Error::invalid(format!("extension '{EXTENSION_KEY}': {msg}")));
         if self.version != SECTION_VERSION {
@@ -202,8 +262,21 @@ impl NpuSection {
         if h.model.moe.is_some() {
             return bad("a mixture-of-experts model has no NPU executables (its experts run on the CPU path)".into());
         }
-        let mut seen = vec![false; h.graphs.len()];
+        let n = h.model.n_layers;
+        let w = &h.plan.window;
+        let need = w.kv.bytes.saturating_add(io_bytes(h)).saturating_add(self.context_budget);
+        if need > w.bytes {
+            return bad(format!(
+                "context_budget {} plus the KV cache ({} bytes) and the largest pass's I/O ({} bytes) exceeds the {}-byte window",
+                self.context_budget,
+                w.kv.bytes,
+                io_bytes(h),
+                w.bytes
+            ));
+        }
         let mut segments = std::collections::HashSet::new();
+        let mut next_layer = 0;
+        let (mut resident, mut rotating) = (0u64, 0u64);
         for (ci, c) in self.contexts.iter().enumerate() {
             let at = format!("contexts[{ci}]");
             let Some(seg) = h.segments.get(c.segment as usize) else {
@@ -212,22 +285,31 @@ impl NpuSection {
             if seg.nbytes == 0 || !segments.insert(c.segment) {
                 return bad(format!("{at}: segment '{}' is empty or holds another context too", seg.name));
             }
-            let w = &h.plan.window;
             if w.resident.iter().any(|r| r.segment == c.segment) || w.rotating.contains(&c.segment) || w.host.contains(&c.segment) {
                 return bad(format!("{at}: segment '{}' also has a home in the window", seg.name));
             }
-            if c.graphs.is_empty() {
-                return bad(format!("{at} holds no graph"));
+            if c.layers[0] != next_layer || c.layers[1] <= c.layers[0] || c.layers[1] > n {
+                return bad(format!("{at}: layers {}..{} do not continue the contexts before it (layer {next_layer} next, of {n})", c.layers[0], c.layers[1]));
             }
+            next_layer = c.layers[1];
+            if seg.nbytes > self.context_budget {
+                return bad(format!("{at}: its {} bytes exceed the context_budget of {} bytes", seg.nbytes, self.context_budget));
+            }
+            if c.resident {
+                resident += seg.nbytes;
+            } else {
+                rotating = rotating.max(seg.nbytes);
+            }
+            let mut seen = vec![false; h.graphs.len()];
             for (gi, g) in c.graphs.iter().enumerate() {
                 let at = format!("{at}.graphs[{gi}] '{}'", g.name);
                 let Some(planned) = h.graphs.get(g.graph as usize) else {
                     return bad(format!("{at}: planned graph {} does not exist", g.graph));
                 };
                 if std::mem::replace(&mut seen[g.graph as usize], true) {
-                    return bad(format!("{at}: planned graph {} has two executables", g.graph));
+                    return bad(format!("{at}: planned graph {} has two executables in this context", g.graph));
                 }
-                let (inputs, outputs) = Role::expected(h.model.n_layers);
+                let (inputs, outputs) = Role::expected(c.layers, n);
                 for (what, table, roles) in [("inputs", &g.inputs, inputs), ("outputs", &g.outputs, outputs)] {
                     if table.len() != roles.len() {
                         return bad(format!("{at}: {} {what} where the plan has {}", table.len(), roles.len()));
@@ -243,9 +325,18 @@ impl NpuSection {
                     }
                 }
             }
+            if let Some(missing) = seen.iter().position(|s| !s) {
+                return bad(format!("{at}: planned graph {missing} '{}' has no executable", h.graphs[missing].name));
+            }
         }
-        if let Some(missing) = seen.iter().position(|s| !s) {
-            return bad(format!("planned graph {missing} '{}' has no executable", h.graphs[missing].name));
+        if next_layer != n {
+            return bad(format!("the contexts hold layers 0..{next_layer} of the model's {n}"));
+        }
+        if resident.saturating_add(rotating) > self.context_budget {
+            return bad(format!(
+                "the resident contexts ({resident} bytes) and the largest rotating one ({rotating} bytes) exceed the context_budget of {} bytes",
+                self.context_budget
+            ));
         }
         Ok(())
     }

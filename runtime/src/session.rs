@@ -33,6 +33,11 @@ pub struct Counters {
     /// CPU side paths set up (a thread and a window each): one per session and `side_rows`,
     /// however many generations revise.
     pub side_path_starts: u64,
+    /// NPU contexts created during passes (the rotating ones of a model split across more
+    /// contexts than its window holds at once), their bytes and the time it took.
+    pub context_loads: u64,
+    pub context_load_bytes: u64,
+    pub context_load_seconds: f64,
 }
 
 impl Counters {
@@ -478,6 +483,10 @@ impl<'m> Session<'m> {
         self.counters.stall_seconds += st.stall_seconds;
         self.counters.copy_seconds += st.copy_seconds;
         self.last_staging = st;
+        let loads = self.executor.take_loads();
+        self.counters.context_loads += loads.contexts;
+        self.counters.context_load_bytes += loads.bytes;
+        self.counters.context_load_seconds += loads.seconds;
         self.counters.forward_passes += 1;
         self.counters.rows_computed += if self.executor.capabilities().cost_per_row { real_rows } else { g.rows as usize } as u64;
         self.counters.head_rows_computed += head_rows as u64;

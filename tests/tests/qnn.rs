@@ -359,3 +359,78 @@ fn grouped_query_attention_gives_the_hosts_logits_to_fp16_precision() {
     eprintln!("a span pass over the cache, NPU against host: {err:.2e} relative");
     assert!(err < 2e-2, "relative error {err}");
 }
+
+/// A model split by layers into contexts: any split gives the single context's tokens, and so
+/// does a window too small to hold them all, through which the rotating contexts are created
+/// and freed every pass (counted). The verifier refuses contexts that overlap, exceed the
+/// room the window leaves them, or leave no room for the rotating ones, naming the element.
+#[test]
+#[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
+fn contexts_split_by_layers_and_swapped_through_a_small_window_give_the_same_tokens() {
+    let _ = lib();
+    let dir = tempfile::tempdir().unwrap();
+    let build = |name: &str, extra: &[&str]| {
+        let out = dir.path().join(name);
+        let mut args = vec!["--max-seq", "128"];
+        args.extend_from_slice(extra);
+        lladac(&embedded_model(), "sm8650", &out, &args);
+        let v: serde_json::Value = serde_json::from_slice(&common::run("lladac", &["inspect", out.to_str().unwrap(), "--json"]).stdout).unwrap();
+        (out, v["npu"].clone())
+    };
+    let (one, npu) = build("one.lad", &[]);
+    assert_eq!(npu["contexts"].as_array().unwrap().len(), 1, "the default is the fewest contexts: {npu}");
+    let (four, npu_four) = build("four.lad", &["--npu-contexts", "4"]);
+    // Windows with room for one context of the four at a time, then for the first resident
+    // beside a rotating one (what the window keeps besides contexts does not depend on it).
+    let bytes: Vec<u64> = npu_four["contexts"].as_array().unwrap().iter().map(|c| c["bytes"].as_u64().unwrap()).collect();
+    let other = npu_four["window_bytes"].as_u64().unwrap() - npu_four["context_budget"].as_u64().unwrap();
+    let largest = *bytes.iter().max().unwrap();
+    let (small, medium) = ((other + largest + 4096).to_string(), (other + bytes[0] + largest + 4096).to_string());
+    let (swapped, npu_small) = build("swapped.lad", &["--npu-contexts", "4", "--window-bytes", &small]);
+    let (mixed, npu_mixed) = build("mixed.lad", &["--npu-contexts", "4", "--window-bytes", &medium]);
+    for npu in [&npu_small, &npu_mixed] {
+        let contexts = npu["contexts"].as_array().unwrap();
+        let layers: Vec<[u64; 2]> = contexts.iter().map(|c| [c["layers"][0].as_u64().unwrap(), c["layers"][1].as_u64().unwrap()]).collect();
+        assert_eq!(layers, [[0, 1], [1, 2], [2, 3], [3, 4]], "{npu}");
+        let budget = npu["context_budget"].as_u64().unwrap();
+        assert!(contexts.iter().all(|c| c["bytes"].as_u64().unwrap() <= budget), "{npu}");
+        let total: u64 = contexts.iter().map(|c| c["bytes"].as_u64().unwrap()).sum();
+        assert!(total > budget, "the window must be smaller than the contexts: {npu}");
+    }
+    let resident = |npu: &serde_json::Value| npu["contexts"].as_array().unwrap().iter().filter(|c| c["resident"] == true).count();
+    assert_eq!((resident(&npu_small), resident(&npu_mixed)), (0, 1));
+    let p = SamplerParams { gen_length: 32, block_length: 32, steps: 16, policy: Policy::Dual, ..Default::default() };
+    let mut answers = Vec::new();
+    for (art, rotating) in [(&one, 0), (&four, 0), (&swapped, 4), (&mixed, 3)] {
+        let model = Model::open(art, true).unwrap();
+        let mut s = session(&model, BackendKind::Qnn);
+        let g = generate(&mut s, &prompt(&model), &p, &mut |_| {}).unwrap();
+        let loads = s.counters.context_loads;
+        eprintln!("{}: {} passes, {loads} contexts created during them", art.display(), g.forward_passes);
+        assert_eq!(loads, rotating * g.forward_passes, "{}", art.display());
+        answers.push(g.output_ids);
+    }
+    assert!(answers.iter().all(|a| *a == answers[0]), "{answers:?}");
+    // Bad splits, by flag.
+    let o = common::run("lladac", &["compile", "--model", embedded_model().to_str().unwrap(), "--target", "host", "--npu-contexts", "2", "-o", dir.path().join("x.lad").to_str().unwrap()]);
+    common::assert_clean_failure(&o, &["--npu-contexts 2", "Snapdragon"]);
+    let o = Command::new(common::bin("lladac"))
+        .args(["compile", "--model", embedded_model().to_str().unwrap(), "--target", "sm8650", "--npu-contexts", "9", "-o", dir.path().join("x.lad").to_str().unwrap()])
+        .env("LLADA_QNN_LIB", lib())
+        .output()
+        .unwrap();
+    common::assert_clean_failure(&o, &["--npu-contexts 9", "4 layers"]);
+    // Crafted sections, refused when the artifact is read (`lladac inspect` verifies it).
+    let good = std::fs::read(&mixed).unwrap();
+    let refused = |name: &str, edit: &dyn Fn(&mut NpuSection), words: &[&str]| {
+        let bytes = common::reseal(&good, |h| edit_section(h, edit));
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        common::assert_clean_failure(&common::run("lladac", &["inspect", p.to_str().unwrap()]), words);
+    };
+    refused("overlap.lad", &|s| s.contexts[2].layers[0] = 1, &["contexts[2]", "layers 1..3"]);
+    refused("gap.lad", &|s| s.contexts[3].layers = [3, 3], &["contexts[3]", "layers 3..3"]);
+    refused("budget.lad", &|s| s.context_budget = 1 << 20, &["contexts[0]", "exceed the context_budget"]);
+    refused("window.lad", &|s| s.context_budget = 8 << 20, &["context_budget 8388608", "window"]);
+    refused("resident.lad", &|s| s.contexts.iter_mut().for_each(|c| c.resident = true), &["resident contexts", "largest rotating"]);
+}

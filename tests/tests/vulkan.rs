@@ -89,6 +89,7 @@ fn compile_with(out: &Path, quant: Option<Quant>, kv: Option<&str>, window_bytes
         progress: false,
         host_only: false,
         qnn_lib: None,
+        npu_contexts: None,
     })
     .expect("compiles");
 }

@@ -110,6 +110,19 @@ pub trait Executor: Send {
     /// The CPU threads that work around the passes (the sampler's predictions; the host
     /// backend's kernels too).
     fn pool(&self) -> &crate::pool::Pool;
+    /// The executables the backend created during passes since the last call (an NPU's
+    /// rotating contexts; none for a backend whose weights the window's stager moves).
+    fn take_loads(&mut self) -> Loads {
+        Loads::default()
+    }
+}
+
+/// Backend executables created during passes: how many, their bytes, and the time it took.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Loads {
+    pub contexts: u64,
+    pub bytes: u64,
+    pub seconds: f64,
 }
 
 /// A backend of `kind` for `model` with `threads` CPU threads and kernel paths `features`,

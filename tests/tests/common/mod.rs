@@ -60,6 +60,7 @@ pub fn compile_scaled(model: &Path, out: &Path, quant: Option<lladac::Quant>, ma
         progress: false,
         host_only: false,
         qnn_lib: None,
+        npu_contexts: None,
     })
     .expect("compiles");
 }
@@ -92,6 +93,7 @@ pub fn compile_in_window(model: &Path, out: &Path, max_seq: Option<u32>, window_
         progress: false,
         host_only: false,
         qnn_lib: None,
+        npu_contexts: None,
     })
     .expect("compiles")
 }

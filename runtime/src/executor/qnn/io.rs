@@ -12,7 +12,9 @@ use crate::model::Model;
 
 /// Buffers for the largest graph, allocated once per session.
 pub struct Scratch {
+    /// The rows' hidden states a context reads, and those it writes for the next one.
     pub hidden: Vec<u16>,
+    pub hidden_out: Vec<u16>,
     pub cos: Vec<u16>,
     pub sin: Vec<u16>,
     pub mask: Vec<u16>,
@@ -31,6 +33,7 @@ impl Scratch {
         let (hd, kvh) = (m.head_dim as usize, m.n_kv_heads as usize);
         Scratch {
             hidden: vec![0; rows * m.d_model as usize],
+            hidden_out: vec![0; rows * m.d_model as usize],
             cos: vec![0; rows * hd / 2],
             sin: vec![0; rows * hd / 2],
             mask: vec![0; Scratch::mask_len_for(h, rows)],

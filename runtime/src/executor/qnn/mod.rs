@@ -2,12 +2,17 @@
 //! --target sm8650`...) created at session open, and each planned graph run as the executable
 //! the compiler built for it. The op list never reaches this backend: it runs graph ids.
 //!
-//! Per pass the host does what lies at the executable's boundary: it embeds the token rows,
+//! Per pass the host does what lies at the executables' boundary: it embeds the token rows,
 //! gathers the rotary rows at their positions, builds the attention mask from the run's
 //! inputs (`io`), and afterwards stores the keys and values of the rows the run stores into
 //! the window's KV cache and widens the logits into the window's logits value. The KV cache
 //! itself is bound in place: each layer's key and value planes of the window are the
 //! executable's cache inputs (client buffers: the simulator has no registered buffers, QNN.md).
+//!
+//! A model split by layers into several contexts runs them in order, the hidden states of
+//! one the input of the next. The resident contexts are created at session open; the others
+//! are created when their layers come and freed when a later one needs the room (the swap
+//! schedule of the section: resident contexts plus the largest rotating one fit its budget).
 
 mod io;
 
@@ -23,7 +28,7 @@ use llada_qnn::{Context, Device, IoBuffer};
 
 pub use llada_qnn::{abi, library, QnnLibrary, HOW_TO_GET};
 
-use super::{value_range, Capabilities, Executor, OpProfile, RunInputs};
+use super::{value_range, Capabilities, Executor, Loads, OpProfile, RunInputs};
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::moe::Experts;
@@ -31,28 +36,33 @@ use crate::pool::Pool;
 use crate::staging::Stager;
 use crate::window::{KvView, Window};
 
-/// One prepared executable: its context, its QNN graph, its I/O table.
-struct Prepared {
-    context: usize,
-    graph: QnnGraph,
-    table: NpuGraph,
+/// One context of the section: its layers and binary, its executables' I/O tables by
+/// planned graph id, and while created, the context and its graphs (same order).
+struct Stage {
+    layers: [u32; 2],
+    resident: bool,
+    segment: u32,
+    tables: Vec<NpuGraph>,
+    live: Option<(Context, Vec<QnnGraph>)>,
 }
 
 pub struct QnnExecutor {
-    contexts: Vec<Context>,
-    /// By planned graph id.
-    graphs: Vec<Prepared>,
+    stages: Vec<Stage>,
+    /// Bytes the contexts may occupy at once (the section's budget).
+    budget: u64,
+    loads: Loads,
+    trace: Option<Arc<crate::trace::Trace>>,
     pool: Pool,
     capabilities: Capabilities,
     /// Host-side staging of the boundary tensors, sized for the largest graph.
     scratch: io::Scratch,
     /// Keeps the library loaded while its contexts live (dropped last).
-    _device: Arc<Device>,
+    device: Arc<Device>,
 }
 
 impl QnnExecutor {
-    /// Loads the QNN library (`LLADA_QNN_LIB`), creates every context of the artifact's
-    /// section for its SoC and retrieves every graph.
+    /// Loads the QNN library (`LLADA_QNN_LIB`), checks every context binary of the artifact's
+    /// section against its record, and creates the resident contexts for its SoC.
     pub fn new(model: &Model, threads: usize) -> Result<QnnExecutor> {
         let h = &model.header;
         let artifact = |source: llada_ir::Error| Error::Artifact { path: model.path.clone(), source };
@@ -66,34 +76,32 @@ impl QnnExecutor {
         let lib = QnnLibrary::open(None)?;
         let backend = lib.backend()?;
         let device = Device::new(&backend, section.soc_id)?;
-        let mut contexts = Vec::new();
-        let mut prepared: Vec<Option<Prepared>> = (0..h.graphs.len()).map(|_| None).collect();
-        for (ci, c) in section.contexts.iter().enumerate() {
+        let mut stages = Vec::new();
+        for c in &section.contexts {
             let seg = &h.segments[c.segment as usize];
             let binary = model.segment_bytes(c.segment);
             if crc32fast::hash(binary) != c.crc32 {
                 return Err(artifact(llada_ir::Error::invalid(format!("the NPU context binary '{}' is corrupted (its CRC-32 is not the one recorded)", seg.name))));
             }
             check_binary(&lib, binary, &seg.name, &section, c)?;
-            let context = Context::from_binary(&device, binary).map_err(|e| {
-                Error::Device(format!("{}: QNN refused context binary '{}' (built for {} by QNN {}): {e}", model.path.display(), seg.name, section.soc, section.qnn_build))
-            })?;
+            let mut tables: Vec<Option<NpuGraph>> = vec![None; h.graphs.len()];
             for g in &c.graphs {
-                let graph = context.graph(&g.name)?;
-                prepared[g.graph as usize] = Some(Prepared { context: ci, graph, table: g.clone() });
+                tables[g.graph as usize] = Some(g.clone());
             }
-            contexts.push(context);
+            let tables = tables.into_iter().map(|t| t.expect("the verifier checked every graph has an executable in every context")).collect();
+            stages.push(Stage { layers: c.layers, resident: c.resident, segment: c.segment, tables, live: None });
         }
-        let graphs = prepared.into_iter().map(|p| p.expect("the verifier checked every graph has an executable")).collect();
         let pool = Pool::new(threads, "llada-worker").map_err(|e| Error::Internal(format!("the thread pool does not start: {e}")))?;
         let capabilities = Capabilities {
             backend: "qnn",
             device: format!(
-                "Qualcomm HTP, {} ({}), QNN {}{}; I/O: {}",
+                "Qualcomm HTP, {} ({}), QNN {}{}; {} context(s), {} resident; I/O: {}",
                 section.soc,
                 lib.provider_name,
                 lib.build_id,
                 if cfg!(target_arch = "x86_64") { ", x86-64 simulator" } else { "" },
+                stages.len(),
+                stages.iter().filter(|s| s.resident).count(),
                 llada_qnn::library::io_binding()
             ),
             // The simulator runs on this machine's CPU: its times are CPU figures.
@@ -103,7 +111,51 @@ impl QnnExecutor {
             device_timestamps: false,
             int8_dot: false,
         };
-        Ok(QnnExecutor { contexts, graphs, pool, capabilities, scratch: io::Scratch::new(h), _device: device })
+        let mut e = QnnExecutor { stages, budget: section.context_budget, loads: Loads::default(), trace: None, pool, capabilities, scratch: io::Scratch::new(h), device };
+        for k in 0..e.stages.len() {
+            if e.stages[k].resident {
+                e.create(model, k)?;
+            }
+        }
+        // Session open is not a pass: its creations are not swaps.
+        e.loads = Loads::default();
+        Ok(e)
+    }
+
+    /// Creates context `k` (from its binary in the artifact) unless it is, freeing rotating
+    /// contexts first while the live ones and it would exceed the budget.
+    fn create(&mut self, model: &Model, k: usize) -> Result<()> {
+        if self.stages[k].live.is_some() {
+            return Ok(());
+        }
+        let h = &model.header;
+        let bytes = |s: &Stage| h.segments[s.segment as usize].nbytes;
+        let need = bytes(&self.stages[k]);
+        let mut live: u64 = self.stages.iter().filter(|s| s.live.is_some()).map(bytes).sum();
+        // Rotating contexts in use order after k: the one needed last goes first.
+        let n = self.stages.len();
+        for j in (1..n).map(|d| (k + n - d) % n) {
+            if live + need <= self.budget {
+                break;
+            }
+            if !self.stages[j].resident && self.stages[j].live.take().is_some() {
+                live -= bytes(&self.stages[j]);
+            }
+        }
+        let start = std::time::Instant::now();
+        let stage = &mut self.stages[k];
+        let seg = &h.segments[stage.segment as usize];
+        let context = Context::from_binary(&self.device, model.segment_bytes(stage.segment))
+            .map_err(|e| Error::Device(format!("{}: QNN refused context binary '{}': {e}", model.path.display(), seg.name)))?;
+        let graphs = stage.tables.iter().map(|t| context.graph(&t.name)).collect::<std::result::Result<Vec<_>, _>>()?;
+        stage.live = Some((context, graphs));
+        self.loads.contexts += 1;
+        self.loads.bytes += seg.nbytes;
+        self.loads.seconds += start.elapsed().as_secs_f64();
+        if let Some(t) = &self.trace {
+            t.span(crate::trace::Track::Staging, format!("create NPU context '{}' (layers {}..{})", seg.name, stage.layers[0], stage.layers[1]), start, std::time::Instant::now());
+        }
+        Ok(())
     }
 }
 
@@ -167,8 +219,8 @@ fn buffer<T>(t: &NpuTensor, data: &mut [T]) -> IoBuffer {
 
 impl Executor for QnnExecutor {
     fn run(&mut self, model: &Model, graph: u32, inp: &RunInputs, window: &mut Window, stager: &mut Stager, _experts: Option<&mut Experts>, _profile: Option<&mut OpProfile>) -> Result<()> {
-        // One executable a pass: no op of the plan is timed, so a profile stays empty (the
-        // pass's time is the session's).
+        // One executable per context a pass: no op of the plan is timed, so a profile stays
+        // empty (the pass's time is the session's).
         let h = &model.header;
         let g = model.graph(graph);
         let m = &h.model;
@@ -189,51 +241,64 @@ impl Executor for QnnExecutor {
         }
         s.mask(h, g.rows as usize, inp);
         s.head_index(g.head_rows as usize, inp);
-        let p = &self.graphs[graph as usize];
+        let (c, hd, kvh) = (h.plan.kv_capacity as usize, m.head_dim as usize, m.n_kv_heads as usize);
+        let plane = kvh * c * hd;
+        let (rows, hr) = (g.rows as usize, g.head_rows as usize);
+        let new_plane = kvh * rows * hd;
+        for k in 0..self.stages.len() {
+            self.create(model, k)?;
+            let stage = &mut self.stages[k];
+            let table = &stage.tables[graph as usize];
+            let (context, graphs) = stage.live.as_mut().expect("created above");
+            let s = &mut self.scratch;
+            let mask_len = s.mask_len(h, rows);
+            let parts = window.parts();
+            let KvView::Half(kv, _) = parts.kv else {
+                return Err(Error::Internal("the NPU executables read an f16 KV cache; the verifier checked the plan has one".into()));
+            };
+            // Layer l's key plane is plane 2l of the window's cache, its value plane 2l + 1;
+            // its new keys and values are planes 2l and 2l + 1 of `new_kv`.
+            let mut cache: Vec<Option<&mut [u16]>> = kv.chunks_exact_mut(plane).map(Some).collect();
+            let mut new: Vec<Option<&mut [u16]>> = s.new_kv.chunks_exact_mut(new_plane).map(Some).collect();
+            let take = |planes: &mut Vec<Option<&mut [u16]>>, i: usize, t: &NpuTensor| -> Result<IoBuffer> {
+                let plane = planes.get_mut(i).and_then(Option::take).ok_or_else(|| Error::Internal(format!("graph '{}': {:?} has no plane of its own", g.name, t.role)))?;
+                Ok(buffer(t, plane))
+            };
+            let mut inputs = Vec::with_capacity(table.inputs.len());
+            for t in &table.inputs {
+                inputs.push(match t.role {
+                    Role::Hidden => buffer(t, &mut s.hidden[..rows * m.d_model as usize]),
+                    Role::Cos => buffer(t, &mut s.cos[..rows * hd / 2]),
+                    Role::Sin => buffer(t, &mut s.sin[..rows * hd / 2]),
+                    Role::Mask => buffer(t, &mut s.mask[..mask_len]),
+                    Role::HeadIndex => buffer(t, &mut s.head[..hr]),
+                    Role::KCache(l) => take(&mut cache, 2 * l as usize, t)?,
+                    Role::VCache(l) => take(&mut cache, 2 * l as usize + 1, t)?,
+                    other => return Err(Error::Internal(format!("graph '{}': {other:?} is not an input", g.name))),
+                });
+            }
+            let mut outputs = Vec::with_capacity(table.outputs.len());
+            for t in &table.outputs {
+                outputs.push(match t.role {
+                    Role::Logits => buffer(t, &mut s.logits[..hr * m.embedding_size as usize]),
+                    Role::HiddenOut => buffer(t, &mut s.hidden_out[..rows * m.d_model as usize]),
+                    Role::KNew(l) => take(&mut new, 2 * l as usize, t)?,
+                    Role::VNew(l) => take(&mut new, 2 * l as usize + 1, t)?,
+                    other => return Err(Error::Internal(format!("graph '{}': {other:?} is not an output", g.name))),
+                });
+            }
+            context.execute(&graphs[graph as usize], &mut inputs, &mut outputs)?;
+            drop(inputs);
+            drop(outputs);
+            // The next context reads these rows' hidden states.
+            std::mem::swap(&mut s.hidden, &mut s.hidden_out);
+        }
+        let s = &mut self.scratch;
         let parts = window.parts();
         let KvView::Half(kv, _) = parts.kv else {
             return Err(Error::Internal("the NPU executables read an f16 KV cache; the verifier checked the plan has one".into()));
         };
-        let (c, hd, kvh) = (h.plan.kv_capacity as usize, m.head_dim as usize, m.n_kv_heads as usize);
-        let plane = kvh * c * hd;
-        let (rows, hr) = (g.rows as usize, g.head_rows as usize);
-        let mask_len = s.mask_len(h, rows);
-        let mut inputs = Vec::with_capacity(p.table.inputs.len());
-        let mut kv_rest = &mut kv[..];
-        for t in &p.table.inputs {
-            inputs.push(match t.role {
-                Role::Hidden => buffer(t, &mut s.hidden[..rows * m.d_model as usize]),
-                Role::Cos => buffer(t, &mut s.cos[..rows * hd / 2]),
-                Role::Sin => buffer(t, &mut s.sin[..rows * hd / 2]),
-                Role::Mask => buffer(t, &mut s.mask[..mask_len]),
-                Role::HeadIndex => buffer(t, &mut s.head[..hr]),
-                // Layers in order, key planes then value planes: the window's layout.
-                Role::KCache(_) | Role::VCache(_) => {
-                    let (this, rest) = std::mem::take(&mut kv_rest).split_at_mut(plane);
-                    kv_rest = rest;
-                    buffer(t, this)
-                }
-                other => return Err(Error::Internal(format!("graph '{}': {other:?} is not an input", g.name))),
-            });
-        }
-        let mut outputs = Vec::with_capacity(p.table.outputs.len());
-        let mut new_rest = &mut s.new_kv[..];
-        for t in &p.table.outputs {
-            outputs.push(match t.role {
-                Role::Logits => buffer(t, &mut s.logits[..hr * m.embedding_size as usize]),
-                Role::KNew(_) | Role::VNew(_) => {
-                    let (this, rest) = std::mem::take(&mut new_rest).split_at_mut(kvh * rows * hd);
-                    new_rest = rest;
-                    buffer(t, this)
-                }
-                other => return Err(Error::Internal(format!("graph '{}': {other:?} is not an output", g.name))),
-            });
-        }
-        self.contexts[p.context].execute(&p.graph, &mut inputs, &mut outputs)?;
-        drop(inputs);
-        drop(outputs);
         // The rows the run stores: their keys and values into the cache at their positions.
-        let new_plane = kvh * rows * hd;
         for layer in 0..m.n_layers as usize {
             for kind in 0..2 {
                 let new = &s.new_kv[(2 * layer + kind) * new_plane..][..new_plane];
@@ -250,6 +315,14 @@ impl Executor for QnnExecutor {
 
     fn capabilities(&self) -> &Capabilities {
         &self.capabilities
+    }
+
+    fn set_trace(&mut self, trace: Arc<crate::trace::Trace>) {
+        self.trace = Some(trace);
+    }
+
+    fn take_loads(&mut self) -> Loads {
+        std::mem::take(&mut self.loads)
     }
 
     fn pool(&self) -> &Pool {
