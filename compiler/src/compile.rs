@@ -145,6 +145,9 @@ pub struct CompileOptions {
     pub qnn_lib: Option<PathBuf>,
     /// Contexts to split an NPU target's layers into; `None`: the fewest that fit the window.
     pub npu_contexts: Option<u32>,
+    /// Build each NPU context's row buckets over one copy of their weights (a phone's HTP
+    /// loads it; QNN's x86-64 simulator cannot).
+    pub npu_shared_weights: bool,
 }
 
 #[derive(Debug)]
@@ -211,6 +214,9 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     }
     if let (Some(n), None) = (opts.npu_contexts, npu_soc) {
         return Err(Error::Options(format!("--npu-contexts {n}: only the NPU executables of a Snapdragon target (without --host-only) are split into contexts")));
+    }
+    if opts.npu_shared_weights && npu_soc.is_none() {
+        return Err(Error::Options("--npu-shared-weights: only the NPU executables of a Snapdragon target (without --host-only) hold weights in contexts".into()));
     }
     let quant = opts.quant.unwrap_or_else(|| if crate::qnn::soc_of(&target.name).is_some() { Quant::F16 } else { Quant::of_source(embed_dtype) });
     let npu_weights = match quant {
@@ -446,7 +452,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     latency::record(&mut header, &target);
     latency::choose_row_buckets(&mut header, row_set_rows);
     let npu = match (npu_soc, &qnn_library) {
-        (Some(soc), Some(lib)) => Some(add_npu_executables(&mut header, &mut w, &ckpt, segments, &ids, soc, npu_weights, lib, opts.npu_contexts, &mut warnings)?),
+        (Some(soc), Some(lib)) => Some(add_npu_executables(&mut header, &mut w, &ckpt, segments, &ids, soc, npu_weights, lib, (opts.npu_contexts, opts.npu_shared_weights), &mut warnings)?),
         _ => None,
     };
     let n_graphs = header.graphs.len();
@@ -466,7 +472,7 @@ fn add_npu_executables(
     soc: (&str, u32),
     format: NpuWeights,
     lib: &std::sync::Arc<llada_qnn::QnnLibrary>,
-    contexts: Option<u32>,
+    (contexts, shared_weights): (Option<u32>, bool),
     warnings: &mut Vec<String>,
 ) -> Result<(String, usize, u64, f64)> {
     let planned: HashMap<TensorId, &Planned> = ids.iter().flatten().copied().zip(segments.iter().flat_map(|(_, p)| p.iter())).collect();
@@ -481,7 +487,7 @@ fn add_npu_executables(
         }
         Ok(out)
     };
-    let mut lowered = crate::qnn::lower(header, &weights, format, soc, lib, contexts)?;
+    let mut lowered = crate::qnn::lower(header, &weights, format, soc, lib, contexts, shared_weights)?;
     warnings.append(&mut lowered.warnings);
     let mut bytes = 0;
     for (i, (context, binary)) in lowered.section.contexts.iter_mut().zip(&lowered.binaries).enumerate() {
@@ -599,6 +605,7 @@ mod tests {
             host_only: false,
             qnn_lib: None,
             npu_contexts: None,
+            npu_shared_weights: false,
         }
     }
 

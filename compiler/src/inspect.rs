@@ -149,6 +149,7 @@ fn npu(h: &Header) -> Value {
         "htp_arch": arch,
         "qnn_build": n.qnn_build,
         "weights": n.weights.name(),
+        "shared_weights": n.shared_weights,
         "context_budget": n.context_budget,
         "window_bytes": h.plan.window.bytes,
         "contexts": n.contexts.iter().map(|c| {
@@ -238,6 +239,15 @@ pub fn render_text(d: &Value) -> String {
             n["weights"].as_str().unwrap_or("?")
         );
         let _ = writeln!(s, "  contexts may use {:.1} MiB of the {:.1} MiB window at once (the rest: KV cache and a pass's I/O)", mib(&n["context_budget"]), mib(&n["window_bytes"]));
+        let _ = writeln!(
+            s,
+            "  {}",
+            if n["shared_weights"].as_bool() == Some(true) {
+                "row buckets share their weights in each context (the phone's form; QNN's x86-64 simulator cannot load it)"
+            } else {
+                "each row bucket carries its own weights (loads on the simulator and on a phone)"
+            }
+        );
         for c in n["contexts"].as_array().into_iter().flatten() {
             let graphs: Vec<&str> = c["graphs"].as_array().into_iter().flatten().filter_map(|g| g["graph"].as_str()).collect();
             let _ = writeln!(

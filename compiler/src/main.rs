@@ -82,6 +82,11 @@ enum Command {
         /// (at most one per layer) [default: the fewest whose binaries fit the window].
         #[arg(long)]
         npu_contexts: Option<u32>,
+        /// On a Snapdragon target: build each context's row-bucket graphs over one copy of
+        /// their weights, the form a phone loads (QNN's x86-64 simulator cannot reload it, so
+        /// artifacts to run here are built without it).
+        #[arg(long)]
+        npu_shared_weights: bool,
     },
     /// Describe an artifact: model, tensors, graphs, plan (verifies all checksums).
     Inspect {
@@ -166,7 +171,7 @@ fn check_compile_flags(matches: &ArgMatches, quant: Option<&str>, group: u32, ta
 
 fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
     match cli.command {
-        Command::Compile { model, output, quant, group, target, max_seq, head_rows, block_len, spec_blocks, activations, activation_scales, window_bytes, kv_dtype, host_only, qnn_lib, npu_contexts } => {
+        Command::Compile { model, output, quant, group, target, max_seq, head_rows, block_len, spec_blocks, activations, activation_scales, window_bytes, kv_dtype, host_only, qnn_lib, npu_contexts, npu_shared_weights } => {
             check_compile_flags(matches, quant.as_deref(), group, &target, max_seq, block_len, spec_blocks).map_err(Failure::Usage)?;
             let opts = CompileOptions {
                 model,
@@ -185,6 +190,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
                 host_only,
                 qnn_lib,
                 npu_contexts,
+                npu_shared_weights,
             };
             let s = compile(&opts)?;
             // The artifact is written: a stderr that cannot take the report changes nothing.

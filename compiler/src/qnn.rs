@@ -53,7 +53,7 @@ fn qnn_err(e: llada_qnn::Error) -> Error {
 /// Lowers every graph of `h` for `soc`, its layers split into `contexts` contexts (`None`:
 /// the fewest whose binaries fit the window's room for contexts). `weights` gives a
 /// tensor's values as f32.
-pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format: NpuWeights, soc: (&str, u32), lib: &Arc<QnnLibrary>, contexts: Option<u32>) -> Result<Lowered> {
+pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format: NpuWeights, soc: (&str, u32), lib: &Arc<QnnLibrary>, contexts: Option<u32>, shared_weights: bool) -> Result<Lowered> {
     if h.model.moe.is_some() {
         return Err(Error::Options(format!("--target {}: LLaDA-MoE has no NPU lowering (its experts run on the CPU path); compile it for the host or a GPU target", soc.0)));
     }
@@ -72,11 +72,12 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
     })?;
     let bounds: Vec<Vec<usize>> = h.graphs.iter().map(|g| layer_bounds(h, g)).collect::<Result<_>>()?;
     let n = h.model.n_layers;
-    // What each layer adds to a context (every graph carries its own weights: the simulator
-    // cannot reload weight-shared binaries, QNN.md), the head counted with the last layer.
+    // What each layer adds to a context, the head counted with the last layer: its weights
+    // once where the row buckets share them, else once per graph.
     let layer_bytes: Vec<u64> = (0..n as usize)
         .map(|l| {
-            h.graphs.iter().zip(&bounds).map(|(g, b)| weight_bytes(h, g, format, b[l]..if l + 1 == n as usize { g.ops.len() } else { b[l + 1] })).sum()
+            let per_graph = h.graphs.iter().zip(&bounds).map(|(g, b)| weight_bytes(h, g, format, b[l]..if l + 1 == n as usize { g.ops.len() } else { b[l + 1] }));
+            if shared_weights { per_graph.max().unwrap_or(0) } else { per_graph.sum() }
         })
         .collect();
     let groups = split_layers(&layer_bytes, budget, contexts).map_err(|e| Error::Options(format!("--target {}: {e}", soc.0)))?;
@@ -85,7 +86,7 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
     let mut built = Vec::new();
     let mut binaries = Vec::new();
     for (ci, layers) in groups.into_iter().enumerate() {
-        let ctx = Context::create(&device).map_err(qnn_err)?;
+        let ctx = Context::create(&device, shared_weights).map_err(qnn_err)?;
         let mut graphs = Vec::new();
         for (gi, b) in bounds.iter().enumerate() {
             let ops = b[layers[0] as usize]..if layers[1] == n { h.graphs[gi].ops.len() } else { b[layers[1] as usize] };
@@ -109,7 +110,7 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
     for (c, resident) in built.iter_mut().zip(resident_prefix(&sizes, budget)) {
         c.resident = resident;
     }
-    let section = NpuSection { version: SECTION_VERSION, soc: soc.0.to_string(), soc_id: soc.1, qnn_build: lib.build_id.clone(), weights: format, context_budget: budget, contexts: built };
+    let section = NpuSection { version: SECTION_VERSION, soc: soc.0.to_string(), soc_id: soc.1, qnn_build: lib.build_id.clone(), weights: format, shared_weights, context_budget: budget, contexts: built };
     drop(device);
     drop(backend);
     Ok(Lowered { section, binaries, seconds: start.elapsed().as_secs_f64(), warnings: Vec::new() })

@@ -108,6 +108,7 @@ fn small_artifact(model: &std::path::Path, work: &std::path::Path) -> Result<Pat
         host_only: false,
         qnn_lib: None,
         npu_contexts: None,
+        npu_shared_weights: false,
     })
     .map_err(|e| format!("compiling the seed: {e}"))?;
     Ok(path)

@@ -44,6 +44,9 @@ pub struct NpuSection {
     pub qnn_build: String,
     /// How the executables hold the matmul weights (norms and biases stay fp16).
     pub weights: NpuWeights,
+    /// Whether each context's row-bucket graphs share one copy of their weights (the phone's
+    /// form: QNN's x86-64 simulator cannot load it) or each carry their own.
+    pub shared_weights: bool,
     /// Bytes of the NPU window the contexts may occupy at once: the window less the KV cache
     /// and the largest pass's inputs and outputs ([`io_bytes`]).
     pub context_budget: u64,

@@ -212,6 +212,29 @@ pub struct HtpDeviceSocConfig {
 }
 pub const HTP_DEVICE_CONFIG_OPTION_SOC: u32 = 0;
 
+/// `QnnContext_Config_t` with `QNN_CONTEXT_CONFIG_OPTION_CUSTOM` (0): a pointer to the
+/// backend's own context config at byte 8. The tail pads the union to the largest member we
+/// know of (zeroed: only the pointer is read for this option).
+#[repr(C)]
+pub struct ContextConfig {
+    pub option: u32,
+    pub custom: *const c_void,
+    pub _tail: [u64; 2],
+}
+pub const CONTEXT_CONFIG_OPTION_CUSTOM: u32 = 0;
+
+/// `QnnHtpContext_CustomConfig_t`: the option, then a union at byte 8 whose largest member is
+/// a 16-byte group registration (a handle and a size); `weightSharingEnabled` is its first
+/// byte.
+#[repr(C)]
+pub struct HtpContextConfig {
+    pub option: u32,
+    pub value: [u64; 2],
+}
+/// `QNN_HTP_CONTEXT_CONFIG_OPTION_WEIGHT_SHARING_ENABLED` (QNN.md: graphs built in the context
+/// share the static tensors they hold alike).
+pub const HTP_CONTEXT_CONFIG_OPTION_WEIGHT_SHARING: u32 = 1;
+
 /// The interface's function table (`QNN_INTERFACE_VER_TYPE`) as the 2.51 library lays it out:
 /// 64 slots, append-only across versions. Slots the runtime does not call are opaque.
 #[repr(C)]
@@ -347,6 +370,8 @@ mod tests {
         assert_eq!(offset_of!(OpConfig, outputs), 72);
         assert_eq!(size_of::<DeviceConfig>(), 16);
         assert_eq!(offset_of!(HtpDeviceSocConfig, soc_model), 8);
+        assert_eq!((size_of::<ContextConfig>(), offset_of!(ContextConfig, custom)), (32, 8));
+        assert_eq!((size_of::<HtpContextConfig>(), offset_of!(HtpContextConfig, value)), (24, 8));
     }
 
     #[test]

@@ -268,7 +268,7 @@ mod tests {
         let w: Vec<f32> = (0..n * k).map(|i| ((i % 7) as f32 - 3.0) / 4.0).collect();
         let x: Vec<f32> = (0..rows * k).map(|i| ((i % 5) as f32 - 2.0) / 2.0).collect();
         let (binary, x_id, y_id) = {
-            let ctx = Context::create(&device).unwrap();
+            let ctx = Context::create(&device, false).unwrap();
             let mut g = GraphBuilder::new(&ctx, "fc").unwrap();
             let xi = g.input("x", abi::DATATYPE_FLOAT_16, &[rows, k]).unwrap();
             let wt = g.static_f16("w", &[n, k], &w.iter().map(|&v| f16(v)).collect::<Vec<_>>()).unwrap();
@@ -301,5 +301,36 @@ mod tests {
         // A graph the binary does not hold is one error naming the call and the graph.
         let e = ctx.graph("nope").err().unwrap().to_string();
         assert!(e.contains("graphRetrieve") && e.contains("'nope'"), "{e}");
+    }
+
+    /// Needs the library. Three row buckets of one layer over the same 256x256 weight: with
+    /// weight sharing the context holds the weight once (a much smaller binary), and the
+    /// simulator refuses to reload such a binary (QNN.md), which the runtime must say.
+    #[test]
+    #[ignore]
+    fn weight_shared_contexts_hold_a_weight_once() {
+        let lib = QnnLibrary::open(None).expect("LLADA_QNN_LIB names the fetched library");
+        let backend = lib.backend().unwrap();
+        let device = Device::new(&backend, 69).unwrap();
+        let (k, n) = (256u32, 256u32);
+        let w: Vec<u16> = (0..n * k).map(|i| f16(((i * 37 % 101) as f32 - 50.0) / 64.0)).collect();
+        let build = |shared: bool| {
+            let ctx = Context::create(&device, shared).unwrap();
+            for rows in [16u32, 32, 64] {
+                let mut g = GraphBuilder::new(&ctx, &format!("fc{rows}")).unwrap();
+                let xi = g.input("x", abi::DATATYPE_FLOAT_16, &[rows, k]).unwrap();
+                let wt = g.static_f16("w", &[n, k], &w).unwrap();
+                g.op("FullyConnected", &[xi, wt], vec![], "y", abi::DATATYPE_FLOAT_16, &[rows, n], Out::AppRead).unwrap();
+                g.finalize().unwrap();
+            }
+            ctx.binary().unwrap()
+        };
+        let (unshared, shared) = (build(false), build(true));
+        let weight = (2 * n * k) as usize;
+        assert!(unshared.len() > 3 * weight, "{} bytes unshared", unshared.len());
+        assert!(shared.len() < 2 * weight, "{} bytes shared", shared.len());
+        if cfg!(target_arch = "x86_64") {
+            assert!(Context::from_binary(&device, &shared).is_err(), "the simulator reloaded a weight-shared binary");
+        }
     }
 }

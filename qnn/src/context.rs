@@ -57,13 +57,20 @@ pub struct Context {
 unsafe impl Send for Context {}
 
 impl Context {
-    /// An empty context to build graphs in.
-    pub fn create(device: &Arc<Device>) -> Result<Context> {
+    /// An empty context to build graphs in. With `shared_weights`, its graphs share the
+    /// static tensors they hold alike (one copy of a weight for every row bucket): a phone's
+    /// HTP loads such a binary, QNN's x86-64 simulator cannot (QNN.md).
+    pub fn create(device: &Arc<Device>, shared_weights: bool) -> Result<Context> {
         let t = device.backend.lib.table();
         let create = t.context_create.ok_or_else(|| Error::Other("QNN contextCreate is missing from the library's table".into()))?;
         let mut context: ContextHandle = std::ptr::null_mut();
-        // SAFETY: no configs; `context` is valid for a write.
-        check("contextCreate", None, unsafe { create(device.backend.backend, device.device, std::ptr::null(), &mut context) })?;
+        let htp = abi::HtpContextConfig { option: abi::HTP_CONTEXT_CONFIG_OPTION_WEIGHT_SHARING, value: [1, 0] };
+        let config = abi::ContextConfig { option: abi::CONTEXT_CONFIG_OPTION_CUSTOM, custom: &htp as *const _ as *const c_void, _tail: [0; 2] };
+        let list: [*const abi::ContextConfig; 2] = [&config, std::ptr::null()];
+        let configs = if shared_weights { list.as_ptr() as *const *const c_void } else { std::ptr::null() };
+        // SAFETY: `configs` is null or a null-terminated list whose entries (and the HTP config
+        // they point to) live on this frame for the call; `context` is valid for a write.
+        check("contextCreate", None, unsafe { create(device.backend.backend, device.device, configs, &mut context) })?;
         Ok(Context { device: device.clone(), context })
     }
 

@@ -434,3 +434,26 @@ fn contexts_split_by_layers_and_swapped_through_a_small_window_give_the_same_tok
     refused("window.lad", &|s| s.context_budget = 8 << 20, &["context_budget 8388608", "window"]);
     refused("resident.lad", &|s| s.contexts.iter_mut().for_each(|c| c.resident = true), &["resident contexts", "largest rotating"]);
 }
+
+/// `--npu-shared-weights`: the phone's form, each context's row buckets over one copy of
+/// their weights (inspect says so; the binary shrinks about by the number of buckets), which
+/// the x86-64 simulator cannot load: the runtime says so instead of failing inside QNN.
+#[test]
+#[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
+fn shared_weights_are_the_phones_form_and_the_simulator_refuses_them_by_name() {
+    let _ = lib();
+    let dir = tempfile::tempdir().unwrap();
+    let (shared, unshared) = (dir.path().join("shared.lad"), dir.path().join("unshared.lad"));
+    lladac(&embedded_model(), "sm8750", &shared, &["--max-seq", "128", "--npu-shared-weights"]);
+    lladac(&embedded_model(), "sm8750", &unshared, &["--max-seq", "128"]);
+    let npu = |p: &Path| -> serde_json::Value { serde_json::from_slice::<serde_json::Value>(&common::run("lladac", &["inspect", p.to_str().unwrap(), "--json"]).stdout).unwrap()["npu"].clone() };
+    let (a, b) = (npu(&shared), npu(&unshared));
+    assert_eq!((a["shared_weights"].as_bool(), b["shared_weights"].as_bool()), (Some(true), Some(false)));
+    let bytes = |n: &serde_json::Value| n["contexts"].as_array().unwrap().iter().map(|c| c["bytes"].as_u64().unwrap()).sum::<u64>();
+    assert!(2 * bytes(&a) < bytes(&b), "shared {} bytes, unshared {}", bytes(&a), bytes(&b));
+    if cfg!(target_arch = "x86_64") {
+        common::assert_clean_failure(&run_qnn(&shared, true), &["--npu-shared-weights", "simulator"]);
+    }
+    let o = common::run("lladac", &["compile", "--model", embedded_model().to_str().unwrap(), "--npu-shared-weights", "-o", dir.path().join("x.lad").to_str().unwrap()]);
+    common::assert_clean_failure(&o, &["--npu-shared-weights", "Snapdragon"]);
+}

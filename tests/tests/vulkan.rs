@@ -90,6 +90,7 @@ fn compile_with(out: &Path, quant: Option<Quant>, kv: Option<&str>, window_bytes
         host_only: false,
         qnn_lib: None,
         npu_contexts: None,
+        npu_shared_weights: false,
     })
     .expect("compiles");
 }

@@ -61,6 +61,7 @@ pub fn compile_scaled(model: &Path, out: &Path, quant: Option<lladac::Quant>, ma
         host_only: false,
         qnn_lib: None,
         npu_contexts: None,
+        npu_shared_weights: false,
     })
     .expect("compiles");
 }
@@ -94,6 +95,7 @@ pub fn compile_in_window(model: &Path, out: &Path, max_seq: Option<u32>, window_
         host_only: false,
         qnn_lib: None,
         npu_contexts: None,
+        npu_shared_weights: false,
     })
     .expect("compiles")
 }

@@ -73,6 +73,12 @@ impl QnnExecutor {
                 h.compile.target
             ))
         })?;
+        if section.shared_weights && cfg!(target_arch = "x86_64") {
+            return Err(Error::request(format!(
+                "{}: its NPU contexts share their weights across row buckets (lladac --npu-shared-weights), the form a phone's HTP loads; QNN's x86-64 simulator cannot reload such binaries, so compile without --npu-shared-weights to run it here",
+                model.path.display()
+            )));
+        }
         let lib = QnnLibrary::open(None)?;
         let backend = lib.backend()?;
         let device = Device::new(&backend, section.soc_id)?;
