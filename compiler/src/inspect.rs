@@ -150,6 +150,7 @@ fn npu(h: &Header) -> Value {
         "qnn_build": n.qnn_build,
         "weights": n.weights.name(),
         "shared_weights": n.shared_weights,
+        "io": {"bytes": n.io.bytes, "regions": n.io.regions.iter().map(|r| json!({"kind": format!("{:?}", r.kind), "offset": r.offset, "bytes": r.bytes})).collect::<Vec<_>>()},
         "context_budget": n.context_budget,
         "window_bytes": h.plan.window.bytes,
         "contexts": n.contexts.iter().map(|c| {
@@ -239,6 +240,8 @@ pub fn render_text(d: &Value) -> String {
             n["weights"].as_str().unwrap_or("?")
         );
         let _ = writeln!(s, "  contexts may use {:.1} MiB of the {:.1} MiB window at once (the rest: KV cache and a pass's I/O)", mib(&n["context_budget"]), mib(&n["window_bytes"]));
+        let regions: Vec<String> = n["io"]["regions"].as_array().into_iter().flatten().map(|r| format!("{} @{} ({} B)", r["kind"].as_str().unwrap_or("?"), r["offset"], r["bytes"])).collect();
+        let _ = writeln!(s, "  I/O allocation {:.1} MiB, a descriptor per tensor: {}", mib(&n["io"]["bytes"]), regions.join(", "));
         let _ = writeln!(
             s,
             "  {}",

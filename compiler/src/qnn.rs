@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use half::f16;
-use llada_ir::npu::{NpuContext, NpuDType, NpuGraph, NpuSection, NpuTensor, NpuWeights, Role, SECTION_VERSION, SOCS};
+use llada_ir::npu::{IoLayout, NpuContext, NpuDType, NpuGraph, NpuSection, NpuTensor, NpuWeights, Role, SECTION_VERSION, SOCS};
 use llada_ir::{Graph, Header, Op, Rows, TensorId, ValueId};
 use llada_qnn::abi::{DATATYPE_FLOAT_16, DATATYPE_INT_32};
 use llada_qnn::build::{Out, ParamSpec};
@@ -59,15 +59,15 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
     }
     let start = std::time::Instant::now();
     let w = &h.plan.window;
-    let io = llada_ir::npu::io_bytes(h);
+    let io = IoLayout::of(h);
     let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
-    let budget = w.bytes.checked_sub(w.kv.bytes + io).filter(|&b| b > 0).ok_or_else(|| {
+    let budget = w.bytes.checked_sub(io.bytes).filter(|&b| b > 0).ok_or_else(|| {
         Error::Options(format!(
-            "--target {}: the {} window leaves no room for the NPU's contexts after the KV cache ({}) and a pass's inputs and outputs ({}); lower --max-seq or raise --window-bytes",
+            "--target {}: the {} window leaves no room for the NPU's contexts after the KV cache ({}) and a pass's inputs and outputs ({} in all); lower --max-seq or raise --window-bytes",
             soc.0,
             mib(w.bytes),
             mib(w.kv.bytes),
-            mib(io)
+            mib(io.bytes)
         ))
     })?;
     let bounds: Vec<Vec<usize>> = h.graphs.iter().map(|g| layer_bounds(h, g)).collect::<Result<_>>()?;
@@ -90,7 +90,7 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
         let mut graphs = Vec::new();
         for (gi, b) in bounds.iter().enumerate() {
             let ops = b[layers[0] as usize]..if layers[1] == n { h.graphs[gi].ops.len() } else { b[layers[1] as usize] };
-            graphs.push(lower_graph(h, gi as u32, &ctx, weights, format, layers, ops)?);
+            graphs.push(lower_graph(h, gi as u32, &ctx, weights, format, layers, ops, &io)?);
         }
         let binary = ctx.binary().map_err(qnn_err)?;
         if binary.len() as u64 > budget {
@@ -110,7 +110,7 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
     for (c, resident) in built.iter_mut().zip(resident_prefix(&sizes, budget)) {
         c.resident = resident;
     }
-    let section = NpuSection { version: SECTION_VERSION, soc: soc.0.to_string(), soc_id: soc.1, qnn_build: lib.build_id.clone(), weights: format, shared_weights, context_budget: budget, contexts: built };
+    let section = NpuSection { version: SECTION_VERSION, soc: soc.0.to_string(), soc_id: soc.1, qnn_build: lib.build_id.clone(), weights: format, shared_weights, context_budget: budget, io, contexts: built };
     drop(device);
     drop(backend);
     Ok(Lowered { section, binaries, seconds: start.elapsed().as_secs_f64(), warnings: Vec::new() })
@@ -340,7 +340,8 @@ fn broadcast(a: &[u32], b: &[u32]) -> Vec<u32> {
 }
 
 /// Layers `layers` of planned graph `gi` (its ops `ops`) as one QNN graph in `ctx`.
-fn lower_graph(h: &Header, gi: u32, ctx: &Context, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format: NpuWeights, layers: [u32; 2], ops: std::ops::Range<usize>) -> Result<NpuGraph> {
+#[allow(clippy::too_many_arguments)]
+fn lower_graph(h: &Header, gi: u32, ctx: &Context, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format: NpuWeights, layers: [u32; 2], ops: std::ops::Range<usize>, io: &IoLayout) -> Result<NpuGraph> {
     let g = &h.graphs[gi as usize];
     let m = &h.model;
     let name = format!("g{gi}_l{}_{}_{}", layers[0], layers[1], g.name.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
@@ -516,7 +517,8 @@ fn lower_graph(h: &Header, gi: u32, ctx: &Context, weights: &dyn Fn(TensorId) ->
             .into_iter()
             .map(|role| {
                 let t = list.iter().find(|(r, _)| *r == role).map(|(_, t)| *t).ok_or_else(|| Error::Options(format!("lowering graph '{}' to QNN: no {role:?}", g.name)))?;
-                Ok(NpuTensor { id: b.id(t), name: role_name(role), role, dtype: role.dtype(), dims: b.dims(t).to_vec() })
+                let offset = io.offset(h, role, g.rows).expect("every role has a region");
+                Ok(NpuTensor { id: b.id(t), name: role_name(role), role, dtype: role.dtype(), dims: b.dims(t).to_vec(), offset })
             })
             .collect()
     };

@@ -47,9 +47,11 @@ pub struct NpuSection {
     /// Whether each context's row-bucket graphs share one copy of their weights (the phone's
     /// form: QNN's x86-64 simulator cannot load it) or each carry their own.
     pub shared_weights: bool,
-    /// Bytes of the NPU window the contexts may occupy at once: the window less the KV cache
-    /// and the largest pass's inputs and outputs ([`io_bytes`]).
+    /// Bytes of the NPU window the contexts may occupy at once: the window less the I/O
+    /// allocation (the KV cache and the largest pass's inputs and outputs, [`IoLayout`]).
     pub context_budget: u64,
+    /// Where every executable's inputs and outputs live ([`IoLayout::of`] the plan).
+    pub io: IoLayout,
     /// In layer order.
     pub contexts: Vec<NpuContext>,
 }
@@ -111,7 +113,8 @@ pub struct NpuGraph {
     pub outputs: Vec<NpuTensor>,
 }
 
-/// One input or output: QNN's tensor id and name, what it holds, its element type and shape.
+/// One input or output: QNN's tensor id and name, what it holds, its element type and shape,
+/// and its descriptor: where it lives in the I/O allocation ([`IoLayout`]), in bytes.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct NpuTensor {
     pub id: u32,
@@ -119,6 +122,107 @@ pub struct NpuTensor {
     pub role: Role,
     pub dtype: NpuDType,
     pub dims: Vec<u32>,
+    pub offset: u64,
+}
+
+impl NpuTensor {
+    pub fn bytes(&self) -> u64 {
+        self.dims.iter().map(|&d| d as u64).product::<u64>() * self.dtype.bytes()
+    }
+}
+
+/// The one allocation every executable's inputs and outputs live in (on a phone one shared
+/// buffer registered once, a descriptor per tensor at its offset, as ExecuTorch's QNN runtime
+/// does): the KV cache first (the window's KV planes, in their layout), then one region per
+/// kind of boundary tensor, each sized for the largest graph; a smaller graph's tensor uses
+/// the start of its region.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct IoLayout {
+    pub bytes: u64,
+    pub regions: Vec<IoRegion>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IoRegion {
+    pub kind: IoKind,
+    pub offset: u64,
+    pub bytes: u64,
+}
+
+/// What a region of the I/O allocation holds.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoKind {
+    /// Every layer's key and value planes, `[kv_heads, C, head_dim]` each, layer-major.
+    Kv,
+    Hidden,
+    HiddenOut,
+    Cos,
+    Sin,
+    Mask,
+    HeadIndex,
+    /// Every layer's new key and value planes, `[kv_heads, R, head_dim]` each, layer-major.
+    NewKv,
+    Logits,
+}
+
+/// Alignment of every region (a cache line; rpcmem allocations are page-aligned).
+pub const IO_ALIGN: u64 = 64;
+
+impl IoLayout {
+    /// The layout the plan of `h` calls for.
+    pub fn of(h: &Header) -> IoLayout {
+        let m = &h.model;
+        let n = m.n_layers as u64;
+        let largest = |role: Role| h.graphs.iter().map(|g| role_bytes(h, role, g.rows, g.head_rows)).max().unwrap_or(0);
+        let sizes = [
+            (IoKind::Kv, h.plan.window.kv.bytes),
+            (IoKind::Hidden, largest(Role::Hidden)),
+            (IoKind::HiddenOut, largest(Role::HiddenOut)),
+            (IoKind::Cos, largest(Role::Cos)),
+            (IoKind::Sin, largest(Role::Sin)),
+            (IoKind::Mask, largest(Role::Mask)),
+            (IoKind::HeadIndex, largest(Role::HeadIndex)),
+            (IoKind::NewKv, 2 * n * largest(Role::KNew(0))),
+            (IoKind::Logits, largest(Role::Logits)),
+        ];
+        let mut offset = 0;
+        let mut regions = Vec::new();
+        for (kind, bytes) in sizes {
+            regions.push(IoRegion { kind, offset, bytes });
+            offset = (offset + bytes).div_ceil(IO_ALIGN) * IO_ALIGN;
+        }
+        IoLayout { bytes: offset, regions }
+    }
+
+    pub fn region(&self, kind: IoKind) -> Option<&IoRegion> {
+        self.regions.iter().find(|r| r.kind == kind)
+    }
+
+    /// Where the tensor of `role` in a graph of `rows` rows lives: its offset in the
+    /// allocation.
+    pub fn offset(&self, h: &Header, role: Role, rows: u32) -> Option<u64> {
+        let m = &h.model;
+        let kv_plane = m.n_kv_heads as u64 * h.plan.kv_capacity as u64 * m.head_dim as u64 * 2;
+        let new_plane = m.n_kv_heads as u64 * rows as u64 * m.head_dim as u64 * 2;
+        let (kind, within) = match role {
+            Role::Hidden => (IoKind::Hidden, 0),
+            Role::HiddenOut => (IoKind::HiddenOut, 0),
+            Role::Cos => (IoKind::Cos, 0),
+            Role::Sin => (IoKind::Sin, 0),
+            Role::Mask => (IoKind::Mask, 0),
+            Role::HeadIndex => (IoKind::HeadIndex, 0),
+            Role::KCache(l) => (IoKind::Kv, 2 * l as u64 * kv_plane),
+            Role::VCache(l) => (IoKind::Kv, (2 * l as u64 + 1) * kv_plane),
+            Role::KNew(l) => (IoKind::NewKv, 2 * l as u64 * new_plane),
+            Role::VNew(l) => (IoKind::NewKv, (2 * l as u64 + 1) * new_plane),
+            Role::Logits => (IoKind::Logits, 0),
+        };
+        Some(self.region(kind)?.offset + within)
+    }
+}
+
+fn role_bytes(h: &Header, role: Role, rows: u32, head_rows: u32) -> u64 {
+    role.dims(h, rows, head_rows).iter().map(|&d| d as u64).product::<u64>() * role.dtype().bytes()
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,28 +310,6 @@ impl Role {
     }
 }
 
-/// Bytes of the inputs and outputs of the largest pass, besides the KV cache they bind in
-/// place: the hidden states in and out, rotary rows, mask, head-row indices, every layer's new
-/// keys and values, and the logits. A phone registers them in the NPU's window beside the
-/// cache, so they come out of what the contexts may use.
-pub fn io_bytes(h: &Header) -> u64 {
-    let n = h.model.n_layers;
-    let (inputs, mut outputs) = Role::expected([0, n], n);
-    outputs.push(Role::HiddenOut);
-    h.graphs
-        .iter()
-        .map(|g| {
-            inputs
-                .iter()
-                .chain(&outputs)
-                .filter(|r| !matches!(r, Role::KCache(_) | Role::VCache(_)))
-                .map(|r| r.dims(h, g.rows, g.head_rows).iter().map(|&d| d as u64).product::<u64>() * r.dtype().bytes())
-                .sum::<u64>()
-        })
-        .max()
-        .unwrap_or(0)
-}
-
 impl NpuSection {
     pub fn encode(&self) -> Vec<u8> {
         postcard::to_stdvec(self).expect("a section always encodes")
@@ -265,16 +347,23 @@ impl NpuSection {
         if h.model.moe.is_some() {
             return bad("a mixture-of-experts model has no NPU executables (its experts run on the CPU path)".into());
         }
-        let n = h.model.n_layers;
-        let w = &h.plan.window;
-        let need = w.kv.bytes.saturating_add(io_bytes(h)).saturating_add(self.context_budget);
-        if need > w.bytes {
+        let layout = IoLayout::of(h);
+        if self.io.bytes != layout.bytes {
+            return bad(format!("io: the I/O allocation is {} bytes; the plan's is {}", self.io.bytes, layout.bytes));
+        }
+        for (i, (have, want)) in self.io.regions.iter().zip(&layout.regions).enumerate() {
+            if have != want {
+                return bad(format!("io.regions[{i}]: {:?} at {} ({} bytes); the plan places {:?} at {} ({} bytes)", have.kind, have.offset, have.bytes, want.kind, want.offset, want.bytes));
+            }
+        }
+        if self.io.regions.len() != layout.regions.len() {
+            return bad(format!("io: {} regions where the plan has {}", self.io.regions.len(), layout.regions.len()));
+        }
+        let (n, w) = (h.model.n_layers, &h.plan.window);
+        if layout.bytes.saturating_add(self.context_budget) > w.bytes {
             return bad(format!(
-                "context_budget {} plus the KV cache ({} bytes) and the largest pass's I/O ({} bytes) exceeds the {}-byte window",
-                self.context_budget,
-                w.kv.bytes,
-                io_bytes(h),
-                w.bytes
+                "context_budget {} plus the I/O allocation ({} bytes: the KV cache and the largest pass's inputs and outputs) exceeds the {}-byte window",
+                self.context_budget, layout.bytes, w.bytes
             ));
         }
         let mut segments = std::collections::HashSet::new();
@@ -324,6 +413,11 @@ impl NpuSection {
                                 "{at}: {what} '{}' is {:?} {:?} {:?}; the plan's graph '{}' ({} rows, {} head rows) needs {role:?} {:?} {want:?}",
                                 t.name, t.role, t.dtype, t.dims, planned.name, planned.rows, planned.head_rows, role.dtype()
                             ));
+                        }
+                        // Its descriptor: the plan's offset, inside its region.
+                        let offset = layout.offset(h, role, planned.rows).expect("every role has a region");
+                        if t.offset != offset {
+                            return bad(format!("{at}: {what} '{}' has its descriptor at offset {} of the I/O allocation; the plan places it at {offset}", t.name, t.offset));
                         }
                     }
                 }

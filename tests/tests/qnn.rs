@@ -363,7 +363,8 @@ fn grouped_query_attention_gives_the_hosts_logits_to_fp16_precision() {
 /// A model split by layers into contexts: any split gives the single context's tokens, and so
 /// does a window too small to hold them all, through which the rotating contexts are created
 /// and freed every pass (counted). The verifier refuses contexts that overlap, exceed the
-/// room the window leaves them, or leave no room for the rotating ones, naming the element.
+/// room the window leaves them, or leave no room for the rotating ones, and I/O descriptors
+/// off the plan's layout, naming the element.
 #[test]
 #[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
 fn contexts_split_by_layers_and_swapped_through_a_small_window_give_the_same_tokens() {
@@ -433,6 +434,10 @@ fn contexts_split_by_layers_and_swapped_through_a_small_window_give_the_same_tok
     refused("budget.lad", &|s| s.context_budget = 1 << 20, &["contexts[0]", "exceed the context_budget"]);
     refused("window.lad", &|s| s.context_budget = 8 << 20, &["context_budget 8388608", "window"]);
     refused("resident.lad", &|s| s.contexts.iter_mut().for_each(|c| c.resident = true), &["resident contexts", "largest rotating"]);
+    // The I/O allocation's layout and its descriptors (what a phone registers per tensor).
+    refused("region.lad", &|s| s.io.regions[2].offset += 64, &["io.regions[2]", "HiddenOut", "the plan places"]);
+    refused("descriptor.lad", &|s| s.contexts[1].graphs[0].inputs[0].offset += 64, &["contexts[1].graphs[0]", "inputs 'hidden'", "descriptor at offset"]);
+    refused("kv-descriptor.lad", &|s| s.contexts[3].graphs[2].inputs.last_mut().unwrap().offset = 0, &["contexts[3].graphs[2]", "'v_cache_3'", "descriptor at offset 0"]);
 }
 
 /// `--npu-shared-weights`: the phone's form, each context's row buckets over one copy of

@@ -4,69 +4,72 @@
 //! without the library.
 
 use half::f16;
-use llada_ir::npu::MASKED;
+use llada_ir::npu::{IoKind, IoLayout, NpuTensor, MASKED};
 use llada_ir::{Header, TensorId};
 
 use super::super::RunInputs;
 use crate::model::Model;
 
-/// Buffers for the largest graph, allocated once per session.
+/// The I/O allocation past the KV cache (which is the window's own), laid out as the
+/// section's [`IoLayout`] says: every boundary tensor of every executable is bound at its
+/// descriptor's offset (client buffers here; on a phone the same offsets of one registered
+/// buffer). Allocated once per session, for the largest graph.
 pub struct Scratch {
-    /// The rows' hidden states a context reads, and those it writes for the next one.
-    pub hidden: Vec<u16>,
-    pub hidden_out: Vec<u16>,
-    pub cos: Vec<u16>,
-    pub sin: Vec<u16>,
-    pub mask: Vec<u16>,
-    pub head: Vec<i32>,
-    pub new_kv: Vec<u16>,
-    pub logits: Vec<u16>,
+    layout: IoLayout,
+    /// Where the regions after the KV cache start in the allocation.
+    base: u64,
+    io: Vec<u64>,
     embedded: Vec<f32>,
     stored: Vec<bool>,
 }
 
 impl Scratch {
-    pub fn new(h: &Header) -> Scratch {
-        let m = &h.model;
+    pub fn new(h: &Header, layout: IoLayout) -> Scratch {
         let rows = h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize;
-        let heads = h.graphs.iter().map(|g| g.head_rows).max().unwrap_or(0) as usize;
-        let (hd, kvh) = (m.head_dim as usize, m.n_kv_heads as usize);
-        Scratch {
-            hidden: vec![0; rows * m.d_model as usize],
-            hidden_out: vec![0; rows * m.d_model as usize],
-            cos: vec![0; rows * hd / 2],
-            sin: vec![0; rows * hd / 2],
-            mask: vec![0; Scratch::mask_len_for(h, rows)],
-            head: vec![0; heads],
-            new_kv: vec![0; 2 * m.n_layers as usize * kvh * rows * hd],
-            logits: vec![0; heads * m.embedding_size as usize],
-            embedded: vec![0.0; rows * m.d_model as usize],
-            stored: vec![false; h.plan.kv_capacity as usize],
+        let base = layout.region(IoKind::Hidden).map_or(layout.bytes, |r| r.offset);
+        let io = vec![0u64; (layout.bytes - base).div_ceil(8) as usize];
+        Scratch { layout, base, io, embedded: vec![0.0; rows * h.model.d_model as usize], stored: vec![false; h.plan.kv_capacity as usize] }
+    }
+
+    /// The whole region `kind` (past the KV cache) as elements of `T`.
+    pub fn region<T: bytemuck::Pod>(&mut self, kind: IoKind) -> &mut [T] {
+        let r = *self.layout.region(kind).expect("the verifier checked the layout has every region");
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut self.io);
+        bytemuck::cast_slice_mut(&mut bytes[(r.offset - self.base) as usize..][..r.bytes as usize])
+    }
+
+    /// Where tensor `t` (not the KV cache's) lives: its descriptor's offset in this
+    /// allocation, if its bytes lie inside it.
+    pub fn pointer(&mut self, t: &NpuTensor) -> Option<*mut u8> {
+        let end = t.offset.checked_add(t.bytes())?;
+        if t.offset < self.base || end > self.base + 8 * self.io.len() as u64 {
+            return None;
         }
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut self.io);
+        Some(bytes[(t.offset - self.base) as usize..].as_mut_ptr())
     }
 
-    fn mask_len_for(h: &Header, rows: usize) -> usize {
-        let group = (h.model.n_heads / h.model.n_kv_heads.max(1)) as usize;
-        group * rows * (h.plan.kv_capacity as usize + rows)
-    }
-
-    pub fn mask_len(&self, h: &Header, rows: usize) -> usize {
-        Scratch::mask_len_for(h, rows)
+    /// The hidden states a context wrote become the next one's input.
+    pub fn hand_on_hidden(&mut self, rows: usize, d: usize) {
+        let out: Vec<u16> = self.region::<u16>(IoKind::HiddenOut)[..rows * d].to_vec();
+        self.region::<u16>(IoKind::Hidden)[..rows * d].copy_from_slice(&out);
     }
 
     /// Every row's embedding (padding rows embed their placeholder token), as f16.
     pub fn embed(&mut self, model: &Model, table: TensorId, rows: usize, inp: &RunInputs) {
         let d = model.header.model.d_model as usize;
-        let out = &mut self.embedded[..rows * d];
-        crate::kernels::embed_rows(model.weights(table), d, &inp.tokens[..rows], out);
-        narrow(out, &mut self.hidden[..rows * d]);
+        let mut embedded = std::mem::take(&mut self.embedded);
+        crate::kernels::embed_rows(model.weights(table), d, &inp.tokens[..rows], &mut embedded[..rows * d]);
+        narrow(&embedded[..rows * d], &mut self.region(IoKind::Hidden)[..rows * d]);
+        self.embedded = embedded;
     }
 
     /// The rotary tables' rows at each row's position.
     pub fn rope(&mut self, model: &Model, cos: TensorId, sin: TensorId, rows: usize, inp: &RunInputs) {
         let half = model.header.model.head_dim as usize / 2;
-        for (table, out) in [(cos, &mut self.cos), (sin, &mut self.sin)] {
+        for (table, kind) in [(cos, IoKind::Cos), (sin, IoKind::Sin)] {
             let t: &[f32] = bytemuck::cast_slice(model.tensor_bytes(table));
+            let out = self.region::<u16>(kind);
             for (r, &p) in inp.positions[..rows].iter().enumerate() {
                 narrow(&t[p as usize * half..][..half], &mut out[r * half..][..half]);
             }
@@ -75,13 +78,16 @@ impl Scratch {
 
     /// The additive attention mask `[group * rows, capacity + rows]` (see [`fill_mask`]).
     pub fn mask(&mut self, h: &Header, rows: usize, inp: &RunInputs) {
-        let len = Scratch::mask_len_for(h, rows);
-        fill_mask(&mut self.mask[..len], &mut self.stored, h.plan.kv_capacity as usize, rows, inp);
+        let group = (h.model.n_heads / h.model.n_kv_heads.max(1)) as usize;
+        let capacity = h.plan.kv_capacity as usize;
+        let mut stored = std::mem::take(&mut self.stored);
+        fill_mask(&mut self.region(IoKind::Mask)[..group * rows * (capacity + rows)], &mut stored, capacity, rows, inp);
+        self.stored = stored;
     }
 
     /// The head rows, padded with row 0.
     pub fn head_index(&mut self, head_rows: usize, inp: &RunInputs) {
-        let out = &mut self.head[..head_rows];
+        let out = &mut self.region::<i32>(IoKind::HeadIndex)[..head_rows];
         out.fill(0);
         for (o, &r) in out.iter_mut().zip(inp.head_rows) {
             *o = r as i32;

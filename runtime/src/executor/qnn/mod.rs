@@ -20,7 +20,7 @@ use std::ffi::CString;
 use std::sync::Arc;
 
 use half::f16;
-use llada_ir::npu::{NpuGraph, NpuSection, NpuTensor, Role};
+use llada_ir::npu::{IoKind, NpuGraph, NpuSection, NpuTensor, Role};
 use llada_ir::Op;
 use llada_qnn::abi::{DATATYPE_FLOAT_16, DATATYPE_INT_32};
 use llada_qnn::context::Graph as QnnGraph;
@@ -117,7 +117,7 @@ impl QnnExecutor {
             device_timestamps: false,
             int8_dot: false,
         };
-        let mut e = QnnExecutor { stages, budget: section.context_budget, loads: Loads::default(), trace: None, pool, capabilities, scratch: io::Scratch::new(h), device };
+        let mut e = QnnExecutor { stages, budget: section.context_budget, loads: Loads::default(), trace: None, pool, capabilities, scratch: io::Scratch::new(h, section.io.clone()), device };
         for k in 0..e.stages.len() {
             if e.stages[k].resident {
                 e.create(model, k)?;
@@ -211,18 +211,6 @@ fn qnn_dtype(t: &NpuTensor) -> u32 {
     }
 }
 
-/// A client buffer over `data` for the table entry `t`.
-fn buffer<T>(t: &NpuTensor, data: &mut [T]) -> IoBuffer {
-    IoBuffer {
-        id: t.id,
-        name: CString::new(t.name.as_str()).unwrap_or_default(),
-        data_type: qnn_dtype(t),
-        dims: t.dims.clone(),
-        data: data.as_mut_ptr().cast(),
-        bytes: std::mem::size_of_val(data),
-    }
-}
-
 impl Executor for QnnExecutor {
     fn run(&mut self, model: &Model, graph: u32, inp: &RunInputs, window: &mut Window, stager: &mut Stager, _experts: Option<&mut Experts>, _profile: Option<&mut OpProfile>) -> Result<()> {
         // One executable per context a pass: no op of the plan is timed, so a profile stays
@@ -249,55 +237,38 @@ impl Executor for QnnExecutor {
         s.head_index(g.head_rows as usize, inp);
         let (c, hd, kvh) = (h.plan.kv_capacity as usize, m.head_dim as usize, m.n_kv_heads as usize);
         let plane = kvh * c * hd;
-        let (rows, hr) = (g.rows as usize, g.head_rows as usize);
+        let rows = g.rows as usize;
         let new_plane = kvh * rows * hd;
-        for k in 0..self.stages.len() {
+        let n = self.stages.len();
+        for k in 0..n {
             self.create(model, k)?;
             let stage = &mut self.stages[k];
             let table = &stage.tables[graph as usize];
             let (context, graphs) = stage.live.as_mut().expect("created above");
             let s = &mut self.scratch;
-            let mask_len = s.mask_len(h, rows);
             let parts = window.parts();
             let KvView::Half(kv, _) = parts.kv else {
                 return Err(Error::Internal("the NPU executables read an f16 KV cache; the verifier checked the plan has one".into()));
             };
-            // Layer l's key plane is plane 2l of the window's cache, its value plane 2l + 1;
-            // its new keys and values are planes 2l and 2l + 1 of `new_kv`.
-            let mut cache: Vec<Option<&mut [u16]>> = kv.chunks_exact_mut(plane).map(Some).collect();
-            let mut new: Vec<Option<&mut [u16]>> = s.new_kv.chunks_exact_mut(new_plane).map(Some).collect();
-            let take = |planes: &mut Vec<Option<&mut [u16]>>, i: usize, t: &NpuTensor| -> Result<IoBuffer> {
-                let plane = planes.get_mut(i).and_then(Option::take).ok_or_else(|| Error::Internal(format!("graph '{}': {:?} has no plane of its own", g.name, t.role)))?;
-                Ok(buffer(t, plane))
+            // Every tensor at its descriptor: the KV cache's in the window's cache (the
+            // allocation's first region), the others in the scratch allocation.
+            let kv_bytes: &mut [u8] = bytemuck::cast_slice_mut(kv);
+            let mut bind = |t: &NpuTensor| -> Result<IoBuffer> {
+                let data = match t.role {
+                    Role::KCache(_) | Role::VCache(_) => t.offset.checked_add(t.bytes()).filter(|&end| end <= kv_bytes.len() as u64).map(|_| kv_bytes[t.offset as usize..].as_mut_ptr()),
+                    _ => s.pointer(t),
+                };
+                let data = data.ok_or_else(|| Error::Internal(format!("graph '{}': the descriptor of '{}' lies outside the I/O allocation", g.name, t.name)))?;
+                Ok(IoBuffer { id: t.id, name: CString::new(t.name.as_str()).unwrap_or_default(), data_type: qnn_dtype(t), dims: t.dims.clone(), data: data.cast(), bytes: t.bytes() as usize })
             };
-            let mut inputs = Vec::with_capacity(table.inputs.len());
-            for t in &table.inputs {
-                inputs.push(match t.role {
-                    Role::Hidden => buffer(t, &mut s.hidden[..rows * m.d_model as usize]),
-                    Role::Cos => buffer(t, &mut s.cos[..rows * hd / 2]),
-                    Role::Sin => buffer(t, &mut s.sin[..rows * hd / 2]),
-                    Role::Mask => buffer(t, &mut s.mask[..mask_len]),
-                    Role::HeadIndex => buffer(t, &mut s.head[..hr]),
-                    Role::KCache(l) => take(&mut cache, 2 * l as usize, t)?,
-                    Role::VCache(l) => take(&mut cache, 2 * l as usize + 1, t)?,
-                    other => return Err(Error::Internal(format!("graph '{}': {other:?} is not an input", g.name))),
-                });
-            }
-            let mut outputs = Vec::with_capacity(table.outputs.len());
-            for t in &table.outputs {
-                outputs.push(match t.role {
-                    Role::Logits => buffer(t, &mut s.logits[..hr * m.embedding_size as usize]),
-                    Role::HiddenOut => buffer(t, &mut s.hidden_out[..rows * m.d_model as usize]),
-                    Role::KNew(l) => take(&mut new, 2 * l as usize, t)?,
-                    Role::VNew(l) => take(&mut new, 2 * l as usize + 1, t)?,
-                    other => return Err(Error::Internal(format!("graph '{}': {other:?} is not an output", g.name))),
-                });
-            }
+            let mut inputs = table.inputs.iter().map(&mut bind).collect::<Result<Vec<_>>>()?;
+            let mut outputs = table.outputs.iter().map(&mut bind).collect::<Result<Vec<_>>>()?;
             context.execute(&graphs[graph as usize], &mut inputs, &mut outputs)?;
             drop(inputs);
             drop(outputs);
-            // The next context reads these rows' hidden states.
-            std::mem::swap(&mut s.hidden, &mut s.hidden_out);
+            if k + 1 < n {
+                s.hand_on_hidden(rows, m.d_model as usize);
+            }
         }
         let s = &mut self.scratch;
         let parts = window.parts();
@@ -305,15 +276,17 @@ impl Executor for QnnExecutor {
             return Err(Error::Internal("the NPU executables read an f16 KV cache; the verifier checked the plan has one".into()));
         };
         // The rows the run stores: their keys and values into the cache at their positions.
+        let new_kv = s.region::<u16>(IoKind::NewKv);
         for layer in 0..m.n_layers as usize {
             for kind in 0..2 {
-                let new = &s.new_kv[(2 * layer + kind) * new_plane..][..new_plane];
+                let new = &new_kv[(2 * layer + kind) * new_plane..][..new_plane];
                 let cache = &mut kv[(2 * layer + kind) * plane..][..plane];
                 io::store_rows(new, cache, kvh, rows, c, hd, &inp.positions[..inp.stored_rows]);
             }
         }
+        let logits = s.region::<u16>(IoKind::Logits);
         let range = value_range(g, &g.values[g.logits as usize], inp.head_rows.len(), parts.activations_offset);
-        for (o, &b) in parts.activations[range].iter_mut().zip(&s.logits) {
+        for (o, &b) in parts.activations[range].iter_mut().zip(logits.iter()) {
             *o = f16::from_bits(b).to_f32();
         }
         Ok(())
