@@ -235,6 +235,22 @@ pub struct HtpContextConfig {
 /// share the static tensors they hold alike).
 pub const HTP_CONTEXT_CONFIG_OPTION_WEIGHT_SHARING: u32 = 1;
 
+/// `Qnn_ProfileHandle_t`.
+pub type ProfileHandle = *mut c_void;
+/// `QNN_PROFILE_LEVEL_BASIC`: enough for the HTP's performance estimates at finalize (QNN.md).
+pub const PROFILE_LEVEL_BASIC: u32 = 1;
+
+/// `QnnProfile_EventData_t`: the event's type (the HTP's are in `QnnHtpProfile.h`), its value,
+/// a name, and the value's unit.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct EventData {
+    pub event_type: u32,
+    pub value: u64,
+    pub identifier: *const c_char,
+    pub unit: u32,
+}
+
 /// The interface's function table (`QNN_INTERFACE_VER_TYPE`) as the 2.51 library lays it out:
 /// 64 slots, append-only across versions. Slots the runtime does not call are opaque.
 #[repr(C)]
@@ -266,9 +282,16 @@ pub struct FunctionTable {
     pub log_create: Option<unsafe extern "C" fn(callback: Option<LogCallback>, max_level: u32, logger: *mut LogHandle) -> ErrorHandle>,
     pub log_set_log_level: *const c_void,
     pub log_free: Option<unsafe extern "C" fn(logger: LogHandle) -> ErrorHandle>,
-    /// 7 profile entries, mem register and deregister, device getPlatformInfo,
-    /// freePlatformInfo, getInfrastructure.
-    pub _profile_mem_platform: [*const c_void; 12],
+    pub profile_create: Option<unsafe extern "C" fn(backend: BackendHandle, level: u32, profile: *mut ProfileHandle) -> ErrorHandle>,
+    pub profile_set_config: *const c_void,
+    pub profile_get_events: Option<unsafe extern "C" fn(profile: ProfileHandle, events: *mut *const u64, count: *mut u32) -> ErrorHandle>,
+    pub profile_get_sub_events: Option<unsafe extern "C" fn(event: u64, events: *mut *const u64, count: *mut u32) -> ErrorHandle>,
+    pub profile_get_event_data: Option<unsafe extern "C" fn(event: u64, data: *mut EventData) -> ErrorHandle>,
+    pub profile_get_extended_event_data: *const c_void,
+    pub profile_free: Option<unsafe extern "C" fn(profile: ProfileHandle) -> ErrorHandle>,
+    /// mem register and deregister, device getPlatformInfo, freePlatformInfo,
+    /// getInfrastructure.
+    pub _mem_platform: [*const c_void; 5],
     pub device_create: Option<unsafe extern "C" fn(logger: LogHandle, config: *const *const DeviceConfig, device: *mut DeviceHandle) -> ErrorHandle>,
     pub device_set_config: *const c_void,
     pub device_get_info: *const c_void,
@@ -372,6 +395,7 @@ mod tests {
         assert_eq!(offset_of!(HtpDeviceSocConfig, soc_model), 8);
         assert_eq!((size_of::<ContextConfig>(), offset_of!(ContextConfig, custom)), (32, 8));
         assert_eq!((size_of::<HtpContextConfig>(), offset_of!(HtpContextConfig, value)), (24, 8));
+        assert_eq!((size_of::<EventData>(), offset_of!(EventData, value), offset_of!(EventData, identifier), offset_of!(EventData, unit)), (32, 8, 16, 24));
     }
 
     #[test]

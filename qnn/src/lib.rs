@@ -10,11 +10,13 @@ pub mod abi;
 pub mod build;
 pub mod context;
 pub mod library;
+pub mod profile;
 pub mod system;
 
 pub use build::{GraphBuilder, TensorRef};
 pub use context::{Context, Device, IoBuffer};
 pub use library::{Backend, QnnLibrary, HOW_TO_GET};
+pub use profile::{Estimate, Profile};
 
 /// What can go wrong, each naming what failed.
 #[derive(Debug)]
