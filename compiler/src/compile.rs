@@ -148,6 +148,8 @@ pub struct CompileOptions {
     /// Build each NPU context's row buckets over one copy of their weights (a phone's HTP
     /// loads it; QNN's x86-64 simulator cannot).
     pub npu_shared_weights: bool,
+    /// Also estimate every executable with QNN's performance model for this SoC id.
+    pub npu_estimate_soc: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -214,6 +216,9 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     }
     if let (Some(n), None) = (opts.npu_contexts, npu_soc) {
         return Err(Error::Options(format!("--npu-contexts {n}: only the NPU executables of a Snapdragon target (without --host-only) are split into contexts")));
+    }
+    if let (Some(id), None) = (opts.npu_estimate_soc, npu_soc) {
+        return Err(Error::Options(format!("--npu-estimate-soc {id}: only the NPU executables of a Snapdragon target (without --host-only) are estimated")));
     }
     if opts.npu_shared_weights && npu_soc.is_none() {
         return Err(Error::Options("--npu-shared-weights: only the NPU executables of a Snapdragon target (without --host-only) hold weights in contexts".into()));
@@ -452,7 +457,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     latency::record(&mut header, &target);
     latency::choose_row_buckets(&mut header, row_set_rows);
     let npu = match (npu_soc, &qnn_library) {
-        (Some(soc), Some(lib)) => Some(add_npu_executables(&mut header, &mut w, &ckpt, segments, &ids, soc, npu_weights, lib, (opts.npu_contexts, opts.npu_shared_weights), &mut warnings)?),
+        (Some(soc), Some(lib)) => Some(add_npu_executables(&mut header, &mut w, &ckpt, segments, &ids, soc, npu_weights, lib, &crate::qnn::NpuOptions { contexts: opts.npu_contexts, shared_weights: opts.npu_shared_weights, estimate_soc: opts.npu_estimate_soc }, &mut warnings)?),
         _ => None,
     };
     let n_graphs = header.graphs.len();
@@ -472,7 +477,7 @@ fn add_npu_executables(
     soc: (&str, u32),
     format: NpuWeights,
     lib: &std::sync::Arc<llada_qnn::QnnLibrary>,
-    (contexts, shared_weights): (Option<u32>, bool),
+    npu: &crate::qnn::NpuOptions,
     warnings: &mut Vec<String>,
 ) -> Result<(String, usize, u64, f64)> {
     let planned: HashMap<TensorId, &Planned> = ids.iter().flatten().copied().zip(segments.iter().flat_map(|(_, p)| p.iter())).collect();
@@ -487,7 +492,7 @@ fn add_npu_executables(
         }
         Ok(out)
     };
-    let mut lowered = crate::qnn::lower(header, &weights, format, soc, lib, contexts, shared_weights)?;
+    let mut lowered = crate::qnn::lower(header, &weights, format, soc, lib, npu)?;
     warnings.append(&mut lowered.warnings);
     let mut bytes = 0;
     for (i, (context, binary)) in lowered.section.contexts.iter_mut().zip(&lowered.binaries).enumerate() {
@@ -606,6 +611,7 @@ mod tests {
             qnn_lib: None,
             npu_contexts: None,
             npu_shared_weights: false,
+            npu_estimate_soc: None,
         }
     }
 

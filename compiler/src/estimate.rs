@@ -207,11 +207,33 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
     // are read from storage into it. Steady-state passes map nothing.
     let resident: u64 = h.plan.window.resident.iter().map(|r| h.segments[r.segment as usize].nbytes).sum();
     let setup = machine.map_seconds + resident as f64 / target.storage_bytes_per_second;
+    // QNN's own estimates of the executables (`lladac --npu-estimate-soc`), beside the cost
+    // model's for the same graph: every row of it over the whole cache, as the executable
+    // computes.
+    let mut qnn = Vec::new();
+    if let Some(n) = llada_ir::npu::NpuSection::of(h).map_err(|e| Error::Options(e.to_string()))? {
+        for (gi, g) in h.graphs.iter().enumerate() {
+            let mine: Vec<_> = n.estimates.iter().filter(|e| e.graph == gi as u32).collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let micros: u64 = mine.iter().map(|e| e.micros).sum();
+            let cycles: u64 = mine.iter().map(|e| e.cycles).sum();
+            let work = cost::graph_work(h, g, g.head_rows, h.plan.kv_capacity, h.plan.window.kv_dtype.bytes() as u32, act);
+            let model = cost::pass_estimate(&machine, &work, 0, true).seconds;
+            qnn.push(json!({
+                "graph": g.name, "rows": g.rows, "soc_id": mine[0].soc_id, "contexts": mine.len(),
+                "qnn_seconds": micros as f64 * 1e-6, "qnn_cycles": cycles, "cost_model_seconds": model,
+                "ratio": model / (micros as f64 * 1e-6).max(1e-9),
+            }));
+        }
+    }
     Ok(json!({
         "label": label,
         "machine": machine,
         "matmuls": matmul_arithmetic(h, &machine, act),
         "passes": passes,
+        "qnn_estimates": qnn,
         "setup": {"mappings": 1, "resident_bytes": resident, "seconds": setup},
         "generation": generations[0],
         "generations": generations,
@@ -237,6 +259,14 @@ pub fn render_text(e: &Value) -> String {
             "  pass of {:>5} rows (graph {}{}): {:.4} s (compute {:.4} s, staging {:.4} s, overlapped)",
             p["rows"], p["graph"].as_str().unwrap_or(""), experts(p), p["seconds"].as_f64().unwrap_or(0.0), p["compute_seconds"].as_f64().unwrap_or(0.0),
             p["staging_seconds"].as_f64().unwrap_or(0.0)
+        );
+    }
+    for q in e["qnn_estimates"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            s,
+            "  graph {} ({} rows): QNN's estimate for SoC id {} {:.0} us ({} cycles over {} context(s)); the cost model {:.0} us, ratio {:.2}",
+            q["graph"].as_str().unwrap_or(""), q["rows"], q["soc_id"], q["qnn_seconds"].as_f64().unwrap_or(0.0) * 1e6, q["qnn_cycles"], q["contexts"],
+            q["cost_model_seconds"].as_f64().unwrap_or(0.0) * 1e6, q["ratio"].as_f64().unwrap_or(0.0)
         );
     }
     let st = &e["setup"];

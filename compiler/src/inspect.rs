@@ -150,6 +150,7 @@ fn npu(h: &Header) -> Value {
         "qnn_build": n.qnn_build,
         "weights": n.weights.name(),
         "shared_weights": n.shared_weights,
+        "estimates": n.estimates.iter().map(|e| json!({"graph": h.graphs[e.graph as usize].name, "layers": e.layers, "soc_id": e.soc_id, "cycles": e.cycles, "micros": e.micros})).collect::<Vec<_>>(),
         "io": {"bytes": n.io.bytes, "regions": n.io.regions.iter().map(|r| json!({"kind": format!("{:?}", r.kind), "offset": r.offset, "bytes": r.bytes})).collect::<Vec<_>>()},
         "context_budget": n.context_budget,
         "window_bytes": h.plan.window.bytes,

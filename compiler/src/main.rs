@@ -87,6 +87,12 @@ enum Command {
         /// artifacts to run here are built without it).
         #[arg(long)]
         npu_shared_weights: bool,
+        /// On a Snapdragon target: also prepare every executable for this QNN SoC id with
+        /// profiling on and record QNN's own performance estimate of each (its model answers
+        /// for 52, 62, 63, 72, 77, 95 and 114, not for SM8650 or SM8750: 72 models a v81 HTP,
+        /// 77 a v73). `lladac inspect --estimate` sets them beside the cost model's.
+        #[arg(long)]
+        npu_estimate_soc: Option<u32>,
     },
     /// Describe an artifact: model, tensors, graphs, plan (verifies all checksums).
     Inspect {
@@ -171,7 +177,7 @@ fn check_compile_flags(matches: &ArgMatches, quant: Option<&str>, group: u32, ta
 
 fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
     match cli.command {
-        Command::Compile { model, output, quant, group, target, max_seq, head_rows, block_len, spec_blocks, activations, activation_scales, window_bytes, kv_dtype, host_only, qnn_lib, npu_contexts, npu_shared_weights } => {
+        Command::Compile { model, output, quant, group, target, max_seq, head_rows, block_len, spec_blocks, activations, activation_scales, window_bytes, kv_dtype, host_only, qnn_lib, npu_contexts, npu_shared_weights, npu_estimate_soc } => {
             check_compile_flags(matches, quant.as_deref(), group, &target, max_seq, block_len, spec_blocks).map_err(Failure::Usage)?;
             let opts = CompileOptions {
                 model,
@@ -191,6 +197,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
                 qnn_lib,
                 npu_contexts,
                 npu_shared_weights,
+                npu_estimate_soc,
             };
             let s = compile(&opts)?;
             // The artifact is written: a stderr that cannot take the report changes nothing.

@@ -11,11 +11,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use half::f16;
-use llada_ir::npu::{IoLayout, NpuContext, NpuDType, NpuGraph, NpuSection, NpuTensor, NpuWeights, Role, SECTION_VERSION, SOCS};
+use llada_ir::npu::{IoLayout, NpuContext, NpuDType, NpuEstimate, NpuGraph, NpuSection, NpuTensor, NpuWeights, Role, SECTION_VERSION, SOCS};
 use llada_ir::{Graph, Header, Op, Rows, TensorId, ValueId};
 use llada_qnn::abi::{DATATYPE_FLOAT_16, DATATYPE_INT_32};
 use llada_qnn::build::{Out, ParamSpec};
-use llada_qnn::{Context, Device, GraphBuilder, QnnLibrary, TensorRef};
+use llada_qnn::{Context, Device, GraphBuilder, Profile, QnnLibrary, TensorRef};
 
 use crate::error::{Error, Result};
 
@@ -50,10 +50,23 @@ fn qnn_err(e: llada_qnn::Error) -> Error {
     }
 }
 
-/// Lowers every graph of `h` for `soc`, its layers split into `contexts` contexts (`None`:
-/// the fewest whose binaries fit the window's room for contexts). `weights` gives a
-/// tensor's values as f32.
-pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format: NpuWeights, soc: (&str, u32), lib: &Arc<QnnLibrary>, contexts: Option<u32>, shared_weights: bool) -> Result<Lowered> {
+/// How the executables are built, besides the SoC and the weight format.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NpuOptions {
+    /// Contexts to split the layers into (`None`: the fewest whose binaries fit the window's
+    /// room for contexts).
+    pub contexts: Option<u32>,
+    /// Each context's row buckets over one copy of their weights (the phone's form).
+    pub shared_weights: bool,
+    /// Also prepare every executable for this SoC id with profiling on, for QNN's own
+    /// performance estimate (recorded in the section; the binaries are not kept).
+    pub estimate_soc: Option<u32>,
+}
+
+/// Lowers every graph of `h` for `soc` as `opts` says. `weights` gives a tensor's values as
+/// f32.
+pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format: NpuWeights, soc: (&str, u32), lib: &Arc<QnnLibrary>, opts: &NpuOptions) -> Result<Lowered> {
+    let NpuOptions { contexts, shared_weights, estimate_soc } = *opts;
     if h.model.moe.is_some() {
         return Err(Error::Options(format!("--target {}: LLaDA-MoE has no NPU lowering (its experts run on the CPU path); compile it for the host or a GPU target", soc.0)));
     }
@@ -83,6 +96,8 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
     let groups = split_layers(&layer_bytes, budget, contexts).map_err(|e| Error::Options(format!("--target {}: {e}", soc.0)))?;
     let backend = lib.backend().map_err(qnn_err)?;
     let device = Device::new(&backend, soc.1).map_err(qnn_err)?;
+    let estimating = estimate_soc.map(|id| Device::new(&backend, id).map_err(qnn_err)).transpose()?;
+    let mut estimates = Vec::new();
     let mut built = Vec::new();
     let mut binaries = Vec::new();
     for (ci, layers) in groups.into_iter().enumerate() {
@@ -90,7 +105,20 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
         let mut graphs = Vec::new();
         for (gi, b) in bounds.iter().enumerate() {
             let ops = b[layers[0] as usize]..if layers[1] == n { h.graphs[gi].ops.len() } else { b[layers[1] as usize] };
-            graphs.push(lower_graph(h, gi as u32, &ctx, weights, format, layers, ops, &io)?);
+            graphs.push(lower_graph(h, gi as u32, &ctx, weights, format, layers, ops.clone(), &io, None)?);
+            if let Some(dev) = &estimating {
+                // The same executable for the modelled SoC, in a context of its own (dropped).
+                let scratch = Context::create(dev, false).map_err(qnn_err)?;
+                let profile = Profile::new(dev).map_err(qnn_err)?;
+                lower_graph(h, gi as u32, &scratch, weights, format, layers, ops, &io, Some(&profile))?;
+                let e = Profile::estimate(&profile.events().map_err(qnn_err)?).ok_or_else(|| {
+                    Error::Options(format!(
+                        "--npu-estimate-soc {}: this QNN library has no performance model for that SoC id (it has one for 52, 62, 63, 72, 77, 95 and 114: QNN.md)",
+                        dev.soc
+                    ))
+                })?;
+                estimates.push(NpuEstimate { graph: gi as u32, layers, soc_id: dev.soc, cycles: e.cycles, micros: e.micros });
+            }
         }
         let binary = ctx.binary().map_err(qnn_err)?;
         if binary.len() as u64 > budget {
@@ -110,7 +138,8 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
     for (c, resident) in built.iter_mut().zip(resident_prefix(&sizes, budget)) {
         c.resident = resident;
     }
-    let section = NpuSection { version: SECTION_VERSION, soc: soc.0.to_string(), soc_id: soc.1, qnn_build: lib.build_id.clone(), weights: format, shared_weights, context_budget: budget, io, contexts: built };
+    let section = NpuSection { version: SECTION_VERSION, soc: soc.0.to_string(), soc_id: soc.1, qnn_build: lib.build_id.clone(), weights: format, shared_weights, context_budget: budget, io, estimates, contexts: built };
+    drop(estimating);
     drop(device);
     drop(backend);
     Ok(Lowered { section, binaries, seconds: start.elapsed().as_secs_f64(), warnings: Vec::new() })
@@ -341,7 +370,17 @@ fn broadcast(a: &[u32], b: &[u32]) -> Vec<u32> {
 
 /// Layers `layers` of planned graph `gi` (its ops `ops`) as one QNN graph in `ctx`.
 #[allow(clippy::too_many_arguments)]
-fn lower_graph(h: &Header, gi: u32, ctx: &Context, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format: NpuWeights, layers: [u32; 2], ops: std::ops::Range<usize>, io: &IoLayout) -> Result<NpuGraph> {
+fn lower_graph(
+    h: &Header,
+    gi: u32,
+    ctx: &Context,
+    weights: &dyn Fn(TensorId) -> Result<Vec<f32>>,
+    format: NpuWeights,
+    layers: [u32; 2],
+    ops: std::ops::Range<usize>,
+    io: &IoLayout,
+    profile: Option<&Profile>,
+) -> Result<NpuGraph> {
     let g = &h.graphs[gi as usize];
     let m = &h.model;
     let name = format!("g{gi}_l{}_{}_{}", layers[0], layers[1], g.name.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
@@ -524,7 +563,7 @@ fn lower_graph(h: &Header, gi: u32, ctx: &Context, weights: &dyn Fn(TensorId) ->
     };
     let io_in = table(&l.b, &inputs, Role::expected(layers, m.n_layers).0)?;
     let io_out = table(&l.b, &outputs, output_roles)?;
-    l.b.finalize().map_err(qnn_err)?;
+    l.b.finalize_with(profile).map_err(qnn_err)?;
     Ok(NpuGraph { graph: gi, name, inputs: io_in, outputs: io_out })
 }
 

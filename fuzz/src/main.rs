@@ -109,6 +109,7 @@ fn small_artifact(model: &std::path::Path, work: &std::path::Path) -> Result<Pat
         qnn_lib: None,
         npu_contexts: None,
         npu_shared_weights: false,
+        npu_estimate_soc: None,
     })
     .map_err(|e| format!("compiling the seed: {e}"))?;
     Ok(path)

@@ -52,6 +52,10 @@ pub struct NpuSection {
     pub context_budget: u64,
     /// Where every executable's inputs and outputs live ([`IoLayout::of`] the plan).
     pub io: IoLayout,
+    /// QNN's own performance estimates of the executables, made at finalize for a SoC id the
+    /// library models (`lladac --npu-estimate-soc`; none for SM8650 or SM8750): one per
+    /// planned graph and context.
+    pub estimates: Vec<NpuEstimate>,
     /// In layer order.
     pub contexts: Vec<NpuContext>,
 }
@@ -75,6 +79,17 @@ impl NpuWeights {
             NpuWeights::Int4PerChannel => "int4 per output channel",
         }
     }
+}
+
+/// QNN's estimate of one executable (planned graph `graph`, the context of layers `layers`)
+/// prepared for SoC id `soc_id`: its simulated cycles and microseconds (point estimates).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct NpuEstimate {
+    pub graph: u32,
+    pub layers: [u32; 2],
+    pub soc_id: u32,
+    pub cycles: u64,
+    pub micros: u64,
 }
 
 /// One context binary: layers `layers[0]..layers[1]` of every planned graph.
@@ -428,6 +443,11 @@ impl NpuSection {
         }
         if next_layer != n {
             return bad(format!("the contexts hold layers 0..{next_layer} of the model's {n}"));
+        }
+        for (i, e) in self.estimates.iter().enumerate() {
+            if e.graph as usize >= h.graphs.len() || !self.contexts.iter().any(|c| c.layers == e.layers) {
+                return bad(format!("estimates[{i}]: graph {} with layers {}..{} is no executable of the section", e.graph, e.layers[0], e.layers[1]));
+            }
         }
         if resident.saturating_add(rotating) > self.context_budget {
             return bad(format!(

@@ -462,3 +462,31 @@ fn shared_weights_are_the_phones_form_and_the_simulator_refuses_them_by_name() {
     let o = common::run("lladac", &["compile", "--model", embedded_model().to_str().unwrap(), "--npu-shared-weights", "-o", dir.path().join("x.lad").to_str().unwrap()]);
     common::assert_clean_failure(&o, &["--npu-shared-weights", "Snapdragon"]);
 }
+
+/// `--npu-estimate-soc`: QNN's own performance model estimates every executable for a SoC id
+/// it models (72, a v81 HTP), recorded in the section and set beside the cost model's by
+/// `inspect --estimate`; an id it does not model (SM8650's 57) is refused by name.
+#[test]
+#[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
+fn qnns_own_estimates_are_recorded_per_executable_beside_the_cost_models() {
+    let _ = lib();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("est.lad");
+    lladac(&embedded_model(), "sm8850", &out, &["--max-seq", "128", "--npu-contexts", "2", "--npu-estimate-soc", "72"]);
+    let v: serde_json::Value = serde_json::from_slice(&common::run("lladac", &["inspect", out.to_str().unwrap(), "--json"]).stdout).unwrap();
+    let estimates = v["npu"]["estimates"].as_array().unwrap();
+    assert_eq!(estimates.len(), 2 * v["graphs"].as_array().unwrap().len(), "one per graph and context: {estimates:?}");
+    assert!(estimates.iter().all(|e| e["soc_id"] == 72 && e["micros"].as_u64().unwrap() > 0 && e["cycles"].as_u64().unwrap() > 0), "{estimates:?}");
+    let e = common::run("lladac", &["inspect", out.to_str().unwrap(), "--estimate", "--json", "--prompt-len", "32", "--gen-len", "64", "--steps", "64"]);
+    assert!(e.status.success(), "{}", String::from_utf8_lossy(&e.stderr));
+    let e: serde_json::Value = serde_json::from_slice(&e.stdout).unwrap();
+    let q = e["estimate"]["qnn_estimates"].as_array().unwrap_or_else(|| panic!("{e}"));
+    assert_eq!(q.len(), v["graphs"].as_array().unwrap().len());
+    assert!(q.iter().all(|g| g["ratio"].as_f64().unwrap() > 0.0 && g["contexts"] == 2), "{q:?}");
+    let o = Command::new(common::bin("lladac"))
+        .args(["compile", "--model", embedded_model().to_str().unwrap(), "--target", "sm8650", "--max-seq", "64", "--npu-estimate-soc", "57", "-o", dir.path().join("x.lad").to_str().unwrap()])
+        .env("LLADA_QNN_LIB", lib())
+        .output()
+        .unwrap();
+    common::assert_clean_failure(&o, &["--npu-estimate-soc 57", "no performance model"]);
+}

@@ -91,6 +91,7 @@ fn compile_with(out: &Path, quant: Option<Quant>, kv: Option<&str>, window_bytes
         qnn_lib: None,
         npu_contexts: None,
         npu_shared_weights: false,
+        npu_estimate_soc: None,
     })
     .expect("compiles");
 }

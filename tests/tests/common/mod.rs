@@ -62,6 +62,7 @@ pub fn compile_scaled(model: &Path, out: &Path, quant: Option<lladac::Quant>, ma
         qnn_lib: None,
         npu_contexts: None,
         npu_shared_weights: false,
+        npu_estimate_soc: None,
     })
     .expect("compiles");
 }
@@ -96,6 +97,7 @@ pub fn compile_in_window(model: &Path, out: &Path, max_seq: Option<u32>, window_
         qnn_lib: None,
         npu_contexts: None,
         npu_shared_weights: false,
+        npu_estimate_soc: None,
     })
     .expect("compiles")
 }
