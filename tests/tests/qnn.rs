@@ -449,13 +449,14 @@ fn shared_weights_are_the_phones_form_and_the_simulator_refuses_them_by_name() {
     let _ = lib();
     let dir = tempfile::tempdir().unwrap();
     let (shared, unshared) = (dir.path().join("shared.lad"), dir.path().join("unshared.lad"));
-    lladac(&embedded_model(), "sm8750", &shared, &["--max-seq", "128", "--npu-shared-weights"]);
-    lladac(&embedded_model(), "sm8750", &unshared, &["--max-seq", "128"]);
+    lladac(&embedded_model(), "sm8750", &shared, &["--max-seq", "64", "--npu-shared-weights"]);
+    lladac(&embedded_model(), "sm8750", &unshared, &["--max-seq", "64"]);
     let npu = |p: &Path| -> serde_json::Value { serde_json::from_slice::<serde_json::Value>(&common::run("lladac", &["inspect", p.to_str().unwrap(), "--json"]).stdout).unwrap()["npu"].clone() };
     let (a, b) = (npu(&shared), npu(&unshared));
     assert_eq!((a["shared_weights"].as_bool(), b["shared_weights"].as_bool()), (Some(true), Some(false)));
     let bytes = |n: &serde_json::Value| n["contexts"].as_array().unwrap().iter().map(|c| c["bytes"].as_u64().unwrap()).sum::<u64>();
-    assert!(2 * bytes(&a) < bytes(&b), "shared {} bytes, unshared {}", bytes(&a), bytes(&b));
+    // Two row buckets at 64 positions: about half.
+    assert!(10 * bytes(&a) < 6 * bytes(&b), "shared {} bytes, unshared {}", bytes(&a), bytes(&b));
     if cfg!(target_arch = "x86_64") {
         common::assert_clean_failure(&run_qnn(&shared, true), &["--npu-shared-weights", "simulator"]);
     }
@@ -472,12 +473,12 @@ fn qnns_own_estimates_are_recorded_per_executable_beside_the_cost_models() {
     let _ = lib();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("est.lad");
-    lladac(&embedded_model(), "sm8850", &out, &["--max-seq", "128", "--npu-contexts", "2", "--npu-estimate-soc", "72"]);
+    lladac(&embedded_model(), "sm8850", &out, &["--max-seq", "64", "--npu-contexts", "2", "--npu-estimate-soc", "72"]);
     let v: serde_json::Value = serde_json::from_slice(&common::run("lladac", &["inspect", out.to_str().unwrap(), "--json"]).stdout).unwrap();
     let estimates = v["npu"]["estimates"].as_array().unwrap();
     assert_eq!(estimates.len(), 2 * v["graphs"].as_array().unwrap().len(), "one per graph and context: {estimates:?}");
     assert!(estimates.iter().all(|e| e["soc_id"] == 72 && e["micros"].as_u64().unwrap() > 0 && e["cycles"].as_u64().unwrap() > 0), "{estimates:?}");
-    let e = common::run("lladac", &["inspect", out.to_str().unwrap(), "--estimate", "--json", "--prompt-len", "32", "--gen-len", "64", "--steps", "64"]);
+    let e = common::run("lladac", &["inspect", out.to_str().unwrap(), "--estimate", "--json", "--prompt-len", "16", "--gen-len", "32", "--steps", "32", "--rows", "32,64"]);
     assert!(e.status.success(), "{}", String::from_utf8_lossy(&e.stderr));
     let e: serde_json::Value = serde_json::from_slice(&e.stdout).unwrap();
     let q = e["estimate"]["qnn_estimates"].as_array().unwrap_or_else(|| panic!("{e}"));
