@@ -102,6 +102,18 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
     let mut binaries = Vec::new();
     for (ci, layers) in groups.into_iter().enumerate() {
         let ctx = Context::create(&device, shared_weights).map_err(qnn_err)?;
+        // Every row bucket of the context reads the same weights: read and widen each once
+        // per context (an 8B checkpoint read once per bucket is most of a compile's time).
+        let cache: std::cell::RefCell<HashMap<TensorId, Vec<f32>>> = Default::default();
+        let cached = |t: TensorId| -> Result<Vec<f32>> {
+            if let Some(v) = cache.borrow().get(&t) {
+                return Ok(v.clone());
+            }
+            let v = weights(t)?;
+            cache.borrow_mut().insert(t, v.clone());
+            Ok(v)
+        };
+        let weights: &dyn Fn(TensorId) -> Result<Vec<f32>> = &cached;
         let mut graphs = Vec::new();
         for (gi, b) in bounds.iter().enumerate() {
             let ops = b[layers[0] as usize]..if layers[1] == n { h.graphs[gi].ops.len() } else { b[layers[1] as usize] };
