@@ -93,7 +93,11 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
             if shared_weights { per_graph.max().unwrap_or(0) } else { per_graph.sum() }
         })
         .collect();
-    let groups = split_layers(&layer_bytes, budget, contexts).map_err(|e| Error::Options(format!("--target {}: {e}", soc.0)))?;
+    // What preparing a context holds: every bucket's own copy, int4 unpacked.
+    let build_bytes: Vec<u64> = (0..n as usize)
+        .map(|l| h.graphs.iter().zip(&bounds).map(|(g, b)| weight_bytes(h, g, format, b[l]..if l + 1 == n as usize { g.ops.len() } else { b[l + 1] }) * if format == NpuWeights::Int4PerChannel { 2 } else { 1 }).sum())
+        .collect();
+    let groups = split_layers(&layer_bytes, &build_bytes, budget, contexts).map_err(|e| Error::Options(format!("--target {}: {e}", soc.0)))?;
     let backend = lib.backend().map_err(qnn_err)?;
     let device = Device::new(&backend, soc.1).map_err(qnn_err)?;
     let estimating = estimate_soc.map(|id| Device::new(&backend, id).map_err(qnn_err)).transpose()?;
@@ -177,13 +181,24 @@ fn layer_bounds(h: &Header, g: &Graph) -> Result<Vec<usize>> {
     Ok(bounds)
 }
 
-/// Layers (by their bytes) grouped into contexts: `count` of them balanced by bytes, or (no
-/// count) the fewest that keep each within `budget`.
-fn split_layers(layer_bytes: &[u64], budget: u64, count: Option<u32>) -> std::result::Result<Vec<[u32; 2]>, String> {
+/// What QNN may hold in memory while it prepares one context: every row bucket's copy of the
+/// context's weights (int4 in its int8 container), before weight sharing deduplicates them at
+/// serialization. The 8B q4 at 1024 positions in three contexts reached 23.6 GB and was
+/// killed on a 24 GB machine; the automatic split keeps each context's build under this.
+pub const BUILD_BYTES: u64 = 4 << 30;
+
+/// Layers grouped into contexts: `count` of them balanced by bytes, or (no count) the fewest
+/// that keep each within `budget` (by `layer_bytes`, what the binary holds) and within
+/// [`BUILD_BYTES`] (by `build_bytes`, what preparing it holds).
+fn split_layers(layer_bytes: &[u64], build_bytes: &[u64], budget: u64, count: Option<u32>) -> std::result::Result<Vec<[u32; 2]>, String> {
     let n = layer_bytes.len() as u32;
     let total: u64 = layer_bytes.iter().sum();
+    let sum = |v: &[u64], g: &[u32; 2]| v[g[0] as usize..g[1] as usize].iter().sum::<u64>();
     // A binary is a little more than its weights (graphs, I/O descriptions): leave room.
-    let fits = |bytes: u64| bytes + bytes / 16 + (1 << 20) <= budget;
+    let fits = |g: &[u32; 2]| {
+        let bytes = sum(layer_bytes, g);
+        bytes + bytes / 16 + (1 << 20) <= budget && (sum(build_bytes, g) <= BUILD_BYTES || g[1] - g[0] == 1)
+    };
     let groups_of = |count: u32| -> Vec<[u32; 2]> {
         // `count` groups, each closing once it reaches its share of the bytes.
         let mut groups = Vec::new();
@@ -205,27 +220,25 @@ fn split_layers(layer_bytes: &[u64], budget: u64, count: Option<u32>) -> std::re
         Some(c) if c == 0 || c > n => Err(format!("--npu-contexts {c}: the model has {n} layers, so 1 to {n} contexts")),
         Some(c) => Ok(groups_of(c)),
         None => {
-            if let Some(l) = layer_bytes.iter().position(|&b| !fits(b)) {
+            if let Some(l) = (0..n).find(|&l| !fits(&[l, l + 1])) {
                 return Err(format!(
                     "layer {l} alone ({} bytes of weights over all graphs) does not fit the {budget} bytes the window leaves for NPU contexts; raise --window-bytes, lower --max-seq, or use smaller weights (--quant q4)",
-                    layer_bytes[l]
+                    layer_bytes[l as usize]
                 ));
             }
             // The fewest contexts (greedy in layer order is optimal for contiguous groups),
             // balanced by bytes where that still fits.
-            let mut greedy = vec![[0, 0]];
-            let mut acc = 0;
-            for (l, &b) in layer_bytes.iter().enumerate() {
-                if acc > 0 && !fits(acc + b) {
-                    greedy.push([l as u32, l as u32]);
-                    acc = 0;
+            let mut greedy = vec![[0, 1]];
+            for l in 1..n {
+                let last = greedy.last_mut().unwrap();
+                if fits(&[last[0], l + 1]) {
+                    last[1] = l + 1;
+                } else {
+                    greedy.push([l, l + 1]);
                 }
-                acc += b;
-                greedy.last_mut().unwrap()[1] = l as u32 + 1;
             }
             let balanced = groups_of(greedy.len() as u32);
-            let bytes = |g: &[u32; 2]| layer_bytes[g[0] as usize..g[1] as usize].iter().sum::<u64>();
-            Ok(if balanced.iter().all(|g| fits(bytes(g))) { balanced } else { greedy })
+            Ok(if balanced.iter().all(fits) { balanced } else { greedy })
         }
     }
 }
@@ -607,6 +620,24 @@ mod tests {
         let (q, s) = per_channel(&[3.5, -1.0, 0.5, 0.0], 1, 4);
         assert_eq!(s, [0.5]);
         assert_eq!(q, [7, -2, 1, 0]);
+    }
+
+    /// The fewest contexts within the window's room, balanced where that fits; more where
+    /// preparing them would hold too much; a count given is balanced by bytes.
+    #[test]
+    fn layers_split_into_the_fewest_contexts_that_fit_both_budgets() {
+        use super::{split_layers, BUILD_BYTES};
+        let mib = 1u64 << 20;
+        let small = [10 * mib; 8];
+        assert_eq!(split_layers(&small, &small, 1 << 30, None).unwrap(), vec![[0, 8]]);
+        // Room for three layers a context: three contexts, balanced 3/3/2 by bytes.
+        assert_eq!(split_layers(&small, &small, 36 * mib, None).unwrap(), vec![[0, 3], [3, 6], [6, 8]]);
+        // The window holds everything, but preparing it would not: a build budget's worth each.
+        let build = [BUILD_BYTES / 2; 8];
+        assert_eq!(split_layers(&small, &build, 1 << 30, None).unwrap(), vec![[0, 2], [2, 4], [4, 6], [6, 8]]);
+        assert_eq!(split_layers(&small, &small, 1 << 30, Some(2)).unwrap(), vec![[0, 4], [4, 8]]);
+        assert!(split_layers(&small, &small, 1 << 30, Some(9)).unwrap_err().contains("--npu-contexts 9"));
+        assert!(split_layers(&small, &small, 5 * mib, None).unwrap_err().contains("layer 0 alone"));
     }
 
     #[test]
