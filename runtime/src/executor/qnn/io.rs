@@ -51,8 +51,11 @@ impl Scratch {
 
     /// The hidden states a context wrote become the next one's input.
     pub fn hand_on_hidden(&mut self, rows: usize, d: usize) {
-        let out: Vec<u16> = self.region::<u16>(IoKind::HiddenOut)[..rows * d].to_vec();
-        self.region::<u16>(IoKind::Hidden)[..rows * d].copy_from_slice(&out);
+        let region = |kind| *self.layout.region(kind).expect("the verifier checked the layout has every region");
+        let (from, to) = (region(IoKind::HiddenOut), region(IoKind::Hidden));
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut self.io);
+        let from = (from.offset - self.base) as usize;
+        bytes.copy_within(from..from + rows * d * 2, (to.offset - self.base) as usize);
     }
 
     /// Every row's embedding (padding rows embed their placeholder token), as f16.
