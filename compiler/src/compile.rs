@@ -457,7 +457,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     latency::record(&mut header, &target);
     latency::choose_row_buckets(&mut header, row_set_rows);
     let npu = match (npu_soc, &qnn_library) {
-        (Some(soc), Some(lib)) => Some(add_npu_executables(&mut header, &mut w, &ckpt, segments, &ids, soc, npu_weights, lib, &crate::qnn::NpuOptions { contexts: opts.npu_contexts, shared_weights: opts.npu_shared_weights, estimate_soc: opts.npu_estimate_soc }, &mut warnings)?),
+        (Some(soc), Some(lib)) => Some(add_npu_executables(&mut header, &mut w, &ckpt, segments, &ids, soc, npu_weights, lib, &crate::qnn::NpuOptions { contexts: opts.npu_contexts, shared_weights: opts.npu_shared_weights, estimate_soc: opts.npu_estimate_soc })?),
         _ => None,
     };
     let n_graphs = header.graphs.len();
@@ -478,7 +478,6 @@ fn add_npu_executables(
     format: NpuWeights,
     lib: &std::sync::Arc<llada_qnn::QnnLibrary>,
     npu: &crate::qnn::NpuOptions,
-    warnings: &mut Vec<String>,
 ) -> Result<(String, usize, u64, f64)> {
     let planned: HashMap<TensorId, &Planned> = ids.iter().flatten().copied().zip(segments.iter().flat_map(|(_, p)| p.iter())).collect();
     let weights = |t: TensorId| -> Result<Vec<f32>> {
@@ -493,7 +492,6 @@ fn add_npu_executables(
         Ok(out)
     };
     let mut lowered = crate::qnn::lower(header, &weights, format, soc, lib, npu)?;
-    warnings.append(&mut lowered.warnings);
     let mut bytes = 0;
     for (i, (context, binary)) in lowered.section.contexts.iter_mut().zip(&lowered.binaries).enumerate() {
         context.segment = w.add_raw_segment(&format!("npu.context.{i}"), binary)?;

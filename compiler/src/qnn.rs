@@ -31,8 +31,6 @@ pub struct Lowered {
     pub binaries: Vec<Vec<u8>>,
     /// Seconds spent building and finalizing.
     pub seconds: f64,
-    /// What a phone would not accept (a context larger than the NPU's window).
-    pub warnings: Vec<String>,
 }
 
 /// The QNN library, opened before any work so a machine without it learns so at once.
@@ -85,18 +83,13 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
     })?;
     let bounds: Vec<Vec<usize>> = h.graphs.iter().map(|g| layer_bounds(h, g)).collect::<Result<_>>()?;
     let n = h.model.n_layers;
-    // What each layer adds to a context, the head counted with the last layer: its weights
-    // once where the row buckets share them, else once per graph.
-    let layer_bytes: Vec<u64> = (0..n as usize)
-        .map(|l| {
-            let per_graph = h.graphs.iter().zip(&bounds).map(|(g, b)| weight_bytes(h, g, format, b[l]..if l + 1 == n as usize { g.ops.len() } else { b[l + 1] }));
-            if shared_weights { per_graph.max().unwrap_or(0) } else { per_graph.sum() }
-        })
-        .collect();
-    // What preparing a context holds: every bucket's own copy, int4 unpacked.
-    let build_bytes: Vec<u64> = (0..n as usize)
-        .map(|l| h.graphs.iter().zip(&bounds).map(|(g, b)| weight_bytes(h, g, format, b[l]..if l + 1 == n as usize { g.ops.len() } else { b[l + 1] }) * if format == NpuWeights::Int4PerChannel { 2 } else { 1 }).sum())
-        .collect();
+    // Each layer's weight bytes in each graph, the head counted with the last layer. A
+    // context holds them once where the row buckets share them, else once per graph;
+    // preparing it holds every bucket's own copy, int4 unpacked.
+    let per_graph: Vec<Vec<u64>> = (0..n).map(|l| h.graphs.iter().zip(&bounds).map(|(g, b)| weight_bytes(h, g, format, layer_ops(g, b, [l, l + 1], n))).collect()).collect();
+    let layer_bytes: Vec<u64> = per_graph.iter().map(|v| if shared_weights { v.iter().copied().max().unwrap_or(0) } else { v.iter().sum() }).collect();
+    let unpacked = if format == NpuWeights::Int4PerChannel { 2 } else { 1 };
+    let build_bytes: Vec<u64> = per_graph.iter().map(|v| v.iter().sum::<u64>() * unpacked).collect();
     let groups = split_layers(&layer_bytes, &build_bytes, budget, contexts).map_err(|e| Error::Options(format!("--target {}: {e}", soc.0)))?;
     let backend = lib.backend().map_err(qnn_err)?;
     let device = Device::new(&backend, soc.1).map_err(qnn_err)?;
@@ -120,7 +113,7 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
         let weights: &dyn Fn(TensorId) -> Result<Vec<f32>> = &cached;
         let mut graphs = Vec::new();
         for (gi, b) in bounds.iter().enumerate() {
-            let ops = b[layers[0] as usize]..if layers[1] == n { h.graphs[gi].ops.len() } else { b[layers[1] as usize] };
+            let ops = layer_ops(&h.graphs[gi], b, layers, n);
             graphs.push(lower_graph(h, gi as u32, &ctx, weights, format, layers, ops.clone(), &io, None)?);
             if let Some(dev) = &estimating {
                 // The same executable for the modelled SoC, in a context of its own (dropped).
@@ -158,12 +151,12 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
     drop(estimating);
     drop(device);
     drop(backend);
-    Ok(Lowered { section, binaries, seconds: start.elapsed().as_secs_f64(), warnings: Vec::new() })
+    Ok(Lowered { section, binaries, seconds: start.elapsed().as_secs_f64() })
 }
 
-/// Where each layer's ops start in `g`, and (last) where the head's start: layer 0 right after
-/// the embedding, layer l after the last residual addition before its attention. Only the
-/// residual stream crosses these boundaries (the lowering refuses any other value read there).
+/// Where each layer's ops start in `g`: layer 0 right after the embedding, layer l after the
+/// last residual addition before its attention. Only the residual stream crosses these
+/// boundaries (the lowering refuses any other value read there).
 fn layer_bounds(h: &Header, g: &Graph) -> Result<Vec<usize>> {
     let bad = |what: String| Error::Options(format!("lowering graph '{}' to QNN: {what}", g.name));
     let Some(Op::Embed { out: residual, .. }) = g.ops.first() else {
@@ -186,6 +179,12 @@ fn layer_bounds(h: &Header, g: &Graph) -> Result<Vec<usize>> {
 /// serialization. The 8B q4 at 1024 positions in three contexts reached 23.6 GB and was
 /// killed on a 24 GB machine; the automatic split keeps each context's build under this.
 pub const BUILD_BYTES: u64 = 4 << 30;
+
+/// The ops of layers `layers[0]..layers[1]` of `g` (`bounds` from [`layer_bounds`]), the head
+/// with the last layer.
+fn layer_ops(g: &Graph, bounds: &[usize], layers: [u32; 2], n_layers: u32) -> std::ops::Range<usize> {
+    bounds[layers[0] as usize]..if layers[1] == n_layers { g.ops.len() } else { bounds[layers[1] as usize] }
+}
 
 /// Layers grouped into contexts: `count` of them balanced by bytes, or (no count) the fewest
 /// that keep each within `budget` (by `layer_bytes`, what the binary holds) and within

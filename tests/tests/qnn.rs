@@ -53,12 +53,17 @@ fn lib() -> String {
     std::env::var("LLADA_QNN_LIB").expect("set LLADA_QNN_LIB to tools/qnn/fetch.sh's folder")
 }
 
-/// `model` compiled for `target` into `out` by the `lladac` command.
-fn lladac(model: &Path, target: &str, out: &Path, extra: &[&str]) {
+/// `lladac compile` of `model` for `target` into `out`, with the library: its output.
+fn compile_output(model: &Path, target: &str, out: &Path, extra: &[&str]) -> std::process::Output {
     let mut args = vec!["compile", "--model", model.to_str().unwrap(), "--target", target, "-o", out.to_str().unwrap()];
     args.extend_from_slice(extra);
-    let o = Command::new(common::bin("lladac")).args(&args).env("LLADA_QNN_LIB", lib()).output().unwrap();
-    assert!(o.status.success(), "lladac {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    Command::new(common::bin("lladac")).args(&args).env("LLADA_QNN_LIB", lib()).output().unwrap()
+}
+
+/// `model` compiled for `target` into `out` by the `lladac` command.
+fn lladac(model: &Path, target: &str, out: &Path, extra: &[&str]) {
+    let o = compile_output(model, target, out, extra);
+    assert!(o.status.success(), "lladac compile {} for {target} {extra:?}: {}", model.display(), String::from_utf8_lossy(&o.stderr));
 }
 
 fn embedded_model() -> PathBuf {
@@ -415,11 +420,7 @@ fn contexts_split_by_layers_and_swapped_through_a_small_window_give_the_same_tok
     // Bad splits, by flag.
     let o = common::run("lladac", &["compile", "--model", embedded_model().to_str().unwrap(), "--target", "host", "--npu-contexts", "2", "-o", dir.path().join("x.lad").to_str().unwrap()]);
     common::assert_clean_failure(&o, &["--npu-contexts 2", "Snapdragon"]);
-    let o = Command::new(common::bin("lladac"))
-        .args(["compile", "--model", embedded_model().to_str().unwrap(), "--target", "sm8650", "--npu-contexts", "9", "-o", dir.path().join("x.lad").to_str().unwrap()])
-        .env("LLADA_QNN_LIB", lib())
-        .output()
-        .unwrap();
+    let o = compile_output(&embedded_model(), "sm8650", &dir.path().join("x.lad"), &["--npu-contexts", "9"]);
     common::assert_clean_failure(&o, &["--npu-contexts 9", "4 layers"]);
     // Crafted sections, refused when the artifact is read (`lladac inspect` verifies it).
     let good = std::fs::read(&mixed).unwrap();
@@ -484,10 +485,6 @@ fn qnns_own_estimates_are_recorded_per_executable_beside_the_cost_models() {
     let q = e["estimate"]["qnn_estimates"].as_array().unwrap_or_else(|| panic!("{e}"));
     assert_eq!(q.len(), v["graphs"].as_array().unwrap().len());
     assert!(q.iter().all(|g| g["ratio"].as_f64().unwrap() > 0.0 && g["contexts"] == 2), "{q:?}");
-    let o = Command::new(common::bin("lladac"))
-        .args(["compile", "--model", embedded_model().to_str().unwrap(), "--target", "sm8650", "--max-seq", "64", "--npu-estimate-soc", "57", "-o", dir.path().join("x.lad").to_str().unwrap()])
-        .env("LLADA_QNN_LIB", lib())
-        .output()
-        .unwrap();
+    let o = compile_output(&embedded_model(), "sm8650", &dir.path().join("x.lad"), &["--max-seq", "64", "--npu-estimate-soc", "57"]);
     common::assert_clean_failure(&o, &["--npu-estimate-soc 57", "no performance model"]);
 }
