@@ -54,6 +54,7 @@ pub type LogCallback = unsafe extern "C" fn(fmt: *const c_char, level: u32, time
 pub const DATATYPE_INT_32: u32 = 0x032;
 /// Signed fixed point in 8 bits: int8 weights, and int4 ones in its container (QNN.md).
 pub const DATATYPE_SFIXED_POINT_8: u32 = 0x308;
+pub const DATATYPE_UFIXED_POINT_16: u32 = 0x416;
 pub const DATATYPE_UINT_32: u32 = 0x132;
 pub const DATATYPE_FLOAT_16: u32 = 0x216;
 pub const DATATYPE_FLOAT_32: u32 = 0x232;
@@ -86,8 +87,27 @@ pub struct ClientBuffer {
 pub const DEFINITION_DEFINED: u32 = 1;
 /// `Qnn_QuantizationEncoding_t`: one scale and offset per channel of an axis; the same with
 /// a bit width below the data type's (int4 in an int8 container).
+pub const ENCODING_SCALE_OFFSET: u32 = 0;
 pub const ENCODING_AXIS_SCALE_OFFSET: u32 = 1;
 pub const ENCODING_BW_AXIS_SCALE_OFFSET: u32 = 3;
+/// Per-channel scales each refined per block of the other axis (LPBQ).
+pub const ENCODING_BLOCKWISE_EXPANSION: u32 = 5;
+/// `QNN_BLOCKWISE_EXPANSION_BITWIDTH_SCALE_STORAGE_8`: block scales stored one per byte.
+pub const BLOCK_SCALE_STORAGE_8: u32 = 0;
+
+/// `Qnn_BlockwiseExpansion_t`: a weight's value is `q * scale_offsets[c].scale *
+/// block_scales[c * blocks + b]` for channel `c` of `axis` and block `b` of the other axis.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct BlockwiseExpansion {
+    pub axis: i32,
+    pub scale_offsets: *const ScaleOffset,
+    pub blocks_per_axis: u32,
+    /// Bits by which the stored block scales expand the channel scale's precision.
+    pub block_scale_bitwidth: u32,
+    pub storage: u32,
+    pub block_scales: *const u8,
+}
 
 /// `Qnn_ScaleOffset_t`: a value is `(q + offset) * scale`.
 #[repr(C)]
@@ -115,6 +135,18 @@ impl QuantizeParams {
     pub fn axis(axis: i32, scale_offsets: &[ScaleOffset]) -> QuantizeParams {
         let head = (axis as u32 as u64) | ((scale_offsets.len() as u64) << 32);
         QuantizeParams { definition: DEFINITION_DEFINED, encoding: ENCODING_AXIS_SCALE_OFFSET, payload: [head, scale_offsets.as_ptr() as u64, 0, 0] }
+    }
+
+    /// One scale and offset for the whole tensor (a fixed-point activation).
+    pub fn scale_offset(scale: f32, offset: i32) -> QuantizeParams {
+        let head = (scale.to_bits() as u64) | ((offset as u32 as u64) << 32);
+        QuantizeParams { definition: DEFINITION_DEFINED, encoding: ENCODING_SCALE_OFFSET, payload: [head, 0, 0, 0] }
+    }
+
+    /// Block-expanded per-channel scales; `expansion` and what it points at must outlive
+    /// every use.
+    pub fn blockwise(expansion: &BlockwiseExpansion) -> QuantizeParams {
+        QuantizeParams { definition: DEFINITION_DEFINED, encoding: ENCODING_BLOCKWISE_EXPANSION, payload: [expansion as *const BlockwiseExpansion as u64, 0, 0, 0] }
     }
 
     /// Per-channel symmetric scales along `axis` for values of `bitwidth` bits (offsets
@@ -371,6 +403,10 @@ mod tests {
         assert_eq!(size_of::<QuantizeParams>(), 40);
         assert_eq!(size_of::<ScaleOffset>(), 8);
         assert_eq!(offset_of!(QuantizeParams, payload), 8);
+        // QNN.md: `Qnn_BlockwiseExpansion_t` 40 (axis, scale-offsets, blocks, bitwidth, storage, scales).
+        assert_eq!(size_of::<BlockwiseExpansion>(), 40);
+        let fields = [offset_of!(BlockwiseExpansion, scale_offsets), offset_of!(BlockwiseExpansion, blocks_per_axis), offset_of!(BlockwiseExpansion, block_scale_bitwidth), offset_of!(BlockwiseExpansion, storage), offset_of!(BlockwiseExpansion, block_scales)];
+        assert_eq!(fields, [8, 16, 20, 24, 32]);
         let fields = [
             offset_of!(TensorV1, id),
             offset_of!(TensorV1, name),

@@ -29,6 +29,8 @@ pub enum ParamSpec {
     U32s(&'static str, Vec<u32>),
     /// A static int32 tensor parameter `[rows, cols]` (StridedSlice's ranges).
     I32s(&'static str, Vec<u32>, Vec<i32>),
+    /// A static uint32 tensor parameter of the given shape (Conv2d's pad_amount).
+    U32Grid(&'static str, Vec<u32>, Vec<u32>),
 }
 
 struct Built {
@@ -46,6 +48,8 @@ pub struct GraphBuilder<'c> {
     data: Vec<Vec<u8>>,
     scale_offsets: Vec<Vec<abi::ScaleOffset>>,
     scales: Vec<Vec<f32>>,
+    block_scales: Vec<Vec<u8>>,
+    expansions: Vec<Box<abi::BlockwiseExpansion>>,
     ops: usize,
 }
 
@@ -57,7 +61,7 @@ impl<'c> GraphBuilder<'c> {
         // SAFETY: `c` is NUL-terminated and alive for the call; no configs; `graph` is valid
         // for a write.
         check("graphCreate", Some(name), unsafe { create(context.context, c.as_ptr(), std::ptr::null(), &mut graph) })?;
-        Ok(GraphBuilder { context, name: name.to_string(), graph, names: vec![c], tensors: Vec::new(), data: Vec::new(), scale_offsets: Vec::new(), scales: Vec::new(), ops: 0 })
+        Ok(GraphBuilder { context, name: name.to_string(), graph, names: vec![c], tensors: Vec::new(), data: Vec::new(), scale_offsets: Vec::new(), scales: Vec::new(), block_scales: Vec::new(), expansions: Vec::new(), ops: 0 })
     }
 
     /// QNN's id of a tensor (what execution names it by).
@@ -151,15 +155,47 @@ impl<'c> GraphBuilder<'c> {
         self.create_quantized(name, abi::TENSOR_TYPE_STATIC, abi::DATATYPE_SFIXED_POINT_8, dims, Some(bytes), quantize)
     }
 
+    /// A static 1x1-convolution weight `[1, 1, k, n]` (HWIO) of signed 4-bit `values` (in an
+    /// int8 container, HWIO order) with per-block scales (LPBQ): block `b` of the `k` inputs
+    /// of output channel `c` is scaled by `channel_scales[c] * block_scales[c * blocks + b]`.
+    pub fn static_lpbq(&mut self, name: &str, k: u32, n: u32, values: Vec<i8>, channel_scales: Vec<f32>, block_scales: Vec<u8>) -> Result<TensorRef> {
+        let blocks = block_scales.len() / n.max(1) as usize;
+        if values.len() != (k * n) as usize || channel_scales.len() != n as usize || blocks == 0 || block_scales.len() != blocks * n as usize || k as usize % blocks != 0 {
+            return Err(Error::Other(format!("QNN static tensor '{name}': {} values, {} channel scales, {} block scales for a {k}x{n} weight", values.len(), channel_scales.len(), block_scales.len())));
+        }
+        self.scale_offsets.push(channel_scales.iter().map(|&scale| abi::ScaleOffset { scale, offset: 0 }).collect());
+        self.block_scales.push(block_scales);
+        // The expansion and what it points at stay in the builder until finalize (boxed and
+        // heap buffers do not move when their owners do).
+        self.expansions.push(Box::new(abi::BlockwiseExpansion {
+            axis: 3,
+            scale_offsets: self.scale_offsets.last().expect("just pushed").as_ptr(),
+            blocks_per_axis: blocks as u32,
+            // 4-bit block scales stored in bytes (ExecuTorch's LPBQ: 8 - 4).
+            block_scale_bitwidth: 4,
+            storage: abi::BLOCK_SCALE_STORAGE_8,
+            block_scales: self.block_scales.last().expect("just pushed").as_ptr(),
+        }));
+        let quantize = abi::QuantizeParams::blockwise(self.expansions.last().expect("just pushed"));
+        let bytes = values.into_iter().map(|v| v as u8).collect();
+        self.create_quantized(name, abi::TENSOR_TYPE_STATIC, abi::DATATYPE_SFIXED_POINT_8, &[1, 1, k, n], Some(bytes), quantize)
+    }
+
     /// Adds op `op_type` (QNN's name: "FullyConnected", "RmsNorm"...) reading `inputs`, with
     /// `params`, producing one output of `data_type` and `dims`, named `out_name`.
     pub fn op(&mut self, op_type: &str, inputs: &[TensorRef], params: Vec<ParamSpec>, out_name: &str, data_type: u32, dims: &[u32], out: Out) -> Result<TensorRef> {
+        self.op_quantized(op_type, inputs, params, out_name, data_type, dims, out, abi::QuantizeParams::NONE)
+    }
+
+    /// [`op`](Self::op) whose output is fixed-point with the static encoding `quantize`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn op_quantized(&mut self, op_type: &str, inputs: &[TensorRef], params: Vec<ParamSpec>, out_name: &str, data_type: u32, dims: &[u32], out: Out, quantize: abi::QuantizeParams) -> Result<TensorRef> {
         let add = self.context.table().graph_add_node.ok_or_else(|| Error::Other("QNN graphAddNode is missing from the library's table".into()))?;
         let tensor_type = match out {
             Out::Native => abi::TENSOR_TYPE_NATIVE,
             Out::AppRead => abi::TENSOR_TYPE_APP_READ,
         };
-        let output = self.create(out_name, tensor_type, data_type, dims, None)?;
+        let output = self.create_quantized(out_name, tensor_type, data_type, dims, None, quantize)?;
         // Tensor parameters are graph tensors created before the node (else 6001: QNN.md).
         let mut built: Vec<Param> = Vec::with_capacity(params.len());
         for p in params {
@@ -171,6 +207,10 @@ impl<'c> GraphBuilder<'c> {
                 ParamSpec::Bool(n, v) => (n, scalar(abi::DATATYPE_BOOL_8, v as u64)),
                 ParamSpec::U32s(n, v) => {
                     let t = self.static_bytes(&format!("{out_name}.{n}"), abi::DATATYPE_UINT_32, &[v.len() as u32], v.iter().flat_map(|x| x.to_le_bytes()).collect())?;
+                    (n, (abi::PARAMTYPE_TENSOR, ParamValue { tensor: self.tensors[t.0].tensor }))
+                }
+                ParamSpec::U32Grid(n, dims, v) => {
+                    let t = self.static_bytes(&format!("{out_name}.{n}"), abi::DATATYPE_UINT_32, &dims, v.iter().flat_map(|x| x.to_le_bytes()).collect())?;
                     (n, (abi::PARAMTYPE_TENSOR, ParamValue { tensor: self.tensors[t.0].tensor }))
                 }
                 ParamSpec::I32s(n, dims, v) => {
@@ -345,6 +385,51 @@ mod tests {
         if cfg!(target_arch = "x86_64") {
             assert!(Context::from_binary(&device, &shared).is_err(), "the simulator reloaded a weight-shared binary");
         }
+    }
+
+    /// Needs the library. A 1x1 Conv2d over an LPBQ weight (int4, per-block scales) with
+    /// 16-bit activations, inside an fp16 graph: Quantize in, Dequantize out (QNN.md: LPBQ needs
+    /// fixed-point activations; FullyConnected with it is unreliable).
+    #[test]
+    #[ignore]
+    fn an_lpbq_convolution_between_fp16_ops_computes_its_product() {
+        let _turn = SIMULATOR.lock().unwrap_or_else(|e| e.into_inner());
+        let lib = QnnLibrary::open(None).expect("LLADA_QNN_LIB names the fetched library");
+        let backend = lib.backend().unwrap();
+        let device = Device::new(&backend, 57).unwrap();
+        let (rows, k, n, block) = (8u32, 128u32, 64u32, 64u32);
+        let blocks = k / block;
+        // Weights: int4 values in HWIO order ([k][n]), channel scales, 4-bit block scales.
+        let q: Vec<i8> = (0..k * n).map(|i| ((i * 7 % 15) as i8) - 7).collect();
+        let channel: Vec<f32> = (0..n).map(|c| 0.01 + c as f32 * 1e-4).collect();
+        let bscale: Vec<u8> = (0..n * blocks).map(|i| (i % 16) as u8 + 1).collect();
+        let w = |kk: u32, c: u32| q[(kk * n + c) as usize] as f32 * channel[c as usize] * bscale[(c * blocks + kk / block) as usize] as f32;
+        let x: Vec<f32> = (0..rows * k).map(|i| ((i % 9) as f32 - 4.0) / 4.0).collect();
+        let want: Vec<f32> = (0..rows * n).map(|i| (0..k).map(|kk| x[(i / n * k + kk) as usize] * w(kk, i % n)).sum()).collect();
+        let range = |v: &[f32]| v.iter().fold(0f32, |m, &a| m.max(a.abs()));
+        let u16_encoding = |max: f32| abi::QuantizeParams::scale_offset(2.0 * max / 65535.0, -32768);
+        let ctx = Context::create(&device, false).unwrap();
+        let mut g = GraphBuilder::new(&ctx, "lpbq").unwrap();
+        let xi = g.input("x", abi::DATATYPE_FLOAT_16, &[rows, k]).unwrap();
+        let x4 = g.op("Reshape", &[xi], vec![], "x4", abi::DATATYPE_FLOAT_16, &[1, 1, rows, k], Out::Native).unwrap();
+        let xq = g.op_quantized("Quantize", &[x4], vec![], "xq", abi::DATATYPE_UFIXED_POINT_16, &[1, 1, rows, k], Out::Native, u16_encoding(range(&x))).unwrap();
+        let wt = g.static_lpbq("w", k, n, q.clone(), channel.clone(), bscale.clone()).unwrap();
+        let params = vec![ParamSpec::U32s("stride", vec![1, 1]), ParamSpec::U32Grid("pad_amount", vec![2, 2], vec![0; 4])];
+        let yq = g.op_quantized("Conv2d", &[xq, wt], params, "yq", abi::DATATYPE_UFIXED_POINT_16, &[1, 1, rows, n], Out::Native, u16_encoding(range(&want))).unwrap();
+        let y4 = g.op("Dequantize", &[yq], vec![], "y4", abi::DATATYPE_FLOAT_16, &[1, 1, rows, n], Out::Native).unwrap();
+        let y = g.op("Reshape", &[y4], vec![], "y", abi::DATATYPE_FLOAT_16, &[rows, n], Out::AppRead).unwrap();
+        let (x_id, y_id) = (g.id(xi), g.id(y));
+        g.finalize().unwrap();
+        let mut xs: Vec<u16> = x.iter().map(|&v| f16(v)).collect();
+        let mut ys = vec![0u16; (rows * n) as usize];
+        let mut ins = [IoBuffer { id: x_id, name: c"x".into(), data_type: abi::DATATYPE_FLOAT_16, dims: vec![rows, k], data: xs.as_mut_ptr().cast(), bytes: xs.len() * 2 }];
+        let mut outs = [IoBuffer { id: y_id, name: c"y".into(), data_type: abi::DATATYPE_FLOAT_16, dims: vec![rows, n], data: ys.as_mut_ptr().cast(), bytes: ys.len() * 2 }];
+        let mut ctx = ctx;
+        let graph = ctx.graph("lpbq").unwrap();
+        ctx.execute(&graph, &mut ins, &mut outs).unwrap();
+        let scale = range(&want);
+        let worst = ys.iter().zip(&want).map(|(&g, &w)| (f32_of(g) - w).abs()).fold(0f32, f32::max);
+        assert!(worst <= 2e-3 * scale, "worst error {worst} of range {scale}");
     }
 
     /// Needs the library. QNN's performance model at finalize: an estimate for SoC 72 (a v81
