@@ -150,6 +150,30 @@ pub struct CompileOptions {
     pub npu_shared_weights: bool,
     /// Also estimate every executable with QNN's performance model for this SoC id.
     pub npu_estimate_soc: Option<u32>,
+    /// The NPU's matmul activations: fp16, or 16-bit fixed point (with q4: block-scaled
+    /// int4 weights, Qualcomm's LPBQ), calibrated on the host kernels.
+    pub npu_activations: NpuActivations,
+    /// The calibration set of 16-bit activations (`calibrate::read_prompts`); `None`: the
+    /// built-in prompts through the model's chat template.
+    pub calibration: Option<PathBuf>,
+}
+
+/// The element type of the NPU's matmul activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NpuActivations {
+    #[default]
+    F16,
+    U16,
+}
+
+impl NpuActivations {
+    pub fn parse(s: &str) -> Option<NpuActivations> {
+        match s {
+            "f16" => Some(NpuActivations::F16),
+            "u16" => Some(NpuActivations::U16),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -229,6 +253,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
         Quant::Q8 => NpuWeights::Int8PerChannel,
         // The HTP's int4 with fp16 activations is per output channel (QNN.md); the host
         // stand-in keeps its groups.
+        Quant::Q4 { group } if opts.npu_activations == NpuActivations::U16 => NpuWeights::Int4Lpbq { block: group },
         Quant::Q4 { .. } => NpuWeights::Int4PerChannel,
         Quant::F32 | Quant::Bf16 => {
             if let Some((soc, _)) = npu_soc {
@@ -241,6 +266,16 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
             NpuWeights::F16
         }
     };
+    if opts.npu_activations == NpuActivations::U16 {
+        if npu_soc.is_none() {
+            return Err(Error::Options("--npu-activations u16: only the NPU executables of a Snapdragon target (without --host-only) have 16-bit activations".into()));
+        }
+        if !matches!(quant, Quant::Q4 { .. }) {
+            return Err(Error::Options(format!("--npu-activations u16 runs with block-scaled int4 weights (--quant q4), not {}", quant.name())));
+        }
+    } else if let Some(file) = &opts.calibration {
+        return Err(Error::Options(format!("--calibration {}: only 16-bit NPU activations (--npu-activations u16) are calibrated", file.display())));
+    }
     if opts.bf16_activations && quant != Quant::Bf16 {
         return Err(Error::Options(format!("--activations bf16 needs bf16 weights (--quant bf16), not {}", quant.name())));
     }
@@ -457,7 +492,11 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     latency::record(&mut header, &target);
     latency::choose_row_buckets(&mut header, row_set_rows);
     let npu = match (npu_soc, &qnn_library) {
-        (Some(soc), Some(lib)) => Some(add_npu_executables(&mut header, &mut w, &ckpt, segments, &ids, soc, npu_weights, lib, &crate::qnn::NpuOptions { contexts: opts.npu_contexts, shared_weights: opts.npu_shared_weights, estimate_soc: opts.npu_estimate_soc })?),
+        (Some(soc), Some(lib)) => {
+            let calibration = if opts.npu_activations == NpuActivations::U16 { calibrate_activations(opts)? } else { Default::default() };
+            let npu_opts = crate::qnn::NpuOptions { contexts: opts.npu_contexts, shared_weights: opts.npu_shared_weights, estimate_soc: opts.npu_estimate_soc };
+            Some(add_npu_executables(&mut header, &mut w, &ckpt, segments, &ids, soc, npu_weights, &calibration, lib, &npu_opts)?)
+        }
         _ => None,
     };
     let n_graphs = header.graphs.len();
@@ -476,6 +515,7 @@ fn add_npu_executables(
     ids: &[Vec<TensorId>],
     soc: (&str, u32),
     format: NpuWeights,
+    calibration: &crate::qnn::Calibration,
     lib: &std::sync::Arc<llada_qnn::QnnLibrary>,
     npu: &crate::qnn::NpuOptions,
 ) -> Result<(String, usize, u64, f64)> {
@@ -491,7 +531,7 @@ fn add_npu_executables(
         }
         Ok(out)
     };
-    let mut lowered = crate::qnn::lower(header, &weights, format, soc, lib, npu)?;
+    let mut lowered = crate::qnn::lower(header, &weights, format, calibration, soc, lib, npu)?;
     let mut bytes = 0;
     for (i, (context, binary)) in lowered.section.contexts.iter_mut().zip(&lowered.binaries).enumerate() {
         context.segment = w.add_raw_segment(&format!("npu.context.{i}"), binary)?;
@@ -500,6 +540,39 @@ fn add_npu_executables(
     header.extensions.push(llada_ir::Extension { key: llada_ir::npu::EXTENSION_KEY.into(), bytes: lowered.section.encode() });
     header.compile.options.push(("npu".into(), format!("qnn {} ({}), {} weights", soc.0, lowered.section.qnn_build, format.name())));
     Ok((soc.0.to_string(), lowered.section.contexts.len(), bytes, lowered.seconds))
+}
+
+/// The ranges of the NPU's 16-bit activations: the same model compiled as a host stand-in
+/// into a temporary file beside the output (removed after), generating answers to the
+/// calibration set on the host kernels.
+fn calibrate_activations(opts: &CompileOptions) -> Result<crate::qnn::Calibration> {
+    let (prompts, source) = match &opts.calibration {
+        Some(file) => (crate::calibrate::read_prompts(file)?, file.display().to_string()),
+        None => (crate::calibrate::DEFAULT_PROMPTS.map(str::to_string).to_vec(), "lladac's built-in set".to_string()),
+    };
+    let name = opts.output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let temp = opts.output.with_file_name(format!(".{name}.calibration.{}.tmp", std::process::id()));
+    struct Remove<'a>(&'a Path);
+    impl Drop for Remove<'_> {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(self.0);
+        }
+    }
+    let _remove = Remove(&temp);
+    let host = CompileOptions {
+        output: temp.clone(),
+        host_only: true,
+        progress: false,
+        npu_contexts: None,
+        npu_shared_weights: false,
+        npu_estimate_soc: None,
+        npu_activations: NpuActivations::F16,
+        calibration: None,
+        ..opts.clone()
+    };
+    compile(&host)?;
+    let (ranges, source) = crate::calibrate::calibrate(&temp, &prompts, &source)?;
+    Ok(crate::qnn::Calibration { ranges, source })
 }
 
 /// A GPU binds each of the plan's whole bindings (`window::whole_bindings`) as one storage
@@ -610,6 +683,8 @@ mod tests {
             npu_contexts: None,
             npu_shared_weights: false,
             npu_estimate_soc: None,
+            npu_activations: NpuActivations::F16,
+            calibration: None,
         }
     }
 

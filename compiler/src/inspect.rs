@@ -150,6 +150,9 @@ fn npu(h: &Header) -> Value {
         "qnn_build": n.qnn_build,
         "weights": n.weights.name(),
         "shared_weights": n.shared_weights,
+        "activations": if n.activations.is_empty() { "fp16" } else { "uint16" },
+        "calibration": n.calibration,
+        "activation_ranges": n.activations.iter().map(|a| json!({"weight": h.tensors[a.weight as usize].name, "input": a.input, "output": a.output})).collect::<Vec<_>>(),
         "estimates": n.estimates.iter().map(|e| json!({"graph": h.graphs[e.graph as usize].name, "layers": e.layers, "soc_id": e.soc_id, "cycles": e.cycles, "micros": e.micros})).collect::<Vec<_>>(),
         "io": {"bytes": n.io.bytes, "regions": n.io.regions.iter().map(|r| json!({"kind": format!("{:?}", r.kind), "offset": r.offset, "bytes": r.bytes})).collect::<Vec<_>>()},
         "context_budget": n.context_budget,
@@ -233,13 +236,33 @@ pub fn render_text(d: &Value) -> String {
     if !n.is_null() {
         let _ = writeln!(
             s,
-            "\nNPU executables: QNN HTP for {} (socModel {}, {}), prepared by QNN {}; matmul weights {}, activations fp16",
+            "\nNPU executables: QNN HTP for {} (socModel {}, {}), prepared by QNN {}; matmul weights {}, activations {}",
             n["soc"].as_str().unwrap_or("?"),
             n["soc_id"],
             n["htp_arch"].as_str().unwrap_or("?"),
             n["qnn_build"].as_str().unwrap_or("?"),
-            n["weights"].as_str().unwrap_or("?")
+            n["weights"].as_str().unwrap_or("?"),
+            n["activations"].as_str().unwrap_or("?")
         );
+        if let Some(ranges) = n["activation_ranges"].as_array().filter(|r| !r.is_empty()) {
+            // The span of the ranges: the narrowest and widest a matmul's input and output cover.
+            let width = |r: &Value| r[1].as_f64().unwrap_or(0.0) - r[0].as_f64().unwrap_or(0.0);
+            let span = |key: &str| {
+                let w: Vec<f64> = ranges.iter().map(|a| width(&a[key])).collect();
+                (w.iter().copied().fold(f64::INFINITY, f64::min), w.iter().copied().fold(0.0, f64::max))
+            };
+            let ((ilo, ihi), (olo, ohi)) = (span("input"), span("output"));
+            let _ = writeln!(
+                s,
+                "  16-bit activation ranges of {} matmuls, calibrated on {}: inputs {:.3}..{:.3} wide, outputs {:.3}..{:.3} wide (`--json`: each)",
+                ranges.len(),
+                n["calibration"].as_str().unwrap_or("?"),
+                ilo,
+                ihi,
+                olo,
+                ohi
+            );
+        }
         let _ = writeln!(s, "  contexts may use {:.1} MiB of the {:.1} MiB window at once (the rest: KV cache and a pass's I/O)", mib(&n["context_budget"]), mib(&n["window_bytes"]));
         let regions: Vec<String> = n["io"]["regions"].as_array().into_iter().flatten().map(|r| format!("{} @{} ({} B)", r["kind"].as_str().unwrap_or("?"), r["offset"], r["bytes"])).collect();
         let _ = writeln!(s, "  I/O allocation {:.1} MiB, a descriptor per tensor: {}", mib(&n["io"]["bytes"]), regions.join(", "));

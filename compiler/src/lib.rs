@@ -13,6 +13,7 @@ pub mod lower;
 pub mod memory;
 pub mod onnx;
 pub mod qnn;
+pub mod calibrate;
 pub mod window;
 
 #[cfg(test)]

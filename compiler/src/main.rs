@@ -93,6 +93,16 @@ enum Command {
         /// 77 a v73). `lladac inspect --estimate` sets them beside the cost model's.
         #[arg(long)]
         npu_estimate_soc: Option<u32>,
+        /// On a Snapdragon target: the NPU's matmul activations. u16: 16-bit fixed point
+        /// around block-scaled int4 weights (Qualcomm's LPBQ, blocks of --group inputs; needs
+        /// --quant q4), their ranges calibrated on the host kernels.
+        #[arg(long, default_value = "f16", value_parser = ["f16", "u16"])]
+        npu_activations: String,
+        /// --npu-activations u16: prompts to calibrate on, one JSON object with a "prompt"
+        /// field per line (an eval task file) or one prompt per line [default: lladac's
+        /// built-in set, through the model's chat template].
+        #[arg(long)]
+        calibration: Option<PathBuf>,
     },
     /// Describe an artifact: model, tensors, graphs, plan (verifies all checksums).
     Inspect {
@@ -177,7 +187,7 @@ fn check_compile_flags(matches: &ArgMatches, quant: Option<&str>, group: u32, ta
 
 fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
     match cli.command {
-        Command::Compile { model, output, quant, group, target, max_seq, head_rows, block_len, spec_blocks, activations, activation_scales, window_bytes, kv_dtype, host_only, qnn_lib, npu_contexts, npu_shared_weights, npu_estimate_soc } => {
+        Command::Compile { model, output, quant, group, target, max_seq, head_rows, block_len, spec_blocks, activations, activation_scales, window_bytes, kv_dtype, host_only, qnn_lib, npu_contexts, npu_shared_weights, npu_estimate_soc, npu_activations, calibration } => {
             check_compile_flags(matches, quant.as_deref(), group, &target, max_seq, block_len, spec_blocks).map_err(Failure::Usage)?;
             let opts = CompileOptions {
                 model,
@@ -198,6 +208,8 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
                 npu_contexts,
                 npu_shared_weights,
                 npu_estimate_soc,
+                npu_activations: lladac::compile::NpuActivations::parse(&npu_activations).unwrap_or_default(),
+                calibration,
             };
             let s = compile(&opts)?;
             // The artifact is written: a stderr that cannot take the report changes nothing.

@@ -1,7 +1,7 @@
 //! Lowering to Qualcomm's HTP through QNN: every planned graph (each row bucket) becomes one
 //! QNN graph computing what its op list computes after the embedding, whole layers in one
-//! graph (not op by op: a per-op graph pays a dispatch per op), fp16 activations, KV and
-//! weights. The graphs are finalized for the target's SoC, packed into as many contexts as
+//! graph (not op by op: a per-op graph pays a dispatch per op), fp16 activations and KV,
+//! fp16 or quantized matmul weights (block-scaled int4 between 16-bit activations). The graphs are finalized for the target's SoC, packed into as many contexts as
 //! the NPU's window needs, and serialized; the artifact carries the binaries and each graph's
 //! I/O table (`llada_ir::npu`). The QNN library must be on the build machine (`--qnn-lib` or
 //! `LLADA_QNN_LIB`).
@@ -11,9 +11,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use half::f16;
-use llada_ir::npu::{IoLayout, NpuContext, NpuDType, NpuEstimate, NpuGraph, NpuSection, NpuTensor, NpuWeights, Role, SECTION_VERSION, SOCS};
+use llada_ir::npu::{ActivationRange, IoLayout, NpuContext, NpuDType, NpuEstimate, NpuGraph, NpuSection, NpuTensor, NpuWeights, Role, SECTION_VERSION, SOCS};
 use llada_ir::{Graph, Header, Op, Rows, TensorId, ValueId};
-use llada_qnn::abi::{DATATYPE_FLOAT_16, DATATYPE_INT_32};
+use llada_qnn::abi::{QuantizeParams, DATATYPE_FLOAT_16, DATATYPE_INT_32, DATATYPE_UFIXED_POINT_16};
 use llada_qnn::build::{Out, ParamSpec};
 use llada_qnn::{Context, Device, GraphBuilder, Profile, QnnLibrary, TensorRef};
 
@@ -61,10 +61,24 @@ pub struct NpuOptions {
     pub estimate_soc: Option<u32>,
 }
 
+/// The calibrated ranges of 16-bit activations ([`NpuWeights::Int4Lpbq`]) and what they were
+/// measured on.
+#[derive(Debug, Clone, Default)]
+pub struct Calibration {
+    pub ranges: Vec<ActivationRange>,
+    pub source: String,
+}
+
 /// Lowers every graph of `h` for `soc` as `opts` says. `weights` gives a tensor's values as
 /// f32.
-pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format: NpuWeights, soc: (&str, u32), lib: &Arc<QnnLibrary>, opts: &NpuOptions) -> Result<Lowered> {
+/// `calibration`: the activation ranges, which a format with 16-bit activations needs.
+pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format: NpuWeights, calibration: &Calibration, soc: (&str, u32), lib: &Arc<QnnLibrary>, opts: &NpuOptions) -> Result<Lowered> {
     let NpuOptions { contexts, shared_weights, estimate_soc } = *opts;
+    let fixed_point = matches!(format, NpuWeights::Int4Lpbq { .. });
+    if fixed_point == calibration.ranges.is_empty() {
+        return Err(Error::Options(format!("lowering to QNN: {} weights with {} activation ranges", format.name(), calibration.ranges.len())));
+    }
+    let ranges: HashMap<TensorId, ActivationRange> = calibration.ranges.iter().map(|r| (r.weight, *r)).collect();
     if h.model.moe.is_some() {
         return Err(Error::Options(format!("--target {}: LLaDA-MoE has no NPU lowering (its experts run on the CPU path); compile it for the host or a GPU target", soc.0)));
     }
@@ -88,7 +102,7 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
     // preparing it holds every bucket's own copy, int4 unpacked.
     let per_graph: Vec<Vec<u64>> = (0..n).map(|l| h.graphs.iter().zip(&bounds).map(|(g, b)| weight_bytes(h, g, format, layer_ops(g, b, [l, l + 1], n))).collect()).collect();
     let layer_bytes: Vec<u64> = per_graph.iter().map(|v| if shared_weights { v.iter().copied().max().unwrap_or(0) } else { v.iter().sum() }).collect();
-    let unpacked = if format == NpuWeights::Int4PerChannel { 2 } else { 1 };
+    let unpacked = if matches!(format, NpuWeights::Int4PerChannel | NpuWeights::Int4Lpbq { .. }) { 2 } else { 1 };
     let build_bytes: Vec<u64> = per_graph.iter().map(|v| v.iter().sum::<u64>() * unpacked).collect();
     let groups = split_layers(&layer_bytes, &build_bytes, budget, contexts).map_err(|e| Error::Options(format!("--target {}: {e}", soc.0)))?;
     let backend = lib.backend().map_err(qnn_err)?;
@@ -114,12 +128,12 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
         let mut graphs = Vec::new();
         for (gi, b) in bounds.iter().enumerate() {
             let ops = layer_ops(&h.graphs[gi], b, layers, n);
-            graphs.push(lower_graph(h, gi as u32, &ctx, weights, format, layers, ops.clone(), &io, None)?);
+            graphs.push(lower_graph(h, gi as u32, &ctx, weights, format, &ranges, layers, ops.clone(), &io, None)?);
             if let Some(dev) = &estimating {
                 // The same executable for the modelled SoC, in a context of its own (dropped).
                 let scratch = Context::create(dev, false).map_err(qnn_err)?;
                 let profile = Profile::new(dev).map_err(qnn_err)?;
-                lower_graph(h, gi as u32, &scratch, weights, format, layers, ops, &io, Some(&profile))?;
+                lower_graph(h, gi as u32, &scratch, weights, format, &ranges, layers, ops, &io, Some(&profile))?;
                 let e = Profile::estimate(&profile.events().map_err(qnn_err)?).ok_or_else(|| {
                     Error::Options(format!(
                         "--npu-estimate-soc {}: this QNN library has no performance model for that SoC id (it has one for 52, 62, 63, 72, 77, 95 and 114: QNN.md)",
@@ -147,7 +161,7 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
     for (c, resident) in built.iter_mut().zip(resident_prefix(&sizes, budget)) {
         c.resident = resident;
     }
-    let section = NpuSection { version: SECTION_VERSION, soc: soc.0.to_string(), soc_id: soc.1, qnn_build: lib.build_id.clone(), weights: format, shared_weights, context_budget: budget, io, estimates, contexts: built };
+    let section = NpuSection { version: SECTION_VERSION, soc: soc.0.to_string(), soc_id: soc.1, qnn_build: lib.build_id.clone(), weights: format, shared_weights, context_budget: budget, io, estimates, contexts: built, activations: calibration.ranges.clone(), calibration: calibration.source.clone() };
     drop(estimating);
     drop(device);
     drop(backend);
@@ -262,10 +276,40 @@ fn weight_bytes(h: &Header, g: &Graph, format: NpuWeights, ops: std::ops::Range<
         match (matmul.contains(&t), format) {
             (true, NpuWeights::Int8PerChannel) => n,
             (true, NpuWeights::Int4PerChannel) => n.div_ceil(2),
+            // Packed int4 and a byte of block scale per block (the smallest block, 32, bounds it).
+            (true, NpuWeights::Int4Lpbq { block }) => n.div_ceil(2) + n / block as u64,
             _ => 2 * n,
         }
     };
     g.ops[ops].iter().filter(|o| !matches!(o, Op::Embed { .. })).flat_map(|o| o.tensors()).filter(|t| seen.insert(*t)).map(bytes).sum()
+}
+
+/// Qualcomm's LPBQ of an `[n, k]` matrix: per output channel `c` and block `b` of `block`
+/// inputs, the block's scale is the channel's scale times a factor 1..=16 (4 bits), rounded
+/// up so that no value clips. Returns the int4 values in HWIO order (`[k][n]`, a 1x1
+/// convolution's weight), the channel scales and the factors (`[c * blocks + b]`).
+fn lpbq(values: &[f32], n: usize, block: usize) -> (Vec<i8>, Vec<f32>, Vec<u8>) {
+    let k = values.len() / n.max(1);
+    let blocks = k / block;
+    let mut q = vec![0i8; n * k];
+    let mut channel = Vec::with_capacity(n);
+    let mut factors = Vec::with_capacity(n * blocks);
+    for (c, row) in values.chunks_exact(k.max(1)).enumerate() {
+        let wanted: Vec<f32> = row.chunks_exact(block).map(|b| b.iter().fold(0f32, |m, v| m.max(v.abs())) / 7.0).collect();
+        let top = wanted.iter().copied().fold(0f32, f32::max);
+        // An all-zero row still needs a positive scale.
+        let scale = if top > 0.0 { top / 16.0 } else { 1.0 };
+        for (b, &want) in wanted.iter().enumerate() {
+            let f = (want / scale).ceil().clamp(1.0, 16.0);
+            factors.push(f as u8);
+            let step = scale * f;
+            for (i, &v) in row[b * block..(b + 1) * block].iter().enumerate() {
+                q[(b * block + i) * n + c] = (v / step).round().clamp(-8.0, 7.0) as i8;
+            }
+        }
+        channel.push(scale);
+    }
+    (q, channel, factors)
 }
 
 /// Symmetric per-row quantization of an `[n, k]` matrix to signed `bits`: the values and one
@@ -297,6 +341,7 @@ struct Lowering<'a, 'c> {
     statics: HashMap<TensorId, TensorRef>,
     next: usize,
     format: NpuWeights,
+    ranges: &'a HashMap<TensorId, ActivationRange>,
 }
 
 impl Lowering<'_, '_> {
@@ -333,6 +378,7 @@ impl Lowering<'_, '_> {
             NpuWeights::F16 => return self.weight(t, &[n, k], weights),
             NpuWeights::Int8PerChannel => 8,
             NpuWeights::Int4PerChannel => 4,
+            NpuWeights::Int4Lpbq { .. } => unreachable!("LPBQ weights are convolution weights (lpbq_weight)"),
         };
         if let Some(&r) = self.statics.get(&t) {
             return Ok(r);
@@ -342,6 +388,29 @@ impl Lowering<'_, '_> {
         let r = self.b.static_per_channel(&name, &[n, k], q, scales, bits).map_err(qnn_err)?;
         self.statics.insert(t, r);
         Ok(r)
+    }
+
+    /// A matmul's `[n, k]` weight as an LPBQ 1x1-convolution weight.
+    fn lpbq_weight(&mut self, t: TensorId, n: u32, k: u32, block: u32, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>) -> Result<TensorRef> {
+        if let Some(&r) = self.statics.get(&t) {
+            return Ok(r);
+        }
+        let name = format!("w.{}", self.h.tensors[t as usize].name);
+        if k % block != 0 {
+            return Err(Error::Options(format!("lowering '{name}' to QNN: its {k} inputs are not whole blocks of {block} (--group)")));
+        }
+        let (q, channel, factors) = lpbq(&weights(t)?, n as usize, block as usize);
+        let r = self.b.static_lpbq(&name, k, n, q, channel, factors).map_err(qnn_err)?;
+        self.statics.insert(t, r);
+        Ok(r)
+    }
+
+    /// `x` as 16-bit fixed point covering `range`.
+    fn quantize(&mut self, x: TensorRef, range: [f32; 2]) -> Result<TensorRef> {
+        let (scale, offset) = ActivationRange::u16_encoding(range);
+        let name = self.fresh("quantize");
+        let dims = self.b.dims(x).to_vec();
+        self.b.op_quantized("Quantize", &[x], vec![], &name, DATATYPE_UFIXED_POINT_16, &dims, Out::Native, QuantizeParams::scale_offset(scale, offset)).map_err(qnn_err)
     }
 
     fn constant(&mut self, dims: &[u32], v: &[f32]) -> Result<TensorRef> {
@@ -400,6 +469,7 @@ fn lower_graph(
     ctx: &Context,
     weights: &dyn Fn(TensorId) -> Result<Vec<f32>>,
     format: NpuWeights,
+    ranges: &HashMap<TensorId, ActivationRange>,
     layers: [u32; 2],
     ops: std::ops::Range<usize>,
     io: &IoLayout,
@@ -409,7 +479,7 @@ fn lower_graph(
     let m = &h.model;
     let name = format!("g{gi}_l{}_{}_{}", layers[0], layers[1], g.name.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
     let b = GraphBuilder::new(ctx, &name).map_err(qnn_err)?;
-    let mut l = Lowering { h, g, b, values: HashMap::new(), statics: HashMap::new(), next: 0, format };
+    let mut l = Lowering { h, g, b, values: HashMap::new(), statics: HashMap::new(), next: 0, format, ranges };
     let (r, hr, c, hd) = (g.rows, g.head_rows, h.plan.kv_capacity, m.head_dim);
     let (heads, kvh) = (m.n_heads, m.n_kv_heads);
     let group = heads / kvh;
@@ -479,9 +549,24 @@ fn lower_graph(
                 let xs = l.value(x)?;
                 let shape = &h.tensors[weight as usize].shape;
                 let (n, k) = (shape[0] as u32, shape[1] as u32);
-                let w = l.matmul_weight(weight, n, k, weights)?;
                 let rows = l.rows(x);
-                let t = result(&mut l, "FullyConnected", &[xs, w], vec![], &[rows, n])?;
+                let t = if let NpuWeights::Int4Lpbq { block } = format {
+                    // QNN.md: LPBQ runs as a 1x1 Conv2d between 16-bit activations (on
+                    // FullyConnected it is unreliable); the graph around it stays fp16.
+                    let range = *l.ranges.get(&weight).ok_or_else(|| Error::Options(format!("lowering graph '{}' to QNN: matmul weight '{}' has no calibrated range", g.name, h.tensors[weight as usize].name)))?;
+                    let x4 = l.reshape(xs, &[1, 1, rows, k])?;
+                    let xq = l.quantize(x4, range.input)?;
+                    let w = l.lpbq_weight(weight, n, k, block, weights)?;
+                    let (scale, offset) = ActivationRange::u16_encoding(range.output);
+                    let name = l.fresh("conv2d");
+                    let params = vec![ParamSpec::U32s("stride", vec![1, 1]), ParamSpec::U32Grid("pad_amount", vec![2, 2], vec![0; 4])];
+                    let yq = l.b.op_quantized("Conv2d", &[xq, w], params, &name, DATATYPE_UFIXED_POINT_16, &[1, 1, rows, n], Out::Native, QuantizeParams::scale_offset(scale, offset)).map_err(qnn_err)?;
+                    let y4 = l.op("Dequantize", &[yq], vec![], &[1, 1, rows, n])?;
+                    result(&mut l, "Reshape", &[y4], vec![], &[rows, n])?
+                } else {
+                    let w = l.matmul_weight(weight, n, k, weights)?;
+                    result(&mut l, "FullyConnected", &[xs, w], vec![], &[rows, n])?
+                };
                 l.values.insert(out, t);
             }
             Op::Rope { x, heads: rotated, .. } => {

@@ -110,6 +110,8 @@ fn small_artifact(model: &std::path::Path, work: &std::path::Path) -> Result<Pat
         npu_contexts: None,
         npu_shared_weights: false,
         npu_estimate_soc: None,
+        npu_activations: Default::default(),
+        calibration: None,
     })
     .map_err(|e| format!("compiling the seed: {e}"))?;
     Ok(path)

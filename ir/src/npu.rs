@@ -25,7 +25,7 @@ use crate::header::Header;
 /// The extension key of the section.
 pub const EXTENSION_KEY: &str = "npu.qnn";
 /// The section's own version: a reader refuses any other.
-pub const SECTION_VERSION: u32 = 3;
+pub const SECTION_VERSION: u32 = 4;
 /// Masked attention scores: QNN.md found that an `-inf` mask gives wrong results on the HTP,
 /// so a large finite negative stands in for it (f16's lowest).
 pub const MASKED: f32 = -65504.0;
@@ -58,10 +58,35 @@ pub struct NpuSection {
     pub estimates: Vec<NpuEstimate>,
     /// In layer order.
     pub contexts: Vec<NpuContext>,
+    /// The static encodings of the fixed-point activations (16-bit, [`NpuWeights::Int4Lpbq`]
+    /// only): each matmul's input and output range, calibrated on the host kernels.
+    pub activations: Vec<ActivationRange>,
+    /// What the ranges were calibrated on (empty without fixed-point activations).
+    pub calibration: String,
 }
 
-/// The matmul weights' format inside the executables: what the HTP computes natively with
-/// fp16 activations (QNN.md's table; block-scaled int4 needs 16-bit activations, not built).
+/// The range a matmul's 16-bit input and output cover (`[low, high]`, zero inside), by its
+/// weight tensor: the same in every planned graph.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq)]
+pub struct ActivationRange {
+    pub weight: crate::TensorId,
+    pub input: [f32; 2],
+    pub output: [f32; 2],
+}
+
+impl ActivationRange {
+    /// QNN's encoding of a 16-bit unsigned value covering `range`: `(scale, offset)` with a
+    /// value `(q + offset) * scale`, zero exact.
+    pub fn u16_encoding(range: [f32; 2]) -> (f32, i32) {
+        let (low, high) = (range[0].min(0.0), range[1].max(0.0));
+        let scale = ((high - low) / 65535.0).max(f32::MIN_POSITIVE);
+        (scale, (low / scale).round() as i32)
+    }
+}
+
+/// The matmul weights' format inside the executables: what the HTP computes natively
+/// (QNN.md's table): per-channel formats with fp16 activations, block-scaled int4 with
+/// 16-bit ones.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NpuWeights {
     F16,
@@ -69,6 +94,10 @@ pub enum NpuWeights {
     Int8PerChannel,
     /// Signed int4 in an int8 container, one scale per output channel (symmetric).
     Int4PerChannel,
+    /// Signed int4 with a scale per `block` inputs of each output channel, expressed as the
+    /// channel's scale times a 4-bit factor (Qualcomm's LPBQ), in a 1x1 Conv2d whose input
+    /// and output are 16-bit fixed point ([`NpuSection::activations`]).
+    Int4Lpbq { block: u32 },
 }
 
 impl NpuWeights {
@@ -77,6 +106,7 @@ impl NpuWeights {
             NpuWeights::F16 => "fp16",
             NpuWeights::Int8PerChannel => "int8 per output channel",
             NpuWeights::Int4PerChannel => "int4 per output channel",
+            NpuWeights::Int4Lpbq { .. } => "int4 per block (LPBQ)",
         }
     }
 }
@@ -449,11 +479,47 @@ impl NpuSection {
                 return bad(format!("estimates[{i}]: graph {} with layers {}..{} is no executable of the section", e.graph, e.layers[0], e.layers[1]));
             }
         }
+        self.verify_activations(h)?;
         if resident.saturating_add(rotating) > self.context_budget {
             return bad(format!(
                 "the resident contexts ({resident} bytes) and the largest rotating one ({rotating} bytes) exceed the context_budget of {} bytes",
                 self.context_budget
             ));
+        }
+        Ok(())
+    }
+}
+
+impl NpuSection {
+    /// Fixed-point activations: exactly one finite range, holding zero, for each matmul
+    /// weight of the plan when the format needs them; none otherwise.
+    fn verify_activations(&self, h: &Header) -> Result<()> {
+        let bad = |msg: String| Err(Error::invalid(format!("extension '{EXTENSION_KEY}': {msg}")));
+        let needed = matches!(self.weights, NpuWeights::Int4Lpbq { .. });
+        if !needed {
+            return match self.activations.first() {
+                Some(a) => bad(format!("activations[0] (weight {}): {} weights have fp16 activations, no encodings", a.weight, self.weights.name())),
+                None => Ok(()),
+            };
+        }
+        let mut matmuls: Vec<crate::TensorId> = h.graphs.iter().flat_map(|g| g.ops.iter()).filter_map(|op| match *op { crate::Op::MatMul { weight, .. } => Some(weight), _ => None }).collect();
+        matmuls.sort_unstable();
+        matmuls.dedup();
+        let mut seen = std::collections::HashSet::new();
+        for (i, a) in self.activations.iter().enumerate() {
+            let name = h.tensors.get(a.weight as usize).map_or("?", |t| t.name.as_str());
+            let at = format!("activations[{i}] (weight {} '{name}')", a.weight);
+            if matmuls.binary_search(&a.weight).is_err() || !seen.insert(a.weight) {
+                return bad(format!("{at}: not a matmul weight of the plan, or listed twice"));
+            }
+            for (what, r) in [("input", a.input), ("output", a.output)] {
+                if !(r[0].is_finite() && r[1].is_finite() && r[0] <= 0.0 && r[1] >= 0.0 && r[0] < r[1]) {
+                    return bad(format!("{at}: {what} range [{}, {}] is not a finite range holding zero", r[0], r[1]));
+                }
+            }
+        }
+        if let Some(&missing) = matmuls.iter().find(|w| !seen.contains(*w)) {
+            return bad(format!("matmul weight {missing} '{}' has no activation range", h.tensors[missing as usize].name));
         }
         Ok(())
     }

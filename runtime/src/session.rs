@@ -135,6 +135,8 @@ pub struct Session<'m> {
     /// Every pass's op times while [`profile_ops`](Self::profile_ops) is on (a diagnostic:
     /// timing ops and keeping them allocates).
     op_profiles: Option<Vec<PassProfile>>,
+    /// Profiled passes also record their matmuls' ranges.
+    matmul_ranges: bool,
 }
 
 impl<'m> Session<'m> {
@@ -211,6 +213,7 @@ impl<'m> Session<'m> {
             expert_options,
             needs_reset: false,
             op_profiles: None,
+            matmul_ranges: false,
         })
     }
 
@@ -263,6 +266,15 @@ impl<'m> Session<'m> {
     /// [`take_op_profiles`](Self::take_op_profiles), or stops.
     pub fn profile_ops(&mut self, on: bool) {
         self.op_profiles = on.then(Vec::new);
+        self.matmul_ranges = false;
+    }
+
+    /// [`profile_ops`](Self::profile_ops), each profile also holding the range of every
+    /// matmul's input and output ([`OpProfile::matmul_ranges`]; the host executor records
+    /// them, others leave them empty).
+    pub fn profile_matmul_ranges(&mut self, on: bool) {
+        self.profile_ops(on);
+        self.matmul_ranges = on;
     }
 
     /// The op times of the passes since [`profile_ops`](Self::profile_ops) was turned on or
@@ -460,7 +472,7 @@ impl<'m> Session<'m> {
         let g = self.model.graph(gid);
         let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context, head_rows: &self.head, rows: self.real_rows };
         let start = Instant::now();
-        let mut profile = (profiled || self.op_profiles.is_some()).then(OpProfile::default);
+        let mut profile = (profiled || self.op_profiles.is_some()).then(|| OpProfile { times: Vec::new(), matmul_ranges: self.matmul_ranges.then(Vec::new) });
         let run = self.executor.run(self.model, gid, &inputs, &mut self.window, &mut self.stager, self.experts.as_mut(), profile.as_mut()).map(|()| profile);
         // Reads of a truncated artifact saw zeros: the pass computed nothing trustworthy.
         let profile = match run.and_then(|p| self.model.check_intact().map(|()| p)) {

@@ -92,6 +92,8 @@ fn compile_with(out: &Path, quant: Option<Quant>, kv: Option<&str>, window_bytes
         npu_contexts: None,
         npu_shared_weights: false,
         npu_estimate_soc: None,
+        npu_activations: Default::default(),
+        calibration: None,
     })
     .expect("compiles");
 }

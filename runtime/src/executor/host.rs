@@ -291,6 +291,9 @@ impl HostExecutor {
             }
             if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {
                 p.times.push((index, t.elapsed().as_secs_f64()));
+                if let (Some(ranges), &Op::MatMul { x, weight, out }) = (p.matmul_ranges.as_mut(), op) {
+                    ranges.push(super::MatMulRange::of(weight, &win[range(x)], &win[range(out)]));
+                }
             }
             if let Some(s) = stager.as_deref_mut() {
                 s.after_op(g, index);

@@ -174,6 +174,31 @@ pub fn value_range(g: &Graph, v: &Value, head_rows: usize, base: u64) -> Range<u
 pub struct OpProfile {
     /// (op index, seconds).
     pub times: Vec<(usize, f64)>,
+    /// Where `Some`, the range of every matmul's input and output in the run (the host
+    /// executor records them; `lladac` calibrates fixed-point NPU activations with them).
+    pub matmul_ranges: Option<Vec<MatMulRange>>,
+}
+
+/// The smallest and largest value of a matmul's input and of its output in one run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MatMulRange {
+    pub weight: llada_ir::TensorId,
+    pub input: [f32; 2],
+    pub output: [f32; 2],
+}
+
+impl MatMulRange {
+    pub fn of(weight: llada_ir::TensorId, input: &[f32], output: &[f32]) -> MatMulRange {
+        let span = |v: &[f32]| v.iter().fold([f32::INFINITY, f32::NEG_INFINITY], |[lo, hi], &x| [lo.min(x), hi.max(x)]);
+        MatMulRange { weight, input: span(input), output: span(output) }
+    }
+
+    /// The range covering both.
+    pub fn widen(&mut self, other: &MatMulRange) {
+        for (a, b) in [(&mut self.input, other.input), (&mut self.output, other.output)] {
+            *a = [a[0].min(b[0]), a[1].max(b[1])];
+        }
+    }
 }
 
 /// One pass's op times with what it ran: the graph, its real rows and its logit rows.

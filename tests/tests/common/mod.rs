@@ -63,6 +63,8 @@ pub fn compile_scaled(model: &Path, out: &Path, quant: Option<lladac::Quant>, ma
         npu_contexts: None,
         npu_shared_weights: false,
         npu_estimate_soc: None,
+        npu_activations: Default::default(),
+        calibration: None,
     })
     .expect("compiles");
 }
@@ -98,6 +100,8 @@ pub fn compile_in_window(model: &Path, out: &Path, max_seq: Option<u32>, window_
         npu_contexts: None,
         npu_shared_weights: false,
         npu_estimate_soc: None,
+        npu_activations: Default::default(),
+        calibration: None,
     })
     .expect("compiles")
 }
