@@ -91,3 +91,23 @@ pub fn calibrate(artifact: &Path, prompts: &[String], source: &str) -> Result<(V
     let list = ranges.into_values().map(|r| ActivationRange { weight: r.weight, input: hold_zero(r.input), output: hold_zero(r.output) }).collect();
     Ok((list, format!("{} prompts ({source}), {passes} host passes over {tokens} rows, {gen_len} tokens generated each in {} steps", prompts.len(), params.steps)))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::read_prompts;
+
+    #[test]
+    fn a_calibration_file_is_task_lines_or_plain_lines_and_errors_name_the_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.jsonl");
+        std::fs::write(&f, "{\"prompt\": \"FILL:12=\", \"expected\": \"1\"}\n\nplain text prompt\n").unwrap();
+        assert_eq!(read_prompts(&f).unwrap(), ["FILL:12=", "plain text prompt"]);
+        std::fs::write(&f, "{\"prompt\": 3}\n").unwrap();
+        let e = read_prompts(&f).unwrap_err().to_string();
+        assert!(e.contains("c.jsonl") && e.contains("line 1: prompt"), "{e}");
+        std::fs::write(&f, "\n  \n").unwrap();
+        assert!(read_prompts(&f).unwrap_err().to_string().contains("no prompt"));
+        let e = read_prompts(&dir.path().join("missing.jsonl")).unwrap_err().to_string();
+        assert!(e.contains("missing.jsonl"), "{e}");
+    }
+}

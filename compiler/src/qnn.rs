@@ -706,6 +706,31 @@ mod tests {
         assert_eq!(q, [7, -2, 1, 0]);
     }
 
+    /// LPBQ: values in HWIO order, a 4-bit factor per block, every value within half a step
+    /// of its block's scale and none clipped; a zero row keeps a positive scale.
+    #[test]
+    fn lpbq_scales_each_block_by_a_four_bit_factor_of_its_channels_scale() {
+        use super::lpbq;
+        let (n, k, block) = (3usize, 8usize, 4usize);
+        // Row 0: blocks of very different magnitude; row 1: zeros; row 2: one block only.
+        let w: Vec<f32> = [[7.0, -3.5, 1.0, 0.5, 0.07, 0.01, -0.03, 0.02], [0.0; 8], [0.0, 0.0, 0.0, 0.0, -1.4, 0.7, 0.0, 0.35]].concat();
+        let (q, channel, factors) = lpbq(&w, n, block);
+        assert_eq!((q.len(), channel.len(), factors.len()), (n * k, n, n * k / block));
+        assert_eq!(channel[0], 1.0 / 16.0, "the largest block's scale (7/7) over 16");
+        assert_eq!(factors[..2], [16, 1], "a block 100x smaller gets the smallest factor");
+        assert_eq!((channel[1], &factors[2..4]), (1.0, &[1u8, 1][..]));
+        assert_eq!(factors[4..6], [1, 16]);
+        for c in 0..n {
+            for i in 0..k {
+                let step = channel[c] * factors[c * (k / block) + i / block] as f32;
+                let back = q[i * n + c] as f32 * step;
+                assert!((back - w[c * k + i]).abs() <= step / 2.0 + 1e-6, "w[{c}][{i}] = {} came back as {back}", w[c * k + i]);
+                assert!((-8..=7).contains(&q[i * n + c]));
+            }
+        }
+        assert_eq!(q[0], 7, "w[0][0] is the largest: 7 steps of 1/16 x 16");
+    }
+
     /// The fewest contexts within the window's room, balanced where that fits; more where
     /// preparing them would hold too much; a count given is balanced by bytes.
     #[test]

@@ -171,6 +171,69 @@ fn quantized_npu_weights_are_int8_and_int4_per_channel_and_still_answer() {
     assert!(sizes[0] > sizes[1] && sizes[1] > sizes[2], "binary bytes f16, q8, q4: {sizes:?}");
 }
 
+/// `--npu-activations u16`: int4 per block (LPBQ) in a 1x1 convolution between 16-bit
+/// activations whose ranges `lladac` calibrates on the host kernels (a task file here, the
+/// built-in set by default), records for every matmul, verifies and shows; the NPU then
+/// answers the embedded model's task as the host's q4 does. Bad flags and crafted ranges are
+/// one error each, naming the flag or the element.
+#[test]
+#[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
+fn sixteen_bit_activations_with_block_scaled_int4_are_calibrated_recorded_and_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let tasks = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tasks/train-sample.jsonl");
+    let out = dir.path().join("lpbq.lad");
+    lladac(&embedded_model(), "sm8750", &out, &["--max-seq", "128", "--quant", "q4", "--npu-activations", "u16", "--calibration", tasks.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&common::run("lladac", &["inspect", out.to_str().unwrap(), "--json"]).stdout).unwrap();
+    let npu = &v["npu"];
+    assert_eq!((npu["weights"].as_str(), npu["activations"].as_str()), (Some("int4 per block (LPBQ)"), Some("uint16")), "{npu}");
+    assert!(npu["calibration"].as_str().unwrap().contains("100 prompts (") && npu["calibration"].as_str().unwrap().contains("train-sample.jsonl"), "{npu}");
+    // One range per matmul weight: 4 per layer and the head.
+    let ranges = npu["activation_ranges"].as_array().unwrap();
+    assert_eq!(ranges.len(), 4 * 4 + 1, "{npu}");
+    for r in ranges {
+        for key in ["input", "output"] {
+            let (lo, hi) = (r[key][0].as_f64().unwrap(), r[key][1].as_f64().unwrap());
+            assert!(lo <= 0.0 && hi >= 0.0 && hi - lo > 0.1, "{r}");
+        }
+    }
+    let text = String::from_utf8_lossy(&common::run("lladac", &["inspect", out.to_str().unwrap()]).stdout).to_string();
+    assert!(text.contains("16-bit activation ranges of 17 matmuls, calibrated on 100 prompts"), "{text}");
+    // The built-in calibration set needs no file.
+    let default = dir.path().join("default.lad");
+    lladac(&embedded_model(), "sm8750", &default, &["--max-seq", "128", "--quant", "q4", "--npu-activations", "u16"]);
+    let d: serde_json::Value = serde_json::from_slice(&common::run("lladac", &["inspect", default.to_str().unwrap(), "--json"]).stdout).unwrap();
+    assert!(d["npu"]["calibration"].as_str().unwrap().contains("built-in"), "{}", d["npu"]);
+    // The task answered as the host's q4 answers it.
+    let host_q4 = dir.path().join("host-q4.lad");
+    lladac(&embedded_model(), "host", &host_q4, &["--max-seq", "128", "--quant", "q4"]);
+    let p = SamplerParams { gen_length: 32, block_length: 32, steps: 32, policy: Policy::Dual, ..Default::default() };
+    let host = Model::open(&host_q4, true).unwrap();
+    let want = generate(&mut session(&host, BackendKind::Host), &prompt(&host), &p, &mut |_| {}).unwrap();
+    let model = Model::open(&out, true).unwrap();
+    let got = generate(&mut session(&model, BackendKind::Qnn), &prompt(&model), &p, &mut |_| {}).unwrap();
+    assert_eq!(got.output_ids, want.output_ids, "LPBQ with 16-bit activations does not answer as the host's q4");
+    // Bad flags.
+    let x = dir.path().join("x.lad");
+    common::assert_clean_failure(&compile_output(&embedded_model(), "sm8750", &x, &["--quant", "q8", "--npu-activations", "u16"]), &["--npu-activations u16", "--quant q4", "q8"]);
+    common::assert_clean_failure(&compile_output(&embedded_model(), "sm8750", &x, &["--quant", "q4", "--calibration", tasks.to_str().unwrap()]), &["--calibration", "--npu-activations u16"]);
+    let missing = dir.path().join("missing.jsonl");
+    common::assert_clean_failure(&compile_output(&embedded_model(), "sm8750", &x, &["--quant", "q4", "--npu-activations", "u16", "--calibration", missing.to_str().unwrap()]), &["missing.jsonl"]);
+    assert!(!x.exists(), "a failed compile left its output");
+    assert!(std::fs::read_dir(dir.path()).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().contains("calibration")), "a calibration temporary was left behind");
+    // Crafted ranges, refused when the artifact is read.
+    let good = std::fs::read(&out).unwrap();
+    let refused = |name: &str, edit: &dyn Fn(&mut NpuSection), words: &[&str]| {
+        let bytes = common::reseal(&good, |h| edit_section(h, edit));
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes).unwrap();
+        common::assert_clean_failure(&common::run("lladac", &["inspect", p.to_str().unwrap()]), words);
+    };
+    refused("no-range.lad", &|s| { s.activations.pop(); }, &["has no activation range"]);
+    refused("positive.lad", &|s| s.activations[3].input = [0.5, 2.0], &["activations[3]", "input range [0.5, 2]", "holding zero"]);
+    refused("nan.lad", &|s| s.activations[0].output[1] = f32::NAN, &["activations[0]", "output range"]);
+    refused("fp16-with-ranges.lad", &|s| s.weights = llada_ir::npu::NpuWeights::Int4PerChannel, &["activations[0]", "fp16 activations"]);
+}
+
 /// Every policy on the NPU, twice: the same tokens both times, and (on this trained model,
 /// whose margins are far above fp16's error) the host's tokens.
 #[test]
