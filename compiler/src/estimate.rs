@@ -26,6 +26,57 @@ pub struct EstimateRequest {
     pub rows: Vec<u32>,
     /// `llada-rt roofline --json` output to take rates and bandwidth from.
     pub rates: Option<std::path::PathBuf>,
+    /// `mbsd`: dense passes per generation (it commits several tokens a pass where drafts
+    /// confirm, so its count is measured: `llada-rt run --json`'s `forward_passes`);
+    /// `None`: one per step, its count without a confirmed draft.
+    pub passes: Option<u32>,
+    /// Another target's rates for the same plan (a Snapdragon artifact's plan is the same for
+    /// every Snapdragon with the same window and row multiple).
+    pub on_target: Option<String>,
+}
+
+/// What the phone's NPU adds to a Snapdragon artifact's passes: its executables' time as the
+/// target's fit to QNN's model says, and the rotating contexts created before each pass.
+struct NpuPasses {
+    timing: Option<llada_targets::NpuTiming>,
+    contexts: usize,
+    resident: usize,
+    /// Contexts created, and their bytes, before every pass (rotating ones that do not all
+    /// fit beside the resident ones are created in turn, every pass).
+    swapped: usize,
+    swapped_bytes: u64,
+    source: &'static str,
+}
+
+impl NpuPasses {
+    fn of(h: &Header, target: &Target) -> Result<Option<NpuPasses>> {
+        if crate::qnn::soc_of(&h.compile.target).is_none() {
+            return Ok(None);
+        }
+        let (sizes, resident, budget, source) = match llada_ir::npu::NpuSection::of(h).map_err(|e| Error::Options(e.to_string()))? {
+            Some(n) => (
+                n.contexts.iter().map(|c| h.segments[c.segment as usize].nbytes).collect::<Vec<u64>>(),
+                n.contexts.iter().map(|c| c.resident).collect::<Vec<bool>>(),
+                n.context_budget,
+                "the artifact's NPU contexts",
+            ),
+            None => {
+                // Built with --host-only: the split lladac would build for these weights.
+                let format = match h.tensors.iter().find(|t| t.dtype.is_panel()).map(|t| t.dtype) {
+                    Some(DType::PanelQ4 { .. }) => llada_ir::npu::NpuWeights::Int4PerChannel,
+                    Some(DType::PanelQ8) => llada_ir::npu::NpuWeights::Int8PerChannel,
+                    _ => llada_ir::npu::NpuWeights::F16,
+                };
+                let split = crate::qnn::split_contexts(h, format, false, None).map_err(|e| Error::Options(format!("predicting the NPU contexts: {e}")))?;
+                (split.bytes.clone(), split.resident(), split.budget, "predicted: the contexts lladac would build (this artifact has no NPU executables)")
+            }
+        };
+        let rotating: Vec<u64> = sizes.iter().zip(&resident).filter(|(_, r)| !**r).map(|(b, _)| *b).collect();
+        let kept: u64 = sizes.iter().zip(&resident).filter(|(_, r)| **r).map(|(b, _)| *b).sum();
+        let all_fit = kept + rotating.iter().sum::<u64>() <= budget;
+        let (swapped, swapped_bytes) = if all_fit { (0, 0) } else { (rotating.len(), rotating.iter().sum()) };
+        Ok(Some(NpuPasses { timing: target.npu_timing, contexts: sizes.len(), resident: resident.iter().filter(|r| **r).count(), swapped, swapped_bytes, source }))
+    }
 }
 
 /// Rates and bandwidth measured by `llada-rt roofline --json` (all threads): the GEMM
@@ -71,7 +122,7 @@ fn matmul_arithmetic(h: &Header, m: &Machine, act: u32) -> Vec<Value> {
 
 /// One pass over `rows` token rows attending to `context` positions, logits for `head` rows:
 /// (graph name, graph rows, estimate). MoE layers take the time `experts` gives them.
-fn pass(h: &Header, m: &Machine, act: u32, rows: u32, context: u32, head: u32, experts: Option<&ExpertModel>) -> Result<(String, u32, cost::PassEstimate)> {
+fn pass(h: &Header, m: &Machine, act: u32, rows: u32, context: u32, head: u32, experts: Option<&ExpertModel>, npu: Option<&NpuPasses>) -> Result<(String, u32, cost::PassEstimate)> {
     let g = h
         .graph_for_rows(rows as usize)
         .map(|i| &h.graphs[i as usize])
@@ -86,6 +137,14 @@ fn pass(h: &Header, m: &Machine, act: u32, rows: u32, context: u32, head: u32, e
                 moe_seconds += x.layer_seconds(rows);
             }
         }
+    }
+    if let Some(n) = npu {
+        // The executables compute every row of their graph; the contexts they need are
+        // created before them, one after another (the runtime does not overlap creation).
+        let roofline = cost::pass_estimate(m, &work, 0, true).compute_seconds;
+        let compute = n.timing.map_or(roofline, |t| t.seconds(roofline, g.ops.len()));
+        let staging = n.swapped_bytes as f64 / m.staging_bytes_per_second;
+        return Ok((g.name.clone(), g.rows, cost::PassEstimate { compute_seconds: compute, staging_seconds: staging, seconds: compute + staging }));
     }
     let mut e = cost::pass_estimate(m, &work, staged_bytes(h, g), true);
     e.compute_seconds += moe_seconds;
@@ -141,12 +200,27 @@ impl ExpertModel {
 }
 
 pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
-    let target = llada_targets::by_name(&h.compile.target).map_err(Error::Options)?;
+    let compiled_for = llada_targets::by_name(&h.compile.target).map_err(Error::Options)?;
+    let target = match &req.on_target {
+        None => compiled_for.clone(),
+        Some(name) => {
+            let t = llada_targets::by_name(name).map_err(|e| Error::Options(format!("--on-target: {e}")))?;
+            if t.window_bytes != compiled_for.window_bytes || t.row_multiple != compiled_for.row_multiple || t.activation_dtype != compiled_for.activation_dtype {
+                return Err(Error::Options(format!(
+                    "--on-target {name}: its window ({} bytes), row multiple ({}) or activations ({}) differ from '{}' ({}, {}, {}), for which this plan was made; compile for {name}",
+                    t.window_bytes, t.row_multiple, t.activation_dtype, compiled_for.name, compiled_for.window_bytes, compiled_for.row_multiple, compiled_for.activation_dtype
+                )));
+            }
+            t
+        }
+    };
     let (machine, label) = match &req.rates {
         Some(p) => (measured(p, &target, h)?, format!("predicted from rates measured on this machine ({})", p.display())),
         None if target.estimated => (target.accelerator_machine(), format!("ESTIMATE for {} from its target file's rates (not measured)", target.name)),
         None => (target.accelerator_machine(), format!("predicted for {} from its target file's rates", target.name)),
     };
+    let npu = if req.rates.is_some() { None } else { NpuPasses::of(h, &target)? };
+    let npu = npu.as_ref();
     let act = activation_bytes(&target);
     let (b, g, s) = (req.block_len, req.gen_len, req.steps);
     if b == 0 || g % b != 0 || s % (g / b) != 0 {
@@ -175,33 +249,66 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
     let mut passes: Vec<Value> = Vec::new();
     for &r in &req.rows {
         for x in &strategies {
-            let (graph, graph_rows, e) = pass(h, &machine, act, r, r, r, x.as_ref())?;
+            let (graph, graph_rows, e) = pass(h, &machine, act, r, r, r, x.as_ref(), npu)?;
             passes.push(json!({"rows": r, "experts": name(x), "graph": graph, "graph_rows": graph_rows, "seconds": e.seconds, "compute_seconds": e.compute_seconds, "staging_seconds": e.staging_seconds}));
         }
     }
     let seq = req.prompt_len + g;
     let (blocks, per_block) = (g / b, s / (g / b));
+    if req.passes.is_some() && req.policy != "mbsd" {
+        return Err(Error::Options(format!("--passes: only mbsd's pass count is measured; --policy {} runs {s} passes", req.policy)));
+    }
+    // The passes a generation runs, as (rows, count).
+    let schedule: Vec<(u32, u32)> = match req.policy.as_str() {
+        // A whole-sequence pass first (the prompt's cache), then passes of the smallest
+        // graph holding a block: the block's masked rows and, in the rest, drafts of the next
+        // blocks. Fewer passes than steps where drafts confirm.
+        "mbsd" => {
+            let passes = req.passes.unwrap_or(s);
+            if passes == 0 || passes > s {
+                return Err(Error::Options(format!("--passes {passes}: mbsd runs 1 to --steps ({s}) dense passes")));
+            }
+            vec![(seq, 1), (b, passes - 1)]
+        }
+        policy => {
+            let mut v = Vec::new();
+            for blk in 0..blocks {
+                let block_start = req.prompt_len + blk * b;
+                for step in 0..per_block {
+                    let rows = match (policy, step) {
+                        ("exact", _) | (_, 0) => seq,
+                        ("prefix", _) => seq - block_start,
+                        ("dual", _) => b,
+                        (p, _) => return Err(Error::Options(format!("--policy {p}: the estimate knows exact, prefix, dual and mbsd"))),
+                    };
+                    v.push((rows, 1));
+                }
+            }
+            v
+        }
+    };
     let mut generations = Vec::new();
     for x in &strategies {
-        let mut total = 0.0;
-        let mut count = 0u32;
-        for blk in 0..blocks {
-            let block_start = req.prompt_len + blk * b;
-            for step in 0..per_block {
-                let rows = match (req.policy.as_str(), step) {
-                    ("exact", _) | (_, 0) => seq,
-                    ("prefix", _) => seq - block_start,
-                    ("dual", _) => b,
-                    (p, _) => return Err(Error::Options(format!("--policy {p}: the estimate knows exact, prefix and dual"))),
-                };
-                total += pass(h, &machine, act, rows, seq, b, x.as_ref())?.2.seconds;
-                count += 1;
+        let (mut total, mut count, mut rows_computed, mut staged) = (0.0, 0u32, 0u64, 0.0);
+        for &(rows, n) in &schedule {
+            if n == 0 {
+                continue;
             }
+            let (_, graph_rows, e) = pass(h, &machine, act, rows, seq, b, x.as_ref(), npu)?;
+            total += e.seconds * n as f64;
+            staged += e.staging_seconds * n as f64;
+            count += n;
+            rows_computed += graph_rows as u64 * n as u64;
         }
-        generations.push(json!({
+        let mut one = json!({
             "policy": req.policy, "experts": name(x), "prompt_len": req.prompt_len, "gen_len": g, "block_len": b, "steps": s,
-            "forward_passes": count, "seconds": total,
-        }));
+            "forward_passes": count, "graph_rows_computed": rows_computed, "seconds": total, "staging_seconds": staged,
+        });
+        if let Some(n) = npu {
+            one["npu_contexts_created"] = json!(n.swapped as u64 * count as u64);
+            one["npu_bytes_staged"] = json!(n.swapped_bytes * count as u64);
+        }
+        generations.push(one);
     }
     // Session setup: the window is one shared buffer, mapped once; the resident segments
     // are read from storage into it. Steady-state passes map nothing.
@@ -221,15 +328,24 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
             let cycles: u64 = mine.iter().map(|e| e.cycles).sum();
             let work = cost::graph_work(h, g, g.head_rows, h.plan.kv_capacity, h.plan.window.kv_dtype.bytes() as u32, act);
             let model = cost::pass_estimate(&machine, &work, 0, true).seconds;
+            let qnn_seconds = (micros as f64 * 1e-6).max(1e-9);
+            let fitted = target.npu_timing.filter(|t| t.estimate_soc == mine[0].soc_id).map(|t| t.seconds(model, g.ops.len()));
             qnn.push(json!({
-                "graph": g.name, "rows": g.rows, "soc_id": mine[0].soc_id, "contexts": mine.len(),
-                "qnn_seconds": micros as f64 * 1e-6, "qnn_cycles": cycles, "cost_model_seconds": model,
-                "ratio": model / (micros as f64 * 1e-6).max(1e-9),
+                "graph": g.name, "rows": g.rows, "soc_id": mine[0].soc_id, "contexts": mine.len(), "ops": g.ops.len(),
+                "qnn_seconds": qnn_seconds, "qnn_cycles": cycles, "cost_model_seconds": model,
+                "ratio": model / qnn_seconds,
+                "fitted_seconds": fitted, "fitted_ratio": fitted.map(|f| f / qnn_seconds),
             }));
         }
     }
+    let npu_json = npu.map(|n| json!({
+        "contexts": n.contexts, "resident": n.resident, "created_per_pass": n.swapped, "bytes_per_pass": n.swapped_bytes, "source": n.source,
+        "timing": n.timing.map(|t| json!({"estimate_soc": t.estimate_soc, "roofline_scale": t.roofline_scale, "op_seconds": t.op_seconds})),
+    }));
     Ok(json!({
         "label": label,
+        "compiled_for": compiled_for.name,
+        "npu": npu_json,
         "machine": machine,
         "matmuls": matmul_arithmetic(h, &machine, act),
         "passes": passes,
@@ -261,10 +377,23 @@ pub fn render_text(e: &Value) -> String {
             p["staging_seconds"].as_f64().unwrap_or(0.0)
         );
     }
-    for q in e["qnn_estimates"].as_array().into_iter().flatten() {
+    let n = &e["npu"];
+    if !n.is_null() {
+        let timing = match n["timing"].as_object() {
+            Some(t) => format!("roofline x {:.2} + {:.1} us per op (fitted to QNN's model for SoC id {})", t["roofline_scale"].as_f64().unwrap_or(0.0), t["op_seconds"].as_f64().unwrap_or(0.0) * 1e6, t["estimate_soc"]),
+            None => "the roofline (no fit to QNN's model)".into(),
+        };
         let _ = writeln!(
             s,
-            "  graph {} ({} rows): QNN's estimate for SoC id {} {:.0} us ({} cycles over {} context(s)); the cost model {:.0} us, ratio {:.2}",
+            "  NPU: {} contexts ({}), {} resident; {} created before every pass ({:.1} MiB, not overlapped); executables timed as {}",
+            n["contexts"], n["source"].as_str().unwrap_or(""), n["resident"], n["created_per_pass"], n["bytes_per_pass"].as_u64().unwrap_or(0) as f64 / (1u64 << 20) as f64, timing
+        );
+    }
+    for q in e["qnn_estimates"].as_array().into_iter().flatten() {
+        let fitted = q["fitted_seconds"].as_f64().map_or(String::new(), |f| format!("; fitted {:.0} us, ratio {:.2}", f * 1e6, q["fitted_ratio"].as_f64().unwrap_or(0.0)));
+        let _ = writeln!(
+            s,
+            "  graph {} ({} rows): QNN's estimate for SoC id {} {:.0} us ({} cycles over {} context(s)); the cost model's roofline {:.0} us, ratio {:.2}{fitted}",
             q["graph"].as_str().unwrap_or(""), q["rows"], q["soc_id"], q["qnn_seconds"].as_f64().unwrap_or(0.0) * 1e6, q["qnn_cycles"], q["contexts"],
             q["cost_model_seconds"].as_f64().unwrap_or(0.0) * 1e6, q["ratio"].as_f64().unwrap_or(0.0)
         );
@@ -278,8 +407,9 @@ pub fn render_text(e: &Value) -> String {
     for g in e["generations"].as_array().into_iter().flatten() {
         let _ = writeln!(
             s,
-            "  generation ({} policy{}, prompt {}, gen {}, block {}, {} steps): {} passes, {:.3} s",
-            g["policy"].as_str().unwrap_or(""), experts(g), g["prompt_len"], g["gen_len"], g["block_len"], g["steps"], g["forward_passes"], g["seconds"].as_f64().unwrap_or(0.0)
+            "  generation ({} policy{}, prompt {}, gen {}, block {}, {} steps): {} passes, {} graph rows, {:.3} s{}",
+            g["policy"].as_str().unwrap_or(""), experts(g), g["prompt_len"], g["gen_len"], g["block_len"], g["steps"], g["forward_passes"], g["graph_rows_computed"], g["seconds"].as_f64().unwrap_or(0.0),
+            g["npu_contexts_created"].as_u64().map_or(String::new(), |c| format!(" ({c} NPU contexts created, {:.2} GiB, {:.3} s of it)", g["npu_bytes_staged"].as_u64().unwrap_or(0) as f64 / (1u64 << 30) as f64, g["staging_seconds"].as_f64().unwrap_or(0.0)))
         );
     }
     s

@@ -114,8 +114,16 @@ enum Command {
         #[arg(long)]
         estimate: bool,
         /// --estimate: decoding policy.
-        #[arg(long, default_value = "dual", value_parser = ["exact", "prefix", "dual"], requires = "estimate")]
+        #[arg(long, default_value = "dual", value_parser = ["exact", "prefix", "dual", "mbsd"], requires = "estimate")]
         policy: String,
+        /// --estimate --policy mbsd: its dense passes per generation, as measured
+        /// (`llada-rt run --json`'s forward_passes) [default: one per step, no draft confirmed].
+        #[arg(long, requires = "estimate")]
+        passes: Option<u32>,
+        /// --estimate: another target's rates for this plan (a Snapdragon artifact's plan is
+        /// the same on every Snapdragon with its window and row multiple).
+        #[arg(long, requires = "estimate")]
+        on_target: Option<String>,
         /// --estimate: prompt tokens.
         #[arg(long, default_value_t = 32, requires = "estimate")]
         prompt_len: u32,
@@ -231,11 +239,11 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
                 let _ = writeln!(err, "  NPU: QNN executables for {soc} in {contexts} context(s), {:.1} MiB, built in {seconds:.1} s", *bytes as f64 / (1 << 20) as f64);
             }
         }
-        Command::Inspect { file, json, estimate, policy, prompt_len, gen_len, block_len, steps, rows, rates } => {
+        Command::Inspect { file, json, estimate, policy, passes, on_target, prompt_len, gen_len, block_len, steps, rows, rates } => {
             let (header, major, minor, bytes) = lladac::inspect::open(&file)?;
             let mut d = lladac::inspect::describe(&header, major, minor, bytes);
             let e = if estimate {
-                let req = lladac::estimate::EstimateRequest { policy, prompt_len, gen_len, block_len, steps, rows, rates };
+                let req = lladac::estimate::EstimateRequest { policy, prompt_len, gen_len, block_len, steps, rows, rates, passes, on_target };
                 Some(lladac::estimate::estimate(&header, &req)?)
             } else {
                 None

@@ -83,28 +83,10 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
         return Err(Error::Options(format!("--target {}: LLaDA-MoE has no NPU lowering (its experts run on the CPU path); compile it for the host or a GPU target", soc.0)));
     }
     let start = std::time::Instant::now();
-    let w = &h.plan.window;
     let io = IoLayout::of(h);
     let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
-    let budget = w.bytes.checked_sub(io.bytes).filter(|&b| b > 0).ok_or_else(|| {
-        Error::Options(format!(
-            "--target {}: the {} window leaves no room for the NPU's contexts after the KV cache ({}) and a pass's inputs and outputs ({} in all); lower --max-seq or raise --window-bytes",
-            soc.0,
-            mib(w.bytes),
-            mib(w.kv.bytes),
-            mib(io.bytes)
-        ))
-    })?;
-    let bounds: Vec<Vec<usize>> = h.graphs.iter().map(|g| layer_bounds(h, g)).collect::<Result<_>>()?;
-    let n = h.model.n_layers;
-    // Each layer's weight bytes in each graph, the head counted with the last layer. A
-    // context holds them once where the row buckets share them, else once per graph;
-    // preparing it holds every bucket's own copy, int4 unpacked.
-    let per_graph: Vec<Vec<u64>> = (0..n).map(|l| h.graphs.iter().zip(&bounds).map(|(g, b)| weight_bytes(h, g, format, layer_ops(g, b, [l, l + 1], n))).collect()).collect();
-    let layer_bytes: Vec<u64> = per_graph.iter().map(|v| if shared_weights { v.iter().copied().max().unwrap_or(0) } else { v.iter().sum() }).collect();
-    let unpacked = if matches!(format, NpuWeights::Int4PerChannel | NpuWeights::Int4Lpbq { .. }) { 2 } else { 1 };
-    let build_bytes: Vec<u64> = per_graph.iter().map(|v| v.iter().sum::<u64>() * unpacked).collect();
-    let groups = split_layers(&layer_bytes, &build_bytes, budget, contexts).map_err(|e| Error::Options(format!("--target {}: {e}", soc.0)))?;
+    let split = split_contexts(h, format, shared_weights, contexts).map_err(|e| Error::Options(format!("--target {}: {e}", soc.0)))?;
+    let (budget, groups, bounds, n) = (split.budget, split.layers, split.bounds, h.model.n_layers);
     let backend = lib.backend().map_err(qnn_err)?;
     let device = Device::new(&backend, soc.1).map_err(qnn_err)?;
     let estimating = estimate_soc.map(|id| Device::new(&backend, id).map_err(qnn_err)).transpose()?;
@@ -166,6 +148,54 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
     drop(device);
     drop(backend);
     Ok(Lowered { section, binaries, seconds: start.elapsed().as_secs_f64() })
+}
+
+/// How a plan's layers split into NPU contexts, before any is built.
+pub struct ContextSplit {
+    /// Bytes of the window the contexts may occupy at once.
+    pub budget: u64,
+    /// Each context's layers.
+    pub layers: Vec<[u32; 2]>,
+    /// Each context's weight bytes as its binary holds them (the binary is a little more).
+    pub bytes: Vec<u64>,
+    /// Where each layer's ops start, per planned graph.
+    pub bounds: Vec<Vec<usize>>,
+}
+
+impl ContextSplit {
+    /// Which contexts stay resident (the rest rotate through the budget).
+    pub fn resident(&self) -> Vec<bool> {
+        resident_prefix(&self.bytes, self.budget)
+    }
+}
+
+/// The split `lower` builds: `contexts` of them, or the fewest whose weights fit the window
+/// less the I/O allocation and [`BUILD_BYTES`] of build memory; also what `lladac inspect
+/// --estimate` predicts from for an artifact built without its NPU executables.
+pub fn split_contexts(h: &Header, format: NpuWeights, shared_weights: bool, contexts: Option<u32>) -> std::result::Result<ContextSplit, String> {
+    let w = &h.plan.window;
+    let io = IoLayout::of(h);
+    let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
+    let budget = w.bytes.checked_sub(io.bytes).filter(|&b| b > 0).ok_or_else(|| {
+        format!(
+            "the {} window leaves no room for the NPU's contexts after the KV cache ({}) and a pass's inputs and outputs ({} in all); lower --max-seq or raise --window-bytes",
+            mib(w.bytes),
+            mib(w.kv.bytes),
+            mib(io.bytes)
+        )
+    })?;
+    let bounds: Vec<Vec<usize>> = h.graphs.iter().map(|g| layer_bounds(h, g)).collect::<Result<_>>().map_err(|e| e.to_string())?;
+    let n = h.model.n_layers;
+    // Each layer's weight bytes in each graph, the head counted with the last layer. A
+    // context holds them once where the row buckets share them, else once per graph;
+    // preparing it holds every bucket's own copy, int4 unpacked.
+    let per_graph: Vec<Vec<u64>> = (0..n).map(|l| h.graphs.iter().zip(&bounds).map(|(g, b)| weight_bytes(h, g, format, layer_ops(g, b, [l, l + 1], n))).collect()).collect();
+    let layer_bytes: Vec<u64> = per_graph.iter().map(|v| if shared_weights { v.iter().copied().max().unwrap_or(0) } else { v.iter().sum() }).collect();
+    let unpacked = if matches!(format, NpuWeights::Int4PerChannel | NpuWeights::Int4Lpbq { .. }) { 2 } else { 1 };
+    let build_bytes: Vec<u64> = per_graph.iter().map(|v| v.iter().sum::<u64>() * unpacked).collect();
+    let layers = split_layers(&layer_bytes, &build_bytes, budget, contexts)?;
+    let bytes = layers.iter().map(|g| layer_bytes[g[0] as usize..g[1] as usize].iter().sum()).collect();
+    Ok(ContextSplit { budget, layers, bytes, bounds })
 }
 
 /// Where each layer's ops start in `g`: layer 0 right after the embedding, layer l after the

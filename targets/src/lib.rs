@@ -104,6 +104,29 @@ pub struct Target {
     /// True when the rates are not measured on the machine, so tools label predictions
     /// "estimate".
     pub estimated: bool,
+    /// On a Snapdragon target: the cost model's roofline fitted to QNN's own performance
+    /// model of the HTP executables `lladac` builds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub npu_timing: Option<NpuTiming>,
+}
+
+/// QNN's estimate of an executable as the cost model's roofline seconds times
+/// `roofline_scale` plus `op_seconds` per planned op (what the roofline leaves out: each op's
+/// dispatch, layout changes, the vector unit's small ops), fitted to the estimates QNN's
+/// performance model gives at finalize for SoC id `estimate_soc`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NpuTiming {
+    pub estimate_soc: u32,
+    pub roofline_scale: f64,
+    pub op_seconds: f64,
+}
+
+impl NpuTiming {
+    /// Seconds of an executable of `ops` planned ops whose roofline is `roofline` seconds.
+    pub fn seconds(&self, roofline: f64, ops: usize) -> f64 {
+        self.roofline_scale * roofline + self.op_seconds * ops as f64
+    }
 }
 
 /// Weight types a target may list (the names `--quant` takes).
