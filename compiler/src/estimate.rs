@@ -67,8 +67,8 @@ impl NpuPasses {
                     Some(DType::PanelQ8) => llada_ir::npu::NpuWeights::Int8PerChannel,
                     _ => llada_ir::npu::NpuWeights::F16,
                 };
-                let split = crate::qnn::split_contexts(h, format, false, None).map_err(|e| Error::Options(format!("predicting the NPU contexts: {e}")))?;
-                (split.bytes.clone(), split.resident(), split.budget, "predicted: the contexts lladac would build (this artifact has no NPU executables)")
+                let split = crate::qnn::split_contexts(h, format, true, None).map_err(|e| Error::Options(format!("predicting the NPU contexts: {e}")))?;
+                (split.bytes.clone(), split.resident(), split.budget, "predicted: the contexts lladac would build with --npu-shared-weights, the phone's form (this artifact has no NPU executables)")
             }
         };
         let rotating: Vec<u64> = sizes.iter().zip(&resident).filter(|(_, r)| !**r).map(|(b, _)| *b).collect();
