@@ -156,7 +156,8 @@ pub struct ContextSplit {
     pub budget: u64,
     /// Each context's layers.
     pub layers: Vec<[u32; 2]>,
-    /// Each context's weight bytes as its binary holds them (the binary is a little more).
+    /// Each context's binary bytes as predicted (its weights and the room the split leaves
+    /// for the rest of a binary).
     pub bytes: Vec<u64>,
     /// Where each layer's ops start, per planned graph.
     pub bounds: Vec<Vec<usize>>,
@@ -194,7 +195,7 @@ pub fn split_contexts(h: &Header, format: NpuWeights, shared_weights: bool, cont
     let unpacked = if matches!(format, NpuWeights::Int4PerChannel | NpuWeights::Int4Lpbq { .. }) { 2 } else { 1 };
     let build_bytes: Vec<u64> = per_graph.iter().map(|v| v.iter().sum::<u64>() * unpacked).collect();
     let layers = split_layers(&layer_bytes, &build_bytes, budget, contexts)?;
-    let bytes = layers.iter().map(|g| layer_bytes[g[0] as usize..g[1] as usize].iter().sum()).collect();
+    let bytes = layers.iter().map(|g| binary_bytes(layer_bytes[g[0] as usize..g[1] as usize].iter().sum())).collect();
     Ok(ContextSplit { budget, layers, bytes, bounds })
 }
 
@@ -237,11 +238,7 @@ fn split_layers(layer_bytes: &[u64], build_bytes: &[u64], budget: u64, count: Op
     let n = layer_bytes.len() as u32;
     let total: u64 = layer_bytes.iter().sum();
     let sum = |v: &[u64], g: &[u32; 2]| v[g[0] as usize..g[1] as usize].iter().sum::<u64>();
-    // A binary is a little more than its weights (graphs, I/O descriptions): leave room.
-    let fits = |g: &[u32; 2]| {
-        let bytes = sum(layer_bytes, g);
-        bytes + bytes / 16 + (1 << 20) <= budget && (sum(build_bytes, g) <= BUILD_BYTES || g[1] - g[0] == 1)
-    };
+    let fits = |g: &[u32; 2]| binary_bytes(sum(layer_bytes, g)) <= budget && (sum(build_bytes, g) <= BUILD_BYTES || g[1] - g[0] == 1);
     let groups_of = |count: u32| -> Vec<[u32; 2]> {
         // `count` groups, each closing once it reaches its share of the bytes.
         let mut groups = Vec::new();
@@ -284,6 +281,12 @@ fn split_layers(layer_bytes: &[u64], build_bytes: &[u64], budget: u64, count: Op
             Ok(if balanced.iter().all(fits) { balanced } else { greedy })
         }
     }
+}
+
+/// A context binary's size for `weights` bytes of weights, at most: a binary is a little more
+/// than its weights (graphs, I/O descriptions), so the split leaves room for that.
+fn binary_bytes(weights: u64) -> u64 {
+    weights + weights / 16 + (1 << 20)
 }
 
 /// Which contexts stay resident: the longest prefix that leaves room, within `budget`, for the

@@ -119,6 +119,64 @@ fn phone_targets_plan_and_label_their_estimates() {
     }
 }
 
+/// `inspect --estimate` of a Snapdragon artifact built without its NPU executables: the
+/// contexts lladac would build (rotating through a window too small for all), created before
+/// every pass and counted in the generation; mbsd's passes from a measured count; another
+/// Snapdragon's rates for the same plan; each bad combination one error naming the flag.
+#[test]
+fn npu_estimates_count_the_contexts_created_each_pass_and_mbsd_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/llada-tiny-tasks");
+    let estimate = |art: &std::path::Path, extra: &[&str]| -> (std::process::Output, serde_json::Value) {
+        let mut args = vec!["inspect", art.to_str().unwrap(), "--json", "--estimate", "--gen-len", "64", "--steps", "64"];
+        args.extend_from_slice(extra);
+        let o = common::run("lladac", &args);
+        let v = serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
+        (o, v["estimate"].clone())
+    };
+    let build = |name: &str, extra: &[&str]| {
+        let out = dir.path().join(name);
+        let mut args = vec!["compile", "--model", ckpt.to_str().unwrap(), "-o", out.to_str().unwrap(), "--target", "sm8750", "--quant", "q4", "--host-only", "--max-seq", "128"];
+        args.extend_from_slice(extra);
+        let o = common::run("lladac", &args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        out
+    };
+    let roomy = build("roomy.lad", &[]);
+    let (o, e) = estimate(&roomy, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!((e["npu"]["contexts"].as_u64(), e["npu"]["created_per_pass"].as_u64()), (Some(1), Some(0)), "{}", e["npu"]);
+    assert!(e["npu"]["source"].as_str().unwrap().starts_with("predicted"), "{}", e["npu"]);
+    // A window with room for one context of the three it needs: all rotate, created every pass.
+    let tight = build("tight.lad", &["--window-bytes", "2000K"]);
+    let (o, e) = estimate(&tight, &[]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (contexts, created) = (e["npu"]["contexts"].as_u64().unwrap(), e["npu"]["created_per_pass"].as_u64().unwrap());
+    assert!(contexts > 1 && created > 0 && created <= contexts, "{}", e["npu"]);
+    let g = &e["generation"];
+    let passes = g["forward_passes"].as_u64().unwrap();
+    assert_eq!(passes, 64);
+    assert_eq!(g["npu_contexts_created"].as_u64(), Some(created * passes), "{g}");
+    assert_eq!(g["npu_bytes_staged"].as_u64(), Some(e["npu"]["bytes_per_pass"].as_u64().unwrap() * passes), "{g}");
+    assert!(g["staging_seconds"].as_f64().unwrap() > 0.0 && g["seconds"].as_f64().unwrap() > g["staging_seconds"].as_f64().unwrap(), "{g}");
+    // mbsd: a whole-sequence pass, then block-sized ones; fewer when measured so.
+    let (_, m) = estimate(&tight, &["--policy", "mbsd"]);
+    assert_eq!(m["generation"]["forward_passes"].as_u64(), Some(64), "{m}");
+    let (_, fewer) = estimate(&tight, &["--policy", "mbsd", "--passes", "34"]);
+    assert_eq!(fewer["generation"]["forward_passes"].as_u64(), Some(34));
+    assert!(fewer["generation"]["seconds"].as_f64().unwrap() < m["generation"]["seconds"].as_f64().unwrap());
+    // Another Snapdragon's rates over the same plan; the labels say whose.
+    let (o, other) = estimate(&tight, &["--on-target", "sm8850"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(other["label"].as_str().unwrap().contains("sm8850") && other["compiled_for"] == "sm8750", "{other}");
+    let (o, _) = estimate(&tight, &["--on-target", "host"]);
+    common::assert_clean_failure(&o, &["--on-target host", "compile for host"]);
+    let (o, _) = estimate(&tight, &["--passes", "10"]);
+    common::assert_clean_failure(&o, &["--passes", "mbsd"]);
+    let (o, _) = estimate(&tight, &["--policy", "mbsd", "--passes", "65"]);
+    common::assert_clean_failure(&o, &["--passes 65", "1 to --steps (64)"]);
+}
+
 /// `run --trace` writes a Chrome trace in which the staging thread's copies run during dense
 /// passes. Not a timing check: by the swap protocol, a pass's copies after its first two
 /// start when one of its ops releases a slot and end before one of its ops needs the segment.
