@@ -283,7 +283,9 @@ impl SamplerParams {
         if !(1..=MAX_STEPS).contains(&self.steps) || self.steps % blocks != 0 {
             return bad(S::Steps, format!("{} must be a multiple of the {blocks} blocks in 1..={MAX_STEPS}", self.steps));
         }
-        if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
+        // Dream's published `sample_tokens` divides by the temperature only above 0, so a
+        // negative one is greedy there; LLaDA's official code has no meaning for it.
+        if !(self.temperature.is_finite() && (self.temperature >= 0.0 || limits.dream)) {
             return bad(S::Temperature, format!("{} must be a finite number >= 0", self.temperature));
         }
         if !(self.cfg_scale >= 0.0 && self.cfg_scale.is_finite()) {
@@ -352,17 +354,24 @@ impl SamplerParams {
             }
             return Ok(());
         }
-        if let Some(p) = self.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
-            return bad(S::TopP, format!("{p} must be in (0, 1]"));
+        // The published filter keeps the most likely token and every next one until the
+        // running probability passes top_p: 0 keeps only the most likely, 1 and above keep all.
+        if let Some(p) = self.top_p.filter(|p| !(*p >= 0.0 && p.is_finite())) {
+            return bad(S::TopP, format!("{p} must be a finite number >= 0 (0 keeps only the most likely token, 1 or more keeps all)"));
         }
         if self.top_k == Some(0) {
             return bad(S::TopK, "0 must be at least 1".into());
         }
-        if let Some(t) = self.alg_temp.filter(|t| !(*t >= 0.0 && t.is_finite())) {
-            return bad(S::AlgTemp, format!("{t} must be a finite number >= 0"));
+        // The published code draws the commits from softmax(confidence / alg_temp) unless it is
+        // 0 (or absent): a negative one prefers the least confident.
+        if let Some(t) = self.alg_temp.filter(|t| !t.is_finite()) {
+            return bad(S::AlgTemp, format!("{t} must be a finite number (0: the most confident first)"));
         }
-        if !(self.eps > 0.0 && self.eps < 1.0) {
-            return bad(S::Eps, format!("{} must be between 0 and 1 (the schedule runs from 1 down to it)", self.eps));
+        // The schedule runs from 1 down to eps: at 0 the last step reveals what is left; above
+        // 1 or below 0 a step would commit a negative number, or more than are masked, which
+        // the published code's topk refuses.
+        if !(0.0..=1.0).contains(&self.eps) {
+            return bad(S::Eps, format!("{} must be between 0 and 1, both included (the schedule runs from 1 down to it)", self.eps));
         }
         match self.policy {
             Policy::Exact if self.block_length != self.gen_length => {
@@ -387,8 +396,18 @@ impl SamplerParams {
             return bad(S::Remasking, format!("{} is LLaDA's; Dream's sampler takes --alg", self.remasking.name()));
         }
         let llada_only = "is one of LLaDA's sampler options, which Dream's published sampler does not have";
-        if self.cfg_scale != 0.0 || self.threshold.is_some() {
-            return bad(if self.cfg_scale != 0.0 { S::CfgScale } else { S::Threshold }, llada_only.into());
+        if self.cfg_scale != 0.0 {
+            return bad(S::CfgScale, llada_only.into());
+        }
+        // Fast-dLLM's `alg='confidence_threshold'` exists in its block code only.
+        if let (Some(t), Policy::Exact | Policy::Mbsd) = (self.threshold, self.policy) {
+            return bad(S::Threshold, format!("{t}: Dream's threshold decoding is Fast-dLLM's block sampler's (alg='confidence_threshold'): use --policy prefix or dual; the published sampler (exact) and mbsd have none"));
+        }
+        if self.threshold.is_some() && self.alg != d.alg {
+            return bad(S::Alg, format!("{} with --threshold: Fast-dLLM's threshold mode is an alg of its own ('confidence_threshold': the chosen token's probability), so --threshold takes no --alg", self.alg.name()));
+        }
+        if let (Some(_), Some(t)) = (self.threshold, self.alg_temp) {
+            return bad(S::AlgTemp, format!("{t} with --threshold: Fast-dLLM's threshold mode commits by the threshold, not by drawing"));
         }
         // Switches without a range, so without a `Setting`: named by their flag.
         for (set, flag) in [(self.logits_eos_inf, "--logits-eos-inf"), (self.confidence_eos_eot_inf, "--confidence-eos-eot-inf")] {
@@ -545,7 +564,21 @@ mod tests {
         refused(SamplerParams { eps: 0.01, ..p }, &llada, "--eps 0.01 is Dream's");
         refused(SamplerParams { top_k: Some(5), ..p }, &llada, "--top-k is an option of Dream's sampler");
         refused(SamplerParams { top_k: Some(0), ..p }, &dream, "--top-k 0 must be at least 1");
-        refused(SamplerParams { alg_temp: Some(-1.0), ..p }, &dream, "--alg-temp -1 must be a finite number >= 0");
+        refused(SamplerParams { alg_temp: Some(f64::NAN), ..p }, &dream, "--alg-temp NaN must be a finite number");
+        // The published code's ranges: a negative alg_temp prefers the least confident, top_p
+        // 0 keeps the most likely token only, eps runs to 0, a negative temperature is greedy.
+        for q in [SamplerParams { alg_temp: Some(-1.0), ..p }, SamplerParams { top_p: Some(0.0), ..p }, SamplerParams { top_p: Some(1.5), ..p }, SamplerParams { eps: 0.0, ..p }, SamplerParams { eps: 1.0, ..p }, SamplerParams { temperature: -0.5, ..p }] {
+            q.validate(&dream).unwrap();
+        }
+        refused(SamplerParams { temperature: -0.5, ..p }, &llada, "--temperature -0.5 must be a finite number >= 0");
+        refused(SamplerParams { top_p: Some(-0.1), ..p }, &dream, "--top-p -0.1 must be a finite number >= 0");
+        // Fast-dLLM's threshold mode: its block code's cached policies only, its own confidence.
+        SamplerParams { policy: Policy::Dual, block_length: 8, threshold: Some(0.9), ..p }.validate(&dream).unwrap();
+        SamplerParams { policy: Policy::Prefix, block_length: 8, threshold: Some(0.3), ..p }.validate(&dream).unwrap();
+        refused(SamplerParams { threshold: Some(0.9), ..p }, &dream, "--threshold 0.9: Dream's threshold decoding is Fast-dLLM's block sampler's");
+        refused(SamplerParams { policy: Policy::Mbsd, threshold: Some(0.9), ..p }, &dream, "use --policy prefix or dual");
+        refused(SamplerParams { policy: Policy::Dual, threshold: Some(0.9), alg: Alg::Entropy, ..p }, &dream, "--alg entropy with --threshold");
+        refused(SamplerParams { policy: Policy::Dual, threshold: Some(0.9), alg_temp: Some(0.5), ..p }, &dream, "--alg-temp 0.5 with --threshold");
         refused(SamplerParams { block_length: 8, ..p }, &dream, "--block-len 8: Dream's sampler has no blocks; use --block-len 32");
         refused(SamplerParams { policy: Policy::Spec, ..p }, &dream, "--policy spec is not implemented for Dream");
         refused(SamplerParams { policy: Policy::Mbsd, alg: Alg::Origin, ..p }, &dream, "--alg origin commits at random");
@@ -553,7 +586,8 @@ mod tests {
         SamplerParams { policy: Policy::Mbsd, alg: Alg::Entropy, spec_blocks: 0, revision: Revision::Off, ..p }.validate(&dream).unwrap();
         SamplerParams { policy: Policy::Mbsd, ..p }.validate(&dream).unwrap();
         refused(SamplerParams { remasking: Remasking::Random, ..p }, &dream, "--remasking random is LLaDA's");
-        refused(SamplerParams { eps: 1.5, ..p }, &dream, "--eps 1.5 must be between 0 and 1");
+        refused(SamplerParams { eps: 1.5, ..p }, &dream, "--eps 1.5 must be between 0 and 1, both included");
+        refused(SamplerParams { eps: -0.1, ..p }, &dream, "--eps -0.1 must be between 0 and 1");
     }
 
     #[test]

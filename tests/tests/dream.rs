@@ -195,14 +195,21 @@ fn what_dream_does_not_run_yet_is_refused_by_flag() {
     common::assert_clean_failure(&run(&["--policy", "mbsd", "--alg", "entropy", "--revision", "dual-path"]), &["--alg entropy's confidence is not a probability"]);
     common::assert_clean_failure(&run(&["--block-len", "8"]), &["--block-len 8: Dream's sampler has no blocks; use --block-len 16"]);
     common::assert_clean_failure(&run(&["--remasking", "random"]), &["--remasking random is LLaDA's; Dream's sampler takes --alg"]);
-    common::assert_clean_failure(&run(&["--top-p", "1.5"]), &["--top-p 1.5 must be in (0, 1]"]);
+    common::assert_clean_failure(&run(&["--top-p", "-0.5"]), &["--top-p -0.5 must be a finite number >= 0"]);
+    common::assert_clean_failure(&run(&["--eps", "1.5"]), &["--eps 1.5 must be between 0 and 1, both included"]);
+    common::assert_clean_failure(&run(&["--threshold", "0.9"]), &["--threshold 0.9: Dream's threshold decoding is Fast-dLLM's", "--policy prefix or dual"]);
+    common::assert_clean_failure(&run(&["--policy", "dual", "--block-len", "8", "--threshold", "0.9", "--alg", "entropy"]), &["--alg entropy with --threshold"]);
     // Sampled settings run (the same distributions, this runtime's random streams).
     for extra in [&["--alg", "origin"][..], &["--temperature", "0.7", "--top-p", "0.9"], &["--alg-temp", "0.5"]] {
         let o = run(extra);
         assert!(o.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&o.stderr));
     }
-    let ok = run(&["--alg", "topk_margin", "--eps", "0.01"]);
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    // The published code's whole ranges: eps at both ends, top_p 0 and above 1, a negative
+    // alg_temp; and Fast-dLLM's threshold mode on its cached policies.
+    for extra in [&["--alg", "topk_margin", "--eps", "0.01"][..], &["--eps", "0"], &["--eps", "1"], &["--top-p", "0"], &["--top-p", "1.5"], &["--alg-temp", "-0.5"], &["--policy", "dual", "--block-len", "8", "--threshold", "0.9"], &["--policy", "prefix", "--block-len", "8", "--threshold", "0.3", "--top-k", "8"]] {
+        let o = run(extra);
+        assert!(o.status.success(), "{extra:?}: {}", String::from_utf8_lossy(&o.stderr));
+    }
 }
 
 /// The published top_p and top_k filters at temperature 0 (`filtered.json`, written by

@@ -137,15 +137,28 @@ impl Canvas {
             Some(t) => self.candidates.iter().filter(|c| c.confidence >= t).count().max(1),
             None => scheduled,
         };
+        self.commit_ranked(0..self.x.len(), k, |_, _| true);
+    }
+
+    /// PyTorch's `topk(k)` over the confidences of positions `span` (`-inf` where a position
+    /// is not a candidate; every candidate lies in `span`): commits, in rank order, the
+    /// candidates it returns that `keep(rank, confidence)` accepts. The span is the vector
+    /// the reference ranks: the whole sequence for the official samplers; Fast-dLLM's Dream
+    /// block code ranks the block and what follows it (`prefix`) or the block (`dual`), and
+    /// among equal confidences which one `topk` picks depends on that vector.
+    pub(crate) fn commit_ranked(&mut self, span: std::ops::Range<usize>, k: usize, keep: impl Fn(usize, f32) -> bool) {
         let s = &mut self.selection;
         s.confidence.fill(f32::NEG_INFINITY);
         s.token.fill(None);
         for c in &self.candidates {
+            debug_assert!(span.contains(&c.position));
             s.confidence[c.position] = c.confidence;
             s.token[c.position] = Some(c.token);
         }
-        for position in topk_in(&s.confidence, k, &mut s.queue) {
-            if let Some(t) = s.token[position] {
+        let base = span.start;
+        for (rank, i) in topk_in(&s.confidence[span], k, &mut s.queue).enumerate() {
+            let position = base + i;
+            if let Some(t) = s.token[position].filter(|_| keep(rank, s.confidence[position])) {
                 self.x[position] = t;
                 self.reveals.push([(position - self.prompt_len) as u32, t]);
             }

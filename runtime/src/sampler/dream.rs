@@ -51,13 +51,18 @@ pub(super) struct Dream {
 impl Dream {
     pub(super) fn new(p: &SamplerParams, steps_per_block: usize) -> Dream {
         let steps = if p.policy == Policy::Exact { p.steps } else { steps_per_block };
-        Dream { timesteps: timesteps(steps, p.eps), policy: p.policy, cached: SamplerParams { alg: Alg::Entropy, ..*p } }
+        // Fast-dLLM's cached steps take the negative entropy whatever `alg` says, and its
+        // `confidence_threshold` mode the chosen token's probability.
+        let alg = if p.threshold.is_some() { Alg::MaskgitPlus } else { Alg::Entropy };
+        Dream { timesteps: timesteps(steps, p.eps), policy: p.policy, cached: SamplerParams { alg, ..*p } }
     }
 
     /// A step of the blocked sampler (`prefix`, `dual`).
     fn blocked_step(&mut self, session: &mut Session, c: &mut Canvas) -> Result<()> {
         let (mask, len) = (c.special.mask, c.x.len());
         let (start, end) = c.block_range();
+        // What Fast-dLLM ranks: the block and everything after it, or the block alone.
+        let span = if self.policy == Policy::Dual { start..end } else { start..len };
         c.candidates.clear();
         if c.i == 0 {
             // The block's first position from a whole-sequence pass, which refreshes the cache.
@@ -71,13 +76,20 @@ impl Dream {
             c.head.clear();
             c.head.extend((start..end).filter(|&j| c.x[j] == mask).map(|j| j as u32));
             let steps = self.timesteps.len() - 1;
-            let count = transfer_count(c.head.len(), c.i, steps, &self.timesteps);
+            let count = match c.p.threshold {
+                // Every masked position of the block is ranked; the loop runs until none is left.
+                Some(_) => c.head.len(),
+                None => transfer_count(c.head.len(), c.i, steps, &self.timesteps),
+            };
             if !c.head.is_empty() && count > 0 {
-                let span = if self.policy == Policy::Dual { start..end } else { start..len };
-                c.predictor.load(session.forward_span(&c.x, span, &c.head)?);
+                c.predictor.load(session.forward_span(&c.x, span.clone(), &c.head)?);
                 let predictions = c.predictor.run_dream(session.pool(), &c.head, &self.cached, DREAM_SAMPLE, c.step);
                 c.candidates.extend(c.head.iter().zip(predictions).map(|(&pos, &(token, confidence))| Candidate { position: pos as usize, token, confidence }));
-                commit_blocked(c, count);
+                match c.p.threshold {
+                    // `confidence_threshold`: the most confident, and every other at or above it.
+                    Some(t) => c.commit_ranked(span, count, |rank, confidence| rank == 0 || confidence >= t),
+                    None => commit_blocked(c, count, span),
+                }
             }
         }
         c.settled = committed_prefix(&c.x[c.prompt_len..], mask);
@@ -87,10 +99,10 @@ impl Dream {
 
 /// The blocked sampler's commits after a block's first step: the `count` best candidates, or
 /// `count` drawn with `alg_temp`.
-pub(super) fn commit_blocked(c: &mut Canvas, count: usize) {
-    match c.p.alg_temp.filter(|&t| t > 0.0) {
+pub(super) fn commit_blocked(c: &mut Canvas, count: usize, span: std::ops::Range<usize>) {
+    match c.p.alg_temp.filter(|&t| t != 0.0) {
         Some(t) => commit_drawn(c, count, t),
-        None => c.commit_best(count),
+        None => c.commit_ranked(span, count, |_, _| true),
     }
 }
 
@@ -230,7 +242,7 @@ impl PolicyStep for Dream {
             c.predictor.load(session.forward_full(&c.x, &c.head)?);
             let predictions = c.predictor.run_dream(session.pool(), &c.head, &c.p, DREAM_SAMPLE, c.step);
             c.candidates.extend(c.head.iter().zip(predictions).map(|(&pos, &(token, confidence))| Candidate { position: pos as usize, token, confidence }));
-            if let Some(t) = c.p.alg_temp.filter(|&t| t > 0.0 && c.p.alg != Alg::Origin) {
+            if let Some(t) = c.p.alg_temp.filter(|&t| t != 0.0 && c.p.alg != Alg::Origin) {
                 commit_drawn(c, count, t);
             } else if c.p.alg == Alg::Origin {
                 let p_transfer = if i + 1 < steps { 1.0 - self.timesteps[i + 1] / self.timesteps[i] } else { 1.0 };

@@ -283,7 +283,7 @@ impl PolicyStep for Mbsd {
                     c.reveals.push([(block_start - prompt_len) as u32, k.token]);
                 }
             }
-            Some(_) => dream::commit_blocked(c, commits),
+            Some(_) => dream::commit_blocked(c, commits, 0..c.x.len()),
         }
         let state = if self.side.is_some() { TokenState::Visible { agreed: 0 } } else { TokenState::Stable };
         for &[at, _] in &c.reveals[first..] {
