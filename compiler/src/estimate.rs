@@ -380,7 +380,7 @@ pub fn render_text(e: &Value) -> String {
     let n = &e["npu"];
     if !n.is_null() {
         let timing = match n["timing"].as_object() {
-            Some(t) => format!("roofline x {:.2} + {:.1} us per op (fitted to QNN's model for SoC id {})", t["roofline_scale"].as_f64().unwrap_or(0.0), t["op_seconds"].as_f64().unwrap_or(0.0) * 1e6, t["estimate_soc"]),
+            Some(t) => format!("roofline x {:.2} + {:.2} us per op (fitted to QNN's model for SoC id {})", t["roofline_scale"].as_f64().unwrap_or(0.0), t["op_seconds"].as_f64().unwrap_or(0.0) * 1e6, t["estimate_soc"]),
             None => "the roofline (no fit to QNN's model)".into(),
         };
         let _ = writeln!(
