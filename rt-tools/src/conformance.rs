@@ -39,6 +39,17 @@ struct Case {
     /// Fast-dLLM's blocked Dream sampler: its dual cache (the `dual` policy) or its prefix
     /// cache (`prefix`); absent for the published sampler (`exact`).
     dual_cache: Option<bool>,
+    /// Dream's filters, and Fast-dLLM's threshold (with alg `confidence_threshold`).
+    #[serde(default)]
+    top_p: Option<f64>,
+    #[serde(default)]
+    top_k: Option<usize>,
+    #[serde(default)]
+    threshold: Option<f32>,
+    /// The reference's forward calls: checked where the count is the sampler's own
+    /// (threshold decoding), not a schedule's whose passes committing nothing are skipped.
+    #[serde(default)]
+    forward_calls: Option<usize>,
     mask_id: u32,
     output_ids: Vec<u32>,
     step_reveals: Vec<Vec<[u32; 2]>>,
@@ -98,6 +109,9 @@ pub struct Report {
     pub reveals_all_steps_matched: usize,
     /// Cases that need PyTorch's own random stream (temperature > 0, random remasking).
     pub skipped: usize,
+    /// Threshold cases, and those that ran as many forward passes as the reference.
+    pub forward_calls_checked: usize,
+    pub forward_calls_matched: usize,
     pub logit_cases: usize,
     pub logit_cases_within_tolerance: usize,
     pub max_logit_abs_error: f64,
@@ -220,7 +234,12 @@ pub fn run_explained(session: &mut Session, mut reference: Option<&mut Session>,
         let unknown = |what: &str, v: &str| Error::Input { path: golden_path.to_path_buf(), msg: format!("{}: unknown {what} '{v}'", c.id) };
         let d = SamplerParams::default();
         let remasking = c.remasking.as_deref().map(|v| Remasking::parse(v).ok_or_else(|| unknown("remasking", v))).transpose()?.unwrap_or(d.remasking);
-        let alg = c.alg.as_deref().map(|v| Alg::parse(v).ok_or_else(|| unknown("alg", v))).transpose()?;
+        // Fast-dLLM's threshold decoding is an alg of its own there, a setting here.
+        let threshold_alg = c.alg.as_deref() == Some("confidence_threshold");
+        if threshold_alg != c.threshold.is_some() {
+            return Err(Error::Input { path: golden_path.to_path_buf(), msg: format!("{}: alg confidence_threshold goes with a threshold, and only it", c.id) });
+        }
+        let alg = c.alg.as_deref().filter(|_| !threshold_alg).map(|v| Alg::parse(v).ok_or_else(|| unknown("alg", v))).transpose()?;
         // Sampled cases follow PyTorch's random stream, which no other implementation has.
         if c.temperature > 0.0 || remasking == Remasking::Random || alg == Some(Alg::Origin) {
             r.skipped += 1;
@@ -240,9 +259,20 @@ pub fn run_explained(session: &mut Session, mut reference: Option<&mut Session>,
                 Some(true) => Policy::Dual,
                 Some(false) => Policy::Prefix,
             },
+            top_p: c.top_p,
+            top_k: c.top_k,
+            threshold: c.threshold,
             ..d
         };
         let g = generate(session, &c.prompt_ids, &params, &mut |_| {})?;
+        if let (Some(want), Some(_)) = (c.forward_calls, c.threshold) {
+            r.forward_calls_checked += 1;
+            if g.forward_passes as usize == want {
+                r.forward_calls_matched += 1;
+            } else {
+                r.failures.push(format!("{}: {} forward passes, the reference {want}", c.id, g.forward_passes));
+            }
+        }
         if g.output_ids == c.output_ids {
             r.output_ids_matched += 1;
         } else {

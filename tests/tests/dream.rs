@@ -63,6 +63,28 @@ fn prefix_and_dual_replay_fast_dllms_block_sampler() {
     assert_eq!((r.cases, r.output_ids_matched, r.reveals_all_steps_matched), (64, 64, 64));
 }
 
+/// Fast-dLLM's Dream code beyond the block kit (`fastdllm_golden.json` of both kits, written by
+/// `tools/dream/make_fastdllm_golden.py` with that code loaded at run time): its threshold
+/// decoding at 0.9, 0.5 and 0.3 under both caches, filtered or not, with as many forward passes
+/// as it runs; the cached policies with top_p / top_k (filtered confidences tie exactly, and
+/// the tie goes as Fast-dLLM's topk over its span decides); eps at 0 and 1, under the
+/// published sampler too. Tokens and reveals at every step, on the random and the trained
+/// checkpoint.
+#[test]
+fn fast_dllms_threshold_mode_filters_and_eps_bounds_replay_with_their_pass_counts() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let trained = dir.path().join("dream-tiny.lad");
+    common::compile(&root.join("../models/dream-tiny-tasks"), &trained, None);
+    for (lad, golden) in [(compiled(dir.path()), kit().join("fastdllm_golden.json")), (trained, root.join("data/dream-conformance/tiny-dream-tasks/fastdllm_golden.json"))] {
+        let model = Model::open(&lad, true).unwrap();
+        let r = conformance::run(&mut Session::new(&model).unwrap(), &golden, conformance::Selection::default(), &mut |_| {}).unwrap();
+        assert!(r.passed(), "{}: {:?}", golden.display(), r.failures);
+        assert_eq!((r.cases, r.output_ids_matched, r.reveals_all_steps_matched, r.skipped), (204, 204, 204, 0), "{}", golden.display());
+        assert_eq!((r.forward_calls_checked, r.forward_calls_matched), (108, 108), "{}", golden.display());
+    }
+}
+
 /// `mbsd` on Dream without drafts or revision, on a bucket as large as the block, is the
 /// `dual` pass (the block's rows, the rest from the cache) with the blocked sampler's commits:
 /// it replays Fast-dLLM's dual-cache cases (whose cached steps rank by negative entropy, so
