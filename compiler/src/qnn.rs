@@ -289,13 +289,19 @@ fn binary_bytes(weights: u64) -> u64 {
     weights + weights / 16 + (1 << 20)
 }
 
-/// Which contexts stay resident: the longest prefix that leaves room, within `budget`, for the
-/// largest of the others to be created beside them (all of them, when everything fits).
+/// Which contexts stay resident: all of them when everything fits; else the longest prefix
+/// that leaves room, within `budget`, for the two largest of the others (the runtime creates
+/// the next while one runs: the schedule's double buffering, so creation does not stall the
+/// NPU); where no prefix leaves that, the longest that leaves room for the largest (created
+/// one at a time, before its layers).
 fn resident_prefix(sizes: &[u64], budget: u64) -> Vec<bool> {
-    let k = (0..=sizes.len())
-        .rev()
-        .find(|&k| sizes[..k].iter().sum::<u64>() + sizes[k..].iter().copied().max().unwrap_or(0) <= budget)
-        .unwrap_or(0);
+    let room = |k: usize, buffers: usize| {
+        let mut rest = sizes[k..].to_vec();
+        rest.sort_unstable_by(|a, b| b.cmp(a));
+        sizes[..k].iter().sum::<u64>() + rest.iter().take(buffers).sum::<u64>() <= budget
+    };
+    let longest = |buffers: usize| (0..=sizes.len()).rev().find(|&k| room(k, buffers));
+    let k = longest(2).or_else(|| longest(1)).unwrap_or(0);
     (0..sizes.len()).map(|i| i < k).collect()
 }
 
@@ -737,6 +743,22 @@ mod tests {
         let (q, s) = per_channel(&[3.5, -1.0, 0.5, 0.0], 1, 4);
         assert_eq!(s, [0.5]);
         assert_eq!(q, [7, -2, 1, 0]);
+    }
+
+    /// Residency: all when all fit; else the longest prefix leaving room for two rotating
+    /// contexts (one runs while the next is created); else for one.
+    #[test]
+    fn resident_contexts_leave_room_to_create_the_next_while_one_runs() {
+        use super::resident_prefix;
+        assert_eq!(resident_prefix(&[3, 3, 3], 9), [true, true, true]);
+        // 3 + (3 + 3) fits 9: one resident, two rotating with room for both.
+        assert_eq!(resident_prefix(&[3, 3, 3, 3], 9), [true, false, false, false]);
+        // Two resident would leave room for one rotating only: double buffering wins.
+        assert_eq!(resident_prefix(&[3, 3, 3, 3], 10), [true, false, false, false]);
+        // Room for one context at a time: none resident, created before their layers.
+        assert_eq!(resident_prefix(&[3, 3, 3, 3], 4), [false; 4]);
+        // No prefix leaves room for two (the largest are 5 and 5), one for the largest: 2 + 5.
+        assert_eq!(resident_prefix(&[2, 5, 5], 8), [true, false, false]);
     }
 
     /// LPBQ: values in HWIO order, a 4-bit factor per block, every value within half a step

@@ -504,7 +504,7 @@ fn window_report(session: &Session) -> serde_json::Value {
         "overlap": c.overlap(),
         "per_pass": {"staged_bytes": c.staged_bytes as f64 / passes, "stall_seconds": c.stall_seconds / passes},
         "experts": session.expert_counters().map(|x| expert_report(session, &x)),
-        "npu_context_loads": {"contexts": c.context_loads, "bytes": c.context_load_bytes, "seconds": c.context_load_seconds},
+        "npu_context_loads": {"contexts": c.context_loads, "bytes": c.context_load_bytes, "seconds": c.context_load_seconds, "overlapped": c.context_loads_overlapped, "wait_seconds": c.context_load_wait_seconds},
     })
 }
 

@@ -38,6 +38,10 @@ pub struct Counters {
     pub context_loads: u64,
     pub context_load_bytes: u64,
     pub context_load_seconds: f64,
+    /// Of those, created while the context before them ran, and the time passes waited for
+    /// such a creation to finish after that context's executable was done.
+    pub context_loads_overlapped: u64,
+    pub context_load_wait_seconds: f64,
 }
 
 impl Counters {
@@ -499,6 +503,8 @@ impl<'m> Session<'m> {
         self.counters.context_loads += loads.contexts;
         self.counters.context_load_bytes += loads.bytes;
         self.counters.context_load_seconds += loads.seconds;
+        self.counters.context_loads_overlapped += loads.overlapped;
+        self.counters.context_load_wait_seconds += loads.wait_seconds;
         self.counters.forward_passes += 1;
         self.counters.rows_computed += if self.executor.capabilities().cost_per_row { real_rows } else { g.rows as usize } as u64;
         self.counters.head_rows_computed += head_rows as u64;

@@ -449,15 +449,21 @@ fn contexts_split_by_layers_and_swapped_through_a_small_window_give_the_same_tok
     let (one, npu) = build("one.lad", &[]);
     assert_eq!(npu["contexts"].as_array().unwrap().len(), 1, "the default is the fewest contexts: {npu}");
     let (four, npu_four) = build("four.lad", &["--npu-contexts", "4"]);
-    // Windows with room for one context of the four at a time, then for the first resident
-    // beside a rotating one (what the window keeps besides contexts does not depend on it).
+    // Windows with room for one context of the four at a time; for two (one runs while the
+    // next is created); and for the first resident beside two rotating ones (what the window
+    // keeps besides contexts does not depend on it).
     let bytes: Vec<u64> = npu_four["contexts"].as_array().unwrap().iter().map(|c| c["bytes"].as_u64().unwrap()).collect();
     let other = npu_four["window_bytes"].as_u64().unwrap() - npu_four["context_budget"].as_u64().unwrap();
-    let largest = *bytes.iter().max().unwrap();
-    let (small, medium) = ((other + largest + 4096).to_string(), (other + bytes[0] + largest + 4096).to_string());
+    let mut by_size = bytes.clone();
+    by_size.sort_unstable_by(|a, b| b.cmp(a));
+    let two_largest = by_size[0] + by_size[1];
+    let mut rest = bytes[1..].to_vec();
+    rest.sort_unstable_by(|a, b| b.cmp(a));
+    let (small, double, medium) = ((other + by_size[0] + 4096).to_string(), (other + two_largest + 4096).to_string(), (other + bytes[0] + rest[0] + rest[1] + 4096).to_string());
     let (swapped, npu_small) = build("swapped.lad", &["--npu-contexts", "4", "--window-bytes", &small]);
+    let (doubled, npu_double) = build("doubled.lad", &["--npu-contexts", "4", "--window-bytes", &double]);
     let (mixed, npu_mixed) = build("mixed.lad", &["--npu-contexts", "4", "--window-bytes", &medium]);
-    for npu in [&npu_small, &npu_mixed] {
+    for npu in [&npu_small, &npu_double, &npu_mixed] {
         let contexts = npu["contexts"].as_array().unwrap();
         let layers: Vec<[u64; 2]> = contexts.iter().map(|c| [c["layers"][0].as_u64().unwrap(), c["layers"][1].as_u64().unwrap()]).collect();
         assert_eq!(layers, [[0, 1], [1, 2], [2, 3], [3, 4]], "{npu}");
@@ -467,16 +473,23 @@ fn contexts_split_by_layers_and_swapped_through_a_small_window_give_the_same_tok
         assert!(total > budget, "the window must be smaller than the contexts: {npu}");
     }
     let resident = |npu: &serde_json::Value| npu["contexts"].as_array().unwrap().iter().filter(|c| c["resident"] == true).count();
-    assert_eq!((resident(&npu_small), resident(&npu_mixed)), (0, 1));
+    assert_eq!((resident(&npu_small), resident(&npu_double), resident(&npu_mixed)), (0, 0, 1));
     let p = SamplerParams { gen_length: 32, block_length: 32, steps: 16, policy: Policy::Dual, ..Default::default() };
     let mut answers = Vec::new();
-    for (art, rotating) in [(&one, 0), (&four, 0), (&swapped, 4), (&mixed, 3)] {
+    // (artifact, contexts created a pass after the first, in the first, and of them while the
+    // one before ran): the next context of a pass is created during the current one's run
+    // where the budget holds both. One at a time: all four every pass, none overlapped; two at
+    // a time: all four, the last three while the one before runs; the first resident and
+    // three rotating through room for two: the one kept from the last pass alternates, so two
+    // a pass (three in the first), every one while another runs.
+    for (art, per_pass, first, overlapped_per_pass, overlapped_first) in [(&one, 0, 0, 0, 0), (&four, 0, 0, 0, 0), (&swapped, 4, 4, 0, 0), (&doubled, 4, 4, 3, 3), (&mixed, 2, 3, 2, 3)] {
         let model = Model::open(art, true).unwrap();
         let mut s = session(&model, BackendKind::Qnn);
         let g = generate(&mut s, &prompt(&model), &p, &mut |_| {}).unwrap();
-        let loads = s.counters.context_loads;
-        eprintln!("{}: {} passes, {loads} contexts created during them", art.display(), g.forward_passes);
-        assert_eq!(loads, rotating * g.forward_passes, "{}", art.display());
+        let (loads, during) = (s.counters.context_loads, s.counters.context_loads_overlapped);
+        eprintln!("{}: {} passes, {loads} contexts created during them, {during} while another ran", art.display(), g.forward_passes);
+        let later = g.forward_passes - 1;
+        assert_eq!((loads, during), (first + per_pass * later, overlapped_first + overlapped_per_pass * later), "{}", art.display());
         answers.push(g.output_ids);
     }
     assert!(answers.iter().all(|a| *a == answers[0]), "{answers:?}");

@@ -117,12 +117,16 @@ pub trait Executor: Send {
     }
 }
 
-/// Backend executables created during passes: how many, their bytes, and the time it took.
+/// Backend executables created during passes: how many, their bytes, and the time it took;
+/// of them, how many were created while another executable ran (overlapped, off the critical
+/// path) and the time a pass waited for those.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Loads {
     pub contexts: u64,
     pub bytes: u64,
     pub seconds: f64,
+    pub overlapped: u64,
+    pub wait_seconds: f64,
 }
 
 /// A backend of `kind` for `model` with `threads` CPU threads and kernel paths `features`,

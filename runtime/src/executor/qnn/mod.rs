@@ -134,35 +134,64 @@ impl QnnExecutor {
         if self.stages[k].live.is_some() {
             return Ok(());
         }
-        let h = &model.header;
-        let bytes = |s: &Stage| h.segments[s.segment as usize].nbytes;
-        let need = bytes(&self.stages[k]);
-        let mut live: u64 = self.stages.iter().filter(|s| s.live.is_some()).map(bytes).sum();
-        // Rotating contexts in use order after k: the one needed last goes first.
+        self.make_room(model, k, None);
+        let start = std::time::Instant::now();
+        let live = create_context(&self.device, model, self.stages[k].segment, &self.stages[k].tables)?;
+        self.created(model, k, live, start, std::time::Instant::now(), false);
+        Ok(())
+    }
+
+    /// Bytes of stage `j`'s binary.
+    fn bytes(&self, model: &Model, j: usize) -> u64 {
+        model.header.segments[self.stages[j].segment as usize].nbytes
+    }
+
+    /// Frees rotating contexts other than `keep`, the one needed last first (in use order after
+    /// `k`), until context `k` fits the budget beside the live ones.
+    fn make_room(&mut self, model: &Model, k: usize, keep: Option<usize>) {
+        let need = self.bytes(model, k);
         let n = self.stages.len();
+        let mut live: u64 = (0..n).filter(|&j| self.stages[j].live.is_some()).map(|j| self.bytes(model, j)).sum();
         for j in (1..n).map(|d| (k + n - d) % n) {
             if live + need <= self.budget {
                 break;
             }
-            if !self.stages[j].resident && self.stages[j].live.take().is_some() {
-                live -= bytes(&self.stages[j]);
+            if Some(j) != keep && !self.stages[j].resident && self.stages[j].live.take().is_some() {
+                live -= self.bytes(model, j);
             }
         }
-        let start = std::time::Instant::now();
-        let stage = &mut self.stages[k];
-        let seg = &h.segments[stage.segment as usize];
-        let context = Context::from_binary(&self.device, model.segment_bytes(stage.segment))
-            .map_err(|e| Error::Device(format!("{}: QNN refused context binary '{}': {e}", model.path.display(), seg.name)))?;
-        let graphs = stage.tables.iter().map(|t| context.graph(&t.name)).collect::<std::result::Result<Vec<_>, _>>()?;
-        stage.live = Some((context, graphs));
+    }
+
+    /// Whether context `k` could be created beside `keep` (and the resident ones) within the
+    /// budget, freeing other rotating contexts: the room to create it while `keep` runs.
+    fn fits_beside(&self, model: &Model, k: usize, keep: usize) -> bool {
+        let fixed: u64 = (0..self.stages.len()).filter(|&j| j == keep || (self.stages[j].resident && self.stages[j].live.is_some())).map(|j| self.bytes(model, j)).sum();
+        fixed + self.bytes(model, k) <= self.budget
+    }
+
+    /// Records context `k` as live, created between `start` and `end` (`overlapped`: while the
+    /// context before it ran).
+    fn created(&mut self, model: &Model, k: usize, live: (Context, Vec<QnnGraph>), start: std::time::Instant, end: std::time::Instant, overlapped: bool) {
+        let seg = &model.header.segments[self.stages[k].segment as usize];
+        self.stages[k].live = Some(live);
         self.loads.contexts += 1;
         self.loads.bytes += seg.nbytes;
-        self.loads.seconds += start.elapsed().as_secs_f64();
+        self.loads.seconds += (end - start).as_secs_f64();
+        self.loads.overlapped += overlapped as u64;
         if let Some(t) = &self.trace {
-            t.span(crate::trace::Track::Staging, format!("create NPU context '{}' (layers {}..{})", seg.name, stage.layers[0], stage.layers[1]), start, std::time::Instant::now());
+            let how = if overlapped { ", while the context before it ran" } else { "" };
+            t.span(crate::trace::Track::Staging, format!("create NPU context '{}' (layers {}..{}){how}", seg.name, self.stages[k].layers[0], self.stages[k].layers[1]), start, end);
         }
-        Ok(())
     }
+}
+
+/// The context of `segment` created from its binary in the artifact, with the graphs of
+/// `tables` retrieved.
+fn create_context(device: &Arc<Device>, model: &Model, segment: u32, tables: &[NpuGraph]) -> Result<(Context, Vec<QnnGraph>)> {
+    let seg = &model.header.segments[segment as usize];
+    let context = Context::from_binary(device, model.segment_bytes(segment)).map_err(|e| Error::Device(format!("{}: QNN refused context binary '{}': {e}", model.path.display(), seg.name)))?;
+    let graphs = tables.iter().map(|t| context.graph(&t.name)).collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok((context, graphs))
 }
 
 /// Checks what a context binary says of itself (libQnnSystem) against the artifact's record:
@@ -242,7 +271,16 @@ impl Executor for QnnExecutor {
         let n = self.stages.len();
         for k in 0..n {
             self.create(model, k)?;
-            let stage = &mut self.stages[k];
+            // The next context of this pass, created while this one runs where the budget
+            // holds both (the swap schedule's double buffering): off the critical path.
+            let next = (k + 1 < n && self.stages[k + 1].live.is_none() && self.fits_beside(model, k + 1, k)).then_some(k + 1);
+            if let Some(j) = next {
+                self.make_room(model, j, Some(k));
+            }
+            let device = Arc::clone(&self.device);
+            let (before, after) = self.stages.split_at_mut(k + 1);
+            let upcoming: Option<(u32, &[NpuGraph])> = next.map(|j| (after[j - k - 1].segment, after[j - k - 1].tables.as_slice()));
+            let stage = &mut before[k];
             let table = &stage.tables[graph as usize];
             let (context, graphs) = stage.live.as_mut().expect("created above");
             let s = &mut self.scratch;
@@ -263,11 +301,28 @@ impl Executor for QnnExecutor {
             };
             let mut inputs = table.inputs.iter().map(&mut bind).collect::<Result<Vec<_>>>()?;
             let mut outputs = table.outputs.iter().map(&mut bind).collect::<Result<Vec<_>>>()?;
-            context.execute(&graphs[graph as usize], &mut inputs, &mut outputs)?;
+            let (ran, prefetched) = std::thread::scope(|scope| {
+                let creating = upcoming.map(|(segment, tables)| {
+                    scope.spawn(move || {
+                        let start = std::time::Instant::now();
+                        let live = create_context(&device, model, segment, tables);
+                        (live, start, std::time::Instant::now())
+                    })
+                });
+                let ran = context.execute(&graphs[graph as usize], &mut inputs, &mut outputs);
+                let waited = std::time::Instant::now();
+                (ran, creating.map(|c| (c.join(), waited)))
+            });
             drop(inputs);
             drop(outputs);
+            if let (Some(j), Some((joined, waited))) = (next, prefetched) {
+                let (live, start, end) = joined.map_err(|_| Error::Internal("the thread creating an NPU context panicked".into()))?;
+                self.loads.wait_seconds += end.saturating_duration_since(waited).as_secs_f64();
+                self.created(model, j, live?, start, end, true);
+            }
+            ran?;
             if k + 1 < n {
-                s.hand_on_hidden(rows, m.d_model as usize);
+                self.scratch.hand_on_hidden(rows, m.d_model as usize);
             }
         }
         let s = &mut self.scratch;
