@@ -230,10 +230,11 @@ typedef struct llada_params {
   // Dream: its sampler's confidence rule, a llada_alg value (`--alg`). Default
   // LLADA_ALG_MASKGIT_PLUS.
   uint32_t alg;
-  // Dream: its schedule runs from timestep 1 down to this (`--eps`, between 0 and 1).
+  // Dream: its schedule runs from timestep 1 down to this (`--eps`, 0 to 1 inclusive).
   // Default 0.001.
   double eps;
-  // Dream: nucleus filtering of each prediction (`--top-p`, (0, 1]); 0 for none. Default 0.
+  // Dream: nucleus filtering of each prediction (`--top-p` above 0; 1 or more keeps all); 0
+  // for none (`--top-p 0`, the most likely token only, is `top_k` 1 here). Default 0.
   double top_p;
   // Dream: keep only the k most likely tokens of each prediction (`--top-k`); 0 for all.
   // Default 0.

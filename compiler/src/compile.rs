@@ -273,6 +273,10 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
         if !matches!(quant, Quant::Q4 { .. }) {
             return Err(Error::Options(format!("--npu-activations u16 runs with block-scaled int4 weights (--quant q4), not {}", quant.name())));
         }
+        // A bad calibration file is one error before any work.
+        if let Some(file) = &opts.calibration {
+            crate::calibrate::read_prompts(file)?;
+        }
     } else if let Some(file) = &opts.calibration {
         return Err(Error::Options(format!("--calibration {}: only 16-bit NPU activations (--npu-activations u16) are calibrated", file.display())));
     }
@@ -552,6 +556,10 @@ fn calibrate_activations(opts: &CompileOptions) -> Result<crate::qnn::Calibratio
     };
     let name = opts.output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let temp = opts.output.with_file_name(format!(".{name}.calibration.{}.tmp", std::process::id()));
+    // Never write through, or remove, something already there (a link, another's file).
+    if std::fs::symlink_metadata(&temp).is_ok() {
+        return Err(Error::io(&temp, std::io::Error::new(std::io::ErrorKind::AlreadyExists, "the calibration's temporary artifact would replace it; remove it")));
+    }
     struct Remove<'a>(&'a Path);
     impl Drop for Remove<'_> {
         fn drop(&mut self) {
@@ -562,6 +570,8 @@ fn calibrate_activations(opts: &CompileOptions) -> Result<crate::qnn::Calibratio
     let host = CompileOptions {
         output: temp.clone(),
         host_only: true,
+        // The host stand-in needs no QNN library (and --host-only refuses one).
+        qnn_lib: None,
         progress: false,
         npu_contexts: None,
         npu_shared_weights: false,

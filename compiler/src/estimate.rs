@@ -36,18 +36,17 @@ pub struct EstimateRequest {
 }
 
 /// What the phone's NPU adds to a Snapdragon artifact's passes: its executables' time as the
-/// target's fit to QNN's model says, and the rotating contexts created before each pass.
+/// target's fit to QNN's model says, and the rotating contexts created during each pass.
 struct NpuPasses {
     timing: Option<llada_targets::NpuTiming>,
-    contexts: usize,
-    resident: usize,
-    /// Contexts created, and their bytes, every pass (rotating ones that do not all fit
-    /// beside the resident ones are created in turn, every pass).
-    swapped: usize,
-    swapped_bytes: u64,
-    /// Of those bytes, created while the context before them runs (where the budget holds
-    /// two rotating contexts beside the resident ones: all but a pass's first context).
-    overlapped_bytes: u64,
+    /// Each context's bytes and whether it stays resident, in pass order.
+    sizes: Vec<u64>,
+    resident: Vec<bool>,
+    /// Whether the rotating contexts are created every pass (they do not all fit beside the
+    /// resident ones), and whether the budget holds two at once, so that the runtime creates
+    /// each (but a pass's first) while the context before it runs.
+    rotate: bool,
+    double_buffered: bool,
     source: &'static str,
 }
 
@@ -76,16 +75,11 @@ impl NpuPasses {
         };
         let rotating: Vec<u64> = sizes.iter().zip(&resident).filter(|(_, r)| !**r).map(|(b, _)| *b).collect();
         let kept: u64 = sizes.iter().zip(&resident).filter(|(_, r)| **r).map(|(b, _)| *b).sum();
-        let all_fit = kept + rotating.iter().sum::<u64>() <= budget;
-        let (swapped, swapped_bytes) = if all_fit { (0, 0) } else { (rotating.len(), rotating.iter().sum()) };
+        let rotate = kept + rotating.iter().sum::<u64>() > budget;
         let mut largest = rotating.clone();
         largest.sort_unstable_by(|a, b| b.cmp(a));
-        let double_buffered = !all_fit && kept + largest.iter().take(2).sum::<u64>() <= budget;
-        // The runtime creates the next context of a pass while one runs; the pass's first
-        // (when it rotates) is created before it.
-        let first = if resident.first() == Some(&false) { sizes[0] } else { 0 };
-        let overlapped_bytes = if double_buffered { swapped_bytes - first } else { 0 };
-        Ok(Some(NpuPasses { timing: target.npu_timing, contexts: sizes.len(), resident: resident.iter().filter(|r| **r).count(), swapped, swapped_bytes, overlapped_bytes, source }))
+        let double_buffered = rotate && kept + largest.iter().take(2).sum::<u64>() <= budget;
+        Ok(Some(NpuPasses { timing: target.npu_timing, sizes, resident, rotate, double_buffered, source }))
     }
 }
 
@@ -130,6 +124,33 @@ fn matmul_arithmetic(h: &Header, m: &Machine, act: u32) -> Vec<Value> {
         .collect()
 }
 
+impl NpuPasses {
+    /// The contexts created every pass, and their bytes.
+    fn created(&self) -> (usize, u64) {
+        let rotating = self.sizes.iter().zip(&self.resident).filter(|(_, r)| !**r).map(|(b, _)| *b);
+        if self.rotate { (rotating.clone().count(), rotating.sum()) } else { (0, 0) }
+    }
+
+    /// A pass whose executables take `compute` seconds in all (each context its share by
+    /// bytes: weight-bound), creating the rotating contexts at `rate` bytes a second: the
+    /// seconds of creation, and of the pass. A context is created before it runs, or, double
+    /// buffered, while the one before it runs (waiting only for what that run does not cover).
+    fn pass(&self, compute: f64, rate: f64) -> (f64, f64) {
+        let total = self.sizes.iter().sum::<u64>().max(1) as f64;
+        let share = |k: usize| compute * self.sizes[k] as f64 / total;
+        let (mut creation, mut seconds) = (0.0, 0.0);
+        for k in 0..self.sizes.len() {
+            if self.rotate && !self.resident[k] {
+                let create = self.sizes[k] as f64 / rate;
+                creation += create;
+                seconds += if self.double_buffered && k > 0 { (create - share(k - 1)).max(0.0) } else { create };
+            }
+            seconds += share(k);
+        }
+        (creation, seconds)
+    }
+}
+
 /// One pass over `rows` token rows attending to `context` positions, logits for `head` rows:
 /// (graph name, graph rows, estimate). MoE layers take the time `experts` gives them.
 fn pass(h: &Header, m: &Machine, act: u32, rows: u32, context: u32, head: u32, experts: Option<&ExpertModel>, npu: Option<&NpuPasses>) -> Result<(String, u32, cost::PassEstimate)> {
@@ -149,13 +170,13 @@ fn pass(h: &Header, m: &Machine, act: u32, rows: u32, context: u32, head: u32, e
         }
     }
     if let Some(n) = npu {
-        // The executables compute every row of their graph; the contexts they need are
-        // created before them, or while the one before runs (double buffering).
-        let roofline = cost::pass_estimate(m, &work, 0, true).compute_seconds;
+        // An executable computes every row of its graph over the whole cache (its planes are
+        // bound whole), as the fit to QNN's model was made.
+        let whole = cost::graph_work(h, g, g.head_rows, h.plan.kv_capacity, h.plan.window.kv_dtype.bytes() as u32, act);
+        let roofline = cost::pass_estimate(m, &whole, 0, true).compute_seconds;
         let compute = n.timing.map_or(roofline, |t| t.seconds(roofline, g.ops.len()));
-        let rate = m.staging_bytes_per_second;
-        let (before, during) = ((n.swapped_bytes - n.overlapped_bytes) as f64 / rate, n.overlapped_bytes as f64 / rate);
-        return Ok((g.name.clone(), g.rows, cost::PassEstimate { compute_seconds: compute, staging_seconds: before + during, seconds: before + compute.max(during) }));
+        let (creation, seconds) = n.pass(compute, m.staging_bytes_per_second);
+        return Ok((g.name.clone(), g.rows, cost::PassEstimate { compute_seconds: compute, staging_seconds: creation, seconds }));
     }
     let mut e = cost::pass_estimate(m, &work, staged_bytes(h, g), true);
     e.compute_seconds += moe_seconds;
@@ -317,8 +338,9 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
             "forward_passes": count, "graph_rows_computed": rows_computed, "seconds": total, "staging_seconds": staged, "staging_critical_seconds": waited,
         });
         if let Some(n) = npu {
-            one["npu_contexts_created"] = json!(n.swapped as u64 * count as u64);
-            one["npu_bytes_staged"] = json!(n.swapped_bytes * count as u64);
+            let (created, bytes) = n.created();
+            one["npu_contexts_created"] = json!(created as u64 * count as u64);
+            one["npu_bytes_staged"] = json!(bytes * count as u64);
         }
         generations.push(one);
     }
@@ -351,7 +373,8 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
         }
     }
     let npu_json = npu.map(|n| json!({
-        "contexts": n.contexts, "resident": n.resident, "created_per_pass": n.swapped, "bytes_per_pass": n.swapped_bytes, "overlapped_bytes_per_pass": n.overlapped_bytes, "source": n.source,
+        "contexts": n.sizes.len(), "resident": n.resident.iter().filter(|r| **r).count(), "created_per_pass": n.created().0, "bytes_per_pass": n.created().1,
+        "double_buffered": n.double_buffered, "source": n.source,
         "timing": n.timing.map(|t| json!({"estimate_soc": t.estimate_soc, "roofline_scale": t.roofline_scale, "op_seconds": t.op_seconds})),
     }));
     Ok(json!({
@@ -397,9 +420,9 @@ pub fn render_text(e: &Value) -> String {
         };
         let _ = writeln!(
             s,
-            "  NPU: {} contexts ({}), {} resident; {} created every pass ({:.1} MiB, {:.1} MiB of it while the context before runs); executables timed as {}",
+            "  NPU: {} contexts ({}), {} resident; {} created every pass ({:.1} MiB, {}); executables timed as {}",
             n["contexts"], n["source"].as_str().unwrap_or(""), n["resident"], n["created_per_pass"], n["bytes_per_pass"].as_u64().unwrap_or(0) as f64 / (1u64 << 20) as f64,
-            n["overlapped_bytes_per_pass"].as_u64().unwrap_or(0) as f64 / (1u64 << 20) as f64, timing
+            if n["double_buffered"] == true { "each but a pass's first while the context before it runs" } else { "each before it runs" }, timing
         );
     }
     for q in e["qnn_estimates"].as_array().into_iter().flatten() {

@@ -513,7 +513,7 @@ impl NpuSection {
                 return bad(format!("{at}: not a matmul weight of the plan, or listed twice"));
             }
             for (what, r) in [("input", a.input), ("output", a.output)] {
-                if !(r[0].is_finite() && r[1].is_finite() && r[0] <= 0.0 && r[1] >= 0.0 && r[0] < r[1]) {
+                if !(r[0].is_finite() && r[1].is_finite() && r[0] <= 0.0 && r[1] >= 0.0) {
                     return bad(format!("{at}: {what} range [{}, {}] is not a finite range holding zero", r[0], r[1]));
                 }
             }
