@@ -198,9 +198,10 @@ fn sixteen_bit_activations_with_block_scaled_int4_are_calibrated_recorded_and_an
     }
     let text = String::from_utf8_lossy(&common::run("lladac", &["inspect", out.to_str().unwrap()]).stdout).to_string();
     assert!(text.contains("16-bit activation ranges of 17 matmuls, calibrated on 100 prompts"), "{text}");
-    // The built-in calibration set needs no file.
+    // The built-in calibration set needs no file; the library named by flag serves too.
     let default = dir.path().join("default.lad");
-    lladac(&embedded_model(), "sm8750", &default, &["--max-seq", "128", "--quant", "q4", "--npu-activations", "u16"]);
+    let qnn_lib = lib();
+    lladac(&embedded_model(), "sm8750", &default, &["--max-seq", "128", "--quant", "q4", "--npu-activations", "u16", "--qnn-lib", &qnn_lib]);
     let d: serde_json::Value = serde_json::from_slice(&common::run("lladac", &["inspect", default.to_str().unwrap(), "--json"]).stdout).unwrap();
     assert!(d["npu"]["calibration"].as_str().unwrap().contains("built-in"), "{}", d["npu"]);
     // The task answered as the host's q4 answers it.
