@@ -266,6 +266,8 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
             NpuWeights::F16
         }
     };
+    // The calibration set, read before any work (a bad file is one error up front).
+    let mut calibration_set = None;
     if opts.npu_activations == NpuActivations::U16 {
         if npu_soc.is_none() {
             return Err(Error::Options("--npu-activations u16: only the NPU executables of a Snapdragon target (without --host-only) have 16-bit activations".into()));
@@ -273,10 +275,10 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
         if !matches!(quant, Quant::Q4 { .. }) {
             return Err(Error::Options(format!("--npu-activations u16 runs with block-scaled int4 weights (--quant q4), not {}", quant.name())));
         }
-        // A bad calibration file is one error before any work.
-        if let Some(file) = &opts.calibration {
-            crate::calibrate::read_prompts(file)?;
-        }
+        calibration_set = Some(match &opts.calibration {
+            Some(file) => (crate::calibrate::read_prompts(file)?, file.display().to_string()),
+            None => (crate::calibrate::DEFAULT_PROMPTS.map(str::to_string).to_vec(), "lladac's built-in set".to_string()),
+        });
     } else if let Some(file) = &opts.calibration {
         return Err(Error::Options(format!("--calibration {}: only 16-bit NPU activations (--npu-activations u16) are calibrated", file.display())));
     }
@@ -497,7 +499,10 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     latency::choose_row_buckets(&mut header, row_set_rows);
     let npu = match (npu_soc, &qnn_library) {
         (Some(soc), Some(lib)) => {
-            let calibration = if opts.npu_activations == NpuActivations::U16 { calibrate_activations(opts)? } else { Default::default() };
+            let calibration = match &calibration_set {
+                Some((prompts, source)) => calibrate_activations(opts, prompts, source)?,
+                None => Default::default(),
+            };
             let npu_opts = crate::qnn::NpuOptions { contexts: opts.npu_contexts, shared_weights: opts.npu_shared_weights, estimate_soc: opts.npu_estimate_soc };
             Some(add_npu_executables(&mut header, &mut w, &ckpt, segments, &ids, soc, npu_weights, &calibration, lib, &npu_opts)?)
         }
@@ -548,12 +553,8 @@ fn add_npu_executables(
 
 /// The ranges of the NPU's 16-bit activations: the same model compiled as a host stand-in
 /// into a temporary file beside the output (removed after), generating answers to the
-/// calibration set on the host kernels.
-fn calibrate_activations(opts: &CompileOptions) -> Result<crate::qnn::Calibration> {
-    let (prompts, source) = match &opts.calibration {
-        Some(file) => (crate::calibrate::read_prompts(file)?, file.display().to_string()),
-        None => (crate::calibrate::DEFAULT_PROMPTS.map(str::to_string).to_vec(), "lladac's built-in set".to_string()),
-    };
+/// calibration set `prompts` (from `source`) on the host kernels.
+fn calibrate_activations(opts: &CompileOptions, prompts: &[String], source: &str) -> Result<crate::qnn::Calibration> {
     let name = opts.output.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let temp = opts.output.with_file_name(format!(".{name}.calibration.{}.tmp", std::process::id()));
     // Never write through, or remove, something already there (a link, another's file).
@@ -581,7 +582,7 @@ fn calibrate_activations(opts: &CompileOptions) -> Result<crate::qnn::Calibratio
         ..opts.clone()
     };
     compile(&host)?;
-    let (ranges, source) = crate::calibrate::calibrate(&temp, &prompts, &source)?;
+    let (ranges, source) = crate::calibrate::calibrate(&temp, prompts, source)?;
     Ok(crate::qnn::Calibration { ranges, source })
 }
 

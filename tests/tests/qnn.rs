@@ -92,6 +92,15 @@ fn edit_section(h: &mut Header, edit: impl FnOnce(&mut NpuSection)) {
     h.extensions.iter_mut().find(|e| e.key == llada_ir::npu::EXTENSION_KEY).unwrap().bytes = s.encode();
 }
 
+/// The artifact `good` with its NPU section edited by `edit`, written to `dir/name`:
+/// `lladac inspect` (which verifies it) must refuse it, saying `words`.
+fn refused_when_edited(dir: &Path, good: &[u8], name: &str, edit: &dyn Fn(&mut NpuSection), words: &[&str]) {
+    let bytes = common::reseal(good, |h| edit_section(h, edit));
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    common::assert_clean_failure(&common::run("lladac", &["inspect", p.to_str().unwrap()]), words);
+}
+
 /// `llada-rt run --backend qnn` on `art`: its output.
 fn run_qnn(art: &Path, env_lib: bool) -> std::process::Output {
     let mut c = Command::new(common::bin("llada-rt"));
@@ -223,12 +232,7 @@ fn sixteen_bit_activations_with_block_scaled_int4_are_calibrated_recorded_and_an
     assert!(std::fs::read_dir(dir.path()).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().contains("calibration")), "a calibration temporary was left behind");
     // Crafted ranges, refused when the artifact is read.
     let good = std::fs::read(&out).unwrap();
-    let refused = |name: &str, edit: &dyn Fn(&mut NpuSection), words: &[&str]| {
-        let bytes = common::reseal(&good, |h| edit_section(h, edit));
-        let p = dir.path().join(name);
-        std::fs::write(&p, bytes).unwrap();
-        common::assert_clean_failure(&common::run("lladac", &["inspect", p.to_str().unwrap()]), words);
-    };
+    let refused = |name: &str, edit: &dyn Fn(&mut NpuSection), words: &[&str]| refused_when_edited(dir.path(), &good, name, edit, words);
     refused("no-range.lad", &|s| { s.activations.pop(); }, &["has no activation range"]);
     refused("positive.lad", &|s| s.activations[3].input = [0.5, 2.0], &["activations[3]", "input range [0.5, 2]", "holding zero"]);
     refused("nan.lad", &|s| s.activations[0].output[1] = f32::NAN, &["activations[0]", "output range"]);
@@ -501,12 +505,7 @@ fn contexts_split_by_layers_and_swapped_through_a_small_window_give_the_same_tok
     common::assert_clean_failure(&o, &["--npu-contexts 9", "4 layers"]);
     // Crafted sections, refused when the artifact is read (`lladac inspect` verifies it).
     let good = std::fs::read(&mixed).unwrap();
-    let refused = |name: &str, edit: &dyn Fn(&mut NpuSection), words: &[&str]| {
-        let bytes = common::reseal(&good, |h| edit_section(h, edit));
-        let p = dir.path().join(name);
-        std::fs::write(&p, bytes).unwrap();
-        common::assert_clean_failure(&common::run("lladac", &["inspect", p.to_str().unwrap()]), words);
-    };
+    let refused = |name: &str, edit: &dyn Fn(&mut NpuSection), words: &[&str]| refused_when_edited(dir.path(), &good, name, edit, words);
     refused("overlap.lad", &|s| s.contexts[2].layers[0] = 1, &["contexts[2]", "layers 1..3"]);
     refused("gap.lad", &|s| s.contexts[3].layers = [3, 3], &["contexts[3]", "layers 3..3"]);
     refused("budget.lad", &|s| s.context_budget = 1 << 20, &["contexts[0]", "exceed the context_budget"]);
