@@ -127,13 +127,10 @@ impl SamplerArgs {
     /// The settings, with the artifact's plan filling what was not given.
     fn params(&self, model: &Model) -> SamplerParams {
         let policy = Policy::parse(&self.policy).expect("clap restricts the values");
-        let plan = &model.header.plan;
-        // Dream's sampler has no blocks: one block of the whole generation unless given.
-        let block_length = self.block_len.unwrap_or(if model.is_dream() { self.gen_len } else { plan.block_len as usize });
-        let spec_default = SamplerParams::default_spec_blocks(policy, plan.spec_blocks as usize, self.gen_len, block_length);
+        let defaults = SamplerParams::for_model(model, self.gen_len, self.block_len, policy);
         SamplerParams {
             gen_length: self.gen_len,
-            block_length,
+            block_length: defaults.block_length,
             steps: self.steps,
             temperature: self.temperature,
             cfg_scale: self.cfg,
@@ -144,7 +141,7 @@ impl SamplerArgs {
             policy,
             refresh_every: self.refresh_every,
             threshold: self.threshold,
-            spec_blocks: self.spec_blocks.unwrap_or(spec_default),
+            spec_blocks: self.spec_blocks.unwrap_or(defaults.spec_blocks),
             spec_threshold: self.spec_threshold,
             rows: self.rows,
             revision: Revision::parse(&self.revision).expect("clap restricts the values"),

@@ -12,6 +12,7 @@ pub mod model;
 pub mod params;
 pub mod sampler;
 pub mod session;
+pub mod settings;
 pub mod staging;
 pub mod text;
 pub mod topk;

@@ -418,6 +418,17 @@ impl SamplerParams {
         Ok(())
     }
 
+    /// The defaults on `model` for a generation of `gen_length` tokens under `policy`: the
+    /// block length the artifact was compiled for (Dream's sampler has no blocks: one block of
+    /// the whole generation) unless `block_length` is given, and the speculation depth its plan
+    /// says. What every front end starts from before the settings it was given.
+    pub fn for_model(model: &Model, gen_length: usize, block_length: Option<usize>, policy: Policy) -> SamplerParams {
+        let plan = &model.header.plan;
+        let block_length = block_length.unwrap_or(if model.is_dream() { gen_length } else { plan.block_len as usize });
+        let spec_blocks = SamplerParams::default_spec_blocks(policy, plan.spec_blocks as usize, gen_length, block_length);
+        SamplerParams { gen_length, block_length, policy, spec_blocks, ..SamplerParams::default() }
+    }
+
     /// `spec_blocks` when none is given: `spec` drafts one block ahead, `mbsd` as deep as
     /// the artifact was compiled for; never more blocks than follow the first.
     pub fn default_spec_blocks(policy: Policy, compiled: usize, gen_length: usize, block_length: usize) -> usize {

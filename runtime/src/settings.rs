@@ -1,0 +1,176 @@
+//! Sampler settings given by name, as a server's request body or a Python call gives them:
+//! the CLI's flag names with underscores (`gen_len`, `block_len`, `cfg`, `top_p`...). Each
+//! value is type-checked here, naming the setting; its range is checked where every front end
+//! checks it ([`SamplerParams::validate`]), and a setting the policy does not read is refused
+//! as the CLI refuses its flag ([`unused_setting`]).
+
+use crate::error::{Error, Result};
+use crate::model::Model;
+use crate::params::{unused_setting, Alg, Limits, Policy, Remasking, Revision, SamplerParams};
+
+/// A setting's value as a request carries it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(String),
+}
+
+impl Value {
+    /// What the value is, for an error that says what was given.
+    fn kind(&self) -> &'static str {
+        match self {
+            Value::Null => "null",
+            Value::Bool(_) => "a boolean",
+            Value::Int(_) => "a whole number",
+            Value::Float(_) => "a number",
+            Value::Str(_) => "a string",
+        }
+    }
+}
+
+/// Every setting by name, in the CLI's order (`llada-rt run --help`).
+pub const NAMES: &[&str] = &[
+    "gen_len",
+    "block_len",
+    "steps",
+    "temperature",
+    "seed",
+    "cfg",
+    "remasking",
+    "logits_eos_inf",
+    "confidence_eos_eot_inf",
+    "policy",
+    "refresh_every",
+    "threshold",
+    "spec_blocks",
+    "spec_threshold",
+    "rows",
+    "revision",
+    "side_rows",
+    "stable_confidence",
+    "stable_checks",
+    "revise_confidence",
+    "alg",
+    "eps",
+    "top_p",
+    "top_k",
+    "alg_temp",
+];
+
+fn type_error(name: &str, wanted: &str, v: &Value) -> Error {
+    Error::request(format!("{name}: expected {wanted}, got {}", v.kind()))
+}
+
+fn whole(name: &str, v: &Value) -> Result<usize> {
+    match v {
+        Value::Int(n) if *n >= 0 => usize::try_from(*n).map_err(|_| Error::request(format!("{name}: {n} is too large"))),
+        Value::Int(n) => Err(Error::request(format!("{name}: {n} must be a whole number >= 0"))),
+        other => Err(type_error(name, "a whole number", other)),
+    }
+}
+
+fn number(name: &str, v: &Value) -> Result<f64> {
+    match v {
+        Value::Int(n) => Ok(*n as f64),
+        Value::Float(x) => Ok(*x),
+        other => Err(type_error(name, "a number", other)),
+    }
+}
+
+fn flag(name: &str, v: &Value) -> Result<bool> {
+    match v {
+        Value::Bool(b) => Ok(*b),
+        other => Err(type_error(name, "true or false", other)),
+    }
+}
+
+/// One of `names`, parsed by `parse`.
+fn choice<T>(name: &str, v: &Value, names: &[&str], parse: fn(&str) -> Option<T>) -> Result<T> {
+    match v {
+        Value::Str(s) => parse(s).ok_or_else(|| Error::request(format!("{name}: '{s}' is not one of {}", names.join(", ")))),
+        other => Err(type_error(name, &format!("one of {}", names.join(", ")), other)),
+    }
+}
+
+/// `None` for null, else what `f` makes of the value.
+fn optional<T>(v: &Value, f: impl FnOnce() -> Result<T>) -> Result<Option<T>> {
+    if *v == Value::Null { Ok(None) } else { f().map(Some) }
+}
+
+/// The generation `given` asks for on `model`: every setting not given at its default (the
+/// CLI's: the block length and the speculation depth from the artifact's plan), each given
+/// one type-checked, then every range checked against the plan. An unknown name, a value of
+/// the wrong type, one out of range, or one the policy does not read is an error naming it.
+pub fn sampler_params(model: &Model, given: &[(&str, Value)]) -> Result<SamplerParams> {
+    for (name, _) in given {
+        if !NAMES.contains(name) {
+            return Err(Error::request(format!("unknown setting '{name}'; the settings are {}", NAMES.join(", "))));
+        }
+    }
+    if let Some(dup) = given.iter().enumerate().find(|(i, (n, _))| given[..*i].iter().any(|(m, _)| m == n)) {
+        return Err(Error::request(format!("{}: given twice", dup.1.0)));
+    }
+    let get = |name: &str| given.iter().find(|(n, _)| *n == name).map(|(_, v)| v).filter(|v| **v != Value::Null);
+    let d = SamplerParams::default();
+    let gen_length = get("gen_len").map(|v| whole("gen_len", v)).transpose()?.unwrap_or(d.gen_length);
+    let policy = get("policy").map(|v| choice("policy", v, &["exact", "prefix", "dual", "spec", "mbsd"], Policy::parse)).transpose()?.unwrap_or(d.policy);
+    let block_length = get("block_len").map(|v| whole("block_len", v)).transpose()?;
+    let mut p = SamplerParams::for_model(model, gen_length, block_length, policy);
+    for (name, v) in given {
+        let name = *name;
+        match name {
+            "gen_len" | "block_len" | "policy" => {}
+            "steps" => p.steps = whole(name, v)?,
+            "temperature" => p.temperature = number(name, v)?,
+            "seed" => p.seed = whole(name, v)? as u64,
+            "cfg" => p.cfg_scale = number(name, v)?,
+            "remasking" => p.remasking = choice(name, v, &["low_confidence", "random"], Remasking::parse)?,
+            "logits_eos_inf" => p.logits_eos_inf = flag(name, v)?,
+            "confidence_eos_eot_inf" => p.confidence_eos_eot_inf = flag(name, v)?,
+            "refresh_every" => p.refresh_every = whole(name, v)?,
+            "threshold" => p.threshold = optional(v, || number(name, v).map(|x| x as f32))?,
+            "spec_blocks" => {
+                if let Some(n) = optional(v, || whole(name, v))? {
+                    p.spec_blocks = n;
+                }
+            }
+            "spec_threshold" => p.spec_threshold = number(name, v)? as f32,
+            "rows" => p.rows = optional(v, || whole(name, v))?,
+            "revision" => p.revision = choice(name, v, &["auto", "dual-path", "off"], Revision::parse)?,
+            "side_rows" => p.side_rows = optional(v, || whole(name, v))?,
+            "stable_confidence" => p.stable_confidence = number(name, v)? as f32,
+            "stable_checks" => p.stable_checks = u32::try_from(whole(name, v)?).map_err(|_| Error::request(format!("{name}: too large")))?,
+            "revise_confidence" => p.revise_confidence = number(name, v)? as f32,
+            "alg" => p.alg = choice(name, v, &["origin", "maskgit_plus", "topk_margin", "entropy"], Alg::parse)?,
+            "eps" => p.eps = number(name, v)?,
+            "top_p" => p.top_p = optional(v, || number(name, v))?,
+            "top_k" => p.top_k = optional(v, || whole(name, v))?,
+            "alg_temp" => p.alg_temp = optional(v, || number(name, v))?,
+            _ => unreachable!("every name in NAMES is matched"),
+        }
+    }
+    p.validate(&Limits::of(model))?;
+    let was_given = |flag: &str| get(&flag.trim_start_matches("--").replace('-', "_")).is_some();
+    if let Some(refusal) = unused_setting(p.policy, was_given) {
+        return Err(Error::request(refusal));
+    }
+    Ok(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_of_the_wrong_type_name_the_setting() {
+        assert!(whole("steps", &Value::Str("8".into())).unwrap_err().to_string().starts_with("steps: expected a whole number"));
+        assert!(whole("steps", &Value::Int(-1)).unwrap_err().to_string().contains("steps: -1"));
+        assert!(number("temperature", &Value::Bool(true)).unwrap_err().to_string().contains("temperature"));
+        let e = choice("policy", &Value::Str("fast".into()), &["exact", "dual"], Policy::parse).err().unwrap().to_string();
+        assert!(e.contains("policy: 'fast' is not one of exact, dual"), "{e}");
+        assert_eq!(optional(&Value::Null, || whole("rows", &Value::Null)).unwrap(), None);
+    }
+}
