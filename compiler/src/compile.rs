@@ -193,6 +193,34 @@ pub struct CompileSummary {
 /// an 8B checkpoint stays far below a gigabyte of resident memory.
 const CHUNK_BYTES: usize = 16 << 20;
 
+/// Refuses compile flags typed with values that would do nothing or cannot be served, naming
+/// the flag, before the checkpoint is read. `group` and `spec_blocks` are `Some` where the
+/// user gave them (the CLI's typed flags, the Python module's arguments).
+pub fn check_flags(quant: Option<&str>, group: Option<u32>, target: &str, max_seq: Option<u32>, block_len: u32, spec_blocks: Option<u32>) -> std::result::Result<(), String> {
+    if let (Some(group), false) = (group, quant == Some("q4")) {
+        let stored = quant.map_or("the checkpoint's own type".to_string(), |q| format!("--quant {q}"));
+        return Err(format!("--group {group} does nothing with {stored}, so it is refused: only --quant q4 uses it (inputs per int4 scale)"));
+    }
+    // The positions the artifact will hold at most: --max-seq, else the target's default (the
+    // model's own maximum may be smaller still; the compile then drops graphs beyond it).
+    let (positions, whose) = match (max_seq, llada_targets::by_name(target)) {
+        (Some(m), _) => (m, "--max-seq".to_string()),
+        (None, Ok(t)) => (t.default_max_seq, format!("the {} target's default --max-seq", t.name)),
+        // An unknown target: the compile names it.
+        (None, Err(_)) => return Ok(()),
+    };
+    // A --block-len outside 1..=positions: the compile names it.
+    if let (Some(spec_blocks), true) = (spec_blocks, (1..=positions).contains(&block_len)) {
+        let most = positions / block_len - 1;
+        if spec_blocks > most {
+            return Err(format!(
+                "--spec-blocks {spec_blocks} is outside 0..={most}: a block and the {spec_blocks} drafted ahead take --block-len {block_len} x (1 + {spec_blocks}) rows, more than the {positions} positions of {whose}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     // `metadata`, not `exists`: a link loop or an unreadable folder says so, not "not found".
     std::fs::metadata(&opts.model).map_err(|e| Error::io(&opts.model, e))?;

@@ -166,37 +166,10 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
     n.checked_mul(1 << shift).filter(|&b| b > 0).ok_or_else(|| format!("'{s}': must be between 1 byte and 16 EiB"))
 }
 
-/// Refuses compile flags typed with values that would do nothing or cannot be served, naming
-/// the flag, before the checkpoint is read.
-fn check_compile_flags(matches: &ArgMatches, quant: Option<&str>, group: u32, target: &str, max_seq: Option<u32>, block_len: u32, spec_blocks: u32) -> Result<(), String> {
-    if typed(matches, "group") && quant != Some("q4") {
-        let stored = quant.map_or("the checkpoint's own type".to_string(), |q| format!("--quant {q}"));
-        return Err(format!("--group {group} does nothing with {stored}, so it is refused: only --quant q4 uses it (inputs per int4 scale)"));
-    }
-    // The positions the artifact will hold at most: --max-seq, else the target's default (the
-    // model's own maximum may be smaller still; the compile then drops graphs beyond it).
-    let (positions, whose) = match (max_seq, llada_targets::by_name(target)) {
-        (Some(m), _) => (m, "--max-seq".to_string()),
-        (None, Ok(t)) => (t.default_max_seq, format!("the {} target's default --max-seq", t.name)),
-        // An unknown target: the compile names it.
-        (None, Err(_)) => return Ok(()),
-    };
-    // A --block-len outside 1..=positions: the compile names it.
-    if typed(matches, "spec_blocks") && (1..=positions).contains(&block_len) {
-        let most = positions / block_len - 1;
-        if spec_blocks > most {
-            return Err(format!(
-                "--spec-blocks {spec_blocks} is outside 0..={most}: a block and the {spec_blocks} drafted ahead take --block-len {block_len} x (1 + {spec_blocks}) rows, more than the {positions} positions of {whose}"
-            ));
-        }
-    }
-    Ok(())
-}
-
 fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
     match cli.command {
         Command::Compile { model, output, quant, group, target, max_seq, head_rows, block_len, spec_blocks, activations, activation_scales, window_bytes, kv_dtype, host_only, qnn_lib, npu_contexts, npu_shared_weights, npu_estimate_soc, npu_activations, calibration } => {
-            check_compile_flags(matches, quant.as_deref(), group, &target, max_seq, block_len, spec_blocks).map_err(Failure::Usage)?;
+            lladac::compile::check_flags(quant.as_deref(), typed(matches, "group").then_some(group), &target, max_seq, block_len, typed(matches, "spec_blocks").then_some(spec_blocks)).map_err(Failure::Usage)?;
             let opts = CompileOptions {
                 model,
                 output,
