@@ -42,28 +42,37 @@ impl std::io::Write for Bounded {
 /// does for one user turn, under [`FUEL`] and [`OUTPUT`]: the text, and the fuel it used. The
 /// error says what went wrong, for the caller to put behind the template's name.
 pub fn render(template: &str, user: &str, bos: &str, eos: &str) -> Result<(String, u64), String> {
+    render_messages(template, &[("user", user)], bos, eos)
+}
+
+/// [`render`] for a conversation of `(role, content)` turns (a server's `messages`), under
+/// [`FUEL`] per turn and [`OUTPUT`] beyond the turns' own text.
+pub fn render_messages(template: &str, messages: &[(&str, &str)], bos: &str, eos: &str) -> Result<(String, u64), String> {
     let mut env = Environment::new();
     minijinja_contrib::add_to_environment(&mut env);
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> { Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg)) });
-    env.set_fuel(Some(FUEL));
+    let fuel = FUEL.saturating_mul(messages.len().max(1) as u64);
+    env.set_fuel(Some(fuel));
     env.add_template("chat", template).map_err(|e| e.to_string())?;
     let tpl = env.get_template("chat").map_err(|e| e.to_string())?;
+    let turns: Vec<_> = messages.iter().map(|&(role, content)| context! { role => role, content => content }).collect();
     let ctx = context! {
-        messages => vec![context! { role => "user", content => user }],
+        messages => turns,
         add_generation_prompt => true,
         bos_token => bos,
         eos_token => eos,
     };
-    let limit = user.len().saturating_add(OUTPUT);
+    let own: usize = messages.iter().map(|(r, c)| r.len() + c.len()).sum();
+    let limit = own.saturating_add(OUTPUT);
     let mut out = Bounded { out: Vec::new(), limit };
     let fuel = match tpl.render_captured_to(ctx, &mut out) {
         Ok(done) => done.state().fuel_levels().map_or(0, |(used, _)| used),
         Err(e) if e.kind() == ErrorKind::OutOfFuel => {
-            return Err(format!("rendering one turn took more than {FUEL} steps of the template engine, the most llada allows (a loop that runs too long?); it was stopped"));
+            return Err(format!("rendering took more than {fuel} steps of the template engine ({FUEL} a turn), the most llada allows (a loop that runs too long?); it was stopped"));
         }
         Err(e) if e.kind() == ErrorKind::WriteFailure => {
-            return Err(format!("rendering one turn wrote more than {limit} bytes (the turn and {OUTPUT} more), the most llada allows; it was stopped"));
+            return Err(format!("rendering wrote more than {limit} bytes (the turns and {OUTPUT} more), the most llada allows; it was stopped"));
         }
         Err(e) => return Err(e.to_string()),
     };

@@ -192,6 +192,11 @@ fn threads_flag(s: &str) -> std::result::Result<usize, String> {
     at_least_one(s, "omit --threads to use every core")
 }
 
+/// `--sessions`: a count of at least 1.
+fn sessions_flag(s: &str) -> std::result::Result<usize, String> {
+    at_least_one(s, "one session serves requests one at a time")
+}
+
 /// `--cpu-threads`: a count of at least 1.
 fn cpu_threads_flag(s: &str) -> std::result::Result<usize, String> {
     at_least_one(s, "omit --cpu-threads for one")
@@ -249,6 +254,33 @@ enum Command {
         /// and rows (with --json: as "op_profile"). Timing each op costs a little time.
         #[arg(long)]
         op_profile: bool,
+        #[command(flatten)]
+        session: SessionArgs,
+    },
+    /// Serve the artifact over HTTP: OpenAI's chat and completion endpoints (streamed as
+    /// Server-Sent Events), /v1/models, /health, and a live view of the denoising at /.
+    Serve {
+        /// The artifact (from `lladac compile`).
+        file: PathBuf,
+        /// Address to listen on (0.0.0.0 for every interface).
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// Port to listen on (0: any free port, printed when ready).
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+        /// Sessions generating at once, each with its own window on the one mapped model;
+        /// without --threads the cores are shared out among them.
+        #[arg(long, default_value_t = 1, value_parser = sessions_flag)]
+        sessions: usize,
+        /// Requests that may wait for a session; more are refused with 429.
+        #[arg(long, default_value_t = 16)]
+        queue: usize,
+        /// Require `Authorization: Bearer KEY` on /v1/ (default: LLADA_API_KEY, else none).
+        #[arg(long)]
+        api_key: Option<String>,
+        /// Largest request body, in bytes.
+        #[arg(long, default_value_t = 1 << 20)]
+        max_body: usize,
         #[command(flatten)]
         session: SessionArgs,
     },
@@ -701,6 +733,23 @@ fn run(cli: Cli, matches: &ArgMatches) -> Done {
                     ops.print()?;
                 }
             }
+        }
+        Command::Serve { file, host, port, sessions, queue, api_key, max_body, session: session_args } => {
+            let model = Model::open(&file, true)?;
+            let config = llada_serve::Config {
+                host,
+                port,
+                sessions,
+                queue,
+                session: session_args.params(&model)?,
+                api_key: api_key.or_else(|| std::env::var("LLADA_API_KEY").ok()).filter(|k| !k.is_empty()),
+                max_body,
+                ..llada_serve::Config::default()
+            };
+            let id = llada_serve::model_id(&file);
+            llada_serve::serve(model, &config, |addr| {
+                eprintln!("llada-rt serve: {id} on http://{addr}/ ({sessions} session(s), queue {queue}); SIGTERM or Ctrl-C stops it");
+            })?;
         }
         Command::Eval { file, tasks, sampler, reference, json, session: session_args } => {
             let model = Model::open(&file, true)?;

@@ -70,9 +70,21 @@ pub enum Setting {
     TopP,
     TopK,
     AlgTemp,
+    Seed,
+    Revision,
+    LogitsEosInf,
+    ConfidenceEosEotInf,
 }
 
 impl Setting {
+    /// The setting whose `llada-rt` flag is `flag`.
+    pub fn of_flag(flag: &str) -> Option<Setting> {
+        use Setting::*;
+        [GenLength, BlockLength, Steps, Temperature, CfgScale, RefreshEvery, Threshold, SpecBlocks, SpecThreshold, Rows, SideRows, StableConfidence, StableChecks, ReviseConfidence, Threads, CpuThreads, Backend, Experts, Alg, Eps, Policy, Remasking, TopP, TopK, AlgTemp, Seed, Revision, LogitsEosInf, ConfidenceEosEotInf]
+            .into_iter()
+            .find(|s| s.flag() == flag)
+    }
+
     /// The `llada-rt` flag.
     pub fn flag(self) -> &'static str {
         match self {
@@ -101,6 +113,10 @@ impl Setting {
             Setting::TopP => "--top-p",
             Setting::TopK => "--top-k",
             Setting::AlgTemp => "--alg-temp",
+            Setting::Seed => "--seed",
+            Setting::Revision => "--revision",
+            Setting::LogitsEosInf => "--logits-eos-inf",
+            Setting::ConfidenceEosEotInf => "--confidence-eos-eot-inf",
         }
     }
 
@@ -132,6 +148,10 @@ impl Setting {
             Setting::TopP => "params.top_p",
             Setting::TopK => "params.top_k",
             Setting::AlgTemp => "params.alg_temp",
+            Setting::Seed => "params.seed",
+            Setting::Revision => "params.revision",
+            Setting::LogitsEosInf => "params.logits_eos_inf",
+            Setting::ConfidenceEosEotInf => "params.confidence_eos_eot_inf",
         }
     }
 }

@@ -4,7 +4,7 @@
 //! checks it ([`SamplerParams::validate`]), and a setting the policy does not read is refused
 //! as the CLI refuses its flag ([`unused_setting`]).
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, Setting};
 use crate::model::Model;
 use crate::params::{unused_setting, Alg, Limits, Policy, Remasking, Revision, SamplerParams};
 
@@ -60,14 +60,19 @@ pub const NAMES: &[&str] = &[
     "alg_temp",
 ];
 
+/// The setting of `name` (one of [`NAMES`]), for errors that name it as every front end does.
+fn setting(name: &str) -> Setting {
+    Setting::of_flag(&format!("--{}", name.replace('_', "-"))).expect("every name in NAMES is a setting's flag")
+}
+
 fn type_error(name: &str, wanted: &str, v: &Value) -> Error {
-    Error::request(format!("{name}: expected {wanted}, got {}", v.kind()))
+    Error::setting(setting(name), format!("expected {wanted}, got {}", v.kind()))
 }
 
 fn whole(name: &str, v: &Value) -> Result<usize> {
     match v {
-        Value::Int(n) if *n >= 0 => usize::try_from(*n).map_err(|_| Error::request(format!("{name}: {n} is too large"))),
-        Value::Int(n) => Err(Error::request(format!("{name}: {n} must be a whole number >= 0"))),
+        Value::Int(n) if *n >= 0 => usize::try_from(*n).map_err(|_| Error::setting(setting(name), format!("{n} is too large"))),
+        Value::Int(n) => Err(Error::setting(setting(name), format!("{n} must be a whole number >= 0"))),
         other => Err(type_error(name, "a whole number", other)),
     }
 }
@@ -90,7 +95,7 @@ fn flag(name: &str, v: &Value) -> Result<bool> {
 /// One of `names`, parsed by `parse`.
 fn choice<T>(name: &str, v: &Value, names: &[&str], parse: fn(&str) -> Option<T>) -> Result<T> {
     match v {
-        Value::Str(s) => parse(s).ok_or_else(|| Error::request(format!("{name}: '{s}' is not one of {}", names.join(", ")))),
+        Value::Str(s) => parse(s).ok_or_else(|| Error::setting(setting(name), format!("'{s}' is not one of {}", names.join(", ")))),
         other => Err(type_error(name, &format!("one of {}", names.join(", ")), other)),
     }
 }
@@ -111,7 +116,7 @@ pub fn sampler_params(model: &Model, given: &[(&str, Value)]) -> Result<SamplerP
         }
     }
     if let Some(dup) = given.iter().enumerate().find(|(i, (n, _))| given[..*i].iter().any(|(m, _)| m == n)) {
-        return Err(Error::request(format!("{}: given twice", dup.1.0)));
+        return Err(Error::setting(setting(dup.1.0), "is given twice"));
     }
     let get = |name: &str| given.iter().find(|(n, _)| *n == name).map(|(_, v)| v).filter(|v| **v != Value::Null);
     let d = SamplerParams::default();
@@ -119,6 +124,17 @@ pub fn sampler_params(model: &Model, given: &[(&str, Value)]) -> Result<SamplerP
     let policy = get("policy").map(|v| choice("policy", v, &["exact", "prefix", "dual", "spec", "mbsd"], Policy::parse)).transpose()?.unwrap_or(d.policy);
     let block_length = get("block_len").map(|v| whole("block_len", v)).transpose()?;
     let mut p = SamplerParams::for_model(model, gen_length, block_length, policy);
+    // A request names any length (OpenAI's `max_tokens`), where the CLI's defaults may not fit:
+    // then, and only then, the block is the longest that divides the length (at most the
+    // plan's) and the steps the fewest multiple of the blocks at or above the CLI's default.
+    if block_length.is_none() && gen_length > 0 && gen_length % p.block_length != 0 {
+        p.block_length = (1..=p.block_length.min(gen_length)).rev().find(|b| gen_length % b == 0).unwrap_or(1);
+        p.spec_blocks = SamplerParams::for_model(model, gen_length, Some(p.block_length), policy).spec_blocks;
+    }
+    let blocks = gen_length.checked_div(p.block_length).unwrap_or(1).max(1);
+    if get("steps").is_none() && p.steps % blocks != 0 {
+        p.steps = p.steps.div_ceil(blocks) * blocks;
+    }
     for (name, v) in given {
         let name = *name;
         match name {
@@ -142,7 +158,7 @@ pub fn sampler_params(model: &Model, given: &[(&str, Value)]) -> Result<SamplerP
             "revision" => p.revision = choice(name, v, &["auto", "dual-path", "off"], Revision::parse)?,
             "side_rows" => p.side_rows = optional(v, || whole(name, v))?,
             "stable_confidence" => p.stable_confidence = number(name, v)? as f32,
-            "stable_checks" => p.stable_checks = u32::try_from(whole(name, v)?).map_err(|_| Error::request(format!("{name}: too large")))?,
+            "stable_checks" => p.stable_checks = u32::try_from(whole(name, v)?).map_err(|_| Error::setting(setting(name), "is too large"))?,
             "revise_confidence" => p.revise_confidence = number(name, v)? as f32,
             "alg" => p.alg = choice(name, v, &["origin", "maskgit_plus", "topk_margin", "entropy"], Alg::parse)?,
             "eps" => p.eps = number(name, v)?,
@@ -166,11 +182,14 @@ mod tests {
 
     #[test]
     fn values_of_the_wrong_type_name_the_setting() {
-        assert!(whole("steps", &Value::Str("8".into())).unwrap_err().to_string().starts_with("steps: expected a whole number"));
-        assert!(whole("steps", &Value::Int(-1)).unwrap_err().to_string().contains("steps: -1"));
-        assert!(number("temperature", &Value::Bool(true)).unwrap_err().to_string().contains("temperature"));
+        assert_eq!(whole("steps", &Value::Str("8".into())).unwrap_err().to_string(), "--steps expected a whole number, got a string");
+        assert!(whole("steps", &Value::Int(-1)).unwrap_err().to_string().contains("--steps -1"));
+        assert!(number("temperature", &Value::Bool(true)).unwrap_err().to_string().contains("--temperature"));
         let e = choice("policy", &Value::Str("fast".into()), &["exact", "dual"], Policy::parse).err().unwrap().to_string();
-        assert!(e.contains("policy: 'fast' is not one of exact, dual"), "{e}");
+        assert!(e.contains("--policy 'fast' is not one of exact, dual"), "{e}");
+        for name in NAMES {
+            setting(name);
+        }
         assert_eq!(optional(&Value::Null, || whole("rows", &Value::Null)).unwrap(), None);
     }
 }

@@ -71,20 +71,35 @@ impl Text {
     /// The chat template applied to one user turn with the generation prompt, as
     /// `apply_chat_template(..., add_generation_prompt=True)` renders it.
     pub fn render_chat(&self, user: &str) -> Result<String> {
+        self.render_messages(&[("user", user)])
+    }
+
+    /// [`render_chat`](Self::render_chat) of a conversation of `(role, content)` turns.
+    pub fn render_messages(&self, messages: &[(&str, &str)]) -> Result<String> {
         let template = self.spec.chat_template.as_deref().ok_or_else(|| {
             Error::Template("this model has no chat template; run without --chat".into())
         })?;
         let bos = self.spec.bos_token.as_deref().unwrap_or_default();
         let eos = self.spec.eos_token.as_deref().unwrap_or_default();
-        llada_chat_template::render(template, user, bos, eos).map(|(text, _)| text).map_err(|e| Error::Template(format!("the model's chat template: {e}")))
+        llada_chat_template::render_messages(template, messages, bos, eos).map(|(text, _)| text).map_err(|e| Error::Template(format!("the model's chat template: {e}")))
     }
 
     /// Token ids of a chat prompt: the rendered template already holds the special tokens,
     /// so nothing is added.
     pub fn encode_chat(&self, user: &str) -> Result<Vec<u32>> {
+        self.encode_messages(&[("user", user)])
+    }
+
+    /// [`encode_chat`](Self::encode_chat) of a conversation; every turn must have text.
+    pub fn encode_messages(&self, messages: &[(&str, &str)]) -> Result<Vec<u32>> {
         // The template's own tokens would make an empty turn look like a prompt.
-        not_empty(user)?;
-        let text = self.render_chat(user)?;
+        if messages.is_empty() {
+            return Err(Error::request("the conversation is empty: give at least one message".to_string()));
+        }
+        for (_, content) in messages {
+            not_empty(content)?;
+        }
+        let text = self.render_messages(messages)?;
         let enc = self.tokenizer.encode(text, false).map_err(|e| Error::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }

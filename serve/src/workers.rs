@@ -1,0 +1,142 @@
+//! The sessions that generate: `--sessions` worker threads, each with its own session on the
+//! one mapped model, fed by a bounded queue. A request that finds the queue full is refused
+//! (429) at once rather than waiting without bound. A job's client may go away: the job's
+//! `cancel` flag, or a closed event channel, stops its generation after the current step
+//! (the generator is dropped; the session stays usable for the next job).
+
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
+use std::sync::{Arc, Mutex};
+
+use llada_rt::text::Text;
+use llada_rt::{generate_until, Error, Generation, SamplerParams, Session};
+
+/// One generation asked for.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub params: SamplerParams,
+    /// Send every step's canvas (the opt-in event stream), not only the settled text.
+    pub canvas: bool,
+    pub events: Sender<Event>,
+    pub cancel: Arc<AtomicBool>,
+}
+
+/// What a job's client hears, in order: `Started`, a `Step` per step, then `Done`.
+pub enum Event {
+    Started,
+    Step(Step),
+    Done(Result<Generation, Error>),
+}
+
+/// One step of a generation, as the client streams it.
+pub struct Step {
+    pub step: usize,
+    pub steps: usize,
+    /// The answer as far as it can no longer change.
+    pub settled_text: String,
+    /// This step's commits and revisions, `[position in generation, token]`.
+    pub committed: Vec<[u32; 2]>,
+    pub revised: Vec<[u32; 2]>,
+    pub settled: usize,
+    /// The generated part, each position's text (`None` where still masked), when asked for.
+    pub canvas: Option<Vec<Option<String>>>,
+}
+
+/// Counts for `/health`.
+#[derive(Default)]
+pub struct Load {
+    pub queued: AtomicUsize,
+    pub running: AtomicUsize,
+    pub served: AtomicUsize,
+    /// Generations stopped part-way (their client went away, or a stop sequence appeared).
+    pub cancelled: AtomicUsize,
+}
+
+/// The queue's sending side.
+pub struct Queue {
+    jobs: SyncSender<Job>,
+    pub load: Arc<Load>,
+}
+
+pub enum Refused {
+    /// The queue is full.
+    Busy,
+    /// The workers are gone (shutting down).
+    Closed,
+}
+
+impl Queue {
+    pub fn submit(&self, job: Job) -> Result<(), Refused> {
+        self.load.queued.fetch_add(1, Ordering::SeqCst);
+        match self.jobs.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.load.queued.fetch_sub(1, Ordering::SeqCst);
+                Err(match e {
+                    TrySendError::Full(_) => Refused::Busy,
+                    TrySendError::Disconnected(_) => Refused::Closed,
+                })
+            }
+        }
+    }
+}
+
+/// A queue holding at most `capacity` waiting jobs, and its receiving side for the workers.
+pub fn queue(capacity: usize) -> (Queue, Arc<Mutex<Receiver<Job>>>) {
+    let (tx, rx) = mpsc::sync_channel(capacity);
+    (Queue { jobs: tx, load: Arc::default() }, Arc::new(Mutex::new(rx)))
+}
+
+/// Runs jobs on `session` until `stopping` is set and no job is waiting; jobs still queued
+/// then are answered with an error instead of run.
+pub fn work(session: &mut Session, text: &Text, jobs: &Mutex<Receiver<Job>>, load: &Load, stopping: &AtomicBool) {
+    let mask = session.model.header.special.mask;
+    loop {
+        // The lock is held only while waiting: one idle worker waits, the others queue on it.
+        // The wait is short so that a stopping server's idle workers notice and exit.
+        let job = match jobs.lock() {
+            Ok(rx) => rx.recv_timeout(std::time::Duration::from_millis(50)),
+            Err(_) => return,
+        };
+        let job = match job {
+            Ok(job) => job,
+            Err(mpsc::RecvTimeoutError::Timeout) if stopping.load(Ordering::SeqCst) => return,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            Err(mpsc::RecvTimeoutError::Disconnected) => return,
+        };
+        load.queued.fetch_sub(1, Ordering::SeqCst);
+        if stopping.load(Ordering::SeqCst) {
+            let _ = job.events.send(Event::Done(Err(Error::request("the server is shutting down"))));
+            continue;
+        }
+        if job.cancel.load(Ordering::SeqCst) || job.events.send(Event::Started).is_err() {
+            continue;
+        }
+        load.running.fetch_add(1, Ordering::SeqCst);
+        let result = generate_until(session, &job.prompt, &job.params, &mut |v| {
+            if job.cancel.load(Ordering::SeqCst) {
+                return ControlFlow::Break(());
+            }
+            let generated = v.generated();
+            let canvas = job.canvas.then(|| generated.iter().map(|&t| (t != mask).then(|| text.decode(&[t], false))).collect());
+            let step = Step {
+                step: v.step,
+                steps: v.steps,
+                settled_text: text.settled_answer(&generated[..v.settled]),
+                committed: v.committed.to_vec(),
+                revised: v.revised.to_vec(),
+                settled: v.settled,
+                canvas,
+            };
+            // A client that has gone has dropped its receiver.
+            if job.events.send(Event::Step(step)).is_err() { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
+        });
+        load.running.fetch_sub(1, Ordering::SeqCst);
+        load.served.fetch_add(1, Ordering::SeqCst);
+        if matches!(result, Err(Error::Cancelled)) {
+            load.cancelled.fetch_add(1, Ordering::SeqCst);
+        }
+        let _ = job.events.send(Event::Done(result));
+    }
+}

@@ -1,0 +1,272 @@
+//! `llada-rt serve` end to end, over loopback with a plain HTTP client: the answers are
+//! `llada-rt run`'s, streamed or not; extra diffusion settings take effect; every kind of bad
+//! request gets its OpenAI-style error; a full queue is a 429; a client that goes away cancels
+//! its generation; SIGTERM lets a running generation finish and exits.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const FILL: &str = "FILL:3000705000000920000040015000608000070060300000004000000800900010=";
+
+/// A server on a free port; killed when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start(artifact: &Path, args: &[&str]) -> Server {
+        let mut child = Command::new(common::bin("llada-rt"))
+            .arg("serve")
+            .arg(artifact)
+            .args(["--port", "0", "--threads", "1"])
+            .args(args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("llada-rt starts");
+        let mut line = String::new();
+        BufReader::new(child.stderr.as_mut().unwrap()).read_line(&mut line).unwrap();
+        let port = line.split("http://127.0.0.1:").nth(1).and_then(|r| r.split('/').next()).and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("no address in {line:?}"));
+        Server { child, port }
+    }
+
+    fn connect(&self) -> TcpStream {
+        let s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+        s
+    }
+
+    /// Sends a request; the response's status, head and body.
+    fn request(&self, method: &str, path: &str, headers: &[&str], body: &[u8]) -> (u16, String, Vec<u8>) {
+        let mut s = self.connect();
+        send(&mut s, method, path, headers, body);
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).unwrap();
+        split_response(&raw)
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        let (status, _, body) = self.request("POST", path, &[], body.to_string().as_bytes());
+        (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+    }
+
+    fn health(&self) -> Value {
+        let (_, _, body) = self.request("GET", "/health", &[], b"");
+        serde_json::from_slice(&body).unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn send(s: &mut TcpStream, method: &str, path: &str, headers: &[&str], body: &[u8]) {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n", body.len());
+    for h in headers {
+        head.push_str(h);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+}
+
+fn split_response(raw: &[u8]) -> (u16, String, Vec<u8>) {
+    let at = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head");
+    let head = String::from_utf8_lossy(&raw[..at]).into_owned();
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap();
+    (status, head, raw[at + 4..].to_vec())
+}
+
+/// The `data:` payloads of an event stream, with their event names.
+fn events(body: &[u8]) -> Vec<(Option<String>, String)> {
+    String::from_utf8_lossy(body)
+        .split("\n\n")
+        .filter(|b| !b.trim().is_empty())
+        .map(|b| {
+            let name = b.lines().find_map(|l| l.strip_prefix("event: ")).map(str::to_string);
+            let data = b.lines().filter_map(|l| l.strip_prefix("data: ")).collect::<String>();
+            (name, data)
+        })
+        .collect()
+}
+
+fn chat(prompt: &str, extra: Value) -> Value {
+    let mut body = json!({"model": "embedded", "messages": [{"role": "user", "content": prompt}]});
+    body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+    body
+}
+
+/// `llada-rt run --json`'s answer text for the same settings.
+fn run_text(artifact: &Path, args: &[&str]) -> (String, u64) {
+    let mut all = vec!["run", artifact.to_str().unwrap(), "--chat", "-p", FILL, "--json", "--threads", "1"];
+    all.extend_from_slice(args);
+    let out = common::run("llada-rt", &all);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    (v["text"].as_str().unwrap().to_string(), v["forward_passes"].as_u64().unwrap())
+}
+
+#[test]
+fn chat_streamed_and_not_gives_runs_text_and_extra_settings_take_effect() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifact = common::embedded(dir.path());
+    let server = Server::start(&artifact, &[]);
+    let (models_status, _, models) = server.request("GET", "/v1/models", &[], b"");
+    assert_eq!(models_status, 200);
+    assert_eq!(serde_json::from_slice::<Value>(&models).unwrap()["data"][0]["id"], "embedded");
+
+    for (settings, args) in [
+        (json!({"max_tokens": 64, "steps": 64}), vec!["--gen-len", "64", "--steps", "64"]),
+        (json!({"max_tokens": 64, "steps": 16, "policy": "dual", "block_len": 32}), vec!["--gen-len", "64", "--steps", "16", "--policy", "dual", "--block-len", "32"]),
+        (json!({"max_tokens": 64, "steps": 64, "temperature": 0.7, "seed": 5}), vec!["--gen-len", "64", "--steps", "64", "--temperature", "0.7", "--seed", "5"]),
+    ] {
+        let (text, passes) = run_text(&artifact, &args);
+        let (status, answer) = server.post("/v1/chat/completions", &chat(FILL, settings.clone()));
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["object"], "chat.completion");
+        assert_eq!(answer["choices"][0]["message"]["content"], text.as_str(), "{settings}");
+        assert_eq!(answer["llada"]["forward_passes"].as_u64(), Some(passes), "{settings}: the extra settings decide the passes");
+
+        let mut streamed = settings.clone();
+        streamed["stream"] = json!(true);
+        let (status, head, body) = server.request("POST", "/v1/chat/completions", &[], chat(FILL, streamed).to_string().as_bytes());
+        assert_eq!(status, 200);
+        assert!(head.contains("text/event-stream"), "{head}");
+        let events = events(&body);
+        assert_eq!(events.last().unwrap().1, "[DONE]");
+        let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|(_, d)| serde_json::from_str(d).unwrap()).collect();
+        let joined: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+        assert_eq!(joined, text, "{settings}: the stream's text");
+        assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+        assert!(chunks.iter().any(|c| c["choices"][0]["finish_reason"].is_string()));
+        assert!(chunks.last().unwrap()["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+        // More than one text chunk: the settled prefix streams while the generation runs.
+        assert!(chunks.iter().filter(|c| c["choices"][0]["delta"]["content"].as_str().is_some_and(|t| !t.is_empty())).count() > 1, "{settings}");
+    }
+
+    // The completions endpoint on plain text, and the opt-in step events.
+    let (status, answer) = server.post("/v1/completions", &json!({"model": "embedded", "prompt": "REVERSE:ABC=", "max_tokens": 16, "steps": 16}));
+    assert_eq!((status, answer["object"].as_str()), (200, Some("text_completion")), "{answer}");
+    let body = chat(FILL, json!({"max_tokens": 64, "steps": 8, "stream": true, "llada_steps": true}));
+    let (_, _, raw) = server.request("POST", "/v1/chat/completions", &[], body.to_string().as_bytes());
+    let steps: Vec<Value> = events(&raw).iter().filter(|(n, _)| n.as_deref() == Some("step")).map(|(_, d)| serde_json::from_str(d).unwrap()).collect();
+    assert_eq!(steps.len(), 8);
+    assert_eq!(steps[7]["canvas"].as_array().unwrap().len(), 64);
+    assert!(steps[7]["canvas"].as_array().unwrap().iter().all(|t| t.is_string()), "the last step leaves no mask");
+    // A stop sequence cuts the answer.
+    let (_, answer) = server.post("/v1/chat/completions", &chat(FILL, json!({"max_tokens": 64, "steps": 64, "stop": "22"})));
+    assert_eq!(answer["choices"][0]["message"]["content"], "33337755555559");
+    assert_eq!(answer["choices"][0]["finish_reason"], "stop");
+}
+
+#[test]
+fn each_kind_of_bad_request_gets_one_openai_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifact = common::embedded(dir.path());
+    let server = Server::start(&artifact, &["--api-key", "sekrit", "--max-body", "4096"]);
+    let key = "Authorization: Bearer sekrit";
+    let ok = chat("REVERSE:AB=", json!({"max_tokens": 8, "steps": 8})).to_string();
+    let cases: Vec<(&str, Vec<&str>, String, u16, Option<&str>)> = vec![
+        ("no key", vec![], ok.clone(), 401, None),
+        ("wrong key", vec!["Authorization: Bearer nope"], ok.clone(), 401, None),
+        ("malformed JSON", vec![key], "{\"model\":".into(), 400, None),
+        ("not an object", vec![key], "[1,2]".into(), 400, None),
+        ("unknown model", vec![key], chat("a", json!({})).to_string().replace("embedded", "gpt-9"), 404, Some("model")),
+        ("wrong type", vec![key], chat("a", json!({"max_tokens": "many"})).to_string(), 400, Some("max_tokens")),
+        ("out of range", vec![key], chat("a", json!({"max_tokens": 100000})).to_string(), 400, Some("max_tokens")),
+        ("a setting out of range", vec![key], chat("a", json!({"threshold": 2.0})).to_string(), 400, Some("threshold")),
+        ("a setting its policy ignores", vec![key], chat("a", json!({"rows": 8})).to_string(), 400, None),
+        ("unknown field", vec![key], chat("a", json!({"logprobs": true})).to_string(), 400, Some("logprobs")),
+        ("n above 1", vec![key], chat("a", json!({"n": 3})).to_string(), 400, Some("n")),
+        ("empty message", vec![key], chat("", json!({})).to_string(), 400, Some("messages")),
+        ("bad role", vec![key], ok.replace("\"user\"", "\"robot\""), 400, Some("messages")),
+        ("oversized body", vec![key], format!("{{\"x\":\"{}\"}}", "a".repeat(5000)), 413, None),
+    ];
+    for (what, headers, body, status, param) in cases {
+        let (got, head, raw) = server.request("POST", "/v1/chat/completions", &headers, body.as_bytes());
+        let v: Value = serde_json::from_slice(&raw).unwrap_or_else(|_| panic!("{what}: not JSON: {}", String::from_utf8_lossy(&raw)));
+        assert_eq!(got, status, "{what}: {v}");
+        assert!(head.contains("application/json"), "{what}");
+        assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{what}: {v}");
+        assert!(v["error"]["type"].is_string(), "{what}: {v}");
+        if let Some(p) = param {
+            assert_eq!(v["error"]["param"], p, "{what}: {v}");
+        }
+    }
+    // Wrong method, unknown path, a request that never finishes its head.
+    assert_eq!(server.request("GET", "/v1/chat/completions", &[key], b"").0, 405);
+    assert_eq!(server.request("GET", "/v2/nothing", &[key], b"").0, 404);
+    let mut raw = server.connect();
+    raw.write_all(b"garbage\r\n\r\n").unwrap();
+    let mut out = Vec::new();
+    raw.read_to_end(&mut out).unwrap();
+    assert_eq!(split_response(&out).0, 400);
+    // The server is still well: a good request is answered.
+    assert_eq!(server.request("POST", "/v1/chat/completions", &[key], ok.as_bytes()).0, 200);
+}
+
+#[test]
+fn a_full_queue_is_a_429_and_a_client_that_leaves_cancels_its_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifact = common::embedded(dir.path());
+    let server = Server::start(&artifact, &["--queue", "0"]);
+    // A long generation, streamed: once its first chunk arrives it holds the one session.
+    let long = chat(FILL, json!({"max_tokens": 128, "steps": 4096, "stream": true})).to_string();
+    let mut first = server.connect();
+    send(&mut first, "POST", "/v1/chat/completions", &[], long.as_bytes());
+    let mut reader = BufReader::new(first.try_clone().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+    }
+    let (status, refused) = server.post("/v1/chat/completions", &chat(FILL, json!({"max_tokens": 8, "steps": 8})));
+    assert_eq!(status, 429, "{refused}");
+    assert_eq!(refused["error"]["code"], "rate_limit_exceeded");
+    // The client goes away: its generation stops and the session serves the next request.
+    drop(reader);
+    drop(first);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while server.health()["cancelled"] != 1 {
+        assert!(Instant::now() < deadline, "the abandoned generation was not cancelled: {}", server.health());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (status, answer) = server.post("/v1/chat/completions", &chat(FILL, json!({"max_tokens": 64, "steps": 64})));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["choices"][0]["message"]["content"], "3333775555555922222244415555668888877766333333334444444888999911");
+}
+
+#[test]
+fn sigterm_lets_the_running_generation_finish_then_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifact = common::embedded(dir.path());
+    let mut server = Server::start(&artifact, &[]);
+    let body = chat(FILL, json!({"max_tokens": 64, "steps": 1024, "stream": true})).to_string();
+    let mut client = server.connect();
+    send(&mut client, "POST", "/v1/chat/completions", &[], body.as_bytes());
+    let mut reader = BufReader::new(client.try_clone().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("data: ") {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+    }
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let mut rest = String::new();
+    reader.read_to_string(&mut rest).unwrap();
+    assert!(rest.contains("\"finish_reason\":\"length\"") && rest.trim_end().ends_with("data: [DONE]"), "the running stream was cut: {rest}");
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    assert!(TcpStream::connect(("127.0.0.1", server.port)).is_err(), "still listening after SIGTERM");
+}
