@@ -25,6 +25,11 @@ echo "== wheel (at $((SECONDS - start)) s)"
 "$tmp/build/bin/maturin" build --release -m python/Cargo.toml -i "$tmp/build/bin/python" -o "$tmp/wheels"
 wheel="$(ls "$tmp"/wheels/*.whl)"
 ls -l "$wheel"
+# Kept where the caller asks (CI keeps it as an artifact).
+if [ -n "${LLADA_WHEEL_OUT:-}" ]; then
+  mkdir -p "$LLADA_WHEEL_OUT"
+  cp "$wheel" "$LLADA_WHEEL_OUT/"
+fi
 
 echo "== fresh venv, pytest (at $((SECONDS - start)) s)"
 "$python" -m venv "$tmp/test"

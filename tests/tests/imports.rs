@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::{Path, PathBuf};
 
 /// The crates whose `src` trees are checked.
-const CRATES: &[&str] = &["ir", "chat-template", "targets", "compiler", "runtime", "rt-tools", "cli", "tools", "capi"];
+const CRATES: &[&str] = &["ir", "chat-template", "targets", "compiler", "runtime", "rt-tools", "serve", "cli", "tools", "capi", "python"];
 
 #[test]
 fn no_files_import_each_other() {

@@ -16,6 +16,8 @@ FILL = "FILL:3000705000000920000040015000608000070060300000004000000800900010="
 
 def main():
     binary, artifact, *serve_args = sys.argv[1:]
+    # `run` on the server's backend, so the texts compare like with like.
+    backend = serve_args[serve_args.index("--backend"):][:2] if "--backend" in serve_args else []
     checks = 0
     with Server(binary, artifact, "--api-key", "k", *serve_args) as server:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="k", max_retries=0)
@@ -25,7 +27,7 @@ def main():
             ({"steps": 16, "policy": "dual"}, ["--gen-len", "64", "--steps", "16", "--policy", "dual"]),
             ({"steps": 32, "policy": "mbsd"}, ["--gen-len", "64", "--steps", "32", "--policy", "mbsd"]),
         ]:
-            text, passes = run_text(binary, artifact, FILL, *args, "--threads", "1")
+            text, passes = run_text(binary, artifact, FILL, *args, *backend)
             msgs = [{"role": "user", "content": FILL}]
             r = client.chat.completions.create(model=model, messages=msgs, max_tokens=64, extra_body=extra)
             got = r.choices[0].message.content
