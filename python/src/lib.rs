@@ -311,12 +311,24 @@ impl Session {
         let ids = self.prompt(prompt, ids, chat)?;
         let params = crate::settings(&self.rt_model, settings)?;
         let mut lent = Lent { held: Some(take(&self.slot)?), slot: &self.slot };
+        // Ctrl-C (a pending signal) stops the generation between steps: the GIL is taken back
+        // for a moment after each step to let Python look.
+        let mut interrupted: Option<PyErr> = None;
         let (g, c) = py.detach(|| {
             let session = &mut lent.held.as_mut().expect("lent").session;
-            let g = llada_rt::generate(session, &ids, &params, &mut |_| {});
+            let g = llada_rt::generate_until(session, &ids, &params, &mut |_| match Python::attach(|py| py.check_signals()) {
+                Ok(()) => std::ops::ControlFlow::Continue(()),
+                Err(e) => {
+                    interrupted = Some(e);
+                    std::ops::ControlFlow::Break(())
+                }
+            });
             (g, session.counters)
         });
         drop(lent);
+        if let Some(e) = interrupted {
+            return Err(e);
+        }
         generation(py, &self.text, &g.map_err(rt_err)?, &c)
     }
 

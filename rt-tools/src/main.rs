@@ -192,9 +192,12 @@ fn threads_flag(s: &str) -> std::result::Result<usize, String> {
     at_least_one(s, "omit --threads to use every core")
 }
 
-/// `--sessions`: a count of at least 1.
+/// `--sessions`: a count in 1..=64 (each session holds a window of the model's).
 fn sessions_flag(s: &str) -> std::result::Result<usize, String> {
-    at_least_one(s, "one session serves requests one at a time")
+    match at_least_one(s, "one session serves requests one at a time")? {
+        n if n > 64 => Err(format!("{n} is outside 1..=64")),
+        n => Ok(n),
+    }
 }
 
 /// `--cpu-threads`: a count of at least 1.
@@ -272,9 +275,9 @@ enum Command {
         /// without --threads the cores are shared out among them.
         #[arg(long, default_value_t = 1, value_parser = sessions_flag)]
         sessions: usize,
-        /// Requests that may wait for a session; more are refused with 429.
-        #[arg(long, default_value_t = 16)]
-        queue: usize,
+        /// Requests that may wait for a session, 0 to 4096; more are refused with 429.
+        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(0..=4096))]
+        queue: u16,
         /// Require `Authorization: Bearer KEY` on /v1/ (default: LLADA_API_KEY, else none).
         #[arg(long)]
         api_key: Option<String>,
@@ -740,7 +743,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Done {
                 host,
                 port,
                 sessions,
-                queue,
+                queue: queue.into(),
                 session: session_args.params(&model)?,
                 api_key: api_key.or_else(|| std::env::var("LLADA_API_KEY").ok()).filter(|k| !k.is_empty()),
                 max_body,

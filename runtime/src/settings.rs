@@ -109,8 +109,9 @@ fn optional<T>(v: &Value, f: impl FnOnce() -> Result<T>) -> Result<Option<T>> {
 /// CLI's: the block length and the speculation depth from the artifact's plan), each given
 /// one type-checked, then every range checked against the plan. An unknown name, a value of
 /// the wrong type, one out of range, or one the policy does not read is an error naming it.
-pub fn sampler_params(model: &Model, given: &[(&str, Value)]) -> Result<SamplerParams> {
-    for (name, _) in given {
+pub fn sampler_params(model: &Model, given: &[(impl AsRef<str>, Value)]) -> Result<SamplerParams> {
+    let given: Vec<(&str, &Value)> = given.iter().map(|(n, v)| (n.as_ref(), v)).collect();
+    for (name, _) in &given {
         if !NAMES.contains(name) {
             return Err(Error::request(format!("unknown setting '{name}'; the settings are {}", NAMES.join(", "))));
         }
@@ -118,7 +119,8 @@ pub fn sampler_params(model: &Model, given: &[(&str, Value)]) -> Result<SamplerP
     if let Some(dup) = given.iter().enumerate().find(|(i, (n, _))| given[..*i].iter().any(|(m, _)| m == n)) {
         return Err(Error::setting(setting(dup.1.0), "is given twice"));
     }
-    let get = |name: &str| given.iter().find(|(n, _)| *n == name).map(|(_, v)| v).filter(|v| **v != Value::Null);
+    // Null is "not given" (OpenAI's clients send `"seed": null`): the default stands.
+    let get = |name: &str| given.iter().find(|(n, _)| *n == name).map(|(_, v)| *v).filter(|v| **v != Value::Null);
     let d = SamplerParams::default();
     let gen_length = get("gen_len").map(|v| whole("gen_len", v)).transpose()?.unwrap_or(d.gen_length);
     let policy = get("policy").map(|v| choice("policy", v, &["exact", "prefix", "dual", "spec", "mbsd"], Policy::parse)).transpose()?.unwrap_or(d.policy);
@@ -135,8 +137,10 @@ pub fn sampler_params(model: &Model, given: &[(&str, Value)]) -> Result<SamplerP
     if get("steps").is_none() && p.steps % blocks != 0 {
         p.steps = p.steps.div_ceil(blocks) * blocks;
     }
-    for (name, v) in given {
-        let name = *name;
+    for &(name, v) in &given {
+        if *v == Value::Null {
+            continue;
+        }
         match name {
             "gen_len" | "block_len" | "policy" => {}
             "steps" => p.steps = whole(name, v)?,

@@ -4,13 +4,30 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Most bytes of the request line and headers together.
 pub const MAX_HEAD: usize = 16 << 10;
-/// How long a client may take to send its request (each read), and a response write may block.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to send its whole request, head and body: a client that trickles
+/// bytes holds a thread no longer than this.
+pub const REQUEST_DEADLINE: Duration = Duration::from_secs(10);
+/// How long one response write may block on a client that does not read.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Reads from a stream until a deadline: each read waits at most what is left of it.
+struct Deadline<'a> {
+    stream: &'a TcpStream,
+    until: Instant,
+}
+
+impl Read for Deadline<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let left = self.until.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()).ok_or(std::io::ErrorKind::TimedOut)?;
+        self.stream.set_read_timeout(Some(left))?;
+        let mut stream = self.stream;
+        stream.read(buf)
+    }
+}
 
 pub struct Request {
     pub method: String,
@@ -39,15 +56,17 @@ fn refuse(status: u16, message: impl Into<String>) -> Refusal {
     Refusal { status, message: message.into() }
 }
 
-/// Reads one request from `stream`; a body over `max_body` bytes is refused (413) before it is
-/// read. `Ok(None)`: the client closed the connection without sending a request.
+/// Reads one request from `stream` within [`REQUEST_DEADLINE`]; a body over `max_body` bytes is
+/// refused (413) before it is read. `Ok(None)`: the client closed the connection without
+/// sending a request.
 pub fn read_request(stream: &TcpStream, max_body: usize) -> Result<Option<Request>, Refusal> {
-    let mut reader = BufReader::new(stream.take(MAX_HEAD as u64));
+    let timed = Deadline { stream, until: Instant::now() + REQUEST_DEADLINE };
+    let mut reader = BufReader::new(timed.take(MAX_HEAD as u64));
     let mut line = String::new();
     let mut read_line = |line: &mut String| -> Result<usize, Refusal> {
         line.clear();
         let n = reader.read_line(line).map_err(|e| match e.kind() {
-            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => refuse(408, "the request was not sent in time"),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => refuse(408, format!("the request was not sent within {} s", REQUEST_DEADLINE.as_secs())),
             std::io::ErrorKind::InvalidData => refuse(400, "the request head is not UTF-8"),
             _ => refuse(400, format!("reading the request: {e}")),
         })?;
@@ -90,19 +109,24 @@ pub fn read_request(stream: &TcpStream, max_body: usize) -> Result<Option<Reques
     if length > max_body {
         return Err(refuse(413, format!("the body is {length} bytes; this server takes at most {max_body}")));
     }
-    // What the head's reader buffered belongs to the body.
+    // A client that waits for leave to send its body (curl, for bodies over 1 KiB) gets it.
+    if request.header("expect").is_some_and(|e| e.eq_ignore_ascii_case("100-continue")) {
+        let mut out = stream;
+        out.write_all(b"HTTP/1.1 100 Continue\r\n\r\n").map_err(|e| refuse(400, format!("writing 100 Continue: {e}")))?;
+    }
+    // What the head's reader buffered belongs to the body; the rest is read as it arrives.
     let mut body = reader.buffer().to_vec();
     reader.consume(body.len());
-    if body.len() > length {
-        body.truncate(length);
-    }
-    let mut rest = vec![0; length - body.len()];
-    let mut stream = reader.into_inner().into_inner();
-    stream.read_exact(&mut rest).map_err(|e| match e.kind() {
+    body.truncate(length);
+    let timed = reader.into_inner().into_inner();
+    let want = (length - body.len()) as u64;
+    let got = timed.take(want).read_to_end(&mut body).map_err(|e| match e.kind() {
         std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => refuse(408, "the body was not sent in time"),
-        _ => refuse(400, format!("the body ended before its Content-Length ({length} bytes): {e}")),
+        _ => refuse(400, format!("reading the body: {e}")),
     })?;
-    body.extend_from_slice(&rest);
+    if (got as u64) < want {
+        return Err(refuse(400, format!("the body ended before its Content-Length ({length} bytes)")));
+    }
     request.body = body;
     Ok(Some(request))
 }
@@ -158,6 +182,26 @@ pub fn event(mut stream: &TcpStream, name: Option<&str>, data: &str) -> std::io:
     out.push_str("\n\n");
     stream.write_all(out.as_bytes())?;
     stream.flush()
+}
+
+/// Ends a response sent before the request was read whole (an error about its head or size):
+/// closes our side, then reads what the client still sends for a moment, so that the close
+/// does not reset the connection before the client has read the response.
+pub fn close_unread(stream: &TcpStream) {
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let until = Instant::now() + Duration::from_millis(500);
+    let mut sink = [0u8; 4096];
+    let mut drained = 0usize;
+    while drained < (4 << 20) {
+        let Some(left) = until.checked_duration_since(Instant::now()).filter(|d| !d.is_zero()) else { break };
+        if stream.set_read_timeout(Some(left)).is_err() {
+            break;
+        }
+        match (&*stream).read(&mut sink) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => drained += n,
+        }
+    }
 }
 
 /// Whether the peer has closed its side (a read would return end of file), checked without

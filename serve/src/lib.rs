@@ -113,11 +113,12 @@ pub fn serve(model: Model, config: &Config, ready: impl FnOnce(SocketAddr)) -> R
     shutdown::install();
     listener.set_nonblocking(true).map_err(|e| Error::request(format!("--port {}: {e}", config.port)))?;
     std::thread::scope(|scope| {
+        let listener = listener;
         for mut session in sessions {
             let (jobs, shared) = (&jobs, &shared);
             scope.spawn(move || {
+                let _alive = Release(&shared.workers_alive);
                 workers::work(&mut session, shared.text, jobs, &shared.queue.load, shared.stopping);
-                shared.workers_alive.fetch_sub(1, Ordering::SeqCst);
             });
         }
         ready(addr);
@@ -134,18 +135,29 @@ pub fn serve(model: Model, config: &Config, ready: impl FnOnce(SocketAddr)) -> R
                         continue;
                     }
                     scope.spawn(move || {
+                        let _open = Release(&shared.connections);
                         connection(&stream, shared);
-                        shared.connections.fetch_sub(1, Ordering::SeqCst);
                     });
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
                 Err(_) => std::thread::sleep(Duration::from_millis(20)),
             }
         }
-        // Running generations finish; queued ones are refused; the workers then exit.
+        // No new connections (they would wait in the backlog); running generations finish,
+        // queued ones are refused, and the workers then exit.
+        drop(listener);
         stopping.store(true, Ordering::SeqCst);
     });
     Ok(())
+}
+
+/// Takes one off a count when dropped: a thread's count stays right even if it panics.
+struct Release<'a>(&'a AtomicUsize);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 fn send_error(stream: &TcpStream, e: &ApiError) {
@@ -158,13 +170,16 @@ fn send_json(stream: &TcpStream, body: &serde_json::Value) {
 }
 
 fn connection(stream: &TcpStream, shared: &Shared) {
-    if stream.set_nonblocking(false).is_err() || stream.set_read_timeout(Some(http::READ_TIMEOUT)).is_err() || stream.set_write_timeout(Some(http::WRITE_TIMEOUT)).is_err() {
+    if stream.set_nonblocking(false).is_err() || stream.set_write_timeout(Some(http::WRITE_TIMEOUT)).is_err() {
         return;
     }
     let request = match http::read_request(stream, shared.config.max_body) {
         Ok(Some(r)) => r,
         Ok(None) => return,
-        Err(refusal) => return send_error(stream, &ApiError::new(refusal.status, refusal.message)),
+        Err(refusal) => {
+            send_error(stream, &ApiError::new(refusal.status, refusal.message));
+            return http::close_unread(stream);
+        }
     };
     if let Err(e) = route(stream, &request, shared) {
         send_error(stream, &e);
@@ -244,6 +259,8 @@ struct Answer<'a> {
     sent: String,
     /// A stop sequence appeared: the generation was stopped there.
     stopped: bool,
+    /// The event stream's head is out: errors go as an event, not a status.
+    streaming: bool,
 }
 
 impl Answer<'_> {
@@ -255,8 +272,18 @@ impl Answer<'_> {
         }
     }
 
-    /// A stream chunk carrying `delta` (text, or the assistant role first) and `finish`.
-    fn chunk(&self, delta: Option<&str>, role: bool, finish: Option<&str>) -> String {
+    /// An error: as the response, or after a stream's head, as its last event.
+    fn fail(&self, stream: &TcpStream, e: ApiError) -> Result<(), ApiError> {
+        if !self.streaming {
+            return Err(e);
+        }
+        let _ = http::event(stream, None, &e.body());
+        Ok(())
+    }
+
+    /// A stream chunk carrying `delta` (text, or the assistant role first), `finish`, and the
+    /// fields of `extra` (the last chunk's usage).
+    fn chunk(&self, delta: Option<&str>, role: bool, finish: Option<&str>, extra: Option<&serde_json::Value>) -> String {
         let choice = match self.request.endpoint {
             Endpoint::Chat => {
                 let mut d = serde_json::Map::new();
@@ -270,76 +297,76 @@ impl Answer<'_> {
             }
             Endpoint::Completion => json!({"index": 0, "text": delta.unwrap_or(""), "logprobs": null, "finish_reason": finish}),
         };
-        json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model, "choices": [choice]}).to_string()
+        let mut chunk = json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model, "choices": [choice]});
+        if let Some(serde_json::Value::Object(fields)) = extra {
+            chunk.as_object_mut().expect("a chunk is an object").extend(fields.clone());
+        }
+        chunk.to_string()
     }
 }
 
 fn generate(stream: &TcpStream, request: ApiRequest, shared: &Shared) -> Result<(), ApiError> {
-    let ids = prompt_ids(&request.prompt, shared.text).map_err(|e| {
-        let field = if request.endpoint == Endpoint::Chat { "messages" } else { "prompt" };
-        ApiError::from_runtime(&e).param(field)
-    })?;
-    let settings: Vec<(&str, llada_rt::settings::Value)> = request.settings.iter().map(|(n, v)| (n.as_str(), v.clone())).collect();
-    let params = llada_rt::settings::sampler_params(shared.model, &settings).map_err(|e| ApiError::from_runtime(&e))?;
+    let prompt_field = request.endpoint.prompt_field();
+    let ids = prompt_ids(&request.prompt, shared.text).map_err(|e| ApiError::from_runtime(&e).param(prompt_field))?;
+    let params = llada_rt::settings::sampler_params(shared.model, &request.settings).map_err(|e| ApiError::from_runtime(&e))?;
     if ids.len() + params.gen_length > shared.model.max_exact_len() as usize {
-        let field = if request.endpoint == Endpoint::Chat { "messages" } else { "prompt" };
-        return Err(ApiError::new(400, format!("the prompt is {} tokens and max_tokens {}: together over the {} positions this model was compiled for", ids.len(), params.gen_length, shared.model.max_exact_len())).param(field).code("context_length_exceeded"));
+        return Err(ApiError::new(400, format!("the prompt is {} tokens and max_tokens {}: together over the {} positions this model was compiled for", ids.len(), params.gen_length, shared.model.max_exact_len())).param(prompt_field).code("context_length_exceeded"));
     }
     if shared.stopping.load(Ordering::SeqCst) {
-        return Err(ApiError::new(503, "the server is shutting down"));
+        return Err(ApiError::shutting_down());
     }
     let (events_tx, events) = mpsc::channel();
     let cancel = Arc::new(AtomicBool::new(false));
-    let job = Job { prompt: ids.clone(), params, canvas: request.steps, events: events_tx, cancel: cancel.clone() };
+    let job = Job { prompt: ids.clone(), params, steps: request.stream, canvas: request.steps, events: events_tx, cancel: cancel.clone() };
     match shared.queue.submit(job) {
         Ok(()) => {}
         Err(Refused::Busy) => return Err(ApiError::new(429, format!("all {} sessions are busy and {} requests are waiting; try again", shared.config.sessions, shared.config.queue)).code("rate_limit_exceeded")),
-        Err(Refused::Closed) => return Err(ApiError::new(503, "the server is shutting down")),
+        Err(Refused::Closed) => return Err(ApiError::shutting_down()),
     }
+    // Stops the generation on every way out of here (a finished one has nothing to stop).
+    let _cancel = CancelOnDrop(cancel.clone());
     let n = shared.next_id.fetch_add(1, Ordering::SeqCst);
-    let prefix = if request.endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" };
     let created = unix_seconds(SystemTime::now());
-    let mut answer = Answer { request: &request, id: format!("{prefix}-{created:x}{n:04x}"), created, model: &shared.model_id, sent: String::new(), stopped: false };
+    let mut answer = Answer { request: &request, id: format!("{}-{created:x}{n:04x}", request.endpoint.id_prefix()), created, model: &shared.model_id, sent: String::new(), stopped: false, streaming: false };
     let start = Instant::now();
-    let mut started = false;
-    if request.stream && http::start_events(stream).is_err() {
-        cancel.store(true, Ordering::SeqCst);
-        return Ok(());
-    }
+    let mut checked = Instant::now();
     loop {
-        let event = match events.recv_timeout(Duration::from_millis(100)) {
+        // The client may go away however fast the events come: checked every PEER_CHECK.
+        if checked.elapsed() >= PEER_CHECK {
+            checked = Instant::now();
+            if http::peer_closed(stream) {
+                return Ok(());
+            }
+        }
+        let event = match events.recv_timeout(PEER_CHECK) {
             Ok(e) => e,
             Err(RecvTimeoutError::Timeout) => {
-                // The client went away, or the workers did while this job waited.
-                let orphaned = !started && shared.workers_alive.load(Ordering::SeqCst) == 0;
-                if http::peer_closed(stream) || orphaned {
-                    cancel.store(true, Ordering::SeqCst);
-                    if orphaned {
-                        finish_with_error(stream, &request, &ApiError::new(503, "the server is shutting down"));
-                    }
-                    return Ok(());
+                // The workers are gone while this job waited (the server is stopping).
+                if !answer.streaming && shared.workers_alive.load(Ordering::SeqCst) == 0 {
+                    return Err(ApiError::shutting_down());
                 }
                 continue;
             }
-            Err(RecvTimeoutError::Disconnected) => return Err(ApiError::new(500, "the generation ended without an answer")),
+            Err(RecvTimeoutError::Disconnected) => return answer.fail(stream, ApiError::new(500, "the generation ended without an answer")),
         };
         match event {
+            Event::ShuttingDown => return answer.fail(stream, ApiError::shutting_down()),
             Event::Started => {
-                started = true;
-                if request.stream && request.endpoint == Endpoint::Chat && http::event(stream, None, &answer.chunk(Some(""), true, None)).is_err() {
-                    cancel.store(true, Ordering::SeqCst);
-                    return Ok(());
+                if request.stream {
+                    // The head goes out only now: a request the sampler refuses gets its status.
+                    answer.streaming = true;
+                    let first = (request.endpoint == Endpoint::Chat).then(|| answer.chunk(Some(""), true, None, None));
+                    if http::start_events(stream).is_err() || first.is_some_and(|c| http::event(stream, None, &c).is_err()) {
+                        return Ok(());
+                    }
                 }
             }
             Event::Step(step) => {
-                if !request.stream {
-                    continue;
-                }
                 let (visible, stopped) = openai::cut_at_stop(&step.settled_text, &request.stop);
                 let upto = if stopped { visible.len() } else { openai::sendable(visible, &request.stop) };
                 let mut ok = true;
                 if let Some(new) = visible[..upto].strip_prefix(answer.sent.as_str()).filter(|n| !n.is_empty()) {
-                    ok &= http::event(stream, None, &answer.chunk(Some(new), false, None)).is_ok();
+                    ok &= http::event(stream, None, &answer.chunk(Some(new), false, None, None)).is_ok();
                     answer.sent = visible[..upto].to_string();
                 }
                 if request.steps {
@@ -349,37 +376,32 @@ fn generate(stream: &TcpStream, request: ApiRequest, shared: &Shared) -> Result<
                     });
                     ok &= http::event(stream, Some("step"), &view.to_string()).is_ok();
                 }
+                if !ok {
+                    return Ok(());
+                }
                 if stopped {
                     answer.stopped = true;
                     cancel.store(true, Ordering::SeqCst);
                 }
-                if !ok {
-                    cancel.store(true, Ordering::SeqCst);
-                    return Ok(());
-                }
             }
             Event::Done(Err(Error::Cancelled)) if answer.stopped => return finish(stream, &mut answer, &ids, None, shared),
-            Event::Done(Err(e)) => {
-                let e = ApiError::from_runtime(&e);
-                if request.stream {
-                    finish_with_error(stream, &request, &e);
-                    return Ok(());
-                }
-                return Err(e);
-            }
+            Event::Done(Err(e)) => return answer.fail(stream, ApiError::from_runtime(&e)),
             Event::Done(Ok(g)) => return finish(stream, &mut answer, &ids, Some(&g), shared),
         }
     }
 }
 
-/// An error after a stream has started: OpenAI's error object as the last event.
-fn finish_with_error(stream: &TcpStream, request: &ApiRequest, e: &ApiError) {
-    if request.stream {
-        let _ = http::event(stream, None, &e.body());
-    } else {
-        send_error(stream, e);
+/// Sets a generation's cancel flag when dropped.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
     }
 }
+
+/// How often a waiting request checks that its client is still there.
+const PEER_CHECK: Duration = Duration::from_millis(100);
 
 /// The answer's end: the whole text (or, in a stream, what was not sent yet), the finish
 /// reason and the usage. `g` is `None` when a stop sequence ended the generation early.
@@ -405,17 +427,20 @@ fn finish(stream: &TcpStream, answer: &mut Answer, prompt: &[u32], g: Option<&ll
         send_json(stream, &json!({"id": answer.id, "object": answer.object(false), "created": answer.created, "model": answer.model, "choices": [choice], "usage": usage, "llada": llada}));
         return Ok(());
     }
-    let rest = visible.strip_prefix(answer.sent.as_str()).unwrap_or("");
+    // What the stream has not sent: the final text extends the settled text it sent (settled
+    // tokens do not change); were it ever not so, the whole text is sent rather than dropped.
+    let rest = visible.strip_prefix(answer.sent.as_str()).unwrap_or(visible);
     let mut events = Vec::new();
     if !rest.is_empty() {
-        events.push(answer.chunk(Some(rest), false, None));
+        events.push(answer.chunk(Some(rest), false, None, None));
     }
-    events.push(answer.chunk(None, false, Some(finish_reason)));
-    let mut tail = json!({"id": answer.id, "object": answer.object(true), "created": answer.created, "model": answer.model, "choices": [], "usage": usage});
-    if let Some(l) = llada {
-        tail["llada"] = l;
+    // The finish chunk carries the usage (and llada's figures); OpenAI's usage-only chunk,
+    // with no choices, follows where `stream_options.include_usage` asks for it.
+    let extra = json!({"usage": usage, "llada": llada});
+    events.push(answer.chunk(None, false, Some(finish_reason), Some(&extra)));
+    if answer.request.include_usage {
+        events.push(json!({"id": answer.id, "object": answer.object(true), "created": answer.created, "model": answer.model, "choices": [], "usage": usage}).to_string());
     }
-    events.push(tail.to_string());
     for e in events {
         if http::event(stream, None, &e).is_err() {
             return Ok(());

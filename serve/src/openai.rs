@@ -35,6 +35,11 @@ impl ApiError {
         self
     }
 
+    /// The server stopped before the request's turn.
+    pub fn shutting_down() -> ApiError {
+        ApiError::new(503, "the server is shutting down")
+    }
+
     pub fn code(mut self, c: &'static str) -> ApiError {
         self.code = Some(c);
         self
@@ -67,6 +72,31 @@ pub enum Endpoint {
     Completion,
 }
 
+impl Endpoint {
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completion => "/v1/completions",
+        }
+    }
+
+    /// The body field that holds the prompt.
+    pub fn prompt_field(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "messages",
+            Endpoint::Completion => "prompt",
+        }
+    }
+
+    /// Of a response's `id`, as OpenAI's.
+    pub fn id_prefix(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chatcmpl",
+            Endpoint::Completion => "cmpl",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Prompt {
     /// `(role, content)` turns through the model's chat template.
@@ -83,6 +113,9 @@ pub struct ApiRequest {
     pub endpoint: Endpoint,
     pub prompt: Prompt,
     pub stream: bool,
+    /// `stream_options.include_usage`: OpenAI's usage-only chunk before `[DONE]` (the finish
+    /// chunk carries the usage either way).
+    pub include_usage: bool,
     /// Every step's canvas as `event: step` events (the live view's stream).
     pub steps: bool,
     pub stop: Vec<String>,
@@ -134,11 +167,14 @@ fn messages(v: &Json) -> Result<Prompt, ApiError> {
     for (i, m) in list.iter().enumerate() {
         let at = format!("messages[{i}]");
         let m = m.as_object().ok_or_else(|| bad(format!("{at}: expected an object with role and content"), "messages"))?;
-        let role = m.get("role").and_then(Json::as_str).ok_or_else(|| bad(format!("{at}.role: expected one of system, user, assistant"), "messages"))?;
-        if !["system", "user", "assistant"].contains(&role) {
-            return Err(bad(format!("{at}.role: '{role}' is not one of system, user, assistant"), "messages"));
-        }
-        if let Some(k) = m.keys().find(|k| !["role", "content", "name"].contains(&k.as_str())) {
+        let role = m.get("role").and_then(Json::as_str).ok_or_else(|| bad(format!("{at}.role: expected one of system, developer, user, assistant"), "messages"))?;
+        // OpenAI's newer clients send the system turn as `developer`.
+        let role = match role {
+            "developer" => "system",
+            "system" | "user" | "assistant" => role,
+            _ => return Err(bad(format!("{at}.role: '{role}' is not one of system, developer, user, assistant"), "messages")),
+        };
+        if let Some(k) = m.keys().find(|k| !["role", "content"].contains(&k.as_str())) {
             return Err(bad(format!("{at}.{k}: not accepted (a message has role and content)"), "messages"));
         }
         let text = content(m.get("content").unwrap_or(&Json::Null), &format!("{at}.content"))?;
@@ -186,10 +222,12 @@ pub fn parse(endpoint: Endpoint, body: &[u8], model_id: &str) -> Result<ApiReque
 }
 
 fn parse_fields(endpoint: Endpoint, fields: &Map<String, Json>, model_id: &str) -> Result<ApiRequest, ApiError> {
-    let (prompt_field, other_prompt) = match endpoint {
-        Endpoint::Chat => ("messages", "prompt"),
-        Endpoint::Completion => ("prompt", "messages"),
-    };
+    let prompt_field = endpoint.prompt_field();
+    let other_prompt = match endpoint {
+        Endpoint::Chat => Endpoint::Completion,
+        Endpoint::Completion => Endpoint::Chat,
+    }
+    .prompt_field();
     match fields.get("model") {
         Some(Json::String(m)) if m == model_id => {}
         Some(Json::String(m)) => return Err(ApiError::new(404, format!("The model '{m}' does not exist; this server serves '{model_id}'")).param("model").code("model_not_found")),
@@ -201,23 +239,22 @@ fn parse_fields(endpoint: Endpoint, fields: &Map<String, Json>, model_id: &str) 
         (Endpoint::Chat, Some(v)) => messages(v)?,
         (Endpoint::Completion, Some(v)) => completion_prompt(v)?,
     };
-    let mut request = ApiRequest { endpoint, prompt, stream: false, steps: false, stop: vec![], settings: vec![] };
+    let mut request = ApiRequest { endpoint, prompt, stream: false, include_usage: false, steps: false, stop: vec![], settings: vec![] };
     let mut gen_len_from: Option<&str> = None;
     for (key, v) in fields {
         let key = key.as_str();
         match key {
             "model" => {}
             k if k == prompt_field => {}
-            k if k == other_prompt => return Err(bad(format!("{k}: not accepted here ({} takes {prompt_field})", if endpoint == Endpoint::Chat { "/v1/chat/completions" } else { "/v1/completions" }), k)),
+            k if k == other_prompt => return Err(bad(format!("{k}: not accepted here ({} takes {prompt_field})", endpoint.path()), k)),
             "stream" => request.stream = flag(v, key)?,
             "llada_steps" => request.steps = flag(v, key)?,
             "stream_options" => {
-                // Usage is always sent at the end of a stream; `include_usage` is accepted
-                // (true or false) so that OpenAI's clients can ask for it.
                 let ok = v.is_null() || v.as_object().is_some_and(|o| o.iter().all(|(k, v)| k == "include_usage" && v.is_boolean()));
                 if !ok {
                     return Err(bad("stream_options: only {\"include_usage\": true|false} is accepted", key));
                 }
+                request.include_usage = v.get("include_usage").and_then(Json::as_bool).unwrap_or(false);
             }
             "n" => {
                 if v.as_u64() != Some(1) && !v.is_null() {

@@ -1,12 +1,16 @@
 //! SIGTERM and SIGINT ask the server to stop: the handler only sets a flag (all a signal
-//! handler may safely do); the accept loop polls it.
+//! handler may safely do); the accept loop polls it. A second one exits at once.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 static REQUESTED: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn on_signal(_: libc::c_int) {
-    REQUESTED.store(true, Ordering::SeqCst);
+    // A second signal while the first drains: exit at once (`_exit` is async-signal-safe).
+    if REQUESTED.swap(true, Ordering::SeqCst) {
+        // SAFETY: `_exit` ends the process without running anything of it; always safe.
+        unsafe { libc::_exit(130) };
+    }
 }
 
 /// Installs the handler for SIGTERM and SIGINT.

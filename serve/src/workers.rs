@@ -4,29 +4,33 @@
 //! `cancel` flag, or a closed event channel, stops its generation after the current step
 //! (the generator is dropped; the session stays usable for the next job).
 
-use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 
 use llada_rt::text::Text;
-use llada_rt::{generate_until, Error, Generation, SamplerParams, Session};
+use llada_rt::{Error, Generation, Generator, SamplerParams, Session};
 
 /// One generation asked for.
 pub struct Job {
     pub prompt: Vec<u32>,
     pub params: SamplerParams,
-    /// Send every step's canvas (the opt-in event stream), not only the settled text.
+    /// Send a `Step` per step (a stream); else only `Started` and `Done`.
+    pub steps: bool,
+    /// With each step, its canvas (the opt-in event stream), not only the settled text.
     pub canvas: bool,
     pub events: Sender<Event>,
     pub cancel: Arc<AtomicBool>,
 }
 
-/// What a job's client hears, in order: `Started`, a `Step` per step, then `Done`.
+/// What a job's client hears: `Started` once the request is accepted by the sampler (its
+/// settings fit the plan), a `Step` per step, then `Done`; or `Done` alone (the sampler refused
+/// it), or `ShuttingDown` (the server stopped before the job's turn).
 pub enum Event {
     Started,
     Step(Step),
     Done(Result<Generation, Error>),
+    ShuttingDown,
 }
 
 /// One step of a generation, as the client streams it.
@@ -107,31 +111,17 @@ pub fn work(session: &mut Session, text: &Text, jobs: &Mutex<Receiver<Job>>, loa
         };
         load.queued.fetch_sub(1, Ordering::SeqCst);
         if stopping.load(Ordering::SeqCst) {
-            let _ = job.events.send(Event::Done(Err(Error::request("the server is shutting down"))));
+            let _ = job.events.send(Event::ShuttingDown);
             continue;
         }
-        if job.cancel.load(Ordering::SeqCst) || job.events.send(Event::Started).is_err() {
+        if job.cancel.load(Ordering::SeqCst) {
             continue;
         }
         load.running.fetch_add(1, Ordering::SeqCst);
-        let result = generate_until(session, &job.prompt, &job.params, &mut |v| {
-            if job.cancel.load(Ordering::SeqCst) {
-                return ControlFlow::Break(());
-            }
-            let generated = v.generated();
-            let canvas = job.canvas.then(|| generated.iter().map(|&t| (t != mask).then(|| text.decode(&[t], false))).collect());
-            let step = Step {
-                step: v.step,
-                steps: v.steps,
-                settled_text: text.settled_answer(&generated[..v.settled]),
-                committed: v.committed.to_vec(),
-                revised: v.revised.to_vec(),
-                settled: v.settled,
-                canvas,
-            };
-            // A client that has gone has dropped its receiver.
-            if job.events.send(Event::Step(step)).is_err() { ControlFlow::Break(()) } else { ControlFlow::Continue(()) }
-        });
+        // A panic in a pass is the runtime's fault, not the request's: the client hears an
+        // error and the worker goes on (the session resets itself after a failed pass).
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(session, text, &job, mask)))
+            .unwrap_or_else(|_| Err(Error::Internal("a generation panicked".into())));
         load.running.fetch_sub(1, Ordering::SeqCst);
         load.served.fetch_add(1, Ordering::SeqCst);
         if matches!(result, Err(Error::Cancelled)) {
@@ -139,4 +129,37 @@ pub fn work(session: &mut Session, text: &Text, jobs: &Mutex<Receiver<Job>>, loa
         }
         let _ = job.events.send(Event::Done(result));
     }
+}
+
+/// One job's generation, step by step, each step sent to its client; stopped (as
+/// `Error::Cancelled`) once the client has gone or cancelled.
+fn run(session: &mut Session, text: &Text, job: &Job, mask: u32) -> Result<Generation, Error> {
+    let mut generator = Generator::start(session, &job.prompt, &job.params)?;
+    if job.events.send(Event::Started).is_err() {
+        return Err(Error::Cancelled);
+    }
+    while let Some(v) = generator.step()? {
+        if job.cancel.load(Ordering::SeqCst) {
+            return Err(Error::Cancelled);
+        }
+        if !job.steps {
+            continue;
+        }
+        let generated = v.generated();
+        let canvas = job.canvas.then(|| generated.iter().map(|&t| (t != mask).then(|| text.decode(&[t], false))).collect());
+        let step = Step {
+            step: v.step,
+            steps: v.steps,
+            settled_text: text.settled_answer(&generated[..v.settled]),
+            committed: v.committed.to_vec(),
+            revised: v.revised.to_vec(),
+            settled: v.settled,
+            canvas,
+        };
+        // A client that has gone has dropped its receiver.
+        if job.events.send(Event::Step(step)).is_err() {
+            return Err(Error::Cancelled);
+        }
+    }
+    Ok(generator.finish())
 }

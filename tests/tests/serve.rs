@@ -1,7 +1,8 @@
 //! `llada-rt serve` end to end, over loopback with a plain HTTP client: the answers are
 //! `llada-rt run`'s, streamed or not; extra diffusion settings take effect; every kind of bad
 //! request gets its OpenAI-style error; a full queue is a 429; a client that goes away cancels
-//! its generation; SIGTERM lets a running generation finish and exits.
+//! its generation (streamed or not); a slow client is cut off; SIGTERM lets a running
+//! generation finish, refuses the queued ones (503) and exits.
 
 mod common;
 
@@ -32,8 +33,11 @@ impl Server {
             .spawn()
             .expect("llada-rt starts");
         let mut line = String::new();
-        BufReader::new(child.stderr.as_mut().unwrap()).read_line(&mut line).unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        stderr.read_line(&mut line).unwrap();
         let port = line.split("http://127.0.0.1:").nth(1).and_then(|r| r.split('/').next()).and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("no address in {line:?}"));
+        // The rest of stderr is drained, so the server never blocks writing it.
+        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
         Server { child, port }
     }
 
@@ -242,13 +246,60 @@ fn a_full_queue_is_a_429_and_a_client_that_leaves_cancels_its_generation() {
         assert!(Instant::now() < deadline, "the abandoned generation was not cancelled: {}", server.health());
         std::thread::sleep(Duration::from_millis(50));
     }
-    let (status, answer) = server.post("/v1/chat/completions", &chat(FILL, json!({"max_tokens": 64, "steps": 64})));
-    assert_eq!(status, 200, "{answer}");
-    assert_eq!(answer["choices"][0]["message"]["content"], "3333775555555922222244415555668888877766333333334444444888999911");
+    // With no queue, a request that arrives between the worker's waits is refused: once more.
+    let mut reply = server.post("/v1/chat/completions", &chat(FILL, json!({"max_tokens": 64, "steps": 64})));
+    if reply.0 == 429 {
+        std::thread::sleep(Duration::from_millis(200));
+        reply = server.post("/v1/chat/completions", &chat(FILL, json!({"max_tokens": 64, "steps": 64})));
+    }
+    assert_eq!(reply.0, 200, "{}", reply.1);
+    assert_eq!(reply.1["choices"][0]["message"]["content"], "3333775555555922222244415555668888877766333333334444444888999911");
+
+    // A client waiting for a whole (not streamed) answer that goes away cancels it too.
+    let mut waiting = server.connect();
+    send(&mut waiting, "POST", "/v1/chat/completions", &[], chat(FILL, json!({"max_tokens": 128, "steps": 4096})).to_string().as_bytes());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while server.health()["running"] != 1 {
+        assert!(Instant::now() < deadline, "the request never ran: {}", server.health());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(waiting);
+    while server.health()["cancelled"] != 2 {
+        assert!(Instant::now() < deadline, "the abandoned request was not cancelled: {}", server.health());
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]
-fn sigterm_lets_the_running_generation_finish_then_exits() {
+fn a_slow_client_is_cut_off_and_null_settings_and_usage_chunks_are_as_openais() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifact = common::embedded(dir.path());
+    let server = Server::start(&artifact, &[]);
+    // A head that never ends: answered 408 within the request deadline, not held.
+    let mut slow = server.connect();
+    slow.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 10\r\n").unwrap();
+    let mut out = Vec::new();
+    slow.read_to_end(&mut out).unwrap();
+    assert_eq!(split_response(&out).0, 408);
+    // null is "not given"; the usage-only chunk (no choices) comes only when asked for.
+    let body = chat(FILL, json!({"max_tokens": 64, "steps": 64, "seed": null, "temperature": null, "stream": true}));
+    let (_, _, raw) = server.request("POST", "/v1/chat/completions", &[], body.to_string().as_bytes());
+    let chunks: Vec<Value> = events(&raw).iter().filter(|(_, d)| d != "[DONE]").map(|(_, d)| serde_json::from_str(d).unwrap()).collect();
+    assert!(chunks.iter().all(|c| !c["choices"].as_array().unwrap().is_empty()), "a chunk without choices was not asked for");
+    assert!(chunks.last().unwrap()["usage"]["total_tokens"].as_u64().is_some());
+    let mut asked = body.clone();
+    asked["stream_options"] = json!({"include_usage": true});
+    let (_, _, raw) = server.request("POST", "/v1/chat/completions", &[], asked.to_string().as_bytes());
+    let chunks: Vec<Value> = events(&raw).iter().filter(|(_, d)| d != "[DONE]").map(|(_, d)| serde_json::from_str(d).unwrap()).collect();
+    assert_eq!(chunks.last().unwrap()["choices"], json!([]));
+    // A request the sampler refuses after parsing (a prompt holding the mask token) gets its
+    // status, not a 200 stream with an error in it.
+    let (status, _, raw) = server.request("POST", "/v1/completions", &[], json!({"model": "embedded", "prompt": [1, 2, 275], "max_tokens": 32, "stream": true}).to_string().as_bytes());
+    assert!(status == 400, "{status}: {}", String::from_utf8_lossy(&raw));
+}
+
+#[test]
+fn sigterm_lets_the_running_generation_finish_refuses_the_queued_and_exits() {
     let dir = tempfile::tempdir().unwrap();
     let artifact = common::embedded(dir.path());
     let mut server = Server::start(&artifact, &[]);
@@ -261,6 +312,14 @@ fn sigterm_lets_the_running_generation_finish_then_exits() {
         line.clear();
         reader.read_line(&mut line).unwrap();
     }
+    // A second request waits in the queue behind it.
+    let mut queued = server.connect();
+    send(&mut queued, "POST", "/v1/chat/completions", &[], chat(FILL, json!({"max_tokens": 64, "steps": 64})).to_string().as_bytes());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while server.health()["queued"] != 1 {
+        assert!(Instant::now() < deadline, "the second request was not queued: {}", server.health());
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let pid = server.child.id().to_string();
     assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
     let mut rest = String::new();
@@ -268,5 +327,9 @@ fn sigterm_lets_the_running_generation_finish_then_exits() {
     assert!(rest.contains("\"finish_reason\":\"length\"") && rest.trim_end().ends_with("data: [DONE]"), "the running stream was cut: {rest}");
     let status = server.child.wait().unwrap();
     assert!(status.success(), "{status}");
+    let mut reply = Vec::new();
+    queued.read_to_end(&mut reply).unwrap();
+    let (status, _, body) = split_response(&reply);
+    assert_eq!(status, 503, "the queued request: {}", String::from_utf8_lossy(&body));
     assert!(TcpStream::connect(("127.0.0.1", server.port)).is_err(), "still listening after SIGTERM");
 }
