@@ -32,6 +32,11 @@ fn defaults() -> SamplerParams {
     SamplerParams::default()
 }
 
+/// `serve`'s defaults are the server's (`llada_serve::Config`).
+fn serve_defaults() -> llada_serve::Config {
+    llada_serve::Config::default()
+}
+
 /// The sampler's flags: each maps to the field of `SamplerParams` it names, whose
 /// `Default` gives the defaults shown in `--help`.
 #[derive(Args, Clone)]
@@ -266,23 +271,23 @@ enum Command {
         /// The artifact (from `lladac compile`).
         file: PathBuf,
         /// Address to listen on (0.0.0.0 for every interface).
-        #[arg(long, default_value = "127.0.0.1")]
+        #[arg(long, default_value_t = serve_defaults().host)]
         host: String,
         /// Port to listen on (0: any free port, printed when ready).
-        #[arg(long, default_value_t = 8080)]
+        #[arg(long, default_value_t = serve_defaults().port)]
         port: u16,
         /// Sessions generating at once, each with its own window on the one mapped model;
         /// without --threads the cores are shared out among them.
-        #[arg(long, default_value_t = 1, value_parser = sessions_flag)]
+        #[arg(long, default_value_t = serve_defaults().sessions, value_parser = sessions_flag)]
         sessions: usize,
         /// Requests that may wait for a session, 0 to 4096; more are refused with 429.
-        #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u16).range(0..=4096))]
+        #[arg(long, default_value_t = serve_defaults().queue as u16, value_parser = clap::value_parser!(u16).range(0..=4096))]
         queue: u16,
         /// Require `Authorization: Bearer KEY` on /v1/ (default: LLADA_API_KEY, else none).
         #[arg(long)]
         api_key: Option<String>,
         /// Largest request body, in bytes.
-        #[arg(long, default_value_t = 1 << 20)]
+        #[arg(long, default_value_t = serve_defaults().max_body)]
         max_body: usize,
         #[command(flatten)]
         session: SessionArgs,
