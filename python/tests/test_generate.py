@@ -119,3 +119,21 @@ def test_threads_generate_concurrently(tiny):
         t.join(timeout=600)
     assert not errors
     assert results == [FILL_ANSWER, FILL_ANSWER]
+
+
+def test_ctrl_c_stops_generate_between_steps_and_the_session_goes_on(tiny):
+    import os
+    import signal
+
+    s = tiny.session(threads=1)
+    # A long generation (4,096 passes); SIGINT arrives while it runs.
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            s.generate(FILL, chat=True, gen_len=128, steps=4096)
+    finally:
+        timer.cancel()
+    passes = s.counters["forward_passes"]
+    assert 0 < passes < 4096, passes
+    assert s.generate(FILL, chat=True, gen_len=64, steps=64)["text"] == FILL_ANSWER
