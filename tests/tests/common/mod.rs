@@ -15,7 +15,11 @@ pub fn bin(name: &str) -> PathBuf {
         let exe = std::env::current_exe().expect("the test executable has a path");
         let profile_dir = exe.parent().and_then(Path::parent).expect("tests run from target/<profile>/deps").to_path_buf();
         let profile = profile_dir.file_name().unwrap().to_string_lossy().into_owned();
-        assert!(cargo_build(&profile, &["-p", "lladac", "-p", "llada-rt-tools", "-p", "llada-tools", "--bins"]), "building the binaries failed");
+        // The whole workspace's binaries: cargo resolves features over the packages it is
+        // given, and only the whole workspace resolves them as `cargo test --workspace` did
+        // (a subset leaves out, say, the Python module's proc-macro features and rebuilds a
+        // hundred crates).
+        assert!(cargo_build(&profile, &["--workspace", "--bins"]), "building the binaries failed");
         profile_dir
     });
     dir.join(name)
@@ -168,7 +172,8 @@ pub fn libllada() -> PathBuf {
         .get_or_init(|| {
             let profile_dir = bin("llada-rt").parent().expect("binaries sit in the profile directory").to_path_buf();
             let profile = profile_dir.file_name().unwrap().to_string_lossy().into_owned();
-            assert!(cargo_build(&profile, &["-p", "llada-capi", "--lib"]), "building libllada failed");
+            // The workspace's libraries, for the features `bin` explains.
+            assert!(cargo_build(&profile, &["--workspace", "--lib"]), "building libllada failed");
             profile_dir.join("libllada.a")
         })
         .clone()
