@@ -61,7 +61,7 @@ struct SamplerArgs {
     #[arg(long, default_value_t = defaults().cfg_scale, allow_hyphen_values = true)]
     cfg: f64,
     /// Which masked positions to commit first.
-    #[arg(long, default_value = defaults().remasking.name(), value_parser = ["low_confidence", "random"])]
+    #[arg(long, default_value = defaults().remasking.name(), value_parser = clap::builder::PossibleValuesParser::new(Remasking::NAMES.iter().copied()))]
     remasking: String,
     /// Never predict end-of-text (the official `logits_eos_inf`).
     #[arg(long)]
@@ -74,7 +74,7 @@ struct SamplerArgs {
     /// of the next blocks confirmed once their block is current), mbsd (multi-block
     /// speculative decoding on the plan's row buckets: the block's masked rows, idle rows
     /// drafting the next blocks).
-    #[arg(long, default_value = defaults().policy.name(), value_parser = ["exact", "prefix", "dual", "spec", "mbsd"])]
+    #[arg(long, default_value = defaults().policy.name(), value_parser = clap::builder::PossibleValuesParser::new(Policy::NAMES.iter().copied()))]
     policy: String,
     /// Cached policies: refresh the whole cache every N steps of a block (0 = at each block's start only).
     #[arg(long, default_value_t = defaults().refresh_every)]
@@ -95,7 +95,7 @@ struct SamplerArgs {
     /// mbsd: committed tokens stay revisable and a CPU side path re-checks them (dual-path),
     /// commits are final (off), or auto: dual-path where the dense path leaves the CPU free
     /// (a GPU), off where it runs on the same cores (the host backend, lavapipe).
-    #[arg(long, default_value = defaults().revision.name(), value_parser = ["auto", "dual-path", "off"])]
+    #[arg(long, default_value = defaults().revision.name(), value_parser = clap::builder::PossibleValuesParser::new(Revision::NAMES.iter().copied()))]
     revision: String,
     /// mbsd revision: rows of one side-path pass, two per checked token [default: the plan's
     /// smallest latency bucket].
@@ -111,7 +111,7 @@ struct SamplerArgs {
     #[arg(long, default_value_t = defaults().revise_confidence, allow_hyphen_values = true)]
     revise_confidence: f32,
     /// Dream: the confidence rule of its sampler (LLaDA models take --remasking).
-    #[arg(long, default_value = defaults().alg.name(), value_parser = ["origin", "maskgit_plus", "topk_margin", "entropy"])]
+    #[arg(long, default_value = defaults().alg.name(), value_parser = clap::builder::PossibleValuesParser::new(Alg::NAMES.iter().copied()))]
     alg: String,
     /// Dream: its schedule runs from timestep 1 down to this.
     #[arg(long, default_value_t = defaults().eps, allow_hyphen_values = true)]

@@ -17,6 +17,9 @@ pub enum Remasking {
 }
 
 impl Remasking {
+    /// Every value's name, as `parse` takes them.
+    pub const NAMES: &'static [&'static str] = &["low_confidence", "random"];
+
     pub fn parse(s: &str) -> Option<Remasking> {
         match s {
             "low_confidence" => Some(Remasking::LowConfidence),
@@ -49,6 +52,9 @@ pub enum Alg {
 }
 
 impl Alg {
+    /// Every value's name, as `parse` takes them.
+    pub const NAMES: &'static [&'static str] = &["origin", "maskgit_plus", "topk_margin", "entropy"];
+
     pub fn parse(s: &str) -> Option<Alg> {
         match s {
             "origin" => Some(Alg::Origin),
@@ -81,6 +87,9 @@ pub enum Policy {
 }
 
 impl Policy {
+    /// Every value's name, as `parse` takes them.
+    pub const NAMES: &'static [&'static str] = &["exact", "prefix", "dual", "spec", "mbsd"];
+
     pub fn parse(s: &str) -> Option<Policy> {
         match s {
             "exact" => Some(Policy::Exact),
@@ -116,6 +125,9 @@ pub enum Revision {
 }
 
 impl Revision {
+    /// Every value's name, as `parse` takes them.
+    pub const NAMES: &'static [&'static str] = &["auto", "dual-path", "off"];
+
     pub fn parse(s: &str) -> Option<Revision> {
         match s {
             "dual-path" => Some(Revision::DualPath),

@@ -123,7 +123,7 @@ pub fn sampler_params(model: &Model, given: &[(impl AsRef<str>, Value)]) -> Resu
     let get = |name: &str| given.iter().find(|(n, _)| *n == name).map(|(_, v)| *v).filter(|v| **v != Value::Null);
     let d = SamplerParams::default();
     let gen_length = get("gen_len").map(|v| whole("gen_len", v)).transpose()?.unwrap_or(d.gen_length);
-    let policy = get("policy").map(|v| choice("policy", v, &["exact", "prefix", "dual", "spec", "mbsd"], Policy::parse)).transpose()?.unwrap_or(d.policy);
+    let policy = get("policy").map(|v| choice("policy", v, Policy::NAMES, Policy::parse)).transpose()?.unwrap_or(d.policy);
     let block_length = get("block_len").map(|v| whole("block_len", v)).transpose()?;
     let mut p = SamplerParams::for_model(model, gen_length, block_length, policy);
     // A request names any length (OpenAI's `max_tokens`), where the CLI's defaults may not fit:
@@ -147,7 +147,7 @@ pub fn sampler_params(model: &Model, given: &[(impl AsRef<str>, Value)]) -> Resu
             "temperature" => p.temperature = number(name, v)?,
             "seed" => p.seed = whole(name, v)? as u64,
             "cfg" => p.cfg_scale = number(name, v)?,
-            "remasking" => p.remasking = choice(name, v, &["low_confidence", "random"], Remasking::parse)?,
+            "remasking" => p.remasking = choice(name, v, Remasking::NAMES, Remasking::parse)?,
             "logits_eos_inf" => p.logits_eos_inf = flag(name, v)?,
             "confidence_eos_eot_inf" => p.confidence_eos_eot_inf = flag(name, v)?,
             "refresh_every" => p.refresh_every = whole(name, v)?,
@@ -159,12 +159,12 @@ pub fn sampler_params(model: &Model, given: &[(impl AsRef<str>, Value)]) -> Resu
             }
             "spec_threshold" => p.spec_threshold = number(name, v)? as f32,
             "rows" => p.rows = optional(v, || whole(name, v))?,
-            "revision" => p.revision = choice(name, v, &["auto", "dual-path", "off"], Revision::parse)?,
+            "revision" => p.revision = choice(name, v, Revision::NAMES, Revision::parse)?,
             "side_rows" => p.side_rows = optional(v, || whole(name, v))?,
             "stable_confidence" => p.stable_confidence = number(name, v)? as f32,
             "stable_checks" => p.stable_checks = u32::try_from(whole(name, v)?).map_err(|_| Error::setting(setting(name), "is too large"))?,
             "revise_confidence" => p.revise_confidence = number(name, v)? as f32,
-            "alg" => p.alg = choice(name, v, &["origin", "maskgit_plus", "topk_margin", "entropy"], Alg::parse)?,
+            "alg" => p.alg = choice(name, v, Alg::NAMES, Alg::parse)?,
             "eps" => p.eps = number(name, v)?,
             "top_p" => p.top_p = optional(v, || number(name, v))?,
             "top_k" => p.top_k = optional(v, || whole(name, v))?,
@@ -193,6 +193,19 @@ mod tests {
         assert!(e.contains("--policy 'fast' is not one of exact, dual"), "{e}");
         for name in NAMES {
             setting(name);
+        }
+        // Each enum's names are what its `parse` takes, and what `name` gives back.
+        for n in Policy::NAMES {
+            assert_eq!(Policy::parse(n).map(Policy::name), Some(*n));
+        }
+        for n in Remasking::NAMES {
+            assert_eq!(Remasking::parse(n).map(Remasking::name), Some(*n));
+        }
+        for n in Revision::NAMES {
+            assert_eq!(Revision::parse(n).map(Revision::name), Some(*n));
+        }
+        for n in Alg::NAMES {
+            assert_eq!(Alg::parse(n).map(Alg::name), Some(*n));
         }
         assert_eq!(optional(&Value::Null, || whole("rows", &Value::Null)).unwrap(), None);
     }
