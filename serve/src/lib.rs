@@ -272,6 +272,11 @@ impl Answer<'_> {
         }
     }
 
+    /// A response object or stream chunk around `choices` (OpenAI's id, object, created, model).
+    fn envelope(&self, chunk: bool, choices: serde_json::Value) -> serde_json::Value {
+        json!({"id": self.id, "object": self.object(chunk), "created": self.created, "model": self.model, "choices": choices})
+    }
+
     /// An error: as the response, or after a stream's head, as its last event.
     fn fail(&self, stream: &TcpStream, e: ApiError) -> Result<(), ApiError> {
         if !self.streaming {
@@ -297,7 +302,7 @@ impl Answer<'_> {
             }
             Endpoint::Completion => json!({"index": 0, "text": delta.unwrap_or(""), "logprobs": null, "finish_reason": finish}),
         };
-        let mut chunk = json!({"id": self.id, "object": self.object(true), "created": self.created, "model": self.model, "choices": [choice]});
+        let mut chunk = self.envelope(true, json!([choice]));
         if let Some(serde_json::Value::Object(fields)) = extra {
             chunk.as_object_mut().expect("a chunk is an object").extend(fields.clone());
         }
@@ -424,7 +429,10 @@ fn finish(stream: &TcpStream, answer: &mut Answer, prompt: &[u32], g: Option<&ll
             Endpoint::Chat => json!({"index": 0, "message": {"role": "assistant", "content": visible}, "logprobs": null, "finish_reason": finish_reason}),
             Endpoint::Completion => json!({"index": 0, "text": visible, "logprobs": null, "finish_reason": finish_reason}),
         };
-        send_json(stream, &json!({"id": answer.id, "object": answer.object(false), "created": answer.created, "model": answer.model, "choices": [choice], "usage": usage, "llada": llada}));
+        let mut whole = answer.envelope(false, json!([choice]));
+        whole["usage"] = usage;
+        whole["llada"] = json!(llada);
+        send_json(stream, &whole);
         return Ok(());
     }
     // What the stream has not sent: the final text extends the settled text it sent (settled
@@ -439,7 +447,9 @@ fn finish(stream: &TcpStream, answer: &mut Answer, prompt: &[u32], g: Option<&ll
     let extra = json!({"usage": usage, "llada": llada});
     events.push(answer.chunk(None, false, Some(finish_reason), Some(&extra)));
     if answer.request.include_usage {
-        events.push(json!({"id": answer.id, "object": answer.object(true), "created": answer.created, "model": answer.model, "choices": [], "usage": usage}).to_string());
+        let mut usage_only = answer.envelope(true, json!([]));
+        usage_only["usage"] = usage;
+        events.push(usage_only.to_string());
     }
     for e in events {
         if http::event(stream, None, &e).is_err() {

@@ -60,7 +60,7 @@ pub struct Load {
 /// The queue's sending side.
 pub struct Queue {
     jobs: SyncSender<Job>,
-    pub load: Arc<Load>,
+    pub load: Load,
 }
 
 pub enum Refused {
@@ -89,7 +89,7 @@ impl Queue {
 /// A queue holding at most `capacity` waiting jobs, and its receiving side for the workers.
 pub fn queue(capacity: usize) -> (Queue, Arc<Mutex<Receiver<Job>>>) {
     let (tx, rx) = mpsc::sync_channel(capacity);
-    (Queue { jobs: tx, load: Arc::default() }, Arc::new(Mutex::new(rx)))
+    (Queue { jobs: tx, load: Load::default() }, Arc::new(Mutex::new(rx)))
 }
 
 /// Runs jobs on `session` until `stopping` is set and no job is waiting; jobs still queued

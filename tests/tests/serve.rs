@@ -65,6 +65,29 @@ impl Server {
         let (_, _, body) = self.request("GET", "/health", &[], b"");
         serde_json::from_slice(&body).unwrap()
     }
+
+    /// Waits (at most a minute) until `/health`'s `field` is `value`; `what` names the wait.
+    fn wait_for_health(&self, field: &str, value: u64, what: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.health()[field] != value {
+            assert!(Instant::now() < deadline, "{what}: {}", self.health());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Sends a streamed request and reads up to its first event: from then on it holds a
+    /// session. The stream's reader, to read the rest or to drop.
+    fn open_stream(&self, body: &Value) -> BufReader<TcpStream> {
+        let mut s = self.connect();
+        send(&mut s, "POST", "/v1/chat/completions", &[], body.to_string().as_bytes());
+        let mut reader = BufReader::new(s);
+        let mut line = String::new();
+        while !line.starts_with("data: ") {
+            line.clear();
+            reader.read_line(&mut line).unwrap();
+        }
+        reader
+    }
 }
 
 impl Drop for Server {
@@ -226,26 +249,13 @@ fn a_full_queue_is_a_429_and_a_client_that_leaves_cancels_its_generation() {
     let artifact = common::embedded(dir.path());
     let server = Server::start(&artifact, &["--queue", "0"]);
     // A long generation, streamed: once its first chunk arrives it holds the one session.
-    let long = chat(FILL, json!({"max_tokens": 128, "steps": 4096, "stream": true})).to_string();
-    let mut first = server.connect();
-    send(&mut first, "POST", "/v1/chat/completions", &[], long.as_bytes());
-    let mut reader = BufReader::new(first.try_clone().unwrap());
-    let mut line = String::new();
-    while !line.starts_with("data: ") {
-        line.clear();
-        reader.read_line(&mut line).unwrap();
-    }
+    let first = server.open_stream(&chat(FILL, json!({"max_tokens": 128, "steps": 4096, "stream": true})));
     let (status, refused) = server.post("/v1/chat/completions", &chat(FILL, json!({"max_tokens": 8, "steps": 8})));
     assert_eq!(status, 429, "{refused}");
     assert_eq!(refused["error"]["code"], "rate_limit_exceeded");
     // The client goes away: its generation stops and the session serves the next request.
-    drop(reader);
     drop(first);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while server.health()["cancelled"] != 1 {
-        assert!(Instant::now() < deadline, "the abandoned generation was not cancelled: {}", server.health());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    server.wait_for_health("cancelled", 1, "the abandoned generation was not cancelled");
     // With no queue, a request that arrives between the worker's waits is refused: once more.
     let mut reply = server.post("/v1/chat/completions", &chat(FILL, json!({"max_tokens": 64, "steps": 64})));
     if reply.0 == 429 {
@@ -258,16 +268,9 @@ fn a_full_queue_is_a_429_and_a_client_that_leaves_cancels_its_generation() {
     // A client waiting for a whole (not streamed) answer that goes away cancels it too.
     let mut waiting = server.connect();
     send(&mut waiting, "POST", "/v1/chat/completions", &[], chat(FILL, json!({"max_tokens": 128, "steps": 4096})).to_string().as_bytes());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while server.health()["running"] != 1 {
-        assert!(Instant::now() < deadline, "the request never ran: {}", server.health());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    server.wait_for_health("running", 1, "the request never ran");
     drop(waiting);
-    while server.health()["cancelled"] != 2 {
-        assert!(Instant::now() < deadline, "the abandoned request was not cancelled: {}", server.health());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    server.wait_for_health("cancelled", 2, "the abandoned request was not cancelled");
 }
 
 #[test]
@@ -303,23 +306,11 @@ fn sigterm_lets_the_running_generation_finish_refuses_the_queued_and_exits() {
     let dir = tempfile::tempdir().unwrap();
     let artifact = common::embedded(dir.path());
     let mut server = Server::start(&artifact, &[]);
-    let body = chat(FILL, json!({"max_tokens": 64, "steps": 1024, "stream": true})).to_string();
-    let mut client = server.connect();
-    send(&mut client, "POST", "/v1/chat/completions", &[], body.as_bytes());
-    let mut reader = BufReader::new(client.try_clone().unwrap());
-    let mut line = String::new();
-    while !line.starts_with("data: ") {
-        line.clear();
-        reader.read_line(&mut line).unwrap();
-    }
+    let mut reader = server.open_stream(&chat(FILL, json!({"max_tokens": 64, "steps": 1024, "stream": true})));
     // A second request waits in the queue behind it.
     let mut queued = server.connect();
     send(&mut queued, "POST", "/v1/chat/completions", &[], chat(FILL, json!({"max_tokens": 64, "steps": 64})).to_string().as_bytes());
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while server.health()["queued"] != 1 {
-        assert!(Instant::now() < deadline, "the second request was not queued: {}", server.health());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    server.wait_for_health("queued", 1, "the second request was not queued");
     let pid = server.child.id().to_string();
     assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
     let mut rest = String::new();

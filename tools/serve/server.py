@@ -1,5 +1,6 @@
 """Starts `llada-rt serve` on a free loopback port for the checks beside this file."""
 
+import json
 import os
 import re
 import signal
@@ -43,8 +44,6 @@ class Server:
 
 def run_text(binary, artifact, prompt, *args):
     """`llada-rt run --chat --json`'s answer text and passes for the same settings."""
-    import json
-
     out = subprocess.run([binary, "run", artifact, "--chat", "-p", prompt, "--json", *args], check=True, capture_output=True, text=True, env={**os.environ})
     j = json.loads(out.stdout)
     return j["text"], j["forward_passes"]
