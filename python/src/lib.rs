@@ -379,15 +379,18 @@ struct Stepping {
 unsafe impl Send for Stepping {}
 
 impl Stepping {
-    fn give_back(&mut self) {
+    /// Puts the session back in its slot; its counters as it goes back (`None` if it was
+    /// given back already).
+    fn give_back(&mut self) -> Option<llada_rt::session::Counters> {
         // Ends the borrow of `*held`.
         self.generator = None;
-        if let Some(p) = self.held.take() {
-            // SAFETY: `p` came from `Box::leak` in `Session::steps`, and the generator, the
-            // only borrow of it, is gone.
-            let held = unsafe { Box::from_raw(p.as_ptr()) };
-            *lock(&self.slot) = Some(held);
-        }
+        let p = self.held.take()?;
+        // SAFETY: `p` came from `Box::leak` in `Session::steps`, and the generator, the only
+        // borrow of it, is gone.
+        let held = unsafe { Box::from_raw(p.as_ptr()) };
+        let counters = held.session.counters;
+        *lock(&self.slot) = Some(held);
+        Some(counters)
     }
 }
 
@@ -448,10 +451,7 @@ impl Steps {
             Ok(None) => {
                 let generator = s.generator.take().expect("stepping");
                 let g = generator.finish();
-                s.give_back();
-                let held = lock(&s.slot);
-                let c = held.as_ref().map(|h| h.session.counters).unwrap_or_default();
-                drop(held);
+                let c = s.give_back().unwrap_or_default();
                 s.result = Some((g, c));
                 return Ok(None);
             }
