@@ -266,6 +266,9 @@ impl Params {
             top_p: (self.top_p != 0.0).then_some(self.top_p),
             top_k: (self.top_k != 0).then_some(self.top_k as usize),
             alg_temp: (self.alg_temp != 0.0).then_some(self.alg_temp),
+            // Not in `llada_params` yet (the C ABI is unchanged): LLaDA 2.x's published
+            // default, off.
+            eos_early_stop: false,
         })
     }
 }

@@ -353,8 +353,8 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     if let (Some((soc, _)), false) = (npu_soc, kv_dtype == KvDType::F16) {
         return Err(Error::Options(format!("--kv-dtype {}: the NPU executables for '{soc}' read an f16 KV cache in place; use --kv-dtype f16, or --host-only", kv_dtype.name())));
     }
-    if let (Some((soc, _)), Arch::LladaMoe) = (npu_soc, cfg.arch) {
-        return Err(Error::Options(format!("--target {soc}: LLaDA-MoE has no NPU executables (its experts would run on the CPU path, not built yet); add --host-only to build the host stand-in")));
+    if let (Some((soc, _)), Arch::LladaMoe | Arch::Llada2Moe) = (npu_soc, cfg.arch) {
+        return Err(Error::Options(format!("--target {soc}: mixture-of-experts models (LLaDA-MoE, LLaDA 2.x) have no NPU executables (its experts would run on the CPU path, not built yet); add --host-only to build the host stand-in")));
     }
     // Check every tensor before writing anything.
     let layout = layout::plan(&cfg, &ckpt, Storage { matrix: quant.matrix_dtype(), embedding: quant.embedding_dtype() })?;
@@ -397,6 +397,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
             Arch::Llada => Family::Llada,
             Arch::LladaMoe => Family::LladaMoe,
             Arch::Dream => Family::Dream,
+            Arch::Llada2Moe => Family::Llada2Moe,
         }
         .name()
         .into(),
@@ -412,7 +413,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
         rope_theta: cfg.rope_theta,
         rms_eps: cfg.rms_eps,
         qk_norm: cfg.qk_norm,
-        moe: cfg.moe.map(|m| MoeConfig { experts: m.experts as u32, top_k: m.top_k as u32 }),
+        moe: cfg.moe.map(|m| MoeConfig { experts: m.experts as u32, top_k: m.top_k as u32, dense_layers: cfg.llada2.map_or(0, |l| l.dense_layers as u32) }),
     };
 
     let total_bytes: u64 = segments.iter().flat_map(|(_, p)| p.iter()).flat_map(|t| t.sources.iter()).map(|s| s.nbytes).sum();
@@ -452,7 +453,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     }
     bar.finish_and_clear();
     w.begin_segment("rope")?;
-    let (cos, sin) = rope_tables(cfg.rope_theta, hd, rope_rows as usize);
+    let (cos, sin) = rope_tables(cfg.rope_theta, hd, cfg.llada2.map_or(hd, |l| l.rotary_dim), rope_rows as usize);
     let half = (hd / 2) as u64;
     let rope_cos = w.add_tensor("rope.cos", DType::F32, &[rope_rows as u64, half], bytemuck::cast_slice(&cos))?;
     let rope_sin = w.add_tensor("rope.sin", DType::F32, &[rope_rows as u64, half], bytemuck::cast_slice(&sin))?;
@@ -634,6 +635,7 @@ fn embedding_name(cfg: &LladaConfig) -> &'static str {
     match cfg.arch {
         Arch::Llada => names::EMBEDDING,
         Arch::LladaMoe | Arch::Dream => names::moe::EMBEDDING,
+        Arch::Llada2Moe => names::LLADA2_EMBEDDING,
     }
 }
 
@@ -678,12 +680,14 @@ fn overflow(ckpt: &Checkpoint, src: &TensorLocation, element: usize, dtype: DTyp
 }
 
 /// Rotary tables `[rows, head_dim / 2]`, computed as LLaDA's reference does in float32:
-/// `inv_freq = 1 / theta^(2i / head_dim)`, angle = position * inv_freq (rounded to f32), then
-/// cos and sin of that angle, correctly rounded.
-pub fn rope_tables(theta: f64, head_dim: usize, rows: usize) -> (Vec<f32>, Vec<f32>) {
+/// `inv_freq = 1 / theta^(2i / rotary_dim)`, angle = position * inv_freq (rounded to f32), then
+/// cos and sin of that angle, correctly rounded. Pairs past `rotary_dim / 2` get frequency 0
+/// (cos 1, sin 0): partial rotary, with the heads stored in `layout_llada2::rotary_order`.
+pub fn rope_tables(theta: f64, head_dim: usize, rotary_dim: usize, rows: usize) -> (Vec<f32>, Vec<f32>) {
     let half = head_dim / 2;
-    let inv_freq: Vec<f32> =
-        (0..half).map(|i| 1.0f32 / (theta as f32).powf((2 * i) as f32 / head_dim as f32)).collect();
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|i| if i < rotary_dim / 2 { 1.0f32 / (theta as f32).powf((2 * i) as f32 / rotary_dim as f32) } else { 0.0 })
+        .collect();
     let mut cos = Vec::with_capacity(rows * half);
     let mut sin = Vec::with_capacity(rows * half);
     for p in 0..rows {

@@ -44,7 +44,7 @@ fn window_map(h: &Header) -> Vec<Value> {
     }
     let x = &w.experts;
     if x.region.bytes > 0 {
-        let what = format!("expert slots: {} layers x {} slots of {} B, for {} experts a layer", h.model.n_layers, x.slots_per_layer, x.slot_bytes, x.per_layer);
+        let what = format!("expert slots: {} layers x {} slots of {} B, for {} experts a layer", h.model.moe_layers(), x.slots_per_layer, x.slot_bytes, x.per_layer);
         rows.push(json!({"offset": x.region.offset, "bytes": x.region.bytes, "lifetime": "session (an expert cache the runtime fills)", "what": what}));
     }
     rows.sort_by_key(|r| r["offset"].as_u64());

@@ -4,6 +4,7 @@
 //! larger half double-buffer a layer); for LLaDA-MoE a block's attention and router, then one
 //! segment per expert (the unit of the expert cache).
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 use llada_ir::{DType, TensorId};
@@ -12,13 +13,13 @@ use crate::error::{Error, Result};
 use crate::hf::checkpoint::{Checkpoint, TensorLocation};
 use crate::hf::config::{Arch, LladaConfig};
 use crate::hf::names;
-use crate::lower::{BlockTensors, Ffn, NetworkTensors};
+use crate::lower::{BlockTensors, Ffn, NetworkTensors, RouteRule};
 
 /// One artifact tensor: the checkpoint tensors whose rows it concatenates (a fused matrix
 /// has several), and how it is stored.
 pub struct Planned<'a> {
     pub name: String,
-    pub sources: Vec<&'a TensorLocation>,
+    pub sources: Vec<Cow<'a, TensorLocation>>,
     pub dtype: DType,
     pub shape: Vec<u64>,
 }
@@ -38,30 +39,30 @@ pub struct Storage {
     pub embedding: DType,
 }
 
-struct Builder<'c> {
+pub(crate) struct Builder<'c> {
     ckpt: &'c Checkpoint,
     consumed: HashSet<String>,
 }
 
 impl<'c> Builder<'c> {
-    fn get(&mut self, name: &str, shape: &[usize], why: &str) -> Result<&'c TensorLocation> {
+    pub(crate) fn get(&mut self, name: &str, shape: &[usize], why: &str) -> Result<&'c TensorLocation> {
         self.consumed.insert(name.to_string());
         self.ckpt.expect(name, shape, why)
     }
 
-    fn single(&mut self, name: &str, shape: &[usize], why: &str, dtype: DType) -> Result<Planned<'c>> {
-        Ok(Planned { name: name.into(), sources: vec![self.get(name, shape, why)?], dtype, shape: shape.iter().map(|&x| x as u64).collect() })
+    pub(crate) fn single(&mut self, name: &str, shape: &[usize], why: &str, dtype: DType) -> Result<Planned<'c>> {
+        Ok(Planned { name: name.into(), sources: vec![Cow::Borrowed(self.get(name, shape, why)?)], dtype, shape: shape.iter().map(|&x| x as u64).collect() })
     }
 
     /// Vectors `parts` concatenated into one named `name` (fused biases).
     fn fused_vector(&mut self, name: String, parts: &[(&str, usize, &str)], dtype: DType) -> Result<Planned<'c>> {
-        let sources = parts.iter().map(|(n, len, why)| self.get(n, &[*len], why)).collect::<Result<Vec<_>>>()?;
+        let sources = parts.iter().map(|(n, len, why)| self.get(n, &[*len], why).map(Cow::Borrowed)).collect::<Result<Vec<_>>>()?;
         Ok(Planned { name, sources, dtype, shape: vec![parts.iter().map(|p| p.1 as u64).sum()] })
     }
 
     /// Rows of `parts` stacked into one matrix named `name`.
-    fn fused(&mut self, name: String, parts: &[(&str, [usize; 2], &str)], dtype: DType) -> Result<Planned<'c>> {
-        let sources = parts.iter().map(|(n, shape, why)| self.get(n, shape, why)).collect::<Result<Vec<_>>>()?;
+    pub(crate) fn fused(&mut self, name: String, parts: &[(&str, [usize; 2], &str)], dtype: DType) -> Result<Planned<'c>> {
+        let sources = parts.iter().map(|(n, shape, why)| self.get(n, shape, why).map(Cow::Borrowed)).collect::<Result<Vec<_>>>()?;
         let rows = parts.iter().map(|p| p.1[0] as u64).sum();
         Ok(Planned { name, sources, dtype, shape: vec![rows, parts[0].1[1] as u64] })
     }
@@ -74,9 +75,13 @@ pub fn plan<'c>(cfg: &LladaConfig, ckpt: &'c Checkpoint, storage: Storage) -> Re
         Arch::Llada => dense(cfg, &mut b, storage, &LLADA)?,
         Arch::LladaMoe => moe(cfg, &mut b, storage)?,
         Arch::Dream => dense(cfg, &mut b, storage, &DREAM)?,
+        Arch::Llada2Moe => crate::layout_llada2::segments(cfg, &mut b, storage)?,
     };
     Ok(Layout { arch: cfg.arch, segments, consumed: b.consumed })
 }
+
+/// Segments of layers, in file order: `(name, tensors)`.
+pub(crate) type Segments<'c> = Vec<(String, Vec<Planned<'c>>)>;
 
 /// A dense family's checkpoint names and config keys: LLaDA's (`modeling_llada.py`) or Dream's
 /// (`modeling_dream.py`, LLaDA-MoE's names with q, k and v biases).
@@ -212,12 +217,12 @@ impl Layout<'_> {
             match self.arch {
                 Arch::Llada => {
                     let (a, f) = (&ids[seg], &ids[seg + 1]);
-                    blocks.push(BlockTensors { attn_norm: a[0], qkv: a[1], qkv_bias: None, qk_norm: None, attn_out: a[2], ff_norm: f[0], ffn: Ffn::Dense { gate_up: f[1], ff_out: f[2] } });
+                    blocks.push(BlockTensors { attn_norm: a[0], qkv: a[1], qkv_bias: None, qk_norm: None, attn_out: a[2], ff_norm: f[0], ffn: Ffn::Dense { gate_up: f[1], ff_out: f[2], hidden: cfg.mlp_hidden as u32 } });
                     seg += 2;
                 }
                 Arch::Dream => {
                     let (a, f) = (&ids[seg], &ids[seg + 1]);
-                    blocks.push(BlockTensors { attn_norm: a[0], qkv: a[1], qkv_bias: Some(a[2]), qk_norm: None, attn_out: a[3], ff_norm: f[0], ffn: Ffn::Dense { gate_up: f[1], ff_out: f[2] } });
+                    blocks.push(BlockTensors { attn_norm: a[0], qkv: a[1], qkv_bias: Some(a[2]), qk_norm: None, attn_out: a[3], ff_norm: f[0], ffn: Ffn::Dense { gate_up: f[1], ff_out: f[2], hidden: cfg.mlp_hidden as u32 } });
                     seg += 2;
                 }
                 Arch::LladaMoe => {
@@ -232,9 +237,10 @@ impl Layout<'_> {
                         }
                         expert_segments.push((seg + 1 + e) as u32);
                     }
-                    blocks.push(BlockTensors { attn_norm: a[0], qkv: a[1], qkv_bias: None, qk_norm, attn_out: rest[0], ff_norm: rest[1], ffn: Ffn::Moe { router: rest[2], first } });
+                    blocks.push(BlockTensors { attn_norm: a[0], qkv: a[1], qkv_bias: None, qk_norm, attn_out: rest[0], ff_norm: rest[1], ffn: Ffn::Moe { router: rest[2], first, rule: RouteRule::Softmax, shared: None } });
                     seg += 1 + experts;
                 }
+                Arch::Llada2Moe => seg = crate::layout_llada2::block(ids, seg, blocks.len(), cfg, &mut blocks, &mut expert_segments)?,
             }
         }
         let head = &ids[seg];

@@ -21,10 +21,20 @@ pub struct BlockTensors {
 /// A block's feed-forward.
 #[derive(Debug, Clone, Copy)]
 pub enum Ffn {
-    Dense { gate_up: TensorId, ff_out: TensorId },
+    /// SwiGLU of width `hidden`.
+    Dense { gate_up: TensorId, ff_out: TensorId, hidden: u32 },
     /// The router (`[experts, d]`) and the experts: `[gate | up]` then down for each, from
-    /// tensor `first` on.
-    Moe { router: TensorId, first: TensorId },
+    /// tensor `first` on; and a shared expert added unweighted (`[gate | up]`, down, width).
+    Moe { router: TensorId, first: TensorId, rule: RouteRule, shared: Option<(TensorId, TensorId, u32)> },
+}
+
+/// How a router picks and weighs experts.
+#[derive(Debug, Clone, Copy)]
+pub enum RouteRule {
+    /// LLaDA-MoE's: softmax, top k (`Op::Route`).
+    Softmax,
+    /// LLaDA 2.x's (`Op::RouteSigmoid`).
+    Sigmoid { bias: TensorId, groups: u32, top_groups: u32, normalize: bool, scale: f32 },
 }
 
 /// Tensor ids of the whole network, as written to the artifact.
@@ -98,25 +108,40 @@ pub fn full_sequence_graph(m: &ModelConfig, t: &NetworkTensors, opts: NetworkOpt
             Op::RmsNorm { x, weight: bt.ff_norm, eps, out: fin },
         ]);
         match (bt.ffn, m.moe) {
-            (Ffn::Dense { gate_up: w_gate_up, ff_out }, _) => {
-                let gate_up = v(&mut b, "gate_up", 2 * m.mlp_hidden);
-                let h = v(&mut b, "hidden", m.mlp_hidden);
+            (Ffn::Dense { gate_up: w_gate_up, ff_out, hidden }, _) => {
+                let gate_up = v(&mut b, "gate_up", 2 * hidden);
+                let h = v(&mut b, "hidden", hidden);
                 b.ops.extend([
                     Op::MatMul { x: fin, weight: w_gate_up, out: gate_up },
                     Op::SwiGlu { x: gate_up, out: h },
                     Op::MatMul { x: h, weight: ff_out, out: f },
                 ]);
             }
-            (Ffn::Moe { router, first }, Some(moe)) => {
+            (Ffn::Moe { router, first, rule, shared }, Some(moe)) => {
                 let logits = v(&mut b, "router_logits", moe.experts);
                 let route = v(&mut b, "route", 2 * moe.top_k);
                 let ranked = v(&mut b, "expert_outputs", moe.top_k * d);
                 let work = v(&mut b, "expert_work", 2 * d + 3 * m.mlp_hidden);
+                let routing = match rule {
+                    RouteRule::Softmax => Op::Route { logits, top_k: moe.top_k, out: route },
+                    RouteRule::Sigmoid { bias, groups, top_groups, normalize, scale } => Op::RouteSigmoid { logits, bias, top_k: moe.top_k, groups, top_groups, normalize, scale, out: route },
+                };
                 b.ops.extend([
                     Op::MatMul { x: fin, weight: router, out: logits },
-                    Op::Route { logits, top_k: moe.top_k, out: route },
+                    routing,
                     Op::MoeExperts { x: fin, route, out: f, layer: l as u32, first, experts: moe.experts, ranked, work },
                 ]);
+                if let Some((w_gate_up, down, hidden)) = shared {
+                    let gate_up = v(&mut b, "shared_gate_up", 2 * hidden);
+                    let h = v(&mut b, "shared_hidden", hidden);
+                    let out = v(&mut b, "shared_out", d);
+                    b.ops.extend([
+                        Op::MatMul { x: fin, weight: w_gate_up, out: gate_up },
+                        Op::SwiGlu { x: gate_up, out: h },
+                        Op::MatMul { x: h, weight: down, out },
+                        Op::Add { acc: f, x: out },
+                    ]);
+                }
             }
             (Ffn::Moe { .. }, None) => unreachable!("expert tensors for a model without experts"),
         }

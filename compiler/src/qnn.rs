@@ -691,7 +691,7 @@ fn lower_graph(
                 let t = result(&mut l, "Gather", &[xs, input(Role::HeadIndex)], vec![ParamSpec::I32("axis", 0)], &[hr, cols])?;
                 l.values.insert(out, t);
             }
-            Op::HeadRmsNorm { .. } | Op::Route { .. } | Op::MoeExperts { .. } => {
+            Op::HeadRmsNorm { .. } | Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. } => {
                 return Err(Error::Options(format!("lowering graph '{}' to QNN: op {} has no NPU lowering", g.name, op.name())));
             }
         }

@@ -67,7 +67,7 @@ pub fn llada_8b_header(buckets: &[u32], target: &str, window_bytes: Option<u64>)
         let gate_up = t_.add(format!("{l}.gate_up"), q4, vec![2 * f, d]);
         let ff_out = t_.add(format!("{l}.ff_out"), q4, vec![d, f]);
         t_.end_segment(&format!("blocks.{l}.ffn"));
-        blocks.push(BlockTensors { attn_norm, qkv, qkv_bias: None, qk_norm: None, attn_out, ff_norm, ffn: Ffn::Dense { gate_up, ff_out } });
+        blocks.push(BlockTensors { attn_norm, qkv, qkv_bias: None, qk_norm: None, attn_out, ff_norm, ffn: Ffn::Dense { gate_up, ff_out, hidden: f as u32 } });
     }
     let final_norm = t_.add("ln_f".into(), DType::F32, vec![d]);
     let head = t_.add("head".into(), q4, vec![126464, d]);

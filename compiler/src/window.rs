@@ -63,7 +63,7 @@ pub fn plan(h: &mut Header, o: &WindowOptions) -> Result<()> {
     let spans = segment_spans(h, &h.graphs[0]);
     let order = first_use_order(&spans, o.host_segment, &o.expert_segments);
     let expert_slot = o.expert_segments.iter().map(|&s| al(h.segments[s as usize].nbytes)).max().unwrap_or(0);
-    let layers = h.model.n_layers as u64;
+    let layers = h.model.moe_layers() as u64;
     // The experts' pools come out of what the other weights leave; they should leave room
     // for one expert per layer, rotating if they must, else the accelerator cannot compute
     // any expert.

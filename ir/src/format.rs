@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 
 pub const MAGIC: [u8; 8] = *b"LLADA\0AF";
 /// Header schema version: a reader refuses any other major version.
-pub const FORMAT_MAJOR: u16 = 8;
+pub const FORMAT_MAJOR: u16 = 9;
 /// Additions an older reader of the same major version can ignore (see COMPATIBILITY.md).
 pub const FORMAT_MINOR: u16 = 0;
 pub const PREAMBLE_LEN: usize = 64;

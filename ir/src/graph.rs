@@ -76,6 +76,13 @@ pub enum Op {
     MoeExperts { x: ValueId, route: ValueId, out: ValueId, layer: u32, first: TensorId, experts: u32, ranked: ValueId, work: ValueId },
     /// `x[r] += bias` for every row: a projection's bias (Dream's q, k and v), `[x.cols]` f32.
     Bias { x: ValueId, bias: TensorId },
+    /// LLaDA 2.x's router per row: scores `s = sigmoid(logits)` in f32, experts chosen on `s +
+    /// bias` (`bias`, `[experts]` f32, steers the choice only): the experts fall in `groups`
+    /// equal consecutive groups, each scored by the sum of its two largest biased scores, the
+    /// `top_groups` best groups are kept and the `top_k` largest biased scores among them
+    /// picked (ties as `torch.topk`); each pick is weighted by its unbiased `s`, divided by
+    /// the picks' sum (plus 1e-20) when `normalize`, times `scale`. `out` as `Route`'s.
+    RouteSigmoid { logits: ValueId, bias: TensorId, top_k: u32, groups: u32, top_groups: u32, normalize: bool, scale: f32, out: ValueId },
 }
 
 impl Op {
@@ -94,6 +101,7 @@ impl Op {
             Op::Route { .. } => "Route",
             Op::MoeExperts { .. } => "MoeExperts",
             Op::Bias { .. } => "Bias",
+            Op::RouteSigmoid { .. } => "RouteSigmoid",
         }
     }
 
@@ -108,7 +116,7 @@ impl Op {
             Op::SwiGlu { x, .. } => vec![x],
             Op::Add { acc, x } => vec![acc, x],
             Op::HeadRmsNorm { x, .. } => vec![x],
-            Op::Route { logits, .. } => vec![logits],
+            Op::Route { logits, .. } | Op::RouteSigmoid { logits, .. } => vec![logits],
             Op::MoeExperts { x, route, .. } => vec![x, route],
         }
     }
@@ -124,7 +132,7 @@ impl Op {
             | Op::GatherHeadRows { out, .. } => vec![out],
             Op::Scale { x, .. } | Op::Rope { x, .. } | Op::HeadRmsNorm { x, .. } | Op::Bias { x, .. } => vec![x],
             Op::Add { acc, .. } => vec![acc],
-            Op::Route { out, .. } => vec![out],
+            Op::Route { out, .. } | Op::RouteSigmoid { out, .. } => vec![out],
             Op::MoeExperts { out, ranked, work, .. } => vec![out, ranked, work],
         }
     }
@@ -135,7 +143,7 @@ impl Op {
             Op::Embed { table, .. } => vec![table],
             Op::RmsNorm { weight, .. } | Op::MatMul { weight, .. } => vec![weight],
             Op::Rope { cos, sin, .. } => vec![cos, sin],
-            Op::HeadRmsNorm { weight, .. } | Op::Bias { bias: weight, .. } => vec![weight],
+            Op::HeadRmsNorm { weight, .. } | Op::Bias { bias: weight, .. } | Op::RouteSigmoid { bias: weight, .. } => vec![weight],
             Op::MoeExperts { first, experts, .. } => (0..2 * experts).map(|i| first.saturating_add(i)).collect(),
             _ => vec![],
         }

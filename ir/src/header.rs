@@ -9,7 +9,7 @@ use crate::window::WindowPlan;
 /// Hyperparameters of a LLaDA-architecture network, as the runtime needs them.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct ModelConfig {
-    /// Architecture family: "llada" (dense), "llada-moe" or "dream". Dream predicts the token
+    /// Architecture family: "llada" (dense), "llada-moe", "llada2-moe" or "dream". Dream predicts the token
     /// at position `i` from the network's output at `i - 1` (position 0 from its own), as its
     /// published sampler shifts the logits; the runtime reads its head rows accordingly.
     pub architecture: String,
@@ -46,10 +46,13 @@ pub enum Family {
     LladaMoe,
     /// Dream: predicts the token at `i` from the output at `i - 1`, with its own sampler.
     Dream,
+    /// LLaDA 2.x: mixture-of-experts layers after dense ones, a sigmoid group-limited router
+    /// and a shared expert; block diffusion (block-causal attention) with its own sampler.
+    Llada2Moe,
 }
 
 impl Family {
-    pub const ALL: [Family; 3] = [Family::Llada, Family::LladaMoe, Family::Dream];
+    pub const ALL: [Family; 4] = [Family::Llada, Family::LladaMoe, Family::Dream, Family::Llada2Moe];
 
     /// The name `ModelConfig::architecture` stores.
     pub fn name(self) -> &'static str {
@@ -57,6 +60,7 @@ impl Family {
             Family::Llada => "llada",
             Family::LladaMoe => "llada-moe",
             Family::Dream => "dream",
+            Family::Llada2Moe => "llada2-moe",
         }
     }
 
@@ -71,15 +75,29 @@ impl ModelConfig {
     pub fn family(&self) -> Family {
         Family::parse(&self.architecture).unwrap_or(Family::Llada)
     }
+
+    /// Layers with experts: those after the `dense_layers` first (none without experts).
+    pub fn moe_layers(&self) -> u32 {
+        self.moe.map_or(0, |m| self.n_layers.saturating_sub(m.dense_layers))
+    }
+
+    /// The index among the MoE layers of transformer layer `layer`, if it has experts.
+    pub fn moe_layer_index(&self, layer: u32) -> Option<usize> {
+        let moe = self.moe?;
+        (layer >= moe.dense_layers && layer < self.n_layers).then(|| (layer - moe.dense_layers) as usize)
+    }
 }
 
 /// The feed-forward of a mixture-of-experts model: a router picks `top_k` of `experts`
-/// SwiGLU experts per token, weighted by their softmax probabilities (not renormalised over
-/// the `top_k`, as LLaDA-MoE's reference code does).
+/// SwiGLU experts per token and weighs them (the `Route` op: softmax probabilities, not
+/// renormalised, as LLaDA-MoE's reference code does; `RouteSigmoid`: LLaDA 2.x's rule).
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MoeConfig {
     pub experts: u32,
     pub top_k: u32,
+    /// The first `dense_layers` transformer layers have a dense feed-forward instead
+    /// (LLaDA 2.x's `first_k_dense_replace`); the expert plan covers the others only.
+    pub dense_layers: u32,
 }
 
 /// Token ids the sampler and the text front end need.

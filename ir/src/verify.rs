@@ -88,9 +88,15 @@ fn model(m: &ModelConfig) -> Result<()> {
         if moe.experts == 0 || moe.experts > MAX_EXPERTS || moe.top_k == 0 || moe.top_k > moe.experts {
             return bad(format!("moe: {} experts with top_k {} (experts must be 1..={MAX_EXPERTS}, top_k 1..=experts)", moe.experts, moe.top_k));
         }
+        if moe.dense_layers >= m.n_layers {
+            return bad(format!("moe: {} dense layers of {} leave none with experts", moe.dense_layers, m.n_layers));
+        }
     }
     Ok(())
 }
+
+/// The most groups a `RouteSigmoid` router may split its experts into (LLaDA 2.x's have 8).
+pub const MAX_ROUTER_GROUPS: u32 = 64;
 
 /// The most experts a layer may have: bounds the tensors an MoE op names before they are listed.
 pub const MAX_EXPERTS: u32 = 4096;
@@ -281,10 +287,26 @@ fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
                     return Err(at(format!("'{}' [{}] -> '{}' [{}] with top_k {top_k}; the model routes {} experts, top {}", vl.name, vl.cols, vo.name, vo.cols, moe.experts, moe.top_k)));
                 }
             }
+            Op::RouteSigmoid { logits, bias, top_k, groups, top_groups, scale, out, .. } => {
+                let (vl, vo, t) = (value(logits)?, value(out)?, tensor(bias)?);
+                let Some(moe) = m.moe else { return Err(at("the model has no experts".into())) };
+                if top_k != moe.top_k || vl.cols != moe.experts || vo.cols as u64 != 2 * top_k as u64 || vl.rows != vo.rows {
+                    return Err(at(format!("'{}' [{}] -> '{}' [{}] with top_k {top_k}; the model routes {} experts, top {}", vl.name, vl.cols, vo.name, vo.cols, moe.experts, moe.top_k)));
+                }
+                if t.dtype != DType::F32 || t.shape != [moe.experts as u64] {
+                    return Err(at(format!("expert bias '{}' is not f32 [{}]", t.name, moe.experts)));
+                }
+                // Whole groups of at least two (a group is scored by its two best), enough
+                // kept groups to pick from, and a finite weight scale.
+                let per_group = if groups == 0 { 0 } else { moe.experts / groups };
+                if groups == 0 || groups > MAX_ROUTER_GROUPS || moe.experts % groups != 0 || per_group < 2 || top_groups == 0 || top_groups > groups || (top_groups as u64 * per_group as u64) < top_k as u64 || !scale.is_finite() {
+                    return Err(at(format!("{groups} groups (top {top_groups}) of {} experts with top_k {top_k} and scale {scale} cannot route", moe.experts)));
+                }
+            }
             Op::MoeExperts { x, route, out, layer, first, experts, ranked, work } => {
                 let moe = m.moe.expect("checked above");
-                if layer >= m.n_layers {
-                    return Err(at(format!("layer {layer} of a {}-layer model", m.n_layers)));
+                if m.moe_layer_index(layer).is_none() {
+                    return Err(at(format!("layer {layer} of a {}-layer model whose first {} are dense", m.n_layers, moe.dense_layers)));
                 }
                 same(x, out)?;
                 let (vx, vr, vk, vw) = (value(x)?, value(route)?, value(ranked)?, value(work)?);

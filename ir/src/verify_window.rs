@@ -48,7 +48,7 @@ fn experts(h: &Header, home: &mut [&'static str]) -> Result<(), String> {
     if w.per_layer != per_layer {
         return Err(format!("experts.per_layer {} but the model has {per_layer} experts", w.per_layer));
     }
-    let count = per_layer as u64 * m.n_layers as u64;
+    let count = per_layer as u64 * m.moe_layers() as u64;
     if w.segments.len() as u64 != count {
         return Err(format!("experts.segments lists {} segments for {count} experts", w.segments.len()));
     }
@@ -69,9 +69,9 @@ fn experts(h: &Header, home: &mut [&'static str]) -> Result<(), String> {
     if w.slots_per_layer > per_layer || w.slot_bytes % WINDOW_ALIGN != 0 {
         return Err(format!("{} expert slots per layer of {} bytes for {per_layer} experts (at most one slot each, {WINDOW_ALIGN}-byte multiples)", w.slots_per_layer, w.slot_bytes));
     }
-    let need = (w.slots_per_layer as u64).checked_mul(m.n_layers as u64).and_then(|n| n.checked_mul(w.slot_bytes));
+    let need = (w.slots_per_layer as u64).checked_mul(m.moe_layers() as u64).and_then(|n| n.checked_mul(w.slot_bytes));
     if need != Some(w.region.bytes) {
-        return Err(format!("the expert slot region has {} bytes; {} layers of {} slots of {} bytes need {need:?}", w.region.bytes, m.n_layers, w.slots_per_layer, w.slot_bytes));
+        return Err(format!("the expert slot region has {} bytes; {} layers of {} slots of {} bytes need {need:?}", w.region.bytes, m.moe_layers(), w.slots_per_layer, w.slot_bytes));
     }
     let c = &w.costs;
     let figures = [c.accelerator.weight_seconds, c.accelerator.row_seconds, c.cpu.weight_seconds, c.cpu.row_seconds, c.stage_seconds];
@@ -182,7 +182,9 @@ pub(crate) fn window(h: &Header) -> Result<(), String> {
                     // the runtime stages and finds them by (layer, expert).
                     Op::MoeExperts { layer, first, .. } => {
                         let e = (t - first) / 2;
-                        let listed = h.plan.window.experts.segments.get((layer * h.plan.window.experts.per_layer + e) as usize);
+                        // Listed by MoE layer (the verifier checked this layer has experts).
+                        let moe_layer = h.model.moe_layer_index(layer).unwrap_or(usize::MAX) as u64;
+                        let listed = moe_layer.checked_mul(h.plan.window.experts.per_layer as u64).and_then(|i| h.plan.window.experts.segments.get((i + e as u64) as usize));
                         if listed.copied() != h.segment_of(t) {
                             return Err(format!("{} of expert {e} is not in the segment experts.segments lists for layer {layer}", at()));
                         }

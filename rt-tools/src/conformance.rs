@@ -50,6 +50,9 @@ struct Case {
     /// (threshold decoding), not a schedule's whose passes committing nothing are skipped.
     #[serde(default)]
     forward_calls: Option<usize>,
+    /// LLaDA 2.x's `eos_early_stop`.
+    #[serde(default)]
+    eos_early_stop: bool,
     mask_id: u32,
     output_ids: Vec<u32>,
     step_reveals: Vec<Vec<[u32; 2]>>,
@@ -60,6 +63,10 @@ struct Case {
 struct LogitCase {
     input_ids: Vec<u32>,
     gen_length: usize,
+    /// LLaDA 2.x's: the block-causal mask's block length (the last `gen_length` rows are a
+    /// block).
+    #[serde(default)]
+    block_length: Option<usize>,
     logits: Vec<Vec<f64>>,
 }
 
@@ -221,6 +228,7 @@ pub fn run_explained(session: &mut Session, mut reference: Option<&mut Session>,
     let golden: Golden = serde_json::from_str(&text)
         .map_err(|e| Error::Input { path: golden_path.to_path_buf(), msg: format!("not a golden file: {e}") })?;
     let mask = session.model.header.special.mask;
+    let llada2 = session.model.family() == llada_ir::Family::Llada2Moe;
     let mut r = Report { cases_in_file: golden.cases.len(), ..Default::default() };
     for (i, c) in golden.cases.iter().enumerate() {
         if !select.includes(i) {
@@ -236,7 +244,8 @@ pub fn run_explained(session: &mut Session, mut reference: Option<&mut Session>,
         let remasking = c.remasking.as_deref().map(|v| Remasking::parse(v).ok_or_else(|| unknown("remasking", v))).transpose()?.unwrap_or(d.remasking);
         // Fast-dLLM's threshold decoding is an alg of its own there, a setting here.
         let threshold_alg = c.alg.as_deref() == Some("confidence_threshold");
-        if threshold_alg != c.threshold.is_some() {
+        // (LLaDA 2.x's threshold is its sampler's own.)
+        if threshold_alg != c.threshold.is_some() && !llada2 {
             return Err(Error::Input { path: golden_path.to_path_buf(), msg: format!("{}: alg confidence_threshold goes with a threshold, and only it", c.id) });
         }
         let alg = c.alg.as_deref().filter(|_| !threshold_alg).map(|v| Alg::parse(v).ok_or_else(|| unknown("alg", v))).transpose()?;
@@ -262,15 +271,18 @@ pub fn run_explained(session: &mut Session, mut reference: Option<&mut Session>,
             top_p: c.top_p,
             top_k: c.top_k,
             threshold: c.threshold,
+            eos_early_stop: c.eos_early_stop,
             ..d
         };
         let g = generate(session, &c.prompt_ids, &params, &mut |_| {})?;
+        // LLaDA 2.x's model calls are its steps (its passes also store finished blocks).
+        let calls = if llada2 { g.reveals.len() } else { g.forward_passes as usize };
         if let (Some(want), Some(_)) = (c.forward_calls, c.threshold) {
             r.forward_calls_checked += 1;
-            if g.forward_passes as usize == want {
+            if calls == want {
                 r.forward_calls_matched += 1;
             } else {
-                r.failures.push(format!("{}: {} forward passes, the reference {want}", c.id, g.forward_passes));
+                r.failures.push(format!("{}: {calls} model calls, the reference {want}", c.id));
             }
         }
         if g.output_ids == c.output_ids {
@@ -313,7 +325,18 @@ pub fn run_explained(session: &mut Session, mut reference: Option<&mut Session>,
         r.logit_cases += 1;
         let prompt_len = lc.input_ids.len() - lc.gen_length;
         let rows: Vec<u32> = (prompt_len..lc.input_ids.len()).map(|p| p as u32).collect();
-        let logits = session.forward_full(&lc.input_ids, &rows)?;
+        let logits = match lc.block_length {
+            // Block-causal: each block a pass attending to itself and the blocks before it.
+            Some(b) if b > 0 && lc.input_ids.len() % b == 0 && lc.gen_length == b => {
+                let n = lc.input_ids.len();
+                for start in (0..n - b).step_by(b) {
+                    session.forward_block(&lc.input_ids[..start + b], start..start + b, &[])?;
+                }
+                session.forward_block(&lc.input_ids, n - b..n, &rows)?
+            }
+            Some(b) => return Err(Error::Input { path: golden_path.to_path_buf(), msg: format!("first_step_logits[{i}]: block_length {b} must divide the input and be its gen_length") }),
+            None => session.forward_full(&lc.input_ids, &rows)?,
+        };
         let vocab = logits.len() / rows.len();
         let mut err: f64 = 0.0;
         for (ri, want) in lc.logits.iter().enumerate() {

@@ -48,9 +48,10 @@ struct SamplerArgs {
     /// block length the artifact was compiled for].
     #[arg(long)]
     block_len: Option<usize>,
-    /// Denoising steps over all blocks (a multiple of the number of blocks).
-    #[arg(long, default_value_t = defaults().steps)]
-    steps: usize,
+    /// Denoising steps over all blocks (a multiple of the number of blocks) [default: 128].
+    /// LLaDA 2.x: steps per block, as its published generate counts them [default: 32].
+    #[arg(long)]
+    steps: Option<usize>,
     /// 0 = most likely token; above 0, Gumbel-max sampling.
     #[arg(long, default_value_t = defaults().temperature, allow_hyphen_values = true)]
     temperature: f64,
@@ -116,12 +117,16 @@ struct SamplerArgs {
     /// Dream: its schedule runs from timestep 1 down to this.
     #[arg(long, default_value_t = defaults().eps, allow_hyphen_values = true)]
     eps: f64,
-    /// Dream: nucleus filtering of each prediction, (0, 1].
+    /// Dream and LLaDA 2.x: nucleus filtering of each prediction, (0, 1].
     #[arg(long, allow_hyphen_values = true)]
     top_p: Option<f64>,
-    /// Dream: keep only the k most likely tokens of each prediction.
+    /// Dream and LLaDA 2.x: keep only the k most likely tokens of each prediction.
     #[arg(long)]
     top_k: Option<usize>,
+    /// LLaDA 2.x: stop at the step that commits EOS once every position before it is
+    /// committed, instead of after EOS's block (the published `eos_early_stop`).
+    #[arg(long)]
+    eos_early_stop: bool,
     /// Dream: draw the positions a step commits from the softmax of their confidences over
     /// this temperature, instead of taking the most confident.
     #[arg(long, allow_hyphen_values = true)]
@@ -136,7 +141,7 @@ impl SamplerArgs {
         SamplerParams {
             gen_length: self.gen_len,
             block_length: defaults.block_length,
-            steps: self.steps,
+            steps: self.steps.unwrap_or(defaults.steps),
             temperature: self.temperature,
             cfg_scale: self.cfg,
             remasking: Remasking::parse(&self.remasking).expect("clap restricts the values"),
@@ -159,6 +164,7 @@ impl SamplerArgs {
             top_p: self.top_p,
             top_k: self.top_k,
             alg_temp: self.alg_temp,
+            eos_early_stop: self.eos_early_stop,
         }
     }
 

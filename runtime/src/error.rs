@@ -74,13 +74,14 @@ pub enum Setting {
     Revision,
     LogitsEosInf,
     ConfidenceEosEotInf,
+    EosEarlyStop,
 }
 
 impl Setting {
     /// The setting whose `llada-rt` flag is `flag`.
     pub fn of_flag(flag: &str) -> Option<Setting> {
         use Setting::*;
-        [GenLength, BlockLength, Steps, Temperature, CfgScale, RefreshEvery, Threshold, SpecBlocks, SpecThreshold, Rows, SideRows, StableConfidence, StableChecks, ReviseConfidence, Threads, CpuThreads, Backend, Experts, Alg, Eps, Policy, Remasking, TopP, TopK, AlgTemp, Seed, Revision, LogitsEosInf, ConfidenceEosEotInf]
+        [GenLength, BlockLength, Steps, Temperature, CfgScale, RefreshEvery, Threshold, SpecBlocks, SpecThreshold, Rows, SideRows, StableConfidence, StableChecks, ReviseConfidence, Threads, CpuThreads, Backend, Experts, Alg, Eps, Policy, Remasking, TopP, TopK, AlgTemp, Seed, Revision, LogitsEosInf, ConfidenceEosEotInf, EosEarlyStop]
             .into_iter()
             .find(|s| s.flag() == flag)
     }
@@ -117,6 +118,7 @@ impl Setting {
             Setting::Revision => "--revision",
             Setting::LogitsEosInf => "--logits-eos-inf",
             Setting::ConfidenceEosEotInf => "--confidence-eos-eot-inf",
+            Setting::EosEarlyStop => "--eos-early-stop",
         }
     }
 
@@ -152,6 +154,8 @@ impl Setting {
             Setting::Revision => "params.revision",
             Setting::LogitsEosInf => "params.logits_eos_inf",
             Setting::ConfidenceEosEotInf => "params.confidence_eos_eot_inf",
+            // Not in the C API's params yet: reported by its flag's name.
+            Setting::EosEarlyStop => "eos_early_stop",
         }
     }
 }

@@ -211,14 +211,17 @@ pub struct SamplerParams {
     pub alg: Alg,
     /// Dream: the last timestep of its schedule, which runs from 1 down to `eps`.
     pub eps: f64,
-    /// Dream: keep the smallest set of most likely tokens whose probability reaches this
-    /// (nucleus), before the confidence is taken; `None` or 1 keeps all.
+    /// Dream and LLaDA 2.x: keep the smallest set of most likely tokens whose probability
+    /// reaches this (nucleus), before sampling; `None` or 1 keeps all.
     pub top_p: Option<f64>,
-    /// Dream: keep the `top_k` most likely tokens before the confidence is taken.
+    /// Dream and LLaDA 2.x: keep the `top_k` most likely tokens before sampling.
     pub top_k: Option<usize>,
     /// Dream: above 0, the positions a step commits are drawn (without replacement) from the
     /// softmax of their confidences divided by this, instead of the most confident.
     pub alg_temp: Option<f64>,
+    /// LLaDA 2.x: stop at a step that commits EOS once every position before it is
+    /// committed (the published `eos_early_stop`), not at the end of its block.
+    pub eos_early_stop: bool,
 }
 
 impl Default for SamplerParams {
@@ -249,9 +252,13 @@ impl Default for SamplerParams {
             top_p: None,
             top_k: None,
             alg_temp: None,
+            eos_early_stop: false,
         }
     }
 }
+
+/// LLaDA 2.x's published `generate`'s steps per block.
+pub const LLADA2_STEPS: usize = 32;
 
 /// Most denoising steps a generation may ask for.
 pub const MAX_STEPS: usize = 1 << 16;
@@ -265,16 +272,50 @@ pub struct Limits {
     pub max_rows: usize,
     /// The model is Dream, whose sampler is its own (see [`SamplerParams::validate`]).
     pub dream: bool,
+    /// The model is LLaDA 2.x: `steps` are per block, and the generation need not fill
+    /// whole blocks (its blocks lie on a grid from position 0, the prompt's included).
+    pub llada2: bool,
 }
 
 impl Limits {
     pub fn of(model: &crate::Model) -> Limits {
         let h = &model.header;
-        Limits { max_len: model.max_exact_len() as usize, max_rows: h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize, dream: model.is_dream() }
+        Limits { max_len: model.max_exact_len() as usize, max_rows: h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize, dream: model.is_dream(), llada2: model.family() == llada_ir::Family::Llada2Moe }
     }
 }
 
 impl SamplerParams {
+    /// [`validate`](Self::validate) for LLaDA 2.x's published `generate`: `steps` per block,
+    /// any block length up to the plan's rows, the threshold (0.95 when unset) in 0..=1,
+    /// sampling at temperature 0 or above; only its own schedule (the exact policy) and no
+    /// guidance. Returns the steps per block.
+    fn validate_llada2(&self, limits: &Limits) -> Result<usize> {
+        use crate::error::Setting as S;
+        let bad = |s: S, m: String| Err(Error::setting(s, m));
+        if !(1..=limits.max_rows.min(limits.max_len)).contains(&self.block_length) {
+            return bad(S::BlockLength, format!("{} is outside 1..={} (the artifact's largest graph)", self.block_length, limits.max_rows.min(limits.max_len)));
+        }
+        if !(1..=MAX_STEPS).contains(&self.steps) {
+            return bad(S::Steps, format!("{} is outside 1..={MAX_STEPS} (LLaDA 2.x's steps are per block)", self.steps));
+        }
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return bad(S::Temperature, format!("{} must be a finite number >= 0", self.temperature));
+        }
+        if let Some(t) = self.threshold.filter(|t| !(0.0..=1.0).contains(t)) {
+            return bad(S::Threshold, format!("{t} must be between 0 and 1"));
+        }
+        if let Some(p) = self.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+            return bad(S::TopP, format!("{p} must be above 0 and at most 1"));
+        }
+        if self.policy != Policy::Exact {
+            return bad(S::Policy, format!("{}: LLaDA 2.x runs its published block schedule (exact), whose passes already cover one block each; no other policy is built for it", self.policy.name()));
+        }
+        if self.cfg_scale != 0.0 {
+            return bad(S::CfgScale, format!("{}: LLaDA 2.x's generate has no guidance", self.cfg_scale));
+        }
+        Ok(self.steps)
+    }
+
     /// Checks every setting against its range and the plan's `limits`, before anything is
     /// allocated for it; returns the steps per block. The one place the CLI and the C API
     /// share: errors are [`Error::Setting`], naming the setting and its range.
@@ -285,6 +326,12 @@ impl SamplerParams {
         let max_gen = limits.max_len.saturating_sub(1).max(1);
         if !(1..=max_gen).contains(&self.gen_length) {
             return bad(S::GenLength, format!("{} is outside 1..={max_gen} (the artifact holds {} positions, one at least for the prompt)", self.gen_length, limits.max_len));
+        }
+        if limits.llada2 {
+            return self.validate_llada2(limits);
+        }
+        if self.eos_early_stop {
+            return bad(S::EosEarlyStop, "applies to LLaDA 2.x's sampler only".into());
         }
         if !(1..=self.gen_length).contains(&self.block_length) || self.gen_length % self.block_length != 0 {
             return bad(S::BlockLength, format!("{} must divide the gen length {}", self.block_length, self.gen_length));
@@ -438,7 +485,9 @@ impl SamplerParams {
         let plan = &model.header.plan;
         let block_length = block_length.unwrap_or(if model.is_dream() { gen_length } else { plan.block_len as usize });
         let spec_blocks = SamplerParams::default_spec_blocks(policy, plan.spec_blocks as usize, gen_length, block_length);
-        SamplerParams { gen_length, block_length, policy, spec_blocks, ..SamplerParams::default() }
+        // LLaDA 2.x's steps are per block: its published default.
+        let steps = if model.family() == llada_ir::Family::Llada2Moe { LLADA2_STEPS } else { SamplerParams::default().steps };
+        SamplerParams { gen_length, block_length, policy, spec_blocks, steps, ..SamplerParams::default() }
     }
 
     /// `spec_blocks` when none is given: `spec` drafts one block ahead, `mbsd` as deep as
@@ -565,7 +614,7 @@ mod tests {
 
     #[test]
     fn validation_names_the_options() {
-        let limits = Limits { max_len: 256, max_rows: 256, dream: false };
+        let limits = Limits { max_len: 256, max_rows: 256, dream: false, llada2: false };
         let p = SamplerParams { gen_length: 30, block_length: 8, ..Default::default() };
         assert!(p.validate(&limits).unwrap_err().to_string().contains("--block-len 8 must divide the gen length 30"));
         let p = SamplerParams { gen_length: 32, block_length: 8, steps: 6, ..Default::default() };
@@ -574,7 +623,7 @@ mod tests {
 
     #[test]
     fn llada_and_dream_each_refuse_the_others_settings_by_flag() {
-        let llada = Limits { max_len: 256, max_rows: 256, dream: false };
+        let llada = Limits { max_len: 256, max_rows: 256, dream: false, llada2: false };
         let dream = Limits { dream: true, ..llada };
         let p = SamplerParams { gen_length: 32, block_length: 32, steps: 32, ..Default::default() };
         p.validate(&llada).unwrap();
@@ -629,7 +678,7 @@ mod tests {
 
     #[test]
     fn every_size_is_bounded_before_anything_is_allocated() {
-        let limits = Limits { max_len: 160, max_rows: 64, dream: false };
+        let limits = Limits { max_len: 160, max_rows: 64, dream: false, llada2: false };
         let base = SamplerParams { gen_length: 128, block_length: 32, steps: 128, policy: Policy::Mbsd, ..Default::default() };
         base.validate(&limits).unwrap();
         let cases: Vec<(SamplerParams, &str)> = vec![

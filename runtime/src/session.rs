@@ -114,6 +114,8 @@ pub struct Session<'m> {
     /// Length of the sequence whose every position the cache holds (set by a whole-sequence
     /// pass): the condition for passes over fewer rows.
     cached_len: Option<usize>,
+    /// Positions before this hold keys and values of block-causal passes (`forward_block`).
+    block_prefix: usize,
     /// Declared after the window: a device backend's window lives in its device's memory.
     executor: Box<dyn Executor>,
     /// Kernel paths of the CPU work around the passes (and of the host backend's kernels).
@@ -203,6 +205,7 @@ impl<'m> Session<'m> {
             side: None,
             window,
             cached_len: None,
+            block_prefix: 0,
             executor,
             features,
             tokens: Vec::with_capacity(max_rows),
@@ -301,7 +304,8 @@ impl<'m> Session<'m> {
         }
         // The whole sequence must fit a graph (and so the cache, which holds the largest).
         self.model.graph_for_rows(seq.len())?;
-        if span.len() < seq.len() && self.cached_len != Some(seq.len()) {
+        let block_causal = span.end == seq.len() && span.start <= self.block_prefix && self.cached_len.is_none();
+        if span.len() < seq.len() && self.cached_len != Some(seq.len()) && !block_causal {
             return Err(Error::request(format!(
                 "a pass over rows {span:?} reuses the KV cache, which does not hold this {}-token sequence: run a whole-sequence pass first",
                 seq.len()
@@ -452,6 +456,28 @@ impl<'m> Session<'m> {
         Ok(self.logits(gid, head_positions.len()))
     }
 
+    /// A block-causal pass (LLaDA 2.x's block diffusion): positions `span`, the end of `seq`,
+    /// store their keys and values and attend to every position of `seq`, the earlier ones
+    /// from the cache. Those must have been stored by earlier block passes (contiguously from
+    /// position 0, each with the tokens it attends with): then the pass computes exactly what
+    /// the published block-causal mask lets `span` see, with no rows for the blocks after it.
+    /// Returns the logits at `head_positions`.
+    pub fn forward_block(&mut self, seq: &[u32], span: Range<usize>, head_positions: &[u32]) -> Result<&[f32]> {
+        if span.end != seq.len() || span.start > self.block_prefix || self.cached_len.is_some() && span.start > 0 {
+            return Err(Error::request(format!(
+                "a block-causal pass over rows {span:?} of a {}-token sequence needs every position before {} stored by earlier block passes ({} are)",
+                seq.len(),
+                span.start,
+                if self.cached_len.is_some() { 0 } else { self.block_prefix }
+            )));
+        }
+        self.cached_len = None;
+        let gid = self.prepare(seq, span.clone(), head_positions)?;
+        self.run_pass(gid, span.len(), seq.len(), head_positions.len(), span.len(), false)?;
+        self.block_prefix = span.end;
+        Ok(self.logits(gid, head_positions.len()))
+    }
+
     /// Runs the pass over `span` (timing every op when `profiled`) and counts it.
     fn pass(&mut self, seq: &[u32], span: Range<usize>, head_positions: &[u32], profiled: bool) -> Result<(u32, Option<OpProfile>)> {
         let gid = self.prepare(seq, span.clone(), head_positions)?;
@@ -459,6 +485,7 @@ impl<'m> Session<'m> {
         if span.len() == seq.len() {
             self.cached_len = Some(seq.len());
         }
+        self.block_prefix = 0;
         Ok((gid, profile))
     }
 
@@ -485,6 +512,7 @@ impl<'m> Session<'m> {
                 // The pass may have written part of the cache and left slots unreleased;
                 // staging stops until the next pass sets everything up again.
                 self.cached_len = None;
+                self.block_prefix = 0;
                 self.stager.stop();
                 self.needs_reset = true;
                 return Err(e);

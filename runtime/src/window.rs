@@ -109,7 +109,7 @@ impl Window {
             _ => 0,
         };
         let x = &w.experts;
-        let expert_end = if weights && x.slots_per_layer > 0 { x.region.offset + h.model.n_layers as u64 * x.slots_per_layer as u64 * x.slot_bytes } else { 0 };
+        let expert_end = if weights && x.slots_per_layer > 0 { x.region.offset + h.model.moe_layers() as u64 * x.slots_per_layer as u64 * x.slot_bytes } else { 0 };
         let slots: &[Region] = if weights { &w.slots } else { &[] };
         let ends = [&w.kv, &w.activations, &w.scratch.gemm_operand, &w.scratch.attention].into_iter().chain(slots).map(|r| r.offset + r.bytes);
         ends.chain([expert_end, resident_end]).max().unwrap_or(0).max(1) as usize
@@ -143,7 +143,7 @@ impl Window {
         let slots: &[Region] = if weights { &w.slots } else { &[] };
         let x = &w.experts;
         let expert_slots: Vec<Range<usize>> = match weights {
-            true => (0..h.model.n_layers as u64 * x.slots_per_layer as u64).map(|i| (x.region.offset + i * x.slot_bytes) as usize..(x.region.offset + (i + 1) * x.slot_bytes) as usize).collect(),
+            true => (0..h.model.moe_layers() as u64 * x.slots_per_layer as u64).map(|i| (x.region.offset + i * x.slot_bytes) as usize..(x.region.offset + (i + 1) * x.slot_bytes) as usize).collect(),
             false => Vec::new(),
         };
         let win = Window {

@@ -20,7 +20,7 @@ use safetensors::{Dtype, View};
 use serde_json::{json, Value};
 
 use crate::checkpoint_files::{write_json, write_safetensors};
-pub use crate::checkpoint_spec::{ChatFormat, CheckpointSpec, Family, MoeShape, Outliers, Shape, SpecialIds, WeightType};
+pub use crate::checkpoint_spec::{ChatFormat, CheckpointSpec, Family, Llada2Shape, MoeShape, Outliers, Shape, SpecialIds, WeightType};
 pub use crate::checkpoint_tokenizer::{bpe_vocab, tokenizer_json};
 use crate::checkpoint_tokenizer::added_tokens_decoder;
 
@@ -33,6 +33,7 @@ impl Shape {
             Family::Llada => {}
             Family::LladaMoe(moe) => return crate::checkpoint_moe::tensors(self, moe),
             Family::Dream => return crate::checkpoint_dream::tensors(self),
+            Family::Llada2(l2) => return crate::checkpoint_llada2::tensors(self, l2),
         }
         let (d, f, hd) = (self.d_model, self.mlp_hidden_size, self.head_dim());
         let mut t = vec![("model.transformer.wte.weight".to_string(), vec![self.embedding_size, d], false)];
@@ -236,7 +237,7 @@ pub fn write(spec: &CheckpointSpec, dir: &Path) -> std::io::Result<Written> {
         return Err(invalid(format!("embedding_size {} is too small for the tokenizer's {} tokens", s.embedding_size, special.highest() + 1)));
     }
     match s.family {
-        Family::LladaMoe(moe) if moe.experts == 0 || moe.top_k == 0 || moe.top_k > moe.experts => {
+        Family::LladaMoe(moe) | Family::Llada2(crate::checkpoint_spec::Llada2Shape { moe, .. }) if moe.experts == 0 || moe.top_k == 0 || moe.top_k > moe.experts => {
             return Err(invalid(format!("{} experts with top_k {}: top_k must be between 1 and the experts", moe.experts, moe.top_k)));
         }
         // Dream's config has one size for both, the embedding's rows.
@@ -308,18 +309,21 @@ pub fn write_metadata(spec: &CheckpointSpec, special: SpecialIds, dir: &Path) ->
     if s.family == Family::Dream {
         return crate::checkpoint_dream::write_metadata(spec, special, dir);
     }
-    let moe = special.chat == ChatFormat::LladaMoe;
+    let moe = matches!(special.chat, ChatFormat::LladaMoe | ChatFormat::Llada2);
     write_json(&dir.join("config.json"), &config_json(spec, special))?;
-    // LLaDA-MoE's config.json sets no BOS and no mask id: the mask id is here.
+    // LLaDA-MoE's config.json sets no BOS and no mask id: the mask id is here. LLaDA 2.x's
+    // names only the padding (its mask is the tokenizer's `<|mask|>`).
     let bos = if moe { Value::Null } else { json!(special.bos) };
-    write_json(&dir.join("generation_config.json"), &json!({
-        "bos_token_id": bos, "eos_token_id": special.eos, "pad_token_id": special.eos, "mask_token_id": special.mask,
-    }))?;
+    let generation = match special.chat {
+        ChatFormat::Llada2 => json!({ "pad_token_id": special.eos }),
+        _ => json!({ "bos_token_id": bos, "eos_token_id": special.eos, "pad_token_id": special.eos, "mask_token_id": special.mask }),
+    };
+    write_json(&dir.join("generation_config.json"), &generation)?;
     write_json(&dir.join("tokenizer.json"), &tokenizer_json(special))?;
     write_json(&dir.join("tokenizer_config.json"), &tokenizer_config_json(special, s))?;
     let bos = if moe { Value::Null } else { json!("<|startoftext|>") };
     write_json(&dir.join("special_tokens_map.json"), &json!({
-        "bos_token": bos, "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "mask_token": "<|mdm_mask|>",
+        "bos_token": bos, "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>", "mask_token": special.named()[2].0,
     }))?;
     Ok(())
 }
@@ -359,6 +363,7 @@ pub fn config_json(spec: &CheckpointSpec, special: SpecialIds) -> Value {
         Family::Llada => {}
         Family::LladaMoe(moe) => return crate::checkpoint_moe::config_json(spec, moe, special),
         Family::Dream => return crate::checkpoint_dream::config_json(spec, special),
+        Family::Llada2(l2) => return crate::checkpoint_llada2::config_json(spec, l2, special),
     }
     json!({
         "activation_type": "silu",
@@ -418,10 +423,10 @@ pub fn config_json(spec: &CheckpointSpec, special: SpecialIds) -> Value {
 pub fn tokenizer_config_json(special: SpecialIds, shape: &Shape) -> Value {
     let template = match special.chat {
         ChatFormat::Llada => CHAT_TEMPLATE,
-        ChatFormat::LladaMoe => crate::checkpoint_moe::CHAT_TEMPLATE,
+        ChatFormat::LladaMoe | ChatFormat::Llada2 => crate::checkpoint_moe::CHAT_TEMPLATE,
         ChatFormat::Dream => return crate::checkpoint_dream::tokenizer_config_json(special, shape),
     };
-    let bos = if special.chat == ChatFormat::LladaMoe { Value::Null } else { json!("<|startoftext|>") };
+    let bos = if matches!(special.chat, ChatFormat::LladaMoe | ChatFormat::Llada2) { Value::Null } else { json!("<|startoftext|>") };
     let decoder = added_tokens_decoder(special);
     json!({
         "add_bos_token": false,

@@ -33,6 +33,21 @@ pub enum Family {
     LladaMoe(MoeShape),
     /// Dream-v0-7B's (`DreamModel`, Qwen2.5-style: biases on q, k and v).
     Dream,
+    /// LLaDA 2.x's (`LLaDA2MoeModelLM`): a fused q|k|v, dense layers then experts with a
+    /// shared one; `mlp_hidden_size` each expert's width.
+    Llada2(Llada2Shape),
+}
+
+/// What a LLaDA 2.x shape adds to its experts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Llada2Shape {
+    pub moe: MoeShape,
+    pub groups: usize,
+    pub top_groups: usize,
+    /// `first_k_dense_replace`, and those layers' `intermediate_size`.
+    pub dense_layers: usize,
+    pub dense_hidden: usize,
+    pub shared_experts: usize,
 }
 
 impl Family {
@@ -40,6 +55,7 @@ impl Family {
     pub fn moe(self) -> Option<MoeShape> {
         match self {
             Family::LladaMoe(moe) => Some(moe),
+            Family::Llada2(l2) => Some(l2.moe),
             Family::Llada | Family::Dream => None,
         }
     }
@@ -49,6 +65,7 @@ impl Family {
             Family::Llada => ChatFormat::Llada,
             Family::LladaMoe(_) => ChatFormat::LladaMoe,
             Family::Dream => ChatFormat::Dream,
+            Family::Llada2(_) => ChatFormat::Llada2,
         }
     }
 }
@@ -138,6 +155,33 @@ impl Shape {
         }
     }
 
+    /// LLaDA2.0-mini's shape (16B parameters, about 1.4B active): 20 layers of 2048, 16
+    /// query and 4 key/value heads of 128, the first layer dense (5120 wide), then 256
+    /// experts of 512 (top 8, in 8 groups of which 4 are kept) and one shared expert;
+    /// vocabulary 157,184; rope theta 600,000.
+    pub fn llada2_mini() -> Shape {
+        Shape {
+            d_model: 2048,
+            n_layers: 20,
+            n_heads: 16,
+            n_kv_heads: 4,
+            mlp_hidden_size: 512,
+            vocab_size: 157184,
+            embedding_size: 157184,
+            max_sequence_length: 32768,
+            rope_theta: 600000.0,
+            family: Family::Llada2(Llada2Shape { moe: MoeShape { experts: 256, top_k: 8 }, groups: 8, top_groups: 4, dense_layers: 1, dense_hidden: 5120, shared_experts: 1 }),
+        }
+    }
+
+    /// A small LLaDA 2.x for tests: `tiny`'s attention (grouped-query, head dim 32, so 16
+    /// rotary dimensions), one dense layer, then 16 experts of 64 in 4 groups (2 kept), top
+    /// 4, and a shared expert.
+    pub fn tiny_llada2() -> Shape {
+        let l2 = Llada2Shape { moe: MoeShape { experts: 16, top_k: 4 }, groups: 4, top_groups: 2, dense_layers: 1, dense_hidden: 192, shared_experts: 1 };
+        Shape { n_layers: 3, mlp_hidden_size: 64, rope_theta: 600000.0, family: Family::Llada2(l2), ..Shape::tiny() }
+    }
+
     /// A small Dream for tests: `tiny`'s sizes (grouped-query attention, head dim 32) with
     /// Dream's RoPE base.
     pub fn tiny_dream() -> Shape {
@@ -163,6 +207,8 @@ pub enum ChatFormat {
     LladaMoe,
     /// Qwen2's `<|im_start|>role\n...<|im_end|>\n`: no end-of-header token.
     Dream,
+    /// LLaDA 2.x's: LLaDA-MoE's roles, mask token `<|mask|>`.
+    Llada2,
 }
 
 /// Special tokens of a chat format, by id.
@@ -204,6 +250,7 @@ impl SpecialIds {
         match chat {
             ChatFormat::Llada => SpecialIds::LLADA,
             ChatFormat::LladaMoe => SpecialIds::LLADA_MOE,
+            ChatFormat::Llada2 => SpecialIds { chat, ..SpecialIds::LLADA_MOE },
             ChatFormat::Dream => SpecialIds::DREAM,
         }
     }
@@ -213,7 +260,7 @@ impl SpecialIds {
     pub fn named(&self) -> Vec<(&'static str, u32)> {
         let (start, end, eot) = match self.chat {
             ChatFormat::Llada => ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
-            ChatFormat::LladaMoe => ("<role>", "</role>", "<|role_end|>"),
+            ChatFormat::LladaMoe | ChatFormat::Llada2 => ("<role>", "</role>", "<|role_end|>"),
             ChatFormat::Dream => {
                 return vec![
                     ("<|endoftext|>", self.eos),
@@ -224,7 +271,8 @@ impl SpecialIds {
                 ];
             }
         };
-        let mut t = vec![("<|startoftext|>", self.bos), ("<|endoftext|>", self.eos), ("<|mdm_mask|>", self.mask), (start, self.start_header)];
+        let mask = if self.chat == ChatFormat::Llada2 { "<|mask|>" } else { "<|mdm_mask|>" };
+        let mut t = vec![("<|startoftext|>", self.bos), ("<|endoftext|>", self.eos), (mask, self.mask), (start, self.start_header)];
         t.extend(self.end_header.map(|id| (end, id)));
         t.push((eot, self.eot));
         t
@@ -244,7 +292,7 @@ impl SpecialIds {
     pub fn packed(chat: ChatFormat, first: u32) -> SpecialIds {
         let at = |i: u32| first + i;
         match chat {
-            ChatFormat::Llada | ChatFormat::LladaMoe => {
+            ChatFormat::Llada | ChatFormat::LladaMoe | ChatFormat::Llada2 => {
                 SpecialIds { bos: at(0), eos: at(1), mask: at(2), start_header: at(3), end_header: Some(at(4)), eot: at(5), chat }
             }
             ChatFormat::Dream => SpecialIds { eos: at(0), start_header: at(1), eot: at(2), bos: at(3), mask: at(4), end_header: None, chat },

@@ -8,6 +8,7 @@
 
 pub mod checkpoint;
 pub mod checkpoint_dream;
+pub mod checkpoint_llada2;
 mod checkpoint_files;
 pub mod checkpoint_moe;
 mod checkpoint_spec;

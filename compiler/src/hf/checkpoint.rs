@@ -48,6 +48,19 @@ pub struct TensorLocation {
     pub nbytes: u64,
 }
 
+impl TensorLocation {
+    /// Rows `rows` (along dimension 0) of this tensor, as a location of their own.
+    pub fn rows(&self, rows: std::ops::Range<usize>) -> TensorLocation {
+        let total = self.shape.first().copied().unwrap_or(1).max(1);
+        let row_bytes = self.nbytes / total as u64;
+        let mut shape = self.shape.clone();
+        if let Some(first) = shape.first_mut() {
+            *first = rows.len();
+        }
+        TensorLocation { shard: self.shard, dtype: self.dtype, shape, start: self.start + rows.start as u64 * row_bytes, nbytes: rows.len() as u64 * row_bytes }
+    }
+}
+
 pub struct Checkpoint {
     pub dir: PathBuf,
     shards: Vec<(PathBuf, Shard)>,
@@ -228,7 +241,8 @@ impl Checkpoint {
 
     /// The checkpoint's name of the tensor at `loc`.
     pub fn name_of(&self, loc: &TensorLocation) -> &str {
-        let same = |l: &TensorLocation| l.shard == loc.shard && l.start == loc.start && l.nbytes == loc.nbytes;
+        // A tensor or rows of one (a permuted head's).
+        let same = |l: &TensorLocation| l.shard == loc.shard && l.start <= loc.start && loc.start + loc.nbytes <= l.start + l.nbytes;
         self.tensors.iter().find(|(_, l)| same(l)).map_or("?", |(name, _)| name.as_str())
     }
 

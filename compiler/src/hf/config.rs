@@ -30,7 +30,8 @@ pub fn load(dir: &Path) -> Result<(LladaConfig, Vec<String>)> {
     if super::config_dream::is_dream(&map) {
         return super::config_dream::parse(&path, &map);
     }
-    if super::config_moe::is_moe(&map) {
+    let llada2 = super::config_llada2::is_llada2(&map);
+    if llada2 || super::config_moe::is_moe(&map) {
         let generation = dir.join("generation_config.json");
         let mask = match generation.exists() {
             true => {
@@ -39,6 +40,9 @@ pub fn load(dir: &Path) -> Result<(LladaConfig, Vec<String>)> {
             }
             false => None,
         };
+        if llada2 {
+            return super::config_llada2::parse(&path, &map, mask);
+        }
         return super::config_moe::parse(&path, &map, mask);
     }
     parse(&path, &map)
@@ -140,6 +144,7 @@ pub fn parse(path: &Path, map: &Map<String, Value>) -> Result<(LladaConfig, Vec<
         pad_token_id,
         qk_norm: false,
         moe: None,
+        llada2: None,
     };
     Ok((cfg, warnings))
 }

@@ -18,6 +18,31 @@ pub enum Arch {
     /// `DreamModel`: `model.layers.*` tensors like LLaDA-MoE's, dense SwiGLU, q/k/v biases;
     /// logits shifted by one position.
     Dream,
+    /// `LLaDA2MoeModelLM`: `model.layers.*` tensors with a fused `query_key_value`, dense
+    /// layers then experts with a shared one, block-causal attention.
+    Llada2Moe,
+}
+
+/// What LLaDA 2.x adds to a mixture-of-experts config.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Llada2Settings {
+    /// Rotary dimensions at the start of each head (half-split within them); the rest pass.
+    pub rotary_dim: usize,
+    /// The first layers, with a dense feed-forward of `dense_hidden`.
+    pub dense_layers: usize,
+    pub dense_hidden: usize,
+    /// The shared expert's SwiGLU width (0: none).
+    pub shared_hidden: usize,
+    /// Router: `groups` groups of experts, the `top_groups` best kept.
+    pub groups: usize,
+    pub top_groups: usize,
+    /// Picked weights divided by their sum, then multiplied by `scale`.
+    pub normalize: bool,
+    pub scale: f64,
+    /// The output head is the embedding.
+    pub tie_embeddings: bool,
+    /// The configs name no mask id: the tokenizer's `<|mask|>` is the mask token.
+    pub mask_from_tokenizer: bool,
 }
 
 /// The experts of a mixture-of-experts config.
@@ -51,6 +76,7 @@ pub struct LladaConfig {
     /// RMSNorm on each query and key head before rotary.
     pub qk_norm: bool,
     pub moe: Option<MoeSettings>,
+    pub llada2: Option<Llada2Settings>,
 }
 
 impl LladaConfig {
@@ -106,6 +132,7 @@ pub(super) fn qwen_style(k: &mut Keys, arch: Arch, mlp_key: &'static str, eps_de
         pad_token_id,
         qk_norm: false,
         moe: None,
+        llada2: None,
     })
 }
 

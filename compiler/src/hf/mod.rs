@@ -4,6 +4,7 @@ pub mod checkpoint;
 pub mod config;
 mod config_common;
 pub mod config_dream;
+pub mod config_llada2;
 pub mod config_moe;
 pub mod tokenizer;
 
@@ -16,6 +17,9 @@ pub mod names {
     pub fn block(layer: usize, part: &str) -> String {
         format!("model.transformer.blocks.{layer}.{part}.weight")
     }
+
+    /// LLaDA 2.x's (`modeling_llada2_moe.py`) embedding; its layers use the names below.
+    pub const LLADA2_EMBEDDING: &str = "model.word_embeddings.weight";
 
     /// LLaDA-MoE's (`modeling_lladamoe.py`); Dream's (`modeling_dream.py`) use the same names
     /// for the tensors they share.
@@ -32,6 +36,11 @@ pub mod names {
         /// The bias of `part` of layer `layer` (Dream's `self_attn.q_proj`...).
         pub fn layer_bias(layer: usize, part: &str) -> String {
             format!("model.layers.{layer}.{part}.bias")
+        }
+
+        /// The router's expert bias of layer `layer` (LLaDA 2.x).
+        pub fn expert_bias(layer: usize) -> String {
+            format!("model.layers.{layer}.mlp.gate.expert_bias")
         }
 
         /// `part` (`gate_proj`, `up_proj`, `down_proj`) of expert `expert` of layer `layer`.

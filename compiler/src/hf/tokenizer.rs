@@ -15,6 +15,12 @@ const EOT_TOKEN: &str = "<|eot_id|>";
 const MOE_EOT_TOKEN: &str = "<|role_end|>";
 /// Dream (Qwen2.5 chat format) ends a turn with this.
 const DREAM_EOT_TOKEN: &str = "<|im_end|>";
+/// LLaDA 2.x (Ling's chat format) ends a turn as LLaDA-MoE does.
+const LLADA2_EOT_TOKEN: &str = "<|role_end|>";
+/// LLaDA 2.x's mask token, and the id its published `generate` defaults to (`mask_id`), for
+/// a checkpoint whose configs name no mask id (the released ones name none).
+const LLADA2_MASK_TOKEN: &str = "<|mask|>";
+const LLADA2_MASK_ID: u32 = 156895;
 
 /// The turn of the dry run.
 const SAMPLE_TURN: &str = "Hello! What is 2 + 2?";
@@ -75,6 +81,7 @@ pub fn load(dir: &Path, cfg: &LladaConfig) -> Result<(TokenizerSpec, SpecialToke
         Arch::Llada => EOT_TOKEN,
         Arch::LladaMoe => MOE_EOT_TOKEN,
         Arch::Dream => DREAM_EOT_TOKEN,
+        Arch::Llada2Moe => LLADA2_EOT_TOKEN,
     });
     for (what, id) in [("bos", bos), ("eos", eos), ("eot", eot)] {
         if let Some(id) = id {
@@ -86,8 +93,24 @@ pub fn load(dir: &Path, cfg: &LladaConfig) -> Result<(TokenizerSpec, SpecialToke
             }
         }
     }
+    let mask = match cfg.llada2 {
+        Some(l2) if l2.mask_from_tokenizer => match tokenizer.token_to_id(LLADA2_MASK_TOKEN) {
+            Some(id) => id,
+            None if (LLADA2_MASK_ID as usize) < cfg.embedding_size => LLADA2_MASK_ID,
+            None => {
+                return Err(Error::Tokenizer {
+                    path: tok_path,
+                    msg: format!("has no {LLADA2_MASK_TOKEN} token and config.json no mask_token_id; the published generate's default {LLADA2_MASK_ID} is outside the embedding ({} rows)", cfg.embedding_size),
+                })
+            }
+        },
+        _ => cfg.mask_token_id,
+    };
+    if mask as usize >= cfg.embedding_size {
+        return Err(Error::Tokenizer { path: tok_path, msg: format!("mask token id {mask} is outside the embedding ({} rows)", cfg.embedding_size) });
+    }
     Ok((
         TokenizerSpec { tokenizer_json, chat_template, bos_token, eos_token, add_bos_token },
-        SpecialTokens { mask: cfg.mask_token_id, bos, eos, eot },
+        SpecialTokens { mask, bos, eos, eot },
     ))
 }

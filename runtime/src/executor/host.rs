@@ -280,9 +280,20 @@ impl HostExecutor {
                         moe::routing::route_row(l, k, o, &mut self.moe.route);
                     }
                 }
+                Op::RouteSigmoid { logits, bias, top_k, groups, top_groups, normalize, scale, out } => {
+                    let (e, k) = (cols(logits), top_k as usize);
+                    let ([l], o) = operands(win, [range(logits)], range(out));
+                    let rule = moe::routing::SigmoidRule { bias: f32s(bias), groups: groups as usize, top_groups: top_groups as usize, normalize, scale };
+                    o.fill(0.0);
+                    for (l, o) in l.chunks_exact(e).zip(o.chunks_exact_mut(2 * k)).take(inp.rows) {
+                        moe::routing::route_sigmoid_row(l, &rule, k, o, &mut self.moe.route);
+                    }
+                }
                 Op::MoeExperts { x, route, out, layer, first, experts: n, ranked, work } => {
                     let ([xs, rs], [o, rk, wk]) = operands_many(win, [range(x), range(route)], [range(out), range(ranked), range(work)]);
-                    let op = MoeOperands { layer: layer as usize, first, x: xs, route: rs, out: o, ranked: rk, work: wk, operand: &mut *gemm_scratch, rows: inp.rows };
+                    // The verifier checked that the layer has experts.
+                    let layer = m.moe_layer_index(layer).unwrap_or(0);
+                    let op = MoeOperands { layer, first, x: xs, route: rs, out: o, ranked: rk, work: wk, operand: &mut *gemm_scratch, rows: inp.rows };
                     match experts.as_deref_mut() {
                         Some(e) => e.run(op, &self.pool, features)?,
                         None => moe::run_local(model, op, n as usize, m.moe.map_or(1, |m| m.top_k) as usize, &mut self.moe, &self.pool, features)?,

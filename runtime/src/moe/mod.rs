@@ -165,17 +165,19 @@ fn expert_layout(h: &Header) -> Option<Layout> {
     let moe = h.model.moe?;
     let plan = &h.plan.window.experts;
     let g = h.graphs.first()?;
-    let layers = h.model.n_layers as usize;
+    // Indexed by MoE layer (the transformer layers after the dense ones).
+    let layers = h.model.moe_layers() as usize;
     let (mut routers, mut firsts) = (vec![None; layers], vec![None; layers]);
     // A layer's router is the MatMul whose output the Route op before its MoE op reads.
     let (mut last_matmul, mut router) = (None, None);
     for op in &g.ops {
         match *op {
             Op::MatMul { weight, out, .. } => last_matmul = Some((weight, out)),
-            Op::Route { logits, .. } => router = last_matmul.filter(|m: &(TensorId, u32)| m.1 == logits).map(|m| m.0),
+            Op::Route { logits, .. } | Op::RouteSigmoid { logits, .. } => router = last_matmul.filter(|m: &(TensorId, u32)| m.1 == logits).map(|m| m.0),
             Op::MoeExperts { layer, first, .. } => {
-                firsts[layer as usize] = Some(first);
-                routers[layer as usize] = router.take();
+                let l = h.model.moe_layer_index(layer)?;
+                firsts[l] = Some(first);
+                routers[l] = router.take();
             }
             _ => {}
         }
@@ -344,7 +346,7 @@ impl<'m> Experts<'m> {
         let h = &model.header;
         let Some(layout) = expert_layout(h) else { return Ok(None) };
         let plan = &h.plan.window.experts;
-        let (per_layer, slots_per_layer, layers) = (plan.per_layer as usize, plan.slots_per_layer as usize, h.model.n_layers as usize);
+        let (per_layer, slots_per_layer, layers) = (plan.per_layer as usize, plan.slots_per_layer as usize, h.model.moe_layers() as usize);
         if strategy != ExpertStrategy::Lru && cpu_threads == 0 {
             return Err(Error::setting(Setting::CpuThreads, format!("0 must be at least 1: experts {} runs experts on the CPU path", strategy.name())));
         }

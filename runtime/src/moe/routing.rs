@@ -39,6 +39,71 @@ pub fn route_row(logits: &[f32], top_k: usize, out: &mut [f32], s: &mut RouteScr
     }
 }
 
+/// LLaDA 2.x's routing rule (the `RouteSigmoid` op's operands besides the logits).
+pub struct SigmoidRule<'a> {
+    /// The learned expert bias, added to the scores for the choice only.
+    pub bias: &'a [f32],
+    pub groups: usize,
+    pub top_groups: usize,
+    pub normalize: bool,
+    pub scale: f32,
+}
+
+/// `RouteSigmoid` for one row (see `llada_ir::Op::RouteSigmoid`): as the published
+/// `group_limited_topk` computes it in float32, the groups scored by their two best biased
+/// scores, the `top_k` picks in `torch.topk`'s order; writes `top_k` ids then their weights.
+pub fn route_sigmoid_row(logits: &[f32], rule: &SigmoidRule, top_k: usize, out: &mut [f32], s: &mut RouteScratch) {
+    let experts = logits.len();
+    let per_group = experts / rule.groups;
+    // `probs` holds the unbiased scores, then the biased ones after them.
+    s.probs.clear();
+    s.probs.extend(logits.iter().map(|&v| 1.0 / (1.0 + kernels::exp(-v))));
+    for e in 0..experts {
+        s.probs.push(s.probs[e] + rule.bias[e]);
+    }
+    // Group scores: the sum of each group's two largest biased scores.
+    let mut group_scores = [0f32; MAX_GROUPS];
+    for (g, score) in group_scores.iter_mut().enumerate().take(rule.groups) {
+        let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+        for &v in &s.probs[experts + g * per_group..][..per_group] {
+            if v > a {
+                b = a;
+                a = v;
+            } else if v > b {
+                b = v;
+            }
+        }
+        *score = a + b;
+    }
+    // The kept groups' biased scores, `-inf` elsewhere (`masked_fill`), ranked.
+    let mut kept = [false; MAX_GROUPS];
+    for g in topk_in(&group_scores[..rule.groups], rule.top_groups, &mut s.queue) {
+        kept[g] = true;
+    }
+    for e in 0..experts {
+        if !kept[e / per_group] {
+            s.probs[experts + e] = f32::NEG_INFINITY;
+        }
+    }
+    let (ids, weights) = out.split_at_mut(top_k);
+    let (scores, biased) = s.probs.split_at(experts);
+    for (id, e) in ids.iter_mut().zip(topk_in(biased, top_k, &mut s.queue)) {
+        *id = e as f32;
+    }
+    for (w, id) in weights.iter_mut().zip(ids.iter()) {
+        *w = scores[*id as usize];
+    }
+    if rule.normalize {
+        // `scores / (scores.sum(-1) + 1e-20)`: PyTorch sums the k values left to right.
+        let sum = weights.iter().fold(0f32, |a, &w| a + w) + 1e-20;
+        weights.iter_mut().for_each(|w| *w /= sum);
+    }
+    weights.iter_mut().for_each(|w| *w *= rule.scale);
+}
+
+/// The most router groups the verifier lets `RouteSigmoid` have.
+const MAX_GROUPS: usize = llada_ir::verify::MAX_ROUTER_GROUPS as usize;
+
 /// One row's use of one expert: the row, which of its picks this is (where its output goes in
 /// `ranked`), and the probability it is weighted by.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -134,6 +199,31 @@ mod tests {
         assert_eq!(&out[..2], &[1.0, 3.0]);
         let z: f64 = logits.iter().map(|&v| (v as f64).exp()).sum();
         assert!((out[2] as f64 - 2f64.exp() / z).abs() < 1e-6 && (out[3] as f64 - 1f64.exp() / z).abs() < 1e-6, "{out:?}");
+    }
+
+    /// Eight experts in four groups of two, the best two groups kept, top 2: the bias moves
+    /// the choice (and the groups) but never the weights, which are the unbiased sigmoids,
+    /// normalised and scaled.
+    #[test]
+    fn sigmoid_routing_chooses_by_biased_groups_and_weighs_by_unbiased_scores() {
+        let logits = [2.0f32, -1.0, 1.5, 1.4, -2.0, 0.0, 0.1, 0.2];
+        let sig = |x: f32| 1.0 / (1.0 + (-x).exp());
+        let mut out = [0f32; 4];
+        let mut s = RouteScratch::default();
+        let no_bias = [0f32; 8];
+        let rule = SigmoidRule { bias: &no_bias, groups: 4, top_groups: 2, normalize: false, scale: 1.0 };
+        route_sigmoid_row(&logits, &rule, 2, &mut out, &mut s);
+        // Groups (by two best): {0,1} 0.88+0.27, {2,3} 0.82+0.80: the top experts are 0 and 2.
+        assert_eq!(&out[..2], &[0.0, 2.0]);
+        assert!((out[2] - sig(2.0)).abs() < 1e-6 && (out[3] - sig(1.5)).abs() < 1e-6, "{out:?}");
+        // A bias on group {6,7} makes it the best group and expert 7 the first pick; the
+        // weights stay unbiased, then normalised and scaled by 2.5.
+        let bias = [0.0f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5, 1.0];
+        let rule = SigmoidRule { bias: &bias, groups: 4, top_groups: 1, normalize: true, scale: 2.5 };
+        route_sigmoid_row(&logits, &rule, 2, &mut out, &mut s);
+        assert_eq!(&out[..2], &[7.0, 6.0]);
+        let (a, b) = (sig(0.2), sig(0.1));
+        assert!((out[2] - 2.5 * a / (a + b)).abs() < 1e-6 && (out[3] - 2.5 * b / (a + b)).abs() < 1e-6, "{out:?}");
     }
 
     #[test]

@@ -54,6 +54,11 @@ pub(crate) struct Canvas {
     /// Positions whose logits a pass returns.
     pub(crate) head: Vec<u32>,
     selection: Selection,
+    /// The policy keeps its own schedule (LLaDA 2.x's): a step runs until it sets `done`.
+    pub(crate) own_schedule: bool,
+    pub(crate) done: bool,
+    /// Where the returned generation ends (LLaDA 2.x's, at its first EOS), if not at the end.
+    pub(crate) output_end: Option<usize>,
 }
 
 /// `commit_best`'s working memory: the whole sequence's confidences as the official `topk`
@@ -99,6 +104,9 @@ impl Canvas {
             candidates: Vec::with_capacity(len),
             head: Vec::with_capacity(len),
             selection: Selection { confidence: vec![f32::NEG_INFINITY; len], token: vec![None; len], queue: Vec::with_capacity(len) },
+            own_schedule: false,
+            done: false,
+            output_end: None,
             p: *p,
         }
     }
@@ -168,6 +176,9 @@ impl Canvas {
     /// The step's `scheduled` commits, or `None` when the generation is over; moves to the
     /// next block when the current one is done.
     pub(super) fn next_step(&mut self) -> Option<usize> {
+        if self.own_schedule {
+            return (!self.done).then_some(0);
+        }
         let mask = self.special.mask;
         loop {
             if self.block == self.blocks {

@@ -9,7 +9,7 @@
 use std::time::Instant;
 
 use super::canvas::{Canvas, PolicyStep};
-use super::{check_prompt, dream, mbsd, official, Generation, Limits, Policy, Predictor, SamplerParams, StepView};
+use super::{check_prompt, dream, llada2, mbsd, official, Generation, Limits, Policy, Predictor, SamplerParams, StepView};
 use crate::error::{Error, Result};
 use crate::session::{Counters, Session};
 
@@ -32,6 +32,9 @@ impl<'s, 'm> Generator<'s, 'm> {
         let steps_per_block = p.validate(&Limits::of(session.model))?;
         let special = session.model.header.special.clone();
         check_prompt(prompt, special.mask)?;
+        if session.model.family() == llada_ir::Family::Llada2Moe {
+            return Generator::start_llada2(session, prompt, p, special, steps_per_block);
+        }
         let len = prompt.len() + p.gen_length;
         let capacity = session.head_capacity(len)?;
         if p.block_length > capacity {
@@ -59,6 +62,40 @@ impl<'s, 'm> Generator<'s, 'm> {
         let canvas = Canvas::new(p, steps_per_block, prompt, special, predictor, revised_per_step);
         let before = session.counters;
         Ok(Generator { session, canvas, policy, start: Instant::now(), before, failed: false })
+    }
+
+    /// LLaDA 2.x's published `generate` (`llada2.rs`): its canvas is the block grid from
+    /// position 0, the prompt's partial block included.
+    fn start_llada2(session: &'s mut Session<'m>, prompt: &[u32], p: &SamplerParams, special: llada_ir::SpecialTokens, steps: usize) -> Result<Generator<'s, 'm>> {
+        let policy = llada2::Llada2::new(p, prompt.len(), steps);
+        let grid = policy.grid_len();
+        let limit = Limits::of(session.model).max_len;
+        if grid > limit {
+            return Err(Error::request(format!(
+                "the prompt ({} tokens) and --gen-len {} fill {grid} positions of {}-token blocks, more than the {limit} {} holds",
+                prompt.len(),
+                p.gen_length,
+                p.block_length,
+                session.model.path.display()
+            )));
+        }
+        // A block pass runs on the graph of the block's rows and returns a row per position.
+        let capacity = session.head_capacity(p.block_length)?;
+        if p.block_length > capacity {
+            return Err(Error::request(format!(
+                "--block-len {} needs {} logit rows per pass but {} was compiled for {capacity}; use --block-len {capacity} or less, or recompile with `lladac compile --head-rows {}`",
+                p.block_length,
+                p.block_length,
+                session.model.path.display(),
+                p.block_length
+            )));
+        }
+        let canvas_p = SamplerParams { gen_length: grid - prompt.len(), ..*p };
+        let predictor = Predictor::for_session(session, p.block_length);
+        let mut canvas = Canvas::new(&canvas_p, steps, prompt, special, predictor, 0);
+        canvas.own_schedule = true;
+        let before = session.counters;
+        Ok(Generator { session, canvas, policy: Box::new(policy), start: Instant::now(), before, failed: false })
     }
 
     /// Runs the next step: one dense pass (none where the schedule commits nothing) and its
@@ -92,7 +129,7 @@ impl<'s, 'm> Generator<'s, 'm> {
         let c = &self.canvas;
         let mut g = Generation {
             prompt_ids: c.x[..c.prompt_len].to_vec(),
-            output_ids: c.x[c.prompt_len..].to_vec(),
+            output_ids: c.x[c.prompt_len..c.output_end.unwrap_or(c.x.len()).max(c.prompt_len)].to_vec(),
             reveals: c.reveals_per_step(),
             revisions: None,
             forward_passes: self.session.counters.forward_passes - self.before.forward_passes,

@@ -36,6 +36,7 @@
 mod canvas;
 mod dream;
 mod generator;
+mod llada2;
 mod mbsd;
 mod official;
 mod revision;

@@ -1,8 +1,8 @@
-//! Writes a random-weight LLaDA, LLaDA-MoE or Dream checkpoint in Hugging Face layout.
+//! Writes a random-weight LLaDA, LLaDA-MoE, LLaDA 2.x or Dream checkpoint in Hugging Face layout.
 //!
 //! `gen-checkpoint --preset llada-8b --dtype bf16 -o /tmp/llada-8b` gives the exact LLaDA-8B
 //! shapes (`--preset llada-moe-7b` LLaDA-MoE-7B-A1B's, `--preset dream-7b`
-//! Dream-v0-Instruct-7B's, each in its own layout); any field can be overridden
+//! Dream-v0-Instruct-7B's, `--preset llada2-mini` LLaDA2.0-mini's, each in its own layout); any field can be overridden
 //! (`--n-kv-heads 8` for grouped-query attention, `--experts 16` for fewer experts).
 
 use std::path::PathBuf;
@@ -12,12 +12,12 @@ use clap::Parser;
 use llada_tools::checkpoint::{check, prepare_output, write, CheckpointSpec, Family, Outliers, Shape, WeightType};
 
 #[derive(Parser)]
-#[command(about = "Write a random-weight LLaDA, LLaDA-MoE or Dream checkpoint in exact Hugging Face layout")]
+#[command(about = "Write a random-weight LLaDA, LLaDA-MoE, LLaDA 2.x or Dream checkpoint in exact Hugging Face layout")]
 struct Args {
     /// Starting shape and layout: LLaDA's tiny, llada-1b and llada-8b; the mixture-of-experts
-    /// LLaDA-MoE's tiny-moe and llada-moe-7b; Dream's tiny-dream and dream-7b
-    /// (Dream-v0-Instruct-7B).
-    #[arg(long, default_value = "tiny", value_parser = ["tiny", "llada-1b", "llada-8b", "tiny-moe", "llada-moe-7b", "tiny-dream", "dream-7b"])]
+    /// LLaDA-MoE's tiny-moe and llada-moe-7b; LLaDA 2.x's tiny-llada2 and llada2-mini
+    /// (LLaDA2.0-mini); Dream's tiny-dream and dream-7b (Dream-v0-Instruct-7B).
+    #[arg(long, default_value = "tiny", value_parser = ["tiny", "llada-1b", "llada-8b", "tiny-moe", "llada-moe-7b", "tiny-llada2", "llada2-mini", "tiny-dream", "dream-7b"])]
     preset: String,
     #[arg(long)]
     d_model: Option<usize>,
@@ -79,15 +79,17 @@ fn main() -> ExitCode {
         "llada-moe-7b" => Shape::llada_moe_7b(),
         "tiny-dream" => Shape::tiny_dream(),
         "dream-7b" => Shape::dream_7b(),
+        "tiny-llada2" => Shape::tiny_llada2(),
+        "llada2-mini" => Shape::llada2_mini(),
         _ => Shape::tiny(),
     };
     match &mut shape.family {
-        Family::LladaMoe(moe) => {
+        Family::LladaMoe(moe) | Family::Llada2(llada_tools::checkpoint::Llada2Shape { moe, .. }) => {
             moe.experts = a.experts.unwrap_or(moe.experts);
             moe.top_k = a.top_k.unwrap_or(moe.top_k);
         }
         Family::Llada | Family::Dream if a.experts.is_some() || a.top_k.is_some() => {
-            eprintln!("error: --experts and --top-k need a mixture-of-experts preset (tiny-moe, llada-moe-7b), not '{}'", a.preset);
+            eprintln!("error: --experts and --top-k need a mixture-of-experts preset (tiny-moe, llada-moe-7b, tiny-llada2, llada2-mini), not '{}'", a.preset);
             return ExitCode::FAILURE;
         }
         Family::Llada | Family::Dream => {}

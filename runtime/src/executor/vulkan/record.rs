@@ -271,7 +271,7 @@ impl<'a> Recorder<'a> {
         let groups_of = |n: u32| n.div_ceil(64);
         match *op {
             Op::Embed { .. } => unreachable!("the host runs the embedding"),
-            Op::Route { .. } | Op::MoeExperts { .. } => unreachable!("mixture-of-experts models are refused before recording"),
+            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. } => unreachable!("mixture-of-experts models are refused before recording"),
             Op::Bias { x, bias } => {
                 let (r, fh) = rows(x);
                 let (w, w_off) = self.weight(bias)?;

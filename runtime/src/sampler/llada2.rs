@@ -1,0 +1,249 @@
+//! LLaDA 2.x's sampler: the published `generate` of `modeling_llada2_moe.py` (2.0), with 2.1's
+//! greedy rule at temperature 0.
+//!
+//! The canvas is a grid of `block_length` blocks from position 0: the prompt, then masks up
+//! to the end of the block holding position `prompt + gen_length - 1` (padding slots past
+//! the generation included). Blocks are decoded in order from the one holding the prompt's
+//! end (its prompt positions stay as they are). Each step is one model call: the block
+//! attends to itself and every earlier position, never to later blocks (the block-causal
+//! mask). Its masked positions get the prediction (2.1's rule at temperature 0: argmax, with
+//! its softmax probability as the confidence; above it, the published filters and a draw
+//! from our own random stream), and the step commits every masked position whose confidence
+//! is above `threshold`, if there are at least `schedule[step]` of them, else the
+//! `schedule[step]` most confident (`torch.topk` over the block); `schedule` spreads
+//! `block_length` over `min(steps, gen_length)` steps. A block ends when it has no mask or
+//! its steps are spent; the generation ends after the block whose generated part holds EOS,
+//! or (`eos_early_stop`) at a step that commits EOS once every position before the first EOS
+//! is committed. The result is the generation up to and including its first EOS.
+//!
+//! The passes: each step is a pass over the block's rows (`Session::forward_block`), the
+//! earlier positions read from the KV cache. The cache holds each earlier block as the
+//! published code's next call sees it: a block's keys and values are stored again with its
+//! final tokens by one pass over it before the next block's first step (and the prompt's
+//! whole blocks by one pass each before the first). So passes = model calls + blocks stored.
+//!
+//! 2.0's own `generate` draws from the softmax with `torch.multinomial` even at temperature 0;
+//! 2.1 made temperature 0 greedy, which is the rule here. 2.1's token editing (re-committing
+//! a committed token whose new prediction is confident) is not built.
+
+use rand::RngExt;
+
+use super::canvas::{Canvas, PolicyStep};
+use super::{argmax, committed_prefix, softmax_at, softmax_at_max, stream, Candidate};
+use crate::error::Result;
+use crate::params::SamplerParams;
+use crate::session::Session;
+
+/// The random stream of LLaDA 2.x's draws (temperature above 0).
+const LLADA2_SAMPLE: u64 = 21;
+/// The published `generate`'s default threshold.
+pub const DEFAULT_THRESHOLD: f32 = 0.95;
+
+pub(super) struct Llada2 {
+    block_len: usize,
+    prompt_len: usize,
+    gen_len: usize,
+    /// Blocks of the grid, the one decoded now, and its steps taken.
+    blocks: usize,
+    block: usize,
+    step: usize,
+    /// Commits each step's schedule asks for at least (`_get_num_transfer_tokens`).
+    schedule: Vec<usize>,
+    threshold: f32,
+    /// Positions before this hold their final keys and values in the cache.
+    stored: usize,
+    eos: Option<u32>,
+}
+
+impl Llada2 {
+    pub(super) fn new(p: &SamplerParams, prompt_len: usize, steps: usize) -> Llada2 {
+        let b = p.block_length;
+        let steps = steps.min(p.gen_length).max(1);
+        let (base, extra) = (b / steps, b % steps);
+        Llada2 {
+            block_len: b,
+            prompt_len,
+            gen_len: p.gen_length,
+            blocks: (prompt_len + p.gen_length).div_ceil(b),
+            block: prompt_len / b,
+            step: 0,
+            schedule: (0..steps).map(|i| base + usize::from(i < extra)).collect(),
+            threshold: p.threshold.unwrap_or(DEFAULT_THRESHOLD),
+            stored: 0,
+            eos: None,
+        }
+    }
+
+    /// Positions of the block grid.
+    pub(super) fn grid_len(&self) -> usize {
+        self.blocks * self.block_len
+    }
+
+    /// Where the returned generation ends: after its first EOS, or at `gen_length`.
+    fn output_end(&self, x: &[u32]) -> usize {
+        let generated = &x[self.prompt_len..self.prompt_len + self.gen_len];
+        self.prompt_len + self.eos.and_then(|eos| generated.iter().position(|&t| t == eos)).map_or(self.gen_len, |i| i + 1)
+    }
+
+    /// Moves past finished blocks: a block is done with no mask left or its steps spent; the
+    /// generation is done after the block whose generated part holds EOS, or the last.
+    fn advance(&mut self, c: &mut Canvas) {
+        let mask = c.special.mask;
+        loop {
+            let (s, e) = (self.block * self.block_len, (self.block + 1) * self.block_len);
+            if c.x[s..e].contains(&mask) && self.step < self.schedule.len() {
+                return;
+            }
+            let eos_seen = self.eos.is_some_and(|eos| c.x[self.prompt_len..e].contains(&eos));
+            self.block += 1;
+            self.step = 0;
+            if eos_seen || self.block == self.blocks {
+                c.done = true;
+                c.output_end = Some(self.output_end(&c.x));
+                return;
+            }
+        }
+    }
+}
+
+impl PolicyStep for Llada2 {
+    fn step(&mut self, session: &mut Session, c: &mut Canvas, _scheduled: usize) -> Result<()> {
+        self.eos = c.special.eos;
+        let (mask, b) = (c.special.mask, self.block_len);
+        let (s, e) = (self.block * b, (self.block + 1) * b);
+        // The earlier blocks' final keys and values: the prompt's whole blocks before the
+        // first step, the block just finished before the next.
+        while self.stored < s {
+            let end = self.stored + b;
+            session.forward_block(&c.x[..end], self.stored..end, &[])?;
+            self.stored = end;
+        }
+        c.head.clear();
+        c.head.extend((s..e).filter(|&i| c.x[i] == mask).map(|i| i as u32));
+        let pool = session.pool_handle();
+        let logits = session.forward_block(&c.x[..e], s..e, &c.head)?;
+        c.predictor.load(logits);
+        let (p, step) = (c.p, c.step);
+        let predictions = c.predictor.each_row(&pool, &c.head, |row, pos| predict(row, &p, step, pos));
+        c.candidates.clear();
+        c.candidates.extend(c.head.iter().zip(predictions).map(|(&pos, &(token, confidence))| Candidate { position: pos as usize, token, confidence }));
+        let wanted = self.schedule[self.step];
+        let t = self.threshold;
+        let confident = c.candidates.iter().filter(|x| x.confidence > t).count();
+        let first_new = c.reveals.len();
+        match confident >= wanted {
+            // Every confident one: exactly the `confident` best of the block.
+            true => c.commit_ranked(s..e, confident, |_, _| true),
+            false => c.commit_ranked(s..e, wanted.min(c.candidates.len()), |_, _| true),
+        }
+        self.step += 1;
+        let committed_eos = self.eos.is_some_and(|eos| c.reveals[first_new..].iter().any(|r| r[1] == eos));
+        if c.p.eos_early_stop && committed_eos {
+            // The published check: the first EOS of the sequence (prompt included), every
+            // generated position before it committed.
+            let eos = self.eos.unwrap_or(u32::MAX);
+            if let Some(at) = c.x[..e].iter().position(|&t| t == eos) {
+                if !c.x[self.prompt_len.min(at)..at].contains(&mask) {
+                    c.done = true;
+                    c.output_end = Some(at + 1);
+                }
+            }
+        }
+        if !c.done {
+            self.advance(c);
+        }
+        c.settled = committed_prefix(&c.x[c.prompt_len..], mask);
+        Ok(())
+    }
+}
+
+/// The prediction at one masked position and its confidence (the published
+/// `_sample_with_temperature_topk_topp`, 2.1's): at temperature 0 the first maximum and its
+/// float32 softmax probability; above it, the logits divided by the temperature, filtered to
+/// the top `top_k` and the nucleus `top_p`, then a draw from their softmax (our stream, not
+/// PyTorch's) and its probability.
+fn predict(row: &mut [f32], p: &SamplerParams, step: usize, position: usize) -> (u32, f32) {
+    if p.temperature == 0.0 {
+        let token = crate::kernels::argmax(crate::kernels::cpu::features(), row);
+        let confidence = if row[token].is_nan() { softmax_at(row, token) } else { softmax_at_max(row, token, row[token]) };
+        return (token as u32, confidence);
+    }
+    if p.temperature != 1.0 {
+        let t = p.temperature as f32;
+        row.iter_mut().for_each(|l| *l /= t);
+    }
+    if let Some(k) = p.top_k.filter(|&k| k > 0 && k < row.len()) {
+        // `logits < kth largest` become -inf (ties with the kth stay).
+        let mut sorted: Vec<f32> = row.to_vec();
+        sorted.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+        let kth = sorted[k - 1];
+        row.iter_mut().filter(|l| **l < kth).for_each(|l| *l = f32::NEG_INFINITY);
+    }
+    if let Some(top_p) = p.top_p.filter(|&v| v < 1.0) {
+        // Sorted descending, the tokens after the cumulative probability first passes top_p.
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let mut order: Vec<usize> = (0..row.len()).collect();
+        order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
+        let sum: f64 = row.iter().map(|&l| ((l - max) as f64).exp()).sum();
+        let mut cumulative = 0.0;
+        let mut cut = false;
+        for &i in &order {
+            if cut {
+                row[i] = f32::NEG_INFINITY;
+                continue;
+            }
+            cumulative += ((row[i] - max) as f64).exp() / sum;
+            cut = cumulative > top_p;
+        }
+    }
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    let weights: Vec<f64> = row.iter().map(|&l| ((l - max) as f64).exp()).collect();
+    let total: f64 = weights.iter().sum();
+    let mut rng = stream(p.seed, LLADA2_SAMPLE, step, position);
+    let mut u: f64 = rng.random::<f64>() * total;
+    let mut token = argmax(weights.iter().copied());
+    for (i, w) in weights.iter().enumerate() {
+        if u < *w {
+            token = i;
+            break;
+        }
+        u -= w;
+    }
+    (token as u32, softmax_at(row, token))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_schedule_spreads_the_block_over_the_steps() {
+        let p = SamplerParams { block_length: 8, gen_length: 20, steps: 3, ..Default::default() };
+        let l = Llada2::new(&p, 5, 3);
+        assert_eq!(l.schedule, vec![3, 3, 2]);
+        // The grid: 5 + 20 positions in blocks of 8 -> 4 blocks; the prompt's end is in block 0.
+        assert_eq!((l.grid_len(), l.block), (32, 0));
+        // More steps than the generation has tokens are cut to it; some then commit nothing.
+        let l = Llada2::new(&SamplerParams { block_length: 8, gen_length: 4, steps: 32, ..Default::default() }, 8, 32);
+        assert_eq!(l.schedule, vec![2, 2, 1, 1]);
+        assert_eq!((l.grid_len(), l.block), (16, 1));
+    }
+
+    #[test]
+    fn greedy_predictions_are_the_argmax_and_its_probability() {
+        let p = SamplerParams::default();
+        let mut row = vec![0.0f32, 3.0, 1.0, 3.0];
+        let (t, c) = predict(&mut row, &p, 0, 0);
+        assert_eq!(t, 1);
+        assert!((c - softmax_at(&[0.0, 3.0, 1.0, 3.0], 1)).abs() < 1e-7);
+    }
+
+    #[test]
+    fn top_k_sampling_draws_only_among_the_kept() {
+        let p = SamplerParams { temperature: 1.0, top_k: Some(2), seed: 3, ..Default::default() };
+        for pos in 0..200 {
+            let (t, _) = predict(&mut vec![0.0, 2.0, 1.9, -1.0], &p, 0, pos);
+            assert!(t == 1 || t == 2, "{t}");
+        }
+    }
+}

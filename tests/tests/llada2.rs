@@ -1,0 +1,66 @@
+//! LLaDA 2.x end to end: the project's kit (tests/data/llada2-conformance, made with the
+//! published `modeling_llada2_moe.py` by tools/llada2/) replayed through the compiler and the
+//! runtime; and every expert strategy, on a window that holds a quarter of the experts, giving
+//! the resident plan's tokens.
+
+mod common;
+
+use std::path::Path;
+
+use llada_rt::kernels::cpu;
+use llada_rt::moe::ExpertStrategy;
+use llada_rt::session::ExpertOptions;
+use llada_rt::staging::StagingMode;
+use llada_rt::{generate, Model, SamplerParams, Session};
+
+const KIT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/data/llada2-conformance/tiny-llada2");
+
+fn compile(out: &Path, window_bytes: Option<u64>) {
+    common::compile_quant(Path::new(KIT), out, None, 128, window_bytes);
+}
+
+/// Every case of the kit: output ids, the reveals of every model call, the calls, and the
+/// first call's logits within 1e-4.
+#[test]
+fn the_kit_replays_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = dir.path().join("kit.lad");
+    compile(&art, None);
+    let model = Model::open(&art, true).unwrap();
+    assert_eq!(model.header.model.architecture, "llada2-moe");
+    let mut session = Session::new(&model).unwrap();
+    let r = llada_rt_tools::conformance::run(&mut session, &Path::new(KIT).join("golden.json"), Default::default(), &mut |_| {}).unwrap();
+    assert!(r.passed(), "{:?}", r.failures);
+    assert_eq!((r.cases, r.output_ids_matched, r.reveals_all_steps_matched, r.forward_calls_matched), (162, 162, 162, 162));
+    assert_eq!(r.logit_cases_within_tolerance, 3);
+}
+
+/// The kit's model compiled with its expert pools holding a quarter of each layer's experts:
+/// hybrid, lru and static generate the resident plan's tokens, staging as they should.
+#[test]
+fn every_expert_strategy_in_a_quarter_window_gives_the_resident_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = dir.path().join("full.lad");
+    compile(&full, None);
+    let m = Model::open(&full, false).unwrap();
+    let x = &m.header.plan.window.experts;
+    assert_eq!((x.slots_per_layer, x.per_layer, m.header.model.moe_layers()), (16, 16, 2));
+    let quarter = dir.path().join("quarter.lad");
+    compile(&quarter, Some(x.region.offset + x.region.bytes / 4));
+    let q = Model::open(&quarter, true).unwrap();
+    assert_eq!(q.header.plan.window.experts.slots_per_layer, 4);
+    let p = SamplerParams { gen_length: 40, block_length: 16, steps: 16, threshold: Some(0.5), eos_early_stop: false, ..Default::default() };
+    let prompt = [5u32, 9, 200, 31, 77];
+    let want = generate(&mut Session::new(&m).unwrap(), &prompt, &p, &mut |_| {}).unwrap();
+    for strategy in [ExpertStrategy::Hybrid, ExpertStrategy::Lru, ExpertStrategy::Static] {
+        let mut s = Session::with_experts(&q, 2, cpu::features(), StagingMode::Async, ExpertOptions { strategy, cpu_threads: 1 }).unwrap();
+        let got = generate(&mut s, &prompt, &p, &mut |_| {}).unwrap();
+        assert_eq!((got.output_ids.clone(), got.reveals.clone()), (want.output_ids.clone(), want.reveals.clone()), "{}", strategy.name());
+        let c = s.expert_counters().unwrap();
+        match strategy {
+            ExpertStrategy::Lru => assert!(c.cpu_experts == 0 && c.staged_experts > 0, "{c:?}"),
+            ExpertStrategy::Static => assert!(c.accelerator_experts == 0 && c.staged_bytes == 0, "{c:?}"),
+            ExpertStrategy::Hybrid => assert!(c.accelerator_experts > 0 && c.cpu_experts > 0, "{c:?}"),
+        }
+    }
+}
