@@ -223,9 +223,9 @@ mod tests {
         assert_eq!(l.schedule, vec![3, 3, 2]);
         // The grid: 5 + 20 positions in blocks of 8 -> 4 blocks; the prompt's end is in block 0.
         assert_eq!((l.grid_len(), l.block), (32, 0));
-        // More steps than the generation has tokens are cut to it; some then commit nothing.
+        // More steps than the generation has tokens are cut to it.
         let l = Llada2::new(&SamplerParams { block_length: 8, gen_length: 4, steps: 32, ..Default::default() }, 8, 32);
-        assert_eq!(l.schedule, vec![2, 2, 1, 1]);
+        assert_eq!(l.schedule, vec![2, 2, 2, 2]);
         assert_eq!((l.grid_len(), l.block), (16, 1));
     }
 
