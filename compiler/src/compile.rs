@@ -682,7 +682,7 @@ fn overflow(ckpt: &Checkpoint, src: &TensorLocation, element: usize, dtype: DTyp
 /// Rotary tables `[rows, head_dim / 2]`, computed as LLaDA's reference does in float32:
 /// `inv_freq = 1 / theta^(2i / rotary_dim)`, angle = position * inv_freq (rounded to f32), then
 /// cos and sin of that angle, correctly rounded. Pairs past `rotary_dim / 2` get frequency 0
-/// (cos 1, sin 0): partial rotary, with the heads stored in `layout_llada2::rotary_order`.
+/// (cos 1, sin 0): partial rotary, with the heads stored in `layout::llada2::rotary_order`.
 pub fn rope_tables(theta: f64, head_dim: usize, rotary_dim: usize, rows: usize) -> (Vec<f32>, Vec<f32>) {
     let half = head_dim / 2;
     let inv_freq: Vec<f32> = (0..half)

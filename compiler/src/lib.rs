@@ -9,7 +9,6 @@ pub mod hf;
 pub mod inspect;
 pub mod latency;
 pub mod layout;
-pub mod layout_llada2;
 pub mod lower;
 pub mod memory;
 pub mod onnx;

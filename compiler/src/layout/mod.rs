@@ -4,6 +4,8 @@
 //! larger half double-buffer a layer); for LLaDA-MoE a block's attention and router, then one
 //! segment per expert (the unit of the expert cache).
 
+pub mod llada2;
+
 use std::borrow::Cow;
 use std::collections::HashSet;
 
@@ -75,7 +77,7 @@ pub fn plan<'c>(cfg: &LladaConfig, ckpt: &'c Checkpoint, storage: Storage) -> Re
         Arch::Llada => dense(cfg, &mut b, storage, &LLADA)?,
         Arch::LladaMoe => moe(cfg, &mut b, storage)?,
         Arch::Dream => dense(cfg, &mut b, storage, &DREAM)?,
-        Arch::Llada2Moe => crate::layout_llada2::segments(cfg, &mut b, storage)?,
+        Arch::Llada2Moe => llada2::segments(cfg, &mut b, storage)?,
     };
     Ok(Layout { arch: cfg.arch, segments, consumed: b.consumed })
 }
@@ -240,7 +242,7 @@ impl Layout<'_> {
                     blocks.push(BlockTensors { attn_norm: a[0], qkv: a[1], qkv_bias: None, qk_norm, attn_out: rest[0], ff_norm: rest[1], ffn: Ffn::Moe { router: rest[2], first, rule: RouteRule::Softmax, shared: None } });
                     seg += 1 + experts;
                 }
-                Arch::Llada2Moe => seg = crate::layout_llada2::block(ids, seg, blocks.len(), cfg, &mut blocks, &mut expert_segments)?,
+                Arch::Llada2Moe => seg = llada2::block(ids, seg, blocks.len(), cfg, &mut blocks, &mut expert_segments)?,
             }
         }
         let head = &ids[seg];

@@ -17,7 +17,7 @@ use llada_ir::{DType, TensorId};
 use crate::error::{Error, Result};
 use crate::hf::config::LladaConfig;
 use crate::hf::names;
-use crate::layout::{Builder, Planned, Segments, Storage};
+use super::{Builder, Planned, Segments, Storage};
 use crate::lower::{BlockTensors, Ffn, RouteRule};
 
 /// The source dimensions of one head, in stored order: the first half of the rotated
