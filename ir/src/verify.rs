@@ -180,6 +180,15 @@ fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
             }
             Ok(())
         };
+        // A router's logits and picks (`Route`, `RouteSigmoid`): the model's experts and top k.
+        let route = |logits: ValueId, top_k: u32, out: ValueId| -> std::result::Result<crate::header::MoeConfig, String> {
+            let (vl, vo) = (value(logits)?, value(out)?);
+            let Some(moe) = m.moe else { return Err(at("the model has no experts".into())) };
+            if top_k != moe.top_k || vl.cols != moe.experts || vo.cols as u64 != 2 * top_k as u64 || vl.rows != vo.rows {
+                return Err(at(format!("'{}' [{}] -> '{}' [{}] with top_k {top_k}; the model routes {} experts, top {}", vl.name, vl.cols, vo.name, vo.cols, moe.experts, moe.top_k)));
+            }
+            Ok(moe)
+        };
         for v in op.inputs().into_iter().chain(op.outputs()) {
             value(v).map_err(at)?;
         }
@@ -280,19 +289,10 @@ fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
                     return Err(at(format!("weight '{}' is not f32 [{hd}]", t.name)));
                 }
             }
-            Op::Route { logits, top_k, out } => {
-                let (vl, vo) = (value(logits)?, value(out)?);
-                let Some(moe) = m.moe else { return Err(at("the model has no experts".into())) };
-                if top_k != moe.top_k || vl.cols != moe.experts || vo.cols as u64 != 2 * top_k as u64 || vl.rows != vo.rows {
-                    return Err(at(format!("'{}' [{}] -> '{}' [{}] with top_k {top_k}; the model routes {} experts, top {}", vl.name, vl.cols, vo.name, vo.cols, moe.experts, moe.top_k)));
-                }
-            }
+            Op::Route { logits, top_k, out } => route(logits, top_k, out).map(|_| ())?,
             Op::RouteSigmoid { logits, bias, top_k, groups, top_groups, scale, out, .. } => {
-                let (vl, vo, t) = (value(logits)?, value(out)?, tensor(bias)?);
-                let Some(moe) = m.moe else { return Err(at("the model has no experts".into())) };
-                if top_k != moe.top_k || vl.cols != moe.experts || vo.cols as u64 != 2 * top_k as u64 || vl.rows != vo.rows {
-                    return Err(at(format!("'{}' [{}] -> '{}' [{}] with top_k {top_k}; the model routes {} experts, top {}", vl.name, vl.cols, vo.name, vo.cols, moe.experts, moe.top_k)));
-                }
+                let moe = route(logits, top_k, out)?;
+                let t = tensor(bias)?;
                 if t.dtype != DType::F32 || t.shape != [moe.experts as u64] {
                     return Err(at(format!("expert bias '{}' is not f32 [{}]", t.name, moe.experts)));
                 }

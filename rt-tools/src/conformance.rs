@@ -329,9 +329,7 @@ pub fn run_explained(session: &mut Session, mut reference: Option<&mut Session>,
             // Block-causal: each block a pass attending to itself and the blocks before it.
             Some(b) if b > 0 && lc.input_ids.len() % b == 0 && lc.gen_length == b => {
                 let n = lc.input_ids.len();
-                for start in (0..n - b).step_by(b) {
-                    session.forward_block(&lc.input_ids[..start + b], start..start + b, &[])?;
-                }
+                session.store_blocks(&lc.input_ids[..n - b], 0, b)?;
                 session.forward_block(&lc.input_ids, n - b..n, &rows)?
             }
             Some(b) => return Err(Error::Input { path: golden_path.to_path_buf(), msg: format!("first_step_logits[{i}]: block_length {b} must divide the input and be its gen_length") }),

@@ -298,13 +298,14 @@ impl<'m> Session<'m> {
 
     /// Checks a request for positions `span` of `seq` with logits at `head_positions`, picks
     /// the graph and fills the token, position and head rows.
-    fn prepare(&mut self, seq: &[u32], span: Range<usize>, head_positions: &[u32]) -> Result<u32> {
+    /// `block_causal`: the caller checked that the cache holds every position before `span`
+    /// from block passes (`forward_block`).
+    fn prepare(&mut self, seq: &[u32], span: Range<usize>, head_positions: &[u32], block_causal: bool) -> Result<u32> {
         if span.start >= span.end || span.end > seq.len() {
             return Err(Error::request(format!("rows {span:?} are not inside a {}-token sequence", seq.len())));
         }
         // The whole sequence must fit a graph (and so the cache, which holds the largest).
         self.model.graph_for_rows(seq.len())?;
-        let block_causal = span.end == seq.len() && span.start <= self.block_prefix && self.cached_len.is_none();
         if span.len() < seq.len() && self.cached_len != Some(seq.len()) && !block_causal {
             return Err(Error::request(format!(
                 "a pass over rows {span:?} reuses the KV cache, which does not hold this {}-token sequence: run a whole-sequence pass first",
@@ -463,7 +464,7 @@ impl<'m> Session<'m> {
     /// the published block-causal mask lets `span` see, with no rows for the blocks after it.
     /// Returns the logits at `head_positions`.
     pub fn forward_block(&mut self, seq: &[u32], span: Range<usize>, head_positions: &[u32]) -> Result<&[f32]> {
-        if span.end != seq.len() || span.start > self.block_prefix || self.cached_len.is_some() && span.start > 0 {
+        if span.end != seq.len() || span.start > self.block_prefix || (self.cached_len.is_some() && span.start > 0) {
             return Err(Error::request(format!(
                 "a block-causal pass over rows {span:?} of a {}-token sequence needs every position before {} stored by earlier block passes ({} are)",
                 seq.len(),
@@ -472,15 +473,26 @@ impl<'m> Session<'m> {
             )));
         }
         self.cached_len = None;
-        let gid = self.prepare(seq, span.clone(), head_positions)?;
+        let gid = self.prepare(seq, span.clone(), head_positions, true)?;
         self.run_pass(gid, span.len(), seq.len(), head_positions.len(), span.len(), false)?;
         self.block_prefix = span.end;
         Ok(self.logits(gid, head_positions.len()))
     }
 
+    /// Stores the keys and values of `seq`'s blocks of `block_len` from position `from` on
+    /// (`seq` ends at a block's end): one block-causal pass each, no logits. What a
+    /// [`forward_block`](Self::forward_block) after them needs of the positions before it.
+    pub fn store_blocks(&mut self, seq: &[u32], from: usize, block_len: usize) -> Result<()> {
+        for start in (from..seq.len()).step_by(block_len.max(1)) {
+            let end = (start + block_len).min(seq.len());
+            self.forward_block(&seq[..end], start..end, &[])?;
+        }
+        Ok(())
+    }
+
     /// Runs the pass over `span` (timing every op when `profiled`) and counts it.
     fn pass(&mut self, seq: &[u32], span: Range<usize>, head_positions: &[u32], profiled: bool) -> Result<(u32, Option<OpProfile>)> {
-        let gid = self.prepare(seq, span.clone(), head_positions)?;
+        let gid = self.prepare(seq, span.clone(), head_positions, false)?;
         let profile = self.run_pass(gid, span.len(), seq.len(), head_positions.len(), span.len(), profiled)?;
         if span.len() == seq.len() {
             self.cached_len = Some(seq.len());

@@ -58,6 +58,7 @@ pub const NAMES: &[&str] = &[
     "top_p",
     "top_k",
     "alg_temp",
+    "eos_early_stop",
 ];
 
 /// The setting of `name` (one of [`NAMES`]), for errors that name it as every front end does.
@@ -169,6 +170,7 @@ pub fn sampler_params(model: &Model, given: &[(impl AsRef<str>, Value)]) -> Resu
             "top_p" => p.top_p = optional(v, || number(name, v))?,
             "top_k" => p.top_k = optional(v, || whole(name, v))?,
             "alg_temp" => p.alg_temp = optional(v, || number(name, v))?,
+            "eos_early_stop" => p.eos_early_stop = flag(name, v)?,
             _ => unreachable!("every name in NAMES is matched"),
         }
     }

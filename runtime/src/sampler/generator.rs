@@ -26,6 +26,20 @@ pub struct Generator<'s, 'm> {
     failed: bool,
 }
 
+/// Refuses a block of `block_length` logit rows when the graph that computes `rows` positions
+/// returns fewer.
+fn check_head_rows(session: &Session, rows: usize, block_length: usize) -> Result<()> {
+    let capacity = session.head_capacity(rows)?;
+    if block_length > capacity {
+        return Err(Error::request(format!(
+            "--block-len {block_length} needs {block_length} logit rows per pass but {} was compiled for {capacity}; \
+             use --block-len {capacity} or less, or recompile with `lladac compile --head-rows {block_length}`",
+            session.model.path.display(),
+        )));
+    }
+    Ok(())
+}
+
 impl<'s, 'm> Generator<'s, 'm> {
     /// Checks the request against the session's plan and sizes everything the steps use.
     pub fn start(session: &'s mut Session<'m>, prompt: &[u32], p: &SamplerParams) -> Result<Generator<'s, 'm>> {
@@ -36,17 +50,7 @@ impl<'s, 'm> Generator<'s, 'm> {
             return Generator::start_llada2(session, prompt, p, special, steps_per_block);
         }
         let len = prompt.len() + p.gen_length;
-        let capacity = session.head_capacity(len)?;
-        if p.block_length > capacity {
-            return Err(Error::request(format!(
-                "--block-len {} needs {} logit rows per pass but {} was compiled for {capacity}; \
-                 use --block-len {capacity} or less, or recompile with `lladac compile --head-rows {}`",
-                p.block_length,
-                p.block_length,
-                session.model.path.display(),
-                p.block_length
-            )));
-        }
+        check_head_rows(session, len, p.block_length)?;
         let spec_blocks = if matches!(p.policy, Policy::Spec | Policy::Mbsd) { p.spec_blocks } else { 0 };
         let (policy, revised_per_step): (Box<dyn PolicyStep>, usize) = match p.policy {
             Policy::Mbsd => {
@@ -67,7 +71,7 @@ impl<'s, 'm> Generator<'s, 'm> {
     /// LLaDA 2.x's published `generate` (`llada2.rs`): its canvas is the block grid from
     /// position 0, the prompt's partial block included.
     fn start_llada2(session: &'s mut Session<'m>, prompt: &[u32], p: &SamplerParams, special: llada_ir::SpecialTokens, steps: usize) -> Result<Generator<'s, 'm>> {
-        let policy = llada2::Llada2::new(p, prompt.len(), steps);
+        let policy = llada2::Llada2::new(p, prompt.len(), steps, special.eos);
         let grid = policy.grid_len();
         let limit = Limits::of(session.model).max_len;
         if grid > limit {
@@ -80,16 +84,7 @@ impl<'s, 'm> Generator<'s, 'm> {
             )));
         }
         // A block pass runs on the graph of the block's rows and returns a row per position.
-        let capacity = session.head_capacity(p.block_length)?;
-        if p.block_length > capacity {
-            return Err(Error::request(format!(
-                "--block-len {} needs {} logit rows per pass but {} was compiled for {capacity}; use --block-len {capacity} or less, or recompile with `lladac compile --head-rows {}`",
-                p.block_length,
-                p.block_length,
-                session.model.path.display(),
-                p.block_length
-            )));
-        }
+        check_head_rows(session, p.block_length, p.block_length)?;
         let canvas_p = SamplerParams { gen_length: grid - prompt.len(), ..*p };
         let predictor = Predictor::for_session(session, p.block_length);
         let mut canvas = Canvas::new(&canvas_p, steps, prompt, special, predictor, 0);

@@ -56,7 +56,7 @@ pub(super) struct Llada2 {
 }
 
 impl Llada2 {
-    pub(super) fn new(p: &SamplerParams, prompt_len: usize, steps: usize) -> Llada2 {
+    pub(super) fn new(p: &SamplerParams, prompt_len: usize, steps: usize, eos: Option<u32>) -> Llada2 {
         let b = p.block_length;
         let steps = steps.min(p.gen_length).max(1);
         let (base, extra) = (b / steps, b % steps);
@@ -70,7 +70,7 @@ impl Llada2 {
             schedule: (0..steps).map(|i| base + usize::from(i < extra)).collect(),
             threshold: p.threshold.unwrap_or(DEFAULT_THRESHOLD),
             stored: 0,
-            eos: None,
+            eos,
         }
     }
 
@@ -108,16 +108,12 @@ impl Llada2 {
 
 impl PolicyStep for Llada2 {
     fn step(&mut self, session: &mut Session, c: &mut Canvas, _scheduled: usize) -> Result<()> {
-        self.eos = c.special.eos;
         let (mask, b) = (c.special.mask, self.block_len);
         let (s, e) = (self.block * b, (self.block + 1) * b);
         // The earlier blocks' final keys and values: the prompt's whole blocks before the
         // first step, the block just finished before the next.
-        while self.stored < s {
-            let end = self.stored + b;
-            session.forward_block(&c.x[..end], self.stored..end, &[])?;
-            self.stored = end;
-        }
+        session.store_blocks(&c.x[..s], self.stored, b)?;
+        self.stored = s;
         c.head.clear();
         c.head.extend((s..e).filter(|&i| c.x[i] == mask).map(|i| i as u32));
         let pool = session.pool_handle();
@@ -131,17 +127,14 @@ impl PolicyStep for Llada2 {
         let t = self.threshold;
         let confident = c.candidates.iter().filter(|x| x.confidence > t).count();
         let first_new = c.reveals.len();
-        match confident >= wanted {
-            // Every confident one: exactly the `confident` best of the block.
-            true => c.commit_ranked(s..e, confident, |_, _| true),
-            false => c.commit_ranked(s..e, wanted.min(c.candidates.len()), |_, _| true),
-        }
+        // Every confident one (exactly the `confident` best of the block), or the schedule's.
+        let k = if confident >= wanted { confident } else { wanted.min(c.candidates.len()) };
+        c.commit_ranked(s..e, k, |_, _| true);
         self.step += 1;
-        let committed_eos = self.eos.is_some_and(|eos| c.reveals[first_new..].iter().any(|r| r[1] == eos));
-        if c.p.eos_early_stop && committed_eos {
+        let committed_eos = self.eos.filter(|&eos| c.reveals[first_new..].iter().any(|r| r[1] == eos));
+        if let (true, Some(eos)) = (c.p.eos_early_stop, committed_eos) {
             // The published check: the first EOS of the sequence (prompt included), every
             // generated position before it committed.
-            let eos = self.eos.unwrap_or(u32::MAX);
             if let Some(at) = c.x[..e].iter().position(|&t| t == eos) {
                 if !c.x[self.prompt_len.min(at)..at].contains(&mask) {
                     c.done = true;
@@ -219,12 +212,12 @@ mod tests {
     #[test]
     fn the_schedule_spreads_the_block_over_the_steps() {
         let p = SamplerParams { block_length: 8, gen_length: 20, steps: 3, ..Default::default() };
-        let l = Llada2::new(&p, 5, 3);
+        let l = Llada2::new(&p, 5, 3, None);
         assert_eq!(l.schedule, vec![3, 3, 2]);
         // The grid: 5 + 20 positions in blocks of 8 -> 4 blocks; the prompt's end is in block 0.
         assert_eq!((l.grid_len(), l.block), (32, 0));
         // More steps than the generation has tokens are cut to it.
-        let l = Llada2::new(&SamplerParams { block_length: 8, gen_length: 4, steps: 32, ..Default::default() }, 8, 32);
+        let l = Llada2::new(&SamplerParams { block_length: 8, gen_length: 4, steps: 32, ..Default::default() }, 8, 32, None);
         assert_eq!(l.schedule, vec![2, 2, 2, 2]);
         assert_eq!((l.grid_len(), l.block), (16, 1));
     }
