@@ -52,7 +52,10 @@ struct NpuPasses {
 
 impl NpuPasses {
     fn of(h: &Header, target: &Target) -> Result<Option<NpuPasses>> {
-        if crate::qnn::soc_of(&h.compile.target).is_none() {
+        // Mixture-of-experts models have no NPU executables: their experts run from the
+        // window's pools or on the CPU path, which `ExpertModel` times, not packed into
+        // contexts with the dense weights.
+        if crate::qnn::soc_of(&h.compile.target).is_none() || h.model.moe.is_some() {
             return Ok(None);
         }
         let (sizes, resident, budget, source) = match llada_ir::npu::NpuSection::of(h).map_err(|e| Error::Options(e.to_string()))? {
