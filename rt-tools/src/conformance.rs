@@ -116,7 +116,8 @@ pub struct Report {
     pub reveals_all_steps_matched: usize,
     /// Cases that need PyTorch's own random stream (temperature > 0, random remasking).
     pub skipped: usize,
-    /// Threshold cases, and those that ran as many forward passes as the reference.
+    /// Threshold cases, and those that made as many model calls as the reference (forward passes;
+    /// LLaDA 2.x's steps, its passes also storing finished blocks).
     pub forward_calls_checked: usize,
     pub forward_calls_matched: usize,
     pub logit_cases: usize,

@@ -985,7 +985,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Done {
                 outln!("  reveals before first tie:  {}/{} matched", report.reveals_before_tie_matched, ran)?;
                 outln!("  reveals at every step:     {}/{} matched (ties included)", report.reveals_all_steps_matched, ran)?;
                 if report.forward_calls_checked > 0 {
-                    outln!("  forward passes:            {}/{} threshold cases as many as the reference", report.forward_calls_matched, report.forward_calls_checked)?;
+                    outln!("  model calls:               {}/{} threshold cases as many as the reference", report.forward_calls_matched, report.forward_calls_checked)?;
                 }
                 outln!(
                     "  first_step_logits:         {}/{} within {:.0e} (max abs error {:.2e})",
