@@ -5,7 +5,7 @@
  *   ./generate llada-tiny.lad "FILL:3000705000000920000040015000608000070060300000004000000800900010=" 64 64
  *
  * Arguments: artifact, prompt (the user's turn of a chat), then optionally the tokens to
- * generate and the denoising steps (both default to 128). Prints the answer on stdout.
+ * generate (default 128) and the denoising steps (default: the model's). Prints the answer on stdout.
  */
 #include <stdio.h>
 #include <stdlib.h>

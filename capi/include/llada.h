@@ -172,8 +172,9 @@ typedef struct llada_params {
   // Semi-autoregressive block length (`--block-len`); 0 takes the length the artifact was
   // compiled for. Default 0.
   uint32_t block_len;
-  // Denoising steps over all blocks, a multiple of the number of blocks (`--steps`).
-  // Default 128.
+  // Denoising steps over all blocks, a multiple of the number of blocks (`--steps`); for
+  // LLaDA 2.x, steps per block. 0 takes the model's default (128; LLaDA 2.x: its published
+  // 32 per block). Default 0.
   uint32_t steps;
   // 0 takes the most likely token; above 0, Gumbel-max sampling at this temperature
   // (`--temperature`). Default 0.
@@ -242,6 +243,16 @@ typedef struct llada_params {
   // Dream: above 0, the positions a step commits are drawn from the softmax of their
   // confidences over this temperature (`--alg-temp`); 0 takes the most confident. Default 0.
   double alg_temp;
+  // LLaDA 2.x: stop at the step that commits end-of-text once every position before it is
+  // committed (the published `eos_early_stop`, `--eos-early-stop`). Default false.
+  bool eos_early_stop;
+  // LLaDA 2.1: token editing (`--editing-threshold`, 0 to 1; its published default is 0.9):
+  // each call also replaces a committed token of the block whose new prediction differs
+  // with a confidence above this. Below 0: off (LLaDA 2.0's generate). Default -1.
+  float editing_threshold;
+  // LLaDA 2.1 editing: the most calls a block takes after its last mask is committed
+  // (`--max-post-steps`). Default 16.
+  uint32_t max_post_steps;
 } llada_params;
 
 // The state after one denoising step, for showing the answer as it forms. Every pointer is

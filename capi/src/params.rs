@@ -73,8 +73,9 @@ pub struct Params {
     /// Semi-autoregressive block length (`--block-len`); 0 takes the length the artifact was
     /// compiled for. Default 0.
     pub block_len: u32,
-    /// Denoising steps over all blocks, a multiple of the number of blocks (`--steps`).
-    /// Default 128.
+    /// Denoising steps over all blocks, a multiple of the number of blocks (`--steps`); for
+    /// LLaDA 2.x, steps per block. 0 takes the model's default (128; LLaDA 2.x: its published
+    /// 32 per block). Default 0.
     pub steps: u32,
     /// 0 takes the most likely token; above 0, Gumbel-max sampling at this temperature
     /// (`--temperature`). Default 0.
@@ -143,6 +144,16 @@ pub struct Params {
     /// Dream: above 0, the positions a step commits are drawn from the softmax of their
     /// confidences over this temperature (`--alg-temp`); 0 takes the most confident. Default 0.
     pub alg_temp: f64,
+    /// LLaDA 2.x: stop at the step that commits end-of-text once every position before it is
+    /// committed (the published `eos_early_stop`, `--eos-early-stop`). Default false.
+    pub eos_early_stop: bool,
+    /// LLaDA 2.1: token editing (`--editing-threshold`, 0 to 1; its published default is 0.9):
+    /// each call also replaces a committed token of the block whose new prediction differs
+    /// with a confidence above this. Below 0: off (LLaDA 2.0's generate). Default -1.
+    pub editing_threshold: f32,
+    /// LLaDA 2.1 editing: the most calls a block takes after its last mask is committed
+    /// (`--max-post-steps`). Default 16.
+    pub max_post_steps: u32,
 }
 
 /// The settings `llada-rt run` uses when given no options, with `chat` on.
@@ -152,7 +163,7 @@ pub extern "C" fn llada_default_params() -> Params {
     Params {
         gen_len: d.gen_length as u32,
         block_len: 0,
-        steps: d.steps as u32,
+        steps: 0,
         temperature: d.temperature,
         seed: d.seed,
         cfg_scale: d.cfg_scale,
@@ -194,6 +205,9 @@ pub extern "C" fn llada_default_params() -> Params {
         top_p: d.top_p.unwrap_or(0.0),
         top_k: d.top_k.unwrap_or(0) as u32,
         alg_temp: d.alg_temp.unwrap_or(0.0),
+        eos_early_stop: d.eos_early_stop,
+        editing_threshold: d.editing_threshold.unwrap_or(-1.0),
+        max_post_steps: d.max_post_steps as u32,
     }
 }
 
@@ -237,12 +251,12 @@ impl Params {
             0 => plan.block_len as usize,
             n => n as usize,
         };
-        let spec_default = SamplerParams::default_spec_blocks(policy, plan.spec_blocks as usize, self.gen_len as usize, block_length);
+        let defaults = SamplerParams::for_model(model, self.gen_len as usize, Some(block_length), policy);
         let given = |n: u32| (n != 0).then_some(n as usize);
         Ok(SamplerParams {
             gen_length: self.gen_len as usize,
             block_length,
-            steps: self.steps as usize,
+            steps: if self.steps == 0 { defaults.steps } else { self.steps as usize },
             temperature: self.temperature,
             cfg_scale: self.cfg_scale,
             remasking,
@@ -252,7 +266,7 @@ impl Params {
             policy,
             refresh_every: self.refresh_every as usize,
             threshold,
-            spec_blocks: usize::try_from(self.spec_blocks).unwrap_or(spec_default),
+            spec_blocks: usize::try_from(self.spec_blocks).unwrap_or(defaults.spec_blocks),
             spec_threshold: self.spec_threshold,
             rows: given(self.rows),
             revision,
@@ -266,9 +280,11 @@ impl Params {
             top_p: (self.top_p != 0.0).then_some(self.top_p),
             top_k: (self.top_k != 0).then_some(self.top_k as usize),
             alg_temp: (self.alg_temp != 0.0).then_some(self.alg_temp),
-            // Not in `llada_params` yet (the C ABI is unchanged): LLaDA 2.x's published
-            // default, off.
-            eos_early_stop: false,
+            eos_early_stop: self.eos_early_stop,
+            // Below 0 is off; the rest of the range is the sampler's check. (A NaN is not
+            // below 0: refused there.)
+            editing_threshold: (!(self.editing_threshold < 0.0)).then_some(self.editing_threshold),
+            max_post_steps: self.max_post_steps as usize,
         })
     }
 }

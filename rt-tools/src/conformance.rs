@@ -53,6 +53,14 @@ struct Case {
     /// LLaDA 2.x's `eos_early_stop`.
     #[serde(default)]
     eos_early_stop: bool,
+    /// LLaDA 2.1's token editing: its `editing_threshold` and `max_post_steps`, and the
+    /// tokens each model call edited (`[position from the prompt's end, new token]`).
+    #[serde(default)]
+    editing_threshold: Option<f32>,
+    #[serde(default)]
+    max_post_steps: Option<usize>,
+    #[serde(default)]
+    step_edits: Option<Vec<Vec<[u32; 2]>>>,
     mask_id: u32,
     output_ids: Vec<u32>,
     step_reveals: Vec<Vec<[u32; 2]>>,
@@ -120,6 +128,9 @@ pub struct Report {
     /// LLaDA 2.x's steps, its passes also storing finished blocks).
     pub forward_calls_checked: usize,
     pub forward_calls_matched: usize,
+    /// LLaDA 2.1's editing cases, and those whose edits at every model call match.
+    pub edits_checked: usize,
+    pub edits_matched: usize,
     pub logit_cases: usize,
     pub logit_cases_within_tolerance: usize,
     pub max_logit_abs_error: f64,
@@ -153,7 +164,7 @@ impl Report {
     /// tolerance.
     pub fn passed_but_for_explained(&self) -> bool {
         let logits_ok = self.logit_cases_within_tolerance == self.logit_cases;
-        let mismatched = self.cases - self.skipped - self.reveals_all_steps_matched.min(self.output_ids_matched);
+        let mismatched = self.cases - self.skipped - self.reveals_all_steps_matched.min(self.output_ids_matched) + (self.edits_checked - self.edits_matched);
         logits_ok && self.cases > 0 && self.divergences.len() >= mismatched && self.divergences.iter().all(|d| d.explained)
     }
 }
@@ -273,6 +284,8 @@ pub fn run_explained(session: &mut Session, mut reference: Option<&mut Session>,
             top_k: c.top_k,
             threshold: c.threshold,
             eos_early_stop: c.eos_early_stop,
+            editing_threshold: c.editing_threshold,
+            max_post_steps: c.max_post_steps.unwrap_or(d.max_post_steps),
             ..d
         };
         let g = generate(session, &c.prompt_ids, &params, &mut |_| {})?;
@@ -284,6 +297,15 @@ pub fn run_explained(session: &mut Session, mut reference: Option<&mut Session>,
                 r.forward_calls_matched += 1;
             } else {
                 r.failures.push(format!("{}: {calls} model calls, the reference {want}", c.id));
+            }
+        }
+        if let Some(golden_edits) = &c.step_edits {
+            r.edits_checked += 1;
+            let ours = g.revisions.as_deref().unwrap_or_default();
+            let differs = (0..golden_edits.len().max(ours.len())).find(|&s| ours.get(s).map(|e| as_set(e)) != golden_edits.get(s).map(|e| as_set(e)));
+            match differs {
+                None => r.edits_matched += 1,
+                Some(s) => r.failures.push(format!("{}: model call {s} edited {:?}, golden {:?}", c.id, ours.get(s), golden_edits.get(s))),
             }
         }
         if g.output_ids == c.output_ids {

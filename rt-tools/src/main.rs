@@ -127,6 +127,15 @@ struct SamplerArgs {
     /// committed, instead of after EOS's block (the published `eos_early_stop`).
     #[arg(long)]
     eos_early_stop: bool,
+    /// LLaDA 2.1: its generate's token editing (the published default is 0.9): each model
+    /// call also replaces a committed token of the block whose new prediction differs with a
+    /// confidence above this, and commits by --threshold alone (at least one token a call; no
+    /// --steps). Unset: LLaDA 2.0's generate.
+    #[arg(long, allow_hyphen_values = true)]
+    editing_threshold: Option<f32>,
+    /// LLaDA 2.1 editing: the most model calls a block takes after its last mask is committed.
+    #[arg(long, default_value_t = defaults().max_post_steps)]
+    max_post_steps: usize,
     /// Dream: draw the positions a step commits from the softmax of their confidences over
     /// this temperature, instead of taking the most confident.
     #[arg(long, allow_hyphen_values = true)]
@@ -165,6 +174,8 @@ impl SamplerArgs {
             top_k: self.top_k,
             alg_temp: self.alg_temp,
             eos_early_stop: self.eos_early_stop,
+            editing_threshold: self.editing_threshold,
+            max_post_steps: self.max_post_steps,
         }
     }
 
@@ -174,7 +185,7 @@ impl SamplerArgs {
     fn checked_params(&self, model: &Model, typed: &dyn Fn(&str) -> bool) -> std::result::Result<SamplerParams, Failure<Error>> {
         let params = self.params(model);
         params.validate(&Limits::of(model))?;
-        match unused_setting(params.policy, typed) {
+        match unused_setting(&params, typed) {
             Some(refusal) => Err(Failure::Usage(refusal)),
             None => Ok(params),
         }
@@ -986,6 +997,9 @@ fn run(cli: Cli, matches: &ArgMatches) -> Done {
                 outln!("  reveals at every step:     {}/{} matched (ties included)", report.reveals_all_steps_matched, ran)?;
                 if report.forward_calls_checked > 0 {
                     outln!("  model calls:               {}/{} threshold cases as many as the reference", report.forward_calls_matched, report.forward_calls_checked)?;
+                }
+                if report.edits_checked > 0 {
+                    outln!("  edits at every model call: {}/{} editing cases matched", report.edits_matched, report.edits_checked)?;
                 }
                 outln!(
                     "  first_step_logits:         {}/{} within {:.0e} (max abs error {:.2e})",

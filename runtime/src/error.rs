@@ -75,13 +75,15 @@ pub enum Setting {
     LogitsEosInf,
     ConfidenceEosEotInf,
     EosEarlyStop,
+    EditingThreshold,
+    MaxPostSteps,
 }
 
 impl Setting {
     /// The setting whose `llada-rt` flag is `flag`.
     pub fn of_flag(flag: &str) -> Option<Setting> {
         use Setting::*;
-        [GenLength, BlockLength, Steps, Temperature, CfgScale, RefreshEvery, Threshold, SpecBlocks, SpecThreshold, Rows, SideRows, StableConfidence, StableChecks, ReviseConfidence, Threads, CpuThreads, Backend, Experts, Alg, Eps, Policy, Remasking, TopP, TopK, AlgTemp, Seed, Revision, LogitsEosInf, ConfidenceEosEotInf, EosEarlyStop]
+        [GenLength, BlockLength, Steps, Temperature, CfgScale, RefreshEvery, Threshold, SpecBlocks, SpecThreshold, Rows, SideRows, StableConfidence, StableChecks, ReviseConfidence, Threads, CpuThreads, Backend, Experts, Alg, Eps, Policy, Remasking, TopP, TopK, AlgTemp, Seed, Revision, LogitsEosInf, ConfidenceEosEotInf, EosEarlyStop, EditingThreshold, MaxPostSteps]
             .into_iter()
             .find(|s| s.flag() == flag)
     }
@@ -119,6 +121,8 @@ impl Setting {
             Setting::LogitsEosInf => "--logits-eos-inf",
             Setting::ConfidenceEosEotInf => "--confidence-eos-eot-inf",
             Setting::EosEarlyStop => "--eos-early-stop",
+            Setting::EditingThreshold => "--editing-threshold",
+            Setting::MaxPostSteps => "--max-post-steps",
         }
     }
 
@@ -154,8 +158,9 @@ impl Setting {
             Setting::Revision => "params.revision",
             Setting::LogitsEosInf => "params.logits_eos_inf",
             Setting::ConfidenceEosEotInf => "params.confidence_eos_eot_inf",
-            // Not in the C API's params yet: reported by its flag's name.
-            Setting::EosEarlyStop => "eos_early_stop",
+            Setting::EosEarlyStop => "params.eos_early_stop",
+            Setting::EditingThreshold => "params.editing_threshold",
+            Setting::MaxPostSteps => "params.max_post_steps",
         }
     }
 }

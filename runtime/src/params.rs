@@ -222,6 +222,14 @@ pub struct SamplerParams {
     /// LLaDA 2.x: stop at a step that commits EOS once every position before it is
     /// committed (the published `eos_early_stop`), not at the end of its block.
     pub eos_early_stop: bool,
+    /// LLaDA 2.x: 2.1's published `generate` with token editing: each model call also
+    /// replaces a committed token of the block (not the prompt's) whose new prediction
+    /// differs with a confidence above this; commits by `threshold` alone (at least one a
+    /// call, no step schedule). `None`: 2.0's `generate`.
+    pub editing_threshold: Option<f32>,
+    /// LLaDA 2.1's token editing: the most model calls a block takes after its last mask is
+    /// committed (each may edit; the block ends at the first that edits nothing).
+    pub max_post_steps: usize,
 }
 
 impl Default for SamplerParams {
@@ -253,12 +261,17 @@ impl Default for SamplerParams {
             top_k: None,
             alg_temp: None,
             eos_early_stop: false,
+            editing_threshold: None,
+            max_post_steps: LLADA21_MAX_POST_STEPS,
         }
     }
 }
 
 /// LLaDA 2.x's published `generate`'s steps per block.
 pub const LLADA2_STEPS: usize = 32;
+
+/// LLaDA 2.1's published `generate`'s `max_post_steps`.
+pub const LLADA21_MAX_POST_STEPS: usize = 16;
 
 /// Most denoising steps a generation may ask for.
 pub const MAX_STEPS: usize = 1 << 16;
@@ -313,6 +326,15 @@ impl SamplerParams {
         if self.cfg_scale != 0.0 {
             return bad(S::CfgScale, format!("{}: LLaDA 2.x's generate has no guidance", self.cfg_scale));
         }
+        if let Some(t) = self.editing_threshold.filter(|t| !(0.0..=1.0).contains(t)) {
+            return bad(S::EditingThreshold, format!("{t} must be between 0 and 1"));
+        }
+        if self.max_post_steps > MAX_STEPS {
+            return bad(S::MaxPostSteps, format!("{} is outside 0..={MAX_STEPS}", self.max_post_steps));
+        }
+        if self.editing_threshold.is_none() && self.max_post_steps != LLADA21_MAX_POST_STEPS {
+            return bad(S::MaxPostSteps, format!("{}: applies to LLaDA 2.1's token editing only; give --editing-threshold too", self.max_post_steps));
+        }
         Ok(self.steps)
     }
 
@@ -332,6 +354,12 @@ impl SamplerParams {
         }
         if self.eos_early_stop {
             return bad(S::EosEarlyStop, "applies to LLaDA 2.x's sampler only".into());
+        }
+        if let Some(t) = self.editing_threshold {
+            return bad(S::EditingThreshold, format!("{t}: token editing is LLaDA 2.1's sampler's only"));
+        }
+        if self.max_post_steps != LLADA21_MAX_POST_STEPS {
+            return bad(S::MaxPostSteps, format!("{}: applies to LLaDA 2.1's token editing only", self.max_post_steps));
         }
         if !(1..=self.gen_length).contains(&self.block_length) || self.gen_length % self.block_length != 0 {
             return bad(S::BlockLength, format!("{} must divide the gen length {}", self.block_length, self.gen_length));
@@ -534,11 +562,19 @@ impl Policy {
     }
 }
 
-/// The first setting `given` says was given (by flag) that `policy` does not use, as a
-/// refusal naming the policies that use it; `None` if every given setting is used. The CLI
+/// The first setting `given` says was given (by flag) that `p` does not use (its policy, or
+/// LLaDA 2.1's editing loop), as a refusal naming what uses it; `None` if every given setting is used. The CLI
 /// asks with the flags typed, not those left at their defaults; the C API has no such
 /// distinction (every field has a value), so it does not ask.
-pub fn unused_setting(policy: Policy, given: impl Fn(&str) -> bool) -> Option<String> {
+pub fn unused_setting(p: &SamplerParams, given: impl Fn(&str) -> bool) -> Option<String> {
+    // LLaDA 2.1's editing loop has no step schedule; its post steps belong to that loop.
+    if p.editing_threshold.is_some() && given("--steps") {
+        return Some("--steps does nothing under --editing-threshold (LLaDA 2.1's generate commits by the threshold, at least one token a model call, with no step schedule), so it is refused".into());
+    }
+    if p.editing_threshold.is_none() && given("--max-post-steps") {
+        return Some("--max-post-steps does nothing without --editing-threshold (it bounds LLaDA 2.1's editing calls), so it is refused".into());
+    }
+    let policy = p.policy;
     let s = POLICY_SETTINGS.iter().find(|s| given(s.flag) && !policy.uses(s.flag))?;
     let names: Vec<&str> = s.policies.iter().map(|p| p.name()).collect();
     let users = match names.split_last() {
@@ -665,15 +701,21 @@ mod tests {
     #[test]
     fn a_setting_given_under_a_policy_that_does_not_read_it_is_named_with_its_policies() {
         let given = |flags: &'static [&'static str]| move |f: &str| flags.contains(&f);
-        assert_eq!(unused_setting(Policy::Exact, given(&["--threshold", "--temperature"])), None);
-        assert_eq!(unused_setting(Policy::Mbsd, given(&["--rows", "--side-rows", "--refresh-every", "--revision"])), None);
-        let refused = unused_setting(Policy::Exact, given(&["--rows"])).unwrap();
+        let under = |policy: Policy| SamplerParams { policy, ..Default::default() };
+        assert_eq!(unused_setting(&under(Policy::Exact), given(&["--threshold", "--temperature"])), None);
+        assert_eq!(unused_setting(&under(Policy::Mbsd), given(&["--rows", "--side-rows", "--refresh-every", "--revision"])), None);
+        let refused = unused_setting(&under(Policy::Exact), given(&["--rows"])).unwrap();
         assert_eq!(refused, "--rows does nothing under --policy exact, so it is refused: only --policy mbsd uses it");
-        let refused = unused_setting(Policy::Exact, given(&["--refresh-every"])).unwrap();
+        let refused = unused_setting(&under(Policy::Exact), given(&["--refresh-every"])).unwrap();
         assert!(refused.ends_with("only --policy prefix, dual, spec or mbsd uses it"), "{refused}");
-        assert!(unused_setting(Policy::Dual, given(&["--side-rows"])).unwrap().starts_with("--side-rows does nothing under --policy dual"));
-        assert!(unused_setting(Policy::Prefix, given(&["--spec-threshold"])).unwrap().contains("only --policy spec or mbsd uses it"));
+        assert!(unused_setting(&under(Policy::Dual), given(&["--side-rows"])).unwrap().starts_with("--side-rows does nothing under --policy dual"));
+        assert!(unused_setting(&under(Policy::Prefix), given(&["--spec-threshold"])).unwrap().contains("only --policy spec or mbsd uses it"));
         assert!(Policy::Exact.uses("--threshold") && !Policy::Exact.uses("--spec-blocks") && Policy::Spec.uses("--spec-blocks"));
+        // LLaDA 2.1's editing loop has no step schedule; its post steps need it.
+        let editing = SamplerParams { editing_threshold: Some(0.9), ..Default::default() };
+        assert!(unused_setting(&editing, given(&["--steps"])).unwrap().starts_with("--steps does nothing under --editing-threshold"));
+        assert_eq!(unused_setting(&editing, given(&["--max-post-steps", "--threshold"])), None);
+        assert!(unused_setting(&under(Policy::Exact), given(&["--max-post-steps"])).unwrap().starts_with("--max-post-steps does nothing without"));
     }
 
     #[test]

@@ -59,6 +59,8 @@ pub const NAMES: &[&str] = &[
     "top_k",
     "alg_temp",
     "eos_early_stop",
+    "editing_threshold",
+    "max_post_steps",
 ];
 
 /// The setting of `name` (one of [`NAMES`]), for errors that name it as every front end does.
@@ -171,12 +173,14 @@ pub fn sampler_params(model: &Model, given: &[(impl AsRef<str>, Value)]) -> Resu
             "top_k" => p.top_k = optional(v, || whole(name, v))?,
             "alg_temp" => p.alg_temp = optional(v, || number(name, v))?,
             "eos_early_stop" => p.eos_early_stop = flag(name, v)?,
+            "editing_threshold" => p.editing_threshold = optional(v, || number(name, v).map(|x| x as f32))?,
+            "max_post_steps" => p.max_post_steps = whole(name, v)?,
             _ => unreachable!("every name in NAMES is matched"),
         }
     }
     p.validate(&Limits::of(model))?;
     let was_given = |flag: &str| get(&flag.trim_start_matches("--").replace('-', "_")).is_some();
-    if let Some(refusal) = unused_setting(p.policy, was_given) {
+    if let Some(refusal) = unused_setting(&p, was_given) {
         return Err(Error::request(refusal));
     }
     Ok(p)

@@ -1,7 +1,7 @@
 //! LLaDA 2.x end to end: the project's kit (tests/data/llada2-conformance, made with the
 //! published `modeling_llada2_moe.py` by tools/llada2/) replayed through the compiler and the
 //! runtime; and every expert strategy, on a window that holds a quarter of the experts, giving
-//! the resident plan's tokens.
+//! the resident plan's tokens (2.0's generate and 2.1's with token editing).
 
 mod common;
 
@@ -19,8 +19,8 @@ fn compile(out: &Path, window_bytes: Option<u64>) {
     common::compile_quant(Path::new(KIT), out, None, 128, window_bytes);
 }
 
-/// Every case of the kit: output ids, the reveals of every model call, the calls, and the
-/// first call's logits within 1e-4.
+/// Every case of the kit: output ids, the reveals of every model call, the calls, 2.1's edits
+/// of every model call, and the first call's logits within 1e-4.
 #[test]
 fn the_kit_replays_exactly() {
     let dir = tempfile::tempdir().unwrap();
@@ -31,7 +31,8 @@ fn the_kit_replays_exactly() {
     let mut session = Session::new(&model).unwrap();
     let r = llada_rt_tools::conformance::run(&mut session, &Path::new(KIT).join("golden.json"), Default::default(), &mut |_| {}).unwrap();
     assert!(r.passed(), "{:?}", r.failures);
-    assert_eq!((r.cases, r.output_ids_matched, r.reveals_all_steps_matched, r.forward_calls_matched), (162, 162, 162, 162));
+    assert_eq!((r.cases, r.output_ids_matched, r.reveals_all_steps_matched, r.forward_calls_matched), (306, 306, 306, 306));
+    assert_eq!((r.edits_checked, r.edits_matched), (144, 144));
     assert_eq!(r.logit_cases_within_tolerance, 3);
 }
 
@@ -49,18 +50,24 @@ fn every_expert_strategy_in_a_quarter_window_gives_the_resident_tokens() {
     compile(&quarter, Some(x.region.offset + x.region.bytes / 4));
     let q = Model::open(&quarter, true).unwrap();
     assert_eq!(q.header.plan.window.experts.slots_per_layer, 4);
-    let p = SamplerParams { gen_length: 40, block_length: 16, steps: 16, threshold: Some(0.5), eos_early_stop: false, ..Default::default() };
+    let v20 = SamplerParams { gen_length: 40, block_length: 16, steps: 16, threshold: Some(0.5), eos_early_stop: false, ..Default::default() };
+    // 2.1's generate, editing.
+    let v21 = SamplerParams { editing_threshold: Some(0.5), ..v20 };
     let prompt = [5u32, 9, 200, 31, 77];
-    let want = generate(&mut Session::new(&m).unwrap(), &prompt, &p, &mut |_| {}).unwrap();
-    for strategy in [ExpertStrategy::Hybrid, ExpertStrategy::Lru, ExpertStrategy::Static] {
-        let mut s = Session::with_experts(&q, 2, cpu::features(), StagingMode::Async, ExpertOptions { strategy, cpu_threads: 1 }).unwrap();
-        let got = generate(&mut s, &prompt, &p, &mut |_| {}).unwrap();
-        assert_eq!((got.output_ids.clone(), got.reveals.clone()), (want.output_ids.clone(), want.reveals.clone()), "{}", strategy.name());
-        let c = s.expert_counters().unwrap();
-        match strategy {
-            ExpertStrategy::Lru => assert!(c.cpu_experts == 0 && c.staged_experts > 0, "{c:?}"),
-            ExpertStrategy::Static => assert!(c.accelerator_experts == 0 && c.staged_bytes == 0, "{c:?}"),
-            ExpertStrategy::Hybrid => assert!(c.accelerator_experts > 0 && c.cpu_experts > 0, "{c:?}"),
+    for p in [v20, v21] {
+        let want = generate(&mut Session::new(&m).unwrap(), &prompt, &p, &mut |_| {}).unwrap();
+        // 2.1's run edits something, so its revisions are compared too.
+        assert_eq!(want.revisions.as_ref().is_some_and(|r| r.iter().any(|call| !call.is_empty())), p.editing_threshold.is_some());
+        for strategy in [ExpertStrategy::Hybrid, ExpertStrategy::Lru, ExpertStrategy::Static] {
+            let mut s = Session::with_experts(&q, 2, cpu::features(), StagingMode::Async, ExpertOptions { strategy, cpu_threads: 1 }).unwrap();
+            let got = generate(&mut s, &prompt, &p, &mut |_| {}).unwrap();
+            assert_eq!((&got.output_ids, &got.reveals, &got.revisions), (&want.output_ids, &want.reveals, &want.revisions), "{}", strategy.name());
+            let c = s.expert_counters().unwrap();
+            match strategy {
+                ExpertStrategy::Lru => assert!(c.cpu_experts == 0 && c.staged_experts > 0, "{c:?}"),
+                ExpertStrategy::Static => assert!(c.accelerator_experts == 0 && c.staged_bytes == 0, "{c:?}"),
+                ExpertStrategy::Hybrid => assert!(c.accelerator_experts > 0 && c.cpu_experts > 0, "{c:?}"),
+            }
         }
     }
 }

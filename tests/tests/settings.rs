@@ -101,7 +101,6 @@ fn the_c_api_refuses_each_field_at_its_bounds_with_one_status() {
         (Params { gen_len: 0, ..base }, "params.gen_len 0 is outside 1..=255".into()),
         (Params { gen_len: 256, ..base }, "params.gen_len 256 is outside 1..=255".into()),
         (Params { gen_len: u32::MAX, ..base }, "params.gen_len 4294967295".into()),
-        (Params { steps: 0, ..base }, "params.steps 0".into()),
         (Params { steps: 65538, ..base }, "params.steps 65538".into()),
         (Params { steps: u32::MAX, ..base }, "params.steps 4294967295".into()),
         (Params { spec_blocks: 3, policy: Policy::Mbsd as u32, ..base }, "params.spec_blocks 3 is outside 0..=2".into()),
@@ -114,6 +113,10 @@ fn the_c_api_refuses_each_field_at_its_bounds_with_one_status() {
         (Params { cfg_scale: 1.0, policy: Policy::Dual as u32, ..base }, "params.cfg_scale 1 needs the exact policy".into()),
         (Params { threshold: -0.5, ..base }, "params.threshold -0.5".into()),
         (Params { threshold: 1.5, ..base }, "params.threshold 1.5".into()),
+        // LLaDA 2.x's settings, on a LLaDA model.
+        (Params { eos_early_stop: true, ..base }, "params.eos_early_stop applies to LLaDA 2.x's sampler only".into()),
+        (Params { editing_threshold: 0.9, ..base }, "params.editing_threshold 0.9: token editing is LLaDA 2.1's".into()),
+        (Params { max_post_steps: 3, ..base }, "params.max_post_steps 3: applies to LLaDA 2.1's token editing only".into()),
     ];
     for (params, want) in cases {
         let (status, msg) = generate(params);
@@ -121,8 +124,9 @@ fn the_c_api_refuses_each_field_at_its_bounds_with_one_status() {
         assert!(msg.starts_with(&want), "{msg} does not start with {want}");
         assert!(!msg.contains('\n'));
     }
-    // The session is fine after all of that.
+    // The session is fine after all of that; steps 0 takes the model's default.
     assert_eq!(generate(Params { gen_len: 16, steps: 16, block_len: 16, ..base }).0, Status::Ok);
+    assert_eq!(generate(Params { gen_len: 16, steps: 0, block_len: 16, ..base }).0, Status::Ok);
     // SAFETY: live handles, no call running.
     unsafe {
         llada_session_free(session);

@@ -10,11 +10,15 @@ checkpoint in LLaDA 2.x's layout (`gen-checkpoint --preset tiny-llada2 --dtype f
 loaded with the published LLaDA2MoeModelLM, its head's EOS row scaled so that EOS is predicted now and then,
 saved with the published save_pretrained (float32), with CKPT's tokenizer files.
 
-Every case is one call of the published 2.0 `generate` (block-causal 0/-inf mask: 2.1's generate passes a
-0/1 mask that the model adds to its scores, which masks nothing), with 2.1's `_sample_with_temperature_topk_topp`
-(temperature 0 is the argmax there; 2.0's draws with torch.multinomial even at temperature 0). A wrapper around
-the model's forward records each call's input; the positions a call's logits committed are those masked in its
-input and not in the next one's (the last call's: in the final canvas).
+The 2.0 cases are each one call of the published 2.0 `generate` (block-causal 0/-inf mask), with 2.1's
+`_sample_with_temperature_topk_topp` (temperature 0 is the argmax there; 2.0's draws with torch.multinomial even
+at temperature 0). The editing cases are each one call of the published 2.1 `generate` (token editing), whose
+0/1 mask is given to the model as 2.0 gives it (its log, 0/-inf): as published, the model adds the 0/1 mask to
+its scores, which masks nothing. A wrapper around the model's forward records each call's input; the positions
+a call's logits committed are those masked in its input and not in the next one's (the last call's: in the
+final canvas), its edits those committed in its input and changed in the next.
+
+With KIT/tiny-llada2/model.safetensors already there, the checkpoint is loaded from it, not made again.
 """
 
 import argparse
@@ -31,6 +35,12 @@ GEN_LENGTHS = (7, 16, 24)
 PROMPT_LENGTHS = (3, 8, 13)
 BLOCKS = (8, 16, 32)
 THRESHOLDS = (0.95, 0.5, 0.2)
+# 2.1's editing cases: (editing_threshold, max_post_steps), and (threshold, eos_early_stop); 0.9 and 16 are its
+# defaults, 0.5 and 0.0 its card's quality and speed modes.
+EDITING = ((0.9, 16), (0.5, 16), (0.0, 16), (0.0, 1))
+EDITING_COMMITS = ((0.95, False), (0.7, False), (0.5, True))
+EDITING_GEN_LENGTHS = (7, 24)
+EDITING_BLOCKS = (8, 32)
 
 
 def load_published(modeling_dir):
@@ -45,7 +55,7 @@ def load_published(modeling_dir):
     v20 = importlib.import_module("llada2_v20.modeling_llada2_moe")
     v21 = importlib.import_module("llada2_v21.modeling_llada2_moe")
     v20.LLaDA2MoeModelLM._sample_with_temperature_topk_topp = v21.LLaDA2MoeModelLM._sample_with_temperature_topk_topp
-    return v20
+    return v20, v21
 
 
 def make_checkpoint(v20, base, out, eos):
@@ -58,27 +68,53 @@ def make_checkpoint(v20, base, out, eos):
     return model
 
 
-def run_case(model, prompt, gen_length, block, steps, threshold, eos_early_stop, eos, mask):
+def record_calls(model, log_mask, run):
+    """Runs `run()` with the model's forward recording each call's input (the live view and a copy); with
+    `log_mask`, the forward is given the log of the 0/1 mask it is passed (0/-inf, as 2.0 passes it)."""
     calls = []
     forward = model.forward
 
     def recording(input_ids, *a, **k):
         calls.append((input_ids, input_ids.clone()))
+        if log_mask:
+            k["attention_mask"] = k["attention_mask"].float().log().to(torch.bfloat16)
         return forward(input_ids, *a, **k)
 
     model.forward = recording
     try:
-        out = model.generate(inputs=torch.tensor([prompt]), temperature=0.0, block_length=block, steps=steps, gen_length=gen_length,
-                             threshold=threshold, eos_early_stop=eos_early_stop, eos_id=eos, mask_id=mask)
+        out = run()
     finally:
         model.forward = forward
-    p = len(prompt)
-    reveals = []
+    return out, calls
+
+
+def call_changes(calls, p, mask):
+    """Per call: the positions (from the prompt's end) its logits committed, and those it edited."""
+    reveals, edits = [], []
     for i, (view, before) in enumerate(calls):
         after = calls[i + 1][1] if i + 1 < len(calls) else view
         n = min(before.shape[1], after.shape[1])
-        step = [[j - p, int(after[0, j])] for j in range(n) if int(before[0, j]) == mask and int(after[0, j]) != mask]
-        reveals.append(step)
+        changed = [(j, int(before[0, j]), int(after[0, j])) for j in range(n) if int(before[0, j]) != int(after[0, j])]
+        reveals.append([[j - p, a] for j, b, a in changed if b == mask and a != mask])
+        edits.append([[j - p, a] for j, b, a in changed if b != mask])
+    return reveals, edits
+
+
+def run_editing_case(model, prompt, gen_length, block, threshold, editing_threshold, max_post_steps, eos_early_stop, eos, mask):
+    out, calls = record_calls(model, True, lambda: model.generate(
+        inputs=torch.tensor([prompt]), temperature=0.0, block_length=block, gen_length=gen_length, threshold=threshold,
+        editing_threshold=editing_threshold, max_post_steps=max_post_steps, eos_early_stop=eos_early_stop, eos_id=eos, mask_id=mask))
+    reveals, edits = call_changes(calls, len(prompt), mask)
+    return out[0].tolist(), reveals, edits, len(calls)
+
+
+def run_case(model, prompt, gen_length, block, steps, threshold, eos_early_stop, eos, mask):
+    out, calls = record_calls(model, False, lambda: model.generate(
+        inputs=torch.tensor([prompt]), temperature=0.0, block_length=block, steps=steps, gen_length=gen_length,
+        threshold=threshold, eos_early_stop=eos_early_stop, eos_id=eos, mask_id=mask))
+    p = len(prompt)
+    reveals, edits = call_changes(calls, p, mask)
+    assert not any(edits), "2.0 never changes a committed token"
     ids = out[0].tolist()
     # Its early stop returns the canvas up to the first EOS, prompt included (the other return is
     # the generated part only, a prompt's length shorter): strip the prompt.
@@ -97,13 +133,16 @@ def main():
     a = ap.parse_args()
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    v20 = load_published(a.modeling)
+    v20, v21 = load_published(a.modeling)
     tok = json.load(open(os.path.join(a.base, "tokenizer.json")))
     ids = {t["content"]: t["id"] for t in tok["added_tokens"]}
     eos, mask = ids["<|endoftext|>"], ids["<|mask|>"]
     ckpt = os.path.join(a.out, "tiny-llada2")
     os.makedirs(ckpt, exist_ok=True)
-    model = make_checkpoint(v20, a.base, ckpt, eos)
+    if os.path.exists(os.path.join(ckpt, "model.safetensors")):
+        model = v20.LLaDA2MoeModelLM.from_pretrained(ckpt, torch_dtype=torch.float32, attn_implementation="eager")
+    else:
+        model = make_checkpoint(v20, a.base, ckpt, eos)
     model.eval()
     vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(1)
@@ -119,6 +158,21 @@ def main():
                         cases.append(dict(id=f"p{pi}_g{gen}_b{block}_s{steps}_t{threshold}_eos{int(early)}", prompt_ids=prompt, gen_length=gen,
                                           block_length=block, steps=steps, temperature=0.0, threshold=threshold, eos_early_stop=early,
                                           mask_id=mask, output_ids=out, step_reveals=reveals, forward_calls=calls, first_tied_step=None))
+    # 2.1's generate, with token editing, on the same weights.
+    model21 = v21.LLaDA2MoeModelLM.from_pretrained(ckpt, torch_dtype=torch.float32, attn_implementation="eager")
+    model21.eval()
+    edited = 0
+    for pi, prompt in enumerate(prompts):
+        for gen in EDITING_GEN_LENGTHS:
+            for block in EDITING_BLOCKS:
+                for editing, post in EDITING:
+                    for threshold, early in EDITING_COMMITS:
+                        out, reveals, edits, calls = run_editing_case(model21, prompt, gen, block, threshold, editing, post, early, eos, mask)
+                        edited += any(edits)
+                        cases.append(dict(id=f"p{pi}_g{gen}_b{block}_t{threshold}_edit{editing}_post{post}_eos{int(early)}", prompt_ids=prompt,
+                                          gen_length=gen, block_length=block, steps=32, temperature=0.0, threshold=threshold, eos_early_stop=early,
+                                          editing_threshold=editing, max_post_steps=post, mask_id=mask, output_ids=out, step_reveals=reveals,
+                                          step_edits=edits, forward_calls=calls, first_tied_step=None))
     # First-call logits of the block rows, as the first step of each prompt's generation sees them.
     logits = []
     for prompt in prompts:
@@ -133,12 +187,14 @@ def main():
         logits.append(dict(input_ids=x[0].tolist(), gen_length=block, block_length=block, logits=[[round(v, 5) for v in row] for row in out.tolist()]))
     eos_cases = sum(1 for c in cases if eos in c["output_ids"])
     golden = dict(checkpoint="tiny-llada2", torch_version=torch.__version__, dtype="float32", threads=1,
-                  code="published LLaDA2.0 modeling_llada2_moe.py generate, with LLaDA2.1's _sample_with_temperature_topk_topp, loaded at run time",
-                  notes=f"step_reveals[j]: positions (from the prompt's end) committed from model call j's logits; forward_calls: the model calls. {eos_cases} cases end at EOS.",
+                  code="published LLaDA2.0 modeling_llada2_moe.py generate, with LLaDA2.1's _sample_with_temperature_topk_topp; "
+                       "cases with editing_threshold: published LLaDA2.1 generate, its mask given to the model as its log; loaded at run time",
+                  notes=f"step_reveals[j]: positions (from the prompt's end) committed from model call j's logits; step_edits[j]: those it edited; "
+                        f"forward_calls: the model calls. {eos_cases} cases end at EOS; {edited} editing cases edit.",
                   mask_id=mask, cases=cases, first_step_logits=logits)
     with open(os.path.join(ckpt, "golden.json"), "w") as f:
         json.dump(golden, f)
-    print(f"{len(cases)} cases ({eos_cases} ending at EOS), {len(logits)} logit cases -> {ckpt}/golden.json")
+    print(f"{len(cases)} cases ({eos_cases} ending at EOS, {edited} editing cases that edit), {len(logits)} logit cases -> {ckpt}/golden.json")
 
 
 if __name__ == "__main__":

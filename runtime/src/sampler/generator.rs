@@ -87,7 +87,7 @@ impl<'s, 'm> Generator<'s, 'm> {
         check_head_rows(session, p.block_length, p.block_length)?;
         let canvas_p = SamplerParams { gen_length: grid - prompt.len(), ..*p };
         let predictor = Predictor::for_session(session, p.block_length);
-        let mut canvas = Canvas::new(&canvas_p, steps, prompt, special, predictor, 0);
+        let mut canvas = Canvas::new(&canvas_p, steps, prompt, special, predictor, policy.revised_per_step());
         canvas.own_schedule = true;
         let before = session.counters;
         Ok(Generator { session, canvas, policy: Box::new(policy), start: Instant::now(), before, failed: false })

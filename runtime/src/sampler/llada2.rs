@@ -23,15 +23,24 @@
 //! whole blocks by one pass each before the first). So passes = model calls + blocks stored.
 //!
 //! 2.0's own `generate` draws from the softmax with `torch.multinomial` even at temperature 0;
-//! 2.1 made temperature 0 greedy, which is the rule here. 2.1's token editing (re-committing
-//! a committed token whose new prediction is confident) is not built.
+//! 2.1 made temperature 0 greedy, which is the rule here.
+//!
+//! With `editing_threshold`, 2.1's `generate` instead: no step schedule (a call commits every
+//! masked position above `threshold`, or the most confident one); each call also edits the
+//! block's committed tokens (not the prompt's): a position whose new prediction differs from
+//! its token with a confidence above `editing_threshold` takes it (a revision). A block ends at
+//! the first call that began with no mask and edited nothing, or when the calls that began
+//! with no mask would pass `max_post_steps`. EOS ends the generation only with
+//! `eos_early_stop`, after the block (the returned tokens are the same either way). Its
+//! published code passes a 0/1 mask that its model adds to the scores, which masks nothing;
+//! the block-causal mask is 2.0's, which this follows, as SGLang's and dInfer's prefix caches do.
 
 use rand::RngExt;
 
 use super::canvas::{Canvas, PolicyStep};
-use super::{argmax, committed_prefix, softmax_at, softmax_at_max, stream, Candidate};
-use crate::error::Result;
-use crate::params::SamplerParams;
+use super::{argmax, committed_prefix, softmax_at, softmax_at_max, stream, Candidate, Generation};
+use crate::error::{Error, Result};
+use crate::params::{SamplerParams, MAX_STEPS};
 use crate::session::Session;
 
 /// The random stream of LLaDA 2.x's draws (temperature above 0).
@@ -53,6 +62,19 @@ pub(super) struct Llada2 {
     /// Positions before this hold their final keys and values in the cache.
     stored: usize,
     eos: Option<u32>,
+    /// 2.1's token editing, if on.
+    editing: Option<Editing>,
+    /// Editing: the block's calls that began with no mask (the published `post_steps`), and
+    /// whether the last one began with none and edited nothing (which ends the block).
+    post_steps: usize,
+    idle: bool,
+}
+
+/// LLaDA 2.1's token editing settings.
+#[derive(Debug, Clone, Copy)]
+struct Editing {
+    threshold: f32,
+    max_post_steps: usize,
 }
 
 impl Llada2 {
@@ -71,7 +93,16 @@ impl Llada2 {
             threshold: p.threshold.unwrap_or(DEFAULT_THRESHOLD),
             stored: 0,
             eos,
+            editing: p.editing_threshold.map(|threshold| Editing { threshold, max_post_steps: p.max_post_steps }),
+            post_steps: 0,
+            idle: false,
         }
+    }
+
+    /// The most revisions one model call can make: every position of the block (0 without
+    /// editing).
+    pub(super) fn revised_per_step(&self) -> usize {
+        if self.editing.is_some() { self.block_len } else { 0 }
     }
 
     /// Positions of the block grid.
@@ -85,19 +116,62 @@ impl Llada2 {
         self.prompt_len + self.eos.and_then(|eos| generated.iter().position(|&t| t == eos)).map_or(self.gen_len, |i| i + 1)
     }
 
-    /// Moves past finished blocks: a block is done with no mask left or its steps spent; the
-    /// generation is done after the block whose generated part holds EOS, or the last.
+    /// Whether the current block takes another model call. 2.0: while it has a mask and
+    /// steps left. 2.1 (editing): while it has a mask; then unless the last call began with
+    /// none and edited nothing, or the calls beginning with none would pass `max_post_steps`.
+    fn block_goes_on(&mut self, block: &[u32], mask: u32) -> bool {
+        let masked = block.contains(&mask);
+        let Some(editing) = self.editing else { return masked && self.step < self.schedule.len() };
+        if masked {
+            return true;
+        }
+        if self.step > 0 && self.idle {
+            return false;
+        }
+        self.post_steps += 1;
+        self.post_steps <= editing.max_post_steps
+    }
+
+    /// 2.1's loop has no step bound while a block has masks: a call that changes nothing
+    /// (every commit the mask token itself, no edit) is repeated as it is at temperature 0,
+    /// where the published code would loop forever; this says so instead. Above 0, a block
+    /// may take [`MAX_STEPS`] calls.
+    fn check_progress(&self, c: &Canvas, first_new: usize, edits: usize) -> Result<()> {
+        let mask = c.special.mask;
+        let unmasked = c.reveals[first_new..].iter().any(|r| r[1] != mask);
+        let masked = c.x[self.block * self.block_len..(self.block + 1) * self.block_len].contains(&mask);
+        if masked && ((c.p.temperature == 0.0 && !unmasked && edits == 0) || self.step >= MAX_STEPS) {
+            return Err(Error::request(format!(
+                "LLaDA 2.1's generate cannot finish block {} (positions {}..{}): after {} model calls the model still predicts the mask token where the block is masked",
+                self.block,
+                self.block * self.block_len,
+                (self.block + 1) * self.block_len,
+                self.step
+            )));
+        }
+        Ok(())
+    }
+
+    /// Moves past finished blocks; the generation is done after the last block, or after the
+    /// block whose generated part holds EOS (2.1: only with `eos_early_stop`, once nothing
+    /// generated is masked).
     fn advance(&mut self, c: &mut Canvas) {
         let mask = c.special.mask;
         loop {
             let (s, e) = (self.block * self.block_len, (self.block + 1) * self.block_len);
-            if c.x[s..e].contains(&mask) && self.step < self.schedule.len() {
+            if self.block_goes_on(&c.x[s..e], mask) {
                 return;
             }
-            let eos_seen = self.eos.is_some_and(|eos| c.x[self.prompt_len..e].contains(&eos));
+            let generated = &c.x[self.prompt_len..e];
+            let eos_seen = self.eos.is_some_and(|eos| generated.contains(&eos));
+            let stop = match self.editing {
+                None => eos_seen,
+                Some(_) => eos_seen && c.p.eos_early_stop && !generated.contains(&mask),
+            };
             self.block += 1;
             self.step = 0;
-            if eos_seen || self.block == self.blocks {
+            (self.post_steps, self.idle) = (0, false);
+            if stop || self.block == self.blocks {
                 c.done = true;
                 c.output_end = Some(self.output_end(&c.x));
                 return;
@@ -114,16 +188,31 @@ impl PolicyStep for Llada2 {
         // first step, the block just finished before the next.
         session.store_blocks(&c.x[..s], self.stored, b)?;
         self.stored = s;
+        // The masked positions; editing also predicts the block's committed ones.
+        let editing = self.editing;
         c.head.clear();
-        c.head.extend((s..e).filter(|&i| c.x[i] == mask).map(|i| i as u32));
+        c.head.extend((s.max(self.prompt_len)..e).filter(|&i| editing.is_some() || c.x[i] == mask).map(|i| i as u32));
         let pool = session.pool_handle();
         let logits = session.forward_block(&c.x[..e], s..e, &c.head)?;
         c.predictor.load(logits);
         let (p, step) = (c.p, c.step);
         let predictions = c.predictor.each_row(&pool, &c.head, |row, pos| predict(row, &p, step, pos));
         c.candidates.clear();
-        c.candidates.extend(c.head.iter().zip(predictions).map(|(&pos, &(token, confidence))| Candidate { position: pos as usize, token, confidence }));
-        let wanted = self.schedule[self.step];
+        let mut edits = 0;
+        for (&pos, &(token, confidence)) in c.head.iter().zip(predictions) {
+            let pos = pos as usize;
+            if c.x[pos] == mask {
+                c.candidates.push(Candidate { position: pos, token, confidence });
+            } else if editing.is_some_and(|ed| confidence > ed.threshold) && token != c.x[pos] {
+                // 2.1's edit: from this call's prediction, as the commits below are.
+                c.x[pos] = token;
+                c.revisions.push([(pos - self.prompt_len) as u32, token]);
+                edits += 1;
+            }
+        }
+        self.idle = c.candidates.is_empty() && edits == 0;
+        // 2.1 commits at least one a call, 2.0 its schedule's count.
+        let wanted = if editing.is_some() { 1 } else { self.schedule[self.step] };
         let t = self.threshold;
         let confident = c.candidates.iter().filter(|x| x.confidence > t).count();
         let first_new = c.reveals.len();
@@ -131,10 +220,13 @@ impl PolicyStep for Llada2 {
         let k = if confident >= wanted { confident } else { wanted.min(c.candidates.len()) };
         c.commit_ranked(s..e, k, |_, _| true);
         self.step += 1;
+        if editing.is_some() {
+            self.check_progress(c, first_new, edits)?;
+        }
         let committed_eos = self.eos.filter(|&eos| c.reveals[first_new..].iter().any(|r| r[1] == eos));
-        if let (true, Some(eos)) = (c.p.eos_early_stop, committed_eos) {
-            // The published check: the first EOS of the sequence (prompt included), every
-            // generated position before it committed.
+        if let (true, None, Some(eos)) = (c.p.eos_early_stop, editing, committed_eos) {
+            // 2.0's check: the first EOS of the sequence (prompt included), every generated
+            // position before it committed.
             if let Some(at) = c.x[..e].iter().position(|&t| t == eos) {
                 if !c.x[self.prompt_len.min(at)..at].contains(&mask) {
                     c.done = true;
@@ -145,8 +237,17 @@ impl PolicyStep for Llada2 {
         if !c.done {
             self.advance(c);
         }
-        c.settled = committed_prefix(&c.x[c.prompt_len..], mask);
+        // Editing may still change the current block's tokens; finished blocks are final.
+        let open = if editing.is_none() || c.done { c.x.len() } else { (self.block * b).max(c.prompt_len) };
+        c.settled = committed_prefix(&c.x[c.prompt_len..open], mask);
         Ok(())
+    }
+
+    fn report(&mut self, g: &mut Generation) {
+        if self.editing.is_some() {
+            // Filled with every call's edits by the generator.
+            g.revisions = Some(Vec::new());
+        }
     }
 }
 
@@ -220,6 +321,29 @@ mod tests {
         let l = Llada2::new(&SamplerParams { block_length: 8, gen_length: 4, steps: 32, ..Default::default() }, 8, 32, None);
         assert_eq!(l.schedule, vec![2, 2, 2, 2]);
         assert_eq!((l.grid_len(), l.block), (16, 1));
+    }
+
+    #[test]
+    fn an_editing_block_ends_after_an_idle_call_or_its_post_steps() {
+        let (mask, p) = (9, SamplerParams { block_length: 4, gen_length: 4, editing_threshold: Some(0.9), max_post_steps: 2, ..Default::default() });
+        let mut l = Llada2::new(&p, 0, 32, None);
+        // Masks left: always another call, whatever the last did.
+        l.step = 3;
+        l.idle = true;
+        assert!(l.block_goes_on(&[1, mask, 2, 3], mask));
+        // No mask: calls go on while each edits, up to max_post_steps of them...
+        l.idle = false;
+        assert!(l.block_goes_on(&[1, 4, 2, 3], mask));
+        assert!(l.block_goes_on(&[1, 4, 2, 3], mask));
+        assert!(!l.block_goes_on(&[1, 4, 2, 3], mask));
+        // ...and end at the first that began with no mask and edited nothing.
+        (l.post_steps, l.idle) = (1, true);
+        assert!(!l.block_goes_on(&[1, 4, 2, 3], mask));
+        // Without editing: while masked and steps are left.
+        let mut l = Llada2::new(&SamplerParams { editing_threshold: None, ..p }, 0, 2, None);
+        assert!(l.block_goes_on(&[1, mask, 2, 3], mask));
+        l.step = 2;
+        assert!(!l.block_goes_on(&[1, mask, 2, 3], mask));
     }
 
     #[test]
