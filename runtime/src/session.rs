@@ -392,7 +392,7 @@ impl<'m> Session<'m> {
         self.head.clear();
         self.head.extend_from_slice(head);
         self.pad(gid);
-        self.run_pass(gid, rows.stored, seq_len, head.len(), n, false)?;
+        self.run_pass(gid, rows.stored, seq_len, head.len(), n, None, false)?;
         Ok(self.logits(gid, head.len()))
     }
 
@@ -474,7 +474,29 @@ impl<'m> Session<'m> {
         }
         self.cached_len = None;
         let gid = self.prepare(seq, span.clone(), head_positions, true)?;
-        self.run_pass(gid, span.len(), seq.len(), head_positions.len(), span.len(), false)?;
+        self.run_pass(gid, span.len(), seq.len(), head_positions.len(), span.len(), None, false)?;
+        self.block_prefix = span.end;
+        Ok(self.logits(gid, head_positions.len()))
+    }
+
+    /// A block-causal pass over every block of `block_len` from position `from` (a block's
+    /// start, every position before it stored by earlier block passes) to the end of `seq` (a
+    /// block's end): each block's rows store their keys and values and attend to the positions
+    /// before its end, as the published mask lets them, in one pass. What a finished block's
+    /// store and the next block's first step compute, at once. Returns the logits at
+    /// `head_positions`.
+    pub fn forward_blocks(&mut self, seq: &[u32], from: usize, block_len: usize, head_positions: &[u32]) -> Result<&[f32]> {
+        if block_len == 0 || from % block_len != 0 || seq.len() % block_len != 0 || from >= seq.len() || from > self.block_prefix || (self.cached_len.is_some() && from > 0) {
+            return Err(Error::request(format!(
+                "a block-causal pass over positions {from}..{} in blocks of {block_len} needs whole blocks and every position before {from} stored by earlier block passes ({} are)",
+                seq.len(),
+                if self.cached_len.is_some() { 0 } else { self.block_prefix }
+            )));
+        }
+        self.cached_len = None;
+        let span = from..seq.len();
+        let gid = self.prepare(seq, span.clone(), head_positions, true)?;
+        self.run_pass(gid, span.len(), seq.len(), head_positions.len(), span.len(), Some(block_len), false)?;
         self.block_prefix = span.end;
         Ok(self.logits(gid, head_positions.len()))
     }
@@ -493,7 +515,7 @@ impl<'m> Session<'m> {
     /// Runs the pass over `span` (timing every op when `profiled`) and counts it.
     fn pass(&mut self, seq: &[u32], span: Range<usize>, head_positions: &[u32], profiled: bool) -> Result<(u32, Option<OpProfile>)> {
         let gid = self.prepare(seq, span.clone(), head_positions, false)?;
-        let profile = self.run_pass(gid, span.len(), seq.len(), head_positions.len(), span.len(), profiled)?;
+        let profile = self.run_pass(gid, span.len(), seq.len(), head_positions.len(), span.len(), None, profiled)?;
         if span.len() == seq.len() {
             self.cached_len = Some(seq.len());
         }
@@ -502,18 +524,18 @@ impl<'m> Session<'m> {
     }
 
     /// Runs graph `gid` over the prepared rows (`real_rows` of them before padding; the first
-    /// `stored` store their keys and values; `context` cache positions are attended to) and
-    /// counts it. After a pass that
+    /// `stored` store their keys and values; `context` cache positions are attended to, each
+    /// row's only up to its block's end with `block_causal`) and counts it. After a pass that
     /// failed, the next one first sets the session up as a new one (see [`reset`](Self::reset)),
     /// or fails saying why it cannot.
-    fn run_pass(&mut self, gid: u32, stored: usize, context: usize, head_rows: usize, real_rows: usize, profiled: bool) -> Result<Option<OpProfile>> {
+    fn run_pass(&mut self, gid: u32, stored: usize, context: usize, head_rows: usize, real_rows: usize, block_causal: Option<usize>, profiled: bool) -> Result<Option<OpProfile>> {
         if self.needs_reset {
             // Still failing (the artifact unreadable, say): this pass fails as that, and the
             // next one tries again.
             self.reset()?;
         }
         let g = self.model.graph(gid);
-        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context, head_rows: &self.head, rows: self.real_rows };
+        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context, head_rows: &self.head, rows: self.real_rows, block_causal };
         let start = Instant::now();
         let mut profile = (profiled || self.op_profiles.is_some()).then(|| OpProfile { times: Vec::new(), matmul_ranges: self.matmul_ranges.then(Vec::new) });
         let run = self.executor.run(self.model, gid, &inputs, &mut self.window, &mut self.stager, self.experts.as_mut(), profile.as_mut()).map(|()| profile);

@@ -36,6 +36,35 @@ fn the_kit_replays_exactly() {
     assert_eq!(r.logit_cases_within_tolerance, 3);
 }
 
+/// A pass over several blocks, each block's rows attending up to its end, computes what a
+/// pass per block computes: the store of a finished block folds into the next block's pass.
+#[test]
+fn a_pass_over_several_blocks_is_block_causal() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = dir.path().join("kit.lad");
+    compile(&art, None);
+    let model = Model::open(&art, true).unwrap();
+    let mask = model.header.special.mask;
+    let seq: Vec<u32> = (0..24u32).map(|i| if i % 5 == 3 || i > 19 { mask } else { 7 + 13 * i }).collect();
+    let head: Vec<u32> = (16..24).collect();
+    let logits = |from: usize| {
+        let mut s = Session::new(&model).unwrap();
+        s.store_blocks(&seq[..from], 0, 8).unwrap();
+        s.forward_blocks(&seq, from, 8, &head).unwrap().to_vec()
+    };
+    // A pass per block, then the last two blocks in one, then all three.
+    let one = logits(16);
+    for folded in [logits(8), logits(0)] {
+        let err = one.iter().zip(&folded).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(err < 1e-5, "{err}");
+    }
+    // The same blocks without the mask: the first blocks' rows seeing the last block change
+    // the last block's logits (what the mask keeps out is there to keep out).
+    let mut s = Session::new(&model).unwrap();
+    let unmasked = s.forward_full(&seq, &head).unwrap().to_vec();
+    assert!(one.iter().zip(&unmasked).any(|(a, b)| (a - b).abs() > 1e-3));
+}
+
 /// The kit's model compiled with its expert pools holding a quarter of each layer's experts:
 /// hybrid, lru and static generate the resident plan's tokens, staging as they should.
 #[test]

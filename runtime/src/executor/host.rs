@@ -231,19 +231,26 @@ impl HostExecutor {
                     // thread is free: a core of a shared host can run at half speed for
                     // seconds (a neighbour on its sibling hyperthread), and a fixed share would
                     // leave the other waiting for it.
-                    let rows = inp.rows;
-                    let units = attention::units(features, &sh, rows);
-                    let next = AtomicUsize::new(0);
-                    let out = attention::Out::new(&mut o[..rows * cols(out)]);
-                    self.pool.install(|| {
-                        scores.par_chunks_mut(score_floats as usize).for_each(|scores| loop {
-                            let u = next.fetch_add(1, Ordering::Relaxed);
-                            if u >= units {
-                                break;
-                            }
-                            attention::attend(features, q, planes, sh, own, rows, u..u + 1, out, scores);
-                        })
-                    });
+                    // A block-causal pass over several blocks: each run of rows attends to
+                    // the keys before its block's end (one run otherwise).
+                    for (run, keys) in inp.key_runs() {
+                        let (rows, oc) = (run.len(), cols(out));
+                        let sh = attention::Shape { keys, ..sh };
+                        let q = &q[run.start * width..];
+                        let own = attention::OwnKv { from_row: own.from_row.saturating_sub(run.start), positions: &own.positions[run.start..] };
+                        let units = attention::units(features, &sh, rows);
+                        let next = AtomicUsize::new(0);
+                        let out = attention::Out::new(&mut o[run.start * oc..run.end * oc]);
+                        self.pool.install(|| {
+                            scores.par_chunks_mut(score_floats as usize).for_each(|scores| loop {
+                                let u = next.fetch_add(1, Ordering::Relaxed);
+                                if u >= units {
+                                    break;
+                                }
+                                attention::attend(features, q, planes, sh, own, rows, u..u + 1, out, scores);
+                            })
+                        });
+                    }
                 }
                 Op::SwiGlu { x, out } => {
                     // A row at a time, as threads are free (see Attention).

@@ -41,6 +41,32 @@ pub struct RunInputs<'a> {
     pub head_rows: &'a [u32],
     /// Real rows (`tokens` beyond them pad the graph's rows; row-wise ops may skip them).
     pub rows: usize,
+    /// `Some(b)`: a pass over several blocks of LLaDA 2.x's block-causal mask, whose rows lie
+    /// in ascending position order: each row attends only to the keys before its block's end,
+    /// `(position / b + 1) * b` (at most `context`). Only the host backend runs such passes.
+    pub block_causal: Option<usize>,
+}
+
+impl RunInputs<'_> {
+    /// The real rows split into runs that attend to the same keys, `(rows, keys)` each in
+    /// order: one run of every row over `context` unless the pass is block-causal.
+    pub fn key_runs(&self) -> impl Iterator<Item = (std::ops::Range<usize>, usize)> + '_ {
+        let keys = move |r: usize| match self.block_causal {
+            Some(b) => ((self.positions[r] as usize / b + 1) * b).min(self.context),
+            None => self.context,
+        };
+        let mut start = 0;
+        std::iter::from_fn(move || {
+            if start >= self.rows {
+                return None;
+            }
+            let k = keys(start);
+            let end = (start..self.rows).find(|&r| keys(r) != k).unwrap_or(self.rows);
+            let run = (start..end, k);
+            start = end;
+            Some(run)
+        })
+    }
 }
 
 /// Which backend runs the dense graphs.
@@ -212,4 +238,21 @@ pub struct PassProfile {
     pub rows: usize,
     pub head_rows: usize,
     pub ops: OpProfile,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RunInputs;
+
+    #[test]
+    fn block_causal_rows_run_by_the_end_of_their_block() {
+        let positions: Vec<u32> = (8..30).collect();
+        let inp = |block_causal, rows| RunInputs { tokens: &[], positions: &positions, stored_rows: rows, context: 28, head_rows: &[], rows, block_causal };
+        let runs = |i: &RunInputs| i.key_runs().collect::<Vec<_>>();
+        // Rows at 8..28 in blocks of 8: 8..16 see 16 keys, 16..24 see 24, 24..28 the context.
+        assert_eq!(runs(&inp(Some(8), 20)), vec![(0..8, 16), (8..16, 24), (16..20, 28)]);
+        // Otherwise every row sees the context; no rows, no runs.
+        assert_eq!(runs(&inp(None, 20)), vec![(0..20, 28)]);
+        assert!(runs(&inp(Some(8), 0)).is_empty());
+    }
 }

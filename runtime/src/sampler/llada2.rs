@@ -16,11 +16,13 @@
 //! or (`eos_early_stop`) at a step that commits EOS once every position before the first EOS
 //! is committed. The result is the generation up to and including its first EOS.
 //!
-//! The passes: each step is a pass over the block's rows (`Session::forward_block`), the
+//! The passes: each step is a pass over the block's rows (`Session::forward_blocks`), the
 //! earlier positions read from the KV cache. The cache holds each earlier block as the
 //! published code's next call sees it: a block's keys and values are stored again with its
-//! final tokens by one pass over it before the next block's first step (and the prompt's
-//! whole blocks by one pass each before the first). So passes = model calls + blocks stored.
+//! final tokens by the next block's first pass, whose rows of the finished block attend up to
+//! its end (the mask's block-causal rows, two blocks in one pass), or by a pass of its own
+//! where no graph holds two blocks; the prompt's whole blocks before the last by one pass
+//! each. So passes = model calls, plus the prompt's whole blocks but one.
 //!
 //! 2.0's own `generate` draws from the softmax with `torch.multinomial` even at temperature 0;
 //! 2.1 made temperature 0 greedy, which is the rule here.
@@ -184,16 +186,20 @@ impl PolicyStep for Llada2 {
     fn step(&mut self, session: &mut Session, c: &mut Canvas, _scheduled: usize) -> Result<()> {
         let (mask, b) = (c.special.mask, self.block_len);
         let (s, e) = (self.block * b, (self.block + 1) * b);
-        // The earlier blocks' final keys and values: the prompt's whole blocks before the
-        // first step, the block just finished before the next.
-        session.store_blocks(&c.x[..s], self.stored, b)?;
-        self.stored = s;
         // The masked positions; editing also predicts the block's committed ones.
         let editing = self.editing;
         c.head.clear();
         c.head.extend((s.max(self.prompt_len)..e).filter(|&i| editing.is_some() || c.x[i] == mask).map(|i| i as u32));
+        // The earlier blocks' final keys and values (the prompt's whole blocks before the
+        // first step, the block just finished before the next): the last of them in this
+        // step's pass, whose rows of each block attend up to its end, when a graph holds both
+        // blocks; the others by a pass each.
+        let fits = |rows: usize| session.head_capacity(rows).is_ok_and(|h| h >= c.head.len());
+        let from = if self.stored < s && fits(e - (s - b)) { s - b } else { s };
+        session.store_blocks(&c.x[..from], self.stored, b)?;
+        self.stored = s;
         let pool = session.pool_handle();
-        let logits = session.forward_block(&c.x[..e], s..e, &c.head)?;
+        let logits = session.forward_blocks(&c.x[..e], from, b, &c.head)?;
         c.predictor.load(logits);
         let (p, step) = (c.p, c.step);
         let predictions = c.predictor.each_row(&pool, &c.head, |row, pos| predict(row, &p, step, pos));

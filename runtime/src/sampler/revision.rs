@@ -154,7 +154,7 @@ impl Worker {
         let g = self.model.graph(self.model.graph_for_rows(rows)?);
         self.tokens.resize(g.rows as usize, self.model.header.special.mask);
         self.positions.resize(g.rows as usize, 0);
-        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context: job.seq_len, head_rows: &self.head, rows };
+        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context: job.seq_len, head_rows: &self.head, rows, block_causal: None };
         self.executor.run_unstaged(&self.model, g, &inputs, &mut job.window)
     }
 

@@ -242,6 +242,10 @@ fn qnn_dtype(t: &NpuTensor) -> u32 {
 
 impl Executor for QnnExecutor {
     fn run(&mut self, model: &Model, graph: u32, inp: &RunInputs, window: &mut Window, stager: &mut Stager, _experts: Option<&mut Experts>, _profile: Option<&mut OpProfile>) -> Result<()> {
+        if inp.block_causal.is_some() {
+            // Only LLaDA 2.x makes such passes, and it runs on the host backend only.
+            return Err(Error::request("a block-causal pass over several blocks runs on the host backend only".to_string()));
+        }
         // One executable per context a pass: no op of the plan is timed, so a profile stays
         // empty (the pass's time is the session's).
         let h = &model.header;
