@@ -320,8 +320,29 @@ impl SamplerParams {
         if let Some(p) = self.top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
             return bad(S::TopP, format!("{p} must be above 0 and at most 1"));
         }
-        if self.policy != Policy::Exact {
-            return bad(S::Policy, format!("{}: LLaDA 2.x runs its published block schedule (exact), whose passes already cover one block each; no other policy is built for it", self.policy.name()));
+        match self.policy {
+            Policy::Exact => {}
+            // mbsd on LLaDA 2.x (`llada2_mbsd.rs`): row sets and drafts of one block, no side path.
+            Policy::Mbsd => {
+                if let Some(t) = self.editing_threshold {
+                    return bad(S::EditingThreshold, format!("{t} with --policy mbsd: 2.1's editing predicts every committed token of the block each call, which is what mbsd's passes skip; use --policy exact"));
+                }
+                if self.spec_blocks > 1 {
+                    return bad(S::SpecBlocks, format!("{} is outside 0..=1 (LLaDA 2.x's mbsd drafts the next block only)", self.spec_blocks));
+                }
+                if !(0.0..=1.0).contains(&self.spec_threshold) {
+                    return bad(S::SpecThreshold, format!("{} must be between 0 and 1", self.spec_threshold));
+                }
+                if self.revision == Revision::DualPath {
+                    return bad(S::Revision, "dual-path: LLaDA 2.x's mbsd has no CPU side path (use auto or off)".into());
+                }
+                for (s, set) in [(S::Rows, self.rows.is_some()), (S::SideRows, self.side_rows.is_some()), (S::RefreshEvery, self.refresh_every != 0)] {
+                    if set {
+                        return bad(s, "is not read by LLaDA 2.x's mbsd, whose passes compute the rows that need it".into());
+                    }
+                }
+            }
+            _ => return bad(S::Policy, format!("{}: LLaDA 2.x runs its published block schedule (exact) or mbsd; its passes already cover one block each", self.policy.name())),
         }
         if self.cfg_scale != 0.0 {
             return bad(S::CfgScale, format!("{}: LLaDA 2.x's generate has no guidance", self.cfg_scale));
@@ -513,8 +534,10 @@ impl SamplerParams {
         let plan = &model.header.plan;
         let block_length = block_length.unwrap_or(if model.is_dream() { gen_length } else { plan.block_len as usize });
         let spec_blocks = SamplerParams::default_spec_blocks(policy, plan.spec_blocks as usize, gen_length, block_length);
-        // LLaDA 2.x's steps are per block: its published default.
-        let steps = if model.family() == llada_ir::Family::Llada2Moe { LLADA2_STEPS } else { SamplerParams::default().steps };
+        // LLaDA 2.x's steps are per block: its published default; its mbsd drafts one block.
+        let llada2 = model.family() == llada_ir::Family::Llada2Moe;
+        let steps = if llada2 { LLADA2_STEPS } else { SamplerParams::default().steps };
+        let spec_blocks = if llada2 { spec_blocks.min(1) } else { spec_blocks };
         SamplerParams { gen_length, block_length, policy, spec_blocks, steps, ..SamplerParams::default() }
     }
 

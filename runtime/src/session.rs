@@ -501,6 +501,42 @@ impl<'m> Session<'m> {
         Ok(self.logits(gid, head_positions.len()))
     }
 
+    /// A block-causal pass over some positions of `seq` (which ends at a block's end): rows at
+    /// `positions` (ascending) with their tokens of `seq`, each storing its keys and values
+    /// and attending to the positions before its block's end, the others from the cache.
+    /// Every position of `seq` that is not a row must be stored already (by block passes since
+    /// the last whole-sequence pass): positions from where those reached must all be rows.
+    /// Returns the logits of rows `head` (indexes into `positions`). LLaDA 2.x's `mbsd`.
+    pub fn forward_block_rows(&mut self, seq: &[u32], positions: &[u32], block_len: usize, head: &[u32]) -> Result<&[f32]> {
+        let n = positions.len();
+        let prefix = if self.cached_len.is_some() { 0 } else { self.block_prefix };
+        let ascending = positions.windows(2).all(|w| w[0] < w[1]);
+        let reached = positions.iter().filter(|&&p| p as usize >= prefix).count() == seq.len().saturating_sub(prefix);
+        if n == 0 || block_len == 0 || seq.len() % block_len != 0 || !ascending || positions[n - 1] as usize >= seq.len() || !reached {
+            return Err(Error::request(format!(
+                "a block-causal row-set pass over {n} rows of a {}-token sequence in blocks of {block_len} needs ascending rows inside it, whole blocks, and every position from {prefix} (what earlier block passes stored) among its rows",
+                seq.len()
+            )));
+        }
+        if let Some(&bad) = head.iter().find(|&&r| r as usize >= n) {
+            return Err(Error::request(format!("logits asked for row {bad} of a {n}-row pass")));
+        }
+        check_tokens(self.model, seq)?;
+        let gid = self.model.graph_for_rows(n)?;
+        self.check_head(gid, head.len())?;
+        self.cached_len = None;
+        self.tokens.clear();
+        self.tokens.extend(positions.iter().map(|&p| seq[p as usize]));
+        self.positions.clear();
+        self.positions.extend_from_slice(positions);
+        self.head.clear();
+        self.head.extend_from_slice(head);
+        self.pad(gid);
+        self.run_pass(gid, n, seq.len(), head.len(), n, Some(block_len), false)?;
+        self.block_prefix = self.block_prefix.max(seq.len());
+        Ok(self.logits(gid, head.len()))
+    }
+
     /// Stores the keys and values of `seq`'s blocks of `block_len` from position `from` on
     /// (`seq` ends at a block's end): one block-causal pass each, no logits. What a
     /// [`forward_block`](Self::forward_block) after them needs of the positions before it.

@@ -1,7 +1,7 @@
 //! LLaDA 2.x end to end: the project's kit (tests/data/llada2-conformance, made with the
 //! published `modeling_llada2_moe.py` by tools/llada2/) replayed through the compiler and the
 //! runtime; and every expert strategy, on a window that holds a quarter of the experts, giving
-//! the resident plan's tokens (2.0's generate and 2.1's with token editing).
+//! the resident plan's tokens (2.0's generate, 2.1's with token editing, and mbsd); mbsd's rows.
 
 mod common;
 
@@ -65,8 +65,40 @@ fn a_pass_over_several_blocks_is_block_causal() {
     assert!(one.iter().zip(&unmasked).any(|(a, b)| (a - b).abs() > 1e-3));
 }
 
+/// `--policy mbsd` on LLaDA 2.x: its first call is the exact one (every row of the block is
+/// fresh), later calls compute fewer rows than the exact policy's whole blocks, and drafts of
+/// the next block ride in the passes expected to empty the current one.
+#[test]
+fn mbsd_computes_fewer_rows_than_the_published_schedule() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = dir.path().join("kit.lad");
+    compile(&art, None);
+    let model = Model::open(&art, true).unwrap();
+    let prompt = [5u32, 9, 200, 31, 77, 8, 8, 8, 8, 8];
+    let exact = SamplerParams { gen_length: 60, block_length: 16, steps: 16, threshold: Some(0.2), ..Default::default() };
+    let want = generate(&mut Session::new(&model).unwrap(), &prompt, &exact, &mut |_| {}).unwrap();
+    for spec_blocks in [0, 1] {
+        let mbsd = SamplerParams { policy: llada_rt::sampler::Policy::Mbsd, spec_blocks, spec_threshold: 0.0, ..exact };
+        let got = generate(&mut Session::new(&model).unwrap(), &prompt, &mbsd, &mut |_| {}).unwrap();
+        assert_eq!(got.reveals[0], want.reveals[0], "the first call sees what the exact one sees");
+        let r = got.mbsd.unwrap();
+        assert_eq!(r.dense_passes, got.forward_passes);
+        assert_eq!(r.dense_rows(), got.rows_computed);
+        assert!(got.rows_computed < want.rows_computed, "{} rows against {}", got.rows_computed, want.rows_computed);
+        // Drafted only with a block to draft; each draft pass's rows are the next block's.
+        assert_eq!(r.rows_speculative > 0, spec_blocks == 1, "{r:?}");
+        assert_eq!(r.rows_speculative % 16, 0);
+        // Every position of the generation is committed once.
+        let mut committed: Vec<u32> = got.reveals.iter().flatten().map(|r| r[0]).collect();
+        committed.sort_unstable();
+        committed.dedup();
+        assert_eq!(committed.len(), got.reveals.iter().flatten().count());
+    }
+}
+
 /// The kit's model compiled with its expert pools holding a quarter of each layer's experts:
-/// hybrid, lru and static generate the resident plan's tokens, staging as they should.
+/// hybrid, lru and static generate the resident plan's tokens, staging as they should, under
+/// 2.0's generate, 2.1's and mbsd.
 #[test]
 fn every_expert_strategy_in_a_quarter_window_gives_the_resident_tokens() {
     let dir = tempfile::tempdir().unwrap();
@@ -82,8 +114,9 @@ fn every_expert_strategy_in_a_quarter_window_gives_the_resident_tokens() {
     let v20 = SamplerParams { gen_length: 40, block_length: 16, steps: 16, threshold: Some(0.5), eos_early_stop: false, ..Default::default() };
     // 2.1's generate, editing.
     let v21 = SamplerParams { editing_threshold: Some(0.5), ..v20 };
+    let mbsd = SamplerParams { policy: llada_rt::sampler::Policy::Mbsd, spec_threshold: 0.0, ..v20 };
     let prompt = [5u32, 9, 200, 31, 77];
-    for p in [v20, v21] {
+    for p in [v20, v21, mbsd] {
         let want = generate(&mut Session::new(&m).unwrap(), &prompt, &p, &mut |_| {}).unwrap();
         // 2.1's run edits something, so its revisions are compared too.
         assert_eq!(want.revisions.as_ref().is_some_and(|r| r.iter().any(|call| !call.is_empty())), p.editing_threshold.is_some());

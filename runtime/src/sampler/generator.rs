@@ -71,7 +71,10 @@ impl<'s, 'm> Generator<'s, 'm> {
     /// LLaDA 2.x's published `generate` (`llada2.rs`): its canvas is the block grid from
     /// position 0, the prompt's partial block included.
     fn start_llada2(session: &'s mut Session<'m>, prompt: &[u32], p: &SamplerParams, special: llada_ir::SpecialTokens, steps: usize) -> Result<Generator<'s, 'm>> {
-        let policy = llada2::Llada2::new(p, prompt.len(), steps, special.eos);
+        let mut policy = llada2::Llada2::new(p, prompt.len(), steps, special.eos);
+        if p.policy == Policy::Mbsd {
+            policy = policy.speculate(p);
+        }
         let grid = policy.grid_len();
         let limit = Limits::of(session.model).max_len;
         if grid > limit {
@@ -86,7 +89,7 @@ impl<'s, 'm> Generator<'s, 'm> {
         // A block pass runs on the graph of the block's rows and returns a row per position.
         check_head_rows(session, p.block_length, p.block_length)?;
         let canvas_p = SamplerParams { gen_length: grid - prompt.len(), ..*p };
-        let predictor = Predictor::for_session(session, p.block_length);
+        let predictor = Predictor::for_session(session, policy.head_rows());
         let mut canvas = Canvas::new(&canvas_p, steps, prompt, special, predictor, policy.revised_per_step());
         canvas.own_schedule = true;
         let before = session.counters;

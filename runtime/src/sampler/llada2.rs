@@ -40,6 +40,7 @@
 use rand::RngExt;
 
 use super::canvas::{Canvas, PolicyStep};
+use super::llada2_mbsd::Speculation;
 use super::{argmax, committed_prefix, softmax_at, softmax_at_max, stream, Candidate, Generation};
 use crate::error::{Error, Result};
 use crate::params::{SamplerParams, MAX_STEPS};
@@ -70,6 +71,10 @@ pub(super) struct Llada2 {
     /// whether the last one began with none and edited nothing (which ends the block).
     post_steps: usize,
     idle: bool,
+    /// `--policy mbsd` (`llada2_mbsd.rs`): its passes and drafts.
+    spec: Option<Speculation>,
+    /// This call's predictions of the next block's positions (mbsd's drafts).
+    drafts: Vec<(usize, u32, f32)>,
 }
 
 /// LLaDA 2.1's token editing settings.
@@ -98,7 +103,23 @@ impl Llada2 {
             editing: p.editing_threshold.map(|threshold| Editing { threshold, max_post_steps: p.max_post_steps }),
             post_steps: 0,
             idle: false,
+            spec: None,
+            drafts: Vec::new(),
         }
+    }
+
+    /// `--policy mbsd`: passes over the positions that need them, drafts of the next block
+    /// with `spec_blocks` 1.
+    pub(super) fn speculate(mut self, p: &SamplerParams) -> Llada2 {
+        self.spec = Some(Speculation::new(self.grid_len(), p.spec_blocks > 0, p.spec_threshold));
+        self.drafts.reserve(self.block_len);
+        self
+    }
+
+    /// The rows whose logits one pass returns at most: the block's, and the next block's
+    /// drafted with it.
+    pub(super) fn head_rows(&self) -> usize {
+        if self.spec.is_some() { 2 * self.block_len } else { self.block_len }
     }
 
     /// The most revisions one model call can make: every position of the block (0 without
@@ -190,24 +211,32 @@ impl PolicyStep for Llada2 {
         let editing = self.editing;
         c.head.clear();
         c.head.extend((s.max(self.prompt_len)..e).filter(|&i| editing.is_some() || c.x[i] == mask).map(|i| i as u32));
-        // The earlier blocks' final keys and values (the prompt's whole blocks before the
-        // first step, the block just finished before the next): the last of them in this
-        // step's pass, whose rows of each block attend up to its end, when a graph holds both
-        // blocks; the others by a pass each.
-        let fits = |rows: usize| session.head_capacity(rows).is_ok_and(|h| h >= c.head.len());
-        let from = if self.stored < s && fits(e - (s - b)) { s - b } else { s };
-        session.store_blocks(&c.x[..from], self.stored, b)?;
-        self.stored = s;
         let pool = session.pool_handle();
-        let logits = session.forward_blocks(&c.x[..e], from, b, &c.head)?;
+        let logits = match &mut self.spec {
+            Some(spec) => spec.pass(session, c, (s, e), self.blocks * b)?,
+            None => {
+                // The earlier blocks' final keys and values (the prompt's whole blocks before
+                // the first step, the block just finished before the next): the last of them
+                // in this step's pass, whose rows of each block attend up to its end, when a
+                // graph holds both blocks; the others by a pass each.
+                let fits = |rows: usize| session.head_capacity(rows).is_ok_and(|h| h >= c.head.len());
+                let from = if self.stored < s && fits(e - (s - b)) { s - b } else { s };
+                session.store_blocks(&c.x[..from], self.stored, b)?;
+                self.stored = s;
+                session.forward_blocks(&c.x[..e], from, b, &c.head)?
+            }
+        };
         c.predictor.load(logits);
         let (p, step) = (c.p, c.step);
         let predictions = c.predictor.each_row(&pool, &c.head, |row, pos| predict(row, &p, step, pos));
         c.candidates.clear();
+        self.drafts.clear();
         let mut edits = 0;
         for (&pos, &(token, confidence)) in c.head.iter().zip(predictions) {
             let pos = pos as usize;
-            if c.x[pos] == mask {
+            if pos >= e {
+                self.drafts.push((pos, token, confidence));
+            } else if c.x[pos] == mask {
                 c.candidates.push(Candidate { position: pos, token, confidence });
             } else if editing.is_some_and(|ed| confidence > ed.threshold) && token != c.x[pos] {
                 // 2.1's edit: from this call's prediction, as the commits below are.
@@ -225,6 +254,10 @@ impl PolicyStep for Llada2 {
         // Every confident one (exactly the `confident` best of the block), or the schedule's.
         let k = if confident >= wanted { confident } else { wanted.min(c.candidates.len()) };
         c.commit_ranked(s..e, k, |_, _| true);
+        if let Some(spec) = &mut self.spec {
+            let committed = c.reveals.len() - first_new;
+            spec.after_commits(c, (s, e), committed, &self.drafts);
+        }
         self.step += 1;
         if editing.is_some() {
             self.check_progress(c, first_new, edits)?;
@@ -250,6 +283,7 @@ impl PolicyStep for Llada2 {
     }
 
     fn report(&mut self, g: &mut Generation) {
+        g.mbsd = self.spec.as_ref().map(|s| s.report);
         if self.editing.is_some() {
             // Filled with every call's edits by the generator.
             g.revisions = Some(Vec::new());

@@ -37,6 +37,7 @@ mod canvas;
 mod dream;
 mod generator;
 mod llada2;
+mod llada2_mbsd;
 mod mbsd;
 mod official;
 mod revision;
