@@ -496,7 +496,9 @@ impl<'m> Session<'m> {
         self.cached_len = None;
         let span = from..seq.len();
         let gid = self.prepare(seq, span.clone(), head_positions, true)?;
-        self.run_pass(gid, span.len(), seq.len(), head_positions.len(), span.len(), Some(block_len), false)?;
+        // One block's rows all attend to the whole context: no runs to split (any backend).
+        let causal = (span.len() > block_len).then_some(block_len);
+        self.run_pass(gid, span.len(), seq.len(), head_positions.len(), span.len(), causal, false)?;
         self.block_prefix = span.end;
         Ok(self.logits(gid, head_positions.len()))
     }

@@ -50,6 +50,60 @@ fn operands_many<'w, const N: usize, const M: usize>(win: &'w mut [f32], ins: [R
     }
 }
 
+/// The mixture-of-experts ops (the routers and the experts), which run on the CPU whatever
+/// backend runs the dense ops: `win` the activations, `range` and `cols` an activation's rows
+/// and width, `rows` the pass's real rows, `f32s` a router bias's values; the experts through
+/// the session's expert runtime, or all here without one.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run_moe_op<'a>(
+    model: &Model,
+    op: &Op,
+    win: &mut [f32],
+    range: &dyn Fn(u32) -> Range<usize>,
+    cols: &dyn Fn(u32) -> usize,
+    rows: usize,
+    f32s: &dyn Fn(TensorId) -> &'a [f32],
+    experts: Option<&mut Experts>,
+    scratch: &mut moe::OpScratch,
+    gemm_scratch: &mut [u8],
+    pool: &Pool,
+    features: Features,
+) -> Result<()> {
+    let m = &model.header.model;
+    match *op {
+        Op::Route { logits, top_k, out } => {
+            let (e, k) = (cols(logits), top_k as usize);
+            let ([l], o) = operands(win, [range(logits)], range(out));
+            // Padding rows route to expert 0 with weight 0: defined, and never read.
+            o.fill(0.0);
+            for (l, o) in l.chunks_exact(e).zip(o.chunks_exact_mut(2 * k)).take(rows) {
+                moe::routing::route_row(l, k, o, &mut scratch.route);
+            }
+        }
+        Op::RouteSigmoid { logits, bias, top_k, groups, top_groups, normalize, scale, out } => {
+            let (e, k) = (cols(logits), top_k as usize);
+            let ([l], o) = operands(win, [range(logits)], range(out));
+            let rule = moe::routing::SigmoidRule { bias: f32s(bias), groups: groups as usize, top_groups: top_groups as usize, normalize, scale };
+            o.fill(0.0);
+            for (l, o) in l.chunks_exact(e).zip(o.chunks_exact_mut(2 * k)).take(rows) {
+                moe::routing::route_sigmoid_row(l, &rule, k, o, &mut scratch.route);
+            }
+        }
+        Op::MoeExperts { x, route, out, layer, first, experts: n, ranked, work } => {
+            let ([xs, rs], [o, rk, wk]) = operands_many(win, [range(x), range(route)], [range(out), range(ranked), range(work)]);
+            // The verifier checked that the layer has experts.
+            let layer = m.moe_layer_index(layer).unwrap_or(0);
+            let op = MoeOperands { layer, first, x: xs, route: rs, out: o, ranked: rk, work: wk, operand: gemm_scratch, rows };
+            match experts {
+                Some(e) => e.run(op, pool, features)?,
+                None => moe::run_local(model, op, n as usize, m.moe.map_or(1, |m| m.top_k) as usize, scratch, pool, features)?,
+            }
+        }
+        _ => unreachable!("only the mixture-of-experts ops are run here"),
+    }
+    Ok(())
+}
+
 /// The CPU executor. Its scratch (prepared GEMM operands, attention scores) is in the
 /// window, so running a graph does not allocate (beyond what the thread pool does
 /// internally).
@@ -82,6 +136,7 @@ impl HostExecutor {
             max_allocation_bytes: u64::MAX,
             device_timestamps: false,
             int8_dot: features.avx512_vnni() || features.dotprod(),
+            multi_block_passes: true,
         };
         HostExecutor { pool, features, homes: homes(&model.header), capabilities, moe: moe::OpScratch::new(&model.header) }
     }
@@ -278,33 +333,9 @@ impl HostExecutor {
                         kernels::head_rms_norm(features, &mut row[span.clone()], f32s(weight), eps);
                     }
                 }
-                Op::Route { logits, top_k, out } => {
-                    let (e, k) = (cols(logits), top_k as usize);
-                    let ([l], o) = operands(win, [range(logits)], range(out));
-                    // Padding rows route to expert 0 with weight 0: defined, and never read.
-                    o.fill(0.0);
-                    for (l, o) in l.chunks_exact(e).zip(o.chunks_exact_mut(2 * k)).take(inp.rows) {
-                        moe::routing::route_row(l, k, o, &mut self.moe.route);
-                    }
-                }
-                Op::RouteSigmoid { logits, bias, top_k, groups, top_groups, normalize, scale, out } => {
-                    let (e, k) = (cols(logits), top_k as usize);
-                    let ([l], o) = operands(win, [range(logits)], range(out));
-                    let rule = moe::routing::SigmoidRule { bias: f32s(bias), groups: groups as usize, top_groups: top_groups as usize, normalize, scale };
-                    o.fill(0.0);
-                    for (l, o) in l.chunks_exact(e).zip(o.chunks_exact_mut(2 * k)).take(inp.rows) {
-                        moe::routing::route_sigmoid_row(l, &rule, k, o, &mut self.moe.route);
-                    }
-                }
-                Op::MoeExperts { x, route, out, layer, first, experts: n, ranked, work } => {
-                    let ([xs, rs], [o, rk, wk]) = operands_many(win, [range(x), range(route)], [range(out), range(ranked), range(work)]);
-                    // The verifier checked that the layer has experts.
-                    let layer = m.moe_layer_index(layer).unwrap_or(0);
-                    let op = MoeOperands { layer, first, x: xs, route: rs, out: o, ranked: rk, work: wk, operand: &mut *gemm_scratch, rows: inp.rows };
-                    match experts.as_deref_mut() {
-                        Some(e) => e.run(op, &self.pool, features)?,
-                        None => moe::run_local(model, op, n as usize, m.moe.map_or(1, |m| m.top_k) as usize, &mut self.moe, &self.pool, features)?,
-                    }
+                Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. } => {
+                    let bias = |t: TensorId| f32s(t);
+                    run_moe_op(model, op, win, &range, &cols, inp.rows, &bias, experts.as_deref_mut(), &mut self.moe, gemm_scratch, &self.pool, features)?;
                 }
             }
             if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {

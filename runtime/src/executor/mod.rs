@@ -117,6 +117,9 @@ pub struct Capabilities {
     pub device_timestamps: bool,
     /// Whether the int8 matmuls use the device's packed int8 dot-product instructions.
     pub int8_dot: bool,
+    /// Whether a pass may span several blocks of the block-causal mask
+    /// ([`RunInputs::block_causal`]); else LLaDA 2.x's passes cover one block each.
+    pub multi_block_passes: bool,
 }
 
 pub trait Executor: Send {

@@ -218,8 +218,9 @@ impl PolicyStep for Llada2 {
                 // The earlier blocks' final keys and values (the prompt's whole blocks before
                 // the first step, the block just finished before the next): the last of them
                 // in this step's pass, whose rows of each block attend up to its end, when a
-                // graph holds both blocks; the others by a pass each.
-                let fits = |rows: usize| session.head_capacity(rows).is_ok_and(|h| h >= c.head.len());
+                // graph holds both blocks and the backend runs such passes; the others by a
+                // pass each.
+                let fits = |rows: usize| session.backend().multi_block_passes && session.head_capacity(rows).is_ok_and(|h| h >= c.head.len());
                 let from = if self.stored < s && fits(e - (s - b)) { s - b } else { s };
                 session.store_blocks(&c.x[..from], self.stored, b)?;
                 self.stored = s;

@@ -116,6 +116,7 @@ impl QnnExecutor {
             max_allocation_bytes: u64::MAX,
             device_timestamps: false,
             int8_dot: false,
+            multi_block_passes: false,
         };
         let mut e = QnnExecutor { stages, budget: section.context_budget, loads: Loads::default(), trace: None, pool, capabilities, scratch: io::Scratch::new(h, section.io.clone()), device };
         for k in 0..e.stages.len() {

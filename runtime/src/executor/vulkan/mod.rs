@@ -4,7 +4,9 @@
 //! where the device wrote them). Each graph is recorded once per session into a few command
 //! buffers (`record`); a pass writes its inputs, then submits them in order, waiting for the
 //! swap schedule's copies before and releasing slots after, as the host executor does between
-//! ops. Shaders compute in f32 with integer dot products for q8/q4 (`shaders/`).
+//! ops. Shaders compute in f32 with integer dot products for q8/q4 (`shaders/`). The
+//! embedding and a mixture-of-experts model's routers and experts run on the CPU between
+//! command buffers, on the window the device shares (the host executor's MoE code).
 
 mod gpu;
 mod pipelines;
@@ -68,6 +70,8 @@ pub struct VulkanExecutor {
     pool: Pool,
     capabilities: Capabilities,
     trace: Option<Arc<Trace>>,
+    /// The MoE ops' scratch (they run on the CPU).
+    moe: crate::moe::OpScratch,
 }
 
 impl VulkanExecutor {
@@ -75,9 +79,6 @@ impl VulkanExecutor {
     /// `model`; `threads` CPU threads work around the passes.
     pub fn new(model: &Model, threads: usize) -> Result<(VulkanExecutor, Window)> {
         let h = &model.header;
-        if h.model.moe.is_some() {
-            return Err(Error::setting(Setting::Backend, format!("vulkan: {} is a mixture-of-experts model, whose experts run only on the host backend; use --backend host", model.path.display())));
-        }
         let gpu = Arc::new(Gpu::open()?);
         let bytes = Window::bytes_for(h, true);
         let (buffer, memory, ptr) = gpu.mapped_buffer(bytes as u64, "window")?;
@@ -97,6 +98,7 @@ impl VulkanExecutor {
             max_allocation_bytes: gpu.max_allocation,
             device_timestamps: gpu.timestamp_bits > 0,
             int8_dot: gpu.int8_dot,
+            multi_block_passes: false,
         };
         // The executor owns each object as soon as it exists (null until then), so a failure
         // part-way frees what was made through `drop`.
@@ -114,6 +116,7 @@ impl VulkanExecutor {
             pool,
             capabilities,
             trace: None,
+            moe: crate::moe::OpScratch::new(h),
         };
         let (ib, im, iptr) = gpu.mapped_buffer(inputs_bytes, "pass inputs")?;
         (e.inputs, e.inputs_map) = ((ib, im), InputsMap(iptr as *mut u32, inputs_bytes as usize / 4));
@@ -179,7 +182,7 @@ impl VulkanExecutor {
 }
 
 impl Executor for VulkanExecutor {
-    fn run(&mut self, model: &Model, graph: u32, inp: &RunInputs, window: &mut Window, stager: &mut Stager, _experts: Option<&mut Experts>, mut profile: Option<&mut OpProfile>) -> Result<()> {
+    fn run(&mut self, model: &Model, graph: u32, inp: &RunInputs, window: &mut Window, stager: &mut Stager, mut experts: Option<&mut Experts>, mut profile: Option<&mut OpProfile>) -> Result<()> {
         if inp.block_causal.is_some() {
             // Only LLaDA 2.x makes such passes, and it runs on the host backend only.
             return Err(Error::request("a block-causal pass over several blocks runs on the host backend only".to_string()));
@@ -198,11 +201,26 @@ impl Executor for VulkanExecutor {
                 Step::Host { op } => {
                     let start = Instant::now();
                     stager.before_op(g, *op)?;
-                    if let Op::Embed { table, out } = g.ops[*op] {
-                        let parts = window.parts();
-                        let v = &g.values[out as usize];
-                        let range = value_range(g, v, inp.head_rows.len(), parts.activations_offset);
-                        crate::kernels::embed_rows(model.weights(table), v.cols as usize, inp.tokens, &mut parts.activations[range]);
+                    let parts = window.parts();
+                    let base = parts.activations_offset;
+                    match g.ops[*op] {
+                        Op::Embed { table, out } => {
+                            let v = &g.values[out as usize];
+                            let range = value_range(g, v, inp.head_rows.len(), base);
+                            crate::kernels::embed_rows(model.weights(table), v.cols as usize, inp.tokens, &mut parts.activations[range]);
+                        }
+                        // The routers and experts: the host executor's code, on the rows the
+                        // device computed (the command buffer before made them visible).
+                        ref moe_op => {
+                            let cols = |v: u32| g.values[v as usize].cols as usize;
+                            let range = |v: u32| {
+                                let r = value_range(g, &g.values[v as usize], inp.head_rows.len(), base);
+                                r.start..r.start + inp.rows * cols(v)
+                            };
+                            let bias = |t: llada_ir::TensorId| -> &[f32] { bytemuck::cast_slice(model.tensor_bytes(t)) };
+                            let features = crate::kernels::cpu::features();
+                            super::host::run_moe_op(model, moe_op, parts.activations, &range, &cols, inp.rows, &bias, experts.as_deref_mut(), &mut self.moe, parts.gemm, &self.pool, features)?;
+                        }
                     }
                     stager.after_op(g, *op);
                     if let Some(p) = profile.as_deref_mut() {

@@ -147,7 +147,8 @@ impl<'a> Recorder<'a> {
         } else {
             None
         };
-        let host_op = |op: &Op| matches!(op, Op::Embed { .. });
+        // The embedding and the mixture-of-experts ops run on the CPU (`VulkanExecutor::run`).
+        let host_op = |op: &Op| matches!(op, Op::Embed { .. } | Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. });
         let split_before = |i: usize| host_op(&g.ops[i]) || g.staging.iter().any(|s| s.first_op as usize == i);
         let split_after = |i: usize| host_op(&g.ops[i]) || g.staging.iter().any(|s| s.stage_after_op == Some(i as u32) || s.last_op as usize == i);
         let mut steps = Vec::new();
@@ -271,7 +272,7 @@ impl<'a> Recorder<'a> {
         let groups_of = |n: u32| n.div_ceil(64);
         match *op {
             Op::Embed { .. } => unreachable!("the host runs the embedding"),
-            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. } => unreachable!("mixture-of-experts models are refused before recording"),
+            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. } => unreachable!("the CPU runs the mixture-of-experts ops"),
             Op::Bias { x, bias } => {
                 let (r, fh) = rows(x);
                 let (w, w_off) = self.weight(bias)?;
