@@ -258,7 +258,14 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
     let npu = npu.as_ref();
     let act = activation_bytes(&target);
     let (b, g, s) = (req.block_len, req.gen_len, req.steps);
-    if b == 0 || g % b != 0 || s % (g / b) != 0 {
+    let llada2 = h.model.family() == llada_ir::Family::Llada2Moe;
+    if llada2 && (b == 0 || s == 0 || req.policy != "exact" || req.passes.is_some_and(|n| n == 0)) {
+        return Err(Error::Options(format!(
+            "--policy {} --block-len {b} --steps {s}: a LLaDA 2.x estimate is of its published generate (--policy exact), with a block length and steps per block above 0 (and --passes, its measured model calls, above 0)",
+            req.policy
+        )));
+    }
+    if !llada2 && (b == 0 || g % b != 0 || s % (g / b) != 0) {
         return Err(Error::Options(format!("--gen-len {g} must be a multiple of --block-len {b}, and --steps {s} a multiple of the block count")));
     }
     // A mixture-of-experts plan is predicted under each expert strategy (see `ExpertModel`);
@@ -290,11 +297,13 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
     }
     let seq = req.prompt_len + g;
     let (blocks, per_block) = (g / b, s / (g / b));
-    if req.passes.is_some() && req.policy != "mbsd" {
+    if req.passes.is_some() && req.policy != "mbsd" && !llada2 {
         return Err(Error::Options(format!("--passes: only mbsd's pass count is measured; --policy {} runs {s} passes", req.policy)));
     }
-    // The passes a generation runs, as (rows, count).
+    // The passes a generation runs, as (rows, count) (LLaDA 2.x's: rows, context, logit rows).
+    let llada2_passes = llada2.then(|| llada2_schedule(req));
     let schedule: Vec<(u32, u32)> = match req.policy.as_str() {
+        _ if llada2 => Vec::new(),
         // A whole-sequence pass first (the prompt's cache), then passes of the smallest
         // graph holding a block: the block's masked rows and, in the rest, drafts of the next
         // blocks. Fewer passes than steps where drafts confirm.
@@ -325,11 +334,15 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
     let mut generations = Vec::new();
     for x in &strategies {
         let (mut total, mut count, mut rows_computed, mut staged, mut waited) = (0.0, 0u32, 0u64, 0.0, 0.0);
-        for &(rows, n) in &schedule {
+        let passes: Vec<(u32, u32, u32, u32)> = match &llada2_passes {
+            Some(p) => p.clone(),
+            None => schedule.iter().map(|&(rows, n)| (rows, seq, b, n)).collect(),
+        };
+        for (rows, context, head, n) in passes {
             if n == 0 {
                 continue;
             }
-            let (_, graph_rows, e) = pass(h, &machine, act, rows, seq, b, x.as_ref(), npu)?;
+            let (_, graph_rows, e) = pass(h, &machine, act, rows, context, head, x.as_ref(), npu)?;
             total += e.seconds * n as f64;
             staged += e.staging_seconds * n as f64;
             waited += (e.seconds - e.compute_seconds).max(0.0) * n as f64;
@@ -392,6 +405,43 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
         "generation": generations[0],
         "generations": generations,
     }))
+}
+
+/// LLaDA 2.x's published `generate` as passes `(rows, context, logit rows, count)`: the block
+/// grid from position 0; the prompt's whole blocks but the last stored by a pass each; each
+/// block's first call a pass over it and the block before it (which it stores with its final
+/// tokens: two blocks, each attending up to its end), its other calls a pass over the block.
+/// Calls per block: `--passes` (measured model calls) spread over the blocks, or the most the
+/// schedule takes (every call committing only the schedule's count: `block_len` spread over
+/// `min(steps, gen_len)` calls, until the block's generated positions are committed).
+fn llada2_schedule(req: &EstimateRequest) -> Vec<(u32, u32, u32, u32)> {
+    let (p, g, b) = (req.prompt_len, req.gen_len, req.block_len);
+    let (first, blocks) = (p / b, (p + g).div_ceil(b));
+    let steps = req.steps.min(g).max(1);
+    let schedule: Vec<u32> = (0..steps).map(|i| b / steps + u32::from(i < b % steps)).collect();
+    let calls_for = |masked: u32| {
+        let mut done = 0;
+        schedule.iter().take_while(|&&c| {
+            let go = done < masked;
+            done += c;
+            go
+        }).count().max(1) as u32
+    };
+    let mut calls: Vec<u32> = (first..blocks).map(|k| calls_for((k + 1) * b - p.max(k * b))).collect();
+    if let Some(n) = req.passes {
+        // The measured calls, one a block at least, the rest spread evenly.
+        let n = n.max(calls.len() as u32);
+        let (each, extra) = (n / calls.len() as u32, n % calls.len() as u32);
+        calls = (0..calls.len() as u32).map(|i| each + u32::from(i < extra)).collect();
+    }
+    let mut v: Vec<(u32, u32, u32, u32)> = (0..first.saturating_sub(1)).map(|k| (b, (k + 1) * b, 0, 1)).collect();
+    for (k, c) in (first..blocks).zip(calls) {
+        let end = (k + 1) * b;
+        let first_rows = if k > 0 { 2 * b } else { b };
+        v.push((first_rows, end, b, 1));
+        v.push((b, end, b, c - 1));
+    }
+    v
 }
 
 /// The text form of [`estimate`].
@@ -457,4 +507,30 @@ pub fn render_text(e: &Value) -> String {
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(prompt_len: u32, gen_len: u32, steps: u32, passes: Option<u32>) -> EstimateRequest {
+        EstimateRequest { policy: "exact".into(), prompt_len, gen_len, block_len: 32, steps, rows: vec![], rates: None, passes, on_target: None }
+    }
+
+    #[test]
+    fn llada2_passes_follow_its_block_grid() {
+        // Prompt 32 (block 0 whole), gen 64: blocks 1 and 2, 32 calls each; each block's first
+        // call also stores the block before it.
+        let v = llada2_schedule(&request(32, 64, 32, None));
+        assert_eq!(v, vec![(64, 64, 32, 1), (32, 64, 32, 31), (64, 96, 32, 1), (32, 96, 32, 31)]);
+        // Prompt 100: blocks 0 and 1 stored by a pass each, block 2 folded into block 3's first
+        // call; block 3 holds 28 generated positions, which 8 steps of 4 commit in 7 calls.
+        let v = llada2_schedule(&request(100, 60, 8, None));
+        assert_eq!(&v[..2], &[(32, 32, 0, 1), (32, 64, 0, 1)]);
+        assert_eq!(&v[2..4], &[(64, 128, 32, 1), (32, 128, 32, 6)]);
+        // Measured model calls spread over the blocks, one each at least.
+        let v = llada2_schedule(&request(40, 64, 32, Some(7)));
+        let calls: Vec<u32> = v.chunks(2).map(|c| c[0].3 + c[1].3).collect();
+        assert_eq!(calls, vec![3, 2, 2]);
+    }
 }

@@ -113,11 +113,12 @@ enum Command {
         /// Predict pass and generation times of the plan (estimates on phone targets).
         #[arg(long)]
         estimate: bool,
-        /// --estimate: decoding policy.
-        #[arg(long, default_value = "dual", value_parser = ["exact", "prefix", "dual", "mbsd"], requires = "estimate")]
-        policy: String,
+        /// --estimate: decoding policy [default: dual; LLaDA 2.x: exact, its published generate].
+        #[arg(long, value_parser = ["exact", "prefix", "dual", "mbsd"], requires = "estimate")]
+        policy: Option<String>,
         /// --estimate --policy mbsd: its dense passes per generation, as measured
         /// (`llada-rt run --json`'s forward_passes) [default: one per step, no draft confirmed].
+        /// LLaDA 2.x: its model calls, as measured [default: the most its schedule takes].
         #[arg(long, requires = "estimate")]
         passes: Option<u32>,
         /// --estimate: another target's rates for this plan (a Snapdragon artifact's plan is
@@ -133,9 +134,9 @@ enum Command {
         /// --estimate: block length.
         #[arg(long, default_value_t = 32, requires = "estimate")]
         block_len: u32,
-        /// --estimate: denoising steps.
-        #[arg(long, default_value_t = 128, requires = "estimate")]
-        steps: u32,
+        /// --estimate: denoising steps [default: 128; LLaDA 2.x: 32 per block].
+        #[arg(long, requires = "estimate")]
+        steps: Option<u32>,
         /// --estimate: single passes to predict, by token rows.
         #[arg(long, value_delimiter = ',', default_value = "32,64,128", requires = "estimate")]
         rows: Vec<u32>,
@@ -216,6 +217,10 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
             let (header, major, minor, bytes) = lladac::inspect::open(&file)?;
             let mut d = lladac::inspect::describe(&header, major, minor, bytes);
             let e = if estimate {
+                // LLaDA 2.x's own defaults: its published generate, 32 steps a block.
+                let llada2 = header.model.family() == llada_ir::Family::Llada2Moe;
+                let policy = policy.unwrap_or_else(|| if llada2 { "exact" } else { "dual" }.to_string());
+                let steps = steps.unwrap_or(if llada2 { 32 } else { 128 });
                 let req = lladac::estimate::EstimateRequest { policy, prompt_len, gen_len, block_len, steps, rows, rates, passes, on_target };
                 Some(lladac::estimate::estimate(&header, &req)?)
             } else {
