@@ -301,7 +301,7 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
         return Err(Error::Options(format!("--passes: only mbsd's pass count is measured; --policy {} runs {s} passes", req.policy)));
     }
     // The passes a generation runs, as (rows, count) (LLaDA 2.x's: rows, context, logit rows).
-    let llada2_passes = llada2.then(|| llada2_schedule(req));
+    let llada2_passes = llada2.then(|| llada2_schedule(req, h.graphs.iter().map(|g| g.rows).max().unwrap_or(0)));
     let schedule: Vec<(u32, u32)> = match req.policy.as_str() {
         _ if llada2 => Vec::new(),
         // A whole-sequence pass first (the prompt's cache), then passes of the smallest
@@ -408,13 +408,15 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
 }
 
 /// LLaDA 2.x's published `generate` as passes `(rows, context, logit rows, count)`: the block
-/// grid from position 0; the prompt's whole blocks but the last stored by a pass each; each
-/// block's first call a pass over it and the block before it (which it stores with its final
-/// tokens: two blocks, each attending up to its end), its other calls a pass over the block.
+/// grid from position 0; the first call a pass over the prompt's whole blocks and the first
+/// block (where a graph of `max_rows` holds them; else the prompt's blocks but the last stored
+/// by a pass each); each later block's first call a pass over it and the block before it
+/// (which it stores with its final tokens: each block attending up to its end), its other
+/// calls a pass over the block.
 /// Calls per block: `--passes` (measured model calls) spread over the blocks, or the most the
 /// schedule takes (every call committing only the schedule's count: `block_len` spread over
 /// `min(steps, gen_len)` calls, until the block's generated positions are committed).
-fn llada2_schedule(req: &EstimateRequest) -> Vec<(u32, u32, u32, u32)> {
+fn llada2_schedule(req: &EstimateRequest, max_rows: u32) -> Vec<(u32, u32, u32, u32)> {
     let (p, g, b) = (req.prompt_len, req.gen_len, req.block_len);
     let (first, blocks) = (p / b, (p + g).div_ceil(b));
     let steps = req.steps.min(g).max(1);
@@ -434,10 +436,16 @@ fn llada2_schedule(req: &EstimateRequest) -> Vec<(u32, u32, u32, u32)> {
         let (each, extra) = (n / calls.len() as u32, n % calls.len() as u32);
         calls = (0..calls.len() as u32).map(|i| each + u32::from(i < extra)).collect();
     }
-    let mut v: Vec<(u32, u32, u32, u32)> = (0..first.saturating_sub(1)).map(|k| (b, (k + 1) * b, 0, 1)).collect();
+    let whole = (first + 1) * b <= max_rows;
+    let stored_apart = if whole { 0 } else { first.saturating_sub(1) };
+    let mut v: Vec<(u32, u32, u32, u32)> = (0..stored_apart).map(|k| (b, (k + 1) * b, 0, 1)).collect();
     for (k, c) in (first..blocks).zip(calls) {
         let end = (k + 1) * b;
-        let first_rows = if k > 0 { 2 * b } else { b };
+        let first_rows = match k {
+            _ if k == first && whole => end,
+            0 => b,
+            _ => 2 * b,
+        };
         v.push((first_rows, end, b, 1));
         v.push((b, end, b, c - 1));
     }
@@ -521,15 +529,17 @@ mod tests {
     fn llada2_passes_follow_its_block_grid() {
         // Prompt 32 (block 0 whole), gen 64: blocks 1 and 2, 32 calls each; each block's first
         // call also stores the block before it.
-        let v = llada2_schedule(&request(32, 64, 32, None));
+        let v = llada2_schedule(&request(32, 64, 32, None), 512);
         assert_eq!(v, vec![(64, 64, 32, 1), (32, 64, 32, 31), (64, 96, 32, 1), (32, 96, 32, 31)]);
-        // Prompt 100: blocks 0 and 1 stored by a pass each, block 2 folded into block 3's first
-        // call; block 3 holds 28 generated positions, which 8 steps of 4 commit in 7 calls.
-        let v = llada2_schedule(&request(100, 60, 8, None));
-        assert_eq!(&v[..2], &[(32, 32, 0, 1), (32, 64, 0, 1)]);
-        assert_eq!(&v[2..4], &[(64, 128, 32, 1), (32, 128, 32, 6)]);
+        // Prompt 100: blocks 0 to 2 in block 3's first call; block 3 holds 28 generated
+        // positions, which 8 steps of 4 commit in 7 calls.
+        let v = llada2_schedule(&request(100, 60, 8, None), 512);
+        assert_eq!(&v[..2], &[(128, 128, 32, 1), (32, 128, 32, 6)]);
+        // Where no graph holds them: blocks 0 and 1 by a pass each, block 2 with block 3.
+        let v = llada2_schedule(&request(100, 60, 8, None), 64);
+        assert_eq!(&v[..4], &[(32, 32, 0, 1), (32, 64, 0, 1), (64, 128, 32, 1), (32, 128, 32, 6)]);
         // Measured model calls spread over the blocks, one each at least.
-        let v = llada2_schedule(&request(40, 64, 32, Some(7)));
+        let v = llada2_schedule(&request(40, 64, 32, Some(7)), 512);
         let calls: Vec<u32> = v.chunks(2).map(|c| c[0].3 + c[1].3).collect();
         assert_eq!(calls, vec![3, 2, 2]);
     }

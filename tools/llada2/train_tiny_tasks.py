@@ -49,7 +49,7 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from make_golden import load_published  # noqa: E402
+from make_golden import load_published, record_calls  # noqa: E402
 
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 HELDOUT = os.path.join(REPO, "models", "tasks", "heldout.jsonl")
@@ -91,8 +91,9 @@ def block_causal_mask(length):
     return torch.where(visible, 0.0, float("-inf"))[None, None]
 
 
-def make_batch(tok, tasks, response_len, eos, mask, g):
-    """Inputs (cut at the end of the drawn block, its answer positions noised), targets, noised positions, weights."""
+def make_batch(tok, tasks, response_len, eos, mask, g, editing_noise=0.0, alphabet=None):
+    """Inputs (cut at the end of the drawn block, its answer positions noised), targets, the positions the loss
+    covers, their weights."""
     prompts = [prompt_ids(tok, t) for t in tasks]
     assert len({len(p) for p in prompts}) == 1, "one kind per batch: equal prompt lengths"
     plen = len(prompts[0])
@@ -110,7 +111,16 @@ def make_batch(tok, tasks, response_len, eos, mask, g):
     p = (1 - 1e-3) * t + 1e-3
     noised = (torch.rand(b, end, generator=g) < p[:, None]) & answer[None, :]
     inputs = torch.where(noised, torch.full_like(x, mask), x)
-    return inputs, x, noised, 1.0 / (p * int(answer.sum()))
+    n = int(answer.sum())
+    if editing_noise == 0.0:
+        return inputs, x, noised, (1.0 / (p * n))[:, None].expand(b, end)
+    # 2.1's editing: some unmasked answer positions hold a wrong token; every answer position of the block is
+    # learnt (masked ones weighted 1 / p as above, the others 1), so a token that is there is kept or mended.
+    swapped = (torch.rand(b, end, generator=g) < editing_noise) & answer[None, :] & ~noised
+    wrong = alphabet[torch.randint(len(alphabet), (b, end), generator=g)]
+    inputs = torch.where(swapped, wrong, inputs)
+    weight = torch.where(noised, 1.0 / p[:, None], torch.ones(b, end)) / n
+    return inputs, x, answer[None, :].expand(b, end), weight
 
 
 def train(args, v20):
@@ -137,6 +147,8 @@ def train(args, v20):
     model.train()
     print(f"LLaDA2MoeModelLM: {sum(p.numel() for p in model.parameters())} parameters")
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    # The wrong tokens of --editing-noise: the answers' characters (digits and A to P).
+    alphabet = torch.tensor(tok.encode("0123456789ABCDEFGHIJKLMNOP", add_special_tokens=False))
     cursor = {k: 0 for k in KINDS}
     start = time.perf_counter()
     loss_sum, loss_n, seen = 0.0, 0, {k: [0, 0] for k in KINDS}
@@ -146,7 +158,7 @@ def train(args, v20):
         assert len(batch) == args.batch, f"ran out of {kind} tasks"
         cursor[kind] += args.batch
         response_len = (64, 96)[int(torch.randint(2, (1,), generator=g))]
-        inputs, target, noised, weight = make_batch(tok, batch, response_len, eos, mask, g)
+        inputs, target, noised, weight = make_batch(tok, batch, response_len, eos, mask, g, args.editing_noise, alphabet)
         lr = learning_rate(step, args.steps, args.lr, 100)
         for group in opt.param_groups:
             group["lr"] = lr
@@ -154,7 +166,7 @@ def train(args, v20):
         am = block_causal_mask(n).expand(inputs.shape[0], 1, n, n)
         logits = model(inputs, attention_mask=am, position_ids=torch.arange(n)[None]).logits.float()
         ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1), reduction="none").view_as(target)
-        loss = (ce * noised * weight[:, None]).sum() / args.batch
+        loss = (ce * noised * weight).sum() / args.batch
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -176,25 +188,31 @@ def train(args, v20):
     print(f"wrote {args.out}")
 
 
-def evaluate(ckpt, v20, heldout, n):
+def evaluate(ckpt, v20, v21, heldout, n, editing):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(ckpt)
     eos, mask = tok.convert_tokens_to_ids("<|endoftext|>"), tok.convert_tokens_to_ids("<|mask|>")
-    model = v20.LLaDA2MoeModelLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager").eval()
+    model = (v20 if editing is None else v21).LLaDA2MoeModelLM.from_pretrained(ckpt, dtype=torch.float32, attn_implementation="eager").eval()
     score = {k: [0, 0] for k in KINDS}
     start = time.perf_counter()
     for task in read_tasks(heldout)[:n]:
         ids = prompt_ids(tok, task)
         with torch.no_grad():
-            out = model.generate(inputs=torch.tensor([ids]), temperature=0.0, block_length=BLOCK, steps=32, gen_length=ANSWER_LEN,
-                                 threshold=0.95, eos_id=eos, mask_id=mask)
+            if editing is None:
+                out = model.generate(inputs=torch.tensor([ids]), temperature=0.0, block_length=BLOCK, steps=32, gen_length=ANSWER_LEN,
+                                     threshold=0.95, eos_id=eos, mask_id=mask)
+            else:
+                # 2.1's generate, its 0/1 mask given to the model as its log (make_golden's reading).
+                out, _ = record_calls(model, True, lambda: model.generate(
+                    inputs=torch.tensor([ids]), temperature=0.0, block_length=BLOCK, gen_length=ANSWER_LEN, threshold=0.95,
+                    editing_threshold=editing, eos_id=eos, mask_id=mask))
         got = tok.decode(out[0].tolist()[:ANSWER_LEN])
         k = kind_of(task)
         score[k][0] += got == task["expected"]
         score[k][1] += 1
-    print(f"held-out evaluation of {ckpt}: first {n} tasks, published 2.0 generate (2.1's greedy sampling), block 32, "
-          f"32 steps a block, threshold 0.95, gen_length 64, {time.perf_counter() - start:.0f} s")
+    loop = "published 2.0 generate (2.1's greedy sampling), 32 steps a block" if editing is None else f"published 2.1 generate, editing_threshold {editing}"
+    print(f"held-out evaluation of {ckpt}: first {n} tasks, {loop}, block 32, threshold 0.95, gen_length 64, {time.perf_counter() - start:.0f} s")
     for k, (c, m) in score.items():
         print(f"  {k}: {c}/{m} exact")
 
@@ -214,12 +232,18 @@ def main():
     a.add_argument("--batch", type=int, default=16)
     a.add_argument("--layers", type=int, default=4)
     a.add_argument("--lr", type=float, default=2e-3)
+    a.add_argument("--eval-editing", type=float, help="also evaluate with 2.1's generate at this editing_threshold")
+    a.add_argument("--editing-noise", type=float, default=0.0,
+                   help="2.1-style: this share of the block's unmasked answer positions hold a wrong token, and every answer "
+                        "position of the block is learnt (0: 2.0's objective, masked positions only)")
     args = a.parse_args()
     torch.set_num_threads(1)
-    v20, _ = load_published(args.modeling)
+    v20, v21 = load_published(args.modeling)
     if not args.eval_only:
         train(args, v20)
-    evaluate(args.eval_only or args.out, v20, args.heldout, args.eval_count)
+    evaluate(args.eval_only or args.out, v20, v21, args.heldout, args.eval_count, None)
+    if args.editing_noise > 0 or args.eval_editing is not None:
+        evaluate(args.eval_only or args.out, v20, v21, args.heldout, args.eval_count, 0.9 if args.eval_editing is None else args.eval_editing)
 
 
 if __name__ == "__main__":

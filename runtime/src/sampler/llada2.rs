@@ -20,9 +20,9 @@
 //! earlier positions read from the KV cache. The cache holds each earlier block as the
 //! published code's next call sees it: a block's keys and values are stored again with its
 //! final tokens by the next block's first pass, whose rows of the finished block attend up to
-//! its end (the mask's block-causal rows, two blocks in one pass), or by a pass of its own
-//! where no graph holds two blocks; the prompt's whole blocks before the last by one pass
-//! each. So passes = model calls, plus the prompt's whole blocks but one.
+//! its end (the mask's block-causal rows, two blocks in one pass), and the prompt's whole
+//! blocks by the first pass; by a pass of their own only where no graph holds them with the
+//! block (or the backend runs one block a pass). So passes = model calls.
 //!
 //! 2.0's own `generate` draws from the softmax with `torch.multinomial` even at temperature 0;
 //! 2.1 made temperature 0 greedy, which is the rule here.
@@ -216,12 +216,15 @@ impl PolicyStep for Llada2 {
             Some(spec) => spec.pass(session, c, (s, e), self.blocks * b)?,
             None => {
                 // The earlier blocks' final keys and values (the prompt's whole blocks before
-                // the first step, the block just finished before the next): the last of them
-                // in this step's pass, whose rows of each block attend up to its end, when a
-                // graph holds both blocks and the backend runs such passes; the others by a
-                // pass each.
+                // the first step, the block just finished before the next): in this step's
+                // pass, whose rows of each block attend up to its end, as many of them as a
+                // graph holds with the block where the backend runs such passes; the others
+                // by a pass each.
                 let fits = |rows: usize| session.backend().multi_block_passes && session.head_capacity(rows).is_ok_and(|h| h >= c.head.len());
-                let from = if self.stored < s && fits(e - (s - b)) { s - b } else { s };
+                let mut from = s;
+                while from > self.stored && fits(e - (from - b)) {
+                    from -= b;
+                }
                 session.store_blocks(&c.x[..from], self.stored, b)?;
                 self.stored = s;
                 session.forward_blocks(&c.x[..e], from, b, &c.head)?

@@ -58,13 +58,15 @@ impl Speculation {
         let stale = |st: &[Option<u32>], p: usize| c.x[p] == mask || st[p] != Some(c.x[p]);
         // The prompt's whole blocks, when they and the block overflow every graph: a pass each.
         let pending = (0..e).filter(|&p| stale(&self.stored, p)).count();
-        if !fits(session, pending, b) {
+        let masked = c.x[s..e].iter().filter(|&&t| t == mask).count();
+        if !fits(session, pending, masked) {
             session.store_blocks(&c.x[..s], 0, b)?;
             (0..s).for_each(|p| self.stored[p] = Some(c.x[p]));
+            self.report.dense_passes += s.div_ceil(b) as u64;
+            self.report.rows_refresh += s as u64;
         }
         self.rows.clear();
         self.rows.extend((0..e).filter(|&p| stale(&self.stored, p)).map(|p| p as u32));
-        let masked = c.x[s..e].iter().filter(|&&t| t == mask).count();
         if self.block_start != s {
             (self.block_start, self.calls) = (s, 0);
         }
