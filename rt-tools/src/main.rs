@@ -74,7 +74,8 @@ struct SamplerArgs {
     /// prefix cached), dual (block only, prefix and suffix cached), spec (prefix, plus drafts
     /// of the next blocks confirmed once their block is current), mbsd (multi-block
     /// speculative decoding on the plan's row buckets: the block's masked rows, idle rows
-    /// drafting the next blocks).
+    /// drafting the next blocks). LLaDA 2.x: exact (its published generate, a pass over the
+    /// block each call) or mbsd (the block's masked and stale rows, drafts of the next block).
     #[arg(long, default_value = defaults().policy.name(), value_parser = clap::builder::PossibleValuesParser::new(Policy::NAMES.iter().copied()))]
     policy: String,
     /// Cached policies: refresh the whole cache every N steps of a block (0 = at each block's start only).
