@@ -3,8 +3,8 @@
 # token, one shared), q4, with every expert resident, then compiled for a window whose expert
 # pools hold a quarter of each layer's experts; one generation on each (32-token prompt, gen 64,
 # LLaDA 2.x's published schedule: block 32, 32 steps per block, threshold 0.95) under each
-# expert strategy, timed with its peak RSS; then the plan's phone estimates (host stand-ins
-# for sm8650 and sm8750: LLaDA 2.x has no NPU executables).
+# expert strategy, timed with its peak RSS, and mbsd on the resident plan; then the plan's phone
+# estimates (host stand-ins for sm8650 and sm8750: LLaDA 2.x has no NPU executables).
 #
 #   tools/bench/llada2.sh CKPT OUT_DIR
 #
@@ -34,24 +34,28 @@ run() {
   /usr/bin/time -f "%M" -o "rss-$name.txt" "$bin/llada-rt" run "$art" --prompt-ids "$ids" --gen-len 64 --json "$@" > "run-$name.json"
 }
 run resident mini-full.lad --experts hybrid --threads 1 --cpu-threads 1
+# mbsd on the same plan: the block's masked and stale rows, drafts of the next block.
+run resident-mbsd mini-full.lad --experts hybrid --threads 1 --cpu-threads 1 --policy mbsd
 for s in hybrid lru static; do
   run "quarter-$s" mini-quarter.lad --experts "$s" --threads 1 --cpu-threads 1
 done
 python3 - <<'PY'
 import json
-names = ["resident", "quarter-hybrid", "quarter-lru", "quarter-static"]
+names = ["resident", "resident-mbsd", "quarter-hybrid", "quarter-lru", "quarter-static"]
 runs = {n: json.load(open(f"run-{n}.json")) for n in names}
 ids = runs["resident"]["output_ids"]
-print("run | seconds | peak RSS MiB | same tokens as resident | model calls | passes | hit rate | experts per pass acc / CPU | staged experts | staged MiB | stall s")
+print("run | seconds | peak RSS MiB | same tokens as resident | model calls | passes | rows | hit rate | experts per pass acc / CPU | staged experts | staged MiB | stall s")
 for n, d in runs.items():
     x = d["window"]["experts"]; c = x["counters"]; p = x["per_pass"]
     rss = int(open(f"rss-{n}.txt").read().split()[-1]) / 1024
-    print(f"{n} | {d['seconds']:.2f} | {rss:.0f} | {d['output_ids'] == ids} | {len(d['reveals'])} | {d['forward_passes']} | {x['hit_rate']:.3f} | "
+    print(f"{n} | {d['seconds']:.2f} | {rss:.0f} | {d['output_ids'] == ids} | {len(d['reveals'])} | {d['forward_passes']} | {d['rows_computed']} | {x['hit_rate']:.3f} | "
           f"{p['accelerator_experts']:.1f} / {p['cpu_experts']:.1f} | {c['staged_experts']} | {c['staged_bytes'] / 2**20:.1f} | {c['stall_seconds']:.3f}")
 PY
 for t in sm8650 sm8750; do
   "$bin/lladac" compile --model "$ckpt" --quant q4 --max-seq 1024 --target "$t" --host-only -o "mini-$t.lad"
   "$bin/lladac" inspect "mini-$t.lad" | grep -E "^experts"
+  # A 32-row pass, and a generation under LLaDA 2.x's schedule at its slowest (prompt 32, gen
+  # 128, 32 steps a block: one token a call).
   "$bin/lladac" inspect "mini-$t.lad" --estimate --rows 32 | sed -n "/^ESTIMATE/,\$p"
   rm -f "mini-$t.lad"
 done
