@@ -134,27 +134,35 @@ fn every_expert_strategy_in_a_quarter_window_gives_the_resident_tokens() {
     }
 }
 
+/// Runs `settings` on the first 20 held-out tasks with the trained model in `models/NAME`.
+fn eval_trained(name: &str, settings: &[SamplerParams]) -> Vec<llada_rt_tools::eval::EvalReport> {
+    let dir = tempfile::tempdir().unwrap();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let lad = dir.path().join("trained.lad");
+    common::compile(&root.join("models").join(name), &lad, None);
+    let model = Model::open(&lad, true).unwrap();
+    let text = llada_rt::text::Text::new(&model.header.tokenizer, &model.header.special).unwrap();
+    let mut tasks = llada_rt_tools::eval::load_tasks(&root.join("models/tasks/heldout.jsonl"), &text).unwrap();
+    tasks.truncate(20);
+    let mut session = Session::new(&model).unwrap();
+    settings.iter().map(|p| llada_rt_tools::eval::run(&mut session, &text, &tasks, p, None, &mut |_, _| {}).unwrap()).collect()
+}
+
+/// LLaDA 2.x's published schedule on the task set: gen 64 in blocks of 32, 32 steps a block.
+fn published() -> SamplerParams {
+    SamplerParams { gen_length: 64, block_length: 32, steps: 32, ..Default::default() }
+}
+
 /// The trained tiny LLaDA 2.x (`models/llada2-tiny-tasks`) on the first 20 held-out tasks:
 /// its published schedule answers every one; under the schedule alone (threshold 1, 8 steps a
 /// block) mbsd's drafts take fewer calls and rows and still answer them (the 200-task
 /// comparison is in BENCHMARKS.md).
 #[test]
 fn the_trained_tiny_llada2_answers_its_tasks_and_mbsd_saves_calls() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let lad = dir.path().join("llada2-tiny.lad");
-    common::compile(&root.join("models/llada2-tiny-tasks"), &lad, None);
-    let model = Model::open(&lad, true).unwrap();
-    let text = llada_rt::text::Text::new(&model.header.tokenizer, &model.header.special).unwrap();
-    let mut tasks = llada_rt_tools::eval::load_tasks(&root.join("models/tasks/heldout.jsonl"), &text).unwrap();
-    tasks.truncate(20);
-    let mut session = Session::new(&model).unwrap();
-    let published = SamplerParams { gen_length: 64, block_length: 32, steps: 32, ..Default::default() };
-    assert_eq!(llada_rt_tools::eval::run(&mut session, &text, &tasks, &published, None, &mut |_, _| {}).unwrap().correct, 20);
-    let schedule = SamplerParams { steps: 8, threshold: Some(1.0), ..published };
-    let e = llada_rt_tools::eval::run(&mut session, &text, &tasks, &schedule, None, &mut |_, _| {}).unwrap();
+    let schedule = SamplerParams { steps: 8, threshold: Some(1.0), ..published() };
     let mbsd = SamplerParams { policy: llada_rt::sampler::Policy::Mbsd, spec_blocks: 1, ..schedule };
-    let m = llada_rt_tools::eval::run(&mut session, &text, &tasks, &mbsd, None, &mut |_, _| {}).unwrap();
+    let [p, e, m] = <[_; 3]>::try_from(eval_trained("llada2-tiny-tasks", &[published(), schedule, mbsd])).unwrap();
+    assert_eq!(p.correct, 20);
     let r = m.mbsd.unwrap();
     assert!(m.correct >= 18 && r.drafts_accepted > 0, "{} correct, {r:?}", m.correct);
     assert!(m.forward_passes * 3 / 2 < e.forward_passes && m.rows_computed < e.rows_computed, "{} passes, {} rows against {}, {}", m.forward_passes, m.rows_computed, e.forward_passes, e.rows_computed);
@@ -165,19 +173,8 @@ fn the_trained_tiny_llada2_answers_its_tasks_and_mbsd_saves_calls() {
 /// them as well as 2.0's.
 #[test]
 fn the_editing_trained_tiny_llada2_answers_its_tasks_with_token_editing() {
-    let dir = tempfile::tempdir().unwrap();
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let lad = dir.path().join("llada2.1-tiny.lad");
-    common::compile(&root.join("models/llada2.1-tiny-tasks"), &lad, None);
-    let model = Model::open(&lad, true).unwrap();
-    let text = llada_rt::text::Text::new(&model.header.tokenizer, &model.header.special).unwrap();
-    let mut tasks = llada_rt_tools::eval::load_tasks(&root.join("models/tasks/heldout.jsonl"), &text).unwrap();
-    tasks.truncate(20);
-    let mut session = Session::new(&model).unwrap();
-    let published = SamplerParams { gen_length: 64, block_length: 32, steps: 32, ..Default::default() };
-    let v20 = llada_rt_tools::eval::run(&mut session, &text, &tasks, &published, None, &mut |_, _| {}).unwrap();
-    let editing = SamplerParams { editing_threshold: Some(0.9), ..published };
-    let v21 = llada_rt_tools::eval::run(&mut session, &text, &tasks, &editing, None, &mut |_, _| {}).unwrap();
+    let editing = SamplerParams { editing_threshold: Some(0.9), ..published() };
+    let [v20, v21] = <[_; 2]>::try_from(eval_trained("llada2.1-tiny-tasks", &[published(), editing])).unwrap();
     assert!(v20.correct >= 18 && v21.correct >= v20.correct, "2.0 {} / 2.1 {} of 20", v20.correct, v21.correct);
     // 2.1's loop verifies each block by a call after its last mask at least.
     assert!(v21.forward_passes > v20.forward_passes, "{} against {}", v21.forward_passes, v20.forward_passes);
