@@ -145,7 +145,8 @@ pub struct Params {
     /// confidences over this temperature (`--alg-temp`); 0 takes the most confident. Default 0.
     pub alg_temp: f64,
     /// LLaDA 2.x: stop at the step that commits end-of-text once every position before it is
-    /// committed (the published `eos_early_stop`, `--eos-early-stop`). Default false.
+    /// committed; with `editing_threshold` (2.1's generate), after the block holding it (the
+    /// published `eos_early_stop`, `--eos-early-stop`). Default false.
     pub eos_early_stop: bool,
     /// LLaDA 2.1: token editing (`--editing-threshold`, 0 to 1; its published default is 0.9):
     /// each call also replaces a committed token of the block whose new prediction differs

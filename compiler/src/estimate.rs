@@ -259,13 +259,16 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
     let act = activation_bytes(&target);
     let (b, g, s) = (req.block_len, req.gen_len, req.steps);
     let llada2 = h.model.family() == llada_ir::Family::Llada2Moe;
-    if llada2 && (b == 0 || s == 0 || req.policy != "exact" || req.passes.is_some_and(|n| n == 0)) {
+    if b == 0 || g == 0 {
+        return Err(Error::Options(format!("--gen-len {g} --block-len {b}: both must be above 0")));
+    }
+    if llada2 && (s == 0 || req.policy != "exact" || req.passes.is_some_and(|n| n == 0)) {
         return Err(Error::Options(format!(
-            "--policy {} --block-len {b} --steps {s}: a LLaDA 2.x estimate is of its published generate (--policy exact), with a block length and steps per block above 0 (and --passes, its measured model calls, above 0)",
+            "--policy {} --steps {s}: a LLaDA 2.x estimate is of its published generate (--policy exact), with steps per block above 0 (and --passes, its measured model calls, above 0)",
             req.policy
         )));
     }
-    if !llada2 && (b == 0 || g % b != 0 || s % (g / b) != 0) {
+    if !llada2 && (g % b != 0 || s % (g / b) != 0) {
         return Err(Error::Options(format!("--gen-len {g} must be a multiple of --block-len {b}, and --steps {s} a multiple of the block count")));
     }
     // A mixture-of-experts plan is predicted under each expert strategy (see `ExpertModel`);
@@ -296,7 +299,8 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
         }
     }
     let seq = req.prompt_len + g;
-    let (blocks, per_block) = (g / b, s / (g / b));
+    // (LLaDA 2.x's blocks lie on its own grid: `llada2_schedule`.)
+    let (blocks, per_block) = if llada2 { (0, 0) } else { (g / b, s / (g / b)) };
     if req.passes.is_some() && req.policy != "mbsd" && !llada2 {
         return Err(Error::Options(format!("--passes: only mbsd's pass count is measured; --policy {} runs {s} passes", req.policy)));
     }
@@ -436,15 +440,22 @@ fn llada2_schedule(req: &EstimateRequest, max_rows: u32) -> Vec<(u32, u32, u32, 
         let (each, extra) = (n / calls.len() as u32, n % calls.len() as u32);
         calls = (0..calls.len() as u32).map(|i| each + u32::from(i < extra)).collect();
     }
-    let whole = (first + 1) * b <= max_rows;
-    let stored_apart = if whole { 0 } else { first.saturating_sub(1) };
+    // Where no graph holds two blocks, a finished block is stored by a pass of its own.
+    let (whole, fold) = ((first + 1) * b <= max_rows, 2 * b <= max_rows);
+    let stored_apart = if whole { 0 } else if fold { first.saturating_sub(1) } else { first };
     let mut v: Vec<(u32, u32, u32, u32)> = (0..stored_apart).map(|k| (b, (k + 1) * b, 0, 1)).collect();
     for (k, c) in (first..blocks).zip(calls) {
         let end = (k + 1) * b;
         let first_rows = match k {
             _ if k == first && whole => end,
             0 => b,
-            _ => 2 * b,
+            _ if fold => 2 * b,
+            _ => {
+                if k > first {
+                    v.push((b, end - b, 0, 1));
+                }
+                b
+            }
         };
         v.push((first_rows, end, b, 1));
         v.push((b, end, b, c - 1));
@@ -538,6 +549,9 @@ mod tests {
         // Where no graph holds them: blocks 0 and 1 by a pass each, block 2 with block 3.
         let v = llada2_schedule(&request(100, 60, 8, None), 64);
         assert_eq!(&v[..4], &[(32, 32, 0, 1), (32, 64, 0, 1), (64, 128, 32, 1), (32, 128, 32, 6)]);
+        // Where none holds two blocks: every finished block by a pass of its own.
+        let v = llada2_schedule(&request(32, 64, 32, None), 32);
+        assert_eq!(v, vec![(32, 32, 0, 1), (32, 64, 32, 1), (32, 64, 32, 31), (32, 64, 0, 1), (32, 96, 32, 1), (32, 96, 32, 31)]);
         // Measured model calls spread over the blocks, one each at least.
         let v = llada2_schedule(&request(40, 64, 32, Some(7)), 512);
         let calls: Vec<u32> = v.chunks(2).map(|c| c[0].3 + c[1].3).collect();

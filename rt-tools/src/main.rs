@@ -125,7 +125,9 @@ struct SamplerArgs {
     #[arg(long)]
     top_k: Option<usize>,
     /// LLaDA 2.x: stop at the step that commits EOS once every position before it is
-    /// committed, instead of after EOS's block (the published `eos_early_stop`).
+    /// committed, instead of after EOS's block (the published `eos_early_stop`); with
+    /// --editing-threshold (2.1's generate), after the block holding EOS instead of after
+    /// every block (the output is the same; the calls are fewer).
     #[arg(long)]
     eos_early_stop: bool,
     /// LLaDA 2.1: its generate's token editing (the published default is 0.9): each model

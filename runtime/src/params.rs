@@ -220,7 +220,8 @@ pub struct SamplerParams {
     /// softmax of their confidences divided by this, instead of the most confident.
     pub alg_temp: Option<f64>,
     /// LLaDA 2.x: stop at a step that commits EOS once every position before it is
-    /// committed (the published `eos_early_stop`), not at the end of its block.
+    /// committed (the published `eos_early_stop`), not at the end of its block; with
+    /// `editing_threshold` (2.1's generate), after the block holding EOS, not after every block.
     pub eos_early_stop: bool,
     /// LLaDA 2.x: 2.1's published `generate` with token editing: each model call also
     /// replaces a committed token of the block (not the prompt's) whose new prediction

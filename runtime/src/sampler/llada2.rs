@@ -157,13 +157,17 @@ impl Llada2 {
 
     /// 2.1's loop has no step bound while a block has masks: a call that changes nothing
     /// (every commit the mask token itself, no edit) is repeated as it is at temperature 0,
-    /// where the published code would loop forever; this says so instead. Above 0, a block
-    /// may take [`MAX_STEPS`] calls.
+    /// where the published code would loop forever; this says so instead. A call commits at
+    /// least one masked position, so a block takes as many calls as it has positions, plus its
+    /// post steps, unless the model predicts the mask token (an edit may even re-mask a
+    /// token): one still masked after eight times that many is taken to be stuck (its edits
+    /// undoing each other, say) rather than run to [`MAX_STEPS`].
     fn check_progress(&self, c: &Canvas, first_new: usize, edits: usize) -> Result<()> {
         let mask = c.special.mask;
         let unmasked = c.reveals[first_new..].iter().any(|r| r[1] != mask);
         let masked = c.x[self.block * self.block_len..(self.block + 1) * self.block_len].contains(&mask);
-        if masked && ((c.p.temperature == 0.0 && !unmasked && edits == 0) || self.step >= MAX_STEPS) {
+        let bound = 8 * (self.block_len + self.editing.map_or(0, |e| e.max_post_steps) + 1);
+        if masked && ((c.p.temperature == 0.0 && !unmasked && edits == 0) || self.step >= bound.min(MAX_STEPS)) {
             return Err(Error::request(format!(
                 "LLaDA 2.1's generate cannot finish block {} (positions {}..{}): after {} model calls the model still predicts the mask token where the block is masked",
                 self.block,

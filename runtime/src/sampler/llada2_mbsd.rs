@@ -60,10 +60,12 @@ impl Speculation {
         let pending = (0..e).filter(|&p| stale(&self.stored, p)).count();
         let masked = c.x[s..e].iter().filter(|&&t| t == mask).count();
         if !fits(session, pending, masked) {
-            session.store_blocks(&c.x[..s], 0, b)?;
-            (0..s).for_each(|p| self.stored[p] = Some(c.x[p]));
-            self.report.dense_passes += s.div_ceil(b) as u64;
-            self.report.rows_refresh += s as u64;
+            // From the block of the first stale position: the blocks before it are stored.
+            let from = (0..s).find(|&p| stale(&self.stored, p)).map_or(s, |p| p / b * b);
+            session.store_blocks(&c.x[..s], from, b)?;
+            (from..s).for_each(|p| self.stored[p] = Some(c.x[p]));
+            self.report.dense_passes += (s - from).div_ceil(b) as u64;
+            self.report.rows_refresh += (s - from) as u64;
         }
         self.rows.clear();
         self.rows.extend((0..e).filter(|&p| stale(&self.stored, p)).map(|p| p as u32));
