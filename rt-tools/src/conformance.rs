@@ -353,7 +353,7 @@ pub fn run_explained(session: &mut Session, mut reference: Option<&mut Session>,
             Some(b) if b > 0 && lc.input_ids.len() % b == 0 && lc.gen_length == b => {
                 let n = lc.input_ids.len();
                 session.store_blocks(&lc.input_ids[..n - b], 0, b)?;
-                session.forward_block(&lc.input_ids, n - b..n, &rows)?
+                session.forward_blocks(&lc.input_ids, n - b, b, &rows)?
             }
             Some(b) => return Err(Error::Input { path: golden_path.to_path_buf(), msg: format!("first_step_logits[{i}]: block_length {b} must divide the input and be its gen_length") }),
             None => session.forward_full(&lc.input_ids, &rows)?,

@@ -114,7 +114,7 @@ pub struct Session<'m> {
     /// Length of the sequence whose every position the cache holds (set by a whole-sequence
     /// pass): the condition for passes over fewer rows.
     cached_len: Option<usize>,
-    /// Positions before this hold keys and values of block-causal passes (`forward_block`).
+    /// Positions before this hold keys and values of block-causal passes (`forward_blocks`).
     block_prefix: usize,
     /// Declared after the window: a device backend's window lives in its device's memory.
     executor: Box<dyn Executor>,
@@ -299,7 +299,7 @@ impl<'m> Session<'m> {
     /// Checks a request for positions `span` of `seq` with logits at `head_positions`, picks
     /// the graph and fills the token, position and head rows.
     /// `block_causal`: the caller checked that the cache holds every position before `span`
-    /// from block passes (`forward_block`).
+    /// from block passes (`forward_blocks`).
     fn prepare(&mut self, seq: &[u32], span: Range<usize>, head_positions: &[u32], block_causal: bool) -> Result<u32> {
         if span.start >= span.end || span.end > seq.len() {
             return Err(Error::request(format!("rows {span:?} are not inside a {}-token sequence", seq.len())));
@@ -457,34 +457,13 @@ impl<'m> Session<'m> {
         Ok(self.logits(gid, head_positions.len()))
     }
 
-    /// A block-causal pass (LLaDA 2.x's block diffusion): positions `span`, the end of `seq`,
-    /// store their keys and values and attend to every position of `seq`, the earlier ones
-    /// from the cache. Those must have been stored by earlier block passes (contiguously from
-    /// position 0, each with the tokens it attends with): then the pass computes exactly what
-    /// the published block-causal mask lets `span` see, with no rows for the blocks after it.
-    /// Returns the logits at `head_positions`.
-    pub fn forward_block(&mut self, seq: &[u32], span: Range<usize>, head_positions: &[u32]) -> Result<&[f32]> {
-        if span.end != seq.len() || span.start > self.block_prefix || (self.cached_len.is_some() && span.start > 0) {
-            return Err(Error::request(format!(
-                "a block-causal pass over rows {span:?} of a {}-token sequence needs every position before {} stored by earlier block passes ({} are)",
-                seq.len(),
-                span.start,
-                if self.cached_len.is_some() { 0 } else { self.block_prefix }
-            )));
-        }
-        self.cached_len = None;
-        let gid = self.prepare(seq, span.clone(), head_positions, true)?;
-        self.run_pass(gid, span.len(), seq.len(), head_positions.len(), span.len(), None, false)?;
-        self.block_prefix = span.end;
-        Ok(self.logits(gid, head_positions.len()))
-    }
-
-    /// A block-causal pass over every block of `block_len` from position `from` (a block's
-    /// start, every position before it stored by earlier block passes) to the end of `seq` (a
-    /// block's end): each block's rows store their keys and values and attend to the positions
-    /// before its end, as the published mask lets them, in one pass. What a finished block's
-    /// store and the next block's first step compute, at once. Returns the logits at
-    /// `head_positions`.
+    /// A block-causal pass (LLaDA 2.x's block diffusion) over every block of `block_len` from
+    /// position `from` (a block's start, every position before it stored by earlier block
+    /// passes, contiguously from 0) to the end of `seq` (a block's end): each block's rows
+    /// store their keys and values and attend to the positions before its end, the earlier
+    /// ones from the cache, as the published mask lets them, with no rows for the blocks after
+    /// `seq`. Over two blocks, what a finished block's store and the next block's first step
+    /// compute, at once. Returns the logits at `head_positions`.
     pub fn forward_blocks(&mut self, seq: &[u32], from: usize, block_len: usize, head_positions: &[u32]) -> Result<&[f32]> {
         if block_len == 0 || from % block_len != 0 || seq.len() % block_len != 0 || from >= seq.len() || from > self.block_prefix || (self.cached_len.is_some() && from > 0) {
             return Err(Error::request(format!(
@@ -541,11 +520,11 @@ impl<'m> Session<'m> {
 
     /// Stores the keys and values of `seq`'s blocks of `block_len` from position `from` on
     /// (`seq` ends at a block's end): one block-causal pass each, no logits. What a
-    /// [`forward_block`](Self::forward_block) after them needs of the positions before it.
+    /// [`forward_blocks`](Self::forward_blocks) after them needs of the positions before it.
     pub fn store_blocks(&mut self, seq: &[u32], from: usize, block_len: usize) -> Result<()> {
         for start in (from..seq.len()).step_by(block_len.max(1)) {
             let end = (start + block_len).min(seq.len());
-            self.forward_block(&seq[..end], start..end, &[])?;
+            self.forward_blocks(&seq[..end], start, block_len, &[])?;
         }
         Ok(())
     }

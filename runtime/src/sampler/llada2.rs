@@ -211,14 +211,14 @@ impl PolicyStep for Llada2 {
     fn step(&mut self, session: &mut Session, c: &mut Canvas, _scheduled: usize) -> Result<()> {
         let (mask, b) = (c.special.mask, self.block_len);
         let (s, e) = (self.block * b, (self.block + 1) * b);
-        // The masked positions; editing also predicts the block's committed ones.
         let editing = self.editing;
-        c.head.clear();
-        c.head.extend((s.max(self.prompt_len)..e).filter(|&i| editing.is_some() || c.x[i] == mask).map(|i| i as u32));
         let pool = session.pool_handle();
         let logits = match &mut self.spec {
             Some(spec) => spec.pass(session, c, (s, e), self.blocks * b)?,
             None => {
+                // The masked positions; editing also predicts the block's committed ones.
+                c.head.clear();
+                c.head.extend((s.max(self.prompt_len)..e).filter(|&i| editing.is_some() || c.x[i] == mask).map(|i| i as u32));
                 // The earlier blocks' final keys and values (the prompt's whole blocks before
                 // the first step, the block just finished before the next): in this step's
                 // pass, whose rows of each block attend up to its end, as many of them as a

@@ -39,13 +39,15 @@ pub(super) struct Speculation {
     first_call_commits: usize,
     /// This pass's rows (positions, ascending) and where its draft rows start.
     rows: Vec<u32>,
-    pub(super) draft_from: usize,
+    /// The rows whose logits the pass returns (indexes into `rows`).
+    head: Vec<u32>,
+    draft_from: usize,
     pub(super) report: MbsdReport,
 }
 
 impl Speculation {
     pub(super) fn new(grid: usize, drafts: bool, spec_threshold: f32) -> Speculation {
-        Speculation { stored: vec![None; grid], drafts, spec_threshold, block_start: usize::MAX, calls: 0, last_commits: 0, first_call_commits: 0, rows: Vec::with_capacity(grid), draft_from: usize::MAX, report: MbsdReport::default() }
+        Speculation { stored: vec![None; grid], drafts, spec_threshold, block_start: usize::MAX, calls: 0, last_commits: 0, first_call_commits: 0, rows: Vec::with_capacity(grid), head: Vec::with_capacity(grid), draft_from: usize::MAX, report: MbsdReport::default() }
     }
 
     /// The pass of a call on the block `s..e` (of `blocks_end`, the grid's end): its rows as
@@ -56,19 +58,19 @@ impl Speculation {
         let (mask, b) = (c.special.mask, e - s);
         let fits = |session: &Session, rows: usize, head: usize| session.head_capacity(rows).is_ok_and(|h| h >= head);
         let stale = |st: &[Option<u32>], p: usize| c.x[p] == mask || st[p] != Some(c.x[p]);
-        // The prompt's whole blocks, when they and the block overflow every graph: a pass each.
-        let pending = (0..e).filter(|&p| stale(&self.stored, p)).count();
+        self.rows.clear();
+        self.rows.extend((0..e).filter(|&p| stale(&self.stored, p)).map(|p| p as u32));
         let masked = c.x[s..e].iter().filter(|&&t| t == mask).count();
-        if !fits(session, pending, masked) {
-            // From the block of the first stale position: the blocks before it are stored.
-            let from = (0..s).find(|&p| stale(&self.stored, p)).map_or(s, |p| p / b * b);
+        // The prompt's whole blocks, when they and the block overflow every graph: a pass each,
+        // from the block of the first stale position (the blocks before it are stored).
+        if !fits(session, self.rows.len(), masked) {
+            let from = self.rows.first().map_or(s, |&p| (p as usize / b * b).min(s));
             session.store_blocks(&c.x[..s], from, b)?;
             (from..s).for_each(|p| self.stored[p] = Some(c.x[p]));
             self.report.dense_passes += (s - from).div_ceil(b) as u64;
             self.report.rows_refresh += (s - from) as u64;
+            self.rows.retain(|&p| p as usize >= s);
         }
-        self.rows.clear();
-        self.rows.extend((0..e).filter(|&p| stale(&self.stored, p)).map(|p| p as u32));
         if self.block_start != s {
             (self.block_start, self.calls) = (s, 0);
         }
@@ -86,10 +88,14 @@ impl Speculation {
         } else {
             e
         };
+        // The logits of the masked rows from the block on: their positions, and their indexes
+        // into the rows.
         c.head.clear();
-        c.head.extend(self.rows.iter().copied().filter(|&p| c.x[p as usize] == mask && p as usize >= s));
-        // The logits of the head positions, as indexes into the rows.
-        let head: Vec<u32> = c.head.iter().map(|p| self.rows.binary_search(p).expect("a head position is a row") as u32).collect();
+        self.head.clear();
+        for (i, &p) in self.rows.iter().enumerate().filter(|&(_, &p)| p as usize >= s && c.x[p as usize] == mask) {
+            c.head.push(p);
+            self.head.push(i as u32);
+        }
         let r = &mut self.report;
         r.dense_passes += 1;
         r.rows_masked += masked as u64;
@@ -98,7 +104,7 @@ impl Speculation {
         for &p in &self.rows {
             self.stored[p as usize] = Some(c.x[p as usize]);
         }
-        session.forward_block_rows(&c.x[..end], &self.rows, b, &head)
+        session.forward_block_rows(&c.x[..end], &self.rows, b, &self.head)
     }
 
     /// After the call's commits on block `s..e` (`committed` of them): if the pass drafted and
