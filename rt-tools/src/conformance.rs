@@ -176,15 +176,40 @@ fn margin_at(reference: &mut Session, c: &Case, step: usize, ours: &[[u32; 2]]) 
         return Ok(None);
     }
     let (plen, mask) = (c.prompt_ids.len(), c.mask_id);
-    let mut seq: Vec<u32> = c.prompt_ids.iter().copied().chain(std::iter::repeat_n(mask, c.gen_length)).collect();
-    for reveals in &c.step_reveals[..step] {
-        for &[p, t] in reveals {
-            seq[plen + p as usize] = t;
+    let block_diffusion = reference.model.family() == llada_ir::Family::Llada2Moe;
+    // LLaDA 2.x's canvas runs to the end of the block grid (its padding slots).
+    let grid = match c.block_length {
+        Some(b) if block_diffusion && b > 0 => (plen + c.gen_length).div_ceil(b) * b - plen,
+        _ => c.gen_length,
+    };
+    let mut seq: Vec<u32> = c.prompt_ids.iter().copied().chain(std::iter::repeat_n(mask, grid)).collect();
+    let edits = c.step_edits.as_deref().unwrap_or_default();
+    for s in 0..step {
+        for &[p, t] in c.step_reveals[s].iter().chain(edits.get(s).map_or(&[][..], |e| e.as_slice())) {
+            if let Some(x) = seq.get_mut(plen + p as usize) {
+                *x = t;
+            }
         }
     }
-    let heads: Vec<u32> = (plen..seq.len()).map(|p| p as u32).collect();
-    let logits = reference.forward_full(&seq, &heads)?;
-    let vocab = logits.len() / heads.len();
+    let (logits, first, rows) = match c.block_length {
+        // The block the step decodes, seeing itself and the blocks before it.
+        Some(b) if block_diffusion && b > 0 => {
+            let Some(&[p, _]) = ours.first().or(c.step_reveals[step].first()) else {
+                return Ok(None);
+            };
+            let start = (plen + p as usize) / b * b;
+            let end = (start + b).min(seq.len());
+            let heads: Vec<u32> = (start..end).map(|p| p as u32).collect();
+            (reference.forward_blocks(&seq[..end], 0, b, &heads)?, start, heads.len())
+        }
+        _ => {
+            let heads: Vec<u32> = (plen..seq.len()).map(|p| p as u32).collect();
+            (reference.forward_full(&seq, &heads)?, plen, heads.len())
+        }
+    };
+    // A reveal's row among the logits' (`None` outside them: no margin from it).
+    let row = |p: u32| (plen + p as usize).checked_sub(first);
+    let vocab = logits.len() / rows.max(1);
     // Per generated position: its top-2 logit gap and its top-1 log-probability.
     let stats: Vec<(f64, f64)> = logits
         .chunks_exact(vocab)
@@ -206,14 +231,19 @@ fn margin_at(reference: &mut Session, c: &Case, step: usize, ours: &[[u32; 2]]) 
     let pos = |set: &[[u32; 2]]| set.iter().map(|r| r[0]).collect::<BTreeSet<u32>>();
     let (gp, op) = (pos(golden), pos(ours));
     let mut margin = f64::INFINITY;
+    let stat = |p: u32| row(p).and_then(|r| stats.get(r)).copied();
     for &[p, t] in ours {
         if golden.iter().any(|&[q, u]| q == p && u != t) {
-            margin = margin.min(stats[p as usize].0);
+            if let Some((gap, _)) = stat(p) {
+                margin = margin.min(gap);
+            }
         }
     }
     for a in gp.difference(&op) {
         for b in op.difference(&gp) {
-            margin = margin.min((stats[*a as usize].1 - stats[*b as usize].1).abs());
+            if let (Some((_, la)), Some((_, lb))) = (stat(*a), stat(*b)) {
+                margin = margin.min((la - lb).abs());
+            }
         }
     }
     Ok(margin.is_finite().then_some(margin))
