@@ -353,9 +353,6 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     if let (Some((soc, _)), false) = (npu_soc, kv_dtype == KvDType::F16) {
         return Err(Error::Options(format!("--kv-dtype {}: the NPU executables for '{soc}' read an f16 KV cache in place; use --kv-dtype f16, or --host-only", kv_dtype.name())));
     }
-    if let (Some((soc, _)), Arch::LladaMoe | Arch::Llada2Moe) = (npu_soc, cfg.arch) {
-        return Err(Error::Options(format!("--target {soc}: mixture-of-experts models (LLaDA-MoE, LLaDA 2.x) have no NPU executables (its experts would run on the CPU path, not built yet); add --host-only to build the host stand-in")));
-    }
     // Check every tensor before writing anything.
     let layout = layout::plan(&cfg, &ckpt, Storage { matrix: quant.matrix_dtype(), embedding: quant.embedding_dtype() })?;
     let unused: Vec<&str> = ckpt.names().filter(|n| !layout.consumed.contains(*n)).collect();
@@ -519,8 +516,27 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
             (None, _) => format!("target '{}'", target.name),
         },
         can_grow: target.max_window_bytes().is_none_or(|(max, _)| window_bytes < max),
+        max_expert_bytes: None,
     };
+    let unplanned = header.clone();
     window::plan(&mut header, &window_opts)?;
+    if let (Some((soc, _)), Some(_)) = (npu_soc, header.model.moe) {
+        // The NPU's contexts share the window with the expert slots: the slots leave room for
+        // every layer's executables at once (rotating contexts would need less, and stall).
+        let need = crate::qnn::whole_model_bytes(&header, npu_weights, opts.npu_shared_weights).map_err(|e| Error::Options(format!("--target {soc}: {e}")))?;
+        let cap = window_bytes.saturating_sub(llada_ir::npu::IoLayout::of(&header).bytes + need);
+        if header.plan.window.experts.region.bytes > cap {
+            header = unplanned;
+            window::plan(&mut header, &WindowOptions { max_expert_bytes: Some(cap), ..window_opts })?;
+            if header.plan.window.experts.slots_per_layer == 0 {
+                return Err(Error::Options(format!(
+                    "--target {soc}: the {:.1} MiB window holds the NPU's executables ({:.1} MiB) but no expert slot beside them; raise --window-bytes or use smaller weights (--quant q4)",
+                    window_bytes as f64 / (1u64 << 20) as f64,
+                    need as f64 / (1u64 << 20) as f64
+                )));
+            }
+        }
+    }
     if let Some(gpu) = target.gpu {
         check_whole_bindings(&header, &target.name, gpu.max_storage_buffer_bytes, gpu.storage_buffer_offset_align)?;
     }

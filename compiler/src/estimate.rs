@@ -52,9 +52,8 @@ struct NpuPasses {
 
 impl NpuPasses {
     fn of(h: &Header, target: &Target) -> Result<Option<NpuPasses>> {
-        // Mixture-of-experts models have no NPU executables: their experts run from the
-        // window's pools or on the CPU path, which `ExpertModel` times, not packed into
-        // contexts with the dense weights.
+        // A mixture-of-experts model's passes are timed by `ExpertModel`: its routed experts
+        // run on the CPU between the executables, and the contexts' swaps are not its cost.
         if crate::qnn::soc_of(&h.compile.target).is_none() || h.model.moe.is_some() {
             return Ok(None);
         }

@@ -167,7 +167,7 @@ fn npu(h: &Header) -> Value {
                 "layers": c.layers,
                 "resident": c.resident,
                 "graphs": c.graphs.iter().map(|g| json!({
-                    "name": g.name, "graph": h.graphs[g.graph as usize].name,
+                    "name": g.name, "graph": h.graphs[g.graph as usize].name, "ops": g.ops,
                     "inputs": g.inputs.len(), "outputs": g.outputs.len(),
                 })).collect::<Vec<_>>(),
             })
@@ -263,7 +263,8 @@ pub fn render_text(d: &Value) -> String {
                 ohi
             );
         }
-        let _ = writeln!(s, "  contexts may use {:.1} MiB of the {:.1} MiB window at once (the rest: KV cache and a pass's I/O)", mib(&n["context_budget"]), mib(&n["window_bytes"]));
+        let rest = if d["model"]["moe"].is_object() { "KV cache, a pass's I/O and the expert slots" } else { "KV cache and a pass's I/O" };
+        let _ = writeln!(s, "  contexts may use {:.1} MiB of the {:.1} MiB window at once (the rest: {rest})", mib(&n["context_budget"]), mib(&n["window_bytes"]));
         let regions: Vec<String> = n["io"]["regions"].as_array().into_iter().flatten().map(|r| format!("{} @{} ({} B)", r["kind"].as_str().unwrap_or("?"), r["offset"], r["bytes"])).collect();
         let _ = writeln!(s, "  I/O allocation {:.1} MiB, a descriptor per tensor: {}", mib(&n["io"]["bytes"]), regions.join(", "));
         let _ = writeln!(
@@ -276,19 +277,25 @@ pub fn render_text(d: &Value) -> String {
             }
         );
         for c in n["contexts"].as_array().into_iter().flatten() {
-            let graphs: Vec<&str> = c["graphs"].as_array().into_iter().flatten().filter_map(|g| g["graph"].as_str()).collect();
+            let executables = c["graphs"].as_array().map_or(0, |g| g.len());
+            let mut graphs: Vec<&str> = c["graphs"].as_array().into_iter().flatten().filter_map(|g| g["graph"].as_str()).collect();
+            graphs.dedup();
             let _ = writeln!(
                 s,
-                "  context '{}' for {}: layers {}..{}, {:.1} MiB, {}, {} graphs: {}",
+                "  context '{}' for {}: layers {}..{}, {:.1} MiB, {}, {} executables of {} graphs: {}",
                 c["segment"].as_str().unwrap_or("?"),
                 c["soc"].as_str().unwrap_or("?"),
                 c["layers"][0],
                 c["layers"][1],
                 mib(&c["bytes"]),
                 if c["resident"].as_bool() == Some(true) { "resident" } else { "rotating" },
+                executables,
                 graphs.len(),
                 graphs.join(", ")
             );
+            if executables > graphs.len() {
+                let _ = writeln!(s, "    each graph cut at its MoE layers: the routers and routed experts run on the CPU between its executables");
+            }
         }
     }
     let p = &d["plan"];

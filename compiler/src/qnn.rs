@@ -1,6 +1,8 @@
 //! Lowering to Qualcomm's HTP through QNN: every planned graph (each row bucket) becomes one
 //! QNN graph computing what its op list computes after the embedding, whole layers in one
-//! graph (not op by op: a per-op graph pays a dispatch per op), fp16 activations and KV,
+//! graph (not op by op: a per-op graph pays a dispatch per op; a mixture-of-experts model's
+//! graph is cut at each MoE layer's router and routed experts, which the host runs between
+//! the pieces, `llada_ir::npu::pieces`), fp16 activations and KV,
 //! fp16 or quantized matmul weights (block-scaled int4 between 16-bit activations). The graphs are finalized for the target's SoC, packed into as many contexts as
 //! the NPU's window needs, and serialized; the artifact carries the binaries and each graph's
 //! I/O table (`llada_ir::npu`). The QNN library must be on the build machine (`--qnn-lib` or
@@ -79,9 +81,6 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
         return Err(Error::Options(format!("lowering to QNN: {} weights with {} activation ranges", format.name(), calibration.ranges.len())));
     }
     let ranges: HashMap<TensorId, ActivationRange> = calibration.ranges.iter().map(|r| (r.weight, *r)).collect();
-    if h.model.moe.is_some() {
-        return Err(Error::Options(format!("--target {}: LLaDA-MoE has no NPU lowering (its experts run on the CPU path); compile it for the host or a GPU target", soc.0)));
-    }
     let start = std::time::Instant::now();
     let io = IoLayout::of(h);
     let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
@@ -109,20 +108,30 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
         let weights: &dyn Fn(TensorId) -> Result<Vec<f32>> = &cached;
         let mut graphs = Vec::new();
         for (gi, b) in bounds.iter().enumerate() {
+            // A mixture-of-experts layer cuts its graph: the router and routed experts run on
+            // the host between the executables (`npu::pieces`).
             let ops = layer_ops(&h.graphs[gi], b, layers, n);
-            graphs.push(lower_graph(h, gi as u32, &ctx, weights, format, &ranges, layers, ops.clone(), &io, None)?);
+            let mut estimate = (0u64, 0u64);
+            for piece in llada_ir::npu::pieces(&h.graphs[gi], ops) {
+                graphs.push(lower_graph(h, gi as u32, &ctx, weights, format, &ranges, layers, piece.clone(), &io, None)?);
+                if let Some(dev) = &estimating {
+                    // The same executable for the modelled SoC, in a context of its own (dropped).
+                    let scratch = Context::create(dev, false).map_err(qnn_err)?;
+                    let profile = Profile::new(dev).map_err(qnn_err)?;
+                    lower_graph(h, gi as u32, &scratch, weights, format, &ranges, layers, piece, &io, Some(&profile))?;
+                    let e = Profile::estimate(&profile.events().map_err(qnn_err)?).ok_or_else(|| {
+                        Error::Options(format!(
+                            "--npu-estimate-soc {}: this QNN library has no performance model for that SoC id (it has one for 52, 62, 63, 72, 77, 95 and 114: QNN.md)",
+                            dev.soc
+                        ))
+                    })?;
+                    estimate = (estimate.0 + e.cycles, estimate.1 + e.micros);
+                }
+            }
             if let Some(dev) = &estimating {
-                // The same executable for the modelled SoC, in a context of its own (dropped).
-                let scratch = Context::create(dev, false).map_err(qnn_err)?;
-                let profile = Profile::new(dev).map_err(qnn_err)?;
-                lower_graph(h, gi as u32, &scratch, weights, format, &ranges, layers, ops, &io, Some(&profile))?;
-                let e = Profile::estimate(&profile.events().map_err(qnn_err)?).ok_or_else(|| {
-                    Error::Options(format!(
-                        "--npu-estimate-soc {}: this QNN library has no performance model for that SoC id (it has one for 52, 62, 63, 72, 77, 95 and 114: QNN.md)",
-                        dev.soc
-                    ))
-                })?;
-                estimates.push(NpuEstimate { graph: gi as u32, layers, soc_id: dev.soc, cycles: e.cycles, micros: e.micros });
+                // The executables of a graph's pieces, summed (the host's experts between
+                // them are not the NPU's time).
+                estimates.push(NpuEstimate { graph: gi as u32, layers, soc_id: dev.soc, cycles: estimate.0, micros: estimate.1 });
             }
         }
         let binary = ctx.binary().map_err(qnn_err)?;
@@ -177,26 +186,46 @@ pub fn split_contexts(h: &Header, format: NpuWeights, shared_weights: bool, cont
     let w = &h.plan.window;
     let io = IoLayout::of(h);
     let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
-    let budget = w.bytes.checked_sub(io.bytes).filter(|&b| b > 0).ok_or_else(|| {
+    // A mixture-of-experts model's expert slots stay in the window beside the contexts (the
+    // host's routed experts are staged there).
+    let budget = w.bytes.checked_sub(io.bytes + w.experts.region.bytes).filter(|&b| b > 0).ok_or_else(|| {
         format!(
-            "the {} window leaves no room for the NPU's contexts after the KV cache ({}) and a pass's inputs and outputs ({} in all); lower --max-seq or raise --window-bytes",
+            "the {} window leaves no room for the NPU's contexts after the KV cache ({}), a pass's inputs and outputs ({} in all) and the expert slots ({}); lower --max-seq or raise --window-bytes",
             mib(w.bytes),
             mib(w.kv.bytes),
-            mib(io.bytes)
+            mib(io.bytes),
+            mib(w.experts.region.bytes)
         )
     })?;
-    let bounds: Vec<Vec<usize>> = h.graphs.iter().map(|g| layer_bounds(h, g)).collect::<Result<_>>().map_err(|e| e.to_string())?;
-    let n = h.model.n_layers;
-    // Each layer's weight bytes in each graph, the head counted with the last layer. A
-    // context holds them once where the row buckets share them, else once per graph;
-    // preparing it holds every bucket's own copy, int4 unpacked.
-    let per_graph: Vec<Vec<u64>> = (0..n).map(|l| h.graphs.iter().zip(&bounds).map(|(g, b)| weight_bytes(h, g, format, layer_ops(g, b, [l, l + 1], n))).collect()).collect();
-    let layer_bytes: Vec<u64> = per_graph.iter().map(|v| if shared_weights { v.iter().copied().max().unwrap_or(0) } else { v.iter().sum() }).collect();
-    let unpacked = if matches!(format, NpuWeights::Int4PerChannel | NpuWeights::Int4Lpbq { .. }) { 2 } else { 1 };
-    let build_bytes: Vec<u64> = per_graph.iter().map(|v| v.iter().sum::<u64>() * unpacked).collect();
+    let LayerBytes { bounds, layer_bytes, build_bytes } = layer_weight_bytes(h, format, shared_weights)?;
     let layers = split_layers(&layer_bytes, &build_bytes, budget, contexts)?;
     let bytes = layers.iter().map(|g| binary_bytes(layer_bytes[g[0] as usize..g[1] as usize].iter().sum())).collect();
     Ok(ContextSplit { budget, layers, bytes, bounds })
+}
+
+/// Each layer's weight bytes in the executables, the head counted with the last layer: what
+/// a context holds (once where the row buckets share them, else once per graph), and what
+/// preparing it holds (every bucket's own copy, int4 unpacked); and each graph's layer bounds.
+struct LayerBytes {
+    bounds: Vec<Vec<usize>>,
+    layer_bytes: Vec<u64>,
+    build_bytes: Vec<u64>,
+}
+
+fn layer_weight_bytes(h: &Header, format: NpuWeights, shared_weights: bool) -> std::result::Result<LayerBytes, String> {
+    let bounds: Vec<Vec<usize>> = h.graphs.iter().map(|g| layer_bounds(h, g)).collect::<Result<_>>().map_err(|e| e.to_string())?;
+    let n = h.model.n_layers;
+    let per_graph: Vec<Vec<u64>> = (0..n).map(|l| h.graphs.iter().zip(&bounds).map(|(g, b)| weight_bytes(h, g, format, layer_ops(g, b, [l, l + 1], n))).collect()).collect();
+    let layer_bytes = per_graph.iter().map(|v| if shared_weights { v.iter().copied().max().unwrap_or(0) } else { v.iter().sum() }).collect();
+    let unpacked = if matches!(format, NpuWeights::Int4PerChannel | NpuWeights::Int4Lpbq { .. }) { 2 } else { 1 };
+    let build_bytes = per_graph.iter().map(|v| v.iter().sum::<u64>() * unpacked).collect();
+    Ok(LayerBytes { bounds, layer_bytes, build_bytes })
+}
+
+/// Bytes the executables of every layer take in one context (as [`split_contexts`] predicts
+/// a binary's): what a mixture-of-experts model's expert slots leave the window for them.
+pub fn whole_model_bytes(h: &Header, format: NpuWeights, shared_weights: bool) -> std::result::Result<u64, String> {
+    Ok(binary_bytes(layer_weight_bytes(h, format, shared_weights)?.layer_bytes.iter().sum()))
 }
 
 /// Where each layer's ops start in `g`: layer 0 right after the embedding, layer l after the
@@ -320,7 +349,8 @@ fn weight_bytes(h: &Header, g: &Graph, format: NpuWeights, ops: std::ops::Range<
             _ => 2 * n,
         }
     };
-    g.ops[ops].iter().filter(|o| !matches!(o, Op::Embed { .. })).flat_map(|o| o.tensors()).filter(|t| seen.insert(*t)).map(bytes).sum()
+    // The embedding and the MoE host ops' tensors (router bias, routed experts) stay outside.
+    g.ops[ops].iter().filter(|o| !matches!(o, Op::Embed { .. }) && !llada_ir::npu::host_op(o)).flat_map(|o| o.tensors()).filter(|t| seen.insert(*t)).map(bytes).sum()
 }
 
 /// Qualcomm's LPBQ of an `[n, k]` matrix: per output channel `c` and block `b` of `block`
@@ -516,46 +546,43 @@ fn lower_graph(
 ) -> Result<NpuGraph> {
     let g = &h.graphs[gi as usize];
     let m = &h.model;
-    let name = format!("g{gi}_l{}_{}_{}", layers[0], layers[1], g.name.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
+    // One executable per piece: its first op in the name.
+    let name = format!("g{gi}_l{}_{}_o{}_{}", layers[0], layers[1], ops.start, g.name.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
     let b = GraphBuilder::new(ctx, &name).map_err(qnn_err)?;
     let mut l = Lowering { h, g, b, values: HashMap::new(), statics: HashMap::new(), next: 0, format, ranges };
     let (r, hr, c, hd) = (g.rows, g.head_rows, h.plan.kv_capacity, m.head_dim);
     let (heads, kvh) = (m.n_heads, m.n_kv_heads);
     let group = heads / kvh;
-    let Some(Op::Embed { out: residual, .. }) = g.ops.first() else {
-        return Err(Error::Options(format!("lowering graph '{}' to QNN: it does not start with the embedding", g.name)));
-    };
-    let residual = *residual;
-    let last_context = layers[1] == m.n_layers;
-    // Inputs, in the order `Role::expected` lists them.
-    let (input_roles, output_roles) = Role::expected(layers, m.n_layers);
+    let bad = |e: String| Error::Options(format!("lowering graph '{}' to QNN: {e}", g.name));
+    // What crosses the executable's boundary: the residual stream (the embedding's output in
+    // the first context), and around an MoE layer's host ops their input and results.
+    let (input_roles, output_roles) = llada_ir::npu::piece_roles(g, ops.clone()).map_err(bad)?;
     let mut inputs: Vec<(Role, TensorRef)> = Vec::new();
-    for role in input_roles {
+    for &(role, value) in &input_roles {
         let dtype = if role.dtype() == NpuDType::I32 { DATATYPE_INT_32 } else { DATATYPE_FLOAT_16 };
         let t = l.b.input(&role_name(role), dtype, &role.dims(h, r, hr)).map_err(qnn_err)?;
         inputs.push((role, t));
+        if let Some(v) = value {
+            l.values.insert(v, t);
+        }
     }
     let input = |role: Role| inputs.iter().find(|(r, _)| *r == role).map(|(_, t)| *t).expect("every role the ops read is an input of this context");
-    // The residual stream enters as the hidden states (the embedding's output in the first
-    // context); nothing else crosses a context's boundary.
-    l.values.insert(residual, input(Role::Hidden));
     let mut outputs: Vec<(Role, TensorRef)> = Vec::new();
-    // The op whose result leaves the graph: the last writer of the logits in the last
-    // context, the residual addition closing the context in the others.
-    let (out_op, out_role, out_value) = if last_context {
-        let op = g.ops[ops.clone()].iter().rposition(|o| o.outputs().contains(&g.logits)).map(|i| i + ops.start);
-        (op, Role::Logits, g.logits)
-    } else {
-        let closes = matches!(g.ops[ops.end - 1], Op::Add { acc, .. } if acc == residual);
-        (closes.then_some(ops.end - 1), Role::HiddenOut, residual)
-    };
-    if out_op.is_none() {
-        return Err(Error::Options(format!("lowering graph '{}' to QNN: layers {}..{} do not end in {out_role:?}", g.name, layers[0], layers[1])));
+    // The ops whose results leave the executable: each boundary value's last writer.
+    let mut leaving: Vec<(usize, Role, ValueId)> = Vec::new();
+    for &(role, value) in &output_roles {
+        if let Some(v) = value {
+            let op = g.ops[ops.clone()].iter().rposition(|o| o.outputs().contains(&v)).map(|i| i + ops.start).ok_or_else(|| bad(format!("ops {}..{} do not write {role:?}", ops.start, ops.end)))?;
+            leaving.push((op, role, v));
+        }
     }
     for (index, op) in g.ops.iter().enumerate().skip(ops.start).take(ops.len()) {
-        let last = Some(index) == out_op;
+        let out_role = leaving.iter().find(|o| o.0 == index).map(|o| o.1);
         let result = |l: &mut Lowering, ty: &str, ins: &[TensorRef], params: Vec<ParamSpec>, dims: &[u32]| -> Result<TensorRef> {
-            if last { l.output(ty, ins, params, &role_name(out_role), dims) } else { l.op(ty, ins, params, dims) }
+            match out_role {
+                Some(role) => l.output(ty, ins, params, &role_name(role), dims),
+                None => l.op(ty, ins, params, dims),
+            }
         };
         match *op {
             Op::Embed { .. } => return Err(Error::Options(format!("lowering graph '{}' to QNN: a second embedding", g.name))),
@@ -691,28 +718,52 @@ fn lower_graph(
                 let t = result(&mut l, "Gather", &[xs, input(Role::HeadIndex)], vec![ParamSpec::I32("axis", 0)], &[hr, cols])?;
                 l.values.insert(out, t);
             }
-            Op::HeadRmsNorm { .. } | Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. } => {
+            Op::HeadRmsNorm { x, first_head, heads: normed, weight, eps } => {
+                // The heads' columns as rows of head_dim, normed over them, put back between
+                // the columns before and after.
+                let xs = l.value(x)?;
+                let width = g.values[x as usize].cols;
+                let (from, to) = (first_head * hd, (first_head + normed) * hd);
+                let part = l.columns(xs, r, from, to)?;
+                let part = l.reshape(part, &[r * normed, hd])?;
+                let gamma = l.weight(weight, &[hd], weights)?;
+                let beta = l.constant(&[hd], &vec![0.0; hd as usize])?;
+                let params = vec![ParamSpec::F32("epsilon", eps), ParamSpec::U32s("axes", vec![1])];
+                let part = l.op("RmsNorm", &[part, gamma, beta], params, &[r * normed, hd])?;
+                let part = l.reshape(part, &[r, to - from])?;
+                let mut pieces = Vec::new();
+                if from > 0 {
+                    pieces.push(l.columns(xs, r, 0, from)?);
+                }
+                pieces.push(part);
+                if to < width {
+                    pieces.push(l.columns(xs, r, to, width)?);
+                }
+                let t = if pieces.len() == 1 { part } else { result(&mut l, "Concat", &pieces, vec![ParamSpec::U32("axis", 1)], &[r, width])? };
+                l.values.insert(x, t);
+            }
+            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. } => {
                 return Err(Error::Options(format!("lowering graph '{}' to QNN: op {} has no NPU lowering", g.name, op.name())));
             }
         }
-        if last {
-            outputs.push((out_role, l.value(out_value)?));
+        for &(_, role, v) in leaving.iter().filter(|o| o.0 == index) {
+            outputs.push((role, l.value(v)?));
         }
     }
-    let table = |b: &GraphBuilder, list: &[(Role, TensorRef)], roles: Vec<Role>| -> Result<Vec<NpuTensor>> {
+    let table = |b: &GraphBuilder, list: &[(Role, TensorRef)], roles: &[llada_ir::npu::Bound]| -> Result<Vec<NpuTensor>> {
         roles
-            .into_iter()
-            .map(|role| {
+            .iter()
+            .map(|&(role, _)| {
                 let t = list.iter().find(|(r, _)| *r == role).map(|(_, t)| *t).ok_or_else(|| Error::Options(format!("lowering graph '{}' to QNN: no {role:?}", g.name)))?;
                 let offset = io.offset(h, role, g.rows).expect("every role has a region");
                 Ok(NpuTensor { id: b.id(t), name: role_name(role), role, dtype: role.dtype(), dims: b.dims(t).to_vec(), offset })
             })
             .collect()
     };
-    let io_in = table(&l.b, &inputs, Role::expected(layers, m.n_layers).0)?;
-    let io_out = table(&l.b, &outputs, output_roles)?;
+    let io_in = table(&l.b, &inputs, &input_roles)?;
+    let io_out = table(&l.b, &outputs, &output_roles)?;
     l.b.finalize_with(profile).map_err(qnn_err)?;
-    Ok(NpuGraph { graph: gi, name, inputs: io_in, outputs: io_out })
+    Ok(NpuGraph { graph: gi, ops: [ops.start as u32, ops.end as u32], name, inputs: io_in, outputs: io_out })
 }
 
 /// A role's tensor name in every graph.
@@ -729,6 +780,10 @@ fn role_name(role: Role) -> String {
         Role::KNew(l) => format!("k_new_{l}"),
         Role::VNew(l) => format!("v_new_{l}"),
         Role::Logits => "logits".into(),
+        Role::ExpertIn => "expert_in".into(),
+        Role::SharedIn => "shared_in".into(),
+        Role::RouterLogits => "router_logits".into(),
+        Role::ExpertOut => "expert_out".into(),
     }
 }
 

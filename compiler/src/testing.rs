@@ -108,6 +108,7 @@ pub fn llada_8b_header(buckets: &[u32], target: &str, window_bytes: Option<u64>)
         expert_costs: Default::default(),
         window_source: "test".into(),
         can_grow: true,
+        max_expert_bytes: None,
     };
     window::plan(&mut header, &opts).expect("the 8B plan fits");
     crate::latency::record(&mut header, &t);

@@ -24,6 +24,9 @@ pub struct WindowOptions {
     /// slot pools of their own, never a resident place or the rotating ring.
     pub expert_segments: Vec<u32>,
     pub expert_costs: ExpertCosts,
+    /// The most bytes the expert slots may take (`None`: all the window leaves): an NPU
+    /// target keeps room for its contexts.
+    pub max_expert_bytes: Option<u64>,
     /// For the error message: what set the window size.
     pub window_source: String,
     /// For the error message: whether a larger `--window-bytes` could help (not when the
@@ -141,7 +144,8 @@ pub fn plan(h: &mut Header, o: &WindowOptions) -> Result<()> {
     // Every expert slot the rest of the window holds, the same number per layer (routing
     // spreads over layers alike), at most one per expert.
     let per_layer = h.model.moe.map_or(0, |m| m.experts as u64);
-    let slots_per_layer = if expert_slot == 0 { 0 } else { ((o.bytes - cursor) / (layers * expert_slot)).min(per_layer) };
+    let room = (o.bytes - cursor).min(o.max_expert_bytes.unwrap_or(u64::MAX));
+    let slots_per_layer = if expert_slot == 0 { 0 } else { (room / (layers * expert_slot)).min(per_layer) };
     let experts = ExpertPlan {
         per_layer: per_layer as u32,
         segments: o.expert_segments.clone(),

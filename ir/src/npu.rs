@@ -13,6 +13,11 @@
 //! planes), each of its layers' new keys and values (which the runtime stores into the cache
 //! for the rows the run stores), and the next context's hidden states or the logits.
 //!
+//! A mixture-of-experts model's routers and routed experts run on the host: each planned
+//! graph's ops in a context are cut at them into pieces ([`pieces`]), an executable each,
+//! whose boundary roles ([`piece_roles`]) carry the residual stream, the experts' input, the
+//! router's logits and the experts' sum across the host's ops.
+//!
 //! Residency: the contexts marked `resident` stay created for the whole session; the others
 //! rotate through what is left of [`NpuSection::context_budget`], created before their
 //! layers run and freed after (the swap schedule of the contexts).
@@ -20,12 +25,15 @@
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use std::ops::Range;
+
 use crate::header::Header;
+use crate::{Graph, Op, ValueId};
 
 /// The extension key of the section.
 pub const EXTENSION_KEY: &str = "npu.qnn";
 /// The section's own version: a reader refuses any other.
-pub const SECTION_VERSION: u32 = 4;
+pub const SECTION_VERSION: u32 = 5;
 /// Masked attention scores: QNN.md found that an `-inf` mask gives wrong results on the HTP,
 /// so a large finite negative stands in for it (f16's lowest).
 pub const MASKED: f32 = -65504.0;
@@ -48,7 +56,8 @@ pub struct NpuSection {
     /// form: QNN's x86-64 simulator cannot load it) or each carry their own.
     pub shared_weights: bool,
     /// Bytes of the NPU window the contexts may occupy at once: the window less the I/O
-    /// allocation (the KV cache and the largest pass's inputs and outputs, [`IoLayout`]).
+    /// allocation (the KV cache and the largest pass's inputs and outputs, [`IoLayout`]) and
+    /// a mixture-of-experts model's expert slots.
     pub context_budget: u64,
     /// Where every executable's inputs and outputs live ([`IoLayout::of`] the plan).
     pub io: IoLayout,
@@ -148,10 +157,13 @@ impl NpuContext {
     }
 }
 
-/// The executable of planned graph `graph`.
+/// An executable of planned graph `graph`: its ops `ops[0]..ops[1]`. A context holds one
+/// per planned graph, or for a mixture-of-experts model one per piece between the host's
+/// routing and routed experts ([`pieces`]), in op order.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct NpuGraph {
     pub graph: u32,
+    pub ops: [u32; 2],
     /// Its name inside the context.
     pub name: String,
     pub inputs: Vec<NpuTensor>,
@@ -208,6 +220,10 @@ pub enum IoKind {
     /// Every layer's new key and value planes, `[kv_heads, R, head_dim]` each, layer-major.
     NewKv,
     Logits,
+    ExpertIn,
+    RouterLogits,
+    ExpertOut,
+    SharedIn,
 }
 
 /// Alignment of every region (a cache line; rpcmem allocations are page-aligned).
@@ -229,6 +245,10 @@ impl IoLayout {
             (IoKind::HeadIndex, largest(Role::HeadIndex)),
             (IoKind::NewKv, 2 * n * largest(Role::KNew(0))),
             (IoKind::Logits, largest(Role::Logits)),
+            (IoKind::ExpertIn, largest(Role::ExpertIn)),
+            (IoKind::RouterLogits, largest(Role::RouterLogits)),
+            (IoKind::ExpertOut, largest(Role::ExpertOut)),
+            (IoKind::SharedIn, largest(Role::SharedIn)),
         ];
         let mut offset = 0;
         let mut regions = Vec::new();
@@ -261,6 +281,10 @@ impl IoLayout {
             Role::KNew(l) => (IoKind::NewKv, 2 * l as u64 * new_plane),
             Role::VNew(l) => (IoKind::NewKv, (2 * l as u64 + 1) * new_plane),
             Role::Logits => (IoKind::Logits, 0),
+            Role::ExpertIn => (IoKind::ExpertIn, 0),
+            Role::SharedIn => (IoKind::SharedIn, 0),
+            Role::RouterLogits => (IoKind::RouterLogits, 0),
+            Role::ExpertOut => (IoKind::ExpertOut, 0),
         };
         Some(self.region(kind)?.offset + within)
     }
@@ -312,6 +336,18 @@ pub enum Role {
     VNew(u32),
     /// `[H, embedding_size]` f16: the logits of the head rows, output.
     Logits,
+    /// `[R, d_model]` f16: an MoE layer's normed FFN input, output of the piece before the
+    /// host's routing (the routed experts' input).
+    ExpertIn,
+    /// `[R, experts]` f16: the router's logits, output of the piece before the routing.
+    RouterLogits,
+    /// `[R, d_model]` f16: the routed experts' weighted sum the host computed, input of the
+    /// piece after them.
+    ExpertOut,
+    /// `[R, d_model]` f16: the same rows as [`Role::ExpertIn`], input of the piece after the
+    /// host's experts where it reads them (the shared expert); a region of its own, as an
+    /// executable's input and output never share memory.
+    SharedIn,
 }
 
 impl Role {
@@ -328,6 +364,8 @@ impl Role {
             Role::KCache(_) | Role::VCache(_) => vec![kvh, c, hd],
             Role::KNew(_) | Role::VNew(_) => vec![kvh, rows, hd],
             Role::Logits => vec![head_rows, m.embedding_size],
+            Role::ExpertIn | Role::ExpertOut | Role::SharedIn => if m.moe.is_some() { vec![rows, m.d_model] } else { vec![0] },
+            Role::RouterLogits => vec![rows, m.moe.map_or(0, |e| e.experts)],
         }
     }
 
@@ -337,22 +375,140 @@ impl Role {
             _ => NpuDType::F16,
         }
     }
+}
 
-    /// The roles, inputs then outputs, of an executable of layers `layers[0]..layers[1]` of a
-    /// model with `n_layers` layers.
-    pub fn expected(layers: [u32; 2], n_layers: u32) -> (Vec<Role>, Vec<Role>) {
-        let last = layers[1] == n_layers;
-        let mut inputs = vec![Role::Hidden, Role::Cos, Role::Sin, Role::Mask];
-        let mut outputs = vec![if last { Role::Logits } else { Role::HiddenOut }];
-        if last {
-            inputs.push(Role::HeadIndex);
+/// Whether `op` runs on the host between an MoE model's executables: the routers and the
+/// routed experts (the router's projection and the shared expert are dense ops).
+pub fn host_op(op: &Op) -> bool {
+    matches!(op, Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. })
+}
+
+/// The executables' op ranges within `ops` of planned graph `g`: `ops` cut at each run of
+/// [`host_op`]s (a dense model's `ops` stay whole).
+pub fn pieces(g: &Graph, ops: Range<usize>) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = ops.start;
+    for i in ops.clone() {
+        if host_op(&g.ops[i]) {
+            if i > start {
+                out.push(start..i);
+            }
+            start = i + 1;
         }
-        for l in layers[0]..layers[1] {
-            inputs.extend([Role::KCache(l), Role::VCache(l)]);
-            outputs.extend([Role::KNew(l), Role::VNew(l)]);
-        }
-        (inputs, outputs)
     }
+    if start < ops.end || out.is_empty() {
+        out.push(start..ops.end);
+    }
+    out
+}
+
+/// The host ops right before op `start` of `g` (the run a piece follows) and right from op
+/// `end` on (the run it precedes).
+fn host_run_before(g: &Graph, start: usize) -> Range<usize> {
+    let first = (0..start).rev().take_while(|&i| host_op(&g.ops[i])).last().unwrap_or(start);
+    first..start
+}
+
+fn host_run_from(g: &Graph, end: usize) -> Range<usize> {
+    end..(end..g.ops.len()).find(|&i| !host_op(&g.ops[i])).unwrap_or(g.ops.len())
+}
+
+/// The experts op of a run of host ops, if any.
+fn experts_of(g: &Graph, run: Range<usize>) -> Option<(ValueId, ValueId)> {
+    g.ops[run].iter().find_map(|o| if let Op::MoeExperts { x, out, .. } = *o { Some((x, out)) } else { None })
+}
+
+/// An executable's input or output: its role, and the value of the planned graph it binds
+/// (none for the pass's tables and the KV cache).
+pub type Bound = (Role, Option<ValueId>);
+
+/// The roles, inputs then outputs, of the executable of ops `ops` of `g` (a piece,
+/// [`pieces`]), and which value each binds: from what the ops read that they did not write
+/// (the residual stream as [`Role::Hidden`]; after the host's experts their input and sum as
+/// [`Role::SharedIn`] and [`Role::ExpertOut`]) and what later ops read (the residual as
+/// [`Role::HiddenOut`], or the logits at the graph's end; before the host's routing its
+/// input and the router's logits), with every attention layer's cache and new keys and
+/// values. Errors name the value no role carries.
+pub fn piece_roles(g: &Graph, ops: Range<usize>) -> std::result::Result<(Vec<Bound>, Vec<Bound>), String> {
+    let Some(Op::Embed { out: residual, .. }) = g.ops.first() else {
+        return Err(format!("graph '{}' does not start with the embedding", g.name));
+    };
+    let residual = *residual;
+    let before = experts_of(g, host_run_before(g, ops.start));
+    let after_run = host_run_from(g, ops.end);
+    let mut written = std::collections::HashSet::new();
+    let (mut reads_outside, mut uses) = (Vec::new(), [false; 4]);
+    let mut layers = Vec::new();
+    for op in &g.ops[ops.clone()] {
+        if host_op(op) || matches!(op, Op::Embed { .. }) {
+            return Err(format!("graph '{}': op {} inside an NPU executable", g.name, op.name()));
+        }
+        for v in op.inputs() {
+            if !written.contains(&v) && !reads_outside.contains(&v) {
+                reads_outside.push(v);
+            }
+        }
+        written.extend(op.outputs());
+        match op {
+            Op::Rope { .. } => uses[0] = true,
+            Op::Attention { layer, .. } => {
+                uses[1] = true;
+                layers.push(*layer);
+            }
+            Op::GatherHeadRows { .. } => uses[2] = true,
+            _ => {}
+        }
+    }
+    let name = |v: ValueId| g.values.get(v as usize).map_or("?".to_string(), |x| x.name.clone());
+    let mut inputs = vec![(Role::Hidden, Some(residual))];
+    for &v in &reads_outside {
+        match before {
+            _ if v == residual => {}
+            Some((x, _)) if v == x => inputs.push((Role::SharedIn, Some(v))),
+            Some((_, out)) if v == out => inputs.push((Role::ExpertOut, Some(v))),
+            _ => return Err(format!("graph '{}': ops {}..{} read value '{}', which no executable input carries", g.name, ops.start, ops.end, name(v))),
+        }
+    }
+    if !reads_outside.contains(&residual) {
+        return Err(format!("graph '{}': ops {}..{} do not read the residual stream", g.name, ops.start, ops.end));
+    }
+    // Inputs in a fixed order: the hidden states, MoE boundary, then the pass's tables.
+    inputs.sort_by_key(|(r, _)| match r {
+        Role::Hidden => 0,
+        Role::SharedIn => 1,
+        _ => 2,
+    });
+    for (used, role) in uses.iter().zip([Role::Cos, Role::Mask, Role::HeadIndex]) {
+        if *used {
+            inputs.push((role, None));
+            if role == Role::Cos {
+                inputs.push((Role::Sin, None));
+            }
+        }
+    }
+    let must_write = |v: ValueId, what: &str| if written.contains(&v) { Ok(Some(v)) } else { Err(format!("graph '{}': ops {}..{} do not write {what} '{}'", g.name, ops.start, ops.end, name(v))) };
+    let mut outputs = Vec::new();
+    if ops.end == g.ops.len() {
+        outputs.push((Role::Logits, must_write(g.logits, "the logits")?));
+    } else {
+        outputs.push((Role::HiddenOut, must_write(residual, "the residual stream")?));
+        if !after_run.is_empty() {
+            let routed = g.ops[after_run.clone()].iter().find_map(|o| match *o {
+                Op::Route { logits, .. } | Op::RouteSigmoid { logits, .. } => Some(logits),
+                _ => None,
+            });
+            let (Some(logits), Some((x, _))) = (routed, experts_of(g, after_run)) else {
+                return Err(format!("graph '{}': the host ops after op {} are not a router and its experts", g.name, ops.end));
+            };
+            outputs.push((Role::ExpertIn, must_write(x, "the experts' input")?));
+            outputs.push((Role::RouterLogits, must_write(logits, "the router's logits")?));
+        }
+    }
+    for l in layers {
+        inputs.extend([(Role::KCache(l), None), (Role::VCache(l), None)]);
+        outputs.extend([(Role::KNew(l), None), (Role::VNew(l), None)]);
+    }
+    Ok((inputs, outputs))
 }
 
 impl NpuSection {
@@ -389,9 +545,6 @@ impl NpuSection {
             Some(&(_, id, _)) => return bad(format!("soc '{}' is QNN socModel {id}, not {}", self.soc, self.soc_id)),
             None => return bad(format!("soc '{}' is none of {}", self.soc, SOCS.map(|s| s.0).join(", "))),
         }
-        if h.model.moe.is_some() {
-            return bad("a mixture-of-experts model has no NPU executables (its experts run on the CPU path)".into());
-        }
         let layout = IoLayout::of(h);
         if self.io.bytes != layout.bytes {
             return bad(format!("io: the I/O allocation is {} bytes; the plan's is {}", self.io.bytes, layout.bytes));
@@ -405,15 +558,17 @@ impl NpuSection {
             return bad(format!("io: {} regions where the plan has {}", self.io.regions.len(), layout.regions.len()));
         }
         let (n, w) = (h.model.n_layers, &h.plan.window);
-        if layout.bytes.saturating_add(self.context_budget) > w.bytes {
+        if layout.bytes.saturating_add(w.experts.region.bytes).saturating_add(self.context_budget) > w.bytes {
             return bad(format!(
-                "context_budget {} plus the I/O allocation ({} bytes: the KV cache and the largest pass's inputs and outputs) exceeds the {}-byte window",
-                self.context_budget, layout.bytes, w.bytes
+                "context_budget {} plus the I/O allocation ({} bytes: the KV cache and the largest pass's inputs and outputs) and the expert slots ({} bytes) exceeds the {}-byte window",
+                self.context_budget, layout.bytes, w.experts.region.bytes, w.bytes
             ));
         }
         let mut segments = std::collections::HashSet::new();
         let mut next_layer = 0;
         let (mut resident, mut rotating) = (0u64, 0u64);
+        // Where each planned graph's next executable starts: after the host's embedding.
+        let mut next_op = vec![1usize; h.graphs.len()];
         for (ci, c) in self.contexts.iter().enumerate() {
             let at = format!("contexts[{ci}]");
             let Some(seg) = h.segments.get(c.segment as usize) else {
@@ -437,21 +592,30 @@ impl NpuSection {
             } else {
                 rotating = rotating.max(seg.nbytes);
             }
-            let mut seen = vec![false; h.graphs.len()];
+            // Each planned graph's executables in op order, continuing where this graph's
+            // executables in the context before stopped (past host ops only).
             for (gi, g) in c.graphs.iter().enumerate() {
                 let at = format!("{at}.graphs[{gi}] '{}'", g.name);
                 let Some(planned) = h.graphs.get(g.graph as usize) else {
                     return bad(format!("{at}: planned graph {} does not exist", g.graph));
                 };
-                if std::mem::replace(&mut seen[g.graph as usize], true) {
-                    return bad(format!("{at}: planned graph {} has two executables in this context", g.graph));
+                let (start, end) = (g.ops[0] as usize, g.ops[1] as usize);
+                let from = next_op[g.graph as usize];
+                if start < from || end <= start || end > planned.ops.len() || !planned.ops[from..start].iter().all(host_op) {
+                    return bad(format!("{at}: ops {start}..{end} do not continue graph '{}' from op {from} (only host ops may lie between)", planned.name));
                 }
-                let (inputs, outputs) = Role::expected(c.layers, n);
+                next_op[g.graph as usize] = end;
+                let (inputs, outputs) = piece_roles(planned, start..end).map_err(|e| Error::invalid(format!("extension '{EXTENSION_KEY}': {at}: {e}")))?;
                 for (what, table, roles) in [("inputs", &g.inputs, inputs), ("outputs", &g.outputs, outputs)] {
                     if table.len() != roles.len() {
                         return bad(format!("{at}: {} {what} where the plan has {}", table.len(), roles.len()));
                     }
-                    for (t, role) in table.iter().zip(roles) {
+                    for (t, (role, _)) in table.iter().zip(roles) {
+                        if let Role::KCache(l) | Role::KNew(l) = role
+                            && (l < c.layers[0] || l >= c.layers[1])
+                        {
+                            return bad(format!("{at}: attention of layer {l} outside the context's layers {}..{}", c.layers[0], c.layers[1]));
+                        }
                         let want = role.dims(h, planned.rows, planned.head_rows);
                         if t.role != role || t.dtype != role.dtype() || t.dims != want {
                             return bad(format!(
@@ -467,9 +631,12 @@ impl NpuSection {
                     }
                 }
             }
-            if let Some(missing) = seen.iter().position(|s| !s) {
+            if let Some(missing) = (0..h.graphs.len()).find(|&gi| !c.graphs.iter().any(|g| g.graph as usize == gi)) {
                 return bad(format!("{at}: planned graph {missing} '{}' has no executable", h.graphs[missing].name));
             }
+        }
+        if let Some(gi) = (0..h.graphs.len()).find(|&gi| next_op[gi] != h.graphs[gi].ops.len()) {
+            return bad(format!("the executables of graph '{}' stop at op {} of its {}", h.graphs[gi].name, next_op[gi], h.graphs[gi].ops.len()));
         }
         if next_layer != n {
             return bad(format!("the contexts hold layers 0..{next_layer} of the model's {n}"));
@@ -522,5 +689,71 @@ impl NpuSection {
             return bad(format!("matmul weight {missing} '{}' has no activation range", h.tensors[missing as usize].name));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Rows, Value};
+
+    /// One MoE layer as the compiler lowers it (attention, router, experts, a shared expert
+    /// when `shared`) and the head.
+    fn moe_graph(shared: bool) -> Graph {
+        let names = ["x", "attn_in", "qkv", "attn", "attn_proj", "ff_in", "router_logits", "route", "ff_out", "ranked", "work", "shared_gate_up", "shared_hidden", "shared_out", "head_in", "head_normed", "logits"];
+        let values = names.iter().map(|n| Value { name: n.to_string(), rows: if n.starts_with("head") || *n == "logits" { Rows::Head } else { Rows::Tokens }, cols: 8, offset: 0 }).collect();
+        let mut ops = vec![
+            Op::Embed { table: 0, out: 0 },
+            Op::RmsNorm { x: 0, weight: 1, eps: 1e-6, out: 1 },
+            Op::MatMul { x: 1, weight: 2, out: 2 },
+            Op::Rope { x: 2, heads: 2, cos: 3, sin: 4 },
+            Op::Attention { qkv: 2, out: 3, heads: 1, kv_heads: 1, layer: 0 },
+            Op::MatMul { x: 3, weight: 5, out: 4 },
+            Op::Add { acc: 0, x: 4 },
+            Op::RmsNorm { x: 0, weight: 6, eps: 1e-6, out: 5 },
+            Op::MatMul { x: 5, weight: 7, out: 6 },
+            Op::Route { logits: 6, top_k: 2, out: 7 },
+            Op::MoeExperts { x: 5, route: 7, out: 8, layer: 0, first: 20, experts: 4, ranked: 9, work: 10 },
+        ];
+        if shared {
+            ops.extend([Op::MatMul { x: 5, weight: 8, out: 11 }, Op::SwiGlu { x: 11, out: 12 }, Op::MatMul { x: 12, weight: 9, out: 13 }, Op::Add { acc: 8, x: 13 }]);
+        }
+        ops.extend([Op::Add { acc: 0, x: 8 }, Op::GatherHeadRows { x: 0, out: 14 }, Op::RmsNorm { x: 14, weight: 10, eps: 1e-6, out: 15 }, Op::MatMul { x: 15, weight: 11, out: 16 }]);
+        Graph { name: "rows-8".into(), rows: 8, head_rows: 8, values, ops, logits: 16, window_bytes: 0, staging: Vec::new() }
+    }
+
+    fn roles(list: &[(Role, Option<ValueId>)]) -> Vec<Role> {
+        list.iter().map(|r| r.0).collect()
+    }
+
+    /// The router and experts cut the layer: the executable before hands on the residual,
+    /// the experts' input and the router's logits; the one after takes the residual, the
+    /// experts' sum and (for its shared expert) their input again, in a region of its own.
+    #[test]
+    fn an_moe_layer_is_cut_at_its_host_ops_and_each_piece_carries_what_crosses() {
+        let g = moe_graph(true);
+        let n = g.ops.len();
+        assert_eq!(pieces(&g, 1..n), vec![1..9, 11..n]);
+        let (i, o) = piece_roles(&g, 1..9).unwrap();
+        assert_eq!(roles(&i), [Role::Hidden, Role::Cos, Role::Sin, Role::Mask, Role::KCache(0), Role::VCache(0)]);
+        assert_eq!(o, [(Role::HiddenOut, Some(0)), (Role::ExpertIn, Some(5)), (Role::RouterLogits, Some(6)), (Role::KNew(0), None), (Role::VNew(0), None)]);
+        let (i, o) = piece_roles(&g, 11..n).unwrap();
+        assert_eq!(i, [(Role::Hidden, Some(0)), (Role::SharedIn, Some(5)), (Role::ExpertOut, Some(8)), (Role::HeadIndex, None)]);
+        assert_eq!(o, [(Role::Logits, Some(16))]);
+        // Without a shared expert the piece after reads only the residual and the sum.
+        let g = moe_graph(false);
+        let n = g.ops.len();
+        assert_eq!(roles(&piece_roles(&g, 11..n).unwrap().0), [Role::Hidden, Role::ExpertOut, Role::HeadIndex]);
+        // A dense graph (no host ops) stays one piece.
+        assert_eq!(pieces(&g, 1..9), vec![1..9]);
+    }
+
+    /// A cut anywhere else leaves a value no role carries, and host ops inside a piece are
+    /// refused, each error naming what.
+    #[test]
+    fn a_piece_that_reads_what_no_role_carries_is_refused_by_name() {
+        let g = moe_graph(true);
+        assert!(piece_roles(&g, 2..9).unwrap_err().contains("'attn_in'"));
+        assert!(piece_roles(&g, 1..11).unwrap_err().contains("op Route inside"));
     }
 }

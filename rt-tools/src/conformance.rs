@@ -233,10 +233,8 @@ fn margin_at(reference: &mut Session, c: &Case, step: usize, ours: &[[u32; 2]]) 
     let mut margin = f64::INFINITY;
     let stat = |p: u32| row(p).and_then(|r| stats.get(r)).copied();
     for &[p, t] in ours {
-        if golden.iter().any(|&[q, u]| q == p && u != t) {
-            if let Some((gap, _)) = stat(p) {
-                margin = margin.min(gap);
-            }
+        if let (true, Some((gap, _))) = (golden.iter().any(|&[q, u]| q == p && u != t), stat(p)) {
+            margin = margin.min(gap);
         }
     }
     for a in gp.difference(&op) {

@@ -7,8 +7,13 @@ use half::f16;
 use llada_ir::npu::{IoKind, IoLayout, NpuTensor, MASKED};
 use llada_ir::{Header, TensorId};
 
-use super::super::RunInputs;
+use llada_ir::{Graph, Op};
+
+use super::super::{value_range, RunInputs};
 use crate::model::Model;
+use crate::moe::{Experts, OpScratch};
+use crate::pool::Pool;
+use crate::window::Window;
 
 /// The I/O allocation past the KV cache (which is the window's own), laid out as the
 /// section's [`IoLayout`] says: every boundary tensor of every executable is bound at its
@@ -49,13 +54,18 @@ impl Scratch {
         Some(bytes[(t.offset - self.base) as usize..].as_mut_ptr())
     }
 
-    /// The hidden states a context wrote become the next one's input.
+    /// The hidden states an executable wrote become the next one's input.
     pub fn hand_on_hidden(&mut self, rows: usize, d: usize) {
+        self.copy_region(IoKind::HiddenOut, IoKind::Hidden, rows * d);
+    }
+
+    /// The first `elements` f16 elements of region `from` into region `to`.
+    pub fn copy_region(&mut self, from: IoKind, to: IoKind, elements: usize) {
         let region = |kind| *self.layout.region(kind).expect("the verifier checked the layout has every region");
-        let (from, to) = (region(IoKind::HiddenOut), region(IoKind::Hidden));
+        let (from, to) = (region(from), region(to));
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut self.io);
         let from = (from.offset - self.base) as usize;
-        bytes.copy_within(from..from + rows * d * 2, (to.offset - self.base) as usize);
+        bytes.copy_within(from..from + elements * 2, (to.offset - self.base) as usize);
     }
 
     /// Every row's embedding (padding rows embed their placeholder token), as f16.
@@ -95,6 +105,62 @@ impl Scratch {
         for (o, &r) in out.iter_mut().zip(inp.head_rows) {
             *o = r as i32;
         }
+    }
+}
+
+/// An MoE layer's host ops `ops` of `g` (its router and routed experts) between two
+/// executables: the router's logits and the experts' input the executable before wrote are
+/// widened into their values in the window, the host executor's code runs them (the experts
+/// through the session's expert runtime), and the experts' sum is narrowed into the next
+/// executable's input (padding rows zero).
+#[allow(clippy::too_many_arguments)]
+pub fn run_host_ops(
+    model: &Model,
+    g: &Graph,
+    ops: std::ops::Range<usize>,
+    inp: &RunInputs,
+    scratch: &mut Scratch,
+    window: &mut Window,
+    mut experts: Option<&mut Experts>,
+    moe: &mut OpScratch,
+    pool: &Pool,
+) -> crate::error::Result<()> {
+    let parts = window.parts();
+    let base = parts.activations_offset;
+    let cols = |v: u32| g.values[v as usize].cols as usize;
+    let range = |v: u32| {
+        let r = value_range(g, &g.values[v as usize], inp.head_rows.len(), base);
+        r.start..r.start + inp.rows * cols(v)
+    };
+    for op in &g.ops[ops.clone()] {
+        let boundary = match *op {
+            Op::Route { logits, .. } | Op::RouteSigmoid { logits, .. } => Some((IoKind::RouterLogits, logits)),
+            Op::MoeExperts { x, .. } => Some((IoKind::ExpertIn, x)),
+            _ => None,
+        };
+        if let Some((kind, v)) = boundary {
+            widen(&scratch.region::<u16>(kind)[..inp.rows * cols(v)], &mut parts.activations[range(v)]);
+        }
+    }
+    let bias = |t: TensorId| -> &[f32] { bytemuck::cast_slice(model.tensor_bytes(t)) };
+    let features = crate::kernels::cpu::features();
+    for op in &g.ops[ops] {
+        super::super::host::run_moe_op(model, op, parts.activations, &range, &cols, inp.rows, &bias, experts.as_deref_mut(), moe, parts.gemm, pool, features)?;
+        if let Op::MoeExperts { x, out, .. } = *op {
+            // The experts' input stays the next executable's (the shared expert's).
+            scratch.copy_region(IoKind::ExpertIn, IoKind::SharedIn, g.rows as usize * cols(x));
+            let sum = &mut scratch.region::<u16>(IoKind::ExpertOut)[..g.rows as usize * cols(out)];
+            let (real, padding) = sum.split_at_mut(inp.rows * cols(out));
+            narrow(&parts.activations[range(out)], real);
+            padding.fill(0);
+        }
+    }
+    Ok(())
+}
+
+fn widen(from: &[u16], to: &mut [f32]) {
+    for (t, &f) in to.iter_mut().zip(from) {
+        *t = f16::from_bits(f).to_f32();
     }
 }
 

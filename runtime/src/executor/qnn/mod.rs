@@ -9,6 +9,11 @@
 //! itself is bound in place: each layer's key and value planes of the window are the
 //! executable's cache inputs (client buffers: the simulator has no registered buffers, QNN.md).
 //!
+//! A mixture-of-experts model's graph runs as several executables per context, cut at each
+//! MoE layer: between them the host routes and runs the routed experts (through the session's
+//! expert runtime, as the host executor does) on the boundary tensors the executable before
+//! wrote, and hands the experts' sum to the one after (`io::run_host_ops`).
+//!
 //! A model split by layers into several contexts runs them in order, the hidden states of
 //! one the input of the next. The resident contexts are created at session open; the others
 //! are created when their layers come and freed when a later one needs the room (the swap
@@ -42,8 +47,8 @@ struct Stage {
     layers: [u32; 2],
     resident: bool,
     segment: u32,
-    tables: Vec<NpuGraph>,
-    live: Option<(Context, Vec<QnnGraph>)>,
+    tables: Vec<Vec<NpuGraph>>,
+    live: Option<(Context, Vec<Vec<QnnGraph>>)>,
 }
 
 pub struct QnnExecutor {
@@ -56,6 +61,8 @@ pub struct QnnExecutor {
     capabilities: Capabilities,
     /// Host-side staging of the boundary tensors, sized for the largest graph.
     scratch: io::Scratch,
+    /// The MoE host ops' scratch (routing rows; the experts without an expert runtime).
+    moe: crate::moe::OpScratch,
     /// Keeps the library loaded while its contexts live (dropped last).
     device: Arc<Device>,
 }
@@ -90,11 +97,11 @@ impl QnnExecutor {
                 return Err(artifact(llada_ir::Error::invalid(format!("the NPU context binary '{}' is corrupted (its CRC-32 is not the one recorded)", seg.name))));
             }
             check_binary(&lib, binary, &seg.name, &section, c)?;
-            let mut tables: Vec<Option<NpuGraph>> = vec![None; h.graphs.len()];
+            // The verifier checked every graph has its executables in every context, in op order.
+            let mut tables: Vec<Vec<NpuGraph>> = vec![Vec::new(); h.graphs.len()];
             for g in &c.graphs {
-                tables[g.graph as usize] = Some(g.clone());
+                tables[g.graph as usize].push(g.clone());
             }
-            let tables = tables.into_iter().map(|t| t.expect("the verifier checked every graph has an executable in every context")).collect();
             stages.push(Stage { layers: c.layers, resident: c.resident, segment: c.segment, tables, live: None });
         }
         let pool = Pool::new(threads, "llada-worker").map_err(|e| Error::Internal(format!("the thread pool does not start: {e}")))?;
@@ -118,7 +125,7 @@ impl QnnExecutor {
             int8_dot: false,
             multi_block_passes: false,
         };
-        let mut e = QnnExecutor { stages, budget: section.context_budget, loads: Loads::default(), trace: None, pool, capabilities, scratch: io::Scratch::new(h, section.io.clone()), device };
+        let mut e = QnnExecutor { stages, budget: section.context_budget, loads: Loads::default(), trace: None, pool, capabilities, scratch: io::Scratch::new(h, section.io.clone()), moe: crate::moe::OpScratch::new(h), device };
         for k in 0..e.stages.len() {
             if e.stages[k].resident {
                 e.create(model, k)?;
@@ -172,7 +179,7 @@ impl QnnExecutor {
 
     /// Records context `k` as live, created between `start` and `end` (`overlapped`: while the
     /// context before it ran).
-    fn created(&mut self, model: &Model, k: usize, live: (Context, Vec<QnnGraph>), start: std::time::Instant, end: std::time::Instant, overlapped: bool) {
+    fn created(&mut self, model: &Model, k: usize, live: (Context, Vec<Vec<QnnGraph>>), start: std::time::Instant, end: std::time::Instant, overlapped: bool) {
         let seg = &model.header.segments[self.stages[k].segment as usize];
         self.stages[k].live = Some(live);
         self.loads.contexts += 1;
@@ -188,10 +195,10 @@ impl QnnExecutor {
 
 /// The context of `segment` created from its binary in the artifact, with the graphs of
 /// `tables` retrieved.
-fn create_context(device: &Arc<Device>, model: &Model, segment: u32, tables: &[NpuGraph]) -> Result<(Context, Vec<QnnGraph>)> {
+fn create_context(device: &Arc<Device>, model: &Model, segment: u32, tables: &[Vec<NpuGraph>]) -> Result<(Context, Vec<Vec<QnnGraph>>)> {
     let seg = &model.header.segments[segment as usize];
     let context = Context::from_binary(device, model.segment_bytes(segment)).map_err(|e| Error::Device(format!("{}: QNN refused context binary '{}': {e}", model.path.display(), seg.name)))?;
-    let graphs = tables.iter().map(|t| context.graph(&t.name)).collect::<std::result::Result<Vec<_>, _>>()?;
+    let graphs = tables.iter().map(|pieces| pieces.iter().map(|t| context.graph(&t.name)).collect::<std::result::Result<Vec<_>, _>>()).collect::<std::result::Result<Vec<_>, _>>()?;
     Ok((context, graphs))
 }
 
@@ -241,8 +248,30 @@ fn qnn_dtype(t: &NpuTensor) -> u32 {
     }
 }
 
+/// Runs one executable: every tensor bound at its descriptor, the KV cache's in the
+/// window's cache (the allocation's first region), the others in the scratch allocation.
+fn execute(context: &mut Context, executable: &QnnGraph, table: &NpuGraph, scratch: &mut io::Scratch, window: &mut Window, g: &llada_ir::Graph) -> Result<()> {
+    let parts = window.parts();
+    let KvView::Half(kv, _) = parts.kv else {
+        return Err(Error::Internal("the NPU executables read an f16 KV cache; the verifier checked the plan has one".into()));
+    };
+    let kv_bytes: &mut [u8] = bytemuck::cast_slice_mut(kv);
+    let mut bind = |t: &NpuTensor| -> Result<IoBuffer> {
+        let data = match t.role {
+            Role::KCache(_) | Role::VCache(_) => t.offset.checked_add(t.bytes()).filter(|&end| end <= kv_bytes.len() as u64).map(|_| kv_bytes[t.offset as usize..].as_mut_ptr()),
+            _ => scratch.pointer(t),
+        };
+        let data = data.ok_or_else(|| Error::Internal(format!("graph '{}': the descriptor of '{}' lies outside the I/O allocation", g.name, t.name)))?;
+        Ok(IoBuffer { id: t.id, name: CString::new(t.name.as_str()).unwrap_or_default(), data_type: qnn_dtype(t), dims: t.dims.clone(), data: data.cast(), bytes: t.bytes() as usize })
+    };
+    let mut inputs = table.inputs.iter().map(&mut bind).collect::<Result<Vec<_>>>()?;
+    let mut outputs = table.outputs.iter().map(&mut bind).collect::<Result<Vec<_>>>()?;
+    context.execute(executable, &mut inputs, &mut outputs)?;
+    Ok(())
+}
+
 impl Executor for QnnExecutor {
-    fn run(&mut self, model: &Model, graph: u32, inp: &RunInputs, window: &mut Window, stager: &mut Stager, _experts: Option<&mut Experts>, _profile: Option<&mut OpProfile>) -> Result<()> {
+    fn run(&mut self, model: &Model, graph: u32, inp: &RunInputs, window: &mut Window, stager: &mut Stager, mut experts: Option<&mut Experts>, _profile: Option<&mut OpProfile>) -> Result<()> {
         if inp.block_causal.is_some() {
             // Only LLaDA 2.x makes such passes, and it runs on the host backend only.
             return Err(Error::request("a block-causal pass over several blocks runs on the host backend only".to_string()));
@@ -274,6 +303,10 @@ impl Executor for QnnExecutor {
         let rows = g.rows as usize;
         let new_plane = kvh * rows * hd;
         let n = self.stages.len();
+        // The executables this pass runs (a context's pieces, [`llada_ir::npu::pieces`]): each
+        // but the last hands its hidden states on.
+        let total: usize = self.stages.iter().map(|st| st.tables[graph as usize].len()).sum();
+        let mut done = 0;
         for k in 0..n {
             self.create(model, k)?;
             // The next context of this pass, created while this one runs where the budget
@@ -284,28 +317,12 @@ impl Executor for QnnExecutor {
             }
             let device = Arc::clone(&self.device);
             let (before, after) = self.stages.split_at_mut(k + 1);
-            let upcoming: Option<(u32, &[NpuGraph])> = next.map(|j| (after[j - k - 1].segment, after[j - k - 1].tables.as_slice()));
+            let upcoming: Option<(u32, &[Vec<NpuGraph>])> = next.map(|j| (after[j - k - 1].segment, after[j - k - 1].tables.as_slice()));
             let stage = &mut before[k];
-            let table = &stage.tables[graph as usize];
+            let tables = &stage.tables[graph as usize];
             let (context, graphs) = stage.live.as_mut().expect("created above");
-            let s = &mut self.scratch;
-            let parts = window.parts();
-            let KvView::Half(kv, _) = parts.kv else {
-                return Err(Error::Internal("the NPU executables read an f16 KV cache; the verifier checked the plan has one".into()));
-            };
-            // Every tensor at its descriptor: the KV cache's in the window's cache (the
-            // allocation's first region), the others in the scratch allocation.
-            let kv_bytes: &mut [u8] = bytemuck::cast_slice_mut(kv);
-            let mut bind = |t: &NpuTensor| -> Result<IoBuffer> {
-                let data = match t.role {
-                    Role::KCache(_) | Role::VCache(_) => t.offset.checked_add(t.bytes()).filter(|&end| end <= kv_bytes.len() as u64).map(|_| kv_bytes[t.offset as usize..].as_mut_ptr()),
-                    _ => s.pointer(t),
-                };
-                let data = data.ok_or_else(|| Error::Internal(format!("graph '{}': the descriptor of '{}' lies outside the I/O allocation", g.name, t.name)))?;
-                Ok(IoBuffer { id: t.id, name: CString::new(t.name.as_str()).unwrap_or_default(), data_type: qnn_dtype(t), dims: t.dims.clone(), data: data.cast(), bytes: t.bytes() as usize })
-            };
-            let mut inputs = table.inputs.iter().map(&mut bind).collect::<Result<Vec<_>>>()?;
-            let mut outputs = table.outputs.iter().map(&mut bind).collect::<Result<Vec<_>>>()?;
+            let (scratch, moe, pool) = (&mut self.scratch, &mut self.moe, &self.pool);
+            let experts = experts.as_deref_mut();
             let (ran, prefetched) = std::thread::scope(|scope| {
                 let creating = upcoming.map(|(segment, tables)| {
                     scope.spawn(move || {
@@ -314,21 +331,33 @@ impl Executor for QnnExecutor {
                         (live, start, std::time::Instant::now())
                     })
                 });
-                let ran = context.execute(&graphs[graph as usize], &mut inputs, &mut outputs);
+                let mut experts = experts;
+                let mut ran = || -> Result<()> {
+                    for (table, executable) in tables.iter().zip(&graphs[graph as usize]) {
+                        execute(context, executable, table, scratch, window, g)?;
+                        // An MoE layer's router and routed experts, on the host, between this
+                        // executable and the next.
+                        let host = table.ops[1] as usize..(table.ops[1] as usize..g.ops.len()).find(|&i| !llada_ir::npu::host_op(&g.ops[i])).unwrap_or(g.ops.len());
+                        if !host.is_empty() {
+                            io::run_host_ops(model, g, host, inp, scratch, window, experts.as_deref_mut(), moe, pool)?;
+                        }
+                        done += 1;
+                        if done < total {
+                            scratch.hand_on_hidden(rows, m.d_model as usize);
+                        }
+                    }
+                    Ok(())
+                };
+                let ran = ran();
                 let waited = std::time::Instant::now();
                 (ran, creating.map(|c| (c.join(), waited)))
             });
-            drop(inputs);
-            drop(outputs);
             if let (Some(j), Some((joined, waited))) = (next, prefetched) {
                 let (live, start, end) = joined.map_err(|_| Error::Internal("the thread creating an NPU context panicked".into()))?;
                 self.loads.wait_seconds += end.saturating_duration_since(waited).as_secs_f64();
                 self.created(model, j, live?, start, end, true);
             }
             ran?;
-            if k + 1 < n {
-                self.scratch.hand_on_hidden(rows, m.d_model as usize);
-            }
         }
         let s = &mut self.scratch;
         let parts = window.parts();
