@@ -41,7 +41,8 @@ fn trained(name: &str) -> PathBuf {
 }
 
 /// The trained LLaDA 2.0 and 2.1 answer held-out tasks on the NPU as on the host (2.1 with
-/// its token editing), and a block pass's logits agree to fp16 precision.
+/// its token editing, 2.0 under mbsd too), in as many passes, and a block pass's logits agree
+/// to fp16 precision.
 #[test]
 #[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
 fn the_trained_llada2_models_answer_on_the_npu_as_on_the_host() {
@@ -68,7 +69,18 @@ fn the_trained_llada2_models_answer_on_the_npu_as_on_the_host() {
             // The same tokens, committed and edited at the same calls (within a call, fp16 may
             // order equal sets differently).
             assert_eq!((&got.output_ids, sets(&got.reveals), got.revisions.as_deref().map(sets)), (&want.output_ids, sets(&want.reveals), want.revisions.as_deref().map(sets)), "{name}: {expected}");
+            // Block-causal passes over several blocks (the finished block stored by the next
+            // block's first call): as many passes as model calls, as on the host.
+            assert_eq!(got.forward_passes, want.forward_passes, "{name}");
             correct += (&text.decode(&got.output_ids, true) == expected) as usize;
+            if editing.is_none() {
+                // mbsd: the stale and masked rows only, the next block drafted in the pass
+                // expected to empty this one.
+                let p = SamplerParams { policy: llada_rt::sampler::Policy::Mbsd, spec_blocks: 1, ..p };
+                let got = generate(&mut npu, ids, &p, &mut |_| {}).unwrap();
+                let want = generate(&mut host, ids, &p, &mut |_| {}).unwrap();
+                assert_eq!((&got.output_ids, sets(&got.reveals)), (&want.output_ids, sets(&want.reveals)), "{name} mbsd: {expected}");
+            }
         }
         assert!(correct >= 3, "{name}: {correct} of 4 answered");
         assert!(npu.expert_counters().unwrap().active > 0, "the host ran the routed experts");

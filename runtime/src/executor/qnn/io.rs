@@ -171,7 +171,8 @@ fn narrow(from: &[f32], to: &mut [u16]) {
 }
 
 /// What each query row may attend to, as the host's attention computes it: the cache's
-/// first `context` positions, where the rows the run stores (`stored_rows`) replace the
+/// first `context` positions (in a block-causal pass, those before the end of the row's
+/// block, [`RunInputs::key_runs`]), where the rows the run stores (`stored_rows`) replace the
 /// cache at their positions with their own keys; a row that does not store sees its own key
 /// at its position instead of the cache's (if that position is attended to at all). Columns
 /// are the `capacity` cache positions, then the graph's `rows` own keys; 0 where attended,
@@ -181,7 +182,7 @@ fn narrow(from: &[f32], to: &mut [u16]) {
 pub fn fill_mask(mask: &mut [u16], stored: &mut [bool], capacity: usize, rows: usize, inp: &RunInputs) {
     let (open, shut) = (f16::from_f32(0.0).to_bits(), f16::from_f32(MASKED).to_bits());
     let width = capacity + rows;
-    let (stored_rows, context) = (inp.stored_rows, inp.context);
+    let stored_rows = inp.stored_rows;
     stored.fill(false);
     for &p in &inp.positions[..stored_rows] {
         stored[p as usize] = true;
@@ -193,6 +194,11 @@ pub fn fill_mask(mask: &mut [u16], stored: &mut [bool], capacity: usize, rows: u
             row[capacity + r] = open;
             continue;
         }
+        // A block-causal pass: the keys before the end of the row's block only.
+        let context = match inp.block_causal {
+            Some(b) => ((inp.positions[r] as usize / b + 1) * b).min(inp.context),
+            None => inp.context,
+        };
         for (j, m) in row[..context].iter_mut().enumerate() {
             if !stored[j] {
                 *m = open;
@@ -269,6 +275,26 @@ mod tests {
         assert_eq!(open(&mask, width, 3), vec![11]);
         // The second query head of the group sees the same.
         assert_eq!(mask[..rows * width], mask[rows * width..]);
+    }
+
+    /// Two blocks of 4 in one block-causal pass over a stored prefix of 4: the first block's
+    /// rows see the prefix and themselves, the second's the prefix and both blocks.
+    #[test]
+    fn a_block_causal_pass_masks_each_row_to_the_end_of_its_block() {
+        let (capacity, rows) = (12, 8);
+        let positions: Vec<u32> = (4..12).collect();
+        let mut inp = inputs(&[0; 8], &positions, 8, 12, 8);
+        inp.block_causal = Some(4);
+        let mut mask = vec![0u16; rows * (capacity + rows)];
+        let mut stored = vec![false; capacity];
+        fill_mask(&mut mask, &mut stored, capacity, rows, &inp);
+        let width = capacity + rows;
+        for r in 0..4 {
+            assert_eq!(open(&mask, width, r), vec![0, 1, 2, 3, 12, 13, 14, 15]);
+        }
+        for r in 4..8 {
+            assert_eq!(open(&mask, width, r), vec![0, 1, 2, 3, 12, 13, 14, 15, 16, 17, 18, 19]);
+        }
     }
 
     #[test]

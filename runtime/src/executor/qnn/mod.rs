@@ -123,7 +123,8 @@ impl QnnExecutor {
             max_allocation_bytes: u64::MAX,
             device_timestamps: false,
             int8_dot: false,
-            multi_block_passes: false,
+            // The attention mask is an input the host builds: block-causal runs are its rows.
+            multi_block_passes: true,
         };
         let mut e = QnnExecutor { stages, budget: section.context_budget, loads: Loads::default(), trace: None, pool, capabilities, scratch: io::Scratch::new(h, section.io.clone()), moe: crate::moe::OpScratch::new(h), device };
         for k in 0..e.stages.len() {
@@ -272,10 +273,6 @@ fn execute(context: &mut Context, executable: &QnnGraph, table: &NpuGraph, scrat
 
 impl Executor for QnnExecutor {
     fn run(&mut self, model: &Model, graph: u32, inp: &RunInputs, window: &mut Window, stager: &mut Stager, mut experts: Option<&mut Experts>, _profile: Option<&mut OpProfile>) -> Result<()> {
-        if inp.block_causal.is_some() {
-            // Only LLaDA 2.x makes such passes, and it runs on the host backend only.
-            return Err(Error::request("a block-causal pass over several blocks runs on the host backend only".to_string()));
-        }
         // One executable per context a pass: no op of the plan is timed, so a profile stays
         // empty (the pass's time is the session's).
         let h = &model.header;

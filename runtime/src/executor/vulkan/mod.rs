@@ -184,8 +184,8 @@ impl VulkanExecutor {
 impl Executor for VulkanExecutor {
     fn run(&mut self, model: &Model, graph: u32, inp: &RunInputs, window: &mut Window, stager: &mut Stager, mut experts: Option<&mut Experts>, mut profile: Option<&mut OpProfile>) -> Result<()> {
         if inp.block_causal.is_some() {
-            // Only LLaDA 2.x makes such passes, and it runs on the host backend only.
-            return Err(Error::request("a block-causal pass over several blocks runs on the host backend only".to_string()));
+            // Only LLaDA 2.x makes such passes, on backends whose capabilities say they run them.
+            return Err(Error::request("a block-causal pass over several blocks runs on the host and qnn backends only".to_string()));
         }
         let (g, gid) = (model.graph(graph), graph as usize);
         let recorded = match &self.graphs[gid] {
