@@ -75,7 +75,7 @@ impl<'s, 'm> Generator<'s, 'm> {
         if p.policy == Policy::Mbsd {
             // Its passes span blocks of the block-causal mask.
             if !session.backend().multi_block_passes {
-                return Err(Error::setting(crate::error::Setting::Policy, format!("mbsd: LLaDA 2.x's mbsd runs on the host and qnn backends only (its passes span blocks of the block-causal mask, which the {} backend does not run)", session.backend().backend)));
+                return Err(Error::setting(crate::error::Setting::Policy, format!("mbsd: LLaDA 2.x's mbsd needs passes over several blocks of the block-causal mask, which the {} backend does not run", session.backend().backend)));
             }
             policy = policy.speculate(p);
         }

@@ -55,6 +55,9 @@ struct InputsMap(*mut u32, usize);
 // SAFETY: the mapping is written only by the executor that owns it, between submits.
 unsafe impl Send for InputsMap {}
 
+/// Words before the positions in the pass-inputs buffer (`common.glsl`'s `IN_*`).
+const INPUT_HEADER: usize = 5;
+
 pub struct VulkanExecutor {
     gpu: Arc<Gpu>,
     pipelines: Pipelines,
@@ -87,7 +90,7 @@ impl VulkanExecutor {
         // nothing else uses it; the device touches it only in this executor's submits.
         let window = unsafe { Window::over_device(h, ptr, bytes, Box::new(owner)) };
         let max_rows = h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize;
-        let inputs_bytes = (4 + 2 * max_rows as u64) * 4;
+        let inputs_bytes = (INPUT_HEADER as u64 + 2 * max_rows as u64) * 4;
         let pool = Pool::new(threads.max(1), "llada-cpu").map_err(|e| Error::Internal(format!("starting the CPU thread pool: {e}")))?;
         let capabilities = Capabilities {
             backend: "vulkan",
@@ -98,7 +101,8 @@ impl VulkanExecutor {
             max_allocation_bytes: gpu.max_allocation,
             device_timestamps: gpu.timestamp_bits > 0,
             int8_dot: gpu.int8_dot,
-            multi_block_passes: false,
+            // The attention shader limits each row to the end of its block.
+            multi_block_passes: true,
         };
         // The executor owns each object as soon as it exists (null until then), so a failure
         // part-way frees what was made through `drop`.
@@ -143,9 +147,10 @@ impl VulkanExecutor {
         // SAFETY: the mapping holds `len` words and the device reads it only during this
         // executor's submits, none of which is pending (each was waited for).
         let words = unsafe { std::slice::from_raw_parts_mut(self.inputs_map.0, self.inputs_map.1) };
-        words[..4].copy_from_slice(&[inp.stored_rows as u32, inp.context as u32, inp.head_rows.len() as u32, inp.rows as u32]);
-        words[4..4 + inp.positions.len()].copy_from_slice(inp.positions);
-        words[4 + self.max_rows..4 + self.max_rows + inp.head_rows.len()].copy_from_slice(inp.head_rows);
+        let block = inp.block_causal.unwrap_or(0) as u32;
+        words[..INPUT_HEADER].copy_from_slice(&[inp.stored_rows as u32, inp.context as u32, inp.head_rows.len() as u32, inp.rows as u32, block]);
+        words[INPUT_HEADER..INPUT_HEADER + inp.positions.len()].copy_from_slice(inp.positions);
+        words[INPUT_HEADER + self.max_rows..INPUT_HEADER + self.max_rows + inp.head_rows.len()].copy_from_slice(inp.head_rows);
     }
 
     /// Submits `cmd` and waits for it.
@@ -183,10 +188,6 @@ impl VulkanExecutor {
 
 impl Executor for VulkanExecutor {
     fn run(&mut self, model: &Model, graph: u32, inp: &RunInputs, window: &mut Window, stager: &mut Stager, mut experts: Option<&mut Experts>, mut profile: Option<&mut OpProfile>) -> Result<()> {
-        if inp.block_causal.is_some() {
-            // Only LLaDA 2.x makes such passes, on backends whose capabilities say they run them.
-            return Err(Error::request("a block-causal pass over several blocks runs on the host and qnn backends only".to_string()));
-        }
         let (g, gid) = (model.graph(graph), graph as usize);
         let recorded = match &self.graphs[gid] {
             Ok(r) => r,

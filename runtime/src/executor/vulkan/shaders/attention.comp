@@ -1,7 +1,7 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // Bidirectional attention of query head `h` of row `r` (one workgroup each) against the first
-// `context` positions of one layer's KV cache (binding 2, as store_kv.comp wrote it), as the
+// `context` positions (block-causal: those before the end of the row's block) of one layer's KV cache (binding 2, as store_kv.comp wrote it), as the
 // host's `attention::attend` on its dot-product path (the portable kernels, AVX2, NEON), in
 // its order of operations so both get the same bits: scores q.k * scale (the host's `dot`:
 // 16 lanes of fused multiply-adds added pairwise; a row's own key by fused multiply-adds in
@@ -73,7 +73,9 @@ void main() {
     if (row >= pc.rows) return;
     uint hd = pc.head_dim, quads = pc.head_dim / 4u;
     uint kvh = h / (pc.heads / pc.kv_heads);
-    uint keys = inp[IN_CONTEXT];
+    // A block-causal pass (LLaDA 2.x's blocks): the keys before the end of the row's block.
+    uint block = inp[IN_BLOCK];
+    uint keys = block == 0u ? inp[IN_CONTEXT] : min(inp[IN_CONTEXT], (position_of(row) / block + 1u) * block);
     uint own = row >= inp[IN_STORED] ? position_of(row) : 0xffffffffu;
     uint row0 = pc.qkv_off + row * pc.width;
     uint own_k = row0 + (pc.heads + kvh) * hd, own_v = row0 + (pc.heads + pc.kv_heads + kvh) * hd;

@@ -7,13 +7,15 @@ layout(std430, set = 0, binding = 0) buffer Activations { float act[]; };
 layout(std430, set = 0, binding = 1) readonly buffer WordsA { uint wa[]; };
 layout(std430, set = 0, binding = 2) buffer WordsB { uint wb[]; };
 // Pass inputs, written by the host before each submit: stored rows, context, head rows,
-// real rows, then one position per graph row, then the head rows (from word 4 + max_rows).
+// real rows, the block-causal mask's block length (0: none), then one position per graph
+// row, then the head rows (from word 5 + max_rows).
 layout(std430, set = 0, binding = 3) readonly buffer Inputs { uint inp[]; };
 
 const uint IN_STORED = 0u;
 const uint IN_CONTEXT = 1u;
 const uint IN_HEADS = 2u;
-const uint IN_POS = 4u;
+const uint IN_BLOCK = 4u;
+const uint IN_POS = 5u;
 
 uint position_of(uint row) { return inp[IN_POS + row]; }
 
