@@ -520,19 +520,28 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     };
     let unplanned = header.clone();
     window::plan(&mut header, &window_opts)?;
-    if let (Some((soc, _)), Some(_)) = (npu_soc, header.model.moe) {
+    if let (Some((soc, _)), Some(moe)) = (npu_soc, header.model.moe) {
         // The NPU's contexts share the window with the expert slots: the slots leave room for
-        // every layer's executables at once (rotating contexts would need less, and stall).
-        let need = crate::qnn::whole_model_bytes(&header, npu_weights, opts.npu_shared_weights).map_err(|e| Error::Options(format!("--target {soc}: {e}")))?;
-        let cap = window_bytes.saturating_sub(llada_ir::npu::IoLayout::of(&header).bytes + need);
-        if header.plan.window.experts.region.bytes > cap {
+        // every context at once where a token's experts still get a slot a layer each beside
+        // them, else for two one-layer contexts (one created while the other runs).
+        let room = crate::qnn::executables_room(&header, npu_weights, opts.npu_shared_weights, opts.npu_contexts).map_err(|e| Error::Options(format!("--target {soc}: {e}")))?;
+        let io = llada_ir::npu::IoLayout::of(&header).bytes;
+        let x = &header.plan.window.experts;
+        let layer_slots = x.slot_bytes * header.model.moe_layers() as u64;
+        let reserve = if window_bytes.saturating_sub(io + room.all) >= moe.top_k as u64 * layer_slots { room.all } else { room.rotating.min(room.all) };
+        let cap = window_bytes.saturating_sub(io + reserve);
+        if x.region.bytes > cap {
             header = unplanned;
             window::plan(&mut header, &WindowOptions { max_expert_bytes: Some(cap), ..window_opts })?;
             if header.plan.window.experts.slots_per_layer == 0 {
+                let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
                 return Err(Error::Options(format!(
-                    "--target {soc}: the {:.1} MiB window holds the NPU's executables ({:.1} MiB) but no expert slot beside them; raise --window-bytes or use smaller weights (--quant q4)",
-                    window_bytes as f64 / (1u64 << 20) as f64,
-                    need as f64 / (1u64 << 20) as f64
+                    "--target {soc}: the {} window leaves no room for an expert slot a layer ({}) beside the NPU's I/O ({}) and executables ({} to rotate them, {} all at once); raise --window-bytes or use smaller weights (--quant q4)",
+                    mib(window_bytes),
+                    mib(layer_slots),
+                    mib(io),
+                    mib(room.rotating),
+                    mib(room.all)
                 )));
             }
         }

@@ -222,10 +222,24 @@ fn layer_weight_bytes(h: &Header, format: NpuWeights, shared_weights: bool) -> s
     Ok(LayerBytes { bounds, layer_bytes, build_bytes })
 }
 
-/// Bytes the executables of every layer take in one context (as [`split_contexts`] predicts
-/// a binary's): what a mixture-of-experts model's expert slots leave the window for them.
-pub fn whole_model_bytes(h: &Header, format: NpuWeights, shared_weights: bool) -> std::result::Result<u64, String> {
-    Ok(binary_bytes(layer_weight_bytes(h, format, shared_weights)?.layer_bytes.iter().sum()))
+/// The window room the executables need, as [`split_contexts`] predicts binaries: what a
+/// mixture-of-experts model's expert slots leave them.
+#[derive(Debug, Clone, Copy)]
+pub struct ExecutablesRoom {
+    /// Every context resident at once (split by `--npu-contexts`, or where preparing one
+    /// context would hold more than [`BUILD_BYTES`]).
+    pub all: u64,
+    /// The least that runs: two one-layer contexts of the largest layer, one created while
+    /// the other runs.
+    pub rotating: u64,
+}
+
+pub fn executables_room(h: &Header, format: NpuWeights, shared_weights: bool, contexts: Option<u32>) -> std::result::Result<ExecutablesRoom, String> {
+    let LayerBytes { layer_bytes, build_bytes, .. } = layer_weight_bytes(h, format, shared_weights)?;
+    let groups = split_layers(&layer_bytes, &build_bytes, u64::MAX, contexts)?;
+    let all = groups.iter().map(|g| binary_bytes(layer_bytes[g[0] as usize..g[1] as usize].iter().sum())).sum();
+    let rotating = 2 * binary_bytes(layer_bytes.iter().copied().max().unwrap_or(0));
+    Ok(ExecutablesRoom { all, rotating })
 }
 
 /// Where each layer's ops start in `g`: layer 0 right after the embedding, layer l after the

@@ -193,12 +193,15 @@ fn margin_at(reference: &mut Session, c: &Case, step: usize, ours: &[[u32; 2]]) 
     }
     let (logits, first, rows) = match c.block_length {
         // The block the step decodes, seeing itself and the blocks before it.
+        // The blocks the step decodes (mbsd's steps may span two), each seeing itself and the
+        // blocks before it.
         Some(b) if block_diffusion && b > 0 => {
-            let Some(&[p, _]) = ours.first().or(c.step_reveals[step].first()) else {
+            let positions = ours.iter().chain(&c.step_reveals[step]).map(|r| plen + r[0] as usize);
+            let (Some(first), Some(last)) = (positions.clone().min(), positions.max()) else {
                 return Ok(None);
             };
-            let start = (plen + p as usize) / b * b;
-            let end = (start + b).min(seq.len());
+            let start = first / b * b;
+            let end = ((last / b + 1) * b).min(seq.len());
             let heads: Vec<u32> = (start..end).map(|p| p as u32).collect();
             (reference.forward_blocks(&seq[..end], 0, b, &heads)?, start, heads.len())
         }
@@ -209,7 +212,10 @@ fn margin_at(reference: &mut Session, c: &Case, step: usize, ours: &[[u32; 2]]) 
     };
     // A reveal's row among the logits' (`None` outside them: no margin from it).
     let row = |p: u32| (plen + p as usize).checked_sub(first);
-    let vocab = logits.len() / rows.max(1);
+    if rows == 0 {
+        return Ok(None);
+    }
+    let vocab = logits.len() / rows;
     // Per generated position: its top-2 logit gap and its top-1 log-probability.
     let stats: Vec<(f64, f64)> = logits
         .chunks_exact(vocab)

@@ -116,7 +116,7 @@ fn llada_moe_runs_its_dense_part_on_the_npu_under_every_expert_strategy() {
     // expert slots leave the executables their room.
     let x = &m.header.plan.window.experts;
     assert_eq!(x.slots_per_layer, x.per_layer);
-    let need = lladac::qnn::whole_model_bytes(&m.header, section.weights, false).unwrap();
+    let need = lladac::qnn::executables_room(&m.header, section.weights, false, None).unwrap().all;
     let quarter_pool = x.region.bytes / 4;
     let window = (section.io.bytes + need + quarter_pool).max(x.region.offset + quarter_pool);
     let quarter = dir.path().join("quarter.lad");
@@ -132,7 +132,7 @@ fn llada_moe_runs_its_dense_part_on_the_npu_under_every_expert_strategy() {
         .env("LLADA_QNN_LIB", lib())
         .output()
         .unwrap();
-    common::assert_clean_failure(&o, &["--target sm8650", "no expert slot", "--window-bytes"]);
+    common::assert_clean_failure(&o, &["--target sm8650", "no room for an expert slot", "--window-bytes"]);
     assert!(!small.exists());
     let moe_layers = m.header.model.moe_layers() as usize;
     assert_eq!(section.contexts.iter().map(|c| c.graphs.len()).sum::<usize>(), m.header.graphs.len() * (moe_layers + 1), "an executable before each MoE layer's host ops, one after the last");

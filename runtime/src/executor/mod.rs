@@ -43,7 +43,8 @@ pub struct RunInputs<'a> {
     pub rows: usize,
     /// `Some(b)`: a pass over several blocks of LLaDA 2.x's block-causal mask, whose rows lie
     /// in ascending position order: each row attends only to the keys before its block's end,
-    /// `(position / b + 1) * b` (at most `context`). Only the host backend runs such passes.
+    /// `(position / b + 1) * b` (at most `context`). Backends whose
+    /// [`Capabilities::multi_block_passes`] say so run such passes.
     pub block_causal: Option<usize>,
 }
 
