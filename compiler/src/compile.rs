@@ -518,9 +518,10 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
         can_grow: target.max_window_bytes().is_none_or(|(max, _)| window_bytes < max),
         max_expert_bytes: None,
     };
-    let unplanned = header.clone();
+    // An MoE model's NPU target may plan again with fewer expert slots (below).
+    let unplanned = (npu_soc.is_some() && header.model.moe.is_some()).then(|| header.clone());
     window::plan(&mut header, &window_opts)?;
-    if let (Some((soc, _)), Some(moe)) = (npu_soc, header.model.moe) {
+    if let (Some((soc, _)), Some(moe), Some(unplanned)) = (npu_soc, header.model.moe, unplanned) {
         // The NPU's contexts share the window with the expert slots: the slots leave room for
         // every context at once where a token's experts still get a slot a layer each beside
         // them, else for two one-layer contexts (one created while the other runs).

@@ -199,7 +199,7 @@ pub fn split_contexts(h: &Header, format: NpuWeights, shared_weights: bool, cont
     })?;
     let LayerBytes { bounds, layer_bytes, build_bytes } = layer_weight_bytes(h, format, shared_weights)?;
     let layers = split_layers(&layer_bytes, &build_bytes, budget, contexts)?;
-    let bytes = layers.iter().map(|g| binary_bytes(layer_bytes[g[0] as usize..g[1] as usize].iter().sum())).collect();
+    let bytes = layers.iter().map(|g| context_bytes(&layer_bytes, g)).collect();
     Ok(ContextSplit { budget, layers, bytes, bounds })
 }
 
@@ -237,9 +237,14 @@ pub struct ExecutablesRoom {
 pub fn executables_room(h: &Header, format: NpuWeights, shared_weights: bool, contexts: Option<u32>) -> std::result::Result<ExecutablesRoom, String> {
     let LayerBytes { layer_bytes, build_bytes, .. } = layer_weight_bytes(h, format, shared_weights)?;
     let groups = split_layers(&layer_bytes, &build_bytes, u64::MAX, contexts)?;
-    let all = groups.iter().map(|g| binary_bytes(layer_bytes[g[0] as usize..g[1] as usize].iter().sum())).sum();
+    let all = groups.iter().map(|g| context_bytes(&layer_bytes, g)).sum();
     let rotating = 2 * binary_bytes(layer_bytes.iter().copied().max().unwrap_or(0));
     Ok(ExecutablesRoom { all, rotating })
+}
+
+/// The predicted binary bytes of the context of layers `g`.
+fn context_bytes(layer_bytes: &[u64], g: &[u32; 2]) -> u64 {
+    binary_bytes(layer_bytes[g[0] as usize..g[1] as usize].iter().sum())
 }
 
 /// Where each layer's ops start in `g`: layer 0 right after the embedding, layer l after the

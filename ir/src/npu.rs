@@ -402,14 +402,15 @@ pub fn pieces(g: &Graph, ops: Range<usize>) -> Vec<Range<usize>> {
     out
 }
 
-/// The host ops right before op `start` of `g` (the run a piece follows) and right from op
-/// `end` on (the run it precedes).
+/// The host ops right before op `start` of `g` (the run a piece follows).
 fn host_run_before(g: &Graph, start: usize) -> Range<usize> {
     let first = (0..start).rev().take_while(|&i| host_op(&g.ops[i])).last().unwrap_or(start);
     first..start
 }
 
-fn host_run_from(g: &Graph, end: usize) -> Range<usize> {
+/// The host ops from op `end` of `g` on (the run a piece ending there precedes; empty where
+/// none follows).
+pub fn host_run_from(g: &Graph, end: usize) -> Range<usize> {
     end..(end..g.ops.len()).find(|&i| !host_op(&g.ops[i])).unwrap_or(g.ops.len())
 }
 
@@ -437,7 +438,7 @@ pub fn piece_roles(g: &Graph, ops: Range<usize>) -> std::result::Result<(Vec<Bou
     let before = experts_of(g, host_run_before(g, ops.start));
     let after_run = host_run_from(g, ops.end);
     let mut written = std::collections::HashSet::new();
-    let (mut reads_outside, mut uses) = (Vec::new(), [false; 4]);
+    let (mut reads_outside, mut uses) = (Vec::new(), [false; 3]);
     let mut layers = Vec::new();
     for op in &g.ops[ops.clone()] {
         if host_op(op) || matches!(op, Op::Embed { .. }) {

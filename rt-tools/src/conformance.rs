@@ -192,7 +192,6 @@ fn margin_at(reference: &mut Session, c: &Case, step: usize, ours: &[[u32; 2]]) 
         }
     }
     let (logits, first, rows) = match c.block_length {
-        // The block the step decodes, seeing itself and the blocks before it.
         // The blocks the step decodes (mbsd's steps may span two), each seeing itself and the
         // blocks before it.
         Some(b) if block_diffusion && b > 0 => {

@@ -136,7 +136,6 @@ impl HostExecutor {
             max_allocation_bytes: u64::MAX,
             device_timestamps: false,
             int8_dot: features.avx512_vnni() || features.dotprod(),
-            multi_block_passes: true,
         };
         HostExecutor { pool, features, homes: homes(&model.header), capabilities, moe: moe::OpScratch::new(&model.header) }
     }

@@ -43,19 +43,25 @@ pub struct RunInputs<'a> {
     pub rows: usize,
     /// `Some(b)`: a pass over several blocks of LLaDA 2.x's block-causal mask, whose rows lie
     /// in ascending position order: each row attends only to the keys before its block's end,
-    /// `(position / b + 1) * b` (at most `context`). Backends whose
-    /// [`Capabilities::multi_block_passes`] say so run such passes.
+    /// `(position / b + 1) * b` (at most `context`, [`RunInputs::keys_of`]). Every backend
+    /// runs such passes (the NPU's mask and Vulkan's attention shader apply the same rule).
     pub block_causal: Option<usize>,
 }
 
 impl RunInputs<'_> {
+    /// The keys row `r` attends to: the first `context`, or in a block-causal pass those
+    /// before the end of its block.
+    pub fn keys_of(&self, r: usize) -> usize {
+        match self.block_causal {
+            Some(b) => ((self.positions[r] as usize / b + 1) * b).min(self.context),
+            None => self.context,
+        }
+    }
+
     /// The real rows split into runs that attend to the same keys, `(rows, keys)` each in
     /// order: one run of every row over `context` unless the pass is block-causal.
     pub fn key_runs(&self) -> impl Iterator<Item = (std::ops::Range<usize>, usize)> + '_ {
-        let keys = move |r: usize| match self.block_causal {
-            Some(b) => ((self.positions[r] as usize / b + 1) * b).min(self.context),
-            None => self.context,
-        };
+        let keys = move |r: usize| self.keys_of(r);
         let mut start = 0;
         std::iter::from_fn(move || {
             if start >= self.rows {
@@ -118,9 +124,6 @@ pub struct Capabilities {
     pub device_timestamps: bool,
     /// Whether the int8 matmuls use the device's packed int8 dot-product instructions.
     pub int8_dot: bool,
-    /// Whether a pass may span several blocks of the block-causal mask
-    /// ([`RunInputs::block_causal`]); else LLaDA 2.x's passes cover one block each.
-    pub multi_block_passes: bool,
 }
 
 pub trait Executor: Send {

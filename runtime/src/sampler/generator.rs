@@ -73,10 +73,6 @@ impl<'s, 'm> Generator<'s, 'm> {
     fn start_llada2(session: &'s mut Session<'m>, prompt: &[u32], p: &SamplerParams, special: llada_ir::SpecialTokens, steps: usize) -> Result<Generator<'s, 'm>> {
         let mut policy = llada2::Llada2::new(p, prompt.len(), steps, special.eos);
         if p.policy == Policy::Mbsd {
-            // Its passes span blocks of the block-causal mask.
-            if !session.backend().multi_block_passes {
-                return Err(Error::setting(crate::error::Setting::Policy, format!("mbsd: LLaDA 2.x's mbsd needs passes over several blocks of the block-causal mask, which the {} backend does not run", session.backend().backend)));
-            }
             policy = policy.speculate(p);
         }
         let grid = policy.grid_len();

@@ -224,7 +224,7 @@ impl PolicyStep for Llada2 {
                 // pass, whose rows of each block attend up to its end, as many of them as a
                 // graph holds with the block where the backend runs such passes; the others
                 // by a pass each.
-                let fits = |rows: usize| session.backend().multi_block_passes && session.head_capacity(rows).is_ok_and(|h| h >= c.head.len());
+                let fits = |rows: usize| session.head_capacity(rows).is_ok_and(|h| h >= c.head.len());
                 let mut from = s;
                 while from > self.stored && fits(e - (from - b)) {
                     from -= b;

@@ -195,10 +195,7 @@ pub fn fill_mask(mask: &mut [u16], stored: &mut [bool], capacity: usize, rows: u
             continue;
         }
         // A block-causal pass: the keys before the end of the row's block only.
-        let context = match inp.block_causal {
-            Some(b) => ((inp.positions[r] as usize / b + 1) * b).min(inp.context),
-            None => inp.context,
-        };
+        let context = inp.keys_of(r);
         for (j, m) in row[..context].iter_mut().enumerate() {
             if !stored[j] {
                 *m = open;

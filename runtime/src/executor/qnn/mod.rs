@@ -123,8 +123,6 @@ impl QnnExecutor {
             max_allocation_bytes: u64::MAX,
             device_timestamps: false,
             int8_dot: false,
-            // The attention mask is an input the host builds: block-causal runs are its rows.
-            multi_block_passes: true,
         };
         let mut e = QnnExecutor { stages, budget: section.context_budget, loads: Loads::default(), trace: None, pool, capabilities, scratch: io::Scratch::new(h, section.io.clone()), moe: crate::moe::OpScratch::new(h), device };
         for k in 0..e.stages.len() {
@@ -334,7 +332,7 @@ impl Executor for QnnExecutor {
                         execute(context, executable, table, scratch, window, g)?;
                         // An MoE layer's router and routed experts, on the host, between this
                         // executable and the next.
-                        let host = table.ops[1] as usize..(table.ops[1] as usize..g.ops.len()).find(|&i| !llada_ir::npu::host_op(&g.ops[i])).unwrap_or(g.ops.len());
+                        let host = llada_ir::npu::host_run_from(g, table.ops[1] as usize);
                         if !host.is_empty() {
                             io::run_host_ops(model, g, host, inp, scratch, window, experts.as_deref_mut(), moe, pool)?;
                         }

@@ -101,8 +101,6 @@ impl VulkanExecutor {
             max_allocation_bytes: gpu.max_allocation,
             device_timestamps: gpu.timestamp_bits > 0,
             int8_dot: gpu.int8_dot,
-            // The attention shader limits each row to the end of its block.
-            multi_block_passes: true,
         };
         // The executor owns each object as soon as it exists (null until then), so a failure
         // part-way frees what was made through `drop`.
