@@ -156,12 +156,36 @@ pub struct CompileOptions {
     /// The calibration set of 16-bit activations (`calibrate::read_prompts`); `None`: the
     /// built-in prompts through the model's chat template.
     pub calibration: Option<PathBuf>,
+    /// The target's HTP limits as a phone grants them, where it grants otherwise.
+    pub npu_limits: NpuLimitOverrides,
+}
+
+/// Overrides of a Snapdragon target's HTP limits (`--npu-sessions`, `--npu-session-bytes`):
+/// for a phone that grants fewer sessions (Android 14 and before: one), or more.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NpuLimitOverrides {
+    pub sessions: Option<u32>,
+    pub session_bytes: Option<u64>,
+}
+
+/// The HTP limits an NPU target's contexts are planned against: the target's, overridden.
+pub fn npu_limits(target: &llada_targets::Target, o: NpuLimitOverrides) -> Option<llada_ir::npu::NpuLimits> {
+    let m = target.npu_memory?;
+    Some(llada_ir::npu::NpuLimits {
+        mapping_bytes: m.mapping_bytes,
+        session_bytes: o.session_bytes.unwrap_or(m.session_bytes),
+        sessions: o.sessions.unwrap_or(target.sessions_per_process),
+    })
 }
 
 /// The element type of the NPU's matmul activations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum NpuActivations {
+    /// The weight format's fast form: 16-bit fixed point with q4 (QNN's performance model
+    /// puts it at 2.5x the per-channel int4 with fp16 activations, BENCHMARKS.md), fp16 with
+    /// f16 and q8 weights.
     #[default]
+    ByFormat,
     F16,
     U16,
 }
@@ -196,6 +220,13 @@ const CHUNK_BYTES: usize = 16 << 20;
 /// Refuses compile flags typed with values that would do nothing or cannot be served, naming
 /// the flag, before the checkpoint is read. `group` and `spec_blocks` are `Some` where the
 /// user gave them (the CLI's typed flags, the Python module's arguments).
+/// Inputs per q4 scale where `--group` is not given: 64 for a Snapdragon target (the block
+/// of the HTP's LPBQ, ExecuTorch's and AI Hub's w4a16; the host stand-in takes the same), 128
+/// elsewhere.
+pub fn default_group(target: &str) -> u32 {
+    if crate::qnn::soc_of(target).is_some() { 64 } else { 128 }
+}
+
 pub fn check_flags(quant: Option<&str>, group: Option<u32>, target: &str, max_seq: Option<u32>, block_len: u32, spec_blocks: Option<u32>) -> std::result::Result<(), String> {
     if let (Some(group), false) = (group, quant == Some("q4")) {
         let stored = quant.map_or("the checkpoint's own type".to_string(), |q| format!("--quant {q}"));
@@ -266,6 +297,13 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     if opts.host_only && opts.qnn_lib.is_some() {
         return Err(Error::Options("--qnn-lib: --host-only builds no NPU executables, so no QNN library is used".into()));
     }
+    if opts.npu_limits != NpuLimitOverrides::default() && npu_soc.is_none() {
+        let flag = if opts.npu_limits.sessions.is_some() { "--npu-sessions" } else { "--npu-session-bytes" };
+        return Err(Error::Options(format!("{flag}: only the NPU executables of a Snapdragon target (without --host-only) are planned over HTP sessions")));
+    }
+    if opts.npu_limits.sessions == Some(0) || opts.npu_limits.session_bytes == Some(0) {
+        return Err(Error::Options("--npu-sessions and --npu-session-bytes must be above 0".into()));
+    }
     if let (Some(n), None) = (opts.npu_contexts, npu_soc) {
         return Err(Error::Options(format!("--npu-contexts {n}: only the NPU executables of a Snapdragon target (without --host-only) are split into contexts")));
     }
@@ -276,12 +314,17 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
         return Err(Error::Options("--npu-shared-weights: only the NPU executables of a Snapdragon target (without --host-only) hold weights in contexts".into()));
     }
     let quant = opts.quant.unwrap_or_else(|| if crate::qnn::soc_of(&target.name).is_some() { Quant::F16 } else { Quant::of_source(embed_dtype) });
+    let npu_activations = match opts.npu_activations {
+        NpuActivations::ByFormat if npu_soc.is_some() && matches!(quant, Quant::Q4 { .. }) => NpuActivations::U16,
+        NpuActivations::ByFormat => NpuActivations::F16,
+        chosen => chosen,
+    };
     let npu_weights = match quant {
         Quant::F16 => NpuWeights::F16,
         Quant::Q8 => NpuWeights::Int8PerChannel,
         // The HTP's int4 with fp16 activations is per output channel (QNN.md); the host
         // stand-in keeps its groups.
-        Quant::Q4 { group } if opts.npu_activations == NpuActivations::U16 => NpuWeights::Int4Lpbq { block: group },
+        Quant::Q4 { group } if npu_activations == NpuActivations::U16 => NpuWeights::Int4Lpbq { block: group },
         Quant::Q4 { .. } => NpuWeights::Int4PerChannel,
         Quant::F32 | Quant::Bf16 => {
             if let Some((soc, _)) = npu_soc {
@@ -296,7 +339,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     };
     // The calibration set, read before any work (a bad file is one error up front).
     let mut calibration_set = None;
-    if opts.npu_activations == NpuActivations::U16 {
+    if npu_activations == NpuActivations::U16 {
         if npu_soc.is_none() {
             return Err(Error::Options("--npu-activations u16: only the NPU executables of a Snapdragon target (without --host-only) have 16-bit activations".into()));
         }
@@ -525,7 +568,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
         // The NPU's contexts share the window with the expert slots: the slots leave room for
         // every context at once where a token's experts still get a slot a layer each beside
         // them, else for two one-layer contexts (one created while the other runs).
-        let room = crate::qnn::executables_room(&header, npu_weights, opts.npu_shared_weights, opts.npu_contexts).map_err(|e| Error::Options(format!("--target {soc}: {e}")))?;
+        let room = crate::npu_plan::executables_room(&header, npu_weights, opts.npu_shared_weights, opts.npu_contexts).map_err(|e| Error::Options(format!("--target {soc}: {e}")))?;
         let io = llada_ir::npu::IoLayout::of(&header).bytes;
         let x = &header.plan.window.experts;
         let layer_slots = x.slot_bytes * header.model.moe_layers() as u64;
@@ -558,7 +601,8 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
                 Some((prompts, source)) => calibrate_activations(opts, prompts, source)?,
                 None => Default::default(),
             };
-            let npu_opts = crate::qnn::NpuOptions { contexts: opts.npu_contexts, shared_weights: opts.npu_shared_weights, estimate_soc: opts.npu_estimate_soc };
+            let limits = npu_limits(&target, opts.npu_limits).ok_or_else(|| Error::Options(format!("--target {}: the target file gives no HTP limits (npu_memory)", target.name)))?;
+            let npu_opts = crate::qnn::NpuOptions { limits, contexts: opts.npu_contexts, shared_weights: opts.npu_shared_weights, estimate_soc: opts.npu_estimate_soc };
             Some(add_npu_executables(&mut header, &mut w, &ckpt, segments, &ids, soc, npu_weights, &calibration, lib, &npu_opts)?)
         }
         _ => None,
@@ -634,6 +678,7 @@ fn calibrate_activations(opts: &CompileOptions, prompts: &[String], source: &str
         npu_estimate_soc: None,
         npu_activations: NpuActivations::F16,
         calibration: None,
+        npu_limits: Default::default(),
         ..opts.clone()
     };
     compile(&host)?;
@@ -754,6 +799,7 @@ mod tests {
             npu_estimate_soc: None,
             npu_activations: NpuActivations::F16,
             calibration: None,
+            npu_limits: Default::default(),
         }
     }
 

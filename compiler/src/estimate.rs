@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 
 use crate::error::{Error, Result};
 use crate::latency::activation_bytes;
+use crate::npu_estimate::NpuModel;
 use crate::window::staged_bytes;
 
 /// What to predict.
@@ -33,56 +34,6 @@ pub struct EstimateRequest {
     /// Another target's rates for the same plan (a Snapdragon artifact's plan is the same for
     /// every Snapdragon with the same window and row multiple).
     pub on_target: Option<String>,
-}
-
-/// What the phone's NPU adds to a Snapdragon artifact's passes: its executables' time as the
-/// target's fit to QNN's model says, and the rotating contexts created during each pass.
-struct NpuPasses {
-    timing: Option<llada_targets::NpuTiming>,
-    /// Each context's bytes and whether it stays resident, in pass order.
-    sizes: Vec<u64>,
-    resident: Vec<bool>,
-    /// Whether the rotating contexts are created every pass (they do not all fit beside the
-    /// resident ones), and whether the budget holds two at once, so that the runtime creates
-    /// each (but a pass's first) while the context before it runs.
-    rotate: bool,
-    double_buffered: bool,
-    source: &'static str,
-}
-
-impl NpuPasses {
-    fn of(h: &Header, target: &Target) -> Result<Option<NpuPasses>> {
-        // A mixture-of-experts model's passes are timed by `ExpertModel`: its routed experts
-        // run on the CPU between the executables, and the contexts' swaps are not its cost.
-        if crate::qnn::soc_of(&h.compile.target).is_none() || h.model.moe.is_some() {
-            return Ok(None);
-        }
-        let (sizes, resident, budget, source) = match llada_ir::npu::NpuSection::of(h).map_err(|e| Error::Options(e.to_string()))? {
-            Some(n) => (
-                n.contexts.iter().map(|c| h.segments[c.segment as usize].nbytes).collect::<Vec<u64>>(),
-                n.contexts.iter().map(|c| c.resident).collect::<Vec<bool>>(),
-                n.context_budget,
-                "the artifact's NPU contexts",
-            ),
-            None => {
-                // Built with --host-only: the split lladac would build for these weights.
-                let format = match h.tensors.iter().find(|t| t.dtype.is_panel()).map(|t| t.dtype) {
-                    Some(DType::PanelQ4 { .. }) => llada_ir::npu::NpuWeights::Int4PerChannel,
-                    Some(DType::PanelQ8) => llada_ir::npu::NpuWeights::Int8PerChannel,
-                    _ => llada_ir::npu::NpuWeights::F16,
-                };
-                let split = crate::qnn::split_contexts(h, format, true, None).map_err(|e| Error::Options(format!("predicting the NPU contexts: {e}")))?;
-                (split.bytes.clone(), split.resident(), split.budget, "predicted: the contexts lladac would build with --npu-shared-weights, the phone's form (this artifact has no NPU executables)")
-            }
-        };
-        let rotating: Vec<u64> = sizes.iter().zip(&resident).filter(|(_, r)| !**r).map(|(b, _)| *b).collect();
-        let kept: u64 = sizes.iter().zip(&resident).filter(|(_, r)| **r).map(|(b, _)| *b).sum();
-        let rotate = kept + rotating.iter().sum::<u64>() > budget;
-        let mut largest = rotating.clone();
-        largest.sort_unstable_by(|a, b| b.cmp(a));
-        let double_buffered = rotate && kept + largest.iter().take(2).sum::<u64>() <= budget;
-        Ok(Some(NpuPasses { timing: target.npu_timing, sizes, resident, rotate, double_buffered, source }))
-    }
 }
 
 /// Rates and bandwidth measured by `llada-rt roofline --json` (all threads): the GEMM
@@ -126,36 +77,9 @@ fn matmul_arithmetic(h: &Header, m: &Machine, act: u32) -> Vec<Value> {
         .collect()
 }
 
-impl NpuPasses {
-    /// The contexts created every pass, and their bytes.
-    fn created(&self) -> (usize, u64) {
-        let rotating = self.sizes.iter().zip(&self.resident).filter(|(_, r)| !**r).map(|(b, _)| *b);
-        if self.rotate { (rotating.clone().count(), rotating.sum()) } else { (0, 0) }
-    }
-
-    /// A pass whose executables take `compute` seconds in all (each context its share by
-    /// bytes: weight-bound), creating the rotating contexts at `rate` bytes a second: the
-    /// seconds of creation, and of the pass. A context is created before it runs, or, double
-    /// buffered, while the one before it runs (waiting only for what that run does not cover).
-    fn pass(&self, compute: f64, rate: f64) -> (f64, f64) {
-        let total = self.sizes.iter().sum::<u64>().max(1) as f64;
-        let share = |k: usize| compute * self.sizes[k] as f64 / total;
-        let (mut creation, mut seconds) = (0.0, 0.0);
-        for k in 0..self.sizes.len() {
-            if self.rotate && !self.resident[k] {
-                let create = self.sizes[k] as f64 / rate;
-                creation += create;
-                seconds += if self.double_buffered && k > 0 { (create - share(k - 1)).max(0.0) } else { create };
-            }
-            seconds += share(k);
-        }
-        (creation, seconds)
-    }
-}
-
 /// One pass over `rows` token rows attending to `context` positions, logits for `head` rows:
 /// (graph name, graph rows, estimate). MoE layers take the time `experts` gives them.
-fn pass(h: &Header, m: &Machine, act: u32, rows: u32, context: u32, head: u32, experts: Option<&ExpertModel>, npu: Option<&NpuPasses>) -> Result<(String, u32, cost::PassEstimate)> {
+fn pass(h: &Header, m: &Machine, act: u32, rows: u32, context: u32, head: u32, experts: Option<&ExpertModel>, npu: Option<&NpuModel>) -> Result<(String, u32, cost::PassEstimate)> {
     let g = h
         .graph_for_rows(rows as usize)
         .map(|i| &h.graphs[i as usize])
@@ -174,11 +98,10 @@ fn pass(h: &Header, m: &Machine, act: u32, rows: u32, context: u32, head: u32, e
     if let Some(n) = npu {
         // An executable computes every row of its graph over the whole cache (its planes are
         // bound whole), as the fit to QNN's model was made.
-        let whole = cost::graph_work(h, g, g.head_rows, h.plan.kv_capacity, h.plan.window.kv_dtype.bytes() as u32, act);
-        let roofline = cost::pass_estimate(m, &whole, 0, true).compute_seconds;
+        let roofline = n.roofline(h, m, g, h.plan.kv_capacity, act);
         let compute = n.timing.map_or(roofline, |t| t.seconds(roofline, g.ops.len()));
-        let (creation, seconds) = n.pass(compute, m.staging_bytes_per_second);
-        return Ok((g.name.clone(), g.rows, cost::PassEstimate { compute_seconds: compute, staging_seconds: creation, seconds }));
+        let p = n.pass(compute, m.bandwidth);
+        return Ok((g.name.clone(), g.rows, cost::PassEstimate { compute_seconds: compute, staging_seconds: p.create_seconds + p.copy_seconds, seconds: p.seconds }));
     }
     let mut e = cost::pass_estimate(m, &work, staged_bytes(h, g), true);
     e.compute_seconds += moe_seconds;
@@ -253,7 +176,7 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
         None if target.estimated => (target.accelerator_machine(), format!("ESTIMATE for {} from its target file's rates (not measured)", target.name)),
         None => (target.accelerator_machine(), format!("predicted for {} from its target file's rates", target.name)),
     };
-    let npu = if req.rates.is_some() { None } else { NpuPasses::of(h, &target)? };
+    let npu = if req.rates.is_some() { None } else { NpuModel::of(h, &target)? };
     let npu = npu.as_ref();
     let act = activation_bytes(&target);
     let (b, g, s) = (req.block_len, req.gen_len, req.steps);
@@ -294,7 +217,13 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
     for &r in &req.rows {
         for x in &strategies {
             let (graph, graph_rows, e) = pass(h, &machine, act, r, r, r, x.as_ref(), npu)?;
-            passes.push(json!({"rows": r, "experts": name(x), "graph": graph, "graph_rows": graph_rows, "seconds": e.seconds, "compute_seconds": e.compute_seconds, "staging_seconds": e.staging_seconds}));
+            let mut one = json!({"rows": r, "experts": name(x), "graph": graph, "graph_rows": graph_rows, "seconds": e.seconds, "compute_seconds": e.compute_seconds, "staging_seconds": e.staging_seconds});
+            if let (Some(n), Some(g)) = (npu, h.graphs.iter().find(|g| g.name == graph)) {
+                // The roofline the fit to QNN's model scales (its input, for refitting).
+                one["npu_roofline_seconds"] = json!(n.roofline(h, &machine, g, h.plan.kv_capacity, act));
+                one["ops"] = json!(g.ops.len());
+            }
+            passes.push(one);
         }
     }
     let seq = req.prompt_len + g;
@@ -379,23 +308,39 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
             }
             let micros: u64 = mine.iter().map(|e| e.micros).sum();
             let cycles: u64 = mine.iter().map(|e| e.cycles).sum();
-            let work = cost::graph_work(h, g, g.head_rows, h.plan.kv_capacity, h.plan.window.kv_dtype.bytes() as u32, act);
-            let model = cost::pass_estimate(&machine, &work, 0, true).seconds;
+            let model = match npu {
+                Some(npu) => npu.roofline(h, &machine, g, h.plan.kv_capacity, act),
+                None => cost::pass_estimate(&machine, &cost::graph_work(h, g, g.head_rows, h.plan.kv_capacity, h.plan.window.kv_dtype.bytes() as u32, act), 0, true).seconds,
+            };
             let qnn_seconds = (micros as f64 * 1e-6).max(1e-9);
             let fitted = target.npu_timing.filter(|t| t.estimate_soc == mine[0].soc_id).map(|t| t.seconds(model, g.ops.len()));
+            // QNN's op trace by kind, beside each kind's roofline.
+            let rooflines = npu.map(|n| n.group_rooflines(h, &machine, g, h.plan.kv_capacity, act)).unwrap_or_default();
+            let mut kinds: Vec<llada_ir::npu::NpuOpKind> = mine.iter().flat_map(|e| e.groups.iter().map(|x| x.kind)).chain(rooflines.iter().map(|r| r.0)).collect();
+            kinds.sort_by_key(|k| *k as u32);
+            kinds.dedup();
+            let groups: Vec<Value> = kinds
+                .iter()
+                .map(|&k| {
+                    let (busy, ops) = mine.iter().flat_map(|e| &e.groups).filter(|x| x.kind == k).fold((0.0, 0), |(b, o), x| (b + x.busy_micros, o + x.ops));
+                    let roof = rooflines.iter().find(|r| r.0 == k).map(|r| r.1 * 1e6);
+                    json!({"kind": k.name(), "qnn_busy_micros": busy, "qnn_ops": ops, "roofline_micros": roof})
+                })
+                .collect();
             qnn.push(json!({
                 "graph": g.name, "rows": g.rows, "soc_id": mine[0].soc_id, "contexts": mine.len(), "ops": g.ops.len(),
                 "qnn_seconds": qnn_seconds, "qnn_cycles": cycles, "cost_model_seconds": model,
                 "ratio": model / qnn_seconds,
                 "fitted_seconds": fitted, "fitted_ratio": fitted.map(|f| f / qnn_seconds),
+                "groups": groups,
             }));
         }
     }
-    let npu_json = npu.map(|n| json!({
-        "contexts": n.sizes.len(), "resident": n.resident.iter().filter(|r| **r).count(), "created_per_pass": n.created().0, "bytes_per_pass": n.created().1,
-        "double_buffered": n.double_buffered, "source": n.source,
-        "timing": n.timing.map(|t| json!({"estimate_soc": t.estimate_soc, "roofline_scale": t.roofline_scale, "op_seconds": t.op_seconds})),
-    }));
+    let npu_json = npu.map(|n| {
+        let mut v = n.describe();
+        v["load"] = n.load(target.storage_bytes_per_second);
+        v
+    });
     Ok(json!({
         "label": label,
         "compiled_for": compiled_for.name,
@@ -489,11 +434,29 @@ pub fn render_text(e: &Value) -> String {
             Some(t) => format!("roofline x {:.2} + {:.2} us per op (fitted to QNN's model for SoC id {})", t["roofline_scale"].as_f64().unwrap_or(0.0), t["op_seconds"].as_f64().unwrap_or(0.0) * 1e6, t["estimate_soc"]),
             None => "the roofline (no fit to QNN's model)".into(),
         };
+        let mib = |v: &Value| v.as_u64().unwrap_or(0) as f64 / (1u64 << 20) as f64;
+        let _ = writeln!(s, "  NPU ({} weights): {} contexts over {} HTP session(s) ({}), {} resident; executables timed as {}", n["weights"].as_str().unwrap_or(""), n["contexts"], n["sessions"], n["source"].as_str().unwrap_or(""), n["resident"], timing);
+        for (k, c) in n["per_context"].as_array().into_iter().flatten().enumerate() {
+            let _ = writeln!(
+                s,
+                "    context {k}: layers {}..{}, session {}, mapping {:.1} MiB, spill-fill {:.1} MiB, {}",
+                c["layers"][0], c["layers"][1], c["session"], mib(&c["mapping_bytes"]), mib(&c["spill_fill_bytes"]),
+                if c["resident"] == true { "resident" } else { "rotating" }
+            );
+        }
+        if n["created_per_pass"].as_u64().unwrap_or(0) > 0 {
+            let _ = writeln!(
+                s,
+                "    {} contexts ({:.1} MiB) created every pass at {:.2} s/GiB, {}",
+                n["created_per_pass"], mib(&n["bytes_per_pass"]), n["create_seconds_per_gib"].as_f64().unwrap_or(0.0),
+                if n["double_buffered"] == true { "each but a pass's first while the context before it runs" } else { "each before it runs" }
+            );
+        }
+        let l = &n["load"];
         let _ = writeln!(
             s,
-            "  NPU: {} contexts ({}), {} resident; {} created every pass ({:.1} MiB, {}); executables timed as {}",
-            n["contexts"], n["source"].as_str().unwrap_or(""), n["resident"], n["created_per_pass"], n["bytes_per_pass"].as_u64().unwrap_or(0) as f64 / (1u64 << 20) as f64,
-            if n["double_buffered"] == true { "each but a pass's first while the context before it runs" } else { "each before it runs" }, timing
+            "    session open (the load, once): {} contexts, {:.1} MiB: {:.2} s creating them at {:.2} s/GiB, {:.2} s reading them from storage",
+            l["contexts_created"], mib(&l["bytes"]), l["create_seconds"].as_f64().unwrap_or(0.0), n["create_seconds_per_gib"].as_f64().unwrap_or(0.0), l["storage_seconds"].as_f64().unwrap_or(0.0)
         );
     }
     for q in e["qnn_estimates"].as_array().into_iter().flatten() {
@@ -504,6 +467,14 @@ pub fn render_text(e: &Value) -> String {
             q["graph"].as_str().unwrap_or(""), q["rows"], q["soc_id"], q["qnn_seconds"].as_f64().unwrap_or(0.0) * 1e6, q["qnn_cycles"], q["contexts"],
             q["cost_model_seconds"].as_f64().unwrap_or(0.0) * 1e6, q["ratio"].as_f64().unwrap_or(0.0)
         );
+        let groups = q["groups"].as_array().map_or(&[][..], |g| g.as_slice());
+        if !groups.is_empty() {
+            let _ = writeln!(s, "    QNN's op trace by kind (busy time of the units, HVX threads summed) | roofline:");
+            for g in groups {
+                let roof = g["roofline_micros"].as_f64().map_or("-".to_string(), |r| format!("{r:.0} us"));
+                let _ = writeln!(s, "      {:<22} {:>9.0} us in {:>6} ops | {roof}", g["kind"].as_str().unwrap_or(""), g["qnn_busy_micros"].as_f64().unwrap_or(0.0), g["qnn_ops"]);
+            }
+        }
     }
     let st = &e["setup"];
     let _ = writeln!(

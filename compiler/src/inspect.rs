@@ -153,10 +153,18 @@ fn npu(h: &Header) -> Value {
         "activations": if n.activations.is_empty() { "fp16" } else { "uint16" },
         "calibration": n.calibration,
         "activation_ranges": n.activations.iter().map(|a| json!({"weight": h.tensors[a.weight as usize].name, "input": a.input, "output": a.output})).collect::<Vec<_>>(),
-        "estimates": n.estimates.iter().map(|e| json!({"graph": h.graphs[e.graph as usize].name, "layers": e.layers, "soc_id": e.soc_id, "cycles": e.cycles, "micros": e.micros})).collect::<Vec<_>>(),
+        "estimates": n.estimates.iter().map(|e| json!({
+            "graph": h.graphs[e.graph as usize].name, "layers": e.layers, "soc_id": e.soc_id, "cycles": e.cycles, "micros": e.micros,
+            "groups": e.groups.iter().map(|g| json!({"kind": g.kind.name(), "busy_micros": g.busy_micros, "ops": g.ops})).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
         "io": {"bytes": n.io.bytes, "regions": n.io.regions.iter().map(|r| json!({"kind": format!("{:?}", r.kind), "offset": r.offset, "bytes": r.bytes})).collect::<Vec<_>>()},
         "context_budget": n.context_budget,
         "window_bytes": h.plan.window.bytes,
+        "limits": {"mapping_bytes": n.limits.mapping_bytes, "session_bytes": n.limits.session_bytes, "sessions": n.limits.sessions},
+        "sessions": n.sessions.iter().enumerate().map(|(si, x)| {
+            let held: u64 = n.contexts.iter().filter(|c| c.session as usize == si).map(|c| h.segments[c.segment as usize].nbytes).sum();
+            json!({"io_bytes": x.io_bytes, "spill_fill_bytes": x.spill_fill_bytes, "context_bytes": held})
+        }).collect::<Vec<_>>(),
         "contexts": n.contexts.iter().map(|c| {
             let seg = &h.segments[c.segment as usize];
             json!({
@@ -166,6 +174,9 @@ fn npu(h: &Header) -> Value {
                 "crc32": c.crc32,
                 "layers": c.layers,
                 "resident": c.resident,
+                "session": c.session,
+                "mapping_bytes": seg.nbytes,
+                "spill_fill_bytes": c.spill_fill_bytes,
                 "graphs": c.graphs.iter().map(|g| json!({
                     "name": g.name, "graph": h.graphs[g.graph as usize].name, "ops": g.ops,
                     "inputs": g.inputs.len(), "outputs": g.outputs.len(),
@@ -263,8 +274,15 @@ pub fn render_text(d: &Value) -> String {
                 ohi
             );
         }
-        let rest = if d["model"]["moe"].is_object() { "KV cache, a pass's I/O and the expert slots" } else { "KV cache and a pass's I/O" };
-        let _ = writeln!(s, "  contexts may use {:.1} MiB of the {:.1} MiB window at once (the rest: {rest})", mib(&n["context_budget"]), mib(&n["window_bytes"]));
+        let l = &n["limits"];
+        let _ = writeln!(
+            s,
+            "  planned for {} HTP session(s) of {:.1} MiB, each context and the I/O one mapping of at most {:.1} MiB; contexts may use {:.1} MiB at once",
+            l["sessions"], mib(&l["session_bytes"]), mib(&l["mapping_bytes"]), mib(&n["context_budget"])
+        );
+        for (si, x) in n["sessions"].as_array().into_iter().flatten().enumerate() {
+            let _ = writeln!(s, "  session {si}: {:.1} MiB of contexts, {:.1} MiB of the I/O allocation bound, a {:.1} MiB spill-fill buffer its contexts share", mib(&x["context_bytes"]), mib(&x["io_bytes"]), mib(&x["spill_fill_bytes"]));
+        }
         let regions: Vec<String> = n["io"]["regions"].as_array().into_iter().flatten().map(|r| format!("{} @{} ({} B)", r["kind"].as_str().unwrap_or("?"), r["offset"], r["bytes"])).collect();
         let _ = writeln!(s, "  I/O allocation {:.1} MiB, a descriptor per tensor: {}", mib(&n["io"]["bytes"]), regions.join(", "));
         let _ = writeln!(
@@ -282,13 +300,14 @@ pub fn render_text(d: &Value) -> String {
             graphs.dedup();
             let _ = writeln!(
                 s,
-                "  context '{}' for {}: layers {}..{}, {:.1} MiB, {}, {} executables of {} graphs: {}",
+                "  context '{}' for {}: layers {}..{}, session {}, mapping {:.1} MiB, {}, {} executables of {} graphs: {}",
                 c["segment"].as_str().unwrap_or("?"),
                 c["soc"].as_str().unwrap_or("?"),
                 c["layers"][0],
                 c["layers"][1],
-                mib(&c["bytes"]),
-                if c["resident"].as_bool() == Some(true) { "resident" } else { "rotating" },
+                c["session"],
+                mib(&c["mapping_bytes"]),
+                if c["resident"].as_bool() == Some(true) { "resident (created once)" } else { "rotating (created every pass)" },
                 executables,
                 graphs.len(),
                 graphs.join(", ")

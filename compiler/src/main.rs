@@ -29,7 +29,8 @@ enum Command {
         /// per output channel; q4: int4 per --group inputs (both run with int8 activations).
         #[arg(long, alias = "dtype", value_parser = ["f32", "bf16", "f16", "q8", "q4"])]
         quant: Option<String>,
-        /// Inputs per q4 scale (--quant q4 only).
+        /// Inputs per q4 scale (--quant q4 only) [default: 64 on a Snapdragon target (the
+        /// HTP's LPBQ block), else 128].
         #[arg(long, default_value = "128", value_parser = clap::builder::TypedValueParser::map(clap::builder::PossibleValuesParser::new(["32", "64", "128"]), |s: String| s.parse::<u32>().expect("one of the listed numbers")))]
         group: u32,
         /// Target to compile for (`lladac targets` lists them).
@@ -94,15 +95,25 @@ enum Command {
         #[arg(long)]
         npu_estimate_soc: Option<u32>,
         /// On a Snapdragon target: the NPU's matmul activations. u16: 16-bit fixed point
-        /// around block-scaled int4 weights (Qualcomm's LPBQ, blocks of --group inputs; needs
-        /// --quant q4), their ranges calibrated on the host kernels.
-        #[arg(long, default_value = "f16", value_parser = ["f16", "u16"])]
-        npu_activations: String,
+        /// around block-scaled int4 weights (Qualcomm's LPBQ, blocks of --group inputs) and an
+        /// int8 LM head, their ranges calibrated on the host kernels; f16: fp16 around int4
+        /// per output channel [default: u16 with --quant q4, else f16].
+        #[arg(long, value_parser = ["f16", "u16"])]
+        npu_activations: Option<String>,
         /// --npu-activations u16: prompts to calibrate on, one JSON object with a "prompt"
         /// field per line (an eval task file) or one prompt per line [default: lladac's
         /// built-in set, through the model's chat template].
         #[arg(long)]
         calibration: Option<PathBuf>,
+        /// On a Snapdragon target: the HTP sessions the phone grants this process, which the
+        /// contexts spread over [default: the target's: 2 on sm8650/sm8750/sm8850, 1 on
+        /// sm8550]; where too few hold every context, the last one's rotate.
+        #[arg(long)]
+        npu_sessions: Option<u32>,
+        /// On a Snapdragon target: bytes one HTP session maps [default: the target's, about
+        /// 3.2 GB] (1M, 2G...).
+        #[arg(long, value_parser = parse_bytes)]
+        npu_session_bytes: Option<u64>,
     },
     /// Describe an artifact: model, tensors, graphs, plan (verifies all checksums).
     Inspect {
@@ -169,12 +180,12 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 
 fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
     match cli.command {
-        Command::Compile { model, output, quant, group, target, max_seq, head_rows, block_len, spec_blocks, activations, activation_scales, window_bytes, kv_dtype, host_only, qnn_lib, npu_contexts, npu_shared_weights, npu_estimate_soc, npu_activations, calibration } => {
+        Command::Compile { model, output, quant, group, target, max_seq, head_rows, block_len, spec_blocks, activations, activation_scales, window_bytes, kv_dtype, host_only, qnn_lib, npu_contexts, npu_shared_weights, npu_estimate_soc, npu_activations, calibration, npu_sessions, npu_session_bytes } => {
             lladac::compile::check_flags(quant.as_deref(), typed(matches, "group").then_some(group), &target, max_seq, block_len, typed(matches, "spec_blocks").then_some(spec_blocks)).map_err(Failure::Usage)?;
             let opts = CompileOptions {
                 model,
                 output,
-                quant: quant.as_deref().and_then(|q| Quant::parse(q, group)),
+                quant: quant.as_deref().and_then(|q| Quant::parse(q, if typed(matches, "group") { group } else { lladac::compile::default_group(&target) })),
                 target,
                 max_seq,
                 head_rows,
@@ -190,8 +201,9 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
                 npu_contexts,
                 npu_shared_weights,
                 npu_estimate_soc,
-                npu_activations: lladac::compile::NpuActivations::parse(&npu_activations).unwrap_or_default(),
+                npu_activations: npu_activations.as_deref().and_then(lladac::compile::NpuActivations::parse).unwrap_or_default(),
                 calibration,
+                npu_limits: lladac::compile::NpuLimitOverrides { sessions: npu_sessions, session_bytes: npu_session_bytes },
             };
             let s = compile(&opts)?;
             // The artifact is written: a stderr that cannot take the report changes nothing.

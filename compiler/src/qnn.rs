@@ -13,13 +13,14 @@ use std::path::Path;
 use std::sync::Arc;
 
 use half::f16;
-use llada_ir::npu::{ActivationRange, IoLayout, NpuContext, NpuDType, NpuEstimate, NpuGraph, NpuSection, NpuTensor, NpuWeights, Role, SECTION_VERSION, SOCS};
+use llada_ir::npu::{ActivationRange, IoLayout, NpuContext, NpuDType, NpuEstimate, NpuGraph, NpuLimits, NpuOpGroup, NpuSection, NpuTensor, NpuWeights, Role, SECTION_VERSION, SOCS};
 use llada_ir::{Graph, Header, Op, Rows, TensorId, ValueId};
 use llada_qnn::abi::{QuantizeParams, DATATYPE_FLOAT_16, DATATYPE_INT_32, DATATYPE_UFIXED_POINT_16};
 use llada_qnn::build::{Out, ParamSpec};
 use llada_qnn::{Context, Device, GraphBuilder, Profile, QnnLibrary, TensorRef};
 
 use crate::error::{Error, Result};
+use crate::npu_plan::{layer_ops, plan_contexts, settle};
 
 /// The SoC a target names, if it is one of QNN's (`sm8550`, `sm8650`, `sm8750`, `sm8850`).
 pub fn soc_of(target: &str) -> Option<(&'static str, u32)> {
@@ -51,8 +52,10 @@ fn qnn_err(e: llada_qnn::Error) -> Error {
 }
 
 /// How the executables are built, besides the SoC and the weight format.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 pub struct NpuOptions {
+    /// The HTP's limits the contexts are planned against.
+    pub limits: NpuLimits,
     /// Contexts to split the layers into (`None`: the fewest whose binaries fit the window's
     /// room for contexts).
     pub contexts: Option<u32>,
@@ -75,7 +78,7 @@ pub struct Calibration {
 /// f32.
 /// `calibration`: the activation ranges, which a format with 16-bit activations needs.
 pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format: NpuWeights, calibration: &Calibration, soc: (&str, u32), lib: &Arc<QnnLibrary>, opts: &NpuOptions) -> Result<Lowered> {
-    let NpuOptions { contexts, shared_weights, estimate_soc } = *opts;
+    let NpuOptions { limits, contexts, shared_weights, estimate_soc } = *opts;
     let fixed_point = matches!(format, NpuWeights::Int4Lpbq { .. });
     if fixed_point == calibration.ranges.is_empty() {
         return Err(Error::Options(format!("lowering to QNN: {} weights with {} activation ranges", format.name(), calibration.ranges.len())));
@@ -83,16 +86,15 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
     let ranges: HashMap<TensorId, ActivationRange> = calibration.ranges.iter().map(|r| (r.weight, *r)).collect();
     let start = std::time::Instant::now();
     let io = IoLayout::of(h);
-    let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
-    let split = split_contexts(h, format, shared_weights, contexts).map_err(|e| Error::Options(format!("--target {}: {e}", soc.0)))?;
-    let (budget, groups, bounds, n) = (split.budget, split.layers, split.bounds, h.model.n_layers);
+    let (plan, bounds) = plan_contexts(h, format, shared_weights, limits, contexts).map_err(|e| Error::Options(format!("--target {}: {e}", soc.0)))?;
+    let (groups, n) = (plan.layers.clone(), h.model.n_layers);
     let backend = lib.backend().map_err(qnn_err)?;
     let device = Device::new(&backend, soc.1).map_err(qnn_err)?;
     let estimating = estimate_soc.map(|id| Device::new(&backend, id).map_err(qnn_err)).transpose()?;
     let mut estimates = Vec::new();
     let mut built = Vec::new();
     let mut binaries = Vec::new();
-    for (ci, layers) in groups.into_iter().enumerate() {
+    for layers in groups {
         let ctx = Context::create(&device, shared_weights).map_err(qnn_err)?;
         // Every row bucket of the context reads the same weights: read and widen each once
         // per context (an 8B checkpoint read once per bucket is most of a compile's time).
@@ -112,264 +114,60 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
             // the host between the executables (`npu::pieces`).
             let ops = layer_ops(&h.graphs[gi], b, layers, n);
             let mut estimate = (0u64, 0u64);
+            let mut groups: Vec<NpuOpGroup> = Vec::new();
             for piece in llada_ir::npu::pieces(&h.graphs[gi], ops) {
                 graphs.push(lower_graph(h, gi as u32, &ctx, weights, format, &ranges, layers, piece.clone(), &io, None)?);
                 if let Some(dev) = &estimating {
                     // The same executable for the modelled SoC, in a context of its own (dropped).
                     let scratch = Context::create(dev, false).map_err(qnn_err)?;
-                    let profile = Profile::new(dev).map_err(qnn_err)?;
+                    let profile = Profile::detailed(dev, true).map_err(qnn_err)?;
                     lower_graph(h, gi as u32, &scratch, weights, format, &ranges, layers, piece, &io, Some(&profile))?;
-                    let e = Profile::estimate(&profile.events().map_err(qnn_err)?).ok_or_else(|| {
+                    let events = profile.events().map_err(qnn_err)?;
+                    let e = Profile::estimate(&events).ok_or_else(|| {
                         Error::Options(format!(
                             "--npu-estimate-soc {}: this QNN library has no performance model for that SoC id (it has one for 52, 62, 63, 72, 77, 95 and 114: QNN.md)",
                             dev.soc
                         ))
                     })?;
+                    // QNN's op trace of the executable, grouped by kind (merged over a
+                    // graph's pieces).
+                    for trace in events.iter().filter_map(|e| e.object.as_deref()) {
+                        for g in crate::optrace::groups(trace, format.fixed_point()).unwrap_or_default() {
+                            match groups.iter_mut().find(|x: &&mut NpuOpGroup| x.kind == g.kind) {
+                                Some(x) => (x.busy_micros, x.ops) = (x.busy_micros + g.busy_micros, x.ops + g.ops),
+                                None => groups.push(g),
+                            }
+                        }
+                    }
                     estimate = (estimate.0 + e.cycles, estimate.1 + e.micros);
                 }
             }
             if let Some(dev) = &estimating {
                 // The executables of a graph's pieces, summed (the host's experts between
                 // them are not the NPU's time).
-                estimates.push(NpuEstimate { graph: gi as u32, layers, soc_id: dev.soc, cycles: estimate.0, micros: estimate.1 });
+                groups.sort_by_key(|g| g.kind as u32);
+                estimates.push(NpuEstimate { graph: gi as u32, layers, soc_id: dev.soc, cycles: estimate.0, micros: estimate.1, groups });
             }
         }
         let binary = ctx.binary().map_err(qnn_err)?;
-        if binary.len() as u64 > budget {
-            return Err(Error::Options(format!(
-                "--target {}: NPU context {ci} (layers {}..{}) is {}, more than the {} the window leaves for contexts; ask for more contexts (--npu-contexts), a larger --window-bytes, or smaller weights (--quant q4)",
-                soc.0,
-                layers[0],
-                layers[1],
-                mib(binary.len() as u64),
-                mib(budget)
-            )));
-        }
-        built.push(NpuContext { segment: u32::MAX, crc32: crc32fast::hash(&binary), layers, resident: false, graphs });
+        // The spill-fill buffer its executables need, as the binary says (0 where it says none).
+        let described = llada_qnn::system::describe(&lib.dir, &binary).map_err(qnn_err)?;
+        let spill_fill_bytes = described.graphs.iter().filter_map(|g| g.spill_fill_bytes).max().unwrap_or(0);
+        built.push(NpuContext { segment: u32::MAX, crc32: crc32fast::hash(&binary), layers, resident: false, session: 0, spill_fill_bytes, graphs });
         binaries.push(binary);
     }
+    // Sessions and residency again from what was built (the plan's sizes were predictions).
     let sizes: Vec<u64> = binaries.iter().map(|b| b.len() as u64).collect();
-    for (c, resident) in built.iter_mut().zip(resident_prefix(&sizes, budget)) {
-        c.resident = resident;
+    let spills: Vec<u64> = built.iter().map(|c| c.spill_fill_bytes).collect();
+    let plan = settle(h, &plan.layers, &sizes, &spills, limits).map_err(|e| Error::Options(format!("--target {}: as built, {e}", soc.0)))?;
+    for (k, c) in built.iter_mut().enumerate() {
+        (c.session, c.resident) = (plan.session[k], plan.resident[k]);
     }
-    let section = NpuSection { version: SECTION_VERSION, soc: soc.0.to_string(), soc_id: soc.1, qnn_build: lib.build_id.clone(), weights: format, shared_weights, context_budget: budget, io, estimates, contexts: built, activations: calibration.ranges.clone(), calibration: calibration.source.clone() };
+    let section = NpuSection { version: SECTION_VERSION, soc: soc.0.to_string(), soc_id: soc.1, qnn_build: lib.build_id.clone(), weights: format, shared_weights, limits, sessions: plan.sessions.clone(), context_budget: plan.budget, io, estimates, contexts: built, activations: calibration.ranges.clone(), calibration: calibration.source.clone() };
     drop(estimating);
     drop(device);
     drop(backend);
     Ok(Lowered { section, binaries, seconds: start.elapsed().as_secs_f64() })
-}
-
-/// How a plan's layers split into NPU contexts, before any is built.
-pub struct ContextSplit {
-    /// Bytes of the window the contexts may occupy at once.
-    pub budget: u64,
-    /// Each context's layers.
-    pub layers: Vec<[u32; 2]>,
-    /// Each context's binary bytes as predicted (its weights and the room the split leaves
-    /// for the rest of a binary).
-    pub bytes: Vec<u64>,
-    /// Where each layer's ops start, per planned graph.
-    pub bounds: Vec<Vec<usize>>,
-}
-
-impl ContextSplit {
-    /// Which contexts stay resident (the rest rotate through the budget).
-    pub fn resident(&self) -> Vec<bool> {
-        resident_prefix(&self.bytes, self.budget)
-    }
-}
-
-/// The split `lower` builds: `contexts` of them, or the fewest whose weights fit the window
-/// less the I/O allocation and [`BUILD_BYTES`] of build memory; also what `lladac inspect
-/// --estimate` predicts from for an artifact built without its NPU executables.
-pub fn split_contexts(h: &Header, format: NpuWeights, shared_weights: bool, contexts: Option<u32>) -> std::result::Result<ContextSplit, String> {
-    let w = &h.plan.window;
-    let io = IoLayout::of(h);
-    let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
-    // A mixture-of-experts model's expert slots stay in the window beside the contexts (the
-    // host's routed experts are staged there).
-    let budget = w.bytes.checked_sub(io.bytes + w.experts.region.bytes).filter(|&b| b > 0).ok_or_else(|| {
-        format!(
-            "the {} window leaves no room for the NPU's contexts after the KV cache ({}), a pass's inputs and outputs ({} in all) and the expert slots ({}); lower --max-seq or raise --window-bytes",
-            mib(w.bytes),
-            mib(w.kv.bytes),
-            mib(io.bytes),
-            mib(w.experts.region.bytes)
-        )
-    })?;
-    let LayerBytes { bounds, layer_bytes, build_bytes } = layer_weight_bytes(h, format, shared_weights)?;
-    let layers = split_layers(&layer_bytes, &build_bytes, budget, contexts)?;
-    let bytes = layers.iter().map(|g| context_bytes(&layer_bytes, g)).collect();
-    Ok(ContextSplit { budget, layers, bytes, bounds })
-}
-
-/// Each layer's weight bytes in the executables, the head counted with the last layer: what
-/// a context holds (once where the row buckets share them, else once per graph), and what
-/// preparing it holds (every bucket's own copy, int4 unpacked); and each graph's layer bounds.
-struct LayerBytes {
-    bounds: Vec<Vec<usize>>,
-    layer_bytes: Vec<u64>,
-    build_bytes: Vec<u64>,
-}
-
-fn layer_weight_bytes(h: &Header, format: NpuWeights, shared_weights: bool) -> std::result::Result<LayerBytes, String> {
-    let bounds: Vec<Vec<usize>> = h.graphs.iter().map(|g| layer_bounds(h, g)).collect::<Result<_>>().map_err(|e| e.to_string())?;
-    let n = h.model.n_layers;
-    let per_graph: Vec<Vec<u64>> = (0..n).map(|l| h.graphs.iter().zip(&bounds).map(|(g, b)| weight_bytes(h, g, format, layer_ops(g, b, [l, l + 1], n))).collect()).collect();
-    let layer_bytes = per_graph.iter().map(|v| if shared_weights { v.iter().copied().max().unwrap_or(0) } else { v.iter().sum() }).collect();
-    let unpacked = if matches!(format, NpuWeights::Int4PerChannel | NpuWeights::Int4Lpbq { .. }) { 2 } else { 1 };
-    let build_bytes = per_graph.iter().map(|v| v.iter().sum::<u64>() * unpacked).collect();
-    Ok(LayerBytes { bounds, layer_bytes, build_bytes })
-}
-
-/// The window room the executables need, as [`split_contexts`] predicts binaries: what a
-/// mixture-of-experts model's expert slots leave them.
-#[derive(Debug, Clone, Copy)]
-pub struct ExecutablesRoom {
-    /// Every context resident at once (split by `--npu-contexts`, or where preparing one
-    /// context would hold more than [`BUILD_BYTES`]).
-    pub all: u64,
-    /// The least that runs: two one-layer contexts of the largest layer, one created while
-    /// the other runs.
-    pub rotating: u64,
-}
-
-pub fn executables_room(h: &Header, format: NpuWeights, shared_weights: bool, contexts: Option<u32>) -> std::result::Result<ExecutablesRoom, String> {
-    let LayerBytes { layer_bytes, build_bytes, .. } = layer_weight_bytes(h, format, shared_weights)?;
-    let groups = split_layers(&layer_bytes, &build_bytes, u64::MAX, contexts)?;
-    let all = groups.iter().map(|g| context_bytes(&layer_bytes, g)).sum();
-    let rotating = 2 * binary_bytes(layer_bytes.iter().copied().max().unwrap_or(0));
-    Ok(ExecutablesRoom { all, rotating })
-}
-
-/// The predicted binary bytes of the context of layers `g`.
-fn context_bytes(layer_bytes: &[u64], g: &[u32; 2]) -> u64 {
-    binary_bytes(layer_bytes[g[0] as usize..g[1] as usize].iter().sum())
-}
-
-/// Where each layer's ops start in `g`: layer 0 right after the embedding, layer l after the
-/// last residual addition before its attention. Only the residual stream crosses these
-/// boundaries (the lowering refuses any other value read there).
-fn layer_bounds(h: &Header, g: &Graph) -> Result<Vec<usize>> {
-    let bad = |what: String| Error::Options(format!("lowering graph '{}' to QNN: {what}", g.name));
-    let Some(Op::Embed { out: residual, .. }) = g.ops.first() else {
-        return Err(bad("it does not start with the embedding".into()));
-    };
-    let after_last_add = |before: usize| g.ops[..before].iter().rposition(|o| matches!(o, Op::Add { acc, .. } if acc == residual)).map(|i| i + 1);
-    let mut bounds = vec![1];
-    for l in 1..h.model.n_layers {
-        let attention = g.ops.iter().position(|o| matches!(o, Op::Attention { layer, .. } if *layer == l)).ok_or_else(|| bad(format!("no attention for layer {l}")))?;
-        match after_last_add(attention) {
-            Some(b) if b > *bounds.last().unwrap() => bounds.push(b),
-            _ => return Err(bad(format!("no residual addition between layers {} and {l}", l - 1))),
-        }
-    }
-    Ok(bounds)
-}
-
-/// What QNN may hold in memory while it prepares one context: every row bucket's copy of the
-/// context's weights (int4 in its int8 container), before weight sharing deduplicates them at
-/// serialization. The 8B q4 at 1024 positions in three contexts reached 23.6 GB and was
-/// killed on a 24 GB machine; the automatic split keeps each context's build under this.
-pub const BUILD_BYTES: u64 = 4 << 30;
-
-/// The ops of layers `layers[0]..layers[1]` of `g` (`bounds` from [`layer_bounds`]), the head
-/// with the last layer.
-fn layer_ops(g: &Graph, bounds: &[usize], layers: [u32; 2], n_layers: u32) -> std::ops::Range<usize> {
-    bounds[layers[0] as usize]..if layers[1] == n_layers { g.ops.len() } else { bounds[layers[1] as usize] }
-}
-
-/// Layers grouped into contexts: `count` of them balanced by bytes, or (no count) the fewest
-/// that keep each within `budget` (by `layer_bytes`, what the binary holds) and within
-/// [`BUILD_BYTES`] (by `build_bytes`, what preparing it holds).
-fn split_layers(layer_bytes: &[u64], build_bytes: &[u64], budget: u64, count: Option<u32>) -> std::result::Result<Vec<[u32; 2]>, String> {
-    let n = layer_bytes.len() as u32;
-    let total: u64 = layer_bytes.iter().sum();
-    let sum = |v: &[u64], g: &[u32; 2]| v[g[0] as usize..g[1] as usize].iter().sum::<u64>();
-    let fits = |g: &[u32; 2]| binary_bytes(sum(layer_bytes, g)) <= budget && (sum(build_bytes, g) <= BUILD_BYTES || g[1] - g[0] == 1);
-    let groups_of = |count: u32| -> Vec<[u32; 2]> {
-        // `count` groups, each closing once it reaches its share of the bytes.
-        let mut groups = Vec::new();
-        let (mut first, mut acc) = (0u32, 0u64);
-        for (l, &b) in layer_bytes.iter().enumerate() {
-            acc += b;
-            let left_groups = count - groups.len() as u32 - 1;
-            let left_layers = n - l as u32 - 1;
-            let share = total * (groups.len() as u64 + 1) / count as u64;
-            if left_groups > 0 && (acc >= share || left_layers == left_groups) {
-                groups.push([first, l as u32 + 1]);
-                first = l as u32 + 1;
-            }
-        }
-        groups.push([first, n]);
-        groups
-    };
-    match count {
-        Some(c) if c == 0 || c > n => Err(format!("--npu-contexts {c}: the model has {n} layers, so 1 to {n} contexts")),
-        Some(c) => Ok(groups_of(c)),
-        None => {
-            if let Some(l) = (0..n).find(|&l| !fits(&[l, l + 1])) {
-                return Err(format!(
-                    "layer {l} alone ({} bytes of weights over all graphs) does not fit the {budget} bytes the window leaves for NPU contexts; raise --window-bytes, lower --max-seq, or use smaller weights (--quant q4)",
-                    layer_bytes[l as usize]
-                ));
-            }
-            // The fewest contexts (greedy in layer order is optimal for contiguous groups),
-            // balanced by bytes where that still fits.
-            let mut greedy = vec![[0, 1]];
-            for l in 1..n {
-                let last = greedy.last_mut().unwrap();
-                if fits(&[last[0], l + 1]) {
-                    last[1] = l + 1;
-                } else {
-                    greedy.push([l, l + 1]);
-                }
-            }
-            let balanced = groups_of(greedy.len() as u32);
-            Ok(if balanced.iter().all(fits) { balanced } else { greedy })
-        }
-    }
-}
-
-/// A context binary's size for `weights` bytes of weights, at most: a binary is a little more
-/// than its weights (graphs, I/O descriptions), so the split leaves room for that.
-fn binary_bytes(weights: u64) -> u64 {
-    weights + weights / 16 + (1 << 20)
-}
-
-/// Which contexts stay resident: all of them when everything fits; else the longest prefix
-/// that leaves room, within `budget`, for the two largest of the others (the runtime creates
-/// the next while one runs: the schedule's double buffering, so creation does not stall the
-/// NPU); where no prefix leaves that, the longest that leaves room for the largest (created
-/// one at a time, before its layers).
-fn resident_prefix(sizes: &[u64], budget: u64) -> Vec<bool> {
-    let room = |k: usize, buffers: usize| {
-        let mut rest = sizes[k..].to_vec();
-        rest.sort_unstable_by(|a, b| b.cmp(a));
-        sizes[..k].iter().sum::<u64>() + rest.iter().take(buffers).sum::<u64>() <= budget
-    };
-    let longest = |buffers: usize| (0..=sizes.len()).rev().find(|&k| room(k, buffers));
-    let k = longest(2).or_else(|| longest(1)).unwrap_or(0);
-    (0..sizes.len()).map(|i| i < k).collect()
-}
-
-/// Bytes of the weights the ops `ops` of a graph read, as the executables hold them (int4
-/// packed).
-fn weight_bytes(h: &Header, g: &Graph, format: NpuWeights, ops: std::ops::Range<usize>) -> u64 {
-    let mut seen = std::collections::HashSet::new();
-    let matmul: std::collections::HashSet<TensorId> = g.ops.iter().filter_map(|o| if let Op::MatMul { weight, .. } = *o { Some(weight) } else { None }).collect();
-    let bytes = |t: TensorId| {
-        let n = h.tensors[t as usize].numel();
-        match (matmul.contains(&t), format) {
-            (true, NpuWeights::Int8PerChannel) => n,
-            (true, NpuWeights::Int4PerChannel) => n.div_ceil(2),
-            // Packed int4 and a byte of block scale per block (the smallest block, 32, bounds it).
-            (true, NpuWeights::Int4Lpbq { block }) => n.div_ceil(2) + n / block as u64,
-            _ => 2 * n,
-        }
-    };
-    // The embedding and the MoE host ops' tensors (router bias, routed experts) stay outside.
-    g.ops[ops].iter().filter(|o| !matches!(o, Op::Embed { .. }) && !llada_ir::npu::host_op(o)).flat_map(|o| o.tensors()).filter(|t| seen.insert(*t)).map(bytes).sum()
 }
 
 /// Qualcomm's LPBQ of an `[n, k]` matrix: per output channel `c` and block `b` of `block`
@@ -416,6 +214,31 @@ fn per_channel(values: &[f32], n: usize, bits: u32) -> (Vec<i8>, Vec<f32>) {
     (q, scales)
 }
 
+/// QNN's encoding of a 16-bit value covering `range`.
+fn u16_params(range: [f32; 2]) -> QuantizeParams {
+    let (scale, offset) = ActivationRange::u16_encoding(range);
+    QuantizeParams::scale_offset(scale, offset)
+}
+
+/// The range of SiLU (`x * sigmoid(x)`) over `x` in `range`: its minimum, -0.2785 at
+/// x = -1.2785, where the range holds that point.
+fn silu_range(range: [f32; 2]) -> [f32; 2] {
+    let silu = |x: f32| x / (1.0 + (-x).exp());
+    let (lo, hi) = (range[0], range[1]);
+    let low = if lo < -1.2785 && hi > -1.2785 { silu(-1.2785) } else { silu(lo).min(silu(hi)) };
+    [low.min(0.0), silu(hi).max(silu(lo)).max(0.0)]
+}
+
+/// An `[n, k]` matrix (row-major) as `[k, n]`: a 1x1 convolution's HWIO weight.
+fn hwio<T: Copy>(values: &[T], n: usize) -> Vec<T> {
+    let k = values.len() / n.max(1);
+    let mut out = Vec::with_capacity(values.len());
+    for i in 0..k {
+        out.extend((0..n).map(|c| values[c * k + i]));
+    }
+    out
+}
+
 fn f16_bits(v: &[f32]) -> Vec<u16> {
     v.iter().map(|&x| f16::from_f32(x).to_bits()).collect()
 }
@@ -423,12 +246,14 @@ fn f16_bits(v: &[f32]) -> Vec<u16> {
 /// One planned graph as a QNN graph.
 struct Lowering<'a, 'c> {
     h: &'a Header,
+    /// Values held as 16-bit fixed point, with the range of their encoding (a product read
+    /// only by a SwiGLU, and the SwiGLU's result).
+    fixed: HashMap<ValueId, (TensorRef, [f32; 2])>,
     g: &'a Graph,
     b: GraphBuilder<'c>,
     values: HashMap<ValueId, TensorRef>,
     statics: HashMap<TensorId, TensorRef>,
     next: usize,
-    format: NpuWeights,
     ranges: &'a HashMap<TensorId, ActivationRange>,
 }
 
@@ -460,20 +285,21 @@ impl Lowering<'_, '_> {
         Ok(r)
     }
 
-    /// A matmul's `[n, k]` weight in the section's format.
-    fn matmul_weight(&mut self, t: TensorId, n: u32, k: u32, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>) -> Result<TensorRef> {
-        let bits = match self.format {
-            NpuWeights::F16 => return self.weight(t, &[n, k], weights),
-            NpuWeights::Int8PerChannel => 8,
-            NpuWeights::Int4PerChannel => 4,
-            NpuWeights::Int4Lpbq { .. } => unreachable!("LPBQ weights are convolution weights (lpbq_weight)"),
-        };
+    /// A matmul's `[n, k]` weight as a 1x1-convolution weight `[1, 1, k, n]` (HWIO): fp16
+    /// (`bits` 16), or signed `bits` (8, or 4 in an int8 container) with one symmetric scale
+    /// per output channel.
+    fn conv_weight(&mut self, t: TensorId, n: u32, k: u32, bits: u32, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>) -> Result<TensorRef> {
         if let Some(&r) = self.statics.get(&t) {
             return Ok(r);
         }
-        let (q, scales) = per_channel(&weights(t)?, n as usize, bits);
+        let values = weights(t)?;
         let name = format!("w.{}", self.h.tensors[t as usize].name);
-        let r = self.b.static_per_channel(&name, &[n, k], q, scales, bits).map_err(qnn_err)?;
+        let r = if bits == 16 {
+            self.b.static_f16(&name, &[1, 1, k, n], &f16_bits(&hwio(&values, n as usize))).map_err(qnn_err)?
+        } else {
+            let (q, scales) = per_channel(&values, n as usize, bits);
+            self.b.static_per_channel_on(&name, &[1, 1, k, n], 3, hwio(&q, n as usize), scales, bits).map_err(qnn_err)?
+        };
         self.statics.insert(t, r);
         Ok(r)
     }
@@ -491,6 +317,19 @@ impl Lowering<'_, '_> {
         let r = self.b.static_lpbq(&name, k, n, q, channel, factors).map_err(qnn_err)?;
         self.statics.insert(t, r);
         Ok(r)
+    }
+
+    /// Columns `from..to` of a fixed-point `[rows, cols]` tensor in the encoding of `range`.
+    fn fixed_columns(&mut self, x: TensorRef, range: [f32; 2], rows: u32, from: u32, to: u32) -> Result<TensorRef> {
+        let ranges = vec![0, rows as i32, 1, from as i32, to as i32, 1];
+        let name = self.fresh("stridedslice");
+        self.b.op_quantized("StridedSlice", &[x], vec![ParamSpec::I32s("ranges", vec![2, 3], ranges)], &name, DATATYPE_UFIXED_POINT_16, &[rows, to - from], Out::Native, u16_params(range)).map_err(qnn_err)
+    }
+
+    /// A fixed-point op whose result covers `range`.
+    fn fixed_op(&mut self, ty: &str, inputs: &[TensorRef], range: [f32; 2], dims: &[u32]) -> Result<TensorRef> {
+        let name = self.fresh(&ty.to_lowercase());
+        self.b.op_quantized(ty, inputs, vec![], &name, DATATYPE_UFIXED_POINT_16, dims, Out::Native, u16_params(range)).map_err(qnn_err)
     }
 
     /// `x` as 16-bit fixed point covering `range`.
@@ -567,8 +406,11 @@ fn lower_graph(
     let m = &h.model;
     // One executable per piece: its first op in the name.
     let name = format!("g{gi}_l{}_{}_o{}_{}", layers[0], layers[1], ops.start, g.name.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
-    let b = GraphBuilder::new(ctx, &name).map_err(qnn_err)?;
-    let mut l = Lowering { h, g, b, values: HashMap::new(), statics: HashMap::new(), next: 0, format, ranges };
+    // Prepared at the HTP's highest optimization level, as ExecuTorch prepares its offline
+    // graphs: QNN's model puts the 1B shape's layers a sixth to a quarter faster there than
+    // at the library's default (BENCHMARKS.md).
+    let b = GraphBuilder::with_optimization(ctx, &name, Some(3)).map_err(qnn_err)?;
+    let mut l = Lowering { h, fixed: HashMap::new(), g, b, values: HashMap::new(), statics: HashMap::new(), next: 0, ranges };
     let (r, hr, c, hd) = (g.rows, g.head_rows, h.plan.kv_capacity, m.head_dim);
     let (heads, kvh) = (m.n_heads, m.n_kv_heads);
     let group = heads / kvh;
@@ -578,7 +420,7 @@ fn lower_graph(
     let (input_roles, output_roles) = llada_ir::npu::piece_roles(g, ops.clone()).map_err(bad)?;
     let mut inputs: Vec<(Role, TensorRef)> = Vec::new();
     for &(role, value) in &input_roles {
-        let dtype = if role.dtype() == NpuDType::I32 { DATATYPE_INT_32 } else { DATATYPE_FLOAT_16 };
+        let dtype = if role.dtype(format) == NpuDType::I32 { DATATYPE_INT_32 } else { DATATYPE_FLOAT_16 };
         let t = l.b.input(&role_name(role), dtype, &role.dims(h, r, hr)).map_err(qnn_err)?;
         inputs.push((role, t));
         if let Some(v) = value {
@@ -631,26 +473,61 @@ fn lower_graph(
                 l.values.insert(out, t);
             }
             Op::MatMul { x, weight, out } => {
-                let xs = l.value(x)?;
+                // Every linear as a 1x1 Conv2d over `[1, 1, rows, k]` (ExecuTorch's and AI
+                // Hub's form; with LPBQ the only reliable one, QNN.md).
                 let shape = &h.tensors[weight as usize].shape;
                 let (n, k) = (shape[0] as u32, shape[1] as u32);
                 let rows = l.rows(x);
-                let t = if let NpuWeights::Int4Lpbq { block } = format {
-                    // QNN.md: LPBQ runs as a 1x1 Conv2d between 16-bit activations (on
-                    // FullyConnected it is unreliable); the graph around it stays fp16.
-                    let range = *l.ranges.get(&weight).ok_or_else(|| Error::Options(format!("lowering graph '{}' to QNN: matmul weight '{}' has no calibrated range", g.name, h.tensors[weight as usize].name)))?;
-                    let x4 = l.reshape(xs, &[1, 1, rows, k])?;
-                    let xq = l.quantize(x4, range.input)?;
-                    let w = l.lpbq_weight(weight, n, k, block, weights)?;
-                    let (scale, offset) = ActivationRange::u16_encoding(range.output);
-                    let name = l.fresh("conv2d");
-                    let params = vec![ParamSpec::U32s("stride", vec![1, 1]), ParamSpec::U32Grid("pad_amount", vec![2, 2], vec![0; 4])];
-                    let yq = l.b.op_quantized("Conv2d", &[xq, w], params, &name, DATATYPE_UFIXED_POINT_16, &[1, 1, rows, n], Out::Native, QuantizeParams::scale_offset(scale, offset)).map_err(qnn_err)?;
-                    let y4 = l.op("Dequantize", &[yq], vec![], &[1, 1, rows, n])?;
-                    result(&mut l, "Reshape", &[y4], vec![], &[rows, n])?
+                // (A fixed-point input has no fp16 form: `Lowering::fixed`.)
+                let x4 = if l.fixed.contains_key(&x) {
+                    None
                 } else {
-                    let w = l.matmul_weight(weight, n, k, weights)?;
-                    result(&mut l, "FullyConnected", &[xs, w], vec![], &[rows, n])?
+                    let xs = l.value(x)?;
+                    Some(l.reshape(xs, &[1, 1, rows, k])?)
+                };
+                let params = || vec![ParamSpec::U32s("stride", vec![1, 1]), ParamSpec::U32Grid("pad_amount", vec![2, 2], vec![0; 4])];
+                let t = if let NpuWeights::Int4Lpbq { block } = format {
+                    // 16-bit activations around the product, calibrated; the graph around it
+                    // stays fp16. The LM head holds int8 per output channel (no block factors
+                    // to expand on the vector unit), and its uint16 product leaves the
+                    // executable as it is: the host dequantizes the logits.
+                    let range = *l.ranges.get(&weight).ok_or_else(|| Error::Options(format!("lowering graph '{}' to QNN: matmul weight '{}' has no calibrated range", g.name, h.tensors[weight as usize].name)))?;
+                    let xq = match l.fixed.get(&x) {
+                        // Already 16-bit in this product's input encoding (a SwiGLU's result).
+                        Some(&(fixed, _)) => l.fixed_op("Reshape", &[fixed], range.input, &[1, 1, rows, k])?,
+                        None => l.quantize(x4.expect("an fp16 input"), range.input)?,
+                    };
+                    let head = out == g.logits;
+                    let w = if head { l.conv_weight(weight, n, k, 8, weights)? } else { l.lpbq_weight(weight, n, k, block, weights)? };
+                    let encoding = {
+                        let (scale, offset) = ActivationRange::u16_encoding(range.output);
+                        QuantizeParams::scale_offset(scale, offset)
+                    };
+                    let name = l.fresh("conv2d");
+                    let yq = l.b.op_quantized("Conv2d", &[xq, w], params(), &name, DATATYPE_UFIXED_POINT_16, &[1, 1, rows, n], Out::Native, encoding).map_err(qnn_err)?;
+                    // A product read only by a SwiGLU stays fixed point (see `Op::SwiGlu`).
+                    let gated = out_role.is_none() && g.ops.iter().filter(|o| o.inputs().contains(&out)).all(|o| matches!(o, Op::SwiGlu { .. }));
+                    match out_role {
+                        Some(Role::Logits) => l.b.op_quantized("Reshape", &[yq], vec![], &role_name(Role::Logits), DATATYPE_UFIXED_POINT_16, &[rows, n], Out::AppRead, encoding).map_err(qnn_err)?,
+                        None if gated => {
+                            let y = l.fixed_op("Reshape", &[yq], range.output, &[rows, n])?;
+                            l.fixed.insert(out, (y, range.output));
+                            continue;
+                        }
+                        _ => {
+                            let y4 = l.op("Dequantize", &[yq], vec![], &[1, 1, rows, n])?;
+                            result(&mut l, "Reshape", &[y4], vec![], &[rows, n])?
+                        }
+                    }
+                } else {
+                    let w = match format {
+                        NpuWeights::Int8PerChannel => l.conv_weight(weight, n, k, 8, weights)?,
+                        NpuWeights::Int4PerChannel => l.conv_weight(weight, n, k, 4, weights)?,
+                        _ => l.conv_weight(weight, n, k, 16, weights)?,
+                    };
+                    let x4 = x4.ok_or_else(|| Error::Options(format!("lowering graph '{}' to QNN: a fixed-point input to {} weights", g.name, format.name())))?;
+                    let y4 = l.op("Conv2d", &[x4, w], params(), &[1, 1, rows, n])?;
+                    result(&mut l, "Reshape", &[y4], vec![], &[rows, n])?
                 };
                 l.values.insert(out, t);
             }
@@ -687,9 +564,6 @@ fn lower_graph(
                 }
                 let x = l.value(qkv)?;
                 let q = l.columns(x, r, 0, heads * hd)?;
-                // The softmax scale folded into the queries (fewer elements than the scores).
-                let scale = l.constant(&[1], &[1.0 / (hd as f32).sqrt()])?;
-                let q = l.binary("ElementWiseMultiply", q, scale)?;
                 let q = l.reshape(q, &[r, heads, hd])?;
                 let q = l.transpose(q, &[1, 0, 2])?;
                 let q = l.reshape(q, &[kvh, group * r, hd])?;
@@ -707,13 +581,36 @@ fn lower_graph(
                 let params = vec![ParamSpec::Bool("transpose_in0", false), ParamSpec::Bool("transpose_in1", true)];
                 let scores = l.op("MatMul", &[q, keys], params, &[kvh, group * r, c + r])?;
                 let scores = l.binary("ElementWiseAdd", scores, input(Role::Mask))?;
-                let p = l.op("Softmax", &[scores], vec![ParamSpec::U32("axis", 2), ParamSpec::F32("beta", 1.0)], &[kvh, group * r, c + r])?;
+                // The 1/sqrt(head_dim) scale as the softmax's own (no multiply on the vector
+                // unit; the masked scores stay far below the rest).
+                let beta = 1.0 / (hd as f32).sqrt();
+                let p = l.op("Softmax", &[scores], vec![ParamSpec::U32("axis", 2), ParamSpec::F32("beta", beta)], &[kvh, group * r, c + r])?;
                 let params = vec![ParamSpec::Bool("transpose_in0", false), ParamSpec::Bool("transpose_in1", false)];
                 let o = l.op("MatMul", &[p, values], params, &[kvh, group * r, hd])?;
                 let o = l.reshape(o, &[heads, r, hd])?;
                 let o = l.transpose(o, &[1, 0, 2])?;
                 let t = result(&mut l, "Reshape", &[o], vec![], &[r, heads * hd])?;
                 l.values.insert(out, t);
+            }
+            Op::SwiGlu { x, out } if l.fixed.contains_key(&x) => {
+                // The gate and up rows stay 16-bit fixed point from the product before to the
+                // one after: no conversion of the widest activations (QNN's model put the
+                // fp16 round trip at a third of a 64-row pass). The encodings follow from the
+                // calibrated ranges: the sigmoid's [0, 1], SiLU's over the gate's range, the
+                // next product's input range for the result.
+                let (xs, range) = l.fixed[&x];
+                let hidden = g.values[out as usize].cols;
+                let next = g.ops.iter().find_map(|o| match *o {
+                    Op::MatMul { x: input, weight, .. } if input == out => l.ranges.get(&weight).map(|r| r.input),
+                    _ => None,
+                });
+                let next = next.ok_or_else(|| Error::Options(format!("lowering graph '{}' to QNN: SwiGLU '{}' feeds no calibrated product", g.name, g.values[out as usize].name)))?;
+                let gate = l.fixed_columns(xs, range, r, 0, hidden)?;
+                let up = l.fixed_columns(xs, range, r, hidden, 2 * hidden)?;
+                let s = l.fixed_op("Sigmoid", &[gate], [0.0, 1.0], &[r, hidden])?;
+                let silu = l.fixed_op("ElementWiseMultiply", &[gate, s], silu_range(range), &[r, hidden])?;
+                let t = l.fixed_op("ElementWiseMultiply", &[silu, up], next, &[r, hidden])?;
+                l.fixed.insert(out, (t, next));
             }
             Op::SwiGlu { x, out } => {
                 let xs = l.value(x)?;
@@ -775,7 +672,7 @@ fn lower_graph(
             .map(|&(role, _)| {
                 let t = list.iter().find(|(r, _)| *r == role).map(|(_, t)| *t).ok_or_else(|| Error::Options(format!("lowering graph '{}' to QNN: no {role:?}", g.name)))?;
                 let offset = io.offset(h, role, g.rows).expect("every role has a region");
-                Ok(NpuTensor { id: b.id(t), name: role_name(role), role, dtype: role.dtype(), dims: b.dims(t).to_vec(), offset })
+                Ok(NpuTensor { id: b.id(t), name: role_name(role), role, dtype: role.dtype(format), dims: b.dims(t).to_vec(), offset })
             })
             .collect()
     };
@@ -819,22 +716,6 @@ mod tests {
         assert_eq!(q, [7, -2, 1, 0]);
     }
 
-    /// Residency: all when all fit; else the longest prefix leaving room for two rotating
-    /// contexts (one runs while the next is created); else for one.
-    #[test]
-    fn resident_contexts_leave_room_to_create_the_next_while_one_runs() {
-        use super::resident_prefix;
-        assert_eq!(resident_prefix(&[3, 3, 3], 9), [true, true, true]);
-        // 3 + (3 + 3) fits 9: one resident, two rotating with room for both.
-        assert_eq!(resident_prefix(&[3, 3, 3, 3], 9), [true, false, false, false]);
-        // Two resident would leave room for one rotating only: double buffering wins.
-        assert_eq!(resident_prefix(&[3, 3, 3, 3], 10), [true, false, false, false]);
-        // Room for one context at a time: none resident, created before their layers.
-        assert_eq!(resident_prefix(&[3, 3, 3, 3], 4), [false; 4]);
-        // No prefix leaves room for two (the largest are 5 and 5), one for the largest: 2 + 5.
-        assert_eq!(resident_prefix(&[2, 5, 5], 8), [true, false, false]);
-    }
-
     /// LPBQ: values in HWIO order, a 4-bit factor per block, every value within half a step
     /// of its block's scale and none clipped; a zero row keeps a positive scale.
     #[test]
@@ -858,24 +739,6 @@ mod tests {
             }
         }
         assert_eq!(q[0], 7, "w[0][0] is the largest: 7 steps of 1/16 x 16");
-    }
-
-    /// The fewest contexts within the window's room, balanced where that fits; more where
-    /// preparing them would hold too much; a count given is balanced by bytes.
-    #[test]
-    fn layers_split_into_the_fewest_contexts_that_fit_both_budgets() {
-        use super::{split_layers, BUILD_BYTES};
-        let mib = 1u64 << 20;
-        let small = [10 * mib; 8];
-        assert_eq!(split_layers(&small, &small, 1 << 30, None).unwrap(), vec![[0, 8]]);
-        // Room for three layers a context: three contexts, balanced 3/3/2 by bytes.
-        assert_eq!(split_layers(&small, &small, 36 * mib, None).unwrap(), vec![[0, 3], [3, 6], [6, 8]]);
-        // The window holds everything, but preparing it would not: a build budget's worth each.
-        let build = [BUILD_BYTES / 2; 8];
-        assert_eq!(split_layers(&small, &build, 1 << 30, None).unwrap(), vec![[0, 2], [2, 4], [4, 6], [6, 8]]);
-        assert_eq!(split_layers(&small, &small, 1 << 30, Some(2)).unwrap(), vec![[0, 4], [4, 8]]);
-        assert!(split_layers(&small, &small, 1 << 30, Some(9)).unwrap_err().contains("--npu-contexts 9"));
-        assert!(split_layers(&small, &small, 5 * mib, None).unwrap_err().contains("layer 0 alone"));
     }
 
     #[test]

@@ -111,6 +111,7 @@ fn small_artifact(model: &std::path::Path, work: &std::path::Path) -> Result<Pat
         npu_shared_weights: false,
         npu_estimate_soc: None,
         npu_activations: Default::default(),
+        npu_limits: Default::default(),
         calibration: None,
     })
     .map_err(|e| format!("compiling the seed: {e}"))?;

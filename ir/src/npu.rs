@@ -18,9 +18,15 @@
 //! whose boundary roles ([`piece_roles`]) carry the residual stream, the experts' input, the
 //! router's logits and the experts' sum across the host's ops.
 //!
-//! Residency: the contexts marked `resident` stay created for the whole session; the others
-//! rotate through what is left of [`NpuSection::context_budget`], created before their
-//! layers run and freed after (the swap schedule of the contexts).
+//! Residency, planned against the HTP's limits ([`NpuLimits`], QNN.md "Residency, load cost
+//! and speed on a phone"): every context and the I/O allocation is one mapping of at most
+//! `mapping_bytes`; the contexts spread over the HTP sessions (process domains) the phone
+//! grants, each session mapping its contexts, the I/O its executables bind and one spill-fill
+//! buffer its contexts share (QNN's `REGISTER_MULTI_CONTEXTS`) within `session_bytes`. Where
+//! they all fit, every context is `resident`: created once at session open. Only where they
+//! do not (a phone granting one session to a model that needs two) do the contexts of the
+//! last session rotate through what is left of [`NpuSection::context_budget`], created before
+//! their layers run and freed after (the swap schedule of the contexts).
 
 use serde::{Deserialize, Serialize};
 
@@ -33,7 +39,7 @@ use crate::{Graph, Op, ValueId};
 /// The extension key of the section.
 pub const EXTENSION_KEY: &str = "npu.qnn";
 /// The section's own version: a reader refuses any other.
-pub const SECTION_VERSION: u32 = 5;
+pub const SECTION_VERSION: u32 = 6;
 /// Masked attention scores: QNN.md found that an `-inf` mask gives wrong results on the HTP,
 /// so a large finite negative stands in for it (f16's lowest).
 pub const MASKED: f32 = -65504.0;
@@ -55,9 +61,12 @@ pub struct NpuSection {
     /// Whether each context's row-bucket graphs share one copy of their weights (the phone's
     /// form: QNN's x86-64 simulator cannot load it) or each carry their own.
     pub shared_weights: bool,
-    /// Bytes of the NPU window the contexts may occupy at once: the window less the I/O
-    /// allocation (the KV cache and the largest pass's inputs and outputs, [`IoLayout`]) and
-    /// a mixture-of-experts model's expert slots.
+    /// The HTP's limits the contexts were planned against (the target's, or the compile's).
+    pub limits: NpuLimits,
+    /// The HTP sessions the contexts spread over, in order (a context's `session` indexes it).
+    pub sessions: Vec<NpuSession>,
+    /// Bytes of contexts that may be created at once: all of them where every one is
+    /// resident; else the resident ones and the room the last session leaves its rotating ones.
     pub context_budget: u64,
     /// Where every executable's inputs and outputs live ([`IoLayout::of`] the plan).
     pub io: IoLayout,
@@ -110,6 +119,15 @@ pub enum NpuWeights {
 }
 
 impl NpuWeights {
+    /// Whether the executables' matmuls take 16-bit fixed-point activations: then the LM
+    /// head's weights are int8 per output channel (the HTP's fast form for it: LPBQ's 4-bit
+    /// factors would be expanded on its vector unit every pass) and the logits leave the
+    /// executable as uint16 in the head's output encoding, which the host dequantizes
+    /// ([`NpuSection::logits_encoding`]).
+    pub fn fixed_point(self) -> bool {
+        matches!(self, NpuWeights::Int4Lpbq { .. })
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             NpuWeights::F16 => "fp16",
@@ -118,6 +136,24 @@ impl NpuWeights {
             NpuWeights::Int4Lpbq { .. } => "int4 per block (LPBQ)",
         }
     }
+}
+
+/// What a phone's HTP maps (QNN.md): each context and the I/O allocation is one mapping of at
+/// most `mapping_bytes`; one session maps at most `session_bytes`; a phone grants `sessions`.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NpuLimits {
+    pub mapping_bytes: u64,
+    pub session_bytes: u64,
+    pub sessions: u32,
+}
+
+/// One HTP session of the plan: besides its contexts, the bytes of the I/O allocation its
+/// executables bind ([`IoLayout::bound_bytes`]) and the one spill-fill buffer they share, the
+/// largest any of its contexts needs.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NpuSession {
+    pub io_bytes: u64,
+    pub spill_fill_bytes: u64,
 }
 
 /// QNN's estimate of one executable (planned graph `graph`, the context of layers `layers`)
@@ -129,6 +165,57 @@ pub struct NpuEstimate {
     pub soc_id: u32,
     pub cycles: u64,
     pub micros: u64,
+    /// QNN's op trace of it grouped by kind (empty where the library gave no trace).
+    pub groups: Vec<NpuOpGroup>,
+}
+
+/// What ops of one kind cost in QNN's op trace of an executable: the microseconds they kept
+/// their units busy (HVX threads summed, so groups overlap each other and the DMA), and how
+/// many ops QNN scheduled.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq)]
+pub struct NpuOpGroup {
+    pub kind: NpuOpKind,
+    pub busy_micros: f64,
+    pub ops: u32,
+}
+
+/// The kinds QNN's traced ops are grouped in.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NpuOpKind {
+    /// The weights' DMA from DRAM into VTCM.
+    WeightRead,
+    /// The linears' products, and their weights' unpacking.
+    Matmul,
+    /// Attention's products (over keys and values packed as dynamic weights) and softmax.
+    Attention,
+    Norm,
+    Rope,
+    /// SwiGLU's gates, residual adds and the like.
+    Elementwise,
+    /// Conversions between fp16 and 16-bit fixed point.
+    Quantize,
+    /// Layout changes, slices, concatenations, inputs and outputs moved.
+    DataMovement,
+    /// Intermediates that VTCM does not hold, spilled to DRAM and filled back.
+    SpillFill,
+    Other,
+}
+
+impl NpuOpKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            NpuOpKind::WeightRead => "weight reads (DMA)",
+            NpuOpKind::Matmul => "matmuls",
+            NpuOpKind::Attention => "attention",
+            NpuOpKind::Norm => "norms",
+            NpuOpKind::Rope => "RoPE",
+            NpuOpKind::Elementwise => "elementwise",
+            NpuOpKind::Quantize => "quantize/dequantize",
+            NpuOpKind::DataMovement => "data movement",
+            NpuOpKind::SpillFill => "spill-fill (DMA)",
+            NpuOpKind::Other => "other",
+        }
+    }
 }
 
 /// One context binary: layers `layers[0]..layers[1]` of every planned graph.
@@ -141,6 +228,10 @@ pub struct NpuContext {
     pub layers: [u32; 2],
     /// Created once for the session (else created before each use and freed after).
     pub resident: bool,
+    /// The HTP session it lives in ([`NpuSection::sessions`]).
+    pub session: u32,
+    /// The spill-fill buffer its executables need (what the binary says of itself).
+    pub spill_fill_bytes: u64,
     /// One executable per planned graph.
     pub graphs: Vec<NpuGraph>,
 }
@@ -259,6 +350,20 @@ impl IoLayout {
         IoLayout { bytes: offset, regions }
     }
 
+    /// Bytes of the allocation the executables of layers `layers` bind: every boundary region
+    /// and those layers' key and value planes, cached and new (layer-major in their regions).
+    pub fn bound_bytes(&self, h: &Header, layers: [u32; 2]) -> u64 {
+        let n = h.model.n_layers.max(1) as u64;
+        let share = layers[1].saturating_sub(layers[0]) as u64;
+        self.regions
+            .iter()
+            .map(|r| match r.kind {
+                IoKind::Kv | IoKind::NewKv => r.bytes / n * share,
+                _ => r.bytes,
+            })
+            .sum()
+    }
+
     pub fn region(&self, kind: IoKind) -> Option<&IoRegion> {
         self.regions.iter().find(|r| r.kind == kind)
     }
@@ -291,19 +396,22 @@ impl IoLayout {
 }
 
 fn role_bytes(h: &Header, role: Role, rows: u32, head_rows: u32) -> u64 {
-    role.dims(h, rows, head_rows).iter().map(|&d| d as u64).product::<u64>() * role.dtype().bytes()
+    // Every format gives a role elements of the same width (fp16 or uint16 logits alike).
+    role.dims(h, rows, head_rows).iter().map(|&d| d as u64).product::<u64>() * role.dtype(NpuWeights::F16).bytes()
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NpuDType {
     F16,
     I32,
+    /// Unsigned 16-bit fixed point in a static encoding (the logits of a fixed-point format).
+    U16,
 }
 
 impl NpuDType {
     pub fn bytes(self) -> u64 {
         match self {
-            NpuDType::F16 => 2,
+            NpuDType::F16 | NpuDType::U16 => 2,
             NpuDType::I32 => 4,
         }
     }
@@ -369,9 +477,11 @@ impl Role {
         }
     }
 
-    pub fn dtype(self) -> NpuDType {
+    /// The element type of this role in executables holding `weights`.
+    pub fn dtype(self, weights: NpuWeights) -> NpuDType {
         match self {
             Role::HeadIndex => NpuDType::I32,
+            Role::Logits if weights.fixed_point() => NpuDType::U16,
             _ => NpuDType::F16,
         }
     }
@@ -513,6 +623,20 @@ pub fn piece_roles(g: &Graph, ops: Range<usize>) -> std::result::Result<(Vec<Bou
 }
 
 impl NpuSection {
+    /// The uint16 logits' `(scale, offset)` (`(q + offset) * scale`) where the format has
+    /// fixed-point logits: the LM head's calibrated output range. `None` for fp16 logits.
+    pub fn logits_encoding(&self, h: &Header) -> Option<(f32, i32)> {
+        if !self.weights.fixed_point() {
+            return None;
+        }
+        let g = h.graphs.first()?;
+        let head = g.ops.iter().find_map(|o| match *o {
+            Op::MatMul { weight, out, .. } if out == g.logits => Some(weight),
+            _ => None,
+        })?;
+        self.activations.iter().find(|a| a.weight == head).map(|a| ActivationRange::u16_encoding(a.output))
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         postcard::to_stdvec(self).expect("a section always encodes")
     }
@@ -559,12 +683,7 @@ impl NpuSection {
             return bad(format!("io: {} regions where the plan has {}", self.io.regions.len(), layout.regions.len()));
         }
         let (n, w) = (h.model.n_layers, &h.plan.window);
-        if layout.bytes.saturating_add(w.experts.region.bytes).saturating_add(self.context_budget) > w.bytes {
-            return bad(format!(
-                "context_budget {} plus the I/O allocation ({} bytes: the KV cache and the largest pass's inputs and outputs) and the expert slots ({} bytes) exceeds the {}-byte window",
-                self.context_budget, layout.bytes, w.experts.region.bytes, w.bytes
-            ));
-        }
+        self.verify_limits(h, &layout)?;
         let mut segments = std::collections::HashSet::new();
         let mut next_layer = 0;
         let (mut resident, mut rotating) = (0u64, 0u64);
@@ -587,6 +706,9 @@ impl NpuSection {
             next_layer = c.layers[1];
             if seg.nbytes > self.context_budget {
                 return bad(format!("{at}: its {} bytes exceed the context_budget of {} bytes", seg.nbytes, self.context_budget));
+            }
+            if seg.nbytes > self.limits.mapping_bytes {
+                return bad(format!("{at}: its {} bytes exceed one mapping ({} bytes)", seg.nbytes, self.limits.mapping_bytes));
             }
             if c.resident {
                 resident += seg.nbytes;
@@ -618,10 +740,10 @@ impl NpuSection {
                             return bad(format!("{at}: attention of layer {l} outside the context's layers {}..{}", c.layers[0], c.layers[1]));
                         }
                         let want = role.dims(h, planned.rows, planned.head_rows);
-                        if t.role != role || t.dtype != role.dtype() || t.dims != want {
+                        if t.role != role || t.dtype != role.dtype(self.weights) || t.dims != want {
                             return bad(format!(
                                 "{at}: {what} '{}' is {:?} {:?} {:?}; the plan's graph '{}' ({} rows, {} head rows) needs {role:?} {:?} {want:?}",
-                                t.name, t.role, t.dtype, t.dims, planned.name, planned.rows, planned.head_rows, role.dtype()
+                                t.name, t.role, t.dtype, t.dims, planned.name, planned.rows, planned.head_rows, role.dtype(self.weights)
                             ));
                         }
                         // Its descriptor: the plan's offset, inside its region.
@@ -648,6 +770,9 @@ impl NpuSection {
             }
         }
         self.verify_activations(h)?;
+        if self.weights.fixed_point() && self.logits_encoding(h).is_none() {
+            return bad(format!("{} weights leave uint16 logits, but no matmul of graph 0 writes the logits", self.weights.name()));
+        }
         if resident.saturating_add(rotating) > self.context_budget {
             return bad(format!(
                 "the resident contexts ({resident} bytes) and the largest rotating one ({rotating} bytes) exceed the context_budget of {} bytes",
@@ -659,6 +784,59 @@ impl NpuSection {
 }
 
 impl NpuSection {
+    /// The limits and sessions: the I/O allocation within one mapping; sessions granted;
+    /// contexts in session order; each session's I/O and spill-fill as its contexts need
+    /// them; each session's resident contexts (and the largest rotating one of the last)
+    /// within `session_bytes`; `context_budget` as the sessions leave it.
+    fn verify_limits(&self, h: &Header, layout: &IoLayout) -> Result<()> {
+        let bad = |msg: String| Err(Error::invalid(format!("extension '{EXTENSION_KEY}': {msg}")));
+        let l = self.limits;
+        if layout.bytes > l.mapping_bytes {
+            return bad(format!("io: the I/O allocation ({} bytes) exceeds one mapping ({} bytes)", layout.bytes, l.mapping_bytes));
+        }
+        if self.sessions.is_empty() || self.sessions.len() as u64 > l.sessions as u64 {
+            return bad(format!("sessions: {} where the limits grant 1 to {}", self.sessions.len(), l.sessions));
+        }
+        let mut next = 0u32;
+        for (ci, c) in self.contexts.iter().enumerate() {
+            if c.session != next && c.session != next + 1 || c.session as usize >= self.sessions.len() || (ci == 0 && c.session != 0) {
+                return bad(format!("contexts[{ci}]: session {} does not continue the sessions before it (of {})", c.session, self.sessions.len()));
+            }
+            next = c.session;
+        }
+        let (mut budget, last) = (0u64, self.sessions.len() - 1);
+        for (si, s) in self.sessions.iter().enumerate() {
+            let mine: Vec<&NpuContext> = self.contexts.iter().filter(|c| c.session as usize == si).collect();
+            let at = format!("sessions[{si}]");
+            let (Some(first), Some(end)) = (mine.first(), mine.last()) else {
+                return bad(format!("{at}: holds no context"));
+            };
+            let io = layout.bound_bytes(h, [first.layers[0], end.layers[1]]);
+            let spill = mine.iter().map(|c| c.spill_fill_bytes).max().unwrap_or(0);
+            if s.io_bytes != io || s.spill_fill_bytes != spill {
+                return bad(format!("{at}: io_bytes {} and spill_fill_bytes {}; its contexts bind {io} bytes of I/O and need {spill} of spill-fill", s.io_bytes, s.spill_fill_bytes));
+            }
+            let bytes = |c: &&NpuContext| h.segments.get(c.segment as usize).map_or(0, |g| g.nbytes);
+            let resident: u64 = mine.iter().filter(|c| c.resident).map(bytes).sum();
+            let rotating = mine.iter().filter(|c| !c.resident).map(bytes).max().unwrap_or(0);
+            if rotating > 0 && si != last {
+                return bad(format!("{at}: rotating contexts in a session before the last"));
+            }
+            let room = l.session_bytes.saturating_sub(io + spill);
+            if resident + rotating > room {
+                return bad(format!(
+                    "{at}: its resident contexts ({resident} bytes) and largest rotating one ({rotating} bytes) exceed the {room} bytes the session leaves them ({} less {io} of I/O and {spill} of spill-fill)",
+                    l.session_bytes
+                ));
+            }
+            budget += if rotating > 0 { room } else { resident };
+        }
+        if self.context_budget != budget {
+            return bad(format!("context_budget {} is not the {budget} bytes the sessions leave the contexts", self.context_budget));
+        }
+        Ok(())
+    }
+
     /// Fixed-point activations: exactly one finite range, holding zero, for each matmul
     /// weight of the plan when the format needs them; none otherwise.
     fn verify_activations(&self, h: &Header) -> Result<()> {

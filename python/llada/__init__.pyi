@@ -107,7 +107,7 @@ def compile(
     npu_contexts: Optional[int] = None,
     npu_shared_weights: bool = False,
     npu_estimate_soc: Optional[int] = None,
-    npu_activations: str = "f16",
+    npu_activations: Optional[str] = None,
     calibration: Optional[_Path] = None,
     progress: bool = False,
 ) -> CompileSummary: ...

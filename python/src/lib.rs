@@ -493,7 +493,7 @@ impl Steps {
 /// compile` does, with its flags as keyword arguments (`dtype` is `quant`'s alias). Returns
 /// what was written.
 #[pyfunction]
-#[pyo3(signature = (model, output, *, target="host", quant=None, dtype=None, group=None, max_seq=None, head_rows=256, block_len=32, spec_blocks=None, activations="f32", activation_scales=None, window_bytes=None, kv_dtype=None, host_only=false, qnn_lib=None, npu_contexts=None, npu_shared_weights=false, npu_estimate_soc=None, npu_activations="f16", calibration=None, progress=false))]
+#[pyo3(signature = (model, output, *, target="host", quant=None, dtype=None, group=None, max_seq=None, head_rows=256, block_len=32, spec_blocks=None, activations="f32", activation_scales=None, window_bytes=None, kv_dtype=None, host_only=false, qnn_lib=None, npu_contexts=None, npu_shared_weights=false, npu_estimate_soc=None, npu_activations=None, calibration=None, progress=false))]
 #[allow(clippy::too_many_arguments)]
 fn compile<'py>(
     py: Python<'py>,
@@ -516,7 +516,7 @@ fn compile<'py>(
     npu_contexts: Option<u32>,
     npu_shared_weights: bool,
     npu_estimate_soc: Option<u32>,
-    npu_activations: &str,
+    npu_activations: Option<&str>,
     calibration: Option<std::path::PathBuf>,
     progress: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
@@ -536,11 +536,11 @@ fn compile<'py>(
         return Err(SettingError::new_err(format!("--group {g} is not one of 32, 64, 128")));
     }
     let quant_names = ["f32", "bf16", "f16", "q8", "q4"];
-    let q = quant.map(|q| one_of("quant", q, &quant_names, |q| Quant::parse(q, group.unwrap_or(128)))).transpose()?;
+    let q = quant.map(|q| one_of("quant", q, &quant_names, |q| Quant::parse(q, group.unwrap_or_else(|| lladac::compile::default_group(target))))).transpose()?;
     let bf16_activations = one_of("activations", activations, &["f32", "bf16"], |a| Some(a == "bf16"))?;
     let activation_scales = activation_scales.map(|a| one_of("activation-scales", a, &["row", "block"], llada_ir::window::ActivationScales::parse)).transpose()?;
     let kv_dtype = kv_dtype.map(|k| one_of("kv-dtype", k, &["f32", "f16", "bf16"], llada_ir::KvDType::parse)).transpose()?;
-    let npu_activations = one_of("npu-activations", npu_activations, &["f16", "u16"], NpuActivations::parse)?;
+    let npu_activations = npu_activations.map(|a| one_of("npu-activations", a, &["f16", "u16"], NpuActivations::parse)).transpose()?.unwrap_or_default();
     lladac::compile::check_flags(quant, group, target, max_seq, block_len, spec_blocks).map_err(SettingError::new_err)?;
     let opts = lladac::CompileOptions {
         model,
@@ -562,6 +562,7 @@ fn compile<'py>(
         npu_shared_weights,
         npu_estimate_soc,
         npu_activations,
+        npu_limits: Default::default(),
         calibration,
     };
     let s = py.detach(|| lladac::compile(&opts)).map_err(compile_err)?;

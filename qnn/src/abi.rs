@@ -267,21 +267,75 @@ pub struct HtpContextConfig {
 /// share the static tensors they hold alike).
 pub const HTP_CONTEXT_CONFIG_OPTION_WEIGHT_SHARING: u32 = 1;
 
+/// `QnnGraph_Config_t`: an option and a union at byte 8 (here the custom config's pointer).
+#[repr(C)]
+pub struct GraphConfig {
+    pub option: u32,
+    pub custom: *const c_void,
+}
+pub const GRAPH_CONFIG_OPTION_CUSTOM: u32 = 0;
+
+/// `QnnHtpGraph_CustomConfig_t`: an option and a union at byte 8 (it holds 64-bit members);
+/// `optimizationOption` is `{type: u32, floatValue: f32}` there, `vtcmSizeInMB` a `u32`.
+#[repr(C)]
+pub struct HtpGraphConfig {
+    pub option: u32,
+    pub _pad: u32,
+    pub value: [u32; 2],
+    pub _tail: [u64; 3],
+}
+/// `QNN_HTP_GRAPH_CONFIG_OPTION_OPTIMIZATION` with `..._TYPE_FINALIZE_OPTIMIZATION_FLAG` (3):
+/// the level the graph is prepared at (1 fast, 3 most optimized; ExecuTorch prepares its
+/// offline graphs at 3).
+pub const HTP_GRAPH_CONFIG_OPTION_OPTIMIZATION: u32 = 1;
+pub const HTP_GRAPH_OPTIMIZATION_TYPE_FINALIZE_OPTIMIZATION_FLAG: u32 = 3;
+/// `QNN_HTP_GRAPH_CONFIG_OPTION_VTCM_SIZE`: VTCM in MB the graph may use (0: all of it).
+pub const HTP_GRAPH_CONFIG_OPTION_VTCM_SIZE: u32 = 3;
+
 /// `Qnn_ProfileHandle_t`.
 pub type ProfileHandle = *mut c_void;
 /// `QNN_PROFILE_LEVEL_BASIC`: enough for the HTP's performance estimates at finalize (QNN.md).
 pub const PROFILE_LEVEL_BASIC: u32 = 1;
 
-/// `QnnProfile_EventData_t`: the event's type (the HTP's are in `QnnHtpProfile.h`), its value,
-/// a name, and the value's unit.
+/// `QNN_PROFILE_LEVEL_DETAILED`: per-node events besides the graph's.
+pub const PROFILE_LEVEL_DETAILED: u32 = 2;
+
+/// `QnnProfile_EventData_t`: the event's type (the HTP's are in `QnnHtpProfile.h`), the
+/// value's unit, the value and a name.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct EventData {
     pub event_type: u32,
+    pub unit: u32,
     pub value: u64,
     pub identifier: *const c_char,
-    pub unit: u32,
 }
+
+/// `QnnProfile_Config_t`: an option and a union at byte 8 (a pointer, a `u64` event count or
+/// the optrace flag's byte).
+#[repr(C)]
+pub struct ProfileConfig {
+    pub option: u32,
+    pub value: u64,
+}
+/// `QNN_PROFILE_CONFIG_OPTION_ENABLE_OPTRACE`: per-op trace data at the detailed level.
+pub const PROFILE_CONFIG_OPTION_ENABLE_OPTRACE: u32 = 2;
+
+/// `QnnProfile_ExtendedEventData_t` (version 1): type, unit, a 24-byte union (a `Qnn_Scalar_t`
+/// value, or an opaque object `{data, len}` with a file name), a timestamp and a name.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct ExtendedEventData {
+    pub version: u32,
+    pub _pad: u32,
+    pub event_type: u32,
+    pub unit: u32,
+    pub value: [u64; 3],
+    pub timestamp: u64,
+    pub identifier: *const c_char,
+}
+/// `QNN_PROFILE_EVENTUNIT_OBJECT`: the extended event's union holds an opaque object.
+pub const PROFILE_EVENTUNIT_OBJECT: u32 = 5;
 
 /// The interface's function table (`QNN_INTERFACE_VER_TYPE`) as the 2.51 library lays it out:
 /// 64 slots, append-only across versions. Slots the runtime does not call are opaque.
@@ -315,11 +369,11 @@ pub struct FunctionTable {
     pub log_set_log_level: *const c_void,
     pub log_free: Option<unsafe extern "C" fn(logger: LogHandle) -> ErrorHandle>,
     pub profile_create: Option<unsafe extern "C" fn(backend: BackendHandle, level: u32, profile: *mut ProfileHandle) -> ErrorHandle>,
-    pub profile_set_config: *const c_void,
+    pub profile_set_config: Option<unsafe extern "C" fn(profile: ProfileHandle, config: *const *const ProfileConfig) -> ErrorHandle>,
     pub profile_get_events: Option<unsafe extern "C" fn(profile: ProfileHandle, events: *mut *const u64, count: *mut u32) -> ErrorHandle>,
     pub profile_get_sub_events: Option<unsafe extern "C" fn(event: u64, events: *mut *const u64, count: *mut u32) -> ErrorHandle>,
     pub profile_get_event_data: Option<unsafe extern "C" fn(event: u64, data: *mut EventData) -> ErrorHandle>,
-    pub profile_get_extended_event_data: *const c_void,
+    pub profile_get_extended_event_data: Option<unsafe extern "C" fn(event: u64, data: *mut ExtendedEventData) -> ErrorHandle>,
     pub profile_free: Option<unsafe extern "C" fn(profile: ProfileHandle) -> ErrorHandle>,
     /// mem register and deregister, device getPlatformInfo, freePlatformInfo,
     /// getInfrastructure.
@@ -428,10 +482,14 @@ mod tests {
         assert_eq!(offset_of!(OpConfig, name), 8);
         assert_eq!(offset_of!(OpConfig, outputs), 72);
         assert_eq!(size_of::<DeviceConfig>(), 16);
+        assert_eq!((size_of::<GraphConfig>(), offset_of!(GraphConfig, custom)), (16, 8));
+        assert_eq!((offset_of!(HtpGraphConfig, value), size_of::<HtpGraphConfig>()), (8, 40));
         assert_eq!(offset_of!(HtpDeviceSocConfig, soc_model), 8);
         assert_eq!((size_of::<ContextConfig>(), offset_of!(ContextConfig, custom)), (32, 8));
         assert_eq!((size_of::<HtpContextConfig>(), offset_of!(HtpContextConfig, value)), (24, 8));
-        assert_eq!((size_of::<EventData>(), offset_of!(EventData, value), offset_of!(EventData, identifier), offset_of!(EventData, unit)), (32, 8, 16, 24));
+        assert_eq!((size_of::<EventData>(), offset_of!(EventData, unit), offset_of!(EventData, value), offset_of!(EventData, identifier)), (24, 4, 8, 16));
+        assert_eq!((size_of::<ProfileConfig>(), offset_of!(ProfileConfig, value)), (16, 8));
+        assert_eq!((offset_of!(ExtendedEventData, event_type), offset_of!(ExtendedEventData, value), offset_of!(ExtendedEventData, timestamp), offset_of!(ExtendedEventData, identifier), size_of::<ExtendedEventData>()), (8, 16, 40, 48, 56));
     }
 
     #[test]

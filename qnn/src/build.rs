@@ -55,12 +55,22 @@ pub struct GraphBuilder<'c> {
 
 impl<'c> GraphBuilder<'c> {
     pub fn new(context: &'c Context, name: &str) -> Result<GraphBuilder<'c>> {
+        Self::with_optimization(context, name, None)
+    }
+
+    /// A graph prepared at HTP optimization `level` (1 to 3; `None`: the library's default).
+    pub fn with_optimization(context: &'c Context, name: &str, level: Option<u32>) -> Result<GraphBuilder<'c>> {
         let create = context.table().graph_create.ok_or_else(|| Error::Other("QNN graphCreate is missing from the library's table".into()))?;
         let c = cstring(name)?;
         let mut graph: GraphHandle = std::ptr::null_mut();
-        // SAFETY: `c` is NUL-terminated and alive for the call; no configs; `graph` is valid
-        // for a write.
-        check("graphCreate", Some(name), unsafe { create(context.context, c.as_ptr(), std::ptr::null(), &mut graph) })?;
+        let htp = abi::HtpGraphConfig { option: abi::HTP_GRAPH_CONFIG_OPTION_OPTIMIZATION, _pad: 0, value: [abi::HTP_GRAPH_OPTIMIZATION_TYPE_FINALIZE_OPTIMIZATION_FLAG, (level.unwrap_or(0) as f32).to_bits()], _tail: [0; 3] };
+        let config = abi::GraphConfig { option: abi::GRAPH_CONFIG_OPTION_CUSTOM, custom: &htp as *const abi::HtpGraphConfig as *const std::ffi::c_void };
+        let list: [*const abi::GraphConfig; 2] = [&config, std::ptr::null()];
+        let configs = if level.is_some() { list.as_ptr() as *const *const std::ffi::c_void } else { std::ptr::null() };
+        // SAFETY: `c` is NUL-terminated and alive for the call; `configs` is null or a
+        // null-terminated list whose entries (and the HTP config they point at) live on this
+        // frame; `graph` is valid for a write.
+        check("graphCreate", Some(name), unsafe { create(context.context, c.as_ptr(), configs, &mut graph) })?;
         Ok(GraphBuilder { context, name: name.to_string(), graph, names: vec![c], tensors: Vec::new(), data: Vec::new(), scale_offsets: Vec::new(), scales: Vec::new(), block_scales: Vec::new(), expansions: Vec::new(), ops: 0 })
     }
 
@@ -138,18 +148,24 @@ impl<'c> GraphBuilder<'c> {
     /// A static signed weight of `bits` (8, or 4 in an int8 container) with one symmetric
     /// scale per channel of axis 0 (`scales.len() == dims[0]`): `(q) * scale`.
     pub fn static_per_channel(&mut self, name: &str, dims: &[u32], values: Vec<i8>, scales: Vec<f32>, bits: u32) -> Result<TensorRef> {
+        self.static_per_channel_on(name, dims, 0, values, scales, bits)
+    }
+
+    /// [`static_per_channel`](Self::static_per_channel) with the channels along `axis` (a 1x1
+    /// convolution's HWIO weight has them on axis 3).
+    pub fn static_per_channel_on(&mut self, name: &str, dims: &[u32], axis: usize, values: Vec<i8>, scales: Vec<f32>, bits: u32) -> Result<TensorRef> {
         let n: u64 = dims.iter().map(|&d| d as u64).product();
-        if n != values.len() as u64 || dims.first().map(|&d| d as usize) != Some(scales.len()) || !(bits == 8 || bits == 4) {
+        if n != values.len() as u64 || dims.get(axis).map(|&d| d as usize) != Some(scales.len()) || !(bits == 8 || bits == 4) {
             return Err(Error::Other(format!("QNN static tensor '{name}': {} values, {} scales, {bits} bits for shape {dims:?}", values.len(), scales.len())));
         }
         // The encoding points at the scales: kept until finalize, like the data (a `Vec`'s
         // heap buffer does not move when the `Vec` does).
         let quantize = if bits == 8 {
             self.scale_offsets.push(scales.iter().map(|&scale| abi::ScaleOffset { scale, offset: 0 }).collect());
-            abi::QuantizeParams::axis(0, self.scale_offsets.last().expect("just pushed"))
+            abi::QuantizeParams::axis(axis as i32, self.scale_offsets.last().expect("just pushed"))
         } else {
             self.scales.push(scales);
-            abi::QuantizeParams::bw_axis(4, 0, self.scales.last().expect("just pushed"))
+            abi::QuantizeParams::bw_axis(4, axis as i32, self.scales.last().expect("just pushed"))
         };
         let bytes = values.into_iter().map(|v| v as u8).collect();
         self.create_quantized(name, abi::TENSOR_TYPE_STATIC, abi::DATATYPE_SFIXED_POINT_8, dims, Some(bytes), quantize)
@@ -261,9 +277,16 @@ impl<'c> GraphBuilder<'c> {
     /// performance estimate: [`crate::Profile::estimate`]).
     pub fn finalize_with(self, profile: Option<&crate::Profile>) -> Result<usize> {
         let finalize = self.context.table().graph_finalize.ok_or_else(|| Error::Other("QNN graphFinalize is missing from the library's table".into()))?;
+        // The op trace's schematic, which QNN writes into the working directory: removed
+        // unless a file of that name was there before.
+        let schematic = profile.filter(|p| p.optrace).map(|_| std::path::PathBuf::from(format!("{}_schematic.bin", self.name))).filter(|p| !p.exists());
         let profile = profile.map_or(std::ptr::null_mut(), |p| p.handle);
         // SAFETY: the graph belongs to this context; the profile is null or live; no signal.
-        check("graphFinalize", Some(&self.name), crate::library::with_stdout_on_stderr(|| unsafe { finalize(self.graph, profile, std::ptr::null_mut()) }))?;
+        let e = crate::library::with_stdout_on_stderr(|| unsafe { finalize(self.graph, profile, std::ptr::null_mut()) });
+        if let Some(p) = schematic {
+            let _ = std::fs::remove_file(p);
+        }
+        check("graphFinalize", Some(&self.name), e)?;
         Ok(self.ops)
     }
 }

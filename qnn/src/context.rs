@@ -174,7 +174,7 @@ impl IoBuffer {
     /// Bytes of one element of `data_type` (the types the lowering uses).
     pub fn element_bytes(data_type: u32) -> Option<usize> {
         match data_type {
-            abi::DATATYPE_FLOAT_16 => Some(2),
+            abi::DATATYPE_FLOAT_16 | abi::DATATYPE_UFIXED_POINT_16 => Some(2),
             abi::DATATYPE_FLOAT_32 | abi::DATATYPE_INT_32 | abi::DATATYPE_UINT_32 => Some(4),
             abi::DATATYPE_BOOL_8 => Some(1),
             _ => None,

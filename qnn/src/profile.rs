@@ -9,10 +9,14 @@ use std::sync::Arc;
 use crate::abi::{self, ProfileHandle};
 use crate::{check, Device, Error, Result};
 
-/// A profile handle of the device's backend, at the basic level.
+/// A profile handle of the device's backend: at the basic level (the graph's estimate) or the
+/// detailed one (also each node's).
 pub struct Profile {
     device: Arc<Device>,
     pub(crate) handle: ProfileHandle,
+    /// With the op trace on, finalize also writes `<graph>_schematic.bin` into the working
+    /// directory (for Qualcomm's viewer), which the builder removes.
+    pub(crate) optrace: bool,
 }
 
 /// One profile event and its sub-events.
@@ -22,6 +26,8 @@ pub struct Event {
     pub value: u64,
     pub unit: u32,
     pub identifier: String,
+    /// An extended event's opaque object (an op trace), where it has one.
+    pub object: Option<Vec<u8>>,
     pub sub: Vec<Event>,
 }
 
@@ -42,28 +48,63 @@ pub struct Estimate {
 
 impl Profile {
     pub fn new(device: &Arc<Device>) -> Result<Profile> {
+        Self::at_level(device, abi::PROFILE_LEVEL_BASIC, false)
+    }
+
+    /// A profile at the detailed level, with the op trace where `optrace`.
+    pub fn detailed(device: &Arc<Device>, optrace: bool) -> Result<Profile> {
+        Self::at_level(device, abi::PROFILE_LEVEL_DETAILED, optrace)
+    }
+
+    fn at_level(device: &Arc<Device>, level: u32, optrace: bool) -> Result<Profile> {
         let t = device.backend.lib.table();
         let create = t.profile_create.ok_or_else(|| Error::Other("QNN profileCreate is missing from the library's table".into()))?;
         let mut handle: ProfileHandle = std::ptr::null_mut();
         // SAFETY: the backend handle is live while `device` is; `handle` is valid for a write.
-        check("profileCreate", None, unsafe { create(device.backend.backend, abi::PROFILE_LEVEL_BASIC, &mut handle) })?;
-        Ok(Profile { device: device.clone(), handle })
+        check("profileCreate", None, unsafe { create(device.backend.backend, level, &mut handle) })?;
+        let profile = Profile { device: device.clone(), handle, optrace };
+        if optrace {
+            let set = t.profile_set_config.ok_or_else(|| Error::Other("QNN profileSetConfig is missing from the library's table".into()))?;
+            let config = abi::ProfileConfig { option: abi::PROFILE_CONFIG_OPTION_ENABLE_OPTRACE, value: 1 };
+            let list = [&config as *const abi::ProfileConfig, std::ptr::null()];
+            // SAFETY: the handle is live; the list is NULL-terminated and alive for the call.
+            check("profileSetConfig", None, unsafe { set(profile.handle, list.as_ptr()) })?;
+        }
+        Ok(profile)
     }
 
-    /// Every event recorded so far, each with its sub-events.
+    /// Every event recorded so far, each with its sub-events (recursively).
     pub fn events(&self) -> Result<Vec<Event>> {
         let t = self.device.backend.lib.table();
         let (get, sub, data) = match (t.profile_get_events, t.profile_get_sub_events, t.profile_get_event_data) {
             (Some(a), Some(b), Some(c)) => (a, b, c),
             _ => return Err(Error::Other("QNN's profile functions are missing from the library's table".into())),
         };
-        let read = |id: u64| -> Result<Event> {
-            let mut d = abi::EventData { event_type: 0, value: 0, identifier: std::ptr::null(), unit: 0 };
-            // SAFETY: `id` came from the library for this live profile; `d` is valid for a write.
-            check("profileGetEventData", None, unsafe { data(id, &mut d) })?;
+        let extended = t.profile_get_extended_event_data;
+        let text = |p: *const std::ffi::c_char| {
             // SAFETY: a non-null identifier is a NUL-terminated string the profile owns.
-            let identifier = if d.identifier.is_null() { String::new() } else { unsafe { CStr::from_ptr(d.identifier) }.to_string_lossy().into_owned() };
-            Ok(Event { event_type: d.event_type, value: d.value, unit: d.unit, identifier, sub: Vec::new() })
+            if p.is_null() { String::new() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() }
+        };
+        let read = |id: u64| -> Result<Event> {
+            let mut d = abi::EventData { event_type: 0, unit: 0, value: 0, identifier: std::ptr::null() };
+            // SAFETY: `id` came from the library for this live profile; `d` is valid for a write.
+            let plain = unsafe { data(id, &mut d) };
+            if plain == 0 && d.unit != abi::PROFILE_EVENTUNIT_OBJECT {
+                return Ok(Event { event_type: d.event_type, value: d.value, unit: d.unit, identifier: text(d.identifier), object: None, sub: Vec::new() });
+            }
+            // An event only the extended form describes (an op trace's object).
+            let Some(ext) = extended else {
+                check("profileGetEventData", None, plain)?;
+                return Ok(Event { event_type: d.event_type, value: d.value, unit: d.unit, identifier: text(d.identifier), object: None, sub: Vec::new() });
+            };
+            let mut x = abi::ExtendedEventData { version: 1, _pad: 0, event_type: 0, unit: 0, value: [0; 3], timestamp: 0, identifier: std::ptr::null() };
+            // SAFETY: as above, for the extended form.
+            check("profileGetExtendedEventData", None, unsafe { ext(id, &mut x) })?;
+            let object = (x.unit == abi::PROFILE_EVENTUNIT_OBJECT && x.value[0] != 0).then(|| {
+                // SAFETY: an object event's union holds `{data, len}` the profile owns.
+                unsafe { std::slice::from_raw_parts(x.value[0] as *const u8, x.value[1] as usize) }.to_vec()
+            });
+            Ok(Event { event_type: x.event_type, value: x.value[1], unit: x.unit, identifier: text(x.identifier), object, sub: Vec::new() })
         };
         let ids = |list: *const u64, n: u32| -> Vec<u64> {
             if list.is_null() {
@@ -72,21 +113,25 @@ impl Profile {
             // SAFETY: the library returned `n` ids at `list`, valid while the profile lives.
             unsafe { std::slice::from_raw_parts(list, n as usize) }.to_vec()
         };
+        fn tree(id: u64, depth: u32, read: &dyn Fn(u64) -> Result<Event>, children: &dyn Fn(u64) -> Result<Vec<u64>>) -> Result<Event> {
+            let mut e = read(id)?;
+            if depth < 8 {
+                for s in children(id)? {
+                    e.sub.push(tree(s, depth + 1, read, children)?);
+                }
+            }
+            Ok(e)
+        }
+        let children = |id: u64| -> Result<Vec<u64>> {
+            let (mut sl, mut sn) = (std::ptr::null::<u64>(), 0u32);
+            // SAFETY: `id` is an event of this live profile; both outputs are valid for a write.
+            check("profileGetSubEvents", None, unsafe { sub(id, &mut sl, &mut sn) })?;
+            Ok(ids(sl, sn))
+        };
         let (mut list, mut n) = (std::ptr::null::<u64>(), 0u32);
         // SAFETY: the handle is live; both outputs are valid for a write.
         check("profileGetEvents", None, unsafe { get(self.handle, &mut list, &mut n) })?;
-        let mut out = Vec::new();
-        for id in ids(list, n) {
-            let mut e = read(id)?;
-            let (mut sl, mut sn) = (std::ptr::null::<u64>(), 0u32);
-            // SAFETY: as above, for the event's sub-events.
-            check("profileGetSubEvents", None, unsafe { sub(id, &mut sl, &mut sn) })?;
-            for s in ids(sl, sn) {
-                e.sub.push(read(s)?);
-            }
-            out.push(e);
-        }
-        Ok(out)
+        ids(list, n).into_iter().map(|id| tree(id, 0, &read, &children)).collect()
     }
 
     /// The performance estimate among `events` (the last one: a profile may see several

@@ -4,6 +4,7 @@
 //! simulator runs a binary prepared for any SoC (QNN.md: `deviceGetInfo` says v68 on x86).
 
 use std::ffi::{c_char, c_void, CStr};
+use std::mem::size_of;
 use std::path::Path;
 
 use crate::abi::{ErrorHandle, Tensor, Version};
@@ -57,7 +58,8 @@ pub struct BinaryInfo {
     soc_model: u32,
 }
 
-/// `QnnSystemContext_GraphInfo_t`: a version, then V1..V3, whose first five fields agree.
+/// `QnnSystemContext_GraphInfo_t`: a version, then V1..V3, whose first five fields agree; V3
+/// then points at the HTP's graph blob info (its size at byte 64, the pointer at 72).
 #[repr(C)]
 struct GraphInfo {
     version: u32,
@@ -66,7 +68,18 @@ struct GraphInfo {
     inputs: *const Tensor,
     num_outputs: u32,
     outputs: *const Tensor,
-    _v2_v3: [u64; 5],
+    _v2_v3: [u64; 2],
+    blob_info_size: u32,
+    blob_info: *const GraphBlobInfo,
+    _tail: u64,
+}
+
+/// `QnnHtpSystemContext_GraphBlobInfo_t` version 1: the spill-fill buffer the graph needs
+/// (then its VTCM size and more, unread).
+#[repr(C)]
+struct GraphBlobInfo {
+    version: u32,
+    spill_fill_bytes: u64,
 }
 
 /// One graph input or output as the binary records it.
@@ -83,6 +96,8 @@ pub struct GraphDesc {
     pub name: String,
     pub inputs: Vec<TensorDesc>,
     pub outputs: Vec<TensorDesc>,
+    /// The spill-fill buffer the HTP needs for it (V3 infos with the HTP's blob info).
+    pub spill_fill_bytes: Option<u64>,
 }
 
 /// What a context binary says of itself.
@@ -160,7 +175,11 @@ unsafe fn read_info(info: &BinaryInfo) -> BinaryDesc {
         .map(|i| {
             // SAFETY (caller's): `graphs` holds `num_graphs` infos.
             let g = unsafe { &*info.graphs.add(i) };
-            GraphDesc { name: unsafe { c_string(g.name) }, inputs: unsafe { tensors(g.inputs, g.num_inputs) }, outputs: unsafe { tensors(g.outputs, g.num_outputs) } }
+            // SAFETY (caller's): a V3 info's blob pointer, where non-null and as large as the
+            // version-1 fields read, points at the library's blob info.
+            let blob = (g.version >= 3 && !g.blob_info.is_null() && g.blob_info_size as usize >= size_of::<GraphBlobInfo>()).then(|| unsafe { &*g.blob_info });
+            let spill_fill_bytes = blob.filter(|b| b.version == 1).map(|b| b.spill_fill_bytes);
+            GraphDesc { name: unsafe { c_string(g.name) }, inputs: unsafe { tensors(g.inputs, g.num_inputs) }, outputs: unsafe { tensors(g.outputs, g.num_outputs) }, spill_fill_bytes }
         })
         .collect();
     BinaryDesc { soc_model: (info.version >= 3).then_some(info.soc_model), graphs }
@@ -181,6 +200,8 @@ mod tests {
         assert_eq!(offset_of!(BinaryInfo, soc_model), 8 + 128);
         assert_eq!(size_of::<GraphInfo>(), 88);
         assert_eq!(offset_of!(GraphInfo, outputs), 40);
+        assert_eq!((offset_of!(GraphInfo, blob_info_size), offset_of!(GraphInfo, blob_info)), (64, 72));
+        assert_eq!((offset_of!(GraphBlobInfo, spill_fill_bytes), size_of::<GraphBlobInfo>()), (8, 16));
         assert_eq!(offset_of!(SystemInterface, table), 32);
     }
 }

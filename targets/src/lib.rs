@@ -71,7 +71,8 @@ pub struct Target {
     pub row_multiple: u32,
     /// Stored weight types the target's kernels read.
     pub weight_dtypes: Vec<String>,
-    /// Accelerator sessions one process may open (`window_bytes` is per session).
+    /// Accelerator sessions one process may open (on a Snapdragon target the HTP's process
+    /// domains, which its contexts spread over: `npu_memory`).
     pub sessions_per_process: u32,
     /// What the accelerator computes activations in: "f32" or "f16".
     pub activation_dtype: String,
@@ -108,6 +109,23 @@ pub struct Target {
     /// model of the HTP executables `lladac` builds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub npu_timing: Option<NpuTiming>,
+    /// On a Snapdragon target: the HTP's memory limits the contexts are planned against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub npu_memory: Option<NpuMemory>,
+}
+
+/// What a phone's HTP maps, and what creating a context costs (QNN.md, "Residency, load cost
+/// and speed on a phone"): every context and the I/O allocation is one mapping of at most
+/// `mapping_bytes`; one session (process domain) maps at most `session_bytes` (its contexts,
+/// the I/O its executables bind and their spill-fill buffer); a phone grants
+/// `sessions_per_process` sessions.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NpuMemory {
+    pub mapping_bytes: u64,
+    pub session_bytes: u64,
+    /// Seconds `contextCreateFromBinary` takes per byte of binary.
+    pub create_seconds_per_byte: f64,
 }
 
 /// QNN's estimate of an executable as the cost model's roofline seconds times
@@ -210,6 +228,12 @@ mod tests {
                 assert!(rate.is_finite() && rate > 0.0, "{name}");
             }
             assert!(t.map_seconds.is_finite() && t.map_seconds >= 0.0, "{name}");
+            // Every Snapdragon target plans its contexts against the HTP's limits.
+            assert_eq!(t.npu_memory.is_some(), name.starts_with("sm"), "{name}");
+            if let Some(m) = t.npu_memory {
+                assert!(m.mapping_bytes > 0 && m.session_bytes >= m.mapping_bytes && m.create_seconds_per_byte > 0.0, "{name}");
+                assert!(t.window_bytes <= m.mapping_bytes, "{name}: the window is one mapping");
+            }
             for r in [t.accelerator, t.cpu] {
                 // f32 is every engine's fallback, so it must be present.
                 assert!(r.f32_flops > 0.0, "{name}");

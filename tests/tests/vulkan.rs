@@ -93,6 +93,7 @@ fn compile_with(out: &Path, quant: Option<Quant>, kv: Option<&str>, window_bytes
         npu_shared_weights: false,
         npu_estimate_soc: None,
         npu_activations: Default::default(),
+        npu_limits: Default::default(),
         calibration: None,
     })
     .expect("compiles");

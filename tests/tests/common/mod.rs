@@ -68,6 +68,7 @@ pub fn compile_scaled(model: &Path, out: &Path, quant: Option<lladac::Quant>, ma
         npu_shared_weights: false,
         npu_estimate_soc: None,
         npu_activations: Default::default(),
+        npu_limits: Default::default(),
         calibration: None,
     })
     .expect("compiles");
@@ -105,6 +106,7 @@ pub fn compile_in_window(model: &Path, out: &Path, max_seq: Option<u32>, window_
         npu_shared_weights: false,
         npu_estimate_soc: None,
         npu_activations: Default::default(),
+        npu_limits: Default::default(),
         calibration: None,
     })
     .expect("compiles")

@@ -61,6 +61,8 @@ pub struct QnnExecutor {
     capabilities: Capabilities,
     /// Host-side staging of the boundary tensors, sized for the largest graph.
     scratch: io::Scratch,
+    /// The uint16 logits' `(scale, offset)` of a fixed-point format (fp16 logits: `None`).
+    logits_encoding: Option<(f32, i32)>,
     /// The MoE host ops' scratch (routing rows; the experts without an expert runtime).
     moe: crate::moe::OpScratch,
     /// Keeps the library loaded while its contexts live (dropped last).
@@ -124,7 +126,7 @@ impl QnnExecutor {
             device_timestamps: false,
             int8_dot: false,
         };
-        let mut e = QnnExecutor { stages, budget: section.context_budget, loads: Loads::default(), trace: None, pool, capabilities, scratch: io::Scratch::new(h, section.io.clone()), moe: crate::moe::OpScratch::new(h), device };
+        let mut e = QnnExecutor { stages, budget: section.context_budget, loads: Loads::default(), trace: None, pool, capabilities, scratch: io::Scratch::new(h, section.io.clone()), logits_encoding: section.logits_encoding(h), moe: crate::moe::OpScratch::new(h), device };
         for k in 0..e.stages.len() {
             if e.stages[k].resident {
                 e.create(model, k)?;
@@ -244,6 +246,7 @@ fn qnn_dtype(t: &NpuTensor) -> u32 {
     match t.dtype {
         llada_ir::npu::NpuDType::F16 => DATATYPE_FLOAT_16,
         llada_ir::npu::NpuDType::I32 => DATATYPE_INT_32,
+        llada_ir::npu::NpuDType::U16 => abi::DATATYPE_UFIXED_POINT_16,
     }
 }
 
@@ -370,8 +373,11 @@ impl Executor for QnnExecutor {
         }
         let logits = s.region::<u16>(IoKind::Logits);
         let range = value_range(g, &g.values[g.logits as usize], inp.head_rows.len(), parts.activations_offset);
-        for (o, &b) in parts.activations[range].iter_mut().zip(logits.iter()) {
-            *o = f16::from_bits(b).to_f32();
+        let out = parts.activations[range].iter_mut().zip(logits.iter());
+        match self.logits_encoding {
+            // A fixed-point format's uint16 logits, in the LM head's output encoding.
+            Some((scale, offset)) => out.for_each(|(o, &q)| *o = (q as i32 + offset) as f32 * scale),
+            None => out.for_each(|(o, &b)| *o = f16::from_bits(b).to_f32()),
         }
         Ok(())
     }
