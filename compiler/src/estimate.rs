@@ -96,9 +96,9 @@ fn pass(h: &Header, m: &Machine, act: u32, rows: u32, context: u32, head: u32, e
         }
     }
     if let Some(n) = npu {
-        // An executable computes every row of its graph over the whole cache (its planes are
-        // bound whole), as the fit to QNN's model was made.
-        let roofline = n.roofline(h, m, g, h.plan.kv_capacity, act);
+        // An executable computes every row of its graph over its cache length: the smallest
+        // the executables are built for that holds the pass's keys.
+        let roofline = n.roofline(h, m, g, n.cache_len_for(context), act);
         let compute = n.timing.map_or(roofline, |t| t.seconds(roofline, g.ops.len()));
         let p = n.pass(compute, m.bandwidth);
         return Ok((g.name.clone(), g.rows, cost::PassEstimate { compute_seconds: compute, staging_seconds: p.create_seconds + p.copy_seconds, seconds: p.seconds }));
@@ -220,7 +220,9 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
             let mut one = json!({"rows": r, "experts": name(x), "graph": graph, "graph_rows": graph_rows, "seconds": e.seconds, "compute_seconds": e.compute_seconds, "staging_seconds": e.staging_seconds});
             if let (Some(n), Some(g)) = (npu, h.graphs.iter().find(|g| g.name == graph)) {
                 // The roofline the fit to QNN's model scales (its input, for refitting).
-                one["npu_roofline_seconds"] = json!(n.roofline(h, &machine, g, h.plan.kv_capacity, act));
+                let cache = n.cache_len_for(r);
+                one["npu_roofline_seconds"] = json!(n.roofline(h, &machine, g, cache, act));
+                one["npu_cache_len"] = json!(cache);
                 one["ops"] = json!(g.ops.len());
             }
             passes.push(one);
@@ -301,21 +303,21 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
     // computes.
     let mut qnn = Vec::new();
     if let Some(n) = llada_ir::npu::NpuSection::of(h).map_err(|e| Error::Options(e.to_string()))? {
-        for (gi, g) in h.graphs.iter().enumerate() {
-            let mine: Vec<_> = n.estimates.iter().filter(|e| e.graph == gi as u32).collect();
-            if mine.is_empty() {
-                continue;
-            }
+        let mut keys: Vec<(u32, u32)> = n.estimates.iter().map(|e| (e.graph, e.cache_len)).collect();
+        keys.dedup();
+        for (gi, cache_len) in keys {
+            let g = &h.graphs[gi as usize];
+            let mine: Vec<_> = n.estimates.iter().filter(|e| e.graph == gi && e.cache_len == cache_len).collect();
             let micros: u64 = mine.iter().map(|e| e.micros).sum();
             let cycles: u64 = mine.iter().map(|e| e.cycles).sum();
             let model = match npu {
-                Some(npu) => npu.roofline(h, &machine, g, h.plan.kv_capacity, act),
-                None => cost::pass_estimate(&machine, &cost::graph_work(h, g, g.head_rows, h.plan.kv_capacity, h.plan.window.kv_dtype.bytes() as u32, act), 0, true).seconds,
+                Some(npu) => npu.roofline(h, &machine, g, cache_len, act),
+                None => cost::pass_estimate(&machine, &cost::graph_work(h, g, g.head_rows, cache_len, h.plan.window.kv_dtype.bytes() as u32, act), 0, true).seconds,
             };
             let qnn_seconds = (micros as f64 * 1e-6).max(1e-9);
             let fitted = target.npu_timing.filter(|t| t.estimate_soc == mine[0].soc_id).map(|t| t.seconds(model, g.ops.len()));
             // QNN's op trace by kind, beside each kind's roofline.
-            let rooflines = npu.map(|n| n.group_rooflines(h, &machine, g, h.plan.kv_capacity, act)).unwrap_or_default();
+            let rooflines = npu.map(|n| n.group_rooflines(h, &machine, g, cache_len, act)).unwrap_or_default();
             let mut kinds: Vec<llada_ir::npu::NpuOpKind> = mine.iter().flat_map(|e| e.groups.iter().map(|x| x.kind)).chain(rooflines.iter().map(|r| r.0)).collect();
             kinds.sort_by_key(|k| *k as u32);
             kinds.dedup();
@@ -328,7 +330,7 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
                 })
                 .collect();
             qnn.push(json!({
-                "graph": g.name, "rows": g.rows, "soc_id": mine[0].soc_id, "contexts": mine.len(), "ops": g.ops.len(),
+                "graph": g.name, "rows": g.rows, "cache_len": cache_len, "soc_id": mine[0].soc_id, "contexts": mine.len(), "ops": g.ops.len(),
                 "qnn_seconds": qnn_seconds, "qnn_cycles": cycles, "cost_model_seconds": model,
                 "ratio": model / qnn_seconds,
                 "fitted_seconds": fitted, "fitted_ratio": fitted.map(|f| f / qnn_seconds),
@@ -463,8 +465,8 @@ pub fn render_text(e: &Value) -> String {
         let fitted = q["fitted_seconds"].as_f64().map_or(String::new(), |f| format!("; fitted {:.0} us, ratio {:.2}", f * 1e6, q["fitted_ratio"].as_f64().unwrap_or(0.0)));
         let _ = writeln!(
             s,
-            "  graph {} ({} rows): QNN's estimate for SoC id {} {:.0} us ({} cycles over {} context(s)); the cost model's roofline {:.0} us, ratio {:.2}{fitted}",
-            q["graph"].as_str().unwrap_or(""), q["rows"], q["soc_id"], q["qnn_seconds"].as_f64().unwrap_or(0.0) * 1e6, q["qnn_cycles"], q["contexts"],
+            "  graph {} ({} rows over {} cached positions): QNN's estimate for SoC id {} {:.0} us ({} cycles over {} context(s)); the cost model's roofline {:.0} us, ratio {:.2}{fitted}",
+            q["graph"].as_str().unwrap_or(""), q["rows"], q["cache_len"], q["soc_id"], q["qnn_seconds"].as_f64().unwrap_or(0.0) * 1e6, q["qnn_cycles"], q["contexts"],
             q["cost_model_seconds"].as_f64().unwrap_or(0.0) * 1e6, q["ratio"].as_f64().unwrap_or(0.0)
         );
         let groups = q["groups"].as_array().map_or(&[][..], |g| g.as_slice());

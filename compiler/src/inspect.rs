@@ -154,11 +154,12 @@ fn npu(h: &Header) -> Value {
         "calibration": n.calibration,
         "activation_ranges": n.activations.iter().map(|a| json!({"weight": h.tensors[a.weight as usize].name, "input": a.input, "output": a.output})).collect::<Vec<_>>(),
         "estimates": n.estimates.iter().map(|e| json!({
-            "graph": h.graphs[e.graph as usize].name, "layers": e.layers, "soc_id": e.soc_id, "cycles": e.cycles, "micros": e.micros,
+            "graph": h.graphs[e.graph as usize].name, "layers": e.layers, "cache_len": e.cache_len, "soc_id": e.soc_id, "cycles": e.cycles, "micros": e.micros,
             "groups": e.groups.iter().map(|g| json!({"kind": g.kind.name(), "busy_micros": g.busy_micros, "ops": g.ops})).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "io": {"bytes": n.io.bytes, "regions": n.io.regions.iter().map(|r| json!({"kind": format!("{:?}", r.kind), "offset": r.offset, "bytes": r.bytes})).collect::<Vec<_>>()},
         "context_budget": n.context_budget,
+        "cache_lens": n.cache_lens,
         "window_bytes": h.plan.window.bytes,
         "limits": {"mapping_bytes": n.limits.mapping_bytes, "session_bytes": n.limits.session_bytes, "sessions": n.limits.sessions},
         "sessions": n.sessions.iter().enumerate().map(|(si, x)| {
@@ -178,7 +179,7 @@ fn npu(h: &Header) -> Value {
                 "mapping_bytes": seg.nbytes,
                 "spill_fill_bytes": c.spill_fill_bytes,
                 "graphs": c.graphs.iter().map(|g| json!({
-                    "name": g.name, "graph": h.graphs[g.graph as usize].name, "ops": g.ops,
+                    "name": g.name, "graph": h.graphs[g.graph as usize].name, "ops": g.ops, "cache_len": g.cache_len,
                     "inputs": g.inputs.len(), "outputs": g.outputs.len(),
                 })).collect::<Vec<_>>(),
             })
@@ -280,6 +281,7 @@ pub fn render_text(d: &Value) -> String {
             "  planned for {} HTP session(s) of {:.1} MiB, each context and the I/O one mapping of at most {:.1} MiB; contexts may use {:.1} MiB at once",
             l["sessions"], mib(&l["session_bytes"]), mib(&l["mapping_bytes"]), mib(&n["context_budget"])
         );
+        let _ = writeln!(s, "  attention built for cache lengths {} (a pass runs the smallest that holds its keys)", n["cache_lens"]);
         for (si, x) in n["sessions"].as_array().into_iter().flatten().enumerate() {
             let _ = writeln!(s, "  session {si}: {:.1} MiB of contexts, {:.1} MiB of the I/O allocation bound, a {:.1} MiB spill-fill buffer its contexts share", mib(&x["context_bytes"]), mib(&x["io_bytes"]), mib(&x["spill_fill_bytes"]));
         }

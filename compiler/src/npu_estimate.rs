@@ -18,6 +18,9 @@ use crate::npu_plan::{self, ContextPlan};
 /// target's figures that time them.
 pub struct NpuModel {
     pub format: NpuWeights,
+    /// The cache lengths the executables are built for (a pass runs the smallest that holds
+    /// its keys).
+    pub cache_lens: Vec<u32>,
     pub plan: ContextPlan,
     pub timing: Option<NpuTiming>,
     pub memory: NpuMemory,
@@ -55,7 +58,7 @@ impl NpuModel {
                 sessions: n.sessions.clone(),
                 budget: n.context_budget,
             };
-            return Ok(Some(NpuModel { format: n.weights, plan, timing: target.npu_timing, memory, source: "the artifact's NPU contexts" }));
+            return Ok(Some(NpuModel { format: n.weights, cache_lens: n.cache_lens.clone(), plan, timing: target.npu_timing, memory, source: "the artifact's NPU contexts" }));
         }
         // Built with --host-only: what lladac builds by default for these weights.
         let format = match h.tensors.iter().find(|t| t.dtype.is_panel()).map(|t| t.dtype) {
@@ -67,11 +70,17 @@ impl NpuModel {
         let (plan, _) = npu_plan::plan_contexts(h, format, true, limits, None).map_err(|e| Error::Options(format!("predicting the NPU contexts: {e}")))?;
         Ok(Some(NpuModel {
             format,
+            cache_lens: npu_plan::cache_lens(h.plan.kv_capacity),
             plan,
             timing: target.npu_timing,
             memory,
             source: "predicted: the contexts lladac would build with --npu-shared-weights, the phone's form (this artifact has no NPU executables)",
         }))
+    }
+
+    /// The cache length a pass whose rows attend to `keys` cached positions runs.
+    pub fn cache_len_for(&self, keys: u32) -> u32 {
+        llada_ir::npu::cache_len_for(&self.cache_lens, keys)
     }
 
     /// The contexts created every pass (those that rotate) and their bytes.
@@ -174,6 +183,7 @@ impl NpuModel {
         let (created, bytes) = self.created();
         json!({
             "weights": self.format.name(),
+            "cache_lens": self.cache_lens,
             "contexts": p.bytes.len(),
             "resident": p.resident.iter().filter(|r| **r).count(),
             "sessions": p.sessions.len(),

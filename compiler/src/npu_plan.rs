@@ -164,6 +164,15 @@ pub fn settle(h: &Header, layers: &[[u32; 2]], bytes: &[u64], spill_fill: &[u64]
     Ok(ContextPlan { limits, layers: layers.to_vec(), bytes: bytes.to_vec(), spill_fill: spill_fill.to_vec(), session, resident, sessions, budget })
 }
 
+/// The cache lengths an NPU plan's attention is built for (Genie's context-length variants):
+/// the KV capacity, half and a quarter of it, each kept if at least 128 positions (smaller
+/// caches read little either way) and a whole number of 32-position tiles.
+pub fn cache_lens(capacity: u32) -> Vec<u32> {
+    let mut lens: Vec<u32> = (0..3).map(|k| capacity >> k).filter(|&l| l == capacity || (l >= 128 && l % 32 == 0)).collect();
+    lens.reverse();
+    lens
+}
+
 /// The spill-fill buffer predicted for the context of layers `g` before it is built: four times
 /// its largest fp16 intermediate (what the 1B shape's binaries report is within that, from
 /// one to three times it). The built binary's own figure replaces it.
@@ -199,9 +208,11 @@ fn layer_weight_bytes(h: &Header, format: NpuWeights, shared_weights: bool) -> s
     let bounds: Vec<Vec<usize>> = h.graphs.iter().map(|g| layer_bounds(h, g)).collect::<Result<_>>().map_err(|e| e.to_string())?;
     let n = h.model.n_layers;
     let per_graph: Vec<Vec<u64>> = (0..n).map(|l| h.graphs.iter().zip(&bounds).map(|(g, b)| weight_bytes(h, g, format, layer_ops(g, b, [l, l + 1], n))).collect()).collect();
-    let layer_bytes = per_graph.iter().map(|v| if shared_weights { v.iter().copied().max().unwrap_or(0) } else { v.iter().sum() }).collect();
+    // Without sharing, every row bucket and cache length carries its own copy.
+    let variants = cache_lens(h.plan.kv_capacity).len() as u64;
+    let layer_bytes = per_graph.iter().map(|v| if shared_weights { v.iter().copied().max().unwrap_or(0) } else { variants * v.iter().sum::<u64>() }).collect();
     let unpacked = if matches!(format, NpuWeights::Int4PerChannel | NpuWeights::Int4Lpbq { .. }) { 2 } else { 1 };
-    let build_bytes = per_graph.iter().map(|v| v.iter().sum::<u64>() * unpacked).collect();
+    let build_bytes = per_graph.iter().map(|v| v.iter().sum::<u64>() * unpacked * variants).collect();
     Ok(LayerBytes { bounds, layer_bytes, build_bytes })
 }
 

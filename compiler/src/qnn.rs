@@ -88,6 +88,7 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
     let io = IoLayout::of(h);
     let (plan, bounds) = plan_contexts(h, format, shared_weights, limits, contexts).map_err(|e| Error::Options(format!("--target {}: {e}", soc.0)))?;
     let (groups, n) = (plan.layers.clone(), h.model.n_layers);
+    let cache_lens = crate::npu_plan::cache_lens(h.plan.kv_capacity);
     let backend = lib.backend().map_err(qnn_err)?;
     let device = Device::new(&backend, soc.1).map_err(qnn_err)?;
     let estimating = estimate_soc.map(|id| Device::new(&backend, id).map_err(qnn_err)).transpose()?;
@@ -113,15 +114,22 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
             // A mixture-of-experts layer cuts its graph: the router and routed experts run on
             // the host between the executables (`npu::pieces`).
             let ops = layer_ops(&h.graphs[gi], b, layers, n);
-            let mut estimate = (0u64, 0u64);
-            let mut groups: Vec<NpuOpGroup> = Vec::new();
+            // Per cache length: QNN's estimate of the graph's executables (cycles, micros) and
+            // its op trace by kind.
+            let mut estimate: Vec<(u64, u64, Vec<NpuOpGroup>)> = vec![(0, 0, Vec::new()); cache_lens.len()];
             for piece in llada_ir::npu::pieces(&h.graphs[gi], ops) {
-                graphs.push(lower_graph(h, gi as u32, &ctx, weights, format, &ranges, layers, piece.clone(), &io, None)?);
-                if let Some(dev) = &estimating {
+                // A piece with attention is built once per cache length, in op order for each.
+                let (roles, _) = llada_ir::npu::piece_roles(&h.graphs[gi], piece.clone()).map_err(|e| Error::Options(format!("lowering to QNN: {e}")))?;
+                let attends = roles.iter().any(|(r, _)| matches!(r, Role::KCache(_)));
+                let lens: Vec<u32> = if attends { cache_lens.clone() } else { vec![0] };
+                for &cache_len in &lens {
+                    let at = Piece { graph: gi as u32, layers, ops: piece.clone(), cache_len };
+                    graphs.push(lower_graph(h, &at, &ctx, weights, format, &ranges, &io, None)?);
+                    let Some(dev) = &estimating else { continue };
                     // The same executable for the modelled SoC, in a context of its own (dropped).
                     let scratch = Context::create(dev, false).map_err(qnn_err)?;
                     let profile = Profile::detailed(dev, true).map_err(qnn_err)?;
-                    lower_graph(h, gi as u32, &scratch, weights, format, &ranges, layers, piece, &io, Some(&profile))?;
+                    lower_graph(h, &at, &scratch, weights, format, &ranges, &io, Some(&profile))?;
                     let events = profile.events().map_err(qnn_err)?;
                     let e = Profile::estimate(&events).ok_or_else(|| {
                         Error::Options(format!(
@@ -129,24 +137,30 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
                             dev.soc
                         ))
                     })?;
-                    // QNN's op trace of the executable, grouped by kind (merged over a
-                    // graph's pieces).
-                    for trace in events.iter().filter_map(|e| e.object.as_deref()) {
-                        for g in crate::optrace::groups(trace, format.fixed_point()).unwrap_or_default() {
-                            match groups.iter_mut().find(|x: &&mut NpuOpGroup| x.kind == g.kind) {
+                    // QNN's op trace of the executable, grouped by kind: merged over a graph's
+                    // pieces, a piece without attention counted at every cache length.
+                    let traced: Vec<NpuOpGroup> = events.iter().filter_map(|e| e.object.as_deref()).flat_map(|t| crate::optrace::groups(t, format.fixed_point()).unwrap_or_default()).collect();
+                    for (v, (cycles, micros, groups)) in estimate.iter_mut().enumerate() {
+                        if cache_len != 0 && cache_lens[v] != cache_len {
+                            continue;
+                        }
+                        (*cycles, *micros) = (*cycles + e.cycles, *micros + e.micros);
+                        for g in &traced {
+                            match groups.iter_mut().find(|x| x.kind == g.kind) {
                                 Some(x) => (x.busy_micros, x.ops) = (x.busy_micros + g.busy_micros, x.ops + g.ops),
-                                None => groups.push(g),
+                                None => groups.push(*g),
                             }
                         }
                     }
-                    estimate = (estimate.0 + e.cycles, estimate.1 + e.micros);
                 }
             }
             if let Some(dev) = &estimating {
                 // The executables of a graph's pieces, summed (the host's experts between
                 // them are not the NPU's time).
-                groups.sort_by_key(|g| g.kind as u32);
-                estimates.push(NpuEstimate { graph: gi as u32, layers, soc_id: dev.soc, cycles: estimate.0, micros: estimate.1, groups });
+                for (v, (cycles, micros, mut groups)) in estimate.into_iter().enumerate() {
+                    groups.sort_by_key(|g| g.kind as u32);
+                    estimates.push(NpuEstimate { graph: gi as u32, layers, cache_len: cache_lens[v], soc_id: dev.soc, cycles, micros, groups });
+                }
             }
         }
         let binary = ctx.binary().map_err(qnn_err)?;
@@ -163,7 +177,7 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
     for (k, c) in built.iter_mut().enumerate() {
         (c.session, c.resident) = (plan.session[k], plan.resident[k]);
     }
-    let section = NpuSection { version: SECTION_VERSION, soc: soc.0.to_string(), soc_id: soc.1, qnn_build: lib.build_id.clone(), weights: format, shared_weights, limits, sessions: plan.sessions.clone(), context_budget: plan.budget, io, estimates, contexts: built, activations: calibration.ranges.clone(), calibration: calibration.source.clone() };
+    let section = NpuSection { version: SECTION_VERSION, soc: soc.0.to_string(), soc_id: soc.1, qnn_build: lib.build_id.clone(), weights: format, shared_weights, limits, sessions: plan.sessions.clone(), context_budget: plan.budget, io, cache_lens, estimates, contexts: built, activations: calibration.ranges.clone(), calibration: calibration.source.clone() };
     drop(estimating);
     drop(device);
     drop(backend);
@@ -388,24 +402,24 @@ fn broadcast(a: &[u32], b: &[u32]) -> Vec<u32> {
         .collect()
 }
 
-/// Layers `layers` of planned graph `gi` (its ops `ops`) as one QNN graph in `ctx`.
-#[allow(clippy::too_many_arguments)]
-fn lower_graph(
-    h: &Header,
-    gi: u32,
-    ctx: &Context,
-    weights: &dyn Fn(TensorId) -> Result<Vec<f32>>,
-    format: NpuWeights,
-    ranges: &HashMap<TensorId, ActivationRange>,
+/// What one executable computes: ops `ops` of planned graph `graph` (layers `layers`), its
+/// attention over `cache_len` cached positions (0: it has none).
+struct Piece {
+    graph: u32,
     layers: [u32; 2],
     ops: std::ops::Range<usize>,
-    io: &IoLayout,
-    profile: Option<&Profile>,
-) -> Result<NpuGraph> {
+    cache_len: u32,
+}
+
+/// `piece` as one QNN graph in `ctx`.
+#[allow(clippy::too_many_arguments)]
+fn lower_graph(h: &Header, piece: &Piece, ctx: &Context, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format: NpuWeights, ranges: &HashMap<TensorId, ActivationRange>, io: &IoLayout, profile: Option<&Profile>) -> Result<NpuGraph> {
+    let Piece { graph: gi, layers, ref ops, cache_len } = *piece;
+    let ops = ops.clone();
     let g = &h.graphs[gi as usize];
     let m = &h.model;
-    // One executable per piece: its first op in the name.
-    let name = format!("g{gi}_l{}_{}_o{}_{}", layers[0], layers[1], ops.start, g.name.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
+    // One executable per piece and cache length: its first op and the length in the name.
+    let name = format!("g{gi}_l{}_{}_o{}_c{cache_len}_{}", layers[0], layers[1], ops.start, g.name.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
     // Prepared at the HTP's highest optimization level, as ExecuTorch prepares its offline
     // graphs: QNN's model puts the 1B shape's layers a sixth to a quarter faster there than
     // at the library's default (BENCHMARKS.md).
@@ -421,7 +435,7 @@ fn lower_graph(
     let mut inputs: Vec<(Role, TensorRef)> = Vec::new();
     for &(role, value) in &input_roles {
         let dtype = if role.dtype(format) == NpuDType::I32 { DATATYPE_INT_32 } else { DATATYPE_FLOAT_16 };
-        let t = l.b.input(&role_name(role), dtype, &role.dims(h, r, hr)).map_err(qnn_err)?;
+        let t = l.b.input(&role_name(role), dtype, &role.dims(h, r, hr, cache_len)).map_err(qnn_err)?;
         inputs.push((role, t));
         if let Some(v) = value {
             l.values.insert(v, t);
@@ -576,15 +590,26 @@ fn lower_graph(
                     outputs.push((role, t));
                     new.push(t);
                 }
-                let keys = l.op("Concat", &[input(Role::KCache(layer)), new[0]], vec![ParamSpec::U32("axis", 1)], &[kvh, c + r, hd])?;
-                let values = l.op("Concat", &[input(Role::VCache(layer)), new[1]], vec![ParamSpec::U32("axis", 1)], &[kvh, c + r, hd])?;
+                // The cache's first `cache_len` positions (the planes are bound whole; QNN's
+                // model reads only what the slice takes).
+                let cl = cache_len;
+                let cached = |l: &mut Lowering, t: TensorRef| -> Result<TensorRef> {
+                    if cl == c {
+                        return Ok(t);
+                    }
+                    let ranges = vec![0, kvh as i32, 1, 0, cl as i32, 1, 0, hd as i32, 1];
+                    l.op("StridedSlice", &[t], vec![ParamSpec::I32s("ranges", vec![3, 3], ranges)], &[kvh, cl, hd])
+                };
+                let (k_cache, v_cache) = (cached(&mut l, input(Role::KCache(layer)))?, cached(&mut l, input(Role::VCache(layer)))?);
+                let keys = l.op("Concat", &[k_cache, new[0]], vec![ParamSpec::U32("axis", 1)], &[kvh, cl + r, hd])?;
+                let values = l.op("Concat", &[v_cache, new[1]], vec![ParamSpec::U32("axis", 1)], &[kvh, cl + r, hd])?;
                 let params = vec![ParamSpec::Bool("transpose_in0", false), ParamSpec::Bool("transpose_in1", true)];
-                let scores = l.op("MatMul", &[q, keys], params, &[kvh, group * r, c + r])?;
+                let scores = l.op("MatMul", &[q, keys], params, &[kvh, group * r, cl + r])?;
                 let scores = l.binary("ElementWiseAdd", scores, input(Role::Mask))?;
                 // The 1/sqrt(head_dim) scale as the softmax's own (no multiply on the vector
                 // unit; the masked scores stay far below the rest).
                 let beta = 1.0 / (hd as f32).sqrt();
-                let p = l.op("Softmax", &[scores], vec![ParamSpec::U32("axis", 2), ParamSpec::F32("beta", beta)], &[kvh, group * r, c + r])?;
+                let p = l.op("Softmax", &[scores], vec![ParamSpec::U32("axis", 2), ParamSpec::F32("beta", beta)], &[kvh, group * r, cl + r])?;
                 let params = vec![ParamSpec::Bool("transpose_in0", false), ParamSpec::Bool("transpose_in1", false)];
                 let o = l.op("MatMul", &[p, values], params, &[kvh, group * r, hd])?;
                 let o = l.reshape(o, &[heads, r, hd])?;
@@ -679,7 +704,7 @@ fn lower_graph(
     let io_in = table(&l.b, &inputs, &input_roles)?;
     let io_out = table(&l.b, &outputs, &output_roles)?;
     l.b.finalize_with(profile).map_err(qnn_err)?;
-    Ok(NpuGraph { graph: gi, ops: [ops.start as u32, ops.end as u32], name, inputs: io_in, outputs: io_out })
+    Ok(NpuGraph { graph: gi, ops: [ops.start as u32, ops.end as u32], cache_len, name, inputs: io_in, outputs: io_out })
 }
 
 /// A role's tensor name in every graph.

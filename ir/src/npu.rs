@@ -70,6 +70,11 @@ pub struct NpuSection {
     pub context_budget: u64,
     /// Where every executable's inputs and outputs live ([`IoLayout::of`] the plan).
     pub io: IoLayout,
+    /// The cache lengths the executables' attention is built for, ascending, the KV capacity
+    /// last (Genie's context-length variants): each executable with attention exists once
+    /// per length, reading that many cached positions; a pass runs the smallest that holds
+    /// its keys ([`cache_len_for`]).
+    pub cache_lens: Vec<u32>,
     /// QNN's own performance estimates of the executables, made at finalize for a SoC id the
     /// library models (`lladac --npu-estimate-soc`; none for SM8650 or SM8750): one per
     /// planned graph and context.
@@ -162,6 +167,8 @@ pub struct NpuSession {
 pub struct NpuEstimate {
     pub graph: u32,
     pub layers: [u32; 2],
+    /// The cache length of the executables estimated.
+    pub cache_len: u32,
     pub soc_id: u32,
     pub cycles: u64,
     pub micros: u64,
@@ -248,13 +255,18 @@ impl NpuContext {
     }
 }
 
-/// An executable of planned graph `graph`: its ops `ops[0]..ops[1]`. A context holds one
-/// per planned graph, or for a mixture-of-experts model one per piece between the host's
-/// routing and routed experts ([`pieces`]), in op order.
+/// An executable of planned graph `graph`: its ops `ops[0]..ops[1]` over `cache_len` cached
+/// positions. A context holds one per planned graph and cache length, or for a
+/// mixture-of-experts model one per piece between the host's routing and routed experts
+/// ([`pieces`]) and cache length, in op order.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct NpuGraph {
     pub graph: u32,
     pub ops: [u32; 2],
+    /// The cached positions its attention reads (one of the section's `cache_lens`); 0 for an
+    /// executable without attention (a mixture-of-experts piece after the host's experts),
+    /// which every cache length shares.
+    pub cache_len: u32,
     /// Its name inside the context.
     pub name: String,
     pub inputs: Vec<NpuTensor>,
@@ -397,7 +409,8 @@ impl IoLayout {
 
 fn role_bytes(h: &Header, role: Role, rows: u32, head_rows: u32) -> u64 {
     // Every format gives a role elements of the same width (fp16 or uint16 logits alike).
-    role.dims(h, rows, head_rows).iter().map(|&d| d as u64).product::<u64>() * role.dtype(NpuWeights::F16).bytes()
+    // Sized for the longest cache length: the capacity.
+    role.dims(h, rows, head_rows, h.plan.kv_capacity).iter().map(|&d| d as u64).product::<u64>() * role.dtype(NpuWeights::F16).bytes()
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -430,9 +443,9 @@ pub enum Role {
     /// `[R, 1, head_dim / 2]` f16: the rotary tables at each row's position.
     Cos,
     Sin,
-    /// `[G * R, C + R]` f16: 0 where a query row may attend to a key (the cache's positions,
-    /// then the graph's own rows), [`MASKED`] elsewhere; the rows of each KV head's group of
-    /// query heads repeat it G times.
+    /// `[G * R, L + R]` f16 (L the executable's cache length): 0 where a query row may attend
+    /// to a key (the cache's first L positions, then the graph's own rows), [`MASKED`]
+    /// elsewhere; the rows of each KV head's group of query heads repeat it G times.
     Mask,
     /// `[H]` i32: the rows whose logits are wanted (padded with row 0).
     HeadIndex,
@@ -459,15 +472,16 @@ pub enum Role {
 }
 
 impl Role {
-    /// The shape this role has in a graph of `rows` rows and `head_rows` head rows.
-    pub fn dims(self, h: &Header, rows: u32, head_rows: u32) -> Vec<u32> {
+    /// The shape this role has in an executable of a graph of `rows` rows and `head_rows`
+    /// head rows whose attention reads `cache_len` cached positions.
+    pub fn dims(self, h: &Header, rows: u32, head_rows: u32, cache_len: u32) -> Vec<u32> {
         let m = &h.model;
         let (c, hd, kvh) = (h.plan.kv_capacity, m.head_dim, m.n_kv_heads);
         let group = m.n_heads / m.n_kv_heads.max(1);
         match self {
             Role::Hidden | Role::HiddenOut => vec![rows, m.d_model],
             Role::Cos | Role::Sin => vec![rows, 1, hd / 2],
-            Role::Mask => vec![group * rows, c + rows],
+            Role::Mask => vec![group * rows, cache_len + rows],
             Role::HeadIndex => vec![head_rows],
             Role::KCache(_) | Role::VCache(_) => vec![kvh, c, hd],
             Role::KNew(_) | Role::VNew(_) => vec![kvh, rows, hd],
@@ -485,6 +499,12 @@ impl Role {
             _ => NpuDType::F16,
         }
     }
+}
+
+/// The cache length of `lens` (ascending) a pass whose rows attend to at most `keys` cached
+/// positions runs: the smallest that holds them.
+pub fn cache_len_for(lens: &[u32], keys: u32) -> u32 {
+    lens.iter().copied().find(|&l| l >= keys).unwrap_or_else(|| lens.last().copied().unwrap_or(0))
 }
 
 /// Whether `op` runs on the host between an MoE model's executables: the routers and the
@@ -687,8 +707,13 @@ impl NpuSection {
         let mut segments = std::collections::HashSet::new();
         let mut next_layer = 0;
         let (mut resident, mut rotating) = (0u64, 0u64);
-        // Where each planned graph's next executable starts: after the host's embedding.
-        let mut next_op = vec![1usize; h.graphs.len()];
+        let lens = &self.cache_lens;
+        if lens.is_empty() || lens.windows(2).any(|w| w[0] >= w[1]) || lens[0] == 0 || *lens.last().unwrap() != h.plan.kv_capacity {
+            return bad(format!("cache_lens {lens:?}: not ascending lengths ending at the KV capacity ({})", h.plan.kv_capacity));
+        }
+        // Where each planned graph's next executable starts, per cache length: after the
+        // host's embedding.
+        let mut next_op = vec![vec![1usize; lens.len()]; h.graphs.len()];
         for (ci, c) in self.contexts.iter().enumerate() {
             let at = format!("contexts[{ci}]");
             let Some(seg) = h.segments.get(c.segment as usize) else {
@@ -723,12 +748,21 @@ impl NpuSection {
                     return bad(format!("{at}: planned graph {} does not exist", g.graph));
                 };
                 let (start, end) = (g.ops[0] as usize, g.ops[1] as usize);
-                let from = next_op[g.graph as usize];
-                if start < from || end <= start || end > planned.ops.len() || !planned.ops[from..start].iter().all(host_op) {
-                    return bad(format!("{at}: ops {start}..{end} do not continue graph '{}' from op {from} (only host ops may lie between)", planned.name));
-                }
-                next_op[g.graph as usize] = end;
                 let (inputs, outputs) = piece_roles(planned, start..end).map_err(|e| Error::invalid(format!("extension '{EXTENSION_KEY}': {at}: {e}")))?;
+                // An executable with attention is one cache length's; one without, every one's.
+                let attends = inputs.iter().any(|(r, _)| matches!(r, Role::KCache(_)));
+                let variants: Vec<usize> = match (attends, lens.iter().position(|&l| l == g.cache_len)) {
+                    (true, Some(v)) => vec![v],
+                    (false, _) if g.cache_len == 0 => (0..lens.len()).collect(),
+                    _ => return bad(format!("{at}: cache_len {} is not one of {lens:?}{}", g.cache_len, if attends { "" } else { " (0 for an executable without attention)" })),
+                };
+                for v in variants {
+                    let from = next_op[g.graph as usize][v];
+                    if start < from || end <= start || end > planned.ops.len() || !planned.ops[from..start].iter().all(host_op) {
+                        return bad(format!("{at}: ops {start}..{end} do not continue graph '{}' over {} cached positions from op {from} (only host ops may lie between)", planned.name, lens[v]));
+                    }
+                    next_op[g.graph as usize][v] = end;
+                }
                 for (what, table, roles) in [("inputs", &g.inputs, inputs), ("outputs", &g.outputs, outputs)] {
                     if table.len() != roles.len() {
                         return bad(format!("{at}: {} {what} where the plan has {}", table.len(), roles.len()));
@@ -739,7 +773,7 @@ impl NpuSection {
                         {
                             return bad(format!("{at}: attention of layer {l} outside the context's layers {}..{}", c.layers[0], c.layers[1]));
                         }
-                        let want = role.dims(h, planned.rows, planned.head_rows);
+                        let want = role.dims(h, planned.rows, planned.head_rows, g.cache_len);
                         if t.role != role || t.dtype != role.dtype(self.weights) || t.dims != want {
                             return bad(format!(
                                 "{at}: {what} '{}' is {:?} {:?} {:?}; the plan's graph '{}' ({} rows, {} head rows) needs {role:?} {:?} {want:?}",
@@ -758,14 +792,16 @@ impl NpuSection {
                 return bad(format!("{at}: planned graph {missing} '{}' has no executable", h.graphs[missing].name));
             }
         }
-        if let Some(gi) = (0..h.graphs.len()).find(|&gi| next_op[gi] != h.graphs[gi].ops.len()) {
-            return bad(format!("the executables of graph '{}' stop at op {} of its {}", h.graphs[gi].name, next_op[gi], h.graphs[gi].ops.len()));
+        for (gi, per_len) in next_op.iter().enumerate() {
+            if let Some(v) = per_len.iter().position(|&o| o != h.graphs[gi].ops.len()) {
+                return bad(format!("the executables of graph '{}' over {} cached positions stop at op {} of its {}", h.graphs[gi].name, lens[v], per_len[v], h.graphs[gi].ops.len()));
+            }
         }
         if next_layer != n {
             return bad(format!("the contexts hold layers 0..{next_layer} of the model's {n}"));
         }
         for (i, e) in self.estimates.iter().enumerate() {
-            if e.graph as usize >= h.graphs.len() || !self.contexts.iter().any(|c| c.layers == e.layers) {
+            if e.graph as usize >= h.graphs.len() || !self.contexts.iter().any(|c| c.layers == e.layers) || !lens.contains(&e.cache_len) {
                 return bad(format!("estimates[{i}]: graph {} with layers {}..{} is no executable of the section", e.graph, e.layers[0], e.layers[1]));
             }
         }

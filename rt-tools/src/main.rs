@@ -543,6 +543,15 @@ impl SelectArgs {
 }
 
 /// The window and what staging cost, over the session's passes.
+/// This process's peak resident memory (`VmHWM` of /proc/self/status, Linux and Android);
+/// `None` where the system has no such file.
+fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 fn window_report(session: &Session) -> serde_json::Value {
     let c = &session.counters;
     let w = &session.model.header.plan.window;
@@ -895,7 +904,11 @@ fn run(cli: Cli, matches: &ArgMatches) -> Done {
             };
             if json {
                 let g = generation.as_ref().map(|g| json!({"seconds": g.seconds, "forward_passes": g.forward_passes, "rows_computed": g.rows_computed, "mbsd": g.mbsd}));
-                outln!("{}", serde_json::to_string_pretty(&json!({"artifact": file, "threads": threads, "backend": session.backend(), "roofline": roof, "passes": passes, "generation": g, "window": window_report(&session)})).expect("serializes"))?;
+                outln!(
+                    "{}",
+                    serde_json::to_string_pretty(&json!({"artifact": file, "threads": threads, "backend": session.backend(), "roofline": roof, "passes": passes, "generation": g, "window": window_report(&session), "peak_rss_bytes": peak_rss_bytes()}))
+                        .expect("serializes")
+                )?;
             } else {
                 let b = session.backend();
                 let op_times = if b.device_timestamps { "op times from device timestamps" } else { "op times from the host clock" };

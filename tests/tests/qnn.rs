@@ -155,16 +155,21 @@ fn one_model_compiles_for_every_snapdragon_and_inspect_lists_its_contexts() {
 /// path still answers the embedded model's task as the f32 host does.
 #[test]
 #[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
-fn quantized_npu_weights_are_int8_and_int4_per_channel_and_still_answer() {
+fn quantized_npu_weights_are_int8_and_int4_and_still_answer() {
     let dir = tempfile::tempdir().unwrap();
     let host = Model::open(&common::embedded(dir.path()), true).unwrap();
     let p0 = prompt(&host);
     let p = SamplerParams { gen_length: 32, block_length: 32, steps: 32, policy: Policy::Dual, ..Default::default() };
     let want = generate(&mut session(&host, BackendKind::Host), &p0, &p, &mut |_| {}).unwrap();
     let mut sizes = Vec::new();
-    for (quant, format) in [("f16", "fp16"), ("q8", "int8 per output channel"), ("q4", "int4 per output channel")] {
-        let out = dir.path().join(format!("sm8750-{quant}.lad"));
-        lladac(&embedded_model(), "sm8750", &out, &["--max-seq", "128", "--quant", quant]);
+    // q4's default is int4 per block between 16-bit activations; with fp16 ones, per channel.
+    for (quant, format, extra) in [("f16", "fp16", None), ("q8", "int8 per output channel", None), ("q4", "int4 per output channel", Some("f16")), ("q4", "int4 per block (LPBQ)", None)] {
+        let out = dir.path().join(format!("sm8750-{quant}-{}.lad", extra.unwrap_or("default")));
+        let mut args = vec!["--max-seq", "128", "--quant", quant];
+        if let Some(a) = extra {
+            args.extend(["--npu-activations", a]);
+        }
+        lladac(&embedded_model(), "sm8750", &out, &args);
         let o = common::run("lladac", &["inspect", out.to_str().unwrap(), "--json"]);
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         assert_eq!(v["npu"]["weights"].as_str(), Some(format), "{quant}");
@@ -434,13 +439,14 @@ fn grouped_query_attention_gives_the_hosts_logits_to_fp16_precision() {
 }
 
 /// A model split by layers into contexts: any split gives the single context's tokens, and so
-/// does a window too small to hold them all, through which the rotating contexts are created
-/// and freed every pass (counted). The verifier refuses contexts that overlap, exceed the
-/// room the window leaves them, or leave no room for the rotating ones, and I/O descriptors
-/// off the plan's layout, naming the element.
+/// does one HTP session too small to hold them all (`--npu-sessions 1 --npu-session-bytes`, a
+/// phone that grants one), through which the rotating contexts are created and freed every
+/// pass (counted). The verifier refuses contexts that overlap, exceed the room their session
+/// leaves them, or leave no room for the rotating ones, sessions and I/O descriptors off the
+/// plan, naming the element.
 #[test]
 #[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
-fn contexts_split_by_layers_and_swapped_through_a_small_window_give_the_same_tokens() {
+fn contexts_split_by_layers_and_rotated_through_one_small_session_give_the_same_tokens() {
     let _ = lib();
     let dir = tempfile::tempdir().unwrap();
     let build = |name: &str, extra: &[&str]| {
@@ -454,20 +460,23 @@ fn contexts_split_by_layers_and_swapped_through_a_small_window_give_the_same_tok
     let (one, npu) = build("one.lad", &[]);
     assert_eq!(npu["contexts"].as_array().unwrap().len(), 1, "the default is the fewest contexts: {npu}");
     let (four, npu_four) = build("four.lad", &["--npu-contexts", "4"]);
-    // Windows with room for one context of the four at a time; for two (one runs while the
-    // next is created); and for the first resident beside two rotating ones (what the window
-    // keeps besides contexts does not depend on it).
+    assert!(npu_four["contexts"].as_array().unwrap().iter().all(|c| c["resident"] == true && c["session"] == 0), "{npu_four}");
+    // One session with room for one context of the four at a time; for two (one runs while
+    // the next is created); and for the first resident beside two rotating ones (what the
+    // session maps besides contexts, the I/O and spill-fill, does not depend on it).
     let bytes: Vec<u64> = npu_four["contexts"].as_array().unwrap().iter().map(|c| c["bytes"].as_u64().unwrap()).collect();
-    let other = npu_four["window_bytes"].as_u64().unwrap() - npu_four["context_budget"].as_u64().unwrap();
+    let session = &npu_four["sessions"][0];
+    let other = session["io_bytes"].as_u64().unwrap() + session["spill_fill_bytes"].as_u64().unwrap();
     let mut by_size = bytes.clone();
     by_size.sort_unstable_by(|a, b| b.cmp(a));
     let two_largest = by_size[0] + by_size[1];
     let mut rest = bytes[1..].to_vec();
     rest.sort_unstable_by(|a, b| b.cmp(a));
     let (small, double, medium) = ((other + by_size[0] + 4096).to_string(), (other + two_largest + 4096).to_string(), (other + bytes[0] + rest[0] + rest[1] + 4096).to_string());
-    let (swapped, npu_small) = build("swapped.lad", &["--npu-contexts", "4", "--window-bytes", &small]);
-    let (doubled, npu_double) = build("doubled.lad", &["--npu-contexts", "4", "--window-bytes", &double]);
-    let (mixed, npu_mixed) = build("mixed.lad", &["--npu-contexts", "4", "--window-bytes", &medium]);
+    let one = |bytes: &str, name: &str| build(name, &["--npu-contexts", "4", "--npu-sessions", "1", "--npu-session-bytes", bytes]);
+    let (swapped, npu_small) = one(&small, "swapped.lad");
+    let (doubled, npu_double) = one(&double, "doubled.lad");
+    let (mixed, npu_mixed) = one(&medium, "mixed.lad");
     for npu in [&npu_small, &npu_double, &npu_mixed] {
         let contexts = npu["contexts"].as_array().unwrap();
         let layers: Vec<[u64; 2]> = contexts.iter().map(|c| [c["layers"][0].as_u64().unwrap(), c["layers"][1].as_u64().unwrap()]).collect();
@@ -475,7 +484,7 @@ fn contexts_split_by_layers_and_swapped_through_a_small_window_give_the_same_tok
         let budget = npu["context_budget"].as_u64().unwrap();
         assert!(contexts.iter().all(|c| c["bytes"].as_u64().unwrap() <= budget), "{npu}");
         let total: u64 = contexts.iter().map(|c| c["bytes"].as_u64().unwrap()).sum();
-        assert!(total > budget, "the window must be smaller than the contexts: {npu}");
+        assert!(total > budget, "the session must be smaller than the contexts: {npu}");
     }
     let resident = |npu: &serde_json::Value| npu["contexts"].as_array().unwrap().iter().filter(|c| c["resident"] == true).count();
     assert_eq!((resident(&npu_small), resident(&npu_double), resident(&npu_mixed)), (0, 0, 1));
@@ -509,7 +518,10 @@ fn contexts_split_by_layers_and_swapped_through_a_small_window_give_the_same_tok
     refused("overlap.lad", &|s| s.contexts[2].layers[0] = 1, &["contexts[2]", "layers 1..3"]);
     refused("gap.lad", &|s| s.contexts[3].layers = [3, 3], &["contexts[3]", "layers 3..3"]);
     refused("budget.lad", &|s| s.context_budget = 1 << 20, &["contexts[0]", "exceed the context_budget"]);
-    refused("window.lad", &|s| s.context_budget = 8 << 20, &["context_budget 8388608", "window"]);
+    refused("sessions.lad", &|s| s.context_budget = 8 << 20, &["context_budget 8388608", "the sessions leave"]);
+    refused("session-io.lad", &|s| s.sessions[0].io_bytes += 1, &["sessions[0]", "io_bytes"]);
+    refused("two-sessions.lad", &|s| s.contexts[3].session = 1, &["sessions[1]"]);
+    refused("mapping.lad", &|s| s.limits.mapping_bytes = 1 << 10, &["exceeds one mapping"]);
     refused("resident.lad", &|s| s.contexts.iter_mut().for_each(|c| c.resident = true), &["resident contexts", "largest rotating"]);
     // The I/O allocation's layout and its descriptors (what a phone registers per tensor).
     refused("region.lad", &|s| s.io.regions[2].offset += 64, &["io.regions[2]", "HiddenOut", "the plan places"]);

@@ -89,12 +89,12 @@ impl Scratch {
         }
     }
 
-    /// The additive attention mask `[group * rows, capacity + rows]` (see [`fill_mask`]).
-    pub fn mask(&mut self, h: &Header, rows: usize, inp: &RunInputs) {
+    /// The additive attention mask `[group * rows, cache_len + rows]` of executables reading
+    /// `cache_len` cached positions (see [`fill_mask`]).
+    pub fn mask(&mut self, h: &Header, rows: usize, cache_len: usize, inp: &RunInputs) {
         let group = (h.model.n_heads / h.model.n_kv_heads.max(1)) as usize;
-        let capacity = h.plan.kv_capacity as usize;
         let mut stored = std::mem::take(&mut self.stored);
-        fill_mask(&mut self.region(IoKind::Mask)[..group * rows * (capacity + rows)], &mut stored, capacity, rows, inp);
+        fill_mask(&mut self.region(IoKind::Mask)[..group * rows * (cache_len + rows)], &mut stored, cache_len, rows, inp);
         self.stored = stored;
     }
 
@@ -175,13 +175,14 @@ fn narrow(from: &[f32], to: &mut [u16]) {
 /// block, [`RunInputs::key_runs`]), where the rows the run stores (`stored_rows`) replace the
 /// cache at their positions with their own keys; a row that does not store sees its own key
 /// at its position instead of the cache's (if that position is attended to at all). Columns
-/// are the `capacity` cache positions, then the graph's `rows` own keys; 0 where attended,
+/// are the cache's first `cache_len` positions (every row's keys among them), then the graph's
+/// `rows` own keys; 0 where attended,
 /// [`MASKED`] elsewhere. Padding rows attend to their own key only (defined, never read).
 /// The mask repeats to fill `mask` (a whole number of copies): the query heads of one KV
 /// head are stacked as rows, each group member seeing the same.
-pub fn fill_mask(mask: &mut [u16], stored: &mut [bool], capacity: usize, rows: usize, inp: &RunInputs) {
+pub fn fill_mask(mask: &mut [u16], stored: &mut [bool], cache_len: usize, rows: usize, inp: &RunInputs) {
     let (open, shut) = (f16::from_f32(0.0).to_bits(), f16::from_f32(MASKED).to_bits());
-    let width = capacity + rows;
+    let (capacity, width) = (cache_len, cache_len + rows);
     let stored_rows = inp.stored_rows;
     stored.fill(false);
     for &p in &inp.positions[..stored_rows] {

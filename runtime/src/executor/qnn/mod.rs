@@ -63,6 +63,8 @@ pub struct QnnExecutor {
     scratch: io::Scratch,
     /// The uint16 logits' `(scale, offset)` of a fixed-point format (fp16 logits: `None`).
     logits_encoding: Option<(f32, i32)>,
+    /// The cache lengths the executables are built for, ascending (the section's).
+    cache_lens: Vec<u32>,
     /// The MoE host ops' scratch (routing rows; the experts without an expert runtime).
     moe: crate::moe::OpScratch,
     /// Keeps the library loaded while its contexts live (dropped last).
@@ -126,7 +128,7 @@ impl QnnExecutor {
             device_timestamps: false,
             int8_dot: false,
         };
-        let mut e = QnnExecutor { stages, budget: section.context_budget, loads: Loads::default(), trace: None, pool, capabilities, scratch: io::Scratch::new(h, section.io.clone()), logits_encoding: section.logits_encoding(h), moe: crate::moe::OpScratch::new(h), device };
+        let mut e = QnnExecutor { stages, budget: section.context_budget, loads: Loads::default(), trace: None, pool, capabilities, scratch: io::Scratch::new(h, section.io.clone()), logits_encoding: section.logits_encoding(h), cache_lens: section.cache_lens.clone(), moe: crate::moe::OpScratch::new(h), device };
         for k in 0..e.stages.len() {
             if e.stages[k].resident {
                 e.create(model, k)?;
@@ -294,7 +296,10 @@ impl Executor for QnnExecutor {
         if let Some((cos, sin)) = rope {
             s.rope(model, cos, sin, g.rows as usize, inp);
         }
-        s.mask(h, g.rows as usize, inp);
+        // The executables of the smallest cache length that holds every row's keys.
+        let keys = (0..inp.rows).map(|r| inp.keys_of(r)).max().unwrap_or(0);
+        let cache_len = llada_ir::npu::cache_len_for(&self.cache_lens, keys as u32);
+        s.mask(h, g.rows as usize, cache_len as usize, inp);
         s.head_index(g.head_rows as usize, inp);
         let (c, hd, kvh) = (h.plan.kv_capacity as usize, m.head_dim as usize, m.n_kv_heads as usize);
         let plane = kvh * c * hd;
@@ -303,7 +308,8 @@ impl Executor for QnnExecutor {
         let n = self.stages.len();
         // The executables this pass runs (a context's pieces, [`llada_ir::npu::pieces`]): each
         // but the last hands its hidden states on.
-        let total: usize = self.stages.iter().map(|st| st.tables[graph as usize].len()).sum();
+        let runs = |t: &NpuGraph| t.cache_len == cache_len || t.cache_len == 0;
+        let total: usize = self.stages.iter().map(|st| st.tables[graph as usize].iter().filter(|t| runs(t)).count()).sum();
         let mut done = 0;
         for k in 0..n {
             self.create(model, k)?;
@@ -331,7 +337,7 @@ impl Executor for QnnExecutor {
                 });
                 let mut experts = experts;
                 let mut ran = || -> Result<()> {
-                    for (table, executable) in tables.iter().zip(&graphs[graph as usize]) {
+                    for (table, executable) in tables.iter().zip(&graphs[graph as usize]).filter(|(t, _)| runs(t)) {
                         execute(context, executable, table, scratch, window, g)?;
                         // An MoE layer's router and routed experts, on the host, between this
                         // executable and the next.
