@@ -23,8 +23,10 @@ pub struct EstimateRequest {
     pub gen_len: u32,
     pub block_len: u32,
     pub steps: u32,
-    /// Single passes to predict, by token rows (each attends to as many positions).
+    /// Single passes to predict, by token rows.
     pub rows: Vec<u32>,
+    /// The cached positions each of them attends to; `None`: as many as its rows.
+    pub context: Option<u32>,
     /// `llada-rt roofline --json` output to take rates and bandwidth from.
     pub rates: Option<std::path::PathBuf>,
     /// `mbsd`: dense passes per generation (it commits several tokens a pass where drafts
@@ -216,11 +218,15 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
     let mut passes: Vec<Value> = Vec::new();
     for &r in &req.rows {
         for x in &strategies {
-            let (graph, graph_rows, e) = pass(h, &machine, act, r, r, r, x.as_ref(), npu)?;
+            let context = req.context.unwrap_or(r);
+            if context > h.plan.kv_capacity {
+                return Err(Error::Options(format!("--context {context}: the plan's KV cache holds {} positions", h.plan.kv_capacity)));
+            }
+            let (graph, graph_rows, e) = pass(h, &machine, act, r, context, r, x.as_ref(), npu)?;
             let mut one = json!({"rows": r, "experts": name(x), "graph": graph, "graph_rows": graph_rows, "seconds": e.seconds, "compute_seconds": e.compute_seconds, "staging_seconds": e.staging_seconds});
             if let (Some(n), Some(g)) = (npu, h.graphs.iter().find(|g| g.name == graph)) {
                 // The roofline the fit to QNN's model scales (its input, for refitting).
-                let cache = n.cache_len_for(r);
+                let cache = n.cache_len_for(context);
                 one["npu_roofline_seconds"] = json!(n.roofline(h, &machine, g, cache, act));
                 one["npu_cache_len"] = json!(cache);
                 one["ops"] = json!(g.ops.len());
@@ -304,6 +310,7 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
     let mut qnn = Vec::new();
     if let Some(n) = llada_ir::npu::NpuSection::of(h).map_err(|e| Error::Options(e.to_string()))? {
         let mut keys: Vec<(u32, u32)> = n.estimates.iter().map(|e| (e.graph, e.cache_len)).collect();
+        keys.sort_unstable();
         keys.dedup();
         for (gi, cache_len) in keys {
             let g = &h.graphs[gi as usize];
@@ -505,7 +512,7 @@ mod tests {
     use super::*;
 
     fn request(prompt_len: u32, gen_len: u32, steps: u32, passes: Option<u32>) -> EstimateRequest {
-        EstimateRequest { policy: "exact".into(), prompt_len, gen_len, block_len: 32, steps, rows: vec![], rates: None, passes, on_target: None }
+        EstimateRequest { policy: "exact".into(), prompt_len, gen_len, block_len: 32, steps, rows: vec![], context: None, rates: None, passes, on_target: None }
     }
 
     #[test]

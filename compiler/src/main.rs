@@ -151,6 +151,10 @@ enum Command {
         /// --estimate: single passes to predict, by token rows.
         #[arg(long, value_delimiter = ',', default_value = "32,64,128", requires = "estimate")]
         rows: Vec<u32>,
+        /// --estimate: cached positions each --rows pass attends to besides its rows [default:
+        /// as many as its rows].
+        #[arg(long, requires = "estimate")]
+        context: Option<u32>,
         /// --estimate: take rates and bandwidth from `llada-rt roofline --json` output
         /// (this machine, measured) instead of the target file.
         #[arg(long, requires = "estimate")]
@@ -225,7 +229,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
                 let _ = writeln!(err, "  NPU: QNN executables for {soc} in {contexts} context(s), {:.1} MiB, built in {seconds:.1} s", *bytes as f64 / (1 << 20) as f64);
             }
         }
-        Command::Inspect { file, json, estimate, policy, passes, on_target, prompt_len, gen_len, block_len, steps, rows, rates } => {
+        Command::Inspect { file, json, estimate, policy, passes, on_target, prompt_len, gen_len, block_len, steps, rows, context, rates } => {
             let (header, major, minor, bytes) = lladac::inspect::open(&file)?;
             let mut d = lladac::inspect::describe(&header, major, minor, bytes);
             let e = if estimate {
@@ -233,7 +237,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
                 let llada2 = header.model.family() == llada_ir::Family::Llada2Moe;
                 let policy = policy.unwrap_or_else(|| if llada2 { "exact" } else { "dual" }.to_string());
                 let steps = steps.unwrap_or(if llada2 { 32 } else { 128 });
-                let req = lladac::estimate::EstimateRequest { policy, prompt_len, gen_len, block_len, steps, rows, rates, passes, on_target };
+                let req = lladac::estimate::EstimateRequest { policy, prompt_len, gen_len, block_len, steps, rows, context, rates, passes, on_target };
                 Some(lladac::estimate::estimate(&header, &req)?)
             } else {
                 None

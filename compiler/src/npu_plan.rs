@@ -29,69 +29,71 @@ pub struct ContextPlan {
     pub budget: u64,
 }
 
-/// The plan `lower` builds and `inspect --estimate` predicts from: `count` contexts balanced by
-/// bytes, or the fewest that keep each within one mapping and [`BUILD_BYTES`] of build memory
-/// and the sessions within theirs; then sessions and residency ([`settle`]). Also each graph's
-/// layer bounds.
+/// The plan `inspect --estimate` predicts from: [`split_contexts`], then sessions and
+/// residency from the predicted sizes ([`settle`]). Also each graph's layer bounds.
 pub fn plan_contexts(h: &Header, format: NpuWeights, shared_weights: bool, limits: NpuLimits, count: Option<u32>) -> std::result::Result<(ContextPlan, Vec<Vec<usize>>), String> {
+    let (groups, bounds) = split_contexts(h, format, shared_weights, limits, count)?;
+    let LayerBytes { layer_bytes, .. } = layer_weight_bytes(h, format, shared_weights)?;
+    let bytes: Vec<u64> = groups.iter().map(|g| context_bytes(&layer_bytes, g)).collect();
+    let spills: Vec<u64> = groups.iter().map(|&g| predicted_spill_fill(h, &bounds, g)).collect();
+    Ok((settle(h, &groups, &bytes, &spills, limits)?, bounds))
+}
+
+/// The contexts' layers `lower` builds (their sessions and residency are settled from the
+/// built binaries' own sizes and spill-fill): `count` contexts balanced by bytes, or the fewest
+/// that keep each within one mapping and [`BUILD_BYTES`] of build memory and, by predicted
+/// sizes, the sessions within theirs; where the granted sessions do not hold them, the layers
+/// past the first `sessions - 1` sessions split into the fewest contexts the last one's room
+/// holds (they rotate). Also each graph's layer bounds.
+pub fn split_contexts(h: &Header, format: NpuWeights, shared_weights: bool, limits: NpuLimits, count: Option<u32>) -> std::result::Result<(Vec<[u32; 2]>, Vec<Vec<usize>>), String> {
     let io = IoLayout::of(h);
     let LayerBytes { bounds, layer_bytes, build_bytes } = layer_weight_bytes(h, format, shared_weights)?;
+    if count.is_some() {
+        return Ok((split_layers(&layer_bytes, &build_bytes, u64::MAX, count)?, bounds));
+    }
     let n = h.model.n_layers;
     let spill = |g: [u32; 2]| predicted_spill_fill(h, &bounds, g);
-    let groups = match count {
-        Some(_) => split_layers(&layer_bytes, &build_bytes, u64::MAX, count)?,
-        None => {
-            let room = |g: [u32; 2], closed: u64| limits.session_bytes.saturating_sub(io.bound_bytes(h, g) + spill(g) + closed);
-            let one_ok = |g: [u32; 2]| context_bytes(&layer_bytes, &g) <= limits.mapping_bytes && (g[1] - g[0] == 1 || build_bytes[g[0] as usize..g[1] as usize].iter().sum::<u64>() <= BUILD_BYTES);
-            // Layer by layer: the current context grows while it stays one mapping (and one
-            // build) and its session holds it; else a new context, in the same session where
-            // that holds it, else in the next.
-            let mut groups: Vec<[u32; 2]> = vec![[0, 1]];
-            let (mut session_first, mut closed) = (0u32, 0u64);
-            for l in 1..n {
-                let cur = *groups.last().unwrap();
-                let grown = [cur[0], l + 1];
-                if one_ok(grown) && context_bytes(&layer_bytes, &grown) <= room([session_first, l + 1], closed) {
-                    *groups.last_mut().unwrap() = grown;
-                } else {
-                    let with_new = closed + context_bytes(&layer_bytes, &cur);
-                    if context_bytes(&layer_bytes, &[l, l + 1]) > room([session_first, l + 1], with_new) {
-                        session_first = l;
-                        closed = 0;
-                    } else {
-                        closed = with_new;
-                    }
-                    groups.push([l, l + 1]);
-                }
-            }
-            if groups.len() > 1 && let Some(l) = (0..n).find(|&l| !one_ok([l, l + 1])) {
-                return Err(format!("layer {l} alone ({} bytes of weights over all graphs) exceeds one mapping of the NPU ({} bytes); use smaller weights (--quant q4)", layer_bytes[l as usize], limits.mapping_bytes));
-            }
-            groups
-        }
-    };
-    let bytes: Vec<u64> = groups.iter().map(|g| context_bytes(&layer_bytes, g)).collect();
-    let spills: Vec<u64> = groups.iter().map(|&g| spill(g)).collect();
-    match settle(h, &groups, &bytes, &spills, limits) {
-        Ok(plan) => Ok((plan, bounds)),
-        // Sessions too few for every context: the rest of the layers rotate through the last
-        // session, split into the fewest contexts its room holds.
-        Err(_) if count.is_none() => {
-            let trial = settle(h, &groups, &bytes, &spills, NpuLimits { sessions: u32::MAX, ..limits })?;
-            let keep = trial.session.iter().position(|&s| s + 1 >= limits.sessions).unwrap_or(groups.len());
-            let first = groups.get(keep).map_or(n, |g| g[0]);
-            let rest = [first, n];
-            let room = limits.session_bytes.saturating_sub(io.bound_bytes(h, rest) + spill(rest));
-            let mut split: Vec<[u32; 2]> = groups[..keep].to_vec();
-            let tail: Vec<u64> = layer_bytes[first as usize..].to_vec();
-            let tail_build: Vec<u64> = build_bytes[first as usize..].to_vec();
-            split.extend(split_layers(&tail, &tail_build, room.min(limits.mapping_bytes), None)?.into_iter().map(|g| [g[0] + first, g[1] + first]));
-            let bytes: Vec<u64> = split.iter().map(|g| context_bytes(&layer_bytes, g)).collect();
-            let spills: Vec<u64> = split.iter().map(|&g| spill(g)).collect();
-            Ok((settle(h, &split, &bytes, &spills, limits)?, bounds))
-        }
-        Err(e) => Err(e),
+    let room = |g: [u32; 2], closed: u64| limits.session_bytes.saturating_sub(io.bound_bytes(h, g) + spill(g) + closed);
+    let one_ok = |g: [u32; 2]| context_bytes(&layer_bytes, &g) <= limits.mapping_bytes && (g[1] - g[0] == 1 || build_bytes[g[0] as usize..g[1] as usize].iter().sum::<u64>() <= BUILD_BYTES);
+    if let Some(l) = (0..n).find(|&l| context_bytes(&layer_bytes, &[l, l + 1]) > limits.mapping_bytes) {
+        return Err(format!("layer {l} alone ({} bytes of weights over all graphs) exceeds one mapping of the NPU ({} bytes); use smaller weights (--quant q4)", layer_bytes[l as usize], limits.mapping_bytes));
     }
+    // Layer by layer: the current context grows while it stays one mapping (and one build)
+    // and its session holds it; else a new context, in the same session where that holds it,
+    // else in the next.
+    let mut groups: Vec<[u32; 2]> = vec![[0, 1]];
+    let (mut session_first, mut closed, mut sessions) = (0u32, 0u64, 1u32);
+    let mut first_of_last = 0usize;
+    for l in 1..n {
+        let cur = *groups.last().unwrap();
+        let grown = [cur[0], l + 1];
+        if one_ok(grown) && context_bytes(&layer_bytes, &grown) <= room([session_first, l + 1], closed) {
+            *groups.last_mut().unwrap() = grown;
+            continue;
+        }
+        let with_new = closed + context_bytes(&layer_bytes, &cur);
+        if context_bytes(&layer_bytes, &[l, l + 1]) > room([session_first, l + 1], with_new) {
+            (session_first, closed, sessions) = (l, 0, sessions + 1);
+            if sessions == limits.sessions.max(1) {
+                first_of_last = groups.len();
+            }
+        } else {
+            closed = with_new;
+        }
+        groups.push([l, l + 1]);
+    }
+    if sessions <= limits.sessions.max(1) {
+        return Ok((groups, bounds));
+    }
+    // Sessions too few for every context: the rest of the layers rotate through the last
+    // session, split into the fewest contexts its room holds.
+    let first = groups[first_of_last][0];
+    let rest = [first, n];
+    let room = limits.session_bytes.saturating_sub(io.bound_bytes(h, rest) + spill(rest));
+    let mut split: Vec<[u32; 2]> = groups[..first_of_last].to_vec();
+    let (tail, tail_build) = (&layer_bytes[first as usize..], &build_bytes[first as usize..]);
+    split.extend(split_layers(tail, tail_build, room.min(limits.mapping_bytes), None)?.into_iter().map(|g| [g[0] + first, g[1] + first]));
+    Ok((split, bounds))
 }
 
 /// Sessions and residency of contexts `layers` of `bytes` and `spill_fill`: each session takes

@@ -20,7 +20,7 @@ use llada_qnn::build::{Out, ParamSpec};
 use llada_qnn::{Context, Device, GraphBuilder, Profile, QnnLibrary, TensorRef};
 
 use crate::error::{Error, Result};
-use crate::npu_plan::{layer_ops, plan_contexts, settle};
+use crate::npu_plan::{layer_ops, settle, split_contexts};
 
 /// The SoC a target names, if it is one of QNN's (`sm8550`, `sm8650`, `sm8750`, `sm8850`).
 pub fn soc_of(target: &str) -> Option<(&'static str, u32)> {
@@ -86,8 +86,8 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
     let ranges: HashMap<TensorId, ActivationRange> = calibration.ranges.iter().map(|r| (r.weight, *r)).collect();
     let start = std::time::Instant::now();
     let io = IoLayout::of(h);
-    let (plan, bounds) = plan_contexts(h, format, shared_weights, limits, contexts).map_err(|e| Error::Options(format!("--target {}: {e}", soc.0)))?;
-    let (groups, n) = (plan.layers.clone(), h.model.n_layers);
+    let (groups, bounds) = split_contexts(h, format, shared_weights, limits, contexts).map_err(|e| Error::Options(format!("--target {}: {e}", soc.0)))?;
+    let n = h.model.n_layers;
     let cache_lens = crate::npu_plan::cache_lens(h.plan.kv_capacity);
     let backend = lib.backend().map_err(qnn_err)?;
     let device = Device::new(&backend, soc.1).map_err(qnn_err)?;
@@ -173,7 +173,8 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
     // Sessions and residency again from what was built (the plan's sizes were predictions).
     let sizes: Vec<u64> = binaries.iter().map(|b| b.len() as u64).collect();
     let spills: Vec<u64> = built.iter().map(|c| c.spill_fill_bytes).collect();
-    let plan = settle(h, &plan.layers, &sizes, &spills, limits).map_err(|e| Error::Options(format!("--target {}: as built, {e}", soc.0)))?;
+    let layers: Vec<[u32; 2]> = built.iter().map(|c| c.layers).collect();
+    let plan = settle(h, &layers, &sizes, &spills, limits).map_err(|e| Error::Options(format!("--target {}: as built, {e}", soc.0)))?;
     for (k, c) in built.iter_mut().enumerate() {
         (c.session, c.resident) = (plan.session[k], plan.resident[k]);
     }

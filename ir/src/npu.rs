@@ -704,6 +704,8 @@ impl NpuSection {
         }
         let (n, w) = (h.model.n_layers, &h.plan.window);
         self.verify_limits(h, &layout)?;
+        // The format's activation ranges first: they decide the logits' element type.
+        self.verify_activations(h)?;
         let mut segments = std::collections::HashSet::new();
         let mut next_layer = 0;
         let (mut resident, mut rotating) = (0u64, 0u64);
@@ -805,7 +807,6 @@ impl NpuSection {
                 return bad(format!("estimates[{i}]: graph {} with layers {}..{} is no executable of the section", e.graph, e.layers[0], e.layers[1]));
             }
         }
-        self.verify_activations(h)?;
         if self.weights.fixed_point() && self.logits_encoding(h).is_none() {
             return bad(format!("{} weights leave uint16 logits, but no matmul of graph 0 writes the logits", self.weights.name()));
         }

@@ -230,7 +230,7 @@ fn sixteen_bit_activations_with_block_scaled_int4_are_calibrated_recorded_and_an
     // Bad flags.
     let x = dir.path().join("x.lad");
     common::assert_clean_failure(&compile_output(&embedded_model(), "sm8750", &x, &["--quant", "q8", "--npu-activations", "u16"]), &["--npu-activations u16", "--quant q4", "q8"]);
-    common::assert_clean_failure(&compile_output(&embedded_model(), "sm8750", &x, &["--quant", "q4", "--calibration", tasks.to_str().unwrap()]), &["--calibration", "--npu-activations u16"]);
+    common::assert_clean_failure(&compile_output(&embedded_model(), "sm8750", &x, &["--quant", "q4", "--npu-activations", "f16", "--calibration", tasks.to_str().unwrap()]), &["--calibration", "--npu-activations u16"]);
     let missing = dir.path().join("missing.jsonl");
     common::assert_clean_failure(&compile_output(&embedded_model(), "sm8750", &x, &["--quant", "q4", "--npu-activations", "u16", "--calibration", missing.to_str().unwrap()]), &["missing.jsonl"]);
     assert!(!x.exists(), "a failed compile left its output");
@@ -465,18 +465,18 @@ fn contexts_split_by_layers_and_rotated_through_one_small_session_give_the_same_
     // the next is created); and for the first resident beside two rotating ones (what the
     // session maps besides contexts, the I/O and spill-fill, does not depend on it).
     let bytes: Vec<u64> = npu_four["contexts"].as_array().unwrap().iter().map(|c| c["bytes"].as_u64().unwrap()).collect();
-    let session = &npu_four["sessions"][0];
-    let other = session["io_bytes"].as_u64().unwrap() + session["spill_fill_bytes"].as_u64().unwrap();
+    let first = &npu_four["sessions"][0];
+    let other = first["io_bytes"].as_u64().unwrap() + first["spill_fill_bytes"].as_u64().unwrap();
     let mut by_size = bytes.clone();
     by_size.sort_unstable_by(|a, b| b.cmp(a));
     let two_largest = by_size[0] + by_size[1];
     let mut rest = bytes[1..].to_vec();
     rest.sort_unstable_by(|a, b| b.cmp(a));
     let (small, double, medium) = ((other + by_size[0] + 4096).to_string(), (other + two_largest + 4096).to_string(), (other + bytes[0] + rest[0] + rest[1] + 4096).to_string());
-    let one = |bytes: &str, name: &str| build(name, &["--npu-contexts", "4", "--npu-sessions", "1", "--npu-session-bytes", bytes]);
-    let (swapped, npu_small) = one(&small, "swapped.lad");
-    let (doubled, npu_double) = one(&double, "doubled.lad");
-    let (mixed, npu_mixed) = one(&medium, "mixed.lad");
+    let one_session = |bytes: &str, name: &str| build(name, &["--npu-contexts", "4", "--npu-sessions", "1", "--npu-session-bytes", bytes]);
+    let (swapped, npu_small) = one_session(&small, "swapped.lad");
+    let (doubled, npu_double) = one_session(&double, "doubled.lad");
+    let (mixed, npu_mixed) = one_session(&medium, "mixed.lad");
     for npu in [&npu_small, &npu_double, &npu_mixed] {
         let contexts = npu["contexts"].as_array().unwrap();
         let layers: Vec<[u64; 2]> = contexts.iter().map(|c| [c["layers"][0].as_u64().unwrap(), c["layers"][1].as_u64().unwrap()]).collect();
@@ -573,6 +573,17 @@ fn qnns_own_estimates_are_recorded_per_executable_beside_the_cost_models() {
     let q = e["estimate"]["qnn_estimates"].as_array().unwrap_or_else(|| panic!("{e}"));
     assert_eq!(q.len(), v["graphs"].as_array().unwrap().len());
     assert!(q.iter().all(|g| g["ratio"].as_f64().unwrap() > 0.0 && g["contexts"] == 2), "{q:?}");
+    // QNN's op trace by kind, beside each kind's roofline: the weights' reads and the
+    // products are there in every graph, and the conversions the roofline does not have.
+    for g in q {
+        let kinds: Vec<&str> = g["groups"].as_array().unwrap().iter().map(|k| k["kind"].as_str().unwrap()).collect();
+        let busy = |kind: &str| g["groups"].as_array().unwrap().iter().find(|k| k["kind"] == kind).map_or(0.0, |k| k["qnn_busy_micros"].as_f64().unwrap());
+        assert!(busy("weight reads (DMA)") > 0.0 && busy("matmuls") > 0.0 && busy("attention") > 0.0, "{g}");
+        let roof = |kind: &str| g["groups"].as_array().unwrap().iter().find(|k| k["kind"] == kind).map(|k| k["roofline_micros"].clone());
+        assert!(roof("weight reads (DMA)").unwrap().as_f64().unwrap() > 0.0 && roof("quantize/dequantize").is_none_or(|r| r.is_null()), "{kinds:?}: {g}");
+    }
+    let text = String::from_utf8_lossy(&common::run("lladac", &["inspect", out.to_str().unwrap(), "--estimate", "--prompt-len", "16", "--gen-len", "32", "--steps", "32"]).stdout).to_string();
+    assert!(text.contains("QNN's op trace by kind") && text.contains("weight reads (DMA)"), "{text}");
     let o = compile_output(&embedded_model(), "sm8650", &dir.path().join("x.lad"), &["--max-seq", "64", "--npu-estimate-soc", "57"]);
     common::assert_clean_failure(&o, &["--npu-estimate-soc 57", "no performance model"]);
 }

@@ -116,7 +116,7 @@ fn llada_moe_runs_its_dense_part_on_the_npu_under_every_expert_strategy() {
     // expert slots leave the executables their room.
     let x = &m.header.plan.window.experts;
     assert_eq!(x.slots_per_layer, x.per_layer);
-    let need = lladac::qnn::executables_room(&m.header, section.weights, false, None).unwrap().all;
+    let need = lladac::npu_plan::executables_room(&m.header, section.weights, false, None).unwrap().all;
     let quarter_pool = x.region.bytes / 4;
     let window = (section.io.bytes + need + quarter_pool).max(x.region.offset + quarter_pool);
     let quarter = dir.path().join("quarter.lad");
