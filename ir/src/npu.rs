@@ -703,7 +703,6 @@ impl NpuSection {
             return bad(format!("io: {} regions where the plan has {}", self.io.regions.len(), layout.regions.len()));
         }
         let (n, w) = (h.model.n_layers, &h.plan.window);
-        self.verify_limits(h, &layout)?;
         // The format's activation ranges first: they decide the logits' element type.
         self.verify_activations(h)?;
         let mut segments = std::collections::HashSet::new();
@@ -802,6 +801,8 @@ impl NpuSection {
         if next_layer != n {
             return bad(format!("the contexts hold layers 0..{next_layer} of the model's {n}"));
         }
+        // The sessions, once the contexts' layers are known to be whole.
+        self.verify_limits(h, &layout)?;
         for (i, e) in self.estimates.iter().enumerate() {
             if e.graph as usize >= h.graphs.len() || !self.contexts.iter().any(|c| c.layers == e.layers) || !lens.contains(&e.cache_len) {
                 return bad(format!("estimates[{i}]: graph {} with layers {}..{} is no executable of the section", e.graph, e.layers[0], e.layers[1]));

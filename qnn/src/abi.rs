@@ -266,6 +266,14 @@ pub struct HtpContextConfig {
 /// `QNN_HTP_CONTEXT_CONFIG_OPTION_WEIGHT_SHARING_ENABLED` (QNN.md: graphs built in the context
 /// share the static tensors they hold alike).
 pub const HTP_CONTEXT_CONFIG_OPTION_WEIGHT_SHARING: u32 = 1;
+/// `QNN_HTP_CONTEXT_CONFIG_OPTION_REGISTER_MULTI_CONTEXTS`: the context joins a group of
+/// contexts sharing one spill-fill buffer; the union holds `{firstGroupHandle (0 to start a
+/// group), maxSpillFillBuffer: u64}`.
+pub const HTP_CONTEXT_CONFIG_OPTION_REGISTER_MULTI_CONTEXTS: u32 = 2;
+/// `QNN_HTP_CONTEXT_CONFIG_OPTION_IO_MEM_ESTIMATION`: QNN estimates the context's I/O memory
+/// when it is created, so that it can place the context in another process domain where one
+/// is available (its first byte: a `bool`).
+pub const HTP_CONTEXT_CONFIG_OPTION_IO_MEM_ESTIMATION: u32 = 6;
 
 /// `QnnGraph_Config_t`: an option and a union at byte 8 (here the custom config's pointer).
 #[repr(C)]

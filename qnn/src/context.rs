@@ -47,6 +47,17 @@ impl Drop for Device {
     }
 }
 
+/// How a phone's HTP creates a context (QNN.md, "Residency, load cost and speed on a phone"):
+/// with its I/O memory estimated (QNN may then place it in another process domain), and in a
+/// group of contexts sharing one spill-fill buffer of the given bytes (started by `None`, joined
+/// with the group's first context). QNN's x86-64 simulator has neither (QNN.md): the runtime
+/// asks for them on Android only.
+#[derive(Default)]
+pub struct LoadOptions<'a> {
+    pub io_mem_estimation: bool,
+    pub spill_fill_group: Option<(Option<&'a Context>, u64)>,
+}
+
 /// One QNN context: its graphs, and (once finalized) a binary a phone can load.
 pub struct Context {
     pub(crate) device: Arc<Device>,
@@ -76,13 +87,31 @@ impl Context {
 
     /// The context a binary serialized (its graphs finalized, ready to retrieve and run).
     pub fn from_binary(device: &Arc<Device>, binary: &[u8]) -> Result<Context> {
+        Self::from_binary_with(device, binary, &LoadOptions::default())
+    }
+
+    /// [`from_binary`](Self::from_binary) with a phone's residency options (QnnHtpContext.h).
+    pub fn from_binary_with(device: &Arc<Device>, binary: &[u8], opts: &LoadOptions) -> Result<Context> {
         let t = device.backend.lib.table();
         let create = t.context_create_from_binary.ok_or_else(|| Error::Other("QNN contextCreateFromBinary is missing from the library's table".into()))?;
         let mut context: ContextHandle = std::ptr::null_mut();
+        let mut htp: Vec<abi::HtpContextConfig> = Vec::new();
+        if opts.io_mem_estimation {
+            htp.push(abi::HtpContextConfig { option: abi::HTP_CONTEXT_CONFIG_OPTION_IO_MEM_ESTIMATION, value: [1, 0] });
+        }
+        if let Some((first, spill_fill)) = opts.spill_fill_group {
+            let first = first.map_or(0, |c| c.context as u64);
+            htp.push(abi::HtpContextConfig { option: abi::HTP_CONTEXT_CONFIG_OPTION_REGISTER_MULTI_CONTEXTS, value: [first, spill_fill] });
+        }
+        let configs: Vec<abi::ContextConfig> = htp.iter().map(|h| abi::ContextConfig { option: abi::CONTEXT_CONFIG_OPTION_CUSTOM, custom: h as *const _ as *const c_void, _tail: [0; 2] }).collect();
+        let mut list: Vec<*const abi::ContextConfig> = configs.iter().map(|c| c as *const _).collect();
+        list.push(std::ptr::null());
+        let list = if configs.is_empty() { std::ptr::null() } else { list.as_ptr() as *const *const c_void };
         // SAFETY: `binary` is readable for its length during the call (QNN copies what it
-        // keeps); `context` is valid for a write.
+        // keeps); `list` is null or a null-terminated list whose entries (and the HTP configs
+        // they point at) live on this frame; `context` is valid for a write.
         let e = with_stdout_on_stderr(|| unsafe {
-            create(device.backend.backend, device.device, std::ptr::null(), binary.as_ptr() as *const c_void, binary.len() as u64, &mut context, std::ptr::null_mut())
+            create(device.backend.backend, device.device, list, binary.as_ptr() as *const c_void, binary.len() as u64, &mut context, std::ptr::null_mut())
         });
         check("contextCreateFromBinary", None, e)?;
         Ok(Context { device: device.clone(), context })

@@ -14,7 +14,7 @@ pub mod profile;
 pub mod system;
 
 pub use build::{GraphBuilder, TensorRef};
-pub use context::{Context, Device, IoBuffer};
+pub use context::{Context, Device, IoBuffer, LoadOptions};
 pub use library::{Backend, QnnLibrary, HOW_TO_GET};
 pub use profile::{Estimate, Profile};
 

@@ -29,7 +29,11 @@ use llada_ir::npu::{IoKind, NpuGraph, NpuSection, NpuTensor, Role};
 use llada_ir::Op;
 use llada_qnn::abi::{DATATYPE_FLOAT_16, DATATYPE_INT_32};
 use llada_qnn::context::Graph as QnnGraph;
-use llada_qnn::{Context, Device, IoBuffer};
+use llada_qnn::{Context, Device, IoBuffer, LoadOptions};
+
+/// Whether the HTP is a phone's (Android's QNN libraries): QNN's x86-64 simulator has no
+/// spill-fill groups or I/O memory estimation (QNN.md), so they are asked for on Android only.
+const PHONE: bool = cfg!(target_os = "android");
 
 pub use llada_qnn::{abi, library, QnnLibrary, HOW_TO_GET};
 
@@ -46,6 +50,9 @@ use crate::window::{KvView, Window};
 struct Stage {
     layers: [u32; 2],
     resident: bool,
+    /// The HTP session it lives in, and the spill-fill buffer that session's contexts share.
+    session: u32,
+    spill_fill: u64,
     segment: u32,
     tables: Vec<Vec<NpuGraph>>,
     live: Option<(Context, Vec<Vec<QnnGraph>>)>,
@@ -106,7 +113,8 @@ impl QnnExecutor {
             for g in &c.graphs {
                 tables[g.graph as usize].push(g.clone());
             }
-            stages.push(Stage { layers: c.layers, resident: c.resident, segment: c.segment, tables, live: None });
+            let spill_fill = section.sessions.get(c.session as usize).map_or(0, |s| s.spill_fill_bytes);
+            stages.push(Stage { layers: c.layers, resident: c.resident, session: c.session, spill_fill, segment: c.segment, tables, live: None });
         }
         let pool = Pool::new(threads, "llada-worker").map_err(|e| Error::Internal(format!("the thread pool does not start: {e}")))?;
         let capabilities = Capabilities {
@@ -147,7 +155,15 @@ impl QnnExecutor {
         }
         self.make_room(model, k, None);
         let start = std::time::Instant::now();
-        let live = create_context(&self.device, model, self.stages[k].segment, &self.stages[k].tables)?;
+        // On a phone, a resident context joins its session's spill-fill group (the first one
+        // created starts it): the plan's sessions, as data, switched on where the HTP has them.
+        let st = &self.stages[k];
+        let group = (PHONE && st.resident).then(|| {
+            let first = self.stages[..k].iter().find(|o| o.session == st.session && o.resident).and_then(|o| o.live.as_ref()).map(|l| &l.0);
+            (first, st.spill_fill)
+        });
+        let opts = LoadOptions { io_mem_estimation: PHONE, spill_fill_group: group };
+        let live = create_context(&self.device, model, st.segment, &st.tables, &opts)?;
         self.created(model, k, live, start, std::time::Instant::now(), false);
         Ok(())
     }
@@ -198,9 +214,9 @@ impl QnnExecutor {
 
 /// The context of `segment` created from its binary in the artifact, with the graphs of
 /// `tables` retrieved.
-fn create_context(device: &Arc<Device>, model: &Model, segment: u32, tables: &[Vec<NpuGraph>]) -> Result<(Context, Vec<Vec<QnnGraph>>)> {
+fn create_context(device: &Arc<Device>, model: &Model, segment: u32, tables: &[Vec<NpuGraph>], opts: &LoadOptions) -> Result<(Context, Vec<Vec<QnnGraph>>)> {
     let seg = &model.header.segments[segment as usize];
-    let context = Context::from_binary(device, model.segment_bytes(segment)).map_err(|e| Error::Device(format!("{}: QNN refused context binary '{}': {e}", model.path.display(), seg.name)))?;
+    let context = Context::from_binary_with(device, model.segment_bytes(segment), opts).map_err(|e| Error::Device(format!("{}: QNN refused context binary '{}': {e}", model.path.display(), seg.name)))?;
     let graphs = tables.iter().map(|pieces| pieces.iter().map(|t| context.graph(&t.name)).collect::<std::result::Result<Vec<_>, _>>()).collect::<std::result::Result<Vec<_>, _>>()?;
     Ok((context, graphs))
 }
@@ -331,7 +347,7 @@ impl Executor for QnnExecutor {
                 let creating = upcoming.map(|(segment, tables)| {
                     scope.spawn(move || {
                         let start = std::time::Instant::now();
-                        let live = create_context(&device, model, segment, tables);
+                        let live = create_context(&device, model, segment, tables, &LoadOptions { io_mem_estimation: PHONE, spill_fill_group: None });
                         (live, start, std::time::Instant::now())
                     })
                 });
