@@ -521,7 +521,7 @@ fn contexts_split_by_layers_and_rotated_through_one_small_session_give_the_same_
     refused("sessions.lad", &|s| s.context_budget = 8 << 20, &["context_budget 8388608", "the sessions leave"]);
     refused("session-io.lad", &|s| s.sessions[0].io_bytes += 1, &["sessions[0]", "io_bytes"]);
     refused("two-sessions.lad", &|s| s.contexts[3].session = 1, &["contexts[3]", "session 1 does not continue"]);
-    refused("mapping.lad", &|s| s.limits.mapping_bytes = 1 << 10, &["exceeds one mapping"]);
+    refused("mapping.lad", &|s| s.limits.mapping_bytes = 1 << 10, &["contexts[0]", "exceed one mapping (1024 bytes)"]);
     refused("resident.lad", &|s| s.contexts.iter_mut().for_each(|c| c.resident = true), &["resident contexts", "largest rotating"]);
     // The I/O allocation's layout and its descriptors (what a phone registers per tensor).
     refused("region.lad", &|s| s.io.regions[2].offset += 64, &["io.regions[2]", "HiddenOut", "the plan places"]);
