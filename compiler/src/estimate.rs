@@ -27,6 +27,8 @@ pub struct EstimateRequest {
     pub rows: Vec<u32>,
     /// The cached positions each of them attends to; `None`: as many as its rows.
     pub context: Option<u32>,
+    /// The HTP limits to plan an artifact built `--host-only` for, where not the target's.
+    pub npu_limits: crate::compile::NpuLimitOverrides,
     /// `llada-rt roofline --json` output to take rates and bandwidth from.
     pub rates: Option<std::path::PathBuf>,
     /// `mbsd`: dense passes per generation (it commits several tokens a pass where drafts
@@ -178,7 +180,7 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
         None if target.estimated => (target.accelerator_machine(), format!("ESTIMATE for {} from its target file's rates (not measured)", target.name)),
         None => (target.accelerator_machine(), format!("predicted for {} from its target file's rates", target.name)),
     };
-    let npu = if req.rates.is_some() { None } else { NpuModel::of(h, &target)? };
+    let npu = if req.rates.is_some() { None } else { NpuModel::of(h, &target, req.npu_limits)? };
     let npu = npu.as_ref();
     let act = activation_bytes(&target);
     let (b, g, s) = (req.block_len, req.gen_len, req.steps);
@@ -512,7 +514,7 @@ mod tests {
     use super::*;
 
     fn request(prompt_len: u32, gen_len: u32, steps: u32, passes: Option<u32>) -> EstimateRequest {
-        EstimateRequest { policy: "exact".into(), prompt_len, gen_len, block_len: 32, steps, rows: vec![], context: None, rates: None, passes, on_target: None }
+        EstimateRequest { policy: "exact".into(), prompt_len, gen_len, block_len: 32, steps, rows: vec![], context: None, npu_limits: Default::default(), rates: None, passes, on_target: None }
     }
 
     #[test]

@@ -155,6 +155,14 @@ enum Command {
         /// as many as its rows].
         #[arg(long, requires = "estimate")]
         context: Option<u32>,
+        /// --estimate of an artifact built --host-only: plan its NPU contexts for a phone that
+        /// grants this many HTP sessions [default: the target's].
+        #[arg(long, requires = "estimate")]
+        npu_sessions: Option<u32>,
+        /// --estimate of an artifact built --host-only: bytes one HTP session maps [default:
+        /// the target's] (1M, 3G...).
+        #[arg(long, requires = "estimate", value_parser = parse_bytes)]
+        npu_session_bytes: Option<u64>,
         /// --estimate: take rates and bandwidth from `llada-rt roofline --json` output
         /// (this machine, measured) instead of the target file.
         #[arg(long, requires = "estimate")]
@@ -229,7 +237,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
                 let _ = writeln!(err, "  NPU: QNN executables for {soc} in {contexts} context(s), {:.1} MiB, built in {seconds:.1} s", *bytes as f64 / (1 << 20) as f64);
             }
         }
-        Command::Inspect { file, json, estimate, policy, passes, on_target, prompt_len, gen_len, block_len, steps, rows, context, rates } => {
+        Command::Inspect { file, json, estimate, policy, passes, on_target, prompt_len, gen_len, block_len, steps, rows, context, npu_sessions, npu_session_bytes, rates } => {
             let (header, major, minor, bytes) = lladac::inspect::open(&file)?;
             let mut d = lladac::inspect::describe(&header, major, minor, bytes);
             let e = if estimate {
@@ -237,7 +245,8 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
                 let llada2 = header.model.family() == llada_ir::Family::Llada2Moe;
                 let policy = policy.unwrap_or_else(|| if llada2 { "exact" } else { "dual" }.to_string());
                 let steps = steps.unwrap_or(if llada2 { 32 } else { 128 });
-                let req = lladac::estimate::EstimateRequest { policy, prompt_len, gen_len, block_len, steps, rows, context, rates, passes, on_target };
+                let npu_limits = lladac::compile::NpuLimitOverrides { sessions: npu_sessions, session_bytes: npu_session_bytes };
+                let req = lladac::estimate::EstimateRequest { policy, prompt_len, gen_len, block_len, steps, rows, context, npu_limits, rates, passes, on_target };
                 Some(lladac::estimate::estimate(&header, &req)?)
             } else {
                 None

@@ -42,12 +42,23 @@ impl NpuModel {
     /// weights in the phone's form (row buckets sharing their weights); `None` off Snapdragon
     /// targets and for mixture-of-experts models (their routed experts run on the CPU between
     /// the executables: `ExpertModel` times those passes).
-    pub fn of(h: &Header, target: &Target) -> Result<Option<NpuModel>> {
+    pub fn of(h: &Header, target: &Target, overrides: crate::compile::NpuLimitOverrides) -> Result<Option<NpuModel>> {
+        let overridden = overrides != Default::default();
+        let flag = if overrides.sessions.is_some() { "--npu-sessions" } else { "--npu-session-bytes" };
         if crate::qnn::soc_of(&h.compile.target).is_none() || h.model.moe.is_some() {
+            if overridden {
+                return Err(Error::Options(format!("{flag}: only a dense model's NPU contexts on a Snapdragon target are planned over HTP sessions")));
+            }
             return Ok(None);
+        }
+        if overrides.sessions == Some(0) || overrides.session_bytes == Some(0) {
+            return Err(Error::Options(format!("{flag}: must be above 0")));
         }
         let memory = target.npu_memory.ok_or_else(|| Error::Options(format!("target '{}' gives no HTP limits (npu_memory)", target.name)))?;
         if let Some(n) = NpuSection::of(h).map_err(|e| Error::Options(e.to_string()))? {
+            if overridden {
+                return Err(Error::Options(format!("{flag}: this artifact's NPU contexts were planned when it was built (its sessions are data); compile it again with `lladac compile {flag}`, or estimate an artifact built --host-only")));
+            }
             let plan = ContextPlan {
                 limits: n.limits,
                 layers: n.contexts.iter().map(|c| c.layers).collect(),
@@ -66,7 +77,7 @@ impl NpuModel {
             Some(DType::PanelQ8) => NpuWeights::Int8PerChannel,
             _ => NpuWeights::F16,
         };
-        let limits = crate::compile::npu_limits(target, Default::default()).expect("a target with npu_memory");
+        let limits = crate::compile::npu_limits(target, overrides).expect("a target with npu_memory");
         let (plan, _) = npu_plan::plan_contexts(h, format, true, limits, None).map_err(|e| Error::Options(format!("predicting the NPU contexts: {e}")))?;
         Ok(Some(NpuModel {
             format,

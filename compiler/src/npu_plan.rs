@@ -306,7 +306,7 @@ fn split_layers(layer_bytes: &[u64], build_bytes: &[u64], budget: u64, count: Op
         None => {
             if let Some(l) = (0..n).find(|&l| !fits(&[l, l + 1])) {
                 return Err(format!(
-                    "layer {l} alone ({} bytes of weights over all graphs) does not fit the {budget} bytes the window leaves for NPU contexts; raise --window-bytes, lower --max-seq, or use smaller weights (--quant q4)",
+                    "layer {l} alone ({} bytes of weights over all graphs) does not fit the {budget} bytes its HTP session leaves for NPU contexts; raise --npu-sessions or --npu-session-bytes, lower --max-seq, or use smaller weights (--quant q4)",
                     layer_bytes[l as usize]
                 ));
             }

@@ -307,7 +307,9 @@ impl Lowering<'_, '_> {
         if let Some(&r) = self.statics.get(&t) {
             return Ok(r);
         }
-        let values = weights(t)?;
+        let mut values = weights(t)?;
+        // Output channels padded to `n` with zero rows (`Lowering::padded`).
+        values.resize((n * k) as usize, 0.0);
         let name = format!("w.{}", self.h.tensors[t as usize].name);
         let r = if bits == 16 {
             self.b.static_f16(&name, &[1, 1, k, n], &f16_bits(&hwio(&values, n as usize))).map_err(qnn_err)?
@@ -328,10 +330,27 @@ impl Lowering<'_, '_> {
         if k % block != 0 {
             return Err(Error::Options(format!("lowering '{name}' to QNN: its {k} inputs are not whole blocks of {block} (--group)")));
         }
-        let (q, channel, factors) = lpbq(&weights(t)?, n as usize, block as usize);
+        let mut values = weights(t)?;
+        values.resize((n * k) as usize, 0.0);
+        let (q, channel, factors) = lpbq(&values, n as usize, block as usize);
         let r = self.b.static_lpbq(&name, k, n, q, channel, factors).map_err(qnn_err)?;
         self.statics.insert(t, r);
         Ok(r)
+    }
+
+    /// A product's `[1, 1, rows, padded]` result cut to its `n` real channels (the padding
+    /// rows of its weight are zeros), fixed point in the encoding of `range` where given.
+    fn unpad(&mut self, y: TensorRef, rows: u32, n: u32, fixed: Option<[f32; 2]>) -> Result<TensorRef> {
+        if self.b.dims(y)[3] == n {
+            return Ok(y);
+        }
+        let ranges = ParamSpec::I32s("ranges", vec![4, 3], vec![0, 1, 1, 0, 1, 1, 0, rows as i32, 1, 0, n as i32, 1]);
+        let name = self.fresh("stridedslice");
+        let (ty, q) = match fixed {
+            Some(range) => (DATATYPE_UFIXED_POINT_16, u16_params(range)),
+            None => (DATATYPE_FLOAT_16, QuantizeParams::NONE),
+        };
+        self.b.op_quantized("StridedSlice", &[y], vec![ranges], &name, ty, &[1, 1, rows, n], Out::Native, q).map_err(qnn_err)
     }
 
     /// Columns `from..to` of a fixed-point `[rows, cols]` tensor in the encoding of `range`.
@@ -492,6 +511,9 @@ fn lower_graph(h: &Header, piece: &Piece, ctx: &Context, weights: &dyn Fn(Tensor
                 // Hub's form; with LPBQ the only reliable one, QNN.md).
                 let shape = &h.tensors[weight as usize].shape;
                 let (n, k) = (shape[0] as u32, shape[1] as u32);
+                // The HTP computes channels in tiles of 32: a product with fewer output
+                // channels than a whole number of tiles gets zero ones, cut off after it.
+                let np = n.next_multiple_of(32);
                 let rows = l.rows(x);
                 // (A fixed-point input has no fp16 form: `Lowering::fixed`.)
                 let x4 = if l.fixed.contains_key(&x) {
@@ -513,13 +535,14 @@ fn lower_graph(h: &Header, piece: &Piece, ctx: &Context, weights: &dyn Fn(Tensor
                         None => l.quantize(x4.expect("an fp16 input"), range.input)?,
                     };
                     let head = out == g.logits;
-                    let w = if head { l.conv_weight(weight, n, k, 8, weights)? } else { l.lpbq_weight(weight, n, k, block, weights)? };
+                    let w = if head { l.conv_weight(weight, np, k, 8, weights)? } else { l.lpbq_weight(weight, np, k, block, weights)? };
                     let encoding = {
                         let (scale, offset) = ActivationRange::u16_encoding(range.output);
                         QuantizeParams::scale_offset(scale, offset)
                     };
                     let name = l.fresh("conv2d");
-                    let yq = l.b.op_quantized("Conv2d", &[xq, w], params(), &name, DATATYPE_UFIXED_POINT_16, &[1, 1, rows, n], Out::Native, encoding).map_err(qnn_err)?;
+                    let yq = l.b.op_quantized("Conv2d", &[xq, w], params(), &name, DATATYPE_UFIXED_POINT_16, &[1, 1, rows, np], Out::Native, encoding).map_err(qnn_err)?;
+                    let yq = l.unpad(yq, rows, n, Some(range.output))?;
                     // A product read only by a SwiGLU stays fixed point (see `Op::SwiGlu`).
                     let gated = out_role.is_none() && g.ops.iter().filter(|o| o.inputs().contains(&out)).all(|o| matches!(o, Op::SwiGlu { .. }));
                     match out_role {
@@ -536,12 +559,13 @@ fn lower_graph(h: &Header, piece: &Piece, ctx: &Context, weights: &dyn Fn(Tensor
                     }
                 } else {
                     let w = match format {
-                        NpuWeights::Int8PerChannel => l.conv_weight(weight, n, k, 8, weights)?,
-                        NpuWeights::Int4PerChannel => l.conv_weight(weight, n, k, 4, weights)?,
-                        _ => l.conv_weight(weight, n, k, 16, weights)?,
+                        NpuWeights::Int8PerChannel => l.conv_weight(weight, np, k, 8, weights)?,
+                        NpuWeights::Int4PerChannel => l.conv_weight(weight, np, k, 4, weights)?,
+                        _ => l.conv_weight(weight, np, k, 16, weights)?,
                     };
                     let x4 = x4.ok_or_else(|| Error::Options(format!("lowering graph '{}' to QNN: a fixed-point input to {} weights", g.name, format.name())))?;
-                    let y4 = l.op("Conv2d", &[x4, w], params(), &[1, 1, rows, n])?;
+                    let y4 = l.op("Conv2d", &[x4, w], params(), &[1, 1, rows, np])?;
+                    let y4 = l.unpad(y4, rows, n, None)?;
                     result(&mut l, "Reshape", &[y4], vec![], &[rows, n])?
                 };
                 l.values.insert(out, t);

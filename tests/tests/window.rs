@@ -147,8 +147,11 @@ fn npu_estimates_count_the_contexts_created_each_pass_and_mbsd_passes() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!((e["npu"]["contexts"].as_u64(), e["npu"]["created_per_pass"].as_u64()), (Some(1), Some(0)), "{}", e["npu"]);
     assert!(e["npu"]["source"].as_str().unwrap().starts_with("predicted"), "{}", e["npu"]);
-    // A window with room for one context of the three it needs: all rotate, created every pass.
-    let tight = build("tight.lad", &["--window-bytes", "2000K"]);
+    // A phone granting one session with room for few of the contexts: what does not fit
+    // rotates, created every pass.
+    let tight = build("tight.lad", &[]);
+    let one = ["--npu-sessions", "1", "--npu-session-bytes", "3000K"];
+    let estimate = |art: &std::path::Path, extra: &[&str]| estimate(art, &[&one[..], extra].concat());
     let (o, e) = estimate(&tight, &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let (contexts, created) = (e["npu"]["contexts"].as_u64().unwrap(), e["npu"]["created_per_pass"].as_u64().unwrap());
