@@ -818,7 +818,7 @@ mod tests {
             assert!(h.plan.window.bytes <= max, "{name}");
             assert_eq!(h.plan.latency_target, format!("{name} (estimate)"));
 
-            let req = EstimateRequest { policy: "dual".into(), prompt_len: 32, gen_len: 128, block_len: 32, steps: 128, rows: vec![32, 64], context: None, npu_limits: Default::default(), rates: None, passes: None, on_target: None };
+            let req = EstimateRequest { policy: "dual".into(), prompt_len: 32, gen_len: 128, block_len: 32, steps: 128, rows: vec![32, 64], context: None, npu_limits: Default::default(), rows_given: true, generation_given: true, rates: None, passes: None, on_target: None };
             let e = estimate(&h, &req).unwrap();
             assert!(e["label"].as_str().unwrap().starts_with("ESTIMATE"), "{name}");
             let m = &e["matmuls"][0];

@@ -29,6 +29,11 @@ pub struct EstimateRequest {
     pub context: Option<u32>,
     /// The HTP limits to plan an artifact built `--host-only` for, where not the target's.
     pub npu_limits: crate::compile::NpuLimitOverrides,
+    /// Whether `rows`, and the generation's settings, are the user's (else defaults, which
+    /// keep to what the plan holds: the rows its graphs hold, no generation longer than its
+    /// positions, each left out with a note).
+    pub rows_given: bool,
+    pub generation_given: bool,
     /// `llada-rt roofline --json` output to take rates and bandwidth from.
     pub rates: Option<std::path::PathBuf>,
     /// `mbsd`: dense passes per generation (it commits several tokens a pass where drafts
@@ -218,7 +223,18 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
     };
     let name = |x: &Option<ExpertModel>| x.as_ref().map(|x| x.strategy);
     let mut passes: Vec<Value> = Vec::new();
-    for &r in &req.rows {
+    let mut notes: Vec<String> = Vec::new();
+    let largest = h.graphs.iter().map(|g| g.rows).max().unwrap_or(0);
+    let rows: Vec<u32> = if req.rows_given {
+        req.rows.clone()
+    } else {
+        let (fit, left): (Vec<u32>, Vec<u32>) = req.rows.iter().partition(|&&r| r <= largest && req.context.unwrap_or(r) <= h.plan.kv_capacity);
+        if !left.is_empty() {
+            notes.push(format!("passes of {left:?} rows not estimated: the plan's graphs hold {largest} rows at most (--rows to ask)"));
+        }
+        fit
+    };
+    for &r in &rows {
         for x in &strategies {
             let context = req.context.unwrap_or(r);
             if context > h.plan.kv_capacity {
@@ -237,6 +253,14 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
         }
     }
     let seq = req.prompt_len + g;
+    // Default settings longer than the plan's positions: no generation, a note.
+    let generation_fits = req.generation_given || seq <= h.plan.kv_capacity;
+    if !generation_fits {
+        notes.push(format!(
+            "generation not estimated: prompt {} + gen {g} positions exceed the plan's {} (--prompt-len and --gen-len to ask)",
+            req.prompt_len, h.plan.kv_capacity
+        ));
+    }
     // (LLaDA 2.x's blocks lie on its own grid: `llada2_schedule`.)
     let (blocks, per_block) = if llada2 { (0, 0) } else { (g / b, s / (g / b)) };
     if req.passes.is_some() && req.policy != "mbsd" && !llada2 {
@@ -274,7 +298,7 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
         }
     };
     let mut generations = Vec::new();
-    for x in &strategies {
+    for x in strategies.iter().filter(|_| generation_fits) {
         let (mut total, mut count, mut rows_computed, mut staged, mut waited) = (0.0, 0u32, 0u64, 0.0, 0.0);
         let passes: Vec<(u32, u32, u32, u32)> = match &llada2_passes {
             Some(p) => p.clone(),
@@ -361,7 +385,8 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
         "passes": passes,
         "qnn_estimates": qnn,
         "setup": {"mappings": 1, "resident_bytes": resident, "seconds": setup},
-        "generation": generations[0],
+        "generation": generations.first(),
+        "notes": notes,
         "generations": generations,
     }))
 }
@@ -493,6 +518,9 @@ pub fn render_text(e: &Value) -> String {
         "  session setup: {} mapping, {:.1} MiB of resident weights read from storage: {:.3} s (once)",
         st["mappings"], st["resident_bytes"].as_u64().unwrap_or(0) as f64 / (1u64 << 20) as f64, st["seconds"].as_f64().unwrap_or(0.0)
     );
+    for n in e["notes"].as_array().into_iter().flatten() {
+        let _ = writeln!(s, "  note: {}", n.as_str().unwrap_or(""));
+    }
     for g in e["generations"].as_array().into_iter().flatten() {
         let _ = writeln!(
             s,
@@ -514,7 +542,7 @@ mod tests {
     use super::*;
 
     fn request(prompt_len: u32, gen_len: u32, steps: u32, passes: Option<u32>) -> EstimateRequest {
-        EstimateRequest { policy: "exact".into(), prompt_len, gen_len, block_len: 32, steps, rows: vec![], context: None, npu_limits: Default::default(), rates: None, passes, on_target: None }
+        EstimateRequest { policy: "exact".into(), prompt_len, gen_len, block_len: 32, steps, rows: vec![], context: None, npu_limits: Default::default(), rows_given: true, generation_given: true, rates: None, passes, on_target: None }
     }
 
     #[test]

@@ -246,7 +246,9 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
                 let policy = policy.unwrap_or_else(|| if llada2 { "exact" } else { "dual" }.to_string());
                 let steps = steps.unwrap_or(if llada2 { 32 } else { 128 });
                 let npu_limits = lladac::compile::NpuLimitOverrides { sessions: npu_sessions, session_bytes: npu_session_bytes };
-                let req = lladac::estimate::EstimateRequest { policy, prompt_len, gen_len, block_len, steps, rows, context, npu_limits, rates, passes, on_target };
+                let rows_given = typed(matches, "rows");
+                let generation_given = ["policy", "passes", "prompt_len", "gen_len", "block_len", "steps"].iter().any(|id| typed(matches, id));
+                let req = lladac::estimate::EstimateRequest { policy, prompt_len, gen_len, block_len, steps, rows, context, npu_limits, rows_given, generation_given, rates, passes, on_target };
                 Some(lladac::estimate::estimate(&header, &req)?)
             } else {
                 None

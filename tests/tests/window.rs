@@ -143,6 +143,16 @@ fn npu_estimates_count_the_contexts_created_each_pass_and_mbsd_passes() {
         out
     };
     let roomy = build("roomy.lad", &[]);
+    // The defaults keep to the plan: no 128-row pass and no 160-position generation on its
+    // 128 positions, each said in a note; asked for, one error.
+    let o = common::run("lladac", &["inspect", roomy.to_str().unwrap(), "--json", "--estimate"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let d: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let notes = d["estimate"]["notes"].as_array().unwrap();
+    assert!(d["estimate"]["generation"].is_null() && notes.iter().any(|n| n.as_str().unwrap().contains("generation not estimated")), "{}", d["estimate"]);
+    assert_eq!(d["estimate"]["passes"].as_array().unwrap().iter().map(|p| p["rows"].as_u64().unwrap()).collect::<Vec<_>>(), [32, 64, 128]);
+    let o = common::run("lladac", &["inspect", roomy.to_str().unwrap(), "--estimate", "--gen-len", "256"]);
+    common::assert_clean_failure(&o, &["no graph of the plan holds"]);
     let (o, e) = estimate(&roomy, &[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!((e["npu"]["contexts"].as_u64(), e["npu"]["created_per_pass"].as_u64()), (Some(1), Some(0)), "{}", e["npu"]);
