@@ -182,7 +182,7 @@ fn narrow(from: &[f32], to: &mut [u16]) {
 /// head are stacked as rows, each group member seeing the same.
 pub fn fill_mask(mask: &mut [u16], stored: &mut [bool], cache_len: usize, rows: usize, inp: &RunInputs) {
     let (open, shut) = (f16::from_f32(0.0).to_bits(), f16::from_f32(MASKED).to_bits());
-    let (capacity, width) = (cache_len, cache_len + rows);
+    let width = cache_len + rows;
     let stored_rows = inp.stored_rows;
     stored.fill(false);
     for &p in &inp.positions[..stored_rows] {
@@ -192,7 +192,7 @@ pub fn fill_mask(mask: &mut [u16], stored: &mut [bool], cache_len: usize, rows: 
     for (r, row) in first.chunks_exact_mut(width).enumerate() {
         row.fill(shut);
         if r >= inp.rows {
-            row[capacity + r] = open;
+            row[cache_len + r] = open;
             continue;
         }
         // A block-causal pass: the keys before the end of the row's block only.
@@ -204,22 +204,22 @@ pub fn fill_mask(mask: &mut [u16], stored: &mut [bool], cache_len: usize, rows: 
         }
         for (s, &p) in inp.positions[..stored_rows].iter().enumerate() {
             if (p as usize) < context {
-                row[capacity + s] = open;
+                row[cache_len + s] = open;
             }
         }
         if r >= stored_rows {
             let p = inp.positions[r] as usize;
             if p < context {
                 // Its own key replaces the cache's (or a stored row's) at its position.
-                if p < capacity {
+                if p < cache_len {
                     row[p] = shut;
                 }
                 for (s, &q) in inp.positions[..stored_rows].iter().enumerate() {
                     if q as usize == p {
-                        row[capacity + s] = shut;
+                        row[cache_len + s] = shut;
                     }
                 }
-                row[capacity + r] = open;
+                row[cache_len + r] = open;
             }
         }
     }
@@ -292,6 +292,22 @@ mod tests {
         }
         for r in 4..8 {
             assert_eq!(open(&mask, width, r), vec![0, 1, 2, 3, 12, 13, 14, 15, 16, 17, 18, 19]);
+        }
+    }
+
+    /// An executable reading the cache's first 8 of 12 positions: the mask is that wide; the
+    /// pass's 8 keys are open but at 6 and 7, which the two stored rows' own keys (the columns
+    /// after the cache's) replace.
+    #[test]
+    fn the_mask_is_as_wide_as_the_executables_cache_length() {
+        let (capacity, cache_len, rows) = (12, 8, 2);
+        let positions = [6, 7];
+        let inp = inputs(&[0; 2], &positions, 2, 8, 2);
+        let mut mask = vec![0u16; rows * (cache_len + rows)];
+        let mut stored = vec![false; capacity];
+        fill_mask(&mut mask, &mut stored, cache_len, rows, &inp);
+        for r in 0..2 {
+            assert_eq!(open(&mask, cache_len + rows, r), vec![0, 1, 2, 3, 4, 5, 8, 9]);
         }
     }
 
