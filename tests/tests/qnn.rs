@@ -162,8 +162,9 @@ fn quantized_npu_weights_are_int8_and_int4_and_still_answer() {
     let p = SamplerParams { gen_length: 32, block_length: 32, steps: 32, policy: Policy::Dual, ..Default::default() };
     let want = generate(&mut session(&host, BackendKind::Host), &p0, &p, &mut |_| {}).unwrap();
     let mut sizes = Vec::new();
-    // q4's default is int4 per block between 16-bit activations; with fp16 ones, per channel.
-    for (quant, format, extra) in [("f16", "fp16", None), ("q8", "int8 per output channel", None), ("q4", "int4 per output channel", Some("f16")), ("q4", "int4 per block (LPBQ)", None)] {
+    // q4's default, int4 per block between 16-bit activations, is the next test's; with fp16
+    // activations q4 is int4 per output channel.
+    for (quant, format, extra) in [("f16", "fp16", None), ("q8", "int8 per output channel", None), ("q4", "int4 per output channel", Some("f16"))] {
         let out = dir.path().join(format!("sm8750-{quant}-{}.lad", extra.unwrap_or("default")));
         let mut args = vec!["--max-seq", "128", "--quant", quant];
         if let Some(a) = extra {
@@ -185,11 +186,11 @@ fn quantized_npu_weights_are_int8_and_int4_and_still_answer() {
     assert!(sizes[0] > sizes[1] && sizes[1] > sizes[2], "binary bytes f16, q8, q4: {sizes:?}");
 }
 
-/// `--npu-activations u16`: int4 per block (LPBQ) in a 1x1 convolution between 16-bit
-/// activations whose ranges `lladac` calibrates on the host kernels (a task file here, the
-/// built-in set by default), records for every matmul, verifies and shows; the NPU then
-/// answers the embedded model's task as the host's q4 does. Bad flags and crafted ranges are
-/// one error each, naming the flag or the element.
+/// `--quant q4`'s NPU form (`--npu-activations u16`, the default with q4): int4 per block
+/// (LPBQ) in a 1x1 convolution between 16-bit activations whose ranges `lladac` calibrates on
+/// the host kernels (a task file here, the built-in set by default), records for every matmul,
+/// verifies and shows; the NPU then answers the embedded model's task as the host's q4 does.
+/// Bad flags and crafted ranges are one error each, naming the flag or the element.
 #[test]
 #[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
 fn sixteen_bit_activations_with_block_scaled_int4_are_calibrated_recorded_and_answer() {
@@ -215,9 +216,10 @@ fn sixteen_bit_activations_with_block_scaled_int4_are_calibrated_recorded_and_an
     // The built-in calibration set needs no file; the library named by flag serves too.
     let default = dir.path().join("default.lad");
     let qnn_lib = lib();
-    lladac(&embedded_model(), "sm8750", &default, &["--max-seq", "128", "--quant", "q4", "--npu-activations", "u16", "--qnn-lib", &qnn_lib]);
+    lladac(&embedded_model(), "sm8750", &default, &["--max-seq", "128", "--quant", "q4", "--qnn-lib", &qnn_lib]);
     let d: serde_json::Value = serde_json::from_slice(&common::run("lladac", &["inspect", default.to_str().unwrap(), "--json"]).stdout).unwrap();
     assert!(d["npu"]["calibration"].as_str().unwrap().contains("built-in"), "{}", d["npu"]);
+    assert_eq!((d["npu"]["weights"].as_str(), d["npu"]["activations"].as_str()), (Some("int4 per block (LPBQ)"), Some("uint16")), "q4's default on the NPU");
     // The task answered as the host's q4 answers it.
     let host_q4 = dir.path().join("host-q4.lad");
     lladac(&embedded_model(), "host", &host_q4, &["--max-seq", "128", "--quant", "q4"]);
