@@ -109,7 +109,9 @@ typedef enum llada_revision {
   LLADA_REVISION_AUTO = 2,
 } llada_revision;
 
-// What runs a session's dense graphs.
+// What runs a session's dense graphs: the built-in backends' numbers, which are their
+// indexes among the registered ones (`llada_backend_count`, `llada_backend_name`,
+// `llada_backend_find` give every backend of this build by name).
 typedef enum llada_backend {
   // The CPU's kernels.
   LLADA_BACKEND_HOST = 0,
@@ -152,7 +154,8 @@ typedef struct llada_session_params {
   // (`--threads`); 0 for every core (or the LLADA_THREADS environment variable), at most
   // what the artifact provides for. Default 0.
   uint32_t n_threads;
-  // A llada_backend value (`--backend`). Default LLADA_BACKEND_HOST.
+  // A backend's number (`--backend`): a llada_backend value, or the index
+  // `llada_backend_find` gives for a backend's name. Default LLADA_BACKEND_HOST.
   uint32_t backend;
   // A llada_staging value (`--staging`). Default LLADA_STAGING_ASYNC.
   uint32_t staging;
@@ -398,6 +401,19 @@ void llada_output_free(struct llada_output *output);
 
 // libllada's version, as "MAJOR.MINOR.PATCH" (static storage).
 const char *llada_version(void);
+
+// How many backends this build registers; their numbers are `0..count`.
+uint32_t llada_backend_count(void);
+
+// The name of backend number `index` (static storage), or NULL past the last.
+const char *llada_backend_name(uint32_t index);
+
+// The number of the backend named `name` (as `--backend` takes it) into `*out`; an unknown
+// name is LLADA_STATUS_INVALID_ARGUMENT, and `llada_last_error` lists the backends.
+//
+// # Safety
+// `name` is a NUL-terminated string; `out` points to writable storage.
+enum llada_status llada_backend_find(const char *name, uint32_t *out);
 
 // The message of the last call on this thread that did not return `LLADA_STATUS_OK`
 // (empty if none failed). UTF-8, NUL-terminated, owned by libllada, valid until the

@@ -365,3 +365,39 @@ pub unsafe extern "C" fn llada_output_free(output: *mut Output) {
 pub extern "C" fn llada_version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
 }
+
+/// How many backends this build registers; their numbers are `0..count`.
+#[unsafe(no_mangle)]
+pub extern "C" fn llada_backend_count() -> u32 {
+    llada_rt::executor::BACKENDS.len() as u32
+}
+
+/// The name of backend number `index` (static storage), or NULL past the last.
+#[unsafe(no_mangle)]
+pub extern "C" fn llada_backend_name(index: u32) -> *const c_char {
+    // The names with their NULs, made once (the registry is static).
+    static NAMES: std::sync::OnceLock<Vec<CString>> = std::sync::OnceLock::new();
+    let names = NAMES.get_or_init(|| llada_rt::executor::names().into_iter().map(|n| CString::new(n).unwrap_or_default()).collect());
+    names.get(index as usize).map_or(std::ptr::null(), |n| n.as_ptr())
+}
+
+/// The number of the backend named `name` (as `--backend` takes it) into `*out`; an unknown
+/// name is LLADA_STATUS_INVALID_ARGUMENT, and `llada_last_error` lists the backends.
+///
+/// # Safety
+/// `name` is a NUL-terminated string; `out` points to writable storage.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn llada_backend_find(name: *const c_char, out: *mut u32) -> Status {
+    guard(|| {
+        if out.is_null() {
+            return Err(null("out"));
+        }
+        // SAFETY: the caller's contract on `name`.
+        let name = unsafe { text_arg(name, "name") }?;
+        let backend = llada_rt::executor::find(name).map_err(|e| Failure::argument(e.to_string()))?;
+        let index = crate::params::backend_index(backend.name).expect("a registered backend has an index");
+        // SAFETY: non-null and writable by the caller's contract.
+        unsafe { *out = index };
+        Ok(())
+    })
+}

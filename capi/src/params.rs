@@ -1,6 +1,6 @@
 //! Generation settings as a C struct, and their translation to the sampler's.
 
-use llada_rt::executor::BackendKind;
+use llada_rt::executor;
 use llada_rt::moe::ExpertStrategy;
 use llada_rt::sampler::{Alg as RtAlg, Policy as RtPolicy, Revision as RtRevision};
 use llada_rt::staging::StagingMode;
@@ -290,7 +290,9 @@ impl Params {
     }
 }
 
-/// What runs a session's dense graphs.
+/// What runs a session's dense graphs: the built-in backends' numbers, which are their
+/// indexes among the registered ones (`llada_backend_count`, `llada_backend_name`,
+/// `llada_backend_find` give every backend of this build by name).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backend {
@@ -335,7 +337,8 @@ pub struct SessionSettings {
     /// (`--threads`); 0 for every core (or the LLADA_THREADS environment variable), at most
     /// what the artifact provides for. Default 0.
     pub n_threads: u32,
-    /// A llada_backend value (`--backend`). Default LLADA_BACKEND_HOST.
+    /// A backend's number (`--backend`): a llada_backend value, or the index
+    /// `llada_backend_find` gives for a backend's name. Default LLADA_BACKEND_HOST.
     pub backend: u32,
     /// A llada_staging value (`--staging`). Default LLADA_STAGING_ASYNC.
     pub staging: u32,
@@ -352,11 +355,7 @@ pub extern "C" fn llada_default_session_params() -> SessionSettings {
     let d = SessionParams::default();
     SessionSettings {
         n_threads: d.threads.unwrap_or(0) as u32,
-        backend: match d.backend {
-            BackendKind::Host => Backend::Host,
-            BackendKind::Vulkan => Backend::Vulkan,
-            BackendKind::Qnn => Backend::Qnn,
-        } as u32,
+        backend: backend_index(d.backend.name).unwrap_or(Backend::Host as u32),
         staging: match d.staging {
             StagingMode::Async => Staging::Async,
             StagingMode::Sync => Staging::Sync,
@@ -369,12 +368,10 @@ pub extern "C" fn llada_default_session_params() -> SessionSettings {
 impl SessionSettings {
     /// The runtime's settings; an undeclared enum value is refused, naming the field.
     pub(crate) fn session(&self) -> Result<SessionParams, Failure> {
-        let backend = match self.backend {
-            0 => BackendKind::Host,
-            1 => BackendKind::Vulkan,
-            2 => BackendKind::Qnn,
-            other => return Err(Failure::argument(format!("backend {other} is not an llada_backend value (LLADA_BACKEND_HOST = 0, LLADA_BACKEND_VULKAN = 1, LLADA_BACKEND_QNN = 2)"))),
-        };
+        let backend = executor::BACKENDS.get(self.backend as usize).ok_or_else(|| {
+            let listed: Vec<String> = executor::names().iter().enumerate().map(|(i, n)| format!("{i} {n}")).collect();
+            Failure::argument(format!("backend {} is not an llada_backend value nor a registered backend's number; the backends are {}", self.backend, listed.join(", ")))
+        })?;
         let staging = match self.staging {
             0 => StagingMode::Async,
             1 => StagingMode::Sync,
@@ -390,4 +387,9 @@ impl SessionSettings {
         let given = |n: u32| (n != 0).then_some(n as usize);
         Ok(SessionParams { backend, threads: given(self.n_threads), staging, experts, cpu_threads: given(self.cpu_threads) })
     }
+}
+
+/// The number of the registered backend named `name` (its index in the registry).
+pub(crate) fn backend_index(name: &str) -> Option<u32> {
+    executor::BACKENDS.iter().position(|b| b.name == name).map(|i| i as u32)
 }

@@ -10,7 +10,6 @@
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use llada_rt::executor::BackendKind;
 use llada_rt::settings::Value;
 use llada_rt::text::Text;
 use llada_rt::{Generation, Generator, SessionParams};
@@ -253,16 +252,13 @@ struct Session {
 
 impl Session {
     fn open(model: &Bound<'_, Model>, threads: Option<usize>, backend: &str) -> PyResult<Session> {
-        let kind = BackendKind::parse(backend).ok_or_else(|| {
-            let names: Vec<&str> = BackendKind::ALL.iter().map(|b| b.name()).collect();
-            SettingError::new_err(format!("--backend '{backend}' is not one of {}", names.join(", ")))
-        })?;
+        let kind = llada_rt::executor::find(backend).map_err(|_| SettingError::new_err(format!("--backend '{backend}' is not one of {}", llada_rt::executor::names().join(", "))))?;
         let m = model.get();
         let params = SessionParams { backend: kind, threads, ..Default::default() };
         let rt_model = m.inner.clone();
         let held = model.py().detach(|| Held::open(rt_model.clone(), &params)).map_err(rt_err)?;
         let threads = held.session.threads();
-        Ok(Session { slot: Arc::new(Mutex::new(Some(Box::new(held)))), model: model.clone().unbind(), rt_model, text: m.text.clone(), backend: kind.name(), threads })
+        Ok(Session { slot: Arc::new(Mutex::new(Some(Box::new(held)))), model: model.clone().unbind(), rt_model, text: m.text.clone(), backend: kind.name, threads })
     }
 
     /// The prompt's ids: `prompt` text (through the chat template with `chat`) or `ids`.

@@ -9,7 +9,6 @@ use llada_rt::params::{env_threads, unused_setting, Limits, MAX_THREADS};
 use llada_rt::sampler::{Alg, Policy, Revision, StepView};
 use llada_rt::text::Text;
 use llada_rt::moe::{ExpertCounters, ExpertStrategy};
-use llada_rt::executor::BackendKind;
 use llada_rt::session::{default_threads, max_threads};
 use llada_rt::staging::StagingMode;
 use llada_rt::{generate, generate_until, Error, Model, Remasking, Result, SamplerParams, Session, SessionParams};
@@ -419,7 +418,7 @@ enum Command {
         session: SessionArgs,
         /// The reference's backend [default: --backend's]: e.g. an NPU artifact on qnn
         /// against the f32 host artifact on host.
-        #[arg(long, value_parser = ["host", "vulkan", "qnn"])]
+        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(llada_rt::executor::names()))]
         reference_backend: Option<String>,
         #[arg(long)]
         json: bool,
@@ -452,17 +451,23 @@ enum Command {
 /// What runs the dense graphs.
 #[derive(Args, Clone)]
 struct BackendArg {
-    /// host: the CPU's kernels; vulkan: a Vulkan device (a phone's or desktop's GPU, or
-    /// lavapipe on a CPU), found at run time (LLADA_VULKAN_DEVICE=<index> picks one); qnn:
-    /// Qualcomm's HTP running the NPU executables of an artifact compiled for sm8550, sm8650,
-    /// sm8750 or sm8850, through the QNN library in LLADA_QNN_LIB (on x86-64, its simulator).
-    #[arg(long, default_value = SessionParams::default().backend.name(), value_parser = ["host", "vulkan", "qnn"])]
+    /// The backend that runs the dense graphs, by name (each is described below).
+    #[arg(long, default_value = SessionParams::default().backend.name, value_parser = clap::builder::PossibleValuesParser::new(llada_rt::executor::names()), long_help = backends_help())]
     backend: String,
 }
 
+/// `--backend`'s long help: every registered backend and what it runs on.
+fn backends_help() -> String {
+    let mut help = String::from("The backend that runs the dense graphs:");
+    for b in llada_rt::executor::BACKENDS {
+        help += &format!("\n  {}: {}{}", b.name, b.about, if b.built() { "" } else { " (not in this build)" });
+    }
+    help
+}
+
 impl BackendArg {
-    fn kind(&self) -> BackendKind {
-        BackendKind::parse(&self.backend).expect("clap restricts the values")
+    fn kind(&self) -> &'static llada_rt::executor::Backend {
+        llada_rt::executor::find(&self.backend).expect("clap restricts the values")
     }
 
     /// A session on `model` on this backend, every other option at its default.
@@ -983,7 +988,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Done {
             let m = Model::open(&model, true)?;
             let mut session = backend.open(&m)?;
             // Off the host, each mismatch is explained by the host's margins where it diverged.
-            let mut host = if backend.kind() == BackendKind::Host { None } else { Some(Session::open(&m, &SessionParams::default())?) };
+            let mut host = if backend.kind() == llada_rt::executor::default_backend() { None } else { Some(Session::open(&m, &SessionParams::default())?) };
             let report = conformance::run_explained(&mut session, host.as_mut(), &golden, select, logit_tolerance, &mut |_| {})?;
             let passed = report.passed() || (accept_explained && report.passed_but_for_explained());
             if json {

@@ -7,6 +7,7 @@ mod fault;
 pub mod kernels;
 pub mod lease;
 pub mod moe;
+mod operands;
 pub mod pool;
 pub mod model;
 pub mod params;

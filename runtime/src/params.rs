@@ -2,7 +2,7 @@
 //! once: the CLI, the C API and the JSON reports all go through these types.
 
 use crate::error::{Error, Result, Setting};
-use crate::executor::BackendKind;
+use crate::executor::{self, Backend};
 use crate::model::Model;
 use crate::moe::ExpertStrategy;
 use crate::staging::StagingMode;
@@ -634,7 +634,7 @@ pub fn env_threads(max: usize) -> Result<Option<usize>> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SessionParams {
     /// The backend that runs the dense graphs.
-    pub backend: BackendKind,
+    pub backend: &'static Backend,
     /// Threads of the host backend's kernels and of the CPU work around the passes, in
     /// `1..=` what the plan provides for. `None`: every core (or `LLADA_THREADS`), at most that.
     pub threads: Option<usize>,
@@ -650,7 +650,7 @@ pub struct SessionParams {
 
 impl Default for SessionParams {
     fn default() -> Self {
-        SessionParams { backend: BackendKind::Host, threads: None, staging: StagingMode::Async, experts: None, cpu_threads: None }
+        SessionParams { backend: executor::default_backend(), threads: None, staging: StagingMode::Async, experts: None, cpu_threads: None }
     }
 }
 

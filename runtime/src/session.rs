@@ -6,10 +6,10 @@ use std::time::Instant;
 use crate::error::{Error, Result, Setting};
 use std::ops::Range;
 
-use crate::executor::{self, value_range, BackendKind, Capabilities, Executor, OpProfile, PassProfile, RunInputs};
+use crate::executor::{self, value_range, Backend, Capabilities, Executor, OpProfile, Pass, PassProfile, RunInputs};
 use crate::model::Model;
 use crate::params::SessionParams;
-use crate::moe::{ExpertCounters, ExpertStrategy, Experts};
+use crate::moe::{ExpertCounters, ExpertStrategy, Experts, MoeStep};
 use crate::staging::{PassStaging, Stager, StagingMode};
 use crate::window::Window;
 
@@ -103,8 +103,9 @@ pub struct Session<'m> {
     /// Declared before the window: fields drop in order, so the staging threads are joined
     /// before the window they write is freed.
     stager: Stager,
-    /// The expert runtime of a mixture-of-experts model.
-    experts: Option<Experts<'m>>,
+    /// The CPU's mixture-of-experts step every backend's passes use (with the expert
+    /// runtime of a mixture-of-experts model).
+    moe: MoeStep<'m>,
     /// The CPU side path that revises beside the dense passes (`mbsd --revision dual-path`),
     /// set up by the first generation that asks for it and kept for the next. Typed by the
     /// sampler, which defines it (`sampler::revision::SidePath`): the session stays below the
@@ -179,12 +180,12 @@ impl<'m> Session<'m> {
     /// [`with_options`](Self::with_options), running a mixture-of-experts model's experts as
     /// `experts` says.
     pub fn with_experts(model: &'m Model, threads: usize, features: crate::kernels::cpu::Features, staging: StagingMode, experts: ExpertOptions) -> Result<Session<'m>> {
-        Session::with_backend(model, BackendKind::Host, threads, features, staging, experts)
+        Session::with_backend(model, executor::default_backend(), threads, features, staging, experts)
     }
 
     /// [`with_experts`](Self::with_experts) on the `backend` that runs the dense graphs
     /// (`threads`: the host backend's kernel threads, and the CPU threads around the passes).
-    pub fn with_backend(model: &'m Model, backend: BackendKind, threads: usize, features: crate::kernels::cpu::Features, staging: StagingMode, experts: ExpertOptions) -> Result<Session<'m>> {
+    pub fn with_backend(model: &'m Model, backend: &Backend, threads: usize, features: crate::kernels::cpu::Features, staging: StagingMode, experts: ExpertOptions) -> Result<Session<'m>> {
         let h = &model.header;
         check_threads(model, Setting::Threads, threads)?;
         if h.model.moe.is_some() {
@@ -192,16 +193,17 @@ impl<'m> Session<'m> {
         }
         let max_rows = h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize;
         let start = Instant::now();
-        let (executor, mut window) = executor::open(backend, model, threads, features)?;
+        let (executor, mut window) = backend.open(model, threads, features)?;
         load_resident(model, &mut window)?;
         let stager = Stager::new(h, model.file(), &model.path, model.data_offset(), window.slot_ptrs(), staging)?;
         let expert_options = experts;
         let experts = Experts::new(model, &window, experts.strategy, experts.cpu_threads)?;
+        let moe = MoeStep::new(model, experts, executor.pool().clone(), features);
         let load_seconds = start.elapsed().as_secs_f64();
         Ok(Session {
             model,
             stager,
-            experts,
+            moe,
             side: None,
             window,
             cached_len: None,
@@ -238,12 +240,12 @@ impl<'m> Session<'m> {
 
     /// The experts' figures so far (a mixture-of-experts model only).
     pub fn expert_counters(&self) -> Option<ExpertCounters> {
-        self.experts.as_ref().map(Experts::counters)
+        self.moe.experts().map(Experts::counters)
     }
 
     /// How the experts run (a mixture-of-experts model only).
     pub fn expert_strategy(&self) -> Option<ExpertStrategy> {
-        self.experts.as_ref().map(Experts::strategy)
+        self.moe.experts().map(Experts::strategy)
     }
 
     pub fn staging_mode(&self) -> StagingMode {
@@ -555,7 +557,8 @@ impl<'m> Session<'m> {
         let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context, head_rows: &self.head, rows: self.real_rows, block_causal };
         let start = Instant::now();
         let mut profile = (profiled || self.op_profiles.is_some()).then(|| OpProfile { times: Vec::new(), matmul_ranges: self.matmul_ranges.then(Vec::new) });
-        let run = self.executor.run(self.model, gid, &inputs, &mut self.window, &mut self.stager, self.experts.as_mut(), profile.as_mut()).map(|()| profile);
+        let pass = Pass { graph: gid, inputs, window: &mut self.window, stager: &mut self.stager, moe: &mut self.moe, profile: profile.as_mut() };
+        let run = self.executor.run(self.model, pass).map(|()| profile);
         // Reads of a truncated artifact saw zeros: the pass computed nothing trustworthy.
         let profile = match run.and_then(|p| self.model.check_intact().map(|()| p)) {
             Ok(p) => p,
@@ -606,10 +609,10 @@ impl<'m> Session<'m> {
         self.model.check_intact()?;
         self.stager.restart()?;
         if self.model.header.model.moe.is_some() {
-            // Dropped first (its staging thread joined), so a failed setup leaves none behind
-            // and the next reset tries again.
-            self.experts = None;
-            self.experts = Experts::new(self.model, &self.window, self.expert_options.strategy, self.expert_options.cpu_threads)?;
+            // The old runtime is dropped first (its staging thread joined), so a failed setup
+            // leaves none behind and the next reset tries again.
+            let (model, window, options) = (self.model, &self.window, self.expert_options);
+            self.moe.set_experts(|| Experts::new(model, window, options.strategy, options.cpu_threads))?;
         }
         self.needs_reset = false;
         Ok(())

@@ -230,6 +230,19 @@ fn bad_arguments_get_a_status_and_a_message_naming_them() {
         assert_eq!(llada_session_new_on(loaded.model, 1, 7, &mut session), Status::InvalidArgument);
         assert!(session.is_null());
         assert!(last_error().contains("backend 7 is not an llada_backend value"), "{}", last_error());
+        // Backends by name: the built-in numbers are their indexes in the registry.
+        let mut index = u32::MAX;
+        for (name, expected) in [("host", 0), ("vulkan", 1), ("qnn", 2)] {
+            let c = CString::new(name).unwrap();
+            assert_eq!(llada_backend_find(c.as_ptr(), &mut index), Status::Ok);
+            assert_eq!(index, expected);
+            assert_eq!(CStr::from_ptr(llada_backend_name(index)).to_str().unwrap(), name);
+        }
+        assert!(llada_backend_count() >= 3);
+        assert!(llada_backend_name(llada_backend_count()).is_null());
+        let tpu = CString::new("tpu").unwrap();
+        assert_eq!(llada_backend_find(tpu.as_ptr(), &mut index), Status::InvalidArgument);
+        assert!(last_error().contains("'tpu' is not a backend") && last_error().contains("host, vulkan, qnn"), "{}", last_error());
     }
     let prompt = CString::new(PROMPT).unwrap();
     let mut out = std::mem::MaybeUninit::<Output>::uninit();

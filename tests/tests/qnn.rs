@@ -38,7 +38,7 @@ use std::sync::Arc;
 
 use llada_ir::npu::NpuSection;
 use llada_ir::Header;
-use llada_rt::executor::BackendKind;
+use llada_rt::executor::{self, Backend};
 use llada_rt::kernels::cpu;
 use llada_rt::params::{Policy, Revision};
 use llada_rt::session::ExpertOptions;
@@ -77,7 +77,7 @@ fn embedded_npu(dir: &Path) -> PathBuf {
     out
 }
 
-fn session(model: &Model, backend: BackendKind) -> Session<'_> {
+fn session<'m>(model: &'m Model, backend: &'static Backend) -> Session<'m> {
     Session::with_backend(model, backend, 2, cpu::features(), StagingMode::Async, ExpertOptions::default()).unwrap()
 }
 
@@ -160,7 +160,7 @@ fn quantized_npu_weights_are_int8_and_int4_and_still_answer() {
     let host = Model::open(&common::embedded(dir.path()), true).unwrap();
     let p0 = prompt(&host);
     let p = SamplerParams { gen_length: 32, block_length: 32, steps: 32, policy: Policy::Dual, ..Default::default() };
-    let want = generate(&mut session(&host, BackendKind::Host), &p0, &p, &mut |_| {}).unwrap();
+    let want = generate(&mut session(&host, &executor::host::BACKEND), &p0, &p, &mut |_| {}).unwrap();
     let mut sizes = Vec::new();
     // q4's default, int4 per block between 16-bit activations, is the next test's; with fp16
     // activations q4 is int4 per output channel.
@@ -180,7 +180,7 @@ fn quantized_npu_weights_are_int8_and_int4_and_still_answer() {
             continue;
         }
         let model = Model::open(&out, true).unwrap();
-        let got = generate(&mut session(&model, BackendKind::Qnn), &p0, &p, &mut |_| {}).unwrap();
+        let got = generate(&mut session(&model, &executor::qnn::BACKEND), &p0, &p, &mut |_| {}).unwrap();
         assert_eq!(got.output_ids, want.output_ids, "{quant} on the NPU does not answer as the host does");
     }
     assert!(sizes[0] > sizes[1] && sizes[1] > sizes[2], "binary bytes f16, q8, q4: {sizes:?}");
@@ -225,9 +225,9 @@ fn sixteen_bit_activations_with_block_scaled_int4_are_calibrated_recorded_and_an
     lladac(&embedded_model(), "host", &host_q4, &["--max-seq", "128", "--quant", "q4"]);
     let p = SamplerParams { gen_length: 32, block_length: 32, steps: 32, policy: Policy::Dual, ..Default::default() };
     let host = Model::open(&host_q4, true).unwrap();
-    let want = generate(&mut session(&host, BackendKind::Host), &prompt(&host), &p, &mut |_| {}).unwrap();
+    let want = generate(&mut session(&host, &executor::host::BACKEND), &prompt(&host), &p, &mut |_| {}).unwrap();
     let model = Model::open(&out, true).unwrap();
-    let got = generate(&mut session(&model, BackendKind::Qnn), &prompt(&model), &p, &mut |_| {}).unwrap();
+    let got = generate(&mut session(&model, &executor::qnn::BACKEND), &prompt(&model), &p, &mut |_| {}).unwrap();
     assert_eq!(got.output_ids, want.output_ids, "LPBQ with 16-bit activations does not answer as the host's q4");
     // Bad flags.
     let x = dir.path().join("x.lad");
@@ -257,14 +257,14 @@ fn every_policy_runs_on_the_npu_deterministically_with_the_hosts_tokens() {
     let model = Model::open(&art, true).unwrap();
     let p0 = prompt(&model);
     // How I/O binds is chosen by what the machine has, and said.
-    let device = session(&model, BackendKind::Qnn).backend().device.clone();
+    let device = session(&model, &executor::qnn::BACKEND).backend().device.clone();
     assert!(device.contains("I/O: client buffers (no libcdsprpc.so here"), "{device}");
     for policy in [Policy::Exact, Policy::Prefix, Policy::Dual, Policy::Spec, Policy::Mbsd] {
         let p = SamplerParams { gen_length: 32, block_length: 16, steps: 16, policy, ..Default::default() };
-        let npu = generate(&mut session(&model, BackendKind::Qnn), &p0, &p, &mut |_| {}).unwrap();
-        let again = generate(&mut session(&model, BackendKind::Qnn), &p0, &p, &mut |_| {}).unwrap();
+        let npu = generate(&mut session(&model, &executor::qnn::BACKEND), &p0, &p, &mut |_| {}).unwrap();
+        let again = generate(&mut session(&model, &executor::qnn::BACKEND), &p0, &p, &mut |_| {}).unwrap();
         assert_eq!((&npu.output_ids, &npu.reveals), (&again.output_ids, &again.reveals), "{policy:?} changed between runs on the NPU");
-        let host = generate(&mut session(&model, BackendKind::Host), &p0, &p, &mut |_| {}).unwrap();
+        let host = generate(&mut session(&model, &executor::host::BACKEND), &p0, &p, &mut |_| {}).unwrap();
         let same = npu.output_ids.iter().zip(&host.output_ids).filter(|(a, b)| a == b).count();
         eprintln!("{policy:?}: {same}/{} tokens as the host's, {} passes", host.output_ids.len(), npu.forward_passes);
         assert_eq!(npu.output_ids, host.output_ids, "{policy:?}: the NPU's tokens differ from the host's");
@@ -281,7 +281,7 @@ fn mbsd_with_revision_on_the_npu_is_deterministic_with_the_side_path_during_dens
     // Hot sampling and low thresholds make checks disagree, so revisions happen.
     let p = SamplerParams { gen_length: 32, block_length: 16, steps: 32, policy: Policy::Mbsd, revision: Revision::DualPath, temperature: 1.5, seed: 2, revise_confidence: 0.0, stable_checks: 3, stable_confidence: 1.0, ..Default::default() };
     let run = |trace: Option<Arc<Trace>>| -> Generation {
-        let mut s = session(&model, BackendKind::Qnn);
+        let mut s = session(&model, &executor::qnn::BACKEND);
         if let Some(t) = trace {
             s.set_trace(t);
         }
@@ -309,7 +309,7 @@ fn the_npu_backend_never_reads_the_op_list() {
     let art = embedded_npu(dir.path());
     let model = Model::open(&art, true).unwrap();
     let p = SamplerParams { gen_length: 32, block_length: 32, steps: 8, ..Default::default() };
-    let want = generate(&mut session(&model, BackendKind::Qnn), &prompt(&model), &p, &mut |_| {}).unwrap();
+    let want = generate(&mut session(&model, &executor::qnn::BACKEND), &prompt(&model), &p, &mut |_| {}).unwrap();
     // Every op after the embedding (and the rotary op whose tables the host gathers) removed
     // from the header the session sees: the executables alone compute the pass.
     let mut stripped = model.share();
@@ -319,7 +319,7 @@ fn the_npu_backend_never_reads_the_op_list() {
         g.staging.clear();
     }
     stripped.header = Arc::new(h);
-    let got = generate(&mut session(&stripped, BackendKind::Qnn), &prompt(&model), &p, &mut |_| {}).unwrap();
+    let got = generate(&mut session(&stripped, &executor::qnn::BACKEND), &prompt(&model), &p, &mut |_| {}).unwrap();
     assert_eq!(got.output_ids, want.output_ids);
 }
 
@@ -401,8 +401,8 @@ fn the_trained_dream_answers_on_the_npu_as_on_the_host() {
     let text = Text::new(&model.header.tokenizer, &model.header.special).unwrap();
     let ids = text.encode_chat("FILL:8760330202380988009055401800690570160003300000000008000000130502=").unwrap();
     let p = SamplerParams { gen_length: 64, block_length: 64, steps: 32, ..Default::default() };
-    let npu = generate(&mut session(&model, BackendKind::Qnn), &ids, &p, &mut |_| {}).unwrap();
-    let host = generate(&mut session(&model, BackendKind::Host), &ids, &p, &mut |_| {}).unwrap();
+    let npu = generate(&mut session(&model, &executor::qnn::BACKEND), &ids, &p, &mut |_| {}).unwrap();
+    let host = generate(&mut session(&model, &executor::host::BACKEND), &ids, &p, &mut |_| {}).unwrap();
     assert_eq!(npu.output_ids, host.output_ids, "Dream's tokens differ on the NPU");
     assert!(text.decode(&npu.output_ids, true).starts_with("8766333222388988889955441888699577166663333333333338888888133552"), "{:?}", text.decode(&npu.output_ids, true));
 }
@@ -422,15 +422,15 @@ fn grouped_query_attention_gives_the_hosts_logits_to_fp16_precision() {
     assert!(model.header.model.n_kv_heads < model.header.model.n_heads);
     let seq: Vec<u32> = (0..40u32).map(|i| if i < 24 { (i * 7) % 300 } else { model.header.special.mask }).collect();
     let head: Vec<u32> = (0..seq.len() as u32).collect();
-    let host = session(&model, BackendKind::Host).forward_full(&seq, &head).unwrap().to_vec();
-    let npu = session(&model, BackendKind::Qnn).forward_full(&seq, &head).unwrap().to_vec();
+    let host = session(&model, &executor::host::BACKEND).forward_full(&seq, &head).unwrap().to_vec();
+    let npu = session(&model, &executor::qnn::BACKEND).forward_full(&seq, &head).unwrap().to_vec();
     let err = common::relative_error(&npu, &host);
     eprintln!("first-pass logits, NPU against host: {err:.2e} relative");
     assert!(err < 2e-2, "relative error {err}");
     // A pass over part of the rows, reading the rest from the cache the first pass filled.
     let part: Vec<u32> = (24..40).collect();
-    let host = session(&model, BackendKind::Host);
-    let (mut host, mut npu) = (host, session(&model, BackendKind::Qnn));
+    let host = session(&model, &executor::host::BACKEND);
+    let (mut host, mut npu) = (host, session(&model, &executor::qnn::BACKEND));
     host.forward_full(&seq, &head).unwrap();
     npu.forward_full(&seq, &head).unwrap();
     let h = host.forward_span(&seq, 24..40, &part).unwrap().to_vec();
@@ -500,7 +500,7 @@ fn contexts_split_by_layers_and_rotated_through_one_small_session_give_the_same_
     // a pass (three in the first), every one while another runs.
     for (art, per_pass, first, overlapped_per_pass, overlapped_first) in [(&one, 0, 0, 0, 0), (&four, 0, 0, 0, 0), (&swapped, 4, 4, 0, 0), (&doubled, 4, 4, 3, 3), (&mixed, 2, 3, 2, 3)] {
         let model = Model::open(art, true).unwrap();
-        let mut s = session(&model, BackendKind::Qnn);
+        let mut s = session(&model, &executor::qnn::BACKEND);
         let g = generate(&mut s, &prompt(&model), &p, &mut |_| {}).unwrap();
         let (loads, during) = (s.counters.context_loads, s.counters.context_loads_overlapped);
         eprintln!("{}: {} passes, {loads} contexts created during them, {during} while another ran", art.display(), g.forward_passes);

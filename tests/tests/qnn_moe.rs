@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use llada_rt::executor::BackendKind;
+use llada_rt::executor::{self, Backend};
 use llada_rt::kernels::cpu;
 use llada_rt::moe::ExpertStrategy;
 use llada_rt::session::ExpertOptions;
@@ -28,7 +28,7 @@ fn lladac(model: &Path, out: &Path, extra: &[&str]) {
     assert!(o.status.success(), "lladac compile {} {extra:?}: {}", model.display(), String::from_utf8_lossy(&o.stderr));
 }
 
-fn session(model: &Model, backend: BackendKind, strategy: ExpertStrategy) -> Session<'_> {
+fn session<'m>(model: &'m Model, backend: &'static Backend, strategy: ExpertStrategy) -> Session<'m> {
     Session::with_backend(model, backend, 2, cpu::features(), StagingMode::Async, ExpertOptions { strategy, cpu_threads: 1 }).unwrap()
 }
 
@@ -59,9 +59,9 @@ fn the_trained_llada2_models_answer_on_the_npu_as_on_the_host() {
         tasks.truncate(4);
         // The published schedule: 64 tokens in blocks of 32, 32 steps a block.
         let p = SamplerParams { gen_length: 64, block_length: 32, steps: 32, editing_threshold: editing, ..Default::default() };
-        let mut npu = session(&model, BackendKind::Qnn, ExpertStrategy::Hybrid);
+        let mut npu = session(&model, &executor::qnn::BACKEND, ExpertStrategy::Hybrid);
         assert_eq!(npu.backend().backend, "qnn");
-        let mut host = session(&model, BackendKind::Host, ExpertStrategy::Hybrid);
+        let mut host = session(&model, &executor::host::BACKEND, ExpertStrategy::Hybrid);
         let mut correct = 0;
         for (ids, expected) in &tasks {
             let got = generate(&mut npu, ids, &p, &mut |_| {}).unwrap();
@@ -92,7 +92,7 @@ fn the_trained_llada2_models_answer_on_the_npu_as_on_the_host() {
             s.store_blocks(&seq[..32], 0, 32).unwrap();
             s.forward_blocks(&seq, 32, 32, &rows).unwrap().to_vec()
         };
-        let err = common::relative_error(&logits(BackendKind::Qnn), &logits(BackendKind::Host));
+        let err = common::relative_error(&logits(&executor::qnn::BACKEND), &logits(&executor::host::BACKEND));
         eprintln!("{name}: a block pass's logits, NPU against host: {err:.2e} relative");
         assert!(err < 2e-2, "{name}: relative error {err}");
     }
@@ -157,17 +157,17 @@ fn llada_moe_runs_its_dense_part_on_the_npu_under_every_expert_strategy() {
 
     let seq: Vec<u32> = (0..40u32).map(|i| if i < 24 { (i * 7) % 300 } else { m.header.special.mask }).collect();
     let head: Vec<u32> = (0..seq.len() as u32).collect();
-    let host = session(&m, BackendKind::Host, ExpertStrategy::Hybrid).forward_full(&seq, &head).unwrap().to_vec();
-    let npu = session(&m, BackendKind::Qnn, ExpertStrategy::Hybrid).forward_full(&seq, &head).unwrap().to_vec();
+    let host = session(&m, &executor::host::BACKEND, ExpertStrategy::Hybrid).forward_full(&seq, &head).unwrap().to_vec();
+    let npu = session(&m, &executor::qnn::BACKEND, ExpertStrategy::Hybrid).forward_full(&seq, &head).unwrap().to_vec();
     let err = common::relative_error(&npu, &host);
     eprintln!("LLaDA-MoE first-pass logits, NPU against host: {err:.2e} relative");
     assert!(err < 2e-2, "relative error {err}");
 
     let p = SamplerParams { gen_length: 32, steps: 32, block_length: 32, ..Default::default() };
     let prompt = [1u32, 2, 3, 40, 41];
-    let want = generate(&mut session(&m, BackendKind::Qnn, ExpertStrategy::Hybrid), &prompt, &p, &mut |_| {}).unwrap();
+    let want = generate(&mut session(&m, &executor::qnn::BACKEND, ExpertStrategy::Hybrid), &prompt, &p, &mut |_| {}).unwrap();
     for (model, strategy) in [(&m, ExpertStrategy::Lru), (&m, ExpertStrategy::Static), (&q, ExpertStrategy::Hybrid), (&q, ExpertStrategy::Lru), (&q, ExpertStrategy::Static)] {
-        let mut s = session(model, BackendKind::Qnn, strategy);
+        let mut s = session(model, &executor::qnn::BACKEND, strategy);
         let got = generate(&mut s, &prompt, &p, &mut |_| {}).unwrap();
         assert_eq!((&got.output_ids, &got.reveals), (&want.output_ids, &want.reveals), "{} {}", model.path.display(), strategy.name());
         let c = s.expert_counters().unwrap();

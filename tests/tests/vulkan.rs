@@ -11,7 +11,7 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use llada_rt::executor::BackendKind;
+use llada_rt::executor::{self, Backend};
 use llada_rt::kernels::cpu;
 use llada_rt::sampler::{Policy, Revision};
 use llada_rt::session::ExpertOptions;
@@ -24,12 +24,12 @@ use llada_ir::window::ActivationScales;
 
 const NEEDS_VULKAN: &str = "needs a Vulkan driver (lavapipe): .ci/run installs it and runs these with --ignored";
 
-fn session(model: &Model, backend: BackendKind) -> Session<'_> {
+fn session<'m>(model: &'m Model, backend: &'static Backend) -> Session<'m> {
     session_with(model, backend, cpu::features())
 }
 
 /// A session whose CPU kernels may use only `features`.
-fn session_with(model: &Model, backend: BackendKind, features: cpu::Features) -> Session<'_> {
+fn session_with<'m>(model: &'m Model, backend: &'static Backend, features: cpu::Features) -> Session<'m> {
     Session::with_backend(model, backend, 2, features, StagingMode::Async, ExpertOptions::default()).unwrap()
 }
 
@@ -44,12 +44,12 @@ fn prompt(model: &Model, i: usize) -> Vec<u32> {
 }
 
 /// First-pass logits of `model` on `backend` over prompt 0 and a 64-token masked canvas.
-fn first_pass(model: &Model, backend: BackendKind) -> Vec<f32> {
+fn first_pass(model: &Model, backend: &'static Backend) -> Vec<f32> {
     first_pass_with(model, backend, cpu::features())
 }
 
 /// [`first_pass`] with the CPU kernels `features` allows.
-fn first_pass_with(model: &Model, backend: BackendKind, features: cpu::Features) -> Vec<f32> {
+fn first_pass_with(model: &Model, backend: &'static Backend, features: cpu::Features) -> Vec<f32> {
     let prompt = prompt(model, 0);
     let seq: Vec<u32> = prompt.iter().copied().chain(std::iter::repeat_n(model.header.special.mask, 64)).collect();
     let head: Vec<u32> = (0..seq.len() as u32).collect();
@@ -135,12 +135,12 @@ fn first_pass_logits_agree_with_the_host_in_every_format() {
         let art = dir.path().join(format!("m{i}.lad"));
         compile_with(&art, quant, kv, None, scales);
         let model = Model::open(&art, true).unwrap();
-        let gpu = first_pass(&model, BackendKind::Vulkan);
-        let portable = first_pass_with(&model, BackendKind::Host, cpu::Features::PORTABLE);
+        let gpu = first_pass(&model, &executor::vulkan::BACKEND);
+        let portable = first_pass_with(&model, &executor::host::BACKEND, cpu::Features::PORTABLE);
         let float = !matches!(quant, Some(Quant::Q8 | Quant::Q4 { .. }));
         let mut hosts = vec![("the host's portable kernels", portable)];
         if float {
-            hosts.push(("the host's kernels", first_pass(&model, BackendKind::Host)));
+            hosts.push(("the host's kernels", first_pass(&model, &executor::host::BACKEND)));
         }
         for (name, host) in hosts {
             let diff = max_abs_diff(&host, &gpu);
@@ -166,7 +166,7 @@ fn embedded_golden_outputs_hold_on_vulkan() {
     // A spread half of the cases: lavapipe takes about 6 s a case here, and every case runs
     // the same shaders (the host's golden test replays them all).
     let half = llada_rt_tools::conformance::Selection::new(2, 0).unwrap();
-    let report = llada_rt_tools::golden::check(&mut session(&model, BackendKind::Vulkan), &text, &file, &path, half, llada_rt_tools::golden::Pin::Reveals).unwrap();
+    let report = llada_rt_tools::golden::check(&mut session(&model, &executor::vulkan::BACKEND), &text, &file, &path, half, llada_rt_tools::golden::Pin::Reveals).unwrap();
     assert!(report.passed(), "golden outputs differ on Vulkan:\n{}", report.failures.join("\n"));
     let sampled = (0..file.cases.len()).filter(|&c| half.includes(c)).count();
     assert_eq!((report.output_ids_matched, report.reveals_matched), (sampled, sampled));
@@ -188,8 +188,8 @@ fn a_window_smaller_than_the_weights_stages_on_vulkan_and_gives_the_resident_tok
     let (a, b) = (Model::open(&resident, true).unwrap(), Model::open(&swapped, true).unwrap());
     assert!(a.header.plan.window.rotating.is_empty() && b.header.plan.window.rotating.len() >= 2, "the small window should make segments rotate");
     let p = SamplerParams { gen_length: 64, block_length: 32, steps: 32, ..Default::default() };
-    let want = generate(&mut session(&a, BackendKind::Vulkan), &prompt(&a, 0), &p, &mut |_| {}).unwrap();
-    let mut s = session(&b, BackendKind::Vulkan);
+    let want = generate(&mut session(&a, &executor::vulkan::BACKEND), &prompt(&a, 0), &p, &mut |_| {}).unwrap();
+    let mut s = session(&b, &executor::vulkan::BACKEND);
     let trace = Arc::new(Trace::default());
     s.set_trace(trace.clone());
     let got = generate(&mut s, &prompt(&b, 0), &p, &mut |_| {}).unwrap();
@@ -213,7 +213,7 @@ fn mbsd_with_revision_on_vulkan_is_deterministic_with_the_side_path_during_dense
     // Hot sampling and low thresholds make checks disagree, so revisions happen.
     let p = SamplerParams { gen_length: 64, block_length: 16, steps: 64, policy: Policy::Mbsd, revision: Revision::DualPath, temperature: 1.5, seed: 2, revise_confidence: 0.0, stable_checks: 3, stable_confidence: 1.0, ..Default::default() };
     let run = |trace: Option<Arc<Trace>>| -> Generation {
-        let mut s = session(&model, BackendKind::Vulkan);
+        let mut s = session(&model, &executor::vulkan::BACKEND);
         if let Some(t) = trace {
             s.set_trace(t);
         }

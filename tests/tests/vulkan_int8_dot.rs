@@ -8,7 +8,7 @@ mod common;
 
 use std::path::Path;
 
-use llada_rt::executor::BackendKind;
+use llada_rt::executor;
 use llada_rt::kernels::cpu;
 use llada_rt::session::ExpertOptions;
 use llada_rt::staging::StagingMode;
@@ -17,7 +17,7 @@ use llada_ir::window::ActivationScales;
 use lladac::Quant;
 
 fn first_pass(model: &Model) -> (bool, Vec<u32>) {
-    let mut s = Session::with_backend(model, BackendKind::Vulkan, 2, cpu::features(), StagingMode::Async, ExpertOptions::default()).unwrap();
+    let mut s = Session::with_backend(model, &executor::vulkan::BACKEND, 2, cpu::features(), StagingMode::Async, ExpertOptions::default()).unwrap();
     let seq: Vec<u32> = (0..96).map(|i| (i * 7 + 3) % 60 + 3).collect();
     let head: Vec<u32> = (32..seq.len() as u32).collect();
     let dot = s.backend().int8_dot;

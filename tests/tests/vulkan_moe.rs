@@ -7,14 +7,14 @@ mod common;
 
 use std::path::Path;
 
-use llada_rt::executor::BackendKind;
+use llada_rt::executor::{self, Backend};
 use llada_rt::kernels::cpu;
 use llada_rt::moe::ExpertStrategy;
 use llada_rt::session::ExpertOptions;
 use llada_rt::staging::StagingMode;
 use llada_rt::{generate, Model, SamplerParams, Session};
 
-fn session(model: &Model, backend: BackendKind, strategy: ExpertStrategy) -> Session<'_> {
+fn session<'m>(model: &'m Model, backend: &'static Backend, strategy: ExpertStrategy) -> Session<'m> {
     Session::with_backend(model, backend, 2, cpu::features(), StagingMode::Async, ExpertOptions { strategy, cpu_threads: 1 }).unwrap()
 }
 
@@ -28,11 +28,11 @@ fn llada_moe_on_vulkan_gives_the_host_tokens_under_every_expert_strategy() {
     let p = SamplerParams { gen_length: 32, steps: 32, block_length: 32, ..Default::default() };
     let prompt = [1u32, 2, 3, 40, 41];
     let m = Model::open(&full, true).unwrap();
-    let want = generate(&mut session(&m, BackendKind::Host, ExpertStrategy::Hybrid), &prompt, &p, &mut |_| {}).unwrap();
+    let want = generate(&mut session(&m, &executor::host::BACKEND, ExpertStrategy::Hybrid), &prompt, &p, &mut |_| {}).unwrap();
     for art in [&full, &quarter] {
         let m = Model::open(art, true).unwrap();
         for strategy in [ExpertStrategy::Hybrid, ExpertStrategy::Lru, ExpertStrategy::Static] {
-            let mut s = session(&m, BackendKind::Vulkan, strategy);
+            let mut s = session(&m, &executor::vulkan::BACKEND, strategy);
             assert_eq!(s.backend().backend, "vulkan");
             let got = generate(&mut s, &prompt, &p, &mut |_| {}).unwrap();
             assert_eq!((&got.output_ids, &got.reveals), (&want.output_ids, &want.reveals), "{} {}", art.display(), strategy.name());
@@ -49,7 +49,7 @@ fn llada2_replays_its_kit_on_vulkan() {
     let art = dir.path().join("kit.lad");
     common::compile_quant(&kit, &art, None, 128, None);
     let model = Model::open(&art, true).unwrap();
-    let mut s = session(&model, BackendKind::Vulkan, ExpertStrategy::Hybrid);
+    let mut s = session(&model, &executor::vulkan::BACKEND, ExpertStrategy::Hybrid);
     // A spread of the cases (every one takes a minute on lavapipe: CI replays them all).
     let every = llada_rt_tools::conformance::Selection::new(9, 4).unwrap();
     let r = llada_rt_tools::conformance::run(&mut s, &kit.join("golden.json"), every, &mut |_| {}).unwrap();
@@ -73,8 +73,8 @@ fn llada2_block_causal_passes_and_mbsd_on_vulkan_give_the_host_tokens() {
     let published = SamplerParams { gen_length: 64, block_length: 32, steps: 32, ..Default::default() };
     let mbsd = SamplerParams { policy: llada_rt::sampler::Policy::Mbsd, spec_blocks: 1, ..published };
     for p in [published, mbsd] {
-        let got = generate(&mut session(&model, BackendKind::Vulkan, ExpertStrategy::Hybrid), &ids, &p, &mut |_| {}).unwrap();
-        let want = generate(&mut session(&model, BackendKind::Host, ExpertStrategy::Hybrid), &ids, &p, &mut |_| {}).unwrap();
+        let got = generate(&mut session(&model, &executor::vulkan::BACKEND, ExpertStrategy::Hybrid), &ids, &p, &mut |_| {}).unwrap();
+        let want = generate(&mut session(&model, &executor::host::BACKEND, ExpertStrategy::Hybrid), &ids, &p, &mut |_| {}).unwrap();
         assert_eq!((&got.output_ids, &got.reveals, got.forward_passes), (&want.output_ids, &want.reveals, want.forward_passes), "{:?}", p.policy);
         assert_eq!(text.decode(&got.output_ids, true), "8766333222388988889955441888699577166663333333333338888888133552");
     }

@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use llada_rt::executor::BackendKind;
+use llada_rt::executor;
 use llada_rt::kernels::cpu;
 use llada_rt::sampler::Policy;
 use llada_rt::session::ExpertOptions;
@@ -39,7 +39,7 @@ fn the_validation_layer_reports_no_error() {
         let model = Model::open(art, true).unwrap();
         let text = Text::new(&model.header.tokenizer, &model.header.special).unwrap();
         let prompt = text.encode_chat("FILL:0022001000121700300003040240606040000020037096000250158001600037=").unwrap();
-        let mut s = Session::with_backend(&model, BackendKind::Vulkan, 2, cpu::features(), StagingMode::Async, ExpertOptions::default()).unwrap();
+        let mut s = Session::with_backend(&model, &executor::vulkan::BACKEND, 2, cpu::features(), StagingMode::Async, ExpertOptions::default()).unwrap();
         for policy in [Policy::Exact, Policy::Mbsd] {
             let p = SamplerParams { gen_length: 32, block_length: 16, steps: 16, policy, ..Default::default() };
             generate(&mut s, &prompt, &p, &mut |_| {}).unwrap();

@@ -27,6 +27,9 @@ pub mod routing;
 pub mod shares;
 pub mod split;
 pub mod stage;
+pub mod step;
+
+pub use step::MoeStep;
 
 use std::collections::VecDeque;
 use std::time::Instant;

@@ -41,6 +41,7 @@ use crate::model::Model;
 use crate::pool::Pool;
 use crate::session::Session;
 use crate::trace::{Trace, Track};
+use crate::moe::MoeStep;
 use crate::window::Window;
 
 /// Where a generated position is in its life.
@@ -95,6 +96,8 @@ struct Job {
 struct Worker {
     model: Model,
     executor: HostExecutor,
+    /// Every expert of an MoE layer on this thread (no expert runtime).
+    moe: MoeStep<'static>,
     tokens: Vec<u32>,
     positions: Vec<u32>,
     head: Vec<u32>,
@@ -155,7 +158,7 @@ impl Worker {
         self.tokens.resize(g.rows as usize, self.model.header.special.mask);
         self.positions.resize(g.rows as usize, 0);
         let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context: job.seq_len, head_rows: &self.head, rows, block_causal: None };
-        self.executor.run_unstaged(&self.model, g, &inputs, &mut job.window)
+        self.executor.run_unstaged(&self.model, g, &inputs, &mut job.window, &mut self.moe)
     }
 
     /// The thread's loop: runs each job lent to it until the side path closes its slot. The
@@ -204,6 +207,7 @@ impl SidePath {
         let rows = model.graph_for_rows(2 * per_job).map_or(2 * per_job, |g| model.graph(g).rows as usize);
         let worker = Worker {
             executor: HostExecutor::cpu_side_path(model, pool.clone(), features),
+            moe: MoeStep::new(model, None, pool.clone(), features),
             tokens: Vec::with_capacity(rows),
             positions: Vec::with_capacity(rows),
             head: Vec::with_capacity(per_job),

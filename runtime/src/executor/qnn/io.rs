@@ -9,10 +9,9 @@ use llada_ir::{Header, TensorId};
 
 use llada_ir::{Graph, Op};
 
-use super::super::{value_range, RunInputs};
+use crate::executor::{value_range, RunInputs};
 use crate::model::Model;
-use crate::moe::{Experts, OpScratch};
-use crate::pool::Pool;
+use crate::moe::MoeStep;
 use crate::window::Window;
 
 /// The I/O allocation past the KV cache (which is the window's own), laid out as the
@@ -110,10 +109,8 @@ impl Scratch {
 
 /// An MoE layer's host ops `ops` of `g` (its router and routed experts) between two
 /// executables: the router's logits and the experts' input the executable before wrote are
-/// widened into their values in the window, the host executor's code runs them (the experts
-/// through the session's expert runtime), and the experts' sum is narrowed into the next
+/// widened into their values in the window, the session's MoE step runs them, and the experts' sum is narrowed into the next
 /// executable's input (padding rows zero).
-#[allow(clippy::too_many_arguments)]
 pub fn run_host_ops(
     model: &Model,
     g: &Graph,
@@ -121,9 +118,7 @@ pub fn run_host_ops(
     inp: &RunInputs,
     scratch: &mut Scratch,
     window: &mut Window,
-    mut experts: Option<&mut Experts>,
-    moe: &mut OpScratch,
-    pool: &Pool,
+    moe: &mut MoeStep,
 ) -> crate::error::Result<()> {
     let parts = window.parts();
     let base = parts.activations_offset;
@@ -142,10 +137,8 @@ pub fn run_host_ops(
             widen(&scratch.region::<u16>(kind)[..inp.rows * cols(v)], &mut parts.activations[range(v)]);
         }
     }
-    let bias = |t: TensorId| -> &[f32] { bytemuck::cast_slice(model.tensor_bytes(t)) };
-    let features = crate::kernels::cpu::features();
-    for op in &g.ops[ops] {
-        super::super::host::run_moe_op(model, op, parts.activations, &range, &cols, inp.rows, &bias, experts.as_deref_mut(), moe, parts.gemm, pool, features)?;
+    for (i, op) in ops.clone().zip(&g.ops[ops]) {
+        moe.run(model, g, i, inp, parts.activations, base, parts.gemm)?;
         if let Op::MoeExperts { x, out, .. } = *op {
             // The experts' input stays the next executable's (the shared expert's).
             scratch.copy_region(IoKind::ExpertIn, IoKind::SharedIn, g.rows as usize * cols(x));

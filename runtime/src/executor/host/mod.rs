@@ -1,7 +1,6 @@
 //! The host executor: the CPU's kernels standing in for an accelerator, under the target's
 //! window, row buckets and dtypes. Also the CPU side path's executor (revision checks).
 
-use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use llada_ir::window_sizes::attention_scratch as attention_scratch_size;
@@ -15,94 +14,22 @@ use crate::kernels::gemm::gemm;
 use crate::kernels::{self, attention};
 use crate::model::Model;
 use crate::pool::Pool;
-use crate::moe::{self, Experts, MoeOperands};
+use crate::moe::MoeStep;
+use crate::operands::operands;
 use crate::staging::Stager;
 use crate::window::{homes, Home, KvView, Window};
 
-use super::{value_range, Capabilities, Executor, OpProfile, RunInputs};
+use super::{value_range, Backend, Capabilities, Executor, OpProfile, Pass, RunInputs};
 
-/// Shared views of an op's inputs and a mutable view of its output, all in one window.
-fn operands<'w, const N: usize>(win: &'w mut [f32], ins: [Range<usize>; N], out: Range<usize>) -> ([&'w [f32]; N], &'w mut [f32]) {
-    let (ins, [out]) = operands_many(win, ins, [out]);
-    (ins, out)
-}
-
-/// [`operands`] with several outputs.
-fn operands_many<'w, const N: usize, const M: usize>(win: &'w mut [f32], ins: [Range<usize>; N], outs: [Range<usize>; M]) -> ([&'w [f32]; N], [&'w mut [f32]; M]) {
-    let disjoint = |a: &Range<usize>, b: &Range<usize>| a.end <= b.start || b.end <= a.start;
-    for (i, out) in outs.iter().enumerate() {
-        assert!(out.end <= win.len(), "output outside the window");
-        assert!(outs[..i].iter().all(|o| disjoint(o, out)), "two outputs overlap");
-        for r in &ins {
-            assert!(r.end <= win.len(), "input outside the window");
-            assert!(disjoint(r, out), "output overlaps an input");
-        }
-    }
-    let base = win.as_mut_ptr();
-    // SAFETY: every range lies inside `win`, and every output range is disjoint from every
-    // input range and from the other outputs (asserted above), so no mutable slice aliases
-    // any other slice; all borrow `win` mutably for 'w, so nothing else can touch it meanwhile.
-    unsafe {
-        (
-            ins.map(|r| std::slice::from_raw_parts(base.add(r.start), r.len())),
-            outs.map(|r| std::slice::from_raw_parts_mut(base.add(r.start), r.len())),
-        )
-    }
-}
-
-/// The mixture-of-experts ops (the routers and the experts), which run on the CPU whatever
-/// backend runs the dense ops: `win` the activations, `range` and `cols` an activation's rows
-/// and width, `rows` the pass's real rows, `f32s` a router bias's values; the experts through
-/// the session's expert runtime, or all here without one.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn run_moe_op<'a>(
-    model: &Model,
-    op: &Op,
-    win: &mut [f32],
-    range: &dyn Fn(u32) -> Range<usize>,
-    cols: &dyn Fn(u32) -> usize,
-    rows: usize,
-    f32s: &dyn Fn(TensorId) -> &'a [f32],
-    experts: Option<&mut Experts>,
-    scratch: &mut moe::OpScratch,
-    gemm_scratch: &mut [u8],
-    pool: &Pool,
-    features: Features,
-) -> Result<()> {
-    let m = &model.header.model;
-    match *op {
-        Op::Route { logits, top_k, out } => {
-            let (e, k) = (cols(logits), top_k as usize);
-            let ([l], o) = operands(win, [range(logits)], range(out));
-            // Padding rows route to expert 0 with weight 0: defined, and never read.
-            o.fill(0.0);
-            for (l, o) in l.chunks_exact(e).zip(o.chunks_exact_mut(2 * k)).take(rows) {
-                moe::routing::route_row(l, k, o, &mut scratch.route);
-            }
-        }
-        Op::RouteSigmoid { logits, bias, top_k, groups, top_groups, normalize, scale, out } => {
-            let (e, k) = (cols(logits), top_k as usize);
-            let ([l], o) = operands(win, [range(logits)], range(out));
-            let rule = moe::routing::SigmoidRule { bias: f32s(bias), groups: groups as usize, top_groups: top_groups as usize, normalize, scale };
-            o.fill(0.0);
-            for (l, o) in l.chunks_exact(e).zip(o.chunks_exact_mut(2 * k)).take(rows) {
-                moe::routing::route_sigmoid_row(l, &rule, k, o, &mut scratch.route);
-            }
-        }
-        Op::MoeExperts { x, route, out, layer, first, experts: n, ranked, work } => {
-            let ([xs, rs], [o, rk, wk]) = operands_many(win, [range(x), range(route)], [range(out), range(ranked), range(work)]);
-            // The verifier checked that the layer has experts.
-            let layer = m.moe_layer_index(layer).unwrap_or(0);
-            let op = MoeOperands { layer, first, x: xs, route: rs, out: o, ranked: rk, work: wk, operand: gemm_scratch, rows };
-            match experts {
-                Some(e) => e.run(op, pool, features)?,
-                None => moe::run_local(model, op, n as usize, m.moe.map_or(1, |m| m.top_k) as usize, scratch, pool, features)?,
-            }
-        }
-        _ => unreachable!("only the mixture-of-experts ops are run here"),
-    }
-    Ok(())
-}
+pub const BACKEND: Backend = Backend {
+    name: "host",
+    about: "the host CPU's kernels, standing in for an accelerator under the target's window, row buckets and dtypes",
+    constructor: Ok(|model, threads, features| {
+        let h = &model.header;
+        let window = Window::new(h).map_err(|e| crate::Error::io(format!("allocating the {}-byte window", h.plan.window.bytes), e))?;
+        Ok((Box::new(HostExecutor::new(model, threads, features)), window))
+    }),
+};
 
 /// The CPU executor. Its scratch (prepared GEMM operands, attention scores) is in the
 /// window, so running a graph does not allocate (beyond what the thread pool does
@@ -114,8 +41,6 @@ pub struct HostExecutor {
     /// Where each tensor lives in the window.
     homes: Vec<Home>,
     capabilities: Capabilities,
-    /// The MoE ops' scratch (routing rows; an MoE layer without an expert runtime).
-    moe: moe::OpScratch,
 }
 
 impl HostExecutor {
@@ -137,7 +62,7 @@ impl HostExecutor {
             device_timestamps: false,
             int8_dot: features.avx512_vnni() || features.dotprod(),
         };
-        HostExecutor { pool, features, homes: homes(&model.header), capabilities, moe: moe::OpScratch::new(&model.header) }
+        HostExecutor { pool, features, homes: homes(&model.header), capabilities }
     }
 
     /// An executor for the CPU side path: it reads every weight from the artifact itself
@@ -151,9 +76,10 @@ impl HostExecutor {
     }
 
     /// Runs `g` with every weight in its home on the host (an executor from
-    /// [`cpu_side_path`](Self::cpu_side_path)): no staging, every expert on this executor.
-    pub fn run_unstaged(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window) -> Result<()> {
-        self.run_ops(model, g, inputs, window, None, None, None)
+    /// [`cpu_side_path`](Self::cpu_side_path)): no staging, the experts through `moe` (one
+    /// without an expert runtime: every expert here).
+    pub fn run_unstaged(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window, moe: &mut MoeStep) -> Result<()> {
+        self.run_ops(model, g, inputs, window, None, moe, None)
     }
 }
 
@@ -166,7 +92,7 @@ impl HostExecutor {
         inp: &RunInputs,
         window: &mut Window,
         mut stager: Option<&mut Stager>,
-        mut experts: Option<&mut Experts>,
+        moe: &mut MoeStep,
         mut profile: Option<&mut OpProfile>,
     ) -> Result<()> {
         let m = &model.header.model;
@@ -332,10 +258,7 @@ impl HostExecutor {
                         kernels::head_rms_norm(features, &mut row[span.clone()], f32s(weight), eps);
                     }
                 }
-                Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. } => {
-                    let bias = |t: TensorId| f32s(t);
-                    run_moe_op(model, op, win, &range, &cols, inp.rows, &bias, experts.as_deref_mut(), &mut self.moe, gemm_scratch, &self.pool, features)?;
-                }
+                Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. } => moe.run(model, g, index, inp, win, base, gemm_scratch)?,
             }
             if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {
                 p.times.push((index, t.elapsed().as_secs_f64()));
@@ -352,13 +275,14 @@ impl HostExecutor {
 }
 
 impl Executor for HostExecutor {
-    fn run(&mut self, model: &Model, graph: u32, inputs: &RunInputs, window: &mut Window, stager: &mut Stager, experts: Option<&mut Experts>, profile: Option<&mut OpProfile>) -> Result<()> {
+    fn run(&mut self, model: &Model, pass: Pass<'_, '_>) -> Result<()> {
+        let Pass { graph, inputs, window, stager, moe, profile } = pass;
         let g = model.graph(graph);
         // The whole pass on one of the pool's threads: each op's parallel part then starts
         // from inside the team instead of handing over from this thread and back (two
         // wake-ups per op, a few hundred ops per pass).
         let pool = self.pool.clone();
-        pool.install(|| self.run_ops(model, g, inputs, window, Some(stager), experts, profile))
+        pool.install(|| self.run_ops(model, g, &inputs, window, Some(stager), moe, profile))
     }
 
     fn capabilities(&self) -> &Capabilities {
@@ -367,40 +291,5 @@ impl Executor for HostExecutor {
 
     fn pool(&self) -> &Pool {
         &self.pool
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::operands;
-
-    #[test]
-    fn operands_are_the_requested_ranges() {
-        let mut win: Vec<f32> = (0..16).map(|i| i as f32).collect();
-        let ([a, b], out) = operands(&mut win, [0..4, 2..6], 8..12);
-        assert_eq!((a, b), (&[0.0, 1.0, 2.0, 3.0][..], &[2.0, 3.0, 4.0, 5.0][..]));
-        out.copy_from_slice(&[9.0; 4]);
-        assert_eq!(&win[8..12], &[9.0; 4]);
-    }
-
-    #[test]
-    #[should_panic(expected = "two outputs overlap")]
-    fn two_overlapping_outputs_are_refused() {
-        let mut win = vec![0.0f32; 16];
-        let _ = super::operands_many(&mut win, [0..2], [4..8, 6..10]);
-    }
-
-    #[test]
-    #[should_panic(expected = "output overlaps an input")]
-    fn an_output_overlapping_an_input_is_refused() {
-        let mut win = vec![0.0f32; 16];
-        let _ = operands(&mut win, [0..8], 4..12);
-    }
-
-    #[test]
-    #[should_panic(expected = "outside the window")]
-    fn a_range_outside_the_window_is_refused() {
-        let mut win = vec![0.0f32; 16];
-        let _ = operands(&mut win, [0..8], 12..20);
     }
 }
