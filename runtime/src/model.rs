@@ -79,7 +79,7 @@ impl Model {
         // over the path later leaves this one (and its mapping) intact; one truncated in place
         // would fault on reads past its new end, which the guard turns into zero pages and a
         // clear error (`fault`); one rewritten in place shows its new bytes, which no loader
-        // can prevent (the README says to replace artifacts by rename).
+        // can prevent (docs/c-api.md says to replace artifacts by rename).
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
         let guard = crate::fault::Guard::new(map.as_ptr(), map.len());
         let wrap = |source| Error::Artifact { path: path.to_path_buf(), source };

@@ -5,7 +5,7 @@ use llada_ir::{SpecialTokens, TokenizerSpec};
 
 use crate::error::{Error, Result};
 
-/// An empty prompt asks for nothing (the README promises `-p ""` is refused).
+/// An empty prompt asks for nothing (docs/usage.md promises `-p ""` is refused).
 fn not_empty(text: &str) -> Result<()> {
     if text.is_empty() {
         return Err(Error::request("the prompt is empty: give at least one character".to_string()));

@@ -207,7 +207,7 @@ fn golden_replay_inputs() {
     assert_clean_failure(&o, &["--every 0"]);
 }
 
-// Inputs a user can type to `llada-rt run` (README "Prompts and options").
+// Inputs a user can type to `llada-rt run` (docs/usage.md).
 
 /// The mask token in a prompt, as text or as an id, is refused by name: the official sampler
 /// would fill a masked prompt position too, which is infilling, not a prompt.

@@ -15,7 +15,7 @@
 #
 # Emulated floating point costs ~20 ns a lane here, so a forward pass of the tiny models
 # takes about a second: by default the replays take a spread sample of the cases (as
-# .ci/run does); `--full` replays every case (hours: see BENCHMARKS.md for a record).
+# .ci/run does); `--full` replays every case (hours: see docs/benchmarks-history.md, issue 10, for a record).
 #
 # Usage: tools/arm/check.sh [--full]   (from the repository root; the conformance kit at
 # $LLADA_SHARED or ../shared). Needs the x86 release binaries: cargo build --release.
@@ -128,7 +128,7 @@ dream_replays() {
 }
 job "conformance-dream" dream_replays
 # The C example, statically linked against libllada.a and musl (crt objects and libc.a from
-# the Rust target's self-contained directory), on the q4 artifact the README pushes.
+# the Rust target's self-contained directory), on the q4 artifact docs/phone.md pushes.
 sc="$(rustc --print sysroot)/lib/rustlib/$target/lib/self-contained"
 aarch64-linux-gnu-gcc -O2 -Wall -Werror -Icapi/include -c capi/examples/generate.c -o "$work/generate.o"
 aarch64-linux-gnu-gcc -static -nostdlib -nostartfiles "$sc/crt1.o" "$sc/crti.o" "$sc/crtbegin.o" "$work/generate.o" \

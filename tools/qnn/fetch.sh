@@ -3,7 +3,7 @@
 # and the HTP simulator) from PyPI's onnxruntime-qnn 2.7.0 wheel (QAIRT 2.51), pinned by its
 # SHA-256. Only the two QNN libraries a direct client opens and the C++ runtime they link are
 # taken from it; nothing of ONNX Runtime is used. A phone's libraries come with Qualcomm's
-# QAIRT SDK instead (README, "Run it on a phone").
+# QAIRT SDK instead (docs/phone.md, "On the phone's NPU").
 #
 #   tools/qnn/fetch.sh [DIR]      # default target/qnn; prints DIR, for LLADA_QNN_LIB=DIR
 set -euo pipefail

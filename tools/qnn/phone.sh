@@ -10,7 +10,7 @@
 #       [--policy mbsd] [--out REPORT.json] [--dry-run]
 #
 # --runtime: llada-rt built for aarch64-linux-android (QNN's phone libraries are bionic's: a
-#   static musl build cannot load them; README, "Run it on a phone").
+#   static musl build cannot load them; docs/phone.md).
 # --artifact: compiled for the phone's SoC with its NPU executables (lladac compile --target
 #   sm8750 ..., without --host-only).
 # --qairt: Qualcomm's QAIRT SDK, whose lib/aarch64-android/ (libQnnHtp.so, libQnnSystem.so,
