@@ -160,6 +160,44 @@ pub struct CompileOptions {
     pub npu_limits: NpuLimitOverrides,
 }
 
+impl Default for CompileOptions {
+    /// What `lladac compile` does given no flags but `--model` and `-o` (both empty here:
+    /// set them): the host target, the checkpoint's element type, 256 logit rows, blocks of 32
+    /// and two speculative blocks' graphs.
+    fn default() -> CompileOptions {
+        CompileOptions {
+            model: PathBuf::new(),
+            output: PathBuf::new(),
+            quant: None,
+            target: "host".into(),
+            max_seq: None,
+            head_rows: 256,
+            block_len: 32,
+            spec_blocks: 2,
+            bf16_activations: false,
+            activation_scales: None,
+            window_bytes: None,
+            kv_dtype: None,
+            progress: false,
+            host_only: false,
+            qnn_lib: None,
+            npu_contexts: None,
+            npu_shared_weights: false,
+            npu_estimate_soc: None,
+            npu_activations: NpuActivations::default(),
+            calibration: None,
+            npu_limits: NpuLimitOverrides::default(),
+        }
+    }
+}
+
+impl CompileOptions {
+    /// Compiling `model` into `output`, every other option at its default.
+    pub fn new(model: impl Into<PathBuf>, output: impl Into<PathBuf>) -> CompileOptions {
+        CompileOptions { model: model.into(), output: output.into(), ..CompileOptions::default() }
+    }
+}
+
 /// Overrides of a Snapdragon target's HTP limits (`--npu-sessions`, `--npu-session-bytes`):
 /// for a phone that grants fewer sessions (Android 14 and before: one), or more.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -783,23 +821,9 @@ mod tests {
             output: output.to_path_buf(),
             quant: Some(Quant::Q4 { group: 32 }),
             target: target.into(),
-            max_seq: None,
             head_rows: 64,
-            block_len: 32,
-            spec_blocks: 2,
-            bf16_activations: false,
-            activation_scales: None,
-            window_bytes: None,
-            kv_dtype: None,
-            progress: false,
-            host_only: false,
-            qnn_lib: None,
-            npu_contexts: None,
-            npu_shared_weights: false,
-            npu_estimate_soc: None,
             npu_activations: NpuActivations::F16,
-            calibration: None,
-            npu_limits: Default::default(),
+            ..Default::default()
         }
     }
 

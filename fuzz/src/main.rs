@@ -95,24 +95,10 @@ fn small_artifact(model: &std::path::Path, work: &std::path::Path) -> Result<Pat
         model: model.to_path_buf(),
         output: path.clone(),
         quant: Some(lladac::Quant::Q4 { group: 32 }),
-        target: "host".into(),
         max_seq: Some(64),
         head_rows: 64,
-        block_len: 32,
         spec_blocks: 1,
-        bf16_activations: false,
-        activation_scales: None,
-        window_bytes: None,
-        kv_dtype: None,
-        progress: false,
-        host_only: false,
-        qnn_lib: None,
-        npu_contexts: None,
-        npu_shared_weights: false,
-        npu_estimate_soc: None,
-        npu_activations: Default::default(),
-        npu_limits: Default::default(),
-        calibration: None,
+        ..Default::default()
     })
     .map_err(|e| format!("compiling the seed: {e}"))?;
     Ok(path)

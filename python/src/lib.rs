@@ -558,8 +558,8 @@ fn compile<'py>(
         npu_shared_weights,
         npu_estimate_soc,
         npu_activations,
-        npu_limits: Default::default(),
         calibration,
+        ..Default::default()
     };
     let s = py.detach(|| lladac::compile(&opts)).map_err(compile_err)?;
     let d = PyDict::new(py);

@@ -77,24 +77,11 @@ fn compile_with(out: &Path, quant: Option<Quant>, kv: Option<&str>, window_bytes
         model: embedded(),
         output: out.to_path_buf(),
         quant,
-        target: "host".into(),
         max_seq: Some(256),
-        head_rows: 256,
-        block_len: 32,
-        spec_blocks: 2,
-        bf16_activations: false,
         activation_scales,
         window_bytes,
         kv_dtype: kv.map(|k| llada_ir::KvDType::parse(k).unwrap()),
-        progress: false,
-        host_only: false,
-        qnn_lib: None,
-        npu_contexts: None,
-        npu_shared_weights: false,
-        npu_estimate_soc: None,
-        npu_activations: Default::default(),
-        npu_limits: Default::default(),
-        calibration: None,
+        ..Default::default()
     })
     .expect("compiles");
 }

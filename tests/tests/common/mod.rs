@@ -52,24 +52,12 @@ pub fn compile_scaled(model: &Path, out: &Path, quant: Option<lladac::Quant>, ma
         model: model.to_path_buf(),
         output: out.to_path_buf(),
         quant,
-        target: "host".into(),
         max_seq: Some(max_seq),
         head_rows: 64,
-        block_len: 32,
         spec_blocks: 1,
-        bf16_activations: false,
         activation_scales,
         window_bytes,
-        kv_dtype: None,
-        progress: false,
-        host_only: false,
-        qnn_lib: None,
-        npu_contexts: None,
-        npu_shared_weights: false,
-        npu_estimate_soc: None,
-        npu_activations: Default::default(),
-        npu_limits: Default::default(),
-        calibration: None,
+        ..Default::default()
     })
     .expect("compiles");
 }
@@ -89,25 +77,9 @@ pub fn compile_in_window(model: &Path, out: &Path, max_seq: Option<u32>, window_
     lladac::compile(&lladac::CompileOptions {
         model: model.to_path_buf(),
         output: out.to_path_buf(),
-        quant: None,
-        target: "host".into(),
         max_seq,
-        head_rows: 256,
-        block_len: 32,
-        spec_blocks: 2,
-        bf16_activations: false,
-        activation_scales: None,
         window_bytes,
-        kv_dtype: None,
-        progress: false,
-        host_only: false,
-        qnn_lib: None,
-        npu_contexts: None,
-        npu_shared_weights: false,
-        npu_estimate_soc: None,
-        npu_activations: Default::default(),
-        npu_limits: Default::default(),
-        calibration: None,
+        ..Default::default()
     })
     .expect("compiles")
 }
