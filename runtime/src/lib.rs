@@ -14,6 +14,7 @@ pub mod params;
 pub mod sampler;
 pub mod session;
 pub mod settings;
+mod side_lane;
 pub mod staging;
 pub mod text;
 pub mod topk;

@@ -11,6 +11,7 @@ use crate::model::Model;
 use crate::params::SessionParams;
 use crate::moe::{ExpertCounters, ExpertStrategy, Experts, MoeStep};
 use crate::staging::{PassStaging, Stager, StagingMode};
+use crate::side_lane::{Predict, SideLane};
 use crate::window::Window;
 
 /// What a session has computed so far.
@@ -106,11 +107,9 @@ pub struct Session<'m> {
     /// The CPU's mixture-of-experts step every backend's passes use (with the expert
     /// runtime of a mixture-of-experts model).
     moe: MoeStep<'m>,
-    /// The CPU side path that revises beside the dense passes (`mbsd --revision dual-path`),
-    /// set up by the first generation that asks for it and kept for the next. Typed by the
-    /// sampler, which defines it (`sampler::revision::SidePath`): the session stays below the
-    /// sampler in the import order and only keeps it.
-    side: Option<Box<dyn std::any::Any + Send>>,
+    /// The CPU side lane that revises beside the dense passes (`mbsd --revision dual-path`),
+    /// set up by the first generation that asks for it and kept for the next.
+    side: Option<SideLane>,
     window: Window,
     /// Length of the sequence whose every position the cache holds (set by a whole-sequence
     /// pass): the condition for passes over fewer rows.
@@ -418,13 +417,25 @@ impl<'m> Session<'m> {
         &mut self.window
     }
 
-    /// The side path, taken out while a generation uses it (it borrows the session);
-    /// [`put_side_path`](Self::put_side_path) returns it.
-    pub(crate) fn take_side_path(&mut self) -> Option<Box<dyn std::any::Any + Send>> {
+    /// Readies the side lane for a generation checking `per_job` tokens a side pass with
+    /// `predict`: the one kept from an earlier generation if it checks as many, else a new one
+    /// (thread started, window allocated; counted in `Counters::side_path_starts`).
+    pub(crate) fn begin_side_lane(&mut self, per_job: usize, predict: Predict) -> Result<()> {
+        if self.side.as_ref().is_none_or(|s| s.per_job() != per_job) {
+            self.side = None;
+            self.counters.side_path_starts += 1;
+            self.side = Some(SideLane::new(self.model, self.features, per_job)?);
+        }
+        self.side.as_mut().expect("set above").begin(predict)
+    }
+
+    /// The side lane, taken out while a merge uses it beside the session;
+    /// [`put_side_lane`](Self::put_side_lane) returns it.
+    pub(crate) fn take_side_lane(&mut self) -> Option<SideLane> {
         self.side.take()
     }
 
-    pub(crate) fn put_side_path(&mut self, side: Box<dyn std::any::Any + Send>) {
+    pub(crate) fn put_side_lane(&mut self, side: SideLane) {
         self.side = Some(side);
     }
 

@@ -44,7 +44,7 @@
 
 use super::canvas::{Canvas, PolicyStep};
 use super::dream::{self, DREAM_SAMPLE};
-use super::revision::{SideReport, TokenState};
+use super::revision::{Reviser, SideReport, TokenState};
 use super::{committed_prefix, settle_predictions, Generation, Revision, SamplerParams, GUMBEL};
 use crate::error::{Error, Result};
 use crate::session::{RowSet, Session};
@@ -144,8 +144,8 @@ pub(super) struct Mbsd {
     kv_fresh: Vec<bool>,
     pass: Pass,
     report: MbsdReport,
-    /// Tokens a side pass checks, when the session's CPU side path revises (dual path).
-    side: Option<usize>,
+    /// The revision policy, when the session's CPU side lane revises (dual path).
+    side: Option<Reviser>,
     /// Rows before the position they predict: 0 for LLaDA, 1 for Dream.
     shift: usize,
     /// Dream: its blocked schedule's timesteps, `linspace(1, eps, steps_per_block + 1)`.
@@ -177,7 +177,7 @@ impl Mbsd {
         // `auto` on Dream's entropy rule: off (its confidence is no probability to compare).
         let entropy = session.model.is_dream() && p.alg == crate::params::Alg::Entropy;
         let side = match p.revision.resolve(session.backend().runs_on_cpu || entropy) {
-            Revision::DualPath => Some(super::revision::begin(session, (side_rows / 2).max(1))?),
+            Revision::DualPath => Some(Reviser::begin(session, (side_rows / 2).max(1))?),
             _ => None,
         };
         Ok(Mbsd {
@@ -207,7 +207,7 @@ impl Mbsd {
 impl Mbsd {
     /// The most tokens one step's merge can revise: those a side pass checks.
     pub(super) fn checked_per_step(&self) -> usize {
-        self.side.unwrap_or(0)
+        self.side.as_ref().map_or(0, Reviser::per_job)
     }
 
     /// Without bucket filling: whether drafts pay so far.
@@ -292,12 +292,10 @@ impl PolicyStep for Mbsd {
         }
         let last = c.block + 1 == c.blocks && !c.x[block_start..block_end].contains(&mask);
         if self.side.is_some() {
-            let (states, kv_fresh, report) = (&mut self.states, &mut self.kv_fresh, &mut self.report);
-            super::revision::with_side_path(session, |side, session| {
-                let merged = side.merge_and_launch(session, &mut c.x, states, kv_fresh, prompt_len, &pass.stored, &c.p, noise_step, !last, &mut c.revisions);
-                report.side = side.report;
-                merged
-            })?;
+            let side = self.side.as_mut().expect("revising");
+            let merged = side.merge_and_launch(session, &mut c.x, &mut self.states, &mut self.kv_fresh, prompt_len, &pass.stored, &c.p, noise_step, !last, &mut c.revisions);
+            self.report.side = side.report;
+            merged?;
         }
         // Under revision only stable tokens are final, until the last step ends it all.
         c.settled = match self.side {
