@@ -12,7 +12,7 @@ use llada_ir::{ArtifactWriter, CompileInfo, DType, Family, Header, KvDType, Mode
 use crate::convert::{convert, first_overflow, first_overflow_raw, to_f32};
 use crate::error::{Error, Result};
 use crate::hf::checkpoint::{Checkpoint, SourceDType, TensorLocation};
-use crate::hf::config::{Arch, LladaConfig};
+use crate::hf::config::LladaConfig;
 use crate::hf::{config, names, tokenizer};
 use crate::layout::{self, Planned, Storage};
 use crate::lower::{self, NetworkOptions};
@@ -471,14 +471,7 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     buckets.sort_unstable();
 
     let model = ModelConfig {
-        architecture: match cfg.arch {
-            Arch::Llada => Family::Llada,
-            Arch::LladaMoe => Family::LladaMoe,
-            Arch::Dream => Family::Dream,
-            Arch::Llada2Moe => Family::Llada2Moe,
-        }
-        .name()
-        .into(),
+        architecture: cfg.family.name().into(),
         d_model: d as u32,
         n_layers: cfg.n_layers as u32,
         n_heads: cfg.n_heads as u32,
@@ -741,10 +734,10 @@ fn check_whole_bindings(h: &Header, target: &str, range: u64, align: u64) -> Res
 
 /// The checkpoint's embedding tensor name.
 fn embedding_name(cfg: &LladaConfig) -> &'static str {
-    match cfg.arch {
-        Arch::Llada => names::EMBEDDING,
-        Arch::LladaMoe | Arch::Dream => names::moe::EMBEDDING,
-        Arch::Llada2Moe => names::LLADA2_EMBEDDING,
+    match cfg.family {
+        Family::Llada => names::EMBEDDING,
+        Family::LladaMoe | Family::Dream => names::moe::EMBEDDING,
+        Family::Llada2Moe => names::LLADA2_EMBEDDING,
     }
 }
 

@@ -54,7 +54,7 @@ fn tiny_moe_matches_burn() {
 
 #[test]
 fn bf16_moe_with_more_experts_matches_burn() {
-    let shape = Shape { n_layers: 3, family: llada_tools::checkpoint::Family::LladaMoe(llada_tools::checkpoint::MoeShape { experts: 16, top_k: 4 }), ..Shape::tiny_moe() };
+    let shape = Shape { n_layers: 3, family: llada_tools::checkpoint::FamilyShape::LladaMoe(llada_tools::checkpoint::MoeShape { experts: 16, top_k: 4 }), ..Shape::tiny_moe() };
     let err = relative_error(shape, WeightType::Bf16, u64::MAX, 64);
     assert!(err <= 1e-4, "relative error {err:.2e}");
 }

@@ -20,7 +20,7 @@ use safetensors::{Dtype, View};
 use serde_json::{json, Value};
 
 use crate::checkpoint_files::{write_json, write_safetensors};
-pub use crate::checkpoint_spec::{ChatFormat, CheckpointSpec, Family, Llada2Shape, MoeShape, Outliers, Shape, SpecialIds, WeightType};
+pub use crate::checkpoint_spec::{ChatFormat, CheckpointSpec, FamilyShape, Llada2Shape, MoeShape, Outliers, Shape, SpecialIds, WeightType};
 pub use crate::checkpoint_tokenizer::{bpe_vocab, tokenizer_json};
 use crate::checkpoint_tokenizer::added_tokens_decoder;
 
@@ -30,10 +30,10 @@ impl Shape {
     /// Every tensor of the checkpoint in the model's order, with its shape; norms are marked.
     pub fn tensors(&self) -> Vec<(String, Vec<usize>, bool)> {
         match self.family {
-            Family::Llada => {}
-            Family::LladaMoe(moe) => return crate::checkpoint_moe::tensors(self, moe),
-            Family::Dream => return crate::checkpoint_dream::tensors(self),
-            Family::Llada2(l2) => return crate::checkpoint_llada2::tensors(self, l2),
+            FamilyShape::Llada => {}
+            FamilyShape::LladaMoe(moe) => return crate::checkpoint_moe::tensors(self, moe),
+            FamilyShape::Dream => return crate::checkpoint_dream::tensors(self),
+            FamilyShape::Llada2(l2) => return crate::checkpoint_llada2::tensors(self, l2),
         }
         let (d, f, hd) = (self.d_model, self.mlp_hidden_size, self.head_dim());
         let mut t = vec![("model.transformer.wte.weight".to_string(), vec![self.embedding_size, d], false)];
@@ -237,11 +237,11 @@ pub fn write(spec: &CheckpointSpec, dir: &Path) -> std::io::Result<Written> {
         return Err(invalid(format!("embedding_size {} is too small for the tokenizer's {} tokens", s.embedding_size, special.highest() + 1)));
     }
     match s.family {
-        Family::LladaMoe(moe) | Family::Llada2(crate::checkpoint_spec::Llada2Shape { moe, .. }) if moe.experts == 0 || moe.top_k == 0 || moe.top_k > moe.experts => {
+        FamilyShape::LladaMoe(moe) | FamilyShape::Llada2(crate::checkpoint_spec::Llada2Shape { moe, .. }) if moe.experts == 0 || moe.top_k == 0 || moe.top_k > moe.experts => {
             return Err(invalid(format!("{} experts with top_k {}: top_k must be between 1 and the experts", moe.experts, moe.top_k)));
         }
         // Dream's config has one size for both, the embedding's rows.
-        Family::Dream if s.vocab_size != s.embedding_size => {
+        FamilyShape::Dream if s.vocab_size != s.embedding_size => {
             return Err(invalid(format!("vocab_size {} differs from embedding_size {}: Dream has one vocabulary size", s.vocab_size, s.embedding_size)));
         }
         _ => {}
@@ -274,7 +274,7 @@ pub fn write(spec: &CheckpointSpec, dir: &Path) -> std::io::Result<Written> {
                 shape: shape.clone(),
                 weights: spec.weights,
                 is_norm: *is_norm,
-                norm_jitter: s.family != Family::Llada,
+                norm_jitter: s.family != FamilyShape::Llada,
                 std: spec.init_std,
                 seed: tensor_seed(spec.seed, name),
                 // The embedding is every family's first tensor.
@@ -306,7 +306,7 @@ pub const CHAT_TEMPLATE: &str = "{% set loop_messages = messages %}{% for messag
 /// `tokenizer_config.json` and `special_tokens_map.json`.
 pub fn write_metadata(spec: &CheckpointSpec, special: SpecialIds, dir: &Path) -> std::io::Result<()> {
     let s = &spec.shape;
-    if s.family == Family::Dream {
+    if s.family == FamilyShape::Dream {
         return crate::checkpoint_dream::write_metadata(spec, special, dir);
     }
     let moe = matches!(special.chat, ChatFormat::LladaMoe | ChatFormat::Llada2);
@@ -360,10 +360,10 @@ pub fn write_weights(spec: &CheckpointSpec, dir: &Path, tensors: Vec<(String, Ve
 pub fn config_json(spec: &CheckpointSpec, special: SpecialIds) -> Value {
     let s = &spec.shape;
     match s.family {
-        Family::Llada => {}
-        Family::LladaMoe(moe) => return crate::checkpoint_moe::config_json(spec, moe, special),
-        Family::Dream => return crate::checkpoint_dream::config_json(spec, special),
-        Family::Llada2(l2) => return crate::checkpoint_llada2::config_json(spec, l2, special),
+        FamilyShape::Llada => {}
+        FamilyShape::LladaMoe(moe) => return crate::checkpoint_moe::config_json(spec, moe, special),
+        FamilyShape::Dream => return crate::checkpoint_dream::config_json(spec, special),
+        FamilyShape::Llada2(l2) => return crate::checkpoint_llada2::config_json(spec, l2, special),
     }
     json!({
         "activation_type": "silu",

@@ -19,13 +19,14 @@ pub struct Shape {
     pub embedding_size: usize,
     pub max_sequence_length: usize,
     pub rope_theta: f64,
-    pub family: Family,
+    pub family: FamilyShape,
 }
 
-/// The model family of a shape: which tensors, `config.json` keys, special tokens and chat
-/// template its checkpoint has.
+/// A shape's model family with what only that family has (its experts, LLaDA 2.x's dense
+/// layers and router groups): which tensors, `config.json` keys, special tokens and chat
+/// template its checkpoint has. Which family it is, is [`FamilyShape::family`].
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Family {
+pub enum FamilyShape {
     /// LLaDA-8B's (`LLaDAModelLM`, `model.transformer.*`).
     Llada,
     /// LLaDA-MoE-7B-A1B's (`LLaDAMoEModelLM`): a mixture-of-experts feed-forward, with
@@ -50,22 +51,32 @@ pub struct Llada2Shape {
     pub shared_experts: usize,
 }
 
-impl Family {
+impl FamilyShape {
+    /// The family, as the artifact and everything after the compiler name it.
+    pub fn family(self) -> llada_ir::Family {
+        match self {
+            FamilyShape::Llada => llada_ir::Family::Llada,
+            FamilyShape::LladaMoe(_) => llada_ir::Family::LladaMoe,
+            FamilyShape::Dream => llada_ir::Family::Dream,
+            FamilyShape::Llada2(_) => llada_ir::Family::Llada2Moe,
+        }
+    }
+
     /// The experts, for LLaDA-MoE.
     pub fn moe(self) -> Option<MoeShape> {
         match self {
-            Family::LladaMoe(moe) => Some(moe),
-            Family::Llada2(l2) => Some(l2.moe),
-            Family::Llada | Family::Dream => None,
+            FamilyShape::LladaMoe(moe) => Some(moe),
+            FamilyShape::Llada2(l2) => Some(l2.moe),
+            FamilyShape::Llada | FamilyShape::Dream => None,
         }
     }
 
     pub fn chat_format(self) -> ChatFormat {
         match self {
-            Family::Llada => ChatFormat::Llada,
-            Family::LladaMoe(_) => ChatFormat::LladaMoe,
-            Family::Dream => ChatFormat::Dream,
-            Family::Llada2(_) => ChatFormat::Llada2,
+            FamilyShape::Llada => ChatFormat::Llada,
+            FamilyShape::LladaMoe(_) => ChatFormat::LladaMoe,
+            FamilyShape::Dream => ChatFormat::Dream,
+            FamilyShape::Llada2(_) => ChatFormat::Llada2,
         }
     }
 }
@@ -90,7 +101,7 @@ impl Shape {
             embedding_size: 126464,
             max_sequence_length: 4096,
             rope_theta: 500000.0,
-            family: Family::Llada,
+            family: FamilyShape::Llada,
         }
     }
 
@@ -112,7 +123,7 @@ impl Shape {
             embedding_size: 320,
             max_sequence_length: 512,
             rope_theta: 500000.0,
-            family: Family::Llada,
+            family: FamilyShape::Llada,
         }
     }
 
@@ -129,13 +140,13 @@ impl Shape {
             embedding_size: 157184,
             max_sequence_length: 8192,
             rope_theta: 50000.0,
-            family: Family::LladaMoe(MoeShape { experts: 64, top_k: 8 }),
+            family: FamilyShape::LladaMoe(MoeShape { experts: 64, top_k: 8 }),
         }
     }
 
     /// A small LLaDA-MoE for tests: 8 experts of 64, top 2, grouped-query attention.
     pub fn tiny_moe() -> Shape {
-        Shape { mlp_hidden_size: 64, rope_theta: 50000.0, family: Family::LladaMoe(MoeShape { experts: 8, top_k: 2 }), ..Shape::tiny() }
+        Shape { mlp_hidden_size: 64, rope_theta: 50000.0, family: FamilyShape::LladaMoe(MoeShape { experts: 8, top_k: 2 }), ..Shape::tiny() }
     }
 
     /// Dream-v0-Instruct-7B (and -Base-7B; Qwen2.5-7B's shape): 28 layers of 3584, 28 query
@@ -151,7 +162,7 @@ impl Shape {
             embedding_size: 152064,
             max_sequence_length: 131072,
             rope_theta: 1e6,
-            family: Family::Dream,
+            family: FamilyShape::Dream,
         }
     }
 
@@ -170,7 +181,7 @@ impl Shape {
             embedding_size: 157184,
             max_sequence_length: 32768,
             rope_theta: 600000.0,
-            family: Family::Llada2(Llada2Shape { moe: MoeShape { experts: 256, top_k: 8 }, groups: 8, top_groups: 4, dense_layers: 1, dense_hidden: 5120, shared_experts: 1 }),
+            family: FamilyShape::Llada2(Llada2Shape { moe: MoeShape { experts: 256, top_k: 8 }, groups: 8, top_groups: 4, dense_layers: 1, dense_hidden: 5120, shared_experts: 1 }),
         }
     }
 
@@ -179,13 +190,13 @@ impl Shape {
     /// 4, and a shared expert.
     pub fn tiny_llada2() -> Shape {
         let l2 = Llada2Shape { moe: MoeShape { experts: 16, top_k: 4 }, groups: 4, top_groups: 2, dense_layers: 1, dense_hidden: 192, shared_experts: 1 };
-        Shape { n_layers: 3, mlp_hidden_size: 64, rope_theta: 600000.0, family: Family::Llada2(l2), ..Shape::tiny() }
+        Shape { n_layers: 3, mlp_hidden_size: 64, rope_theta: 600000.0, family: FamilyShape::Llada2(l2), ..Shape::tiny() }
     }
 
     /// A small Dream for tests: `tiny`'s sizes (grouped-query attention, head dim 32) with
     /// Dream's RoPE base.
     pub fn tiny_dream() -> Shape {
-        Shape { rope_theta: 1e6, family: Family::Dream, ..Shape::tiny() }
+        Shape { rope_theta: 1e6, family: FamilyShape::Dream, ..Shape::tiny() }
     }
 
     /// The experts, for LLaDA-MoE.

@@ -12,7 +12,7 @@ use burn::tensor::{activation, Device, Int, Tensor, TensorData};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::checkpoint::{self, CheckpointSpec, Family, Shape, SpecialIds, WeightType};
+use crate::checkpoint::{self, CheckpointSpec, FamilyShape, Shape, SpecialIds, WeightType};
 use crate::reference::{Hyper, Llada};
 use crate::tasks::{self, Kind, ANSWER_LEN};
 
@@ -52,7 +52,7 @@ impl TrainConfig {
                 embedding_size: 320,
                 max_sequence_length: 512,
                 rope_theta: 500000.0,
-                family: Family::Llada,
+                family: FamilyShape::Llada,
             },
             steps: 2400,
             batch: 16,

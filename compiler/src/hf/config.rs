@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
-pub use super::config_common::{Arch, LladaConfig, MoeSettings};
+pub use super::config_common::{Family, LladaConfig, MoeSettings};
 use super::config_common::Keys;
 use crate::error::{Error, Result};
 
@@ -125,7 +125,7 @@ pub fn parse(path: &Path, map: &Map<String, Value>) -> Result<(LladaConfig, Vec<
 
     let warnings = k.unknown(ACCEPTED_KEYS);
     let cfg = LladaConfig {
-        arch: Arch::Llada,
+        family: Family::Llada,
         d_model,
         n_layers,
         n_heads,

@@ -8,20 +8,13 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 
-/// Which Hugging Face layout the checkpoint has.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arch {
-    /// `LLaDAModelLM`: `model.transformer.*` tensors.
-    Llada,
-    /// `LLaDAMoEModelLM`: `model.layers.*` tensors, mixture-of-experts feed-forward.
-    LladaMoe,
-    /// `DreamModel`: `model.layers.*` tensors like LLaDA-MoE's, dense SwiGLU, q/k/v biases;
-    /// logits shifted by one position.
-    Dream,
-    /// `LLaDA2MoeModelLM`: `model.layers.*` tensors with a fused `query_key_value`, dense
-    /// layers then experts with a shared one, block-causal attention.
-    Llada2Moe,
-}
+/// Which Hugging Face layout the checkpoint has is its model family ([`Family`], as the
+/// artifact records it): `LLaDAModelLM` (`model.transformer.*` tensors) is `Llada`; `LLaDAMoEModelLM`
+/// (`model.layers.*`, mixture-of-experts feed-forward) `LladaMoe`; `DreamModel` (`model.layers.*`
+/// like LLaDA-MoE's, dense SwiGLU, q/k/v biases, logits shifted by one position) `Dream`;
+/// `LLaDA2MoeModelLM` (a fused `query_key_value`, dense layers then experts with a shared one,
+/// block-causal attention) `Llada2Moe`.
+pub use llada_ir::Family;
 
 /// What LLaDA 2.x adds to a mixture-of-experts config.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -55,7 +48,7 @@ pub struct MoeSettings {
 /// The network-shaping part of a LLaDA config.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LladaConfig {
-    pub arch: Arch,
+    pub family: Family,
     pub d_model: usize,
     pub n_layers: usize,
     pub n_heads: usize,
@@ -88,7 +81,7 @@ impl LladaConfig {
 /// The network keys LLaDA-MoE's and Dream's configs share (Hugging Face's Qwen and Llama
 /// names), checked for a consistent head layout; the mask id, when `config.json` has none, is
 /// `mask_default` (the caller's rule: refused when `None`).
-pub(super) fn qwen_style(k: &mut Keys, arch: Arch, mlp_key: &'static str, eps_default: f64, mask_default: Option<u32>) -> Result<LladaConfig> {
+pub(super) fn qwen_style(k: &mut Keys, family: Family, mlp_key: &'static str, eps_default: f64, mask_default: Option<u32>) -> Result<LladaConfig> {
     let d_model = k.required("hidden_size")?;
     let n_layers = k.required("num_hidden_layers")?;
     let n_heads = k.required("num_attention_heads")?;
@@ -113,7 +106,7 @@ pub(super) fn qwen_style(k: &mut Keys, arch: Arch, mlp_key: &'static str, eps_de
     }
     k.ids_inside(&[("mask_token_id", Some(mask_token_id)), ("bos_token_id", bos_token_id), ("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)], vocab_size)?;
     Ok(LladaConfig {
-        arch,
+        family,
         d_model,
         n_layers,
         n_heads,

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::config_common::{qwen_style, Arch, Keys, LladaConfig};
+use super::config_common::{qwen_style, Family, Keys, LladaConfig};
 use crate::error::Result;
 
 /// Whether `config.json` describes Dream: its architecture or its model type.
@@ -39,7 +39,7 @@ pub fn parse(path: &Path, map: &Map<String, Value>) -> Result<(LladaConfig, Vec<
         return Err(k.err("rope_scaling", format!("{v} is not supported (only null is)")));
     }
     // Dream's mask id is in config.json (its generation_config.json has none); 151666 is the 7B's.
-    let cfg = qwen_style(&mut k, Arch::Dream, "intermediate_size", 1e-6, Some(151666))?;
+    let cfg = qwen_style(&mut k, Family::Dream, "intermediate_size", 1e-6, Some(151666))?;
     let warnings = k.unknown(ACCEPTED_KEYS);
     Ok((cfg, warnings))
 }
@@ -70,7 +70,7 @@ mod tests {
     fn reads_dream_7b() {
         assert!(is_dream(dream_7b().as_object().unwrap()));
         let (c, warnings) = parse_json(dream_7b()).unwrap();
-        assert_eq!((c.arch, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim(), c.mlp_hidden, c.vocab_size), (Arch::Dream, 3584, 28, 4, 128, 18944, 152064));
+        assert_eq!((c.family, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim(), c.mlp_hidden, c.vocab_size), (Family::Dream, 3584, 28, 4, 128, 18944, 152064));
         assert_eq!((c.rope_theta, c.rms_eps, c.mask_token_id), (1e6, 1e-6, 151666));
         assert!(warnings.is_empty(), "{warnings:?}");
     }

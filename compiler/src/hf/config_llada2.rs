@@ -13,7 +13,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::config_common::{qwen_style, Arch, Keys, Llada2Settings, LladaConfig, MoeSettings};
+use super::config_common::{qwen_style, Family, Keys, Llada2Settings, LladaConfig, MoeSettings};
 use crate::error::Result;
 
 /// Whether `config.json` describes LLaDA 2.x: its architecture or its model type.
@@ -62,7 +62,7 @@ pub fn parse(path: &Path, map: &Map<String, Value>, generation_mask: Option<u32>
     // The released configs name no mask id (the published generate takes `mask_id`): then
     // the tokenizer's mask token is it, resolved with the tokenizer (0 holds its place).
     let mask_from_tokenizer = map.get("mask_token_id").is_none_or(Value::is_null) && generation_mask.is_none();
-    let base = qwen_style(&mut k, Arch::Llada2Moe, "moe_intermediate_size", 1e-5, generation_mask.or(Some(0)))?;
+    let base = qwen_style(&mut k, Family::Llada2Moe, "moe_intermediate_size", 1e-5, generation_mask.or(Some(0)))?;
     let hd = base.head_dim();
     if let Some(h) = k.usize("head_dim")? {
         if h != hd {
@@ -145,7 +145,7 @@ mod tests {
         assert!(is_llada2(mini().as_object().unwrap()));
         let (c, warnings) = parse_json(mini()).unwrap();
         let l2 = c.llada2.unwrap();
-        assert_eq!((c.arch, c.d_model, c.n_kv_heads, c.head_dim(), c.mlp_hidden, c.moe), (Arch::Llada2Moe, 2048, 4, 128, 512, Some(MoeSettings { experts: 256, top_k: 8 })));
+        assert_eq!((c.family, c.d_model, c.n_kv_heads, c.head_dim(), c.mlp_hidden, c.moe), (Family::Llada2Moe, 2048, 4, 128, 512, Some(MoeSettings { experts: 256, top_k: 8 })));
         assert_eq!((l2.rotary_dim, l2.dense_layers, l2.dense_hidden, l2.shared_hidden, l2.groups, l2.top_groups, l2.scale), (64, 1, 5120, 512, 8, 4, 2.5));
         assert!(c.qk_norm && l2.normalize && !l2.tie_embeddings);
         assert!(warnings.is_empty(), "{warnings:?}");

@@ -11,7 +11,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value};
 
-use super::config_common::{qwen_style, Arch, Keys, LladaConfig, MoeSettings};
+use super::config_common::{qwen_style, Family, Keys, LladaConfig, MoeSettings};
 use crate::error::Result;
 
 /// Whether `config.json` describes LLaDA-MoE: its architecture, or its expert keys.
@@ -65,7 +65,7 @@ pub fn parse(path: &Path, map: &Map<String, Value>, generation_mask: Option<u32>
         warnings.push(format!("{}: routed_scaling_factor is ignored, as LLaDA-MoE's modelling code ignores it", path.display()));
     }
 
-    let base = qwen_style(&mut k, Arch::LladaMoe, "expert_intermediate_size", 1e-5, generation_mask)?;
+    let base = qwen_style(&mut k, Family::LladaMoe, "expert_intermediate_size", 1e-5, generation_mask)?;
     let experts = k.required("num_experts")?;
     let top_k = k.required("num_experts_per_tok")?;
     let qk_norm = k.bool("qk_layernorm", false)?;
@@ -109,7 +109,7 @@ mod tests {
     fn reads_the_experts_and_takes_the_mask_from_generation_config() {
         assert!(is_moe(base().as_object().unwrap()));
         let (c, warnings) = parse_json(base(), Some(259)).unwrap();
-        assert_eq!((c.arch, c.moe, c.mlp_hidden, c.n_kv_heads, c.mask_token_id, c.qk_norm), (Arch::LladaMoe, Some(MoeSettings { experts: 8, top_k: 2 }), 64, 2, 259, true));
+        assert_eq!((c.family, c.moe, c.mlp_hidden, c.n_kv_heads, c.mask_token_id, c.qk_norm), (Family::LladaMoe, Some(MoeSettings { experts: 8, top_k: 2 }), 64, 2, 259, true));
         assert!(warnings.is_empty(), "{warnings:?}");
         let msg = parse_json(base(), None).unwrap_err().to_string();
         assert!(msg.contains("mask_token_id") && msg.contains("generation_config.json"), "{msg}");

@@ -8,7 +8,7 @@ use serde_json::Value;
 use llada_ir::{files, SpecialTokens, TokenizerSpec};
 
 use crate::error::{contain_panic, Error, Result};
-use crate::hf::config::{Arch, LladaConfig};
+use crate::hf::config::{Family, LladaConfig};
 
 /// The end-of-turn token of LLaDA's chat format, and of LLaDA-MoE's.
 const EOT_TOKEN: &str = "<|eot_id|>";
@@ -77,11 +77,11 @@ pub fn load(dir: &Path, cfg: &LladaConfig) -> Result<(TokenizerSpec, SpecialToke
     };
     let bos = cfg.bos_token_id.or(id_of(&bos_token, "bos_token")?);
     let eos = cfg.eos_token_id.or(id_of(&eos_token, "eos_token")?);
-    let eot = tokenizer.token_to_id(match cfg.arch {
-        Arch::Llada => EOT_TOKEN,
-        Arch::LladaMoe => MOE_EOT_TOKEN,
-        Arch::Dream => DREAM_EOT_TOKEN,
-        Arch::Llada2Moe => LLADA2_EOT_TOKEN,
+    let eot = tokenizer.token_to_id(match cfg.family {
+        Family::Llada => EOT_TOKEN,
+        Family::LladaMoe => MOE_EOT_TOKEN,
+        Family::Dream => DREAM_EOT_TOKEN,
+        Family::Llada2Moe => LLADA2_EOT_TOKEN,
     });
     for (what, id) in [("bos", bos), ("eos", eos), ("eot", eot)] {
         if let Some(id) = id {

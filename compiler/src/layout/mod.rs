@@ -13,7 +13,7 @@ use llada_ir::{DType, TensorId};
 
 use crate::error::{Error, Result};
 use crate::hf::checkpoint::{Checkpoint, TensorLocation};
-use crate::hf::config::{Arch, LladaConfig};
+use crate::hf::config::{Family, LladaConfig};
 use crate::hf::names;
 use crate::lower::{BlockTensors, Ffn, NetworkTensors, RouteRule};
 
@@ -28,7 +28,7 @@ pub struct Planned<'a> {
 
 /// The artifact's tensors by segment, in file order.
 pub struct Layout<'a> {
-    pub arch: Arch,
+    pub family: Family,
     pub segments: Vec<(String, Vec<Planned<'a>>)>,
     /// Checkpoint tensor names the layout reads (the others are reported as ignored).
     pub consumed: HashSet<String>,
@@ -73,13 +73,13 @@ impl<'c> Builder<'c> {
 /// Checks every tensor the config calls for (before anything is written) and lays them out.
 pub fn plan<'c>(cfg: &LladaConfig, ckpt: &'c Checkpoint, storage: Storage) -> Result<Layout<'c>> {
     let mut b = Builder { ckpt, consumed: HashSet::new() };
-    let segments = match cfg.arch {
-        Arch::Llada => dense(cfg, &mut b, storage, &LLADA)?,
-        Arch::LladaMoe => moe(cfg, &mut b, storage)?,
-        Arch::Dream => dense(cfg, &mut b, storage, &DREAM)?,
-        Arch::Llada2Moe => llada2::segments(cfg, &mut b, storage)?,
+    let segments = match cfg.family {
+        Family::Llada => dense(cfg, &mut b, storage, &LLADA)?,
+        Family::LladaMoe => moe(cfg, &mut b, storage)?,
+        Family::Dream => dense(cfg, &mut b, storage, &DREAM)?,
+        Family::Llada2Moe => llada2::segments(cfg, &mut b, storage)?,
     };
-    Ok(Layout { arch: cfg.arch, segments, consumed: b.consumed })
+    Ok(Layout { family: cfg.family, segments, consumed: b.consumed })
 }
 
 /// Segments of layers, in file order: `(name, tensors)`.
@@ -216,18 +216,18 @@ impl Layout<'_> {
         let mut expert_segments = Vec::new();
         let mut seg = 1;
         for _ in 0..cfg.n_layers {
-            match self.arch {
-                Arch::Llada => {
+            match self.family {
+                Family::Llada => {
                     let (a, f) = (&ids[seg], &ids[seg + 1]);
                     blocks.push(BlockTensors { attn_norm: a[0], qkv: a[1], qkv_bias: None, qk_norm: None, attn_out: a[2], ff_norm: f[0], ffn: Ffn::Dense { gate_up: f[1], ff_out: f[2], hidden: cfg.mlp_hidden as u32 } });
                     seg += 2;
                 }
-                Arch::Dream => {
+                Family::Dream => {
                     let (a, f) = (&ids[seg], &ids[seg + 1]);
                     blocks.push(BlockTensors { attn_norm: a[0], qkv: a[1], qkv_bias: Some(a[2]), qk_norm: None, attn_out: a[3], ff_norm: f[0], ffn: Ffn::Dense { gate_up: f[1], ff_out: f[2], hidden: cfg.mlp_hidden as u32 } });
                     seg += 2;
                 }
-                Arch::LladaMoe => {
+                Family::LladaMoe => {
                     let a = &ids[seg];
                     let experts = cfg.moe.expect("an MoE config has experts").experts;
                     let (qk_norm, rest) = if cfg.qk_norm { (Some((a[2], a[3])), &a[4..]) } else { (None, &a[2..]) };
@@ -242,7 +242,7 @@ impl Layout<'_> {
                     blocks.push(BlockTensors { attn_norm: a[0], qkv: a[1], qkv_bias: None, qk_norm, attn_out: rest[0], ff_norm: rest[1], ffn: Ffn::Moe { router: rest[2], first, rule: RouteRule::Softmax, shared: None } });
                     seg += 1 + experts;
                 }
-                Arch::Llada2Moe => seg = llada2::block(ids, seg, blocks.len(), cfg, &mut blocks, &mut expert_segments)?,
+                Family::Llada2Moe => seg = llada2::block(ids, seg, blocks.len(), cfg, &mut blocks, &mut expert_segments)?,
             }
         }
         let head = &ids[seg];

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::hf::checkpoint::{Checkpoint, MemoryTensor, SourceDType};
-use crate::hf::config::{Arch, LladaConfig};
+use crate::hf::config::{Family, LladaConfig};
 use crate::hf::names;
 use recognise::{Projection, Recognised};
 use tensor::{Elem, Tensor};
@@ -50,8 +50,8 @@ pub fn export_in(dir: &Path) -> Option<PathBuf> {
 /// Parses `path`, recognises LLaDA's blocks and returns the weights as a checkpoint.
 pub fn open(path: &Path, cfg: &LladaConfig) -> Result<Checkpoint> {
     let err = |msg: String| Error::Onnx { path: path.to_path_buf(), msg };
-    if cfg.arch != Arch::Llada {
-        return Err(err(format!("ONNX import covers the dense LLaDA architecture; config.json describes {:?}", cfg.arch)));
+    if cfg.family != Family::Llada {
+        return Err(err(format!("ONNX import covers the dense LLaDA architecture; config.json describes {:?}", cfg.family)));
     }
     if !path.exists() {
         return Err(Error::NotFound { path: path.to_path_buf() });

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use llada_tools::checkpoint::{check, prepare_output, write, CheckpointSpec, Family, Outliers, Shape, WeightType};
+use llada_tools::checkpoint::{check, prepare_output, write, CheckpointSpec, FamilyShape, Outliers, Shape, WeightType};
 
 #[derive(Parser)]
 #[command(about = "Write a random-weight LLaDA, LLaDA-MoE, LLaDA 2.x or Dream checkpoint in exact Hugging Face layout")]
@@ -84,15 +84,15 @@ fn main() -> ExitCode {
         _ => Shape::tiny(),
     };
     match &mut shape.family {
-        Family::LladaMoe(moe) | Family::Llada2(llada_tools::checkpoint::Llada2Shape { moe, .. }) => {
+        FamilyShape::LladaMoe(moe) | FamilyShape::Llada2(llada_tools::checkpoint::Llada2Shape { moe, .. }) => {
             moe.experts = a.experts.unwrap_or(moe.experts);
             moe.top_k = a.top_k.unwrap_or(moe.top_k);
         }
-        Family::Llada | Family::Dream if a.experts.is_some() || a.top_k.is_some() => {
+        FamilyShape::Llada | FamilyShape::Dream if a.experts.is_some() || a.top_k.is_some() => {
             eprintln!("error: --experts and --top-k need a mixture-of-experts preset (tiny-moe, llada-moe-7b, tiny-llada2, llada2-mini), not '{}'", a.preset);
             return ExitCode::FAILURE;
         }
-        Family::Llada | Family::Dream => {}
+        FamilyShape::Llada | FamilyShape::Dream => {}
     }
     shape.d_model = a.d_model.unwrap_or(shape.d_model);
     shape.n_layers = a.n_layers.unwrap_or(shape.n_layers);
