@@ -18,7 +18,8 @@ pub struct Model {
 }
 
 struct Loaded {
-    model: RtModel,
+    /// Shared with every session made from it.
+    model: Arc<RtModel>,
     text: Text,
 }
 
@@ -31,9 +32,9 @@ pub struct Session {
 }
 
 struct SessionState {
-    /// Borrows `_loaded`'s model: declared first so it drops first.
-    session: RtSession<'static>,
-    _loaded: Arc<Loaded>,
+    /// Shares the model's `Arc`: it outlives `llada_model_free` as long as the session does.
+    session: RtSession,
+    loaded: Arc<Loaded>,
 }
 
 /// What one generation produced. Free its arrays with `llada_output_free`.
@@ -125,7 +126,7 @@ pub unsafe extern "C" fn llada_model_load(path: *const c_char, out: *mut *mut Mo
         let path = unsafe { text_arg(path, "path") }?;
         let model = RtModel::open(Path::new(path), true)?;
         let text = Text::new(&model.header.tokenizer, &model.header.special)?;
-        let handle = Box::new(Model { loaded: Arc::new(Loaded { model, text }) });
+        let handle = Box::new(Model { loaded: Arc::new(Loaded { model: Arc::new(model), text }) });
         // SAFETY: as above.
         unsafe { *out = Box::into_raw(handle) };
         Ok(())
@@ -194,12 +195,8 @@ pub unsafe extern "C" fn llada_session_open(model: *const Model, params: *const 
         // SAFETY: null or valid by the caller's contract.
         let settings = unsafe { params.as_ref() }.copied().unwrap_or_else(|| llada_default_session_params()).session()?;
         let loaded = model.loaded.clone();
-        // SAFETY: the session borrows the model inside an `Arc` that `SessionState` holds
-        // and drops after the session (field order), and the `Arc`'s contents never move,
-        // so the reference outlives every use the session makes of it.
-        let rt_model: &'static RtModel = unsafe { &*(&loaded.model as *const RtModel) };
-        let session = RtSession::open(rt_model, &settings)?;
-        let handle = Box::new(Session { cancel: AtomicBool::new(false), state: Mutex::new(SessionState { session, _loaded: loaded }) });
+        let session = RtSession::open(&loaded.model, &settings)?;
+        let handle = Box::new(Session { cancel: AtomicBool::new(false), state: Mutex::new(SessionState { session, loaded }) });
         // SAFETY: as above.
         unsafe { *out = Box::into_raw(handle) };
         Ok(())
@@ -281,7 +278,7 @@ pub unsafe extern "C" fn llada_generate(
 }
 
 fn run(state: &mut SessionState, cancel: &AtomicBool, prompt: &str, params: &Params, callback: StepCallback, user_data: *mut c_void) -> Result<Output, Failure> {
-    let loaded = state._loaded.clone();
+    let loaded = state.loaded.clone();
     let (model, text) = (&loaded.model, &loaded.text);
     let sampler = params.sampler(model)?;
     // Encoded on the session's own threads, not the caller's: `tokenizers` keeps a BPE cache

@@ -7,7 +7,6 @@
 //! once. A session serves one generation at a time: a second use while one runs (another
 //! thread, or a step iterator still open) is refused, not queued.
 
-use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use llada_rt::settings::Value;
@@ -131,34 +130,10 @@ impl Model {
     }
 }
 
-/// A session together with the model it borrows.
-///
-/// `llada_rt::Session<'m>` borrows its `&'m Model`; Python owns the model by reference count,
-/// so the session is stored as `Session<'static>` beside an `Arc` of its model.
-/// SAFETY invariant: `session` is declared before `model`, so it is dropped first; the model
-/// sits in the Arc's heap allocation, which neither moves nor is freed while `model` holds a
-/// count. The `'static` never leaves this module: the session is only lent out as
-/// `&mut Session<'static>` for a generation (or a [`Generator`] that is dropped before the
-/// `Held` is given back), and nothing keeps its `model` reference beyond that.
-struct Held {
-    session: llada_rt::Session<'static>,
-    #[allow(dead_code, reason = "never read: held to keep the session's model alive")]
-    model: Arc<llada_rt::Model>,
-}
-
-impl Held {
-    fn open(model: Arc<llada_rt::Model>, params: &SessionParams) -> llada_rt::Result<Held> {
-        // SAFETY: see `Held`: the pointee outlives the session, which is dropped first.
-        let borrowed: &'static llada_rt::Model = unsafe { &*Arc::as_ptr(&model) };
-        let session = llada_rt::Session::open(borrowed, params)?;
-        Ok(Held { session, model })
-    }
-}
-
 /// Where a session waits between generations: `None` while one has it out.
-type Slot = Arc<Mutex<Option<Box<Held>>>>;
+type Slot = Arc<Mutex<Option<Box<llada_rt::Session>>>>;
 
-fn take(slot: &Slot) -> PyResult<Box<Held>> {
+fn take(slot: &Slot) -> PyResult<Box<llada_rt::Session>> {
     lock(slot).take().ok_or_else(|| {
         LladaError::new_err(
             "this session is busy: a step iterator over it is still open (exhaust it or call its close()), or another thread is generating on it; use one session per thread",
@@ -168,7 +143,7 @@ fn take(slot: &Slot) -> PyResult<Box<Held>> {
 
 /// A session taken out of its slot, put back when dropped (a panic included).
 struct Lent<'a> {
-    held: Option<Box<Held>>,
+    held: Option<Box<llada_rt::Session>>,
     slot: &'a Slot,
 }
 
@@ -256,8 +231,8 @@ impl Session {
         let m = model.get();
         let params = SessionParams { backend: kind, threads, ..Default::default() };
         let rt_model = m.inner.clone();
-        let held = model.py().detach(|| Held::open(rt_model.clone(), &params)).map_err(rt_err)?;
-        let threads = held.session.threads();
+        let held = model.py().detach(|| llada_rt::Session::open(&rt_model, &params)).map_err(rt_err)?;
+        let threads = held.threads();
         Ok(Session { slot: Arc::new(Mutex::new(Some(Box::new(held)))), model: model.clone().unbind(), rt_model, text: m.text.clone(), backend: kind.name, threads })
     }
 
@@ -296,7 +271,7 @@ impl Session {
     fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let held = take(&self.slot)?;
         let lent = Lent { held: Some(held), slot: &self.slot };
-        counters(py, &lent.held.as_ref().expect("lent").session.counters)
+        counters(py, &lent.held.as_ref().expect("lent").counters)
     }
 
     /// Generates from `prompt` (text; `chat=True` applies the chat template) or `ids`, with
@@ -311,7 +286,7 @@ impl Session {
         // for a moment after each step to let Python look.
         let mut interrupted: Option<PyErr> = None;
         let (g, c) = py.detach(|| {
-            let session = &mut lent.held.as_mut().expect("lent").session;
+            let session = &mut **lent.held.as_mut().expect("lent");
             let g = llada_rt::generate_until(session, &ids, &params, &mut |_| match Python::attach(|py| py.check_signals()) {
                 Ok(()) => std::ops::ControlFlow::Continue(()),
                 Err(e) => {
@@ -334,16 +309,12 @@ impl Session {
     fn steps(&self, prompt: Option<&str>, ids: Option<Vec<u32>>, chat: bool, settings: Option<&Bound<'_, PyDict>>) -> PyResult<Steps> {
         let ids = self.prompt(prompt, ids, chat)?;
         let params = crate::settings(&self.rt_model, settings)?;
-        let held = take(&self.slot)?;
-        let held = NonNull::from(Box::leak(held));
-        // The Held is out of its slot from here on; `Stepping`'s drop puts it back.
-        let mut stepping = Stepping { generator: None, held: Some(held), slot: self.slot.clone(), result: None };
-        // SAFETY: `held` came from `Box::leak` just above and is owned by `stepping` alone;
-        // this is the only reference made to it, and it lives inside `stepping.generator`,
-        // which `give_back` drops before turning `held` back into a Box. `Held`'s own
-        // invariant covers the session's `'static` model.
-        let session: &'static mut llada_rt::Session<'static> = unsafe { &mut (*held.as_ptr()).session };
-        stepping.generator = Some(Generator::start(session, &ids, &params).map_err(rt_err)?);
+        // The session leaves its slot for the generator, which owns it until `give_back`.
+        let generator = Generator::start_owned(take(&self.slot)?, &ids, &params).map_err(|(e, session)| {
+            *lock(&self.slot) = Some(session);
+            rt_err(e)
+        })?;
+        let stepping = Stepping { generator: Some(generator), slot: self.slot.clone(), result: None };
         Ok(Steps { inner: Mutex::new(stepping), text: self.text.clone(), mask: self.rt_model.header.special.mask })
     }
 
@@ -352,41 +323,25 @@ impl Session {
     }
 }
 
-/// A generation in progress, owning the session it borrows for as long as it runs.
-///
-/// `Generator<'s, 'm>` borrows the session mutably across steps, and Python drives it one
-/// `__next__` at a time, so the iterator takes the session's `Held` out of its slot (the
-/// session is then busy), keeps it as a raw pointer, and makes the generator over it; when
-/// the generation completes or the iterator is closed or dropped part-way, the generator is
-/// dropped first and the `Held` goes back into the slot (`Generator` leaves the session
-/// usable when dropped part-way).
+/// A generation in progress, owning its session while it runs: the session leaves its slot
+/// for the generator (the session is busy meanwhile) and goes back when the generation
+/// completes or the iterator is closed or dropped part-way (`Generator` leaves the session
+/// usable when ended part-way).
 struct Stepping {
-    /// Borrows `*held` (as `'static`): dropped before `held` is given back.
-    generator: Option<Generator<'static, 'static>>,
-    /// The session out of its slot (from `Box::leak`); `None` once given back.
-    held: Option<NonNull<Held>>,
+    generator: Option<Generator<'static>>,
     slot: Slot,
     result: Option<(Generation, llada_rt::session::Counters)>,
 }
 
-// SAFETY: `held` is owned by this struct alone, as a Box would be, and `Held` is Send (the
-// compiler checks it: `Session.generate` sends `&mut Held` into `py.detach`); so is the
-// generator (checked likewise: `Steps.__next__` sends `&mut Generator` into `py.detach`).
-unsafe impl Send for Stepping {}
-
 impl Stepping {
-    /// Puts the session back in its slot; its counters as it goes back (`None` if it was
-    /// given back already).
-    fn give_back(&mut self) -> Option<llada_rt::session::Counters> {
-        // Ends the borrow of `*held`.
-        self.generator = None;
-        let p = self.held.take()?;
-        // SAFETY: `p` came from `Box::leak` in `Session::steps`, and the generator, the only
-        // borrow of it, is gone.
-        let held = unsafe { Box::from_raw(p.as_ptr()) };
-        let counters = held.session.counters;
-        *lock(&self.slot) = Some(held);
-        Some(counters)
+    /// Ends the generation and puts the session back in its slot: what the generation did
+    /// and the session's counters (`None` if it was given back already).
+    fn give_back(&mut self) -> Option<(Generation, llada_rt::session::Counters)> {
+        let (g, session) = self.generator.take()?.end();
+        let session = session.expect("the generator owns its session");
+        let counters = session.counters;
+        *lock(&self.slot) = Some(session);
+        Some((g, counters))
     }
 }
 
@@ -445,10 +400,7 @@ impl Steps {
         let view = match step {
             Ok(Some(v)) => v,
             Ok(None) => {
-                let generator = s.generator.take().expect("stepping");
-                let g = generator.finish();
-                let c = s.give_back().unwrap_or_default();
-                s.result = Some((g, c));
+                s.result = s.give_back();
                 return Ok(None);
             }
             Err(e) => {

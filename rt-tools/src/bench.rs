@@ -57,7 +57,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Times the exact-plan pass serving `rows` tokens, `repeat` times after one warm-up.
 pub fn pass(session: &mut Session, roof: &Roofline, rows: usize, head_rows: usize, repeat: usize) -> Result<PassTiming> {
-    let model = session.model;
+    let model = session.model.clone();
     let m = &model.header.model;
     let vocab = m.vocab_size.min(m.embedding_size) as usize;
     let seq: Vec<u32> = (0..rows).map(|i| ((i * 7919 + 11) % vocab) as u32).collect();

@@ -26,7 +26,8 @@ pub struct Comparison {
 
 /// Compares `other` with `reference` on `prompt` under `p` (both sessions on their models).
 pub fn compare(reference: &mut Session, other: &mut Session, prompt: &[u32], p: &SamplerParams) -> Result<Comparison> {
-    let (a, b) = (&reference.model.header, &other.model.header);
+    let (ma, mb) = (reference.model.clone(), other.model.clone());
+    let (a, b) = (&ma.header, &mb.header);
     if a.model.embedding_size != b.model.embedding_size || a.special.mask != b.special.mask {
         return Err(Error::request(format!(
             "{} and {} are not the same model (vocabulary {} and {}, mask id {} and {})",

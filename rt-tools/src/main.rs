@@ -471,7 +471,7 @@ impl BackendArg {
     }
 
     /// A session on `model` on this backend, every other option at its default.
-    fn open<'m>(&self, model: &'m Model) -> Result<Session<'m>> {
+    fn open<'m>(&self, model: &'m Model) -> Result<Session> {
         Session::open(model, &SessionParams { backend: self.kind(), ..SessionParams::default() })
     }
 }
@@ -525,7 +525,7 @@ impl SessionArgs {
     }
 
     /// A session on `model` as these options say; expert options on a dense model are an error.
-    fn open<'m>(&self, model: &'m Model) -> std::result::Result<Session<'m>, Failure<Error>> {
+    fn open<'m>(&self, model: &'m Model) -> std::result::Result<Session, Failure<Error>> {
         Ok(Session::open(model, &self.params(model)?)?)
     }
 }

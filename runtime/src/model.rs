@@ -211,3 +211,28 @@ impl Model {
 pub(crate) fn read_error(path: &Path, e: std::io::Error) -> Error {
     if e.kind() == std::io::ErrorKind::UnexpectedEof { Error::Changed { path: path.to_path_buf() } } else { Error::io(path, e) }
 }
+
+/// What a session opens on: a model shared with it (`Arc<Model>`, as the C API and Python
+/// hold one for all their sessions), or a `&Model`, of which the session takes its own handle
+/// ([`Model::share`]: nothing is read or verified again).
+pub trait SharedModel {
+    fn into_shared(self) -> Arc<Model>;
+}
+
+impl SharedModel for Arc<Model> {
+    fn into_shared(self) -> Arc<Model> {
+        self
+    }
+}
+
+impl SharedModel for &Arc<Model> {
+    fn into_shared(self) -> Arc<Model> {
+        self.clone()
+    }
+}
+
+impl SharedModel for &Model {
+    fn into_shared(self) -> Arc<Model> {
+        Arc::new(self.share())
+    }
+}

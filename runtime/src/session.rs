@@ -7,7 +7,9 @@ use crate::error::{Error, Result, Setting};
 use std::ops::Range;
 
 use crate::executor::{self, value_range, Backend, Capabilities, Executor, OpProfile, Pass, PassProfile, RunInputs};
-use crate::model::Model;
+use std::sync::Arc;
+
+use crate::model::{Model, SharedModel};
 use crate::params::SessionParams;
 use crate::moe::{ExpertCounters, ExpertStrategy, Experts, MoeStep};
 use crate::staging::{PassStaging, Stager, StagingMode};
@@ -99,14 +101,15 @@ impl Default for ExpertOptions {
     }
 }
 
-pub struct Session<'m> {
-    pub model: &'m Model,
+pub struct Session {
+    /// The model, shared with the session's threads and with other sessions.
+    pub model: Arc<Model>,
     /// Declared before the window: fields drop in order, so the staging threads are joined
     /// before the window they write is freed.
     stager: Stager,
     /// The CPU's mixture-of-experts step every backend's passes use (with the expert
     /// runtime of a mixture-of-experts model).
-    moe: MoeStep<'m>,
+    moe: MoeStep,
     /// The CPU side lane that revises beside the dense passes (`mbsd --revision dual-path`),
     /// set up by the first generation that asks for it and kept for the next.
     side: Option<SideLane>,
@@ -145,26 +148,29 @@ pub struct Session<'m> {
     matmul_ranges: bool,
 }
 
-impl<'m> Session<'m> {
+impl Session {
     /// A session on all the default threads (see [`default_threads`]).
-    pub fn new(model: &'m Model) -> Result<Session<'m>> {
-        Session::with_threads(model, default_threads_for(model)?)
+    pub fn new(model: impl SharedModel) -> Result<Session> {
+        let model = model.into_shared();
+        let threads = default_threads_for(&model)?;
+        Session::with_threads(model, threads)
     }
 
     /// A session as `params` says, the defaults filled in (every core, hybrid experts on one
     /// CPU thread): what the CLI and the C API open.
-    pub fn open(model: &'m Model, params: &SessionParams) -> Result<Session<'m>> {
-        params.check_experts(model)?;
+    pub fn open(model: impl SharedModel, params: &SessionParams) -> Result<Session> {
+        let model = model.into_shared();
+        params.check_experts(&model)?;
         let defaults = ExpertOptions::default();
         let experts = ExpertOptions { strategy: params.experts.unwrap_or(defaults.strategy), cpu_threads: params.cpu_threads.unwrap_or(defaults.cpu_threads) };
         let threads = match params.threads {
             Some(n) => n,
-            None => default_threads_for(model)?,
+            None => default_threads_for(&model)?,
         };
         Session::with_backend(model, params.backend, threads, crate::kernels::cpu::features(), params.staging, experts)
     }
 
-    pub fn with_threads(model: &'m Model, threads: usize) -> Result<Session<'m>> {
+    pub fn with_threads(model: impl SharedModel, threads: usize) -> Result<Session> {
         Session::with_options(model, threads, crate::kernels::cpu::features(), StagingMode::Async)
     }
 
@@ -172,32 +178,33 @@ impl<'m> Session<'m> {
     /// portable fallbacks, as `LLADA_ISA` does for a whole process), staging rotating
     /// weights as `staging` says. Allocates the window and reads the resident weight
     /// segments into it. Experts (of an MoE model) run as [`ExpertOptions::default`] says.
-    pub fn with_options(model: &'m Model, threads: usize, features: crate::kernels::cpu::Features, staging: StagingMode) -> Result<Session<'m>> {
+    pub fn with_options(model: impl SharedModel, threads: usize, features: crate::kernels::cpu::Features, staging: StagingMode) -> Result<Session> {
         Session::with_experts(model, threads, features, staging, ExpertOptions::default())
     }
 
     /// [`with_options`](Self::with_options), running a mixture-of-experts model's experts as
     /// `experts` says.
-    pub fn with_experts(model: &'m Model, threads: usize, features: crate::kernels::cpu::Features, staging: StagingMode, experts: ExpertOptions) -> Result<Session<'m>> {
+    pub fn with_experts(model: impl SharedModel, threads: usize, features: crate::kernels::cpu::Features, staging: StagingMode, experts: ExpertOptions) -> Result<Session> {
         Session::with_backend(model, executor::default_backend(), threads, features, staging, experts)
     }
 
     /// [`with_experts`](Self::with_experts) on the `backend` that runs the dense graphs
     /// (`threads`: the host backend's kernel threads, and the CPU threads around the passes).
-    pub fn with_backend(model: &'m Model, backend: &Backend, threads: usize, features: crate::kernels::cpu::Features, staging: StagingMode, experts: ExpertOptions) -> Result<Session<'m>> {
+    pub fn with_backend(model: impl SharedModel, backend: &Backend, threads: usize, features: crate::kernels::cpu::Features, staging: StagingMode, experts: ExpertOptions) -> Result<Session> {
+        let model = model.into_shared();
         let h = &model.header;
-        check_threads(model, Setting::Threads, threads)?;
+        check_threads(&model, Setting::Threads, threads)?;
         if h.model.moe.is_some() {
-            check_threads(model, Setting::CpuThreads, experts.cpu_threads)?;
+            check_threads(&model, Setting::CpuThreads, experts.cpu_threads)?;
         }
         let max_rows = h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize;
         let start = Instant::now();
-        let (executor, mut window) = backend.open(model, threads, features)?;
-        load_resident(model, &mut window)?;
+        let (executor, mut window) = backend.open(&model, threads, features)?;
+        load_resident(&model, &mut window)?;
         let stager = Stager::new(h, model.file(), &model.path, model.data_offset(), window.slot_ptrs(), staging)?;
         let expert_options = experts;
-        let experts = Experts::new(model, &window, experts.strategy, experts.cpu_threads)?;
-        let moe = MoeStep::new(model, experts, executor.pool().clone(), features);
+        let experts = Experts::new(&model, &window, experts.strategy, experts.cpu_threads)?;
+        let moe = MoeStep::new(&model, experts, executor.pool().clone(), features);
         let load_seconds = start.elapsed().as_secs_f64();
         Ok(Session {
             model,
@@ -315,7 +322,7 @@ impl<'m> Session<'m> {
         }
         let gid = self.model.graph_for_rows(span.len())?;
         self.check_head(gid, head_positions.len())?;
-        check_tokens(self.model, seq)?;
+        check_tokens(&self.model, seq)?;
         if let Some(&bad) = head_positions.iter().find(|&&r| !span.contains(&(r as usize))) {
             return Err(Error::request(format!("logits asked for position {bad}, outside the rows {span:?} of this pass")));
         }
@@ -383,7 +390,7 @@ impl<'m> Session<'m> {
         if let Some(&bad) = head.iter().find(|&&r| r as usize >= n) {
             return Err(Error::request(format!("logits asked for row {bad} of a {n}-row pass")));
         }
-        check_tokens(self.model, &rows.tokens)?;
+        check_tokens(&self.model, &rows.tokens)?;
         let gid = self.model.graph_for_rows(bucket.max(n))?;
         self.check_head(gid, head.len())?;
         self.tokens.clear();
@@ -424,7 +431,7 @@ impl<'m> Session<'m> {
         if self.side.as_ref().is_none_or(|s| s.per_job() != per_job) {
             self.side = None;
             self.counters.side_path_starts += 1;
-            self.side = Some(SideLane::new(self.model, self.features, per_job)?);
+            self.side = Some(SideLane::new(&self.model, self.features, per_job)?);
         }
         self.side.as_mut().expect("set above").begin(predict)
     }
@@ -515,7 +522,7 @@ impl<'m> Session<'m> {
         if let Some(&bad) = head.iter().find(|&&r| r as usize >= n) {
             return Err(Error::request(format!("logits asked for row {bad} of a {n}-row pass")));
         }
-        check_tokens(self.model, seq)?;
+        check_tokens(&self.model, seq)?;
         let gid = self.model.graph_for_rows(n)?;
         self.check_head(gid, head.len())?;
         self.cached_len = None;
@@ -569,7 +576,7 @@ impl<'m> Session<'m> {
         let start = Instant::now();
         let mut profile = (profiled || self.op_profiles.is_some()).then(|| OpProfile { times: Vec::new(), matmul_ranges: self.matmul_ranges.then(Vec::new) });
         let pass = Pass { graph: gid, inputs, window: &mut self.window, stager: &mut self.stager, moe: &mut self.moe, profile: profile.as_mut() };
-        let run = self.executor.run(self.model, pass).map(|()| profile);
+        let run = self.executor.run(&self.model, pass).map(|()| profile);
         // Reads of a truncated artifact saw zeros: the pass computed nothing trustworthy.
         let profile = match run.and_then(|p| self.model.check_intact().map(|()| p)) {
             Ok(p) => p,
@@ -622,7 +629,7 @@ impl<'m> Session<'m> {
         if self.model.header.model.moe.is_some() {
             // The old runtime is dropped first (its staging thread joined), so a failed setup
             // leaves none behind and the next reset tries again.
-            let (model, window, options) = (self.model, &self.window, self.expert_options);
+            let (model, window, options) = (&self.model, &self.window, self.expert_options);
             self.moe.set_experts(|| Experts::new(model, window, options.strategy, options.cpu_threads))?;
         }
         self.needs_reset = false;

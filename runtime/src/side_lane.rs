@@ -73,7 +73,7 @@ struct Worker {
     model: Model,
     executor: HostExecutor,
     /// Every expert of an MoE layer on this thread (no expert runtime).
-    moe: MoeStep<'static>,
+    moe: MoeStep,
     tokens: Vec<u32>,
     positions: Vec<u32>,
     head: Vec<u32>,

@@ -297,10 +297,13 @@ impl SlotPtr {
         self.len == 0
     }
 
+    /// The slot's bytes, for as long as this handle is borrowed (the stager's or the expert
+    /// runtime's list of slots, which the window outlives).
+    ///
     /// # Safety
     /// No thread writes the slot while the returned slice lives (the slot is ready and not
-    /// yet released), and the window outlives it.
-    pub unsafe fn bytes<'a>(self) -> &'a [u8] {
+    /// yet released).
+    pub unsafe fn bytes(&self) -> &[u8] {
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
 

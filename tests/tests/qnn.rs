@@ -77,7 +77,7 @@ fn embedded_npu(dir: &Path) -> PathBuf {
     out
 }
 
-fn session<'m>(model: &'m Model, backend: &'static Backend) -> Session<'m> {
+fn session<'m>(model: &'m Model, backend: &'static Backend) -> Session {
     Session::with_backend(model, backend, 2, cpu::features(), StagingMode::Async, ExpertOptions::default()).unwrap()
 }
 

@@ -28,7 +28,7 @@ fn lladac(model: &Path, out: &Path, extra: &[&str]) {
     assert!(o.status.success(), "lladac compile {} {extra:?}: {}", model.display(), String::from_utf8_lossy(&o.stderr));
 }
 
-fn session<'m>(model: &'m Model, backend: &'static Backend, strategy: ExpertStrategy) -> Session<'m> {
+fn session<'m>(model: &'m Model, backend: &'static Backend, strategy: ExpertStrategy) -> Session {
     Session::with_backend(model, backend, 2, cpu::features(), StagingMode::Async, ExpertOptions { strategy, cpu_threads: 1 }).unwrap()
 }
 

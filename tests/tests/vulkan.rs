@@ -24,12 +24,12 @@ use llada_ir::window::ActivationScales;
 
 const NEEDS_VULKAN: &str = "needs a Vulkan driver (lavapipe): .ci/run installs it and runs these with --ignored";
 
-fn session<'m>(model: &'m Model, backend: &'static Backend) -> Session<'m> {
+fn session<'m>(model: &'m Model, backend: &'static Backend) -> Session {
     session_with(model, backend, cpu::features())
 }
 
 /// A session whose CPU kernels may use only `features`.
-fn session_with<'m>(model: &'m Model, backend: &'static Backend, features: cpu::Features) -> Session<'m> {
+fn session_with<'m>(model: &'m Model, backend: &'static Backend, features: cpu::Features) -> Session {
     Session::with_backend(model, backend, 2, features, StagingMode::Async, ExpertOptions::default()).unwrap()
 }
 

@@ -14,7 +14,7 @@ use llada_rt::session::ExpertOptions;
 use llada_rt::staging::StagingMode;
 use llada_rt::{generate, Model, SamplerParams, Session};
 
-fn session<'m>(model: &'m Model, backend: &'static Backend, strategy: ExpertStrategy) -> Session<'m> {
+fn session<'m>(model: &'m Model, backend: &'static Backend, strategy: ExpertStrategy) -> Session {
     Session::with_backend(model, backend, 2, cpu::features(), StagingMode::Async, ExpertOptions { strategy, cpu_threads: 1 }).unwrap()
 }
 

@@ -12,12 +12,12 @@ use crate::window::Window;
 /// One pass a session asks of its backend: the graph, its rows, and what the session lends
 /// the backend for the pass (the window, the staging of rotating weights, the CPU's
 /// mixture-of-experts step, a profile to fill).
-pub struct Pass<'p, 'm> {
+pub struct Pass<'p> {
     pub graph: u32,
     pub inputs: RunInputs<'p>,
     pub window: &'p mut Window,
     pub stager: &'p mut Stager,
-    pub moe: &'p mut MoeStep<'m>,
+    pub moe: &'p mut MoeStep,
     pub profile: Option<&'p mut OpProfile>,
 }
 
@@ -48,7 +48,7 @@ pub trait Executor: Send {
     /// the session's window, waiting on the session's stager for rotating weights as the
     /// graph's swap schedule says, and handing the mixture-of-experts ops to the session's
     /// [`MoeStep`]. With a profile, records each op's time.
-    fn run(&mut self, model: &Model, pass: Pass<'_, '_>) -> Result<()>;
+    fn run(&mut self, model: &Model, pass: Pass<'_>) -> Result<()>;
 
     fn capabilities(&self) -> &Capabilities;
 

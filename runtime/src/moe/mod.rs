@@ -32,6 +32,7 @@ pub mod step;
 pub use step::MoeStep;
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Instant;
 
 use llada_ir::{Header, Op, TensorId};
@@ -277,8 +278,8 @@ impl Pools {
 }
 
 /// A session's expert runtime (see the module docs).
-pub struct Experts<'m> {
-    model: &'m Model,
+pub struct Experts {
+    model: Arc<Model>,
     strategy: ExpertStrategy,
     shape: ExpertShape,
     top_k: usize,
@@ -341,11 +342,11 @@ impl Forecast {
 /// the pool: a bound on the copies one forecast can ask for.
 const RESTAGE_SHARE: usize = 4;
 
-impl<'m> Experts<'m> {
+impl Experts {
     /// The expert runtime of a session over `window`, or `None` for a dense model. The CPU path
     /// gets `cpu_threads` threads (`static` and `hybrid` need at least one). A pool that holds
     /// every expert of its layer is filled now, like the resident weights.
-    pub fn new(model: &'m Model, window: &Window, strategy: ExpertStrategy, cpu_threads: usize) -> Result<Option<Experts<'m>>> {
+    pub fn new(model: &Arc<Model>, window: &Window, strategy: ExpertStrategy, cpu_threads: usize) -> Result<Option<Experts>> {
         let h = &model.header;
         let Some(layout) = expert_layout(h) else { return Ok(None) };
         let plan = &h.plan.window.experts;
@@ -398,7 +399,7 @@ impl<'m> Experts<'m> {
             pools.stager = Some(ExpertStager::new(model.file(), model.path.clone(), mems)?);
         }
         Ok(Some(Experts {
-            model,
+            model: model.clone(),
             strategy,
             shape,
             top_k,
@@ -499,7 +500,7 @@ impl<'m> Experts<'m> {
         }
 
         // The CPU path's job runs on its own threads while this thread computes the rest.
-        let (model, shape, first, routing, strategy) = (self.model, self.shape, self.firsts[layer], &self.routing, self.strategy);
+        let (model, shape, first, routing, strategy) = (&*self.model, self.shape, self.firsts[layer], &self.routing, self.strategy);
         let (x, pools, cpu, split, forecast, acc_timings) = (op.x, &mut self.pools, &mut self.cpu, &self.split, &mut self.forecast, &mut self.acc_timings);
         let (lru_list, inflight) = (&mut self.lru_list, &mut self.inflight);
         acc_timings.clear();

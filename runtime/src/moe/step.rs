@@ -14,29 +14,29 @@ use crate::pool::Pool;
 
 use super::{routing, Experts, MoeOperands, OpScratch};
 
-pub struct MoeStep<'m> {
+pub struct MoeStep {
     /// The expert runtime (slots in the window, the CPU path beside it); without one every
     /// expert runs here from the artifact's mapping (the CPU side path, a dense model).
-    experts: Option<Experts<'m>>,
+    experts: Option<Experts>,
     scratch: OpScratch,
     pool: Pool,
     features: Features,
 }
 
-impl<'m> MoeStep<'m> {
+impl MoeStep {
     /// The step of a session on `model`: `experts` its expert runtime, if any; the routers
     /// and the experts without one run on `pool` with kernel paths `features`.
-    pub fn new(model: &Model, experts: Option<Experts<'m>>, pool: Pool, features: Features) -> MoeStep<'m> {
+    pub fn new(model: &Model, experts: Option<Experts>, pool: Pool, features: Features) -> MoeStep {
         MoeStep { experts, scratch: OpScratch::new(&model.header), pool, features }
     }
 
-    pub fn experts(&self) -> Option<&Experts<'m>> {
+    pub fn experts(&self) -> Option<&Experts> {
         self.experts.as_ref()
     }
 
     /// Replaces the expert runtime (after a failed pass: the old one is dropped first, its
     /// staging thread joined, so a failed setup leaves none behind).
-    pub fn set_experts(&mut self, make: impl FnOnce() -> Result<Option<Experts<'m>>>) -> Result<()> {
+    pub fn set_experts(&mut self, make: impl FnOnce() -> Result<Option<Experts>>) -> Result<()> {
         self.experts = None;
         self.experts = make()?;
         Ok(())

@@ -16,14 +16,49 @@ use crate::session::{Counters, Session};
 /// A generation in progress over a session: [`start`](Self::start) it, call
 /// [`step`](Self::step) until it returns `None`, then [`finish`](Self::finish). Dropping it
 /// part-way leaves the session usable (the next generation starts afresh).
-pub struct Generator<'s, 'm> {
-    session: &'s mut Session<'m>,
+pub struct Generator<'s> {
+    session: Lent<'s>,
     canvas: Canvas,
     policy: Box<dyn PolicyStep>,
     start: Instant,
     before: Counters,
     /// A step failed: the generation cannot go on.
     failed: bool,
+}
+
+/// The session a generation runs on: borrowed for it, or owned by it. A front end that drives
+/// a generation one step at a time from elsewhere (Python's step iterator) hands the generator
+/// its session ([`Generator::start_owned`]) and takes it back when it ends
+/// ([`Generator::end`]).
+enum Lent<'s> {
+    Borrowed(&'s mut Session),
+    Owned(Box<Session>),
+}
+
+impl std::ops::Deref for Lent<'_> {
+    type Target = Session;
+    fn deref(&self) -> &Session {
+        match self {
+            Lent::Borrowed(s) => s,
+            Lent::Owned(s) => s,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Lent<'_> {
+    fn deref_mut(&mut self) -> &mut Session {
+        match self {
+            Lent::Borrowed(s) => s,
+            Lent::Owned(s) => s,
+        }
+    }
+}
+
+/// What a generation starts with, made while the session is borrowed.
+struct Prepared {
+    canvas: Canvas,
+    policy: Box<dyn PolicyStep>,
+    before: Counters,
 }
 
 /// Refuses a block of `block_length` logit rows when the graph that computes `rows` positions
@@ -40,10 +75,19 @@ fn check_head_rows(session: &Session, rows: usize, block_length: usize) -> Resul
     Ok(())
 }
 
-impl<'s, 'm> Generator<'s, 'm> {
+impl<'s> Generator<'s> {
     /// Checks the request against the session's plan and sizes everything the steps use.
-    pub fn start(session: &'s mut Session<'m>, prompt: &[u32], p: &SamplerParams) -> Result<Generator<'s, 'm>> {
-        let steps_per_block = p.validate(&Limits::of(session.model))?;
+    pub fn start(session: &'s mut Session, prompt: &[u32], p: &SamplerParams) -> Result<Generator<'s>> {
+        let ready = Generator::prepare(session, prompt, p)?;
+        Ok(Generator::over(Lent::Borrowed(session), ready))
+    }
+
+    fn over(session: Lent<'s>, ready: Prepared) -> Generator<'s> {
+        Generator { session, canvas: ready.canvas, policy: ready.policy, start: Instant::now(), before: ready.before, failed: false }
+    }
+
+    fn prepare(session: &mut Session, prompt: &[u32], p: &SamplerParams) -> Result<Prepared> {
+        let steps_per_block = p.validate(&Limits::of(&session.model))?;
         let special = session.model.header.special.clone();
         check_prompt(prompt, special.mask)?;
         if session.model.family() == llada_ir::Family::Llada2Moe {
@@ -64,19 +108,18 @@ impl<'s, 'm> Generator<'s, 'm> {
         };
         let predictor = Predictor::for_session(session, p.block_length * (1 + spec_blocks));
         let canvas = Canvas::new(p, steps_per_block, prompt, special, predictor, revised_per_step);
-        let before = session.counters;
-        Ok(Generator { session, canvas, policy, start: Instant::now(), before, failed: false })
+        Ok(Prepared { canvas, policy, before: session.counters })
     }
 
     /// LLaDA 2.x's published `generate` (`llada2.rs`): its canvas is the block grid from
     /// position 0, the prompt's partial block included.
-    fn start_llada2(session: &'s mut Session<'m>, prompt: &[u32], p: &SamplerParams, special: llada_ir::SpecialTokens, steps: usize) -> Result<Generator<'s, 'm>> {
+    fn start_llada2(session: &mut Session, prompt: &[u32], p: &SamplerParams, special: llada_ir::SpecialTokens, steps: usize) -> Result<Prepared> {
         let mut policy = llada2::Llada2::new(p, prompt.len(), steps, special.eos);
         if p.policy == Policy::Mbsd {
             policy = policy.speculate(p);
         }
         let grid = policy.grid_len();
-        let limit = Limits::of(session.model).max_len;
+        let limit = Limits::of(&session.model).max_len;
         if grid > limit {
             return Err(Error::request(format!(
                 "the prompt ({} tokens) and --gen-len {} fill {grid} positions of {}-token blocks, more than the {limit} {} holds",
@@ -92,8 +135,7 @@ impl<'s, 'm> Generator<'s, 'm> {
         let predictor = Predictor::for_session(session, policy.head_rows());
         let mut canvas = Canvas::new(&canvas_p, steps, prompt, special, predictor, policy.revised_per_step());
         canvas.own_schedule = true;
-        let before = session.counters;
-        Ok(Generator { session, canvas, policy: Box::new(policy), start: Instant::now(), before, failed: false })
+        Ok(Prepared { canvas, policy: Box::new(policy), before: session.counters })
     }
 
     /// Runs the next step: one dense pass (none where the schedule commits nothing) and its
@@ -123,7 +165,12 @@ impl<'s, 'm> Generator<'s, 'm> {
 
     /// What the generation did (called before it is complete: what it did so far; after a
     /// failed step, `output_ids` may hold commits of that step which `reveals` lacks).
-    pub fn finish(mut self) -> Generation {
+    pub fn finish(self) -> Generation {
+        self.end().0
+    }
+
+    /// [`finish`](Self::finish), and the session if the generator owns it.
+    pub fn end(mut self) -> (Generation, Option<Box<Session>>) {
         let c = &self.canvas;
         let mut g = Generation {
             prompt_ids: c.x[..c.prompt_len].to_vec(),
@@ -140,6 +187,21 @@ impl<'s, 'm> Generator<'s, 'm> {
         if g.revisions.is_some() {
             g.revisions = Some(c.revisions_per_step());
         }
-        g
+        let session = match self.session {
+            Lent::Owned(s) => Some(s),
+            Lent::Borrowed(_) => None,
+        };
+        (g, session)
+    }
+}
+
+impl Generator<'static> {
+    /// [`start`](Self::start) on a session the generator owns until [`end`](Self::end); on
+    /// failure the session comes back with the error.
+    pub fn start_owned(mut session: Box<Session>, prompt: &[u32], p: &SamplerParams) -> std::result::Result<Generator<'static>, (Error, Box<Session>)> {
+        match Generator::prepare(&mut session, prompt, p) {
+            Ok(ready) => Ok(Generator::over(Lent::Owned(session), ready)),
+            Err(e) => Err((e, session)),
+        }
     }
 }

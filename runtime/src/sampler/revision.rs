@@ -118,7 +118,7 @@ impl Reviser {
                 report.side_seconds += job.seconds;
                 fresh.clear();
                 fresh.extend(job.checked.iter().copied().filter(|p| !dense_stored.contains(p)));
-                let model = session.model;
+                let model = session.model.clone();
                 session.window_mut().copy_kv_from(&job.window, fresh, &model.header);
                 for &q in fresh.iter() {
                     kv_fresh[q as usize] = true;

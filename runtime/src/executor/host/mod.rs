@@ -275,7 +275,7 @@ impl HostExecutor {
 }
 
 impl Executor for HostExecutor {
-    fn run(&mut self, model: &Model, pass: Pass<'_, '_>) -> Result<()> {
+    fn run(&mut self, model: &Model, pass: Pass<'_>) -> Result<()> {
         let Pass { graph, inputs, window, stager, moe, profile } = pass;
         let g = model.graph(graph);
         // The whole pass on one of the pool's threads: each op's parallel part then starts

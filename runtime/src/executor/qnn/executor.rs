@@ -268,7 +268,7 @@ fn execute(context: &mut Context, executable: &QnnGraph, table: &NpuGraph, scrat
 }
 
 impl Executor for QnnExecutor {
-    fn run(&mut self, model: &Model, pass: Pass<'_, '_>) -> Result<()> {
+    fn run(&mut self, model: &Model, pass: Pass<'_>) -> Result<()> {
         let Pass { graph, inputs, window, stager, moe, profile: _ } = pass;
         let inp = &inputs;
         // One executable per context a pass: no op of the plan is timed, so a profile stays

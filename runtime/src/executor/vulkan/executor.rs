@@ -168,7 +168,7 @@ impl VulkanExecutor {
 }
 
 impl Executor for VulkanExecutor {
-    fn run(&mut self, model: &Model, pass: Pass<'_, '_>) -> Result<()> {
+    fn run(&mut self, model: &Model, pass: Pass<'_>) -> Result<()> {
         let Pass { graph, inputs, window, stager, moe, mut profile } = pass;
         let inp = &inputs;
         let (g, gid) = (model.graph(graph), graph as usize);
