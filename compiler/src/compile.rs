@@ -676,7 +676,7 @@ fn add_npu_executables(
         context.segment = w.add_raw_segment(&format!("npu.context.{i}"), binary)?;
         bytes += binary.len() as u64;
     }
-    header.extensions.push(llada_ir::Extension { key: llada_ir::npu::EXTENSION_KEY.into(), bytes: lowered.section.encode() });
+    header.extensions.push(llada_ir::Extension { key: llada_ir::npu::EXTENSION_KEY.into(), version: llada_ir::npu::SECTION_VERSION, required: false, bytes: lowered.section.encode() });
     header.compile.options.push(("npu".into(), format!("qnn {} ({}), {} weights", soc.0, lowered.section.qnn_build, format.name())));
     Ok((soc.0.to_string(), lowered.section.contexts.len(), bytes, lowered.seconds))
 }

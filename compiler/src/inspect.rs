@@ -88,6 +88,9 @@ pub fn describe(h: &Header, major: u16, minor: u16, file_bytes: u64) -> Value {
     json!({
         "format": format!("{major}.{minor}"),
         "file_bytes": file_bytes,
+        "sections": std::iter::once(json!({"kind": llada_ir::sections::CORE, "version": llada_ir::sections::CORE_VERSION, "required": true}))
+            .chain(h.extensions.iter().map(|e| json!({"kind": e.key, "version": e.version, "required": e.required, "bytes": e.bytes.len()})))
+            .collect::<Vec<_>>(),
         "model": h.model,
         "special_tokens": h.special,
         "tokenizer": {
@@ -199,6 +202,13 @@ pub fn render_text(d: &Value) -> String {
         m["d_model"], m["n_layers"], m["n_heads"], m["n_kv_heads"], m["head_dim"], m["mlp_hidden"], m["vocab_size"],
         m["embedding_size"], m["max_sequence_length"]
     );
+    let sections: Vec<String> = d["sections"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|x| format!("{} v{}{}", x["kind"].as_str().unwrap_or("?"), x["version"], if x["required"] == true { " (required)" } else { " (optional)" }))
+        .collect();
+    let _ = writeln!(s, "sections: {}", sections.join(", "));
     let _ = writeln!(s, "special tokens: {}", d["special_tokens"]);
     let _ = writeln!(s, "compiled by {} for target {} from {}", d["compile"]["compiler"], d["compile"]["target"], d["compile"]["source"]);
     let _ = writeln!(s, "weights by dtype: {}", d["weight_bytes_by_dtype"]);

@@ -17,22 +17,29 @@ use crate::mutate::{self, Rng};
 pub struct Seed {
     file: Vec<u8>,
     header_offset: usize,
+    /// The encoded `core` section (what the raw edits mutate), and the other sections kept
+    /// as they are.
     header: Vec<u8>,
+    extensions: Vec<llada_ir::Extension>,
     tree: Value,
 }
 
 impl Seed {
     pub fn new(file: Vec<u8>) -> Seed {
         let p = Preamble::decode(&file).expect("the seed artifact has a preamble");
-        let header = file[p.header_offset as usize..].to_vec();
-        let h: Header = postcard::from_bytes(&header).expect("the seed header decodes");
+        let (mut h, _) = llada_ir::sections::decode(&file[p.header_offset as usize..]).expect("the seed header decodes");
+        let extensions = std::mem::take(&mut h.extensions);
+        let header = postcard::to_allocvec(&h).expect("encodes");
         let tree = serde_json::to_value(&h).expect("a header is JSON-serialisable");
-        Seed { header_offset: p.header_offset as usize, file, header, tree }
+        Seed { header_offset: p.header_offset as usize, file, header, extensions, tree }
     }
 }
 
-/// The seed file with `header` in place of its header, checksums recomputed.
-fn reseal(seed: &Seed, header: &[u8]) -> Vec<u8> {
+/// The seed file with `core` as its core section (its other sections as they were), every
+/// checksum recomputed.
+fn reseal(seed: &Seed, core: &[u8]) -> Vec<u8> {
+    let region = llada_ir::sections::encode_parts(core, &seed.extensions).expect("the seed's sections encode");
+    let header = &region[..];
     let p = Preamble::decode(&seed.file).expect("seed");
     let p = Preamble { header_len: header.len() as u64, header_crc32: crc32fast::hash(header), ..p };
     let mut out = Vec::with_capacity(seed.header_offset + header.len());

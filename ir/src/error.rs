@@ -13,6 +13,8 @@ pub enum Error {
          (it reads {supported_major}.x); recompile the model with a matching lladac"
     )]
     FormatVersion { found_major: u16, found_minor: u16, supported_major: u16 },
+    #[error("{}", section_version_message(kind, *found, *reads))]
+    SectionVersion { kind: String, found: u32, reads: Option<u32> },
     #[error("truncated artifact: {what} needs bytes up to {need} but the file has {have}")]
     Truncated { what: String, need: u64, have: u64 },
     #[error("checksum mismatch in {what}: the artifact is corrupted; recompile or copy it again")]
@@ -30,6 +32,15 @@ impl Error {
 
     pub fn io(context: impl Into<String>, source: io::Error) -> Self {
         Error::Io { context: context.into(), source }
+    }
+}
+
+/// The message of a required section this build cannot read: a known one at another version,
+/// or one it does not know at all.
+fn section_version_message(kind: &str, found: u32, reads: Option<u32>) -> String {
+    match reads {
+        Some(v) => format!("the artifact's section '{kind}' is version {found} but this build reads version {v}; recompile the model with a matching lladac"),
+        None => format!("the artifact needs section '{kind}' (version {found}), which this build does not know; run it with a newer llada-rt, or recompile the model with a matching lladac"),
     }
 }
 

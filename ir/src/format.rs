@@ -12,8 +12,9 @@
 use crate::error::{Error, Result};
 
 pub const MAGIC: [u8; 8] = *b"LLADA\0AF";
-/// Header schema version: a reader refuses any other major version.
-pub const FORMAT_MAJOR: u16 = 9;
+/// The layout of the preamble and of the section table (`sections.rs`): a reader refuses any
+/// other major version. What the sections hold is versioned per section.
+pub const FORMAT_MAJOR: u16 = 10;
 /// Additions an older reader of the same major version can ignore (see COMPATIBILITY.md).
 pub const FORMAT_MINOR: u16 = 0;
 pub const PREAMBLE_LEN: usize = 64;
@@ -128,6 +129,10 @@ mod tests {
         p.major = FORMAT_MAJOR + 1;
         let err = Preamble::decode(&p.encode()).unwrap_err();
         assert!(matches!(err, Error::FormatVersion { found_major, .. } if found_major == FORMAT_MAJOR + 1));
+        // An artifact from before the section table (major 9) gets the one message: recompile.
+        p.major = 9;
+        let err = Preamble::decode(&p.encode()).unwrap_err().to_string();
+        assert!(err.contains("format version 9.0 is not supported by this build (it reads 10.x); recompile"), "{err}");
     }
 
     #[test]

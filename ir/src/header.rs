@@ -211,10 +211,17 @@ pub struct CompileInfo {
     pub options: Vec<(String, String)>,
 }
 
-/// Data a minor format version may add without breaking older readers, which skip unknown keys.
+/// A section of the artifact besides the core header (the NPU's executables are `npu.qnn`),
+/// versioned on its own: readers keep sections they do not know for whoever reads them, and
+/// refuse only a required one they cannot read ([`crate::sections`]).
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct Extension {
+    /// The section's kind: at most 24 ASCII bytes, `area.name`.
     pub key: String,
+    pub version: u32,
+    /// Whether a reader that cannot read it must refuse the artifact (a runtime runs without
+    /// an optional section: the host backend without the NPU's executables).
+    pub required: bool,
     pub bytes: Vec<u8>,
 }
 

@@ -9,6 +9,7 @@ pub mod header;
 pub mod npu;
 pub mod packing;
 pub mod read;
+pub mod sections;
 pub mod verify;
 mod verify_window;
 pub mod window;

@@ -662,10 +662,24 @@ impl NpuSection {
     }
 
     /// The section of a header, if it has one.
+    /// [`of`](Self::of), except that an optional section at a version this build does not
+    /// read is `None`: every load verifies what it can read, and a runtime without the section
+    /// runs the artifact on another backend (the QNN backend's `of` refuses it, naming the
+    /// version).
+    pub fn if_readable(h: &Header) -> Result<Option<NpuSection>> {
+        match h.extensions.iter().find(|e| e.key == EXTENSION_KEY) {
+            Some(e) if e.version != SECTION_VERSION && !e.required => Ok(None),
+            _ => NpuSection::of(h),
+        }
+    }
+
     pub fn of(h: &Header) -> Result<Option<NpuSection>> {
         let Some(e) = h.extensions.iter().find(|e| e.key == EXTENSION_KEY) else {
             return Ok(None);
         };
+        if e.version != SECTION_VERSION {
+            return Err(Error::SectionVersion { kind: EXTENSION_KEY.into(), found: e.version, reads: Some(SECTION_VERSION) });
+        }
         // The version first: an older section's fields do not decode as this one's.
         let (version, _) = postcard::take_from_bytes::<u32>(&e.bytes).map_err(|err| Error::invalid(format!("extension '{EXTENSION_KEY}' does not decode: {err}")))?;
         if version != SECTION_VERSION {

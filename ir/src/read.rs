@@ -12,6 +12,8 @@ use crate::verify;
 pub struct Artifact<'a> {
     pub preamble: Preamble,
     pub header: Header,
+    /// The header region's section table.
+    pub sections: Vec<crate::sections::SectionEntry>,
     /// The data section.
     data: &'a [u8],
     file: &'a [u8],
@@ -45,10 +47,9 @@ impl<'a> Artifact<'a> {
         if crc32fast::hash(header_bytes) != p.header_crc32 {
             return Err(Error::Checksum { what: "the header".into() });
         }
-        let header: Header =
-            postcard::from_bytes(header_bytes).map_err(|e| Error::invalid(format!("cannot decode the header: {e}")))?;
+        let (header, sections) = crate::sections::decode(header_bytes)?;
         verify::header(&header, p.data_len)?;
-        Ok(Artifact { preamble: p, header, data: &file[p.data_offset as usize..data_end as usize], file })
+        Ok(Artifact { preamble: p, header, sections, data: &file[p.data_offset as usize..data_end as usize], file })
     }
 
     /// Checks every tensor's (and backend executable's) CRC-32 and that all bytes outside them (preamble padding,
@@ -69,18 +70,29 @@ impl<'a> Artifact<'a> {
         zero_gap(&self.file[PREAMBLE_LEN..self.preamble.data_offset as usize], "the preamble padding")?;
         // Every checksummed span: the tensors, and the backend executables (their CRC-32 in
         // the NPU section, which the header verification already decoded).
-        let mut spans: Vec<(u64, u64, u32, String)> = self.header.tensors.iter().map(|t| (t.offset, t.nbytes, t.crc32, format!("tensor '{}'", t.name))).collect();
-        if let Some(npu) = crate::npu::NpuSection::of(&self.header)? {
-            for c in &npu.contexts {
-                let seg = &self.header.segments[c.segment as usize];
-                spans.push((seg.offset, seg.nbytes, c.crc32, format!("the NPU context binary '{}'", seg.name)));
+        let h = &self.header;
+        let mut spans: Vec<(u64, u64, Option<u32>, String)> = h.tensors.iter().map(|t| (t.offset, t.nbytes, Some(t.crc32), format!("tensor '{}'", t.name))).collect();
+        match crate::npu::NpuSection::if_readable(h)? {
+            Some(npu) => {
+                for c in &npu.contexts {
+                    let seg = &h.segments[c.segment as usize];
+                    spans.push((seg.offset, seg.nbytes, Some(c.crc32), format!("the NPU context binary '{}'", seg.name)));
+                }
             }
+            // A section this build does not read may own the segments no tensor is in: their
+            // checksums are in it, so they go unchecked (nothing here reads them).
+            None if h.extensions.iter().any(|e| e.key == crate::npu::EXTENSION_KEY) => {
+                for (i, seg) in h.segments.iter().enumerate().filter(|(i, _)| (0..h.tensors.len() as u32).all(|t| h.segment_of(t) != Some(*i as u32))) {
+                    spans.push((seg.offset, seg.nbytes, None, format!("segment {i} '{}'", seg.name)));
+                }
+            }
+            None => {}
         }
         spans.sort_by_key(|s| s.0);
         let mut cursor = 0u64;
         for (offset, nbytes, crc, what) in spans {
             zero_gap(&self.data[cursor as usize..offset as usize], &format!("the padding before {what}"))?;
-            if crc32fast::hash(&self.data[offset as usize..(offset + nbytes) as usize]) != crc {
+            if crc.is_some_and(|crc| crc32fast::hash(&self.data[offset as usize..(offset + nbytes) as usize]) != crc) {
                 return Err(Error::Checksum { what });
             }
             checked(self.preamble.data_offset + offset, nbytes);

@@ -59,7 +59,7 @@ pub fn header(h: &Header, data_len: u64) -> Result<()> {
     for (i, g) in h.graphs.iter().enumerate() {
         crate::verify_window::graph_in_window(h, g).map_err(|e| Error::invalid(format!("graphs[{i}] '{}' {e}", g.name)))?;
     }
-    if let Some(npu) = crate::npu::NpuSection::of(h)? {
+    if let Some(npu) = crate::npu::NpuSection::if_readable(h)? {
         npu.verify(h)?;
     }
     Ok(())

@@ -154,7 +154,7 @@ impl ArtifactWriter {
         header.segments = std::mem::take(&mut self.segments);
         let data_len = self.pos - DATA_OFFSET;
         crate::verify::header(&header, data_len)?;
-        let bytes = postcard::to_stdvec(&header).map_err(|e| Error::invalid(format!("cannot encode the header: {e}")))?;
+        let bytes = crate::sections::encode(&header)?;
         let header_offset = self.pos;
         self.put(&bytes)?;
         let preamble = Preamble {

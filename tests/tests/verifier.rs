@@ -302,3 +302,29 @@ fn every_moe_rule_refuses_its_crafted_artifact() {
     ];
     all_refused(&good, cases);
 }
+
+/// The section table: a section this build does not know is skipped when optional (the
+/// artifact loads and runs) and refused by name when required; an NPU section at a version
+/// this build does not read is skipped by a load that does not need it.
+#[test]
+fn unknown_sections_are_skipped_unless_required() {
+    let good = valid();
+    let with = |key: &str, version: u32, required: bool| {
+        common::reseal(&good, |h| h.extensions.push(llada_ir::Extension { key: key.into(), version, required, bytes: vec![7; 9] }))
+    };
+    let dir = tempfile::tempdir().unwrap();
+    for (key, version) in [("later.thing", 3), (llada_ir::npu::EXTENSION_KEY, llada_ir::npu::SECTION_VERSION + 1)] {
+        let file = with(key, version, false);
+        let a = Artifact::parse(&file).unwrap_or_else(|e| panic!("an optional '{key}' is skipped: {e}"));
+        assert!(a.sections.iter().any(|s| s.kind == key && s.version == version && !s.required));
+        a.verify_data().unwrap();
+        // The runtime loads it and runs a pass on the host.
+        let path = dir.path().join("optional.lad");
+        std::fs::write(&path, &file).unwrap();
+        let model = llada_rt::Model::open(&path, true).unwrap();
+        let mut s = llada_rt::Session::with_threads(&model, 1).unwrap();
+        assert_eq!(s.forward_full(&[1, 2, 3, 4], &[3]).unwrap().len(), model.header.model.embedding_size as usize);
+    }
+    refused(&with("later.thing", 3, true), &["needs section 'later.thing' (version 3)", "does not know"]);
+    refused(&with(llada_ir::npu::EXTENSION_KEY, 99, true), &["section 'npu.qnn' is version 99", "recompile"]);
+}

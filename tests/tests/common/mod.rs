@@ -238,7 +238,7 @@ pub fn set_weight(ckpt: &Path, name: &str, index: usize, bits: &[u8]) {
 /// `file`'s header as stored (after its preamble).
 pub fn stored_header(file: &[u8]) -> llada_ir::Header {
     let p = llada_ir::format::Preamble::decode(file).unwrap();
-    postcard::from_bytes(&file[p.header_offset as usize..]).unwrap()
+    llada_ir::sections::decode(&file[p.header_offset as usize..]).unwrap().0
 }
 
 /// `file` with its header changed by `edit` and both checksums recomputed (header and
@@ -247,7 +247,7 @@ pub fn reseal(file: &[u8], edit: impl FnOnce(&mut llada_ir::Header)) -> Vec<u8> 
     let p = llada_ir::format::Preamble::decode(file).unwrap();
     let mut h = stored_header(file);
     edit(&mut h);
-    let header = postcard::to_allocvec(&h).unwrap();
+    let header = llada_ir::sections::encode(&h).unwrap();
     let p = llada_ir::format::Preamble { header_len: header.len() as u64, header_crc32: crc32fast::hash(&header), ..p };
     let mut out = file[..p.header_offset as usize].to_vec();
     out[..p.encode().len()].copy_from_slice(&p.encode());
