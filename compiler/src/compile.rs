@@ -3,21 +3,26 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use indicatif::{ProgressBar, ProgressStyle};
+use indicatif::ProgressBar;
 use llada_ir::packing::{pack_panel, PANEL};
-use llada_ir::window::{ActivationScales, ACTIVATION_BLOCK};
+use llada_ir::window::ActivationScales;
 use llada_ir::npu::NpuWeights;
-use llada_ir::{ArtifactWriter, CompileInfo, DType, Family, Header, KvDType, ModelConfig, MoeConfig, Plan, TensorId};
+use llada_ir::{ArtifactWriter, DType, Family, Header, KvDType, TensorId};
 
 use crate::convert::{convert, first_overflow, first_overflow_raw, to_f32};
 use crate::error::{Error, Result};
 use crate::hf::checkpoint::{Checkpoint, SourceDType, TensorLocation};
 use crate::hf::config::LladaConfig;
-use crate::hf::{config, names, tokenizer};
+use crate::hf::names;
 use crate::layout::{self, Planned, Storage};
-use crate::lower::{self, NetworkOptions};
-use crate::window::{self, WindowOptions};
-use crate::{latency, memory, onnx};
+use crate::window;
+
+mod produce;
+mod settings;
+mod source;
+
+use settings::{Rows, Settings};
+use source::Source;
 
 /// How the matrix weights are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -291,359 +296,25 @@ pub fn check_flags(quant: Option<&str>, group: Option<u32>, target: &str, max_se
 }
 
 pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
-    // `metadata`, not `exists`: a link loop or an unreadable folder says so, not "not found".
-    std::fs::metadata(&opts.model).map_err(|e| Error::io(&opts.model, e))?;
-    // An ONNX export's config and tokenizer files sit beside it; a directory holding one
-    // `.onnx` file and no safetensors (as Optimum lays an export out) names that export.
-    let onnx_file = if onnx::is_onnx(&opts.model) { Some(opts.model.clone()) } else { onnx::export_in(&opts.model) };
-    let dir = &match &onnx_file {
-        Some(f) => f.parent().unwrap_or(Path::new(".")).to_path_buf(),
-        None => opts.model.clone(),
-    };
-    if onnx_file.is_some() && !dir.join("config.json").exists() {
-        return Err(Error::Onnx {
-            path: onnx_file.clone().unwrap_or_default(),
-            msg: "no config.json beside it: an ONNX graph carries no model config or tokenizer, so lladac reads the checkpoint's config.json and tokenizer files from the .onnx file's directory (as Hugging Face Optimum's exports place them)".into(),
-        });
-    }
-    // Everything the compile reads, which the output must not replace; checked now, before
-    // the work, and again when the artifact is moved into place.
-    let reads = [opts.model.as_path(), dir.as_path()];
-    llada_ir::files::check_destination(&opts.output, &reads).map_err(|e| Error::io(&opts.output, e))?;
-    let (cfg, mut warnings) = config::load(dir)?;
-    let target = llada_targets::by_name(&opts.target).map_err(Error::Options)?;
-    let qnn_library = match (opts.host_only, crate::qnn::soc_of(&target.name)) {
-        (false, Some((soc, _))) => Some(crate::qnn::open_library(soc, opts.qnn_lib.as_deref())?),
-        _ => None,
-    };
-    let ckpt = match &onnx_file {
-        Some(f) => onnx::open(f, &cfg)?,
-        None => Checkpoint::open(dir)?,
-    };
-    let (tok_spec, special) = tokenizer::load(dir, &cfg)?;
-
-    let (d, hd, f) = (cfg.d_model, cfg.head_dim(), cfg.mlp_hidden);
-    let q_dim = cfg.n_heads * hd;
-    let embed_dtype = ckpt.expect(embedding_name(&cfg), &[cfg.embedding_size, d], &format!("embedding_size {}, d_model {d}", cfg.embedding_size))?.dtype;
-    // An NPU target's executables hold fp16 weights unless --quant asks for int8 or int4, so
-    // fp16 is its default storage too (with --host-only as well: its kernels take no f32).
-    let npu_soc = if opts.host_only { None } else { crate::qnn::soc_of(&target.name) };
-    if crate::qnn::soc_of(&target.name).is_none() && (opts.host_only || opts.qnn_lib.is_some()) {
-        let flag = if opts.host_only { "--host-only" } else { "--qnn-lib" };
-        return Err(Error::Options(format!("{flag}: target '{}' has no NPU executables (only sm8550, sm8650, sm8750 and sm8850 do)", target.name)));
-    }
-    if opts.host_only && opts.qnn_lib.is_some() {
-        return Err(Error::Options("--qnn-lib: --host-only builds no NPU executables, so no QNN library is used".into()));
-    }
-    if opts.npu_limits != NpuLimitOverrides::default() && npu_soc.is_none() {
-        let flag = if opts.npu_limits.sessions.is_some() { "--npu-sessions" } else { "--npu-session-bytes" };
-        return Err(Error::Options(format!("{flag}: only the NPU executables of a Snapdragon target (without --host-only) are planned over HTP sessions")));
-    }
-    if opts.npu_limits.sessions == Some(0) || opts.npu_limits.session_bytes == Some(0) {
-        return Err(Error::Options("--npu-sessions and --npu-session-bytes must be above 0".into()));
-    }
-    if let (Some(n), None) = (opts.npu_contexts, npu_soc) {
-        return Err(Error::Options(format!("--npu-contexts {n}: only the NPU executables of a Snapdragon target (without --host-only) are split into contexts")));
-    }
-    if let (Some(id), None) = (opts.npu_estimate_soc, npu_soc) {
-        return Err(Error::Options(format!("--npu-estimate-soc {id}: only the NPU executables of a Snapdragon target (without --host-only) are estimated")));
-    }
-    if opts.npu_shared_weights && npu_soc.is_none() {
-        return Err(Error::Options("--npu-shared-weights: only the NPU executables of a Snapdragon target (without --host-only) hold weights in contexts".into()));
-    }
-    let quant = opts.quant.unwrap_or_else(|| if crate::qnn::soc_of(&target.name).is_some() { Quant::F16 } else { Quant::of_source(embed_dtype) });
-    let npu_activations = match opts.npu_activations {
-        NpuActivations::ByFormat if npu_soc.is_some() && matches!(quant, Quant::Q4 { .. }) => NpuActivations::U16,
-        NpuActivations::ByFormat => NpuActivations::F16,
-        chosen => chosen,
-    };
-    let npu_weights = match quant {
-        Quant::F16 => NpuWeights::F16,
-        Quant::Q8 => NpuWeights::Int8PerChannel,
-        // The HTP's int4 with fp16 activations is per output channel (QNN.md); the host
-        // stand-in keeps its groups.
-        Quant::Q4 { group } if npu_activations == NpuActivations::U16 => NpuWeights::Int4Lpbq { block: group },
-        Quant::Q4 { .. } => NpuWeights::Int4PerChannel,
-        Quant::F32 | Quant::Bf16 => {
-            if let Some((soc, _)) = npu_soc {
-                return Err(Error::Options(format!(
-                    "--quant {}: the NPU executables for '{soc}' hold fp16, int8 or int4 weights; use --quant f16, q8 or q4, or --host-only to build the host stand-in with {} weights",
-                    quant.name(),
-                    quant.name()
-                )));
-            }
-            NpuWeights::F16
-        }
-    };
-    // The calibration set, read before any work (a bad file is one error up front).
-    let mut calibration_set = None;
-    if npu_activations == NpuActivations::U16 {
-        if npu_soc.is_none() {
-            return Err(Error::Options("--npu-activations u16: only the NPU executables of a Snapdragon target (without --host-only) have 16-bit activations".into()));
-        }
-        if !matches!(quant, Quant::Q4 { .. }) {
-            return Err(Error::Options(format!("--npu-activations u16 runs with block-scaled int4 weights (--quant q4), not {}", quant.name())));
-        }
-        calibration_set = Some(match &opts.calibration {
-            Some(file) => (crate::calibrate::read_prompts(file)?, file.display().to_string()),
-            None => (crate::calibrate::DEFAULT_PROMPTS.map(str::to_string).to_vec(), "lladac's built-in set".to_string()),
-        });
-    } else if let Some(file) = &opts.calibration {
-        return Err(Error::Options(format!("--calibration {}: only 16-bit NPU activations (--npu-activations u16) are calibrated", file.display())));
-    }
-    if opts.bf16_activations && quant != Quant::Bf16 {
-        return Err(Error::Options(format!("--activations bf16 needs bf16 weights (--quant bf16), not {}", quant.name())));
-    }
-    let int8 = matches!(quant, Quant::Q8 | Quant::Q4 { .. });
-    if let (Some(scales), false) = (opts.activation_scales, int8) {
-        return Err(Error::Options(format!("--activation-scales {}: only q8 and q4 weights run with int8 activations, not {}", scales.name(), quant.name())));
-    }
-    let activation_scales = opts.activation_scales.unwrap_or_else(|| default_activation_scales(quant));
-    if let (Quant::Q4 { group }, ActivationScales::PerBlock) = (quant, activation_scales) {
-        if group as usize % ACTIVATION_BLOCK != 0 {
-            return Err(Error::Options(format!("--activation-scales block: q4 groups must be whole blocks of {ACTIVATION_BLOCK} inputs, not --group {group}")));
-        }
-    }
-    if activation_scales == ActivationScales::PerBlock {
-        for (what, k) in [("d_model", d), ("n_heads x head_dim", q_dim), ("mlp_hidden_size", f)] {
-            if k % ACTIVATION_BLOCK != 0 {
-                return Err(Error::Options(format!("--activation-scales block: {what} ({k}) is not whole blocks of {ACTIVATION_BLOCK} inputs; use --activation-scales row")));
-            }
-        }
-    }
-    if !target.weight_dtypes.iter().any(|t| t == quant.target_name()) {
-        return Err(Error::Options(format!("--quant {}: target '{}' supports {}", quant.target_name(), target.name, target.weight_dtypes.join(", "))));
-    }
-    if let Quant::Q4 { group } = quant {
-        for (what, k) in [("d_model", d), ("n_heads x head_dim", q_dim), ("mlp_hidden_size", f)] {
-            if group == 0 || group % 8 != 0 || k % group as usize != 0 {
-                return Err(Error::Options(format!("--group {group}: q4 groups must be a multiple of 8 dividing {what} ({k})")));
-            }
-        }
-    }
-    let window_bytes = opts.window_bytes.unwrap_or(target.window_bytes);
-    if let Some((max, why)) = target.max_window_bytes().filter(|(max, _)| window_bytes > *max) {
-        return Err(Error::Options(format!(
-            "--window-bytes {window_bytes}: the accelerator holds at most {max} bytes in its window ({why}); ask for {max} or less"
-        )));
-    }
-    let kv_dtype = match &opts.kv_dtype {
-        Some(k) => *k,
-        None => KvDType::parse(&target.kv_dtype).ok_or_else(|| Error::Options(format!("target '{}' names KV dtype '{}'", target.name, target.kv_dtype)))?,
-    };
-    if let (Some((soc, _)), false) = (npu_soc, kv_dtype == KvDType::F16) {
-        return Err(Error::Options(format!("--kv-dtype {}: the NPU executables for '{soc}' read an f16 KV cache in place; use --kv-dtype f16, or --host-only", kv_dtype.name())));
-    }
+    let mut src = Source::open(opts)?;
+    let s = Settings::resolve(opts, &src)?;
     // Check every tensor before writing anything.
-    let layout = layout::plan(&cfg, &ckpt, Storage { matrix: quant.matrix_dtype(), embedding: quant.embedding_dtype() })?;
-    let unused: Vec<&str> = ckpt.names().filter(|n| !layout.consumed.contains(*n)).collect();
+    let layout = layout::plan(&src.cfg, &src.ckpt, Storage { matrix: s.quant.matrix_dtype(), embedding: s.quant.embedding_dtype() })?;
+    let unused: Vec<&str> = src.ckpt.names().filter(|n| !layout.consumed.contains(*n)).collect();
     if let Some(first) = unused.first() {
-        warnings.push(format!("{}: {} tensor(s) not used by the model ignored, e.g. '{first}'", dir.display(), unused.len()));
+        src.warnings.push(format!("{}: {} tensor(s) not used by the model ignored, e.g. '{first}'", src.dir.display(), unused.len()));
     }
-    let segments = &layout.segments;
-
-    let max_seq = opts.max_seq.unwrap_or((cfg.max_sequence_length as u32).min(target.default_max_seq));
-    if max_seq == 0 || max_seq as usize > cfg.max_sequence_length {
-        return Err(Error::Options(format!(
-            "--max-seq {max_seq}: must be between 1 and the model's max_sequence_length ({})",
-            cfg.max_sequence_length
-        )));
-    }
-    if opts.head_rows == 0 {
-        return Err(Error::Options("--head-rows must be at least 1".into()));
-    }
-    if opts.block_len == 0 || opts.block_len > max_seq {
-        return Err(Error::Options(format!("--block-len {}: must be between 1 and --max-seq ({max_seq})", opts.block_len)));
-    }
-    let mut buckets = lower::exact_buckets(max_seq, target.row_multiple);
-    let rope_rows = *buckets.last().unwrap();
-    // Row-set graphs: every multiple of the target's row tile up to a block and its
-    // speculative blocks, so the latency buckets can be chosen among them.
-    let round = |r: u32| r.div_ceil(target.row_multiple) * target.row_multiple;
-    let row_set_rows = round(opts.block_len * (1 + opts.spec_blocks)).min(rope_rows);
-    let tiles = (1..).map(|i| i * target.row_multiple).take_while(|&r| r <= row_set_rows);
-    let exact = (0..=opts.spec_blocks).map(|k| round(opts.block_len * (1 + k))).filter(|&r| r <= rope_rows);
-    for rows in tiles.chain(exact) {
-        if !buckets.contains(&rows) {
-            buckets.push(rows);
-        }
-    }
-    buckets.sort_unstable();
-
-    let model = ModelConfig {
-        architecture: cfg.family.name().into(),
-        d_model: d as u32,
-        n_layers: cfg.n_layers as u32,
-        n_heads: cfg.n_heads as u32,
-        n_kv_heads: cfg.n_kv_heads as u32,
-        head_dim: hd as u32,
-        mlp_hidden: f as u32,
-        vocab_size: cfg.vocab_size as u32,
-        embedding_size: cfg.embedding_size as u32,
-        max_sequence_length: cfg.max_sequence_length as u32,
-        rope_theta: cfg.rope_theta,
-        rms_eps: cfg.rms_eps,
-        qk_norm: cfg.qk_norm,
-        moe: cfg.moe.map(|m| MoeConfig { experts: m.experts as u32, top_k: m.top_k as u32, dense_layers: cfg.llada2.map_or(0, |l| l.dense_layers as u32) }),
-    };
-
-    let total_bytes: u64 = segments.iter().flat_map(|(_, p)| p.iter()).flat_map(|t| t.sources.iter()).map(|s| s.nbytes).sum();
-    let bar = if opts.progress { ProgressBar::new(total_bytes) } else { ProgressBar::hidden() };
-    bar.set_style(ProgressStyle::with_template("{msg:>12} [{bar:40}] {bytes}/{total_bytes} {eta}").unwrap().progress_chars("=> "));
-
-    let mut w = ArtifactWriter::create(&opts.output, &reads)?;
-    let mut ids: Vec<Vec<TensorId>> = Vec::new();
-    for (segment, tensors) in segments {
-        bar.set_message(segment.clone());
-        w.begin_segment(segment)?;
-        let mut seg_ids = Vec::new();
-        for t in tensors {
-            seg_ids.push(w.begin_tensor(&t.name, t.dtype, &t.shape)?);
-            if t.dtype.is_panel() {
-                write_packed(&ckpt, t, &mut w, &bar)?;
-            } else {
-                let mut buf = Vec::with_capacity(CHUNK_BYTES * 2);
-                for src in &t.sources {
-                    let mut done = 0;
-                    ckpt.for_each_row_chunk(src, CHUNK_BYTES, |raw| {
-                        if let Some(i) = first_overflow_raw(src.dtype, raw, t.dtype) {
-                            return Err(overflow(&ckpt, src, done + i, t.dtype));
-                        }
-                        done += raw.len() / src.dtype.size_bytes();
-                        buf.clear();
-                        convert(src.dtype, raw, t.dtype, &mut buf);
-                        bar.inc(raw.len() as u64);
-                        Ok(w.write(&buf)?)
-                    })?;
-                }
-            }
-            w.end_tensor()?;
-        }
-        w.end_segment()?;
-        ids.push(seg_ids);
-    }
-    bar.finish_and_clear();
-    w.begin_segment("rope")?;
-    let (cos, sin) = rope_tables(cfg.rope_theta, hd, cfg.llada2.map_or(hd, |l| l.rotary_dim), rope_rows as usize);
-    let half = (hd / 2) as u64;
-    let rope_cos = w.add_tensor("rope.cos", DType::F32, &[rope_rows as u64, half], bytemuck::cast_slice(&cos))?;
-    let rope_sin = w.add_tensor("rope.sin", DType::F32, &[rope_rows as u64, half], bytemuck::cast_slice(&sin))?;
-    w.end_segment()?;
-
-    let (net, expert_segments) = layout.network(&ids, &cfg, (rope_cos, rope_sin))?;
-    let net_opts = NetworkOptions { input_emb_norm: cfg.input_emb_norm, scale_logits: cfg.scale_logits };
-    let mut graphs = Vec::new();
-    for &rows in &buckets {
-        let mut g = lower::full_sequence_graph(&model, &net, net_opts, rows, opts.head_rows.min(rows));
-        memory::plan(&mut g, target.window_align);
-        graphs.push(g);
-    }
-    let tensor_count = w.tensors().len();
-    let mut header = Header {
-        model,
-        special,
-        tokenizer: tok_spec,
-        tensors: Vec::new(),
-        segments: Vec::new(),
-        plan: Plan {
-            by_rows: (0..graphs.len() as u32).collect(),
-            kv_capacity: rope_rows,
-            block_len: opts.block_len,
-            spec_blocks: opts.spec_blocks,
-            bf16_activations: opts.bf16_activations,
-            activation_scales,
-            ..Plan::default()
-        },
-        graphs,
-        compile: CompileInfo {
-            compiler: format!("lladac {}", env!("CARGO_PKG_VERSION")),
-            source: opts.model.display().to_string(),
-            target: target.name.clone(),
-            options: vec![
-                ("quant".into(), quant.name()),
-                ("max_seq".into(), max_seq.to_string()),
-                ("head_rows".into(), opts.head_rows.to_string()),
-                ("block_len".into(), opts.block_len.to_string()),
-                ("spec_blocks".into(), opts.spec_blocks.to_string()),
-                ("activations".into(), (if opts.bf16_activations { "bf16" } else { "f32" }).into()),
-                ("activation_scales".into(), activation_scales.name().into()),
-                ("window_bytes".into(), window_bytes.to_string()),
-                ("kv_dtype".into(), kv_dtype.name().into()),
-            ],
-        },
-        extensions: Vec::new(),
-    };
-    header.tensors = w.tensors().to_vec();
-    header.segments = w.segments().to_vec();
-    let window_opts = WindowOptions {
-        bytes: window_bytes,
-        align: target.window_align,
-        kv_dtype,
-        threads: target.max_threads,
-        host_segment: 0,
-        expert_segments,
-        expert_costs: latency::expert_costs(&header, &target),
-        window_source: match (opts.window_bytes, target.max_window_bytes()) {
-            (Some(_), _) => "--window-bytes".into(),
-            // A GPU's window is already its largest allocation: --window-bytes cannot raise it.
-            (None, Some((max, _))) if window_bytes == max => format!("target '{}', its GPU's largest allocation", target.name),
-            (None, _) => format!("target '{}'", target.name),
-        },
-        can_grow: target.max_window_bytes().is_none_or(|(max, _)| window_bytes < max),
-        max_expert_bytes: None,
-    };
-    // An MoE model's NPU target may plan again with fewer expert slots (below).
-    let unplanned = (npu_soc.is_some() && header.model.moe.is_some()).then(|| header.clone());
-    window::plan(&mut header, &window_opts)?;
-    if let (Some((soc, _)), Some(moe), Some(unplanned)) = (npu_soc, header.model.moe, unplanned) {
-        // The NPU's contexts share the window with the expert slots: the slots leave room for
-        // every context at once where a token's experts still get a slot a layer each beside
-        // them, else for two one-layer contexts (one created while the other runs).
-        let room = crate::npu_plan::executables_room(&header, npu_weights, opts.npu_shared_weights, opts.npu_contexts).map_err(|e| Error::Options(format!("--target {soc}: {e}")))?;
-        let io = llada_ir::npu::IoLayout::of(&header).bytes;
-        let x = &header.plan.window.experts;
-        let layer_slots = x.slot_bytes * header.model.moe_layers() as u64;
-        let reserve = if window_bytes.saturating_sub(io + room.all) >= moe.top_k as u64 * layer_slots { room.all } else { room.rotating.min(room.all) };
-        let cap = window_bytes.saturating_sub(io + reserve);
-        if x.region.bytes > cap {
-            header = unplanned;
-            window::plan(&mut header, &WindowOptions { max_expert_bytes: Some(cap), ..window_opts })?;
-            if header.plan.window.experts.slots_per_layer == 0 {
-                let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
-                return Err(Error::Options(format!(
-                    "--target {soc}: the {} window leaves no room for an expert slot a layer ({}) beside the NPU's I/O ({}) and executables ({} to rotate them, {} all at once); raise --window-bytes or use smaller weights (--quant q4)",
-                    mib(window_bytes),
-                    mib(layer_slots),
-                    mib(io),
-                    mib(room.rotating),
-                    mib(room.all)
-                )));
-            }
-        }
-    }
-    if let Some(gpu) = target.gpu {
-        check_whole_bindings(&header, &target.name, gpu.max_storage_buffer_bytes, gpu.storage_buffer_offset_align)?;
-    }
-    latency::record(&mut header, &target);
-    latency::choose_row_buckets(&mut header, row_set_rows);
-    let npu = match (npu_soc, &qnn_library) {
-        (Some(soc), Some(lib)) => {
-            let calibration = match &calibration_set {
-                Some((prompts, source)) => calibrate_activations(opts, prompts, source)?,
-                None => Default::default(),
-            };
-            let limits = npu_limits(&target, opts.npu_limits).ok_or_else(|| Error::Options(format!("--target {}: the target file gives no HTP limits (npu_memory)", target.name)))?;
-            let npu_opts = crate::qnn::NpuOptions { limits, contexts: opts.npu_contexts, shared_weights: opts.npu_shared_weights, estimate_soc: opts.npu_estimate_soc };
-            Some(add_npu_executables(&mut header, &mut w, &ckpt, segments, &ids, soc, npu_weights, &calibration, lib, &npu_opts)?)
-        }
-        _ => None,
-    };
-    let n_graphs = header.graphs.len();
+    let rows = Rows::resolve(opts, &src)?;
+    // The sections, in the order they are produced: the weights (the data section), the core
+    // header (graphs, plan, window), and a Snapdragon target's NPU executables.
+    let mut w = ArtifactWriter::create(&opts.output, &src.reads(opts))?;
+    let weights = produce::weights(&src, &layout, &rows, &mut w, opts.progress)?;
+    let mut header = produce::core(opts, &src, &s, &rows, &layout, &weights, &w)?;
+    let npu = produce::npu(opts, &src, &s, &layout, &weights, &mut header, &mut w)?;
+    let (tensors, graphs) = (w.tensors().len(), header.graphs.len());
     let bytes = w.finish(header)?;
-    Ok(CompileSummary { output: opts.output.clone(), bytes, tensors: tensor_count, graphs: n_graphs, quant, max_seq, warnings, npu })
+    Ok(CompileSummary { output: opts.output.clone(), bytes, tensors, graphs, quant: s.quant, max_seq: rows.max_seq, warnings: src.warnings, npu })
 }
-
-/// Lowers every graph to QNN for `soc`, writes each context binary as a segment and records
 /// the section; returns (SoC, contexts, binary bytes, seconds).
 #[allow(clippy::too_many_arguments)]
 fn add_npu_executables(

@@ -1,0 +1,213 @@
+//! The sections of an artifact, each produced in turn by `compile()`: the weights (the data
+//! section's segments and tensors), the core header (graphs, plan, window) and a Snapdragon
+//! target's NPU executables (`npu.qnn`).
+
+use indicatif::{ProgressBar, ProgressStyle};
+use llada_ir::{ArtifactWriter, CompileInfo, DType, Header, ModelConfig, MoeConfig, Plan, TensorId};
+
+use super::settings::{Rows, Settings};
+use super::source::Source;
+use super::{add_npu_executables, calibrate_activations, check_whole_bindings, convert, first_overflow_raw, npu_limits, overflow, rope_tables, write_packed, CompileOptions, CHUNK_BYTES};
+use crate::error::{Error, Result};
+use crate::layout::Layout;
+use crate::lower::{self, NetworkOptions};
+use crate::window::{self, WindowOptions};
+use crate::{latency, memory};
+
+/// What the weights' producer wrote: each segment's tensor ids, and the rotary tables.
+pub(super) struct Weights {
+    pub ids: Vec<Vec<TensorId>>,
+    pub rope: (TensorId, TensorId),
+}
+
+/// The data section: every planned segment's tensors streamed from the checkpoint (converted,
+/// packed, checked for overflow), then the rotary tables.
+pub(super) fn weights(src: &Source, layout: &Layout, rows: &Rows, w: &mut ArtifactWriter, progress: bool) -> Result<Weights> {
+    let (cfg, ckpt, segments) = (&src.cfg, &src.ckpt, &layout.segments);
+    let (hd, rope_rows) = (cfg.head_dim(), rows.rope_rows);
+    let total_bytes: u64 = segments.iter().flat_map(|(_, p)| p.iter()).flat_map(|t| t.sources.iter()).map(|s| s.nbytes).sum();
+    let bar = if progress { ProgressBar::new(total_bytes) } else { ProgressBar::hidden() };
+    bar.set_style(ProgressStyle::with_template("{msg:>12} [{bar:40}] {bytes}/{total_bytes} {eta}").unwrap().progress_chars("=> "));
+
+    let mut ids: Vec<Vec<TensorId>> = Vec::new();
+    for (segment, tensors) in segments {
+        bar.set_message(segment.clone());
+        w.begin_segment(segment)?;
+        let mut seg_ids = Vec::new();
+        for t in tensors {
+            seg_ids.push(w.begin_tensor(&t.name, t.dtype, &t.shape)?);
+            if t.dtype.is_panel() {
+                write_packed(ckpt, t, w, &bar)?;
+            } else {
+                let mut buf = Vec::with_capacity(CHUNK_BYTES * 2);
+                for src in &t.sources {
+                    let mut done = 0;
+                    ckpt.for_each_row_chunk(src, CHUNK_BYTES, |raw| {
+                        if let Some(i) = first_overflow_raw(src.dtype, raw, t.dtype) {
+                            return Err(overflow(&ckpt, src, done + i, t.dtype));
+                        }
+                        done += raw.len() / src.dtype.size_bytes();
+                        buf.clear();
+                        convert(src.dtype, raw, t.dtype, &mut buf);
+                        bar.inc(raw.len() as u64);
+                        Ok(w.write(&buf)?)
+                    })?;
+                }
+            }
+            w.end_tensor()?;
+        }
+        w.end_segment()?;
+        ids.push(seg_ids);
+    }
+    bar.finish_and_clear();
+    w.begin_segment("rope")?;
+    let (cos, sin) = rope_tables(cfg.rope_theta, hd, cfg.llada2.map_or(hd, |l| l.rotary_dim), rope_rows as usize);
+    let half = (hd / 2) as u64;
+    let rope_cos = w.add_tensor("rope.cos", DType::F32, &[rope_rows as u64, half], bytemuck::cast_slice(&cos))?;
+    let rope_sin = w.add_tensor("rope.sin", DType::F32, &[rope_rows as u64, half], bytemuck::cast_slice(&sin))?;
+    w.end_segment()?;
+    Ok(Weights { ids, rope: (rope_cos, rope_sin) })
+}
+
+/// The core section: the model's config, a graph per row bucket, the plan with its window
+/// (planned again with fewer expert slots where an MoE model's NPU contexts need the room),
+/// and the predicted latencies.
+pub(super) fn core(opts: &CompileOptions, src: &Source, s: &Settings, rows: &Rows, layout: &Layout, weights: &Weights, w: &ArtifactWriter) -> Result<Header> {
+    let (cfg, target, special, tok_spec) = (&src.cfg, &src.target, src.special.clone(), src.tok_spec.clone());
+    let (d, hd, f) = (cfg.d_model, cfg.head_dim(), cfg.mlp_hidden);
+    let Settings { npu_soc, quant, npu_weights, activation_scales, window_bytes, kv_dtype, .. } = *s;
+    let Rows { max_seq, ref buckets, rope_rows, row_set_rows } = *rows;
+    let (ids, (rope_cos, rope_sin)) = (&weights.ids, weights.rope);
+    let model = ModelConfig {
+        architecture: cfg.family.name().into(),
+        d_model: d as u32,
+        n_layers: cfg.n_layers as u32,
+        n_heads: cfg.n_heads as u32,
+        n_kv_heads: cfg.n_kv_heads as u32,
+        head_dim: hd as u32,
+        mlp_hidden: f as u32,
+        vocab_size: cfg.vocab_size as u32,
+        embedding_size: cfg.embedding_size as u32,
+        max_sequence_length: cfg.max_sequence_length as u32,
+        rope_theta: cfg.rope_theta,
+        rms_eps: cfg.rms_eps,
+        qk_norm: cfg.qk_norm,
+        moe: cfg.moe.map(|m| MoeConfig { experts: m.experts as u32, top_k: m.top_k as u32, dense_layers: cfg.llada2.map_or(0, |l| l.dense_layers as u32) }),
+    };
+    let (net, expert_segments) = layout.network(&ids, &cfg, (rope_cos, rope_sin))?;
+    let net_opts = NetworkOptions { input_emb_norm: cfg.input_emb_norm, scale_logits: cfg.scale_logits };
+    let mut graphs = Vec::new();
+    for &rows in buckets {
+        let mut g = lower::full_sequence_graph(&model, &net, net_opts, rows, opts.head_rows.min(rows));
+        memory::plan(&mut g, target.window_align);
+        graphs.push(g);
+    }
+    let mut header = Header {
+        model,
+        special,
+        tokenizer: tok_spec,
+        tensors: Vec::new(),
+        segments: Vec::new(),
+        plan: Plan {
+            by_rows: (0..graphs.len() as u32).collect(),
+            kv_capacity: rope_rows,
+            block_len: opts.block_len,
+            spec_blocks: opts.spec_blocks,
+            bf16_activations: opts.bf16_activations,
+            activation_scales,
+            ..Plan::default()
+        },
+        graphs,
+        compile: CompileInfo {
+            compiler: format!("lladac {}", env!("CARGO_PKG_VERSION")),
+            source: opts.model.display().to_string(),
+            target: target.name.clone(),
+            options: vec![
+                ("quant".into(), quant.name()),
+                ("max_seq".into(), max_seq.to_string()),
+                ("head_rows".into(), opts.head_rows.to_string()),
+                ("block_len".into(), opts.block_len.to_string()),
+                ("spec_blocks".into(), opts.spec_blocks.to_string()),
+                ("activations".into(), (if opts.bf16_activations { "bf16" } else { "f32" }).into()),
+                ("activation_scales".into(), activation_scales.name().into()),
+                ("window_bytes".into(), window_bytes.to_string()),
+                ("kv_dtype".into(), kv_dtype.name().into()),
+            ],
+        },
+        extensions: Vec::new(),
+    };
+    header.tensors = w.tensors().to_vec();
+    header.segments = w.segments().to_vec();
+    let window_opts = WindowOptions {
+        bytes: window_bytes,
+        align: target.window_align,
+        kv_dtype,
+        threads: target.max_threads,
+        host_segment: 0,
+        expert_segments,
+        expert_costs: latency::expert_costs(&header, &target),
+        window_source: match (opts.window_bytes, target.max_window_bytes()) {
+            (Some(_), _) => "--window-bytes".into(),
+            // A GPU's window is already its largest allocation: --window-bytes cannot raise it.
+            (None, Some((max, _))) if window_bytes == max => format!("target '{}', its GPU's largest allocation", target.name),
+            (None, _) => format!("target '{}'", target.name),
+        },
+        can_grow: target.max_window_bytes().is_none_or(|(max, _)| window_bytes < max),
+        max_expert_bytes: None,
+    };
+    // An MoE model's NPU target may plan again with fewer expert slots (below).
+    let unplanned = (npu_soc.is_some() && header.model.moe.is_some()).then(|| header.clone());
+    window::plan(&mut header, &window_opts)?;
+    if let (Some((soc, _)), Some(moe), Some(unplanned)) = (npu_soc, header.model.moe, unplanned) {
+        // The NPU's contexts share the window with the expert slots: the slots leave room for
+        // every context at once where a token's experts still get a slot a layer each beside
+        // them, else for two one-layer contexts (one created while the other runs).
+        let room = crate::npu_plan::executables_room(&header, npu_weights, opts.npu_shared_weights, opts.npu_contexts).map_err(|e| Error::Options(format!("--target {soc}: {e}")))?;
+        let io = llada_ir::npu::IoLayout::of(&header).bytes;
+        let x = &header.plan.window.experts;
+        let layer_slots = x.slot_bytes * header.model.moe_layers() as u64;
+        let reserve = if window_bytes.saturating_sub(io + room.all) >= moe.top_k as u64 * layer_slots { room.all } else { room.rotating.min(room.all) };
+        let cap = window_bytes.saturating_sub(io + reserve);
+        if x.region.bytes > cap {
+            header = unplanned;
+            window::plan(&mut header, &WindowOptions { max_expert_bytes: Some(cap), ..window_opts })?;
+            if header.plan.window.experts.slots_per_layer == 0 {
+                let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
+                return Err(Error::Options(format!(
+                    "--target {soc}: the {} window leaves no room for an expert slot a layer ({}) beside the NPU's I/O ({}) and executables ({} to rotate them, {} all at once); raise --window-bytes or use smaller weights (--quant q4)",
+                    mib(window_bytes),
+                    mib(layer_slots),
+                    mib(io),
+                    mib(room.rotating),
+                    mib(room.all)
+                )));
+            }
+        }
+    }
+    if let Some(gpu) = target.gpu {
+        check_whole_bindings(&header, &target.name, gpu.max_storage_buffer_bytes, gpu.storage_buffer_offset_align)?;
+    }
+    latency::record(&mut header, &target);
+    latency::choose_row_buckets(&mut header, row_set_rows);
+    Ok(header)
+}
+
+/// A Snapdragon target's NPU executables (without `--host-only`): its activations calibrated
+/// where they are 16-bit, every graph lowered to QNN, each context binary a segment, and the
+/// `npu.qnn` section. Returns (SoC, contexts, binary bytes, seconds to build them).
+pub(super) fn npu(opts: &CompileOptions, src: &Source, s: &Settings, layout: &Layout, weights: &Weights, header: &mut Header, w: &mut ArtifactWriter) -> Result<Option<(String, usize, u64, f64)>> {
+    let Settings { npu_soc, npu_weights, ref calibration_set, .. } = *s;
+    let target = &src.target;
+    Ok(match (npu_soc, &src.qnn_library) {
+        (Some(soc), Some(lib)) => {
+            let calibration = match &calibration_set {
+                Some((prompts, source)) => calibrate_activations(opts, prompts, source)?,
+                None => Default::default(),
+            };
+            let limits = npu_limits(&target, opts.npu_limits).ok_or_else(|| Error::Options(format!("--target {}: the target file gives no HTP limits (npu_memory)", target.name)))?;
+            let npu_opts = crate::qnn::NpuOptions { limits, contexts: opts.npu_contexts, shared_weights: opts.npu_shared_weights, estimate_soc: opts.npu_estimate_soc };
+            Some(add_npu_executables(header, w, &src.ckpt, &layout.segments, &weights.ids, soc, npu_weights, &calibration, lib, &npu_opts)?)
+        }
+        _ => None,
+    })
+}
