@@ -120,8 +120,8 @@ fn error_line(line: &str) {
 }
 
 /// Clap's rendered error as one line: its error line with what follows it when that line
-/// ends in a colon (the missing arguments, each on its own line), its tip if any, and where
-/// help is.
+/// ends in a colon (the missing arguments, each on its own line), the values a flag takes if
+/// clap lists them (a backend's, a policy's names), its tip if any, and where help is.
 fn one_line(text: &str, program: &str) -> String {
     let mut lines = text.lines().filter(|l| !l.trim().is_empty()).peekable();
     let mut first = lines.next().unwrap_or("error: invalid arguments").trim_end().to_string();
@@ -134,8 +134,10 @@ fn one_line(text: &str, program: &str) -> String {
             first = format!("{first} {}", listed.join(", "));
         }
     }
-    let tip = lines.find(|l| l.trim_start().starts_with("tip:")).map(|t| format!(" ({})", t.trim())).unwrap_or_default();
-    format!("{first}{tip}; see {program} --help")
+    let rest: Vec<&str> = lines.map(str::trim).collect();
+    let possible = rest.iter().find(|l| l.starts_with("[possible values:")).map(|v| format!(" {v}")).unwrap_or_default();
+    let tip = rest.iter().find(|l| l.starts_with("tip:")).map(|t| format!(" ({t})")).unwrap_or_default();
+    format!("{first}{possible}{tip}; see {program} --help")
 }
 
 #[cfg(test)]
@@ -147,6 +149,12 @@ mod tests {
         let text = "error: unexpected argument '--gen' found\n\n  tip: a similar argument exists: '--gen-len'\n\nUsage: llada-rt run <FILE>\n";
         assert_eq!(one_line(text, "llada-rt"), "error: unexpected argument '--gen' found (tip: a similar argument exists: '--gen-len'); see llada-rt --help");
         assert_eq!(one_line("", "lladac"), "error: invalid arguments; see lladac --help");
+    }
+
+    #[test]
+    fn the_values_a_flag_takes_are_on_the_line() {
+        let text = "error: invalid value 'tpu' for '--backend <BACKEND>'\n  [possible values: host, vulkan, qnn]\n\nFor more information, try '--help'.\n";
+        assert_eq!(one_line(text, "llada-rt"), "error: invalid value 'tpu' for '--backend <BACKEND>' [possible values: host, vulkan, qnn]; see llada-rt --help");
     }
 
     #[test]
