@@ -79,6 +79,12 @@ impl Window {
         Window::with_weights(h, true)
     }
 
+    /// [`new`](Self::new) for a backend whose device reads host memory (the host's kernels,
+    /// QNN), a failure naming the window's size.
+    pub fn in_host_memory(h: &Header) -> crate::Result<Window> {
+        Window::new(h).map_err(|e| crate::Error::io(format!("allocating the {}-byte window", h.plan.window.bytes), e))
+    }
+
     /// The CPU side path's working memory: the same layout as the accelerator window (so the
     /// same graphs run in it) with its own KV cache, activations and scratch, but no weight
     /// regions: the side path reads weights from the artifact. Pages of the mapping it never

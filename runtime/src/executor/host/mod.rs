@@ -25,8 +25,7 @@ pub const BACKEND: Backend = Backend {
     name: "host",
     about: "the host CPU's kernels, standing in for an accelerator under the target's window, row buckets and dtypes",
     constructor: Ok(|model, threads, features| {
-        let h = &model.header;
-        let window = Window::new(h).map_err(|e| crate::Error::io(format!("allocating the {}-byte window", h.plan.window.bytes), e))?;
+        let window = Window::in_host_memory(&model.header)?;
         Ok((Box::new(HostExecutor::new(model, threads, features)), window))
     }),
 };

@@ -37,8 +37,7 @@ pub const BACKEND: Backend = Backend {
     about: "Qualcomm's HTP running the NPU executables of an artifact compiled for sm8550, sm8650, sm8750 or sm8850, through the QNN library in LLADA_QNN_LIB (on x86-64, its simulator)",
     #[cfg(all(feature = "qnn", not(target_env = "musl")))]
     constructor: Ok(|model, threads, _features| {
-        let h = &model.header;
-        let window = crate::window::Window::new(h).map_err(|e| crate::Error::io(format!("allocating the {}-byte window", h.plan.window.bytes), e))?;
+        let window = crate::window::Window::in_host_memory(&model.header)?;
         Ok((Box::new(QnnExecutor::new(model, threads)?), window))
     }),
     #[cfg(not(all(feature = "qnn", not(target_env = "musl"))))]
