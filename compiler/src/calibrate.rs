@@ -60,8 +60,8 @@ pub fn calibrate(artifact: &Path, prompts: &[String], source: &str) -> Result<(V
     let text = Text::new(&model.header.tokenizer, &model.header.special).map_err(rt)?;
     let mut session = Session::new(&model).map_err(rt)?;
     let max_seq = model.max_exact_len() as usize;
-    let head_rows = model.header.graphs.iter().map(|g| g.head_rows as usize).max().unwrap_or(1);
-    let gen_len = GEN_LEN.min(head_rows).min(max_seq / 2).max(1);
+    let logit_rows = model.header.graphs.iter().map(|g| g.logit_rows as usize).max().unwrap_or(1);
+    let gen_len = GEN_LEN.min(logit_rows).min(max_seq / 2).max(1);
     let params = SamplerParams { gen_length: gen_len, block_length: gen_len, steps: STEPS.min(gen_len), ..SamplerParams::default() };
     session.profile_matmul_ranges(true);
     let mut ranges: BTreeMap<u32, MatMulRange> = BTreeMap::new();

@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use indicatif::ProgressBar;
 use llada_ir::packing::{pack_panel, PANEL};
 use llada_ir::window::ActivationScales;
-use llada_ir::npu::NpuWeights;
 use llada_ir::{ArtifactWriter, DType, Family, Header, KvDType, TensorId};
 
 use crate::convert::{convert, first_overflow, first_overflow_raw, to_f32};
@@ -127,7 +126,7 @@ pub struct CompileOptions {
     /// on phone NPUs, 512 on phone GPUs).
     pub max_seq: Option<u32>,
     /// Most positions whose logits one pass produces (the exact sampler needs one block's worth).
-    pub head_rows: u32,
+    pub logit_rows: u32,
     /// Block length and speculation depth to serve with graphs of exactly their row counts.
     pub block_len: u32,
     pub spec_blocks: u32,
@@ -176,7 +175,7 @@ impl Default for CompileOptions {
             quant: None,
             target: "host".into(),
             max_seq: None,
-            head_rows: 256,
+            logit_rows: 256,
             block_len: 32,
             spec_blocks: 2,
             bf16_activations: false,
@@ -306,31 +305,22 @@ pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     }
     let rows = Rows::resolve(opts, &src)?;
     // The sections, in the order they are produced: the weights (the data section), the core
-    // header (graphs, plan, window), and a Snapdragon target's NPU executables.
+    // header (graphs, plan, window), each graph's program, and a Snapdragon target's NPU
+    // executables.
     let mut w = ArtifactWriter::create(&opts.output, &src.reads(opts))?;
     let weights = produce::weights(&src, &layout, &rows, &mut w, opts.progress)?;
     let mut header = produce::core(opts, &src, &s, &rows, &layout, &weights, &w)?;
+    header.extensions.push(llada_ir::program::Programs::derive(&header).extension());
     let npu = produce::npu(opts, &src, &s, &layout, &weights, &mut header, &mut w)?;
     let (tensors, graphs) = (w.tensors().len(), header.graphs.len());
     let bytes = w.finish(header)?;
     Ok(CompileSummary { output: opts.output.clone(), bytes, tensors, graphs, quant: s.quant, max_seq: rows.max_seq, warnings: src.warnings, npu })
 }
-/// the section; returns (SoC, contexts, binary bytes, seconds).
-#[allow(clippy::too_many_arguments)]
-fn add_npu_executables(
-    header: &mut Header,
-    w: &mut ArtifactWriter,
-    ckpt: &Checkpoint,
-    segments: &[(String, Vec<Planned>)],
-    ids: &[Vec<TensorId>],
-    soc: (&str, u32),
-    format: NpuWeights,
-    calibration: &crate::qnn::Calibration,
-    lib: &std::sync::Arc<llada_qnn::QnnLibrary>,
-    npu: &crate::qnn::NpuOptions,
-) -> Result<(String, usize, u64, f64)> {
+/// The f32 values of an artifact tensor, read again from its checkpoint sources (`segments`'
+/// planned tensors, with the ids `ids` they were written as).
+fn checkpoint_values<'a>(ckpt: &'a Checkpoint, segments: &'a [(String, Vec<Planned<'a>>)], ids: &[Vec<TensorId>]) -> impl Fn(TensorId) -> Result<Vec<f32>> + 'a {
     let planned: HashMap<TensorId, &Planned> = ids.iter().flatten().copied().zip(segments.iter().flat_map(|(_, p)| p.iter())).collect();
-    let weights = |t: TensorId| -> Result<Vec<f32>> {
+    move |t: TensorId| -> Result<Vec<f32>> {
         let p = planned.get(&t).ok_or_else(|| Error::Options(format!("lowering to QNN: tensor {t} has no checkpoint source")))?;
         let mut out = Vec::new();
         for src in &p.sources {
@@ -340,8 +330,15 @@ fn add_npu_executables(
             })?;
         }
         Ok(out)
-    };
-    let mut lowered = crate::qnn::lower(header, &weights, format, calibration, soc, lib, npu)?;
+    }
+}
+
+/// Lowers every graph of `header` to QNN as `npu` says (`weights`: a tensor's values, as
+/// [`checkpoint_values`] reads them), writes each context binary as a segment and adds the
+/// section; returns (SoC, contexts, binary bytes, seconds).
+fn add_npu_executables(header: &mut Header, w: &mut ArtifactWriter, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, calibration: &crate::qnn::Calibration, lib: &std::sync::Arc<llada_qnn::QnnLibrary>, npu: &crate::qnn::NpuOptions) -> Result<(String, usize, u64, f64)> {
+    let (soc, format) = (npu.soc, npu.weights);
+    let mut lowered = crate::qnn::lower(header, weights, calibration, lib, npu)?;
     let mut bytes = 0;
     for (i, (context, binary)) in lowered.section.contexts.iter_mut().zip(&lowered.binaries).enumerate() {
         context.segment = w.add_raw_segment(&format!("npu.context.{i}"), binary)?;
@@ -397,7 +394,7 @@ fn check_whole_bindings(h: &Header, target: &str, range: u64, align: u64) -> Res
         None => Ok(()),
         Some((what, bytes)) => Err(Error::Options(format!(
             "{what} ({}) exceeds the {} one storage buffer binds on target '{target}' (maxStorageBufferRange), and the Vulkan backend binds it whole. \
-             Lower --max-seq or --head-rows, or choose a smaller --kv-dtype",
+             Lower --max-seq or --logit-rows, or choose a smaller --kv-dtype",
             mib(bytes), mib(range)
         ))),
     }
@@ -485,7 +482,7 @@ mod tests {
             output: output.to_path_buf(),
             quant: Some(Quant::Q4 { group: 32 }),
             target: target.into(),
-            head_rows: 64,
+            logit_rows: 64,
             npu_activations: NpuActivations::F16,
             ..Default::default()
         }

@@ -86,38 +86,6 @@ fn matmul_arithmetic(h: &Header, m: &Machine, act: u32) -> Vec<Value> {
         .collect()
 }
 
-/// One pass over `rows` token rows attending to `context` positions, logits for `head` rows:
-/// (graph name, graph rows, estimate). MoE layers take the time `experts` gives them.
-fn pass(h: &Header, m: &Machine, act: u32, rows: u32, context: u32, head: u32, experts: Option<&ExpertModel>, npu: Option<&NpuModel>) -> Result<(String, u32, cost::PassEstimate)> {
-    let g = h
-        .graph_for_rows(rows as usize)
-        .map(|i| &h.graphs[i as usize])
-        .ok_or_else(|| Error::Options(format!("no graph of the plan holds {rows} rows (the largest has {})", h.graphs.iter().map(|g| g.rows).max().unwrap_or(0))))?;
-    let mut work = cost::graph_work(h, g, head.min(g.head_rows), context, h.plan.window.kv_dtype.bytes() as u32, act);
-    let mut moe_seconds = 0.0;
-    if let Some(x) = experts {
-        for (op, w) in g.ops.iter().zip(&mut work) {
-            if matches!(op, Op::MoeExperts { .. }) {
-                // Timed by the strategy's model instead of as one accelerator op.
-                *w = cost::OpWork { bytes: 0.0, ops: 0.0, engine: w.engine };
-                moe_seconds += x.layer_seconds(rows);
-            }
-        }
-    }
-    if let Some(n) = npu {
-        // An executable computes every row of its graph over its cache length: the smallest
-        // the executables are built for that holds the pass's keys.
-        let roofline = n.roofline(h, m, g, n.cache_len_for(context), act);
-        let compute = n.timing.map_or(roofline, |t| t.seconds(roofline, g.ops.len()));
-        let p = n.pass(compute, m.bandwidth);
-        return Ok((g.name.clone(), g.rows, cost::PassEstimate { compute_seconds: compute, staging_seconds: p.create_seconds + p.copy_seconds, seconds: p.seconds }));
-    }
-    let mut e = cost::pass_estimate(m, &work, staged_bytes(h, g), true);
-    e.compute_seconds += moe_seconds;
-    e.seconds += moe_seconds;
-    Ok((g.name.clone(), g.rows, e))
-}
-
 /// What an MoE layer costs under an expert strategy, with routing assumed uniform (a random
 /// choice of `top_k` of `experts` per row): each expert is touched by a pass of `r` rows with
 /// probability `p = 1 - (1 - k/E)^r` and then computes `r k / (E p)` rows on average; a pool
@@ -165,7 +133,159 @@ impl ExpertModel {
     }
 }
 
-pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
+/// The plan of an artifact on the machine it is predicted on: the machine's rates, the bytes of
+/// an activation element on its target, and the NPU's model where the target runs the plan's
+/// graphs as NPU executables.
+struct Predictor<'a> {
+    h: &'a Header,
+    machine: &'a Machine,
+    act: u32,
+    npu: Option<&'a NpuModel>,
+}
+
+impl Predictor<'_> {
+    /// One pass over `rows` token rows attending to `context` positions, logits for `logit_rows` rows:
+    /// (graph name, graph rows, estimate). MoE layers take the time `experts` gives them.
+    fn pass(&self, rows: u32, context: u32, logit_rows: u32, experts: Option<&ExpertModel>) -> Result<(String, u32, cost::PassEstimate)> {
+        let (h, m, act) = (self.h, self.machine, self.act);
+        let g = h
+            .graph_for_rows(rows as usize)
+            .map(|i| &h.graphs[i as usize])
+            .ok_or_else(|| Error::Options(format!("no graph of the plan holds {rows} rows (the largest has {})", h.graphs.iter().map(|g| g.rows).max().unwrap_or(0))))?;
+        let mut work = cost::graph_work(h, g, logit_rows.min(g.logit_rows), context, h.plan.window.kv_dtype.bytes() as u32, act);
+        let mut moe_seconds = 0.0;
+        if let Some(x) = experts {
+            for (op, w) in g.ops.iter().zip(&mut work) {
+                if matches!(op, Op::MoeExperts { .. }) {
+                    // Timed by the strategy's model instead of as one accelerator op.
+                    *w = cost::OpWork { bytes: 0.0, ops: 0.0, engine: w.engine };
+                    moe_seconds += x.layer_seconds(rows);
+                }
+            }
+        }
+        if let Some(n) = self.npu {
+            // An executable computes every row of its graph over its cache length: the smallest
+            // the executables are built for that holds the pass's keys.
+            let roofline = n.roofline(h, m, g, n.cache_len_for(context), act);
+            let compute = n.timing.map_or(roofline, |t| t.seconds(roofline, g.ops.len()));
+            let p = n.pass(compute, m.bandwidth);
+            return Ok((g.name.clone(), g.rows, cost::PassEstimate { compute_seconds: compute, staging_seconds: p.create_seconds + p.copy_seconds, seconds: p.seconds }));
+        }
+        let mut e = cost::pass_estimate(m, &work, staged_bytes(h, g), true);
+        e.compute_seconds += moe_seconds;
+        e.seconds += moe_seconds;
+        Ok((g.name.clone(), g.rows, e))
+    }
+
+    /// The single passes of each of `rows` under each expert strategy, attending to `context`
+    /// cached positions (`None`: as many as its rows).
+    fn single_passes(&self, rows: &[u32], context: Option<u32>, strategies: &[Option<ExpertModel>]) -> Result<Vec<Value>> {
+        let h = self.h;
+        let mut passes = Vec::new();
+        for &r in rows {
+            for x in strategies {
+                let context = context.unwrap_or(r);
+                if context > h.plan.kv_capacity {
+                    return Err(Error::Options(format!("--context {context}: the plan's KV cache holds {} positions", h.plan.kv_capacity)));
+                }
+                let (graph, graph_rows, e) = self.pass(r, context, r, x.as_ref())?;
+                let mut one = json!({"rows": r, "experts": strategy_name(x), "graph": graph, "graph_rows": graph_rows, "seconds": e.seconds, "compute_seconds": e.compute_seconds, "staging_seconds": e.staging_seconds});
+                if let (Some(n), Some(g)) = (self.npu, h.graphs.iter().find(|g| g.name == graph)) {
+                    // The roofline the fit to QNN's model scales (its input, for refitting).
+                    let cache = n.cache_len_for(context);
+                    one["npu_roofline_seconds"] = json!(n.roofline(h, self.machine, g, cache, self.act));
+                    one["npu_cache_len"] = json!(cache);
+                    one["ops"] = json!(g.ops.len());
+                }
+                passes.push(one);
+            }
+        }
+        Ok(passes)
+    }
+
+    /// One generation of `req`, its `passes` as `(rows, context, logit rows, count)`, under the
+    /// expert strategy `x`: its passes, the graph rows they compute, its time and staging.
+    fn generation(&self, req: &EstimateRequest, passes: &[(u32, u32, u32, u32)], x: &Option<ExpertModel>) -> Result<Value> {
+        let (mut total, mut count, mut rows_computed, mut staged, mut waited) = (0.0, 0u32, 0u64, 0.0, 0.0);
+        for &(rows, context, logit_rows, n) in passes {
+            if n == 0 {
+                continue;
+            }
+            let (_, graph_rows, e) = self.pass(rows, context, logit_rows, x.as_ref())?;
+            total += e.seconds * n as f64;
+            staged += e.staging_seconds * n as f64;
+            waited += (e.seconds - e.compute_seconds).max(0.0) * n as f64;
+            count += n;
+            rows_computed += graph_rows as u64 * n as u64;
+        }
+        let mut one = json!({
+            "policy": req.policy, "experts": strategy_name(x), "prompt_len": req.prompt_len, "gen_len": req.gen_len, "block_len": req.block_len, "steps": req.steps,
+            "forward_passes": count, "graph_rows_computed": rows_computed, "seconds": total, "staging_seconds": staged, "staging_critical_seconds": waited,
+        });
+        if let Some(n) = self.npu {
+            let (created, bytes) = n.created();
+            one["npu_contexts_created"] = json!(created as u64 * count as u64);
+            one["npu_bytes_staged"] = json!(bytes * count as u64);
+        }
+        Ok(one)
+    }
+
+    /// QNN's own estimates of the executables (`lladac --npu-estimate-soc`), beside the cost
+    /// model's for the same graph: every row of it over the whole cache, as the executable
+    /// computes.
+    fn qnn_estimates(&self, target: &Target) -> Result<Vec<Value>> {
+        let (h, machine, act, npu) = (self.h, self.machine, self.act, self.npu);
+        let mut qnn = Vec::new();
+        if let Some(n) = llada_ir::npu::NpuSection::of(h).map_err(|e| Error::Options(e.to_string()))? {
+            let mut keys: Vec<(u32, u32)> = n.estimates.iter().map(|e| (e.graph, e.cache_len)).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            for (gi, cache_len) in keys {
+                let g = &h.graphs[gi as usize];
+                let mine: Vec<_> = n.estimates.iter().filter(|e| e.graph == gi && e.cache_len == cache_len).collect();
+                let micros: u64 = mine.iter().map(|e| e.micros).sum();
+                let cycles: u64 = mine.iter().map(|e| e.cycles).sum();
+                let model = match npu {
+                    Some(npu) => npu.roofline(h, machine, g, cache_len, act),
+                    None => cost::pass_estimate(machine, &cost::graph_work(h, g, g.logit_rows, cache_len, h.plan.window.kv_dtype.bytes() as u32, act), 0, true).seconds,
+                };
+                let qnn_seconds = (micros as f64 * 1e-6).max(1e-9);
+                let fitted = target.npu_timing.filter(|t| t.estimate_soc == mine[0].soc_id).map(|t| t.seconds(model, g.ops.len()));
+                // QNN's op trace by kind, beside each kind's roofline.
+                let rooflines = npu.map(|n| n.group_rooflines(h, machine, g, cache_len, act)).unwrap_or_default();
+                let mut kinds: Vec<llada_ir::npu::NpuOpKind> = mine.iter().flat_map(|e| e.groups.iter().map(|x| x.kind)).chain(rooflines.iter().map(|r| r.0)).collect();
+                kinds.sort_by_key(|k| *k as u32);
+                kinds.dedup();
+                let groups: Vec<Value> = kinds
+                    .iter()
+                    .map(|&k| {
+                        let (busy, ops) = mine.iter().flat_map(|e| &e.groups).filter(|x| x.kind == k).fold((0.0, 0), |(b, o), x| (b + x.busy_micros, o + x.ops));
+                        let roof = rooflines.iter().find(|r| r.0 == k).map(|r| r.1 * 1e6);
+                        json!({"kind": k.name(), "qnn_busy_micros": busy, "qnn_ops": ops, "roofline_micros": roof})
+                    })
+                    .collect();
+                qnn.push(json!({
+                    "graph": g.name, "rows": g.rows, "cache_len": cache_len, "soc_id": mine[0].soc_id, "contexts": mine.len(), "ops": g.ops.len(),
+                    "qnn_seconds": qnn_seconds, "qnn_cycles": cycles, "cost_model_seconds": model,
+                    "ratio": model / qnn_seconds,
+                    "fitted_seconds": fitted, "fitted_ratio": fitted.map(|f| f / qnn_seconds),
+                    "groups": groups,
+                }));
+            }
+        }
+        Ok(qnn)
+    }
+}
+
+/// The expert strategy an estimate is made under (`None` for a dense model).
+fn strategy_name(x: &Option<ExpertModel>) -> Option<&'static str> {
+    x.as_ref().map(|x| x.strategy)
+}
+
+/// The target the plan was compiled for, and the one it is predicted on: the same, or
+/// `--on-target`'s, which must share its window, row multiple and activations (for which the
+/// plan is the same).
+fn targets(h: &Header, req: &EstimateRequest) -> Result<(Target, Target)> {
     let compiled_for = llada_targets::by_name(&h.compile.target).map_err(Error::Options)?;
     let target = match &req.on_target {
         None => compiled_for.clone(),
@@ -180,16 +300,23 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
             t
         }
     };
-    let (machine, label) = match &req.rates {
-        Some(p) => (measured(p, &target, h)?, format!("predicted from rates measured on this machine ({})", p.display())),
+    Ok((compiled_for, target))
+}
+
+/// The machine the plan is predicted on (the target's rates, or `--rates`' measured ones) and
+/// the label saying which.
+fn machine_and_label(h: &Header, req: &EstimateRequest, target: &Target) -> Result<(Machine, String)> {
+    Ok(match &req.rates {
+        Some(p) => (measured(p, target, h)?, format!("predicted from rates measured on this machine ({})", p.display())),
         None if target.estimated => (target.accelerator_machine(), format!("ESTIMATE for {} from its target file's rates (not measured)", target.name)),
         None => (target.accelerator_machine(), format!("predicted for {} from its target file's rates", target.name)),
-    };
-    let npu = if req.rates.is_some() { None } else { NpuModel::of(h, &target, req.npu_limits)? };
-    let npu = npu.as_ref();
-    let act = activation_bytes(&target);
+    })
+}
+
+/// Refuses generation settings the estimate cannot follow: LLaDA 2.x's is of its published
+/// generate only; the others' blocks must divide the generation and the steps.
+fn check_generation_settings(req: &EstimateRequest, llada2: bool) -> Result<()> {
     let (b, g, s) = (req.block_len, req.gen_len, req.steps);
-    let llada2 = h.model.family() == llada_ir::Family::Llada2Moe;
     if b == 0 || g == 0 {
         return Err(Error::Options(format!("--gen-len {g} --block-len {b}: both must be above 0")));
     }
@@ -202,74 +329,57 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
     if !llada2 && (g % b != 0 || s % (g / b) != 0) {
         return Err(Error::Options(format!("--gen-len {g} must be a multiple of --block-len {b}, and --steps {s} a multiple of the block count")));
     }
-    // A mixture-of-experts plan is predicted under each expert strategy (see `ExpertModel`);
-    // its expert costs are the plan's (the target's), or from the measured rates.
-    let strategies: Vec<Option<ExpertModel>> = match h.model.moe {
-        None => vec![None],
-        Some(moe) => {
-            let costs = match &req.rates {
-                Some(_) => {
-                    let first = h.graphs[0].ops.iter().find_map(|op| if let Op::MoeExperts { first, .. } = *op { Some(first) } else { None }).expect("an MoE plan has MoE ops");
-                    let path = cost::expert_path_cost(&machine, h, first, 4);
-                    ExpertCosts { accelerator: path, cpu: path, stage_seconds: cost::expert_work(h, first, 4).0 / machine.staging_bytes_per_second }
-                }
-                None => h.plan.window.experts.costs,
-            };
-            ["hybrid", "lru", "static"]
-                .into_iter()
-                .map(|strategy| Some(ExpertModel { strategy, costs, experts: moe.experts as f64, top_k: moe.top_k as f64, slots: h.plan.window.experts.slots_per_layer as f64 }))
-                .collect()
-        }
+    Ok(())
+}
+
+/// A mixture-of-experts plan is predicted under each expert strategy (see `ExpertModel`); its
+/// expert costs are the plan's (the target's), or from the measured rates. A dense plan once,
+/// under none.
+fn expert_strategies(h: &Header, req: &EstimateRequest, machine: &Machine) -> Vec<Option<ExpertModel>> {
+    let Some(moe) = h.model.moe else {
+        return vec![None];
     };
-    let name = |x: &Option<ExpertModel>| x.as_ref().map(|x| x.strategy);
-    let mut passes: Vec<Value> = Vec::new();
-    let mut notes: Vec<String> = Vec::new();
+    let costs = match &req.rates {
+        Some(_) => {
+            let first = h.graphs[0].ops.iter().find_map(|op| if let Op::MoeExperts { first, .. } = *op { Some(first) } else { None }).expect("an MoE plan has MoE ops");
+            let path = cost::expert_path_cost(machine, h, first, 4);
+            ExpertCosts { accelerator: path, cpu: path, stage_seconds: cost::expert_work(h, first, 4).0 / machine.staging_bytes_per_second }
+        }
+        None => h.plan.window.experts.costs,
+    };
+    ["hybrid", "lru", "static"]
+        .into_iter()
+        .map(|strategy| Some(ExpertModel { strategy, costs, experts: moe.experts as f64, top_k: moe.top_k as f64, slots: h.plan.window.experts.slots_per_layer as f64 }))
+        .collect()
+}
+
+/// The token rows of the single passes to predict: the asked ones, or of the default ones those
+/// the plan holds, with a note naming the rest.
+fn rows_to_predict(h: &Header, req: &EstimateRequest) -> (Vec<u32>, Option<String>) {
+    if req.rows_given {
+        return (req.rows.clone(), None);
+    }
     let largest = h.graphs.iter().map(|g| g.rows).max().unwrap_or(0);
-    let rows: Vec<u32> = if req.rows_given {
-        req.rows.clone()
-    } else {
-        let (fit, left): (Vec<u32>, Vec<u32>) = req.rows.iter().partition(|&&r| r <= largest && req.context.unwrap_or(r) <= h.plan.kv_capacity);
-        if !left.is_empty() {
-            notes.push(format!("passes of {left:?} rows not estimated: the plan's graphs hold {largest} rows at most (--rows to ask)"));
-        }
-        fit
-    };
-    for &r in &rows {
-        for x in &strategies {
-            let context = req.context.unwrap_or(r);
-            if context > h.plan.kv_capacity {
-                return Err(Error::Options(format!("--context {context}: the plan's KV cache holds {} positions", h.plan.kv_capacity)));
-            }
-            let (graph, graph_rows, e) = pass(h, &machine, act, r, context, r, x.as_ref(), npu)?;
-            let mut one = json!({"rows": r, "experts": name(x), "graph": graph, "graph_rows": graph_rows, "seconds": e.seconds, "compute_seconds": e.compute_seconds, "staging_seconds": e.staging_seconds});
-            if let (Some(n), Some(g)) = (npu, h.graphs.iter().find(|g| g.name == graph)) {
-                // The roofline the fit to QNN's model scales (its input, for refitting).
-                let cache = n.cache_len_for(context);
-                one["npu_roofline_seconds"] = json!(n.roofline(h, &machine, g, cache, act));
-                one["npu_cache_len"] = json!(cache);
-                one["ops"] = json!(g.ops.len());
-            }
-            passes.push(one);
-        }
-    }
+    let (fit, left): (Vec<u32>, Vec<u32>) = req.rows.iter().partition(|&&r| r <= largest && req.context.unwrap_or(r) <= h.plan.kv_capacity);
+    let note = (!left.is_empty()).then(|| format!("passes of {left:?} rows not estimated: the plan's graphs hold {largest} rows at most (--rows to ask)"));
+    (fit, note)
+}
+
+/// The passes a generation runs under `req`'s policy, as `(rows, context, logit rows, count)`;
+/// `max_rows`, the most rows a graph of the plan holds, shapes LLaDA 2.x's.
+fn generation_passes(req: &EstimateRequest, llada2: bool, max_rows: u32) -> Result<Vec<(u32, u32, u32, u32)>> {
+    let (b, g, s) = (req.block_len, req.gen_len, req.steps);
     let seq = req.prompt_len + g;
-    // Default settings longer than the plan's positions: no generation, a note.
-    let generation_fits = req.generation_given || seq <= h.plan.kv_capacity;
-    if !generation_fits {
-        notes.push(format!(
-            "generation not estimated: prompt {} + gen {g} positions exceed the plan's {} (--prompt-len and --gen-len to ask)",
-            req.prompt_len, h.plan.kv_capacity
-        ));
-    }
-    // (LLaDA 2.x's blocks lie on its own grid: `llada2_schedule`.)
-    let (blocks, per_block) = if llada2 { (0, 0) } else { (g / b, s / (g / b)) };
     if req.passes.is_some() && req.policy != "mbsd" && !llada2 {
         return Err(Error::Options(format!("--passes: only mbsd's pass count is measured; --policy {} runs {s} passes", req.policy)));
     }
-    // The passes a generation runs, as (rows, count) (LLaDA 2.x's: rows, context, logit rows).
-    let llada2_passes = llada2.then(|| llada2_schedule(req, h.graphs.iter().map(|g| g.rows).max().unwrap_or(0)));
+    // (LLaDA 2.x's blocks lie on its own grid: `llada2_schedule`.)
+    if llada2 {
+        return Ok(llada2_schedule(req, max_rows));
+    }
+    let (blocks, per_block) = (g / b, s / (g / b));
+    // As (rows, count), every pass attending to the whole sequence with a block's logits.
     let schedule: Vec<(u32, u32)> = match req.policy.as_str() {
-        _ if llada2 => Vec::new(),
         // A whole-sequence pass first (the prompt's cache), then passes of the smallest
         // graph holding a block: the block's masked rows and, in the rest, drafts of the next
         // blocks. Fewer passes than steps where drafts confirm.
@@ -297,81 +407,38 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
             v
         }
     };
-    let mut generations = Vec::new();
-    for x in strategies.iter().filter(|_| generation_fits) {
-        let (mut total, mut count, mut rows_computed, mut staged, mut waited) = (0.0, 0u32, 0u64, 0.0, 0.0);
-        let passes: Vec<(u32, u32, u32, u32)> = match &llada2_passes {
-            Some(p) => p.clone(),
-            None => schedule.iter().map(|&(rows, n)| (rows, seq, b, n)).collect(),
-        };
-        for (rows, context, head, n) in passes {
-            if n == 0 {
-                continue;
-            }
-            let (_, graph_rows, e) = pass(h, &machine, act, rows, context, head, x.as_ref(), npu)?;
-            total += e.seconds * n as f64;
-            staged += e.staging_seconds * n as f64;
-            waited += (e.seconds - e.compute_seconds).max(0.0) * n as f64;
-            count += n;
-            rows_computed += graph_rows as u64 * n as u64;
-        }
-        let mut one = json!({
-            "policy": req.policy, "experts": name(x), "prompt_len": req.prompt_len, "gen_len": g, "block_len": b, "steps": s,
-            "forward_passes": count, "graph_rows_computed": rows_computed, "seconds": total, "staging_seconds": staged, "staging_critical_seconds": waited,
-        });
-        if let Some(n) = npu {
-            let (created, bytes) = n.created();
-            one["npu_contexts_created"] = json!(created as u64 * count as u64);
-            one["npu_bytes_staged"] = json!(bytes * count as u64);
-        }
-        generations.push(one);
+    Ok(schedule.into_iter().map(|(rows, n)| (rows, seq, b, n)).collect())
+}
+
+/// Predicts the single passes and generations `req` asks for on the plan of `h`.
+pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
+    let (compiled_for, target) = targets(h, req)?;
+    let (machine, label) = machine_and_label(h, req, &target)?;
+    let npu = if req.rates.is_some() { None } else { NpuModel::of(h, &target, req.npu_limits)? };
+    let p = Predictor { h, machine: &machine, act: activation_bytes(&target), npu: npu.as_ref() };
+    let llada2 = h.model.family() == llada_ir::Family::Llada2Moe;
+    check_generation_settings(req, llada2)?;
+    let strategies = expert_strategies(h, req, &machine);
+    let mut notes: Vec<String> = Vec::new();
+    let (rows, left_out) = rows_to_predict(h, req);
+    notes.extend(left_out);
+    let passes = p.single_passes(&rows, req.context, &strategies)?;
+    // Default settings longer than the plan's positions: no generation, a note.
+    let generation_fits = req.generation_given || req.prompt_len + req.gen_len <= h.plan.kv_capacity;
+    if !generation_fits {
+        notes.push(format!(
+            "generation not estimated: prompt {} + gen {} positions exceed the plan's {} (--prompt-len and --gen-len to ask)",
+            req.prompt_len, req.gen_len, h.plan.kv_capacity
+        ));
     }
+    let schedule = generation_passes(req, llada2, h.graphs.iter().map(|g| g.rows).max().unwrap_or(0))?;
+    let generations = strategies.iter().filter(|_| generation_fits).map(|x| p.generation(req, &schedule, x)).collect::<Result<Vec<Value>>>()?;
     // Session setup: the window is one shared buffer, mapped once; the resident segments
     // are read from storage into it. Steady-state passes map nothing.
     let resident: u64 = h.plan.window.resident.iter().map(|r| h.segments[r.segment as usize].nbytes).sum();
     let setup = machine.map_seconds + resident as f64 / target.storage_bytes_per_second;
-    // QNN's own estimates of the executables (`lladac --npu-estimate-soc`), beside the cost
-    // model's for the same graph: every row of it over the whole cache, as the executable
-    // computes.
-    let mut qnn = Vec::new();
-    if let Some(n) = llada_ir::npu::NpuSection::of(h).map_err(|e| Error::Options(e.to_string()))? {
-        let mut keys: Vec<(u32, u32)> = n.estimates.iter().map(|e| (e.graph, e.cache_len)).collect();
-        keys.sort_unstable();
-        keys.dedup();
-        for (gi, cache_len) in keys {
-            let g = &h.graphs[gi as usize];
-            let mine: Vec<_> = n.estimates.iter().filter(|e| e.graph == gi && e.cache_len == cache_len).collect();
-            let micros: u64 = mine.iter().map(|e| e.micros).sum();
-            let cycles: u64 = mine.iter().map(|e| e.cycles).sum();
-            let model = match npu {
-                Some(npu) => npu.roofline(h, &machine, g, cache_len, act),
-                None => cost::pass_estimate(&machine, &cost::graph_work(h, g, g.head_rows, cache_len, h.plan.window.kv_dtype.bytes() as u32, act), 0, true).seconds,
-            };
-            let qnn_seconds = (micros as f64 * 1e-6).max(1e-9);
-            let fitted = target.npu_timing.filter(|t| t.estimate_soc == mine[0].soc_id).map(|t| t.seconds(model, g.ops.len()));
-            // QNN's op trace by kind, beside each kind's roofline.
-            let rooflines = npu.map(|n| n.group_rooflines(h, &machine, g, cache_len, act)).unwrap_or_default();
-            let mut kinds: Vec<llada_ir::npu::NpuOpKind> = mine.iter().flat_map(|e| e.groups.iter().map(|x| x.kind)).chain(rooflines.iter().map(|r| r.0)).collect();
-            kinds.sort_by_key(|k| *k as u32);
-            kinds.dedup();
-            let groups: Vec<Value> = kinds
-                .iter()
-                .map(|&k| {
-                    let (busy, ops) = mine.iter().flat_map(|e| &e.groups).filter(|x| x.kind == k).fold((0.0, 0), |(b, o), x| (b + x.busy_micros, o + x.ops));
-                    let roof = rooflines.iter().find(|r| r.0 == k).map(|r| r.1 * 1e6);
-                    json!({"kind": k.name(), "qnn_busy_micros": busy, "qnn_ops": ops, "roofline_micros": roof})
-                })
-                .collect();
-            qnn.push(json!({
-                "graph": g.name, "rows": g.rows, "cache_len": cache_len, "soc_id": mine[0].soc_id, "contexts": mine.len(), "ops": g.ops.len(),
-                "qnn_seconds": qnn_seconds, "qnn_cycles": cycles, "cost_model_seconds": model,
-                "ratio": model / qnn_seconds,
-                "fitted_seconds": fitted, "fitted_ratio": fitted.map(|f| f / qnn_seconds),
-                "groups": groups,
-            }));
-        }
-    }
-    let npu_json = npu.map(|n| {
+    let qnn = p.qnn_estimates(&target)?;
+    let npu_json = p.npu.map(|n| {
         let mut v = n.describe();
         v["load"] = n.load(target.storage_bytes_per_second);
         v
@@ -381,7 +448,7 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
         "compiled_for": compiled_for.name,
         "npu": npu_json,
         "machine": machine,
-        "matmuls": matmul_arithmetic(h, &machine, act),
+        "matmuls": matmul_arithmetic(h, &machine, p.act),
         "passes": passes,
         "qnn_estimates": qnn,
         "setup": {"mappings": 1, "resident_bytes": resident, "seconds": setup},

@@ -1,5 +1,6 @@
 //! `lladac inspect`: what an artifact holds, for people (`text`) and scripts (`--json`).
 
+use std::fmt::Write;
 use std::path::Path;
 
 use llada_ir::{Artifact, Header, Rows};
@@ -68,10 +69,10 @@ pub fn describe(h: &Header, major: u16, minor: u16, file_bytes: u64) -> Value {
         .iter()
         .enumerate()
         .map(|(i, g)| {
-            let head_values = g.values.iter().filter(|v| v.rows == Rows::Head).count();
+            let logit_values = g.values.iter().filter(|v| v.rows == Rows::Logits).count();
             json!({
-                "name": g.name, "rows": g.rows, "head_rows": g.head_rows, "ops": g.ops.len(),
-                "values": g.values.len(), "head_values": head_values, "activation_bytes": g.window_bytes,
+                "name": g.name, "rows": g.rows, "logit_rows": g.logit_rows, "ops": g.ops.len(),
+                "values": g.values.len(), "logit_values": logit_values, "activation_bytes": g.window_bytes,
                 "staged_bytes_per_pass": crate::window::staged_bytes(h, g),
                 "staging": g.staging.iter().map(|st| json!({
                     "segment": h.segments[h.plan.window.rotating[st.rotating as usize] as usize].name, "slot": st.slot,
@@ -192,8 +193,23 @@ fn npu(h: &Header) -> Value {
 
 /// The human-readable form of [`inspect`]'s description.
 pub fn render_text(d: &Value) -> String {
-    use std::fmt::Write;
     let mut s = String::new();
+    write_summary(&mut s, d);
+    write_tensors(&mut s, d);
+    write_graphs(&mut s, d);
+    write_window(&mut s, d);
+    write_npu(&mut s, &d["npu"]);
+    write_plan(&mut s, &d["plan"]);
+    s
+}
+
+fn mib(v: &Value) -> f64 {
+    v.as_u64().unwrap_or(0) as f64 / (1u64 << 20) as f64
+}
+
+/// The report's head: the file, the model's shape, the sections, tokens, provenance and
+/// weight bytes.
+fn write_summary(s: &mut String, d: &Value) {
     let m = &d["model"];
     let _ = writeln!(s, "llada artifact, format {}, {} bytes (checksums verified)", d["format"].as_str().unwrap_or("?"), d["file_bytes"]);
     let _ = writeln!(
@@ -212,8 +228,11 @@ pub fn render_text(d: &Value) -> String {
     let _ = writeln!(s, "special tokens: {}", d["special_tokens"]);
     let _ = writeln!(s, "compiled by {} for target {} from {}", d["compile"]["compiler"], d["compile"]["target"], d["compile"]["source"]);
     let _ = writeln!(s, "weights by dtype: {}", d["weight_bytes_by_dtype"]);
+}
+
+/// A line a tensor; experts after a layer's first as one line: they repeat its shapes.
+fn write_tensors(s: &mut String, d: &Value) {
     let _ = writeln!(s, "\ntensors ({}):", d["tensors"].as_array().map_or(0, |a| a.len()));
-    // Experts after a layer's first are listed as one line: they repeat its shapes.
     let mut skipped: Option<(String, usize)> = None;
     for t in d["tensors"].as_array().into_iter().flatten() {
         let segment = t["segment"].as_str().unwrap_or("-");
@@ -229,13 +248,19 @@ pub fn render_text(d: &Value) -> String {
         let _ = writeln!(s, "  {:<48} {:>12} {:<18} {:>12} B  [{}]", t["name"].as_str().unwrap_or(""), t["dtype"].as_str().unwrap_or(""),
             t["shape"].to_string(), t["bytes"], segment);
     }
+}
+
+fn write_graphs(s: &mut String, d: &Value) {
     let _ = writeln!(s, "\ngraphs ({}; latency predicted for {}):", d["graphs"].as_array().map_or(0, |a| a.len()), d["plan"]["latency_target"].as_str().unwrap_or("-"));
     for g in d["graphs"].as_array().into_iter().flatten() {
-        let _ = writeln!(s, "  {:<16} rows {:>5} head rows {:>4} ops {:>5} values {:>5} activations {:>12} B staged/pass {:>12} B predicted {:.4} s", g["name"].as_str().unwrap_or(""),
-            g["rows"], g["head_rows"], g["ops"], g["values"], g["activation_bytes"], g["staged_bytes_per_pass"], g["predicted_seconds"].as_f64().unwrap_or(f64::NAN));
+        let _ = writeln!(s, "  {:<16} rows {:>5} logit rows {:>4} ops {:>5} values {:>5} activations {:>12} B staged/pass {:>12} B predicted {:.4} s", g["name"].as_str().unwrap_or(""),
+            g["rows"], g["logit_rows"], g["ops"], g["values"], g["activation_bytes"], g["staged_bytes_per_pass"], g["predicted_seconds"].as_f64().unwrap_or(f64::NAN));
     }
+}
+
+/// The window's map by offset, and the experts' pools and costs.
+fn write_window(s: &mut String, d: &Value) {
     let w = &d["window"];
-    let mib = |v: &Value| v.as_u64().unwrap_or(0) as f64 / (1u64 << 20) as f64;
     let _ = writeln!(s, "\nwindow: {:.1} MiB of {:.1} MiB used; KV {}; {} resident segments, {} rotating, host-side: {}",
         mib(&w["used_bytes"]), mib(&w["bytes"]), w["kv_dtype"].as_str().unwrap_or("?"),
         w["resident_segments"].as_array().map_or(0, |a| a.len()), w["rotating_segments"].as_array().map_or(0, |a| a.len()), w["host_segments"]);
@@ -254,84 +279,95 @@ pub fn render_text(d: &Value) -> String {
             x["costs"]["stage_seconds"].as_f64().unwrap_or(0.0)
         );
     }
-    let n = &d["npu"];
-    if !n.is_null() {
-        let _ = writeln!(
-            s,
-            "\nNPU executables: QNN HTP for {} (socModel {}, {}), prepared by QNN {}; matmul weights {}, activations {}",
-            n["soc"].as_str().unwrap_or("?"),
-            n["soc_id"],
-            n["htp_arch"].as_str().unwrap_or("?"),
-            n["qnn_build"].as_str().unwrap_or("?"),
-            n["weights"].as_str().unwrap_or("?"),
-            n["activations"].as_str().unwrap_or("?")
-        );
-        if let Some(ranges) = n["activation_ranges"].as_array().filter(|r| !r.is_empty()) {
-            // The span of the ranges: the narrowest and widest a matmul's input and output cover.
-            let width = |r: &Value| r[1].as_f64().unwrap_or(0.0) - r[0].as_f64().unwrap_or(0.0);
-            let span = |key: &str| {
-                let w: Vec<f64> = ranges.iter().map(|a| width(&a[key])).collect();
-                (w.iter().copied().fold(f64::INFINITY, f64::min), w.iter().copied().fold(0.0, f64::max))
-            };
-            let ((ilo, ihi), (olo, ohi)) = (span("input"), span("output"));
-            let _ = writeln!(
-                s,
-                "  16-bit activation ranges of {} matmuls, calibrated on {}: inputs {:.3}..{:.3} wide, outputs {:.3}..{:.3} wide (`--json`: each)",
-                ranges.len(),
-                n["calibration"].as_str().unwrap_or("?"),
-                ilo,
-                ihi,
-                olo,
-                ohi
-            );
-        }
-        let l = &n["limits"];
-        let _ = writeln!(
-            s,
-            "  planned for {} HTP session(s) of {:.1} MiB, each context and the I/O one mapping of at most {:.1} MiB; contexts may use {:.1} MiB at once",
-            l["sessions"], mib(&l["session_bytes"]), mib(&l["mapping_bytes"]), mib(&n["context_budget"])
-        );
-        let _ = writeln!(s, "  attention built for cache lengths {} (a pass runs the smallest that holds its keys)", n["cache_lens"]);
-        for (si, x) in n["sessions"].as_array().into_iter().flatten().enumerate() {
-            let _ = writeln!(s, "  session {si}: {:.1} MiB of contexts, {:.1} MiB of the I/O allocation bound, a {:.1} MiB spill-fill buffer its contexts share", mib(&x["context_bytes"]), mib(&x["io_bytes"]), mib(&x["spill_fill_bytes"]));
-        }
-        let regions: Vec<String> = n["io"]["regions"].as_array().into_iter().flatten().map(|r| format!("{} @{} ({} B)", r["kind"].as_str().unwrap_or("?"), r["offset"], r["bytes"])).collect();
-        let _ = writeln!(s, "  I/O allocation {:.1} MiB, a descriptor per tensor: {}", mib(&n["io"]["bytes"]), regions.join(", "));
-        let _ = writeln!(
-            s,
-            "  {}",
-            if n["shared_weights"].as_bool() == Some(true) {
-                "row buckets share their weights in each context (the phone's form; QNN's x86-64 simulator cannot load it)"
-            } else {
-                "each row bucket carries its own weights (loads on the simulator and on a phone)"
-            }
-        );
-        for c in n["contexts"].as_array().into_iter().flatten() {
-            let executables = c["graphs"].as_array().map_or(0, |g| g.len());
-            let mut graphs: Vec<&str> = c["graphs"].as_array().into_iter().flatten().filter_map(|g| g["graph"].as_str()).collect();
-            graphs.dedup();
-            let _ = writeln!(
-                s,
-                "  context '{}' for {}: layers {}..{}, session {}, mapping {:.1} MiB, {}, {} executables of {} graphs: {}",
-                c["segment"].as_str().unwrap_or("?"),
-                c["soc"].as_str().unwrap_or("?"),
-                c["layers"][0],
-                c["layers"][1],
-                c["session"],
-                mib(&c["mapping_bytes"]),
-                if c["resident"].as_bool() == Some(true) { "resident (created once)" } else { "rotating (created every pass)" },
-                executables,
-                graphs.len(),
-                graphs.join(", ")
-            );
-            if executables > graphs.len() {
-                let _ = writeln!(s, "    each graph cut at its MoE layers: the routers and routed experts run on the CPU between its executables");
-            }
-        }
+}
+
+/// The NPU executables (nothing where there are none): the SoC and build, the calibrated
+/// activation ranges, the sessions and I/O allocation, and each context.
+fn write_npu(s: &mut String, n: &Value) {
+    if n.is_null() {
+        return;
     }
-    let p = &d["plan"];
+    let _ = writeln!(
+        s,
+        "\nNPU executables: QNN HTP for {} (socModel {}, {}), prepared by QNN {}; matmul weights {}, activations {}",
+        n["soc"].as_str().unwrap_or("?"),
+        n["soc_id"],
+        n["htp_arch"].as_str().unwrap_or("?"),
+        n["qnn_build"].as_str().unwrap_or("?"),
+        n["weights"].as_str().unwrap_or("?"),
+        n["activations"].as_str().unwrap_or("?")
+    );
+    if let Some(ranges) = n["activation_ranges"].as_array().filter(|r| !r.is_empty()) {
+        // The span of the ranges: the narrowest and widest a matmul's input and output cover.
+        let width = |r: &Value| r[1].as_f64().unwrap_or(0.0) - r[0].as_f64().unwrap_or(0.0);
+        let span = |key: &str| {
+            let w: Vec<f64> = ranges.iter().map(|a| width(&a[key])).collect();
+            (w.iter().copied().fold(f64::INFINITY, f64::min), w.iter().copied().fold(0.0, f64::max))
+        };
+        let ((ilo, ihi), (olo, ohi)) = (span("input"), span("output"));
+        let _ = writeln!(
+            s,
+            "  16-bit activation ranges of {} matmuls, calibrated on {}: inputs {:.3}..{:.3} wide, outputs {:.3}..{:.3} wide (`--json`: each)",
+            ranges.len(),
+            n["calibration"].as_str().unwrap_or("?"),
+            ilo,
+            ihi,
+            olo,
+            ohi
+        );
+    }
+    let l = &n["limits"];
+    let _ = writeln!(
+        s,
+        "  planned for {} HTP session(s) of {:.1} MiB, each context and the I/O one mapping of at most {:.1} MiB; contexts may use {:.1} MiB at once",
+        l["sessions"], mib(&l["session_bytes"]), mib(&l["mapping_bytes"]), mib(&n["context_budget"])
+    );
+    let _ = writeln!(s, "  attention built for cache lengths {} (a pass runs the smallest that holds its keys)", n["cache_lens"]);
+    for (si, x) in n["sessions"].as_array().into_iter().flatten().enumerate() {
+        let _ = writeln!(s, "  session {si}: {:.1} MiB of contexts, {:.1} MiB of the I/O allocation bound, a {:.1} MiB spill-fill buffer its contexts share", mib(&x["context_bytes"]), mib(&x["io_bytes"]), mib(&x["spill_fill_bytes"]));
+    }
+    let regions: Vec<String> = n["io"]["regions"].as_array().into_iter().flatten().map(|r| format!("{} @{} ({} B)", r["kind"].as_str().unwrap_or("?"), r["offset"], r["bytes"])).collect();
+    let _ = writeln!(s, "  I/O allocation {:.1} MiB, a descriptor per tensor: {}", mib(&n["io"]["bytes"]), regions.join(", "));
+    let _ = writeln!(
+        s,
+        "  {}",
+        if n["shared_weights"].as_bool() == Some(true) {
+            "row buckets share their weights in each context (the phone's form; QNN's x86-64 simulator cannot load it)"
+        } else {
+            "each row bucket carries its own weights (loads on the simulator and on a phone)"
+        }
+    );
+    for c in n["contexts"].as_array().into_iter().flatten() {
+        write_npu_context(s, c);
+    }
+}
+
+/// One NPU context: its layers, session, mapping, whether it stays, and its executables.
+fn write_npu_context(s: &mut String, c: &Value) {
+    let executables = c["graphs"].as_array().map_or(0, |g| g.len());
+    let mut graphs: Vec<&str> = c["graphs"].as_array().into_iter().flatten().filter_map(|g| g["graph"].as_str()).collect();
+    graphs.dedup();
+    let _ = writeln!(
+        s,
+        "  context '{}' for {}: layers {}..{}, session {}, mapping {:.1} MiB, {}, {} executables of {} graphs: {}",
+        c["segment"].as_str().unwrap_or("?"),
+        c["soc"].as_str().unwrap_or("?"),
+        c["layers"][0],
+        c["layers"][1],
+        c["session"],
+        mib(&c["mapping_bytes"]),
+        if c["resident"].as_bool() == Some(true) { "resident (created once)" } else { "rotating (created every pass)" },
+        executables,
+        graphs.len(),
+        graphs.join(", ")
+    );
+    if executables > graphs.len() {
+        let _ = writeln!(s, "    each graph cut at its MoE layers: the routers and routed experts run on the CPU between its executables");
+    }
+}
+
+fn write_plan(s: &mut String, p: &Value) {
     let _ = writeln!(s, "\nplan: graphs by rows -> {}", p["by_rows"]);
     let _ = writeln!(s, "      row-set latency buckets (rows) -> {}", p["row_buckets"]);
     let _ = writeln!(s, "      KV cache {} positions, block {} x (1 + {} speculative), matmul activations {} (int8 scales per {})", p["kv_capacity"], p["block_len"], p["spec_blocks"], p["activations"].as_str().unwrap_or("?"), p["activation_scales"].as_str().unwrap_or("?"));
-    s
 }

@@ -9,7 +9,7 @@ pub fn activation_bytes(t: &Target) -> u32 {
     if t.activation_dtype == "f16" { 2 } else { 4 }
 }
 
-/// Predicted seconds of one pass of every graph: all its rows real, all its head rows asked
+/// Predicted seconds of one pass of every graph: all its rows real, all its logit rows asked
 /// for, attending to as many positions as it has rows, with its swap schedule's staging
 /// overlapped with compute.
 pub fn record(h: &mut Header, t: &Target) {
@@ -20,7 +20,7 @@ pub fn record(h: &mut Header, t: &Target) {
         .graphs
         .iter()
         .map(|g| {
-            let work = cost::graph_work(h, g, g.head_rows, g.rows, kv, act);
+            let work = cost::graph_work(h, g, g.logit_rows, g.rows, kv, act);
             cost::pass_estimate(&machine, &work, crate::window::staged_bytes(h, g), true).seconds
         })
         .collect();

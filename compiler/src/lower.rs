@@ -43,7 +43,7 @@ pub struct NetworkTensors {
     pub embedding: TensorId,
     pub blocks: Vec<BlockTensors>,
     pub final_norm: TensorId,
-    pub head: TensorId,
+    pub lm_head: TensorId,
     pub rope_cos: TensorId,
     pub rope_sin: TensorId,
 }
@@ -71,9 +71,9 @@ impl Builder {
 
 /// The network over `rows` consecutive positions, attending through the KV cache (see
 /// `llada_ir::Plan`): the whole sequence for the exact sampler, fewer rows for the cached
-/// policies; logits for up to `head_rows` chosen rows. Window offsets are left at zero for
+/// policies; logits for up to `logit_rows` chosen rows. Window offsets are left at zero for
 /// the memory planner.
-pub fn full_sequence_graph(m: &ModelConfig, t: &NetworkTensors, opts: NetworkOptions, rows: u32, head_rows: u32) -> Graph {
+pub fn full_sequence_graph(m: &ModelConfig, t: &NetworkTensors, opts: NetworkOptions, rows: u32, logit_rows: u32) -> Graph {
     let mut b = Builder { values: Vec::new(), ops: Vec::new() };
     let (d, hd) = (m.d_model, m.head_dim);
     let eps = m.rms_eps as f32;
@@ -147,18 +147,18 @@ pub fn full_sequence_graph(m: &ModelConfig, t: &NetworkTensors, opts: NetworkOpt
         }
         b.ops.push(Op::Add { acc: x, x: f });
     }
-    let hx = b.value("head_in".into(), Rows::Head, d);
-    let hn = b.value("head_normed".into(), Rows::Head, d);
-    let logits = b.value("logits".into(), Rows::Head, m.embedding_size);
+    let hx = b.value("head_in".into(), Rows::Logits, d);
+    let hn = b.value("head_normed".into(), Rows::Logits, d);
+    let logits = b.value("logits".into(), Rows::Logits, m.embedding_size);
     b.ops.extend([
-        Op::GatherHeadRows { x, out: hx },
+        Op::GatherLogitRows { x, out: hx },
         Op::RmsNorm { x: hx, weight: t.final_norm, eps, out: hn },
-        Op::MatMul { x: hn, weight: t.head, out: logits },
+        Op::MatMul { x: hn, weight: t.lm_head, out: logits },
     ]);
     if opts.scale_logits {
         b.ops.push(Op::Scale { x: logits, factor: 1.0 / (d as f32).sqrt() });
     }
-    Graph { name: format!("rows-{rows}"), rows, head_rows, values: b.values, ops: b.ops, logits, window_bytes: 0, staging: Vec::new() }
+    Graph { name: format!("rows-{rows}"), rows, logit_rows, values: b.values, ops: b.ops, logits, window_bytes: 0, staging: Vec::new() }
 }
 
 /// Row counts of the exact graphs: every multiple of the target's row multiple from twice it

@@ -41,9 +41,10 @@ enum Command {
         /// NPUs, 512 on phone GPUs].
         #[arg(long)]
         max_seq: Option<u32>,
-        /// Most positions whose logits one pass returns: at least the block length you decode with.
-        #[arg(long, default_value_t = 256)]
-        head_rows: u32,
+        /// Most positions whose logits one pass returns: at least the block length you decode with
+        /// (`--head-rows`, its former name, is an alias).
+        #[arg(long, alias = "head-rows", default_value_t = 256)]
+        logit_rows: u32,
         /// Block length the cached and speculative policies decode with (graphs of exactly
         /// block x (1 + k) rows, k up to --spec-blocks, are added to the row buckets).
         #[arg(long, default_value_t = 32)]
@@ -192,7 +193,7 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 
 fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
     match cli.command {
-        Command::Compile { model, output, quant, group, target, max_seq, head_rows, block_len, spec_blocks, activations, activation_scales, window_bytes, kv_dtype, host_only, qnn_lib, npu_contexts, npu_shared_weights, npu_estimate_soc, npu_activations, calibration, npu_sessions, npu_session_bytes } => {
+        Command::Compile { model, output, quant, group, target, max_seq, logit_rows, block_len, spec_blocks, activations, activation_scales, window_bytes, kv_dtype, host_only, qnn_lib, npu_contexts, npu_shared_weights, npu_estimate_soc, npu_activations, calibration, npu_sessions, npu_session_bytes } => {
             lladac::compile::check_flags(quant.as_deref(), typed(matches, "group").then_some(group), &target, max_seq, block_len, typed(matches, "spec_blocks").then_some(spec_blocks)).map_err(Failure::Usage)?;
             let opts = CompileOptions {
                 model,
@@ -200,7 +201,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
                 quant: quant.as_deref().and_then(|q| Quant::parse(q, if typed(matches, "group") { group } else { lladac::compile::default_group(&target) })),
                 target,
                 max_seq,
-                head_rows,
+                logit_rows,
                 block_len,
                 spec_blocks,
                 bf16_activations: activations == "bf16",

@@ -119,13 +119,13 @@ impl NpuModel {
     /// cost model's work with every matmul reading the bytes the executables hold (int4 and
     /// its block scales, an int8 head...) on the engine that computes them.
     pub fn roofline(&self, h: &Header, m: &Machine, g: &Graph, cache: u32, act: u32) -> f64 {
-        let mut work = cost::graph_work(h, g, g.head_rows, cache, h.plan.window.kv_dtype.bytes() as u32, act);
-        let head = npu_plan::head_weight(g);
+        let mut work = cost::graph_work(h, g, g.logit_rows, cache, h.plan.window.kv_dtype.bytes() as u32, act);
+        let lm_head = npu_plan::lm_head_weight(g);
         for (op, w) in g.ops.iter().zip(&mut work) {
             match *op {
                 Op::MatMul { weight, .. } => {
                     let t = &h.tensors[weight as usize];
-                    w.bytes += npu_plan::matmul_bytes(h, weight, self.format, Some(weight) == head) as f64 - t.nbytes as f64;
+                    w.bytes += npu_plan::matmul_bytes(h, weight, self.format, Some(weight) == lm_head) as f64 - t.nbytes as f64;
                     w.engine = if self.format == NpuWeights::F16 { Engine::F16 } else { Engine::Int8 };
                 }
                 // The host embeds the rows.
@@ -140,8 +140,8 @@ impl NpuModel {
     /// reads from DRAM, the products' arithmetic, and each other kind of op's roofline (the
     /// roofline has no fixed-point conversions or spill-fill).
     pub fn group_rooflines(&self, h: &Header, m: &Machine, g: &Graph, cache: u32, act: u32) -> Vec<(NpuOpKind, f64)> {
-        let work = cost::graph_work(h, g, g.head_rows, cache, h.plan.window.kv_dtype.bytes() as u32, act);
-        let head = npu_plan::head_weight(g);
+        let work = cost::graph_work(h, g, g.logit_rows, cache, h.plan.window.kv_dtype.bytes() as u32, act);
+        let lm_head = npu_plan::lm_head_weight(g);
         let mut out: Vec<(NpuOpKind, f64)> = Vec::new();
         let mut add = |kind: NpuOpKind, s: f64| match out.iter_mut().find(|x| x.0 == kind) {
             Some(x) => x.1 += s,
@@ -150,14 +150,14 @@ impl NpuModel {
         for (op, w) in g.ops.iter().zip(&work) {
             match *op {
                 Op::MatMul { weight, .. } => {
-                    add(NpuOpKind::WeightRead, npu_plan::matmul_bytes(h, weight, self.format, Some(weight) == head) as f64 / m.bandwidth);
+                    add(NpuOpKind::WeightRead, npu_plan::matmul_bytes(h, weight, self.format, Some(weight) == lm_head) as f64 / m.bandwidth);
                     let engine = if self.format == NpuWeights::F16 { Engine::F16 } else { Engine::Int8 };
                     add(NpuOpKind::Matmul, w.ops / m.rates.of(engine));
                 }
                 Op::Attention { .. } => add(NpuOpKind::Attention, cost::op_seconds(m, w)),
                 Op::RmsNorm { .. } | Op::HeadRmsNorm { .. } => add(NpuOpKind::Norm, cost::op_seconds(m, w)),
                 Op::Rope { .. } => add(NpuOpKind::Rope, cost::op_seconds(m, w)),
-                Op::GatherHeadRows { .. } => add(NpuOpKind::DataMovement, cost::op_seconds(m, w)),
+                Op::GatherLogitRows { .. } => add(NpuOpKind::DataMovement, cost::op_seconds(m, w)),
                 Op::Add { .. } | Op::SwiGlu { .. } | Op::Scale { .. } | Op::Bias { .. } => add(NpuOpKind::Elementwise, cost::op_seconds(m, w)),
                 _ => {}
             }

@@ -188,7 +188,7 @@ fn predicted_spill_fill(h: &Header, bounds: &[Vec<usize>], g: [u32; 2]) -> u64 {
                 let value = &graph.values[v as usize];
                 let rows = match value.rows {
                     llada_ir::Rows::Tokens => graph.rows,
-                    llada_ir::Rows::Head => graph.head_rows,
+                    llada_ir::Rows::Logits => graph.logit_rows,
                 };
                 4 * 2 * rows as u64 * value.cols as u64
             })
@@ -354,27 +354,27 @@ fn resident_prefix(sizes: &[u64], budget: u64) -> Vec<bool> {
 fn weight_bytes(h: &Header, g: &Graph, format: NpuWeights, ops: std::ops::Range<usize>) -> u64 {
     let mut seen = std::collections::HashSet::new();
     let matmul: std::collections::HashSet<TensorId> = g.ops.iter().filter_map(|o| if let Op::MatMul { weight, .. } = *o { Some(weight) } else { None }).collect();
-    let head = head_weight(g);
-    let bytes = |t: TensorId| if matmul.contains(&t) { matmul_bytes(h, t, format, Some(t) == head) } else { 2 * h.tensors[t as usize].numel() };
+    let lm_head = lm_head_weight(g);
+    let bytes = |t: TensorId| if matmul.contains(&t) { matmul_bytes(h, t, format, Some(t) == lm_head) } else { 2 * h.tensors[t as usize].numel() };
     // The embedding and the MoE host ops' tensors (router bias, routed experts) stay outside.
     g.ops[ops].iter().filter(|o| !matches!(o, Op::Embed { .. }) && !llada_ir::npu::host_op(o)).flat_map(|o| o.tensors()).filter(|t| seen.insert(*t)).map(bytes).sum()
 }
 
 /// The LM head's weight: the matmul writing `g`'s logits.
-pub fn head_weight(g: &Graph) -> Option<TensorId> {
+pub fn lm_head_weight(g: &Graph) -> Option<TensorId> {
     g.ops.iter().find_map(|o| match *o {
         Op::MatMul { weight, out, .. } if out == g.logits => Some(weight),
         _ => None,
     })
 }
 
-/// Bytes of matmul weight `t` in the executables of `format` (`head`: the LM head's).
-pub fn matmul_bytes(h: &Header, t: TensorId, format: NpuWeights, head: bool) -> u64 {
+/// Bytes of matmul weight `t` in the executables of `format` (`lm_head`: the LM head's).
+pub fn matmul_bytes(h: &Header, t: TensorId, format: NpuWeights, lm_head: bool) -> u64 {
     let n = h.tensors[t as usize].numel();
     match format {
         NpuWeights::Int8PerChannel => n,
         // The LM head of a fixed-point format: int8 per output channel.
-        NpuWeights::Int4Lpbq { .. } if head => n,
+        NpuWeights::Int4Lpbq { .. } if lm_head => n,
         NpuWeights::Int4PerChannel => n.div_ceil(2),
         // Packed int4 and a byte of block scale per block.
         NpuWeights::Int4Lpbq { block } => n.div_ceil(2) + n / block as u64,

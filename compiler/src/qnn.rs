@@ -13,10 +13,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use half::f16;
-use llada_ir::npu::{ActivationRange, IoLayout, NpuContext, NpuDType, NpuEstimate, NpuGraph, NpuLimits, NpuOpGroup, NpuSection, NpuTensor, NpuWeights, Role, SECTION_VERSION, SOCS};
+use llada_ir::npu::{ActivationRange, Bound, IoLayout, NpuContext, NpuDType, NpuEstimate, NpuGraph, NpuLimits, NpuOpGroup, NpuSection, NpuTensor, NpuWeights, Role, SECTION_VERSION, SOCS};
 use llada_ir::{Graph, Header, Op, Rows, TensorId, ValueId};
 use llada_qnn::abi::{QuantizeParams, DATATYPE_FLOAT_16, DATATYPE_INT_32, DATATYPE_UFIXED_POINT_16};
-use llada_qnn::build::{Out, ParamSpec};
+use llada_qnn::build::{Out, Output, ParamSpec};
 use llada_qnn::{Context, Device, GraphBuilder, Profile, QnnLibrary, TensorRef};
 
 use crate::error::{Error, Result};
@@ -51,9 +51,13 @@ fn qnn_err(e: llada_qnn::Error) -> Error {
     }
 }
 
-/// How the executables are built, besides the SoC and the weight format.
+/// How the executables are built: for which SoC, from which weight format, against which
+/// limits.
 #[derive(Debug, Clone, Copy)]
 pub struct NpuOptions {
+    /// The SoC's name and QNN's id of it (`soc_of`).
+    pub soc: (&'static str, u32),
+    pub weights: NpuWeights,
     /// The HTP's limits the contexts are planned against.
     pub limits: NpuLimits,
     /// Contexts to split the layers into (`None`: the fewest whose binaries fit the window's
@@ -74,11 +78,10 @@ pub struct Calibration {
     pub source: String,
 }
 
-/// Lowers every graph of `h` for `soc` as `opts` says. `weights` gives a tensor's values as
-/// f32.
+/// Lowers every graph of `h` as `opts` says. `weights` gives a tensor's values as f32.
 /// `calibration`: the activation ranges, which a format with 16-bit activations needs.
-pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format: NpuWeights, calibration: &Calibration, soc: (&str, u32), lib: &Arc<QnnLibrary>, opts: &NpuOptions) -> Result<Lowered> {
-    let NpuOptions { limits, contexts, shared_weights, estimate_soc } = *opts;
+pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, calibration: &Calibration, lib: &Arc<QnnLibrary>, opts: &NpuOptions) -> Result<Lowered> {
+    let NpuOptions { soc, weights: format, limits, contexts, shared_weights, estimate_soc } = *opts;
     let fixed_point = matches!(format, NpuWeights::Int4Lpbq { .. });
     if fixed_point == calibration.ranges.is_empty() {
         return Err(Error::Options(format!("lowering to QNN: {} weights with {} activation ranges", format.name(), calibration.ranges.len())));
@@ -108,7 +111,7 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
             cache.borrow_mut().insert(t, v.clone());
             Ok(v)
         };
-        let weights: &dyn Fn(TensorId) -> Result<Vec<f32>> = &cached;
+        let src = Source { h, weights: &cached, format, ranges: &ranges, io: &io };
         let mut graphs = Vec::new();
         for (gi, b) in bounds.iter().enumerate() {
             // A mixture-of-experts layer cuts its graph: the router and routed experts run on
@@ -124,34 +127,10 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
                 let lens: Vec<u32> = if attends { cache_lens.clone() } else { vec![0] };
                 for &cache_len in &lens {
                     let at = Piece { graph: gi as u32, layers, ops: piece.clone(), cache_len };
-                    graphs.push(lower_graph(h, &at, &ctx, weights, format, &ranges, &io, None)?);
+                    graphs.push(lower_graph(&src, &at, &ctx, None)?);
                     let Some(dev) = &estimating else { continue };
-                    // The same executable for the modelled SoC, in a context of its own (dropped).
-                    let scratch = Context::create(dev, false).map_err(qnn_err)?;
-                    let profile = Profile::detailed(dev, true).map_err(qnn_err)?;
-                    lower_graph(h, &at, &scratch, weights, format, &ranges, &io, Some(&profile))?;
-                    let events = profile.events().map_err(qnn_err)?;
-                    let e = Profile::estimate(&events).ok_or_else(|| {
-                        Error::Options(format!(
-                            "--npu-estimate-soc {}: this QNN library has no performance model for that SoC id (it has one for 52, 62, 63, 72, 77, 95 and 114: QNN.md)",
-                            dev.soc
-                        ))
-                    })?;
-                    // QNN's op trace of the executable, grouped by kind: merged over a graph's
-                    // pieces, a piece without attention counted at every cache length.
-                    let traced: Vec<NpuOpGroup> = events.iter().filter_map(|e| e.object.as_deref()).flat_map(|t| crate::optrace::groups(t, format.fixed_point()).unwrap_or_default()).collect();
-                    for (v, (cycles, micros, groups)) in estimate.iter_mut().enumerate() {
-                        if cache_len != 0 && cache_lens[v] != cache_len {
-                            continue;
-                        }
-                        (*cycles, *micros) = (*cycles + e.cycles, *micros + e.micros);
-                        for g in &traced {
-                            match groups.iter_mut().find(|x| x.kind == g.kind) {
-                                Some(x) => (x.busy_micros, x.ops) = (x.busy_micros + g.busy_micros, x.ops + g.ops),
-                                None => groups.push(*g),
-                            }
-                        }
-                    }
+                    let (e, traced) = estimate_executable(&src, &at, dev)?;
+                    add_estimate(&mut estimate, &cache_lens, cache_len, e, &traced);
                 }
             }
             if let Some(dev) = &estimating {
@@ -183,6 +162,41 @@ pub fn lower(h: &Header, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format:
     drop(device);
     drop(backend);
     Ok(Lowered { section, binaries, seconds: start.elapsed().as_secs_f64() })
+}
+
+/// Adds an executable's estimate `e` and op trace `traced` to its graph's totals per cache
+/// length (`cache_lens`): merged over the graph's pieces, a piece without attention
+/// (`cache_len` 0) counted at every length.
+fn add_estimate(totals: &mut [(u64, u64, Vec<NpuOpGroup>)], cache_lens: &[u32], cache_len: u32, e: llada_qnn::Estimate, traced: &[NpuOpGroup]) {
+    for (v, (cycles, micros, groups)) in totals.iter_mut().enumerate() {
+        if cache_len != 0 && cache_lens[v] != cache_len {
+            continue;
+        }
+        (*cycles, *micros) = (*cycles + e.cycles, *micros + e.micros);
+        for g in traced {
+            match groups.iter_mut().find(|x| x.kind == g.kind) {
+                Some(x) => (x.busy_micros, x.ops) = (x.busy_micros + g.busy_micros, x.ops + g.ops),
+                None => groups.push(*g),
+            }
+        }
+    }
+}
+
+/// QNN's estimate of the executable `at` prepared for the modelled SoC `dev` (in a context of
+/// its own, dropped), and its op trace grouped by kind.
+fn estimate_executable(src: &Source, at: &Piece, dev: &Arc<Device>) -> Result<(llada_qnn::Estimate, Vec<NpuOpGroup>)> {
+    let scratch = Context::create(dev, false).map_err(qnn_err)?;
+    let profile = Profile::detailed(dev, true).map_err(qnn_err)?;
+    lower_graph(src, at, &scratch, Some(&profile))?;
+    let events = profile.events().map_err(qnn_err)?;
+    let e = Profile::estimate(&events).ok_or_else(|| {
+        Error::Options(format!(
+            "--npu-estimate-soc {}: this QNN library has no performance model for that SoC id (it has one for 52, 62, 63, 72, 77, 95 and 114: QNN.md)",
+            dev.soc
+        ))
+    })?;
+    let traced: Vec<NpuOpGroup> = events.iter().filter_map(|e| e.object.as_deref()).flat_map(|t| crate::optrace::groups(t, src.format.fixed_point()).unwrap_or_default()).collect();
+    Ok((e, traced))
 }
 
 /// Qualcomm's LPBQ of an `[n, k]` matrix: per output channel `c` and block `b` of `block`
@@ -258,18 +272,32 @@ fn f16_bits(v: &[f32]) -> Vec<u16> {
     v.iter().map(|&x| f16::from_f32(x).to_bits()).collect()
 }
 
-/// One planned graph as a QNN graph.
-struct Lowering<'a, 'c> {
+/// What every graph of a context is lowered from: the header, the weights' values (read once
+/// per context), their NPU format, the calibrated activation ranges and the I/O layout.
+struct Source<'a> {
     h: &'a Header,
+    weights: &'a dyn Fn(TensorId) -> Result<Vec<f32>>,
+    format: NpuWeights,
+    ranges: &'a HashMap<TensorId, ActivationRange>,
+    io: &'a IoLayout,
+}
+
+/// One planned graph's piece as a QNN graph.
+struct Lowering<'a, 'c> {
+    src: &'a Source<'a>,
     /// Values held as 16-bit fixed point, with the range of their encoding (a product read
     /// only by a SwiGLU, and the SwiGLU's result).
     fixed: HashMap<ValueId, (TensorRef, [f32; 2])>,
     g: &'a Graph,
+    /// Cached positions the piece's attention reads (0: it has none).
+    cache_len: u32,
     b: GraphBuilder<'c>,
+    /// The executable's inputs and outputs, by role.
+    inputs: Vec<(Role, TensorRef)>,
+    outputs: Vec<(Role, TensorRef)>,
     values: HashMap<ValueId, TensorRef>,
     statics: HashMap<TensorId, TensorRef>,
     next: usize,
-    ranges: &'a HashMap<TensorId, ActivationRange>,
 }
 
 impl Lowering<'_, '_> {
@@ -281,7 +309,7 @@ impl Lowering<'_, '_> {
     fn rows(&self, v: ValueId) -> u32 {
         match self.g.values[v as usize].rows {
             Rows::Tokens => self.g.rows,
-            Rows::Head => self.g.head_rows,
+            Rows::Logits => self.g.logit_rows,
         }
     }
 
@@ -289,12 +317,44 @@ impl Lowering<'_, '_> {
         self.values.get(&v).copied().ok_or_else(|| Error::Options(format!("lowering graph '{}' to QNN: value '{}' is read before it is written", self.g.name, self.g.values[v as usize].name)))
     }
 
-    fn weight(&mut self, t: TensorId, dims: &[u32], weights: &dyn Fn(TensorId) -> Result<Vec<f32>>) -> Result<TensorRef> {
+    /// The executable's inputs, one per role crossing into it; a role that carries a value
+    /// (the residual stream, an MoE layer's host results) binds it.
+    fn bind_inputs(&mut self, roles: &[Bound]) -> Result<()> {
+        let (h, g) = (self.src.h, self.g);
+        for &(role, value) in roles {
+            let dtype = if role.dtype(self.src.format) == NpuDType::I32 { DATATYPE_INT_32 } else { DATATYPE_FLOAT_16 };
+            let t = self.b.input(&role_name(role), dtype, &role.dims(h, g.rows, g.logit_rows, self.cache_len)).map_err(qnn_err)?;
+            self.inputs.push((role, t));
+            if let Some(v) = value {
+                self.values.insert(v, t);
+            }
+        }
+        Ok(())
+    }
+
+    fn input(&self, role: Role) -> TensorRef {
+        self.inputs.iter().find(|(r, _)| *r == role).map(|(_, t)| *t).expect("every role the ops read is an input of this context")
+    }
+
+    /// The I/O table of `roles`, each found in `bound`: its tensor's id, shape and region.
+    fn io_table(&self, bound: &[(Role, TensorRef)], roles: &[Bound]) -> Result<Vec<NpuTensor>> {
+        let (h, g, b) = (self.src.h, self.g, &self.b);
+        roles
+            .iter()
+            .map(|&(role, _)| {
+                let t = bound.iter().find(|(r, _)| *r == role).map(|(_, t)| *t).ok_or_else(|| Error::Options(format!("lowering graph '{}' to QNN: no {role:?}", g.name)))?;
+                let offset = self.src.io.offset(h, role, g.rows).expect("every role has a region");
+                Ok(NpuTensor { id: b.id(t), name: role_name(role), role, dtype: role.dtype(self.src.format), dims: b.dims(t).to_vec(), offset })
+            })
+            .collect()
+    }
+
+    fn weight(&mut self, t: TensorId, dims: &[u32]) -> Result<TensorRef> {
         if let Some(&r) = self.statics.get(&t) {
             return Ok(r);
         }
-        let values = weights(t)?;
-        let name = format!("w.{}", self.h.tensors[t as usize].name);
+        let values = (self.src.weights)(t)?;
+        let name = format!("w.{}", self.src.h.tensors[t as usize].name);
         let r = self.b.static_f16(&name, dims, &f16_bits(&values)).map_err(qnn_err)?;
         self.statics.insert(t, r);
         Ok(r)
@@ -303,14 +363,14 @@ impl Lowering<'_, '_> {
     /// A matmul's `[n, k]` weight as a 1x1-convolution weight `[1, 1, k, n]` (HWIO): fp16
     /// (`bits` 16), or signed `bits` (8, or 4 in an int8 container) with one symmetric scale
     /// per output channel.
-    fn conv_weight(&mut self, t: TensorId, n: u32, k: u32, bits: u32, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>) -> Result<TensorRef> {
+    fn conv_weight(&mut self, t: TensorId, n: u32, k: u32, bits: u32) -> Result<TensorRef> {
         if let Some(&r) = self.statics.get(&t) {
             return Ok(r);
         }
-        let mut values = weights(t)?;
+        let mut values = (self.src.weights)(t)?;
         // Output channels padded to `n` with zero rows (`Lowering::padded`).
         values.resize((n * k) as usize, 0.0);
-        let name = format!("w.{}", self.h.tensors[t as usize].name);
+        let name = format!("w.{}", self.src.h.tensors[t as usize].name);
         let r = if bits == 16 {
             self.b.static_f16(&name, &[1, 1, k, n], &f16_bits(&hwio(&values, n as usize))).map_err(qnn_err)?
         } else {
@@ -322,15 +382,15 @@ impl Lowering<'_, '_> {
     }
 
     /// A matmul's `[n, k]` weight as an LPBQ 1x1-convolution weight.
-    fn lpbq_weight(&mut self, t: TensorId, n: u32, k: u32, block: u32, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>) -> Result<TensorRef> {
+    fn lpbq_weight(&mut self, t: TensorId, n: u32, k: u32, block: u32) -> Result<TensorRef> {
         if let Some(&r) = self.statics.get(&t) {
             return Ok(r);
         }
-        let name = format!("w.{}", self.h.tensors[t as usize].name);
+        let name = format!("w.{}", self.src.h.tensors[t as usize].name);
         if k % block != 0 {
             return Err(Error::Options(format!("lowering '{name}' to QNN: its {k} inputs are not whole blocks of {block} (--group)")));
         }
-        let mut values = weights(t)?;
+        let mut values = (self.src.weights)(t)?;
         values.resize((n * k) as usize, 0.0);
         let (q, channel, factors) = lpbq(&values, n as usize, block as usize);
         let r = self.b.static_lpbq(&name, k, n, q, channel, factors).map_err(qnn_err)?;
@@ -350,28 +410,29 @@ impl Lowering<'_, '_> {
             Some(range) => (DATATYPE_UFIXED_POINT_16, u16_params(range)),
             None => (DATATYPE_FLOAT_16, QuantizeParams::NONE),
         };
-        self.b.op_quantized("StridedSlice", &[y], vec![ranges], &name, ty, &[1, 1, rows, n], Out::Native, q).map_err(qnn_err)
+        self.b.op("StridedSlice", &[y], vec![ranges], Output::new(&name, ty, &[1, 1, rows, n], Out::Native).quantized(q)).map_err(qnn_err)
     }
 
     /// Columns `from..to` of a fixed-point `[rows, cols]` tensor in the encoding of `range`.
     fn fixed_columns(&mut self, x: TensorRef, range: [f32; 2], rows: u32, from: u32, to: u32) -> Result<TensorRef> {
         let ranges = vec![0, rows as i32, 1, from as i32, to as i32, 1];
         let name = self.fresh("stridedslice");
-        self.b.op_quantized("StridedSlice", &[x], vec![ParamSpec::I32s("ranges", vec![2, 3], ranges)], &name, DATATYPE_UFIXED_POINT_16, &[rows, to - from], Out::Native, u16_params(range)).map_err(qnn_err)
+        let dims = [rows, to - from];
+        let out = Output::new(&name, DATATYPE_UFIXED_POINT_16, &dims, Out::Native).quantized(u16_params(range));
+        self.b.op("StridedSlice", &[x], vec![ParamSpec::I32s("ranges", vec![2, 3], ranges)], out).map_err(qnn_err)
     }
 
     /// A fixed-point op whose result covers `range`.
     fn fixed_op(&mut self, ty: &str, inputs: &[TensorRef], range: [f32; 2], dims: &[u32]) -> Result<TensorRef> {
         let name = self.fresh(&ty.to_lowercase());
-        self.b.op_quantized(ty, inputs, vec![], &name, DATATYPE_UFIXED_POINT_16, dims, Out::Native, u16_params(range)).map_err(qnn_err)
+        self.b.op(ty, inputs, vec![], Output::new(&name, DATATYPE_UFIXED_POINT_16, dims, Out::Native).quantized(u16_params(range))).map_err(qnn_err)
     }
 
     /// `x` as 16-bit fixed point covering `range`.
     fn quantize(&mut self, x: TensorRef, range: [f32; 2]) -> Result<TensorRef> {
-        let (scale, offset) = ActivationRange::u16_encoding(range);
         let name = self.fresh("quantize");
         let dims = self.b.dims(x).to_vec();
-        self.b.op_quantized("Quantize", &[x], vec![], &name, DATATYPE_UFIXED_POINT_16, &dims, Out::Native, QuantizeParams::scale_offset(scale, offset)).map_err(qnn_err)
+        self.b.op("Quantize", &[x], vec![], Output::new(&name, DATATYPE_UFIXED_POINT_16, &dims, Out::Native).quantized(u16_params(range))).map_err(qnn_err)
     }
 
     fn constant(&mut self, dims: &[u32], v: &[f32]) -> Result<TensorRef> {
@@ -381,11 +442,26 @@ impl Lowering<'_, '_> {
 
     fn op(&mut self, ty: &str, inputs: &[TensorRef], params: Vec<ParamSpec>, dims: &[u32]) -> Result<TensorRef> {
         let name = self.fresh(&ty.to_lowercase());
-        self.b.op(ty, inputs, params, &name, DATATYPE_FLOAT_16, dims, Out::Native).map_err(qnn_err)
+        self.b.op(ty, inputs, params, Output::new(&name, DATATYPE_FLOAT_16, dims, Out::Native)).map_err(qnn_err)
     }
 
     fn output(&mut self, ty: &str, inputs: &[TensorRef], params: Vec<ParamSpec>, name: &str, dims: &[u32]) -> Result<TensorRef> {
-        self.b.op(ty, inputs, params, name, DATATYPE_FLOAT_16, dims, Out::AppRead).map_err(qnn_err)
+        self.b.op(ty, inputs, params, Output::new(name, DATATYPE_FLOAT_16, dims, Out::AppRead)).map_err(qnn_err)
+    }
+
+    /// An op's result: the executable's output `leaves_as` where it leaves the executable,
+    /// else an intermediate.
+    fn result(&mut self, leaves_as: Option<Role>, ty: &str, inputs: &[TensorRef], params: Vec<ParamSpec>, dims: &[u32]) -> Result<TensorRef> {
+        match leaves_as {
+            Some(role) => self.output(ty, inputs, params, &role_name(role), dims),
+            None => self.op(ty, inputs, params, dims),
+        }
+    }
+
+    /// Elementwise op `ty` of `a` and `b` in `a`'s shape (`b` broadcast), as an op's result.
+    fn elementwise(&mut self, leaves_as: Option<Role>, ty: &str, a: TensorRef, b: TensorRef) -> Result<TensorRef> {
+        let dims = self.b.dims(a).to_vec();
+        self.result(leaves_as, ty, &[a, b], vec![], &dims)
     }
 
     /// Columns `from..to` of every row of a `[rows, cols]` tensor.
@@ -407,6 +483,276 @@ impl Lowering<'_, '_> {
     fn binary(&mut self, ty: &str, a: TensorRef, b: TensorRef) -> Result<TensorRef> {
         let dims = broadcast(self.b.dims(a), self.b.dims(b));
         self.op(ty, &[a, b], vec![], &dims)
+    }
+
+    /// `x` (`[rows, cols]`: `dims`) RMS-normed over each row, scaled by `weight`.
+    fn rms_norm(&mut self, x: TensorRef, weight: TensorId, eps: f32, dims: [u32; 2], leaves_as: Option<Role>) -> Result<TensorRef> {
+        let cols = dims[1];
+        let gamma = self.weight(weight, &[cols])?;
+        let beta = self.constant(&[cols], &vec![0.0; cols as usize])?;
+        let params = vec![ParamSpec::F32("epsilon", eps), ParamSpec::U32s("axes", vec![1])];
+        self.result(leaves_as, "RmsNorm", &[x, gamma, beta], params, &dims)
+    }
+
+    /// Lowers `op`, whose result leaves the executable as `leaves_as` where it does.
+    fn lower_op(&mut self, op: &Op, leaves_as: Option<Role>) -> Result<()> {
+        let (g, m) = (self.g, &self.src.h.model);
+        match *op {
+            Op::Embed { .. } => return Err(Error::Options(format!("lowering graph '{}' to QNN: a second embedding", g.name))),
+            Op::Scale { x, factor } => {
+                let xs = self.value(x)?;
+                let f = self.constant(&[1], &[factor])?;
+                let t = self.elementwise(leaves_as, "ElementWiseMultiply", xs, f)?;
+                self.values.insert(x, t);
+            }
+            Op::Bias { x, bias } => {
+                let xs = self.value(x)?;
+                let bt = self.weight(bias, &[g.values[x as usize].cols])?;
+                let t = self.elementwise(leaves_as, "ElementWiseAdd", xs, bt)?;
+                self.values.insert(x, t);
+            }
+            Op::RmsNorm { x, weight, eps, out } => {
+                let xs = self.value(x)?;
+                let dims = [self.rows(x), g.values[x as usize].cols];
+                let t = self.rms_norm(xs, weight, eps, dims, leaves_as)?;
+                self.values.insert(out, t);
+            }
+            Op::MatMul { x, weight, out } => self.matmul(x, weight, out, leaves_as)?,
+            Op::Rope { x, heads, .. } => self.rope(x, heads, leaves_as)?,
+            Op::Attention { qkv, out, heads, kv_heads, layer } => {
+                if heads != m.n_heads || kv_heads != m.n_kv_heads {
+                    return Err(Error::Options(format!("lowering graph '{}' to QNN: attention with {heads}/{kv_heads} heads, the model has {}/{}", g.name, m.n_heads, m.n_kv_heads)));
+                }
+                self.attention(qkv, out, layer, leaves_as)?;
+            }
+            Op::SwiGlu { x, out } if self.fixed.contains_key(&x) => self.fixed_swiglu(x, out)?,
+            Op::SwiGlu { x, out } => {
+                let (xs, r) = (self.value(x)?, g.rows);
+                let hidden = g.values[out as usize].cols;
+                let gate = self.columns(xs, r, 0, hidden)?;
+                let up = self.columns(xs, r, hidden, 2 * hidden)?;
+                let s = self.op("Sigmoid", &[gate], vec![], &[r, hidden])?;
+                let silu = self.binary("ElementWiseMultiply", gate, s)?;
+                let t = self.result(leaves_as, "ElementWiseMultiply", &[silu, up], vec![], &[r, hidden])?;
+                self.values.insert(out, t);
+            }
+            Op::Add { acc, x } => {
+                let (a, xs) = (self.value(acc)?, self.value(x)?);
+                let t = self.elementwise(leaves_as, "ElementWiseAdd", a, xs)?;
+                self.values.insert(acc, t);
+            }
+            Op::GatherLogitRows { x, out } => {
+                let xs = self.value(x)?;
+                let cols = g.values[x as usize].cols;
+                let index = self.input(Role::LogitIndex);
+                let t = self.result(leaves_as, "Gather", &[xs, index], vec![ParamSpec::I32("axis", 0)], &[g.logit_rows, cols])?;
+                self.values.insert(out, t);
+            }
+            Op::HeadRmsNorm { x, first_head, heads, weight, eps } => self.head_rms_norm(x, first_head..first_head + heads, weight, eps, leaves_as)?,
+            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. } => {
+                return Err(Error::Options(format!("lowering graph '{}' to QNN: op {} has no NPU lowering", g.name, op.name())));
+            }
+        }
+        Ok(())
+    }
+
+    /// `x` times the `[n, k]` matrix `weight`, into `out`: a 1x1 Conv2d over `[1, 1, rows, k]`
+    /// (ExecuTorch's and AI Hub's form; with LPBQ the only reliable one, QNN.md).
+    fn matmul(&mut self, x: ValueId, weight: TensorId, out: ValueId, leaves_as: Option<Role>) -> Result<()> {
+        let (h, g) = (self.src.h, self.g);
+        let shape = &h.tensors[weight as usize].shape;
+        let (n, k) = (shape[0] as u32, shape[1] as u32);
+        // The HTP computes channels in tiles of 32: a product with fewer output
+        // channels than a whole number of tiles gets zero ones, cut off after it.
+        let np = n.next_multiple_of(32);
+        let rows = self.rows(x);
+        // (A fixed-point input has no fp16 form: `Lowering::fixed`.)
+        let x4 = if self.fixed.contains_key(&x) {
+            None
+        } else {
+            let xs = self.value(x)?;
+            Some(self.reshape(xs, &[1, 1, rows, k])?)
+        };
+        let params = || vec![ParamSpec::U32s("stride", vec![1, 1]), ParamSpec::U32Grid("pad_amount", vec![2, 2], vec![0; 4])];
+        let t = if let NpuWeights::Int4Lpbq { block } = self.src.format {
+            // 16-bit activations around the product, calibrated; the graph around it
+            // stays fp16. The LM head holds int8 per output channel (no block factors
+            // to expand on the vector unit), and its uint16 product leaves the
+            // executable as it is: the host dequantizes the logits.
+            let range = *self.src.ranges.get(&weight).ok_or_else(|| Error::Options(format!("lowering graph '{}' to QNN: matmul weight '{}' has no calibrated range", g.name, h.tensors[weight as usize].name)))?;
+            let xq = match self.fixed.get(&x) {
+                // Already 16-bit in this product's input encoding (a SwiGLU's result).
+                Some(&(fixed, _)) => self.fixed_op("Reshape", &[fixed], range.input, &[1, 1, rows, k])?,
+                None => self.quantize(x4.expect("an fp16 input"), range.input)?,
+            };
+            let lm_head = out == g.logits;
+            let w = if lm_head { self.conv_weight(weight, np, k, 8)? } else { self.lpbq_weight(weight, np, k, block)? };
+            let encoding = u16_params(range.output);
+            let name = self.fresh("conv2d");
+            let yq = self.b.op("Conv2d", &[xq, w], params(), Output::new(&name, DATATYPE_UFIXED_POINT_16, &[1, 1, rows, np], Out::Native).quantized(encoding)).map_err(qnn_err)?;
+            let yq = self.unpad(yq, rows, n, Some(range.output))?;
+            // A product read only by a SwiGLU stays fixed point (see `Op::SwiGlu`).
+            let gated = leaves_as.is_none() && g.ops.iter().filter(|o| o.inputs().contains(&out)).all(|o| matches!(o, Op::SwiGlu { .. }));
+            match leaves_as {
+                Some(Role::Logits) => {
+                    let name = role_name(Role::Logits);
+                    self.b.op("Reshape", &[yq], vec![], Output::new(&name, DATATYPE_UFIXED_POINT_16, &[rows, n], Out::AppRead).quantized(encoding)).map_err(qnn_err)?
+                }
+                None if gated => {
+                    let y = self.fixed_op("Reshape", &[yq], range.output, &[rows, n])?;
+                    self.fixed.insert(out, (y, range.output));
+                    return Ok(());
+                }
+                _ => {
+                    let y4 = self.op("Dequantize", &[yq], vec![], &[1, 1, rows, n])?;
+                    self.result(leaves_as, "Reshape", &[y4], vec![], &[rows, n])?
+                }
+            }
+        } else {
+            let bits = match self.src.format {
+                NpuWeights::Int8PerChannel => 8,
+                NpuWeights::Int4PerChannel => 4,
+                _ => 16,
+            };
+            let w = self.conv_weight(weight, np, k, bits)?;
+            let x4 = x4.ok_or_else(|| Error::Options(format!("lowering graph '{}' to QNN: a fixed-point input to {} weights", g.name, self.src.format.name())))?;
+            let y4 = self.op("Conv2d", &[x4, w], params(), &[1, 1, rows, np])?;
+            let y4 = self.unpad(y4, rows, n, None)?;
+            self.result(leaves_as, "Reshape", &[y4], vec![], &[rows, n])?
+        };
+        self.values.insert(out, t);
+        Ok(())
+    }
+
+    /// Rotary embedding of the first `rotated` heads of `x`, in place: each head's halves
+    /// `x1`, `x2` become `x1 cos - x2 sin`, `x2 cos + x1 sin`.
+    fn rope(&mut self, x: ValueId, rotated: u32, leaves_as: Option<Role>) -> Result<()> {
+        let (r, hd) = (self.g.rows, self.src.h.model.head_dim);
+        let xs = self.value(x)?;
+        let width = self.g.values[x as usize].cols;
+        let half = hd / 2;
+        let span = rotated * hd;
+        let part = self.columns(xs, r, 0, span)?;
+        let part = self.reshape(part, &[r, rotated, hd])?;
+        let slice = |l: &mut Lowering, from: u32| {
+            let ranges = vec![0, r as i32, 1, 0, rotated as i32, 1, from as i32, (from + half) as i32, 1];
+            l.op("StridedSlice", &[part], vec![ParamSpec::I32s("ranges", vec![3, 3], ranges)], &[r, rotated, half])
+        };
+        let (x1, x2) = (slice(self, 0)?, slice(self, half)?);
+        let (cos, sin) = (self.input(Role::Cos), self.input(Role::Sin));
+        let (a1, a2) = (self.binary("ElementWiseMultiply", x1, cos)?, self.binary("ElementWiseMultiply", x2, sin)?);
+        let a = self.binary("ElementWiseSubtract", a1, a2)?;
+        let (b1, b2) = (self.binary("ElementWiseMultiply", x2, cos)?, self.binary("ElementWiseMultiply", x1, sin)?);
+        let bsum = self.binary("ElementWiseAdd", b1, b2)?;
+        let cat = self.op("Concat", &[a, bsum], vec![ParamSpec::U32("axis", 2)], &[r, rotated, hd])?;
+        let flat = self.reshape(cat, &[r, span])?;
+        let t = if span < width {
+            let rest = self.columns(xs, r, span, width)?;
+            self.result(leaves_as, "Concat", &[flat, rest], vec![ParamSpec::U32("axis", 1)], &[r, width])?
+        } else {
+            flat
+        };
+        self.values.insert(x, t);
+        Ok(())
+    }
+
+    /// Layer `layer`'s attention of the queries in `qkv` over the cached keys and values and
+    /// the new ones (which leave the executable for the cache), into `out`.
+    fn attention(&mut self, qkv: ValueId, out: ValueId, layer: u32, leaves_as: Option<Role>) -> Result<()> {
+        let m = &self.src.h.model;
+        let (r, c, hd, cl) = (self.g.rows, self.src.h.plan.kv_capacity, m.head_dim, self.cache_len);
+        let (heads, kvh) = (m.n_heads, m.n_kv_heads);
+        let group = heads / kvh;
+        let x = self.value(qkv)?;
+        let q = self.columns(x, r, 0, heads * hd)?;
+        let q = self.reshape(q, &[r, heads, hd])?;
+        let q = self.transpose(q, &[1, 0, 2])?;
+        let q = self.reshape(q, &[kvh, group * r, hd])?;
+        let mut new = Vec::new();
+        for (i, role) in [Role::KNew(layer), Role::VNew(layer)].into_iter().enumerate() {
+            let from = (heads + i as u32 * kvh) * hd;
+            let t = self.columns(x, r, from, from + kvh * hd)?;
+            let t = self.reshape(t, &[r, kvh, hd])?;
+            let t = self.output("Transpose", &[t], vec![ParamSpec::U32s("perm", vec![1, 0, 2])], &role_name(role), &[kvh, r, hd])?;
+            self.outputs.push((role, t));
+            new.push(t);
+        }
+        // The cache's first `cache_len` positions (the planes are bound whole; QNN's
+        // model reads only what the slice takes).
+        let cached = |l: &mut Lowering, t: TensorRef| -> Result<TensorRef> {
+            if cl == c {
+                return Ok(t);
+            }
+            let ranges = vec![0, kvh as i32, 1, 0, cl as i32, 1, 0, hd as i32, 1];
+            l.op("StridedSlice", &[t], vec![ParamSpec::I32s("ranges", vec![3, 3], ranges)], &[kvh, cl, hd])
+        };
+        let (k_plane, v_plane) = (self.input(Role::KCache(layer)), self.input(Role::VCache(layer)));
+        let (k_cache, v_cache) = (cached(self, k_plane)?, cached(self, v_plane)?);
+        let keys = self.op("Concat", &[k_cache, new[0]], vec![ParamSpec::U32("axis", 1)], &[kvh, cl + r, hd])?;
+        let values = self.op("Concat", &[v_cache, new[1]], vec![ParamSpec::U32("axis", 1)], &[kvh, cl + r, hd])?;
+        let params = vec![ParamSpec::Bool("transpose_in0", false), ParamSpec::Bool("transpose_in1", true)];
+        let scores = self.op("MatMul", &[q, keys], params, &[kvh, group * r, cl + r])?;
+        let mask = self.input(Role::Mask);
+        let scores = self.binary("ElementWiseAdd", scores, mask)?;
+        // The 1/sqrt(head_dim) scale as the softmax's own (no multiply on the vector
+        // unit; the masked scores stay far below the rest).
+        let beta = 1.0 / (hd as f32).sqrt();
+        let p = self.op("Softmax", &[scores], vec![ParamSpec::U32("axis", 2), ParamSpec::F32("beta", beta)], &[kvh, group * r, cl + r])?;
+        let params = vec![ParamSpec::Bool("transpose_in0", false), ParamSpec::Bool("transpose_in1", false)];
+        let o = self.op("MatMul", &[p, values], params, &[kvh, group * r, hd])?;
+        let o = self.reshape(o, &[heads, r, hd])?;
+        let o = self.transpose(o, &[1, 0, 2])?;
+        let t = self.result(leaves_as, "Reshape", &[o], vec![], &[r, heads * hd])?;
+        self.values.insert(out, t);
+        Ok(())
+    }
+
+    /// A SwiGLU whose gate and up rows stay 16-bit fixed point from the product before to the
+    /// one after: no conversion of the widest activations (QNN's model put the fp16 round
+    /// trip at a third of a 64-row pass). The encodings follow from the calibrated ranges: the
+    /// sigmoid's [0, 1], SiLU's over the gate's range, the next product's input range for the
+    /// result.
+    fn fixed_swiglu(&mut self, x: ValueId, out: ValueId) -> Result<()> {
+        let (g, r) = (self.g, self.g.rows);
+        let (xs, range) = self.fixed[&x];
+        let hidden = g.values[out as usize].cols;
+        let next = g.ops.iter().find_map(|o| match *o {
+            Op::MatMul { x: input, weight, .. } if input == out => self.src.ranges.get(&weight).map(|r| r.input),
+            _ => None,
+        });
+        let next = next.ok_or_else(|| Error::Options(format!("lowering graph '{}' to QNN: SwiGLU '{}' feeds no calibrated product", g.name, g.values[out as usize].name)))?;
+        let gate = self.fixed_columns(xs, range, r, 0, hidden)?;
+        let up = self.fixed_columns(xs, range, r, hidden, 2 * hidden)?;
+        let s = self.fixed_op("Sigmoid", &[gate], [0.0, 1.0], &[r, hidden])?;
+        let silu = self.fixed_op("ElementWiseMultiply", &[gate, s], silu_range(range), &[r, hidden])?;
+        let t = self.fixed_op("ElementWiseMultiply", &[silu, up], next, &[r, hidden])?;
+        self.fixed.insert(out, (t, next));
+        Ok(())
+    }
+
+    /// The heads `normed` of `x` RMS-normed over each head's dimensions, in place: their
+    /// columns as rows of head_dim, normed, put back between the columns before and after.
+    fn head_rms_norm(&mut self, x: ValueId, normed: std::ops::Range<u32>, weight: TensorId, eps: f32, leaves_as: Option<Role>) -> Result<()> {
+        let (r, hd) = (self.g.rows, self.src.h.model.head_dim);
+        let xs = self.value(x)?;
+        let width = self.g.values[x as usize].cols;
+        let (from, to) = (normed.start * hd, normed.end * hd);
+        let heads = normed.len() as u32;
+        let part = self.columns(xs, r, from, to)?;
+        let part = self.reshape(part, &[r * heads, hd])?;
+        let part = self.rms_norm(part, weight, eps, [r * heads, hd], None)?;
+        let part = self.reshape(part, &[r, to - from])?;
+        let mut pieces = Vec::new();
+        if from > 0 {
+            pieces.push(self.columns(xs, r, 0, from)?);
+        }
+        pieces.push(part);
+        if to < width {
+            pieces.push(self.columns(xs, r, to, width)?);
+        }
+        let t = if pieces.len() == 1 { part } else { self.result(leaves_as, "Concat", &pieces, vec![ParamSpec::U32("axis", 1)], &[r, width])? };
+        self.values.insert(x, t);
+        Ok(())
     }
 }
 
@@ -431,38 +777,23 @@ struct Piece {
     cache_len: u32,
 }
 
-/// `piece` as one QNN graph in `ctx`.
-#[allow(clippy::too_many_arguments)]
-fn lower_graph(h: &Header, piece: &Piece, ctx: &Context, weights: &dyn Fn(TensorId) -> Result<Vec<f32>>, format: NpuWeights, ranges: &HashMap<TensorId, ActivationRange>, io: &IoLayout, profile: Option<&Profile>) -> Result<NpuGraph> {
+/// `piece` as one QNN graph in `ctx`, finalized (recording into `profile` where given).
+fn lower_graph(src: &Source, piece: &Piece, ctx: &Context, profile: Option<&Profile>) -> Result<NpuGraph> {
     let Piece { graph: gi, layers, ref ops, cache_len } = *piece;
     let ops = ops.clone();
-    let g = &h.graphs[gi as usize];
-    let m = &h.model;
+    let g = &src.h.graphs[gi as usize];
     // One executable per piece and cache length: its first op and the length in the name.
     let name = format!("g{gi}_l{}_{}_o{}_c{cache_len}_{}", layers[0], layers[1], ops.start, g.name.replace(|c: char| !c.is_ascii_alphanumeric(), "_"));
     // Prepared at the HTP's highest optimization level, as ExecuTorch prepares its offline
     // graphs: QNN's model puts the 1B shape's layers a sixth to a quarter faster there than
     // at the library's default (BENCHMARKS.md).
     let b = GraphBuilder::with_optimization(ctx, &name, Some(3)).map_err(qnn_err)?;
-    let mut l = Lowering { h, fixed: HashMap::new(), g, b, values: HashMap::new(), statics: HashMap::new(), next: 0, ranges };
-    let (r, hr, c, hd) = (g.rows, g.head_rows, h.plan.kv_capacity, m.head_dim);
-    let (heads, kvh) = (m.n_heads, m.n_kv_heads);
-    let group = heads / kvh;
+    let mut l = Lowering { src, fixed: HashMap::new(), g, cache_len, b, inputs: Vec::new(), outputs: Vec::new(), values: HashMap::new(), statics: HashMap::new(), next: 0 };
     let bad = |e: String| Error::Options(format!("lowering graph '{}' to QNN: {e}", g.name));
     // What crosses the executable's boundary: the residual stream (the embedding's output in
     // the first context), and around an MoE layer's host ops their input and results.
     let (input_roles, output_roles) = llada_ir::npu::piece_roles(g, ops.clone()).map_err(bad)?;
-    let mut inputs: Vec<(Role, TensorRef)> = Vec::new();
-    for &(role, value) in &input_roles {
-        let dtype = if role.dtype(format) == NpuDType::I32 { DATATYPE_INT_32 } else { DATATYPE_FLOAT_16 };
-        let t = l.b.input(&role_name(role), dtype, &role.dims(h, r, hr, cache_len)).map_err(qnn_err)?;
-        inputs.push((role, t));
-        if let Some(v) = value {
-            l.values.insert(v, t);
-        }
-    }
-    let input = |role: Role| inputs.iter().find(|(r, _)| *r == role).map(|(_, t)| *t).expect("every role the ops read is an input of this context");
-    let mut outputs: Vec<(Role, TensorRef)> = Vec::new();
+    l.bind_inputs(&input_roles)?;
     // The ops whose results leave the executable: each boundary value's last writer.
     let mut leaving: Vec<(usize, Role, ValueId)> = Vec::new();
     for &(role, value) in &output_roles {
@@ -472,262 +803,14 @@ fn lower_graph(h: &Header, piece: &Piece, ctx: &Context, weights: &dyn Fn(Tensor
         }
     }
     for (index, op) in g.ops.iter().enumerate().skip(ops.start).take(ops.len()) {
-        let out_role = leaving.iter().find(|o| o.0 == index).map(|o| o.1);
-        let result = |l: &mut Lowering, ty: &str, ins: &[TensorRef], params: Vec<ParamSpec>, dims: &[u32]| -> Result<TensorRef> {
-            match out_role {
-                Some(role) => l.output(ty, ins, params, &role_name(role), dims),
-                None => l.op(ty, ins, params, dims),
-            }
-        };
-        match *op {
-            Op::Embed { .. } => return Err(Error::Options(format!("lowering graph '{}' to QNN: a second embedding", g.name))),
-            Op::Scale { x, factor } => {
-                let xs = l.value(x)?;
-                let f = l.constant(&[1], &[factor])?;
-                let dims = l.b.dims(xs).to_vec();
-                let t = result(&mut l, "ElementWiseMultiply", &[xs, f], vec![], &dims)?;
-                l.values.insert(x, t);
-            }
-            Op::Bias { x, bias } => {
-                let xs = l.value(x)?;
-                let cols = g.values[x as usize].cols;
-                let bt = l.weight(bias, &[cols], weights)?;
-                let dims = l.b.dims(xs).to_vec();
-                let t = result(&mut l, "ElementWiseAdd", &[xs, bt], vec![], &dims)?;
-                l.values.insert(x, t);
-            }
-            Op::RmsNorm { x, weight, eps, out } => {
-                let xs = l.value(x)?;
-                let cols = g.values[x as usize].cols;
-                let gamma = l.weight(weight, &[cols], weights)?;
-                let beta = l.constant(&[cols], &vec![0.0; cols as usize])?;
-                let params = vec![ParamSpec::F32("epsilon", eps), ParamSpec::U32s("axes", vec![1])];
-                let rows = l.rows(x);
-                let t = result(&mut l, "RmsNorm", &[xs, gamma, beta], params, &[rows, cols])?;
-                l.values.insert(out, t);
-            }
-            Op::MatMul { x, weight, out } => {
-                // Every linear as a 1x1 Conv2d over `[1, 1, rows, k]` (ExecuTorch's and AI
-                // Hub's form; with LPBQ the only reliable one, QNN.md).
-                let shape = &h.tensors[weight as usize].shape;
-                let (n, k) = (shape[0] as u32, shape[1] as u32);
-                // The HTP computes channels in tiles of 32: a product with fewer output
-                // channels than a whole number of tiles gets zero ones, cut off after it.
-                let np = n.next_multiple_of(32);
-                let rows = l.rows(x);
-                // (A fixed-point input has no fp16 form: `Lowering::fixed`.)
-                let x4 = if l.fixed.contains_key(&x) {
-                    None
-                } else {
-                    let xs = l.value(x)?;
-                    Some(l.reshape(xs, &[1, 1, rows, k])?)
-                };
-                let params = || vec![ParamSpec::U32s("stride", vec![1, 1]), ParamSpec::U32Grid("pad_amount", vec![2, 2], vec![0; 4])];
-                let t = if let NpuWeights::Int4Lpbq { block } = format {
-                    // 16-bit activations around the product, calibrated; the graph around it
-                    // stays fp16. The LM head holds int8 per output channel (no block factors
-                    // to expand on the vector unit), and its uint16 product leaves the
-                    // executable as it is: the host dequantizes the logits.
-                    let range = *l.ranges.get(&weight).ok_or_else(|| Error::Options(format!("lowering graph '{}' to QNN: matmul weight '{}' has no calibrated range", g.name, h.tensors[weight as usize].name)))?;
-                    let xq = match l.fixed.get(&x) {
-                        // Already 16-bit in this product's input encoding (a SwiGLU's result).
-                        Some(&(fixed, _)) => l.fixed_op("Reshape", &[fixed], range.input, &[1, 1, rows, k])?,
-                        None => l.quantize(x4.expect("an fp16 input"), range.input)?,
-                    };
-                    let head = out == g.logits;
-                    let w = if head { l.conv_weight(weight, np, k, 8, weights)? } else { l.lpbq_weight(weight, np, k, block, weights)? };
-                    let encoding = {
-                        let (scale, offset) = ActivationRange::u16_encoding(range.output);
-                        QuantizeParams::scale_offset(scale, offset)
-                    };
-                    let name = l.fresh("conv2d");
-                    let yq = l.b.op_quantized("Conv2d", &[xq, w], params(), &name, DATATYPE_UFIXED_POINT_16, &[1, 1, rows, np], Out::Native, encoding).map_err(qnn_err)?;
-                    let yq = l.unpad(yq, rows, n, Some(range.output))?;
-                    // A product read only by a SwiGLU stays fixed point (see `Op::SwiGlu`).
-                    let gated = out_role.is_none() && g.ops.iter().filter(|o| o.inputs().contains(&out)).all(|o| matches!(o, Op::SwiGlu { .. }));
-                    match out_role {
-                        Some(Role::Logits) => l.b.op_quantized("Reshape", &[yq], vec![], &role_name(Role::Logits), DATATYPE_UFIXED_POINT_16, &[rows, n], Out::AppRead, encoding).map_err(qnn_err)?,
-                        None if gated => {
-                            let y = l.fixed_op("Reshape", &[yq], range.output, &[rows, n])?;
-                            l.fixed.insert(out, (y, range.output));
-                            continue;
-                        }
-                        _ => {
-                            let y4 = l.op("Dequantize", &[yq], vec![], &[1, 1, rows, n])?;
-                            result(&mut l, "Reshape", &[y4], vec![], &[rows, n])?
-                        }
-                    }
-                } else {
-                    let w = match format {
-                        NpuWeights::Int8PerChannel => l.conv_weight(weight, np, k, 8, weights)?,
-                        NpuWeights::Int4PerChannel => l.conv_weight(weight, np, k, 4, weights)?,
-                        _ => l.conv_weight(weight, np, k, 16, weights)?,
-                    };
-                    let x4 = x4.ok_or_else(|| Error::Options(format!("lowering graph '{}' to QNN: a fixed-point input to {} weights", g.name, format.name())))?;
-                    let y4 = l.op("Conv2d", &[x4, w], params(), &[1, 1, rows, np])?;
-                    let y4 = l.unpad(y4, rows, n, None)?;
-                    result(&mut l, "Reshape", &[y4], vec![], &[rows, n])?
-                };
-                l.values.insert(out, t);
-            }
-            Op::Rope { x, heads: rotated, .. } => {
-                let xs = l.value(x)?;
-                let width = g.values[x as usize].cols;
-                let half = hd / 2;
-                let span = rotated * hd;
-                let part = l.columns(xs, r, 0, span)?;
-                let part = l.reshape(part, &[r, rotated, hd])?;
-                let slice = |l: &mut Lowering, from: u32| {
-                    let ranges = vec![0, r as i32, 1, 0, rotated as i32, 1, from as i32, (from + half) as i32, 1];
-                    l.op("StridedSlice", &[part], vec![ParamSpec::I32s("ranges", vec![3, 3], ranges)], &[r, rotated, half])
-                };
-                let (x1, x2) = (slice(&mut l, 0)?, slice(&mut l, half)?);
-                let (cos, sin) = (input(Role::Cos), input(Role::Sin));
-                let (a1, a2) = (l.binary("ElementWiseMultiply", x1, cos)?, l.binary("ElementWiseMultiply", x2, sin)?);
-                let a = l.binary("ElementWiseSubtract", a1, a2)?;
-                let (b1, b2) = (l.binary("ElementWiseMultiply", x2, cos)?, l.binary("ElementWiseMultiply", x1, sin)?);
-                let bsum = l.binary("ElementWiseAdd", b1, b2)?;
-                let cat = l.op("Concat", &[a, bsum], vec![ParamSpec::U32("axis", 2)], &[r, rotated, hd])?;
-                let flat = l.reshape(cat, &[r, span])?;
-                let t = if span < width {
-                    let rest = l.columns(xs, r, span, width)?;
-                    result(&mut l, "Concat", &[flat, rest], vec![ParamSpec::U32("axis", 1)], &[r, width])?
-                } else {
-                    flat
-                };
-                l.values.insert(x, t);
-            }
-            Op::Attention { qkv, out, heads: hq, kv_heads, layer } => {
-                if hq != heads || kv_heads != kvh {
-                    return Err(Error::Options(format!("lowering graph '{}' to QNN: attention with {hq}/{kv_heads} heads, the model has {heads}/{kvh}", g.name)));
-                }
-                let x = l.value(qkv)?;
-                let q = l.columns(x, r, 0, heads * hd)?;
-                let q = l.reshape(q, &[r, heads, hd])?;
-                let q = l.transpose(q, &[1, 0, 2])?;
-                let q = l.reshape(q, &[kvh, group * r, hd])?;
-                let mut new = Vec::new();
-                for (i, role) in [Role::KNew(layer), Role::VNew(layer)].into_iter().enumerate() {
-                    let from = (heads + i as u32 * kvh) * hd;
-                    let t = l.columns(x, r, from, from + kvh * hd)?;
-                    let t = l.reshape(t, &[r, kvh, hd])?;
-                    let t = l.output("Transpose", &[t], vec![ParamSpec::U32s("perm", vec![1, 0, 2])], &role_name(role), &[kvh, r, hd])?;
-                    outputs.push((role, t));
-                    new.push(t);
-                }
-                // The cache's first `cache_len` positions (the planes are bound whole; QNN's
-                // model reads only what the slice takes).
-                let cl = cache_len;
-                let cached = |l: &mut Lowering, t: TensorRef| -> Result<TensorRef> {
-                    if cl == c {
-                        return Ok(t);
-                    }
-                    let ranges = vec![0, kvh as i32, 1, 0, cl as i32, 1, 0, hd as i32, 1];
-                    l.op("StridedSlice", &[t], vec![ParamSpec::I32s("ranges", vec![3, 3], ranges)], &[kvh, cl, hd])
-                };
-                let (k_cache, v_cache) = (cached(&mut l, input(Role::KCache(layer)))?, cached(&mut l, input(Role::VCache(layer)))?);
-                let keys = l.op("Concat", &[k_cache, new[0]], vec![ParamSpec::U32("axis", 1)], &[kvh, cl + r, hd])?;
-                let values = l.op("Concat", &[v_cache, new[1]], vec![ParamSpec::U32("axis", 1)], &[kvh, cl + r, hd])?;
-                let params = vec![ParamSpec::Bool("transpose_in0", false), ParamSpec::Bool("transpose_in1", true)];
-                let scores = l.op("MatMul", &[q, keys], params, &[kvh, group * r, cl + r])?;
-                let scores = l.binary("ElementWiseAdd", scores, input(Role::Mask))?;
-                // The 1/sqrt(head_dim) scale as the softmax's own (no multiply on the vector
-                // unit; the masked scores stay far below the rest).
-                let beta = 1.0 / (hd as f32).sqrt();
-                let p = l.op("Softmax", &[scores], vec![ParamSpec::U32("axis", 2), ParamSpec::F32("beta", beta)], &[kvh, group * r, cl + r])?;
-                let params = vec![ParamSpec::Bool("transpose_in0", false), ParamSpec::Bool("transpose_in1", false)];
-                let o = l.op("MatMul", &[p, values], params, &[kvh, group * r, hd])?;
-                let o = l.reshape(o, &[heads, r, hd])?;
-                let o = l.transpose(o, &[1, 0, 2])?;
-                let t = result(&mut l, "Reshape", &[o], vec![], &[r, heads * hd])?;
-                l.values.insert(out, t);
-            }
-            Op::SwiGlu { x, out } if l.fixed.contains_key(&x) => {
-                // The gate and up rows stay 16-bit fixed point from the product before to the
-                // one after: no conversion of the widest activations (QNN's model put the
-                // fp16 round trip at a third of a 64-row pass). The encodings follow from the
-                // calibrated ranges: the sigmoid's [0, 1], SiLU's over the gate's range, the
-                // next product's input range for the result.
-                let (xs, range) = l.fixed[&x];
-                let hidden = g.values[out as usize].cols;
-                let next = g.ops.iter().find_map(|o| match *o {
-                    Op::MatMul { x: input, weight, .. } if input == out => l.ranges.get(&weight).map(|r| r.input),
-                    _ => None,
-                });
-                let next = next.ok_or_else(|| Error::Options(format!("lowering graph '{}' to QNN: SwiGLU '{}' feeds no calibrated product", g.name, g.values[out as usize].name)))?;
-                let gate = l.fixed_columns(xs, range, r, 0, hidden)?;
-                let up = l.fixed_columns(xs, range, r, hidden, 2 * hidden)?;
-                let s = l.fixed_op("Sigmoid", &[gate], [0.0, 1.0], &[r, hidden])?;
-                let silu = l.fixed_op("ElementWiseMultiply", &[gate, s], silu_range(range), &[r, hidden])?;
-                let t = l.fixed_op("ElementWiseMultiply", &[silu, up], next, &[r, hidden])?;
-                l.fixed.insert(out, (t, next));
-            }
-            Op::SwiGlu { x, out } => {
-                let xs = l.value(x)?;
-                let hidden = g.values[out as usize].cols;
-                let gate = l.columns(xs, r, 0, hidden)?;
-                let up = l.columns(xs, r, hidden, 2 * hidden)?;
-                let s = l.op("Sigmoid", &[gate], vec![], &[r, hidden])?;
-                let silu = l.binary("ElementWiseMultiply", gate, s)?;
-                let t = result(&mut l, "ElementWiseMultiply", &[silu, up], vec![], &[r, hidden])?;
-                l.values.insert(out, t);
-            }
-            Op::Add { acc, x } => {
-                let (a, xs) = (l.value(acc)?, l.value(x)?);
-                let dims = l.b.dims(a).to_vec();
-                let t = result(&mut l, "ElementWiseAdd", &[a, xs], vec![], &dims)?;
-                l.values.insert(acc, t);
-            }
-            Op::GatherHeadRows { x, out } => {
-                let xs = l.value(x)?;
-                let cols = g.values[x as usize].cols;
-                let t = result(&mut l, "Gather", &[xs, input(Role::HeadIndex)], vec![ParamSpec::I32("axis", 0)], &[hr, cols])?;
-                l.values.insert(out, t);
-            }
-            Op::HeadRmsNorm { x, first_head, heads: normed, weight, eps } => {
-                // The heads' columns as rows of head_dim, normed over them, put back between
-                // the columns before and after.
-                let xs = l.value(x)?;
-                let width = g.values[x as usize].cols;
-                let (from, to) = (first_head * hd, (first_head + normed) * hd);
-                let part = l.columns(xs, r, from, to)?;
-                let part = l.reshape(part, &[r * normed, hd])?;
-                let gamma = l.weight(weight, &[hd], weights)?;
-                let beta = l.constant(&[hd], &vec![0.0; hd as usize])?;
-                let params = vec![ParamSpec::F32("epsilon", eps), ParamSpec::U32s("axes", vec![1])];
-                let part = l.op("RmsNorm", &[part, gamma, beta], params, &[r * normed, hd])?;
-                let part = l.reshape(part, &[r, to - from])?;
-                let mut pieces = Vec::new();
-                if from > 0 {
-                    pieces.push(l.columns(xs, r, 0, from)?);
-                }
-                pieces.push(part);
-                if to < width {
-                    pieces.push(l.columns(xs, r, to, width)?);
-                }
-                let t = if pieces.len() == 1 { part } else { result(&mut l, "Concat", &pieces, vec![ParamSpec::U32("axis", 1)], &[r, width])? };
-                l.values.insert(x, t);
-            }
-            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. } => {
-                return Err(Error::Options(format!("lowering graph '{}' to QNN: op {} has no NPU lowering", g.name, op.name())));
-            }
-        }
+        l.lower_op(op, leaving.iter().find(|o| o.0 == index).map(|o| o.1))?;
         for &(_, role, v) in leaving.iter().filter(|o| o.0 == index) {
-            outputs.push((role, l.value(v)?));
+            let t = l.value(v)?;
+            l.outputs.push((role, t));
         }
     }
-    let table = |b: &GraphBuilder, list: &[(Role, TensorRef)], roles: &[llada_ir::npu::Bound]| -> Result<Vec<NpuTensor>> {
-        roles
-            .iter()
-            .map(|&(role, _)| {
-                let t = list.iter().find(|(r, _)| *r == role).map(|(_, t)| *t).ok_or_else(|| Error::Options(format!("lowering graph '{}' to QNN: no {role:?}", g.name)))?;
-                let offset = io.offset(h, role, g.rows).expect("every role has a region");
-                Ok(NpuTensor { id: b.id(t), name: role_name(role), role, dtype: role.dtype(format), dims: b.dims(t).to_vec(), offset })
-            })
-            .collect()
-    };
-    let io_in = table(&l.b, &inputs, &input_roles)?;
-    let io_out = table(&l.b, &outputs, &output_roles)?;
+    let io_in = l.io_table(&l.inputs, &input_roles)?;
+    let io_out = l.io_table(&l.outputs, &output_roles)?;
     l.b.finalize_with(profile).map_err(qnn_err)?;
     Ok(NpuGraph { graph: gi, ops: [ops.start as u32, ops.end as u32], cache_len, name, inputs: io_in, outputs: io_out })
 }
@@ -740,7 +823,7 @@ fn role_name(role: Role) -> String {
         Role::Cos => "rope_cos".into(),
         Role::Sin => "rope_sin".into(),
         Role::Mask => "mask".into(),
-        Role::HeadIndex => "head_index".into(),
+        Role::LogitIndex => "logit_index".into(),
         Role::KCache(l) => format!("k_cache_{l}"),
         Role::VCache(l) => format!("v_cache_{l}"),
         Role::KNew(l) => format!("k_new_{l}"),

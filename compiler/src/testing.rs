@@ -70,14 +70,14 @@ pub fn llada_8b_header(buckets: &[u32], target: &str, window_bytes: Option<u64>)
         blocks.push(BlockTensors { attn_norm, qkv, qkv_bias: None, qk_norm: None, attn_out, ff_norm, ffn: Ffn::Dense { gate_up, ff_out, hidden: f as u32 } });
     }
     let final_norm = t_.add("ln_f".into(), DType::F32, vec![d]);
-    let head = t_.add("head".into(), q4, vec![126464, d]);
+    let lm_head = t_.add("head".into(), q4, vec![126464, d]);
     t_.end_segment("head");
     let rope_cos = t_.add("cos".into(), DType::F32, vec![capacity as u64, 64]);
     let rope_sin = t_.add("sin".into(), DType::F32, vec![capacity as u64, 64]);
     t_.end_segment("rope");
     let Table { tensors, segments, seg_start, .. } = t_;
     let data_len = seg_start;
-    let net = NetworkTensors { embedding, blocks, final_norm, head, rope_cos, rope_sin };
+    let net = NetworkTensors { embedding, blocks, final_norm, lm_head, rope_cos, rope_sin };
     let opts = NetworkOptions { input_emb_norm: false, scale_logits: false };
     let graphs: Vec<Graph> = buckets
         .iter()

@@ -47,37 +47,67 @@ fn first_use_order(spans: &[Option<(usize, usize)>], host: u32, experts: &[u32])
     order
 }
 
-/// Plans the window of `h` (whose graphs' values are laid out from offset 0 of their own
-/// activation space), shifting every value into the activation region and filling in each
-/// graph's staging steps.
-pub fn plan(h: &mut Header, o: &WindowOptions) -> Result<()> {
-    let m = &h.model;
-    let al = |x: u64| align_up(x, o.align);
-    let kv = kv_bytes(m, h.plan.kv_capacity, o.kv_dtype).ok_or_else(|| Error::Options("the KV cache size overflows".into()))?;
-    let (big_graph, act) = h.graphs.iter().map(|g| (g.name.clone(), g.window_bytes)).max_by_key(|g| g.1).unwrap_or_default();
-    let operand = largest_gemm_operand(h);
-    let attention = attention_scratch(m, h.plan.kv_capacity, o.kv_dtype, o.threads).2;
-    let kv_r = Region { name: "kv".into(), offset: 0, bytes: kv };
-    let act_r = Region { name: "activations".into(), offset: al(kv), bytes: act };
-    let gemm_r = Region { name: "scratch.gemm_operand".into(), offset: al(act_r.offset + act), bytes: operand };
-    let att_r = Region { name: "scratch.attention".into(), offset: al(gemm_r.offset + operand), bytes: attention };
-    let fixed = al(att_r.offset + attention);
+/// Bytes the slots take when the largest rotating segment is `rotating_max` bytes.
+fn slot_need(rotating_max: u64) -> u64 {
+    SLOTS as u64 * rotating_max
+}
 
+/// The regions in front of the weights: the KV cache, the activations (every graph's values,
+/// one graph at a time), the prepared GEMM operand and the attention scratch.
+struct FixedRegions {
+    kv: Region,
+    activations: Region,
+    gemm_operand: Region,
+    attention: Region,
+    /// The graph whose values need the most bytes (the activations' size), for the error
+    /// message.
+    largest_graph: String,
+}
+
+impl FixedRegions {
+    fn of(h: &Header, o: &WindowOptions) -> Result<FixedRegions> {
+        let m = &h.model;
+        let al = |x: u64| align_up(x, o.align);
+        let kv = kv_bytes(m, h.plan.kv_capacity, o.kv_dtype).ok_or_else(|| Error::Options("the KV cache size overflows".into()))?;
+        let (largest_graph, act) = h.graphs.iter().map(|g| (g.name.clone(), g.window_bytes)).max_by_key(|g| g.1).unwrap_or_default();
+        let operand = largest_gemm_operand(h);
+        let attention = attention_scratch(m, h.plan.kv_capacity, o.kv_dtype, o.threads).2;
+        let kv_r = Region { name: "kv".into(), offset: 0, bytes: kv };
+        let act_r = Region { name: "activations".into(), offset: al(kv), bytes: act };
+        let gemm_r = Region { name: "scratch.gemm_operand".into(), offset: al(act_r.offset + act), bytes: operand };
+        let att_r = Region { name: "scratch.attention".into(), offset: al(gemm_r.offset + operand), bytes: attention };
+        Ok(FixedRegions { kv: kv_r, activations: act_r, gemm_operand: gemm_r, attention: att_r, largest_graph })
+    }
+
+    /// Where the weights start.
+    fn end(&self, align: u64) -> u64 {
+        align_up(self.attention.offset + self.attention.bytes, align)
+    }
+}
+
+/// Where the weights other than the experts' and the host's lie: the resident segments, the
+/// slots the rotating ones are staged into, those in the order the graphs first read them,
+/// and the end of it all.
+struct WeightLayout {
+    resident: Vec<ResidentSegment>,
+    slots: Vec<Region>,
+    rotating: Vec<u32>,
+    end: u64,
+}
+
+/// Places the weights after the fixed regions: all resident where they fit, else the most bytes
+/// resident and the rest rotating through the slots, leaving `expert_floor` bytes for the
+/// experts' pools where the others fit beside them.
+fn lay_out_weights(h: &Header, o: &WindowOptions, regions: &FixedRegions, expert_floor: u64) -> Result<WeightLayout> {
     let spans = segment_spans(h, &h.graphs[0]);
     let order = first_use_order(&spans, o.host_segment, &o.expert_segments);
-    let expert_slot = o.expert_segments.iter().map(|&s| al(h.segments[s as usize].nbytes)).max().unwrap_or(0);
-    let layers = h.model.moe_layers() as u64;
-    // The experts' pools come out of what the other weights leave; they should leave room
-    // for one expert per layer, rotating if they must, else the accelerator cannot compute
-    // any expert.
-    let expert_floor = if expert_slot > 0 { layers * expert_slot } else { 0 };
-    let size = |s: u32| al(h.segments[s as usize].nbytes);
+    let size = |s: u32| align_up(h.segments[s as usize].nbytes, o.align);
     // A segment read across other segments' uses (the rotary tables, read by every layer)
     // would hold a slot for the whole pass and stall the ring behind it: it stays resident.
     let span = |s: u32| spans[s as usize].expect("segments in the order are read");
     let pinned: Vec<u32> = order.iter().copied().filter(|&s| order.iter().any(|&o| o != s && span(s).0 <= span(o).0 && span(o).1 <= span(s).1)).collect();
     let pinned_bytes: u64 = pinned.iter().map(|&s| size(s)).sum();
-    let fixed = fixed + pinned_bytes;
+    let fixed = regions.end(o.align) + pinned_bytes;
     let order_all = order.clone();
     let order: Vec<u32> = order.into_iter().filter(|s| !pinned.contains(s)).collect();
     // Most bytes resident: the largest segments first (each saves its bytes from every
@@ -85,47 +115,30 @@ pub fn plan(h: &mut Header, o: &WindowOptions) -> Result<()> {
     let mut by_size = order.clone();
     by_size.sort_by_key(|&s| std::cmp::Reverse(size(s)));
     let total: u64 = by_size.iter().map(|&s| size(s)).sum();
-    let slot_need = |rotating_max: u64| SLOTS as u64 * rotating_max;
     let largest = by_size.first().map_or(0, |&s| size(s));
     // Room for the other weights: all of it if they fit beside one expert slot per layer,
     // else what leaves that slot.
     let budget = if fixed + total + expert_floor <= o.bytes || o.bytes < expert_floor { o.bytes } else { o.bytes - expert_floor };
     if fixed + total > o.bytes && fixed + slot_need(largest) > o.bytes {
         let big = by_size.first().map_or("-".into(), |&s| h.segments[s as usize].name.clone());
+        let (kv, act, big_graph) = (regions.kv.bytes, regions.activations.bytes, &regions.largest_graph);
         return Err(Error::Options(format!(
             "the minimum working set does not fit the {} window ({}): KV cache {} ({} positions of {}), activations {} (graph '{big_graph}'), \
              kernel scratch {}, weights every layer reads {}, {SLOTS} slots of {} (largest weight segment '{big}'); total {}. \
              Lower --max-seq, {}or choose a smaller --quant or --kv-dtype",
-            mib(o.bytes), o.window_source, mib(kv), h.plan.kv_capacity, o.kv_dtype.name(), mib(act), mib(operand + attention),
+            mib(o.bytes), o.window_source, mib(kv), h.plan.kv_capacity, o.kv_dtype.name(), mib(act), mib(regions.gemm_operand.bytes + regions.attention.bytes),
             mib(pinned_bytes), mib(largest), mib(fixed + slot_need(largest)), if o.can_grow { "raise --window-bytes, " } else { "" }
         )));
     }
-    let mut resident: Vec<u32> = pinned.clone();
+    let mut resident: Vec<u32> = pinned;
     if fixed + total <= budget {
         resident.extend(&order);
     } else {
-        // The largest prefix of `by_size` that fits with slots for the rest...
-        let mut used = fixed;
-        for (i, &s) in by_size.iter().enumerate() {
-            let next_max = by_size.get(i + 1).map_or(0, |&n| size(n));
-            if used + size(s) + slot_need(next_max) > budget {
-                break;
-            }
-            used += size(s);
-            resident.push(s);
-        }
-        // ...then any smaller segment that still fits beside the slots.
-        let slot = by_size.iter().find(|s| !resident.contains(s)).map_or(0, |&s| size(s));
-        for &s in &by_size {
-            if !resident.contains(&s) && size(s) < slot && used + size(s) + slot_need(slot) <= budget {
-                used += size(s);
-                resident.push(s);
-            }
-        }
+        resident.extend(most_bytes_resident(&by_size, fixed, budget, size));
     }
     let rotating: Vec<u32> = order.iter().copied().filter(|s| !resident.contains(s)).collect();
     let slot_bytes = rotating.iter().map(|&s| size(s)).max().unwrap_or(0);
-    let mut cursor = al(att_r.offset + attention);
+    let mut cursor = regions.end(o.align);
     let mut placed = Vec::new();
     for &s in &order_all {
         if resident.contains(&s) {
@@ -141,23 +154,57 @@ pub fn plan(h: &mut Header, o: &WindowOptions) -> Result<()> {
         })
         .collect();
     debug_assert!(cursor <= o.bytes);
-    // Every expert slot the rest of the window holds, the same number per layer (routing
-    // spreads over layers alike), at most one per expert.
+    Ok(WeightLayout { resident: placed, slots, rotating, end: cursor })
+}
+
+/// Of the segments `by_size` (largest first), which don't all fit `budget` bytes from `used`
+/// on, those to keep resident: the largest prefix that fits with slots for the rest, then any
+/// smaller segment that still fits beside the slots.
+fn most_bytes_resident(by_size: &[u32], mut used: u64, budget: u64, size: impl Fn(u32) -> u64) -> Vec<u32> {
+    let mut resident = Vec::new();
+    for (i, &s) in by_size.iter().enumerate() {
+        let next_max = by_size.get(i + 1).map_or(0, |&n| size(n));
+        if used + size(s) + slot_need(next_max) > budget {
+            break;
+        }
+        used += size(s);
+        resident.push(s);
+    }
+    let slot = by_size.iter().find(|s| !resident.contains(s)).map_or(0, |&s| size(s));
+    for &s in by_size {
+        if !resident.contains(&s) && size(s) < slot && used + size(s) + slot_need(slot) <= budget {
+            used += size(s);
+            resident.push(s);
+        }
+    }
+    resident
+}
+
+/// The experts' slot pools in the window from `start` on: every expert slot of `expert_slot`
+/// bytes the rest holds, the same number per layer (routing spreads over layers alike), at
+/// most one per expert.
+fn expert_plan(h: &Header, o: &WindowOptions, start: u64, expert_slot: u64) -> ExpertPlan {
+    let layers = h.model.moe_layers() as u64;
     let per_layer = h.model.moe.map_or(0, |m| m.experts as u64);
-    let room = (o.bytes - cursor).min(o.max_expert_bytes.unwrap_or(u64::MAX));
+    let room = (o.bytes - start).min(o.max_expert_bytes.unwrap_or(u64::MAX));
     let slots_per_layer = if expert_slot == 0 { 0 } else { (room / (layers * expert_slot)).min(per_layer) };
-    let experts = ExpertPlan {
+    ExpertPlan {
         per_layer: per_layer as u32,
         segments: o.expert_segments.clone(),
         slots_per_layer: slots_per_layer as u32,
         slot_bytes: expert_slot,
-        region: Region { name: "expert slots".into(), offset: cursor, bytes: layers * slots_per_layer * expert_slot },
+        region: Region { name: "expert slots".into(), offset: start, bytes: layers * slots_per_layer * expert_slot },
         costs: o.expert_costs,
-    };
+    }
+}
 
+/// Shifts every graph's values into the activation region at `activations_offset`, and writes
+/// each graph's swap schedule of the `rotating` segments: the i-th staged into slot
+/// `i % SLOTS` once the one before it in that slot is last read.
+fn place_graphs(h: &mut Header, activations_offset: u64, rotating: &[u32]) {
     for g in &mut h.graphs {
         for v in &mut g.values {
-            v.offset += act_r.offset;
+            v.offset += activations_offset;
         }
     }
     let uses: Vec<Vec<(usize, usize)>> = h
@@ -181,15 +228,30 @@ pub fn plan(h: &mut Header, o: &WindowOptions) -> Result<()> {
             })
             .collect();
     }
+}
+
+/// Plans the window of `h` (whose graphs' values are laid out from offset 0 of their own
+/// activation space), shifting every value into the activation region and filling in each
+/// graph's staging steps.
+pub fn plan(h: &mut Header, o: &WindowOptions) -> Result<()> {
+    let regions = FixedRegions::of(h, o)?;
+    let expert_slot = o.expert_segments.iter().map(|&s| align_up(h.segments[s as usize].nbytes, o.align)).max().unwrap_or(0);
+    // The experts' pools come out of what the other weights leave; they should leave room
+    // for one expert per layer, rotating if they must, else the accelerator cannot compute
+    // any expert.
+    let expert_floor = if expert_slot > 0 { h.model.moe_layers() as u64 * expert_slot } else { 0 };
+    let weights = lay_out_weights(h, o, &regions, expert_floor)?;
+    let experts = expert_plan(h, o, weights.end, expert_slot);
+    place_graphs(h, regions.activations.offset, &weights.rotating);
     h.plan.window = WindowPlan {
         bytes: o.bytes,
-        kv: kv_r,
+        kv: regions.kv,
         kv_dtype: o.kv_dtype,
-        activations: act_r,
-        scratch: Scratch { gemm_operand: gemm_r, attention: att_r, threads: o.threads },
-        resident: placed,
-        slots,
-        rotating,
+        activations: regions.activations,
+        scratch: Scratch { gemm_operand: regions.gemm_operand, attention: regions.attention, threads: o.threads },
+        resident: weights.resident,
+        slots: weights.slots,
+        rotating: weights.rotating,
         host: vec![o.host_segment],
         experts,
     };

@@ -96,7 +96,7 @@ fn small_artifact(model: &std::path::Path, work: &std::path::Path) -> Result<Pat
         output: path.clone(),
         quant: Some(lladac::Quant::Q4 { group: 32 }),
         max_seq: Some(64),
-        head_rows: 64,
+        logit_rows: 64,
         spec_blocks: 1,
         ..Default::default()
     })

@@ -2,8 +2,8 @@
 //! buffers ("values") placed at fixed offsets in the accelerator window.
 //!
 //! Every value is a row-major f32 matrix. Its row count is static: either the graph's token
-//! rows, or the capacity of the head rows (the positions whose logits the sampler needs,
-//! chosen per run, at most `head_rows`).
+//! rows, or the capacity of the logit rows (the positions whose logits the sampler needs,
+//! chosen per run, at most `logit_rows`).
 
 use serde::{Deserialize, Serialize};
 
@@ -16,8 +16,8 @@ pub type ValueId = u32;
 pub enum Rows {
     /// One row per token row of the graph (`Graph::rows`).
     Tokens,
-    /// One row per head row (`Graph::head_rows` at most; the run says how many).
-    Head,
+    /// One row per logit row (`Graph::logit_rows` at most; the run says how many).
+    Logits,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -56,8 +56,8 @@ pub enum Op {
     SwiGlu { x: ValueId, out: ValueId },
     /// `acc += x`.
     Add { acc: ValueId, x: ValueId },
-    /// `out[i] = x[head_row[i]]`: picks the rows whose logits the sampler needs.
-    GatherHeadRows { x: ValueId, out: ValueId },
+    /// `out[i] = x[logit_row[i]]`: picks the rows whose logits the sampler needs.
+    GatherLogitRows { x: ValueId, out: ValueId },
     /// RMSNorm over `head_dim` of heads `first_head .. first_head + heads` of every row of
     /// `x`, in place, all those heads sharing one `[head_dim]` weight (LLaDA-MoE's q and k
     /// norms on a fused q|k|v row).
@@ -96,7 +96,7 @@ impl Op {
             Op::Attention { .. } => "Attention",
             Op::SwiGlu { .. } => "SwiGlu",
             Op::Add { .. } => "Add",
-            Op::GatherHeadRows { .. } => "GatherHeadRows",
+            Op::GatherLogitRows { .. } => "GatherLogitRows",
             Op::HeadRmsNorm { .. } => "HeadRmsNorm",
             Op::Route { .. } => "Route",
             Op::MoeExperts { .. } => "MoeExperts",
@@ -110,7 +110,7 @@ impl Op {
         match *self {
             Op::Embed { .. } => vec![],
             Op::Scale { x, .. } | Op::Bias { x, .. } => vec![x],
-            Op::RmsNorm { x, .. } | Op::MatMul { x, .. } | Op::GatherHeadRows { x, .. } => vec![x],
+            Op::RmsNorm { x, .. } | Op::MatMul { x, .. } | Op::GatherLogitRows { x, .. } => vec![x],
             Op::Rope { x, .. } => vec![x],
             Op::Attention { qkv, .. } => vec![qkv],
             Op::SwiGlu { x, .. } => vec![x],
@@ -129,7 +129,7 @@ impl Op {
             | Op::MatMul { out, .. }
             | Op::Attention { out, .. }
             | Op::SwiGlu { out, .. }
-            | Op::GatherHeadRows { out, .. } => vec![out],
+            | Op::GatherLogitRows { out, .. } => vec![out],
             Op::Scale { x, .. } | Op::Rope { x, .. } | Op::HeadRmsNorm { x, .. } | Op::Bias { x, .. } => vec![x],
             Op::Add { acc, .. } => vec![acc],
             Op::Route { out, .. } | Op::RouteSigmoid { out, .. } => vec![out],
@@ -157,10 +157,10 @@ pub struct Graph {
     /// Token rows (R): the static sequence length this graph computes.
     pub rows: u32,
     /// Most rows whose logits one run can ask for.
-    pub head_rows: u32,
+    pub logit_rows: u32,
     pub values: Vec<Value>,
     pub ops: Vec<Op>,
-    /// The value holding the logits, `[head rows, embedding_size]`.
+    /// The value holding the logits, `[logit rows, embedding_size]`.
     pub logits: ValueId,
     /// Bytes of the activation region this graph's values need.
     pub window_bytes: u64,
@@ -186,7 +186,7 @@ impl Graph {
     pub fn row_count(&self, rows: Rows) -> u64 {
         match rows {
             Rows::Tokens => self.rows as u64,
-            Rows::Head => self.head_rows as u64,
+            Rows::Logits => self.logit_rows as u64,
         }
     }
 

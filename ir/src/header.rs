@@ -11,7 +11,7 @@ use crate::window::WindowPlan;
 pub struct ModelConfig {
     /// Architecture family: "llada" (dense), "llada-moe", "llada2-moe" or "dream". Dream predicts the token
     /// at position `i` from the network's output at `i - 1` (position 0 from its own), as its
-    /// published sampler shifts the logits; the runtime reads its head rows accordingly.
+    /// published sampler shifts the logits; the runtime reads its logit rows accordingly.
     pub architecture: String,
     pub d_model: u32,
     pub n_layers: u32,
@@ -36,7 +36,7 @@ pub struct ModelConfig {
     pub moe: Option<MoeConfig>,
 }
 
-/// What a model is, by its family: what the sampler, the head rows and the backends branch on
+/// What a model is, by its family: what the sampler, the logit rows and the backends branch on
 /// (never on a side effect such as the logit shift).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {

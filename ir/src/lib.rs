@@ -8,6 +8,7 @@ pub mod graph;
 pub mod header;
 pub mod npu;
 pub mod packing;
+pub mod program;
 pub mod read;
 pub mod sections;
 pub mod verify;

@@ -319,7 +319,7 @@ pub enum IoKind {
     Cos,
     Sin,
     Mask,
-    HeadIndex,
+    LogitIndex,
     /// Every layer's new key and value planes, `[kv_heads, R, head_dim]` each, layer-major.
     NewKv,
     Logits,
@@ -337,7 +337,7 @@ impl IoLayout {
     pub fn of(h: &Header) -> IoLayout {
         let m = &h.model;
         let n = m.n_layers as u64;
-        let largest = |role: Role| h.graphs.iter().map(|g| role_bytes(h, role, g.rows, g.head_rows)).max().unwrap_or(0);
+        let largest = |role: Role| h.graphs.iter().map(|g| role_bytes(h, role, g.rows, g.logit_rows)).max().unwrap_or(0);
         let sizes = [
             (IoKind::Kv, h.plan.window.kv.bytes),
             (IoKind::Hidden, largest(Role::Hidden)),
@@ -345,7 +345,7 @@ impl IoLayout {
             (IoKind::Cos, largest(Role::Cos)),
             (IoKind::Sin, largest(Role::Sin)),
             (IoKind::Mask, largest(Role::Mask)),
-            (IoKind::HeadIndex, largest(Role::HeadIndex)),
+            (IoKind::LogitIndex, largest(Role::LogitIndex)),
             (IoKind::NewKv, 2 * n * largest(Role::KNew(0))),
             (IoKind::Logits, largest(Role::Logits)),
             (IoKind::ExpertIn, largest(Role::ExpertIn)),
@@ -392,7 +392,7 @@ impl IoLayout {
             Role::Cos => (IoKind::Cos, 0),
             Role::Sin => (IoKind::Sin, 0),
             Role::Mask => (IoKind::Mask, 0),
-            Role::HeadIndex => (IoKind::HeadIndex, 0),
+            Role::LogitIndex => (IoKind::LogitIndex, 0),
             Role::KCache(l) => (IoKind::Kv, 2 * l as u64 * kv_plane),
             Role::VCache(l) => (IoKind::Kv, (2 * l as u64 + 1) * kv_plane),
             Role::KNew(l) => (IoKind::NewKv, 2 * l as u64 * new_plane),
@@ -407,10 +407,10 @@ impl IoLayout {
     }
 }
 
-fn role_bytes(h: &Header, role: Role, rows: u32, head_rows: u32) -> u64 {
+fn role_bytes(h: &Header, role: Role, rows: u32, logit_rows: u32) -> u64 {
     // Every format gives a role elements of the same width (fp16 or uint16 logits alike).
     // Sized for the longest cache length: the capacity.
-    role.dims(h, rows, head_rows, h.plan.kv_capacity).iter().map(|&d| d as u64).product::<u64>() * role.dtype(NpuWeights::F16).bytes()
+    role.dims(h, rows, logit_rows, h.plan.kv_capacity).iter().map(|&d| d as u64).product::<u64>() * role.dtype(NpuWeights::F16).bytes()
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
@@ -431,7 +431,7 @@ impl NpuDType {
 }
 
 /// What an input or output holds, so the runtime binds it without names. R is the graph's
-/// rows, C the KV capacity, H its head rows, G the query heads per KV head.
+/// rows, C the KV capacity, H its logit rows, G the query heads per KV head.
 #[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
     /// `[R, d_model]` f16: the rows' hidden states before the context's first layer (the
@@ -448,14 +448,14 @@ pub enum Role {
     /// elsewhere; the rows of each KV head's group of query heads repeat it G times.
     Mask,
     /// `[H]` i32: the rows whose logits are wanted (padded with row 0).
-    HeadIndex,
+    LogitIndex,
     /// `[kv_heads, C, head_dim]` f16: layer's cached keys (values), the window's KV planes.
     KCache(u32),
     VCache(u32),
     /// `[kv_heads, R, head_dim]` f16: the layer's keys (values) of the graph's rows, output.
     KNew(u32),
     VNew(u32),
-    /// `[H, embedding_size]` f16: the logits of the head rows, output.
+    /// `[H, embedding_size]` f16: the logits of the logit rows, output.
     Logits,
     /// `[R, d_model]` f16: an MoE layer's normed FFN input, output of the piece before the
     /// host's routing (the routed experts' input).
@@ -472,9 +472,9 @@ pub enum Role {
 }
 
 impl Role {
-    /// The shape this role has in an executable of a graph of `rows` rows and `head_rows`
-    /// head rows whose attention reads `cache_len` cached positions.
-    pub fn dims(self, h: &Header, rows: u32, head_rows: u32, cache_len: u32) -> Vec<u32> {
+    /// The shape this role has in an executable of a graph of `rows` rows and `logit_rows`
+    /// logit rows whose attention reads `cache_len` cached positions.
+    pub fn dims(self, h: &Header, rows: u32, logit_rows: u32, cache_len: u32) -> Vec<u32> {
         let m = &h.model;
         let (c, hd, kvh) = (h.plan.kv_capacity, m.head_dim, m.n_kv_heads);
         let group = m.n_heads / m.n_kv_heads.max(1);
@@ -482,10 +482,10 @@ impl Role {
             Role::Hidden | Role::HiddenOut => vec![rows, m.d_model],
             Role::Cos | Role::Sin => vec![rows, 1, hd / 2],
             Role::Mask => vec![group * rows, cache_len + rows],
-            Role::HeadIndex => vec![head_rows],
+            Role::LogitIndex => vec![logit_rows],
             Role::KCache(_) | Role::VCache(_) => vec![kvh, c, hd],
             Role::KNew(_) | Role::VNew(_) => vec![kvh, rows, hd],
-            Role::Logits => vec![head_rows, m.embedding_size],
+            Role::Logits => vec![logit_rows, m.embedding_size],
             Role::ExpertIn | Role::ExpertOut | Role::SharedIn => if m.moe.is_some() { vec![rows, m.d_model] } else { vec![0] },
             Role::RouterLogits => vec![rows, m.moe.map_or(0, |e| e.experts)],
         }
@@ -494,7 +494,7 @@ impl Role {
     /// The element type of this role in executables holding `weights`.
     pub fn dtype(self, weights: NpuWeights) -> NpuDType {
         match self {
-            Role::HeadIndex => NpuDType::I32,
+            Role::LogitIndex => NpuDType::I32,
             Role::Logits if weights.fixed_point() => NpuDType::U16,
             _ => NpuDType::F16,
         }
@@ -586,7 +586,7 @@ pub fn piece_roles(g: &Graph, ops: Range<usize>) -> std::result::Result<(Vec<Bou
                 uses[1] = true;
                 layers.push(*layer);
             }
-            Op::GatherHeadRows { .. } => uses[2] = true,
+            Op::GatherLogitRows { .. } => uses[2] = true,
             _ => {}
         }
     }
@@ -609,7 +609,7 @@ pub fn piece_roles(g: &Graph, ops: Range<usize>) -> std::result::Result<(Vec<Bou
         Role::SharedIn => 1,
         _ => 2,
     });
-    for (used, role) in uses.iter().zip([Role::Cos, Role::Mask, Role::HeadIndex]) {
+    for (used, role) in uses.iter().zip([Role::Cos, Role::Mask, Role::LogitIndex]) {
         if *used {
             inputs.push((role, None));
             if role == Role::Cos {
@@ -642,6 +642,11 @@ pub fn piece_roles(g: &Graph, ops: Range<usize>) -> std::result::Result<(Vec<Bou
     Ok((inputs, outputs))
 }
 
+/// A section that does not hold together, and why.
+fn invalid<T>(msg: String) -> Result<T> {
+    Err(Error::invalid(format!("extension '{EXTENSION_KEY}': {msg}")))
+}
+
 impl NpuSection {
     /// The uint16 logits' `(scale, offset)` (`(q + offset) * scale`) where the format has
     /// fixed-point logits: the LM head's calibrated output range. `None` for fp16 logits.
@@ -650,11 +655,11 @@ impl NpuSection {
             return None;
         }
         let g = h.graphs.first()?;
-        let head = g.ops.iter().find_map(|o| match *o {
+        let lm_head = g.ops.iter().find_map(|o| match *o {
             Op::MatMul { weight, out, .. } if out == g.logits => Some(weight),
             _ => None,
         })?;
-        self.activations.iter().find(|a| a.weight == head).map(|a| ActivationRange::u16_encoding(a.output))
+        self.activations.iter().find(|a| a.weight == lm_head).map(|a| ActivationRange::u16_encoding(a.output))
     }
 
     pub fn encode(&self) -> Vec<u8> {
@@ -695,138 +700,62 @@ impl NpuSection {
     /// its I/O table against the plan's shapes, and that the resident contexts leave room for
     /// the rotating ones. Errors name the element.
     pub fn verify(&self, h: &Header) -> Result<()> {
-        let bad = |msg: String| Err(Error::invalid(format!("extension '{EXTENSION_KEY}': {msg}")));
         if self.version != SECTION_VERSION {
-            return bad(format!("section version {} is not the {SECTION_VERSION} this runtime reads", self.version));
+            return invalid(format!("section version {} is not the {SECTION_VERSION} this runtime reads", self.version));
         }
         match SOCS.iter().find(|(name, _, _)| *name == self.soc) {
             Some(&(_, id, _)) if id == self.soc_id => {}
-            Some(&(_, id, _)) => return bad(format!("soc '{}' is QNN socModel {id}, not {}", self.soc, self.soc_id)),
-            None => return bad(format!("soc '{}' is none of {}", self.soc, SOCS.map(|s| s.0).join(", "))),
+            Some(&(_, id, _)) => return invalid(format!("soc '{}' is QNN socModel {id}, not {}", self.soc, self.soc_id)),
+            None => return invalid(format!("soc '{}' is none of {}", self.soc, SOCS.map(|s| s.0).join(", "))),
         }
-        let layout = IoLayout::of(h);
-        if self.io.bytes != layout.bytes {
-            return bad(format!("io: the I/O allocation is {} bytes; the plan's is {}", self.io.bytes, layout.bytes));
-        }
-        for (i, (have, want)) in self.io.regions.iter().zip(&layout.regions).enumerate() {
-            if have != want {
-                return bad(format!("io.regions[{i}]: {:?} at {} ({} bytes); the plan places {:?} at {} ({} bytes)", have.kind, have.offset, have.bytes, want.kind, want.offset, want.bytes));
-            }
-        }
-        if self.io.regions.len() != layout.regions.len() {
-            return bad(format!("io: {} regions where the plan has {}", self.io.regions.len(), layout.regions.len()));
-        }
-        let (n, w) = (h.model.n_layers, &h.plan.window);
+        let layout = self.verify_io(h)?;
+        let n = h.model.n_layers;
         // The format's activation ranges first: they decide the logits' element type.
         self.verify_activations(h)?;
         let mut segments = std::collections::HashSet::new();
         let mut next_layer = 0;
-        let (mut resident, mut rotating) = (0u64, 0u64);
         let lens = &self.cache_lens;
         if lens.is_empty() || lens.windows(2).any(|w| w[0] >= w[1]) || lens[0] == 0 || *lens.last().unwrap() != h.plan.kv_capacity {
-            return bad(format!("cache_lens {lens:?}: not ascending lengths ending at the KV capacity ({})", h.plan.kv_capacity));
+            return invalid(format!("cache_lens {lens:?}: not ascending lengths ending at the KV capacity ({})", h.plan.kv_capacity));
         }
         // Where each planned graph's next executable starts, per cache length: after the
         // host's embedding.
         let mut next_op = vec![vec![1usize; lens.len()]; h.graphs.len()];
         for (ci, c) in self.contexts.iter().enumerate() {
             let at = format!("contexts[{ci}]");
-            let Some(seg) = h.segments.get(c.segment as usize) else {
-                return bad(format!("{at}: segment {} does not exist", c.segment));
-            };
-            if seg.nbytes == 0 || !segments.insert(c.segment) {
-                return bad(format!("{at}: segment '{}' is empty or holds another context too", seg.name));
-            }
-            if w.resident.iter().any(|r| r.segment == c.segment) || w.rotating.contains(&c.segment) || w.host.contains(&c.segment) {
-                return bad(format!("{at}: segment '{}' also has a home in the window", seg.name));
-            }
-            if c.layers[0] != next_layer || c.layers[1] <= c.layers[0] || c.layers[1] > n {
-                return bad(format!("{at}: layers {}..{} do not continue the contexts before it (layer {next_layer} next, of {n})", c.layers[0], c.layers[1]));
-            }
+            self.verify_context(h, &at, c, &mut segments, next_layer)?;
             next_layer = c.layers[1];
-            if seg.nbytes > self.context_budget {
-                return bad(format!("{at}: its {} bytes exceed the context_budget of {} bytes", seg.nbytes, self.context_budget));
-            }
-            if seg.nbytes > self.limits.mapping_bytes {
-                return bad(format!("{at}: its {} bytes exceed one mapping ({} bytes)", seg.nbytes, self.limits.mapping_bytes));
-            }
-            if c.resident {
-                resident += seg.nbytes;
-            } else {
-                rotating = rotating.max(seg.nbytes);
-            }
-            // Each planned graph's executables in op order, continuing where this graph's
-            // executables in the context before stopped (past host ops only).
             for (gi, g) in c.graphs.iter().enumerate() {
-                let at = format!("{at}.graphs[{gi}] '{}'", g.name);
-                let Some(planned) = h.graphs.get(g.graph as usize) else {
-                    return bad(format!("{at}: planned graph {} does not exist", g.graph));
-                };
-                let (start, end) = (g.ops[0] as usize, g.ops[1] as usize);
-                let (inputs, outputs) = piece_roles(planned, start..end).map_err(|e| Error::invalid(format!("extension '{EXTENSION_KEY}': {at}: {e}")))?;
-                // An executable with attention is one cache length's; one without, every one's.
-                let attends = inputs.iter().any(|(r, _)| matches!(r, Role::KCache(_)));
-                let variants: Vec<usize> = match (attends, lens.iter().position(|&l| l == g.cache_len)) {
-                    (true, Some(v)) => vec![v],
-                    (false, _) if g.cache_len == 0 => (0..lens.len()).collect(),
-                    _ => return bad(format!("{at}: cache_len {} is not one of {lens:?}{}", g.cache_len, if attends { "" } else { " (0 for an executable without attention)" })),
-                };
-                for v in variants {
-                    let from = next_op[g.graph as usize][v];
-                    if start < from || end <= start || end > planned.ops.len() || !planned.ops[from..start].iter().all(host_op) {
-                        return bad(format!("{at}: ops {start}..{end} do not continue graph '{}' over {} cached positions from op {from} (only host ops may lie between)", planned.name, lens[v]));
-                    }
-                    next_op[g.graph as usize][v] = end;
-                }
-                for (what, table, roles) in [("inputs", &g.inputs, inputs), ("outputs", &g.outputs, outputs)] {
-                    if table.len() != roles.len() {
-                        return bad(format!("{at}: {} {what} where the plan has {}", table.len(), roles.len()));
-                    }
-                    for (t, (role, _)) in table.iter().zip(roles) {
-                        if let Role::KCache(l) | Role::KNew(l) = role
-                            && (l < c.layers[0] || l >= c.layers[1])
-                        {
-                            return bad(format!("{at}: attention of layer {l} outside the context's layers {}..{}", c.layers[0], c.layers[1]));
-                        }
-                        let want = role.dims(h, planned.rows, planned.head_rows, g.cache_len);
-                        if t.role != role || t.dtype != role.dtype(self.weights) || t.dims != want {
-                            return bad(format!(
-                                "{at}: {what} '{}' is {:?} {:?} {:?}; the plan's graph '{}' ({} rows, {} head rows) needs {role:?} {:?} {want:?}",
-                                t.name, t.role, t.dtype, t.dims, planned.name, planned.rows, planned.head_rows, role.dtype(self.weights)
-                            ));
-                        }
-                        // Its descriptor: the plan's offset, inside its region.
-                        let offset = layout.offset(h, role, planned.rows).expect("every role has a region");
-                        if t.offset != offset {
-                            return bad(format!("{at}: {what} '{}' has its descriptor at offset {} of the I/O allocation; the plan places it at {offset}", t.name, t.offset));
-                        }
-                    }
-                }
+                self.verify_executable(h, &layout, &format!("{at}.graphs[{gi}] '{}'", g.name), c, g, &mut next_op)?;
             }
             if let Some(missing) = (0..h.graphs.len()).find(|&gi| !c.graphs.iter().any(|g| g.graph as usize == gi)) {
-                return bad(format!("{at}: planned graph {missing} '{}' has no executable", h.graphs[missing].name));
+                return invalid(format!("{at}: planned graph {missing} '{}' has no executable", h.graphs[missing].name));
             }
         }
         for (gi, per_len) in next_op.iter().enumerate() {
             if let Some(v) = per_len.iter().position(|&o| o != h.graphs[gi].ops.len()) {
-                return bad(format!("the executables of graph '{}' over {} cached positions stop at op {} of its {}", h.graphs[gi].name, lens[v], per_len[v], h.graphs[gi].ops.len()));
+                return invalid(format!("the executables of graph '{}' over {} cached positions stop at op {} of its {}", h.graphs[gi].name, lens[v], per_len[v], h.graphs[gi].ops.len()));
             }
         }
         if next_layer != n {
-            return bad(format!("the contexts hold layers 0..{next_layer} of the model's {n}"));
+            return invalid(format!("the contexts hold layers 0..{next_layer} of the model's {n}"));
         }
         // The sessions, once the contexts' layers are known to be whole.
         self.verify_limits(h, &layout)?;
         for (i, e) in self.estimates.iter().enumerate() {
             if e.graph as usize >= h.graphs.len() || !self.contexts.iter().any(|c| c.layers == e.layers) || !lens.contains(&e.cache_len) {
-                return bad(format!("estimates[{i}]: graph {} with layers {}..{} is no executable of the section", e.graph, e.layers[0], e.layers[1]));
+                return invalid(format!("estimates[{i}]: graph {} with layers {}..{} is no executable of the section", e.graph, e.layers[0], e.layers[1]));
             }
         }
         if self.weights.fixed_point() && self.logits_encoding(h).is_none() {
-            return bad(format!("{} weights leave uint16 logits, but no matmul of graph 0 writes the logits", self.weights.name()));
+            return invalid(format!("{} weights leave uint16 logits, but no matmul of graph 0 writes the logits", self.weights.name()));
         }
+        // Every context's segment exists (checked above).
+        let bytes = |c: &NpuContext| h.segments[c.segment as usize].nbytes;
+        let resident: u64 = self.contexts.iter().filter(|c| c.resident).map(bytes).sum();
+        let rotating = self.contexts.iter().filter(|c| !c.resident).map(bytes).max().unwrap_or(0);
         if resident.saturating_add(rotating) > self.context_budget {
-            return bad(format!(
+            return invalid(format!(
                 "the resident contexts ({resident} bytes) and the largest rotating one ({rotating} bytes) exceed the context_budget of {} bytes",
                 self.context_budget
             ));
@@ -836,23 +765,117 @@ impl NpuSection {
 }
 
 impl NpuSection {
+    /// The I/O allocation: the plan's layout ([`IoLayout::of`]), region for region.
+    fn verify_io(&self, h: &Header) -> Result<IoLayout> {
+        let layout = IoLayout::of(h);
+        if self.io.bytes != layout.bytes {
+            return invalid(format!("io: the I/O allocation is {} bytes; the plan's is {}", self.io.bytes, layout.bytes));
+        }
+        for (i, (have, want)) in self.io.regions.iter().zip(&layout.regions).enumerate() {
+            if have != want {
+                return invalid(format!("io.regions[{i}]: {:?} at {} ({} bytes); the plan places {:?} at {} ({} bytes)", have.kind, have.offset, have.bytes, want.kind, want.offset, want.bytes));
+            }
+        }
+        if self.io.regions.len() != layout.regions.len() {
+            return invalid(format!("io: {} regions where the plan has {}", self.io.regions.len(), layout.regions.len()));
+        }
+        Ok(layout)
+    }
+
+    /// Context `c` (named `at`): a segment of its own (not yet in `segments`) that the window
+    /// does not also hold, within the budget and one mapping, and layers continuing from
+    /// `next_layer`.
+    fn verify_context(&self, h: &Header, at: &str, c: &NpuContext, segments: &mut std::collections::HashSet<u32>, next_layer: u32) -> Result<()> {
+        let (n, w) = (h.model.n_layers, &h.plan.window);
+        let Some(seg) = h.segments.get(c.segment as usize) else {
+            return invalid(format!("{at}: segment {} does not exist", c.segment));
+        };
+        if seg.nbytes == 0 || !segments.insert(c.segment) {
+            return invalid(format!("{at}: segment '{}' is empty or holds another context too", seg.name));
+        }
+        if w.resident.iter().any(|r| r.segment == c.segment) || w.rotating.contains(&c.segment) || w.host.contains(&c.segment) {
+            return invalid(format!("{at}: segment '{}' also has a home in the window", seg.name));
+        }
+        if c.layers[0] != next_layer || c.layers[1] <= c.layers[0] || c.layers[1] > n {
+            return invalid(format!("{at}: layers {}..{} do not continue the contexts before it (layer {next_layer} next, of {n})", c.layers[0], c.layers[1]));
+        }
+        if seg.nbytes > self.context_budget {
+            return invalid(format!("{at}: its {} bytes exceed the context_budget of {} bytes", seg.nbytes, self.context_budget));
+        }
+        if seg.nbytes > self.limits.mapping_bytes {
+            return invalid(format!("{at}: its {} bytes exceed one mapping ({} bytes)", seg.nbytes, self.limits.mapping_bytes));
+        }
+        Ok(())
+    }
+
+    /// Executable `g` (named `at`) of context `c`: a planned graph's ops in op order,
+    /// continuing where that graph's executables over the same cache length stopped
+    /// (`next_op`, advanced past it; past host ops only), with the I/O table the plan gives
+    /// those ops, each tensor at its descriptor's offset in `layout`.
+    fn verify_executable(&self, h: &Header, layout: &IoLayout, at: &str, c: &NpuContext, g: &NpuGraph, next_op: &mut [Vec<usize>]) -> Result<()> {
+        let lens = &self.cache_lens;
+        let Some(planned) = h.graphs.get(g.graph as usize) else {
+            return invalid(format!("{at}: planned graph {} does not exist", g.graph));
+        };
+        let (start, end) = (g.ops[0] as usize, g.ops[1] as usize);
+        let (inputs, outputs) = piece_roles(planned, start..end).or_else(|e| invalid(format!("{at}: {e}")))?;
+        // An executable with attention is one cache length's; one without, every one's.
+        let attends = inputs.iter().any(|(r, _)| matches!(r, Role::KCache(_)));
+        let variants: Vec<usize> = match (attends, lens.iter().position(|&l| l == g.cache_len)) {
+            (true, Some(v)) => vec![v],
+            (false, _) if g.cache_len == 0 => (0..lens.len()).collect(),
+            _ => return invalid(format!("{at}: cache_len {} is not one of {lens:?}{}", g.cache_len, if attends { "" } else { " (0 for an executable without attention)" })),
+        };
+        for v in variants {
+            let from = next_op[g.graph as usize][v];
+            if start < from || end <= start || end > planned.ops.len() || !planned.ops[from..start].iter().all(host_op) {
+                return invalid(format!("{at}: ops {start}..{end} do not continue graph '{}' over {} cached positions from op {from} (only host ops may lie between)", planned.name, lens[v]));
+            }
+            next_op[g.graph as usize][v] = end;
+        }
+        for (what, table, roles) in [("inputs", &g.inputs, inputs), ("outputs", &g.outputs, outputs)] {
+            if table.len() != roles.len() {
+                return invalid(format!("{at}: {} {what} where the plan has {}", table.len(), roles.len()));
+            }
+            for (t, (role, _)) in table.iter().zip(roles) {
+                if let Role::KCache(l) | Role::KNew(l) = role
+                    && (l < c.layers[0] || l >= c.layers[1])
+                {
+                    return invalid(format!("{at}: attention of layer {l} outside the context's layers {}..{}", c.layers[0], c.layers[1]));
+                }
+                let want = role.dims(h, planned.rows, planned.logit_rows, g.cache_len);
+                if t.role != role || t.dtype != role.dtype(self.weights) || t.dims != want {
+                    return invalid(format!(
+                        "{at}: {what} '{}' is {:?} {:?} {:?}; the plan's graph '{}' ({} rows, {} logit rows) needs {role:?} {:?} {want:?}",
+                        t.name, t.role, t.dtype, t.dims, planned.name, planned.rows, planned.logit_rows, role.dtype(self.weights)
+                    ));
+                }
+                // Its descriptor: the plan's offset, inside its region.
+                let offset = layout.offset(h, role, planned.rows).expect("every role has a region");
+                if t.offset != offset {
+                    return invalid(format!("{at}: {what} '{}' has its descriptor at offset {} of the I/O allocation; the plan places it at {offset}", t.name, t.offset));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The limits and sessions: the I/O allocation within one mapping; sessions granted;
     /// contexts in session order; each session's I/O and spill-fill as its contexts need
     /// them; each session's resident contexts (and the largest rotating one of the last)
     /// within `session_bytes`; `context_budget` as the sessions leave it.
     fn verify_limits(&self, h: &Header, layout: &IoLayout) -> Result<()> {
-        let bad = |msg: String| Err(Error::invalid(format!("extension '{EXTENSION_KEY}': {msg}")));
         let l = self.limits;
         if layout.bytes > l.mapping_bytes {
-            return bad(format!("io: the I/O allocation ({} bytes) exceeds one mapping ({} bytes)", layout.bytes, l.mapping_bytes));
+            return invalid(format!("io: the I/O allocation ({} bytes) exceeds one mapping ({} bytes)", layout.bytes, l.mapping_bytes));
         }
         if self.sessions.is_empty() || self.sessions.len() as u64 > l.sessions as u64 {
-            return bad(format!("sessions: {} where the limits grant 1 to {}", self.sessions.len(), l.sessions));
+            return invalid(format!("sessions: {} where the limits grant 1 to {}", self.sessions.len(), l.sessions));
         }
         let mut next = 0u32;
         for (ci, c) in self.contexts.iter().enumerate() {
             if c.session != next && c.session != next + 1 || c.session as usize >= self.sessions.len() || (ci == 0 && c.session != 0) {
-                return bad(format!("contexts[{ci}]: session {} does not continue the sessions before it (of {})", c.session, self.sessions.len()));
+                return invalid(format!("contexts[{ci}]: session {} does not continue the sessions before it (of {})", c.session, self.sessions.len()));
             }
             next = c.session;
         }
@@ -861,22 +884,22 @@ impl NpuSection {
             let mine: Vec<&NpuContext> = self.contexts.iter().filter(|c| c.session as usize == si).collect();
             let at = format!("sessions[{si}]");
             let (Some(first), Some(end)) = (mine.first(), mine.last()) else {
-                return bad(format!("{at}: holds no context"));
+                return invalid(format!("{at}: holds no context"));
             };
             let io = layout.bound_bytes(h, [first.layers[0], end.layers[1]]);
             let spill = mine.iter().map(|c| c.spill_fill_bytes).max().unwrap_or(0);
             if s.io_bytes != io || s.spill_fill_bytes != spill {
-                return bad(format!("{at}: io_bytes {} and spill_fill_bytes {}; its contexts bind {io} bytes of I/O and need {spill} of spill-fill", s.io_bytes, s.spill_fill_bytes));
+                return invalid(format!("{at}: io_bytes {} and spill_fill_bytes {}; its contexts bind {io} bytes of I/O and need {spill} of spill-fill", s.io_bytes, s.spill_fill_bytes));
             }
             let bytes = |c: &&NpuContext| h.segments.get(c.segment as usize).map_or(0, |g| g.nbytes);
             let resident: u64 = mine.iter().filter(|c| c.resident).map(bytes).sum();
             let rotating = mine.iter().filter(|c| !c.resident).map(bytes).max().unwrap_or(0);
             if rotating > 0 && si != last {
-                return bad(format!("{at}: rotating contexts in a session before the last"));
+                return invalid(format!("{at}: rotating contexts in a session before the last"));
             }
             let room = l.session_bytes.saturating_sub(io + spill);
             if resident + rotating > room {
-                return bad(format!(
+                return invalid(format!(
                     "{at}: its resident contexts ({resident} bytes) and largest rotating one ({rotating} bytes) exceed the {room} bytes the session leaves them ({} less {io} of I/O and {spill} of spill-fill)",
                     l.session_bytes
                 ));
@@ -884,7 +907,7 @@ impl NpuSection {
             budget += if rotating > 0 { room } else { resident };
         }
         if self.context_budget != budget {
-            return bad(format!("context_budget {} is not the {budget} bytes the sessions leave the contexts", self.context_budget));
+            return invalid(format!("context_budget {} is not the {budget} bytes the sessions leave the contexts", self.context_budget));
         }
         Ok(())
     }
@@ -892,11 +915,10 @@ impl NpuSection {
     /// Fixed-point activations: exactly one finite range, holding zero, for each matmul
     /// weight of the plan when the format needs them; none otherwise.
     fn verify_activations(&self, h: &Header) -> Result<()> {
-        let bad = |msg: String| Err(Error::invalid(format!("extension '{EXTENSION_KEY}': {msg}")));
         let needed = matches!(self.weights, NpuWeights::Int4Lpbq { .. });
         if !needed {
             return match self.activations.first() {
-                Some(a) => bad(format!("activations[0] (weight {}): {} weights have fp16 activations, no encodings", a.weight, self.weights.name())),
+                Some(a) => invalid(format!("activations[0] (weight {}): {} weights have fp16 activations, no encodings", a.weight, self.weights.name())),
                 None => Ok(()),
             };
         }
@@ -908,16 +930,16 @@ impl NpuSection {
             let name = h.tensors.get(a.weight as usize).map_or("?", |t| t.name.as_str());
             let at = format!("activations[{i}] (weight {} '{name}')", a.weight);
             if matmuls.binary_search(&a.weight).is_err() || !seen.insert(a.weight) {
-                return bad(format!("{at}: not a matmul weight of the plan, or listed twice"));
+                return invalid(format!("{at}: not a matmul weight of the plan, or listed twice"));
             }
             for (what, r) in [("input", a.input), ("output", a.output)] {
                 if !(r[0].is_finite() && r[1].is_finite() && r[0] <= 0.0 && r[1] >= 0.0) {
-                    return bad(format!("{at}: {what} range [{}, {}] is not a finite range holding zero", r[0], r[1]));
+                    return invalid(format!("{at}: {what} range [{}, {}] is not a finite range holding zero", r[0], r[1]));
                 }
             }
         }
         if let Some(&missing) = matmuls.iter().find(|w| !seen.contains(*w)) {
-            return bad(format!("matmul weight {missing} '{}' has no activation range", h.tensors[missing as usize].name));
+            return invalid(format!("matmul weight {missing} '{}' has no activation range", h.tensors[missing as usize].name));
         }
         Ok(())
     }
@@ -932,7 +954,7 @@ mod tests {
     /// when `shared`) and the head.
     fn moe_graph(shared: bool) -> Graph {
         let names = ["x", "attn_in", "qkv", "attn", "attn_proj", "ff_in", "router_logits", "route", "ff_out", "ranked", "work", "shared_gate_up", "shared_hidden", "shared_out", "head_in", "head_normed", "logits"];
-        let values = names.iter().map(|n| Value { name: n.to_string(), rows: if n.starts_with("head") || *n == "logits" { Rows::Head } else { Rows::Tokens }, cols: 8, offset: 0 }).collect();
+        let values = names.iter().map(|n| Value { name: n.to_string(), rows: if n.starts_with("head") || *n == "logits" { Rows::Logits } else { Rows::Tokens }, cols: 8, offset: 0 }).collect();
         let mut ops = vec![
             Op::Embed { table: 0, out: 0 },
             Op::RmsNorm { x: 0, weight: 1, eps: 1e-6, out: 1 },
@@ -949,8 +971,8 @@ mod tests {
         if shared {
             ops.extend([Op::MatMul { x: 5, weight: 8, out: 11 }, Op::SwiGlu { x: 11, out: 12 }, Op::MatMul { x: 12, weight: 9, out: 13 }, Op::Add { acc: 8, x: 13 }]);
         }
-        ops.extend([Op::Add { acc: 0, x: 8 }, Op::GatherHeadRows { x: 0, out: 14 }, Op::RmsNorm { x: 14, weight: 10, eps: 1e-6, out: 15 }, Op::MatMul { x: 15, weight: 11, out: 16 }]);
-        Graph { name: "rows-8".into(), rows: 8, head_rows: 8, values, ops, logits: 16, window_bytes: 0, staging: Vec::new() }
+        ops.extend([Op::Add { acc: 0, x: 8 }, Op::GatherLogitRows { x: 0, out: 14 }, Op::RmsNorm { x: 14, weight: 10, eps: 1e-6, out: 15 }, Op::MatMul { x: 15, weight: 11, out: 16 }]);
+        Graph { name: "rows-8".into(), rows: 8, logit_rows: 8, values, ops, logits: 16, window_bytes: 0, staging: Vec::new() }
     }
 
     fn roles(list: &[(Role, Option<ValueId>)]) -> Vec<Role> {
@@ -969,12 +991,12 @@ mod tests {
         assert_eq!(roles(&i), [Role::Hidden, Role::Cos, Role::Sin, Role::Mask, Role::KCache(0), Role::VCache(0)]);
         assert_eq!(o, [(Role::HiddenOut, Some(0)), (Role::ExpertIn, Some(5)), (Role::RouterLogits, Some(6)), (Role::KNew(0), None), (Role::VNew(0), None)]);
         let (i, o) = piece_roles(&g, 11..n).unwrap();
-        assert_eq!(i, [(Role::Hidden, Some(0)), (Role::SharedIn, Some(5)), (Role::ExpertOut, Some(8)), (Role::HeadIndex, None)]);
+        assert_eq!(i, [(Role::Hidden, Some(0)), (Role::SharedIn, Some(5)), (Role::ExpertOut, Some(8)), (Role::LogitIndex, None)]);
         assert_eq!(o, [(Role::Logits, Some(16))]);
         // Without a shared expert the piece after reads only the residual and the sum.
         let g = moe_graph(false);
         let n = g.ops.len();
-        assert_eq!(roles(&piece_roles(&g, 11..n).unwrap().0), [Role::Hidden, Role::ExpertOut, Role::HeadIndex]);
+        assert_eq!(roles(&piece_roles(&g, 11..n).unwrap().0), [Role::Hidden, Role::ExpertOut, Role::LogitIndex]);
         // A dense graph (no host ops) stays one piece.
         assert_eq!(pieces(&g, 1..9), vec![1..9]);
     }

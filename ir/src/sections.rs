@@ -49,6 +49,7 @@ pub fn readable_version(kind: &str) -> Option<u32> {
     match kind {
         CORE => Some(CORE_VERSION),
         crate::npu::EXTENSION_KEY => Some(crate::npu::SECTION_VERSION),
+        crate::program::EXTENSION_KEY => Some(crate::program::SECTION_VERSION),
         _ => None,
     }
 }

@@ -4,8 +4,8 @@
 
 use crate::error::{Error, Result};
 use crate::format::{MAX_THREADS, MAX_WINDOW_BYTES, SEGMENT_ALIGN, TENSOR_ALIGN, WINDOW_ALIGN};
-use crate::graph::{Graph, Op, Rows, TensorId, ValueId};
-use crate::header::{Header, ModelConfig};
+use crate::graph::{Graph, Op, Rows, TensorId, Value, ValueId};
+use crate::header::{Header, ModelConfig, TensorInfo};
 use crate::packing::DType;
 
 pub fn header(h: &Header, data_len: u64) -> Result<()> {
@@ -61,6 +61,11 @@ pub fn header(h: &Header, data_len: u64) -> Result<()> {
     }
     if let Some(npu) = crate::npu::NpuSection::if_readable(h)? {
         npu.verify(h)?;
+    }
+    // The runtime requires programs (`Programs::of`); a header without them is checked for
+    // everything else, as the compiler's plans are before their programs are derived.
+    if h.extensions.iter().any(|e| e.key == crate::program::EXTENSION_KEY) {
+        crate::program::Programs::of(h)?;
     }
     Ok(())
 }
@@ -150,8 +155,8 @@ fn tensors(h: &Header, data_len: u64) -> Result<()> {
 
 fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
     let m = &h.model;
-    if g.rows == 0 || g.head_rows == 0 || g.head_rows > g.rows {
-        return Err(format!("has {} rows and {} head rows", g.rows, g.head_rows));
+    if g.rows == 0 || g.logit_rows == 0 || g.logit_rows > g.rows {
+        return Err(format!("has {} rows and {} logit rows", g.rows, g.logit_rows));
     }
     if g.rows > h.plan.kv_capacity {
         return Err(format!("has {} rows, more than plan.kv_capacity {}", g.rows, h.plan.kv_capacity));
@@ -164,33 +169,15 @@ fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
             return Err(format!("values[{i}] '{}' is empty, misaligned or larger than the window", v.name));
         }
     }
-    let value = |id: ValueId| g.values.get(id as usize).ok_or_else(|| format!("refers to value {id}, which does not exist"));
-    let tensor = |id: TensorId| h.tensors.get(id as usize).ok_or_else(|| format!("refers to tensor {id}, which does not exist"));
-    let logits = value(g.logits)?;
-    if logits.rows != Rows::Head || logits.cols != m.embedding_size {
-        return Err(format!("logits value '{}' is not [head rows, {}]", logits.name, m.embedding_size));
+    let ids = Ids { h, g };
+    let logits = ids.value(g.logits)?;
+    if logits.rows != Rows::Logits || logits.cols != m.embedding_size {
+        return Err(format!("logits value '{}' is not [logit rows, {}]", logits.name, m.embedding_size));
     }
-    let hd = m.head_dim as u64;
     for (i, op) in g.ops.iter().enumerate() {
         let at = |msg: String| format!("ops[{i}] {}: {msg}", op.name());
-        let same = |a: ValueId, b: ValueId| -> std::result::Result<(), String> {
-            let (va, vb) = (value(a)?, value(b)?);
-            if va.rows != vb.rows || va.cols != vb.cols {
-                return Err(at(format!("'{}' and '{}' differ in shape", va.name, vb.name)));
-            }
-            Ok(())
-        };
-        // A router's logits and picks (`Route`, `RouteSigmoid`): the model's experts and top k.
-        let route = |logits: ValueId, top_k: u32, out: ValueId| -> std::result::Result<crate::header::MoeConfig, String> {
-            let (vl, vo) = (value(logits)?, value(out)?);
-            let Some(moe) = m.moe else { return Err(at("the model has no experts".into())) };
-            if top_k != moe.top_k || vl.cols != moe.experts || vo.cols as u64 != 2 * top_k as u64 || vl.rows != vo.rows {
-                return Err(at(format!("'{}' [{}] -> '{}' [{}] with top_k {top_k}; the model routes {} experts, top {}", vl.name, vl.cols, vo.name, vo.cols, moe.experts, moe.top_k)));
-            }
-            Ok(moe)
-        };
         for v in op.inputs().into_iter().chain(op.outputs()) {
-            value(v).map_err(at)?;
+            ids.value(v).map_err(at)?;
         }
         // An MoE op names two tensors per expert: bound the count before listing them.
         if let Op::MoeExperts { experts, .. } = *op {
@@ -199,153 +186,215 @@ fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
             }
         }
         for t in op.tensors() {
-            tensor(t).map_err(at)?;
+            ids.tensor(t).map_err(at)?;
         }
         match *op {
-            Op::Embed { table, out } => {
-                let (t, o) = (tensor(table)?, value(out)?);
-                if t.shape != [m.embedding_size as u64, o.cols as u64] || o.rows != Rows::Tokens || t.dtype.is_panel() {
-                    return Err(at(format!("table '{}' {:?} does not match output [{}, {}]", t.name, t.shape, m.embedding_size, o.cols)));
+            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. } => moe_op_shapes(&ids, op, &at)?,
+            _ => dense_op_shapes(&ids, op, &at)?,
+        }
+        outputs_apart_from_inputs(g, op, &at)?;
+    }
+    Ok(())
+}
+
+/// A graph's values and the header's tensors by id, or why not (an id out of range).
+struct Ids<'a> {
+    h: &'a Header,
+    g: &'a Graph,
+}
+
+impl Ids<'_> {
+    fn value(&self, id: ValueId) -> std::result::Result<&Value, String> {
+        self.g.values.get(id as usize).ok_or_else(|| format!("refers to value {id}, which does not exist"))
+    }
+
+    fn tensor(&self, id: TensorId) -> std::result::Result<&TensorInfo, String> {
+        self.h.tensors.get(id as usize).ok_or_else(|| format!("refers to tensor {id}, which does not exist"))
+    }
+
+    /// Whether values `a` and `b` have one shape (an error through `at` if not).
+    fn same_shape(&self, a: ValueId, b: ValueId, at: &dyn Fn(String) -> String) -> std::result::Result<(), String> {
+        let (va, vb) = (self.value(a)?, self.value(b)?);
+        if va.rows != vb.rows || va.cols != vb.cols {
+            return Err(at(format!("'{}' and '{}' differ in shape", va.name, vb.name)));
+        }
+        Ok(())
+    }
+}
+
+/// The shapes, dtypes and head counts of a dense op's operands against the model's.
+fn dense_op_shapes(ids: &Ids, op: &Op, at: &dyn Fn(String) -> String) -> std::result::Result<(), String> {
+    let (h, g) = (ids.h, ids.g);
+    let m = &h.model;
+    let hd = m.head_dim as u64;
+    match *op {
+        Op::Embed { table, out } => {
+            let (t, o) = (ids.tensor(table)?, ids.value(out)?);
+            if t.shape != [m.embedding_size as u64, o.cols as u64] || o.rows != Rows::Tokens || t.dtype.is_panel() {
+                return Err(at(format!("table '{}' {:?} does not match output [{}, {}]", t.name, t.shape, m.embedding_size, o.cols)));
+            }
+        }
+        Op::Scale { .. } => {}
+        Op::Bias { x, bias } => {
+            let t = ids.tensor(bias)?;
+            if t.dtype != DType::F32 || t.shape != [ids.value(x)?.cols as u64] {
+                return Err(at(format!("bias '{}' is not f32 [{}]", t.name, ids.value(x)?.cols)));
+            }
+        }
+        Op::RmsNorm { x, weight, out, .. } => {
+            ids.same_shape(x, out, at)?;
+            let t = ids.tensor(weight)?;
+            if t.dtype != DType::F32 || t.shape != [ids.value(x)?.cols as u64] {
+                return Err(at(format!("weight '{}' is not f32 [{}]", t.name, ids.value(x)?.cols)));
+            }
+        }
+        Op::MatMul { x, weight, out } => {
+            let (vx, vo, t) = (ids.value(x)?, ids.value(out)?, ids.tensor(weight)?);
+            if t.shape != [vo.cols as u64, vx.cols as u64] || vx.rows != vo.rows {
+                return Err(at(format!("weight '{}' {:?} does not map [{}] to [{}]", t.name, t.shape, vx.cols, vo.cols)));
+            }
+            if !t.dtype.is_panel() {
+                return Err(at(format!("weight '{}' is {}, not a packed layout", t.name, t.dtype.name())));
+            }
+        }
+        Op::Rope { x, heads, cos, sin } => {
+            let vx = ids.value(x)?;
+            // Query and key heads (the model's), never more.
+            if heads == 0 || heads as u64 > m.n_heads as u64 + m.n_kv_heads as u64 || (vx.cols as u64) < heads as u64 * hd {
+                return Err(at(format!("'{}' has {} columns for {heads} heads of {hd} (the model has {} query and {} key heads)", vx.name, vx.cols, m.n_heads, m.n_kv_heads)));
+            }
+            for t in [ids.tensor(cos)?, ids.tensor(sin)?] {
+                if t.dtype != DType::F32 || t.shape.len() != 2 || t.shape[1] != (hd / 2) as u64 || t.shape[0] < h.plan.kv_capacity.max(g.rows) as u64 {
+                    return Err(at(format!("table '{}' {:?} is not f32 [>= {}, {}]", t.name, t.shape, h.plan.kv_capacity.max(g.rows), hd / 2)));
                 }
             }
-            Op::Scale { .. } => {}
-            Op::Bias { x, bias } => {
-                let t = tensor(bias)?;
-                if t.dtype != DType::F32 || t.shape != [value(x)?.cols as u64] {
-                    return Err(at(format!("bias '{}' is not f32 [{}]", t.name, value(x)?.cols)));
+        }
+        Op::Attention { qkv, out, heads, kv_heads, layer } => {
+            let (vq, vo) = (ids.value(qkv)?, ids.value(out)?);
+            if layer >= h.model.n_layers {
+                return Err(at(format!("KV cache layer {layer} of a {}-layer model", h.model.n_layers)));
+            }
+            // The KV cache is sized by the model's head counts: an op with others would
+            // read and write outside its layer.
+            if heads != m.n_heads || kv_heads != m.n_kv_heads {
+                return Err(at(format!("heads {heads}/{kv_heads}, but the model (which sizes the KV cache) has {}/{}", m.n_heads, m.n_kv_heads)));
+            }
+            let (heads, kv_heads) = (heads as u64, kv_heads as u64);
+            if vq.cols as u64 != (heads + 2 * kv_heads) * hd || vo.cols as u64 != heads * hd || vq.rows != vo.rows {
+                return Err(at(format!("heads {heads}/{kv_heads} do not match q|k|v [{}] and output [{}]", vq.cols, vo.cols)));
+            }
+        }
+        Op::SwiGlu { x, out } => {
+            let (vx, vo) = (ids.value(x)?, ids.value(out)?);
+            if vx.cols as u64 != 2 * vo.cols as u64 || vx.rows != vo.rows {
+                return Err(at(format!("'{}' [{}] is not [gate | up] for output [{}]", vx.name, vx.cols, vo.cols)));
+            }
+        }
+        Op::Add { acc, x } => {
+            ids.same_shape(acc, x, at)?;
+            // `acc` is read and written while `x` is read: one value on both sides would
+            // alias a mutable slice.
+            if acc == x || overlaps(g, acc, x) {
+                return Err(at(format!("adds '{}' to itself (or to bytes it overlaps)", ids.value(x)?.name)));
+            }
+        }
+        Op::GatherLogitRows { x, out } => {
+            let (vx, vo) = (ids.value(x)?, ids.value(out)?);
+            if vx.rows != Rows::Tokens || vo.rows != Rows::Logits || vx.cols != vo.cols {
+                return Err(at(format!("'{}' -> '{}' is not tokens -> logit rows of one width", vx.name, vo.name)));
+            }
+        }
+        Op::HeadRmsNorm { x, first_head, heads, weight, .. } => {
+            let (vx, t) = (ids.value(x)?, ids.tensor(weight)?);
+            // Query and key heads only (the model's), inside the row.
+            let end = first_head as u64 + heads as u64;
+            if heads == 0 || end > m.n_heads as u64 + m.n_kv_heads as u64 || (vx.cols as u64) < end * hd {
+                return Err(at(format!("heads {first_head}..{end} of '{}' [{}] (the model has {} query and {} key heads of {hd})", vx.name, vx.cols, m.n_heads, m.n_kv_heads)));
+            }
+            if t.dtype != DType::F32 || t.shape != [hd] {
+                return Err(at(format!("weight '{}' is not f32 [{hd}]", t.name)));
+            }
+        }
+        Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. } => unreachable!("moe_op_shapes checks the mixture-of-experts ops"),
+    }
+    Ok(())
+}
+
+/// The shapes of a mixture-of-experts op's operands (routers and experts) against the
+/// model's experts.
+fn moe_op_shapes(ids: &Ids, op: &Op, at: &dyn Fn(String) -> String) -> std::result::Result<(), String> {
+    let m = &ids.h.model;
+    // A router's logits and picks (`Route`, `RouteSigmoid`): the model's experts and top k.
+    let route = |logits: ValueId, top_k: u32, out: ValueId| -> std::result::Result<crate::header::MoeConfig, String> {
+        let (vl, vo) = (ids.value(logits)?, ids.value(out)?);
+        let Some(moe) = m.moe else { return Err(at("the model has no experts".into())) };
+        if top_k != moe.top_k || vl.cols != moe.experts || vo.cols as u64 != 2 * top_k as u64 || vl.rows != vo.rows {
+            return Err(at(format!("'{}' [{}] -> '{}' [{}] with top_k {top_k}; the model routes {} experts, top {}", vl.name, vl.cols, vo.name, vo.cols, moe.experts, moe.top_k)));
+        }
+        Ok(moe)
+    };
+    match *op {
+        Op::Route { logits, top_k, out } => route(logits, top_k, out).map(|_| ())?,
+        Op::RouteSigmoid { logits, bias, top_k, groups, top_groups, scale, out, .. } => {
+            let moe = route(logits, top_k, out)?;
+            let t = ids.tensor(bias)?;
+            if t.dtype != DType::F32 || t.shape != [moe.experts as u64] {
+                return Err(at(format!("expert bias '{}' is not f32 [{}]", t.name, moe.experts)));
+            }
+            // Whole groups of at least two (a group is scored by its two best), enough
+            // kept groups to pick from, and a finite weight scale.
+            let per_group = if groups == 0 { 0 } else { moe.experts / groups };
+            if groups == 0 || groups > MAX_ROUTER_GROUPS || moe.experts % groups != 0 || per_group < 2 || top_groups == 0 || top_groups > groups || (top_groups as u64 * per_group as u64) < top_k as u64 || !scale.is_finite() {
+                return Err(at(format!("{groups} groups (top {top_groups}) of {} experts with top_k {top_k} and scale {scale} cannot route", moe.experts)));
+            }
+        }
+        Op::MoeExperts { x, route, out, layer, first, experts, ranked, work } => {
+            let moe = m.moe.expect("checked above");
+            if m.moe_layer_index(layer).is_none() {
+                return Err(at(format!("layer {layer} of a {}-layer model whose first {} are dense", m.n_layers, moe.dense_layers)));
+            }
+            ids.same_shape(x, out, at)?;
+            let (vx, vr, vk, vw) = (ids.value(x)?, ids.value(route)?, ids.value(ranked)?, ids.value(work)?);
+            let (d, f) = (m.d_model as u64, m.mlp_hidden as u64);
+            if vx.rows != Rows::Tokens || vx.cols as u64 != d {
+                return Err(at(format!("input '{}' is not [tokens, {d}]", vx.name)));
+            }
+            for (v, cols) in [(vr, 2 * moe.top_k as u64), (vk, moe.top_k as u64 * d), (vw, 2 * d + 3 * f)] {
+                if v.rows != Rows::Tokens || v.cols as u64 != cols {
+                    return Err(at(format!("'{}' is not [tokens, {cols}]", v.name)));
                 }
             }
-            Op::RmsNorm { x, weight, out, .. } => {
-                same(x, out)?;
-                let t = tensor(weight)?;
-                if t.dtype != DType::F32 || t.shape != [value(x)?.cols as u64] {
-                    return Err(at(format!("weight '{}' is not f32 [{}]", t.name, value(x)?.cols)));
-                }
-            }
-            Op::MatMul { x, weight, out } => {
-                let (vx, vo, t) = (value(x)?, value(out)?, tensor(weight)?);
-                if t.shape != [vo.cols as u64, vx.cols as u64] || vx.rows != vo.rows {
-                    return Err(at(format!("weight '{}' {:?} does not map [{}] to [{}]", t.name, t.shape, vx.cols, vo.cols)));
-                }
-                if !t.dtype.is_panel() {
-                    return Err(at(format!("weight '{}' is {}, not a packed layout", t.name, t.dtype.name())));
-                }
-            }
-            Op::Rope { x, heads, cos, sin } => {
-                let vx = value(x)?;
-                // Query and key heads (the model's), never more.
-                if heads == 0 || heads as u64 > m.n_heads as u64 + m.n_kv_heads as u64 || (vx.cols as u64) < heads as u64 * hd {
-                    return Err(at(format!("'{}' has {} columns for {heads} heads of {hd} (the model has {} query and {} key heads)", vx.name, vx.cols, m.n_heads, m.n_kv_heads)));
-                }
-                for t in [tensor(cos)?, tensor(sin)?] {
-                    if t.dtype != DType::F32 || t.shape.len() != 2 || t.shape[1] != (hd / 2) as u64 || t.shape[0] < h.plan.kv_capacity.max(g.rows) as u64 {
-                        return Err(at(format!("table '{}' {:?} is not f32 [>= {}, {}]", t.name, t.shape, h.plan.kv_capacity.max(g.rows), hd / 2)));
-                    }
-                }
-            }
-            Op::Attention { qkv, out, heads, kv_heads, layer } => {
-                let (vq, vo) = (value(qkv)?, value(out)?);
-                if layer >= h.model.n_layers {
-                    return Err(at(format!("KV cache layer {layer} of a {}-layer model", h.model.n_layers)));
-                }
-                // The KV cache is sized by the model's head counts: an op with others would
-                // read and write outside its layer.
-                if heads != m.n_heads || kv_heads != m.n_kv_heads {
-                    return Err(at(format!("heads {heads}/{kv_heads}, but the model (which sizes the KV cache) has {}/{}", m.n_heads, m.n_kv_heads)));
-                }
-                let (heads, kv_heads) = (heads as u64, kv_heads as u64);
-                if vq.cols as u64 != (heads + 2 * kv_heads) * hd || vo.cols as u64 != heads * hd || vq.rows != vo.rows {
-                    return Err(at(format!("heads {heads}/{kv_heads} do not match q|k|v [{}] and output [{}]", vq.cols, vo.cols)));
-                }
-            }
-            Op::SwiGlu { x, out } => {
-                let (vx, vo) = (value(x)?, value(out)?);
-                if vx.cols as u64 != 2 * vo.cols as u64 || vx.rows != vo.rows {
-                    return Err(at(format!("'{}' [{}] is not [gate | up] for output [{}]", vx.name, vx.cols, vo.cols)));
-                }
-            }
-            Op::Add { acc, x } => {
-                same(acc, x)?;
-                // `acc` is read and written while `x` is read: one value on both sides would
-                // alias a mutable slice.
-                if acc == x || overlaps(g, acc, x) {
-                    return Err(at(format!("adds '{}' to itself (or to bytes it overlaps)", value(x)?.name)));
-                }
-            }
-            Op::GatherHeadRows { x, out } => {
-                let (vx, vo) = (value(x)?, value(out)?);
-                if vx.rows != Rows::Tokens || vo.rows != Rows::Head || vx.cols != vo.cols {
-                    return Err(at(format!("'{}' -> '{}' is not tokens -> head rows of one width", vx.name, vo.name)));
-                }
-            }
-            Op::HeadRmsNorm { x, first_head, heads, weight, .. } => {
-                let (vx, t) = (value(x)?, tensor(weight)?);
-                // Query and key heads only (the model's), inside the row.
-                let end = first_head as u64 + heads as u64;
-                if heads == 0 || end > m.n_heads as u64 + m.n_kv_heads as u64 || (vx.cols as u64) < end * hd {
-                    return Err(at(format!("heads {first_head}..{end} of '{}' [{}] (the model has {} query and {} key heads of {hd})", vx.name, vx.cols, m.n_heads, m.n_kv_heads)));
-                }
-                if t.dtype != DType::F32 || t.shape != [hd] {
-                    return Err(at(format!("weight '{}' is not f32 [{hd}]", t.name)));
-                }
-            }
-            Op::Route { logits, top_k, out } => route(logits, top_k, out).map(|_| ())?,
-            Op::RouteSigmoid { logits, bias, top_k, groups, top_groups, scale, out, .. } => {
-                let moe = route(logits, top_k, out)?;
-                let t = tensor(bias)?;
-                if t.dtype != DType::F32 || t.shape != [moe.experts as u64] {
-                    return Err(at(format!("expert bias '{}' is not f32 [{}]", t.name, moe.experts)));
-                }
-                // Whole groups of at least two (a group is scored by its two best), enough
-                // kept groups to pick from, and a finite weight scale.
-                let per_group = if groups == 0 { 0 } else { moe.experts / groups };
-                if groups == 0 || groups > MAX_ROUTER_GROUPS || moe.experts % groups != 0 || per_group < 2 || top_groups == 0 || top_groups > groups || (top_groups as u64 * per_group as u64) < top_k as u64 || !scale.is_finite() {
-                    return Err(at(format!("{groups} groups (top {top_groups}) of {} experts with top_k {top_k} and scale {scale} cannot route", moe.experts)));
-                }
-            }
-            Op::MoeExperts { x, route, out, layer, first, experts, ranked, work } => {
-                let moe = m.moe.expect("checked above");
-                if m.moe_layer_index(layer).is_none() {
-                    return Err(at(format!("layer {layer} of a {}-layer model whose first {} are dense", m.n_layers, moe.dense_layers)));
-                }
-                same(x, out)?;
-                let (vx, vr, vk, vw) = (value(x)?, value(route)?, value(ranked)?, value(work)?);
-                let (d, f) = (m.d_model as u64, m.mlp_hidden as u64);
-                if vx.rows != Rows::Tokens || vx.cols as u64 != d {
-                    return Err(at(format!("input '{}' is not [tokens, {d}]", vx.name)));
-                }
-                for (v, cols) in [(vr, 2 * moe.top_k as u64), (vk, moe.top_k as u64 * d), (vw, 2 * d + 3 * f)] {
-                    if v.rows != Rows::Tokens || v.cols as u64 != cols {
-                        return Err(at(format!("'{}' is not [tokens, {cols}]", v.name)));
-                    }
-                }
-                let format = tensor(first)?.dtype;
-                for e in 0..experts {
-                    for (t, shape) in [(first.saturating_add(2 * e), [2 * f, d]), (first.saturating_add(2 * e + 1), [d, f])] {
-                        let t = tensor(t)?;
-                        if t.shape != shape || t.dtype != format || !t.dtype.is_panel() {
-                            return Err(at(format!("expert {e}: '{}' {:?} {} is not {} {shape:?} like expert 0", t.name, t.shape, t.dtype.name(), format.name())));
-                        }
+            let format = ids.tensor(first)?.dtype;
+            for e in 0..experts {
+                for (t, shape) in [(first.saturating_add(2 * e), [2 * f, d]), (first.saturating_add(2 * e + 1), [d, f])] {
+                    let t = ids.tensor(t)?;
+                    if t.shape != shape || t.dtype != format || !t.dtype.is_panel() {
+                        return Err(at(format!("expert {e}: '{}' {:?} {} is not {} {shape:?} like expert 0", t.name, t.shape, t.dtype.name(), format.name())));
                     }
                 }
             }
         }
-        // An op's output must not share bytes with its inputs: kernels read inputs while
-        // writing outputs. Only the in-place operands (Scale's and Rope's `x`, Add's `acc`)
-        // are both; every other op runs out of place, even on a value of the right shape.
-        let in_place = |o: ValueId, inp: ValueId| {
-            o == inp
-                && match *op {
-                    Op::Scale { x, .. } | Op::Rope { x, .. } | Op::HeadRmsNorm { x, .. } | Op::Bias { x, .. } => x == o,
-                    Op::Add { acc, .. } => acc == o,
-                    _ => false,
-                }
-        };
-        for o in op.outputs() {
-            for inp in op.inputs() {
-                if !in_place(o, inp) && overlaps(g, o, inp) {
-                    return Err(at(format!("output '{}' overlaps input '{}' in the window", g.values[o as usize].name, g.values[inp as usize].name)));
-                }
+        _ => unreachable!("dense_op_shapes checks the dense ops"),
+    }
+    Ok(())
+}
+
+/// An op's output must not share bytes with its inputs: kernels read inputs while writing
+/// outputs. Only the in-place operands (Scale's and Rope's `x`, Add's `acc`) are both; every
+/// other op runs out of place, even on a value of the right shape.
+fn outputs_apart_from_inputs(g: &Graph, op: &Op, at: &dyn Fn(String) -> String) -> std::result::Result<(), String> {
+    let in_place = |o: ValueId, inp: ValueId| {
+        o == inp
+            && match *op {
+                Op::Scale { x, .. } | Op::Rope { x, .. } | Op::HeadRmsNorm { x, .. } | Op::Bias { x, .. } => x == o,
+                Op::Add { acc, .. } => acc == o,
+                _ => false,
+            }
+    };
+    for o in op.outputs() {
+        for inp in op.inputs() {
+            if !in_place(o, inp) && overlaps(g, o, inp) {
+                return Err(at(format!("output '{}' overlaps input '{}' in the window", g.values[o as usize].name, g.values[inp as usize].name)));
             }
         }
     }

@@ -292,7 +292,7 @@ pub fn value_bytes(g: &Graph, v: u32) -> u64 {
     let v = &g.values[v as usize];
     let rows = match v.rows {
         Rows::Tokens => g.rows,
-        Rows::Head => g.head_rows,
+        Rows::Logits => g.logit_rows,
     };
     rows as u64 * v.cols as u64 * 4
 }

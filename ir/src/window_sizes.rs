@@ -38,7 +38,7 @@ pub fn largest_gemm_operand(h: &Header) -> u64 {
             };
             match *op {
                 Op::MatMul { x, weight, .. } => {
-                    let rows = if g.values[x as usize].rows == Rows::Tokens { g.rows } else { g.head_rows };
+                    let rows = if g.values[x as usize].rows == Rows::Tokens { g.rows } else { g.logit_rows };
                     largest = largest.max(operand(weight, rows));
                 }
                 // Every expert has the same shapes: the first one's [gate | up] and down

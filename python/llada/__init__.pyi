@@ -12,7 +12,7 @@ class SettingError(ValueError): ...
 class Counters(TypedDict):
     forward_passes: int
     rows_computed: int
-    head_rows_computed: int
+    logit_rows_computed: int
     forward_seconds: float
     staged_bytes: int
     stall_seconds: float
@@ -95,7 +95,7 @@ def compile(
     dtype: Optional[str] = None,
     group: Optional[int] = None,
     max_seq: Optional[int] = None,
-    head_rows: int = 256,
+    logit_rows: int = 256,
     block_len: int = 32,
     spec_blocks: Optional[int] = None,
     activations: str = "f32",

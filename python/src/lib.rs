@@ -160,7 +160,7 @@ fn counters<'py>(py: Python<'py>, c: &llada_rt::session::Counters) -> PyResult<B
     let d = PyDict::new(py);
     d.set_item("forward_passes", c.forward_passes)?;
     d.set_item("rows_computed", c.rows_computed)?;
-    d.set_item("head_rows_computed", c.head_rows_computed)?;
+    d.set_item("logit_rows_computed", c.logit_rows_computed)?;
     d.set_item("forward_seconds", c.forward_seconds)?;
     d.set_item("staged_bytes", c.staged_bytes)?;
     d.set_item("stall_seconds", c.stall_seconds)?;
@@ -441,7 +441,7 @@ impl Steps {
 /// compile` does, with its flags as keyword arguments (`dtype` is `quant`'s alias). Returns
 /// what was written.
 #[pyfunction]
-#[pyo3(signature = (model, output, *, target="host", quant=None, dtype=None, group=None, max_seq=None, head_rows=256, block_len=32, spec_blocks=None, activations="f32", activation_scales=None, window_bytes=None, kv_dtype=None, host_only=false, qnn_lib=None, npu_contexts=None, npu_shared_weights=false, npu_estimate_soc=None, npu_activations=None, calibration=None, progress=false))]
+#[pyo3(signature = (model, output, *, target="host", quant=None, dtype=None, group=None, max_seq=None, logit_rows=256, block_len=32, spec_blocks=None, activations="f32", activation_scales=None, window_bytes=None, kv_dtype=None, host_only=false, qnn_lib=None, npu_contexts=None, npu_shared_weights=false, npu_estimate_soc=None, npu_activations=None, calibration=None, progress=false))]
 #[allow(clippy::too_many_arguments)]
 fn compile<'py>(
     py: Python<'py>,
@@ -452,7 +452,7 @@ fn compile<'py>(
     dtype: Option<&str>,
     group: Option<u32>,
     max_seq: Option<u32>,
-    head_rows: u32,
+    logit_rows: u32,
     block_len: u32,
     spec_blocks: Option<u32>,
     activations: &str,
@@ -496,7 +496,7 @@ fn compile<'py>(
         quant: q,
         target: target.to_string(),
         max_seq,
-        head_rows,
+        logit_rows,
         block_len,
         spec_blocks: spec_blocks.unwrap_or(2),
         bf16_activations,

@@ -133,14 +133,14 @@ impl QuantizeParams {
 
     /// Per-channel scales and offsets along `axis`; `scale_offsets` must outlive every use.
     pub fn axis(axis: i32, scale_offsets: &[ScaleOffset]) -> QuantizeParams {
-        let head = (axis as u32 as u64) | ((scale_offsets.len() as u64) << 32);
-        QuantizeParams { definition: DEFINITION_DEFINED, encoding: ENCODING_AXIS_SCALE_OFFSET, payload: [head, scale_offsets.as_ptr() as u64, 0, 0] }
+        let first_word = (axis as u32 as u64) | ((scale_offsets.len() as u64) << 32);
+        QuantizeParams { definition: DEFINITION_DEFINED, encoding: ENCODING_AXIS_SCALE_OFFSET, payload: [first_word, scale_offsets.as_ptr() as u64, 0, 0] }
     }
 
     /// One scale and offset for the whole tensor (a fixed-point activation).
     pub fn scale_offset(scale: f32, offset: i32) -> QuantizeParams {
-        let head = (scale.to_bits() as u64) | ((offset as u32 as u64) << 32);
-        QuantizeParams { definition: DEFINITION_DEFINED, encoding: ENCODING_SCALE_OFFSET, payload: [head, 0, 0, 0] }
+        let first_word = (scale.to_bits() as u64) | ((offset as u32 as u64) << 32);
+        QuantizeParams { definition: DEFINITION_DEFINED, encoding: ENCODING_SCALE_OFFSET, payload: [first_word, 0, 0, 0] }
     }
 
     /// Block-expanded per-channel scales; `expansion` and what it points at must outlive
@@ -152,8 +152,8 @@ impl QuantizeParams {
     /// Per-channel symmetric scales along `axis` for values of `bitwidth` bits (offsets
     /// null: zero); `scales` must outlive every use.
     pub fn bw_axis(bitwidth: u32, axis: i32, scales: &[f32]) -> QuantizeParams {
-        let head = (bitwidth as u64) | ((axis as u32 as u64) << 32);
-        QuantizeParams { definition: DEFINITION_DEFINED, encoding: ENCODING_BW_AXIS_SCALE_OFFSET, payload: [head, scales.len() as u64, scales.as_ptr() as u64, 0] }
+        let first_word = (bitwidth as u64) | ((axis as u32 as u64) << 32);
+        QuantizeParams { definition: DEFINITION_DEFINED, encoding: ENCODING_BW_AXIS_SCALE_OFFSET, payload: [first_word, scales.len() as u64, scales.as_ptr() as u64, 0] }
     }
 }
 

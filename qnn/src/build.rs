@@ -19,6 +19,29 @@ pub enum Out {
     AppRead,
 }
 
+/// The tensor an op produces: its name, element type and shape, who reads it, and its static
+/// fixed-point encoding (`QuantizeParams::NONE`: a float).
+#[derive(Debug, Clone, Copy)]
+pub struct Output<'a> {
+    pub name: &'a str,
+    pub data_type: u32,
+    pub dims: &'a [u32],
+    pub out: Out,
+    pub quantize: abi::QuantizeParams,
+}
+
+impl<'a> Output<'a> {
+    /// An output without an encoding.
+    pub fn new(name: &'a str, data_type: u32, dims: &'a [u32], out: Out) -> Output<'a> {
+        Output { name, data_type, dims, out, quantize: abi::QuantizeParams::NONE }
+    }
+
+    /// The same output, fixed point with the static encoding `quantize`.
+    pub fn quantized(self, quantize: abi::QuantizeParams) -> Output<'a> {
+        Output { quantize, ..self }
+    }
+}
+
 /// An op parameter.
 pub enum ParamSpec {
     U32(&'static str, u32),
@@ -198,15 +221,10 @@ impl<'c> GraphBuilder<'c> {
     }
 
     /// Adds op `op_type` (QNN's name: "FullyConnected", "RmsNorm"...) reading `inputs`, with
-    /// `params`, producing one output of `data_type` and `dims`, named `out_name`.
-    pub fn op(&mut self, op_type: &str, inputs: &[TensorRef], params: Vec<ParamSpec>, out_name: &str, data_type: u32, dims: &[u32], out: Out) -> Result<TensorRef> {
-        self.op_quantized(op_type, inputs, params, out_name, data_type, dims, out, abi::QuantizeParams::NONE)
-    }
-
-    /// [`op`](Self::op) whose output is fixed-point with the static encoding `quantize`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn op_quantized(&mut self, op_type: &str, inputs: &[TensorRef], params: Vec<ParamSpec>, out_name: &str, data_type: u32, dims: &[u32], out: Out, quantize: abi::QuantizeParams) -> Result<TensorRef> {
+    /// `params`, producing one tensor, `output`.
+    pub fn op(&mut self, op_type: &str, inputs: &[TensorRef], params: Vec<ParamSpec>, output: Output) -> Result<TensorRef> {
         let add = self.context.table().graph_add_node.ok_or_else(|| Error::Other("QNN graphAddNode is missing from the library's table".into()))?;
+        let Output { name: out_name, data_type, dims, out, quantize } = output;
         let tensor_type = match out {
             Out::Native => abi::TENSOR_TYPE_NATIVE,
             Out::AppRead => abi::TENSOR_TYPE_APP_READ,
@@ -304,6 +322,12 @@ mod tests {
     /// on other threads (seen 1 run in 4): these tests take turns.
     static SIMULATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+    /// The simulator's turn, held for the test, and the fetched library (`LLADA_QNN_LIB`).
+    fn library() -> (std::sync::MutexGuard<'static, ()>, std::sync::Arc<QnnLibrary>) {
+        let turn = SIMULATOR.lock().unwrap_or_else(|e| e.into_inner());
+        (turn, QnnLibrary::open(None).expect("LLADA_QNN_LIB names the fetched library"))
+    }
+
     fn f16(x: f32) -> u16 {
         // Round to nearest even through f32 bits: enough for the small test values here.
         let b = x.to_bits();
@@ -316,6 +340,11 @@ mod tests {
         let half = (mant >> 13) as u16;
         let round = (mant >> 12) & 1 != 0 && ((mant & 0xfff) != 0 || half & 1 != 0);
         (sign | ((exp as u16) << 10) | half) + round as u16
+    }
+
+    /// The fp16 `data` of tensor `id` (`name`, `dims`), bound for an execution.
+    fn f16_buffer(id: u32, name: &std::ffi::CStr, dims: Vec<u32>, data: &mut [u16]) -> IoBuffer {
+        IoBuffer { id, name: name.into(), data_type: abi::DATATYPE_FLOAT_16, dims, data: data.as_mut_ptr().cast(), bytes: data.len() * 2 }
     }
 
     fn f32_of(h: u16) -> f32 {
@@ -335,8 +364,7 @@ mod tests {
     #[test]
     #[ignore]
     fn a_graph_built_serialized_and_reloaded_computes_its_product() {
-        let _turn = SIMULATOR.lock().unwrap_or_else(|e| e.into_inner());
-        let lib = QnnLibrary::open(None).expect("LLADA_QNN_LIB names the fetched library");
+        let (_turn, lib) = library();
         let backend = lib.backend().unwrap();
         let device = Device::new(&backend, 57).unwrap();
         let (rows, k, n) = (4u32, 8u32, 3u32);
@@ -347,7 +375,7 @@ mod tests {
             let mut g = GraphBuilder::new(&ctx, "fc").unwrap();
             let xi = g.input("x", abi::DATATYPE_FLOAT_16, &[rows, k]).unwrap();
             let wt = g.static_f16("w", &[n, k], &w.iter().map(|&v| f16(v)).collect::<Vec<_>>()).unwrap();
-            let y = g.op("FullyConnected", &[xi, wt], vec![], "y", abi::DATATYPE_FLOAT_16, &[rows, n], Out::AppRead).unwrap();
+            let y = g.op("FullyConnected", &[xi, wt], vec![], Output::new("y", abi::DATATYPE_FLOAT_16, &[rows, n], Out::AppRead)).unwrap();
             let ids = (g.id(xi), g.id(y));
             assert_eq!(g.finalize().unwrap(), 1);
             (ctx.binary().unwrap(), ids.0, ids.1)
@@ -363,8 +391,8 @@ mod tests {
         let graph = ctx.graph("fc").unwrap();
         let mut xs: Vec<u16> = x.iter().map(|&v| f16(v)).collect();
         let mut ys = vec![0u16; (rows * n) as usize];
-        let mut ins = [IoBuffer { id: x_id, name: c"x".into(), data_type: abi::DATATYPE_FLOAT_16, dims: vec![rows, k], data: xs.as_mut_ptr().cast(), bytes: xs.len() * 2 }];
-        let mut outs = [IoBuffer { id: y_id, name: c"y".into(), data_type: abi::DATATYPE_FLOAT_16, dims: vec![rows, n], data: ys.as_mut_ptr().cast(), bytes: ys.len() * 2 }];
+        let mut ins = [f16_buffer(x_id, c"x", vec![rows, k], &mut xs)];
+        let mut outs = [f16_buffer(y_id, c"y", vec![rows, n], &mut ys)];
         ctx.execute(&graph, &mut ins, &mut outs).unwrap();
         for r in 0..rows as usize {
             for c in 0..n as usize {
@@ -384,8 +412,7 @@ mod tests {
     #[test]
     #[ignore]
     fn weight_shared_contexts_hold_a_weight_once() {
-        let _turn = SIMULATOR.lock().unwrap_or_else(|e| e.into_inner());
-        let lib = QnnLibrary::open(None).expect("LLADA_QNN_LIB names the fetched library");
+        let (_turn, lib) = library();
         let backend = lib.backend().unwrap();
         let device = Device::new(&backend, 69).unwrap();
         let (k, n) = (256u32, 256u32);
@@ -396,7 +423,7 @@ mod tests {
                 let mut g = GraphBuilder::new(&ctx, &format!("fc{rows}")).unwrap();
                 let xi = g.input("x", abi::DATATYPE_FLOAT_16, &[rows, k]).unwrap();
                 let wt = g.static_f16("w", &[n, k], &w).unwrap();
-                g.op("FullyConnected", &[xi, wt], vec![], "y", abi::DATATYPE_FLOAT_16, &[rows, n], Out::AppRead).unwrap();
+                g.op("FullyConnected", &[xi, wt], vec![], Output::new("y", abi::DATATYPE_FLOAT_16, &[rows, n], Out::AppRead)).unwrap();
                 g.finalize().unwrap();
             }
             ctx.binary().unwrap()
@@ -416,8 +443,7 @@ mod tests {
     #[test]
     #[ignore]
     fn an_lpbq_convolution_between_fp16_ops_computes_its_product() {
-        let _turn = SIMULATOR.lock().unwrap_or_else(|e| e.into_inner());
-        let lib = QnnLibrary::open(None).expect("LLADA_QNN_LIB names the fetched library");
+        let (_turn, lib) = library();
         let backend = lib.backend().unwrap();
         let device = Device::new(&backend, 57).unwrap();
         let (rows, k, n, block) = (8u32, 128u32, 64u32, 64u32);
@@ -434,19 +460,19 @@ mod tests {
         let ctx = Context::create(&device, false).unwrap();
         let mut g = GraphBuilder::new(&ctx, "lpbq").unwrap();
         let xi = g.input("x", abi::DATATYPE_FLOAT_16, &[rows, k]).unwrap();
-        let x4 = g.op("Reshape", &[xi], vec![], "x4", abi::DATATYPE_FLOAT_16, &[1, 1, rows, k], Out::Native).unwrap();
-        let xq = g.op_quantized("Quantize", &[x4], vec![], "xq", abi::DATATYPE_UFIXED_POINT_16, &[1, 1, rows, k], Out::Native, u16_encoding(range(&x))).unwrap();
+        let x4 = g.op("Reshape", &[xi], vec![], Output::new("x4", abi::DATATYPE_FLOAT_16, &[1, 1, rows, k], Out::Native)).unwrap();
+        let xq = g.op("Quantize", &[x4], vec![], Output::new("xq", abi::DATATYPE_UFIXED_POINT_16, &[1, 1, rows, k], Out::Native).quantized(u16_encoding(range(&x)))).unwrap();
         let wt = g.static_lpbq("w", k, n, q.clone(), channel.clone(), bscale.clone()).unwrap();
         let params = vec![ParamSpec::U32s("stride", vec![1, 1]), ParamSpec::U32Grid("pad_amount", vec![2, 2], vec![0; 4])];
-        let yq = g.op_quantized("Conv2d", &[xq, wt], params, "yq", abi::DATATYPE_UFIXED_POINT_16, &[1, 1, rows, n], Out::Native, u16_encoding(range(&want))).unwrap();
-        let y4 = g.op("Dequantize", &[yq], vec![], "y4", abi::DATATYPE_FLOAT_16, &[1, 1, rows, n], Out::Native).unwrap();
-        let y = g.op("Reshape", &[y4], vec![], "y", abi::DATATYPE_FLOAT_16, &[rows, n], Out::AppRead).unwrap();
+        let yq = g.op("Conv2d", &[xq, wt], params, Output::new("yq", abi::DATATYPE_UFIXED_POINT_16, &[1, 1, rows, n], Out::Native).quantized(u16_encoding(range(&want)))).unwrap();
+        let y4 = g.op("Dequantize", &[yq], vec![], Output::new("y4", abi::DATATYPE_FLOAT_16, &[1, 1, rows, n], Out::Native)).unwrap();
+        let y = g.op("Reshape", &[y4], vec![], Output::new("y", abi::DATATYPE_FLOAT_16, &[rows, n], Out::AppRead)).unwrap();
         let (x_id, y_id) = (g.id(xi), g.id(y));
         g.finalize().unwrap();
         let mut xs: Vec<u16> = x.iter().map(|&v| f16(v)).collect();
         let mut ys = vec![0u16; (rows * n) as usize];
-        let mut ins = [IoBuffer { id: x_id, name: c"x".into(), data_type: abi::DATATYPE_FLOAT_16, dims: vec![rows, k], data: xs.as_mut_ptr().cast(), bytes: xs.len() * 2 }];
-        let mut outs = [IoBuffer { id: y_id, name: c"y".into(), data_type: abi::DATATYPE_FLOAT_16, dims: vec![rows, n], data: ys.as_mut_ptr().cast(), bytes: ys.len() * 2 }];
+        let mut ins = [f16_buffer(x_id, c"x", vec![rows, k], &mut xs)];
+        let mut outs = [f16_buffer(y_id, c"y", vec![rows, n], &mut ys)];
         let mut ctx = ctx;
         let graph = ctx.graph("lpbq").unwrap();
         ctx.execute(&graph, &mut ins, &mut outs).unwrap();
@@ -460,8 +486,7 @@ mod tests {
     #[test]
     #[ignore]
     fn finalize_reports_the_htps_estimate_where_the_library_models_the_soc() {
-        let _turn = SIMULATOR.lock().unwrap_or_else(|e| e.into_inner());
-        let lib = QnnLibrary::open(None).expect("LLADA_QNN_LIB names the fetched library");
+        let (_turn, lib) = library();
         let backend = lib.backend().unwrap();
         let estimate = |soc: u32, rows: u32| {
             let device = Device::new(&backend, soc).unwrap();
@@ -472,7 +497,7 @@ mod tests {
             let mut g = GraphBuilder::new(&ctx, "fc").unwrap();
             let xi = g.input("x", abi::DATATYPE_FLOAT_16, &[rows, k]).unwrap();
             let wt = g.static_f16("w", &[n, k], &w).unwrap();
-            g.op("FullyConnected", &[xi, wt], vec![], "y", abi::DATATYPE_FLOAT_16, &[rows, n], Out::AppRead).unwrap();
+            g.op("FullyConnected", &[xi, wt], vec![], Output::new("y", abi::DATATYPE_FLOAT_16, &[rows, n], Out::AppRead)).unwrap();
             g.finalize_with(Some(&profile)).unwrap();
             let events = profile.events().unwrap();
             eprintln!("soc {soc}, {rows} rows: {events:#?}");

@@ -59,7 +59,7 @@ fn main() {
                             if u >= units {
                                 break;
                             }
-                            attention::attend(features, qkv, kv, sh, OwnKv::NONE, rows, u..u + 1, o, scores);
+                            attention::attend(features, &attention::Call { qkv, kv, shape: sh, own: OwnKv::NONE, rows }, u..u + 1, o, scores);
                         })
                     });
                 }

@@ -34,7 +34,7 @@ pub struct PassTiming {
     pub rows: usize,
     pub graph: String,
     pub graph_rows: u32,
-    pub head_rows: usize,
+    pub logit_rows: usize,
     /// Wall time of the pass (median of the repeats).
     pub seconds: f64,
     /// Sum of every op's roofline bound.
@@ -56,12 +56,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Times the exact-plan pass serving `rows` tokens, `repeat` times after one warm-up.
-pub fn pass(session: &mut Session, roof: &Roofline, rows: usize, head_rows: usize, repeat: usize) -> Result<PassTiming> {
+pub fn pass(session: &mut Session, roof: &Roofline, rows: usize, logit_rows: usize, repeat: usize) -> Result<PassTiming> {
     let model = session.model.clone();
     let m = &model.header.model;
     let vocab = m.vocab_size.min(m.embedding_size) as usize;
     let seq: Vec<u32> = (0..rows).map(|i| ((i * 7919 + 11) % vocab) as u32).collect();
-    let head: Vec<u32> = (rows - head_rows..rows).map(|r| r as u32).collect();
+    let logit_positions: Vec<u32> = (rows - logit_rows..rows).map(|r| r as u32).collect();
     let threads = session.threads();
     let (peak_f32, bw) = (roof.peak_for(llada_ir::DType::PanelF32, threads), roof.bandwidth(threads));
     // The arithmetic a weight format runs at: bf16 weights multiply f32 activations unless
@@ -70,11 +70,11 @@ pub fn pass(session: &mut Session, roof: &Roofline, rows: usize, head_rows: usiz
         llada_ir::DType::PanelBf16 if !model.header.plan.bf16_activations => peak_f32,
         d => roof.peak_for(d, threads),
     };
-    session.forward_full(&seq, &head)?;
+    session.forward_full(&seq, &logit_positions)?;
     let mut runs = Vec::new();
     for _ in 0..repeat.max(1) {
         let start = std::time::Instant::now();
-        let (gid, profile) = session.forward_full_profiled(&seq, &head)?;
+        let (gid, profile) = session.forward_full_profiled(&seq, &logit_positions)?;
         runs.push((start.elapsed().as_secs_f64(), gid, profile, session.last_pass_staging()));
     }
     runs.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -82,7 +82,7 @@ pub fn pass(session: &mut Session, roof: &Roofline, rows: usize, head_rows: usiz
     let g = model.graph(gid);
     let rows_of = |rows: Rows| match rows {
         Rows::Tokens => g.rows as usize,
-        Rows::Head => head.len(),
+        Rows::Logits => logit_positions.len(),
     };
     let mut by_op: BTreeMap<String, f64> = BTreeMap::new();
     let mut gemm_groups: BTreeMap<(String, usize, usize, usize), Vec<f64>> = BTreeMap::new();
@@ -144,7 +144,7 @@ pub fn pass(session: &mut Session, roof: &Roofline, rows: usize, head_rows: usiz
         rows,
         graph: g.name.clone(),
         graph_rows: g.rows,
-        head_rows: head.len(),
+        logit_rows: logit_positions.len(),
         seconds,
         bound_seconds: bound,
         ratio: seconds / bound,

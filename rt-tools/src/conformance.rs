@@ -284,120 +284,16 @@ pub fn run_explained(session: &mut Session, mut reference: Option<&mut Session>,
             r.failures.push(format!("{}: golden mask id {} but the model's is {mask}", c.id, c.mask_id));
             continue;
         }
-        let unknown = |what: &str, v: &str| Error::Input { path: golden_path.to_path_buf(), msg: format!("{}: unknown {what} '{v}'", c.id) };
-        let d = SamplerParams::default();
-        let remasking = c.remasking.as_deref().map(|v| Remasking::parse(v).ok_or_else(|| unknown("remasking", v))).transpose()?.unwrap_or(d.remasking);
-        // Fast-dLLM's threshold decoding is an alg of its own there, a setting here.
-        let threshold_alg = c.alg.as_deref() == Some("confidence_threshold");
-        // (LLaDA 2.x's threshold is its sampler's own.)
-        if threshold_alg != c.threshold.is_some() && !llada2 {
-            return Err(Error::Input { path: golden_path.to_path_buf(), msg: format!("{}: alg confidence_threshold goes with a threshold, and only it", c.id) });
-        }
-        let alg = c.alg.as_deref().filter(|_| !threshold_alg).map(|v| Alg::parse(v).ok_or_else(|| unknown("alg", v))).transpose()?;
-        // Sampled cases follow PyTorch's random stream, which no other implementation has.
-        if c.temperature > 0.0 || remasking == Remasking::Random || alg == Some(Alg::Origin) {
+        let Some(params) = case_params(c, golden_path, llada2)? else {
             r.skipped += 1;
             continue;
-        }
-        let params = SamplerParams {
-            gen_length: c.gen_length,
-            block_length: c.block_length.unwrap_or(c.gen_length),
-            steps: c.steps,
-            temperature: c.temperature,
-            cfg_scale: c.cfg_scale,
-            remasking,
-            alg: alg.unwrap_or(d.alg),
-            eps: c.eps.unwrap_or(d.eps),
-            policy: match c.dual_cache {
-                None => d.policy,
-                Some(true) => Policy::Dual,
-                Some(false) => Policy::Prefix,
-            },
-            top_p: c.top_p,
-            top_k: c.top_k,
-            threshold: c.threshold,
-            eos_early_stop: c.eos_early_stop,
-            editing_threshold: c.editing_threshold,
-            max_post_steps: c.max_post_steps.unwrap_or(d.max_post_steps),
-            ..d
         };
-        let g = generate(session, &c.prompt_ids, &params, &mut |_| {})?;
-        // LLaDA 2.x's model calls are its steps (its passes also store finished blocks).
-        let calls = if llada2 { g.reveals.len() } else { g.forward_passes as usize };
-        if let (Some(want), Some(_)) = (c.forward_calls, c.threshold) {
-            r.forward_calls_checked += 1;
-            if calls == want {
-                r.forward_calls_matched += 1;
-            } else {
-                r.failures.push(format!("{}: {calls} model calls, the reference {want}", c.id));
-            }
-        }
-        if let Some(golden_edits) = &c.step_edits {
-            r.edits_checked += 1;
-            let ours = g.revisions.as_deref().unwrap_or_default();
-            let differs = (0..golden_edits.len().max(ours.len())).find(|&s| ours.get(s).map(|e| as_set(e)) != golden_edits.get(s).map(|e| as_set(e)));
-            match differs {
-                None => r.edits_matched += 1,
-                Some(s) => r.failures.push(format!("{}: model call {s} edited {:?}, golden {:?}", c.id, ours.get(s), golden_edits.get(s))),
-            }
-        }
-        if g.output_ids == c.output_ids {
-            r.output_ids_matched += 1;
-        } else {
-            r.failures.push(format!("{}: output_ids {:?}, golden {:?}", c.id, g.output_ids, c.output_ids));
-        }
-        let before_tie = c.first_tied_step.unwrap_or(c.step_reveals.len()).min(c.step_reveals.len());
-        let step_matches = |s: usize| g.reveals.get(s).is_some_and(|ours| as_set(ours) == as_set(&c.step_reveals[s]));
-        match (0..before_tie).find(|&s| !step_matches(s)) {
-            None => r.reveals_before_tie_matched += 1,
-            Some(s) => r.failures.push(format!(
-                "{}: step {s} (before the first tie at {before_tie}) committed {:?}, golden {:?}",
-                c.id,
-                g.reveals.get(s),
-                c.step_reveals[s]
-            )),
-        }
-        let steps_agree = g.reveals.len() == c.step_reveals.len();
-        if let (Some(reference), Some(s)) = (reference.as_deref_mut(), (0..c.step_reveals.len()).find(|&s| !step_matches(s))) {
-            let ours = g.reveals.get(s).cloned().unwrap_or_default();
-            let margin = margin_at(reference, c, s, &ours)?;
-            r.divergences.push(Divergence { case: c.id.clone(), step: s, margin, explained: false });
-        }
-        match (0..c.step_reveals.len()).find(|&s| !step_matches(s)) {
-            None if steps_agree => r.reveals_all_steps_matched += 1,
-            None => r.failures.push(format!("{}: {} steps, golden {}", c.id, g.reveals.len(), c.step_reveals.len())),
-            // Reported once: a step before the first tie already failed above.
-            Some(s) if s < before_tie => {}
-            Some(s) => r.failures.push(format!(
-                "{}: step {s} (at or after the first tie at {before_tie}) committed {:?}, golden {:?}",
-                c.id,
-                g.reveals.get(s),
-                c.step_reveals[s]
-            )),
-        }
+        replay_case(&mut r, session, reference.as_deref_mut(), c, &params, llada2)?;
         progress(&c.id);
     }
     for (i, lc) in golden.first_step_logits.iter().enumerate() {
         r.logit_cases += 1;
-        let prompt_len = lc.input_ids.len() - lc.gen_length;
-        let rows: Vec<u32> = (prompt_len..lc.input_ids.len()).map(|p| p as u32).collect();
-        let logits = match lc.block_length {
-            // Block-causal: each block a pass attending to itself and the blocks before it.
-            Some(b) if b > 0 && lc.input_ids.len() % b == 0 && lc.gen_length == b => {
-                let n = lc.input_ids.len();
-                session.store_blocks(&lc.input_ids[..n - b], 0, b)?;
-                session.forward_blocks(&lc.input_ids, n - b, b, &rows)?
-            }
-            Some(b) => return Err(Error::Input { path: golden_path.to_path_buf(), msg: format!("first_step_logits[{i}]: block_length {b} must divide the input and be its gen_length") }),
-            None => session.forward_full(&lc.input_ids, &rows)?,
-        };
-        let vocab = logits.len() / rows.len();
-        let mut err: f64 = 0.0;
-        for (ri, want) in lc.logits.iter().enumerate() {
-            for (v, &w) in want.iter().enumerate() {
-                err = err.max((logits[ri * vocab + v] as f64 - w).abs());
-            }
-        }
+        let err = first_pass_error(session, lc, i, golden_path)?;
         r.max_logit_abs_error = r.max_logit_abs_error.max(err);
         if err <= logit_tolerance {
             r.logit_cases_within_tolerance += 1;
@@ -410,4 +306,131 @@ pub fn run_explained(session: &mut Session, mut reference: Option<&mut Session>,
         d.explained = d.margin.is_some_and(|m| m < bound);
     }
     Ok(r)
+}
+
+/// The sampler settings golden case `c` was made with (of `golden_path`, for errors);
+/// `None` for a sampled case, which follows PyTorch's random stream that no other
+/// implementation has.
+fn case_params(c: &Case, golden_path: &Path, llada2: bool) -> Result<Option<SamplerParams>> {
+    let unknown = |what: &str, v: &str| Error::Input { path: golden_path.to_path_buf(), msg: format!("{}: unknown {what} '{v}'", c.id) };
+    let d = SamplerParams::default();
+    let remasking = c.remasking.as_deref().map(|v| Remasking::parse(v).ok_or_else(|| unknown("remasking", v))).transpose()?.unwrap_or(d.remasking);
+    // Fast-dLLM's threshold decoding is an alg of its own there, a setting here.
+    let threshold_alg = c.alg.as_deref() == Some("confidence_threshold");
+    // (LLaDA 2.x's threshold is its sampler's own.)
+    if threshold_alg != c.threshold.is_some() && !llada2 {
+        return Err(Error::Input { path: golden_path.to_path_buf(), msg: format!("{}: alg confidence_threshold goes with a threshold, and only it", c.id) });
+    }
+    let alg = c.alg.as_deref().filter(|_| !threshold_alg).map(|v| Alg::parse(v).ok_or_else(|| unknown("alg", v))).transpose()?;
+    if c.temperature > 0.0 || remasking == Remasking::Random || alg == Some(Alg::Origin) {
+        return Ok(None);
+    }
+    Ok(Some(SamplerParams {
+        gen_length: c.gen_length,
+        block_length: c.block_length.unwrap_or(c.gen_length),
+        steps: c.steps,
+        temperature: c.temperature,
+        cfg_scale: c.cfg_scale,
+        remasking,
+        alg: alg.unwrap_or(d.alg),
+        eps: c.eps.unwrap_or(d.eps),
+        policy: match c.dual_cache {
+            None => d.policy,
+            Some(true) => Policy::Dual,
+            Some(false) => Policy::Prefix,
+        },
+        top_p: c.top_p,
+        top_k: c.top_k,
+        threshold: c.threshold,
+        eos_early_stop: c.eos_early_stop,
+        editing_threshold: c.editing_threshold,
+        max_post_steps: c.max_post_steps.unwrap_or(d.max_post_steps),
+        ..d
+    }))
+}
+
+/// Generates case `c` with `params` and counts into `r` what matches the golden trajectory:
+/// model calls, edits, output tokens, reveals before the first tie and at every step, with
+/// where it diverged by `reference`'s margins.
+fn replay_case(r: &mut Report, session: &mut Session, reference: Option<&mut Session>, c: &Case, params: &SamplerParams, llada2: bool) -> Result<()> {
+    let g = generate(session, &c.prompt_ids, params, &mut |_| {})?;
+    // LLaDA 2.x's model calls are its steps (its passes also store finished blocks).
+    let calls = if llada2 { g.reveals.len() } else { g.forward_passes as usize };
+    if let (Some(want), Some(_)) = (c.forward_calls, c.threshold) {
+        r.forward_calls_checked += 1;
+        if calls == want {
+            r.forward_calls_matched += 1;
+        } else {
+            r.failures.push(format!("{}: {calls} model calls, the reference {want}", c.id));
+        }
+    }
+    if let Some(golden_edits) = &c.step_edits {
+        r.edits_checked += 1;
+        let ours = g.revisions.as_deref().unwrap_or_default();
+        let differs = (0..golden_edits.len().max(ours.len())).find(|&s| ours.get(s).map(|e| as_set(e)) != golden_edits.get(s).map(|e| as_set(e)));
+        match differs {
+            None => r.edits_matched += 1,
+            Some(s) => r.failures.push(format!("{}: model call {s} edited {:?}, golden {:?}", c.id, ours.get(s), golden_edits.get(s))),
+        }
+    }
+    if g.output_ids == c.output_ids {
+        r.output_ids_matched += 1;
+    } else {
+        r.failures.push(format!("{}: output_ids {:?}, golden {:?}", c.id, g.output_ids, c.output_ids));
+    }
+    let before_tie = c.first_tied_step.unwrap_or(c.step_reveals.len()).min(c.step_reveals.len());
+    let step_matches = |s: usize| g.reveals.get(s).is_some_and(|ours| as_set(ours) == as_set(&c.step_reveals[s]));
+    match (0..before_tie).find(|&s| !step_matches(s)) {
+        None => r.reveals_before_tie_matched += 1,
+        Some(s) => r.failures.push(format!(
+            "{}: step {s} (before the first tie at {before_tie}) committed {:?}, golden {:?}",
+            c.id,
+            g.reveals.get(s),
+            c.step_reveals[s]
+        )),
+    }
+    let steps_agree = g.reveals.len() == c.step_reveals.len();
+    if let (Some(reference), Some(s)) = (reference, (0..c.step_reveals.len()).find(|&s| !step_matches(s))) {
+        let ours = g.reveals.get(s).cloned().unwrap_or_default();
+        let margin = margin_at(reference, c, s, &ours)?;
+        r.divergences.push(Divergence { case: c.id.clone(), step: s, margin, explained: false });
+    }
+    match (0..c.step_reveals.len()).find(|&s| !step_matches(s)) {
+        None if steps_agree => r.reveals_all_steps_matched += 1,
+        None => r.failures.push(format!("{}: {} steps, golden {}", c.id, g.reveals.len(), c.step_reveals.len())),
+        // Reported once: a step before the first tie already failed above.
+        Some(s) if s < before_tie => {}
+        Some(s) => r.failures.push(format!(
+            "{}: step {s} (at or after the first tie at {before_tie}) committed {:?}, golden {:?}",
+            c.id,
+            g.reveals.get(s),
+            c.step_reveals[s]
+        )),
+    }
+    Ok(())
+}
+
+/// The largest absolute difference between `session`'s first-pass logits and logit case
+/// `lc` (`first_step_logits[i]` of `golden_path`, for errors).
+fn first_pass_error(session: &mut Session, lc: &LogitCase, i: usize, golden_path: &Path) -> Result<f64> {
+    let prompt_len = lc.input_ids.len() - lc.gen_length;
+    let rows: Vec<u32> = (prompt_len..lc.input_ids.len()).map(|p| p as u32).collect();
+    let logits = match lc.block_length {
+        // Block-causal: each block a pass attending to itself and the blocks before it.
+        Some(b) if b > 0 && lc.input_ids.len() % b == 0 && lc.gen_length == b => {
+            let n = lc.input_ids.len();
+            session.store_blocks(&lc.input_ids[..n - b], 0, b)?;
+            session.forward_blocks(&lc.input_ids, n - b, b, &rows)?
+        }
+        Some(b) => return Err(Error::Input { path: golden_path.to_path_buf(), msg: format!("first_step_logits[{i}]: block_length {b} must divide the input and be its gen_length") }),
+        None => session.forward_full(&lc.input_ids, &rows)?,
+    };
+    let vocab = logits.len() / rows.len();
+    let mut err: f64 = 0.0;
+    for (ri, want) in lc.logits.iter().enumerate() {
+        for (v, &w) in want.iter().enumerate() {
+            err = err.max((logits[ri * vocab + v] as f64 - w).abs());
+        }
+    }
+    Ok(err)
 }

@@ -1,19 +1,30 @@
-use std::io::IsTerminal;
-use std::ops::ControlFlow;
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{ArgMatches, Args, Parser, Subcommand};
-use llada_cli::{out, outln, Failure};
+use llada_cli::{outln, Failure};
 use llada_rt::params::{env_threads, unused_setting, Limits, MAX_THREADS};
-use llada_rt::sampler::{Alg, Policy, Revision, StepView};
-use llada_rt::text::Text;
+use llada_rt::sampler::{Alg, Policy, Revision};
 use llada_rt::moe::{ExpertCounters, ExpertStrategy};
-use llada_rt::session::{default_threads, max_threads};
+use llada_rt::session::max_threads;
 use llada_rt::staging::StagingMode;
-use llada_rt::{generate, generate_until, Error, Model, Remasking, Result, SamplerParams, Session, SessionParams};
-use llada_rt_tools::{conformance, golden, roofline};
+use llada_rt::{Error, Model, Remasking, Result, SamplerParams, Session, SessionParams};
+use llada_rt_tools::conformance;
 use serde_json::json;
+
+/// Each subcommand: its arguments (a variant of [`Command`]) and its `run`, which takes
+/// [`typed`]'s answer where the sampler's flags need it.
+mod commands {
+    pub mod bench;
+    pub mod compare;
+    pub mod conformance;
+    pub mod eval;
+    pub mod golden;
+    #[cfg(all(feature = "qnn", not(target_env = "musl")))]
+    pub mod qnn_info;
+    pub mod roofline;
+    pub mod run;
+    pub mod serve;
+}
 
 /// What a command, or a part of one that prints, ends with: its error, a usage error, or
 /// stdout's (see `llada_cli::Failure`).
@@ -253,199 +264,33 @@ fn at_least_one(s: &str, instead: &str) -> std::result::Result<usize, String> {
 enum Command {
     /// Generate from a prompt.
     #[command(allow_negative_numbers = true)]
-    Run {
-        /// The artifact (from `lladac compile`).
-        file: PathBuf,
-        /// Prompt text.
-        #[arg(short, long, conflicts_with = "prompt_ids", required_unless_present = "prompt_ids")]
-        prompt: Option<String>,
-        /// Apply the model's chat template to the prompt (one user turn); not with
-        /// --prompt-ids, which are token ids as given.
-        #[arg(long, requires = "prompt", conflicts_with = "prompt_ids")]
-        chat: bool,
-        /// Prompt as comma-separated token ids.
-        #[arg(long)]
-        prompt_ids: Option<String>,
-        #[command(flatten)]
-        sampler: SamplerArgs,
-        /// Print one JSON object (ids, reveals, text, counters) instead of streaming text.
-        #[arg(long)]
-        json: bool,
-        /// Redraw the whole canvas after every step, masks and all.
-        #[arg(long, conflicts_with = "json")]
-        show_denoising: bool,
-        /// Write a Chrome/Perfetto trace of the run (dense passes, waits, staging copies).
-        #[arg(long)]
-        trace: Option<PathBuf>,
-        /// Time every op of every pass and print the sums by op, and the matmuls' by shape
-        /// and rows (with --json: as "op_profile"). Timing each op costs a little time.
-        #[arg(long)]
-        op_profile: bool,
-        #[command(flatten)]
-        session: SessionArgs,
-    },
+    Run(commands::run::Run),
     /// Serve the artifact over HTTP: OpenAI's chat and completion endpoints (streamed as
     /// Server-Sent Events), /v1/models, /health, and a live view of the denoising at /.
-    Serve {
-        /// The artifact (from `lladac compile`).
-        file: PathBuf,
-        /// Address to listen on (0.0.0.0 for every interface).
-        #[arg(long, default_value_t = serve_defaults().host)]
-        host: String,
-        /// Port to listen on (0: any free port, printed when ready).
-        #[arg(long, default_value_t = serve_defaults().port)]
-        port: u16,
-        /// Sessions generating at once, each with its own window on the one mapped model;
-        /// without --threads the cores are shared out among them.
-        #[arg(long, default_value_t = serve_defaults().sessions, value_parser = sessions_flag)]
-        sessions: usize,
-        /// Requests that may wait for a session, 0 to 4096; more are refused with 429.
-        #[arg(long, default_value_t = serve_defaults().queue as u16, value_parser = clap::value_parser!(u16).range(0..=4096))]
-        queue: u16,
-        /// Require `Authorization: Bearer KEY` on /v1/ (default: LLADA_API_KEY, else none).
-        #[arg(long)]
-        api_key: Option<String>,
-        /// Largest request body, in bytes.
-        #[arg(long, default_value_t = serve_defaults().max_body)]
-        max_body: usize,
-        #[command(flatten)]
-        session: SessionArgs,
-    },
+    Serve(commands::serve::Serve),
     /// Measure this machine's ceilings: peak f32, bf16 and int8 rates and memory bandwidth.
-    Roofline {
-        /// Threads for the all-threads figures, 1 to 1024 [default: every core, or LLADA_THREADS].
-        #[arg(long, value_parser = roofline_threads_flag)]
-        threads: Option<usize>,
-        #[arg(long)]
-        json: bool,
-    },
+    Roofline(commands::roofline::Roofline),
     /// Load Qualcomm's QNN HTP library and report what it is (provider, API versions, build),
     /// with a backend instance created and freed: the check that the NPU backend's library is
     /// usable here.
     #[cfg(all(feature = "qnn", not(target_env = "musl")))]
-    QnnInfo {
-        /// Folder holding libQnnHtp.so and libQnnSystem.so [default: LLADA_QNN_LIB].
-        #[arg(long)]
-        qnn_lib: Option<PathBuf>,
-        #[arg(long)]
-        json: bool,
-    },
+    QnnInfo(commands::qnn_info::QnnInfo),
     /// Time forward passes op by op against the roofline, and optionally a whole generation.
     #[command(allow_negative_numbers = true)]
-    Bench {
-        file: PathBuf,
-        /// Token rows of the passes to time (each runs on the smallest graph that holds it).
-        #[arg(long, value_delimiter = ',', default_value = "32,64,96,128")]
-        rows: Vec<usize>,
-        /// Logit rows per pass [default: all rows, as multi-block decoding needs].
-        #[arg(long)]
-        head_rows: Option<usize>,
-        /// Timed repeats per pass (the median is reported).
-        #[arg(long, default_value_t = 5)]
-        repeat: usize,
-        #[command(flatten)]
-        session: SessionArgs,
-        /// Also time one generation with these sampler settings from a synthetic prompt.
-        #[arg(long)]
-        generate: bool,
-        /// Prompt length of --generate.
-        #[arg(long, default_value_t = 32)]
-        prompt_len: usize,
-        #[command(flatten)]
-        sampler: SamplerArgs,
-        #[arg(long)]
-        json: bool,
-    },
+    Bench(commands::bench::Bench),
     /// Accuracy and cost of the sampler on a file of tasks.
     #[command(allow_negative_numbers = true)]
-    Eval {
-        /// The artifact.
-        file: PathBuf,
-        /// Tasks, one JSON object per line: {"prompt" | "prompt_ids", "expected", "chat"?}.
-        #[arg(long)]
-        tasks: PathBuf,
-        #[command(flatten)]
-        sampler: SamplerArgs,
-        /// A previous `eval --json` output to compare with token for token.
-        #[arg(long)]
-        reference: Option<PathBuf>,
-        /// Print one JSON object (summary and per-task outputs): usable as a --reference.
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        session: SessionArgs,
-    },
+    Eval(commands::eval::Eval),
     /// Replay this project's own golden outputs (tests/golden/embedded.json) with an
     /// artifact, or write them again for another artifact with --write.
-    Golden {
-        /// A golden file (its prompts, settings, outputs and first-pass logits).
-        golden: PathBuf,
-        /// The artifact to replay it with.
-        #[arg(long)]
-        model: PathBuf,
-        #[command(flatten)]
-        select: SelectArgs,
-        /// Instead of comparing, write the selected cases and every logit case as this
-        /// artifact produces them, to this file (to pin another weight format, then replay
-        /// it on another machine).
-        #[arg(long, conflicts_with = "tokens_only")]
-        write: Option<PathBuf>,
-        #[command(flatten)]
-        backend: BackendArg,
-        /// Require the output tokens (and logits) only; count reveal orders without requiring
-        /// them (for quantised artifacts on another instruction set: see `llada_rt_tools::golden::Pin`).
-        #[arg(long)]
-        tokens_only: bool,
-        /// Print the report as JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Golden(commands::golden::Golden),
     /// How far an artifact is from a reference compiled from the same checkpoint (a quantised
     /// one against the unquantised): first-pass logit error, top-1 and generated-token
     /// agreement, and the time of each generation.
     #[command(allow_negative_numbers = true)]
-    Compare {
-        /// The reference artifact.
-        reference: PathBuf,
-        /// The artifact to measure against it.
-        other: PathBuf,
-        /// Prompt as comma-separated token ids.
-        #[arg(long)]
-        prompt_ids: String,
-        #[command(flatten)]
-        sampler: SamplerArgs,
-        #[command(flatten)]
-        session: SessionArgs,
-        /// The reference's backend [default: --backend's]: e.g. an NPU artifact on qnn
-        /// against the f32 host artifact on host.
-        #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(llada_rt::executor::names()))]
-        reference_backend: Option<String>,
-        #[arg(long)]
-        json: bool,
-    },
+    Compare(commands::compare::Compare),
     /// Check the runtime against a golden file from the official sampler.
-    Conformance {
-        /// golden.json (schema: the conformance kit's README).
-        golden: PathBuf,
-        /// The artifact compiled from the golden file's checkpoint.
-        #[arg(long)]
-        model: PathBuf,
-        #[command(flatten)]
-        select: SelectArgs,
-        #[command(flatten)]
-        backend: BackendArg,
-        /// Largest absolute error allowed on the first-pass logits.
-        #[arg(long, default_value_t = conformance::LOGIT_TOLERANCE, value_parser = tolerance_flag, allow_hyphen_values = true)]
-        logit_tolerance: f64,
-        /// Pass when every case that left the golden trajectory did so at a decision closer,
-        /// by the host's f32 margins there, than twice the first-pass logit error (a backend
-        /// computing in fp16, such as qnn); each is listed as DIVERGED either way.
-        #[arg(long)]
-        accept_explained: bool,
-        /// Print the report as JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Conformance(commands::conformance::Conformance),
 }
 
 /// What runs the dense graphs.
@@ -547,7 +392,6 @@ impl SelectArgs {
     }
 }
 
-/// The window and what staging cost, over the session's passes.
 /// This process's peak resident memory (`VmHWM` of /proc/self/status, Linux and Android);
 /// `None` where the system has no such file.
 fn peak_rss_bytes() -> Option<u64> {
@@ -557,6 +401,7 @@ fn peak_rss_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// The window and what staging cost, over the session's passes.
 fn window_report(session: &Session) -> serde_json::Value {
     let c = &session.counters;
     let w = &session.model.header.plan.window;
@@ -625,417 +470,20 @@ fn parse_ids(s: &str) -> Result<Vec<u32>> {
         .collect()
 }
 
-/// Streams the answer as far as it can no longer change (diffusion commits out of order, and
-/// under revision a committed token may still be replaced, so only the settled prefix is
-/// printed; the rest follows at the end), or redraws the canvas with `--show-denoising`.
-struct Display<'t> {
-    text: &'t Text,
-    mask: u32,
-    denoising: bool,
-    printed: String,
-    canvas_lines: usize,
-    /// Why stdout refused a step: the generation stops there.
-    failed: Option<std::io::Error>,
-}
-
-impl Display<'_> {
-    /// Shows step `v`; once stdout fails, keeps its error and breaks off the generation.
-    fn step(&mut self, v: &StepView) -> ControlFlow<()> {
-        match self.show(v) {
-            Ok(()) => ControlFlow::Continue(()),
-            Err(e) => {
-                self.failed = Some(e);
-                ControlFlow::Break(())
-            }
-        }
-    }
-
-    fn show(&mut self, v: &StepView) -> std::io::Result<()> {
-        use llada_cli::print_stdout;
-        let generated = v.generated();
-        if self.denoising {
-            let shown: String = generated
-                .iter()
-                .map(|&t| if t == self.mask { "░".to_string() } else { self.text.decode(&[t], false) })
-                .collect();
-            let up = if self.canvas_lines > 0 { format!("\x1b[{}F\x1b[J", self.canvas_lines) } else { String::new() };
-            print_stdout(format_args!("{up}step {}/{}\n{shown}", v.step, v.steps), true)?;
-            self.canvas_lines = 2 + shown.matches('\n').count();
-        } else {
-            let text = self.text.settled_answer(&generated[..v.settled]);
-            // Print only what extends what is already shown.
-            if let Some(new) = text.strip_prefix(self.printed.as_str()) {
-                if !new.is_empty() {
-                    print_stdout(format_args!("{new}"), false)?;
-                    self.printed = text;
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
 fn run(cli: Cli, matches: &ArgMatches) -> Done {
     let typed = typed(matches);
     match cli.command {
-        Command::Compare { reference, other, prompt_ids, sampler, session: session_args, reference_backend, json } => {
-            let (a, b) = (Model::open(&reference, true)?, Model::open(&other, true)?);
-            let params = sampler.checked_params(&a, &typed)?;
-            let mut reference_args = session_args.clone();
-            if let Some(backend) = reference_backend {
-                reference_args.backend.backend = backend;
-            }
-            let c = llada_rt_tools::compare::compare(&mut reference_args.open(&a)?, &mut session_args.open(&b)?, &parse_ids(&prompt_ids)?, &params)?;
-            if json {
-                outln!("{}", serde_json::to_string_pretty(&c).expect("serializes"))?;
-            } else {
-                outln!("{} against {}:", other.display(), reference.display())?;
-                outln!("  first pass: logit error {:.3e} (L2, relative), largest {:.3e} (of the largest logit); top-1 agreement {:.1}%",
-                    c.logit_relative_error, c.logit_max_error, 100.0 * c.top1_agreement)?;
-                outln!("  generation: {:.1}% of tokens the same; {:.2} s against {:.2} s", 100.0 * c.token_agreement, c.other_seconds, c.reference_seconds)?;
-            }
-        }
-        Command::Run { file, prompt, chat, prompt_ids, sampler, json, show_denoising, trace, op_profile, session: session_args } => {
-            if let Some(path) = &trace {
-                llada_ir::files::check_destination(path, &[&file]).map_err(|e| Error::io(path, e))?;
-            }
-            let model = Model::open(&file, true)?;
-            let text = Text::new(&model.header.tokenizer, &model.header.special)?;
-            let ids = match (&prompt, &prompt_ids) {
-                (Some(p), _) if chat => text.encode_chat(p)?,
-                (Some(p), _) => text.encode(p)?,
-                (None, Some(s)) => parse_ids(s)?,
-                (None, None) => unreachable!("clap requires one of them"),
-            };
-            let params = sampler.checked_params(&model, &typed)?;
-            let mut session = session_args.open(&model)?;
-            let timeline = trace.as_ref().map(|_| std::sync::Arc::new(llada_rt::trace::Trace::default()));
-            if let Some(t) = &timeline {
-                session.set_trace(t.clone());
-            }
-            session.profile_ops(op_profile);
-            let mut display = Display { text: &text, mask: model.header.special.mask, denoising: show_denoising, printed: String::new(), canvas_lines: 0, failed: None };
-            let g = if json {
-                generate(&mut session, &ids, &params, &mut |_| {})
-            } else {
-                generate_until(&mut session, &ids, &params, &mut |v| display.step(v))
-            };
-            // A stream stdout stopped taking stopped the generation (`Error::Cancelled`).
-            if let Some(e) = display.failed.take() {
-                return Err(Failure::Stdout(e));
-            }
-            let g = g?;
-            if let (Some(path), Some(t)) = (&trace, &timeline) {
-                t.write(path, &[&file]).map_err(|e| Error::io(path, e))?;
-            }
-            let answer = text.answer(&g.output_ids);
-            let ops = op_profile.then(|| llada_rt_tools::profile::split(&model, &session.take_op_profiles()));
-            if json {
-                let mut obj = json!({
-                    "prompt_ids": g.prompt_ids,
-                    "output_ids": g.output_ids,
-                    "reveals": g.reveals,
-                    "text": answer,
-                    "decoded": text.decode(&g.output_ids, false),
-                    "forward_passes": g.forward_passes,
-                    "rows_computed": g.rows_computed,
-                    "seconds": g.seconds,
-                    "settings": params,
-                    "drafts_confirmed": g.drafts_confirmed,
-                    "mbsd": g.mbsd,
-                    "window": window_report(&session),
-                });
-                // Only where commits can be revised: the official policies' output stays as it was.
-                if let Some(r) = &g.revisions {
-                    obj["revisions"] = json!(r);
-                }
-                if let Some(ops) = &ops {
-                    obj["op_profile"] = json!(ops);
-                }
-                outln!("{obj}")?;
-            } else {
-                if show_denoising {
-                    outln!("{answer}")?;
-                } else {
-                    // Whatever the prefix streaming held back.
-                    out!("{}", answer.strip_prefix(display.printed.as_str()).unwrap_or(""))?;
-                    outln!()?;
-                }
-                if std::io::stderr().is_terminal() {
-                    eprintln!(
-                        "[{} tokens, {} forward passes ({} policy), {} rows computed, {:.2} s]",
-                        params.gen_length, g.forward_passes, params.policy.name(), g.rows_computed, g.seconds
-                    );
-                    if let Some(m) = &g.mbsd {
-                        print_mbsd(m)?;
-                    }
-                    print_experts(&session)?;
-                }
-                if let Some(ops) = &ops {
-                    ops.print()?;
-                }
-            }
-        }
-        Command::Serve { file, host, port, sessions, queue, api_key, max_body, session: session_args } => {
-            let model = Model::open(&file, true)?;
-            let config = llada_serve::Config {
-                host,
-                port,
-                sessions,
-                queue: queue.into(),
-                session: session_args.params(&model)?,
-                api_key: api_key.or_else(|| std::env::var("LLADA_API_KEY").ok()).filter(|k| !k.is_empty()),
-                max_body,
-                ..llada_serve::Config::default()
-            };
-            let id = llada_serve::model_id(&file);
-            llada_serve::serve(model, &config, |addr| {
-                eprintln!("llada-rt serve: {id} on http://{addr}/ ({sessions} session(s), queue {queue}); SIGTERM or Ctrl-C stops it");
-            })?;
-        }
-        Command::Eval { file, tasks, sampler, reference, json, session: session_args } => {
-            let model = Model::open(&file, true)?;
-            let text = Text::new(&model.header.tokenizer, &model.header.special)?;
-            let tasks = llada_rt_tools::eval::load_tasks(&tasks, &text)?;
-            let reference = reference.map(|p| llada_rt_tools::eval::load_reference(&p)).transpose()?;
-            let params = sampler.checked_params(&model, &typed)?;
-            let mut session = session_args.open(&model)?;
-            let show = !json && std::io::stderr().is_terminal();
-            let report = llada_rt_tools::eval::run(&mut session, &text, &tasks, &params, reference.as_ref(), &mut |i, r| {
-                if show {
-                    eprint!("\r{}/{} {}", i + 1, tasks.len(), if r.correct { "ok  " } else { "FAIL" });
-                }
-            })?;
-            if show {
-                eprintln!();
-            }
-            if json {
-                outln!("{}", serde_json::to_string(&report).expect("the report serializes"))?;
-            } else {
-                outln!("tasks:              {}", report.tasks)?;
-                outln!("accuracy:           {:.4} ({}/{})", report.accuracy, report.correct, report.tasks)?;
-                if let Some(m) = report.exact_match {
-                    outln!("exact match vs ref: {m:.4}")?;
-                }
-                outln!("forward passes:     {} ({:.1} per task)", report.forward_passes, report.forward_passes as f64 / report.tasks as f64)?;
-                outln!("rows computed:      {}", report.rows_computed)?;
-                if let Some(m) = &report.mbsd {
-                    print_mbsd(m)?;
-                }
-                outln!("generated tokens/s: {:.1} ({} tokens in {:.2} s)", report.tokens_per_second, report.generated_tokens, report.seconds)?;
-                print_experts(&session)?;
-            }
-        }
+        Command::Run(command) => command.run(&typed),
+        Command::Serve(command) => command.run(),
+        Command::Roofline(command) => command.run(),
         #[cfg(all(feature = "qnn", not(target_env = "musl")))]
-        Command::QnnInfo { qnn_lib, json } => {
-            use llada_rt::executor::qnn::QnnLibrary;
-            // No library (or one that cannot be used) is the machine's setup, as a usage error.
-            let lib = QnnLibrary::open(qnn_lib.as_deref()).map_err(|e| Failure::Usage(e.to_string()))?;
-            let table = lib.backend_api_version().map_err(llada_rt::Error::from)?;
-            drop(lib.backend().map_err(llada_rt::Error::from)?);
-            let v = |v: llada_rt::executor::qnn::abi::Version| format!("{}.{}.{}", v.major, v.minor, v.patch);
-            if json {
-                let report = serde_json::json!({
-                    "dir": lib.dir, "provider": lib.provider_name, "backend_id": lib.backend_id,
-                    "core_api": v(lib.api_version.core), "backend_api": v(lib.api_version.backend), "build_id": lib.build_id,
-                });
-                outln!("{}", serde_json::to_string_pretty(&report).expect("a JSON value serializes"))?;
-            } else {
-                outln!("library:      {}", lib.dir.join(llada_rt::executor::qnn::library::HTP_LIBRARY).display())?;
-                outln!("provider:     {} (backend id {})", lib.provider_name, lib.backend_id)?;
-                outln!("core API:     {} (backendGetApiVersion: {})", v(lib.api_version.core), v(table.core))?;
-                outln!("backend API:  {}", v(lib.api_version.backend))?;
-                outln!("build:        {}", lib.build_id)?;
-                outln!("backend:      created and freed")?;
-            }
-        }
-        Command::Roofline { threads, json } => {
-            let threads = match threads {
-                Some(n) => n,
-                None => env_threads(MAX_THREADS).map_err(|e| Failure::Usage(e.to_string()))?.unwrap_or_else(default_threads),
-            };
-            let r = roofline::measure(threads);
-            if json {
-                outln!("{}", serde_json::to_string_pretty(&r).expect("the roofline serializes"))?;
-            } else {
-                let g = |x: f64| x / 1e9;
-                // The peak probes exist for x86-64 only; elsewhere they print as not measured.
-                let peak = |x: f64| if x > 0.0 { format!("{:>7.1}", x / 1e9) } else { "      -".to_string() };
-                outln!("features:      {} (AMX {})", r.features, if r.amx_present { "present, not used" } else { "absent" })?;
-                outln!("                 1 thread   {} threads", r.threads)?;
-                outln!("f32 FMA:       {}     {}  GFLOP/s", peak(r.f32_flops.one_thread), peak(r.f32_flops.all_threads))?;
-                outln!("bf16 dot:      {}     {}  GFLOP/s", peak(r.bf16_flops.one_thread), peak(r.bf16_flops.all_threads))?;
-                outln!("int8 dot:      {}     {}  GOP/s", peak(r.int8_ops.one_thread), peak(r.int8_ops.all_threads))?;
-                outln!("memory read:   {}     {}  GB/s", peak(r.read_bytes.one_thread), peak(r.read_bytes.all_threads))?;
-                outln!("GEMM sustained (median of 6 shapes), {} threads: f32 {:.1}, bf16 {:.1} GFLOP/s; q8 {:.1}, q4 {:.1} GOP/s", r.threads, g(r.gemm.f32), g(r.gemm.bf16), g(r.gemm.q8), g(r.gemm.q4))?;
-            }
-        }
-        Command::Bench { file, rows, head_rows, repeat, session: session_args, generate: time_generation, prompt_len, sampler, json } => {
-            // The sampler's flags (and --prompt-len) time the generation --generate adds:
-            // without it they would do nothing. (`--rows` is bench's own.)
-            if !time_generation {
-                let sampler_flags = <SamplerArgs as Args>::augment_args(clap::Command::new("sampler"));
-                let flags = sampler_flags.get_arguments().filter_map(|a| a.get_long()).map(|l| format!("--{l}")).chain(["--prompt-len".to_string()]);
-                if let Some(flag) = flags.filter(|f| f != "--rows").find(|f| typed(f)) {
-                    return Err(Failure::Usage(format!("{flag} sets the generation that --generate times; without --generate it does nothing, so it is refused")));
-                }
-            }
-            let threads = session_args.threads(MAX_THREADS)?.unwrap_or_else(default_threads);
-            let staging = session_args.staging.clone();
-            // Before loading: checksumming a large artifact leaves the kernel busy with the
-            // page cache for a while, which would disturb the peak measurements.
-            let roof = roofline::measure(threads);
-            let model = Model::open(&file, true)?;
-            // LLADA_THREADS within what the plan provides for, named as itself.
-            session_args.threads(max_threads(&model))?;
-            let max_len = Limits::of(&model).max_len;
-            if let Some(r) = rows.iter().find(|r| !(1..=max_len).contains(*r)) {
-                return Err(Failure::Usage(format!("--rows {r} is outside 1..={max_len} (the positions {} serves)", file.display())));
-            }
-            let params = if time_generation { Some(sampler.checked_params(&model, &|f: &str| f != "--rows" && typed(f))?) } else { None };
-            let mut session = SessionArgs { threads: Some(threads), ..session_args }.open(&model)?;
-            let mut passes = Vec::new();
-            for &r in &rows {
-                let head = head_rows.unwrap_or(r).min(r).min(session.head_capacity(r)?);
-                passes.push(llada_rt_tools::bench::pass(&mut session, &roof, r, head, repeat)?);
-            }
-            let generation = if let Some(params) = &params {
-                let m = &model.header.model;
-                let vocab = m.vocab_size.min(m.embedding_size) as usize;
-                let prompt: Vec<u32> = (0..prompt_len).map(|i| ((i * 104729 + 7) % vocab) as u32).collect();
-                Some(generate(&mut session, &prompt, params, &mut |_| {})?)
-            } else {
-                None
-            };
-            if json {
-                let g = generation.as_ref().map(|g| json!({"seconds": g.seconds, "forward_passes": g.forward_passes, "rows_computed": g.rows_computed, "mbsd": g.mbsd}));
-                outln!(
-                    "{}",
-                    serde_json::to_string_pretty(&json!({"artifact": file, "threads": threads, "backend": session.backend(), "roofline": roof, "passes": passes, "generation": g, "window": window_report(&session), "peak_rss_bytes": peak_rss_bytes()}))
-                        .expect("serializes")
-                )?;
-            } else {
-                let b = session.backend();
-                let op_times = if b.device_timestamps { "op times from device timestamps" } else { "op times from the host clock" };
-                let cpu_note = if b.runs_on_cpu && b.backend != "host" { "; it runs on this CPU (a CPU implementation or a simulator): these are CPU figures, not the device's" } else { "" };
-                outln!("backend {}: {} ({op_times}{cpu_note})", b.backend, b.device)?;
-                outln!("{} on {} thread(s); roofline: f32 {:.0} / bf16 {:.0} GFLOP/s, int8 {:.0} GOP/s, read {:.1} GB/s", file.display(), threads,
-                    roof.f32_flops.all_threads / 1e9, roof.bf16_flops.all_threads / 1e9, roof.int8_ops.all_threads / 1e9, roof.read_bytes.all_threads / 1e9)?;
-                for p in &passes {
-                    if p.by_op.is_empty() {
-                        // An ahead-of-time backend: one executable a pass, no op of ours timed.
-                        outln!("\nrows {} (graph {}, {} logit rows): {:.4} s (one executable; no roofline bound without op times)", p.rows, p.graph, p.head_rows, p.seconds)?;
-                    } else {
-                        outln!("\nrows {} (graph {}, {} logit rows): {:.4} s, roofline bound {:.4} s, ratio {:.2}", p.rows, p.graph, p.head_rows, p.seconds, p.bound_seconds, p.ratio)?;
-                    }
-                    outln!("  staging ({}): {:.1} MiB staged, {:.4} s stalled, overlap {:.2}", staging, p.staged_bytes as f64 / (1u64 << 20) as f64, p.stall_seconds, p.overlap)?;
-                    let ops: Vec<String> = p.by_op.iter().map(|(k, v)| format!("{k} {:.4}", v)).collect();
-                    if !ops.is_empty() {
-                        outln!("  by op (s): {}", ops.join(", "))?;
-                    }
-                    for g in &p.gemms {
-                        outln!("  {:<12} {:>6} x {:>5} x {:>6} (x{:>2}) {:>9.5} s  {:>7.1} GFLOP/s {:>6.1} GB/s  bound {:>9.5} s  ratio {:.2}",
-                            g.format, g.rows, g.k, g.n, g.count, g.seconds, g.flops_per_second / 1e9, g.bytes_per_second / 1e9, g.bound_seconds, g.ratio)?;
-                    }
-                }
-                if let Some(g) = &generation {
-                    outln!("\ngeneration: {:.2} s, {} forward passes, {} rows", g.seconds, g.forward_passes, g.rows_computed)?;
-                    if let Some(m) = &g.mbsd {
-                        print_mbsd(m)?;
-                    }
-                }
-                print_experts(&session)?;
-            }
-        }
-        Command::Golden { golden, model, select, write, tokens_only, backend, json } => {
-            let select = select.selection()?;
-            if let Some(out) = &write {
-                llada_ir::files::check_destination(out, &[&golden, &model]).map_err(|e| Error::io(out, e))?;
-            }
-            let file = golden::read(&golden)?;
-            let m = Model::open(&model, true)?;
-            let text = Text::new(&m.header.tokenizer, &m.header.special)?;
-            let mut session = backend.open(&m)?;
-            if let Some(out) = write {
-                let produced = golden::reproduce(&mut session, &text, &file, &golden, select)?;
-                golden::write(&produced, &out, &[&golden, &model])?;
-                outln!("wrote {} ({} cases, {} logit cases)", out.display(), produced.cases.len(), produced.first_pass_logits.len())?;
-                return Ok(());
-            }
-            let pin = if tokens_only { golden::Pin::Tokens } else { golden::Pin::Reveals };
-            let report = golden::check(&mut session, &text, &file, &golden, select, pin)?;
-            if json {
-                outln!("{}", serde_json::to_string_pretty(&report).expect("the report serializes"))?;
-            } else {
-                for f in &report.failures {
-                    outln!("MISMATCH {f}")?;
-                }
-                outln!("{}: {}", golden.display(), if report.passed() { "PASS" } else { "FAIL" })?;
-                outln!("  cases:             {} of {} (every {} from {})", report.cases, report.cases_in_file, select.every, select.offset)?;
-                outln!("  output_ids:        {}/{} matched", report.output_ids_matched, report.cases)?;
-                outln!("  reveals:           {}/{} matched at every step{}", report.reveals_matched, report.cases, if tokens_only { " (not required: --tokens-only)" } else { "" })?;
-                outln!(
-                    "  first-pass logits: {}/{} within {:.0e} (max abs change {:.2e})",
-                    report.logit_cases_within_tolerance, report.logit_cases, report.logit_tolerance, report.max_logit_abs_error
-                )?;
-            }
-            if !report.passed() {
-                return Err(Error::request(format!("{}: golden outputs differ", golden.display())).into());
-            }
-        }
-        Command::Conformance { golden, model, select, backend, logit_tolerance, accept_explained, json } => {
-            let select = select.selection()?;
-            let m = Model::open(&model, true)?;
-            let mut session = backend.open(&m)?;
-            // Off the host, each mismatch is explained by the host's margins where it diverged.
-            let mut host = if backend.kind() == llada_rt::executor::default_backend() { None } else { Some(Session::open(&m, &SessionParams::default())?) };
-            let report = conformance::run_explained(&mut session, host.as_mut(), &golden, select, logit_tolerance, &mut |_| {})?;
-            let passed = report.passed() || (accept_explained && report.passed_but_for_explained());
-            if json {
-                outln!("{}", serde_json::to_string_pretty(&report).expect("the report serializes"))?;
-            } else {
-                for f in &report.failures {
-                    outln!("MISMATCH {f}")?;
-                }
-                let bound = 2.0 * report.max_logit_abs_error;
-                for d in &report.divergences {
-                    let margin = d.margin.map_or("not computed (guidance)".to_string(), |m| format!("{m:.3e}"));
-                    let why = if d.explained { format!("below 2 x the first-pass logit error ({bound:.2e}): explained by precision") } else { format!("not below 2 x the first-pass logit error ({bound:.2e}): NOT explained") };
-                    outln!("DIVERGED {} at step {}: the host's margin there {margin}, {why}", d.case, d.step)?;
-                }
-                let ran = report.cases - report.skipped;
-                let verdict = match (report.passed(), passed) {
-                    (true, _) => "PASS",
-                    (false, true) => "PASS (every mismatch explained by precision)",
-                    _ => "FAIL",
-                };
-                outln!("{}: {verdict}", golden.display())?;
-                if report.cases < report.cases_in_file {
-                    outln!("  cases:                     {} of {} (every {} from {})", report.cases, report.cases_in_file, select.every, select.offset)?;
-                }
-                outln!("  output_ids:                {}/{} matched", report.output_ids_matched, ran)?;
-                outln!("  reveals before first tie:  {}/{} matched", report.reveals_before_tie_matched, ran)?;
-                outln!("  reveals at every step:     {}/{} matched (ties included)", report.reveals_all_steps_matched, ran)?;
-                if report.forward_calls_checked > 0 {
-                    outln!("  model calls:               {}/{} threshold cases as many as the reference", report.forward_calls_matched, report.forward_calls_checked)?;
-                }
-                if report.edits_checked > 0 {
-                    outln!("  edits at every model call: {}/{} editing cases matched", report.edits_matched, report.edits_checked)?;
-                }
-                outln!(
-                    "  first_step_logits:         {}/{} within {:.0e} (max abs error {:.2e})",
-                    report.logit_cases_within_tolerance, report.logit_cases, logit_tolerance, report.max_logit_abs_error
-                )?;
-                if report.skipped > 0 {
-                    outln!("  skipped: {} case(s) that need PyTorch's own random stream", report.skipped)?;
-                }
-            }
-            if !passed {
-                return Err(Error::request(format!("{}: conformance failed", golden.display())).into());
-            }
-        }
+        Command::QnnInfo(command) => command.run(),
+        Command::Bench(command) => command.run(&typed),
+        Command::Eval(command) => command.run(&typed),
+        Command::Golden(command) => command.run(),
+        Command::Compare(command) => command.run(&typed),
+        Command::Conformance(command) => command.run(),
     }
-    Ok(())
 }
 
 fn main() -> ExitCode {

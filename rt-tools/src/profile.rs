@@ -67,7 +67,7 @@ pub fn split(model: &Model, passes: &[PassProfile]) -> OpSplit {
             if let Op::MatMul { x, weight, .. } = *op {
                 let shape = &model.header.tensors[weight as usize].shape;
                 let (n, k) = (shape[0] as usize, shape[1] as usize);
-                let rows = if g.values[x as usize].rows == Rows::Head { p.head_rows } else { p.rows };
+                let rows = if g.values[x as usize].rows == Rows::Logits { p.logit_rows } else { p.rows };
                 let class = rows_class(rows);
                 let gop = 2.0 * (rows * n * k) as f64 / 1e9;
                 match matmuls.iter_mut().find(|m| (m.n, m.k, m.rows) == (n, k, class)) {

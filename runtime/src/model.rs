@@ -10,6 +10,7 @@ use std::sync::Arc;
 use half::{bf16, f16};
 use llada_ir::window::{operand_layout, operand_of, ActivationScales, Operand, OperandLayout};
 use llada_ir::{Artifact, DType, Graph, Header, TensorId};
+use llada_ir::program::{Programs, Step};
 use memmap2::Mmap;
 
 use crate::error::{Error, Result};
@@ -24,6 +25,8 @@ pub struct Model {
     file: Arc<File>,
     mapping: Arc<Mapping>,
     data: Range<usize>,
+    /// Each graph's steps, as the artifact's `program` section lists them.
+    programs: Arc<Programs>,
 }
 
 /// The verified file's mapping and its fault guard.
@@ -96,15 +99,16 @@ impl Model {
             })
             .map_err(wrap)?;
         }
+        let programs = Arc::new(Programs::of(&art.header).map_err(wrap)?);
         let (p, header) = (art.preamble, art.header);
         let data = p.data_offset as usize..(p.data_offset + p.data_len) as usize;
-        Ok(Model { path: path.to_path_buf(), header: Arc::new(header), file: Arc::new(file), mapping: Arc::new(Mapping { guard, map }), data })
+        Ok(Model { path: path.to_path_buf(), header: Arc::new(header), file: Arc::new(file), mapping: Arc::new(Mapping { guard, map }), data, programs })
     }
 
     /// Another handle on the same loaded artifact (nothing is read or verified again), for a
     /// thread that must own one.
     pub fn share(&self) -> Model {
-        Model { path: self.path.clone(), header: self.header.clone(), file: self.file.clone(), mapping: self.mapping.clone(), data: self.data.clone() }
+        Model { path: self.path.clone(), header: self.header.clone(), file: self.file.clone(), mapping: self.mapping.clone(), data: self.data.clone(), programs: self.programs.clone() }
     }
 
     /// The verified file, for threads that read from it (staging).
@@ -165,6 +169,12 @@ impl Model {
 
     pub fn graph(&self, id: u32) -> &Graph {
         &self.header.graphs[id as usize]
+    }
+
+    /// Graph `id`'s program: its ops in runs, with the swap schedule's waits and releases
+    /// and the CPU's MoE step where they fall.
+    pub fn program(&self, id: u32) -> &[Step] {
+        &self.programs.graphs[id as usize]
     }
 
     /// What the model is (LLaDA, LLaDA-MoE or Dream).

@@ -25,7 +25,7 @@ pub struct Counters {
     /// all; the rows asked for where it computes only those (`Capabilities::cost_per_row`).
     pub rows_computed: u64,
     /// Logit rows computed by the output head.
-    pub head_rows_computed: u64,
+    pub logit_rows_computed: u64,
     /// Wall time spent inside graph runs.
     pub forward_seconds: f64,
     /// Weight bytes staged into slots, the compute path's waits for them, and the copies'
@@ -127,8 +127,8 @@ pub struct Session {
     positions: Vec<u32>,
     /// Rows of the current pass before padding.
     real_rows: usize,
-    /// Head rows of the current pass, as graph rows.
-    head: Vec<u32>,
+    /// Logit rows of the current pass, as graph rows.
+    logit_rows: Vec<u32>,
     /// A row-set pass's stored positions, sorted (to find a position stored twice).
     sorted_stored: Vec<u32>,
     pub counters: Counters,
@@ -219,7 +219,7 @@ impl Session {
             tokens: Vec::with_capacity(max_rows),
             positions: Vec::with_capacity(max_rows),
             real_rows: 0,
-            head: Vec::with_capacity(max_rows),
+            logit_rows: Vec::with_capacity(max_rows),
             sorted_stored: Vec::with_capacity(max_rows),
             counters: Counters::default(),
             last_staging: PassStaging::default(),
@@ -273,8 +273,8 @@ impl Session {
     }
 
     /// Most logit rows one pass over `rows` positions can return.
-    pub fn head_capacity(&self, rows: usize) -> Result<usize> {
-        Ok(self.model.graph(self.model.graph_for_rows(rows)?).head_rows as usize)
+    pub fn logit_capacity(&self, rows: usize) -> Result<usize> {
+        Ok(self.model.graph(self.model.graph_for_rows(rows)?).logit_rows as usize)
     }
 
     /// Times every op of every pass from now on (`on`), keeping the times for
@@ -299,16 +299,16 @@ impl Session {
     }
 
     /// [`forward_full`](Self::forward_full), timing every op: for `llada-rt bench`.
-    pub fn forward_full_profiled(&mut self, seq: &[u32], head_rows: &[u32]) -> Result<(u32, OpProfile)> {
-        let (gid, profile) = self.pass(seq, 0..seq.len(), head_rows, true)?;
+    pub fn forward_full_profiled(&mut self, seq: &[u32], logit_rows: &[u32]) -> Result<(u32, OpProfile)> {
+        let (gid, profile) = self.pass(seq, 0..seq.len(), logit_rows, true)?;
         Ok((gid, profile.unwrap_or_default()))
     }
 
-    /// Checks a request for positions `span` of `seq` with logits at `head_positions`, picks
-    /// the graph and fills the token, position and head rows.
+    /// Checks a request for positions `span` of `seq` with logits at `logit_positions`, picks
+    /// the graph and fills the token, position and logit rows.
     /// `block_causal`: the caller checked that the cache holds every position before `span`
     /// from block passes (`forward_blocks`).
-    fn prepare(&mut self, seq: &[u32], span: Range<usize>, head_positions: &[u32], block_causal: bool) -> Result<u32> {
+    fn prepare(&mut self, seq: &[u32], span: Range<usize>, logit_positions: &[u32], block_causal: bool) -> Result<u32> {
         if span.start >= span.end || span.end > seq.len() {
             return Err(Error::request(format!("rows {span:?} are not inside a {}-token sequence", seq.len())));
         }
@@ -321,9 +321,9 @@ impl Session {
             )));
         }
         let gid = self.model.graph_for_rows(span.len())?;
-        self.check_head(gid, head_positions.len())?;
+        self.check_logit_rows(gid, logit_positions.len())?;
         check_tokens(&self.model, seq)?;
-        if let Some(&bad) = head_positions.iter().find(|&&r| !span.contains(&(r as usize))) {
+        if let Some(&bad) = logit_positions.iter().find(|&&r| !span.contains(&(r as usize))) {
             return Err(Error::request(format!("logits asked for position {bad}, outside the rows {span:?} of this pass")));
         }
         // Dream predicts position p from the pass's output at p - 1; the pass's first row from
@@ -333,20 +333,20 @@ impl Session {
         self.tokens.extend_from_slice(&seq[span.clone()]);
         self.positions.clear();
         self.positions.extend(span.start as u32..span.end as u32);
-        self.head.clear();
-        self.head.extend(head_positions.iter().map(|&p| p.saturating_sub(shift).max(span.start as u32) - span.start as u32));
+        self.logit_rows.clear();
+        self.logit_rows.extend(logit_positions.iter().map(|&p| p.saturating_sub(shift).max(span.start as u32) - span.start as u32));
         self.pad(gid);
         Ok(gid)
     }
 
-    fn check_head(&self, gid: u32, head_rows: usize) -> Result<()> {
+    fn check_logit_rows(&self, gid: u32, logit_rows: usize) -> Result<()> {
         let g = self.model.graph(gid);
-        if head_rows > g.head_rows as usize {
+        if logit_rows > g.logit_rows as usize {
             return Err(Error::request(format!(
-                "{head_rows} logit rows were requested in one pass but {} was compiled for at most {}; \
-                 use a smaller --block-len or recompile with `lladac compile --head-rows {head_rows}`",
+                "{logit_rows} logit rows were requested in one pass but {} was compiled for at most {}; \
+                 use a smaller --block-len or recompile with `lladac compile --logit-rows {logit_rows}`",
                 self.model.path.display(),
-                g.head_rows,
+                g.logit_rows,
             )));
         }
         Ok(())
@@ -365,9 +365,9 @@ impl Session {
     /// every position the cache holds. Rows are `rows.positions[i]` with input token
     /// `rows.tokens[i]`; the first `rows.stored` store their keys and values, the others only
     /// read (see [`RunInputs::stored_rows`]). The pass runs the graph of `bucket` rows (or
-    /// the smallest that holds them all) and returns the logits of rows `head` (indexes into
-    /// `rows`), `[head.len(), embedding_size]`.
-    pub fn forward_rows(&mut self, seq_len: usize, rows: &RowSet, bucket: usize, head: &[u32]) -> Result<&[f32]> {
+    /// the smallest that holds them all) and returns the logits of rows `logit_rows` (indexes into
+    /// `rows`), `[logit_rows.len(), embedding_size]`.
+    pub fn forward_rows(&mut self, seq_len: usize, rows: &RowSet, bucket: usize, logit_rows: &[u32]) -> Result<&[f32]> {
         let n = rows.positions.len();
         if n == 0 || rows.tokens.len() != n || rows.stored > n {
             return Err(Error::request(format!("a row-set pass needs at least one row, a token per row and at most {n} stored rows")));
@@ -387,21 +387,21 @@ impl Session {
         if let Some(w) = stored.windows(2).find(|w| w[0] == w[1]) {
             return Err(Error::request(format!("two rows of one pass store position {}", w[0])));
         }
-        if let Some(&bad) = head.iter().find(|&&r| r as usize >= n) {
+        if let Some(&bad) = logit_rows.iter().find(|&&r| r as usize >= n) {
             return Err(Error::request(format!("logits asked for row {bad} of a {n}-row pass")));
         }
         check_tokens(&self.model, &rows.tokens)?;
         let gid = self.model.graph_for_rows(bucket.max(n))?;
-        self.check_head(gid, head.len())?;
+        self.check_logit_rows(gid, logit_rows.len())?;
         self.tokens.clear();
         self.tokens.extend_from_slice(&rows.tokens);
         self.positions.clear();
         self.positions.extend_from_slice(&rows.positions);
-        self.head.clear();
-        self.head.extend_from_slice(head);
+        self.logit_rows.clear();
+        self.logit_rows.extend_from_slice(logit_rows);
         self.pad(gid);
-        self.run_pass(gid, rows.stored, seq_len, head.len(), n, None, false)?;
-        Ok(self.logits(gid, head.len()))
+        self.run_pass(gid, rows.stored, seq_len, logit_rows.len(), n, None, false)?;
+        Ok(self.logits(gid, logit_rows.len()))
     }
 
     /// The thread pool the kernels run on, so work around the passes (predictions) honours
@@ -456,25 +456,25 @@ impl Session {
         self.features
     }
 
-    fn logits(&mut self, gid: u32, head_rows: usize) -> &[f32] {
+    fn logits(&mut self, gid: u32, logit_rows: usize) -> &[f32] {
         let g = self.model.graph(gid);
-        let range = value_range(g, &g.values[g.logits as usize], head_rows, self.model.header.plan.window.activations.offset);
+        let range = value_range(g, &g.values[g.logits as usize], logit_rows, self.model.header.plan.window.activations.offset);
         &self.window.parts().activations[range]
     }
 
-    /// One whole-sequence pass (the exact plan): returns the logits of `head_rows`
-    /// (positions in `seq`), `[head_rows.len(), embedding_size]`, row-major. It also fills
+    /// One whole-sequence pass (the exact plan): returns the logits of `logit_rows`
+    /// (positions in `seq`), `[logit_rows.len(), embedding_size]`, row-major. It also fills
     /// the KV cache with every position of `seq`.
-    pub fn forward_full(&mut self, seq: &[u32], head_rows: &[u32]) -> Result<&[f32]> {
-        self.forward_span(seq, 0..seq.len(), head_rows)
+    pub fn forward_full(&mut self, seq: &[u32], logit_rows: &[u32]) -> Result<&[f32]> {
+        self.forward_span(seq, 0..seq.len(), logit_rows)
     }
 
     /// A pass over positions `span` of `seq` only: those rows store fresh keys and values,
     /// and attend to the cache for the rest of `seq` (as the last whole-sequence pass, or
-    /// later passes over them, left it). Returns the logits at `head_positions`.
-    pub fn forward_span(&mut self, seq: &[u32], span: Range<usize>, head_positions: &[u32]) -> Result<&[f32]> {
-        let (gid, _) = self.pass(seq, span, head_positions, false)?;
-        Ok(self.logits(gid, head_positions.len()))
+    /// later passes over them, left it). Returns the logits at `logit_positions`.
+    pub fn forward_span(&mut self, seq: &[u32], span: Range<usize>, logit_positions: &[u32]) -> Result<&[f32]> {
+        let (gid, _) = self.pass(seq, span, logit_positions, false)?;
+        Ok(self.logits(gid, logit_positions.len()))
     }
 
     /// A block-causal pass (LLaDA 2.x's block diffusion) over every block of `block_len` from
@@ -483,8 +483,8 @@ impl Session {
     /// store their keys and values and attend to the positions before its end, the earlier
     /// ones from the cache, as the published mask lets them, with no rows for the blocks after
     /// `seq`. Over two blocks, what a finished block's store and the next block's first step
-    /// compute, at once. Returns the logits at `head_positions`.
-    pub fn forward_blocks(&mut self, seq: &[u32], from: usize, block_len: usize, head_positions: &[u32]) -> Result<&[f32]> {
+    /// compute, at once. Returns the logits at `logit_positions`.
+    pub fn forward_blocks(&mut self, seq: &[u32], from: usize, block_len: usize, logit_positions: &[u32]) -> Result<&[f32]> {
         if block_len == 0 || from % block_len != 0 || seq.len() % block_len != 0 || from >= seq.len() || from > self.block_prefix || (self.cached_len.is_some() && from > 0) {
             return Err(Error::request(format!(
                 "a block-causal pass over positions {from}..{} in blocks of {block_len} needs whole blocks and every position before {from} stored by earlier block passes ({} are)",
@@ -494,12 +494,12 @@ impl Session {
         }
         self.cached_len = None;
         let span = from..seq.len();
-        let gid = self.prepare(seq, span.clone(), head_positions, true)?;
+        let gid = self.prepare(seq, span.clone(), logit_positions, true)?;
         // One block's rows all attend to the whole context: no runs to split (any backend).
         let causal = (span.len() > block_len).then_some(block_len);
-        self.run_pass(gid, span.len(), seq.len(), head_positions.len(), span.len(), causal, false)?;
+        self.run_pass(gid, span.len(), seq.len(), logit_positions.len(), span.len(), causal, false)?;
         self.block_prefix = span.end;
-        Ok(self.logits(gid, head_positions.len()))
+        Ok(self.logits(gid, logit_positions.len()))
     }
 
     /// A block-causal pass over some positions of `seq` (which ends at a block's end): rows at
@@ -507,8 +507,8 @@ impl Session {
     /// and attending to the positions before its block's end, the others from the cache.
     /// Every position of `seq` that is not a row must be stored already (by block passes since
     /// the last whole-sequence pass): positions from where those reached must all be rows.
-    /// Returns the logits of rows `head` (indexes into `positions`). LLaDA 2.x's `mbsd`.
-    pub fn forward_block_rows(&mut self, seq: &[u32], positions: &[u32], block_len: usize, head: &[u32]) -> Result<&[f32]> {
+    /// Returns the logits of rows `logit_rows` (indexes into `positions`). LLaDA 2.x's `mbsd`.
+    pub fn forward_block_rows(&mut self, seq: &[u32], positions: &[u32], block_len: usize, logit_rows: &[u32]) -> Result<&[f32]> {
         let n = positions.len();
         let prefix = if self.cached_len.is_some() { 0 } else { self.block_prefix };
         let ascending = positions.windows(2).all(|w| w[0] < w[1]);
@@ -519,23 +519,23 @@ impl Session {
                 seq.len()
             )));
         }
-        if let Some(&bad) = head.iter().find(|&&r| r as usize >= n) {
+        if let Some(&bad) = logit_rows.iter().find(|&&r| r as usize >= n) {
             return Err(Error::request(format!("logits asked for row {bad} of a {n}-row pass")));
         }
         check_tokens(&self.model, seq)?;
         let gid = self.model.graph_for_rows(n)?;
-        self.check_head(gid, head.len())?;
+        self.check_logit_rows(gid, logit_rows.len())?;
         self.cached_len = None;
         self.tokens.clear();
         self.tokens.extend(positions.iter().map(|&p| seq[p as usize]));
         self.positions.clear();
         self.positions.extend_from_slice(positions);
-        self.head.clear();
-        self.head.extend_from_slice(head);
+        self.logit_rows.clear();
+        self.logit_rows.extend_from_slice(logit_rows);
         self.pad(gid);
-        self.run_pass(gid, n, seq.len(), head.len(), n, Some(block_len), false)?;
+        self.run_pass(gid, n, seq.len(), logit_rows.len(), n, Some(block_len), false)?;
         self.block_prefix = self.block_prefix.max(seq.len());
-        Ok(self.logits(gid, head.len()))
+        Ok(self.logits(gid, logit_rows.len()))
     }
 
     /// Stores the keys and values of `seq`'s blocks of `block_len` from position `from` on
@@ -550,9 +550,9 @@ impl Session {
     }
 
     /// Runs the pass over `span` (timing every op when `profiled`) and counts it.
-    fn pass(&mut self, seq: &[u32], span: Range<usize>, head_positions: &[u32], profiled: bool) -> Result<(u32, Option<OpProfile>)> {
-        let gid = self.prepare(seq, span.clone(), head_positions, false)?;
-        let profile = self.run_pass(gid, span.len(), seq.len(), head_positions.len(), span.len(), None, profiled)?;
+    fn pass(&mut self, seq: &[u32], span: Range<usize>, logit_positions: &[u32], profiled: bool) -> Result<(u32, Option<OpProfile>)> {
+        let gid = self.prepare(seq, span.clone(), logit_positions, false)?;
+        let profile = self.run_pass(gid, span.len(), seq.len(), logit_positions.len(), span.len(), None, profiled)?;
         if span.len() == seq.len() {
             self.cached_len = Some(seq.len());
         }
@@ -565,17 +565,17 @@ impl Session {
     /// row's only up to its block's end with `block_causal`) and counts it. After a pass that
     /// failed, the next one first sets the session up as a new one (see [`reset`](Self::reset)),
     /// or fails saying why it cannot.
-    fn run_pass(&mut self, gid: u32, stored: usize, context: usize, head_rows: usize, real_rows: usize, block_causal: Option<usize>, profiled: bool) -> Result<Option<OpProfile>> {
+    fn run_pass(&mut self, gid: u32, stored: usize, context: usize, logit_rows: usize, real_rows: usize, block_causal: Option<usize>, profiled: bool) -> Result<Option<OpProfile>> {
         if self.needs_reset {
             // Still failing (the artifact unreadable, say): this pass fails as that, and the
             // next one tries again.
             self.reset()?;
         }
         let g = self.model.graph(gid);
-        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context, head_rows: &self.head, rows: self.real_rows, block_causal };
+        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context, logit_rows: &self.logit_rows, rows: self.real_rows, block_causal };
         let start = Instant::now();
         let mut profile = (profiled || self.op_profiles.is_some()).then(|| OpProfile { times: Vec::new(), matmul_ranges: self.matmul_ranges.then(Vec::new) });
-        let pass = Pass { graph: gid, inputs, window: &mut self.window, stager: &mut self.stager, moe: &mut self.moe, profile: profile.as_mut() };
+        let pass = Pass { graph: gid, inputs, window: &mut self.window, stager: Some(&mut self.stager), moe: &mut self.moe, profile: profile.as_mut() };
         let run = self.executor.run(&self.model, pass).map(|()| profile);
         // Reads of a truncated artifact saw zeros: the pass computed nothing trustworthy.
         let profile = match run.and_then(|p| self.model.check_intact().map(|()| p)) {
@@ -607,12 +607,12 @@ impl Session {
         self.counters.context_load_wait_seconds += loads.wait_seconds;
         self.counters.forward_passes += 1;
         self.counters.rows_computed += if self.executor.capabilities().cost_per_row { real_rows } else { g.rows as usize } as u64;
-        self.counters.head_rows_computed += head_rows as u64;
+        self.counters.logit_rows_computed += logit_rows as u64;
         match (self.op_profiles.as_mut(), profile) {
             // Kept for `take_op_profiles` (a copy only when the caller wants it too).
             (Some(all), Some(ops)) => {
                 let returned = profiled.then(|| ops.clone());
-                all.push(PassProfile { graph: gid, rows: real_rows, head_rows, ops });
+                all.push(PassProfile { graph: gid, rows: real_rows, logit_rows, ops });
                 Ok(returned)
             }
             (_, profile) => Ok(profile),

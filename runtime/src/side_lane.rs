@@ -76,7 +76,7 @@ struct Worker {
     moe: MoeStep,
     tokens: Vec<u32>,
     positions: Vec<u32>,
-    head: Vec<u32>,
+    logit_rows: Vec<u32>,
     logits: Vec<f32>,
 }
 
@@ -100,8 +100,8 @@ impl Worker {
             self.positions.extend_from_slice(&job.checked);
             self.positions.extend_from_slice(&job.checked);
         }
-        self.head.clear();
-        self.head.extend(n as u32..2 * n as u32);
+        self.logit_rows.clear();
+        self.logit_rows.extend(n as u32..2 * n as u32);
         self.run(2 * n, n, job)?;
         let h = &self.model.header;
         let g = self.model.graph(self.model.graph_for_rows(2 * n)?);
@@ -118,7 +118,7 @@ impl Worker {
             self.tokens.extend_from_slice(&job.tokens);
             self.positions.clear();
             self.positions.extend_from_slice(&job.checked);
-            self.head.clear();
+            self.logit_rows.clear();
             self.run(n, n, job)?;
         } else {
             job.predictions.extend(self.logits.chunks_exact_mut(vocab).zip(&job.checked).map(|(row, &pos)| (job.predict)(row, p, special, step, pos as usize)));
@@ -129,11 +129,12 @@ impl Worker {
     /// Runs the graph for `rows` of the prepared rows (padded here), the first `stored`
     /// storing their keys and values, logits at `self.head`.
     fn run(&mut self, rows: usize, stored: usize, job: &mut Job) -> Result<()> {
-        let g = self.model.graph(self.model.graph_for_rows(rows)?);
-        self.tokens.resize(g.rows as usize, self.model.header.special.mask);
-        self.positions.resize(g.rows as usize, 0);
-        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context: job.seq_len, head_rows: &self.head, rows, block_causal: None };
-        self.executor.run_unstaged(&self.model, g, &inputs, &mut job.window, &mut self.moe)
+        let graph = self.model.graph_for_rows(rows)?;
+        let graph_rows = self.model.graph(graph).rows as usize;
+        self.tokens.resize(graph_rows, self.model.header.special.mask);
+        self.positions.resize(graph_rows, 0);
+        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context: job.seq_len, logit_rows: &self.logit_rows, rows, block_causal: None };
+        self.executor.run_unstaged(&self.model, graph, inputs, &mut job.window, &mut self.moe)
     }
 
     /// The thread's loop: runs each job lent to it until the side path closes its slot. The
@@ -170,7 +171,7 @@ impl SideLane {
             moe: MoeStep::new(model, None, pool.clone(), features),
             tokens: Vec::with_capacity(rows),
             positions: Vec::with_capacity(rows),
-            head: Vec::with_capacity(per_job),
+            logit_rows: Vec::with_capacity(per_job),
             logits: Vec::with_capacity(per_job * vocab),
             model: model.share(),
         };

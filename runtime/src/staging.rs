@@ -18,7 +18,8 @@ use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use llada_ir::{Graph, Header};
+use llada_ir::program::Step;
+use llada_ir::Header;
 
 use crate::error::{Error, Result};
 use crate::trace::{Trace, Track};
@@ -118,7 +119,7 @@ impl Stager {
         let names = h.plan.window.rotating.iter().map(|&s| h.segments[s as usize].name.clone()).collect();
         let source = Arc::new(Source { file, ranges: rotating_ranges(h, data_offset), trace: OnceLock::new(), names });
         // SAFETY: one handle per slot (the caller's contract: the only stager of a window
-        // that outlives it); the executor reads a slot only once its copy is home (`before_op`).
+        // that outlives it); the executor reads a slot only once its copy is home (`wait`).
         let mems = slots.iter().map(|&p| RotatingSlot { mem: unsafe { SlotMem::new(p) }, step: None, copy_seconds: 0.0 }).collect();
         let mut stager = Stager { mode, path: path.to_path_buf(), source, slots: Slots::new(mems), reads: slots.into(), thread: None, pass_base: 0, pass: PassStaging::default() };
         stager.start()?;
@@ -179,68 +180,65 @@ impl Stager {
         self.reads.clone()
     }
 
-    /// Before op `op` of `g`: makes sure every segment first used there is in its slot.
-    pub fn before_op(&mut self, g: &Graph, op: usize) -> Result<()> {
-        for st in g.staging.iter().filter(|st| st.first_op as usize == op) {
-            let i = st.rotating as usize;
-            let s = st.slot as usize;
-            let (offset, len) = self.source.ranges[i];
-            match self.mode {
-                StagingMode::Sync => {
-                    let start = Instant::now();
-                    // No thread: the slot's handle is always home.
-                    let read = self.slots.with(s, |slot, _| self.source.file.read_exact_at(&mut slot.mem.bytes_mut()[..len], offset));
-                    read.unwrap_or(Ok(())).map_err(|e| crate::model::read_error(&self.path, e))?;
-                    if let Some(t) = self.source.trace.get() {
-                        t.span(Track::Dense, format!("copy {} (sync)", self.source.names[i]), start, Instant::now());
-                    }
-                    let t = start.elapsed().as_secs_f64();
-                    self.pass.stall_seconds += t;
-                    self.pass.copy_seconds += t;
-                }
-                StagingMode::Async => {
-                    let want = Some(self.pass_base + i as u64);
-                    let start = Instant::now();
-                    let copy_seconds = match self.slots.with(s, |slot, _| (slot.step == want).then_some(slot.copy_seconds)).flatten() {
-                        Some(t) => t,
-                        None => {
-                            let t = self.slots.wait(s, |slot, _| slot.step == want, |slot| slot.copy_seconds);
-                            let t = t.map_err(|_| self.slots.failure(|f| f.error(&self.path, "the staging thread")).unwrap_or_else(|| Error::Internal("the staging thread stopped".into())))?;
-                            self.pass.stall_seconds += start.elapsed().as_secs_f64();
-                            if let Some(tr) = self.source.trace.get() {
-                                tr.span(Track::Dense, format!("wait for {}", self.source.names[i]), start, Instant::now());
-                            }
-                            t
-                        }
-                    };
-                    self.pass.copy_seconds += copy_seconds;
-                }
+    /// Follows a program's staging steps (waits and releases); its other steps are the
+    /// backend's.
+    pub fn follow(&mut self, step: Step) -> Result<()> {
+        match step {
+            Step::Wait { rotating, slot } => self.wait(rotating, slot),
+            Step::Release { slot, step } => {
+                self.release(slot, step);
+                Ok(())
             }
-            self.pass.staged_bytes += len as u64;
+            Step::Embed { .. } | Step::Dense { .. } | Step::Moe { .. } => Ok(()),
         }
+    }
+
+    /// A program's [`Step::Wait`](llada_ir::program::Step::Wait): rotating segment
+    /// `rotating` is in slot `slot` when this returns (copied here in sync mode).
+    fn wait(&mut self, rotating: u32, slot: u32) -> Result<()> {
+        let (i, s) = (rotating as usize, slot as usize);
+        let (offset, len) = self.source.ranges[i];
+        match self.mode {
+            StagingMode::Sync => {
+                let start = Instant::now();
+                // No thread: the slot's handle is always home.
+                let read = self.slots.with(s, |slot, _| self.source.file.read_exact_at(&mut slot.mem.bytes_mut()[..len], offset));
+                read.unwrap_or(Ok(())).map_err(|e| crate::model::read_error(&self.path, e))?;
+                if let Some(t) = self.source.trace.get() {
+                    t.span(Track::Dense, format!("copy {} (sync)", self.source.names[i]), start, Instant::now());
+                }
+                let t = start.elapsed().as_secs_f64();
+                self.pass.stall_seconds += t;
+                self.pass.copy_seconds += t;
+            }
+            StagingMode::Async => {
+                let want = Some(self.pass_base + i as u64);
+                let start = Instant::now();
+                let copy_seconds = match self.slots.with(s, |slot, _| (slot.step == want).then_some(slot.copy_seconds)).flatten() {
+                    Some(t) => t,
+                    None => {
+                        let t = self.slots.wait(s, |slot, _| slot.step == want, |slot| slot.copy_seconds);
+                        let t = t.map_err(|_| self.slots.failure(|f| f.error(&self.path, "the staging thread")).unwrap_or_else(|| Error::Internal("the staging thread stopped".into())))?;
+                        self.pass.stall_seconds += start.elapsed().as_secs_f64();
+                        if let Some(tr) = self.source.trace.get() {
+                            tr.span(Track::Dense, format!("wait for {}", self.source.names[i]), start, Instant::now());
+                        }
+                        t
+                    }
+                };
+                self.pass.copy_seconds += copy_seconds;
+            }
+        }
+        self.pass.staged_bytes += len as u64;
         Ok(())
     }
 
-    /// After op `op` of `g`: releases a slot for its next segment where the schedule says
-    /// that segment's copy may start (`stage_after_op`), and, for a slot's last segment of the
-    /// pass (whose successor is the next pass's and is staged behind this one), after its
-    /// last use. A release is the request for the slot's next copy, by its global step.
-    pub fn after_op(&mut self, g: &Graph, op: usize) {
-        if self.mode == StagingMode::Sync {
-            return;
-        }
-        let rotating = self.source.ranges.len() as u64;
-        let steps = &g.staging;
-        for (i, st) in steps.iter().enumerate() {
-            if st.stage_after_op == Some(op as u32) {
-                self.slots.request(st.slot as usize, self.pass_base + st.rotating as u64);
-            }
-            let last_in_slot = st.last_op as usize == op && !steps[i + 1..].iter().any(|later| later.slot == st.slot);
-            if last_in_slot {
-                // The next pass's first segments go into the slots in order (the verifier:
-                // steps below the slot count are staged by the previous pass).
-                self.slots.request(st.slot as usize, self.pass_base + rotating + st.slot as u64);
-            }
+    /// A program's [`Step::Release`](llada_ir::program::Step::Release): slot `slot` is free
+    /// for its copy of the pass's rotating step `step` (the next pass's where `step` is past
+    /// the rotating count). A release is the request for that copy, by its global step.
+    fn release(&mut self, slot: u32, step: u32) {
+        if self.mode == StagingMode::Async {
+            self.slots.request(slot as usize, self.pass_base + step as u64);
         }
     }
 

@@ -121,14 +121,14 @@ pub fn matmul_engine(dtype: DType, bf16_activations: bool, act_bytes: u32) -> En
 
 /// The work of every op of `g` (a verified graph of `h`), in op order: token-row values have
 /// `g.rows` rows (a static graph computes all of them, padding included), head-row values
-/// `head_rows`; attention reads `context` cached positions per layer from a KV cache of
+/// `logit_rows`; attention reads `context` cached positions per layer from a KV cache of
 /// `kv_bytes`-byte elements; activations are `act_bytes` per element (4 for f32, 2 for f16).
-pub fn graph_work(h: &Header, g: &Graph, head_rows: u32, context: u32, kv_bytes: u32, act_bytes: u32) -> Vec<OpWork> {
+pub fn graph_work(h: &Header, g: &Graph, logit_rows: u32, context: u32, kv_bytes: u32, act_bytes: u32) -> Vec<OpWork> {
     let act = act_bytes as f64;
     let kv = kv_bytes as f64;
     let rows = |v: ValueId| match g.values[v as usize].rows {
         Rows::Tokens => g.rows as f64,
-        Rows::Head => head_rows as f64,
+        Rows::Logits => logit_rows as f64,
     };
     let cols = |v: ValueId| g.values[v as usize].cols as f64;
     let elements = |v: ValueId| rows(v) * cols(v);
@@ -273,7 +273,7 @@ mod tests {
             })
             .collect();
         let final_norm = add("ln_f".into(), DType::F32, vec![d64]);
-        let head = add("head".into(), w, vec![v64, d64]);
+        let lm_head = add("head".into(), w, vec![v64, d64]);
         let (cos, sin) = (add("cos".into(), DType::F32, vec![4096, 64]), add("sin".into(), DType::F32, vec![4096, 64]));
 
         let graph = |r: u32| {
@@ -301,13 +301,13 @@ mod tests {
                     Op::Add { acc: x, x: fo },
                 ]);
             }
-            let (hx, hn, logits) = (value("hx", Rows::Head, d), value("hn", Rows::Head, d), value("logits", Rows::Head, vocab));
+            let (hx, hn, logits) = (value("hx", Rows::Logits, d), value("hn", Rows::Logits, d), value("logits", Rows::Logits, vocab));
             ops.extend([
-                Op::GatherHeadRows { x, out: hx },
+                Op::GatherLogitRows { x, out: hx },
                 Op::RmsNorm { x: hx, weight: final_norm, eps: 1e-5, out: hn },
-                Op::MatMul { x: hn, weight: head, out: logits },
+                Op::MatMul { x: hn, weight: lm_head, out: logits },
             ]);
-            Graph { name: format!("rows-{r}"), rows: r, head_rows: r, values, ops, logits, window_bytes: 0, staging: Vec::new() }
+            Graph { name: format!("rows-{r}"), rows: r, logit_rows: r, values, ops, logits, window_bytes: 0, staging: Vec::new() }
         };
         let graphs = rows.iter().map(|&r| graph(r)).collect();
         Header {
@@ -351,7 +351,7 @@ mod tests {
             if let Op::MatMul { x, weight, out } = *op {
                 let t = &h.tensors[weight as usize];
                 let (n, k) = (t.shape[0] as f64, t.shape[1] as f64);
-                let r = if g.values[x as usize].rows == Rows::Head { 16.0 } else { 48.0 };
+                let r = if g.values[x as usize].rows == Rows::Logits { 16.0 } else { 48.0 };
                 assert_eq!((g.values[x as usize].cols as f64, g.values[out as usize].cols as f64), (k, n));
                 assert_eq!(w.ops, 2.0 * r * n * k);
                 assert_eq!(w.bytes, t.nbytes as f64 + r * (k + n) * 4.0);

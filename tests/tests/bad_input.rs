@@ -47,10 +47,7 @@ fn compile_fails(dir: &Path, ckpt: &Path, needles: &[&str]) {
 
 /// A compiled tiny artifact.
 fn artifact(dir: &Path, max_seq: Option<u32>) -> std::path::PathBuf {
-    let ckpt = tiny(dir);
-    let art = dir.join("model.lad");
-    common::compile(&ckpt, &art, max_seq);
-    art
+    common::random_artifact(dir, Shape::tiny(), 0.02, "model.lad", max_seq)
 }
 
 fn run_ids(art: &Path, extra: &[&str]) -> std::process::Output {
@@ -59,41 +56,38 @@ fn run_ids(art: &Path, extra: &[&str]) -> std::process::Output {
     run("llada-rt", &args)
 }
 
-#[test]
-fn missing_tensor() {
+/// The tiny checkpoint, damaged by `damage`, fails to compile as [`compile_fails`] checks.
+fn damaged_checkpoint_fails(damage: impl FnOnce(&Path), needles: &[&str]) {
     let dir = tempfile::tempdir().unwrap();
     let ckpt = tiny(dir.path());
-    rewrite_weights(&ckpt, |name, shape| (!name.contains("blocks.1.k_proj")).then(|| shape.to_vec()));
-    compile_fails(dir.path(), &ckpt, &["model.transformer.blocks.1.k_proj.weight", "missing"]);
+    damage(&ckpt);
+    compile_fails(dir.path(), &ckpt, needles);
+}
+
+#[test]
+fn missing_tensor() {
+    damaged_checkpoint_fails(|ckpt| rewrite_weights(ckpt, |name, shape| (!name.contains("blocks.1.k_proj")).then(|| shape.to_vec())), &["model.transformer.blocks.1.k_proj.weight", "missing"]);
 }
 
 #[test]
 fn wrong_tensor_shape() {
-    let dir = tempfile::tempdir().unwrap();
-    let ckpt = tiny(dir.path());
-    rewrite_weights(&ckpt, |name, shape| Some(if name.contains("blocks.0.up_proj") { vec![shape[0] - 1, shape[1]] } else { shape.to_vec() }));
-    compile_fails(dir.path(), &ckpt, &["model.transformer.blocks.0.up_proj.weight", "[383, 128]", "[384, 128]"]);
+    let narrower_up_proj = |name: &str, shape: &[usize]| Some(if name.contains("blocks.0.up_proj") { vec![shape[0] - 1, shape[1]] } else { shape.to_vec() });
+    damaged_checkpoint_fails(|ckpt| rewrite_weights(ckpt, narrower_up_proj), &["model.transformer.blocks.0.up_proj.weight", "[383, 128]", "[384, 128]"]);
 }
 
 #[test]
 fn unsupported_config_value() {
-    let dir = tempfile::tempdir().unwrap();
-    let ckpt = tiny(dir.path());
-    let path = ckpt.join("config.json");
-    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    cfg["alibi"] = serde_json::json!(true);
-    std::fs::write(&path, cfg.to_string()).unwrap();
-    compile_fails(dir.path(), &ckpt, &["config.json", "alibi", "not supported"]);
+    damaged_checkpoint_fails(|ckpt| common::edit_json(&ckpt.join("config.json"), |cfg| cfg["alibi"] = serde_json::json!(true)), &["config.json", "alibi", "not supported"]);
 }
 
 #[test]
 fn truncated_safetensors() {
-    let dir = tempfile::tempdir().unwrap();
-    let ckpt = tiny(dir.path());
-    let path = ckpt.join("model.safetensors");
-    let len = std::fs::metadata(&path).unwrap().len();
-    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(len - 1000).unwrap();
-    compile_fails(dir.path(), &ckpt, &["model.safetensors", "truncated"]);
+    let cut_1000_bytes = |ckpt: &Path| {
+        let path = ckpt.join("model.safetensors");
+        let len = std::fs::metadata(&path).unwrap().len();
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(len - 1000).unwrap();
+    };
+    damaged_checkpoint_fails(cut_1000_bytes, &["model.safetensors", "truncated"]);
 }
 
 #[test]

@@ -19,10 +19,7 @@ fn ckpt(dir: &Path, shape: Shape) -> PathBuf {
 
 /// The tiny LLaDA checkpoint compiled into `dir/model.lad` with 64 positions.
 fn artifact(dir: &Path) -> PathBuf {
-    let ckpt = ckpt(dir, Shape::tiny());
-    let art = dir.join("model.lad");
-    common::compile(&ckpt, &art, Some(64));
-    art
+    common::random_artifact(dir, Shape::tiny(), 0.02, "model.lad", Some(64))
 }
 
 /// `run` of `art` with a 4-token prompt, 16 tokens in blocks of 8 over 16 steps, and `extra`.
@@ -82,9 +79,7 @@ fn cpu_threads_0_names_its_own_flag() {
 #[test]
 fn llada_only_switches_on_dream_are_named_by_their_own_flag() {
     let dir = tempfile::tempdir().unwrap();
-    let ckpt = ckpt(dir.path(), Shape::tiny_dream());
-    let art = dir.path().join("dream.lad");
-    common::compile(&ckpt, &art, Some(64));
+    let art = common::random_artifact(dir.path(), Shape::tiny_dream(), 0.02, "dream.lad", Some(64));
     for flag in ["--logits-eos-inf", "--confidence-eos-eot-inf"] {
         let out = run("llada-rt", &["run", art.to_str().unwrap(), "--prompt-ids", "1,2", "--gen-len", "16", "--block-len", "16", "--steps", "16", flag]);
         assert_clean_failure(&out, &[flag, "LLaDA's sampler options", "Dream"]);

@@ -47,54 +47,59 @@ fn no_panic(what: &str, out: &Output) {
     assert_ne!(out.status.code(), Some(101), "{what}: {stderr}");
 }
 
-#[test]
-fn a_reader_that_stops_after_one_byte_ends_the_command_quietly() {
+/// Runs every printing command (on the embedded model, stderr piped) through `run`, which
+/// gives it a stdout and returns its output; checks that output did not panic, then `check`s
+/// it. Both get the command line, for their messages.
+fn each_printing_command(run: impl Fn(&str, &mut Command) -> Output, check: impl Fn(&str, &Output)) {
     let dir = tempfile::tempdir().unwrap();
     let (art, tasks) = embedded(dir.path());
     for (binary, args) in printing_commands(&art, &tasks) {
         let what = format!("{binary} {}", args.join(" "));
-        let mut child = Command::new(bin(binary)).args(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        let out = run(&what, Command::new(bin(binary)).args(&args).stderr(Stdio::piped()));
+        no_panic(&what, &out);
+        check(&what, &out);
+    }
+}
+
+/// Success with nothing on stderr.
+fn ended_quietly(what: &str, out: &Output) {
+    assert_eq!(out.status.code(), Some(0), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.stderr.is_empty(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn a_reader_that_stops_after_one_byte_ends_the_command_quietly() {
+    let read_one_byte = |what: &str, command: &mut Command| {
+        let mut child = command.stdout(Stdio::piped()).spawn().unwrap();
         let mut stdout = child.stdout.take().unwrap();
         let mut byte = [0u8; 1];
         assert_eq!(stdout.read(&mut byte).unwrap(), 1, "{what}: printed nothing");
         // `head -c 1`: the reader goes away while the command still has output to write.
         drop(stdout);
-        let out = child.wait_with_output().unwrap();
-        no_panic(&what, &out);
-        assert_eq!(out.status.code(), Some(0), "{what}: {}", String::from_utf8_lossy(&out.stderr));
-        assert!(out.stderr.is_empty(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
-    }
+        child.wait_with_output().unwrap()
+    };
+    each_printing_command(read_one_byte, ended_quietly);
 }
 
 #[test]
 fn a_stdout_closed_before_the_first_write_ends_the_command_quietly() {
-    let dir = tempfile::tempdir().unwrap();
-    let (art, tasks) = embedded(dir.path());
-    for (binary, args) in printing_commands(&art, &tasks) {
-        let what = format!("{binary} {}", args.join(" "));
+    let reader_gone = |_: &str, command: &mut Command| {
         // A pipe whose reader is gone before the command starts: its first write fails.
         let (reader, writer) = std::io::pipe().unwrap();
         drop(reader);
-        let out = Command::new(bin(binary)).args(&args).stdout(writer).stderr(Stdio::piped()).output().unwrap();
-        no_panic(&what, &out);
-        assert_eq!(out.status.code(), Some(0), "{what}: {}", String::from_utf8_lossy(&out.stderr));
-        assert!(out.stderr.is_empty(), "{what}: {}", String::from_utf8_lossy(&out.stderr));
-    }
+        command.stdout(writer).output().unwrap()
+    };
+    each_printing_command(reader_gone, ended_quietly);
 }
 
 #[test]
 fn a_full_disk_on_stdout_is_one_error_line_and_status_1() {
-    let dir = tempfile::tempdir().unwrap();
-    let (art, tasks) = embedded(dir.path());
-    for (binary, args) in printing_commands(&art, &tasks) {
-        let what = format!("{binary} {}", args.join(" "));
-        let full = File::create("/dev/full").unwrap();
-        let out = Command::new(bin(binary)).args(&args).stdout(full).stderr(Stdio::piped()).output().unwrap();
-        no_panic(&what, &out);
+    let full_disk = |_: &str, command: &mut Command| command.stdout(File::create("/dev/full").unwrap()).output().unwrap();
+    each_printing_command(full_disk, |what, out| {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{what}: {stderr}");
         assert_eq!(stderr.trim_end().lines().count(), 1, "{what}: {stderr}");
         assert!(stderr.starts_with("error: writing to stdout: "), "{what}: {stderr}");
         assert!(stderr.contains("No space left on device"), "{what}: {stderr}");
-    }
+    });
 }

@@ -22,6 +22,18 @@ fn compiled(dir: &std::path::Path) -> PathBuf {
     out
 }
 
+/// The trained tiny Dream's kit (its golden files).
+fn trained_kit() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/dream-conformance/tiny-dream-tasks")
+}
+
+/// The trained tiny Dream (`models/dream-tiny-tasks`) compiled into `dir`.
+fn trained(dir: &std::path::Path) -> PathBuf {
+    let out = dir.join("dream-tiny.lad");
+    common::compile(&PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/dream-tiny-tasks"), &out, None);
+    out
+}
+
 #[test]
 fn the_dream_kit_replays_every_greedy_case_with_its_reveals_and_first_pass_logits() {
     let dir = tempfile::tempdir().unwrap();
@@ -40,11 +52,8 @@ fn the_dream_kit_replays_every_greedy_case_with_its_reveals_and_first_pass_logit
 #[test]
 fn the_trained_dreams_kit_replays_on_the_host_ties_included() {
     let dir = tempfile::tempdir().unwrap();
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let lad = dir.path().join("dream-tiny.lad");
-    common::compile(&root.join("../models/dream-tiny-tasks"), &lad, None);
-    let model = Model::open(&lad, true).unwrap();
-    let golden = root.join("data/dream-conformance/tiny-dream-tasks/golden.json");
+    let model = Model::open(&trained(dir.path()), true).unwrap();
+    let golden = trained_kit().join("golden.json");
     let r = conformance::run(&mut Session::new(&model).unwrap(), &golden, conformance::Selection::default(), &mut |_| {}).unwrap();
     assert!(r.passed(), "{:?}", r.failures);
     assert_eq!((r.cases, r.output_ids_matched, r.reveals_all_steps_matched, r.skipped), (72, 72, 72, 0));
@@ -73,10 +82,8 @@ fn prefix_and_dual_replay_fast_dllms_block_sampler() {
 #[test]
 fn fast_dllms_threshold_mode_filters_and_eps_bounds_replay_with_their_pass_counts() {
     let dir = tempfile::tempdir().unwrap();
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    let trained = dir.path().join("dream-tiny.lad");
-    common::compile(&root.join("../models/dream-tiny-tasks"), &trained, None);
-    for (lad, golden) in [(compiled(dir.path()), kit().join("fastdllm_golden.json")), (trained, root.join("data/dream-conformance/tiny-dream-tasks/fastdllm_golden.json"))] {
+    let trained = trained(dir.path());
+    for (lad, golden) in [(compiled(dir.path()), kit().join("fastdllm_golden.json")), (trained, trained_kit().join("fastdllm_golden.json"))] {
         let model = Model::open(&lad, true).unwrap();
         let r = conformance::run(&mut Session::new(&model).unwrap(), &golden, conformance::Selection::default(), &mut |_| {}).unwrap();
         assert!(r.passed(), "{}: {:?}", golden.display(), r.failures);
@@ -152,9 +159,7 @@ fn mbsd_with_drafts_and_revision_runs_on_dream_and_is_deterministic() {
 fn the_trained_tiny_dream_answers_its_tasks_under_exact_and_mbsd() {
     let dir = tempfile::tempdir().unwrap();
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let lad = dir.path().join("dream-tiny.lad");
-    common::compile(&root.join("models/dream-tiny-tasks"), &lad, None);
-    let model = Model::open(&lad, true).unwrap();
+    let model = Model::open(&trained(dir.path()), true).unwrap();
     let text = llada_rt::text::Text::new(&model.header.tokenizer, &model.header.special).unwrap();
     let mut tasks = llada_rt_tools::eval::load_tasks(&root.join("models/tasks/heldout.jsonl"), &text).unwrap();
     tasks.truncate(20);

@@ -19,14 +19,19 @@ fn compile(out: &Path, window_bytes: Option<u64>) {
     common::compile_quant(Path::new(KIT), out, None, 128, window_bytes);
 }
 
+/// The kit's model compiled into `dir/kit.lad` (fully resident), opened.
+fn kit_model(dir: &Path) -> Model {
+    let art = dir.join("kit.lad");
+    compile(&art, None);
+    Model::open(&art, true).unwrap()
+}
+
 /// Every case of the kit: output ids, the reveals of every model call, the calls, 2.1's edits
 /// of every model call, and the first call's logits within 1e-4.
 #[test]
 fn the_kit_replays_exactly() {
     let dir = tempfile::tempdir().unwrap();
-    let art = dir.path().join("kit.lad");
-    compile(&art, None);
-    let model = Model::open(&art, true).unwrap();
+    let model = kit_model(dir.path());
     assert_eq!(model.header.model.architecture, "llada2-moe");
     let mut session = Session::new(&model).unwrap();
     let r = llada_rt_tools::conformance::run(&mut session, &Path::new(KIT).join("golden.json"), Default::default(), &mut |_| {}).unwrap();
@@ -41,16 +46,14 @@ fn the_kit_replays_exactly() {
 #[test]
 fn a_pass_over_several_blocks_is_block_causal() {
     let dir = tempfile::tempdir().unwrap();
-    let art = dir.path().join("kit.lad");
-    compile(&art, None);
-    let model = Model::open(&art, true).unwrap();
+    let model = kit_model(dir.path());
     let mask = model.header.special.mask;
     let seq: Vec<u32> = (0..24u32).map(|i| if i % 5 == 3 || i > 19 { mask } else { 7 + 13 * i }).collect();
-    let head: Vec<u32> = (16..24).collect();
+    let logit_rows: Vec<u32> = (16..24).collect();
     let logits = |from: usize| {
         let mut s = Session::new(&model).unwrap();
         s.store_blocks(&seq[..from], 0, 8).unwrap();
-        s.forward_blocks(&seq, from, 8, &head).unwrap().to_vec()
+        s.forward_blocks(&seq, from, 8, &logit_rows).unwrap().to_vec()
     };
     // A pass per block, then the last two blocks in one, then all three.
     let one = logits(16);
@@ -61,7 +64,7 @@ fn a_pass_over_several_blocks_is_block_causal() {
     // The same blocks without the mask: the first blocks' rows seeing the last block change
     // the last block's logits (what the mask keeps out is there to keep out).
     let mut s = Session::new(&model).unwrap();
-    let unmasked = s.forward_full(&seq, &head).unwrap().to_vec();
+    let unmasked = s.forward_full(&seq, &logit_rows).unwrap().to_vec();
     assert!(one.iter().zip(&unmasked).any(|(a, b)| (a - b).abs() > 1e-3));
 }
 
@@ -71,9 +74,7 @@ fn a_pass_over_several_blocks_is_block_causal() {
 #[test]
 fn mbsd_computes_fewer_rows_than_the_published_schedule() {
     let dir = tempfile::tempdir().unwrap();
-    let art = dir.path().join("kit.lad");
-    compile(&art, None);
-    let model = Model::open(&art, true).unwrap();
+    let model = kit_model(dir.path());
     let prompt = [5u32, 9, 200, 31, 77, 8, 8, 8, 8, 8];
     let exact = SamplerParams { gen_length: 60, block_length: 16, steps: 16, threshold: Some(0.2), ..Default::default() };
     let want = generate(&mut Session::new(&model).unwrap(), &prompt, &exact, &mut |_| {}).unwrap();

@@ -6,7 +6,6 @@ mod common;
 
 use std::path::Path;
 
-use burn::tensor::{Device, Int, Tensor, TensorData};
 use llada_rt::kernels::cpu;
 use llada_rt::moe::ExpertStrategy;
 use llada_rt::sampler::Policy;
@@ -23,25 +22,11 @@ fn compile(ckpt: &Path, out: &Path, quant: Option<Quant>, window_bytes: Option<u
 
 /// Largest |runtime - reference| over largest |reference|, for `len` tokens.
 fn relative_error(shape: Shape, weights: WeightType, shard_bytes: u64, len: usize) -> f64 {
-    let dir = tempfile::tempdir().unwrap();
-    let ckpt = dir.path().join("ckpt");
-    let written = common::checkpoint(&ckpt, shape.clone(), weights, shard_bytes, 0.08);
-    let art = dir.path().join("model.lad");
-    compile(&ckpt, &art, None, None);
-
-    let ids: Vec<u32> = (0..len).map(|i| ((i * 7919 + 13) % written.special.bos as usize) as u32).collect();
-    let model = Model::open(&art, true).unwrap();
-    assert_eq!(model.header.model.architecture, "llada-moe");
-    let mut session = Session::new(&model).unwrap();
-    let rows: Vec<u32> = (0..len as u32).collect();
-    let ours = session.forward_full(&ids, &rows).unwrap().to_vec();
-
-    let device = Device::default();
-    let reference = LladaMoe::load(&ckpt, &shape, &device).unwrap();
-    let input = Tensor::<2, Int>::from_data(TensorData::new(ids.iter().map(|&t| t as i64).collect::<Vec<_>>(), [1, len]), &device);
-    let theirs: Vec<f32> = reference.forward(input).into_data().try_to_vec().unwrap();
-
-    common::relative_error(&ours, &theirs)
+    let compiled = |ckpt: &Path, art: &Path| {
+        compile(ckpt, art, None, None);
+        assert_eq!(Model::open(art, true).unwrap().header.model.architecture, "llada-moe");
+    };
+    common::error_against_reference(&shape, weights, shard_bytes, len, compiled, |ckpt, input, device| LladaMoe::load(ckpt, &shape, device).unwrap().forward(input).into_data().try_to_vec().unwrap())
 }
 
 #[test]
@@ -67,8 +52,8 @@ fn run(model: &Model, strategy: ExpertStrategy) -> (Run, llada_rt::moe::ExpertCo
     let prompt: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % 250).collect();
     let mask = model.header.special.mask;
     let seq: Vec<u32> = prompt.iter().copied().chain(std::iter::repeat_n(mask, 32)).collect();
-    let head: Vec<u32> = (20..52).collect();
-    let logits: Vec<u32> = s.forward_full(&seq, &head).unwrap().iter().map(|v| v.to_bits()).collect();
+    let logit_rows: Vec<u32> = (20..52).collect();
+    let logits: Vec<u32> = s.forward_full(&seq, &logit_rows).unwrap().iter().map(|v| v.to_bits()).collect();
     let p = SamplerParams { gen_length: 64, block_length: 32, steps: 64, policy: Policy::parse("dual").unwrap(), ..SamplerParams::default() };
     let g = generate(&mut s, &prompt, &p, &mut |_| {}).unwrap();
     ((g.output_ids, g.reveals, logits), s.expert_counters().unwrap())

@@ -145,10 +145,7 @@ fn cli_tokens(artifact: &Path, prompt: &str, flags: &[&str]) -> Outcome {
 #[test]
 fn every_setting_through_the_c_api_gives_the_clis_tokens_for_every_policy() {
     let dir = tempfile::tempdir().unwrap();
-    let ckpt = dir.path().join("ckpt");
-    common::checkpoint(&ckpt, Shape::tiny(), WeightType::F32, u64::MAX, 0.05);
-    let random = dir.path().join("random.lad");
-    common::compile(&ckpt, &random, Some(256));
+    let random = common::random_artifact(dir.path(), Shape::tiny(), 0.05, "random.lad", Some(256));
     let (mut drafts, mut revisions) = (0, 0);
     for artifact in [common::embedded(dir.path()), random] {
         let prompt = "SHIFT:PONMLKJIHGFEDCBAABCDEFGHIJKLMNOPAEIMBFJNCGKODHLPPLHDOKGCNJFBMIEA=";

@@ -10,7 +10,7 @@ mod common;
 use llada_rt::sampler::Policy;
 use llada_rt::text::Text;
 use llada_rt::{generate, Generation, Model, Remasking, SamplerParams, Session};
-use llada_tools::checkpoint::{Shape, WeightType};
+use llada_tools::checkpoint::Shape;
 
 fn prompts(model: &Model) -> Vec<Vec<u32>> {
     let text = Text::new(&model.header.tokenizer, &model.header.special).unwrap();
@@ -38,32 +38,29 @@ fn settings() -> Vec<SamplerParams> {
 #[test]
 fn a_pass_over_some_rows_reproduces_the_whole_sequence_pass_when_nothing_changed() {
     let dir = tempfile::tempdir().unwrap();
-    let ckpt = dir.path().join("ckpt");
-    common::checkpoint(&ckpt, Shape::tiny(), WeightType::F32, u64::MAX, 0.05);
-    let art = dir.path().join("m.lad");
-    common::compile(&ckpt, &art, Some(128));
+    let art = common::random_artifact(dir.path(), Shape::tiny(), 0.05, "m.lad", Some(128));
     let model = Model::open(&art, true).unwrap();
     let mut s = Session::new(&model).unwrap();
     let mask = model.header.special.mask;
     let seq: Vec<u32> = (0..90u32).map(|i| if i < 40 || i % 3 == 0 { i * 7 % 250 } else { mask }).collect();
-    let head: Vec<u32> = (50..70).collect();
+    let logit_rows: Vec<u32> = (50..70).collect();
     // Before any whole-sequence pass there is no cache to reuse.
-    let err = s.forward_span(&seq, 40..72, &head).unwrap_err().to_string();
+    let err = s.forward_span(&seq, 40..72, &logit_rows).unwrap_err().to_string();
     assert!(err.contains("KV cache"), "{err}");
-    let full = s.forward_full(&seq, &head).unwrap().to_vec();
+    let full = s.forward_full(&seq, &logit_rows).unwrap().to_vec();
     for span in [40..90, 40..72, 48..70] {
-        let part = s.forward_span(&seq, span.clone(), &head).unwrap();
+        let part = s.forward_span(&seq, span.clone(), &logit_rows).unwrap();
         assert_eq!(part, &full[..], "rows {span:?}");
     }
     // Changing a token inside the span changes the logits; outside it (cached), it does not.
     let mut changed = seq.clone();
     changed[60] = 5;
-    let moved = s.forward_span(&changed, 40..72, &head).unwrap().to_vec();
+    let moved = s.forward_span(&changed, 40..72, &logit_rows).unwrap().to_vec();
     assert_ne!(moved, full);
-    let _ = s.forward_full(&seq, &head).unwrap();
+    let _ = s.forward_full(&seq, &logit_rows).unwrap();
     let mut outside = seq.clone();
     outside[80] = 5;
-    assert_eq!(s.forward_span(&outside, 40..72, &head).unwrap(), &full[..]);
+    assert_eq!(s.forward_span(&outside, 40..72, &logit_rows).unwrap(), &full[..]);
 }
 
 #[test]

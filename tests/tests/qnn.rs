@@ -40,12 +40,11 @@ use llada_ir::npu::NpuSection;
 use llada_ir::Header;
 use llada_rt::executor::{self, Backend};
 use llada_rt::kernels::cpu;
-use llada_rt::params::{Policy, Revision};
+use llada_rt::params::Policy;
 use llada_rt::session::ExpertOptions;
 use llada_rt::staging::StagingMode;
 use llada_rt::text::Text;
-use llada_rt::trace::Trace;
-use llada_rt::{generate, Generation, Model, SamplerParams, Session};
+use llada_rt::{generate, Model, SamplerParams, Session};
 
 const NEEDS_QNN: &str = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)";
 
@@ -278,25 +277,7 @@ fn mbsd_with_revision_on_the_npu_is_deterministic_with_the_side_path_during_dens
     let dir = tempfile::tempdir().unwrap();
     let art = embedded_npu(dir.path());
     let model = Model::open(&art, true).unwrap();
-    // Hot sampling and low thresholds make checks disagree, so revisions happen.
-    let p = SamplerParams { gen_length: 32, block_length: 16, steps: 32, policy: Policy::Mbsd, revision: Revision::DualPath, temperature: 1.5, seed: 2, revise_confidence: 0.0, stable_checks: 3, stable_confidence: 1.0, ..Default::default() };
-    let run = |trace: Option<Arc<Trace>>| -> Generation {
-        let mut s = session(&model, &executor::qnn::BACKEND);
-        if let Some(t) = trace {
-            s.set_trace(t);
-        }
-        generate(&mut s, &prompt(&model), &p, &mut |_| {}).unwrap()
-    };
-    let trace = Arc::new(Trace::default());
-    let first = run(Some(trace.clone()));
-    let m = first.mbsd.clone().expect("an mbsd report");
-    assert!(m.side.side_passes > 0 && m.side.checks > 0, "{m:?}");
-    let again = run(None);
-    assert_eq!((&again.output_ids, &again.reveals, &again.revisions), (&first.output_ids, &first.reveals, &first.revisions), "mbsd on the NPU changed between runs");
-    let (side, dense) = (common::spans(&trace, 3), common::spans(&trace, 1));
-    let during = common::overlapping(&side, &dense);
-    eprintln!("{during} of {} side-path checks ran during a dense pass ({} revisions)", side.len(), m.side.revisions);
-    assert!(during > 0, "no side-path span overlapped a dense pass");
+    common::assert_mbsd_repeats_with_the_side_path_during_dense_passes(|| session(&model, &executor::qnn::BACKEND), &prompt(&model), &common::revising_mbsd(32, 32), 1, "the NPU");
 }
 
 /// An AOT backend runs graph ids: the artifact's op lists can be emptied and it still runs
@@ -421,9 +402,9 @@ fn grouped_query_attention_gives_the_hosts_logits_to_fp16_precision() {
     let model = Model::open(&art, true).unwrap();
     assert!(model.header.model.n_kv_heads < model.header.model.n_heads);
     let seq: Vec<u32> = (0..40u32).map(|i| if i < 24 { (i * 7) % 300 } else { model.header.special.mask }).collect();
-    let head: Vec<u32> = (0..seq.len() as u32).collect();
-    let host = session(&model, &executor::host::BACKEND).forward_full(&seq, &head).unwrap().to_vec();
-    let npu = session(&model, &executor::qnn::BACKEND).forward_full(&seq, &head).unwrap().to_vec();
+    let logit_rows: Vec<u32> = (0..seq.len() as u32).collect();
+    let host = session(&model, &executor::host::BACKEND).forward_full(&seq, &logit_rows).unwrap().to_vec();
+    let npu = session(&model, &executor::qnn::BACKEND).forward_full(&seq, &logit_rows).unwrap().to_vec();
     let err = common::relative_error(&npu, &host);
     eprintln!("first-pass logits, NPU against host: {err:.2e} relative");
     assert!(err < 2e-2, "relative error {err}");
@@ -431,8 +412,8 @@ fn grouped_query_attention_gives_the_hosts_logits_to_fp16_precision() {
     let part: Vec<u32> = (24..40).collect();
     let host = session(&model, &executor::host::BACKEND);
     let (mut host, mut npu) = (host, session(&model, &executor::qnn::BACKEND));
-    host.forward_full(&seq, &head).unwrap();
-    npu.forward_full(&seq, &head).unwrap();
+    host.forward_full(&seq, &logit_rows).unwrap();
+    npu.forward_full(&seq, &logit_rows).unwrap();
     let h = host.forward_span(&seq, 24..40, &part).unwrap().to_vec();
     let n = npu.forward_span(&seq, 24..40, &part).unwrap().to_vec();
     let err = common::relative_error(&n, &h);

@@ -156,9 +156,9 @@ fn llada_moe_runs_its_dense_part_on_the_npu_under_every_expert_strategy() {
     }
 
     let seq: Vec<u32> = (0..40u32).map(|i| if i < 24 { (i * 7) % 300 } else { m.header.special.mask }).collect();
-    let head: Vec<u32> = (0..seq.len() as u32).collect();
-    let host = session(&m, &executor::host::BACKEND, ExpertStrategy::Hybrid).forward_full(&seq, &head).unwrap().to_vec();
-    let npu = session(&m, &executor::qnn::BACKEND, ExpertStrategy::Hybrid).forward_full(&seq, &head).unwrap().to_vec();
+    let logit_rows: Vec<u32> = (0..seq.len() as u32).collect();
+    let host = session(&m, &executor::host::BACKEND, ExpertStrategy::Hybrid).forward_full(&seq, &logit_rows).unwrap().to_vec();
+    let npu = session(&m, &executor::qnn::BACKEND, ExpertStrategy::Hybrid).forward_full(&seq, &logit_rows).unwrap().to_vec();
     let err = common::relative_error(&npu, &host);
     eprintln!("LLaDA-MoE first-pass logits, NPU against host: {err:.2e} relative");
     assert!(err < 2e-2, "relative error {err}");

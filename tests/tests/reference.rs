@@ -3,31 +3,17 @@
 
 mod common;
 
-use burn::tensor::{Device, Int, Tensor, TensorData};
-use llada_rt::{Model, Session};
+use std::path::Path;
+
 use llada_tools::checkpoint::{Shape, WeightType};
 use llada_tools::reference::{Hyper, Llada};
 
 /// Largest |runtime - reference| over largest |reference|.
 fn relative_error(shape: Shape, weights: WeightType, shard_bytes: u64, len: usize) -> f64 {
-    let dir = tempfile::tempdir().unwrap();
-    let ckpt = dir.path().join("ckpt");
-    let written = common::checkpoint(&ckpt, shape.clone(), weights, shard_bytes, 0.08);
-    let art = dir.path().join("model.lad");
-    common::compile(&ckpt, &art, None);
-
-    let ids: Vec<u32> = (0..len).map(|i| ((i * 7919 + 13) % written.special.bos as usize) as u32).collect();
-    let model = Model::open(&art, true).unwrap();
-    let mut session = Session::new(&model).unwrap();
-    let rows: Vec<u32> = (0..len as u32).collect();
-    let ours = session.forward_full(&ids, &rows).unwrap().to_vec();
-
-    let device = Device::default();
-    let reference = Llada::load(&ckpt, &shape, &device).unwrap();
-    let input = Tensor::<2, Int>::from_data(TensorData::new(ids.iter().map(|&t| t as i64).collect::<Vec<_>>(), [1, len]), &device);
-    let theirs: Vec<f32> = reference.forward(input, Hyper::of(&shape)).into_data().try_to_vec().unwrap();
-
-    common::relative_error(&ours, &theirs)
+    let compiled = |ckpt: &Path, art: &Path| {
+        common::compile(ckpt, art, None);
+    };
+    common::error_against_reference(&shape, weights, shard_bytes, len, compiled, |ckpt, input, device| Llada::load(ckpt, &shape, device).unwrap().forward(input, Hyper::of(&shape)).into_data().try_to_vec().unwrap())
 }
 
 #[test]

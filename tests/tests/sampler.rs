@@ -5,14 +5,10 @@ mod common;
 
 use llada_rt::sampler::softmax_at;
 use llada_rt::{generate, Model, SamplerParams, Session};
-use llada_tools::checkpoint::{Shape, WeightType};
+use llada_tools::checkpoint::Shape;
 
 fn tiny_model(dir: &std::path::Path) -> Model {
-    let ckpt = dir.join("ckpt");
-    common::checkpoint(&ckpt, Shape::tiny(), WeightType::F32, u64::MAX, 0.3);
-    let art = dir.join("model.lad");
-    common::compile(&ckpt, &art, Some(64));
-    Model::open(&art, true).unwrap()
+    Model::open(&common::random_artifact(dir, Shape::tiny(), 0.3, "model.lad", Some(64)), true).unwrap()
 }
 
 #[test]

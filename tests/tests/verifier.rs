@@ -5,18 +5,26 @@
 
 mod common;
 
+use std::path::Path;
+
 use llada_ir::format::Preamble;
 use llada_ir::{Artifact, Header, Op, Region, Rows, Segment, StageStep};
-use llada_tools::checkpoint::{Shape, WeightType};
+use llada_tools::checkpoint::Shape;
 
 /// A valid artifact of the tiny random checkpoint (2 layers, 4/2 heads, 64 positions).
 fn valid() -> Vec<u8> {
     let dir = tempfile::tempdir().unwrap();
-    let ckpt = dir.path().join("ckpt");
-    common::checkpoint(&ckpt, Shape::tiny(), WeightType::F32, u64::MAX, 0.02);
-    let out = dir.path().join("m.lad");
-    common::compile(&ckpt, &out, Some(64));
-    std::fs::read(out).unwrap()
+    std::fs::read(common::random_artifact(dir.path(), Shape::tiny(), 0.02, "m.lad", Some(64))).unwrap()
+}
+
+/// The random checkpoint of `shape` compiled for 64 positions into the window `window` picks
+/// from its fully resident artifact: segments or experts that rotate through slots.
+fn valid_in_window(shape: Shape, window: impl FnOnce(&Path) -> u64) -> Vec<u8> {
+    let dir = tempfile::tempdir().unwrap();
+    let resident = common::random_artifact(dir.path(), shape, 0.02, "resident.lad", Some(64));
+    let windowed = dir.path().join("windowed.lad");
+    common::compile_in_window(&dir.path().join("ckpt"), &windowed, Some(64), Some(window(&resident)));
+    std::fs::read(windowed).unwrap()
 }
 
 fn refused(file: &[u8], needles: &[&str]) {
@@ -45,7 +53,7 @@ fn every_rule_refuses_its_crafted_artifact() {
     let matmul = op_index(&h0, 0, |o| matches!(o, Op::MatMul { .. }));
     let norm = op_index(&h0, 0, |o| matches!(o, Op::RmsNorm { .. }));
     let embed = op_index(&h0, 0, |o| matches!(o, Op::Embed { .. }));
-    let gather = op_index(&h0, 0, |o| matches!(o, Op::GatherHeadRows { .. }));
+    let gather = op_index(&h0, 0, |o| matches!(o, Op::GatherLogitRows { .. }));
     let w0 = h0.plan.window.clone();
     let last_resident = h0.segments[w0.resident.last().unwrap().segment as usize].name.clone();
     let cases: Vec<Case> = vec![
@@ -65,7 +73,7 @@ fn every_rule_refuses_its_crafted_artifact() {
         ("segment alignment", Box::new(|h| h.segments[0].offset += 64), vec!["segments[0]".into(), "misaligned".into()]),
         ("segments overlap", Box::new(|h| h.segments[1].offset = h.segments[0].offset), vec!["two segments overlap".into()]),
         // Graphs, values, ops.
-        ("head rows", Box::new(|h| h.graphs[0].head_rows = h.graphs[0].rows + 1), vec!["graphs[0]".into(), "head rows".into()]),
+        ("logit rows", Box::new(|h| h.graphs[0].logit_rows = h.graphs[0].rows + 1), vec!["graphs[0]".into(), "logit rows".into()]),
         ("KV capacity above the largest graph", Box::new(|h| h.plan.kv_capacity += 16), vec![format!("plan.kv_capacity {} is more than the {} rows of the largest graph", h0.plan.kv_capacity + 16, h0.plan.kv_capacity)]),
         ("graph above the KV capacity", Box::new(|h| { let g = h.graphs.len() - 1; h.graphs[g].rows = h.plan.kv_capacity + 4; h.plan.by_rows.retain(|&i| i as usize != g); h.plan.row_buckets.clear(); }), vec!["more than plan.kv_capacity".into()]),
         ("value alignment", Box::new(|h| h.graphs[0].values[1].offset += 4), vec!["graphs[0]".into(), "values[1]".into()]),
@@ -83,7 +91,7 @@ fn every_rule_refuses_its_crafted_artifact() {
         ("attention heads overflow", Box::new(move |h| { h.model.n_heads = 1 << 24; if let Op::Attention { heads, .. } = &mut h.graphs[0].ops[attention] { *heads = 1 << 24 } }), vec![format!("ops[{attention}] Attention"), "do not match".into()]),
         ("swiglu shape", Box::new(move |h| if let Op::SwiGlu { x, out } = &mut h.graphs[0].ops[swiglu] { *x = *out }), vec![format!("ops[{swiglu}] SwiGlu")]),
         ("add to itself", Box::new(move |h| if let Op::Add { acc, x } = &mut h.graphs[0].ops[add] { *x = *acc }), vec![format!("ops[{add}] Add"), "to itself".into()]),
-        ("gather shape", Box::new(move |h| if let Op::GatherHeadRows { x, out } = &mut h.graphs[0].ops[gather] { *out = *x }), vec![format!("ops[{gather}] GatherHeadRows")]),
+        ("gather shape", Box::new(move |h| if let Op::GatherLogitRows { x, out } = &mut h.graphs[0].ops[gather] { *out = *x }), vec![format!("ops[{gather}] GatherLogitRows")]),
         ("output over an input", Box::new(move |h| if let Op::MatMul { x, out, .. } = h.graphs[0].ops[matmul].clone() { let o = h.graphs[0].values[x as usize].offset; h.graphs[0].values[out as usize].offset = o; }), vec!["graphs[0]".into(), "overlaps".into()]),
         ("matmul in place", Box::new(move |h| { let sq = h.graphs[0].ops.iter().position(|o| matches!(o, Op::MatMul { x, out, .. } if h.graphs[0].values[*x as usize].cols == h.graphs[0].values[*out as usize].cols)).unwrap(); if let Op::MatMul { x, out, .. } = &mut h.graphs[0].ops[sq] { *out = *x } }), vec!["graphs[0]".into(), "MatMul".into(), "overlaps input".into()]),
         // The plan.
@@ -137,13 +145,7 @@ fn all_refused(good: &[u8], cases: Vec<Case>) {
 /// largest segment needs), compiled for a window that holds half its weights: segments
 /// rotate through slots and every graph carries a staging schedule.
 fn valid_swapping() -> Vec<u8> {
-    let dir = tempfile::tempdir().unwrap();
-    let ckpt = dir.path().join("ckpt");
-    common::checkpoint(&ckpt, Shape { n_layers: 4, ..Shape::tiny() }, WeightType::F32, u64::MAX, 0.02);
-    let (resident, swapping) = (dir.path().join("resident.lad"), dir.path().join("swapping.lad"));
-    common::compile(&ckpt, &resident, Some(64));
-    common::compile_in_window(&ckpt, &swapping, Some(64), Some(common::half_the_weights(&resident)));
-    std::fs::read(swapping).unwrap()
+    valid_in_window(Shape { n_layers: 4, ..Shape::tiny() }, common::half_the_weights)
 }
 
 /// The swap schedule's rules, each on the swapping artifact with one edit.
@@ -253,14 +255,11 @@ fn llada_rt_reports_a_malformed_stored_tokenizer_in_one_line() {
 /// The tiny LLaDA-MoE checkpoint, compiled with each layer's expert pool holding a quarter
 /// of its experts (so slots, staging and the CPU path all have work).
 fn valid_moe() -> Vec<u8> {
-    let dir = tempfile::tempdir().unwrap();
-    let ckpt = dir.path().join("ckpt");
-    common::checkpoint(&ckpt, Shape::tiny_moe(), WeightType::F32, u64::MAX, 0.02);
-    let (full, quarter) = (dir.path().join("full.lad"), dir.path().join("quarter.lad"));
-    common::compile(&ckpt, &full, Some(64));
-    let x = llada_rt::Model::open(&full, false).unwrap().header.plan.window.experts.clone();
-    common::compile_in_window(&ckpt, &quarter, Some(64), Some(x.region.offset + x.region.bytes / 4));
-    std::fs::read(quarter).unwrap()
+    let quarter_of_the_experts = |full: &Path| {
+        let x = llada_rt::Model::open(full, false).unwrap().header.plan.window.experts.clone();
+        x.region.offset + x.region.bytes / 4
+    };
+    valid_in_window(Shape::tiny_moe(), quarter_of_the_experts)
 }
 
 /// The mixture-of-experts rules: the model's expert counts, the three MoE ops, and the

@@ -13,12 +13,11 @@ use std::sync::Arc;
 
 use llada_rt::executor::{self, Backend};
 use llada_rt::kernels::cpu;
-use llada_rt::sampler::{Policy, Revision};
 use llada_rt::session::ExpertOptions;
 use llada_rt::staging::StagingMode;
 use llada_rt::text::Text;
 use llada_rt::trace::Trace;
-use llada_rt::{generate, Generation, Model, SamplerParams, Session};
+use llada_rt::{generate, Model, SamplerParams, Session};
 use lladac::Quant;
 use llada_ir::window::ActivationScales;
 
@@ -52,8 +51,8 @@ fn first_pass(model: &Model, backend: &'static Backend) -> Vec<f32> {
 fn first_pass_with(model: &Model, backend: &'static Backend, features: cpu::Features) -> Vec<f32> {
     let prompt = prompt(model, 0);
     let seq: Vec<u32> = prompt.iter().copied().chain(std::iter::repeat_n(model.header.special.mask, 64)).collect();
-    let head: Vec<u32> = (0..seq.len() as u32).collect();
-    session_with(model, backend, features).forward_full(&seq, &head).unwrap().to_vec()
+    let logit_rows: Vec<u32> = (0..seq.len() as u32).collect();
+    session_with(model, backend, features).forward_full(&seq, &logit_rows).unwrap().to_vec()
 }
 
 fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -159,12 +158,6 @@ fn embedded_golden_outputs_hold_on_vulkan() {
     assert_eq!((report.output_ids_matched, report.reveals_matched), (sampled, sampled));
 }
 
-/// Track ids of the trace (see `llada_rt::trace::Track`).
-const DENSE: u64 = 1;
-const STAGING: u64 = 2;
-const SIDE_PATH: u64 = 3;
-const DEVICE: u64 = 4;
-
 #[test]
 #[ignore = "needs a Vulkan driver (lavapipe): .ci/run installs it and runs these with --ignored"]
 fn a_window_smaller_than_the_weights_stages_on_vulkan_and_gives_the_resident_tokens() {
@@ -184,7 +177,7 @@ fn a_window_smaller_than_the_weights_stages_on_vulkan_and_gives_the_resident_tok
     assert!(s.counters.staged_bytes > 0, "nothing was staged");
     // The staging thread copies the next segments while the device runs the dispatches that
     // do not need them: some copy spans overlap device spans.
-    let (copies, device) = (common::spans(&trace, STAGING), common::spans(&trace, DEVICE));
+    let (copies, device) = (common::spans(&trace, common::track::STAGING), common::spans(&trace, common::track::DEVICE));
     assert!(!copies.is_empty() && !device.is_empty(), "the trace has no copies or no device spans");
     let overlapped = common::overlapping(&copies, &device);
     eprintln!("{overlapped} of {} copies overlapped device work", copies.len());
@@ -197,27 +190,7 @@ fn mbsd_with_revision_on_vulkan_is_deterministic_with_the_side_path_during_dense
     let dir = tempfile::tempdir().unwrap();
     let art = embedded_f32(dir.path());
     let model = Model::open(&art, true).unwrap();
-    // Hot sampling and low thresholds make checks disagree, so revisions happen.
-    let p = SamplerParams { gen_length: 64, block_length: 16, steps: 64, policy: Policy::Mbsd, revision: Revision::DualPath, temperature: 1.5, seed: 2, revise_confidence: 0.0, stable_checks: 3, stable_confidence: 1.0, ..Default::default() };
-    let run = |trace: Option<Arc<Trace>>| -> Generation {
-        let mut s = session(&model, &executor::vulkan::BACKEND);
-        if let Some(t) = trace {
-            s.set_trace(t);
-        }
-        generate(&mut s, &prompt(&model, 1), &p, &mut |_| {}).unwrap()
-    };
-    let trace = Arc::new(Trace::default());
-    let first = run(Some(trace.clone()));
-    let m = first.mbsd.clone().expect("an mbsd report");
-    assert!(m.side.side_passes > 0 && m.side.checks > 0, "{m:?}");
-    for _ in 0..2 {
-        let again = run(None);
-        assert_eq!((&again.output_ids, &again.reveals, &again.revisions), (&first.output_ids, &first.reveals, &first.revisions), "mbsd on Vulkan changed between runs");
-    }
-    let (side, dense) = (common::spans(&trace, SIDE_PATH), common::spans(&trace, DENSE));
-    let during = common::overlapping(&side, &dense);
-    eprintln!("{during} of {} side-path checks ran during a dense pass ({} revisions)", side.len(), m.side.revisions);
-    assert!(during > 0, "no side-path span overlapped a dense pass");
+    common::assert_mbsd_repeats_with_the_side_path_during_dense_passes(|| session(&model, &executor::vulkan::BACKEND), &prompt(&model, 1), &common::revising_mbsd(64, 64), 2, "Vulkan");
 }
 
 #[test]

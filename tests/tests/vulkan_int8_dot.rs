@@ -19,9 +19,9 @@ use lladac::Quant;
 fn first_pass(model: &Model) -> (bool, Vec<u32>) {
     let mut s = Session::with_backend(model, &executor::vulkan::BACKEND, 2, cpu::features(), StagingMode::Async, ExpertOptions::default()).unwrap();
     let seq: Vec<u32> = (0..96).map(|i| (i * 7 + 3) % 60 + 3).collect();
-    let head: Vec<u32> = (32..seq.len() as u32).collect();
+    let logit_rows: Vec<u32> = (32..seq.len() as u32).collect();
     let dot = s.backend().int8_dot;
-    (dot, s.forward_full(&seq, &head).unwrap().iter().map(|v| v.to_bits()).collect())
+    (dot, s.forward_full(&seq, &logit_rows).unwrap().iter().map(|v| v.to_bits()).collect())
 }
 
 #[test]

@@ -22,8 +22,8 @@ fn outputs(model: &Model, staging: StagingMode, prompt: &[u32], p: &SamplerParam
     let mut s = Session::with_options(model, 2, cpu::features(), staging).unwrap();
     let mask = model.header.special.mask;
     let seq: Vec<u32> = prompt.iter().copied().chain(std::iter::repeat_n(mask, p.block_length)).collect();
-    let head: Vec<u32> = (prompt.len() as u32..seq.len() as u32).collect();
-    let logits = s.forward_full(&seq, &head).unwrap().to_vec();
+    let logit_rows: Vec<u32> = (prompt.len() as u32..seq.len() as u32).collect();
+    let logits = s.forward_full(&seq, &logit_rows).unwrap().to_vec();
     let mut runs = Vec::new();
     for policy in ["exact", "dual"] {
         let p = SamplerParams { policy: llada_rt::sampler::Policy::parse(policy).unwrap(), ..p.clone() };

@@ -3,7 +3,7 @@
 # block 32, steps 128, 2 threads, one command after another: `llada-rt roofline` (the
 # sustained q4 GEMM rate), dual, the default mbsd, mbsd --revision off and mbsd --revision
 # dual-path, then (with a Fast-dLLM checkout) Fast-dLLM's dual cache on the same bf16
-# checkpoint. Prints each run's time, its rows and head rows, and the minimum-rows bound:
+# checkpoint. Prints each run's time, its rows and logit rows, and the minimum-rows bound:
 # (per block, the whole-sequence pass plus one row per masked position per step) x the ops
 # per row / the sustained q4 GEMM rate.
 #
@@ -41,7 +41,7 @@ d, f, L, V = cfg["d_model"], cfg["mlp_hidden_size"], cfg["n_layers"], cfg["embed
 heads, kv = cfg["n_heads"], cfg.get("n_kv_heads", cfg["n_heads"])
 hd = d // heads
 layer = 2 * L * (d * heads * hd + 2 * d * kv * hd + heads * hd * d + 3 * d * f)  # ops per row through the layers
-head = 2 * d * V                                                                 # ops per LM-head row
+head = 2 * d * V                                                                 # ops per LM-logit row
 rates = [json.load(open(f"{out}/roofline-{i}.json"))["gemm"]["q4"] for i in (1, 2, 3)]
 rate = max(rates)
 print("q4 GEMM readings: " + ", ".join(f"{r/1e9:.0f}" for r in rates) + " GOP/s; the bound uses the fastest")
@@ -50,14 +50,14 @@ blocks = gen // block
 min_rows = sum(prompt + gen + sum(range(1, block)) for _ in range(blocks))
 min_head = blocks * sum(range(1, block + 1))
 bound = (min_rows * layer + min_head * head) / rate
-print(f"sustained q4 GEMM {rate/1e9:.0f} GOP/s; minimum {min_rows} rows through the layers and {min_head} head rows: {(min_rows*layer+min_head*head)/1e9:.0f} GOP, bound {bound:.2f} s")
+print(f"sustained q4 GEMM {rate/1e9:.0f} GOP/s; minimum {min_rows} rows through the layers and {min_head} logit rows: {(min_rows*layer+min_head*head)/1e9:.0f} GOP, bound {bound:.2f} s")
 runs = {name: [json.load(open(f)) for f in sorted(glob.glob(f"{out}/run-{name}-*.json"))] for name in ["dual", "mbsd", "mbsdrevisionoff", "mbsdrevisiondualpath"]}
 fastest = {name: min(r["seconds"] for r in rs) for name, rs in runs.items()}
 median = {name: statistics.median(r["seconds"] for r in rs) for name, rs in runs.items()}
-print("| run | seconds (three runs) | fastest | vs dual | / bound | median / bound | dense passes | rows through the layers | head rows |")
+print("| run | seconds (three runs) | fastest | vs dual | / bound | median / bound | dense passes | rows through the layers | logit rows |")
 print("|---|---|---|---|---|---|---|---|---|")
 for name, rs in runs.items():
-    # mbsd's head rows are its masked and speculative rows (dual's: the block's 32 per pass).
+    # mbsd's logit rows are its masked and speculative rows (dual's: the block's 32 per pass).
     def heads_of(r):
         m = r.get("mbsd") or {}
         return m["rows_masked"] + m["rows_speculative"] if m else r["forward_passes"] * block

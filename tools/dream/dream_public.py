@@ -1,7 +1,8 @@
 """Loads the published Dream code (modeling_dream.py & co.) from a directory given on the command line.
 
 The files import each other relatively, so they are copied into a throw-away package in a temporary
-directory and imported from there. Nothing of theirs is kept in this repository.
+directory and imported from there. Nothing of theirs is kept in this repository. Also here: the arguments the golden
+scripts call that code's diffusion_generate with and record with each case, and what a golden file was made with.
 """
 
 import importlib
@@ -51,3 +52,38 @@ def load_block_code(modeling_dir):
     configuration = importlib.import_module("dream_published.configuration_dream")
     block = importlib.import_module("dream_published.generation_utils_block")
     return modeling, configuration, block
+
+
+def decoding_knobs(temperature=0.0, top_p=None):
+    """The published diffusion_generate's sampling knobs as the goldens set them (top_k and alg_temp always off):
+    passed to the call and recorded with each case, so a case says exactly how it was sampled."""
+    return dict(temperature=temperature, top_p=top_p, top_k=None, alg_temp=None)
+
+
+def generate_args(gen, steps, alg, eps, temperature=0.0, top_p=None):
+    """The keyword arguments of a golden case's diffusion_generate call: `gen` new tokens in `steps` steps under
+    `alg`, the decoding_knobs, `eps`, and the result as a dict without history."""
+    return dict(
+        max_new_tokens=gen,
+        steps=steps,
+        alg=alg,
+        **decoding_knobs(temperature, top_p),
+        eps=eps,
+        output_history=False,
+        return_dict_in_generate=True,
+    )
+
+
+def golden_provenance(checkpoint, threads):
+    """A golden file's first fields, what it was made with: the checkpoint directory's name, the torch and
+    transformers versions, float32 and torch's thread count."""
+    import torch
+    from transformers import __version__ as transformers_version
+
+    return dict(
+        checkpoint=os.path.basename(os.path.normpath(checkpoint)),
+        torch_version=torch.__version__,
+        transformers_version=transformers_version,
+        dtype="float32",
+        threads=threads,
+    )

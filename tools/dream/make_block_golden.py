@@ -25,7 +25,7 @@ import types
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dream_public import load_block_code  # noqa: E402
+from dream_public import decoding_knobs, generate_args, golden_provenance, load_block_code  # noqa: E402
 
 EPS = 1e-3
 GEN = 32
@@ -124,21 +124,7 @@ def run_case(model, rec, prompt_ids, gen, block_length, steps, alg, dual, mask_i
     x = torch.tensor([prompt_ids], dtype=torch.long)
     rec.reset()
     t0 = time.perf_counter()
-    out = model.diffusion_generate(
-        x,
-        max_new_tokens=gen,
-        steps=steps,
-        alg=alg,
-        alg_temp=None,
-        temperature=0.0,
-        top_p=None,
-        top_k=None,
-        eps=EPS,
-        output_history=False,
-        return_dict_in_generate=True,
-        block_length=block_length,
-        dual_cache=dual,
-    )
+    out = model.diffusion_generate(x, **generate_args(gen, steps, alg, EPS), block_length=block_length, dual_cache=dual)
     ms = (time.perf_counter() - t0) * 1000
     seq = out.sequences
     assert seq.shape[1] == len(prompt_ids) + gen and seq[0, : len(prompt_ids)].tolist() == prompt_ids
@@ -156,8 +142,6 @@ def main():
     out_path = args.out or os.path.join(args.checkpoint, "block_golden.json")
     torch.set_num_threads(args.threads)
     modeling, _, block = load_block_code(args.modeling)
-    from transformers import __version__ as tf_version
-
     model = modeling.DreamModel.from_pretrained(args.checkpoint, torch_dtype=torch.float32).eval()
     assert next(model.parameters()).dtype == torch.float32
     # As NVlabs/Fast-dLLM dream/eval.py binds the block sampler:
@@ -189,10 +173,7 @@ def main():
             steps_per_block=spb,
             alg=alg,
             eps=EPS,
-            temperature=0.0,
-            top_p=None,
-            top_k=None,
-            alg_temp=None,
+            **decoding_knobs(),
             dual_cache=dual,
             mask_id=mask_id,
             output_ids=out,
@@ -229,11 +210,7 @@ def main():
     agaps = [c["min_argmax_gap"] for c in cases if c["min_argmax_gap"] is not None]
     spbs = sorted({c["steps_per_block"] for c in cases + edge})
     golden = dict(
-        checkpoint=os.path.basename(os.path.normpath(args.checkpoint)),
-        torch_version=torch.__version__,
-        transformers_version=tf_version,
-        dtype="float32",
-        threads=args.threads,
+        **golden_provenance(args.checkpoint, args.threads),
         code="NVlabs/Fast-dLLM dream/model/generation_utils_block.py (DreamGenerationMixin.diffusion_generate/_sample "
         "bound to Fast-dLLM's DreamModel as dream/eval.py does)",
         notes=[

@@ -29,7 +29,7 @@ import types
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dream_public import load_block_code, load_public_code  # noqa: E402
+from dream_public import golden_provenance, load_block_code, load_public_code  # noqa: E402
 from make_block_golden import ForwardRecorder, analyse  # noqa: E402
 
 GEN = 32
@@ -104,13 +104,8 @@ def main():
         bl, st = (GEN, 8) if policy == "exact" else (16, 16)
         case("eps", pi, ids, bl, st, alg, policy, None, None, eps=eps)
 
-    from transformers import __version__ as tf_version
     doc = {
-        "checkpoint": os.path.basename(os.path.normpath(args.checkpoint)),
-        "torch_version": torch.__version__,
-        "transformers_version": tf_version,
-        "dtype": "float32",
-        "threads": 1,
+        **golden_provenance(args.checkpoint, 1),
         "code": "published Dream generation_utils.py (exact) and NVlabs/Fast-dLLM dream/model/generation_utils_block.py (prefix: dual_cache False; dual: True), loaded at run time",
         "notes": "kinds: threshold (alg confidence_threshold: after each block's whole-sequence pass commits its first position, every cached pass commits the most confident masked position of the block and every other at or above the threshold; the loop ends when the block has no mask, so forward_calls depends on the case), filtered (top_p/top_k under the cached policies' schedule), eps (0 and 1). step_reveals[j]: positions committed from forward call j's logits. Ties (filtered confidences can be exactly equal) are decided by torch.topk over the span Fast-dLLM ranks; first_tied_step is null.",
         "mask_id": mask_id,

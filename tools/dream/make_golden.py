@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from dream_public import load_public_code  # noqa: E402
+from dream_public import decoding_knobs, generate_args, golden_provenance, load_public_code  # noqa: E402
 
 ALGS = ("maskgit_plus", "topk_margin", "entropy")
 GEN_LENGTHS = (16, 32)
@@ -140,24 +140,16 @@ def run_case(model, prompt_ids, gen, steps, alg, mask_id, temperature=0.0, top_p
         torch.manual_seed(seed)
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):  # the vendored _sample prints "used steps"/"used time"
-        out = model.diffusion_generate(
-            x,
-            max_new_tokens=gen,
-            steps=steps,
-            alg=alg,
-            alg_temp=None,
-            temperature=temperature,
-            top_p=top_p,
-            top_k=None,
-            eps=EPS,
-            output_history=False,
-            return_dict_in_generate=True,
-            generation_tokens_hook_func=rec,
-        )
+        out = model.diffusion_generate(x, **generate_args(gen, steps, alg, EPS, temperature, top_p), generation_tokens_hook_func=rec)
     ms = (time.perf_counter() - t0) * 1000
     seq = out.sequences[0].tolist()
     assert len(seq) == len(prompt_ids) + gen and seq[: len(prompt_ids)] == prompt_ids
     return seq[len(prompt_ids):], rec, ms
+
+
+def case_setting(gen, steps, alg, mask_id, temperature=0.0, top_p=None):
+    """A case's record of its diffusion_generate call: length, steps, algorithm, knobs, eps and mask id."""
+    return dict(gen_length=gen, steps=steps, alg=alg, **decoding_knobs(temperature, top_p), eps=EPS, mask_id=mask_id)
 
 
 def main():
@@ -173,7 +165,7 @@ def main():
     gen_lengths = [int(g) for g in args.gen_lengths.split(",")]
     torch.set_num_threads(args.threads)
     modeling, _, generation = load_public_code(args.modeling)
-    from transformers import AutoTokenizer, __version__ as tf_version
+    from transformers import AutoTokenizer
 
     model = modeling.DreamModel.from_pretrained(args.checkpoint, torch_dtype=torch.float32).eval()
     assert next(model.parameters()).dtype == torch.float32
@@ -197,15 +189,7 @@ def main():
                         prompt_ids=pr["prompt_ids"],
                         content_ids=pr["content_ids"],
                         **{k: pr[k] for k in ("task", "expected_answer") if k in pr},
-                        gen_length=g,
-                        steps=s,
-                        alg=alg,
-                        temperature=0.0,
-                        top_p=None,
-                        top_k=None,
-                        alg_temp=None,
-                        eps=EPS,
-                        mask_id=mask_id,
+                        **case_setting(g, s, alg, mask_id),
                         stochastic=False,
                         output_ids=out,
                         step_reveals=rec.step_reveals,
@@ -229,15 +213,7 @@ def main():
                             id=f"p{pi}_g{g}_s{s}_{alg}_T{temp}_seed{seed}",
                             prompt_index=pi,
                             prompt_ids=pr["prompt_ids"],
-                            gen_length=g,
-                            steps=s,
-                            alg=alg,
-                            temperature=temp,
-                            top_p=top_p,
-                            top_k=None,
-                            alg_temp=None,
-                            eps=EPS,
-                            mask_id=mask_id,
+                            **case_setting(g, s, alg, mask_id, temp, top_p),
                             stochastic=True,
                             torch_seed=seed,
                             output_ids=out,
@@ -271,11 +247,7 @@ def main():
         str(s): [float(v) for v in torch.linspace(1, EPS, s + 1)] for s in sorted({s for _, s in settings})
     }
     golden = dict(
-        checkpoint=os.path.basename(os.path.normpath(args.checkpoint)),
-        torch_version=torch.__version__,
-        transformers_version=tf_version,
-        dtype="float32",
-        threads=args.threads,
+        **golden_provenance(args.checkpoint, args.threads),
         code="published Dream modeling_dream.py / generation_utils.py (as vendored by NVlabs/Fast-dLLM)",
         notes=[
             "Every non-stochastic case is one call of the published model.diffusion_generate(input_ids, "

@@ -443,18 +443,26 @@ pub fn tokenizer_config_json(special: SpecialIds, shape: &Shape) -> Value {
     })
 }
 
+/// For tests: `spec` written into a new temporary directory, in more than one shard, and the
+/// weight map of its index.
+#[cfg(test)]
+pub(crate) fn write_sharded(spec: &CheckpointSpec) -> (tempfile::TempDir, Written, serde_json::Map<String, Value>) {
+    let dir = tempfile::tempdir().unwrap();
+    let w = write(spec, dir.path()).unwrap();
+    assert!(w.shards.len() > 1);
+    let index: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("model.safetensors.index.json")).unwrap()).unwrap();
+    let map = index["weight_map"].as_object().unwrap().clone();
+    (dir, w, map)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn sharded_bf16_checkpoint_has_an_index_and_every_tensor() {
-        let dir = tempfile::tempdir().unwrap();
         let spec = CheckpointSpec { shape: Shape::tiny(), weights: WeightType::Bf16, shard_bytes: 200_000, seed: 1, init_std: 0.02, outliers: None };
-        let w = write(&spec, dir.path()).unwrap();
-        assert!(w.shards.len() > 1);
-        let index: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("model.safetensors.index.json")).unwrap()).unwrap();
-        let map = index["weight_map"].as_object().unwrap();
+        let (_dir, w, map) = write_sharded(&spec);
         assert_eq!(map.len(), Shape::tiny().tensors().len());
         assert_eq!(w.bytes, Shape::tiny().parameters() * 2);
     }

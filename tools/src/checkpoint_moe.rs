@@ -95,7 +95,7 @@ pub const CHAT_TEMPLATE: &str = "{% for message in messages %}<role>{% if messag
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::{tokenizer_json, write, WeightType};
+    use crate::checkpoint::{tokenizer_json, write_sharded, WeightType};
 
     #[test]
     fn the_7b_shape_has_the_published_parameter_count() {
@@ -121,12 +121,8 @@ mod tests {
 
     #[test]
     fn a_tiny_checkpoint_has_every_expert() {
-        let dir = tempfile::tempdir().unwrap();
         let spec = CheckpointSpec { shape: Shape::tiny_moe(), weights: WeightType::F32, shard_bytes: 100_000, seed: 1, init_std: 0.02, outliers: None };
-        let w = write(&spec, dir.path()).unwrap();
-        assert!(w.shards.len() > 1);
-        let index: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("model.safetensors.index.json")).unwrap()).unwrap();
-        let map = index["weight_map"].as_object().unwrap();
+        let (dir, _, map) = write_sharded(&spec);
         assert!(map.contains_key("model.layers.1.mlp.experts.7.down_proj.weight"));
         assert_eq!(map.len(), 1 + 2 * (7 + 3 * 8 + 2) + 2);
         let cfg: Value = serde_json::from_str(&std::fs::read_to_string(dir.path().join("config.json")).unwrap()).unwrap();

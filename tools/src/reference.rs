@@ -28,7 +28,7 @@ pub struct Llada {
     pub wte: Param<Tensor<2>>,
     pub blocks: Vec<Block>,
     pub ln_f: Param<Tensor<1>>,
-    pub head: Param<Tensor<2>>,
+    pub lm_head: Param<Tensor<2>>,
 }
 
 /// Hyperparameters the forward pass needs.
@@ -114,7 +114,7 @@ impl Llada {
             let hidden = activation::silu(linear(fin.clone(), &blk.ff_proj)) * linear(fin, &blk.up_proj);
             x = x + linear(hidden, &blk.ff_out);
         }
-        linear(rms_norm(x, &self.ln_f, h.rms_eps), &self.head)
+        linear(rms_norm(x, &self.ln_f, h.rms_eps), &self.lm_head)
     }
 
     /// Loads a Hugging Face LLaDA checkpoint (single file or sharded) as f32.
@@ -128,7 +128,7 @@ impl Llada {
             Ok(Param::from_tensor(Tensor::from_data(TensorData::new(v, [s[0], s[1]]), device)))
         };
         let wte = t2("model.transformer.wte.weight")?;
-        let head = t2("model.transformer.ff_out.weight")?;
+        let lm_head = t2("model.transformer.ff_out.weight")?;
         let mut blocks = Vec::new();
         for l in 0..shape.n_layers {
             let n = |p: &str| format!("model.transformer.blocks.{l}.{p}.weight");
@@ -153,7 +153,7 @@ impl Llada {
             blk.ff_norm = t1(&format!("model.transformer.blocks.{l}.ff_norm.weight"))?;
         }
         let ln_f = t1("model.transformer.ln_f.weight")?;
-        Ok(Llada { wte, blocks, ln_f, head })
+        Ok(Llada { wte, blocks, ln_f, lm_head })
     }
 }
 
@@ -185,8 +185,8 @@ impl Llada {
                 ff_out: matrix(d, f),
             })
             .collect();
-        let head = matrix(shape.embedding_size, d);
-        Llada { wte, blocks, ln_f: ones(d), head }
+        let lm_head = matrix(shape.embedding_size, d);
+        Llada { wte, blocks, ln_f: ones(d), lm_head }
     }
 }
 

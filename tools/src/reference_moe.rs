@@ -37,7 +37,7 @@ pub struct LladaMoe {
     pub embed: Tensor<2>,
     pub layers: Vec<Layer>,
     pub norm: Tensor<1>,
-    pub head: Tensor<2>,
+    pub lm_head: Tensor<2>,
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub top_k: usize,
@@ -109,7 +109,7 @@ impl LladaMoe {
             }
             x = x + out;
         }
-        linear(rms_norm(x, &self.norm, self.rms_eps), &self.head)
+        linear(rms_norm(x, &self.norm, self.rms_eps), &self.lm_head)
     }
 
     /// Loads a Hugging Face LLaDA-MoE checkpoint as f32.
@@ -122,7 +122,7 @@ impl LladaMoe {
             Ok(Tensor::from_data(TensorData::new(v, [s[0], s[1]]), device))
         };
         let embed = t2("model.embed_tokens.weight")?;
-        let head = t2("lm_head.weight")?;
+        let lm_head = t2("lm_head.weight")?;
         let mut mats = Vec::new();
         for l in 0..shape.n_layers {
             let n = |p: &str| format!("model.layers.{l}.{p}.weight");
@@ -160,7 +160,7 @@ impl LladaMoe {
             embed,
             layers,
             norm,
-            head,
+            lm_head,
             n_heads: shape.n_heads,
             n_kv_heads: shape.n_kv_heads,
             top_k: moe.top_k,

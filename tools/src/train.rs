@@ -162,7 +162,7 @@ pub fn named_tensors(model: &Llada) -> Vec<(String, Vec<usize>, Vec<f32>)> {
         out.push(t2(n("ff_out"), &b.ff_out));
     }
     out.push(t1("model.transformer.ln_f.weight".into(), &model.ln_f));
-    out.push(t2("model.transformer.ff_out.weight".into(), &model.head));
+    out.push(t2("model.transformer.ff_out.weight".into(), &model.lm_head));
     out
 }
 

@@ -7,7 +7,7 @@ use llada_ir::{ArtifactWriter, CompileInfo, DType, Header, ModelConfig, MoeConfi
 
 use super::settings::{Rows, Settings};
 use super::source::Source;
-use super::{add_npu_executables, calibrate_activations, check_whole_bindings, convert, first_overflow_raw, npu_limits, overflow, rope_tables, write_packed, CompileOptions, CHUNK_BYTES};
+use super::{add_npu_executables, calibrate_activations, check_whole_bindings, checkpoint_values, convert, first_overflow_raw, npu_limits, overflow, rope_tables, write_packed, CompileOptions, CHUNK_BYTES};
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::lower::{self, NetworkOptions};
@@ -98,7 +98,7 @@ pub(super) fn core(opts: &CompileOptions, src: &Source, s: &Settings, rows: &Row
     let net_opts = NetworkOptions { input_emb_norm: cfg.input_emb_norm, scale_logits: cfg.scale_logits };
     let mut graphs = Vec::new();
     for &rows in buckets {
-        let mut g = lower::full_sequence_graph(&model, &net, net_opts, rows, opts.head_rows.min(rows));
+        let mut g = lower::full_sequence_graph(&model, &net, net_opts, rows, opts.logit_rows.min(rows));
         memory::plan(&mut g, target.window_align);
         graphs.push(g);
     }
@@ -125,7 +125,7 @@ pub(super) fn core(opts: &CompileOptions, src: &Source, s: &Settings, rows: &Row
             options: vec![
                 ("quant".into(), quant.name()),
                 ("max_seq".into(), max_seq.to_string()),
-                ("head_rows".into(), opts.head_rows.to_string()),
+                ("logit_rows".into(), opts.logit_rows.to_string()),
                 ("block_len".into(), opts.block_len.to_string()),
                 ("spec_blocks".into(), opts.spec_blocks.to_string()),
                 ("activations".into(), (if opts.bf16_activations { "bf16" } else { "f32" }).into()),
@@ -205,8 +205,8 @@ pub(super) fn npu(opts: &CompileOptions, src: &Source, s: &Settings, layout: &La
                 None => Default::default(),
             };
             let limits = npu_limits(&target, opts.npu_limits).ok_or_else(|| Error::Options(format!("--target {}: the target file gives no HTP limits (npu_memory)", target.name)))?;
-            let npu_opts = crate::qnn::NpuOptions { limits, contexts: opts.npu_contexts, shared_weights: opts.npu_shared_weights, estimate_soc: opts.npu_estimate_soc };
-            Some(add_npu_executables(header, w, &src.ckpt, &layout.segments, &weights.ids, soc, npu_weights, &calibration, lib, &npu_opts)?)
+            let npu_opts = crate::qnn::NpuOptions { soc, weights: npu_weights, limits, contexts: opts.npu_contexts, shared_weights: opts.npu_shared_weights, estimate_soc: opts.npu_estimate_soc };
+            Some(add_npu_executables(header, w, &checkpoint_values(&src.ckpt, &layout.segments, &weights.ids), &calibration, lib, &npu_opts)?)
         }
         _ => None,
     })

@@ -161,8 +161,8 @@ impl Rows {
                 cfg.max_sequence_length
             )));
         }
-        if opts.head_rows == 0 {
-            return Err(Error::Options("--head-rows must be at least 1".into()));
+        if opts.logit_rows == 0 {
+            return Err(Error::Options("--logit-rows must be at least 1".into()));
         }
         if opts.block_len == 0 || opts.block_len > max_seq {
             return Err(Error::Options(format!("--block-len {}: must be between 1 and --max-seq ({max_seq})", opts.block_len)));

@@ -61,11 +61,7 @@ fn read_object(path: &Path) -> Result<Map<String, Value>> {
 pub fn parse(path: &Path, map: &Map<String, Value>) -> Result<(LladaConfig, Vec<String>)> {
     let mut k = Keys { path, map, used: Vec::new() };
 
-    if let Some(Value::String(t)) = k.get("model_type") {
-        if t != "llada" {
-            return Err(k.err("model_type", format!("\"{t}\" is not a LLaDA model (expected \"llada\")")));
-        }
-    }
+    k.require_model_type("LLaDA", "llada", |t| t == "llada")?;
     k.require_bool("alibi", false, false, "LLaDA uses rotary position embeddings")?;
     k.require_bool("rope", true, true, "only rotary position embeddings are implemented")?;
     k.require_bool("weight_tying", false, false, "the output head must be its own tensor, model.transformer.ff_out.weight")?;

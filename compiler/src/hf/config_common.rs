@@ -202,6 +202,17 @@ impl<'a> Keys<'a> {
         Ok(())
     }
 
+    /// The config's `model_type`, where it names one, must be one `accepts`: else it is refused
+    /// as not a `model` model, `expected` being the type to give.
+    pub(super) fn require_model_type(&mut self, model: &str, expected: &str, accepts: impl Fn(&str) -> bool) -> Result<()> {
+        if let Some(Value::String(t)) = self.get("model_type")
+            && !accepts(t)
+        {
+            return Err(self.err("model_type", format!("\"{t}\" is not a {model} model (expected \"{expected}\")")));
+        }
+        Ok(())
+    }
+
     pub(super) fn require_str(&mut self, key: &'static str, default: &str, supported: &[&str]) -> Result<()> {
         let v = match self.get(key) {
             None => default.to_string(),

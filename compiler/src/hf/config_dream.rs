@@ -27,11 +27,7 @@ const ACCEPTED_KEYS: &[&str] = &[
 
 pub fn parse(path: &Path, map: &Map<String, Value>) -> Result<(LladaConfig, Vec<String>)> {
     let mut k = Keys { path, map, used: Vec::new() };
-    if let Some(Value::String(t)) = k.get("model_type") {
-        if !t.eq_ignore_ascii_case("dream") {
-            return Err(k.err("model_type", format!("\"{t}\" is not a Dream model (expected \"Dream\")")));
-        }
-    }
+    k.require_model_type("Dream", "Dream", |t| t.eq_ignore_ascii_case("dream"))?;
     k.require_str("hidden_act", "silu", &["silu"])?;
     k.require_bool("tie_word_embeddings", false, false, "the output head must be its own tensor, lm_head.weight")?;
     k.require_bool("use_sliding_window", false, false, "sliding-window attention is not implemented; Dream attends to the whole sequence")?;

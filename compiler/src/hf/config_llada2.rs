@@ -33,11 +33,7 @@ const ACCEPTED_KEYS: &[&str] = &[
 
 pub fn parse(path: &Path, map: &Map<String, Value>, generation_mask: Option<u32>) -> Result<(LladaConfig, Vec<String>)> {
     let mut k = Keys { path, map, used: Vec::new() };
-    if let Some(Value::String(t)) = k.get("model_type") {
-        if t != "llada2_moe" {
-            return Err(k.err("model_type", format!("\"{t}\" is not a LLaDA 2.x model (expected \"llada2_moe\")")));
-        }
-    }
+    k.require_model_type("LLaDA 2.x", "llada2_moe", |t| t == "llada2_moe")?;
     k.require_str("hidden_act", "silu", &["silu"])?;
     k.require_bool("use_bias", false, false, "linear layers with bias are not implemented")?;
     k.require_bool("use_qkv_bias", false, false, "q/k/v projections with bias are not implemented")?;

@@ -34,11 +34,7 @@ const ACCEPTED_KEYS: &[&str] = &[
 pub fn parse(path: &Path, map: &Map<String, Value>, generation_mask: Option<u32>) -> Result<(LladaConfig, Vec<String>)> {
     let mut k = Keys { path, map, used: Vec::new() };
     let mut warnings = Vec::new();
-    if let Some(Value::String(t)) = k.get("model_type") {
-        if !["llada", "lladamoe", "llada_moe"].contains(&t.as_str()) {
-            return Err(k.err("model_type", format!("\"{t}\" is not a LLaDA-MoE model (expected \"llada\")")));
-        }
-    }
+    k.require_model_type("LLaDA-MoE", "llada", |t| ["llada", "lladamoe", "llada_moe"].contains(&t))?;
     k.require_str("hidden_act", "silu", &["silu"])?;
     k.require_bool("attention_bias", false, false, "q/k/v/o projections with bias are not implemented")?;
     k.require_bool("tie_word_embeddings", false, false, "the output head must be its own tensor, lm_head.weight")?;

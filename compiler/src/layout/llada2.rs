@@ -29,10 +29,17 @@ pub fn rotary_order(head_dim: usize, rotary_dim: usize) -> [Range<usize>; 4] {
     [0..r2, rotary_dim..rotary_dim + pass2, r2..rotary_dim, rotary_dim + pass2..head_dim]
 }
 
-/// Tensor `name` (`shape`, `[heads * hd, ...]` or `[hd]`) with the first `rotated` heads'
-/// rows in [`rotary_order`], the others as they are.
-#[allow(clippy::too_many_arguments)]
-fn rotary_permuted<'c>(b: &mut Builder<'c>, name: &str, shape: &[usize], why: &str, rotated: usize, hd: usize, rd: usize, dtype: DType) -> Result<Planned<'c>> {
+/// A head's partial rotary: of its `head_dim` dimensions, the first `rotary_dim` rotate.
+#[derive(Clone, Copy)]
+struct PartialRotary {
+    head_dim: usize,
+    rotary_dim: usize,
+}
+
+/// Tensor `name` (`shape`, `[heads * head_dim, ...]` or `[head_dim]`) with the first
+/// `rotated` heads' rows in [`rotary_order`], the others as they are.
+fn rotary_permuted<'c>(b: &mut Builder<'c>, name: &str, shape: &[usize], why: &str, rotated: usize, rotary: PartialRotary, dtype: DType) -> Result<Planned<'c>> {
+    let PartialRotary { head_dim: hd, rotary_dim: rd } = rotary;
     let loc = b.get(name, shape, why)?;
     let mut sources = Vec::new();
     for h in 0..shape[0] / hd {
@@ -52,6 +59,7 @@ pub(crate) fn segments<'c>(cfg: &LladaConfig, b: &mut Builder<'c>, st: Storage) 
     let (Some(moe), Some(l2)) = (cfg.moe, cfg.llada2) else { return Err(Error::Options("internal: a LLaDA 2.x config without its experts".into())) };
     let (d, hd, f, v, rd) = (cfg.d_model, cfg.head_dim(), cfg.mlp_hidden, cfg.embedding_size, l2.rotary_dim);
     let qkv_rows = (cfg.n_heads + 2 * cfg.n_kv_heads) * hd;
+    let rotary = PartialRotary { head_dim: hd, rotary_dim: rd };
     let why_d = format!("hidden_size {d}");
     let why_v = format!("vocab_size {v}, {why_d}");
     let why_qkv = format!("(num_attention_heads {} + 2 x num_key_value_heads {}) x head_dim {hd}, {why_d}", cfg.n_heads, cfg.n_kv_heads);
@@ -69,11 +77,11 @@ pub(crate) fn segments<'c>(cfg: &LladaConfig, b: &mut Builder<'c>, st: Storage) 
         let p = |part: &str| n::layer(l, part);
         let mut attn = vec![
             b.single(&p("input_layernorm"), &[d], &why_d, DType::F32)?,
-            rotary_permuted(b, &p("attention.query_key_value"), &[qkv_rows, d], &why_qkv, cfg.n_heads + cfg.n_kv_heads, hd, rd, st.matrix)?,
+            rotary_permuted(b, &p("attention.query_key_value"), &[qkv_rows, d], &why_qkv, cfg.n_heads + cfg.n_kv_heads, rotary, st.matrix)?,
         ];
         if cfg.qk_norm {
-            attn.push(rotary_permuted(b, &p("attention.query_layernorm"), &[hd], &why_hd, 1, hd, rd, DType::F32)?);
-            attn.push(rotary_permuted(b, &p("attention.key_layernorm"), &[hd], &why_hd, 1, hd, rd, DType::F32)?);
+            attn.push(rotary_permuted(b, &p("attention.query_layernorm"), &[hd], &why_hd, 1, rotary, DType::F32)?);
+            attn.push(rotary_permuted(b, &p("attention.key_layernorm"), &[hd], &why_hd, 1, rotary, DType::F32)?);
         }
         attn.push(b.single(&p("attention.dense"), &[d, cfg.n_heads * hd], &why_q, st.matrix)?);
         attn.push(b.single(&p("post_attention_layernorm"), &[d], &why_d, DType::F32)?);
@@ -98,12 +106,12 @@ pub(crate) fn segments<'c>(cfg: &LladaConfig, b: &mut Builder<'c>, st: Storage) 
             segments.push((format!("blocks.{l}.experts.{e}"), expert.into()));
         }
     }
-    let head = match l2.tie_embeddings {
+    let lm_head = match l2.tie_embeddings {
         // The embedding, read again as the head's matrix.
         true => Planned { name: n::HEAD.into(), sources: vec![Cow::Borrowed(b.get(names::LLADA2_EMBEDDING, &[v, d], &why_v)?)], dtype: st.matrix, shape: vec![v as u64, d as u64] },
         false => b.single(n::HEAD, &[v, d], &why_v, st.matrix)?,
     };
-    segments.push(("head".into(), vec![b.single(n::FINAL_NORM, &[d], &why_d, DType::F32)?, head]));
+    segments.push(("head".into(), vec![b.single(n::FINAL_NORM, &[d], &why_d, DType::F32)?, lm_head]));
     Ok(segments)
 }
 

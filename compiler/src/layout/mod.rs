@@ -90,7 +90,7 @@ pub(crate) type Segments<'c> = Vec<(String, Vec<Planned<'c>>)>;
 struct DenseFamily {
     embedding: &'static str,
     final_norm: &'static str,
-    head: &'static str,
+    lm_head: &'static str,
     /// A block's tensor: (layer, part) to its name.
     block: fn(usize, &str) -> String,
     /// The parts: attention norm, q, k, v, output, feed-forward norm, gate, up, down.
@@ -104,7 +104,7 @@ struct DenseFamily {
 const LLADA: DenseFamily = DenseFamily {
     embedding: names::EMBEDDING,
     final_norm: names::FINAL_NORM,
-    head: names::HEAD,
+    lm_head: names::HEAD,
     block: names::block,
     parts: ["attn_norm", "q_proj", "k_proj", "v_proj", "attn_out", "ff_norm", "ff_proj", "up_proj", "ff_out"],
     qkv_bias: None,
@@ -116,7 +116,7 @@ const LLADA: DenseFamily = DenseFamily {
 const DREAM: DenseFamily = DenseFamily {
     embedding: names::moe::EMBEDDING,
     final_norm: names::moe::FINAL_NORM,
-    head: names::moe::HEAD,
+    lm_head: names::moe::HEAD,
     block: names::moe::layer,
     parts: [
         "input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
@@ -160,7 +160,7 @@ fn dense<'c>(cfg: &LladaConfig, b: &mut Builder<'c>, st: Storage, fam: &DenseFam
             ],
         ));
     }
-    segments.push(("head".into(), vec![b.single(fam.final_norm, &[d], &why_d, DType::F32)?, b.single(fam.head, &[v, d], &why_v, st.matrix)?]));
+    segments.push(("head".into(), vec![b.single(fam.final_norm, &[d], &why_d, DType::F32)?, b.single(fam.lm_head, &[v, d], &why_v, st.matrix)?]));
     Ok(segments)
 }
 
@@ -245,8 +245,8 @@ impl Layout<'_> {
                 Family::Llada2Moe => seg = llada2::block(ids, seg, blocks.len(), cfg, &mut blocks, &mut expert_segments)?,
             }
         }
-        let head = &ids[seg];
-        let net = NetworkTensors { embedding: ids[0][0], blocks, final_norm: head[0], head: head[1], rope_cos: rope.0, rope_sin: rope.1 };
+        let lm_head = &ids[seg];
+        let net = NetworkTensors { embedding: ids[0][0], blocks, final_norm: lm_head[0], lm_head: lm_head[1], rope_cos: rope.0, rope_sin: rope.1 };
         Ok((net, expert_segments))
     }
 }

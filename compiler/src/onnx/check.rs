@@ -20,8 +20,8 @@ pub fn against_config(found: &Recognised, cfg: &LladaConfig) -> Result<(), Strin
     if rows != cfg.embedding_size {
         return Err(disagree(vocab_key, cfg.embedding_size, format!("the graph's embedding table has {rows} rows")));
     }
-    if found.head.out_features() != cfg.embedding_size {
-        return Err(disagree(vocab_key, cfg.embedding_size, format!("{} (the LM head) gives {} logits", found.head.node.label(), found.head.out_features())));
+    if found.lm_head.out_features() != cfg.embedding_size {
+        return Err(disagree(vocab_key, cfg.embedding_size, format!("{} (the LM head) gives {} logits", found.lm_head.node.label(), found.lm_head.out_features())));
     }
     if found.blocks.len() != cfg.n_layers {
         return Err(disagree("n_layers", cfg.n_layers, format!("the graph has {} LLaDA blocks", found.blocks.len())));

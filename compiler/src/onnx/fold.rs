@@ -118,7 +118,7 @@ pub fn fold(g: &Graph) -> Result<Folded<'_>, String> {
         } else if let (Some(Some(Value::Const(t))), true) = (inputs.first(), node.op == "CastLike") {
             // CastLike reads only its second input's type (`type_as` on a cached table).
             let to = inputs.get(1).copied().flatten().map_or(t.elem, Value::elem);
-            vec![Value::Const(if to == t.elem { t.clone() } else { Tensor::floats(to, t.dims.clone(), t.f64s().map_err(|e| format!("{}: {e}", node.label()))?.into_owned()) })]
+            vec![Value::Const(cast(t, to).map_err(|e| format!("{}: {e}", node.label()))?)]
         } else if all_const {
             let ins: Vec<Option<&Tensor>> = inputs.iter().map(|v| v.and_then(Value::as_const)).collect();
             eval(node, &ins, g.opset).map_err(|e| format!("{}: {e}", node.label()))?.into_iter().map(Value::Const).collect()
@@ -382,12 +382,99 @@ fn matmul_dims(a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
     Ok(out)
 }
 
+/// Unsqueeze's axes: an input from opset 13, an attribute before.
+fn unsqueeze_axes(node: &Node, ins: &[Option<&Tensor>], opset: i64) -> Result<Vec<i64>, String> {
+    Ok(if opset >= 13 { need(ins, 1, "axes")?.i64s()?.into_owned() } else { node.ints("axes").ok_or("needs axes")?.to_vec() })
+}
+
+/// Squeeze's axes where given (none squeezes every axis of size 1): an optional input from
+/// opset 13, an attribute before.
+fn squeeze_axes(node: &Node, ins: &[Option<&Tensor>], opset: i64) -> Result<Option<Vec<i64>>, String> {
+    if opset >= 13 {
+        ins.get(1).copied().flatten().map(|t| t.i64s().map(|v| v.into_owned())).transpose()
+    } else {
+        Ok(node.ints("axes").map(|v| v.to_vec()))
+    }
+}
+
+/// Flatten's output: the dims before its axis multiplied out, then those from it.
+fn flatten_dims(node: &Node, dims: &[usize]) -> Result<Vec<usize>, String> {
+    let ax = flatten_axis(node.int("axis").unwrap_or(1), dims.len())?;
+    Ok(vec![dims[..ax].iter().product(), dims[ax..].iter().product()])
+}
+
+/// Expand's target shape (a negative entry reads as 0).
+fn expand_shape(ins: &[Option<&Tensor>]) -> Result<Vec<usize>, String> {
+    Ok(need(ins, 1, "shape")?.i64s()?.iter().map(|&x| x.max(0) as usize).collect())
+}
+
+/// Tile's output: each axis `reps` times as long.
+fn tile_dims(dims: &[usize], reps: &[i64]) -> Result<Vec<usize>, String> {
+    if reps.len() != dims.len() {
+        return Err("repeats of another rank than the input".into());
+    }
+    Ok(dims.iter().zip(reps).map(|(&d, &r)| d.saturating_mul(r.max(0) as usize)).collect())
+}
+
+/// Gather's output: the data's dims with axis `ax` replaced by the indices' dims.
+fn gather_dims(data: &[usize], idx: &[usize], ax: usize) -> Vec<usize> {
+    let mut out = data[..ax].to_vec();
+    out.extend(idx);
+    out.extend(&data[ax + 1..]);
+    out
+}
+
+/// A reduction's output: the reduced axes kept as 1, or dropped.
+fn reduced_dims(dims: &[usize], axes: &[usize], keep: bool) -> Vec<usize> {
+    dims.iter().enumerate().filter_map(|(i, &x)| if axes.contains(&i) { keep.then_some(1) } else { Some(x) }).collect()
+}
+
+/// Split's axis and each output's dims.
+fn split_dims(node: &Node, ins: &[Option<&Tensor>], dims: &[usize], opset: i64) -> Result<(usize, Vec<Vec<usize>>), String> {
+    let ax = axis(node.int("axis").unwrap_or(0), dims.len())?;
+    let sizes = split_sizes(node, ins, dims[ax], opset)?;
+    let parts = sizes
+        .into_iter()
+        .map(|s| {
+            let mut d = dims.to_vec();
+            d[ax] = s;
+            d
+        })
+        .collect();
+    Ok((ax, parts))
+}
+
+/// Gemm's output `[m, n]`, each read across its transpose flag.
+fn gemm_dims(node: &Node, a: &[usize], b: &[usize]) -> Result<Vec<usize>, String> {
+    let [m0, m1] = a[..] else { return Err("Gemm of a non-matrix".into()) };
+    let [n0, n1] = b[..] else { return Err("Gemm with a non-matrix weight".into()) };
+    let m = if node.int("transA").unwrap_or(0) != 0 { m1 } else { m0 };
+    let n = if node.int("transB").unwrap_or(0) != 0 { n0 } else { n1 };
+    Ok(vec![m, n])
+}
+
+/// The result of an `Attention` op on q and v of these shapes: 4-D `[batch, heads, seq,
+/// head_dim]`, or 3-D with the heads folded into the last axis (counted by the attributes).
+fn attention_dims(node: &Node, q: &[usize], v: &[usize]) -> Result<Vec<usize>, String> {
+    Ok(match (q.len(), v.len()) {
+        (4, 4) => vec![q[0], q[1], q[2], v[3]],
+        (3, 3) => {
+            let heads = |k: &str| node.int(k).and_then(|h| usize::try_from(h).ok()).filter(|&h| h > 0).ok_or(format!("3-D inputs need a positive {k}"));
+            let (qh, kvh) = (heads("q_num_heads")?, heads("kv_num_heads")?);
+            vec![q[0], q[1], qh.saturating_mul(v[2] / kvh)]
+        }
+        _ => return Err(format!("inputs of shapes {q:?} and {v:?}")),
+    })
+}
+
 /// Shapes and types of a node whose inputs include a token-dependent value.
 fn infer(node: &Node, inputs: &[Option<&Value>], opset: i64) -> Result<Vec<Value>, String> {
     let dims = |i: usize| inputs.get(i).copied().flatten().map(|v| v.dims().to_vec()).ok_or_else(|| format!("needs input {i}"));
     let elem0 = inputs.first().copied().flatten().map_or(Elem::F32, Value::elem);
     let consts: Vec<Option<&Tensor>> = inputs.iter().map(|v| v.and_then(Value::as_const)).collect();
     let one = |elem: Elem, dims: Vec<usize>| Ok(vec![Value::Dyn { elem, dims }]);
+    // A mix of constants and token-dependent values has the token-dependent one's type.
+    let dyn_elem = || inputs.iter().flatten().find(|v| matches!(v, Value::Dyn { .. })).map_or(elem0, |v| v.elem());
     let op = node.op.as_str();
     match op {
         "Identity" | "Neg" | "Sqrt" | "Reciprocal" | "Sigmoid" | "Softmax" | "Exp" | "Tanh" | "Relu" | "Abs" | "Erf" | "Dropout" | "Sin" | "Cos" | "Floor" => {
@@ -395,10 +482,7 @@ fn infer(node: &Node, inputs: &[Option<&Value>], opset: i64) -> Result<Vec<Value
         }
         "Cast" => one(cast_to(node)?, dims(0)?),
         "CastLike" => one(inputs.get(1).copied().flatten().map_or(elem0, Value::elem), dims(0)?),
-        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" => {
-            let elem = inputs.iter().flatten().find(|v| matches!(v, Value::Dyn { .. })).map_or(elem0, |v| v.elem());
-            one(if op == "Pow" { elem0 } else { elem }, broadcast(&dims(0)?, &dims(1)?)?)
-        }
+        "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" => one(if op == "Pow" { elem0 } else { dyn_elem() }, broadcast(&dims(0)?, &dims(1)?)?),
         "Equal" | "Less" | "Greater" | "Not" | "And" | "Or" => {
             let d = if op == "Not" { dims(0)? } else { broadcast(&dims(0)?, &dims(1)?)? };
             one(Elem::Bool, d)
@@ -408,41 +492,27 @@ fn infer(node: &Node, inputs: &[Option<&Value>], opset: i64) -> Result<Vec<Value
             one(elem, broadcast(&broadcast(&dims(0)?, &dims(1)?)?, &dims(2)?)?)
         }
         "MatMul" => one(elem0, matmul_dims(&dims(0)?, &dims(1)?)?),
-        "Gemm" => {
-            let (a, b) = (dims(0)?, dims(1)?);
-            let [m0, m1] = a[..] else { return Err("Gemm of a non-matrix".into()) };
-            let [n0, n1] = b[..] else { return Err("Gemm with a non-matrix weight".into()) };
-            let m = if node.int("transA").unwrap_or(0) != 0 { m1 } else { m0 };
-            let n = if node.int("transB").unwrap_or(0) != 0 { n0 } else { n1 };
-            one(elem0, vec![m, n])
-        }
+        "Gemm" => one(elem0, gemm_dims(node, &dims(0)?, &dims(1)?)?),
         "Gather" => {
             let (data, idx) = (dims(0)?, dims(1)?);
             let ax = axis(node.int("axis").unwrap_or(0), data.len())?;
-            let mut out = data[..ax].to_vec();
-            out.extend(&idx);
-            out.extend(&data[ax + 1..]);
-            one(inputs[0].map_or(elem0, Value::elem), out)
+            one(inputs[0].map_or(elem0, Value::elem), gather_dims(&data, &idx, ax))
         }
         "Reshape" => {
             let shape = need(&consts, 1, "shape")?.i64s()?;
             one(elem0, reshape_dims(node, &dims(0)?, &shape)?)
         }
-        "Flatten" => {
-            let d = dims(0)?;
-            let ax = flatten_axis(node.int("axis").unwrap_or(1), d.len())?;
-            one(elem0, vec![d[..ax].iter().product(), d[ax..].iter().product()])
-        }
+        "Flatten" => one(elem0, flatten_dims(node, &dims(0)?)?),
         "Transpose" => {
             let d = dims(0)?;
             one(elem0, transpose_perm(node, d.len())?.iter().map(|&p| d[p]).collect())
         }
         "Unsqueeze" => {
-            let axes = if opset >= 13 { need(&consts, 1, "axes")?.i64s()?.into_owned() } else { node.ints("axes").ok_or("needs axes")?.to_vec() };
+            let axes = unsqueeze_axes(node, &consts, opset)?;
             one(elem0, unsqueeze_dims(&dims(0)?, &axes)?)
         }
         "Squeeze" => {
-            let axes = if opset >= 13 { consts.get(1).copied().flatten().map(|t| t.i64s().map(|v| v.into_owned())).transpose()? } else { node.ints("axes").map(|v| v.to_vec()) };
+            let axes = squeeze_axes(node, &consts, opset)?;
             one(elem0, squeeze_dims(&dims(0)?, axes.as_deref())?)
         }
         "Slice" => {
@@ -450,17 +520,8 @@ fn infer(node: &Node, inputs: &[Option<&Value>], opset: i64) -> Result<Vec<Value
             one(elem0, slice_plan(node, &d, &consts)?.iter().map(|p| p.2).collect())
         }
         "Split" => {
-            let d = dims(0)?;
-            let ax = axis(node.int("axis").unwrap_or(0), d.len())?;
-            let sizes = split_sizes(node, &consts, d[ax], opset)?;
-            Ok(sizes
-                .into_iter()
-                .map(|s| {
-                    let mut o = d.clone();
-                    o[ax] = s;
-                    Value::Dyn { elem: elem0, dims: o }
-                })
-                .collect())
+            let (_, parts) = split_dims(node, &consts, &dims(0)?, opset)?;
+            Ok(parts.into_iter().map(|dims| Value::Dyn { elem: elem0, dims }).collect())
         }
         "Concat" => {
             let parts: Vec<Vec<usize>> = inputs.iter().flatten().map(|v| v.dims().to_vec()).collect();
@@ -471,26 +532,20 @@ fn infer(node: &Node, inputs: &[Option<&Value>], opset: i64) -> Result<Vec<Value
             }
             let mut out = first;
             out[ax] = parts.iter().map(|p| p.get(ax).copied().unwrap_or(0)).sum();
-            let elem = inputs.iter().flatten().find(|v| matches!(v, Value::Dyn { .. })).map_or(elem0, |v| v.elem());
-            one(elem, out)
+            one(dyn_elem(), out)
         }
         "Expand" => {
-            let shape: Vec<usize> = need(&consts, 1, "shape")?.i64s()?.iter().map(|&x| x.max(0) as usize).collect();
+            let shape = expand_shape(&consts)?;
             one(elem0, broadcast(&dims(0)?, &shape)?)
         }
         "Tile" => {
             let reps = need(&consts, 1, "repeats")?.i64s()?.into_owned();
-            if reps.len() != dims(0)?.len() {
-                return Err("repeats of another rank than the input".into());
-            }
-            one(elem0, dims(0)?.iter().zip(reps).map(|(&d, r)| d.saturating_mul(r.max(0) as usize)).collect())
+            one(elem0, tile_dims(&dims(0)?, &reps)?)
         }
         "ReduceMean" | "ReduceSum" | "ReduceMax" => {
             let d = dims(0)?;
             let axes = reduce_axes(node, &consts, d.len(), opset)?;
-            let keep = node.int("keepdims").unwrap_or(1) != 0;
-            let out = d.iter().enumerate().filter_map(|(i, &x)| if axes.contains(&i) { keep.then_some(1) } else { Some(x) }).collect();
-            one(elem0, out)
+            one(elem0, reduced_dims(&d, &axes, node.int("keepdims").unwrap_or(1) != 0))
         }
         "RMSNormalization" | "LayerNormalization" | "SimplifiedLayerNormalization" | "com.microsoft::SimplifiedLayerNormalization" | "RotaryEmbedding" | "com.microsoft::RotaryEmbedding" => {
             let d = dims(0)?;
@@ -500,16 +555,7 @@ fn infer(node: &Node, inputs: &[Option<&Value>], opset: i64) -> Result<Vec<Value
             Ok(outs)
         }
         "Attention" => {
-            let (q, v) = (dims(0)?, dims(2)?);
-            let out = match (q.len(), v.len()) {
-                (4, 4) => vec![q[0], q[1], q[2], v[3]],
-                (3, 3) => {
-                    let heads = |k: &str| node.int(k).and_then(|h| usize::try_from(h).ok()).filter(|&h| h > 0).ok_or(format!("3-D inputs need a positive {k}"));
-                    let (qh, kvh) = (heads("q_num_heads")?, heads("kv_num_heads")?);
-                    vec![q[0], q[1], qh.saturating_mul(v[2] / kvh)]
-                }
-                _ => return Err(format!("inputs of shapes {q:?} and {v:?}")),
-            };
+            let out = attention_dims(node, &dims(0)?, &dims(2)?)?;
             let mut outs = vec![Value::Dyn { elem: elem0, dims: out }];
             outs.extend((1..node.outputs.len()).map(|_| Value::Dyn { elem: elem0, dims: vec![] }));
             Ok(outs)
@@ -518,298 +564,326 @@ fn infer(node: &Node, inputs: &[Option<&Value>], opset: i64) -> Result<Vec<Value
     }
 }
 
-
 /// Evaluates a node whose inputs are all constants.
 fn eval(node: &Node, ins: &[Option<&Tensor>], opset: i64) -> Result<Vec<Tensor>, String> {
     let op = node.op.as_str();
     let x = || need(ins, 0, "first");
     let single = |t: Tensor| Ok(vec![t]);
     match op {
-        "Constant" => {
-            let a = |k: &str| node.attrs.get(k);
-            let t = match (a("value"), a("value_float"), a("value_floats"), a("value_int"), a("value_ints")) {
-                (Some(Attr::Tensor(t)), ..) => t.clone(),
-                (_, Some(Attr::Float(f)), ..) => Tensor::floats(Elem::F32, vec![], vec![*f]),
-                (_, _, Some(Attr::Floats(f)), ..) => Tensor::floats(Elem::F32, vec![f.len()], f.clone()),
-                (.., Some(Attr::Int(i)), _) => Tensor::scalar_i64(*i),
-                (.., Some(Attr::Ints(v))) => Tensor::ints(Elem::I64, vec![v.len()], v.clone()),
-                _ => return Err("a Constant without a numeric value".into()),
-            };
-            single(t)
-        }
+        "Constant" => single(constant(node)?),
         "Identity" | "Dropout" => single(x()?.clone()),
         "Cast" | "CastLike" => {
             let to = if op == "Cast" { cast_to(node)? } else { need(ins, 1, "target")?.elem };
-            let t = x()?;
-            if t.elem == to {
-                return single(t.clone());
-            }
-            single(Tensor::floats(to, t.dims.clone(), t.f64s()?.into_owned()))
+            single(cast(x()?, to)?)
         }
         "Size" => single(Tensor::scalar_i64(x()?.numel() as i64)),
-        "Neg" | "Sqrt" | "Reciprocal" | "Sin" | "Cos" | "Exp" | "Abs" | "Floor" | "Ceil" | "Sigmoid" | "Not" | "Tanh" | "Relu" => {
-            let t = x()?;
-            let f: fn(f64) -> f64 = match op {
-                "Neg" => |v| -v,
-                "Sqrt" => f64::sqrt,
-                "Reciprocal" => |v| 1.0 / v,
-                "Sin" => f64::sin,
-                "Cos" => f64::cos,
-                "Exp" => f64::exp,
-                "Abs" => f64::abs,
-                "Floor" => f64::floor,
-                "Ceil" => f64::ceil,
-                "Sigmoid" => |v| 1.0 / (1.0 + (-v).exp()),
-                "Tanh" => f64::tanh,
-                "Relu" => |v| v.max(0.0),
-                _ => |v| (v == 0.0) as u8 as f64,
-            };
-            // Rounded through the element type once, as the exporter's runtime would compute.
-            single(Tensor::floats(t.elem, t.dims.clone(), t.f64s()?.iter().map(|&v| f(t.elem.round(v))).collect()))
-        }
+        "Neg" | "Sqrt" | "Reciprocal" | "Sin" | "Cos" | "Exp" | "Abs" | "Floor" | "Ceil" | "Sigmoid" | "Not" | "Tanh" | "Relu" => single(unary(op, x()?)?),
         "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Max" | "Min" | "Mod" | "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or" => {
-            let (a, b) = (x()?, need(ins, 1, "second")?);
-            let out = broadcast(&a.dims, &b.dims)?;
-            small(&out)?;
-            let (ia, ib) = (broadcast_index(&a.dims, &out), broadcast_index(&b.dims, &out));
-            let (va, vb) = (a.f64s()?, b.f64s()?);
-            let int = !a.elem.is_float();
-            // Mod's fmod=1 keeps the dividend's sign (C's fmod); the default floors.
-            let fmod = node.int("fmod").unwrap_or(0) != 0;
-            let f = |p: f64, q: f64| -> f64 {
-                match op {
-                    "Add" => p + q,
-                    "Sub" => p - q,
-                    "Mul" => p * q,
-                    "Div" if int => (p / q).trunc(),
-                    "Div" => p / q,
-                    "Pow" => p.powf(q),
-                    "Max" => p.max(q),
-                    "Min" => p.min(q),
-                    "Mod" if fmod => p % q,
-                    "Mod" => p - q * (p / q).floor(),
-                    "Equal" => (p == q) as u8 as f64,
-                    "Less" => (p < q) as u8 as f64,
-                    "Greater" => (p > q) as u8 as f64,
-                    "LessOrEqual" => (p <= q) as u8 as f64,
-                    "GreaterOrEqual" => (p >= q) as u8 as f64,
-                    "And" => (p != 0.0 && q != 0.0) as u8 as f64,
-                    _ => (p != 0.0 || q != 0.0) as u8 as f64,
-                }
-            };
-            let v: Vec<f64> = ia.iter().zip(&ib).map(|(&i, &j)| f(va[i], vb[j])).collect();
-            let elem = if matches!(op, "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or") { Elem::Bool } else { a.elem };
-            single(Tensor::floats(elem, out, v))
+            single(binary(node, x()?, need(ins, 1, "second")?)?)
         }
-        "Where" => {
-            let (c, a, b) = (x()?, need(ins, 1, "second")?, need(ins, 2, "third")?);
-            let out = broadcast(&broadcast(&c.dims, &a.dims)?, &b.dims)?;
-            small(&out)?;
-            let (ic, ia, ib) = (broadcast_index(&c.dims, &out), broadcast_index(&a.dims, &out), broadcast_index(&b.dims, &out));
-            let (vc, va, vb) = (c.f64s()?, a.f64s()?, b.f64s()?);
-            let v = (0..ic.len()).map(|k| if vc[ic[k]] != 0.0 { va[ia[k]] } else { vb[ib[k]] }).collect();
-            single(Tensor::floats(a.elem, out, v))
-        }
-        "Range" => {
-            let (s, l, d) = (x()?.scalar().ok_or("start")?, need(ins, 1, "limit")?.scalar().ok_or("limit")?, need(ins, 2, "delta")?.scalar().ok_or("delta")?);
-            let n = ((l - s) / d).ceil().max(0.0).min(usize::MAX as f64) as usize;
-            small(&[n])?;
-            single(Tensor::floats(x()?.elem, vec![n], (0..n).map(|i| s + i as f64 * d).collect()))
-        }
-        "ConstantOfShape" => {
-            let dims: Vec<usize> = x()?.i64s()?.iter().map(|&d| d.max(0) as usize).collect();
-            small(&dims)?;
-            let (elem, v) = match node.attrs.get("value") {
-                Some(Attr::Tensor(t)) => (t.elem, t.scalar().unwrap_or(0.0)),
-                _ => (Elem::F32, 0.0),
-            };
-            let n = dims.iter().product();
-            single(Tensor::floats(elem, dims, vec![v; n]))
-        }
-        "OneHot" => {
-            // TorchScript's repeat_interleave (grouped-query attention) builds its index
-            // pattern from shapes with OneHot.
-            let idx = x()?;
-            let depth = need(ins, 1, "depth")?.scalar().ok_or("a depth that is not a scalar")? as i64;
-            let values = need(ins, 2, "values")?;
-            let [off, on] = values.f64s()?[..] else { return Err("values that are not [off, on]".into()) };
-            let rank = idx.dims.len() + 1;
-            let ax = axis(node.int("axis").unwrap_or(-1), rank)?;
-            let mut out = idx.dims.clone();
-            out.insert(ax, depth.max(0) as usize);
-            small(&out)?;
-            let (outer, inner) = (idx.dims[..ax].iter().product::<usize>(), idx.dims[ax..].iter().product::<usize>());
-            let ids = idx.i64s()?;
-            let mut v = vec![off; out.iter().product()];
-            for o in 0..outer {
-                for i in 0..inner {
-                    let raw = ids[o * inner + i];
-                    let k = if raw < 0 { raw + depth } else { raw };
-                    if (0..depth).contains(&k) {
-                        v[(o * depth as usize + k as usize) * inner + i] = on;
-                    }
-                }
-            }
-            single(Tensor::floats(values.elem, out, v))
-        }
+        "Where" => single(select_where(x()?, need(ins, 1, "second")?, need(ins, 2, "third")?)?),
+        "Range" => single(range(x()?, ins)?),
+        "ConstantOfShape" => single(constant_of_shape(node, x()?)?),
+        "OneHot" => single(one_hot(node, x()?, ins)?),
         "Reshape" => {
             let t = x()?;
             single(t.reshaped(reshape_dims(node, &t.dims, &need(ins, 1, "shape")?.i64s()?)?))
         }
         "Flatten" => {
             let t = x()?;
-            let ax = flatten_axis(node.int("axis").unwrap_or(1), t.dims.len())?;
-            single(t.reshaped(vec![t.dims[..ax].iter().product(), t.dims[ax..].iter().product()]))
+            single(t.reshaped(flatten_dims(node, &t.dims)?))
         }
         "Unsqueeze" => {
             let t = x()?;
-            let axes = if opset >= 13 { need(ins, 1, "axes")?.i64s()?.into_owned() } else { node.ints("axes").ok_or("needs axes")?.to_vec() };
-            single(t.reshaped(unsqueeze_dims(&t.dims, &axes)?))
+            single(t.reshaped(unsqueeze_dims(&t.dims, &unsqueeze_axes(node, ins, opset)?)?))
         }
         "Squeeze" => {
             let t = x()?;
-            let axes = if opset >= 13 { ins.get(1).copied().flatten().map(|a| a.i64s().map(|v| v.into_owned())).transpose()? } else { node.ints("axes").map(|v| v.to_vec()) };
-            single(t.reshaped(squeeze_dims(&t.dims, axes.as_deref())?))
+            single(t.reshaped(squeeze_dims(&t.dims, squeeze_axes(node, ins, opset)?.as_deref())?))
         }
-        "Transpose" => {
-            let t = x()?;
-            let perm = transpose_perm(node, t.dims.len())?;
-            let out: Vec<usize> = perm.iter().map(|&p| t.dims[p]).collect();
-            let (is, os) = (strides(&t.dims), strides(&out));
-            let index = (0..t.numel()).map(|flat| perm.iter().enumerate().map(|(d, &p)| ((flat / os[d]) % out[d]) * is[p]).sum());
-            single(t.select(out.clone(), index))
-        }
-        "Slice" => {
-            let t = x()?;
-            let plan = slice_plan(node, &t.dims, ins)?;
-            let out: Vec<usize> = plan.iter().map(|p| p.2).collect();
-            let (is, os) = (strides(&t.dims), strides(&out));
-            let index = (0..out.iter().product::<usize>()).map(|flat| plan.iter().enumerate().map(|(d, &(s, st, _))| ((s + ((flat / os[d]) % out[d]) as i64 * st) as usize) * is[d]).sum());
-            single(t.select(out.clone(), index))
-        }
-        "Gather" => {
-            let (t, idx) = (x()?, need(ins, 1, "indices")?);
-            let ax = axis(node.int("axis").unwrap_or(0), t.dims.len())?;
-            let ids: Vec<usize> = idx.i64s()?.iter().map(|&i| if i < 0 { (i + t.dims[ax] as i64) as usize } else { i as usize }).collect();
-            if let Some(bad) = ids.iter().find(|&&i| i >= t.dims[ax]) {
-                return Err(format!("index {bad} outside axis of {}", t.dims[ax]));
-            }
-            let outer: usize = t.dims[..ax].iter().product();
-            let inner: usize = t.dims[ax + 1..].iter().product();
-            let mut out = t.dims[..ax].to_vec();
-            out.extend(&idx.dims);
-            out.extend(&t.dims[ax + 1..]);
-            if out.iter().product::<usize>() > t.numel() {
-                small(&out)?;
-            }
-            let index = (0..outer).flat_map(|o| ids.iter().flat_map(move |&i| (0..inner).map(move |j| (o * t.dims[ax] + i) * inner + j)));
-            single(t.select(out, index.collect::<Vec<_>>().into_iter()))
-        }
-        "Concat" => {
-            let parts: Vec<&Tensor> = ins.iter().flatten().copied().collect();
-            let first = parts.first().ok_or("no inputs")?;
-            let ax = axis(node.int("axis").ok_or("needs axis")?, first.dims.len())?;
-            if parts.iter().any(|p| p.dims.len() != first.dims.len() || (0..first.dims.len()).any(|d| d != ax && p.dims[d] != first.dims[d])) {
-                return Err("concatenates tensors whose other axes differ".into());
-            }
-            let mut out = first.dims.clone();
-            out[ax] = parts.iter().map(|p| p.dims[ax]).sum();
-            small(&out)?;
-            let outer: usize = out[..ax].iter().product();
-            let values = parts.iter().map(|p| p.f64s()).collect::<Result<Vec<_>, _>>()?;
-            let mut v = Vec::with_capacity(out.iter().product());
-            for o in 0..outer {
-                for (p, pv) in parts.iter().zip(&values) {
-                    let chunk: usize = p.dims[ax..].iter().product();
-                    v.extend_from_slice(&pv[o * chunk..(o + 1) * chunk]);
-                }
-            }
-            single(Tensor::floats(first.elem, out, v))
-        }
-        "Split" => {
-            let t = x()?;
-            let ax = axis(node.int("axis").unwrap_or(0), t.dims.len())?;
-            let sizes = split_sizes(node, ins, t.dims[ax], opset)?;
-            let mut start = 0;
-            let mut outs = Vec::new();
-            for s in sizes {
-                let mut d = t.dims.clone();
-                d[ax] = s;
-                let (is, os) = (strides(&t.dims), strides(&d));
-                let index = (0..d.iter().product::<usize>()).map(|flat| (0..d.len()).map(|k| ((flat / os[k]) % d[k] + if k == ax { start } else { 0 }) * is[k]).sum());
-                outs.push(t.select(d.clone(), index));
-                start += s;
-            }
-            Ok(outs)
-        }
+        "Transpose" => single(transpose(node, x()?)?),
+        "Slice" => single(slice(node, x()?, ins)?),
+        "Gather" => single(gather(node, x()?, need(ins, 1, "indices")?)?),
+        "Concat" => single(concat(node, ins)?),
+        "Split" => split(node, x()?, ins, opset),
         "Expand" => {
             let t = x()?;
-            let shape: Vec<usize> = need(ins, 1, "shape")?.i64s()?.iter().map(|&d| d.max(0) as usize).collect();
-            let out = broadcast(&t.dims, &shape)?;
-            small(&out)?;
-            let index = broadcast_index(&t.dims, &out);
-            single(t.select(out, index.into_iter()))
+            single(expand(t, &expand_shape(ins)?)?)
         }
         "Tile" => {
             let t = x()?;
-            let reps = need(ins, 1, "repeats")?.i64s()?.into_owned();
-            if reps.len() != t.dims.len() {
-                return Err("repeats of another rank than the input".into());
-            }
-            let out: Vec<usize> = t.dims.iter().zip(&reps).map(|(&d, &r)| d.saturating_mul(r.max(0) as usize)).collect();
-            small(&out)?;
-            let (is, os) = (strides(&t.dims), strides(&out));
-            let index = (0..out.iter().product::<usize>()).map(|flat| (0..out.len()).map(|k| ((flat / os[k]) % out[k] % t.dims[k]) * is[k]).sum());
-            single(t.select(out.clone(), index))
+            single(tile(t, &need(ins, 1, "repeats")?.i64s()?)?)
         }
-        "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" => {
-            let t = x()?;
-            let axes = reduce_axes(node, ins, t.dims.len(), opset)?;
-            let keep = node.int("keepdims").unwrap_or(1) != 0;
-            let kept: Vec<usize> = t.dims.iter().enumerate().map(|(i, &d)| if axes.contains(&i) { 1 } else { d }).collect();
-            let (is, ks) = (strides(&t.dims), strides(&kept));
-            let n_out: usize = kept.iter().product();
-            let mut acc: Vec<Vec<f64>> = vec![Vec::new(); n_out];
-            let v = t.f64s()?;
-            for (flat, &x) in v.iter().enumerate() {
-                let o: usize = (0..t.dims.len()).map(|d| if axes.contains(&d) { 0 } else { ((flat / is[d]) % t.dims[d]) * ks[d] }).sum();
-                acc[o].push(x);
-            }
-            let r: Vec<f64> = acc
-                .iter()
-                .map(|a| match op {
-                    "ReduceMean" => a.iter().sum::<f64>() / a.len().max(1) as f64,
-                    "ReduceSum" => a.iter().sum(),
-                    "ReduceMax" => a.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-                    "ReduceMin" => a.iter().copied().fold(f64::INFINITY, f64::min),
-                    _ => a.iter().product(),
-                })
-                .collect();
-            let out = if keep { kept } else { t.dims.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect() };
-            single(Tensor::floats(t.elem, out, r))
-        }
-        "MatMul" => {
-            let (a, b) = (x()?, need(ins, 1, "second")?);
-            let out = matmul_dims(&a.dims, &b.dims)?;
-            small(&out)?;
-            small(&[out.iter().product::<usize>(), a.dims[a.dims.len() - 1]])?;
-            let (m, k, n) = (a.dims[a.dims.len() - 2], a.dims[a.dims.len() - 1], b.dims[b.dims.len() - 1]);
-            let batch: Vec<usize> = out[..out.len() - 2].to_vec();
-            let ia = broadcast_index(&a.dims[..a.dims.len() - 2], &batch);
-            let ib = broadcast_index(&b.dims[..b.dims.len() - 2], &batch);
-            let (va, vb) = (a.f64s()?, b.f64s()?);
-            let mut v = Vec::with_capacity(out.iter().product());
-            for (ba, bb) in ia.iter().zip(&ib) {
-                for i in 0..m {
-                    for j in 0..n {
-                        v.push((0..k).map(|p| va[ba * m * k + i * k + p] * vb[bb * k * n + p * n + j]).sum());
-                    }
-                }
-            }
-            single(Tensor::floats(a.elem, out, v))
-        }
+        "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceProd" => single(reduce(node, x()?, ins, opset)?),
+        "MatMul" => single(matmul(x()?, need(ins, 1, "second")?)?),
         _ => Err(unknown_op(op)),
     }
+}
+
+/// A Constant's value, from whichever attribute holds it.
+fn constant(node: &Node) -> Result<Tensor, String> {
+    let a = |k: &str| node.attrs.get(k);
+    Ok(match (a("value"), a("value_float"), a("value_floats"), a("value_int"), a("value_ints")) {
+        (Some(Attr::Tensor(t)), ..) => t.clone(),
+        (_, Some(Attr::Float(f)), ..) => Tensor::floats(Elem::F32, vec![], vec![*f]),
+        (_, _, Some(Attr::Floats(f)), ..) => Tensor::floats(Elem::F32, vec![f.len()], f.clone()),
+        (.., Some(Attr::Int(i)), _) => Tensor::scalar_i64(*i),
+        (.., Some(Attr::Ints(v))) => Tensor::ints(Elem::I64, vec![v.len()], v.clone()),
+        _ => return Err("a Constant without a numeric value".into()),
+    })
+}
+
+/// `t` converted to element type `to` (`t` itself where it has that type).
+fn cast(t: &Tensor, to: Elem) -> Result<Tensor, String> {
+    if t.elem == to {
+        return Ok(t.clone());
+    }
+    Ok(Tensor::floats(to, t.dims.clone(), t.f64s()?.into_owned()))
+}
+
+/// An elementwise op of one input.
+fn unary(op: &str, t: &Tensor) -> Result<Tensor, String> {
+    let f: fn(f64) -> f64 = match op {
+        "Neg" => |v| -v,
+        "Sqrt" => f64::sqrt,
+        "Reciprocal" => |v| 1.0 / v,
+        "Sin" => f64::sin,
+        "Cos" => f64::cos,
+        "Exp" => f64::exp,
+        "Abs" => f64::abs,
+        "Floor" => f64::floor,
+        "Ceil" => f64::ceil,
+        "Sigmoid" => |v| 1.0 / (1.0 + (-v).exp()),
+        "Tanh" => f64::tanh,
+        "Relu" => |v| v.max(0.0),
+        _ => |v| (v == 0.0) as u8 as f64,
+    };
+    // Rounded through the element type once, as the exporter's runtime would compute.
+    Ok(Tensor::floats(t.elem, t.dims.clone(), t.f64s()?.iter().map(|&v| f(t.elem.round(v))).collect()))
+}
+
+/// An elementwise op of two broadcast inputs: arithmetic (in `a`'s type) or a comparison or
+/// logic op (boolean).
+fn binary(node: &Node, a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
+    let op = node.op.as_str();
+    let out = broadcast(&a.dims, &b.dims)?;
+    small(&out)?;
+    let (ia, ib) = (broadcast_index(&a.dims, &out), broadcast_index(&b.dims, &out));
+    let (va, vb) = (a.f64s()?, b.f64s()?);
+    let int = !a.elem.is_float();
+    // Mod's fmod=1 keeps the dividend's sign (C's fmod); the default floors.
+    let fmod = node.int("fmod").unwrap_or(0) != 0;
+    let f = |p: f64, q: f64| -> f64 {
+        match op {
+            "Add" => p + q,
+            "Sub" => p - q,
+            "Mul" => p * q,
+            "Div" if int => (p / q).trunc(),
+            "Div" => p / q,
+            "Pow" => p.powf(q),
+            "Max" => p.max(q),
+            "Min" => p.min(q),
+            "Mod" if fmod => p % q,
+            "Mod" => p - q * (p / q).floor(),
+            "Equal" => (p == q) as u8 as f64,
+            "Less" => (p < q) as u8 as f64,
+            "Greater" => (p > q) as u8 as f64,
+            "LessOrEqual" => (p <= q) as u8 as f64,
+            "GreaterOrEqual" => (p >= q) as u8 as f64,
+            "And" => (p != 0.0 && q != 0.0) as u8 as f64,
+            _ => (p != 0.0 || q != 0.0) as u8 as f64,
+        }
+    };
+    let v: Vec<f64> = ia.iter().zip(&ib).map(|(&i, &j)| f(va[i], vb[j])).collect();
+    let elem = if matches!(op, "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "And" | "Or") { Elem::Bool } else { a.elem };
+    Ok(Tensor::floats(elem, out, v))
+}
+
+/// Where: `a` where the condition `c` holds, else `b`, all three broadcast.
+fn select_where(c: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
+    let out = broadcast(&broadcast(&c.dims, &a.dims)?, &b.dims)?;
+    small(&out)?;
+    let (ic, ia, ib) = (broadcast_index(&c.dims, &out), broadcast_index(&a.dims, &out), broadcast_index(&b.dims, &out));
+    let (vc, va, vb) = (c.f64s()?, a.f64s()?, b.f64s()?);
+    let v = (0..ic.len()).map(|k| if vc[ic[k]] != 0.0 { va[ia[k]] } else { vb[ib[k]] }).collect();
+    Ok(Tensor::floats(a.elem, out, v))
+}
+
+/// Range: from `start` below the limit (input 1) by the delta (input 2).
+fn range(start: &Tensor, ins: &[Option<&Tensor>]) -> Result<Tensor, String> {
+    let (s, l, d) = (start.scalar().ok_or("start")?, need(ins, 1, "limit")?.scalar().ok_or("limit")?, need(ins, 2, "delta")?.scalar().ok_or("delta")?);
+    let n = ((l - s) / d).ceil().max(0.0).min(usize::MAX as f64) as usize;
+    small(&[n])?;
+    Ok(Tensor::floats(start.elem, vec![n], (0..n).map(|i| s + i as f64 * d).collect()))
+}
+
+/// ConstantOfShape: a tensor of `shape` filled with the `value` attribute (0.0 as f32 without).
+fn constant_of_shape(node: &Node, shape: &Tensor) -> Result<Tensor, String> {
+    let dims: Vec<usize> = shape.i64s()?.iter().map(|&d| d.max(0) as usize).collect();
+    small(&dims)?;
+    let (elem, v) = match node.attrs.get("value") {
+        Some(Attr::Tensor(t)) => (t.elem, t.scalar().unwrap_or(0.0)),
+        _ => (Elem::F32, 0.0),
+    };
+    let n = dims.iter().product();
+    Ok(Tensor::floats(elem, dims, vec![v; n]))
+}
+
+/// OneHot of the indices `idx`: TorchScript's repeat_interleave (grouped-query attention)
+/// builds its index pattern from shapes with it.
+fn one_hot(node: &Node, idx: &Tensor, ins: &[Option<&Tensor>]) -> Result<Tensor, String> {
+    let depth = need(ins, 1, "depth")?.scalar().ok_or("a depth that is not a scalar")? as i64;
+    let values = need(ins, 2, "values")?;
+    let [off, on] = values.f64s()?[..] else { return Err("values that are not [off, on]".into()) };
+    let rank = idx.dims.len() + 1;
+    let ax = axis(node.int("axis").unwrap_or(-1), rank)?;
+    let mut out = idx.dims.clone();
+    out.insert(ax, depth.max(0) as usize);
+    small(&out)?;
+    let (outer, inner) = (idx.dims[..ax].iter().product::<usize>(), idx.dims[ax..].iter().product::<usize>());
+    let ids = idx.i64s()?;
+    let mut v = vec![off; out.iter().product()];
+    for o in 0..outer {
+        for i in 0..inner {
+            let raw = ids[o * inner + i];
+            let k = if raw < 0 { raw + depth } else { raw };
+            if (0..depth).contains(&k) {
+                v[(o * depth as usize + k as usize) * inner + i] = on;
+            }
+        }
+    }
+    Ok(Tensor::floats(values.elem, out, v))
+}
+
+fn transpose(node: &Node, t: &Tensor) -> Result<Tensor, String> {
+    let perm = transpose_perm(node, t.dims.len())?;
+    let out: Vec<usize> = perm.iter().map(|&p| t.dims[p]).collect();
+    let (is, os) = (strides(&t.dims), strides(&out));
+    let index = (0..t.numel()).map(|flat| perm.iter().enumerate().map(|(d, &p)| ((flat / os[d]) % out[d]) * is[p]).sum());
+    Ok(t.select(out.clone(), index))
+}
+
+fn slice(node: &Node, t: &Tensor, ins: &[Option<&Tensor>]) -> Result<Tensor, String> {
+    let plan = slice_plan(node, &t.dims, ins)?;
+    let out: Vec<usize> = plan.iter().map(|p| p.2).collect();
+    let (is, os) = (strides(&t.dims), strides(&out));
+    let index = (0..out.iter().product::<usize>()).map(|flat| plan.iter().enumerate().map(|(d, &(s, st, _))| ((s + ((flat / os[d]) % out[d]) as i64 * st) as usize) * is[d]).sum());
+    Ok(t.select(out.clone(), index))
+}
+
+/// Gather: the slices of `t` along its axis at the indices `idx` (a negative one counted from
+/// the end).
+fn gather(node: &Node, t: &Tensor, idx: &Tensor) -> Result<Tensor, String> {
+    let ax = axis(node.int("axis").unwrap_or(0), t.dims.len())?;
+    let ids: Vec<usize> = idx.i64s()?.iter().map(|&i| if i < 0 { (i + t.dims[ax] as i64) as usize } else { i as usize }).collect();
+    if let Some(bad) = ids.iter().find(|&&i| i >= t.dims[ax]) {
+        return Err(format!("index {bad} outside axis of {}", t.dims[ax]));
+    }
+    let outer: usize = t.dims[..ax].iter().product();
+    let inner: usize = t.dims[ax + 1..].iter().product();
+    let out = gather_dims(&t.dims, &idx.dims, ax);
+    if out.iter().product::<usize>() > t.numel() {
+        small(&out)?;
+    }
+    let index = (0..outer).flat_map(|o| ids.iter().flat_map(move |&i| (0..inner).map(move |j| (o * t.dims[ax] + i) * inner + j)));
+    Ok(t.select(out, index.collect::<Vec<_>>().into_iter()))
+}
+
+fn concat(node: &Node, ins: &[Option<&Tensor>]) -> Result<Tensor, String> {
+    let parts: Vec<&Tensor> = ins.iter().flatten().copied().collect();
+    let first = parts.first().ok_or("no inputs")?;
+    let ax = axis(node.int("axis").ok_or("needs axis")?, first.dims.len())?;
+    if parts.iter().any(|p| p.dims.len() != first.dims.len() || (0..first.dims.len()).any(|d| d != ax && p.dims[d] != first.dims[d])) {
+        return Err("concatenates tensors whose other axes differ".into());
+    }
+    let mut out = first.dims.clone();
+    out[ax] = parts.iter().map(|p| p.dims[ax]).sum();
+    small(&out)?;
+    let outer: usize = out[..ax].iter().product();
+    let values = parts.iter().map(|p| p.f64s()).collect::<Result<Vec<_>, _>>()?;
+    let mut v = Vec::with_capacity(out.iter().product());
+    for o in 0..outer {
+        for (p, pv) in parts.iter().zip(&values) {
+            let chunk: usize = p.dims[ax..].iter().product();
+            v.extend_from_slice(&pv[o * chunk..(o + 1) * chunk]);
+        }
+    }
+    Ok(Tensor::floats(first.elem, out, v))
+}
+
+/// Split's outputs: consecutive pieces of `t` along its axis.
+fn split(node: &Node, t: &Tensor, ins: &[Option<&Tensor>], opset: i64) -> Result<Vec<Tensor>, String> {
+    let (ax, parts) = split_dims(node, ins, &t.dims, opset)?;
+    let mut start = 0;
+    let mut outs = Vec::new();
+    for d in parts {
+        let (is, os) = (strides(&t.dims), strides(&d));
+        let index = (0..d.iter().product::<usize>()).map(|flat| (0..d.len()).map(|k| ((flat / os[k]) % d[k] + if k == ax { start } else { 0 }) * is[k]).sum());
+        outs.push(t.select(d.clone(), index));
+        start += d[ax];
+    }
+    Ok(outs)
+}
+
+fn expand(t: &Tensor, shape: &[usize]) -> Result<Tensor, String> {
+    let out = broadcast(&t.dims, shape)?;
+    small(&out)?;
+    let index = broadcast_index(&t.dims, &out);
+    Ok(t.select(out, index.into_iter()))
+}
+
+fn tile(t: &Tensor, reps: &[i64]) -> Result<Tensor, String> {
+    let out = tile_dims(&t.dims, reps)?;
+    small(&out)?;
+    let (is, os) = (strides(&t.dims), strides(&out));
+    let index = (0..out.iter().product::<usize>()).map(|flat| (0..out.len()).map(|k| ((flat / os[k]) % out[k] % t.dims[k]) * is[k]).sum());
+    Ok(t.select(out.clone(), index))
+}
+
+/// ReduceMean, ReduceSum, ReduceMax, ReduceMin or ReduceProd of `t` over the node's axes.
+fn reduce(node: &Node, t: &Tensor, ins: &[Option<&Tensor>], opset: i64) -> Result<Tensor, String> {
+    let axes = reduce_axes(node, ins, t.dims.len(), opset)?;
+    let keep = node.int("keepdims").unwrap_or(1) != 0;
+    let kept = reduced_dims(&t.dims, &axes, true);
+    let (is, ks) = (strides(&t.dims), strides(&kept));
+    let n_out: usize = kept.iter().product();
+    let mut acc: Vec<Vec<f64>> = vec![Vec::new(); n_out];
+    let v = t.f64s()?;
+    for (flat, &x) in v.iter().enumerate() {
+        let o: usize = (0..t.dims.len()).map(|d| if axes.contains(&d) { 0 } else { ((flat / is[d]) % t.dims[d]) * ks[d] }).sum();
+        acc[o].push(x);
+    }
+    let r: Vec<f64> = acc
+        .iter()
+        .map(|a| match node.op.as_str() {
+            "ReduceMean" => a.iter().sum::<f64>() / a.len().max(1) as f64,
+            "ReduceSum" => a.iter().sum(),
+            "ReduceMax" => a.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+            "ReduceMin" => a.iter().copied().fold(f64::INFINITY, f64::min),
+            _ => a.iter().product(),
+        })
+        .collect();
+    Ok(Tensor::floats(t.elem, reduced_dims(&t.dims, &axes, keep), r))
+}
+
+fn matmul(a: &Tensor, b: &Tensor) -> Result<Tensor, String> {
+    let out = matmul_dims(&a.dims, &b.dims)?;
+    small(&out)?;
+    small(&[out.iter().product::<usize>(), a.dims[a.dims.len() - 1]])?;
+    let (m, k, n) = (a.dims[a.dims.len() - 2], a.dims[a.dims.len() - 1], b.dims[b.dims.len() - 1]);
+    let batch: Vec<usize> = out[..out.len() - 2].to_vec();
+    let ia = broadcast_index(&a.dims[..a.dims.len() - 2], &batch);
+    let ib = broadcast_index(&b.dims[..b.dims.len() - 2], &batch);
+    let (va, vb) = (a.f64s()?, b.f64s()?);
+    let mut v = Vec::with_capacity(out.iter().product());
+    for (ba, bb) in ia.iter().zip(&ib) {
+        for i in 0..m {
+            for j in 0..n {
+                v.push((0..k).map(|p| va[ba * m * k + i * k + p] * vb[bb * k * n + p * n + j]).sum());
+            }
+        }
+    }
+    Ok(Tensor::floats(a.elem, out, v))
 }
 
 #[cfg(test)]

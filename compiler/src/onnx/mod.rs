@@ -76,7 +76,7 @@ fn weights(found: &Recognised) -> std::result::Result<Vec<MemoryTensor>, String>
         }
     }
     out.push(tensor(names::FINAL_NORM, &found.final_norm, false)?);
-    out.push(projection(names::HEAD, &found.head)?);
+    out.push(projection(names::HEAD, &found.lm_head)?);
     Ok(out)
 }
 

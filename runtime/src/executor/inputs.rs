@@ -19,7 +19,7 @@ pub struct RunInputs<'a> {
     /// Cache positions `0..context` are the keys every row attends to.
     pub context: usize,
     /// Rows whose logits the sampler needs, in output order.
-    pub head_rows: &'a [u32],
+    pub logit_rows: &'a [u32],
     /// Real rows (`tokens` beyond them pad the graph's rows; row-wise ops may skip them).
     pub rows: usize,
     /// `Some(b)`: a pass over several blocks of LLaDA 2.x's block-causal mask, whose rows lie
@@ -59,10 +59,10 @@ impl RunInputs<'_> {
 
 /// Float range a value occupies in the activation region (which starts at window byte
 /// `base`) for this run (head values use only the rows asked for).
-pub fn value_range(g: &Graph, v: &Value, head_rows: usize, base: u64) -> Range<usize> {
+pub fn value_range(g: &Graph, v: &Value, logit_rows: usize, base: u64) -> Range<usize> {
     let rows = match v.rows {
         Rows::Tokens => g.rows as usize,
-        Rows::Head => head_rows,
+        Rows::Logits => logit_rows,
     };
     let start = ((v.offset - base) / 4) as usize;
     start..start + rows * v.cols as usize
@@ -75,7 +75,7 @@ mod tests {
     #[test]
     fn block_causal_rows_run_by_the_end_of_their_block() {
         let positions: Vec<u32> = (8..30).collect();
-        let inp = |block_causal, rows| RunInputs { tokens: &[], positions: &positions, stored_rows: rows, context: 28, head_rows: &[], rows, block_causal };
+        let inp = |block_causal, rows| RunInputs { tokens: &[], positions: &positions, stored_rows: rows, context: 28, logit_rows: &[], rows, block_causal };
         let runs = |i: &RunInputs| i.key_runs().collect::<Vec<_>>();
         // Rows at 8..28 in blocks of 8: 8..16 see 16 keys, 16..24 see 24, 24..28 the context.
         assert_eq!(runs(&inp(Some(8), 20)), vec![(0..8, 16), (8..16, 24), (16..20, 28)]);

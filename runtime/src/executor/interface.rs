@@ -11,12 +11,13 @@ use crate::window::Window;
 
 /// One pass a session asks of its backend: the graph, its rows, and what the session lends
 /// the backend for the pass (the window, the staging of rotating weights, the CPU's
-/// mixture-of-experts step, a profile to fill).
+/// mixture-of-experts step, a profile to fill). No stager: every weight the pass reads is in
+/// its home on the host (the side lane's passes).
 pub struct Pass<'p> {
     pub graph: u32,
     pub inputs: RunInputs<'p>,
     pub window: &'p mut Window,
-    pub stager: &'p mut Stager,
+    pub stager: Option<&'p mut Stager>,
     pub moe: &'p mut MoeStep,
     pub profile: Option<&'p mut OpProfile>,
 }
@@ -43,11 +44,12 @@ pub struct Capabilities {
 }
 
 pub trait Executor: Send {
-    /// Runs `pass`: its graph (by id: an interpreting backend reads its op list from `model`,
-    /// an ahead-of-time one runs the executable it prepared for that id) over its inputs and
-    /// the session's window, waiting on the session's stager for rotating weights as the
-    /// graph's swap schedule says, and handing the mixture-of-experts ops to the session's
-    /// [`MoeStep`]. With a profile, records each op's time.
+    /// Runs `pass`: its graph (by id: an interpreting backend follows its program,
+    /// [`Model::program`], an ahead-of-time one runs the executable it prepared for that id)
+    /// over its inputs and the session's window, following the program's waits and releases
+    /// on the session's stager for rotating weights, and handing the program's
+    /// mixture-of-experts steps to the session's [`MoeStep`]. With a profile, records each
+    /// op's time.
     fn run(&mut self, model: &Model, pass: Pass<'_>) -> Result<()>;
 
     fn capabilities(&self) -> &Capabilities;
@@ -114,6 +116,6 @@ impl MatMulRange {
 pub struct PassProfile {
     pub graph: u32,
     pub rows: usize,
-    pub head_rows: usize,
+    pub logit_rows: usize,
     pub ops: OpProfile,
 }

@@ -19,7 +19,7 @@
 use std::arch::aarch64::*;
 use std::arch::asm;
 
-use super::tile::{BlockScales, Path, Prefetch, Spread, TileOut, TILE_ROWS};
+use super::tile::{Path, Prefetch, QuantPanels, QuantRows, Spread, TileOut, TILE_ROWS};
 
 /// Dot products of `MR` rows of `x` with `NR` rows of `w`, all of length `k`: 4-lane
 /// accumulators, reduced pairwise.
@@ -563,19 +563,9 @@ impl IntPanel {
 ///
 /// # Safety
 /// As `x86::tile_q8_rows`; `path` is allowed on this CPU (`Path::of`).
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn tile_q8<const NR: usize>(
-    path: Path,
-    x: *const u8,
-    stride: usize,
-    w: [*const u8; NR],
-    quads: usize,
-    _colsum: [*const i32; NR],
-    ws: [*const f32; NR],
-    xs: &[f32; TILE_ROWS],
-    out: &TileOut,
-    pf: Prefetch<NR>,
-) {
+pub unsafe fn tile_q8<const NR: usize>(path: Path, x: QuantRows, w: QuantPanels<NR>, _colsum: [*const i32; NR], quads: usize, out: &TileOut, pf: Prefetch<NR>) {
+    let QuantRows { x, stride, scale: xs, .. } = x;
+    let (w, ws) = (w.w, w.scales.map(|p| p as *const f32));
     for (j, &wj) in w.iter().enumerate() {
         let panel = IntPanel { x, stride, w: wj, nibbles: false, flip: 0x80 };
         let mut acc = zero_sums();
@@ -593,25 +583,15 @@ pub unsafe fn tile_q8<const NR: usize>(
 
 /// q8 panels with per-block activation scales: the activations are signed quants (no flip),
 /// each block of 8 quads summed on its own and multiplied by the row's scale of that block;
-/// the total times `scale_w` is accumulated into `out` (`bsums` is unused: the sums are
-/// exact signed ones). Contract as `x86::tile_q8_blocks_rows` with 4 rows.
+/// the total times `scale_w` is accumulated into `out` (the rows' sums are unread: the sums
+/// are exact signed ones). Contract as `x86::tile_q8_blocks_rows` with 4 rows.
 ///
 /// # Safety
 /// As `x86::tile_q8_blocks_rows`; `path` is allowed on this CPU (`Path::of`).
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn tile_q8_blocks<const NR: usize>(
-    path: Path,
-    x: *const u8,
-    stride: usize,
-    w: [*const u8; NR],
-    blocks: usize,
-    _bsums: *const i32,
-    _bstride: usize,
-    ws: [*const f32; NR],
-    xs: BlockScales,
-    out: &TileOut,
-    pf: Prefetch<NR>,
-) {
+pub unsafe fn tile_q8_blocks<const NR: usize>(path: Path, x: QuantRows, w: QuantPanels<NR>, blocks: usize, out: &TileOut, pf: Prefetch<NR>) {
+    let QuantRows { x, stride, blocks: xs, .. } = x;
+    let xs = xs.expect("per-block activation scales");
+    let (w, ws) = (w.w, w.scales.map(|p| p as *const f32));
     for (j, &wj) in w.iter().enumerate() {
         let panel = IntPanel { x, stride, w: wj, nibbles: false, flip: 0 };
         let pfj = six(first_only(pf, j));
@@ -648,23 +628,9 @@ pub unsafe fn tile_q8_blocks<const NR: usize>(
 ///
 /// # Safety
 /// As `x86::tile_q4_rows`; `path` is allowed on this CPU (`Path::of`).
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn tile_q4<const NR: usize>(
-    path: Path,
-    x: *const u8,
-    stride: usize,
-    w: [*const u8; NR],
-    group: usize,
-    groups: usize,
-    scales: [*const u8; NR],
-    scale_group: usize,
-    gsums: *const i32,
-    gstride: usize,
-    xs: &[f32; TILE_ROWS],
-    act_blocks: Option<BlockScales>,
-    out: &TileOut,
-    pf: Prefetch<NR>,
-) {
+pub unsafe fn tile_q4<const NR: usize>(path: Path, x: QuantRows, w: QuantPanels<NR>, group: usize, groups: usize, out: &TileOut, pf: Prefetch<NR>) {
+    let QuantRows { x, stride, sums: gsums, sums_stride: gstride, scale: xs, blocks: act_blocks } = x;
+    let QuantPanels { w, scales, scale_group } = w;
     let blocks = group / 8;
     for (j, &wj) in w.iter().enumerate() {
         let panel = IntPanel { x, stride, w: wj, nibbles: true, flip: 0 };

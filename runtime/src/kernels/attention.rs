@@ -31,29 +31,32 @@ pub fn kv_plane(plane: usize, capacity: usize, head_dim: usize) -> usize {
     plane * capacity * head_dim
 }
 
-/// Stores the key and value heads of every real row of `qkv` (rows `width` floats wide,
-/// `heads` query heads first) at the row's position in one layer's head planes.
-#[allow(clippy::too_many_arguments)]
-pub fn store_kv(qkv: &[f32], width: usize, heads: usize, kv_heads: usize, hd: usize, capacity: usize, positions: &[u32], planes: &mut [f32]) {
-    for plane in 0..2 * kv_heads {
-        let (from, base) = ((heads + plane) * hd, kv_plane(plane, capacity, hd));
-        for (r, &p) in positions.iter().enumerate() {
-            let at = base + p as usize * hd;
-            planes[at..at + hd].copy_from_slice(&qkv[r * width + from..][..hd]);
-        }
+/// Stores the key and value heads of every real row of `qkv` (rows `sh.width` floats wide,
+/// `sh.heads` query heads first) at the row's position in one layer's head planes (of
+/// `sh.capacity` positions).
+pub fn store_kv(qkv: &[f32], sh: &Shape, positions: &[u32], planes: &mut [f32]) {
+    let hd = sh.head_dim;
+    for (from, at) in kv_moves(sh, positions) {
+        planes[at..at + hd].copy_from_slice(&qkv[from..][..hd]);
     }
 }
 
 /// [`store_kv`] into a 16-bit cache (f16 or bf16 bits, rounded to nearest even).
-#[allow(clippy::too_many_arguments)]
-pub fn store_kv_half(qkv: &[f32], width: usize, heads: usize, kv_heads: usize, hd: usize, capacity: usize, positions: &[u32], planes: &mut [u16], dtype: llada_ir::KvDType) {
-    for plane in 0..2 * kv_heads {
-        let (from, base) = ((heads + plane) * hd, kv_plane(plane, capacity, hd));
-        for (r, &p) in positions.iter().enumerate() {
-            let at = base + p as usize * hd;
-            super::narrow_half(&qkv[r * width + from..][..hd], dtype, &mut planes[at..at + hd]);
-        }
+pub fn store_kv_half(qkv: &[f32], sh: &Shape, positions: &[u32], planes: &mut [u16], dtype: llada_ir::KvDType) {
+    let hd = sh.head_dim;
+    for (from, at) in kv_moves(sh, positions) {
+        super::narrow_half(&qkv[from..][..hd], dtype, &mut planes[at..at + hd]);
     }
+}
+
+/// Where [`store_kv`] puts each head: (offset in `qkv`, offset in the planes) of every key
+/// and value head of every row, plane by plane.
+fn kv_moves<'a>(sh: &'a Shape, positions: &'a [u32]) -> impl Iterator<Item = (usize, usize)> + 'a {
+    let hd = sh.head_dim;
+    (0..2 * sh.kv_heads).flat_map(move |plane| {
+        let (from, base) = ((sh.heads + plane) * hd, kv_plane(plane, sh.capacity, hd));
+        positions.iter().enumerate().map(move |(r, &p)| (r * sh.width + from, base + p as usize * hd))
+    })
 }
 
 /// Query rows that did not store their keys and values (speculative rows, revision checks,
@@ -64,6 +67,17 @@ pub fn store_kv_half(qkv: &[f32], width: usize, heads: usize, kv_heads: usize, h
 pub struct OwnKv<'a> {
     pub from_row: usize,
     pub positions: &'a [u32],
+}
+
+/// One attention call's operands: the `rows` query rows of `qkv` (with their own keys and
+/// values where `own` says so) against the head planes `kv`, of shape `shape`.
+#[derive(Clone, Copy)]
+pub struct Call<'a> {
+    pub qkv: &'a [f32],
+    pub kv: &'a [f32],
+    pub shape: Shape,
+    pub own: OwnKv<'a>,
+    pub rows: usize,
 }
 
 impl OwnKv<'_> {
@@ -184,24 +198,22 @@ impl Out {
 
 multiversion! {
     /// Attention for units `units` (of [`units`]) of the call's `rows` query rows of `qkv`
-    /// against the first `keys` rows of `kv`. Units are head-major: unit `u` is query head
+    /// against the first `keys` rows of each plane of `kv`. Units are head-major: unit `u` is query head
     /// `u / groups` for the rows of group `u % groups` (groups of 32 rows on the AVX-512
     /// lanes path, else of [`UNIT_ROWS`]); splitting the units between threads keeps both busy
     /// even for a single row. `scores` holds at least `UNIT_ROWS * keys` floats (the
     /// dot-product path's). Compiled per instruction set as a whole, so the per-key helpers
     /// inline.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attend(features: Features, qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, rows: usize, units: std::ops::Range<usize>, out: Out, scores: &mut [f32]) => attend_body
+    pub fn attend(features: Features, call: &Call, units: std::ops::Range<usize>, out: Out, scores: &mut [f32]) => attend_body
 }
 
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn attend_body<const FMA: bool>(features: super::cpu::Features, qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, rows: usize, units: std::ops::Range<usize>, out: Out, scores: &mut [f32]) {
+fn attend_body<const FMA: bool>(features: super::cpu::Features, call: &Call, units: std::ops::Range<usize>, out: Out, scores: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if lanes_path(features, &sh) {
-        return attend_lanes(qkv, kv, sh, own, rows, units, out);
+    if lanes_path(features, &call.shape) {
+        return attend_lanes(call, units, out);
     }
-    let groups = rows.div_ceil(UNIT_ROWS);
+    let (rows, groups) = (call.rows, call.rows.div_ceil(UNIT_ROWS));
     // Four vectors of values per query row on AVX-512 (64 floats: 16 sums and room for the
     // loads in its 32 registers; head shapes the lanes path does not take), two on AVX2 (16
     // floats of its 16 registers).
@@ -212,9 +224,9 @@ fn attend_body<const FMA: bool>(features: super::cpu::Features, qkv: &[f32], kv:
         macro_rules! unit {
             ($m:literal) => {
                 if wide {
-                    attend_unit::<FMA, $m, 64>(features, qkv, kv, sh, own, h, i0, out, scores)
+                    attend_unit::<FMA, $m, 64>(features, call, h, i0, out, scores)
                 } else {
-                    attend_unit::<FMA, $m, 16>(features, qkv, kv, sh, own, h, i0, out, scores)
+                    attend_unit::<FMA, $m, 16>(features, call, h, i0, out, scores)
                 }
             };
         }
@@ -229,8 +241,9 @@ fn attend_body<const FMA: bool>(features: super::cpu::Features, qkv: &[f32], kv:
 
 /// [`attend`]'s units on the AVX-512 lanes path: query head `h` for up to 32 rows at a time.
 #[cfg(target_arch = "x86_64")]
-fn attend_lanes(qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, rows: usize, units: std::ops::Range<usize>, out: Out) {
-    use super::x86_attention::{attend_rows, OwnRow, ROWS};
+fn attend_lanes(call: &Call, units: std::ops::Range<usize>, out: Out) {
+    let Call { qkv, kv, shape: sh, own, rows } = *call;
+    use super::x86_attention::{attend_rows, HeadKv, OwnRow, ROWS};
     let hd = sh.head_dim;
     let (group, groups) = (sh.heads / sh.kv_heads, rows.div_ceil(ROWS));
     let scale = 1.0 / (hd as f32).sqrt();
@@ -247,6 +260,7 @@ fn attend_lanes(qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, rows: usize, uni
         });
         let k = &kv[kv_plane(kv_head, sh.capacity, hd)..][..sh.keys * hd];
         let v = &kv[kv_plane(sh.kv_heads + kv_head, sh.capacity, hd)..][..sh.keys * hd];
+        let head = HeadKv { k, v, head_dim: hd, keys: sh.keys };
         // The unit this thread likely takes next (units go to the threads in turn): its first
         // keys and values, fetched during this unit's last key block.
         let later = u + sh.threads.max(1);
@@ -260,9 +274,9 @@ fn attend_lanes(qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, rows: usize, uni
         // SAFETY: the lanes path is taken only where the CPU has AVX-512F.
         unsafe {
             if n > 16 {
-                attend_rows::<2>(&q[..n], k, v, hd, sh.keys, scale, &owns[..n], after, emit)
+                attend_rows::<2>(&q[..n], head, scale, &owns[..n], after, emit)
             } else {
-                attend_rows::<1>(&q[..n], k, v, hd, sh.keys, scale, &owns[..n], after, emit)
+                attend_rows::<1>(&q[..n], head, scale, &owns[..n], after, emit)
             }
         }
     }
@@ -271,9 +285,9 @@ fn attend_lanes(qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, rows: usize, uni
 /// Query head `h` for the `M` rows from `i0`: scores of every row against every key (four
 /// keys at a time), softmax, then `P V` in slices of `V` head dimensions with the rows' sums
 /// in registers.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-fn attend_unit<const FMA: bool, const M: usize, const V: usize>(features: super::cpu::Features, qkv: &[f32], kv: &[f32], sh: Shape, own: OwnKv, h: usize, i0: usize, out: Out, scores: &mut [f32]) {
+fn attend_unit<const FMA: bool, const M: usize, const V: usize>(features: super::cpu::Features, call: &Call, h: usize, i0: usize, out: Out, scores: &mut [f32]) {
+    let Call { qkv, kv, shape: sh, own, .. } = *call;
     let hd = sh.head_dim;
     let out_width = sh.heads * hd;
     let group = sh.heads / sh.kv_heads;
@@ -401,10 +415,10 @@ mod tests {
         let avx2 = Features::request(FeatureRequest::level("avx2").expect("a level"));
         for features in [super::super::cpu::features(), avx2, Features::PORTABLE] {
             let mut all = vec![0f32; rows * heads * hd];
-            attend(features, &qkv, &kv, sh, OwnKv::NONE, rows, 0..units(features, &sh, rows), Out::new(&mut all), &mut scores);
+            attend(features, &Call { qkv: &qkv, kv: &kv, shape: sh, own: OwnKv::NONE, rows }, 0..units(features, &sh, rows), Out::new(&mut all), &mut scores);
             for r in 0..rows {
                 let mut alone = vec![0f32; heads * hd];
-                attend(features, &qkv[r * width..(r + 1) * width], &kv, sh, OwnKv::NONE, 1, 0..units(features, &sh, 1), Out::new(&mut alone), &mut scores);
+                attend(features, &Call { qkv: &qkv[r * width..(r + 1) * width], kv: &kv, shape: sh, own: OwnKv::NONE, rows: 1 }, 0..units(features, &sh, 1), Out::new(&mut alone), &mut scores);
                 assert!(alone.iter().zip(&all[r * heads * hd..]).all(|(a, b)| a.to_bits() == b.to_bits()), "row {r} differs alone ({})", features.describe());
             }
         }
@@ -446,18 +460,18 @@ mod tests {
         let mut out = vec![0f32; rows * heads * hd];
         let mut scores = vec![0f32; UNIT_ROWS * keys];
         let (features, portable_features) = (super::super::cpu::features(), super::super::cpu::Features::PORTABLE);
-        let own = OwnKv { from_row: 4, positions };
-        attend(features, &qkv, &kv, sh, own, rows, 0..units(features, &sh, rows), Out::new(&mut out), &mut scores);
+        let call = Call { qkv: &qkv, kv: &kv, shape: sh, own: OwnKv { from_row: 4, positions }, rows };
+        attend(features, &call, 0..units(features, &sh, rows), Out::new(&mut out), &mut scores);
         // The portable twin (unfused, scalar order) of the dispatched kernel.
         let mut twin = vec![0f32; rows * heads * hd];
         let portable_units = 0..units(portable_features, &sh, rows);
-        attend_body::<false>(portable_features, &qkv, &kv, sh, own, rows, portable_units.clone(), Out::new(&mut twin), &mut scores);
+        attend_body::<false>(portable_features, &call, portable_units.clone(), Out::new(&mut twin), &mut scores);
         for (i, (&a, &b)) in out.iter().zip(&twin).enumerate() {
             assert!((a - b).abs() < 1e-5, "[{i}]: {a} vs portable twin {b}");
         }
         // The features given reach the kernel: the portable set runs the twin, bit for bit.
         let mut portable = vec![0f32; rows * heads * hd];
-        attend(portable_features, &qkv, &kv, sh, own, rows, portable_units, Out::new(&mut portable), &mut scores);
+        attend(portable_features, &call, portable_units, Out::new(&mut portable), &mut scores);
         assert_eq!(portable, twin);
         for r in 0..rows {
             for h in 0..heads {

@@ -22,6 +22,8 @@ use rayon::prelude::*;
 
 use super::cpu::Features;
 use super::tile::Path;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+use super::tile::{prefetch_line, BlockScales, Prefetch, QuantPanels, QuantRows, TileOut};
 pub use crate::model::Matrix;
 
 /// Rows per register tile; prepared activations are padded to a multiple.
@@ -100,71 +102,83 @@ impl<'s> Prepared<'s> {
                     p.bf16s[r * p.stride..r * p.stride + k].convert_from_f32_slice(&x[r * k..(r + 1) * k]);
                 }
             }
-            Operand::Int8 if l.scales_per_row > 1 => p.quantize_blocks(x, rows, k, format == DType::PanelQ8, prows, values, scales, sums, features, pool),
             Operand::Int8 => {
                 let q8 = format == DType::PanelQ8;
-                p.bytes = &mut values[..prows * l.stride];
-                p.bytes.fill(if q8 { 128 } else { 0 });
-                p.scale = bytemuck::cast_slice_mut(&mut scales[..prows * 4]);
-                p.scale.fill(0.0);
-                let group = match format {
-                    DType::PanelQ4 { group } => group as usize,
-                    _ => k.max(1),
-                };
-                p.group_sums = bytemuck::cast_slice_mut(&mut sums[..prows * p.groups * 4]);
-                p.group_sums.fill(0);
-                // The NEON tiles read the portable quantiser's operand (compiled with NEON).
-                #[cfg(target_arch = "x86_64")]
-                {
-                    type QuantizeRow = unsafe fn(&[f32], &mut [u8], u8, usize, &mut [i32]) -> f32;
-                    // The widest SIMD quantiser whose lane multiple divides K and the group.
-                    let simd: Option<QuantizeRow> = if features.avx512() && k % 16 == 0 && group % 16 == 0 {
-                        Some(super::x86::quantize_row_avx512)
-                    } else if features.avx2() && k % 8 == 0 && group % 8 == 0 {
-                        Some(super::x86_avx2::quantize_row_avx2)
-                    } else {
-                        None
-                    };
-                    if let Some(quantize) = simd {
-                        let flip = if q8 { 0x80 } else { 0 };
-                        p.each_row(x, rows, k, pool, |((dst, sums), (scale, x))| {
-                            // SAFETY: chosen above only when the CPU has its features and K
-                            // and the group are multiples of its lanes, as its contract asks.
-                            scale[0] = unsafe { quantize(x, &mut dst[..k], flip, group, sums) };
-                        });
-                        return p;
-                    }
-                }
-                for r in 0..rows {
-                    // The quants go straight into the operand row (as i8 bits), then get
-                    // their q8 offset.
-                    let dst = &mut p.bytes[r * p.stride..r * p.stride + k];
-                    p.scale[r] = quantize_row(features, &x[r * k..(r + 1) * k], bytemuck::cast_slice_mut(dst));
-                    for g in 0..p.groups {
-                        p.group_sums[r * p.groups + g] = 8 * dst[g * group..((g + 1) * group).min(k)].iter().map(|&v| v as i8 as i32).sum::<i32>();
-                    }
-                    if q8 {
-                        dst.iter_mut().for_each(|d| *d = (*d as i8 as i16 + 128) as u8);
-                    }
+                let per_block = l.scales_per_row > 1;
+                // Per-row q8 is the unsigned operand (quant + 128); the others are signed.
+                p.take_int8_parts(values, scales, sums, prows, if q8 && !per_block { 128 } else { 0 });
+                if per_block {
+                    p.quantize_blocks(x, rows, k, q8, features, pool);
+                } else {
+                    p.quantize_rows(x, rows, k, format, features, pool);
                 }
             }
         }
         p
     }
 
+    /// Makes the int8 operand's quants, scales and correction sums (of `prows` padded rows)
+    /// the start of `values`, `scales` and `sums`: quants `fill`, the rest zero.
+    fn take_int8_parts(&mut self, values: &'s mut [u8], scales: &'s mut [u8], sums: &'s mut [u8], prows: usize, fill: u8) {
+        self.bytes = &mut values[..prows * self.stride];
+        self.bytes.fill(fill);
+        self.scale = bytemuck::cast_slice_mut(&mut scales[..prows * self.scales_per_row * 4]);
+        self.scale.fill(0.0);
+        self.group_sums = bytemuck::cast_slice_mut(&mut sums[..prows * self.groups * 4]);
+        self.group_sums.fill(0);
+    }
+
+    /// Per-row int8 quantisation: one scale per row, the correction sums per q4 group (one
+    /// per row for q8), q8's quants offset by 128 (the unsigned operand of its VNNI tile).
+    fn quantize_rows(&mut self, x: &[f32], rows: usize, k: usize, format: DType, features: Features, pool: Option<&rayon::ThreadPool>) {
+        let q8 = format == DType::PanelQ8;
+        let group = match format {
+            DType::PanelQ4 { group } => group as usize,
+            _ => k.max(1),
+        };
+        // The NEON tiles read the portable quantiser's operand (compiled with NEON).
+        #[cfg(target_arch = "x86_64")]
+        {
+            type QuantizeRow = unsafe fn(&[f32], &mut [u8], u8, usize, &mut [i32]) -> f32;
+            // The widest SIMD quantiser whose lane multiple divides K and the group.
+            let simd: Option<QuantizeRow> = if features.avx512() && k % 16 == 0 && group % 16 == 0 {
+                Some(super::x86::quantize_row_avx512)
+            } else if features.avx2() && k % 8 == 0 && group % 8 == 0 {
+                Some(super::x86_avx2::quantize_row_avx2)
+            } else {
+                None
+            };
+            if let Some(quantize) = simd {
+                let flip = if q8 { 0x80 } else { 0 };
+                self.each_row(x, rows, k, pool, |((dst, sums), (scale, x))| {
+                    // SAFETY: chosen above only when the CPU has its features and K and the
+                    // group are multiples of its lanes, as its contract asks.
+                    scale[0] = unsafe { quantize(x, &mut dst[..k], flip, group, sums) };
+                });
+                return;
+            }
+        }
+        let _ = pool; // read only on x86-64
+        for r in 0..rows {
+            // The quants go straight into the operand row (as i8 bits), then get their q8
+            // offset.
+            let dst = &mut self.bytes[r * self.stride..r * self.stride + k];
+            self.scale[r] = quantize_row(features, &x[r * k..(r + 1) * k], bytemuck::cast_slice_mut(dst));
+            for g in 0..self.groups {
+                self.group_sums[r * self.groups + g] = 8 * dst[g * group..((g + 1) * group).min(k)].iter().map(|&v| v as i8 as i32).sum::<i32>();
+            }
+            if q8 {
+                dst.iter_mut().for_each(|d| *d = (*d as i8 as i16 + 128) as u8);
+            }
+        }
+    }
+
     /// Per-block int8 quantisation (`ActivationScales::PerBlock`): each block of
     /// `ACTIVATION_BLOCK` inputs of a row quantised on its own, as signed quants (q8 too:
     /// its VNNI tile makes the weights the unsigned operand), with its scale and its
     /// correction sum (8 x the quant sum for q4's nibbles, 128 x for q8's offset weights).
-    #[allow(clippy::too_many_arguments)]
-    fn quantize_blocks(&mut self, x: &[f32], rows: usize, k: usize, q8: bool, prows: usize, values: &'s mut [u8], scales: &'s mut [u8], sums: &'s mut [u8], features: Features, pool: Option<&rayon::ThreadPool>) {
-        let (blocks, stride) = (self.groups, self.stride);
-        self.bytes = &mut values[..prows * stride];
-        self.bytes.fill(0);
-        self.scale = bytemuck::cast_slice_mut(&mut scales[..prows * blocks * 4]);
-        self.scale.fill(0.0);
-        self.group_sums = bytemuck::cast_slice_mut(&mut sums[..prows * blocks * 4]);
-        self.group_sums.fill(0);
+    fn quantize_blocks(&mut self, x: &[f32], rows: usize, k: usize, q8: bool, features: Features, pool: Option<&rayon::ThreadPool>) {
+        let blocks = self.groups;
         // The quantisers give 8 x the sum; q8's correction is 128 x.
         let factor = if q8 { 16 } else { 1 };
         self.each_row(x, rows, k, pool, |((dst, sums), (scales, x))| {
@@ -307,190 +321,246 @@ fn bytes_per_k(format: DType) -> usize {
 /// `x` are consistent (checked by [`gemm`]).
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 unsafe fn simd_tile_column(w: &Matrix, x: &Prepared, rows: usize, p0: usize, p1: usize, out: Output, path: Path) {
-    use super::tile::{prefetch_line, BlockScales, TileOut};
-    #[cfg(target_arch = "aarch64")]
-    use super::arm;
-    #[cfg(target_arch = "x86_64")]
-    use super::{x86, x86_avx2};
-    let (n, k) = (w.n, w.k);
+    let k = w.k;
     let pbytes = panel_bytes(w.format, k).unwrap();
-    let data = panel_data_bytes(w.format, k);
-    let panel = |p: usize| w.bytes[p * pbytes..].as_ptr();
-    let kc = chunk_k(w.format, k);
-    let zeros = [0i32; PANEL];
-    let bpk = bytes_per_k(w.format);
-    let row_tiles = rows.div_ceil(TILE_ROWS);
-    // The weights to prefetch while chunk `k0` computes: the next chunk of these panels, or
-    // the first chunk of the next column tile (usually this thread's next task).
-    let next = |k0: usize| -> Option<(usize, usize, usize)> {
+    let column = ColumnTile { w, x, rows, p0, p1, out, path, pbytes, data: panel_data_bytes(w.format, k), bpk: bytes_per_k(w.format), kc: chunk_k(w.format, k) };
+    for k0 in (0..k).step_by(column.kc) {
+        let upcoming = column.upcoming(k0);
+        if let Some(next) = upcoming {
+            column.prefetch_scales(next);
+        }
+        for (ti, r0) in (0..rows).step_by(TILE_ROWS).enumerate() {
+            // SAFETY: the caller's contract; r0 < rows.
+            unsafe { column.row_tile(r0, ti, k0, upcoming) };
+        }
+    }
+}
+
+/// One task of the SIMD path ([`simd_tile_column`]): the output columns of panels `p0..p1`
+/// of `w` for every row of `x`, computed K chunk by chunk with the kernels of `path`.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+struct ColumnTile<'a> {
+    w: &'a Matrix<'a>,
+    x: &'a Prepared<'a>,
+    rows: usize,
+    p0: usize,
+    p1: usize,
+    out: Output,
+    path: Path,
+    /// Bytes of a panel, of its data (its scales and sums follow) and of its data per input.
+    pbytes: usize,
+    data: usize,
+    bpk: usize,
+    /// K per chunk ([`chunk_k`]).
+    kc: usize,
+}
+
+/// The weights to prefetch while a chunk computes: `len` inputs from `k0` of the panels from
+/// `panel`.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[derive(Clone, Copy)]
+struct Upcoming {
+    panel: usize,
+    k0: usize,
+    len: usize,
+}
+
+/// The same kernel (same operands) from the path's instruction set; the ARM tiles take the
+/// path too, for the extension they use.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+macro_rules! kernel {
+    ($path:expr, $f:ident::<$nr:literal>($($a:expr),* $(,)?)) => {{
+        #[cfg(target_arch = "x86_64")]
+        let r = if $path == Path::Avx2 { super::x86_avx2::$f::<$nr>($($a),*) } else { super::x86::$f::<$nr>($($a),*) };
+        #[cfg(target_arch = "aarch64")]
+        let r = super::arm::$f::<$nr>($path, $($a),*);
+        r
+    }};
+}
+
+/// The integer kernels by the tile's real rows: on x86 a last tile of 1-3 rows computes those
+/// rows only (on the host every row computed costs its time). `$rows_f` is the x86 kernel
+/// with a row count, `$f` the NEON one.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+macro_rules! int_kernel {
+    ($path:expr, $real:expr, $rows_f:ident, $f:ident::<$nr:literal>($($a:expr),* $(,)?)) => {{
+        #[cfg(target_arch = "x86_64")]
+        let r = match ($real, $path == Path::Avx2) {
+            (1, true) => super::x86_avx2::$rows_f::<$nr, 1>($($a),*),
+            (1, false) => super::x86::$rows_f::<$nr, 1>($($a),*),
+            (2, true) => super::x86_avx2::$rows_f::<$nr, 2>($($a),*),
+            (2, false) => super::x86::$rows_f::<$nr, 2>($($a),*),
+            (3, true) => super::x86_avx2::$rows_f::<$nr, 3>($($a),*),
+            (3, false) => super::x86::$rows_f::<$nr, 3>($($a),*),
+            (_, true) => super::x86_avx2::$rows_f::<$nr, 4>($($a),*),
+            (_, false) => super::x86::$rows_f::<$nr, 4>($($a),*),
+        };
+        #[cfg(target_arch = "aarch64")]
+        let r = {
+            let _ = $real;
+            super::arm::$f::<$nr>($path, $($a),*)
+        };
+        r
+    }};
+}
+
+/// `$call!(NR)` with the tile's width in panels as a constant.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+macro_rules! by_width {
+    ($nr:expr, $call:ident) => {
+        match $nr {
+            1 => $call!(1),
+            2 => $call!(2),
+            3 => $call!(3),
+            4 => $call!(4),
+            5 => $call!(5),
+            _ => $call!(6),
+        }
+    };
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+impl ColumnTile<'_> {
+    /// The first byte of panel `p`.
+    fn panel(&self, p: usize) -> *const u8 {
+        self.w.bytes[p * self.pbytes..].as_ptr()
+    }
+
+    /// Each of the tile's panels at input `k0` of its data.
+    fn chunk_weights<const NR: usize>(&self, k0: usize) -> [*const u8; NR] {
+        std::array::from_fn(|j| self.panel(self.p0 + j).wrapping_add(self.bpk * k0))
+    }
+
+    /// The tile's int8 panels over the chunk from `k0`: quants and scales.
+    fn quant_panels<const NR: usize>(&self, k0: usize) -> QuantPanels<NR> {
+        let (scales_at, scale_group) = match self.w.format {
+            DType::PanelQ4 { group } => (self.data + 32 * (k0 / group as usize), group as usize),
+            _ => (self.data, self.w.k),
+        };
+        QuantPanels { w: self.chunk_weights(k0), scales: std::array::from_fn(|j| self.panel(self.p0 + j).wrapping_add(scales_at)), scale_group }
+    }
+
+    /// The weights to prefetch while chunk `k0` computes: the next chunk of these panels, or
+    /// the first chunk of the next column tile (usually this thread's next task).
+    fn upcoming(&self, k0: usize) -> Option<Upcoming> {
+        let (k, kc) = (self.w.k, self.kc);
         if k0 + kc < k {
-            Some((p0, k0 + kc, kc.min(k - k0 - kc)))
-        } else if p1 < panels(n) {
-            Some((p1, 0, kc))
+            Some(Upcoming { panel: self.p0, k0: k0 + kc, len: kc.min(k - k0 - kc) })
+        } else if self.p1 < panels(self.w.n) {
+            Some(Upcoming { panel: self.p1, k0: 0, len: kc })
         } else {
             None
         }
-    };
-    // The same kernel (same operands) from the path's instruction set; the ARM tiles take
-    // the path too, for the extension they use.
-    macro_rules! kernel {
-        ($f:ident::<$nr:literal>($($a:expr),* $(,)?)) => {{
-            #[cfg(target_arch = "x86_64")]
-            let r = if path == Path::Avx2 { x86_avx2::$f::<$nr>($($a),*) } else { x86::$f::<$nr>($($a),*) };
-            #[cfg(target_arch = "aarch64")]
-            let r = arm::$f::<$nr>(path, $($a),*);
-            r
-        }};
     }
-    // The integer kernels by the tile's real rows: on x86 a last tile of 1-3 rows computes
-    // those rows only (on the host every row computed costs its time). `$rows_f` is the x86
-    // kernel with a row count, `$f` the NEON one.
-    macro_rules! int_kernel {
-        ($real:expr, $rows_f:ident, $f:ident::<$nr:literal>($($a:expr),* $(,)?)) => {{
-            #[cfg(target_arch = "x86_64")]
-            let r = match ($real, path == Path::Avx2) {
-                (1, true) => x86_avx2::$rows_f::<$nr, 1>($($a),*),
-                (1, false) => x86::$rows_f::<$nr, 1>($($a),*),
-                (2, true) => x86_avx2::$rows_f::<$nr, 2>($($a),*),
-                (2, false) => x86::$rows_f::<$nr, 2>($($a),*),
-                (3, true) => x86_avx2::$rows_f::<$nr, 3>($($a),*),
-                (3, false) => x86::$rows_f::<$nr, 3>($($a),*),
-                (_, true) => x86_avx2::$rows_f::<$nr, 4>($($a),*),
-                (_, false) => x86::$rows_f::<$nr, 4>($($a),*),
-            };
-            #[cfg(target_arch = "aarch64")]
-            let r = {
-                let _ = $real;
-                arm::$f::<$nr>(path, $($a),*)
-            };
-            r
-        }};
-    }
-    macro_rules! by_width {
-        ($nr:expr, $f:ident) => {
-            match $nr {
-                1 => $f!(1),
-                2 => $f!(2),
-                3 => $f!(3),
-                4 => $f!(4),
-                5 => $f!(5),
-                _ => $f!(6),
-            }
+
+    /// The upcoming chunk's scales (q4: a line per two groups; q8: scales and sums at the end
+    /// of the panel) are a separate stream from the data: fetched as the chunk before starts,
+    /// long before the group ends that reads them.
+    fn prefetch_scales(&self, next: Upcoming) {
+        let (from, lines) = match self.w.format {
+            DType::PanelQ4 { group } => (self.data + 32 * (next.k0 / group as usize), (32 * next.len / group as usize).div_ceil(64)),
+            DType::PanelQ8 if next.k0 == 0 => (self.data, 2),
+            _ => (0, 0),
         };
-    }
-    for k0 in (0..k).step_by(kc) {
-        let len = kc.min(k - k0);
-        let upcoming = next(k0);
-        // The upcoming chunk's scales (q4: a line per two groups; q8: scales and sums at the
-        // end of the panel) are a separate stream from the data: fetch them now, long before
-        // the group ends that read them.
-        if let Some((q0, kk0, klen)) = upcoming {
-            let (from, lines) = match w.format {
-                DType::PanelQ4 { group } => (data + 32 * (kk0 / group as usize), (32 * klen / group as usize).div_ceil(64)),
-                DType::PanelQ8 if kk0 == 0 => (data, 2),
-                _ => (0, 0),
-            };
-            for j in q0..(q0 + (p1 - p0)).min(panels(n)) {
-                for l in 0..lines {
-                    prefetch_line(panel(j).wrapping_add(from + 64 * l));
-                }
+        for j in next.panel..(next.panel + (self.p1 - self.p0)).min(panels(self.w.n)) {
+            for l in 0..lines {
+                prefetch_line(self.panel(j).wrapping_add(from + 64 * l));
             }
         }
-        for (ti, r0) in (0..rows).step_by(TILE_ROWS).enumerate() {
-            // This row tile's share of the upcoming chunk's lines.
-            let pf = |nr: usize| -> ([*const u8; 6], usize) {
-                let mut ptr = [std::ptr::null::<u8>(); 6];
-                let Some((q0, kk0, klen)) = upcoming else { return (ptr, 0) };
-                let lines = (klen * bpk).div_ceil(64);
-                let (from, to) = (ti * lines / row_tiles, (ti + 1) * lines / row_tiles);
-                for (j, p) in ptr.iter_mut().enumerate().take(nr) {
-                    *p = panel((q0 + j).min(panels(n) - 1)).wrapping_add(kk0 * bpk + 64 * from);
+    }
+
+    /// Row tile `ti`'s share of the upcoming chunk's data lines, for a kernel of `NR` panels.
+    fn prefetch_share<const NR: usize>(&self, upcoming: Option<Upcoming>, ti: usize) -> Prefetch<NR> {
+        let Some(next) = upcoming else { return Prefetch { ptr: [std::ptr::null(); NR], lines: 0 } };
+        let (lines, row_tiles) = ((next.len * self.bpk).div_ceil(64), self.rows.div_ceil(TILE_ROWS));
+        let (from, to) = (ti * lines / row_tiles, (ti + 1) * lines / row_tiles);
+        let last = panels(self.w.n) - 1;
+        Prefetch { ptr: std::array::from_fn(|j| self.panel((next.panel + j).min(last)).wrapping_add(next.k0 * self.bpk + 64 * from)), lines: to - from }
+    }
+
+    /// Rows `r0..r0 + 4` (row tile `ti`) over the chunk from `k0`: the format's kernel at the
+    /// tile's width, prefetching the tile's share of the upcoming chunk.
+    ///
+    /// # Safety
+    /// As [`simd_tile_column`]; `r0 < rows`.
+    unsafe fn row_tile(&self, r0: usize, ti: usize, k0: usize, upcoming: Option<Upcoming>) {
+        // Column sums past the first chunk: the +128 of q8's operand comes out once.
+        static ZEROS: [i32; PANEL] = [0; PANEL];
+        let (w, x, path, n) = (self.w, self.x, self.path, self.w.n);
+        let len = self.kc.min(w.k - k0);
+        let o = TileOut {
+            // Row r0, column 16 * p0 of the output (in bounds: r0 < rows, p0 < panels).
+            ptr: self.out.at(r0 * n + self.p0 * PANEL),
+            ldo: n,
+            rows: TILE_ROWS.min(self.rows - r0),
+            last_cols: PANEL.min(n - (self.p1 - 1) * PANEL),
+            first: k0 == 0,
+        };
+        let width = self.p1 - self.p0;
+        // SAFETY (every arm): the pointers address the chunk's part of each panel and of the
+        // prepared rows r0..r0+4 (padded to whole tiles), per the kernels' contracts.
+        unsafe {
+            match w.format {
+                DType::PanelF32 => {
+                    let xp = x.f32s.as_ptr().add(r0 * x.stride + k0);
+                    macro_rules! call { ($nr:literal) => { kernel!(path, tile_f32::<$nr>(xp, x.stride, self.chunk_weights(k0), len, &o, self.prefetch_share(upcoming, ti))) } }
+                    by_width!(width, call)
                 }
-                (ptr, to - from)
-            };
-            let o = TileOut {
-                // Row r0, column 16 * p0 of the output (in bounds: r0 < rows, p0 < panels).
-                ptr: out.at(r0 * n + p0 * PANEL),
-                ldo: n,
-                rows: TILE_ROWS.min(rows - r0),
-                last_cols: PANEL.min(n - (p1 - 1) * PANEL),
-                first: k0 == 0,
-            };
-            let xs: [f32; TILE_ROWS] = std::array::from_fn(|i| x.scale.get(r0 + i).copied().unwrap_or(0.0));
-            // Per-block scales: the tile's first row, the chunk's first block.
-            let blocks = (x.scales_per_row > 1).then(|| BlockScales { ptr: x.scale.as_ptr().wrapping_add(r0 * x.scales_per_row + k0 / ACTIVATION_BLOCK), stride: x.scales_per_row });
-            // SAFETY (every arm): the pointers address the chunk's part of each panel and of
-            // the prepared rows r0..r0+4 (padded to whole tiles), per the kernels' contracts.
-            unsafe {
-                match w.format {
-                    DType::PanelF32 => {
-                        let xp = x.f32s.as_ptr().add(r0 * x.stride + k0);
-                        macro_rules! call { ($nr:literal) => { kernel!(tile_f32::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(64 * k0)), len, &o, prefetch::<$nr>(pf($nr)))) } }
-                        by_width!(p1 - p0, call)
-                    }
-                    DType::PanelF16 => {
-                        let xp = x.f32s.as_ptr().add(r0 * x.stride + k0);
-                        macro_rules! call { ($nr:literal) => { kernel!(tile_f16::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(32 * k0)), len, &o, prefetch::<$nr>(pf($nr)))) } }
-                        by_width!(p1 - p0, call)
-                    }
-                    DType::PanelBf16 if !w.bf16_activations => {
-                        let xp = x.f32s.as_ptr().add(r0 * x.stride + k0);
-                        macro_rules! call { ($nr:literal) => { kernel!(tile_bf16_f32::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(32 * k0)), len.div_ceil(2), &o, prefetch::<$nr>(pf($nr)))) } }
-                        by_width!(p1 - p0, call)
-                    }
-                    DType::PanelBf16 => {
-                        let xp = (x.bf16s.as_ptr() as *const u16).add(r0 * x.stride + k0);
-                        macro_rules! call { ($nr:literal) => { kernel!(tile_bf16::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(32 * k0)), len.div_ceil(2), &o, prefetch::<$nr>(pf($nr)))) } }
-                        by_width!(p1 - p0, call)
-                    }
-                    DType::PanelQ8 if blocks.is_some() => {
-                        let bs = blocks.expect("checked by the guard");
-                        let xp = x.bytes.as_ptr().add(r0 * x.stride + k0);
-                        let bsums = x.group_sums.as_ptr().add(r0 * x.groups + k0 / ACTIVATION_BLOCK);
-                        macro_rules! call {
-                            ($nr:literal) => {
-                                int_kernel!(o.rows, tile_q8_blocks_rows, tile_q8_blocks::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(16 * k0)), len / ACTIVATION_BLOCK, bsums, x.groups,
-                                    std::array::from_fn(|j| panel(p0 + j).add(data) as *const f32), bs, &o, prefetch::<$nr>(pf($nr))))
-                            };
-                        }
-                        by_width!(p1 - p0, call)
-                    }
-                    DType::PanelQ8 => {
-                        let xp = x.bytes.as_ptr().add(r0 * x.stride + k0);
-                        let colsum = |j: usize| if k0 == 0 { panel(p0 + j).add(data + 64) as *const i32 } else { zeros.as_ptr() };
-                        macro_rules! call {
-                            ($nr:literal) => {
-                                int_kernel!(o.rows, tile_q8_rows, tile_q8::<$nr>(xp, x.stride, std::array::from_fn(|j| panel(p0 + j).add(16 * k0)), len.div_ceil(4),
-                                    std::array::from_fn(colsum), std::array::from_fn(|j| panel(p0 + j).add(data) as *const f32), &xs, &o, prefetch::<$nr>(pf($nr))))
-                            };
-                        }
-                        by_width!(p1 - p0, call)
-                    }
-                    DType::PanelQ4 { group } => {
-                        // Sums per weight group, or per activation block (a part of one).
-                        let sg = group as usize;
-                        let g = if blocks.is_some() { ACTIVATION_BLOCK } else { sg };
-                        let xp = x.bytes.as_ptr().add(r0 * x.stride + k0);
-                        let gsums = x.group_sums.as_ptr().add(r0 * x.groups + k0 / g);
-                        let wp = |j: usize| panel(p0 + j).add(8 * k0);
-                        let sp = |j: usize| panel(p0 + j).add(data + 32 * (k0 / sg));
-                        macro_rules! call {
-                            ($nr:literal) => {
-                                int_kernel!(o.rows, tile_q4_rows, tile_q4::<$nr>(xp, x.stride, std::array::from_fn(wp), g, len / g, std::array::from_fn(sp), sg, gsums, x.groups, &xs, blocks, &o, prefetch::<$nr>(pf($nr))))
-                            };
-                        }
-                        by_width!(p1 - p0, call)
-                    }
-                    _ => unreachable!("matmul weights are always packed"),
+                DType::PanelF16 => {
+                    let xp = x.f32s.as_ptr().add(r0 * x.stride + k0);
+                    macro_rules! call { ($nr:literal) => { kernel!(path, tile_f16::<$nr>(xp, x.stride, self.chunk_weights(k0), len, &o, self.prefetch_share(upcoming, ti))) } }
+                    by_width!(width, call)
                 }
+                DType::PanelBf16 if !w.bf16_activations => {
+                    let xp = x.f32s.as_ptr().add(r0 * x.stride + k0);
+                    macro_rules! call { ($nr:literal) => { kernel!(path, tile_bf16_f32::<$nr>(xp, x.stride, self.chunk_weights(k0), len.div_ceil(2), &o, self.prefetch_share(upcoming, ti))) } }
+                    by_width!(width, call)
+                }
+                DType::PanelBf16 => {
+                    let xp = (x.bf16s.as_ptr() as *const u16).add(r0 * x.stride + k0);
+                    macro_rules! call { ($nr:literal) => { kernel!(path, tile_bf16::<$nr>(xp, x.stride, self.chunk_weights(k0), len.div_ceil(2), &o, self.prefetch_share(upcoming, ti))) } }
+                    by_width!(width, call)
+                }
+                DType::PanelQ8 => {
+                    // Sums (and scales) per activation block, where the operand has them.
+                    let rows = x.quant_rows(r0, k0, ACTIVATION_BLOCK);
+                    if rows.blocks.is_some() {
+                        macro_rules! call { ($nr:literal) => { int_kernel!(path, o.rows, tile_q8_blocks_rows, tile_q8_blocks::<$nr>(rows, self.quant_panels(k0), len / ACTIVATION_BLOCK, &o, self.prefetch_share(upcoming, ti))) } }
+                        by_width!(width, call)
+                    } else {
+                        let colsum = |j: usize| if k0 == 0 { self.panel(self.p0 + j).add(self.data + 64) as *const i32 } else { ZEROS.as_ptr() };
+                        macro_rules! call { ($nr:literal) => { int_kernel!(path, o.rows, tile_q8_rows, tile_q8::<$nr>(rows, self.quant_panels(k0), std::array::from_fn(colsum), len.div_ceil(4), &o, self.prefetch_share(upcoming, ti))) } }
+                        by_width!(width, call)
+                    }
+                }
+                DType::PanelQ4 { group } => {
+                    // Sums per weight group, or per activation block (a part of one).
+                    let g = if x.scales_per_row > 1 { ACTIVATION_BLOCK } else { group as usize };
+                    let rows = x.quant_rows(r0, k0, g);
+                    macro_rules! call { ($nr:literal) => { int_kernel!(path, o.rows, tile_q4_rows, tile_q4::<$nr>(rows, self.quant_panels(k0), g, len / g, &o, self.prefetch_share(upcoming, ti))) } }
+                    by_width!(width, call)
+                }
+                _ => unreachable!("matmul weights are always packed"),
             }
         }
     }
 }
 
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-fn prefetch<const NR: usize>((ptr, lines): ([*const u8; 6], usize)) -> super::tile::Prefetch<NR> {
-    super::tile::Prefetch { ptr: std::array::from_fn(|j| ptr[j]), lines }
+impl Prepared<'_> {
+    /// The int8 rows of the register tile from row `r0` over the K chunk from input `k0`,
+    /// their correction sums counted per `sum_span` inputs (a q4 group or an activation block).
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    fn quant_rows(&self, r0: usize, k0: usize, sum_span: usize) -> QuantRows {
+        QuantRows {
+            x: self.bytes.as_ptr().wrapping_add(r0 * self.stride + k0),
+            stride: self.stride,
+            sums: self.group_sums.as_ptr().wrapping_add(r0 * self.groups + k0 / sum_span),
+            sums_stride: self.groups,
+            scale: std::array::from_fn(|i| self.scale.get(r0 + i).copied().unwrap_or(0.0)),
+            // Per-block scales: the tile's first row, the chunk's first block.
+            blocks: (self.scales_per_row > 1).then(|| BlockScales { ptr: self.scale.as_ptr().wrapping_add(r0 * self.scales_per_row + k0 / ACTIVATION_BLOCK), stride: self.scales_per_row }),
+        }
+    }
 }
 
 /// One row times one panel on the portable path: the same sums as the SIMD kernels (integer

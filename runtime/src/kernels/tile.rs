@@ -108,6 +108,37 @@ impl BlockScales {
     }
 }
 
+/// The int8 activations of a tile's rows over one K chunk, as the prepared operand
+/// (`gemm::Prepared`) holds them: the quants, their correction sums and their scales. Every
+/// ISA's integer tiles take them so.
+#[derive(Clone, Copy)]
+pub struct QuantRows {
+    /// Row 0's quant of the chunk's first input; row `i`'s `i * stride` bytes on.
+    pub x: *const u8,
+    pub stride: usize,
+    /// Row 0's correction sum of the chunk's first group (q4) or block (q8 with per-block
+    /// scales); row `i`'s `i * sums_stride` on. (Unread by q8 with per-row scales.)
+    pub sums: *const i32,
+    pub sums_stride: usize,
+    /// Each row's activation scale, with per-row scales.
+    pub scale: [f32; TILE_ROWS],
+    /// The rows' per-block scales, where the operand has them.
+    pub blocks: Option<BlockScales>,
+}
+
+/// The int8 weight panels of a tile over one K chunk: each panel's quants and scales, as
+/// `llada_ir::packing` lays them out.
+#[derive(Clone, Copy)]
+pub struct QuantPanels<const NR: usize> {
+    /// Each panel's quants of the chunk's first input.
+    pub w: [*const u8; NR],
+    /// Each panel's scales: q8, its 16 f32 column scales; q4, its 16 f16 scales of the
+    /// chunk's first scale group (the next group's 32 bytes on).
+    pub scales: [*const u8; NR],
+    /// Inputs per weight scale (q4's group; q8's scales cover all of K).
+    pub scale_group: usize,
+}
+
 /// Weight lines to pull into cache ([`prefetch_line`]) while a tile computes: `lines` consecutive 64-byte lines
 /// from each pointer, issued evenly over the tile's loop. The GEMM driver points them at the
 /// next chunk, so a chunk's weights arrive from memory while the previous chunk computes

@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-pub use super::tile::{BlockScales, Prefetch, Spread, TileOut, TILE_ROWS};
+pub use super::tile::{Prefetch, QuantPanels, QuantRows, Spread, TileOut, TILE_ROWS};
 
 /// AVX-512: 16 lanes, up to 4x4 independent accumulators.
 ///
@@ -268,28 +268,19 @@ pub unsafe fn tile_bf16<const NR: usize>(x: *const u16, stride: usize, w: [*cons
 }
 
 /// q8 panels with `vpdpbusd` over `quads` groups of 4 inputs: activations are u8 (quant +
-/// 128). The chunk's result, `(acc - 128 * colsum) * scale_w * scale_x`, is accumulated into
-/// `out`; `colsum` points at each panel's 16 column sums (the whole-K sums on the first chunk,
-/// zeros on later ones, so the +128 comes out exactly once) and `ws` at its 16 f32 scales.
-/// Only the tile's first `MR` rows (1 to 4) are computed, as in [`tile_q4_rows`].
+/// 128), with per-row scales. The chunk's result, `(acc - 128 * colsum) * scale_w *
+/// scale_x`, is accumulated into `out`; `colsum` points at each panel's 16 column sums (the
+/// whole-K sums on the first chunk, zeros on later ones, so the +128 comes out exactly
+/// once). Only the tile's first `MR` rows (1 to 4) are computed, as in [`tile_q4_rows`].
 ///
 /// # Safety
-/// AVX-512 VNNI. `x` holds 4 rows of `stride` bytes with `4 * quads` from its start; each
-/// panel pointer addresses `quads` steps of 64 bytes; `colsum`/`ws` 16 values per panel;
-/// `xs` 4 scales; `out` as in [`TileOut::put`].
-#[allow(clippy::too_many_arguments)]
+/// AVX-512 VNNI. `x` holds 4 rows with `4 * quads` quants each; each panel addresses
+/// `quads` steps of 64 bytes and 16 f32 scales; `colsum` 16 values per panel; `out` as in
+/// [`TileOut::put`].
 #[target_feature(enable = "avx512f,avx512vnni")]
-pub unsafe fn tile_q8_rows<const NR: usize, const MR: usize>(
-    x: *const u8,
-    stride: usize,
-    w: [*const u8; NR],
-    quads: usize,
-    colsum: [*const i32; NR],
-    ws: [*const f32; NR],
-    xs: &[f32; TILE_ROWS],
-    out: &TileOut,
-    pf: Prefetch<NR>,
-) {
+pub unsafe fn tile_q8_rows<const NR: usize, const MR: usize>(x: QuantRows, w: QuantPanels<NR>, colsum: [*const i32; NR], quads: usize, out: &TileOut, pf: Prefetch<NR>) {
+    let QuantRows { x, stride, scale: xs, .. } = x;
+    let (w, ws) = (w.w, w.scales.map(|p| p as *const f32));
     let mut acc = [[_mm512_setzero_si512(); NR]; MR];
     let mut pf = Spread::new(pf, quads);
     for q in 0..quads {
@@ -319,35 +310,19 @@ pub unsafe fn tile_q8_rows<const NR: usize, const MR: usize>(
 /// q4 panels with `vpdpbusd` (weights the unsigned operand) over `groups` groups of `group`
 /// inputs: per group, `(acc - 8 * sum of the group's activation quants) * scale_w[group]`,
 /// then times the row's activation scale, accumulated into `out`. The weights' scales cover
-/// `scale_group` inputs each (a multiple of `group`). With `act_blocks` (per-block activation
-/// scales: `group` is one block), each group's term is multiplied by the row's scale of that
-/// block instead. Only the tile's first `MR` rows (1 to 4) are computed: a last tile of fewer
-/// real rows computes no padding. `scales[j]` points at
-/// panel `j`'s f16 scales of the chunk's first group; `gsums` at row 0's sums of the chunk's
-/// first group (row stride `gstride`).
+/// `scale_group` inputs each (a multiple of `group`). With per-block activation scales
+/// (`group` is one block), each group's term is multiplied by the row's scale of that block
+/// instead. Only the tile's first `MR` rows (1 to 4) are computed: a last tile of fewer real
+/// rows computes no padding. The rows' sums are per group.
 ///
 /// # Safety
-/// AVX-512 VNNI and BW. `x` holds 4 rows of `stride` bytes with `groups * group` from its
-/// start (int8 quants); each panel pointer addresses `groups * group / 8` blocks of 64 bytes;
-/// `scales` 16 halves per `scale_group` inputs per panel; `gsums` `groups` values per row; `out` as in
-/// [`TileOut::put`].
-#[allow(clippy::too_many_arguments)]
+/// AVX-512 VNNI and BW. `x` holds 4 rows with `groups * group` quants each and `groups`
+/// sums; each panel addresses `groups * group / 8` blocks of 64 bytes and 16 f16 scales per
+/// `scale_group` inputs; `out` as in [`TileOut::put`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-pub unsafe fn tile_q4_rows<const NR: usize, const MR: usize>(
-    x: *const u8,
-    stride: usize,
-    w: [*const u8; NR],
-    group: usize,
-    groups: usize,
-    scales: [*const u8; NR],
-    scale_group: usize,
-    gsums: *const i32,
-    gstride: usize,
-    xs: &[f32; TILE_ROWS],
-    act_blocks: Option<BlockScales>,
-    out: &TileOut,
-    pf: Prefetch<NR>,
-) {
+pub unsafe fn tile_q4_rows<const NR: usize, const MR: usize>(x: QuantRows, w: QuantPanels<NR>, group: usize, groups: usize, out: &TileOut, pf: Prefetch<NR>) {
+    let QuantRows { x, stride, sums: gsums, sums_stride: gstride, scale: xs, blocks: act_blocks } = x;
+    let QuantPanels { w, scales, scale_group } = w;
     let low = _mm512_set1_epi8(0x0f);
     let mut res = [[_mm512_setzero_ps(); NR]; MR];
     let mut pf = Spread::new(pf, groups * group / 8);
@@ -393,29 +368,20 @@ pub unsafe fn tile_q4_rows<const NR: usize, const MR: usize>(
 
 /// q8 panels with per-block activation scales: `blocks` blocks of 32 inputs (8 quads). The
 /// activations are signed quants and the weights, XOR-ed with 0x80, the unsigned operand
-/// (`w + 128`), so each block's sum carries `128 * sum of its activation quants`, which
-/// `bsums` holds (row stride `bstride`, from the chunk's first block). Per block, `(acc -
-/// bsum) * scale_x[block]` is summed; the total times `scale_w` is accumulated into `out`.
-/// Only the tile's first `MR` rows (1 to 4) are computed.
+/// (`w + 128`), so each block's sum carries `128 * sum of its activation quants`, which the
+/// rows' sums hold (per block). Per block, `(acc - bsum) * scale_x[block]` is summed; the
+/// total times `scale_w` is accumulated into `out`. Only the tile's first `MR` rows (1 to 4)
+/// are computed.
 ///
 /// # Safety
-/// AVX-512 VNNI. `x` holds 4 rows of `stride` bytes with `32 * blocks` from its start; each
-/// panel pointer addresses `8 * blocks` steps of 64 bytes; `ws` 16 values per panel; `bsums`
-/// and `xs` `blocks` values per row; `out` as in [`TileOut::put`].
-#[allow(clippy::too_many_arguments)]
+/// AVX-512 VNNI. `x` holds 4 rows with `32 * blocks` quants each and `blocks` sums and
+/// scales (`x.blocks` is given); each panel addresses `8 * blocks` steps of 64 bytes and 16
+/// f32 scales; `out` as in [`TileOut::put`].
 #[target_feature(enable = "avx512f,avx512vnni")]
-pub unsafe fn tile_q8_blocks_rows<const NR: usize, const MR: usize>(
-    x: *const u8,
-    stride: usize,
-    w: [*const u8; NR],
-    blocks: usize,
-    bsums: *const i32,
-    bstride: usize,
-    ws: [*const f32; NR],
-    xs: BlockScales,
-    out: &TileOut,
-    pf: Prefetch<NR>,
-) {
+pub unsafe fn tile_q8_blocks_rows<const NR: usize, const MR: usize>(x: QuantRows, w: QuantPanels<NR>, blocks: usize, out: &TileOut, pf: Prefetch<NR>) {
+    let QuantRows { x, stride, sums: bsums, sums_stride: bstride, blocks: xs, .. } = x;
+    let xs = xs.expect("per-block activation scales");
+    let (w, ws) = (w.w, w.scales.map(|p| p as *const f32));
     let flip = _mm512_set1_epi8(-128);
     let mut res = [[_mm512_setzero_ps(); NR]; MR];
     let mut pf = Spread::new(pf, 8 * blocks);

@@ -97,67 +97,181 @@ fn transpose16(m: [__m512; 16]) -> [__m512; 16] {
     t
 }
 
+/// One key-value head's cached rows: the first `keys` rows of `k` and `v`, `head_dim` floats
+/// each.
+#[derive(Clone, Copy)]
+pub struct HeadKv<'a> {
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub head_dim: usize,
+    pub keys: usize,
+}
+
 /// Attention of the `q.len()` (at most `16 * RV`) query rows of one head: row `i`'s output,
-/// `softmax(q[i] K^T * scale) V` over the first `keys` rows of `k` and `v` (rows of `hd`
-/// floats), with its own key and value at its position where `own[i]` says so, is given to
-/// `emit(i, row)`. `after` (keys and values, at most [`KEY_BLOCK`] rows each) is prefetched
-/// during the last key block, for the call that likely follows.
+/// `softmax(q[i] K^T * scale) V` over the keys and values of `kv`, with its own key and value
+/// at its position where `own[i]` says so, is given to `emit(i, row)`. `after` (keys and
+/// values, at most [`KEY_BLOCK`] rows each) is prefetched during the last key block, for the
+/// call that likely follows.
 ///
 /// # Safety
 /// The CPU must support AVX-512F. (Every slice is bounds-checked here.)
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-pub unsafe fn attend_rows<const RV: usize>(q: &[&[f32]], k: &[f32], v: &[f32], hd: usize, keys: usize, scale: f32, own: &[Option<OwnRow>], after: Option<(&[f32], &[f32])>, mut emit: impl FnMut(usize, &[f32])) {
+pub unsafe fn attend_rows<const RV: usize>(q: &[&[f32]], kv: HeadKv, scale: f32, own: &[Option<OwnRow>], after: Option<(&[f32], &[f32])>, mut emit: impl FnMut(usize, &[f32])) {
+    let HeadKv { k, v, head_dim: hd, keys } = kv;
     let (n, lanes) = (q.len(), 16 * RV);
     assert!(RV <= 2 && n <= lanes && own.len() == n && hd % 16 == 0 && hd <= MAX_HEAD_DIM, "attention block shape");
     assert!(keys >= 1 && k.len() >= keys * hd && v.len() >= keys * hd && q.iter().all(|r| r.len() >= hd), "attention block bounds");
     assert!(own.iter().flatten().all(|o| o.position < keys && o.key.len() >= hd && o.value.len() >= hd), "attention own rows");
-    // The queries transposed, [hd][lanes] (lanes past `n` zero), the block's scores then
-    // weights [KEY_BLOCK][lanes], and the rows' unnormalised outputs [n][hd].
     let mut qt = MaybeUninit::<[f32; ROWS * MAX_HEAD_DIM]>::uninit();
     let mut sb = MaybeUninit::<[f32; KEY_BLOCK * ROWS]>::uninit();
     let mut ob = MaybeUninit::<[f32; ROWS * MAX_HEAD_DIM]>::uninit();
-    let (qt, sb, ob) = (qt.as_mut_ptr() as *mut f32, sb.as_mut_ptr() as *mut f32, ob.as_mut_ptr() as *mut f32);
-    // SAFETY (every raw access below): `qt` and `ob` hold ROWS * MAX_HEAD_DIM floats and are
-    // addressed below hd * lanes and n * hd (hd <= MAX_HEAD_DIM, lanes <= ROWS); `sb` holds
-    // KEY_BLOCK * ROWS and is addressed below KEY_BLOCK * lanes; keys and values are read
-    // below keys * hd (asserted). Every float is written before it is read.
+    let ws = Workspace { qt: qt.as_mut_ptr() as *mut f32, sb: sb.as_mut_ptr() as *mut f32, ob: ob.as_mut_ptr() as *mut f32, lanes, n, hd };
+    // SAFETY (every raw access below, and the helpers' given `ws`): `qt` and `ob` hold ROWS *
+    // MAX_HEAD_DIM floats and are addressed below hd * lanes and n * hd (hd <= MAX_HEAD_DIM,
+    // lanes <= ROWS); `sb` holds KEY_BLOCK * ROWS and is addressed below KEY_BLOCK * lanes;
+    // keys and values are read below keys * hd (asserted). Every float is written before it
+    // is read.
     unsafe {
-        for r in 0..RV {
-            for d0 in (0..hd).step_by(16) {
-                let mut block = [_mm512_setzero_ps(); 16];
-                for (i, x) in block.iter_mut().enumerate() {
-                    if let Some(row) = q.get(16 * r + i) {
-                        *x = _mm512_loadu_ps(row.as_ptr().add(d0));
-                    }
-                }
-                let block = transpose16(block);
-                for (j, &x) in block.iter().enumerate() {
-                    _mm512_storeu_ps(qt.add((d0 + j) * lanes + 16 * r), x);
-                }
-            }
-        }
-        std::ptr::write_bytes(ob, 0, n * hd);
+        ws.transpose_queries::<RV>(q);
+        std::ptr::write_bytes(ws.ob, 0, n * hd);
     }
-    let neg_inf = _mm512_set1_ps(f32::NEG_INFINITY);
-    let (mut max, mut sum) = ([neg_inf; RV], [_mm512_setzero_ps(); RV]);
+    let mut softmax = OnlineSoftmax::<RV>::new();
     let mut alpha = [0f32; ROWS];
     for kb in (0..keys).step_by(KEY_BLOCK) {
         let nk = KEY_BLOCK.min(keys - kb);
-        // The next block's keys and values, fetched while this one computes: a line of them
-        // per input of each score tile (4 * hd lines in all). From memory, a head's planes
-        // otherwise arrive at the pace of the hardware prefetcher finding the stream.
-        let next = if kb + KEY_BLOCK < keys {
+        // SAFETY: see above.
+        unsafe { ws.block_scores::<RV>(k, kb, nk, scale, NextBlock::following(kv, kb, after)) };
+        // A row with its own key at a position of this block: its score there, by the same
+        // fused multiply-adds in the same order as a lane's.
+        for (i, o) in own_in_block(own, kb, nk) {
+            let dot = q[i][..hd].iter().zip(&o.key[..hd]).fold(0f32, |a, (&x, &y)| x.mul_add(y, a));
+            // SAFETY: see above.
+            unsafe { *ws.sb.add((o.position - kb) * lanes + i) = dot * scale };
+        }
+        // SAFETY: see above.
+        unsafe { softmax.weigh(ws, nk, &mut alpha) };
+        // A row's own position takes its weight out of the cache's value row; its own value
+        // gets it after the block's `P V`.
+        let mut own_weight = [0f32; ROWS];
+        for (i, o) in own_in_block(own, kb, nk) {
+            // SAFETY: see above.
+            unsafe { own_weight[i] = std::mem::replace(&mut *ws.sb.add((o.position - kb) * lanes + i), 0.0) };
+        }
+        // SAFETY: see above; the value rows of the block are below keys * hd.
+        unsafe { ws.weighted_values(&v[kb * hd..], nk, &alpha) };
+        for (i, o) in own_in_block(own, kb, nk) {
+            for (d, &y) in o.value[..hd].iter().enumerate() {
+                // SAFETY: see above.
+                unsafe { *ws.ob.add(i * hd + d) = own_weight[i].mul_add(y, *ws.ob.add(i * hd + d)) };
+            }
+        }
+    }
+    let inv = softmax.inverse_sums();
+    let mut row = [0f32; MAX_HEAD_DIM];
+    for i in 0..n {
+        for c in (0..hd).step_by(16) {
+            // SAFETY: see above; `row` holds MAX_HEAD_DIM >= hd floats.
+            unsafe { _mm512_storeu_ps(row.as_mut_ptr().add(c), _mm512_mul_ps(_mm512_loadu_ps(ws.ob.add(i * hd + c)), _mm512_set1_ps(inv[i]))) };
+        }
+        emit(i, &row[..hd]);
+    }
+}
+
+/// The rows of `own` whose own position is in the key block `kb..kb + nk`.
+fn own_in_block<'a>(own: &'a [Option<OwnRow<'a>>], kb: usize, nk: usize) -> impl Iterator<Item = (usize, OwnRow<'a>)> + 'a {
+    own.iter().enumerate().filter_map(move |(i, o)| o.filter(|o| (kb..kb + nk).contains(&o.position)).map(|o| (i, o)))
+}
+
+/// [`attend_rows`]' buffers (on its stack) and shape: the `n` query rows transposed,
+/// `qt[hd][lanes]` (lanes past `n` zero); a key block's scores, then weights,
+/// `sb[KEY_BLOCK][lanes]`; the rows' unnormalised outputs `ob[n][hd]`.
+#[derive(Clone, Copy)]
+struct Workspace {
+    qt: *mut f32,
+    sb: *mut f32,
+    ob: *mut f32,
+    lanes: usize,
+    n: usize,
+    hd: usize,
+}
+
+/// The lines to fetch while a key block computes: the next block's keys, then its values,
+/// `bytes` of each. From memory, a head's planes otherwise arrive at the pace of the hardware
+/// prefetcher finding the stream.
+#[derive(Clone, Copy)]
+struct NextBlock {
+    keys: *const u8,
+    values: *const u8,
+    bytes: usize,
+}
+
+impl NextBlock {
+    /// What follows key block `kb` of `kv`: its next block, or after the last one `after`.
+    fn following(kv: HeadKv, kb: usize, after: Option<(&[f32], &[f32])>) -> Option<NextBlock> {
+        let HeadKv { k, v, head_dim: hd, keys } = kv;
+        if kb + KEY_BLOCK < keys {
             let rows = KEY_BLOCK.min(keys - kb - KEY_BLOCK) * hd;
-            Some((k[(kb + KEY_BLOCK) * hd..][..rows].as_ptr() as *const u8, v[(kb + KEY_BLOCK) * hd..][..rows].as_ptr() as *const u8, rows * 4))
+            Some(NextBlock { keys: k[(kb + KEY_BLOCK) * hd..][..rows].as_ptr() as *const u8, values: v[(kb + KEY_BLOCK) * hd..][..rows].as_ptr() as *const u8, bytes: rows * 4 })
         } else {
             after.map(|(k, v)| {
                 let rows = k.len().min(v.len()).min(KEY_BLOCK * hd);
-                (k.as_ptr() as *const u8, v.as_ptr() as *const u8, rows * 4)
+                NextBlock { keys: k.as_ptr() as *const u8, values: v.as_ptr() as *const u8, bytes: rows * 4 }
             })
-        };
-        // Scores of the block's keys, a tile of SCORE_KEYS keys at a time (a short last tile
-        // repeats its last key, not stored).
+        }
+    }
+
+    /// Fetches line `line` of the keys, then of the values; nothing past them.
+    #[inline(always)]
+    fn fetch(&self, line: usize) {
+        // SAFETY: prefetching never faults (the addresses are inside the slices anyway).
+        unsafe {
+            if line < self.bytes {
+                _mm_prefetch::<_MM_HINT_T0>(self.keys.add(line) as *const i8);
+            } else if line < 2 * self.bytes {
+                _mm_prefetch::<_MM_HINT_T0>(self.values.add(line - self.bytes) as *const i8);
+            }
+        }
+    }
+}
+
+impl Workspace {
+    /// `qt` from the query rows `q` (at most `lanes`), 16 rows by 16 elements at a time.
+    ///
+    /// # Safety
+    /// AVX-512F; `qt` as described on the type; every row of `q` holds `hd` floats.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn transpose_queries<const RV: usize>(&self, q: &[&[f32]]) {
+        let (qt, lanes, hd) = (self.qt, self.lanes, self.hd);
+        // SAFETY: the caller's contract.
+        unsafe {
+            for r in 0..RV {
+                for d0 in (0..hd).step_by(16) {
+                    let mut block = [_mm512_setzero_ps(); 16];
+                    for (i, x) in block.iter_mut().enumerate() {
+                        if let Some(row) = q.get(16 * r + i) {
+                            *x = _mm512_loadu_ps(row.as_ptr().add(d0));
+                        }
+                    }
+                    let block = transpose16(block);
+                    for (j, &x) in block.iter().enumerate() {
+                        _mm512_storeu_ps(qt.add((d0 + j) * lanes + 16 * r), x);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `sb` = the scores of the `nk` keys of `k` from `kb`, times `scale`: a tile of
+    /// SCORE_KEYS keys at a time (a short last tile repeats its last key, not stored), each
+    /// input of a tile fetching a line of `next` (4 * hd lines in all).
+    ///
+    /// # Safety
+    /// AVX-512F; the buffers as described on the type; `k` holds rows `kb..kb + nk`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn block_scores<const RV: usize>(&self, k: &[f32], kb: usize, nk: usize, scale: f32, next: Option<NextBlock>) {
+        let (qt, sb, lanes, hd) = (self.qt, self.sb, self.lanes, self.hd);
         for g in (0..nk).step_by(SCORE_KEYS) {
             let ng = SCORE_KEYS.min(nk - g);
             let mut kp = [k.as_ptr(); SCORE_KEYS];
@@ -165,17 +279,12 @@ pub unsafe fn attend_rows<const RV: usize>(q: &[&[f32]], k: &[f32], v: &[f32], h
                 *p = k[(kb + g + t.min(ng - 1)) * hd..].as_ptr();
             }
             let mut acc = [[_mm512_setzero_ps(); RV]; SCORE_KEYS];
-            // SAFETY: see above; kp[t] + d is below keys * hd.
+            // SAFETY: the caller's contract; kp[t] + d is below (kb + nk) * hd.
             unsafe {
                 for d in 0..hd {
-                    if let Some((nk_ptr, nv_ptr, bytes)) = next {
+                    if let Some(next) = next {
                         // Line g / SCORE_KEYS * hd + d of the next block's keys, then values.
-                        let line = 64 * ((g / SCORE_KEYS) * hd + d);
-                        if line < bytes {
-                            _mm_prefetch::<_MM_HINT_T0>(nk_ptr.add(line) as *const i8);
-                        } else if line < 2 * bytes {
-                            _mm_prefetch::<_MM_HINT_T0>(nv_ptr.add(line - bytes) as *const i8);
-                        }
+                        next.fetch(64 * ((g / SCORE_KEYS) * hd + d));
                     }
                     let mut qv = [_mm512_setzero_ps(); RV];
                     for (r, x) in qv.iter_mut().enumerate() {
@@ -195,19 +304,106 @@ pub unsafe fn attend_rows<const RV: usize>(q: &[&[f32]], k: &[f32], v: &[f32], h
                 }
             }
         }
-        // A row with its own key at a position of this block: its score there, by the same
-        // fused multiply-adds in the same order as a lane's.
-        for (i, o) in own.iter().enumerate() {
-            if let Some(o) = o.filter(|o| (kb..kb + nk).contains(&o.position)) {
-                let dot = q[i][..hd].iter().zip(&o.key[..hd]).fold(0f32, |a, (&x, &y)| x.mul_add(y, a));
-                // SAFETY: see above.
-                unsafe { *sb.add((o.position - kb) * lanes + i) = dot * scale };
+    }
+
+    /// `o[i] = o[i] * alpha[i] + sum over t < nk of w[t][i] * v[t]` for the `n` rows: the
+    /// block's weights `sb`, its value rows `v` (`nk` rows of `hd`), the outputs `ob`; four
+    /// rows and up to four vectors of columns at a time, so each value vector loaded feeds
+    /// four rows.
+    ///
+    /// # Safety
+    /// AVX-512F; the buffers as described on the type; `hd` is a multiple of 16.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn weighted_values(&self, v: &[f32], nk: usize, alpha: &[f32; ROWS]) {
+        let (n, hd) = (self.n, self.hd);
+        for i0 in (0..n).step_by(4) {
+            let mut c0 = 0;
+            while c0 < hd {
+                // SAFETY: the caller's contract.
+                unsafe {
+                    match ((n - i0).min(4), (hd - c0) / 16) {
+                        (1, 1..=3) => self.rows_by_cols::<1, 1>(i0, c0, v, nk, alpha),
+                        (2, 1..=3) => self.rows_by_cols::<2, 1>(i0, c0, v, nk, alpha),
+                        (3, 1..=3) => self.rows_by_cols::<3, 1>(i0, c0, v, nk, alpha),
+                        (_, 1..=3) => self.rows_by_cols::<4, 1>(i0, c0, v, nk, alpha),
+                        (1, _) => self.rows_by_cols::<1, 4>(i0, c0, v, nk, alpha),
+                        (2, _) => self.rows_by_cols::<2, 4>(i0, c0, v, nk, alpha),
+                        (3, _) => self.rows_by_cols::<3, 4>(i0, c0, v, nk, alpha),
+                        _ => self.rows_by_cols::<4, 4>(i0, c0, v, nk, alpha),
+                    }
+                }
+                c0 += if hd - c0 >= 64 { 64 } else { 16 };
             }
         }
-        // The online softmax: the new maximum, the old sums' and outputs' rescaling, and the
-        // block's weights exp(score - maximum), each row's summed in key order.
-        let mut top = max;
-        // SAFETY: see above.
+    }
+
+    /// [`Workspace::weighted_values`] for rows `i0..i0 + MR` and columns `c0..c0 + 16 * VC`.
+    ///
+    /// # Safety
+    /// As [`Workspace::weighted_values`], with those rows and columns inside it.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn rows_by_cols<const MR: usize, const VC: usize>(&self, i0: usize, c0: usize, v: &[f32], nk: usize, alpha: &[f32; ROWS]) {
+        let (w, lanes, hd, o) = (self.sb as *const f32, self.lanes, self.hd, self.ob);
+        // SAFETY: the caller's contract.
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); VC]; MR];
+            for (i, a) in acc.iter_mut().enumerate() {
+                let scale = _mm512_set1_ps(alpha[i0 + i]);
+                for (c, x) in a.iter_mut().enumerate() {
+                    *x = _mm512_mul_ps(_mm512_loadu_ps(o.add((i0 + i) * hd + c0 + 16 * c)), scale);
+                }
+            }
+            for t in 0..nk {
+                let row = v.as_ptr().add(t * hd + c0);
+                let mut vv = [_mm512_setzero_ps(); VC];
+                for (c, x) in vv.iter_mut().enumerate() {
+                    *x = _mm512_loadu_ps(row.add(16 * c));
+                }
+                for (i, a) in acc.iter_mut().enumerate() {
+                    let p = _mm512_set1_ps(*w.add(t * lanes + i0 + i));
+                    for c in 0..VC {
+                        a[c] = _mm512_fmadd_ps(p, vv[c], a[c]);
+                    }
+                }
+            }
+            for (i, a) in acc.iter().enumerate() {
+                for (c, &x) in a.iter().enumerate() {
+                    _mm512_storeu_ps(o.add((i0 + i) * hd + c0 + 16 * c), x);
+                }
+            }
+        }
+    }
+}
+
+/// The online softmax's state: each row's running maximum score and sum of weights over the
+/// key blocks so far, row `16 * r + i` in lane `i` of vector `r`.
+struct OnlineSoftmax<const RV: usize> {
+    max: [__m512; RV],
+    sum: [__m512; RV],
+}
+
+impl<const RV: usize> OnlineSoftmax<RV> {
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn new() -> Self {
+        OnlineSoftmax { max: [_mm512_set1_ps(f32::NEG_INFINITY); RV], sum: [_mm512_setzero_ps(); RV] }
+    }
+
+    /// Takes in a block's `nk` scores (`sb`): the new maximum, the rescaling of the old sums
+    /// (and, by the caller, outputs) into `alpha`, and the block's weights exp(score -
+    /// maximum) in place of the scores, each row's summed in key order.
+    ///
+    /// # Safety
+    /// AVX-512F; `ws.sb` holds the block's scores as described on [`Workspace`].
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn weigh(&mut self, ws: Workspace, nk: usize, alpha: &mut [f32; ROWS]) {
+        let (sb, lanes) = (ws.sb, ws.lanes);
+        let (max, sum) = (&mut self.max, &mut self.sum);
+        let mut top = *max;
+        // SAFETY: the caller's contract; `alpha` holds ROWS >= 16 * RV floats.
         unsafe {
             for t in 0..nk {
                 for r in 0..RV {
@@ -231,106 +427,18 @@ pub unsafe fn attend_rows<const RV: usize>(q: &[&[f32]], k: &[f32], v: &[f32], h
                 }
             }
         }
-        // A row's own position takes its weight out of the cache's value row; its own value
-        // gets it after the block's `P V`.
-        let mut own_weight = [0f32; ROWS];
-        for (i, o) in own.iter().enumerate() {
-            if let Some(o) = o.filter(|o| (kb..kb + nk).contains(&o.position)) {
-                // SAFETY: see above.
-                unsafe { own_weight[i] = std::mem::replace(&mut *sb.add((o.position - kb) * lanes + i), 0.0) };
-            }
-        }
-        // SAFETY: see above; the value rows of the block are below keys * hd.
-        unsafe { weighted_values(sb, lanes, n, &v[kb * hd..], nk, hd, &alpha, ob) };
-        for (i, o) in own.iter().enumerate() {
-            if let Some(o) = o.filter(|o| (kb..kb + nk).contains(&o.position)) {
-                for (d, &y) in o.value[..hd].iter().enumerate() {
-                    // SAFETY: see above.
-                    unsafe { *ob.add(i * hd + d) = own_weight[i].mul_add(y, *ob.add(i * hd + d)) };
-                }
-            }
-        }
     }
-    let mut inv = [0f32; ROWS];
-    for r in 0..RV {
-        // SAFETY: `inv` holds ROWS >= 16 * RV floats.
-        unsafe { _mm512_storeu_ps(inv.as_mut_ptr().add(16 * r), _mm512_div_ps(_mm512_set1_ps(1.0), sum[r])) };
-    }
-    let mut row = [0f32; MAX_HEAD_DIM];
-    for i in 0..n {
-        for c in (0..hd).step_by(16) {
-            // SAFETY: see above; `row` holds MAX_HEAD_DIM >= hd floats.
-            unsafe { _mm512_storeu_ps(row.as_mut_ptr().add(c), _mm512_mul_ps(_mm512_loadu_ps(ob.add(i * hd + c)), _mm512_set1_ps(inv[i]))) };
-        }
-        emit(i, &row[..hd]);
-    }
-}
 
-/// `o[i] = o[i] * alpha[i] + sum over t < nk of w[t][i] * v[t]` for the `n` rows: weights
-/// `w` ([nk][lanes]), value rows `v` (`nk` rows of `hd`), outputs `o` ([n][hd]); four rows
-/// and up to four vectors of columns at a time, so each value vector loaded feeds four rows.
-///
-/// # Safety
-/// AVX-512F; the pointers address those extents; `hd` is a multiple of 16.
-#[inline]
-#[target_feature(enable = "avx512f")]
-unsafe fn weighted_values(w: *const f32, lanes: usize, n: usize, v: &[f32], nk: usize, hd: usize, alpha: &[f32; ROWS], o: *mut f32) {
-    for i0 in (0..n).step_by(4) {
-        let mut c0 = 0;
-        while c0 < hd {
-            // SAFETY: the caller's contract.
-            unsafe {
-                match ((n - i0).min(4), (hd - c0) / 16) {
-                    (1, 1..=3) => rows_by_cols::<1, 1>(w, lanes, i0, v, nk, hd, c0, alpha, o),
-                    (2, 1..=3) => rows_by_cols::<2, 1>(w, lanes, i0, v, nk, hd, c0, alpha, o),
-                    (3, 1..=3) => rows_by_cols::<3, 1>(w, lanes, i0, v, nk, hd, c0, alpha, o),
-                    (_, 1..=3) => rows_by_cols::<4, 1>(w, lanes, i0, v, nk, hd, c0, alpha, o),
-                    (1, _) => rows_by_cols::<1, 4>(w, lanes, i0, v, nk, hd, c0, alpha, o),
-                    (2, _) => rows_by_cols::<2, 4>(w, lanes, i0, v, nk, hd, c0, alpha, o),
-                    (3, _) => rows_by_cols::<3, 4>(w, lanes, i0, v, nk, hd, c0, alpha, o),
-                    _ => rows_by_cols::<4, 4>(w, lanes, i0, v, nk, hd, c0, alpha, o),
-                }
-            }
-            c0 += if hd - c0 >= 64 { 64 } else { 16 };
+    /// `1 / sum` of each row.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn inverse_sums(&self) -> [f32; ROWS] {
+        let mut inv = [0f32; ROWS];
+        for r in 0..RV {
+            // SAFETY: `inv` holds ROWS >= 16 * RV floats.
+            unsafe { _mm512_storeu_ps(inv.as_mut_ptr().add(16 * r), _mm512_div_ps(_mm512_set1_ps(1.0), self.sum[r])) };
         }
-    }
-}
-
-/// [`weighted_values`] for rows `i0..i0 + MR` and columns `c0..c0 + 16 * VC`.
-///
-/// # Safety
-/// As [`weighted_values`], with those rows and columns inside it.
-#[inline]
-#[target_feature(enable = "avx512f")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn rows_by_cols<const MR: usize, const VC: usize>(w: *const f32, lanes: usize, i0: usize, v: &[f32], nk: usize, hd: usize, c0: usize, alpha: &[f32; ROWS], o: *mut f32) {
-    // SAFETY: the caller's contract.
-    unsafe {
-        let mut acc = [[_mm512_setzero_ps(); VC]; MR];
-        for (i, a) in acc.iter_mut().enumerate() {
-            let scale = _mm512_set1_ps(alpha[i0 + i]);
-            for (c, x) in a.iter_mut().enumerate() {
-                *x = _mm512_mul_ps(_mm512_loadu_ps(o.add((i0 + i) * hd + c0 + 16 * c)), scale);
-            }
-        }
-        for t in 0..nk {
-            let row = v.as_ptr().add(t * hd + c0);
-            let mut vv = [_mm512_setzero_ps(); VC];
-            for (c, x) in vv.iter_mut().enumerate() {
-                *x = _mm512_loadu_ps(row.add(16 * c));
-            }
-            for (i, a) in acc.iter_mut().enumerate() {
-                let p = _mm512_set1_ps(*w.add(t * lanes + i0 + i));
-                for c in 0..VC {
-                    a[c] = _mm512_fmadd_ps(p, vv[c], a[c]);
-                }
-            }
-        }
-        for (i, a) in acc.iter().enumerate() {
-            for (c, &x) in a.iter().enumerate() {
-                _mm512_storeu_ps(o.add((i0 + i) * hd + c0 + 16 * c), x);
-            }
-        }
+        inv
     }
 }
 

@@ -17,7 +17,7 @@
 
 use std::arch::x86_64::*;
 
-use super::tile::{BlockScales, Prefetch, Spread, TileOut, TILE_ROWS};
+use super::tile::{Prefetch, QuantPanels, QuantRows, Spread, TileOut, TILE_ROWS};
 
 impl TileOut {
     /// Writes or accumulates 8 columns: row `i`, half-panel `h` (columns `8 * h ..` of the
@@ -302,19 +302,10 @@ pub unsafe fn tile_bf16<const NR: usize>(x: *const u16, stride: usize, w: [*cons
 ///
 /// # Safety
 /// As [`super::x86::tile_q8_rows`] (AVX2, FMA, F16C instead of AVX-512 VNNI); `colsum` is unused.
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn tile_q8_rows<const NR: usize, const MR: usize>(
-    x: *const u8,
-    stride: usize,
-    w: [*const u8; NR],
-    quads: usize,
-    _colsum: [*const i32; NR],
-    ws: [*const f32; NR],
-    xs: &[f32; TILE_ROWS],
-    out: &TileOut,
-    pf: Prefetch<NR>,
-) {
+pub unsafe fn tile_q8_rows<const NR: usize, const MR: usize>(x: QuantRows, w: QuantPanels<NR>, _colsum: [*const i32; NR], quads: usize, out: &TileOut, pf: Prefetch<NR>) {
+    let QuantRows { x, stride, scale: xs, .. } = x;
+    let (w, ws) = (w.w, w.scales.map(|p| p as *const f32));
     let (flip, ones) = (_mm256_set1_epi8(-128), _mm256_set1_epi16(1));
     // A prefetch share per 8 quads.
     let mut pf = Spread::new(pf, NR * quads.div_ceil(8));
@@ -351,25 +342,17 @@ pub unsafe fn tile_q8_rows<const NR: usize, const MR: usize>(
 
 /// q8 panels with per-block activation scales, as [`super::x86::tile_q8_blocks_rows`]: the
 /// activations are signed quants here, and the products are exact signed sums as in
-/// [`tile_q8_rows`], so no block sum is needed (`bsums` is unused). Per block of 8 quads, `acc *
-/// scale_x[block]` is summed; the total times `scale_w` is accumulated into `out`.
+/// [`tile_q8_rows`], so no block sum is needed (the rows' sums are unread). Per block of 8
+/// quads, `acc * scale_x[block]` is summed; the total times `scale_w` is accumulated into
+/// `out`.
 ///
 /// # Safety
 /// As [`super::x86::tile_q8_blocks_rows`] (AVX2, FMA, F16C instead of AVX-512 VNNI).
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn tile_q8_blocks_rows<const NR: usize, const MR: usize>(
-    x: *const u8,
-    stride: usize,
-    w: [*const u8; NR],
-    blocks: usize,
-    _bsums: *const i32,
-    _bstride: usize,
-    ws: [*const f32; NR],
-    xs: BlockScales,
-    out: &TileOut,
-    pf: Prefetch<NR>,
-) {
+pub unsafe fn tile_q8_blocks_rows<const NR: usize, const MR: usize>(x: QuantRows, w: QuantPanels<NR>, blocks: usize, out: &TileOut, pf: Prefetch<NR>) {
+    let QuantRows { x, stride, blocks: xs, .. } = x;
+    let xs = xs.expect("per-block activation scales");
+    let (w, ws) = (w.w, w.scales.map(|p| p as *const f32));
     let ones = _mm256_set1_epi16(1);
     let mut pf = Spread::new(pf, NR * blocks);
     for (j, &wj) in w.iter().enumerate() {
@@ -422,23 +405,10 @@ pub unsafe fn tile_q8_blocks_rows<const NR: usize, const MR: usize>(
 ///
 /// # Safety
 /// As [`super::x86::tile_q4_rows`] (AVX2, FMA, F16C instead of AVX-512).
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn tile_q4_rows<const NR: usize, const MR: usize>(
-    x: *const u8,
-    stride: usize,
-    w: [*const u8; NR],
-    group: usize,
-    groups: usize,
-    scales: [*const u8; NR],
-    scale_group: usize,
-    gsums: *const i32,
-    gstride: usize,
-    xs: &[f32; TILE_ROWS],
-    act_blocks: Option<BlockScales>,
-    out: &TileOut,
-    pf: Prefetch<NR>,
-) {
+pub unsafe fn tile_q4_rows<const NR: usize, const MR: usize>(x: QuantRows, w: QuantPanels<NR>, group: usize, groups: usize, out: &TileOut, pf: Prefetch<NR>) {
+    let QuantRows { x, stride, sums: gsums, sums_stride: gstride, scale: xs, blocks: act_blocks } = x;
+    let QuantPanels { w, scales, scale_group } = w;
     let (low, ones) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi16(1));
     // A prefetch share per batch of four blocks.
     let mut pf = Spread::new(pf, NR * groups * (group / 8).div_ceil(4));

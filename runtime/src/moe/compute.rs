@@ -79,10 +79,18 @@ impl<'a> RankedOut<'a> {
     }
 }
 
-/// One expert (its `[gate | up]` and down matrices' bytes) over the rows `picks` of `x`
-/// (`[rows, d]`); hands each pick's output row to `write`.
-#[allow(clippy::too_many_arguments)]
-pub fn expert(shape: ExpertShape, x: &[f32], picks: &[Pick], gate_up: &[u8], down: &[u8], s: &mut Scratch, pool: &rayon::ThreadPool, features: Features, mut write: impl FnMut(Pick, &[f32])) {
+/// One expert's weights: the bytes of its `[gate | up]` and down matrices, of the layer's shape.
+#[derive(Clone, Copy)]
+pub struct ExpertWeights<'a> {
+    pub shape: ExpertShape,
+    pub gate_up: &'a [u8],
+    pub down: &'a [u8],
+}
+
+/// One expert over the rows `picks` of `x` (`[rows, d]`); hands each pick's output row to
+/// `write`.
+pub fn expert(weights: ExpertWeights, x: &[f32], picks: &[Pick], s: &mut Scratch, pool: &rayon::ThreadPool, features: Features, mut write: impl FnMut(Pick, &[f32])) {
+    let shape = weights.shape;
     let (d, h, n) = (shape.d, shape.hidden, picks.len());
     if n == 0 {
         return;
@@ -94,9 +102,9 @@ pub fn expert(shape: ExpertShape, x: &[f32], picks: &[Pick], gate_up: &[u8], dow
     for (row, p) in gathered.chunks_exact_mut(d).zip(picks) {
         row.copy_from_slice(&x[p.row as usize * d..][..d]);
     }
-    gemm(gathered, n, &shape.gate_up(gate_up), gu, s.operand, pool, features);
+    gemm(gathered, n, &shape.gate_up(weights.gate_up), gu, s.operand, pool, features);
     swiglu(features, gu, h, hidden);
-    gemm(hidden, n, &shape.down(down), out, s.operand, pool, features);
+    gemm(hidden, n, &shape.down(weights.down), out, s.operand, pool, features);
     for (row, &p) in out.chunks_exact(d).zip(picks) {
         write(p, row);
     }

@@ -40,10 +40,10 @@ use llada_ir::{Header, Op, TensorId};
 use crate::error::{Error, Result, Setting};
 use crate::kernels::cpu::Features;
 use crate::kernels::gemm::gemm;
-use crate::model::Model;
+use crate::model::{Matrix, Model};
 use crate::window::{SlotMem, SlotPtr, Window};
 use cache::ExpertCache;
-use compute::{combine, ExpertShape, RankedOut, Scratch};
+use compute::{combine, ExpertShape, ExpertWeights, RankedOut, Scratch};
 use cpu::{CpuPath, CpuWork};
 use routing::{route_row, RouteScratch, Routing};
 use shares::Shares;
@@ -336,6 +336,33 @@ impl Forecast {
             order: Vec::with_capacity(experts),
         }
     }
+
+    /// Hybrid's cross-layer forecast (HybriMoE's): the next layer's `router` (`[experts, d]`)
+    /// applied to this layer's input rows `x` (`[rows, d]`, the real rows) predicts its
+    /// routing; writes the rows each expert would get into `load`.
+    fn predict_load(&mut self, router: &Matrix, x: &[f32], k: usize, operand: &mut [u8], pool: &rayon::ThreadPool, features: Features) {
+        let (experts, rows) = (router.n, x.len() / router.k);
+        self.routes.resize(rows * experts + rows * 2 * k, 0.0);
+        let (logits, routes) = self.routes.split_at_mut(rows * experts);
+        gemm(x, rows, router, logits, operand, pool, features);
+        self.load.clear();
+        self.load.resize(experts, 0);
+        for (l, r) in logits.chunks_exact(experts).zip(routes.chunks_exact_mut(2 * k)) {
+            route_row(l, k, r, &mut self.route);
+            for &id in &r[..k] {
+                self.load[id as usize] += 1;
+            }
+        }
+    }
+}
+
+/// Seconds each path spent computing a layer's experts, and how long the accelerator path
+/// then waited for the CPU path.
+#[derive(Debug, Clone, Copy)]
+struct PathTimes {
+    accelerator: f64,
+    cpu: f64,
+    cpu_wait: f64,
 }
 
 /// How many pool slots a hybrid refresh or prefetch may restage per layer run, as a share of
@@ -436,11 +463,33 @@ impl Experts {
     }
 
     /// Runs one MoE op: routes, places, computes on both paths at once, combines.
-    pub fn run(&mut self, op: MoeOperands, pool: &rayon::ThreadPool, features: Features) -> Result<()> {
-        let (layer, k, d, per_layer) = (op.layer, self.top_k, self.shape.d, self.pools.per_layer);
-        self.routing.from_route(op.route, op.rows, k, per_layer)?;
+    pub fn run(&mut self, mut op: MoeOperands, pool: &rayon::ThreadPool, features: Features) -> Result<()> {
+        let layer = op.layer;
+        self.routing.from_route(op.route, op.rows, self.top_k, self.pools.per_layer)?;
         self.counters.layers += 1;
-        // This pass's routing mass per expert: the decayed score's new term.
+        self.tally_candidates(layer);
+        self.place(layer);
+        if self.strategy == ExpertStrategy::Hybrid {
+            self.stage_accelerator_misses(layer);
+        }
+        let times = self.compute(&mut op, pool, features)?;
+        self.learn_from_paths(times);
+        combine(op.route, op.ranked, op.rows, self.top_k, self.shape.d, op.out, &mut self.combine_order);
+        if let Some(st) = &self.pools.stager {
+            let c = st.take_copied();
+            let expert = self.pools.homes[0].range.1 as f64;
+            self.split.observe_staging(c.bytes as f64 / expert, c.seconds, c.cpu_seconds);
+        }
+        if self.strategy == ExpertStrategy::Hybrid {
+            self.refresh(layer);
+        }
+        Ok(())
+    }
+
+    /// This run's routing of `layer`: each expert's routing mass (its decayed score's new
+    /// term) into the pool's scores, and the active experts as candidates, each cached or not
+    /// (counted as hits, and as used prefetches).
+    fn tally_candidates(&mut self, layer: usize) {
         for (e, m) in self.mass.iter_mut().enumerate() {
             *m = self.routing.picks(e).iter().map(|p| p.weight).sum();
         }
@@ -456,7 +505,10 @@ impl Experts {
         }
         // A prefetch counts for the run it was made for.
         self.pools.cache.layers[layer].slots.iter_mut().for_each(|s| s.prefetched = false);
-        // Where each active expert runs.
+    }
+
+    /// Where each active expert of `layer` runs, by the strategy, and each path's share.
+    fn place(&mut self, layer: usize) {
         let routing = &self.routing;
         let evictable = self.pools.cache.layers[layer].slots.iter().filter(|s| s.expert.is_none_or(|e| routing.load(e as usize) == 0)).count();
         match self.strategy {
@@ -478,31 +530,37 @@ impl Experts {
         // sit at its light end, where the CPU path takes from if it runs out first.
         share(&self.candidates, &self.places, Place::Accelerator, &mut self.order, &mut self.acc_share);
         share(&self.candidates, &self.places, Place::Cpu, &mut self.order, &mut self.cpu_share);
-        let (acc_share, cpu_share) = (&self.acc_share, &self.cpu_share);
-        self.shares.set(acc_share, cpu_share, self.strategy == ExpertStrategy::Hybrid);
-        if self.strategy == ExpertStrategy::Hybrid {
-            // The uncached experts the split gave the accelerator: their copies start now, into
-            // slots whose experts this layer does not use (the split's budget).
-            for &(e, cached) in acc_share {
-                let idle = |s: &cache::Slot| s.expert.is_none_or(|held| self.routing.load(held as usize) == 0) && s.expert != Some(e);
-                if cached {
-                    continue;
-                }
-                match self.pools.cache.slot_of(layer, e) {
-                    // On its way (a prefetch or refresh): needed now.
-                    Some(slot) => self.pools.hurry(layer, slot),
-                    None => {
-                        let (slot, _) = self.pools.cache.lowest_score(layer, |s| !idle(s)).expect("the split stages at most as many as there are idle slots");
-                        self.pools.stage(layer, slot, e, Why::Demand);
-                    }
+        self.shares.set(&self.acc_share, &self.cpu_share, self.strategy == ExpertStrategy::Hybrid);
+    }
+
+    /// Hybrid: the uncached experts the split gave the accelerator; their copies start now,
+    /// into slots whose experts this layer does not use (the split's budget).
+    fn stage_accelerator_misses(&mut self, layer: usize) {
+        for &(e, cached) in &self.acc_share {
+            let idle = |s: &cache::Slot| s.expert.is_none_or(|held| self.routing.load(held as usize) == 0) && s.expert != Some(e);
+            if cached {
+                continue;
+            }
+            match self.pools.cache.slot_of(layer, e) {
+                // On its way (a prefetch or refresh): needed now.
+                Some(slot) => self.pools.hurry(layer, slot),
+                None => {
+                    let (slot, _) = self.pools.cache.lowest_score(layer, |s| !idle(s)).expect("the split stages at most as many as there are idle slots");
+                    self.pools.stage(layer, slot, e, Why::Demand);
                 }
             }
         }
+    }
 
-        // The CPU path's job runs on its own threads while this thread computes the rest.
+    /// Computes the layer's experts into `op.ranked`, both paths at once: the CPU path's job
+    /// on its own threads while this thread runs the accelerator's (and, hybrid, forecasts
+    /// the next layer and prefetches for it).
+    fn compute(&mut self, op: &mut MoeOperands, pool: &rayon::ThreadPool, features: Features) -> Result<PathTimes> {
+        let (layer, k, d) = (op.layer, self.top_k, self.shape.d);
         let (model, shape, first, routing, strategy) = (&*self.model, self.shape, self.firsts[layer], &self.routing, self.strategy);
         let (x, pools, cpu, split, forecast, acc_timings) = (op.x, &mut self.pools, &mut self.cpu, &self.split, &mut self.forecast, &mut self.acc_timings);
         let (lru_list, inflight) = (&mut self.lru_list, &mut self.inflight);
+        let (acc_share, cpu_share) = (&self.acc_share, &self.cpu_share);
         acc_timings.clear();
         let next_router = self.routers.get(layer + 1).copied().flatten().filter(|_| strategy == ExpertStrategy::Hybrid && pools.stager.is_some());
         let shares = &self.shares;
@@ -520,9 +578,9 @@ impl Experts {
             let mut s = Scratch { floats: &mut *w.floats, operand: &mut *w.operand };
             while let Some(e) = shares.next_for_cpu() {
                 let one = Instant::now();
-                let (gu, dn) = (model.tensor_bytes(first + 2 * e), model.tensor_bytes(first + 2 * e + 1));
+                let weights = ExpertWeights { shape, gate_up: model.tensor_bytes(first + 2 * e), down: model.tensor_bytes(first + 2 * e + 1) };
                 // SAFETY: `shares` handed e to this path alone; its picks are its own.
-                compute::expert(shape, x, routing.picks(e as usize), gu, dn, &mut s, w.pool, features, |p, y| unsafe { ranked.write(p, y) });
+                compute::expert(weights, x, routing.picks(e as usize), &mut s, w.pool, features, |p, y| unsafe { ranked.write(p, y) });
                 w.timings.push((routing.load(e as usize), one.elapsed().as_secs_f64()));
             }
         };
@@ -530,8 +588,9 @@ impl Experts {
         // next layer and its prefetches, decided while the CPU path finishes (the copies run
         // on an idle core, mostly during the next layer's attention); returns the experts'
         // seconds and when it finished.
+        let (work, operand, rows) = (&mut *op.work, &mut *op.operand, op.rows);
         let mut acc_job = || -> Result<(f64, Instant)> {
-            let mut w = AcceleratorWork { shape, routing, layer, x, ranked, work: op.work, operand: op.operand, pool, features, timings: acc_timings };
+            let mut w = AcceleratorWork { shape, routing, layer, x, ranked, work: &mut *work, operand: &mut *operand, pool, features, timings: acc_timings };
             let acc = match strategy {
                 ExpertStrategy::Lru => {
                     // Ready ones first (no waiting), then those to stage, pipelined.
@@ -543,7 +602,8 @@ impl Experts {
                 _ => accelerator_shared(pools, shares, &mut w)?,
             };
             if let Some(router) = next_router {
-                predict_load(model, router, x, op.rows, shape.d, k, pools.per_layer, forecast, op.operand, pool, features);
+                let router = model.matrix_at(router, model.tensor_bytes(router));
+                forecast.predict_load(&router, &x[..rows * shape.d], k, &mut *operand, pool, features);
                 improve_pool(pools, split, layer + 1, forecast, Why::Prefetch);
             }
             Ok((acc, Instant::now()))
@@ -557,16 +617,20 @@ impl Experts {
             }
             None => (acc_job(), None),
         };
-        let (acc_seconds, acc_done) = acc?;
+        let (accelerator, acc_done) = acc?;
         let cpu_wait = acc_done.elapsed().as_secs_f64();
-        let cpu_seconds = cpu_seconds.transpose()?.unwrap_or(0.0);
+        Ok(PathTimes { accelerator, cpu: cpu_seconds.transpose()?.unwrap_or(0.0), cpu_wait })
+    }
+
+    /// Counts what each path computed and took, and teaches the cost model each expert's time.
+    fn learn_from_paths(&mut self, t: PathTimes) {
         let by_cpu = self.shares.taken_by_cpu();
         self.counters.accelerator_experts += (self.candidates.len() - by_cpu) as u64;
         self.counters.cpu_experts += by_cpu as u64;
-        self.counters.accelerator_seconds += acc_seconds;
-        self.counters.cpu_seconds += cpu_seconds;
+        self.counters.accelerator_seconds += t.accelerator;
+        self.counters.cpu_seconds += t.cpu;
         if by_cpu > 0 {
-            self.counters.cpu_wait_seconds += cpu_wait;
+            self.counters.cpu_wait_seconds += t.cpu_wait;
         }
         for &(rows, t) in &self.acc_timings {
             self.split.observe(Place::Accelerator, rows, t);
@@ -576,16 +640,6 @@ impl Experts {
                 self.split.observe(Place::Cpu, rows, t);
             }
         }
-        combine(op.route, op.ranked, op.rows, k, d, op.out, &mut self.combine_order);
-        if let Some(st) = &self.pools.stager {
-            let c = st.take_copied();
-            let expert = self.pools.homes[0].range.1 as f64;
-            self.split.observe_staging(c.bytes as f64 / expert, c.seconds, c.cpu_seconds);
-        }
-        if self.strategy == ExpertStrategy::Hybrid {
-            self.refresh(layer);
-        }
-        Ok(())
     }
 
     /// Hybrid, after a layer ran: forecasts its next run (the next pass) by the routing it
@@ -611,25 +665,6 @@ fn share(candidates: &[Candidate], places: &[Place], place: Place, order: &mut V
     order.sort_unstable_by_key(|&i| (cached_first && !candidates[i].cached, std::cmp::Reverse(candidates[i].rows), candidates[i].expert));
     out.clear();
     out.extend(order.iter().map(|&i| (candidates[i].expert, candidates[i].cached)));
-}
-
-/// Hybrid's cross-layer forecast (HybriMoE's): the next layer's router applied to this
-/// layer's input rows `x` predicts its routing; writes the rows each expert would get into
-/// `f.load`.
-#[allow(clippy::too_many_arguments)]
-fn predict_load(model: &Model, router: TensorId, x: &[f32], rows: usize, d: usize, k: usize, experts: usize, f: &mut Forecast, operand: &mut [u8], pool: &rayon::ThreadPool, features: Features) {
-    let w = model.matrix_at(router, model.tensor_bytes(router));
-    f.routes.resize(rows * experts + rows * 2 * k, 0.0);
-    let (logits, routes) = f.routes.split_at_mut(rows * experts);
-    gemm(&x[..rows * d], rows, &w, logits, operand, pool, features);
-    f.load.clear();
-    f.load.resize(experts, 0);
-    for (l, r) in logits.chunks_exact(experts).zip(routes.chunks_exact_mut(2 * k)) {
-        route_row(l, k, r, &mut f.route);
-        for &id in &r[..k] {
-            f.load[id as usize] += 1;
-        }
-    }
 }
 
 /// Hybrid: stages into `layer`'s pool the experts whose caching the cost model says shortens
@@ -693,11 +728,10 @@ impl AcceleratorWork<'_> {
         let start = Instant::now();
         let mut s = Scratch { floats: &mut *self.work, operand: &mut *self.operand };
         let ranked = self.ranked;
+        let weights = ExpertWeights { shape, gate_up: &bytes[home.gate_up..][..gu_len], down: &bytes[home.down..][..dn_len] };
         // SAFETY: the accelerator path alone computes e (`shares` or the fixed lru list gave
         // it), so its picks are its own.
-        compute::expert(shape, self.x, self.routing.picks(e as usize), &bytes[home.gate_up..][..gu_len], &bytes[home.down..][..dn_len], &mut s, self.pool, self.features, |p, y| unsafe {
-            ranked.write(p, y)
-        });
+        compute::expert(weights, self.x, self.routing.picks(e as usize), &mut s, self.pool, self.features, |p, y| unsafe { ranked.write(p, y) });
         let took = start.elapsed().as_secs_f64();
         self.timings.push((self.routing.load(e as usize), took));
         Ok(took)
@@ -779,9 +813,9 @@ pub fn run_local(model: &Model, op: MoeOperands, experts: usize, top_k: usize, s
     let d = shape.d;
     let mut s = Scratch { floats: op.work, operand: op.operand };
     for e in routing.active() {
-        let (gu, dn) = (model.tensor_bytes(op.first + 2 * e as u32), model.tensor_bytes(op.first + 2 * e as u32 + 1));
+        let weights = ExpertWeights { shape, gate_up: model.tensor_bytes(op.first + 2 * e as u32), down: model.tensor_bytes(op.first + 2 * e as u32 + 1) };
         let ranked = &mut *op.ranked;
-        compute::expert(shape, op.x, routing.picks(e), gu, dn, &mut s, pool, features, |p, y| ranked[p.ranked_at(top_k, d)..][..d].copy_from_slice(y));
+        compute::expert(weights, op.x, routing.picks(e), &mut s, pool, features, |p, y| ranked[p.ranked_at(top_k, d)..][..d].copy_from_slice(y));
     }
     combine(op.route, op.ranked, op.rows, top_k, d, op.out, &mut scratch.combine_order);
     Ok(())

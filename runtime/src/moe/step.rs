@@ -49,7 +49,7 @@ impl MoeStep {
         let m = &model.header.model;
         let cols = |v: u32| g.values[v as usize].cols as usize;
         let range = |v: u32| {
-            let r = value_range(g, &g.values[v as usize], inp.head_rows.len(), activations_offset);
+            let r = value_range(g, &g.values[v as usize], inp.logit_rows.len(), activations_offset);
             r.start..r.start + inp.rows * cols(v)
         };
         let rows = inp.rows;

@@ -52,7 +52,7 @@ pub(crate) struct Canvas {
     pub(crate) predictor: Predictor,
     pub(crate) candidates: Vec<Candidate>,
     /// Positions whose logits a pass returns.
-    pub(crate) head: Vec<u32>,
+    pub(crate) logit_rows: Vec<u32>,
     selection: Selection,
     /// The policy keeps its own schedule (LLaDA 2.x's): a step runs until it sets `done`.
     pub(crate) own_schedule: bool,
@@ -102,7 +102,7 @@ impl Canvas {
             drafts_confirmed: 0,
             predictor,
             candidates: Vec::with_capacity(len),
-            head: Vec::with_capacity(len),
+            logit_rows: Vec::with_capacity(len),
             selection: Selection { confidence: vec![f32::NEG_INFINITY; len], token: vec![None; len], queue: Vec::with_capacity(len) },
             own_schedule: false,
             done: false,
@@ -146,6 +146,37 @@ impl Canvas {
             None => scheduled,
         };
         self.commit_ranked(0..self.x.len(), k, |_, _| true);
+    }
+
+    /// Settles the drafts against this pass's `candidates` (its predictions, in head order):
+    /// one after `block_end` becomes its position's draft (the latest wins) and stops being a
+    /// candidate; a current one with a draft accepts it, committing it now, when it predicts
+    /// the same token with confidence at least `spec_threshold`, and drops it otherwise; every
+    /// current one not committed stays a candidate. Returns the drafts accepted and dropped.
+    pub(crate) fn settle_drafts(&mut self, block_end: usize) -> (u64, u64) {
+        let (mut accepted, mut dropped) = (0, 0);
+        let Canvas { candidates, drafts, x, reveals, prompt_len, p, .. } = self;
+        candidates.retain(|k| {
+            if k.position >= block_end {
+                drafts[k.position] = Some(k.token);
+                return false;
+            }
+            match drafts[k.position].take() {
+                Some(d) if d == k.token && k.confidence >= p.spec_threshold => {
+                    x[k.position] = k.token;
+                    reveals.push([(k.position - *prompt_len) as u32, k.token]);
+                    accepted += 1;
+                    false
+                }
+                Some(_) => {
+                    dropped += 1;
+                    true
+                }
+                None => true,
+            }
+        });
+        self.drafts_confirmed += accepted;
+        (accepted, dropped)
     }
 
     /// PyTorch's `topk(k)` over the confidences of positions `span` (`-inf` where a position

@@ -26,7 +26,7 @@
 use rand::RngExt;
 
 use super::canvas::{Canvas, PolicyStep};
-use super::{committed_prefix, stream, Candidate};
+use super::{candidates, committed_prefix, stream};
 use crate::error::Result;
 use crate::params::{Alg, Policy, SamplerParams};
 use crate::session::Session;
@@ -66,25 +66,25 @@ impl Dream {
         c.candidates.clear();
         if c.i == 0 {
             // The block's first position from a whole-sequence pass, which refreshes the cache.
-            c.head.clear();
-            c.head.push(start as u32);
-            c.predictor.load(session.forward_full(&c.x, &c.head)?);
-            let (token, _) = c.predictor.run_dream(session.pool(), &c.head, &c.p, DREAM_SAMPLE, c.step)[0];
+            c.logit_rows.clear();
+            c.logit_rows.push(start as u32);
+            c.predictor.load(session.forward_full(&c.x, &c.logit_rows)?);
+            let (token, _) = c.predictor.run_dream(&c.logit_rows, &c.p, DREAM_SAMPLE, c.step)[0];
             c.x[start] = token;
             c.reveals.push([(start - c.prompt_len) as u32, token]);
         } else {
-            c.head.clear();
-            c.head.extend((start..end).filter(|&j| c.x[j] == mask).map(|j| j as u32));
+            c.logit_rows.clear();
+            c.logit_rows.extend((start..end).filter(|&j| c.x[j] == mask).map(|j| j as u32));
             let steps = self.timesteps.len() - 1;
             let count = match c.p.threshold {
                 // Every masked position of the block is ranked; the loop runs until none is left.
-                Some(_) => c.head.len(),
-                None => transfer_count(c.head.len(), c.i, steps, &self.timesteps),
+                Some(_) => c.logit_rows.len(),
+                None => transfer_count(c.logit_rows.len(), c.i, steps, &self.timesteps),
             };
-            if !c.head.is_empty() && count > 0 {
-                c.predictor.load(session.forward_span(&c.x, span.clone(), &c.head)?);
-                let predictions = c.predictor.run_dream(session.pool(), &c.head, &self.cached, DREAM_SAMPLE, c.step);
-                c.candidates.extend(c.head.iter().zip(predictions).map(|(&pos, &(token, confidence))| Candidate { position: pos as usize, token, confidence }));
+            if !c.logit_rows.is_empty() && count > 0 {
+                c.predictor.load(session.forward_span(&c.x, span.clone(), &c.logit_rows)?);
+                let predictions = c.predictor.run_dream(&c.logit_rows, &self.cached, DREAM_SAMPLE, c.step);
+                c.candidates.extend(candidates(&c.logit_rows, predictions));
                 match c.p.threshold {
                     // `confidence_threshold`: the most confident, and every other at or above it.
                     Some(t) => c.commit_ranked(span, count, |rank, confidence| rank == 0 || confidence >= t),
@@ -231,17 +231,17 @@ impl PolicyStep for Dream {
             return self.blocked_step(session, c);
         }
         let (mask, len, steps, i) = (c.special.mask, c.x.len(), c.p.steps, c.i);
-        c.head.clear();
-        c.head.extend((0..len).filter(|&j| c.x[j] == mask).map(|j| j as u32));
+        c.logit_rows.clear();
+        c.logit_rows.extend((0..len).filter(|&j| c.x[j] == mask).map(|j| j as u32));
         c.candidates.clear();
-        let masked = c.head.len();
+        let masked = c.logit_rows.len();
         let count = transfer_count(masked, i, steps, &self.timesteps);
         // A step that commits nothing changes nothing: its pass is skipped (the published
         // loop runs it and discards it).
         if masked > 0 && (count > 0 || c.p.alg == Alg::Origin) {
-            c.predictor.load(session.forward_full(&c.x, &c.head)?);
-            let predictions = c.predictor.run_dream(session.pool(), &c.head, &c.p, DREAM_SAMPLE, c.step);
-            c.candidates.extend(c.head.iter().zip(predictions).map(|(&pos, &(token, confidence))| Candidate { position: pos as usize, token, confidence }));
+            c.predictor.load(session.forward_full(&c.x, &c.logit_rows)?);
+            let predictions = c.predictor.run_dream(&c.logit_rows, &c.p, DREAM_SAMPLE, c.step);
+            c.candidates.extend(candidates(&c.logit_rows, predictions));
             if let Some(t) = c.p.alg_temp.filter(|&t| t != 0.0 && c.p.alg != Alg::Origin) {
                 commit_drawn(c, count, t);
             } else if c.p.alg == Alg::Origin {

@@ -63,12 +63,12 @@ struct Prepared {
 
 /// Refuses a block of `block_length` logit rows when the graph that computes `rows` positions
 /// returns fewer.
-fn check_head_rows(session: &Session, rows: usize, block_length: usize) -> Result<()> {
-    let capacity = session.head_capacity(rows)?;
+fn check_logit_rows(session: &Session, rows: usize, block_length: usize) -> Result<()> {
+    let capacity = session.logit_capacity(rows)?;
     if block_length > capacity {
         return Err(Error::request(format!(
             "--block-len {block_length} needs {block_length} logit rows per pass but {} was compiled for {capacity}; \
-             use --block-len {capacity} or less, or recompile with `lladac compile --head-rows {block_length}`",
+             use --block-len {capacity} or less, or recompile with `lladac compile --logit-rows {block_length}`",
             session.model.path.display(),
         )));
     }
@@ -94,7 +94,7 @@ impl<'s> Generator<'s> {
             return Generator::start_llada2(session, prompt, p, special, steps_per_block);
         }
         let len = prompt.len() + p.gen_length;
-        check_head_rows(session, len, p.block_length)?;
+        check_logit_rows(session, len, p.block_length)?;
         let spec_blocks = if matches!(p.policy, Policy::Spec | Policy::Mbsd) { p.spec_blocks } else { 0 };
         let (policy, revised_per_step): (Box<dyn PolicyStep>, usize) = match p.policy {
             Policy::Mbsd => {
@@ -130,9 +130,9 @@ impl<'s> Generator<'s> {
             )));
         }
         // A block pass runs on the graph of the block's rows and returns a row per position.
-        check_head_rows(session, p.block_length, p.block_length)?;
+        check_logit_rows(session, p.block_length, p.block_length)?;
         let canvas_p = SamplerParams { gen_length: grid - prompt.len(), ..*p };
-        let predictor = Predictor::for_session(session, policy.head_rows());
+        let predictor = Predictor::for_session(session, policy.logit_rows());
         let mut canvas = Canvas::new(&canvas_p, steps, prompt, special, predictor, policy.revised_per_step());
         canvas.own_schedule = true;
         Ok(Prepared { canvas, policy: Box::new(policy), before: session.counters })

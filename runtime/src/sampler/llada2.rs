@@ -118,7 +118,7 @@ impl Llada2 {
 
     /// The rows whose logits one pass returns at most: the block's, and the next block's
     /// drafted with it.
-    pub(super) fn head_rows(&self) -> usize {
+    pub(super) fn logit_rows(&self) -> usize {
         if self.spec.is_some() { 2 * self.block_len } else { self.block_len }
     }
 
@@ -212,35 +212,34 @@ impl PolicyStep for Llada2 {
         let (mask, b) = (c.special.mask, self.block_len);
         let (s, e) = (self.block * b, (self.block + 1) * b);
         let editing = self.editing;
-        let pool = session.pool_handle();
         let logits = match &mut self.spec {
             Some(spec) => spec.pass(session, c, (s, e), self.blocks * b)?,
             None => {
                 // The masked positions; editing also predicts the block's committed ones.
-                c.head.clear();
-                c.head.extend((s.max(self.prompt_len)..e).filter(|&i| editing.is_some() || c.x[i] == mask).map(|i| i as u32));
+                c.logit_rows.clear();
+                c.logit_rows.extend((s.max(self.prompt_len)..e).filter(|&i| editing.is_some() || c.x[i] == mask).map(|i| i as u32));
                 // The earlier blocks' final keys and values (the prompt's whole blocks before
                 // the first step, the block just finished before the next): in this step's
                 // pass, whose rows of each block attend up to its end, as many of them as a
                 // graph holds with the block where the backend runs such passes; the others
                 // by a pass each.
-                let fits = |rows: usize| session.head_capacity(rows).is_ok_and(|h| h >= c.head.len());
+                let fits = |rows: usize| session.logit_capacity(rows).is_ok_and(|h| h >= c.logit_rows.len());
                 let mut from = s;
                 while from > self.stored && fits(e - (from - b)) {
                     from -= b;
                 }
                 session.store_blocks(&c.x[..from], self.stored, b)?;
                 self.stored = s;
-                session.forward_blocks(&c.x[..e], from, b, &c.head)?
+                session.forward_blocks(&c.x[..e], from, b, &c.logit_rows)?
             }
         };
         c.predictor.load(logits);
         let (p, step) = (c.p, c.step);
-        let predictions = c.predictor.each_row(&pool, &c.head, |row, pos| predict(row, &p, step, pos));
+        let predictions = c.predictor.each_row(&c.logit_rows, |row, pos| predict(row, &p, step, pos));
         c.candidates.clear();
         self.drafts.clear();
         let mut edits = 0;
-        for (&pos, &(token, confidence)) in c.head.iter().zip(predictions) {
+        for (&pos, &(token, confidence)) in c.logit_rows.iter().zip(predictions) {
             let pos = pos as usize;
             if pos >= e {
                 self.drafts.push((pos, token, confidence));

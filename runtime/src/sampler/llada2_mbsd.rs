@@ -40,14 +40,14 @@ pub(super) struct Speculation {
     /// This pass's rows (positions, ascending) and where its draft rows start.
     rows: Vec<u32>,
     /// The rows whose logits the pass returns (indexes into `rows`).
-    head: Vec<u32>,
+    logit_rows: Vec<u32>,
     draft_from: usize,
     pub(super) report: MbsdReport,
 }
 
 impl Speculation {
     pub(super) fn new(grid: usize, drafts: bool, spec_threshold: f32) -> Speculation {
-        Speculation { stored: vec![None; grid], drafts, spec_threshold, block_start: usize::MAX, calls: 0, last_commits: 0, first_call_commits: 0, rows: Vec::with_capacity(grid), head: Vec::with_capacity(grid), draft_from: usize::MAX, report: MbsdReport::default() }
+        Speculation { stored: vec![None; grid], drafts, spec_threshold, block_start: usize::MAX, calls: 0, last_commits: 0, first_call_commits: 0, rows: Vec::with_capacity(grid), logit_rows: Vec::with_capacity(grid), draft_from: usize::MAX, report: MbsdReport::default() }
     }
 
     /// The pass of a call on the block `s..e` (of `blocks_end`, the grid's end): its rows as
@@ -56,7 +56,7 @@ impl Speculation {
     /// logits.
     pub(super) fn pass<'s>(&mut self, session: &'s mut Session, c: &mut Canvas, (s, e): (usize, usize), grid: usize) -> Result<&'s [f32]> {
         let (mask, b) = (c.special.mask, e - s);
-        let fits = |session: &Session, rows: usize, head: usize| session.head_capacity(rows).is_ok_and(|h| h >= head);
+        let fits = |session: &Session, rows: usize, logit_rows: usize| session.logit_capacity(rows).is_ok_and(|h| h >= logit_rows);
         let stale = |st: &[Option<u32>], p: usize| c.x[p] == mask || st[p] != Some(c.x[p]);
         self.rows.clear();
         self.rows.extend((0..e).filter(|&p| stale(&self.stored, p)).map(|p| p as u32));
@@ -78,8 +78,8 @@ impl Speculation {
         // (at its first call: the previous block's first call).
         let expected = if self.calls == 0 { self.first_call_commits } else { self.last_commits };
         let draft = self.drafts && e < grid && masked > 0 && masked <= expected && {
-            let head = masked + c.x[e..e + b].iter().filter(|&&t| t == mask).count();
-            fits(session, self.rows.len() + b, head)
+            let logit_rows = masked + c.x[e..e + b].iter().filter(|&&t| t == mask).count();
+            fits(session, self.rows.len() + b, logit_rows)
         };
         self.draft_from = self.rows.len();
         let end = if draft {
@@ -90,11 +90,11 @@ impl Speculation {
         };
         // The logits of the masked rows from the block on: their positions, and their indexes
         // into the rows.
-        c.head.clear();
-        self.head.clear();
+        c.logit_rows.clear();
+        self.logit_rows.clear();
         for (i, &p) in self.rows.iter().enumerate().filter(|&(_, &p)| p as usize >= s && c.x[p as usize] == mask) {
-            c.head.push(p);
-            self.head.push(i as u32);
+            c.logit_rows.push(p);
+            self.logit_rows.push(i as u32);
         }
         let r = &mut self.report;
         r.dense_passes += 1;
@@ -104,7 +104,7 @@ impl Speculation {
         for &p in &self.rows {
             self.stored[p as usize] = Some(c.x[p as usize]);
         }
-        session.forward_block_rows(&c.x[..end], &self.rows, b, &self.head)
+        session.forward_block_rows(&c.x[..end], &self.rows, b, &self.logit_rows)
     }
 
     /// After the call's commits on block `s..e` (`committed` of them): if the pass drafted and

@@ -24,7 +24,7 @@
 //! any was judged, some prediction of this generation already had the confidence a draft
 //! needs to be accepted (`spec_threshold`; a model that is never that sure, such as random
 //! weights, would have every draft dropped). A whole-sequence pass there computes no draft's
-//! LM-head row. (A speculative row costs one row once; an accepted draft saves a commit, and so a
+//! LM-logit row. (A speculative row costs one row once; an accepted draft saves a commit, and so a
 //! step's pass of a dozen rows or more.)
 //!
 //! Drafts are never commitments. When a drafted position's block is current, the first pass
@@ -44,8 +44,8 @@
 
 use super::canvas::{Canvas, PolicyStep};
 use super::dream::{self, DREAM_SAMPLE};
-use super::revision::{Reviser, SideReport, TokenState};
-use super::{committed_prefix, settle_predictions, Generation, Revision, SamplerParams, GUMBEL};
+use super::revision::{Revisable, Reviser, SideReport, TokenState};
+use super::{candidates, committed_prefix, Generation, Revision, SamplerParams, GUMBEL};
 use crate::error::{Error, Result};
 use crate::session::{RowSet, Session};
 
@@ -121,9 +121,9 @@ fn buckets(session: &Session, min_rows: usize) -> Result<Vec<usize>> {
 /// One pass's rows, and the positions whose logits it returns, in buffers sized once.
 struct Pass {
     rows: RowSet,
-    /// Positions of the head rows, and their indexes among the rows.
-    head_positions: Vec<u32>,
-    head_rows: Vec<u32>,
+    /// Positions of the logit rows, and their indexes among the rows.
+    logit_positions: Vec<u32>,
+    logit_rows: Vec<u32>,
     /// Positions whose keys and values the pass stored.
     stored: Vec<u32>,
     /// A row-set pass's rows by kind (see `row_set`).
@@ -186,8 +186,8 @@ impl Mbsd {
             kv_fresh: vec![false; len],
             pass: Pass {
                 rows: RowSet { positions: cap(rows), tokens: cap(rows), stored: 0 },
-                head_positions: cap(len),
-                head_rows: cap(len),
+                logit_positions: cap(len),
+                logit_rows: cap(len),
                 stored: cap(len),
                 masked: Vec::with_capacity(len),
                 stale: Vec::with_capacity(len),
@@ -245,8 +245,6 @@ impl PolicyStep for Mbsd {
         if commits == 0 {
             return Ok(());
         }
-        // The pool, held apart from the session the logits borrow (an Arc, no allocation).
-        let pool = session.pool_handle();
         let logits = if full {
             // Without bucket filling, the block's last pass drafts (with fresher context).
             let draft_end = if self.fill_buckets { draft_end } else { block_end };
@@ -254,7 +252,7 @@ impl PolicyStep for Mbsd {
         } else {
             let masked = c.x[block_start..block_end].iter().filter(|&&t| t == mask).count();
             let extra = self.extra(masked, commits);
-            row_set(session, &c.x, &self.kv_fresh, mask, self.shift, (block_start, block_end, draft_end), extra, &mut self.pass, &mut self.report)?
+            self.row_set(session, &c.x, mask, (block_start, block_end, draft_end), extra)?
         };
         let (pass, report) = (&mut self.pass, &mut self.report);
         for &q in &pass.stored {
@@ -263,17 +261,17 @@ impl PolicyStep for Mbsd {
         let predictions = match self.dream_timesteps {
             Some(_) => {
                 c.predictor.load(logits);
-                c.predictor.run_dream(&pool, &pass.head_positions, &c.p, DREAM_SAMPLE, noise_step)
+                c.predictor.run_dream(&pass.logit_positions, &c.p, DREAM_SAMPLE, noise_step)
             }
-            None => c.predictor.run_on(&pool, logits, &pass.head_positions, &c.p, &c.special, GUMBEL, noise_step),
+            None => c.predictor.run_on(logits, &pass.logit_positions, &c.p, &c.special, GUMBEL, noise_step),
         };
         c.candidates.clear();
+        c.candidates.extend(candidates(&pass.logit_positions, predictions));
         let first = c.reveals.len();
-        let (accepted, dropped) = settle_predictions(&pass.head_positions, predictions, block_end, &mut c.drafts, &c.p, &mut c.x, prompt_len, &mut c.reveals, &mut c.candidates);
+        let (accepted, dropped) = c.settle_drafts(block_end);
         report.drafts_accepted += accepted;
         report.drafts_dropped += dropped;
         self.confident = self.confident || c.candidates.iter().any(|k| k.confidence >= c.p.spec_threshold);
-        c.drafts_confirmed += accepted;
         match self.dream_timesteps {
             None => c.commit_best(commits),
             // The block's first position, whatever its confidence (unless a draft took it).
@@ -293,7 +291,8 @@ impl PolicyStep for Mbsd {
         let last = c.block + 1 == c.blocks && !c.x[block_start..block_end].contains(&mask);
         if self.side.is_some() {
             let side = self.side.as_mut().expect("revising");
-            let merged = side.merge_and_launch(session, &mut c.x, &mut self.states, &mut self.kv_fresh, prompt_len, &pass.stored, &c.p, noise_step, !last, &mut c.revisions);
+            let tokens = Revisable { x: &mut c.x, prompt_len, states: &mut self.states, kv_fresh: &mut self.kv_fresh, revised: &mut c.revisions };
+            let merged = side.merge_and_launch(session, tokens, &pass.stored, &c.p, noise_step, !last);
             self.report.side = side.report;
             merged?;
         }
@@ -317,10 +316,10 @@ impl PolicyStep for Mbsd {
 /// The pass that starts a block: every position, stored; logits of the masked positions up
 /// to the block's end and of those drafted after it.
 fn whole_sequence<'s>(session: &'s mut Session, x: &[u32], mask: u32, (block_end, draft_end): (usize, usize), pass: &mut Pass, report: &mut MbsdReport) -> Result<&'s [f32]> {
-    pass.head_positions.clear();
-    pass.head_positions.extend((0..draft_end).filter(|&i| x[i] == mask).map(|i| i as u32));
-    let masked = pass.head_positions.iter().filter(|&&q| (q as usize) < block_end).count();
-    let speculative = pass.head_positions.len() - masked;
+    pass.logit_positions.clear();
+    pass.logit_positions.extend((0..draft_end).filter(|&i| x[i] == mask).map(|i| i as u32));
+    let masked = pass.logit_positions.iter().filter(|&&q| (q as usize) < block_end).count();
+    let speculative = pass.logit_positions.len() - masked;
     pass.stored.clear();
     pass.stored.extend(0..x.len() as u32);
     let rows = session.model.graph(session.model.graph_for_rows(x.len())?).rows as usize;
@@ -329,7 +328,7 @@ fn whole_sequence<'s>(session: &'s mut Session, x: &[u32], mask: u32, (block_end
     report.rows_refresh += (x.len() - masked - speculative) as u64;
     report.rows_padding += padding_rows(session, rows - x.len());
     report.dense_passes += 1;
-    session.forward_full(x, &pass.head_positions)
+    session.forward_full(x, &pass.logit_positions)
 }
 
 /// The padding rows a graph of `padding` more rows than the pass's costs: none where the
@@ -338,86 +337,78 @@ fn padding_rows(session: &Session, padding: usize) -> u64 {
     if session.backend().cost_per_row { 0 } else { padding as u64 }
 }
 
-/// A pass on the rows of the block's masked positions and up to `extra.rows` more: stale rows
-/// (with `extra.refresh`), speculative rows, then the block's other positions (with
-/// `extra.refresh`; see the module documentation). A position `q`'s logits are those of the
-/// row at `q - shift`.
-#[allow(clippy::too_many_arguments)]
-fn row_set<'s>(
-    session: &'s mut Session,
-    x: &[u32],
-    kv_fresh: &[bool],
-    mask: u32,
-    shift: usize,
-    (block_start, block_end, draft_end): (usize, usize, usize),
-    extra: Extra,
-    pass: &mut Pass,
-    report: &mut MbsdReport,
-) -> Result<&'s [f32]> {
-    let in_rows = &mut pass.in_rows;
-    pass.masked.clear();
-    pass.masked.extend((block_start..block_end).filter(|&i| x[i] == mask).map(|q| q.saturating_sub(shift)));
-    pass.masked.iter().for_each(|&r| in_rows[r] = true);
-    let mut idle = extra.rows;
-    pass.stale.clear();
-    pass.stale.extend((0..block_end).filter(|&i| x[i] != mask && !kv_fresh[i] && !in_rows[i]).take(if extra.refresh { idle } else { usize::MAX }));
-    idle = idle.saturating_sub(pass.stale.len());
-    pass.stale.iter().for_each(|&r| in_rows[r] = true);
-    // A draft whose row is there already costs nothing.
-    pass.speculative.clear();
-    for q in (block_end..draft_end).filter(|&q| x[q] == mask) {
-        let r = q - shift;
-        if in_rows[r] {
-            continue;
-        }
-        if idle == 0 {
-            break;
-        }
-        in_rows[r] = true;
-        pass.speculative.push(r);
-        idle -= 1;
-    }
-    // Stored rows in position order (then a bucket of the whole block is `dual`'s pass).
-    pass.stored.clear();
-    pass.stored.extend(pass.masked.iter().chain(&pass.stale).map(|&i| i as u32));
-    for i in block_start..block_end {
-        if idle == 0 || !extra.refresh {
-            break;
-        }
-        if !in_rows[i] {
-            in_rows[i] = true;
-            pass.stored.push(i as u32);
+impl Mbsd {
+    /// A pass on the rows of the block's masked positions and up to `extra.rows` more: stale rows
+    /// (with `extra.refresh`), speculative rows, then the block's other positions (with
+    /// `extra.refresh`; see the module documentation). A position `q`'s logits are those of the
+    /// row at `q - shift`.
+    fn row_set<'s>(&mut self, session: &'s mut Session, x: &[u32], mask: u32, (block_start, block_end, draft_end): (usize, usize, usize), extra: Extra) -> Result<&'s [f32]> {
+        let (kv_fresh, shift, pass, report) = (&self.kv_fresh, self.shift, &mut self.pass, &mut self.report);
+        let in_rows = &mut pass.in_rows;
+        pass.masked.clear();
+        pass.masked.extend((block_start..block_end).filter(|&i| x[i] == mask).map(|q| q.saturating_sub(shift)));
+        pass.masked.iter().for_each(|&r| in_rows[r] = true);
+        let mut idle = extra.rows;
+        pass.stale.clear();
+        pass.stale.extend((0..block_end).filter(|&i| x[i] != mask && !kv_fresh[i] && !in_rows[i]).take(if extra.refresh { idle } else { usize::MAX }));
+        idle = idle.saturating_sub(pass.stale.len());
+        pass.stale.iter().for_each(|&r| in_rows[r] = true);
+        // A draft whose row is there already costs nothing.
+        pass.speculative.clear();
+        for q in (block_end..draft_end).filter(|&q| x[q] == mask) {
+            let r = q - shift;
+            if in_rows[r] {
+                continue;
+            }
+            if idle == 0 {
+                break;
+            }
+            in_rows[r] = true;
+            pass.speculative.push(r);
             idle -= 1;
         }
-    }
-    pass.stored.sort_unstable();
-    pass.rows.clear();
-    for &q in &pass.stored {
-        pass.rows.push(q as usize, x[q as usize], true);
-    }
-    for &r in &pass.speculative {
-        pass.rows.push(r, x[r], false);
-    }
-    // Every row whose prediction is of a masked position of this block or a drafted one.
-    pass.head_positions.clear();
-    pass.head_rows.clear();
-    for (row, &r) in pass.rows.positions.iter().enumerate() {
-        in_rows[r as usize] = false;
-        let q = r as usize + shift;
-        if q >= block_start && q < draft_end && x[q] == mask {
-            pass.head_positions.push(q as u32);
-            pass.head_rows.push(row as u32);
+        // Stored rows in position order (then a bucket of the whole block is `dual`'s pass).
+        pass.stored.clear();
+        pass.stored.extend(pass.masked.iter().chain(&pass.stale).map(|&i| i as u32));
+        for i in block_start..block_end {
+            if idle == 0 || !extra.refresh {
+                break;
+            }
+            if !in_rows[i] {
+                in_rows[i] = true;
+                pass.stored.push(i as u32);
+                idle -= 1;
+            }
         }
+        pass.stored.sort_unstable();
+        pass.rows.clear();
+        for &q in &pass.stored {
+            pass.rows.push(q as usize, x[q as usize], true);
+        }
+        for &r in &pass.speculative {
+            pass.rows.push(r, x[r], false);
+        }
+        // Every row whose prediction is of a masked position of this block or a drafted one.
+        pass.logit_positions.clear();
+        pass.logit_rows.clear();
+        for (row, &r) in pass.rows.positions.iter().enumerate() {
+            in_rows[r as usize] = false;
+            let q = r as usize + shift;
+            if q >= block_start && q < draft_end && x[q] == mask {
+                pass.logit_positions.push(q as u32);
+                pass.logit_rows.push(row as u32);
+            }
+        }
+        // A filled bucket's rows, or the rows computed (a graph's padding rows, if any).
+        let bucket = if extra.refresh { pass.masked.len().saturating_add(extra.rows) } else { pass.rows.len() }.max(pass.rows.len());
+        let rows = session.model.graph(session.model.graph_for_rows(bucket)?).rows as usize;
+        report.rows_masked += pass.masked.len() as u64;
+        report.rows_speculative += pass.speculative.len() as u64;
+        report.rows_refresh += (pass.rows.len() - pass.masked.len() - pass.speculative.len()) as u64;
+        report.rows_padding += padding_rows(session, rows - pass.rows.len());
+        report.dense_passes += 1;
+        session.forward_rows(x.len(), &pass.rows, bucket, &pass.logit_rows)
     }
-    // A filled bucket's rows, or the rows computed (a graph's padding rows, if any).
-    let bucket = if extra.refresh { pass.masked.len().saturating_add(extra.rows) } else { pass.rows.len() }.max(pass.rows.len());
-    let rows = session.model.graph(session.model.graph_for_rows(bucket)?).rows as usize;
-    report.rows_masked += pass.masked.len() as u64;
-    report.rows_speculative += pass.speculative.len() as u64;
-    report.rows_refresh += (pass.rows.len() - pass.masked.len() - pass.speculative.len()) as u64;
-    report.rows_padding += padding_rows(session, rows - pass.rows.len());
-    report.dense_passes += 1;
-    session.forward_rows(x.len(), &pass.rows, bucket, &pass.head_rows)
 }
 
 #[cfg(test)]

@@ -206,6 +206,8 @@ pub(crate) struct Predictor {
     rows: Vec<f32>,
     out: Vec<(u32, f32)>,
     vocab: usize,
+    /// The session's pool, held apart from the session the logits borrow.
+    pool: crate::pool::Pool,
 }
 
 impl Predictor {
@@ -213,9 +215,9 @@ impl Predictor {
     /// returns (a pass asking for more is refused before it runs).
     pub(crate) fn for_session(session: &Session, rows: usize) -> Predictor {
         let h = &session.model.header;
-        let most = h.graphs.iter().map(|g| g.head_rows as usize).max().unwrap_or(0);
+        let most = h.graphs.iter().map(|g| g.logit_rows as usize).max().unwrap_or(0);
         let rows = rows.min(most);
-        Predictor { rows: vec![0.0; h.model.embedding_size as usize * rows], out: Vec::with_capacity(rows), vocab: h.model.embedding_size as usize }
+        Predictor { rows: vec![0.0; h.model.embedding_size as usize * rows], out: Vec::with_capacity(rows), vocab: h.model.embedding_size as usize, pool: session.pool_handle() }
     }
 
     /// Copies `logits` (`rows x vocab`) in, to be predicted by [`run`](Self::run).
@@ -236,17 +238,16 @@ impl Predictor {
     /// [`run`](Self::run) on `logits` where they lie (the session's output): rows are copied
     /// only when the settings mask logits (`logits_eos_inf`, `confidence_eos_eot_inf`), as
     /// copying every row costs about what predicting it does.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn run_on(&mut self, pool: &rayon::ThreadPool, logits: &[f32], positions: &[u32], p: &SamplerParams, special: &llada_ir::SpecialTokens, purpose: u64, step: usize) -> &[(u32, f32)] {
+    pub(crate) fn run_on(&mut self, logits: &[f32], positions: &[u32], p: &SamplerParams, special: &llada_ir::SpecialTokens, purpose: u64, step: usize) -> &[(u32, f32)] {
         if p.logits_eos_inf || p.confidence_eos_eot_inf {
             self.load(logits);
-            return self.run(pool, positions, p, special, purpose, step);
+            return self.run(positions, p, special, purpose, step);
         }
         let vocab = self.vocab;
         self.out.clear();
         self.out.resize(positions.len(), (0, 0.0));
         let out = &mut self.out;
-        pool.install(|| {
+        self.pool.install(|| {
             logits.par_chunks(vocab).zip(positions.par_iter()).zip(out.par_iter_mut()).for_each(|((row, &pos), o)| {
                 let (token, max) = choose(row, p, purpose, step, pos as usize);
                 *o = (token as u32, confidence(row, token, max, p, purpose, step, pos as usize));
@@ -256,24 +257,24 @@ impl Predictor {
     }
 
     /// Predicts the loaded rows, row `i` at `positions[i]`, noise of step `step`.
-    pub(crate) fn run(&mut self, pool: &rayon::ThreadPool, positions: &[u32], p: &SamplerParams, special: &llada_ir::SpecialTokens, purpose: u64, step: usize) -> &[(u32, f32)] {
-        self.each_row(pool, positions, |row, pos| predict_with(row, p, special, purpose, step, pos))
+    pub(crate) fn run(&mut self, positions: &[u32], p: &SamplerParams, special: &llada_ir::SpecialTokens, purpose: u64, step: usize) -> &[(u32, f32)] {
+        self.each_row(positions, |row, pos| predict_with(row, p, special, purpose, step, pos))
     }
 
     /// Dream's predictions at `positions` (`dream.rs`): the token and its confidence under
     /// `p.alg`, from the loaded logits.
-    pub(crate) fn run_dream(&mut self, pool: &rayon::ThreadPool, positions: &[u32], p: &SamplerParams, purpose: u64, step: usize) -> &[(u32, f32)] {
-        self.each_row(pool, positions, |row, pos| dream::predict(row, p, purpose, step, pos))
+    pub(crate) fn run_dream(&mut self, positions: &[u32], p: &SamplerParams, purpose: u64, step: usize) -> &[(u32, f32)] {
+        self.each_row(positions, |row, pos| dream::predict(row, p, purpose, step, pos))
     }
 
-    /// `predict` on each loaded row (its position beside it), in parallel on `pool`.
-    fn each_row(&mut self, pool: &rayon::ThreadPool, positions: &[u32], predict: impl Fn(&mut [f32], usize) -> (u32, f32) + Sync) -> &[(u32, f32)] {
+    /// `predict` on each loaded row (its position beside it), in parallel on the pool.
+    fn each_row(&mut self, positions: &[u32], predict: impl Fn(&mut [f32], usize) -> (u32, f32) + Sync) -> &[(u32, f32)] {
         let vocab = self.vocab;
         let rows = &mut self.rows[..positions.len() * vocab];
         self.out.clear();
         self.out.resize(positions.len(), (0, 0.0));
         let out = &mut self.out;
-        pool.install(|| {
+        self.pool.install(|| {
             rows.par_chunks_mut(vocab).zip(positions.par_iter()).zip(out.par_iter_mut()).for_each(|((row, &pos), o)| {
                 *o = predict(row, pos as usize);
             })
@@ -282,43 +283,9 @@ impl Predictor {
     }
 }
 
-/// One pass's predictions at `head`: a position after `block_end` gets it as its draft (the
-/// latest wins); a current position with a draft accepts it, committing it now, when the
-/// prediction equals it with confidence at least `spec_threshold`, and drops it otherwise;
-/// every current position not committed becomes a candidate. Returns the drafts accepted and
-/// dropped.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn settle_predictions(
-    head: &[u32],
-    predictions: &[(u32, f32)],
-    block_end: usize,
-    drafts: &mut [Option<u32>],
-    p: &SamplerParams,
-    x: &mut [u32],
-    prompt_len: usize,
-    committed: &mut Vec<[u32; 2]>,
-    candidates: &mut Vec<Candidate>,
-) -> (u64, u64) {
-    let (mut accepted, mut dropped) = (0, 0);
-    for (&pos, &(token, confidence)) in head.iter().zip(predictions) {
-        let pos = pos as usize;
-        if pos >= block_end {
-            drafts[pos] = Some(token);
-            continue;
-        }
-        match drafts[pos].take() {
-            Some(d) if d == token && confidence >= p.spec_threshold => {
-                x[pos] = token;
-                committed.push([(pos - prompt_len) as u32, token]);
-                accepted += 1;
-                continue;
-            }
-            Some(_) => dropped += 1,
-            None => {}
-        }
-        candidates.push(Candidate { position: pos, token, confidence });
-    }
-    (accepted, dropped)
+/// A pass's predictions as candidates, each at its position in `logit_rows`.
+pub(crate) fn candidates<'a>(logit_rows: &'a [u32], predictions: &'a [(u32, f32)]) -> impl Iterator<Item = Candidate> + 'a {
+    logit_rows.iter().zip(predictions).map(|(&pos, &(token, confidence))| Candidate { position: pos as usize, token, confidence })
 }
 
 /// The prediction `x0` and its confidence for one position, from its logits `row`

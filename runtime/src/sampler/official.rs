@@ -3,7 +3,7 @@
 //! over the rows the policy recomputes, then the step's commits.
 
 use super::canvas::{Canvas, PolicyStep};
-use super::{committed_prefix, settle_predictions, Policy, SamplerParams, GUMBEL};
+use super::{candidates, committed_prefix, Policy, SamplerParams, GUMBEL};
 use crate::error::Result;
 use crate::session::Session;
 
@@ -38,10 +38,10 @@ impl PolicyStep for Official {
         let draft_end = (block_end + self.spec_blocks * c.p.block_length).min(len);
         // Eligible: masked and not after the current block (later positions have -inf
         // confidence in the official code). Drafted: masked in the next blocks.
-        c.head.clear();
-        c.head.extend((0..block_end).filter(|&i| c.x[i] == mask).map(|i| i as u32));
-        let eligible = c.head.len();
-        c.head.extend((block_end..draft_end).filter(|&i| c.x[i] == mask).map(|i| i as u32));
+        c.logit_rows.clear();
+        c.logit_rows.extend((0..block_end).filter(|&i| c.x[i] == mask).map(|i| i as u32));
+        let eligible = c.logit_rows.len();
+        c.logit_rows.extend((block_end..draft_end).filter(|&i| c.x[i] == mask).map(|i| i as u32));
         c.candidates.clear();
         if eligible > 0 && scheduled > 0 {
             let i = c.i;
@@ -51,25 +51,24 @@ impl PolicyStep for Official {
                 Policy::Dual => block_start..block_end,
                 _ => block_start..len,
             };
-            // Logits of the head rows (guided when cfg_scale > 0), predicted.
+            // Logits of the logit rows (guided when cfg_scale > 0), predicted.
             let predictions = if c.p.cfg_scale > 0.0 {
                 for (u, (&t, &is_prompt)) in self.uncond.iter_mut().zip(c.x.iter().zip(&self.prompt_index)) {
                     *u = if is_prompt { mask } else { t };
                 }
-                c.predictor.load(session.forward_full(&self.uncond, &c.head)?);
-                let cond = session.forward_full(&c.x, &c.head)?;
+                c.predictor.load(session.forward_full(&self.uncond, &c.logit_rows)?);
+                let cond = session.forward_full(&c.x, &c.logit_rows)?;
                 let w = (c.p.cfg_scale + 1.0) as f32;
                 for (g, &l) in c.predictor.load_mut(cond.len()).iter_mut().zip(cond) {
                     *g += w * (l - *g);
                 }
-                c.predictor.run(session.pool(), &c.head, &c.p, &c.special, GUMBEL, c.step)
+                c.predictor.run(&c.logit_rows, &c.p, &c.special, GUMBEL, c.step)
             } else {
-                let pool = session.pool_handle();
-                let logits = session.forward_span(&c.x, span, &c.head)?;
-                c.predictor.run_on(&pool, logits, &c.head, &c.p, &c.special, GUMBEL, c.step)
+                let logits = session.forward_span(&c.x, span, &c.logit_rows)?;
+                c.predictor.run_on(logits, &c.logit_rows, &c.p, &c.special, GUMBEL, c.step)
             };
-            let (accepted, _) = settle_predictions(&c.head, predictions, block_end, &mut c.drafts, &c.p, &mut c.x, c.prompt_len, &mut c.reveals, &mut c.candidates);
-            c.drafts_confirmed += accepted;
+            c.candidates.extend(candidates(&c.logit_rows, predictions));
+            c.settle_drafts(block_end);
         }
         c.commit_best(scheduled);
         c.settled = committed_prefix(&c.x[c.prompt_len..], mask);

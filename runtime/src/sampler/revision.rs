@@ -59,6 +59,17 @@ pub struct SideReport {
     pub side_seconds: f64,
 }
 
+/// The generation as revision sees it: the canvas `x` (prompt then generation), each
+/// generated position's state, whether each position's cached keys and values hold its
+/// current token, and the revisions made (`[position in generation, new token]`).
+pub(super) struct Revisable<'a> {
+    pub(super) x: &'a mut [u32],
+    pub(super) prompt_len: usize,
+    pub(super) states: &'a mut [TokenState],
+    pub(super) kv_fresh: &'a mut [bool],
+    pub(super) revised: &'a mut Vec<[u32; 2]>,
+}
+
 /// The revision policy's side of the lane: what its checks did, and scratch.
 pub(super) struct Reviser {
     /// Tokens checked per job.
@@ -84,24 +95,11 @@ impl Reviser {
 
     /// The merge point after a dense pass that stored keys and values at `dense_stored`
     /// positions: waits for the running job if it is late, merges its keys and values (marking
-    /// them fresh in `kv_fresh`) and applies its checks to `x` and `states`, brings the side
-    /// cache level with the dense one; then, if `launch`, starts a job over the oldest
-    /// visible tokens.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn merge_and_launch(
-        &mut self,
-        session: &mut Session,
-        x: &mut [u32],
-        states: &mut [TokenState],
-        kv_fresh: &mut [bool],
-        prompt_len: usize,
-        dense_stored: &[u32],
-        p: &SamplerParams,
-        step: usize,
-        launch: bool,
-        revised: &mut Vec<[u32; 2]>,
-    ) -> Result<()> {
+    /// them fresh in `t.kv_fresh`) and applies its checks to `t`, brings the side cache level
+    /// with the dense one; then, if `launch`, starts a job over the oldest visible tokens.
+    pub(super) fn merge_and_launch(&mut self, session: &mut Session, mut t: Revisable, dense_stored: &[u32], p: &SamplerParams, step: usize, launch: bool) -> Result<()> {
         let wait = Instant::now();
+        let prompt_len = t.prompt_len;
         let (report, fresh, per_job) = (&mut self.report, &mut self.fresh, self.per_job);
         let Some(mut lane) = session.take_side_lane() else {
             return Err(Error::Internal("the session's CPU side lane is gone".to_string()));
@@ -121,9 +119,9 @@ impl Reviser {
                 let model = session.model.clone();
                 session.window_mut().copy_kv_from(&job.window, fresh, &model.header);
                 for &q in fresh.iter() {
-                    kv_fresh[q as usize] = true;
+                    t.kv_fresh[q as usize] = true;
                 }
-                apply_checks(report, &job.checked, &job.predictions, x, states, kv_fresh, prompt_len, p, revised);
+                apply_checks(report, &job.checked, &job.predictions, &mut t, p);
             }
             job.window.copy_kv_from(session.window(), dense_stored, &session.model.header);
             if !launch {
@@ -131,7 +129,7 @@ impl Reviser {
             }
             job.checked.clear();
             let dream = session.model.is_dream();
-            for q in states.iter().enumerate().filter(|(_, s)| matches!(s, TokenState::Visible { .. })).map(|(i, _)| (prompt_len + i) as u32) {
+            for q in t.states.iter().enumerate().filter(|(_, s)| matches!(s, TokenState::Visible { .. })).map(|(i, _)| (prompt_len + i) as u32) {
                 // Dream: never a token and the one before it (see the module documentation).
                 if job.checked.len() == per_job {
                     break;
@@ -144,12 +142,12 @@ impl Reviser {
                 return Ok(false);
             }
             job.tokens.clear();
-            job.tokens.extend(job.checked.iter().map(|&q| x[q as usize]));
+            job.tokens.extend(job.checked.iter().map(|&q| t.x[q as usize]));
             job.before.clear();
             if dream {
-                job.before.extend(job.checked.iter().map(|&q| x[q as usize - 1]));
+                job.before.extend(job.checked.iter().map(|&q| t.x[q as usize - 1]));
             }
-            (job.seq_len, job.params, job.step) = (x.len(), *p, step);
+            (job.seq_len, job.params, job.step) = (t.x.len(), *p, step);
             job.trace = session.trace();
             report.side_passes += if dream { 2 } else { 1 };
             report.side_rows += if dream { 3 } else { 2 } * job.checked.len() as u64;
@@ -170,21 +168,11 @@ fn check_dream(row: &mut [f32], p: &SamplerParams, _special: &llada_ir::SpecialT
     dream::predict(row, p, DREAM_REVISE, step, position)
 }
 
-/// Applies a job's checks (`predictions` of `positions`): agreements count towards
-/// stability, confident disagreements revise the token (appended to `revised` as
-/// `[position in generation, new token]`).
-#[allow(clippy::too_many_arguments)]
-fn apply_checks(
-    report: &mut SideReport,
-    positions: &[u32],
-    predictions: &[(u32, f32)],
-    x: &mut [u32],
-    states: &mut [TokenState],
-    kv_fresh: &mut [bool],
-    prompt_len: usize,
-    p: &SamplerParams,
-    revised: &mut Vec<[u32; 2]>,
-) {
+/// Applies a job's checks (`predictions` of `positions`) to `t`: agreements count towards
+/// stability, confident disagreements revise the token (appended to `t.revised`).
+fn apply_checks(report: &mut SideReport, positions: &[u32], predictions: &[(u32, f32)], t: &mut Revisable, p: &SamplerParams) {
+    let Revisable { x, prompt_len, states, kv_fresh, revised } = t;
+    let prompt_len = *prompt_len;
     for (&pos, &(token, confidence)) in positions.iter().zip(predictions) {
         let pos = pos as usize;
         let TokenState::Visible { agreed } = states[pos - prompt_len] else { continue };
@@ -223,19 +211,20 @@ mod tests {
         let checks = [(10, 0.95), (11, 0.6), (99, 0.7), (5, 1.0)];
         let mut fresh = vec![true; 6];
         let mut revised = Vec::new();
-        apply_checks(&mut r, &[2, 3, 4, 5], &checks, &mut x, &mut states, &mut fresh, 2, &p, &mut revised);
-        assert_eq!(revised, vec![[2, 99]], "the revision is reported in generation positions");
-        assert_eq!(fresh, vec![true, true, true, true, false, true], "a revised token's keys and values are stale");
+        let mut t = Revisable { x: &mut x, prompt_len: 2, states: &mut states, kv_fresh: &mut fresh, revised: &mut revised };
+        apply_checks(&mut r, &[2, 3, 4, 5], &checks, &mut t, &p);
+        assert_eq!(*t.revised, vec![[2, 99]], "the revision is reported in generation positions");
+        assert_eq!(*t.kv_fresh, [true, true, true, true, false, true], "a revised token's keys and values are stale");
         // Confident agreement: stable. Second agreement: stable. Confident disagreement:
         // revised, checked afresh. A stable token is never checked.
-        assert_eq!(states, vec![TokenState::Stable, TokenState::Stable, TokenState::Visible { agreed: 0 }, TokenState::Stable]);
-        assert_eq!(x, vec![0, 0, 10, 11, 99, 13]);
+        assert_eq!(*t.states, [TokenState::Stable, TokenState::Stable, TokenState::Visible { agreed: 0 }, TokenState::Stable]);
+        assert_eq!(*t.x, [0, 0, 10, 11, 99, 13]);
         assert_eq!((r.checks, r.stabilised, r.revisions), (3, 2, 1));
         // A weak agreement counts; a weak disagreement changes nothing.
-        apply_checks(&mut r, &[4], &[(99, 0.3)], &mut x, &mut states, &mut fresh, 2, &p, &mut revised);
-        assert_eq!(states[2], TokenState::Visible { agreed: 1 });
-        apply_checks(&mut r, &[4], &[(7, 0.3)], &mut x, &mut states, &mut fresh, 2, &p, &mut revised);
-        assert_eq!(revised.len(), 1, "weak checks revise nothing");
-        assert_eq!((states[2], x[4]), (TokenState::Visible { agreed: 1 }, 99));
+        apply_checks(&mut r, &[4], &[(99, 0.3)], &mut t, &p);
+        assert_eq!(t.states[2], TokenState::Visible { agreed: 1 });
+        apply_checks(&mut r, &[4], &[(7, 0.3)], &mut t, &p);
+        assert_eq!(t.revised.len(), 1, "weak checks revise nothing");
+        assert_eq!((t.states[2], t.x[4]), (TokenState::Visible { agreed: 1 }, 99));
     }
 }

@@ -34,6 +34,17 @@ pub fn checkpoint(dir: &Path, shape: Shape, weights: WeightType, shard_bytes: u6
     checkpoint::write(&CheckpointSpec { shape, weights, shard_bytes, seed: 11, init_std, outliers: None }, dir).expect("checkpoint written")
 }
 
+/// A random-weight f32 checkpoint of `shape` (one file, weights drawn with `init_std`) written
+/// to `dir/ckpt` and compiled by [`compile`] into `dir/name` for `max_seq` positions: the
+/// artifact's path.
+pub fn random_artifact(dir: &Path, shape: Shape, init_std: f32, name: &str, max_seq: Option<u32>) -> PathBuf {
+    let ckpt = dir.join("ckpt");
+    checkpoint(&ckpt, shape, WeightType::F32, u64::MAX, init_std);
+    let art = dir.join(name);
+    compile(&ckpt, &art, max_seq);
+    art
+}
+
 /// Compiles `model` into `out` through the library, keeping the checkpoint's element type
 /// (matmuls over bf16 weights with f32 activations).
 pub fn compile(model: &Path, out: &Path, max_seq: Option<u32>) -> lladac::CompileSummary {
@@ -53,7 +64,7 @@ pub fn compile_scaled(model: &Path, out: &Path, quant: Option<lladac::Quant>, ma
         output: out.to_path_buf(),
         quant,
         max_seq: Some(max_seq),
-        head_rows: 64,
+        logit_rows: 64,
         spec_blocks: 1,
         activation_scales,
         window_bytes,
@@ -271,4 +282,80 @@ pub fn spans(trace: &llada_rt::trace::Trace, track: u64) -> Vec<(f64, f64)> {
 /// How many spans of `a` overlap some span of `b`.
 pub fn overlapping(a: &[(f64, f64)], b: &[(f64, f64)]) -> usize {
     a.iter().filter(|x| b.iter().any(|y| x.0 < y.1 && y.0 < x.1)).count()
+}
+
+/// Track ids of the trace (see `llada_rt::trace::Track`).
+pub mod track {
+    pub const DENSE: u64 = 1;
+    pub const STAGING: u64 = 2;
+    pub const SIDE_PATH: u64 = 3;
+    pub const DEVICE: u64 = 4;
+}
+
+/// `mbsd` with dual-path revision over `gen_length` tokens in blocks of 16: hot sampling and
+/// low thresholds make checks disagree, so revisions happen.
+pub fn revising_mbsd(gen_length: usize, steps: usize) -> llada_rt::SamplerParams {
+    use llada_rt::sampler::{Policy, Revision};
+    llada_rt::SamplerParams { gen_length, block_length: 16, steps, policy: Policy::Mbsd, revision: Revision::DualPath, temperature: 1.5, seed: 2, revise_confidence: 0.0, stable_checks: 3, stable_confidence: 1.0, ..Default::default() }
+}
+
+/// `prompt` generated with `p` (see [`revising_mbsd`]) on a session from `new_session`, traced,
+/// then `reruns` times more untraced: the side path ran checks, every rerun gives the first
+/// run's tokens, reveals and revisions, and some side-path check ran during a dense pass.
+/// `device` names the backend in the messages ("Vulkan", "the NPU").
+pub fn assert_mbsd_repeats_with_the_side_path_during_dense_passes(new_session: impl Fn() -> llada_rt::Session, prompt: &[u32], p: &llada_rt::SamplerParams, reruns: usize, device: &str) {
+    use llada_rt::trace::Trace;
+    use std::sync::Arc;
+    let run = |trace: Option<Arc<Trace>>| -> llada_rt::Generation {
+        let mut s = new_session();
+        if let Some(t) = trace {
+            s.set_trace(t);
+        }
+        llada_rt::generate(&mut s, prompt, p, &mut |_| {}).unwrap()
+    };
+    let trace = Arc::new(Trace::default());
+    let first = run(Some(trace.clone()));
+    let m = first.mbsd.clone().expect("an mbsd report");
+    assert!(m.side.side_passes > 0 && m.side.checks > 0, "{m:?}");
+    for _ in 0..reruns {
+        let again = run(None);
+        assert_eq!((&again.output_ids, &again.reveals, &again.revisions), (&first.output_ids, &first.reveals, &first.revisions), "mbsd on {device} changed between runs");
+    }
+    let (side, dense) = (spans(&trace, track::SIDE_PATH), spans(&trace, track::DENSE));
+    let during = overlapping(&side, &dense);
+    eprintln!("{during} of {} side-path checks ran during a dense pass ({} revisions)", side.len(), m.side.revisions);
+    assert!(during > 0, "no side-path span overlapped a dense pass");
+}
+
+/// Largest |runtime - reference| over largest |reference| (see [`relative_error`]) on the
+/// first-pass logits of `len` token ids (a fixed spread below BOS) over a random checkpoint of
+/// `shape` in `weights` (init std 0.08, shards of `shard_bytes`): `compile` turns the
+/// checkpoint into an artifact, `reference` loads the checkpoint and runs its independent
+/// forward pass (in burn) over the ids as a batch of one.
+pub fn error_against_reference(
+    shape: &Shape,
+    weights: WeightType,
+    shard_bytes: u64,
+    len: usize,
+    compile: impl FnOnce(&Path, &Path),
+    reference: impl FnOnce(&Path, burn::tensor::Tensor<2, burn::tensor::Int>, &burn::tensor::Device) -> Vec<f32>,
+) -> f64 {
+    use burn::tensor::{Device, Int, Tensor, TensorData};
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = dir.path().join("ckpt");
+    let written = checkpoint(&ckpt, shape.clone(), weights, shard_bytes, 0.08);
+    let art = dir.path().join("model.lad");
+    compile(&ckpt, &art);
+
+    let ids: Vec<u32> = (0..len).map(|i| ((i * 7919 + 13) % written.special.bos as usize) as u32).collect();
+    let model = llada_rt::Model::open(&art, true).unwrap();
+    let mut session = llada_rt::Session::new(&model).unwrap();
+    let rows: Vec<u32> = (0..len as u32).collect();
+    let ours = session.forward_full(&ids, &rows).unwrap().to_vec();
+
+    let device = Device::default();
+    let input = Tensor::<2, Int>::from_data(TensorData::new(ids.iter().map(|&t| t as i64).collect::<Vec<_>>(), [1, len]), &device);
+    let theirs = reference(&ckpt, input, &device);
+
+    relative_error(&ours, &theirs)
 }

@@ -4,7 +4,8 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use llada_ir::window_sizes::attention_scratch as attention_scratch_size;
-use llada_ir::{Graph, Op, Rows, TensorId};
+use llada_ir::program::Step;
+use llada_ir::{Graph, Op, Rows, TensorId, ValueId};
 
 use rayon::prelude::*;
 
@@ -16,10 +17,9 @@ use crate::model::Model;
 use crate::pool::Pool;
 use crate::moe::MoeStep;
 use crate::operands::operands;
-use crate::staging::Stager;
-use crate::window::{homes, Home, KvView, Window};
+use crate::window::{homes, Home, KvView, SlotPtr, Window};
 
-use super::{value_range, Backend, Capabilities, Executor, OpProfile, Pass, RunInputs};
+use super::{value_range, Backend, Capabilities, Executor, Pass, RunInputs};
 
 pub const BACKEND: Backend = Backend {
     name: "host",
@@ -73,215 +73,274 @@ impl HostExecutor {
         e.homes.iter_mut().for_each(|h| *h = Home::Host);
         e
     }
-
-    /// Runs `g` with every weight in its home on the host (an executor from
+    /// Runs graph `graph` with every weight in its home on the host (an executor from
     /// [`cpu_side_path`](Self::cpu_side_path)): no staging, the experts through `moe` (one
     /// without an expert runtime: every expert here).
-    pub fn run_unstaged(&mut self, model: &Model, g: &Graph, inputs: &RunInputs, window: &mut Window, moe: &mut MoeStep) -> Result<()> {
-        self.run_ops(model, g, inputs, window, None, moe, None)
+    pub fn run_unstaged(&mut self, model: &Model, graph: u32, inputs: RunInputs<'_>, window: &mut Window, moe: &mut MoeStep) -> Result<()> {
+        self.run_program(model, Pass { graph, inputs, window, stager: None, moe, profile: None })
     }
-}
 
-impl HostExecutor {
-    #[allow(clippy::too_many_arguments)]
-    fn run_ops(
-        &mut self,
-        model: &Model,
-        g: &Graph,
-        inp: &RunInputs,
-        window: &mut Window,
-        mut stager: Option<&mut Stager>,
-        moe: &mut MoeStep,
-        mut profile: Option<&mut OpProfile>,
-    ) -> Result<()> {
-        let m = &model.header.model;
-        let plan = &model.header.plan;
-        let hd = m.head_dim as usize;
-        let nh = inp.head_rows.len();
+    /// Follows the graph's program: the stager's waits and releases, the dense ops on the
+    /// host's kernels, the experts through the session's CPU step.
+    fn run_program(&mut self, model: &Model, pass: Pass<'_>) -> Result<()> {
+        let Pass { graph, inputs, window, mut stager, moe, mut profile } = pass;
+        let g = model.graph(graph);
         let parts = window.parts();
-        let base = parts.activations_offset;
-        let cols = |v: u32| g.values[v as usize].cols as usize;
-        // The real rows only: padding rows are never stored or read, and on the CPU every row
-        // computed costs its time, so a graph's padding costs nothing here.
-        let rows_of = |v: u32| match g.values[v as usize].rows {
-            Rows::Tokens => inp.rows,
-            Rows::Head => nh,
-        };
-        let range = |v: u32| {
-            let r = value_range(g, &g.values[v as usize], nh, base);
-            r.start..r.start + rows_of(v) * cols(v)
-        };
-        let (win, resident, resident_offset) = (parts.activations, parts.resident, parts.resident_offset);
-        let (kv, gemm_scratch, attention_scratch) = (parts.kv, parts.gemm, parts.attention);
-        let homes = &self.homes;
-        let features = self.features;
-        // No stager: every home is the host (`cpu_side_path`), no slot is read.
         let staged_slots = stager.as_ref().map(|s| s.slots());
-        let slots: &[crate::window::SlotPtr] = staged_slots.as_deref().unwrap_or(&[]);
-        let slot_count = slots.len().max(1);
-        // The bytes of a tensor an op reads: in the window (resident or in its slot), or, for
-        // the embedding the CPU gathers, in the artifact.
-        let weight = |t: TensorId| -> &[u8] {
-            let n = model.header.tensors[t as usize].nbytes as usize;
-            match homes[t as usize] {
-                Home::Resident { offset } => &resident[(offset - resident_offset) as usize..][..n],
-                // SAFETY: `before_op` waited for this segment's slot to be ready, and the
-                // slot is released only after the segment's last op, after this use.
-                Home::Rotating { rotating, offset } => unsafe { &slots[rotating as usize % slot_count].bytes()[offset as usize..][..n] },
-                Home::Host => model.tensor_bytes(t),
-            }
-        };
-        let f32s = |t: TensorId| -> &[f32] { bytemuck::cast_slice(weight(t)) };
-        let kv_capacity = plan.kv_capacity as usize;
-        let kv_layer = 2 * m.n_kv_heads as usize * hd * kv_capacity;
         let threads = self.pool.current_num_threads();
-        let (score_floats, widened_floats, _) = attention_scratch_size(m, plan.kv_capacity, plan.window.kv_dtype, threads as u32);
-        let (scores, widened) = attention_scratch.split_at_mut(score_floats as usize * threads);
-        let widened = &mut widened[..widened_floats as usize];
-        let mut kv = kv;
-        for (index, op) in g.ops.iter().enumerate() {
-            if let Some(s) = stager.as_deref_mut() {
-                s.before_op(g, index)?;
-            }
-            let start = profile.as_ref().map(|_| std::time::Instant::now());
-            match *op {
-                Op::Embed { table, out } => {
-                    let c = cols(out);
-                    let ([], o) = operands(win, [], range(out));
-                    kernels::embed_rows(model.weights(table), c, inp.tokens, o);
+        let v = OpView {
+            model,
+            g,
+            inp: &inputs,
+            homes: &self.homes,
+            resident: parts.resident,
+            resident_offset: parts.resident_offset,
+            // No stager: every home is the host (`cpu_side_path`), no slot is read.
+            slots: staged_slots.as_deref().unwrap_or(&[]),
+            base: parts.activations_offset,
+            features: self.features,
+            threads,
+        };
+        let plan = &model.header.plan;
+        let (score_floats, widened_floats, _) = attention_scratch_size(&model.header.model, plan.kv_capacity, plan.window.kv_dtype, threads as u32);
+        let (scores, widened) = parts.attention.split_at_mut(score_floats as usize * threads);
+        let mut b = OpBuffers { win: parts.activations, kv: parts.kv, gemm: parts.gemm, scores, score_floats: score_floats as usize, widened: &mut widened[..widened_floats as usize] };
+        for &step in model.program(graph) {
+            let (ops, experts) = match step {
+                Step::Wait { .. } | Step::Release { .. } => {
+                    if let Some(s) = stager.as_deref_mut() {
+                        s.follow(step)?;
+                    }
+                    continue;
                 }
-                Op::Scale { x, factor } => kernels::scale(&mut win[range(x)], factor),
-                Op::Bias { x, bias } => {
-                    let b = f32s(bias);
-                    win[range(x)].chunks_exact_mut(b.len()).for_each(|row| kernels::add(features, row, b));
+                Step::Embed { op } => (op..op + 1, false),
+                Step::Dense { start, end } => (start..end, false),
+                Step::Moe { start, end } => (start..end, true),
+            };
+            for index in ops.map(|i| i as usize) {
+                let start = profile.as_ref().map(|_| std::time::Instant::now());
+                let op = &g.ops[index];
+                if experts {
+                    moe.run(model, g, index, &inputs, b.win, v.base, b.gemm)?;
+                } else {
+                    self.run_op(&v, &mut b, op);
                 }
-                Op::RmsNorm { x, weight, eps, out } => {
-                    let ([xs], o) = operands(win, [range(x)], range(out));
-                    let (w, c) = (f32s(weight), cols(x));
-                    // A row at a time, as threads are free (see Attention).
-                    self.pool.install(|| o.par_chunks_mut(c).zip(xs.par_chunks(c)).for_each(|(o, x)| kernels::rms_norm(features, x, w, eps, o)));
-                }
-                Op::MatMul { x, weight: w, out } => {
-                    let ([xs], o) = operands(win, [range(x)], range(out));
-                    gemm(xs, rows_of(x), &model.matrix_at(w, weight(w)), o, gemm_scratch, &self.pool, features);
-                }
-                Op::Rope { x, heads, cos, sin } => {
-                    let half = hd / 2;
-                    let (cos, sin) = (f32s(cos), f32s(sin));
-                    let c = cols(x);
-                    // A row at a time, as threads are free (see Attention).
-                    self.pool.install(|| {
-                        win[range(x)].par_chunks_exact_mut(c).zip(inp.positions.par_iter()).for_each(|(row, &p)| {
-                            let t = p as usize * half..(p as usize + 1) * half;
-                            kernels::rope_row(features, &mut row[..heads as usize * hd], hd, &cos[t.clone()], &sin[t]);
-                        })
-                    });
-                }
-                Op::Attention { qkv, out, heads, kv_heads, layer } => {
-                    let ([q], o) = operands(win, [range(qkv)], range(out));
-                    let width = cols(qkv);
-                    let layer = layer as usize * kv_layer..(layer as usize + 1) * kv_layer;
-                    let real = &inp.positions[..inp.stored_rows];
-                    let own = attention::OwnKv { from_row: inp.stored_rows, positions: inp.positions };
-                    let shape = |capacity| attention::Shape { width, capacity, heads: heads as usize, kv_heads: kv_heads as usize, head_dim: hd, keys: inp.context, threads };
-                    let (planes, sh) = match &mut kv {
-                        KvView::F32(all) => {
-                            let planes = &mut all[layer];
-                            attention::store_kv(q, width, heads as usize, kv_heads as usize, hd, kv_capacity, real, planes);
-                            (&*planes, shape(kv_capacity))
-                        }
-                        KvView::Half(all, dtype) => {
-                            let planes = &mut all[layer];
-                            attention::store_kv_half(q, width, heads as usize, kv_heads as usize, hd, kv_capacity, real, planes, *dtype);
-                            // The kernels read f32: widen the keys and values attended to
-                            // into scratch, planes of `context` positions.
-                            let planes = &*planes;
-                            let ctx = inp.context;
-                            self.pool.install(|| {
-                                widened[..2 * kv_heads as usize * ctx * hd].par_chunks_mut(ctx * hd).enumerate().for_each(|(p, dst)| {
-                                    let src = &planes[attention::kv_plane(p, kv_capacity, hd)..][..ctx * hd];
-                                    kernels::widen_half(src, *dtype, dst);
-                                })
-                            });
-                            (&*widened, shape(ctx))
-                        }
-                    };
-                    // Units of one head and a group of rows, claimed one at a time by whichever
-                    // thread is free: a core of a shared host can run at half speed for
-                    // seconds (a neighbour on its sibling hyperthread), and a fixed share would
-                    // leave the other waiting for it.
-                    // A block-causal pass over several blocks: each run of rows attends to
-                    // the keys before its block's end (one run otherwise).
-                    for (run, keys) in inp.key_runs() {
-                        let (rows, oc) = (run.len(), cols(out));
-                        let sh = attention::Shape { keys, ..sh };
-                        let q = &q[run.start * width..];
-                        let own = attention::OwnKv { from_row: own.from_row.saturating_sub(run.start), positions: &own.positions[run.start..] };
-                        let units = attention::units(features, &sh, rows);
-                        let next = AtomicUsize::new(0);
-                        let out = attention::Out::new(&mut o[run.start * oc..run.end * oc]);
-                        self.pool.install(|| {
-                            scores.par_chunks_mut(score_floats as usize).for_each(|scores| loop {
-                                let u = next.fetch_add(1, Ordering::Relaxed);
-                                if u >= units {
-                                    break;
-                                }
-                                attention::attend(features, q, planes, sh, own, rows, u..u + 1, out, scores);
-                            })
-                        });
+                if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {
+                    p.times.push((index, t.elapsed().as_secs_f64()));
+                    if let (Some(ranges), &Op::MatMul { x, weight, out }) = (p.matmul_ranges.as_mut(), op) {
+                        ranges.push(super::MatMulRange::of(weight, &b.win[v.range(x)], &b.win[v.range(out)]));
                     }
                 }
-                Op::SwiGlu { x, out } => {
-                    // A row at a time, as threads are free (see Attention).
-                    let ([xs], o) = operands(win, [range(x)], range(out));
-                    let hidden = cols(out);
-                    self.pool.install(|| o.par_chunks_mut(hidden).zip(xs.par_chunks(2 * hidden)).for_each(|(o, x)| kernels::swiglu(features, x, hidden, o)));
-                }
-                Op::Add { acc, x } => {
-                    let ([xs], a) = operands(win, [range(x)], range(acc));
-                    // Four rows a task: a row's sum is about what handing it to a thread costs.
-                    let chunk = 4 * cols(acc);
-                    self.pool.install(|| a.par_chunks_mut(chunk).zip(xs.par_chunks(chunk)).for_each(|(a, x)| kernels::add(features, a, x)));
-                }
-                Op::GatherHeadRows { x, out } => {
-                    let c = cols(x);
-                    let ([xs], o) = operands(win, [range(x)], range(out));
-                    for (row, &r) in o.chunks_exact_mut(c).zip(inp.head_rows) {
-                        row.copy_from_slice(&xs[r as usize * c..(r as usize + 1) * c]);
-                    }
-                }
-                Op::HeadRmsNorm { x, first_head, heads, weight, eps } => {
-                    let c = cols(x);
-                    let span = first_head as usize * hd..(first_head + heads) as usize * hd;
-                    for row in win[range(x)].chunks_exact_mut(c) {
-                        kernels::head_rms_norm(features, &mut row[span.clone()], f32s(weight), eps);
-                    }
-                }
-                Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. } => moe.run(model, g, index, inp, win, base, gemm_scratch)?,
-            }
-            if let (Some(p), Some(t)) = (profile.as_deref_mut(), start) {
-                p.times.push((index, t.elapsed().as_secs_f64()));
-                if let (Some(ranges), &Op::MatMul { x, weight, out }) = (p.matmul_ranges.as_mut(), op) {
-                    ranges.push(super::MatMulRange::of(weight, &win[range(x)], &win[range(out)]));
-                }
-            }
-            if let Some(s) = stager.as_deref_mut() {
-                s.after_op(g, index);
             }
         }
         Ok(())
     }
+
+    /// One dense op on the host's kernels.
+    fn run_op(&self, v: &OpView<'_>, b: &mut OpBuffers<'_>, op: &Op) {
+        let features = v.features;
+        let hd = v.model.header.model.head_dim as usize;
+        match *op {
+            Op::Embed { table, out } => {
+                let c = v.cols(out);
+                let ([], o) = operands(b.win, [], v.range(out));
+                kernels::embed_rows(v.model.weights(table), c, v.inp.tokens, o);
+            }
+            Op::Scale { x, factor } => kernels::scale(&mut b.win[v.range(x)], factor),
+            Op::Bias { x, bias } => {
+                let bias = v.f32s(bias);
+                b.win[v.range(x)].chunks_exact_mut(bias.len()).for_each(|row| kernels::add(features, row, bias));
+            }
+            Op::RmsNorm { x, weight, eps, out } => {
+                let ([xs], o) = operands(b.win, [v.range(x)], v.range(out));
+                let (w, c) = (v.f32s(weight), v.cols(x));
+                // A row at a time, as threads are free (see Attention).
+                self.pool.install(|| o.par_chunks_mut(c).zip(xs.par_chunks(c)).for_each(|(o, x)| kernels::rms_norm(features, x, w, eps, o)));
+            }
+            Op::MatMul { x, weight: w, out } => {
+                let ([xs], o) = operands(b.win, [v.range(x)], v.range(out));
+                gemm(xs, v.rows_of(x), &v.model.matrix_at(w, v.weight(w)), o, b.gemm, &self.pool, features);
+            }
+            Op::Rope { x, heads, cos, sin } => {
+                let half = hd / 2;
+                let (cos, sin) = (v.f32s(cos), v.f32s(sin));
+                let c = v.cols(x);
+                // A row at a time, as threads are free (see Attention).
+                self.pool.install(|| {
+                    b.win[v.range(x)].par_chunks_exact_mut(c).zip(v.inp.positions.par_iter()).for_each(|(row, &p)| {
+                        let t = p as usize * half..(p as usize + 1) * half;
+                        kernels::rope_row(features, &mut row[..heads as usize * hd], hd, &cos[t.clone()], &sin[t]);
+                    })
+                });
+            }
+            Op::Attention { qkv, out, heads, kv_heads, layer } => self.attention(v, b, qkv, out, (heads, kv_heads), layer),
+            Op::SwiGlu { x, out } => {
+                // A row at a time, as threads are free (see Attention).
+                let ([xs], o) = operands(b.win, [v.range(x)], v.range(out));
+                let hidden = v.cols(out);
+                self.pool.install(|| o.par_chunks_mut(hidden).zip(xs.par_chunks(2 * hidden)).for_each(|(o, x)| kernels::swiglu(features, x, hidden, o)));
+            }
+            Op::Add { acc, x } => {
+                let ([xs], a) = operands(b.win, [v.range(x)], v.range(acc));
+                // Four rows a task: a row's sum is about what handing it to a thread costs.
+                let chunk = 4 * v.cols(acc);
+                self.pool.install(|| a.par_chunks_mut(chunk).zip(xs.par_chunks(chunk)).for_each(|(a, x)| kernels::add(features, a, x)));
+            }
+            Op::GatherLogitRows { x, out } => {
+                let c = v.cols(x);
+                let ([xs], o) = operands(b.win, [v.range(x)], v.range(out));
+                for (row, &r) in o.chunks_exact_mut(c).zip(v.inp.logit_rows) {
+                    row.copy_from_slice(&xs[r as usize * c..(r as usize + 1) * c]);
+                }
+            }
+            Op::HeadRmsNorm { x, first_head, heads, weight, eps } => {
+                let c = v.cols(x);
+                let span = first_head as usize * hd..(first_head + heads) as usize * hd;
+                for row in b.win[v.range(x)].chunks_exact_mut(c) {
+                    kernels::head_rms_norm(features, &mut row[span.clone()], v.f32s(weight), eps);
+                }
+            }
+            // The program hands these to the session's CPU step (`Step::Moe`).
+            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. } => unreachable!("the verified program runs op {} as an experts step", op.name()),
+        }
+    }
+
+    /// An attention layer: stores the stored rows' keys and values in the cache, then
+    /// attends every row to the keys before it.
+    fn attention(&self, v: &OpView<'_>, b: &mut OpBuffers<'_>, qkv: ValueId, out: ValueId, (heads, kv_heads): (u32, u32), layer: u32) {
+        let (features, inp) = (v.features, v.inp);
+        let hd = v.model.header.model.head_dim as usize;
+        let kv_capacity = v.model.header.plan.kv_capacity as usize;
+        let kv_layer = 2 * v.model.header.model.n_kv_heads as usize * hd * kv_capacity;
+        let ([q], o) = operands(b.win, [v.range(qkv)], v.range(out));
+        let width = v.cols(qkv);
+        let layer = layer as usize * kv_layer..(layer as usize + 1) * kv_layer;
+        let real = &inp.positions[..inp.stored_rows];
+        let own = attention::OwnKv { from_row: inp.stored_rows, positions: inp.positions };
+        let shape = |capacity| attention::Shape { width, capacity, heads: heads as usize, kv_heads: kv_heads as usize, head_dim: hd, keys: inp.context, threads: v.threads };
+        let widened = &mut *b.widened;
+        let (planes, sh) = match &mut b.kv {
+            KvView::F32(all) => {
+                let planes = &mut all[layer];
+                attention::store_kv(q, &shape(kv_capacity), real, planes);
+                (&*planes, shape(kv_capacity))
+            }
+            KvView::Half(all, dtype) => {
+                let planes = &mut all[layer];
+                attention::store_kv_half(q, &shape(kv_capacity), real, planes, *dtype);
+                // The kernels read f32: widen the keys and values attended to into scratch,
+                // planes of `context` positions.
+                let planes = &*planes;
+                let ctx = inp.context;
+                self.pool.install(|| {
+                    widened[..2 * kv_heads as usize * ctx * hd].par_chunks_mut(ctx * hd).enumerate().for_each(|(p, dst)| {
+                        let src = &planes[attention::kv_plane(p, kv_capacity, hd)..][..ctx * hd];
+                        kernels::widen_half(src, *dtype, dst);
+                    })
+                });
+                (&*widened, shape(ctx))
+            }
+        };
+        // Units of one head and a group of rows, claimed one at a time by whichever thread is
+        // free: a core of a shared host can run at half speed for seconds (a neighbour on its
+        // sibling hyperthread), and a fixed share would leave the other waiting for it.
+        // A block-causal pass over several blocks: each run of rows attends to the keys
+        // before its block's end (one run otherwise).
+        for (run, keys) in inp.key_runs() {
+            let (rows, oc) = (run.len(), v.cols(out));
+            let sh = attention::Shape { keys, ..sh };
+            let q = &q[run.start * width..];
+            let own = attention::OwnKv { from_row: own.from_row.saturating_sub(run.start), positions: &own.positions[run.start..] };
+            let units = attention::units(features, &sh, rows);
+            let next = AtomicUsize::new(0);
+            let out = attention::Out::new(&mut o[run.start * oc..run.end * oc]);
+            self.pool.install(|| {
+                b.scores.par_chunks_mut(b.score_floats).for_each(|scores| loop {
+                    let u = next.fetch_add(1, Ordering::Relaxed);
+                    if u >= units {
+                        break;
+                    }
+                    attention::attend(features, &attention::Call { qkv: q, kv: planes, shape: sh, own, rows }, u..u + 1, out, scores);
+                })
+            });
+        }
+    }
+}
+
+/// What a pass's ops read in place: the model, graph and inputs, and each weight where the
+/// plan put it (resident, in its slot, or in the artifact).
+struct OpView<'p> {
+    model: &'p Model,
+    g: &'p Graph,
+    inp: &'p RunInputs<'p>,
+    homes: &'p [Home],
+    resident: &'p [u8],
+    resident_offset: u64,
+    /// The stager's slots; rotating segment `i` is in slot `i % slots.len()`.
+    slots: &'p [SlotPtr],
+    /// First byte of the activation region.
+    base: u64,
+    features: Features,
+    threads: usize,
+}
+
+impl<'p> OpView<'p> {
+    fn cols(&self, v: ValueId) -> usize {
+        self.g.values[v as usize].cols as usize
+    }
+
+    /// The real rows only: padding rows are never stored or read, and on the CPU every row
+    /// computed costs its time, so a graph's padding costs nothing here.
+    fn rows_of(&self, v: ValueId) -> usize {
+        match self.g.values[v as usize].rows {
+            Rows::Tokens => self.inp.rows,
+            Rows::Logits => self.inp.logit_rows.len(),
+        }
+    }
+
+    /// Value `v`'s real rows in the activation region.
+    fn range(&self, v: ValueId) -> std::ops::Range<usize> {
+        let r = value_range(self.g, &self.g.values[v as usize], self.inp.logit_rows.len(), self.base);
+        r.start..r.start + self.rows_of(v) * self.cols(v)
+    }
+
+    /// The bytes of a tensor an op reads: in the window (resident or in its slot), or, for
+    /// the embedding the CPU gathers, in the artifact.
+    fn weight(&self, t: TensorId) -> &'p [u8] {
+        let n = self.model.header.tensors[t as usize].nbytes as usize;
+        match self.homes[t as usize] {
+            Home::Resident { offset } => &self.resident[(offset - self.resident_offset) as usize..][..n],
+            // SAFETY: the program waited for this segment's slot to be ready before its first
+            // op, and releases the slot only after its last op, after this use.
+            Home::Rotating { rotating, offset } => unsafe { &self.slots[rotating as usize % self.slots.len().max(1)].bytes()[offset as usize..][..n] },
+            Home::Host => self.model.tensor_bytes(t),
+        }
+    }
+
+    fn f32s(&self, t: TensorId) -> &'p [f32] {
+        bytemuck::cast_slice(self.weight(t))
+    }
+}
+
+/// What a pass's ops write: the activations, the KV cache and the kernels' scratch.
+struct OpBuffers<'w> {
+    win: &'w mut [f32],
+    kv: KvView<'w>,
+    gemm: &'w mut [u8],
+    /// Each thread's attention scores, `score_floats` apiece.
+    scores: &'w mut [f32],
+    score_floats: usize,
+    /// A half-precision cache's keys and values, widened to f32 for the kernels.
+    widened: &'w mut [f32],
 }
 
 impl Executor for HostExecutor {
     fn run(&mut self, model: &Model, pass: Pass<'_>) -> Result<()> {
-        let Pass { graph, inputs, window, stager, moe, profile } = pass;
-        let g = model.graph(graph);
         // The whole pass on one of the pool's threads: each op's parallel part then starts
         // from inside the team instead of handing over from this thread and back (two
         // wake-ups per op, a few hundred ops per pass).
         let pool = self.pool.clone();
-        pool.install(|| self.run_ops(model, g, &inputs, window, Some(stager), moe, profile))
+        pool.install(|| self.run_program(model, pass))
     }
 
     fn capabilities(&self) -> &Capabilities {

@@ -3,9 +3,11 @@
 
 use std::ffi::CString;
 use std::sync::Arc;
+use std::ops::Range;
 
 use half::f16;
 use llada_ir::npu::{IoKind, NpuGraph, NpuSection, NpuTensor, Role};
+use llada_ir::program::Step;
 use llada_ir::Op;
 use llada_qnn::abi::{DATATYPE_FLOAT_16, DATATYPE_INT_32};
 use llada_qnn::context::Graph as QnnGraph;
@@ -51,6 +53,9 @@ pub struct QnnExecutor {
     logits_encoding: Option<(f32, i32)>,
     /// The cache lengths the executables are built for, ascending (the section's).
     cache_lens: Vec<u32>,
+    /// Per graph, the runs of its program's experts steps (the session's CPU step), each
+    /// between the executable ending at its first op and the next, in op order.
+    experts: Vec<Vec<Range<usize>>>,
     /// Keeps the library loaded while its contexts live (dropped last).
     device: Arc<Device>,
 }
@@ -113,7 +118,7 @@ impl QnnExecutor {
             device_timestamps: false,
             int8_dot: false,
         };
-        let mut e = QnnExecutor { stages, budget: section.context_budget, loads: Loads::default(), trace: None, pool, capabilities, scratch: io::Scratch::new(h, section.io.clone()), logits_encoding: section.logits_encoding(h), cache_lens: section.cache_lens.clone(), device };
+        let mut e = QnnExecutor { stages, budget: section.context_budget, loads: Loads::default(), trace: None, pool, capabilities, scratch: io::Scratch::new(h, section.io.clone()), logits_encoding: section.logits_encoding(h), cache_lens: section.cache_lens.clone(), experts: (0..h.graphs.len() as u32).map(|g| experts_runs(model.program(g))).collect(), device };
         for k in 0..e.stages.len() {
             if e.stages[k].resident {
                 e.create(model, k)?;
@@ -267,6 +272,27 @@ fn execute(context: &mut Context, executable: &QnnGraph, table: &NpuGraph, scrat
     Ok(())
 }
 
+/// The runs of `program`'s experts steps, in op order: consecutive steps (a release of the
+/// swap schedule may fall between them) run as one.
+fn experts_runs(program: &[Step]) -> Vec<Range<usize>> {
+    let mut runs: Vec<Range<usize>> = Vec::new();
+    let mut open = false;
+    for step in program {
+        match *step {
+            Step::Moe { start, end } => {
+                match runs.last_mut().filter(|r| open && r.end == start as usize) {
+                    Some(r) => r.end = end as usize,
+                    None => runs.push(start as usize..end as usize),
+                }
+                open = true;
+            }
+            Step::Wait { .. } | Step::Release { .. } => {}
+            Step::Embed { .. } | Step::Dense { .. } => open = false,
+        }
+    }
+    runs
+}
+
 impl Executor for QnnExecutor {
     fn run(&mut self, model: &Model, pass: Pass<'_>) -> Result<()> {
         let Pass { graph, inputs, window, stager, moe, profile: _ } = pass;
@@ -278,9 +304,8 @@ impl Executor for QnnExecutor {
         let m = &h.model;
         // The weights live in the contexts: nothing of the window's swap schedule is read, but
         // its protocol is kept so a plan with rotating segments stays consistent.
-        for i in 0..g.ops.len() {
-            stager.before_op(g, i)?;
-            stager.after_op(g, i);
+        if let Some(stager) = stager {
+            model.program(graph).iter().try_for_each(|&step| stager.follow(step))?;
         }
         let Some(Op::Embed { table, .. }) = g.ops.first() else {
             return Err(Error::Internal(format!("graph '{}' does not start with the embedding", g.name)));
@@ -295,7 +320,7 @@ impl Executor for QnnExecutor {
         let keys = (0..inp.rows).map(|r| inp.keys_of(r)).max().unwrap_or(0);
         let cache_len = llada_ir::npu::cache_len_for(&self.cache_lens, keys as u32);
         s.mask(h, g.rows as usize, cache_len as usize, inp);
-        s.head_index(g.head_rows as usize, inp);
+        s.logit_index(g.logit_rows as usize, inp);
         let (c, hd, kvh) = (h.plan.kv_capacity as usize, m.head_dim as usize, m.n_kv_heads as usize);
         let plane = kvh * c * hd;
         let rows = g.rows as usize;
@@ -321,6 +346,7 @@ impl Executor for QnnExecutor {
             let tables = &stage.tables[graph as usize];
             let (context, graphs) = stage.live.as_mut().expect("created above");
             let scratch = &mut self.scratch;
+            let experts = &self.experts[graph as usize];
             let moe = &mut *moe;
             let (ran, prefetched) = std::thread::scope(|scope| {
                 let creating = upcoming.map(|(segment, tables)| {
@@ -335,9 +361,8 @@ impl Executor for QnnExecutor {
                         execute(context, executable, table, scratch, window, g)?;
                         // An MoE layer's router and routed experts, on the host, between this
                         // executable and the next.
-                        let host = llada_ir::npu::host_run_from(g, table.ops[1] as usize);
-                        if !host.is_empty() {
-                            io::run_host_ops(model, g, host, inp, scratch, window, moe)?;
+                        if let Ok(i) = experts.binary_search_by_key(&(table.ops[1] as usize), |run| run.start) {
+                            io::run_host_ops(model, g, experts[i].clone(), inp, scratch, window, moe)?;
                         }
                         done += 1;
                         if done < total {
@@ -372,7 +397,7 @@ impl Executor for QnnExecutor {
             }
         }
         let logits = s.region::<u16>(IoKind::Logits);
-        let range = value_range(g, &g.values[g.logits as usize], inp.head_rows.len(), parts.activations_offset);
+        let range = value_range(g, &g.values[g.logits as usize], inp.logit_rows.len(), parts.activations_offset);
         let out = parts.activations[range].iter_mut().zip(logits.iter());
         match self.logits_encoding {
             // A fixed-point format's uint16 logits, in the LM head's output encoding.

@@ -97,11 +97,11 @@ impl Scratch {
         self.stored = stored;
     }
 
-    /// The head rows, padded with row 0.
-    pub fn head_index(&mut self, head_rows: usize, inp: &RunInputs) {
-        let out = &mut self.region::<i32>(IoKind::HeadIndex)[..head_rows];
+    /// The logit rows, padded with row 0.
+    pub fn logit_index(&mut self, logit_rows: usize, inp: &RunInputs) {
+        let out = &mut self.region::<i32>(IoKind::LogitIndex)[..logit_rows];
         out.fill(0);
-        for (o, &r) in out.iter_mut().zip(inp.head_rows) {
+        for (o, &r) in out.iter_mut().zip(inp.logit_rows) {
             *o = r as i32;
         }
     }
@@ -124,7 +124,7 @@ pub fn run_host_ops(
     let base = parts.activations_offset;
     let cols = |v: u32| g.values[v as usize].cols as usize;
     let range = |v: u32| {
-        let r = value_range(g, &g.values[v as usize], inp.head_rows.len(), base);
+        let r = value_range(g, &g.values[v as usize], inp.logit_rows.len(), base);
         r.start..r.start + inp.rows * cols(v)
     };
     for op in &g.ops[ops.clone()] {
@@ -238,7 +238,7 @@ mod tests {
     use super::*;
 
     fn inputs<'a>(tokens: &'a [u32], positions: &'a [u32], stored: usize, context: usize, rows: usize) -> RunInputs<'a> {
-        RunInputs { tokens, positions, stored_rows: stored, context, head_rows: &[], rows, block_causal: None }
+        RunInputs { tokens, positions, stored_rows: stored, context, logit_rows: &[], rows, block_causal: None }
     }
 
     fn open(mask: &[u16], width: usize, r: usize) -> Vec<usize> {

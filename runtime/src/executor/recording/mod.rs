@@ -51,7 +51,7 @@ struct Recording {
 impl Executor for Recording {
     fn run(&mut self, model: &Model, pass: Pass<'_>) -> Result<()> {
         let i = &pass.inputs;
-        let recorded = RecordedPass { graph: pass.graph, rows: i.rows, stored_rows: i.stored_rows, context: i.context, logit_rows: i.head_rows.len(), block_causal: i.block_causal };
+        let recorded = RecordedPass { graph: pass.graph, rows: i.rows, stored_rows: i.stored_rows, context: i.context, logit_rows: i.logit_rows.len(), block_causal: i.block_causal };
         PASSES.lock().unwrap_or_else(|p| p.into_inner()).push(recorded);
         self.host.run(model, pass)
     }

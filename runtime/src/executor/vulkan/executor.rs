@@ -9,7 +9,7 @@ use llada_ir::Op;
 
 use super::gpu::{vk_error, Gpu};
 use super::pipelines::Pipelines;
-use super::record::{RecordedGraph, Recorder, Step};
+use super::record::{PassInputs, RecordedGraph, Recorder, Step};
 
 use crate::executor::{value_range, Capabilities, Executor, OpProfile, Pass, RunInputs};
 use crate::error::{Error, Result, Setting};
@@ -112,8 +112,8 @@ impl VulkanExecutor {
         e.fence = unsafe { d.create_fence(&vk::FenceCreateInfo::default(), None) }.map_err(|e| vk_error("creating a fence", e))?;
         let command_pool = e.command_pool;
         let homes = homes(h);
-        let mut r = Recorder::new(&gpu, &e.pipelines, h, &homes, buffer, ib, inputs_bytes, max_rows as u32, command_pool);
-        let recorded = r.record_all();
+        let mut r = Recorder::new(&gpu, &e.pipelines, h, &homes, buffer, PassInputs { buffer: ib, bytes: inputs_bytes, max_rows: max_rows as u32 }, command_pool);
+        let recorded = r.record_all(model);
         e.descriptor_pools = std::mem::take(&mut r.descriptor_pools);
         e.query_pools = std::mem::take(&mut r.query_pools);
         e.graphs = recorded?;
@@ -123,15 +123,15 @@ impl VulkanExecutor {
         Ok((e, window))
     }
 
-    /// Writes the pass inputs the shaders read (positions, head rows, counts).
+    /// Writes the pass inputs the shaders read (positions, logit rows, counts).
     fn write_inputs(&mut self, inp: &RunInputs) {
         // SAFETY: the mapping holds `len` words and the device reads it only during this
         // executor's submits, none of which is pending (each was waited for).
         let words = unsafe { std::slice::from_raw_parts_mut(self.inputs_map.0, self.inputs_map.1) };
         let block = inp.block_causal.unwrap_or(0) as u32;
-        words[..INPUT_HEADER].copy_from_slice(&[inp.stored_rows as u32, inp.context as u32, inp.head_rows.len() as u32, inp.rows as u32, block]);
+        words[..INPUT_HEADER].copy_from_slice(&[inp.stored_rows as u32, inp.context as u32, inp.logit_rows.len() as u32, inp.rows as u32, block]);
         words[INPUT_HEADER..INPUT_HEADER + inp.positions.len()].copy_from_slice(inp.positions);
-        words[INPUT_HEADER + self.max_rows..INPUT_HEADER + self.max_rows + inp.head_rows.len()].copy_from_slice(inp.head_rows);
+        words[INPUT_HEADER + self.max_rows..INPUT_HEADER + self.max_rows + inp.logit_rows.len()].copy_from_slice(inp.logit_rows);
     }
 
     /// Submits `cmd` and waits for it.
@@ -169,7 +169,7 @@ impl VulkanExecutor {
 
 impl Executor for VulkanExecutor {
     fn run(&mut self, model: &Model, pass: Pass<'_>) -> Result<()> {
-        let Pass { graph, inputs, window, stager, moe, mut profile } = pass;
+        let Pass { graph, inputs, window, mut stager, moe, mut profile } = pass;
         let inp = &inputs;
         let (g, gid) = (model.graph(graph), graph as usize);
         let recorded = match &self.graphs[gid] {
@@ -182,37 +182,39 @@ impl Executor for VulkanExecutor {
         self.write_inputs(inp);
         for step in &self.graphs[gid].as_ref().expect("checked above").steps {
             match step {
-                Step::Host { op } => {
-                    let start = Instant::now();
-                    stager.before_op(g, *op)?;
-                    let parts = window.parts();
-                    let base = parts.activations_offset;
-                    match g.ops[*op] {
-                        Op::Embed { table, out } => {
-                            let v = &g.values[out as usize];
-                            let range = value_range(g, v, inp.head_rows.len(), base);
-                            crate::kernels::embed_rows(model.weights(table), v.cols as usize, inp.tokens, &mut parts.activations[range]);
-                        }
-                        // The routers and experts: the session's CPU step, on the rows the
-                        // device computed (the command buffer before made them visible).
-                        _ => moe.run(model, g, *op, inp, parts.activations, base, parts.gemm)?,
+                Step::Staging(step) => {
+                    if let Some(s) = stager.as_deref_mut() {
+                        s.follow(*step)?;
                     }
-                    stager.after_op(g, *op);
+                }
+                Step::Embed { op } => {
+                    let start = Instant::now();
+                    let parts = window.parts();
+                    let Op::Embed { table, out } = g.ops[*op] else { unreachable!("the verified program's embedding step names an Embed op") };
+                    let v = &g.values[out as usize];
+                    let range = value_range(g, v, inp.logit_rows.len(), parts.activations_offset);
+                    crate::kernels::embed_rows(model.weights(table), v.cols as usize, inp.tokens, &mut parts.activations[range]);
                     if let Some(p) = profile.as_deref_mut() {
                         p.times.push((*op, start.elapsed().as_secs_f64()));
                     }
                 }
-                Step::Device { cmd, ops } => {
+                Step::Experts { ops } => {
+                    // The routers and experts: the session's CPU step, on the rows the device
+                    // computed (the command buffer before made them visible).
                     for op in ops.clone() {
-                        stager.before_op(g, op)?;
+                        let start = Instant::now();
+                        let parts = window.parts();
+                        moe.run(model, g, op, inp, parts.activations, parts.activations_offset, parts.gemm)?;
+                        if let Some(p) = profile.as_deref_mut() {
+                            p.times.push((op, start.elapsed().as_secs_f64()));
+                        }
                     }
+                }
+                Step::Device { cmd, ops } => {
                     let start = Instant::now();
                     self.submit(*cmd)?;
                     if let Some(t) = &self.trace {
                         t.span(Track::Device, format!("{} ops {}..{}", g.name, ops.start, ops.end), start, Instant::now());
-                    }
-                    for op in ops.clone() {
-                        stager.after_op(g, op);
                     }
                     match (profile.as_deref_mut(), queries) {
                         (Some(p), Some(q)) => self.op_times(q, ops.clone(), p)?,

@@ -45,6 +45,16 @@ pub(super) struct Gpu {
     debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>,
 }
 
+/// A logical device opened on the chosen physical one: its compute queue's family, and
+/// whether integer dot products were enabled (where the device reports them, unless
+/// `LLADA_VULKAN_INT8_DOT=0`).
+struct OpenedDevice {
+    device: ash::Device,
+    physical: vk::PhysicalDevice,
+    family: u32,
+    int8_dot: bool,
+}
+
 unsafe extern "system" fn on_validation_message(
     severity: vk::DebugUtilsMessageSeverityFlagsEXT,
     _types: vk::DebugUtilsMessageTypeFlagsEXT,
@@ -111,7 +121,7 @@ impl Gpu {
             None
         };
         match Gpu::with_device(&instance) {
-            Ok((device, physical, family, int8_dot)) => Ok(Gpu::describe(entry, instance, device, physical, family, int8_dot, debug)),
+            Ok(opened) => Ok(Gpu::describe(entry, instance, opened, debug)),
             Err(e) => {
                 // SAFETY: nothing created from the instance is alive but the messenger.
                 unsafe {
@@ -125,9 +135,8 @@ impl Gpu {
         }
     }
 
-    /// The chosen device with one compute queue, its family, and whether integer dot products
-    /// were enabled (where the device reports them, unless `LLADA_VULKAN_INT8_DOT=0`).
-    fn with_device(instance: &ash::Instance) -> Result<(ash::Device, vk::PhysicalDevice, u32, bool)> {
+    /// The chosen device with one compute queue (see [`OpenedDevice`]).
+    fn with_device(instance: &ash::Instance) -> Result<OpenedDevice> {
         // SAFETY: plain queries of a live instance.
         let mut devices = unsafe { instance.enumerate_physical_devices() }.map_err(|e| vk_error("listing devices", e))?;
         let chosen = std::env::var("LLADA_VULKAN_DEVICE").ok().map(|v| v.parse::<usize>().map_err(|_| Error::setting(Setting::Backend, format!("vulkan: LLADA_VULKAN_DEVICE={v} is not a device index"))));
@@ -168,11 +177,12 @@ impl Gpu {
         // SAFETY: the create info and what it points to live across the call; the queue
         // family exists, and the extension and feature are enabled only where listed.
         let device = unsafe { instance.create_device(physical, &info, None) }.map_err(|e| vk_error("creating the device", e))?;
-        Ok((device, physical, family, int8_dot))
+        Ok(OpenedDevice { device, physical, family, int8_dot })
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn describe(entry: ash::Entry, instance: ash::Instance, device: ash::Device, physical: vk::PhysicalDevice, family: u32, int8_dot: bool, debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>) -> Gpu {
+    /// The `Gpu` of a device opened on `instance`: its queue, memory, limits and name.
+    fn describe(entry: ash::Entry, instance: ash::Instance, opened: OpenedDevice, debug: Option<(ash::ext::debug_utils::Instance, vk::DebugUtilsMessengerEXT)>) -> Gpu {
+        let OpenedDevice { device, physical, family, int8_dot } = opened;
         let mut maintenance3 = vk::PhysicalDeviceMaintenance3Properties::default();
         let mut properties = vk::PhysicalDeviceProperties2::default().push_next(&mut maintenance3);
         // SAFETY: plain queries of live objects; the chained struct outlives the call.

@@ -5,7 +5,7 @@
 //! with it), and around the embedding gather, which reads the artifact on the CPU. Every
 //! dispatch's operands are fixed by the plan: value offsets in the activation region, weight
 //! offsets in the resident region or their slot, one layer's KV cache; what changes per pass
-//! (positions, head rows, context) is read from the pass-inputs buffer.
+//! (positions, logit rows, context) is read from the pass-inputs buffer.
 
 use std::sync::Arc;
 
@@ -13,21 +13,27 @@ use ash::vk;
 use llada_ir::packing::{panel_bytes, panels};
 use llada_ir::window::{op_values_span, operand_layout};
 use llada_ir::{DType, Graph, Header, KvDType, Op, Rows, TensorId, Value};
+use llada_ir::program::Step as ProgramStep;
 
 use super::gpu::{vk_error, Gpu};
 use super::pipelines::{matmul_format, Pipelines, MAX_HEAD_DIM};
 use crate::error::{Error, Result};
+use crate::model::Model;
 use crate::window::Home;
 
 /// Storage-buffer descriptors a pool holds before another is made.
 const SETS_PER_POOL: u32 = 512;
 
-/// One part of a recorded graph.
+/// One part of a recorded graph: its program's steps, each dense run as a command buffer.
 pub(super) enum Step {
     /// Ops `ops` as one command buffer.
     Device { cmd: vk::CommandBuffer, ops: std::ops::Range<usize> },
-    /// An op the host runs between command buffers (the embedding gather).
-    Host { op: usize },
+    /// The embedding gather, on the host.
+    Embed { op: usize },
+    /// Routers and routed experts: the session's CPU step, on the rows the device computed.
+    Experts { ops: std::ops::Range<usize> },
+    /// A wait or release of the swap schedule, for the stager.
+    Staging(ProgramStep),
 }
 
 pub(super) struct RecordedGraph {
@@ -51,10 +57,7 @@ pub(super) struct Recorder<'a> {
     pub h: &'a Header,
     pub homes: &'a [Home],
     pub window: vk::Buffer,
-    pub inputs: vk::Buffer,
-    pub inputs_bytes: u64,
-    /// Graph rows the inputs buffer holds positions (and head rows) for.
-    pub max_rows: u32,
+    pub inputs: PassInputs,
     pub command_pool: vk::CommandPool,
     pub descriptor_pools: Vec<vk::DescriptorPool>,
     pub query_pools: Vec<vk::QueryPool>,
@@ -64,11 +67,19 @@ pub(super) struct Recorder<'a> {
     act: Bind,
 }
 
+/// The pass-inputs buffer the shaders read (positions, logit rows, counts).
+#[derive(Clone, Copy)]
+pub(super) struct PassInputs {
+    pub buffer: vk::Buffer,
+    pub bytes: u64,
+    /// Graph rows it holds positions (and logit rows) for.
+    pub max_rows: u32,
+}
+
 impl<'a> Recorder<'a> {
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(gpu: &'a Arc<Gpu>, pipelines: &'a Pipelines, h: &'a Header, homes: &'a [Home], window: vk::Buffer, inputs: vk::Buffer, inputs_bytes: u64, max_rows: u32, command_pool: vk::CommandPool) -> Self {
+    pub fn new(gpu: &'a Arc<Gpu>, pipelines: &'a Pipelines, h: &'a Header, homes: &'a [Home], window: vk::Buffer, inputs: PassInputs, command_pool: vk::CommandPool) -> Self {
         let act = Bind { buffer: window, offset: 0, range: 0 };
-        Recorder { gpu, pipelines, h, homes, window, inputs, inputs_bytes, max_rows, command_pool, descriptor_pools: Vec::new(), query_pools: Vec::new(), sets_left: 0, act }
+        Recorder { gpu, pipelines, h, homes, window, inputs, command_pool, descriptor_pools: Vec::new(), query_pools: Vec::new(), sets_left: 0, act }
     }
 
     /// Binding offsets: the device's alignment, and at least 16 bytes so 128-bit vectors of a
@@ -124,10 +135,10 @@ impl<'a> Recorder<'a> {
     /// Records every graph of the artifact. A graph this device cannot run (values wider than
     /// one binding reaches, more workgroups than it dispatches: a [`Error::Request`]) is its
     /// reason instead, reported when a pass needs that graph; a failing Vulkan call fails all.
-    pub fn record_all(&mut self) -> Result<Vec<std::result::Result<RecordedGraph, String>>> {
+    pub fn record_all(&mut self, model: &Model) -> Result<Vec<std::result::Result<RecordedGraph, String>>> {
         let mut graphs = Vec::with_capacity(self.h.graphs.len());
-        for g in &self.h.graphs {
-            graphs.push(match self.record(g) {
+        for (i, g) in self.h.graphs.iter().enumerate() {
+            graphs.push(match self.record(g, model.program(i as u32)) {
                 Ok(r) => Ok(r),
                 Err(Error::Request(why)) => Err(format!("{why} (in graph {}, {} rows)", g.name, g.rows)),
                 Err(e) => return Err(e),
@@ -136,7 +147,8 @@ impl<'a> Recorder<'a> {
         Ok(graphs)
     }
 
-    fn record(&mut self, g: &Graph) -> Result<RecordedGraph> {
+    /// Graph `g`'s program with each dense run recorded as a command buffer.
+    fn record(&mut self, g: &Graph, program: &[ProgramStep]) -> Result<RecordedGraph> {
         let d = &self.gpu.device;
         let queries = if self.gpu.timestamp_bits > 0 {
             let info = vk::QueryPoolCreateInfo::default().query_type(vk::QueryType::TIMESTAMP).query_count(2 * g.ops.len().max(1) as u32);
@@ -147,25 +159,17 @@ impl<'a> Recorder<'a> {
         } else {
             None
         };
-        // The embedding and the mixture-of-experts ops run on the CPU (`VulkanExecutor::run`).
-        let host_op = |op: &Op| matches!(op, Op::Embed { .. } | Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. });
-        let split_before = |i: usize| host_op(&g.ops[i]) || g.staging.iter().any(|s| s.first_op as usize == i);
-        let split_after = |i: usize| host_op(&g.ops[i]) || g.staging.iter().any(|s| s.stage_after_op == Some(i as u32) || s.last_op as usize == i);
-        let mut steps = Vec::new();
-        let mut start = 0;
-        while start < g.ops.len() {
-            if host_op(&g.ops[start]) {
-                steps.push(Step::Host { op: start });
-                start += 1;
-                continue;
-            }
-            let mut end = start + 1;
-            while end < g.ops.len() && !split_after(end - 1) && !split_before(end) {
-                end += 1;
-            }
-            let cmd = self.record_chunk(g, start..end, queries)?;
-            steps.push(Step::Device { cmd, ops: start..end });
-            start = end;
+        let mut steps = Vec::with_capacity(program.len());
+        for &step in program {
+            steps.push(match step {
+                ProgramStep::Embed { op } => Step::Embed { op: op as usize },
+                ProgramStep::Moe { start, end } => Step::Experts { ops: start as usize..end as usize },
+                ProgramStep::Dense { start, end } => {
+                    let ops = start as usize..end as usize;
+                    Step::Device { cmd: self.record_chunk(g, ops.clone(), queries)?, ops }
+                }
+                ProgramStep::Wait { .. } | ProgramStep::Release { .. } => Step::Staging(step),
+            });
         }
         Ok(RecordedGraph { steps, queries })
     }
@@ -214,7 +218,7 @@ impl<'a> Recorder<'a> {
         }
         let set = self.descriptor_set()?;
         let act = self.act;
-        let inputs = Bind { buffer: self.inputs, offset: 0, range: self.inputs_bytes };
+        let inputs = Bind { buffer: self.inputs.buffer, offset: 0, range: self.inputs.bytes };
         let infos = [act, b1.unwrap_or(inputs), b2.unwrap_or(inputs), inputs].map(|b| vk::DescriptorBufferInfo { buffer: b.buffer, offset: b.offset, range: b.range });
         let writes: Vec<_> = infos
             .iter()
@@ -261,11 +265,11 @@ impl<'a> Recorder<'a> {
         let hd = h.model.head_dim;
         let val = |v: u32| &g.values[v as usize];
         let cols = |v: u32| val(v).cols;
-        // Rows a dispatch covers (the graph's, or its most head rows) and whether the pass's
+        // Rows a dispatch covers (the graph's, or its most logit rows) and whether the pass's
         // head-row count limits them.
         let rows = |v: u32| match val(v).rows {
             Rows::Tokens => (g.rows, 0u32),
-            Rows::Head => (g.head_rows, 1u32),
+            Rows::Logits => (g.logit_rows, 1u32),
         };
         let act_base = self.act.offset;
         let off = |v: u32| ((val(v).offset - act_base) / 4) as u32;
@@ -276,21 +280,21 @@ impl<'a> Recorder<'a> {
             Op::Bias { x, bias } => {
                 let (r, fh) = rows(x);
                 let (w, w_off) = self.weight(bias)?;
-                self.dispatch(cmd, p.elementwise, Some(w), None, &[4, off(x), w_off, cols(x), r, fh, 0, self.max_rows], [groups_of(cols(x)), r, 1])
+                self.dispatch(cmd, p.elementwise, Some(w), None, &[4, off(x), w_off, cols(x), r, fh, 0, self.inputs.max_rows], [groups_of(cols(x)), r, 1])
             }
             Op::Scale { x, factor } => {
                 let (r, fh) = rows(x);
-                self.dispatch(cmd, p.elementwise, None, None, &[1, off(x), 0, cols(x), r, fh, factor.to_bits(), self.max_rows], [groups_of(cols(x)), r, 1])
+                self.dispatch(cmd, p.elementwise, None, None, &[1, off(x), 0, cols(x), r, fh, factor.to_bits(), self.inputs.max_rows], [groups_of(cols(x)), r, 1])
             }
             Op::Add { acc, x } => {
                 let (r, fh) = rows(acc);
-                self.dispatch(cmd, p.elementwise, None, None, &[0, off(acc), off(x), cols(acc), r, fh, 0, self.max_rows], [groups_of(cols(acc)), r, 1])
+                self.dispatch(cmd, p.elementwise, None, None, &[0, off(acc), off(x), cols(acc), r, fh, 0, self.inputs.max_rows], [groups_of(cols(acc)), r, 1])
             }
             Op::SwiGlu { x, out } => {
                 let (r, fh) = rows(out);
-                self.dispatch(cmd, p.elementwise, None, None, &[2, off(out), off(x), cols(out), r, fh, 0, self.max_rows], [groups_of(cols(out)), r, 1])
+                self.dispatch(cmd, p.elementwise, None, None, &[2, off(out), off(x), cols(out), r, fh, 0, self.inputs.max_rows], [groups_of(cols(out)), r, 1])
             }
-            Op::GatherHeadRows { x, out } => self.dispatch(cmd, p.elementwise, None, None, &[3, off(out), off(x), cols(x), g.head_rows, 1, 0, self.max_rows], [groups_of(cols(x)), g.head_rows, 1]),
+            Op::GatherLogitRows { x, out } => self.dispatch(cmd, p.elementwise, None, None, &[3, off(out), off(x), cols(x), g.logit_rows, 1, 0, self.inputs.max_rows], [groups_of(cols(x)), g.logit_rows, 1]),
             Op::RmsNorm { x, weight, eps, out } => {
                 let (r, fh) = rows(x);
                 let (w, w_off) = self.weight(weight)?;
@@ -347,7 +351,7 @@ impl<'a> Recorder<'a> {
         let xv = &g.values[x as usize];
         let (rows, fh) = match xv.rows {
             Rows::Tokens => (g.rows, 0u32),
-            Rows::Head => (g.head_rows, 1u32),
+            Rows::Logits => (g.logit_rows, 1u32),
         };
         let (x_off, out_off) = (self.at(xv), self.at(&g.values[out as usize]));
         let group = match format {

@@ -1,0 +1,57 @@
+//! `llada-rt serve`: the artifact behind the HTTP server (`llada_serve`).
+
+use std::path::PathBuf;
+
+use clap::Args;
+use llada_rt::Model;
+
+use crate::{serve_defaults, sessions_flag, Done, SessionArgs};
+
+#[derive(Args)]
+pub(crate) struct Serve {
+    /// The artifact (from `lladac compile`).
+    file: PathBuf,
+    /// Address to listen on (0.0.0.0 for every interface).
+    #[arg(long, default_value_t = serve_defaults().host)]
+    host: String,
+    /// Port to listen on (0: any free port, printed when ready).
+    #[arg(long, default_value_t = serve_defaults().port)]
+    port: u16,
+    /// Sessions generating at once, each with its own window on the one mapped model;
+    /// without --threads the cores are shared out among them.
+    #[arg(long, default_value_t = serve_defaults().sessions, value_parser = sessions_flag)]
+    sessions: usize,
+    /// Requests that may wait for a session, 0 to 4096; more are refused with 429.
+    #[arg(long, default_value_t = serve_defaults().queue as u16, value_parser = clap::value_parser!(u16).range(0..=4096))]
+    queue: u16,
+    /// Require `Authorization: Bearer KEY` on /v1/ (default: LLADA_API_KEY, else none).
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Largest request body, in bytes.
+    #[arg(long, default_value_t = serve_defaults().max_body)]
+    max_body: usize,
+    #[command(flatten)]
+    session: SessionArgs,
+}
+
+impl Serve {
+    pub(crate) fn run(self) -> Done {
+        let Serve { file, host, port, sessions, queue, api_key, max_body, session: session_args } = self;
+        let model = Model::open(&file, true)?;
+        let config = llada_serve::Config {
+            host,
+            port,
+            sessions,
+            queue: queue.into(),
+            session: session_args.params(&model)?,
+            api_key: api_key.or_else(|| std::env::var("LLADA_API_KEY").ok()).filter(|k| !k.is_empty()),
+            max_body,
+            ..llada_serve::Config::default()
+        };
+        let id = llada_serve::model_id(&file);
+        llada_serve::serve(model, &config, |addr| {
+            eprintln!("llada-rt serve: {id} on http://{addr}/ ({sessions} session(s), queue {queue}); SIGTERM or Ctrl-C stops it");
+        })?;
+        Ok(())
+    }
+}
