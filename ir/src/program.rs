@@ -121,16 +121,17 @@ impl Programs {
     }
 
     /// `h`'s `program` section (the reader refused it at another version), checked against
-    /// its graphs.
+    /// its graphs (the verifier's check).
     pub fn of(h: &Header) -> Result<Programs> {
         let programs = Programs::decode(&h.extensions)?;
         programs.check(&h.graphs, h.plan.window.rotating.len() as u32)?;
         Ok(programs)
     }
 
-    /// The section among `extensions`; an artifact without it was written before programs and
-    /// must be recompiled.
-    fn decode(extensions: &[Extension]) -> Result<Programs> {
+    /// The section among `extensions`, decoded, not checked again: for a loader whose header
+    /// the verifier passed (`Artifact::parse`). An artifact without it was written before
+    /// programs and must be recompiled.
+    pub fn decode(extensions: &[Extension]) -> Result<Programs> {
         let Some(e) = extensions.iter().find(|e| e.key == EXTENSION_KEY) else {
             return Err(Error::invalid(format!("the artifact has no '{EXTENSION_KEY}' section (it was compiled before each graph carried its program): recompile it with this lladac")));
         };

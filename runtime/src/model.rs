@@ -99,7 +99,9 @@ impl Model {
             })
             .map_err(wrap)?;
         }
-        let programs = Arc::new(Programs::of(&art.header).map_err(wrap)?);
+        // `Artifact::parse` verified the programs against the graphs; a missing section is
+        // refused here (recompile).
+        let programs = Arc::new(Programs::decode(&art.header.extensions).map_err(wrap)?);
         let (p, header) = (art.preamble, art.header);
         let data = p.data_offset as usize..(p.data_offset + p.data_len) as usize;
         Ok(Model { path: path.to_path_buf(), header: Arc::new(header), file: Arc::new(file), mapping: Arc::new(Mapping { guard, map }), data, programs })
