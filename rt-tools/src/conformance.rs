@@ -10,7 +10,8 @@ use std::path::Path;
 use serde::Deserialize;
 
 use llada_rt::error::{Error, Result};
-use llada_rt::sampler::{generate, Alg, Policy, Remasking, SamplerParams};
+use llada_rt::generate;
+use llada_rt::sampler::{Alg, Policy, Remasking, SamplerParams};
 use llada_rt::session::Session;
 
 #[derive(Deserialize)]

@@ -10,7 +10,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use llada_rt::error::{Error, Result};
-use llada_rt::sampler::{generate, MbsdReport, SamplerParams};
+use llada_rt::generate;
+use llada_rt::sampler::{MbsdReport, SamplerParams};
 use llada_rt::session::Session;
 use llada_rt::text::Text;
 

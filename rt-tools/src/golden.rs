@@ -19,7 +19,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::conformance::Selection;
 use llada_rt::error::{Error, Result};
-use llada_rt::sampler::{generate, Policy, Remasking, SamplerParams};
+use llada_rt::generate;
+use llada_rt::sampler::{Policy, Remasking, SamplerParams};
 use llada_rt::session::Session;
 use llada_rt::text::Text;
 

@@ -4,6 +4,7 @@
 pub mod error;
 pub mod executor;
 mod fault;
+mod generator;
 pub mod kernels;
 pub mod lease;
 pub mod moe;
@@ -24,5 +25,6 @@ pub mod window;
 pub use error::{Error, Result, Setting};
 pub use model::Model;
 pub use params::{SamplerParams, SessionParams};
-pub use sampler::{generate, generate_until, Generation, Generator, Remasking};
+pub use generator::{generate, generate_until, Generator};
+pub use sampler::{Generation, Remasking};
 pub use session::Session;

@@ -203,6 +203,11 @@ impl Model {
         self.header.plan.by_rows.last().map_or(0, |&g| self.graph(g).rows).min(self.header.plan.kv_capacity)
     }
 
+    /// Most logit rows one pass over `rows` positions can return.
+    pub fn logit_capacity(&self, rows: usize) -> Result<usize> {
+        Ok(self.graph(self.graph_for_rows(rows)?).logit_rows as usize)
+    }
+
     /// The graph that computes `rows` positions: the smallest bucket that holds them.
     pub fn graph_for_rows(&self, rows: usize) -> Result<u32> {
         self.header.graph_for_rows(rows).ok_or_else(|| {

@@ -1,19 +1,19 @@
 //! A session binds a loaded model to one window and one executor, and runs forward passes
 //! the plan allows. It counts what it did, so every decoding policy reports the same figures.
 
+use std::ops::Range;
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::error::{Error, Result, Setting};
-use std::ops::Range;
-
 use crate::executor::{self, value_range, Backend, Capabilities, Executor, OpProfile, Pass, PassProfile, RunInputs};
-use std::sync::Arc;
-
 use crate::model::{Model, SharedModel};
-use crate::params::SessionParams;
 use crate::moe::{ExpertCounters, ExpertStrategy, Experts, MoeStep};
+use crate::params::SessionParams;
+pub use crate::sampler::RowSet;
+use crate::sampler::{Predict, SideChecks, SideJob};
+use crate::side_lane::SideLane;
 use crate::staging::{PassStaging, Stager, StagingMode};
-use crate::side_lane::{Predict, SideLane};
 use crate::window::Window;
 
 /// What a session has computed so far.
@@ -274,7 +274,7 @@ impl Session {
 
     /// Most logit rows one pass over `rows` positions can return.
     pub fn logit_capacity(&self, rows: usize) -> Result<usize> {
-        Ok(self.model.graph(self.model.graph_for_rows(rows)?).logit_rows as usize)
+        self.model.logit_capacity(rows)
     }
 
     /// Times every op of every pass from now on (`on`), keeping the times for
@@ -415,15 +415,6 @@ impl Session {
         self.executor.pool().clone()
     }
 
-    /// The window (the CPU side path copies keys and values between it and its own).
-    pub fn window(&self) -> &Window {
-        &self.window
-    }
-
-    pub fn window_mut(&mut self) -> &mut Window {
-        &mut self.window
-    }
-
     /// Readies the side lane for a generation checking `per_job` tokens a side pass with
     /// `predict`: the one kept from an earlier generation if it checks as many, else a new one
     /// (thread started, window allocated; counted in `Counters::side_path_starts`).
@@ -436,14 +427,17 @@ impl Session {
         self.side.as_mut().expect("set above").begin(predict)
     }
 
-    /// The side lane, taken out while a merge uses it beside the session;
-    /// [`put_side_lane`](Self::put_side_lane) returns it.
-    pub(crate) fn take_side_lane(&mut self) -> Option<SideLane> {
-        self.side.take()
+    /// The side lane's merge point after a dense pass that stored keys and values at
+    /// `dense_stored` (see [`SideLane::merge`]): what its job checked, if one was running.
+    pub(crate) fn merge_side(&mut self, dense_stored: &[u32]) -> Result<Option<SideChecks<'_>>> {
+        let side = self.side.as_mut().ok_or_else(no_side_lane)?;
+        side.merge(&mut self.window, &self.model, dense_stored)
     }
 
-    pub(crate) fn put_side_lane(&mut self, side: SideLane) {
-        self.side = Some(side);
+    /// Starts a job on the side lane, beside the next dense pass.
+    pub(crate) fn launch_side(&mut self, job: &SideJob) -> Result<()> {
+        let trace = self.trace.clone();
+        self.side.as_mut().ok_or_else(no_side_lane)?.launch(job, trace)
     }
 
     /// The trace passes are recorded in, if any.
@@ -637,36 +631,9 @@ impl Session {
     }
 }
 
-/// Rows of a row-set pass: positions and input tokens, the `stored` ones first.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RowSet {
-    pub positions: Vec<u32>,
-    pub tokens: Vec<u32>,
-    pub stored: usize,
-}
-
-impl RowSet {
-    pub fn clear(&mut self) {
-        self.positions.clear();
-        self.tokens.clear();
-        self.stored = 0;
-    }
-
-    pub fn len(&self) -> usize {
-        self.positions.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.positions.is_empty()
-    }
-
-    /// Appends a row; stored rows must all come before the others.
-    pub fn push(&mut self, position: usize, token: u32, store: bool) {
-        debug_assert!(!store || self.stored == self.positions.len(), "stored rows come first");
-        self.positions.push(position as u32);
-        self.tokens.push(token);
-        self.stored += usize::from(store);
-    }
+/// The error of a side-lane ask before the lane was set up.
+fn no_side_lane() -> Error {
+    Error::Internal("the session's CPU side lane is not set up".to_string())
 }
 
 fn check_tokens(model: &Model, tokens: &[u32]) -> Result<()> {

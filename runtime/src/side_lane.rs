@@ -1,8 +1,9 @@
 //! The CPU side lane: a persistent worker thread with its own host executor and window, whose
 //! cache mirrors the accelerator's, running the revision checks of `mbsd --revision
 //! dual-path` beside the dense passes. The session creates it from the model and keeps it
-//! across generations; a policy hands it one job at a time ([`SideLane::exchange`]): the
-//! positions to check, and what a check row's logits predict. What the checks mean (stable,
+//! across generations, and serves a policy's asks one job at a time ([`SideLane::launch`],
+//! then [`SideLane::merge`] at the next merge point): the positions to check, and what a
+//! check row's logits predict. What the checks mean (stable,
 //! revised) is the policy's (`sampler/revision.rs`).
 //!
 //! A job checks `n` tokens in one pass of `2n` rows on LLaDA (refresh rows storing the tokens,
@@ -15,8 +16,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use llada_ir::SpecialTokens;
-
 use crate::error::{Error, Result};
 use crate::executor::{value_range, HostExecutor, RunInputs};
 use crate::kernels::cpu::Features;
@@ -25,22 +24,31 @@ use crate::model::Model;
 use crate::moe::MoeStep;
 use crate::params::SamplerParams;
 use crate::pool::Pool;
+use crate::sampler::{Predict, SideChecks, SideJob};
 use crate::trace::{Trace, Track};
 use crate::window::Window;
 
-/// What a check row's logits predict at a position: (token, confidence), given the
-/// generation's settings, its special tokens and the step (the policy's rule).
-pub(crate) type Predict = fn(row: &mut [f32], p: &SamplerParams, special: &SpecialTokens, step: usize, position: usize) -> (u32, f32);
 
 /// The lane as the dense path's thread sees it: the worker thread and the one job slot it
 /// serves.
 pub struct SideLane {
     jobs: Slots<Job, ()>,
     thread: Option<JoinHandle<()>>,
-    /// A job was launched and not exchanged yet.
+    /// A job was launched and not merged yet.
     running: bool,
     /// Tokens checked per job.
     per_job: usize,
+    /// The last merged job's outcome, copied out of the job (which goes back to the thread).
+    home: Home,
+}
+
+/// A merged job's outcome (see [`SideChecks`]), in buffers sized once.
+struct Home {
+    checked: Vec<u32>,
+    predictions: Vec<(u32, f32)>,
+    fresh: Vec<u32>,
+    waited_seconds: f64,
+    side_seconds: f64,
 }
 
 /// The one job between the dense path and the side path's thread, in buffers sized once: a
@@ -196,7 +204,8 @@ impl SideLane {
             // The pool is dropped (joined) here, never from its own threads.
             .spawn(move || helper.contain_panic(|| worker.serve(&pool, &helper)))
             .map_err(|e| Error::io("starting the CPU side path's thread", e))?;
-        Ok(SideLane { jobs, thread: Some(thread), running: false, per_job })
+        let home = Home { checked: Vec::with_capacity(per_job), predictions: Vec::with_capacity(per_job), fresh: Vec::with_capacity(per_job), waited_seconds: 0.0, side_seconds: 0.0 };
+        Ok(SideLane { jobs, thread: Some(thread), running: false, per_job, home })
     }
 
     /// Tokens one side pass checks.
@@ -211,15 +220,63 @@ impl SideLane {
         self.jobs.wait(0, |_, requested| !requested, |job| job.predict = predict).map_err(|_| failed())
     }
 
-    /// Waits until the job is home (done, if one was launched), then runs `f` on it with
-    /// whether one had been launched since the last call; `f` returns whether to launch the job
-    /// it prepared (the thread then runs it until the next call).
-    pub(crate) fn exchange(&mut self, f: impl FnOnce(&mut Job, bool) -> Result<bool>) -> Result<()> {
+    /// The merge point after a dense pass that stored keys and values at `dense_stored`
+    /// positions of `dense`: waits for the running job if it is late, copies its refreshed keys
+    /// and values into `dense` where the dense pass did not store them, and brings the side
+    /// cache level with the dense one. Returns what the job checked (`None` if none was
+    /// running), in the lane's buffers.
+    pub(crate) fn merge(&mut self, dense: &mut Window, model: &Model, dense_stored: &[u32]) -> Result<Option<SideChecks<'_>>> {
+        let wait = Instant::now();
         let running = std::mem::take(&mut self.running);
-        if self.jobs.wait(0, |_, requested| !requested, |job| f(job, running)).map_err(|_| failed())?? {
-            self.jobs.request(0, ());
-            self.running = true;
-        }
+        let home = &mut self.home;
+        self.jobs
+            .wait(
+                0,
+                |_, requested| !requested,
+                |job| -> Result<()> {
+                    if running {
+                        home.waited_seconds = wait.elapsed().as_secs_f64();
+                        if let Some(e) = job.error.take() {
+                            return Err(e);
+                        }
+                        // Its reads of the artifact may have seen zeros if the file was truncated meanwhile.
+                        model.check_intact()?;
+                        home.side_seconds = job.seconds;
+                        home.checked.clear();
+                        home.checked.extend_from_slice(&job.checked);
+                        home.predictions.clear();
+                        home.predictions.extend_from_slice(&job.predictions);
+                        home.fresh.clear();
+                        home.fresh.extend(job.checked.iter().copied().filter(|p| !dense_stored.contains(p)));
+                        dense.copy_kv_from(&job.window, &home.fresh, &model.header);
+                    }
+                    job.window.copy_kv_from(dense, dense_stored, &model.header);
+                    Ok(())
+                },
+            )
+            .map_err(|_| failed())??;
+        let home = &self.home;
+        Ok(running.then(|| SideChecks { checked: &home.checked, predictions: &home.predictions, fresh: &home.fresh, waited_seconds: home.waited_seconds, side_seconds: home.side_seconds }))
+    }
+
+    /// Starts `job` on the lane's thread, where it runs beside the next dense pass (recorded
+    /// in `trace`, if any); the next [`merge`](Self::merge) brings it home.
+    pub(crate) fn launch(&mut self, job: &SideJob, trace: Option<Arc<Trace>>) -> Result<()> {
+        self.jobs
+            .wait(
+                0,
+                |_, requested| !requested,
+                |j| {
+                    for (to, from) in [(&mut j.checked, job.checked), (&mut j.tokens, job.tokens), (&mut j.before, job.before)] {
+                        to.clear();
+                        to.extend_from_slice(from);
+                    }
+                    (j.seq_len, j.params, j.step, j.trace) = (job.seq_len, job.params, job.step, trace);
+                },
+            )
+            .map_err(|_| failed())?;
+        self.jobs.request(0, ());
+        self.running = true;
         Ok(())
     }
 }

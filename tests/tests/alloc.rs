@@ -21,11 +21,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Mutex, MutexGuard};
 
 use llada_rt::moe::ExpertStrategy;
-use llada_rt::sampler::{Generator, Policy};
+use llada_rt::sampler::Policy;
 use llada_rt::session::ExpertOptions;
 use llada_rt::staging::StagingMode;
 use llada_rt::text::Text;
-use llada_rt::{Model, SamplerParams, Session};
+use llada_rt::{Generator, Model, SamplerParams, Session};
 
 struct Counting;
 

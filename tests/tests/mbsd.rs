@@ -93,7 +93,7 @@ fn the_side_path_is_the_sessions_kept_across_generations_with_unchanged_tokens()
     let mut session = Session::with_threads(&model, 2).unwrap();
     // A generation stopped after three steps leaves its side job running: the next one waits
     // for it and starts clean.
-    let mut g = llada_rt::sampler::Generator::start(&mut session, &prompts[1], &s).unwrap();
+    let mut g = llada_rt::Generator::start(&mut session, &prompts[1], &s).unwrap();
     for _ in 0..3 {
         g.step().unwrap();
     }

@@ -4,9 +4,9 @@
 
 mod common;
 
-use llada_rt::sampler::{Generator, Policy, Revision};
+use llada_rt::sampler::{Policy, Revision};
 use llada_rt::text::Text;
-use llada_rt::{generate, Model, SamplerParams, Session};
+use llada_rt::{generate, Generator, Model, SamplerParams, Session};
 
 fn every_policy() -> Vec<SamplerParams> {
     let base = SamplerParams { gen_length: 64, block_length: 16, steps: 32, ..Default::default() };

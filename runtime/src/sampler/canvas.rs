@@ -1,22 +1,44 @@
 //! What every policy shares over a generation: the canvas being denoised, where the
-//! generation is, its records, and the `PolicyStep` a policy implements. Below the generator,
-//! which owns the policies and the canvas.
+//! generation is, its records, and the `PolicyStep` a policy implements. The generator, which
+//! owns the policy and the canvas, drives the steps.
 
 use llada_ir::SpecialTokens;
 
+use super::ask::{Ask, SideChecks};
 use super::{commits_per_step, Candidate, Generation, Policy, Predictor, SamplerParams, StepView};
-use crate::error::Result;
-use crate::session::Session;
+use crate::error::{Error, Result};
+use super::ask::Predict;
 use crate::topk::topk_in;
 
-/// One policy's part of a step: which rows the pass computes, and what follows from its
-/// predictions. The block schedule, the records and the view are the generator's.
+/// A policy as a state machine over the canvas: a step of block `c.block` (its step `c.i`,
+/// committing `c.scheduled` positions, or as the threshold rule says) is a sequence of asks
+/// (`next`), each pass's logits handed back (`logits`), until the policy answers
+/// [`Ask::Done`]. Which rows each pass computes and what follows from its predictions are the
+/// policy's; the block schedule, the records and the view are the generator's; the passes
+/// are the session's.
 pub(crate) trait PolicyStep: Send {
-    /// One step of block `c.block` (its step `c.i`), committing `scheduled` positions (or as
-    /// the threshold rule says) into `c`.
-    fn step(&mut self, session: &mut Session, c: &mut Canvas, scheduled: usize) -> Result<()>;
+    /// What the current step needs next; [`Ask::Done`] ends it.
+    fn next<'a>(&'a mut self, c: &'a mut Canvas) -> Result<Ask<'a>>;
+    /// The logits of the pass the last [`next`](Self::next) asked for.
+    fn logits(&mut self, c: &mut Canvas, logits: &[f32]) -> Result<()>;
+    /// What the side lane's merge brought back (`None`: no job was running), for a policy
+    /// that asks [`Ask::MergeSide`].
+    fn side_checks(&mut self, _c: &mut Canvas, _checks: Option<SideChecks>) -> Result<()> {
+        Err(Error::Internal("a policy without a side lane was handed its checks".to_string()))
+    }
+    /// The side lane the policy uses, if any: tokens checked per job, and the rule that
+    /// predicts a checked position.
+    fn side_lane(&self) -> Option<(usize, Predict)> {
+        None
+    }
     /// Adds what the policy reports to the finished generation.
     fn report(&mut self, _g: &mut Generation) {}
+}
+
+/// The error of a policy handed a reply it did not ask for (the generator's loop keeps the
+/// turns: a pass's logits, then the next ask).
+pub(crate) fn out_of_turn() -> Error {
+    Error::Internal("a policy was handed a reply it did not ask for".to_string())
 }
 
 /// The state every policy shares, in buffers sized when the generation starts.
@@ -31,6 +53,8 @@ pub(crate) struct Canvas {
     /// The current block, the step within it, and the commits its schedule gives each step.
     pub(crate) block: usize,
     pub(crate) i: usize,
+    /// The commits the schedule gives the current step.
+    pub(crate) scheduled: usize,
     schedule: Vec<usize>,
     block_started: bool,
     /// The schedule ends a block when its steps are taken; the dynamic rules (a threshold,
@@ -88,6 +112,7 @@ impl Canvas {
             blocks,
             block: 0,
             i: 0,
+            scheduled: 0,
             schedule: Vec::with_capacity(steps_per_block),
             block_started: false,
             dynamic,
@@ -112,18 +137,18 @@ impl Canvas {
     }
 
     /// Closes the step just taken: its records end here.
-    pub(super) fn end_step(&mut self) {
+    pub(crate) fn end_step(&mut self) {
         self.i += 1;
         self.step += 1;
         self.reveal_ends.push(self.reveals.len());
         self.revision_ends.push(self.revisions.len());
     }
 
-    pub(super) fn reveals_per_step(&self) -> Vec<Vec<[u32; 2]>> {
+    pub(crate) fn reveals_per_step(&self) -> Vec<Vec<[u32; 2]>> {
         Canvas::per_step(&self.reveals, &self.reveal_ends)
     }
 
-    pub(super) fn revisions_per_step(&self) -> Vec<Vec<[u32; 2]>> {
+    pub(crate) fn revisions_per_step(&self) -> Vec<Vec<[u32; 2]>> {
         Canvas::per_step(&self.revisions, &self.revision_ends)
     }
 
@@ -204,16 +229,17 @@ impl Canvas {
         }
     }
 
-    /// The step's `scheduled` commits, or `None` when the generation is over; moves to the
-    /// next block when the current one is done.
-    pub(super) fn next_step(&mut self) -> Option<usize> {
+    /// Begins the next step, setting its `scheduled` commits; `false` when the generation is
+    /// over. Moves to the next block when the current one is done.
+    pub(crate) fn begin_step(&mut self) -> bool {
         if self.own_schedule {
-            return (!self.done).then_some(0);
+            self.scheduled = 0;
+            return !self.done;
         }
         let mask = self.special.mask;
         loop {
             if self.block == self.blocks {
-                return None;
+                return false;
             }
             let (start, end) = self.block_range();
             if !self.block_started {
@@ -226,8 +252,9 @@ impl Canvas {
             } else {
                 self.schedule.get(self.i).copied()
             };
-            if scheduled.is_some() {
-                return scheduled;
+            if let Some(scheduled) = scheduled {
+                self.scheduled = scheduled;
+                return true;
             }
             self.block += 1;
             self.i = 0;
@@ -235,7 +262,7 @@ impl Canvas {
         }
     }
 
-    pub(super) fn view(&self) -> StepView<'_> {
+    pub(crate) fn view(&self) -> StepView<'_> {
         let n = self.reveal_ends.len();
         let step_range = |ends: &[usize]| if n == 0 { 0..0 } else { n.checked_sub(2).map_or(0, |i| ends[i])..ends[n - 1] };
         StepView {

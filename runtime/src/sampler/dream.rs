@@ -25,11 +25,11 @@
 
 use rand::RngExt;
 
-use super::canvas::{Canvas, PolicyStep};
+use super::ask::{Ask, PassRequest};
+use super::canvas::{out_of_turn, Canvas, PolicyStep};
 use super::{candidates, committed_prefix, stream};
 use crate::error::Result;
 use crate::params::{Alg, Policy, SamplerParams};
-use crate::session::Session;
 
 /// Random streams of Dream's draws (distinct from LLaDA's purposes): the commits' samples,
 /// `origin`'s transfers, `alg_temp`'s picks, and the `mbsd` side path's checks.
@@ -46,6 +46,20 @@ pub(super) struct Dream {
     /// The rules of the blocked sampler's cached steps: `p` with the negative-entropy
     /// confidence.
     cached: SamplerParams,
+    phase: Phase,
+}
+
+/// Where a step is: its pass asked for (which one, and what its commits need), or done.
+#[derive(Clone, PartialEq)]
+enum Phase {
+    Begin,
+    /// The published sampler's whole-sequence pass, for `count` commits.
+    Exact { count: usize },
+    /// The blocked sampler: a block's first pass (its first position), then passes for
+    /// `count` commits ranked over `span`.
+    BlockStart,
+    Blocked { count: usize, span: std::ops::Range<usize> },
+    End,
 }
 
 impl Dream {
@@ -54,46 +68,81 @@ impl Dream {
         // Fast-dLLM's cached steps take the negative entropy whatever `alg` says, and its
         // `confidence_threshold` mode the chosen token's probability.
         let alg = if p.threshold.is_some() { Alg::MaskgitPlus } else { Alg::Entropy };
-        Dream { timesteps: timesteps(steps, p.eps), policy: p.policy, cached: SamplerParams { alg, ..*p } }
+        Dream { timesteps: timesteps(steps, p.eps), policy: p.policy, cached: SamplerParams { alg, ..*p }, phase: Phase::Begin }
     }
 
-    /// A step of the blocked sampler (`prefix`, `dual`).
-    fn blocked_step(&mut self, session: &mut Session, c: &mut Canvas) -> Result<()> {
+    /// The published sampler's step: its pass over the whole sequence, or its end where it
+    /// commits nothing.
+    fn exact_pass<'a>(&'a mut self, c: &'a mut Canvas) -> Ask<'a> {
+        let (mask, len, steps, i) = (c.special.mask, c.x.len(), c.p.steps, c.i);
+        c.logit_rows.clear();
+        c.logit_rows.extend((0..len).filter(|&j| c.x[j] == mask).map(|j| j as u32));
+        c.candidates.clear();
+        let masked = c.logit_rows.len();
+        let count = transfer_count(masked, i, steps, &self.timesteps);
+        // A step that commits nothing changes nothing: its pass is skipped (the published
+        // loop runs it and discards it).
+        if masked == 0 || (count == 0 && c.p.alg != Alg::Origin) {
+            return self.end(c);
+        }
+        self.phase = Phase::Exact { count };
+        Ask::Pass(PassRequest::Span { seq: &c.x, span: 0..len, logit_positions: &c.logit_rows })
+    }
+
+    /// A step of the blocked sampler (`prefix`, `dual`): its pass, or its end where it commits
+    /// nothing.
+    fn blocked_pass<'a>(&'a mut self, c: &'a mut Canvas) -> Ask<'a> {
         let (mask, len) = (c.special.mask, c.x.len());
         let (start, end) = c.block_range();
-        // What Fast-dLLM ranks: the block and everything after it, or the block alone.
-        let span = if self.policy == Policy::Dual { start..end } else { start..len };
         c.candidates.clear();
+        c.logit_rows.clear();
         if c.i == 0 {
             // The block's first position from a whole-sequence pass, which refreshes the cache.
-            c.logit_rows.clear();
             c.logit_rows.push(start as u32);
-            c.predictor.load(session.forward_full(&c.x, &c.logit_rows)?);
-            let (token, _) = c.predictor.run_dream(&c.logit_rows, &c.p, DREAM_SAMPLE, c.step)[0];
-            c.x[start] = token;
-            c.reveals.push([(start - c.prompt_len) as u32, token]);
-        } else {
-            c.logit_rows.clear();
-            c.logit_rows.extend((start..end).filter(|&j| c.x[j] == mask).map(|j| j as u32));
-            let steps = self.timesteps.len() - 1;
-            let count = match c.p.threshold {
-                // Every masked position of the block is ranked; the loop runs until none is left.
-                Some(_) => c.logit_rows.len(),
-                None => transfer_count(c.logit_rows.len(), c.i, steps, &self.timesteps),
-            };
-            if !c.logit_rows.is_empty() && count > 0 {
-                c.predictor.load(session.forward_span(&c.x, span.clone(), &c.logit_rows)?);
-                let predictions = c.predictor.run_dream(&c.logit_rows, &self.cached, DREAM_SAMPLE, c.step);
-                c.candidates.extend(candidates(&c.logit_rows, predictions));
-                match c.p.threshold {
-                    // `confidence_threshold`: the most confident, and every other at or above it.
-                    Some(t) => c.commit_ranked(span, count, |rank, confidence| rank == 0 || confidence >= t),
-                    None => commit_blocked(c, count, span),
+            self.phase = Phase::BlockStart;
+            return Ask::Pass(PassRequest::Span { seq: &c.x, span: 0..len, logit_positions: &c.logit_rows });
+        }
+        // What Fast-dLLM ranks: the block and everything after it, or the block alone.
+        let span = if self.policy == Policy::Dual { start..end } else { start..len };
+        c.logit_rows.extend((start..end).filter(|&j| c.x[j] == mask).map(|j| j as u32));
+        let steps = self.timesteps.len() - 1;
+        let count = match c.p.threshold {
+            // Every masked position of the block is ranked; the loop runs until none is left.
+            Some(_) => c.logit_rows.len(),
+            None => transfer_count(c.logit_rows.len(), c.i, steps, &self.timesteps),
+        };
+        if c.logit_rows.is_empty() || count == 0 {
+            return self.end(c);
+        }
+        self.phase = Phase::Blocked { count, span: span.clone() };
+        Ask::Pass(PassRequest::Span { seq: &c.x, span, logit_positions: &c.logit_rows })
+    }
+
+    /// The step's end: what is settled.
+    fn end(&mut self, c: &mut Canvas) -> Ask<'static> {
+        self.phase = Phase::Begin;
+        c.settled = committed_prefix(&c.x[c.prompt_len..], c.special.mask);
+        Ask::Done
+    }
+
+    /// The published sampler's commits from its pass's predictions (in `c.candidates`).
+    fn exact_commits(&self, c: &mut Canvas, count: usize) {
+        let (i, steps) = (c.i, c.p.steps);
+        if let Some(t) = c.p.alg_temp.filter(|&t| t != 0.0 && c.p.alg != Alg::Origin) {
+            commit_drawn(c, count, t);
+        } else if c.p.alg == Alg::Origin {
+            let p_transfer = if i + 1 < steps { 1.0 - self.timesteps[i + 1] / self.timesteps[i] } else { 1.0 };
+            for cand in &c.candidates {
+                let u: f32 = stream(c.p.seed, DREAM_TRANSFER, c.step, cand.position).random();
+                if u < p_transfer {
+                    c.x[cand.position] = cand.token;
+                    c.reveals.push([(cand.position - c.prompt_len) as u32, cand.token]);
                 }
             }
+            c.candidates.clear();
+        } else {
+            c.commit_best(count);
         }
-        c.settled = committed_prefix(&c.x[c.prompt_len..], mask);
-        Ok(())
     }
 }
 
@@ -226,39 +275,40 @@ pub(crate) fn predict(row: &mut [f32], p: &SamplerParams, purpose: u64, step: us
 }
 
 impl PolicyStep for Dream {
-    fn step(&mut self, session: &mut Session, c: &mut Canvas, _scheduled: usize) -> Result<()> {
-        if self.policy != Policy::Exact {
-            return self.blocked_step(session, c);
+    fn next<'a>(&'a mut self, c: &'a mut Canvas) -> Result<Ask<'a>> {
+        match self.phase {
+            Phase::Begin if self.policy == Policy::Exact => Ok(self.exact_pass(c)),
+            Phase::Begin => Ok(self.blocked_pass(c)),
+            Phase::End => Ok(self.end(c)),
+            Phase::Exact { .. } | Phase::BlockStart | Phase::Blocked { .. } => Err(out_of_turn()),
         }
-        let (mask, len, steps, i) = (c.special.mask, c.x.len(), c.p.steps, c.i);
-        c.logit_rows.clear();
-        c.logit_rows.extend((0..len).filter(|&j| c.x[j] == mask).map(|j| j as u32));
-        c.candidates.clear();
-        let masked = c.logit_rows.len();
-        let count = transfer_count(masked, i, steps, &self.timesteps);
-        // A step that commits nothing changes nothing: its pass is skipped (the published
-        // loop runs it and discards it).
-        if masked > 0 && (count > 0 || c.p.alg == Alg::Origin) {
-            c.predictor.load(session.forward_full(&c.x, &c.logit_rows)?);
-            let predictions = c.predictor.run_dream(&c.logit_rows, &c.p, DREAM_SAMPLE, c.step);
-            c.candidates.extend(candidates(&c.logit_rows, predictions));
-            if let Some(t) = c.p.alg_temp.filter(|&t| t != 0.0 && c.p.alg != Alg::Origin) {
-                commit_drawn(c, count, t);
-            } else if c.p.alg == Alg::Origin {
-                let p_transfer = if i + 1 < steps { 1.0 - self.timesteps[i + 1] / self.timesteps[i] } else { 1.0 };
-                for cand in &c.candidates {
-                    let u: f32 = stream(c.p.seed, DREAM_TRANSFER, c.step, cand.position).random();
-                    if u < p_transfer {
-                        c.x[cand.position] = cand.token;
-                        c.reveals.push([(cand.position - c.prompt_len) as u32, cand.token]);
-                    }
-                }
-                c.candidates.clear();
-            } else {
-                c.commit_best(count);
+    }
+
+    fn logits(&mut self, c: &mut Canvas, logits: &[f32]) -> Result<()> {
+        c.predictor.load(logits);
+        match std::mem::replace(&mut self.phase, Phase::End) {
+            Phase::Exact { count } => {
+                let predictions = c.predictor.run_dream(&c.logit_rows, &c.p, DREAM_SAMPLE, c.step);
+                c.candidates.extend(candidates(&c.logit_rows, predictions));
+                self.exact_commits(c, count);
             }
+            Phase::BlockStart => {
+                let start = c.block_range().0;
+                let (token, _) = c.predictor.run_dream(&c.logit_rows, &c.p, DREAM_SAMPLE, c.step)[0];
+                c.x[start] = token;
+                c.reveals.push([(start - c.prompt_len) as u32, token]);
+            }
+            Phase::Blocked { count, span } => {
+                let predictions = c.predictor.run_dream(&c.logit_rows, &self.cached, DREAM_SAMPLE, c.step);
+                c.candidates.extend(candidates(&c.logit_rows, predictions));
+                match c.p.threshold {
+                    // `confidence_threshold`: the most confident, and every other at or above it.
+                    Some(t) => c.commit_ranked(span, count, |rank, confidence| rank == 0 || confidence >= t),
+                    None => commit_blocked(c, count, span),
+                }
+            }
+            Phase::Begin | Phase::End => return Err(out_of_turn()),
         }
-        c.settled = committed_prefix(&c.x[c.prompt_len..], mask);
         Ok(())
     }
 }

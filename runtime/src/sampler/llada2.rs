@@ -16,7 +16,7 @@
 //! or (`eos_early_stop`) at a step that commits EOS once every position before the first EOS
 //! is committed. The result is the generation up to and including its first EOS.
 //!
-//! The passes: each step is a pass over the block's rows (`Session::forward_blocks`), the
+//! The passes: each step is a pass over the block's rows (a `PassRequest::Blocks`), the
 //! earlier positions read from the KV cache. The cache holds each earlier block as the
 //! published code's next call sees it: a block's keys and values are stored again with its
 //! final tokens by the next block's first pass, whose rows of the finished block attend up to
@@ -39,12 +39,12 @@
 
 use rand::RngExt;
 
-use super::canvas::{Canvas, PolicyStep};
+use super::ask::{Ask, LogitCapacity, PassRequest};
+use super::canvas::{out_of_turn, Canvas, PolicyStep};
 use super::llada2_mbsd::Speculation;
 use super::{argmax, committed_prefix, softmax_at, softmax_at_max, stream, Candidate, Generation};
 use crate::error::{Error, Result};
 use crate::params::{SamplerParams, MAX_STEPS};
-use crate::session::Session;
 
 /// The random stream of LLaDA 2.x's draws (temperature above 0).
 const LLADA2_SAMPLE: u64 = 21;
@@ -75,6 +75,21 @@ pub(super) struct Llada2 {
     spec: Option<Speculation>,
     /// This call's predictions of the next block's positions (mbsd's drafts).
     drafts: Vec<(usize, u32, f32)>,
+    /// How many blocks one pass holds with their logits.
+    capacity: LogitCapacity,
+    phase: Phase,
+}
+
+/// Where a call is: the earlier blocks' keys and values stored, its pass asked for, or done.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Begin,
+    /// The stores are asked for; next the block pass from `from`, or mbsd's pass.
+    BlocksPass { from: usize },
+    SpeculativePass,
+    /// Waiting for the pass's logits.
+    Logits,
+    End,
 }
 
 /// LLaDA 2.1's token editing settings.
@@ -85,7 +100,7 @@ struct Editing {
 }
 
 impl Llada2 {
-    pub(super) fn new(p: &SamplerParams, prompt_len: usize, steps: usize, eos: Option<u32>) -> Llada2 {
+    pub(super) fn new(capacity: LogitCapacity, p: &SamplerParams, prompt_len: usize, steps: usize, eos: Option<u32>) -> Llada2 {
         let b = p.block_length;
         let steps = steps.min(p.gen_length).max(1);
         let (base, extra) = (b / steps, b % steps);
@@ -105,6 +120,8 @@ impl Llada2 {
             idle: false,
             spec: None,
             drafts: Vec::new(),
+            capacity,
+            phase: Phase::Begin,
         }
     }
 
@@ -207,32 +224,74 @@ impl Llada2 {
     }
 }
 
+impl Llada2 {
+    /// The call's first ask: the stores its pass needs first, or its pass.
+    fn begin<'a>(&'a mut self, c: &'a mut Canvas) -> Result<Ask<'a>> {
+        let (mask, b) = (c.special.mask, self.block_len);
+        let (s, e) = (self.block * b, (self.block + 1) * b);
+        if let Some(spec) = &mut self.spec {
+            self.phase = Phase::SpeculativePass;
+            if let Some(from) = spec.blocks_to_store(&self.capacity, c, (s, e)) {
+                return Ok(Ask::StoreBlocks { seq: &c.x[..s], from, block_len: b });
+            }
+            return self.pass(c);
+        }
+        // The masked positions; editing also predicts the block's committed ones.
+        let editing = self.editing.is_some();
+        c.logit_rows.clear();
+        c.logit_rows.extend((s.max(self.prompt_len)..e).filter(|&i| editing || c.x[i] == mask).map(|i| i as u32));
+        // The earlier blocks' final keys and values (the prompt's whole blocks before the
+        // first step, the block just finished before the next): in this step's pass, whose
+        // rows of each block attend up to its end, as many of them as a graph holds with the
+        // block where the backend runs such passes; the others by a pass each.
+        let fits = |rows: usize| self.capacity.fits(rows, c.logit_rows.len());
+        let mut from = s;
+        while from > self.stored && fits(e - (from - b)) {
+            from -= b;
+        }
+        let stored = std::mem::replace(&mut self.stored, s);
+        self.phase = Phase::BlocksPass { from };
+        if from > stored {
+            return Ok(Ask::StoreBlocks { seq: &c.x[..from], from: stored, block_len: b });
+        }
+        self.pass(c)
+    }
+
+    /// The call's pass.
+    fn pass<'a>(&'a mut self, c: &'a mut Canvas) -> Result<Ask<'a>> {
+        let b = self.block_len;
+        let (s, e) = (self.block * b, (self.block + 1) * b);
+        let pass = match (self.phase, &mut self.spec) {
+            (Phase::SpeculativePass, Some(spec)) => spec.pass(&self.capacity, c, (s, e), self.blocks * b),
+            (Phase::BlocksPass { from }, _) => PassRequest::Blocks { seq: &c.x[..e], from, block_len: b, logit_positions: &c.logit_rows },
+            _ => return Err(out_of_turn()),
+        };
+        self.phase = Phase::Logits;
+        Ok(Ask::Pass(pass))
+    }
+}
+
 impl PolicyStep for Llada2 {
-    fn step(&mut self, session: &mut Session, c: &mut Canvas, _scheduled: usize) -> Result<()> {
+    fn next<'a>(&'a mut self, c: &'a mut Canvas) -> Result<Ask<'a>> {
+        match self.phase {
+            Phase::Begin => self.begin(c),
+            Phase::BlocksPass { .. } | Phase::SpeculativePass => self.pass(c),
+            Phase::End => {
+                self.phase = Phase::Begin;
+                Ok(Ask::Done)
+            }
+            Phase::Logits => Err(out_of_turn()),
+        }
+    }
+
+    fn logits(&mut self, c: &mut Canvas, logits: &[f32]) -> Result<()> {
+        if self.phase != Phase::Logits {
+            return Err(out_of_turn());
+        }
+        self.phase = Phase::End;
         let (mask, b) = (c.special.mask, self.block_len);
         let (s, e) = (self.block * b, (self.block + 1) * b);
         let editing = self.editing;
-        let logits = match &mut self.spec {
-            Some(spec) => spec.pass(session, c, (s, e), self.blocks * b)?,
-            None => {
-                // The masked positions; editing also predicts the block's committed ones.
-                c.logit_rows.clear();
-                c.logit_rows.extend((s.max(self.prompt_len)..e).filter(|&i| editing.is_some() || c.x[i] == mask).map(|i| i as u32));
-                // The earlier blocks' final keys and values (the prompt's whole blocks before
-                // the first step, the block just finished before the next): in this step's
-                // pass, whose rows of each block attend up to its end, as many of them as a
-                // graph holds with the block where the backend runs such passes; the others
-                // by a pass each.
-                let fits = |rows: usize| session.logit_capacity(rows).is_ok_and(|h| h >= c.logit_rows.len());
-                let mut from = s;
-                while from > self.stored && fits(e - (from - b)) {
-                    from -= b;
-                }
-                session.store_blocks(&c.x[..from], self.stored, b)?;
-                self.stored = s;
-                session.forward_blocks(&c.x[..e], from, b, &c.logit_rows)?
-            }
-        };
         c.predictor.load(logits);
         let (p, step) = (c.p, c.step);
         let predictions = c.predictor.each_row(&c.logit_rows, |row, pos| predict(row, &p, step, pos));
@@ -360,12 +419,12 @@ mod tests {
     #[test]
     fn the_schedule_spreads_the_block_over_the_steps() {
         let p = SamplerParams { block_length: 8, gen_length: 20, steps: 3, ..Default::default() };
-        let l = Llada2::new(&p, 5, 3, None);
+        let l = Llada2::new(LogitCapacity::default(), &p, 5, 3, None);
         assert_eq!(l.schedule, vec![3, 3, 2]);
         // The grid: 5 + 20 positions in blocks of 8 -> 4 blocks; the prompt's end is in block 0.
         assert_eq!((l.grid_len(), l.block), (32, 0));
         // More steps than the generation has tokens are cut to it.
-        let l = Llada2::new(&SamplerParams { block_length: 8, gen_length: 4, steps: 32, ..Default::default() }, 8, 32, None);
+        let l = Llada2::new(LogitCapacity::default(), &SamplerParams { block_length: 8, gen_length: 4, steps: 32, ..Default::default() }, 8, 32, None);
         assert_eq!(l.schedule, vec![2, 2, 2, 2]);
         assert_eq!((l.grid_len(), l.block), (16, 1));
     }
@@ -373,7 +432,7 @@ mod tests {
     #[test]
     fn an_editing_block_ends_after_an_idle_call_or_its_post_steps() {
         let (mask, p) = (9, SamplerParams { block_length: 4, gen_length: 4, editing_threshold: Some(0.9), max_post_steps: 2, ..Default::default() });
-        let mut l = Llada2::new(&p, 0, 32, None);
+        let mut l = Llada2::new(LogitCapacity::default(), &p, 0, 32, None);
         // Masks left: always another call, whatever the last did.
         l.step = 3;
         l.idle = true;
@@ -387,7 +446,7 @@ mod tests {
         (l.post_steps, l.idle) = (1, true);
         assert!(!l.block_goes_on(&[1, 4, 2, 3], mask));
         // Without editing: while masked and steps are left.
-        let mut l = Llada2::new(&SamplerParams { editing_threshold: None, ..p }, 0, 2, None);
+        let mut l = Llada2::new(LogitCapacity::default(), &SamplerParams { editing_threshold: None, ..p }, 0, 2, None);
         assert!(l.block_goes_on(&[1, mask, 2, 3], mask));
         l.step = 2;
         assert!(!l.block_goes_on(&[1, mask, 2, 3], mask));

@@ -20,10 +20,9 @@
 //! draft confirmed by b+1's first call (LLaDA's `mbsd` rule) would save nothing: that call
 //! commits every prediction above the threshold anyway.
 
+use super::ask::{LogitCapacity, PassRequest};
 use super::canvas::Canvas;
 use super::mbsd::MbsdReport;
-use crate::error::Result;
-use crate::session::Session;
 
 pub(super) struct Speculation {
     /// The token each position's cached keys and values were computed from (`None`: never).
@@ -50,27 +49,33 @@ impl Speculation {
         Speculation { stored: vec![None; grid], drafts, spec_threshold, block_start: usize::MAX, calls: 0, last_commits: 0, first_call_commits: 0, rows: Vec::with_capacity(grid), logit_rows: Vec::with_capacity(grid), draft_from: usize::MAX, report: MbsdReport::default() }
     }
 
-    /// The pass of a call on the block `s..e` (of `blocks_end`, the grid's end): its rows as
-    /// above, logits for the block's masked positions and, drafting, for the next block's,
-    /// into `c.head` (as positions). `fits(rows, head)`: a graph holds the rows and their
-    /// logits.
-    pub(super) fn pass<'s>(&mut self, session: &'s mut Session, c: &mut Canvas, (s, e): (usize, usize), grid: usize) -> Result<&'s [f32]> {
+    /// The rows of a call on the block `s..e`, as above; where they and the block's logits
+    /// overflow every graph, the prompt's whole blocks are stored first, a pass
+    /// each: returns where those stores start (the blocks from `from` to `s`).
+    pub(super) fn blocks_to_store(&mut self, capacity: &LogitCapacity, c: &Canvas, (s, e): (usize, usize)) -> Option<usize> {
         let (mask, b) = (c.special.mask, e - s);
-        let fits = |session: &Session, rows: usize, logit_rows: usize| session.logit_capacity(rows).is_ok_and(|h| h >= logit_rows);
         let stale = |st: &[Option<u32>], p: usize| c.x[p] == mask || st[p] != Some(c.x[p]);
         self.rows.clear();
         self.rows.extend((0..e).filter(|&p| stale(&self.stored, p)).map(|p| p as u32));
         let masked = c.x[s..e].iter().filter(|&&t| t == mask).count();
-        // The prompt's whole blocks, when they and the block overflow every graph: a pass each,
-        // from the block of the first stale position (the blocks before it are stored).
-        if !fits(session, self.rows.len(), masked) {
-            let from = self.rows.first().map_or(s, |&p| (p as usize / b * b).min(s));
-            session.store_blocks(&c.x[..s], from, b)?;
-            (from..s).for_each(|p| self.stored[p] = Some(c.x[p]));
-            self.report.dense_passes += (s - from).div_ceil(b) as u64;
-            self.report.rows_refresh += (s - from) as u64;
-            self.rows.retain(|&p| p as usize >= s);
+        if capacity.fits(self.rows.len(), masked) {
+            return None;
         }
+        // From the block of the first stale position (the blocks before it are stored).
+        let from = self.rows.first().map_or(s, |&p| (p as usize / b * b).min(s));
+        (from..s).for_each(|p| self.stored[p] = Some(c.x[p]));
+        self.report.dense_passes += (s - from).div_ceil(b) as u64;
+        self.report.rows_refresh += (s - from) as u64;
+        self.rows.retain(|&p| p as usize >= s);
+        (from < s).then_some(from)
+    }
+
+    /// The pass of a call on the block `s..e` (of `grid`, the grid's end) over the rows
+    /// [`blocks_to_store`](Self::blocks_to_store) chose: logits for the block's masked
+    /// positions and, drafting, for the next block's, into `c.logit_rows` (as positions).
+    pub(super) fn pass<'a>(&'a mut self, capacity: &LogitCapacity, c: &'a mut Canvas, (s, e): (usize, usize), grid: usize) -> PassRequest<'a> {
+        let (mask, b) = (c.special.mask, e - s);
+        let masked = c.x[s..e].iter().filter(|&&t| t == mask).count();
         if self.block_start != s {
             (self.block_start, self.calls) = (s, 0);
         }
@@ -79,7 +84,7 @@ impl Speculation {
         let expected = if self.calls == 0 { self.first_call_commits } else { self.last_commits };
         let draft = self.drafts && e < grid && masked > 0 && masked <= expected && {
             let logit_rows = masked + c.x[e..e + b].iter().filter(|&&t| t == mask).count();
-            fits(session, self.rows.len() + b, logit_rows)
+            capacity.fits(self.rows.len() + b, logit_rows)
         };
         self.draft_from = self.rows.len();
         let end = if draft {
@@ -104,7 +109,7 @@ impl Speculation {
         for &p in &self.rows {
             self.stored[p as usize] = Some(c.x[p as usize]);
         }
-        session.forward_block_rows(&c.x[..end], &self.rows, b, &self.logit_rows)
+        PassRequest::BlockRows { seq: &c.x[..end], positions: &self.rows, block_len: b, logit_rows: &self.logit_rows }
     }
 
     /// After the call's commits on block `s..e` (`committed` of them): if the pass drafted and

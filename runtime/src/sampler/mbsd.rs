@@ -42,12 +42,16 @@
 //! block's first pass commits its first position; each later step of the block commits
 //! `transfer_count` of its masked positions, and a step that commits none runs no pass.
 
-use super::canvas::{Canvas, PolicyStep};
+use std::sync::Arc;
+
+use super::ask::{Ask, PassContext, PassRequest, RowSet, SideChecks};
+use super::canvas::{out_of_turn, Canvas, PolicyStep};
 use super::dream::{self, DREAM_SAMPLE};
 use super::revision::{Revisable, Reviser, SideReport, TokenState};
 use super::{candidates, committed_prefix, Generation, Revision, SamplerParams, GUMBEL};
 use crate::error::{Error, Result};
-use crate::session::{RowSet, Session};
+use crate::model::Model;
+use super::ask::Predict;
 
 /// What the dense and side paths of an `mbsd` generation did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -105,17 +109,22 @@ fn drafts_pay(accepted: u64, dropped: u64, confident: bool) -> bool {
 }
 
 /// The row buckets of the plan a pass may run, at least `min_rows` rows each.
-fn buckets(session: &Session, min_rows: usize) -> Result<Vec<usize>> {
-    let plan = &session.model.header.plan;
+fn buckets(model: &Model, min_rows: usize) -> Result<Vec<usize>> {
+    let plan = &model.header.plan;
     if plan.row_buckets.is_empty() {
-        return Err(Error::request(format!("{} has no row-set latency buckets (plan.row_buckets): recompile it with this lladac", session.model.path.display())));
+        return Err(Error::request(format!("{} has no row-set latency buckets (plan.row_buckets): recompile it with this lladac", model.path.display())));
     }
     let mut b: Vec<usize> = plan.row_buckets.iter().map(|&r| r as usize).filter(|&r| r >= min_rows).collect();
     if b.is_empty() {
         // More rows than the largest bucket: the smallest graph that holds them.
-        b.push(session.model.graph(session.model.graph_for_rows(min_rows)?).rows as usize);
+        b.push(graph_rows(model, min_rows)?);
     }
     Ok(b)
+}
+
+/// Rows of the graph a pass over `rows` rows runs on.
+fn graph_rows(model: &Model, rows: usize) -> Result<usize> {
+    Ok(model.graph(model.graph_for_rows(rows)?).rows as usize)
 }
 
 /// One pass's rows, and the positions whose logits it returns, in buffers sized once.
@@ -156,6 +165,27 @@ pub(super) struct Mbsd {
     /// Whether a prediction of this generation reached `spec_threshold`, the confidence an
     /// accepted draft needs.
     confident: bool,
+    /// The artifact whose graphs the passes run on, and whether the backend computes (and
+    /// charges) only the rows asked for.
+    model: Arc<Model>,
+    cost_per_row: bool,
+    phase: Phase,
+    /// The step is the generation's last (its revision launches no job).
+    last: bool,
+}
+
+/// Where a step is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Begin,
+    /// Waiting for the dense pass's logits, for `commits` commits.
+    Logits { commits: usize },
+    /// Revision: the merge point, waiting for its checks, launching the next job.
+    Merge,
+    Checks,
+    Launch,
+    /// The step's settled prefix, then done.
+    Settle,
 }
 
 /// What a row-set pass computes besides the rows of the block's masked positions.
@@ -168,16 +198,17 @@ struct Extra {
 }
 
 impl Mbsd {
-    pub(super) fn new(session: &mut Session, p: &SamplerParams, steps_per_block: usize, len: usize) -> Result<Mbsd> {
-        let min_rows = p.rows.unwrap_or_else(|| session.model.header.plan.row_buckets.first().copied().unwrap_or(1) as usize);
-        let buckets = buckets(session, min_rows)?;
+    pub(super) fn new(ctx: &PassContext, p: &SamplerParams, steps_per_block: usize, len: usize) -> Result<Mbsd> {
+        let model = &ctx.model;
+        let min_rows = p.rows.unwrap_or_else(|| model.header.plan.row_buckets.first().copied().unwrap_or(1) as usize);
+        let buckets = buckets(model, min_rows)?;
         let side_rows = p.side_rows.unwrap_or(buckets[0]);
-        let rows = session.model.header.graphs.iter().map(|g| g.rows as usize).max().unwrap_or(0);
+        let rows = model.header.graphs.iter().map(|g| g.rows as usize).max().unwrap_or(0);
         let cap = |n: usize| Vec::with_capacity(n);
         // `auto` on Dream's entropy rule: off (its confidence is no probability to compare).
-        let entropy = session.model.is_dream() && p.alg == crate::params::Alg::Entropy;
-        let side = match p.revision.resolve(session.backend().runs_on_cpu || entropy) {
-            Revision::DualPath => Some(Reviser::begin(session, (side_rows / 2).max(1))?),
+        let entropy = model.is_dream() && p.alg == crate::params::Alg::Entropy;
+        let side = match p.revision.resolve(ctx.runs_on_cpu || entropy) {
+            Revision::DualPath => Some(Reviser::new((side_rows / 2).max(1), model.is_dream())),
             _ => None,
         };
         Ok(Mbsd {
@@ -196,10 +227,14 @@ impl Mbsd {
             },
             report: MbsdReport::default(),
             side,
-            shift: session.model.logit_shift() as usize,
-            dream_timesteps: (session.model.is_dream()).then(|| dream::timesteps(steps_per_block, p.eps)),
-            fill_buckets: p.rows.is_some() || !session.backend().cost_per_row,
+            shift: model.logit_shift() as usize,
+            dream_timesteps: (model.is_dream()).then(|| dream::timesteps(steps_per_block, p.eps)),
+            fill_buckets: p.rows.is_some() || !ctx.cost_per_row,
             confident: false,
+            model: model.clone(),
+            cost_per_row: ctx.cost_per_row,
+            phase: Phase::Begin,
+            last: false,
         })
     }
 }
@@ -228,32 +263,46 @@ impl Mbsd {
     }
 }
 
-impl PolicyStep for Mbsd {
-    fn step(&mut self, session: &mut Session, c: &mut Canvas, scheduled: usize) -> Result<()> {
-        let (mask, len, prompt_len) = (c.special.mask, c.x.len(), c.prompt_len);
+/// The step number whose noise a step of `c` draws: as `dual` numbers its steps (the same
+/// step, the same noise).
+fn noise_step(c: &Canvas) -> usize {
+    c.block * c.steps_per_block + c.i
+}
+
+impl Mbsd {
+    /// The step's dense pass, or `None` where it commits nothing (Dream's commits are known
+    /// before the pass).
+    fn begin<'a>(&'a mut self, c: &'a mut Canvas) -> Result<Option<PassRequest<'a>>> {
+        let (mask, len) = (c.special.mask, c.x.len());
         let (block_start, block_end) = c.block_range();
         let draft_end = (block_end + c.p.spec_blocks * c.p.block_length).min(len);
-        // Noise as `dual` numbers its steps (the same step, the same noise).
-        let noise_step = c.block * c.steps_per_block + c.i;
         let full = c.i == 0 || (c.p.refresh_every > 0 && c.i % c.p.refresh_every == 0);
-        // Dream's commits this step, known before the pass (a step committing none runs none).
         let commits = match &self.dream_timesteps {
-            None => scheduled,
+            None => c.scheduled,
             Some(_) if c.i == 0 => 1,
             Some(ts) => dream::transfer_count(c.x[block_start..block_end].iter().filter(|&&t| t == mask).count(), c.i, ts.len() - 1, ts),
         };
         if commits == 0 {
-            return Ok(());
+            return Ok(None);
         }
-        let logits = if full {
+        self.phase = Phase::Logits { commits };
+        let pass = if full {
             // Without bucket filling, the block's last pass drafts (with fresher context).
             let draft_end = if self.fill_buckets { draft_end } else { block_end };
-            whole_sequence(session, &c.x, mask, (block_end, draft_end), &mut self.pass, &mut self.report)?
+            self.whole_sequence(&c.x, mask, (block_end, draft_end))?
         } else {
             let masked = c.x[block_start..block_end].iter().filter(|&&t| t == mask).count();
             let extra = self.extra(masked, commits);
-            self.row_set(session, &c.x, mask, (block_start, block_end, draft_end), extra)?
+            self.row_set(&c.x, mask, (block_start, block_end, draft_end), extra)?
         };
+        Ok(Some(pass))
+    }
+
+    /// The pass's predictions, the step's commits (and confirmed drafts), and the states
+    /// they leave.
+    fn commit(&mut self, c: &mut Canvas, logits: &[f32], commits: usize) {
+        let (prompt_len, noise_step) = (c.prompt_len, noise_step(c));
+        let (block_start, block_end) = c.block_range();
         let (pass, report) = (&mut self.pass, &mut self.report);
         for &q in &pass.stored {
             self.kv_fresh[q as usize] = true;
@@ -288,24 +337,63 @@ impl PolicyStep for Mbsd {
             self.states[at as usize] = state;
             self.kv_fresh[prompt_len + at as usize] = false;
         }
-        let last = c.block + 1 == c.blocks && !c.x[block_start..block_end].contains(&mask);
-        if self.side.is_some() {
-            let side = self.side.as_mut().expect("revising");
-            let tokens = Revisable { x: &mut c.x, prompt_len, states: &mut self.states, kv_fresh: &mut self.kv_fresh, revised: &mut c.revisions };
-            let merged = side.merge_and_launch(session, tokens, &pass.stored, &c.p, noise_step, !last);
-            self.report.side = side.report;
-            merged?;
+        self.last = c.block + 1 == c.blocks && !c.x[block_start..block_end].contains(&c.special.mask);
+    }
+}
+
+impl PolicyStep for Mbsd {
+    fn next<'a>(&'a mut self, c: &'a mut Canvas) -> Result<Ask<'a>> {
+        match self.phase {
+            Phase::Begin => match self.begin(c)? {
+                Some(pass) => Ok(Ask::Pass(pass)),
+                None => Ok(Ask::Done),
+            },
+            Phase::Merge => {
+                self.phase = Phase::Checks;
+                Ok(Ask::MergeSide { dense_stored: &self.pass.stored })
+            }
+            Phase::Launch => {
+                self.phase = Phase::Settle;
+                let side = self.side.as_ref().ok_or_else(out_of_turn)?;
+                Ok(Ask::LaunchSide(side.job(c.x.len(), c.p, noise_step(c))))
+            }
+            Phase::Settle => {
+                self.phase = Phase::Begin;
+                let prompt_len = c.prompt_len;
+                // Under revision only stable tokens are final, until the last step ends it all.
+                c.settled = match self.side {
+                    Some(_) if !self.last => self.states.iter().position(|s| *s != TokenState::Stable).unwrap_or(self.states.len()),
+                    _ => committed_prefix(&c.x[prompt_len..], c.special.mask),
+                };
+                Ok(Ask::Done)
+            }
+            Phase::Logits { .. } | Phase::Checks => Err(out_of_turn()),
         }
-        // Under revision only stable tokens are final, until the last step ends it all.
-        c.settled = match self.side {
-            Some(_) if !last => self.states.iter().position(|s| *s != TokenState::Stable).unwrap_or(self.states.len()),
-            _ => committed_prefix(&c.x[prompt_len..], mask),
-        };
+    }
+
+    fn logits(&mut self, c: &mut Canvas, logits: &[f32]) -> Result<()> {
+        let Phase::Logits { commits } = self.phase else { return Err(out_of_turn()) };
+        self.commit(c, logits, commits);
+        self.phase = if self.side.is_some() { Phase::Merge } else { Phase::Settle };
         Ok(())
     }
 
+    fn side_checks(&mut self, c: &mut Canvas, checks: Option<SideChecks>) -> Result<()> {
+        let (Phase::Checks, Some(side)) = (self.phase, self.side.as_mut()) else { return Err(out_of_turn()) };
+        let mut tokens = Revisable { x: &mut c.x, prompt_len: c.prompt_len, states: &mut self.states, kv_fresh: &mut self.kv_fresh, revised: &mut c.revisions };
+        side.merge(&mut tokens, checks, &c.p);
+        let launch = !self.last && side.prepare_job(&tokens);
+        self.phase = if launch { Phase::Launch } else { Phase::Settle };
+        Ok(())
+    }
+
+    fn side_lane(&self) -> Option<(usize, Predict)> {
+        self.side.as_ref().map(|s| (s.per_job(), s.predict()))
+    }
+
     fn report(&mut self, g: &mut Generation) {
-        if self.side.is_some() {
+        if let Some(side) = &self.side {
+            self.report.side = side.report;
             // The generator fills in the steps' revisions.
             g.revisions = Some(Vec::new());
         }
@@ -313,28 +401,31 @@ impl PolicyStep for Mbsd {
     }
 }
 
-/// The pass that starts a block: every position, stored; logits of the masked positions up
-/// to the block's end and of those drafted after it.
-fn whole_sequence<'s>(session: &'s mut Session, x: &[u32], mask: u32, (block_end, draft_end): (usize, usize), pass: &mut Pass, report: &mut MbsdReport) -> Result<&'s [f32]> {
-    pass.logit_positions.clear();
-    pass.logit_positions.extend((0..draft_end).filter(|&i| x[i] == mask).map(|i| i as u32));
-    let masked = pass.logit_positions.iter().filter(|&&q| (q as usize) < block_end).count();
-    let speculative = pass.logit_positions.len() - masked;
-    pass.stored.clear();
-    pass.stored.extend(0..x.len() as u32);
-    let rows = session.model.graph(session.model.graph_for_rows(x.len())?).rows as usize;
-    report.rows_masked += masked as u64;
-    report.rows_speculative += speculative as u64;
-    report.rows_refresh += (x.len() - masked - speculative) as u64;
-    report.rows_padding += padding_rows(session, rows - x.len());
-    report.dense_passes += 1;
-    session.forward_full(x, &pass.logit_positions)
+impl Mbsd {
+    /// The pass that starts a block: every position, stored; logits of the masked positions up
+    /// to the block's end and of those drafted after it.
+    fn whole_sequence<'a>(&'a mut self, x: &'a [u32], mask: u32, (block_end, draft_end): (usize, usize)) -> Result<PassRequest<'a>> {
+        let (pass, report) = (&mut self.pass, &mut self.report);
+        pass.logit_positions.clear();
+        pass.logit_positions.extend((0..draft_end).filter(|&i| x[i] == mask).map(|i| i as u32));
+        let masked = pass.logit_positions.iter().filter(|&&q| (q as usize) < block_end).count();
+        let speculative = pass.logit_positions.len() - masked;
+        pass.stored.clear();
+        pass.stored.extend(0..x.len() as u32);
+        let rows = graph_rows(&self.model, x.len())?;
+        report.rows_masked += masked as u64;
+        report.rows_speculative += speculative as u64;
+        report.rows_refresh += (x.len() - masked - speculative) as u64;
+        report.rows_padding += padding_rows(self.cost_per_row, rows - x.len());
+        report.dense_passes += 1;
+        Ok(PassRequest::Span { seq: x, span: 0..x.len(), logit_positions: &pass.logit_positions })
+    }
 }
 
 /// The padding rows a graph of `padding` more rows than the pass's costs: none where the
 /// backend computes only real rows.
-fn padding_rows(session: &Session, padding: usize) -> u64 {
-    if session.backend().cost_per_row { 0 } else { padding as u64 }
+fn padding_rows(cost_per_row: bool, padding: usize) -> u64 {
+    if cost_per_row { 0 } else { padding as u64 }
 }
 
 impl Mbsd {
@@ -342,7 +433,7 @@ impl Mbsd {
     /// (with `extra.refresh`), speculative rows, then the block's other positions (with
     /// `extra.refresh`; see the module documentation). A position `q`'s logits are those of the
     /// row at `q - shift`.
-    fn row_set<'s>(&mut self, session: &'s mut Session, x: &[u32], mask: u32, (block_start, block_end, draft_end): (usize, usize, usize), extra: Extra) -> Result<&'s [f32]> {
+    fn row_set<'a>(&'a mut self, x: &[u32], mask: u32, (block_start, block_end, draft_end): (usize, usize, usize), extra: Extra) -> Result<PassRequest<'a>> {
         let (kv_fresh, shift, pass, report) = (&self.kv_fresh, self.shift, &mut self.pass, &mut self.report);
         let in_rows = &mut pass.in_rows;
         pass.masked.clear();
@@ -401,13 +492,13 @@ impl Mbsd {
         }
         // A filled bucket's rows, or the rows computed (a graph's padding rows, if any).
         let bucket = if extra.refresh { pass.masked.len().saturating_add(extra.rows) } else { pass.rows.len() }.max(pass.rows.len());
-        let rows = session.model.graph(session.model.graph_for_rows(bucket)?).rows as usize;
+        let rows = graph_rows(&self.model, bucket)?;
         report.rows_masked += pass.masked.len() as u64;
         report.rows_speculative += pass.speculative.len() as u64;
         report.rows_refresh += (pass.rows.len() - pass.masked.len() - pass.speculative.len()) as u64;
-        report.rows_padding += padding_rows(session, rows - pass.rows.len());
+        report.rows_padding += padding_rows(self.cost_per_row, rows - pass.rows.len());
         report.dense_passes += 1;
-        session.forward_rows(x.len(), &pass.rows, bucket, &pass.logit_rows)
+        Ok(PassRequest::Rows { seq_len: x.len(), rows: &pass.rows, bucket, logit_rows: &pass.logit_rows })
     }
 }
 

@@ -27,33 +27,36 @@
 //!   whose confidence reaches it, at least the best one, instead of the fixed schedule; a
 //!   block then ends when it is full.
 //!
-//! Every policy is a state machine behind one stepping interface ([`Generator`],
-//! `generator.rs`): one dense pass and its commits and revisions per `step()`. `generate`,
-//! streaming, cancellation and the C API's callback are loops over it. A policy is one file
-//! implementing `PolicyStep` (which rows a pass computes and what follows from its
-//! predictions), plus its line in `Generator::start`.
+//! Every policy is a state machine over the canvas (`PolicyStep`, `canvas.rs`): it asks for
+//! passes (and, revising, for the side lane's merges and jobs) and receives their logits
+//! (`ask.rs`); it never holds the session, an executor or a window. The session's loop
+//! (`Generator`, `runtime/src/generator.rs`) serves the asks, one step per `step()`;
+//! `generate`, streaming, cancellation and the C API's callback are loops over it. A policy
+//! is one file implementing `PolicyStep` (which rows a pass computes and what follows from
+//! its predictions), plus its line in `start.rs`.
 
+mod ask;
 mod canvas;
 mod dream;
-mod generator;
 mod llada2;
 mod llada2_mbsd;
 mod mbsd;
 mod official;
 mod revision;
-
-use std::ops::ControlFlow;
+mod start;
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use rayon::prelude::*;
 
-pub use generator::Generator;
+pub use ask::RowSet;
 pub use mbsd::MbsdReport;
+pub(crate) use ask::{Ask, PassContext, PassRequest, Predict, SideChecks, SideJob};
+pub(crate) use canvas::{Canvas, PolicyStep};
+pub(crate) use start::start;
 pub use crate::params::{Alg, Limits, Policy, Remasking, Revision, SamplerParams, MAX_STEPS};
 
 use crate::error::{Error, Result};
-use crate::session::Session;
 
 /// How many tokens each step of a block commits, into `schedule`: `masked / steps` each, one
 /// more for the first `masked % steps` steps (official `get_num_transfer_tokens`).
@@ -163,26 +166,6 @@ pub(crate) struct Candidate {
     pub(crate) confidence: f32,
 }
 
-/// Runs the sampler on `prompt` with `p.policy`. `on_step` sees the canvas after every step.
-pub fn generate(session: &mut Session, prompt: &[u32], p: &SamplerParams, on_step: &mut dyn FnMut(&StepView)) -> Result<Generation> {
-    generate_until(session, prompt, p, &mut |v| {
-        on_step(v);
-        ControlFlow::Continue(())
-    })
-}
-
-/// [`generate`], stopped by `on_step` returning `Break` after a step: the result is then
-/// [`Error::Cancelled`] and the session stays usable (the next generation starts afresh).
-pub fn generate_until(session: &mut Session, prompt: &[u32], p: &SamplerParams, on_step: &mut dyn FnMut(&StepView) -> ControlFlow<()>) -> Result<Generation> {
-    let mut generator = Generator::start(session, prompt, p)?;
-    while let Some(view) = generator.step()? {
-        if on_step(&view).is_break() {
-            return Err(Error::Cancelled);
-        }
-    }
-    Ok(generator.finish())
-}
-
 /// A prompt is at least one token and holds no mask token: masks mark the positions the
 /// sampler fills, and the official code would fill a masked prompt position too (its
 /// confidence is not `-inf`), which is infilling, not prompting. Other special tokens are
@@ -211,13 +194,17 @@ pub(crate) struct Predictor {
 }
 
 impl Predictor {
-    /// Buffers for passes of up to `rows` logit rows, at most what one of `session`'s graphs
-    /// returns (a pass asking for more is refused before it runs).
-    pub(crate) fn for_session(session: &Session, rows: usize) -> Predictor {
-        let h = &session.model.header;
+    /// Buffers for passes of up to `rows` logit rows of `vocab` each, predicting on `pool`.
+    pub(crate) fn new(vocab: usize, rows: usize, pool: crate::pool::Pool) -> Predictor {
+        Predictor { rows: vec![0.0; vocab * rows], out: Vec::with_capacity(rows), vocab, pool }
+    }
+
+    /// [`new`](Self::new) for `model`'s passes: at most what one of its graphs returns (a pass
+    /// asking for more is refused before it runs).
+    pub(crate) fn for_model(model: &crate::model::Model, rows: usize, pool: crate::pool::Pool) -> Predictor {
+        let h = &model.header;
         let most = h.graphs.iter().map(|g| g.logit_rows as usize).max().unwrap_or(0);
-        let rows = rows.min(most);
-        Predictor { rows: vec![0.0; h.model.embedding_size as usize * rows], out: Vec::with_capacity(rows), vocab: h.model.embedding_size as usize, pool: session.pool_handle() }
+        Predictor::new(h.model.embedding_size as usize, rows.min(most), pool)
     }
 
     /// Copies `logits` (`rows x vocab`) in, to be predicted by [`run`](Self::run).

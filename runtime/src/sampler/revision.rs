@@ -3,8 +3,8 @@
 //! A committed token is *visible*: later passes read it, but its keys and values in the cache
 //! were computed while it was still masked (the dense path does not recompute committed
 //! rows unless a bucket has idle rows). After every dense pass the side path takes up to
-//! `side_rows / 2` visible tokens (lowest position first) and, on its own thread with its own
-//! executor and window, runs one pass of two rows per token:
+//! `side_rows / 2` visible tokens (lowest position first) and, on the session's side lane (a
+//! thread of its own, with its own cache; `side_lane.rs`), runs one pass of two rows per token:
 //! - a *refresh* row (the token as input, stored): its keys and values, merged into the
 //!   accelerator's cache one dense pass later;
 //! - a *check* row (the mask as input, not stored, so it sees its own position masked and
@@ -26,13 +26,10 @@
 //! positions the dense pass stored the other way; where both wrote, the dense pass, computed
 //! with the newer canvas, wins).
 
-use std::time::Instant;
-
+use super::ask::{SideChecks, SideJob};
 use super::dream::{self, DREAM_REVISE};
 use super::{predict_with, SamplerParams, REVISE};
-use crate::error::{Error, Result};
-use crate::session::Session;
-use crate::side_lane::Predict;
+use super::ask::Predict;
 
 /// Where a generated position is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,22 +67,24 @@ pub(super) struct Revisable<'a> {
     pub(super) revised: &'a mut Vec<[u32; 2]>,
 }
 
-/// The revision policy's side of the lane: what its checks did, and scratch.
+/// The revision policy's side of the lane: the job it prepares, and what its checks did.
 pub(super) struct Reviser {
     /// Tokens checked per job.
     per_job: usize,
-    /// The merged job's positions the dense pass did not store (scratch).
-    fresh: Vec<u32>,
+    /// Dream: a check row reads the position before the checked one.
+    dream: bool,
+    /// The next job: the checked positions, their tokens, and (Dream) the tokens before them.
+    checked: Vec<u32>,
+    tokens: Vec<u32>,
+    before: Vec<u32>,
     pub(super) report: SideReport,
 }
 
 impl Reviser {
-    /// Readies the session's side lane for a generation checking `per_job` tokens a side pass
-    /// (kept from an earlier generation if it checks as many, else set up anew).
-    pub(super) fn begin(session: &mut Session, per_job: usize) -> Result<Reviser> {
-        let predict: Predict = if session.model.is_dream() { check_dream } else { check_llada };
-        session.begin_side_lane(per_job, predict)?;
-        Ok(Reviser { per_job, fresh: Vec::with_capacity(per_job), report: SideReport::default() })
+    /// A reviser checking `per_job` tokens a side pass, with Dream's checks if `dream`.
+    pub(super) fn new(per_job: usize, dream: bool) -> Reviser {
+        let cap = || Vec::with_capacity(per_job);
+        Reviser { per_job, dream, checked: cap(), tokens: cap(), before: cap(), report: SideReport::default() }
     }
 
     /// Tokens one side pass checks.
@@ -93,68 +92,55 @@ impl Reviser {
         self.per_job
     }
 
-    /// The merge point after a dense pass that stored keys and values at `dense_stored`
-    /// positions: waits for the running job if it is late, merges its keys and values (marking
-    /// them fresh in `t.kv_fresh`) and applies its checks to `t`, brings the side cache level
-    /// with the dense one; then, if `launch`, starts a job over the oldest visible tokens.
-    pub(super) fn merge_and_launch(&mut self, session: &mut Session, mut t: Revisable, dense_stored: &[u32], p: &SamplerParams, step: usize, launch: bool) -> Result<()> {
-        let wait = Instant::now();
-        let prompt_len = t.prompt_len;
-        let (report, fresh, per_job) = (&mut self.report, &mut self.fresh, self.per_job);
-        let Some(mut lane) = session.take_side_lane() else {
-            return Err(Error::Internal("the session's CPU side lane is gone".to_string()));
-        };
-        // The job is home (the thread finished it) when `exchange` calls back.
-        let exchanged = lane.exchange(|job, running| -> Result<bool> {
-            if running {
-                report.stall_seconds += wait.elapsed().as_secs_f64();
-                if let Some(e) = job.error.take() {
-                    return Err(e);
-                }
-                // Its reads of the artifact may have seen zeros if the file was truncated meanwhile.
-                session.model.check_intact()?;
-                report.side_seconds += job.seconds;
-                fresh.clear();
-                fresh.extend(job.checked.iter().copied().filter(|p| !dense_stored.contains(p)));
-                let model = session.model.clone();
-                session.window_mut().copy_kv_from(&job.window, fresh, &model.header);
-                for &q in fresh.iter() {
-                    t.kv_fresh[q as usize] = true;
-                }
-                apply_checks(report, &job.checked, &job.predictions, &mut t, p);
+    /// What a check row's logits predict: LLaDA's rule or Dream's.
+    pub(super) fn predict(&self) -> Predict {
+        if self.dream { check_dream } else { check_llada }
+    }
+
+    /// The merge point after a dense pass: the merged job's `checks` (if one ran), whose
+    /// refreshed keys and values are now the dense cache's (marked fresh in `t.kv_fresh`), are
+    /// applied to `t`.
+    pub(super) fn merge(&mut self, t: &mut Revisable, checks: Option<SideChecks>, p: &SamplerParams) {
+        let Some(checks) = checks else { return };
+        self.report.stall_seconds += checks.waited_seconds;
+        self.report.side_seconds += checks.side_seconds;
+        for &q in checks.fresh {
+            t.kv_fresh[q as usize] = true;
+        }
+        apply_checks(&mut self.report, checks.checked, checks.predictions, t, p);
+    }
+
+    /// Chooses the next job: up to `per_job` visible tokens, lowest position first (Dream:
+    /// never a token and the one before it; see the module documentation). `false` when
+    /// there is none to check.
+    pub(super) fn prepare_job(&mut self, t: &Revisable) -> bool {
+        self.checked.clear();
+        for q in t.states.iter().enumerate().filter(|(_, s)| matches!(s, TokenState::Visible { .. })).map(|(i, _)| (t.prompt_len + i) as u32) {
+            if self.checked.len() == self.per_job {
+                break;
             }
-            job.window.copy_kv_from(session.window(), dense_stored, &session.model.header);
-            if !launch {
-                return Ok(false);
+            if !(self.dream && self.checked.last() == Some(&(q - 1))) {
+                self.checked.push(q);
             }
-            job.checked.clear();
-            let dream = session.model.is_dream();
-            for q in t.states.iter().enumerate().filter(|(_, s)| matches!(s, TokenState::Visible { .. })).map(|(i, _)| (prompt_len + i) as u32) {
-                // Dream: never a token and the one before it (see the module documentation).
-                if job.checked.len() == per_job {
-                    break;
-                }
-                if !(dream && job.checked.last() == Some(&(q - 1))) {
-                    job.checked.push(q);
-                }
-            }
-            if job.checked.is_empty() {
-                return Ok(false);
-            }
-            job.tokens.clear();
-            job.tokens.extend(job.checked.iter().map(|&q| t.x[q as usize]));
-            job.before.clear();
-            if dream {
-                job.before.extend(job.checked.iter().map(|&q| t.x[q as usize - 1]));
-            }
-            (job.seq_len, job.params, job.step) = (t.x.len(), *p, step);
-            job.trace = session.trace();
-            report.side_passes += if dream { 2 } else { 1 };
-            report.side_rows += if dream { 3 } else { 2 } * job.checked.len() as u64;
-            Ok(true)
-        });
-        session.put_side_lane(lane);
-        exchanged
+        }
+        if self.checked.is_empty() {
+            return false;
+        }
+        self.tokens.clear();
+        self.tokens.extend(self.checked.iter().map(|&q| t.x[q as usize]));
+        self.before.clear();
+        if self.dream {
+            self.before.extend(self.checked.iter().map(|&q| t.x[q as usize - 1]));
+        }
+        self.report.side_passes += if self.dream { 2 } else { 1 };
+        self.report.side_rows += if self.dream { 3 } else { 2 } * self.checked.len() as u64;
+        true
+    }
+
+    /// The job [`prepare_job`](Self::prepare_job) chose, in a `seq_len` sequence, predicted
+    /// with `params` at noise step `step`.
+    pub(super) fn job(&self, seq_len: usize, params: SamplerParams, step: usize) -> SideJob<'_> {
+        SideJob { checked: &self.checked, tokens: &self.tokens, before: &self.before, seq_len, params, step }
     }
 }
 

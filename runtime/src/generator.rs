@@ -1,17 +1,26 @@
-//! The stepping interface: a generation as a state machine, one dense pass and its commits
-//! (and revisions) per [`Generator::step`]. `generate`, streaming, cancellation and the C
-//! API's callback are loops over it; a policy is a [`PolicyStep`] (one file each).
+//! The stepping interface: a generation as a loop of steps over a session. Each
+//! [`Generator::step`] asks the policy (a state machine over the canvas, `sampler/`) what the
+//! step needs, has the session do it (a dense pass, stores, the side lane's merge or launch)
+//! and hands the policy the reply, until the policy says the step is done. `generate`,
+//! streaming, cancellation and the C API's callback are loops over it.
 //!
 //! Everything a step touches is sized in [`Generator::start`], so the steps allocate nothing
 //! of their own (the `alloc` end-to-end test counts; what remains is rayon's queue block for
 //! the step's entry into the pool, one per 63 steps, and the labels of a trace when tracing).
 
+use std::ops::ControlFlow;
 use std::time::Instant;
 
-use super::canvas::{Canvas, PolicyStep};
-use super::{check_prompt, dream, llada2, mbsd, official, Generation, Limits, Policy, Predictor, SamplerParams, StepView};
 use crate::error::{Error, Result};
+use crate::sampler::{Ask, Canvas, Generation, PassContext, PassRequest, PolicyStep, SamplerParams, StepView};
 use crate::session::{Counters, Session};
+
+/// What a generation starts with, made while the session is borrowed.
+struct Prepared {
+    canvas: Canvas,
+    policy: Box<dyn PolicyStep>,
+    before: Counters,
+}
 
 /// A generation in progress over a session: [`start`](Self::start) it, call
 /// [`step`](Self::step) until it returns `None`, then [`finish`](Self::finish). Dropping it
@@ -54,27 +63,6 @@ impl std::ops::DerefMut for Lent<'_> {
     }
 }
 
-/// What a generation starts with, made while the session is borrowed.
-struct Prepared {
-    canvas: Canvas,
-    policy: Box<dyn PolicyStep>,
-    before: Counters,
-}
-
-/// Refuses a block of `block_length` logit rows when the graph that computes `rows` positions
-/// returns fewer.
-fn check_logit_rows(session: &Session, rows: usize, block_length: usize) -> Result<()> {
-    let capacity = session.logit_capacity(rows)?;
-    if block_length > capacity {
-        return Err(Error::request(format!(
-            "--block-len {block_length} needs {block_length} logit rows per pass but {} was compiled for {capacity}; \
-             use --block-len {capacity} or less, or recompile with `lladac compile --logit-rows {block_length}`",
-            session.model.path.display(),
-        )));
-    }
-    Ok(())
-}
-
 impl<'s> Generator<'s> {
     /// Checks the request against the session's plan and sizes everything the steps use.
     pub fn start(session: &'s mut Session, prompt: &[u32], p: &SamplerParams) -> Result<Generator<'s>> {
@@ -87,72 +75,32 @@ impl<'s> Generator<'s> {
     }
 
     fn prepare(session: &mut Session, prompt: &[u32], p: &SamplerParams) -> Result<Prepared> {
-        let steps_per_block = p.validate(&Limits::of(&session.model))?;
-        let special = session.model.header.special.clone();
-        check_prompt(prompt, special.mask)?;
-        if session.model.family() == llada_ir::Family::Llada2Moe {
-            return Generator::start_llada2(session, prompt, p, special, steps_per_block);
+        let caps = session.backend();
+        let ctx = PassContext { model: session.model.clone(), runs_on_cpu: caps.runs_on_cpu, cost_per_row: caps.cost_per_row, pool: session.pool_handle() };
+        let start = crate::sampler::start(&ctx, prompt, p)?;
+        if let Some((per_job, predict)) = start.policy.side_lane() {
+            session.begin_side_lane(per_job, predict)?;
         }
-        let len = prompt.len() + p.gen_length;
-        check_logit_rows(session, len, p.block_length)?;
-        let spec_blocks = if matches!(p.policy, Policy::Spec | Policy::Mbsd) { p.spec_blocks } else { 0 };
-        let (policy, revised_per_step): (Box<dyn PolicyStep>, usize) = match p.policy {
-            Policy::Mbsd => {
-                let m = mbsd::Mbsd::new(session, p, steps_per_block, len)?;
-                let checked = m.checked_per_step();
-                (Box::new(m), checked)
-            }
-            // Dream's own sampler, unblocked or blocked as Fast-dLLM blocks it.
-            _ if session.model.is_dream() => (Box::new(dream::Dream::new(p, steps_per_block)), 0),
-            _ => (Box::new(official::Official::new(p, prompt, len, special.mask)), 0),
-        };
-        let predictor = Predictor::for_session(session, p.block_length * (1 + spec_blocks));
-        let canvas = Canvas::new(p, steps_per_block, prompt, special, predictor, revised_per_step);
-        Ok(Prepared { canvas, policy, before: session.counters })
+        Ok(Prepared { canvas: start.canvas, policy: start.policy, before: session.counters })
     }
 
-    /// LLaDA 2.x's published `generate` (`llada2.rs`): its canvas is the block grid from
-    /// position 0, the prompt's partial block included.
-    fn start_llada2(session: &mut Session, prompt: &[u32], p: &SamplerParams, special: llada_ir::SpecialTokens, steps: usize) -> Result<Prepared> {
-        let mut policy = llada2::Llada2::new(p, prompt.len(), steps, special.eos);
-        if p.policy == Policy::Mbsd {
-            policy = policy.speculate(p);
-        }
-        let grid = policy.grid_len();
-        let limit = Limits::of(&session.model).max_len;
-        if grid > limit {
-            return Err(Error::request(format!(
-                "the prompt ({} tokens) and --gen-len {} fill {grid} positions of {}-token blocks, more than the {limit} {} holds",
-                prompt.len(),
-                p.gen_length,
-                p.block_length,
-                session.model.path.display()
-            )));
-        }
-        // A block pass runs on the graph of the block's rows and returns a row per position.
-        check_logit_rows(session, p.block_length, p.block_length)?;
-        let canvas_p = SamplerParams { gen_length: grid - prompt.len(), ..*p };
-        let predictor = Predictor::for_session(session, policy.logit_rows());
-        let mut canvas = Canvas::new(&canvas_p, steps, prompt, special, predictor, policy.revised_per_step());
-        canvas.own_schedule = true;
-        Ok(Prepared { canvas, policy: Box::new(policy), before: session.counters })
-    }
-
-    /// Runs the next step: one dense pass (none where the schedule commits nothing) and its
-    /// commits and revisions. `None` once the generation is complete.
+    /// Runs the next step: its dense passes (usually one; none where the schedule commits
+    /// nothing) and its commits and revisions. `None` once the generation is complete.
     pub fn step(&mut self) -> Result<Option<StepView<'_>>> {
         if self.failed {
             return Err(Error::request("a step of this generation failed: start a new one".to_string()));
         }
-        let Some(scheduled) = self.canvas.next_step() else { return Ok(None) };
-        let (session, canvas, policy) = (&mut *self.session, &mut self.canvas, &mut self.policy);
+        if !self.canvas.begin_step() {
+            return Ok(None);
+        }
+        let (session, canvas, policy) = (&mut *self.session, &mut self.canvas, &mut *self.policy);
         // The whole step on a thread of the session's pool: the kernels' parallel loops then
         // start from inside it, not as jobs sent from outside, which rayon queues in
         // allocated blocks.
         // Failed until it succeeds: a step left half done (an error, a caught panic) ends
         // the generation.
         self.failed = true;
-        session.pool_handle().install(|| policy.step(session, canvas, scheduled))?;
+        session.pool_handle().install(|| run_step(session, policy, canvas))?;
         self.failed = false;
         self.canvas.end_step();
         Ok(Some(self.canvas.view()))
@@ -204,4 +152,54 @@ impl Generator<'static> {
             Err(e) => Err((e, session)),
         }
     }
+}
+
+/// One step: the policy's asks, each done by the session and its reply handed back, until the
+/// policy says the step is done.
+fn run_step(session: &mut Session, policy: &mut dyn PolicyStep, c: &mut Canvas) -> Result<()> {
+    loop {
+        match policy.next(c)? {
+            Ask::Done => return Ok(()),
+            Ask::Pass(pass) => {
+                let logits = run_pass(session, pass)?;
+                policy.logits(c, logits)?;
+            }
+            Ask::StoreBlocks { seq, from, block_len } => session.store_blocks(seq, from, block_len)?,
+            Ask::MergeSide { dense_stored } => {
+                let checks = session.merge_side(dense_stored)?;
+                policy.side_checks(c, checks)?;
+            }
+            Ask::LaunchSide(job) => session.launch_side(&job)?,
+        }
+    }
+}
+
+/// The session's pass for a policy's request.
+fn run_pass<'s>(session: &'s mut Session, pass: PassRequest) -> Result<&'s [f32]> {
+    match pass {
+        PassRequest::Span { seq, span, logit_positions } => session.forward_span(seq, span, logit_positions),
+        PassRequest::Blocks { seq, from, block_len, logit_positions } => session.forward_blocks(seq, from, block_len, logit_positions),
+        PassRequest::BlockRows { seq, positions, block_len, logit_rows } => session.forward_block_rows(seq, positions, block_len, logit_rows),
+        PassRequest::Rows { seq_len, rows, bucket, logit_rows } => session.forward_rows(seq_len, rows, bucket, logit_rows),
+    }
+}
+
+/// Runs the sampler on `prompt` with `p.policy`. `on_step` sees the canvas after every step.
+pub fn generate(session: &mut Session, prompt: &[u32], p: &SamplerParams, on_step: &mut dyn FnMut(&StepView)) -> Result<Generation> {
+    generate_until(session, prompt, p, &mut |v| {
+        on_step(v);
+        ControlFlow::Continue(())
+    })
+}
+
+/// [`generate`], stopped by `on_step` returning `Break` after a step: the result is then
+/// [`Error::Cancelled`] and the session stays usable (the next generation starts afresh).
+pub fn generate_until(session: &mut Session, prompt: &[u32], p: &SamplerParams, on_step: &mut dyn FnMut(&StepView) -> ControlFlow<()>) -> Result<Generation> {
+    let mut generator = Generator::start(session, prompt, p)?;
+    while let Some(view) = generator.step()? {
+        if on_step(&view).is_break() {
+            return Err(Error::Cancelled);
+        }
+    }
+    Ok(generator.finish())
 }

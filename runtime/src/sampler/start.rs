@@ -1,0 +1,83 @@
+//! Which policy a request runs, and the canvas it starts with: the request checked against
+//! the artifact's plan, every buffer the steps use sized here.
+
+use super::ask::{LogitCapacity, PassContext};
+use super::canvas::{Canvas, PolicyStep};
+use super::{check_prompt, dream, llada2, mbsd, official, Limits, Policy, Predictor, SamplerParams};
+use crate::error::{Error, Result};
+use crate::model::Model;
+
+/// A generation ready to step: its canvas and its policy.
+pub(crate) struct Start {
+    pub(crate) canvas: Canvas,
+    pub(crate) policy: Box<dyn PolicyStep>,
+}
+
+/// Refuses a block of `block_length` logit rows when the graph that computes `rows` positions
+/// returns fewer.
+fn check_logit_rows(model: &Model, rows: usize, block_length: usize) -> Result<()> {
+    let capacity = model.logit_capacity(rows)?;
+    if block_length > capacity {
+        return Err(Error::request(format!(
+            "--block-len {block_length} needs {block_length} logit rows per pass but {} was compiled for {capacity}; \
+             use --block-len {capacity} or less, or recompile with `lladac compile --logit-rows {block_length}`",
+            model.path.display(),
+        )));
+    }
+    Ok(())
+}
+
+/// The policy and canvas of a generation of `prompt` with `p`, whose passes run as `ctx` says.
+pub(crate) fn start(ctx: &PassContext, prompt: &[u32], p: &SamplerParams) -> Result<Start> {
+    let model = &ctx.model;
+    let steps_per_block = p.validate(&Limits::of(model))?;
+    let special = model.header.special.clone();
+    check_prompt(prompt, special.mask)?;
+    if model.family() == llada_ir::Family::Llada2Moe {
+        return start_llada2(ctx, prompt, p, special, steps_per_block);
+    }
+    let len = prompt.len() + p.gen_length;
+    check_logit_rows(model, len, p.block_length)?;
+    let spec_blocks = if matches!(p.policy, Policy::Spec | Policy::Mbsd) { p.spec_blocks } else { 0 };
+    let (policy, revised_per_step): (Box<dyn PolicyStep>, usize) = match p.policy {
+        Policy::Mbsd => {
+            let m = mbsd::Mbsd::new(ctx, p, steps_per_block, len)?;
+            let checked = m.checked_per_step();
+            (Box::new(m), checked)
+        }
+        // Dream's own sampler, unblocked or blocked as Fast-dLLM blocks it.
+        _ if model.is_dream() => (Box::new(dream::Dream::new(p, steps_per_block)), 0),
+        _ => (Box::new(official::Official::new(p, prompt, len, special.mask)), 0),
+    };
+    let predictor = Predictor::for_model(model, p.block_length * (1 + spec_blocks), ctx.pool.clone());
+    let canvas = Canvas::new(p, steps_per_block, prompt, special, predictor, revised_per_step);
+    Ok(Start { canvas, policy })
+}
+
+/// LLaDA 2.x's published `generate` (`llada2.rs`): its canvas is the block grid from
+/// position 0, the prompt's partial block included.
+fn start_llada2(ctx: &PassContext, prompt: &[u32], p: &SamplerParams, special: llada_ir::SpecialTokens, steps: usize) -> Result<Start> {
+    let model = &ctx.model;
+    let mut policy = llada2::Llada2::new(LogitCapacity::of_model(model), p, prompt.len(), steps, special.eos);
+    if p.policy == Policy::Mbsd {
+        policy = policy.speculate(p);
+    }
+    let grid = policy.grid_len();
+    let limit = Limits::of(model).max_len;
+    if grid > limit {
+        return Err(Error::request(format!(
+            "the prompt ({} tokens) and --gen-len {} fill {grid} positions of {}-token blocks, more than the {limit} {} holds",
+            prompt.len(),
+            p.gen_length,
+            p.block_length,
+            model.path.display()
+        )));
+    }
+    // A block pass runs on the graph of the block's rows and returns a row per position.
+    check_logit_rows(model, p.block_length, p.block_length)?;
+    let canvas_p = SamplerParams { gen_length: grid - prompt.len(), ..*p };
+    let predictor = Predictor::for_model(model, policy.logit_rows(), ctx.pool.clone());
+    let mut canvas = Canvas::new(&canvas_p, steps, prompt, special, predictor, policy.revised_per_step());
+    canvas.own_schedule = true;
+    Ok(Start { canvas, policy: Box::new(policy) })
+}
