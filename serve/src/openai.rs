@@ -22,6 +22,7 @@ impl ApiError {
     pub fn new(status: u16, message: impl Into<String>) -> ApiError {
         let kind = match status {
             401 => "authentication_error",
+            403 => "permission_error",
             404 => "not_found_error",
             429 => "rate_limit_error",
             500..=599 => "server_error",
@@ -302,6 +303,103 @@ pub fn sendable(text: &str, stop: &[String]) -> usize {
         }
     }
     keep
+}
+
+/// One answer as it is sent: OpenAI's response object, or its stream of chunks, around the
+/// text.
+pub struct Answer {
+    pub request: ApiRequest,
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    /// Text already sent (streams).
+    pub sent: String,
+    /// A stop sequence appeared: the generation was stopped there.
+    pub stopped: bool,
+}
+
+/// How an answer ends: its text, why it ended, its usage, and the runtime's figures.
+pub struct Ending<'a> {
+    pub text: &'a str,
+    pub finish_reason: &'static str,
+    pub usage: Json,
+    pub llada: Json,
+}
+
+impl Answer {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.request.endpoint, chunk) {
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+            (Endpoint::Completion, _) => "text_completion",
+        }
+    }
+
+    /// A response object or stream chunk around `choices` (OpenAI's id, object, created, model).
+    fn envelope(&self, chunk: bool, choices: Json) -> Json {
+        json!({"id": self.id, "object": self.object(chunk), "created": self.created, "model": self.model, "choices": choices})
+    }
+
+    /// A stream chunk carrying `delta` (text, or the assistant role first), `finish`, and the
+    /// fields of `extra` (the last chunk's usage).
+    pub fn chunk(&self, delta: Option<&str>, role: bool, finish: Option<&str>, extra: Option<&Json>) -> String {
+        let choice = match self.request.endpoint {
+            Endpoint::Chat => {
+                let mut d = Map::new();
+                if role {
+                    d.insert("role".into(), json!("assistant"));
+                }
+                if let Some(t) = delta {
+                    d.insert("content".into(), json!(t));
+                }
+                json!({"index": 0, "delta": d, "logprobs": null, "finish_reason": finish})
+            }
+            Endpoint::Completion => json!({"index": 0, "text": delta.unwrap_or(""), "logprobs": null, "finish_reason": finish}),
+        };
+        let mut chunk = self.envelope(true, json!([choice]));
+        if let Some(Json::Object(fields)) = extra {
+            chunk.as_object_mut().expect("a chunk is an object").extend(fields.clone());
+        }
+        chunk.to_string()
+    }
+
+    /// The stream's first chunk, if its endpoint has one (chat: the assistant's role).
+    pub fn opening_chunk(&self) -> Option<String> {
+        (self.request.endpoint == Endpoint::Chat).then(|| self.chunk(Some(""), true, None, None))
+    }
+
+    /// The whole response object of an answer not streamed.
+    pub fn whole(&self, end: Ending) -> Json {
+        let choice = match self.request.endpoint {
+            Endpoint::Chat => json!({"index": 0, "message": {"role": "assistant", "content": end.text}, "logprobs": null, "finish_reason": end.finish_reason}),
+            Endpoint::Completion => json!({"index": 0, "text": end.text, "logprobs": null, "finish_reason": end.finish_reason}),
+        };
+        let mut whole = self.envelope(false, json!([choice]));
+        whole["usage"] = end.usage;
+        whole["llada"] = end.llada;
+        whole
+    }
+
+    /// A stream's last chunks: what it has not sent of the text, the finish chunk with the
+    /// usage (and the runtime's figures), and OpenAI's usage-only chunk, with no choices,
+    /// where `stream_options.include_usage` asks for it.
+    pub fn closing_chunks(&self, end: Ending) -> Vec<String> {
+        // The final text extends the settled text sent (settled tokens do not change); were
+        // it ever not so, the whole text is sent rather than dropped.
+        let rest = end.text.strip_prefix(self.sent.as_str()).unwrap_or(end.text);
+        let mut chunks = Vec::new();
+        if !rest.is_empty() {
+            chunks.push(self.chunk(Some(rest), false, None, None));
+        }
+        let extra = json!({"usage": end.usage, "llada": end.llada});
+        chunks.push(self.chunk(None, false, Some(end.finish_reason), Some(&extra)));
+        if self.request.include_usage {
+            let mut usage_only = self.envelope(true, json!([]));
+            usage_only["usage"] = end.usage;
+            chunks.push(usage_only.to_string());
+        }
+        chunks
+    }
 }
 
 #[cfg(test)]

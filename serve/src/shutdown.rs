@@ -1,29 +1,34 @@
-//! SIGTERM and SIGINT ask the server to stop: the handler only sets a flag (all a signal
-//! handler may safely do); the accept loop polls it. A second one exits at once.
+//! SIGTERM and SIGINT ask the server to stop; a second one while it drains exits at once.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 
-static REQUESTED: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(_: libc::c_int) {
-    // A second signal while the first drains: exit at once (`_exit` is async-signal-safe).
-    if REQUESTED.swap(true, Ordering::SeqCst) {
-        // SAFETY: `_exit` ends the process without running anything of it; always safe.
-        unsafe { libc::_exit(130) };
-    }
+/// The two stop signals, listened for from the moment they are installed (a signal before
+/// the server is ready is not lost).
+pub(crate) struct Signals {
+    term: Signal,
+    int: Signal,
 }
 
-/// Installs the handler for SIGTERM and SIGINT.
-pub fn install() {
-    let handler = on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
-    // SAFETY: `on_signal` only stores to an atomic, which is async-signal-safe; `signal` with a
-    // valid function pointer has no other precondition.
-    unsafe {
-        libc::signal(libc::SIGTERM, handler);
-        libc::signal(libc::SIGINT, handler);
+impl Signals {
+    /// Installs the handlers (inside the runtime).
+    pub(crate) fn install() -> std::io::Result<Signals> {
+        Ok(Signals { term: signal(SignalKind::terminate())?, int: signal(SignalKind::interrupt())? })
     }
-}
 
-pub fn requested() -> bool {
-    REQUESTED.load(Ordering::SeqCst)
+    /// Waits for the first stop signal.
+    pub(crate) async fn first(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
+
+    /// After the first: a second signal exits the process at once (status 130, as a shell
+    /// reports an interrupted command), however the drain goes.
+    pub(crate) fn exit_on_second(mut self) {
+        tokio::spawn(async move {
+            self.first().await;
+            std::process::exit(130);
+        });
+    }
 }

@@ -1,15 +1,25 @@
 //! The sessions that generate: `--sessions` worker threads, each with its own session on the
 //! one mapped model, fed by a bounded queue. A request that finds the queue full is refused
-//! (429) at once rather than waiting without bound. A job's client may go away: the job's
-//! `cancel` flag, or a closed event channel, stops its generation after the current step
-//! (the generator is dropped; the session stays usable for the next job).
+//! (429) at once rather than waiting without bound. A job's events go to its connection through
+//! a channel of [`EVENTS_BUFFERED`] events: a client that reads slowly makes the worker wait
+//! for room (backpressure, so memory stays bounded whatever the client does). A job's client
+//! may go away: the job's `cancel` flag, or a closed event channel, stops its generation after
+//! the current step (the generator is dropped; the session stays usable for the next job).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
 
 use llada_rt::text::Text;
 use llada_rt::{Error, Generation, Generator, SamplerParams, Session};
+
+use crate::Server;
+
+/// Events a job's channel holds before its worker waits for the client to read.
+pub const EVENTS_BUFFERED: usize = 8;
+
+/// A job's events, as its worker sends them.
+pub type Events = tokio::sync::mpsc::Sender<Event>;
 
 /// One generation asked for.
 pub struct Job {
@@ -19,7 +29,7 @@ pub struct Job {
     pub steps: bool,
     /// With each step, its canvas (the opt-in event stream), not only the settled text.
     pub canvas: bool,
-    pub events: Sender<Event>,
+    pub events: Events,
     pub cancel: Arc<AtomicBool>,
 }
 
@@ -92,9 +102,10 @@ pub fn queue(capacity: usize) -> (Queue, Arc<Mutex<Receiver<Job>>>) {
     (Queue { jobs: tx, load: Load::default() }, Arc::new(Mutex::new(rx)))
 }
 
-/// Runs jobs on `session` until `stopping` is set and no job is waiting; jobs still queued
-/// then are answered with an error instead of run.
-pub fn work(session: &mut Session, text: &Text, jobs: &Mutex<Receiver<Job>>, load: &Load, stopping: &AtomicBool) {
+/// Runs jobs on `session` until the server is stopping and no job is waiting; jobs still
+/// queued then are answered with an error instead of run.
+pub(crate) fn work(session: &mut Session, server: &Server, jobs: &Mutex<Receiver<Job>>) {
+    let (text, load, stopping) = (&server.text, &server.queue.load, &server.stopping);
     let mask = session.model.header.special.mask;
     loop {
         // The lock is held only while waiting: one idle worker waits, the others queue on it.
@@ -111,7 +122,7 @@ pub fn work(session: &mut Session, text: &Text, jobs: &Mutex<Receiver<Job>>, loa
         };
         load.queued.fetch_sub(1, Ordering::SeqCst);
         if stopping.load(Ordering::SeqCst) {
-            let _ = job.events.send(Event::ShuttingDown);
+            let _ = job.events.blocking_send(Event::ShuttingDown);
             continue;
         }
         if job.cancel.load(Ordering::SeqCst) {
@@ -120,26 +131,27 @@ pub fn work(session: &mut Session, text: &Text, jobs: &Mutex<Receiver<Job>>, loa
         load.running.fetch_add(1, Ordering::SeqCst);
         // A panic in a pass is the runtime's fault, not the request's: the client hears an
         // error and the worker goes on (the session resets itself after a failed pass).
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(session, text, &job, mask)))
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(session, text, &job, mask, &server.cancel_all)))
             .unwrap_or_else(|_| Err(Error::Internal("a generation panicked".into())));
         load.running.fetch_sub(1, Ordering::SeqCst);
         load.served.fetch_add(1, Ordering::SeqCst);
         if matches!(result, Err(Error::Cancelled)) {
             load.cancelled.fetch_add(1, Ordering::SeqCst);
         }
-        let _ = job.events.send(Event::Done(result));
+        let _ = job.events.blocking_send(Event::Done(result));
     }
 }
 
-/// One job's generation, step by step, each step sent to its client; stopped (as
-/// `Error::Cancelled`) once the client has gone or cancelled.
-fn run(session: &mut Session, text: &Text, job: &Job, mask: u32) -> Result<Generation, Error> {
+/// One job's generation, step by step, each step sent to its client (waiting while its
+/// buffer is full); stopped (as `Error::Cancelled`) once the client has gone or cancelled, or
+/// the server's shutdown timeout has passed (`cancel_all`).
+fn run(session: &mut Session, text: &Text, job: &Job, mask: u32, cancel_all: &AtomicBool) -> Result<Generation, Error> {
     let mut generator = Generator::start(session, &job.prompt, &job.params)?;
-    if job.events.send(Event::Started).is_err() {
+    if job.events.blocking_send(Event::Started).is_err() {
         return Err(Error::Cancelled);
     }
     while let Some(v) = generator.step()? {
-        if job.cancel.load(Ordering::SeqCst) {
+        if job.cancel.load(Ordering::SeqCst) || cancel_all.load(Ordering::SeqCst) {
             return Err(Error::Cancelled);
         }
         if !job.steps {
@@ -156,8 +168,8 @@ fn run(session: &mut Session, text: &Text, job: &Job, mask: u32) -> Result<Gener
             settled: v.settled,
             canvas,
         };
-        // A client that has gone has dropped its receiver.
-        if job.events.send(Event::Step(step)).is_err() {
+        // A client that has gone (or was cut off for not reading) has dropped its receiver.
+        if job.events.blocking_send(Event::Step(step)).is_err() {
             return Err(Error::Cancelled);
         }
     }

@@ -1,8 +1,10 @@
 //! `llada-rt serve` end to end, over loopback with a plain HTTP client: the answers are
 //! `llada-rt run`'s, streamed or not; extra diffusion settings take effect; every kind of bad
-//! request gets its OpenAI-style error; a full queue is a 429; a client that goes away cancels
-//! its generation (streamed or not); a slow client is cut off; SIGTERM lets a running
-//! generation finish, refuses the queued ones (503) and exits.
+//! request gets its OpenAI-style error, framing errors a 400; a full queue is a 429; a client
+//! that goes away cancels its generation (streamed or not), and one that stops reading is cut
+//! off; SIGTERM lets a running generation finish, refuses the queued ones (503) and exits
+//! within its timeout; Host, Origin and Content-Type are checked unless the key authorizes;
+//! one connection carries many requests; `/metrics` counts them.
 
 mod common;
 
@@ -97,7 +99,19 @@ impl Drop for Server {
     }
 }
 
+/// Sends a request whose response ends with the connection (`Connection: close`), its body
+/// as JSON unless `headers` say otherwise.
 fn send(s: &mut TcpStream, method: &str, path: &str, headers: &[&str], body: &[u8]) {
+    let mut all = vec!["Connection: close"];
+    if !headers.iter().any(|h| h.to_ascii_lowercase().starts_with("content-type:")) {
+        all.push("Content-Type: application/json");
+    }
+    all.extend_from_slice(headers);
+    send_raw(s, method, path, &all, body);
+}
+
+/// Sends a request with exactly `headers` besides `Host` and `Content-Length`.
+fn send_raw(s: &mut TcpStream, method: &str, path: &str, headers: &[&str], body: &[u8]) {
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\n", body.len());
     for h in headers {
         head.push_str(h);
@@ -108,11 +122,47 @@ fn send(s: &mut TcpStream, method: &str, path: &str, headers: &[&str], body: &[u
     s.write_all(body).unwrap();
 }
 
+/// A whole response: its status, head, and body (de-chunked where it was sent in chunks).
 fn split_response(raw: &[u8]) -> (u16, String, Vec<u8>) {
     let at = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head");
     let head = String::from_utf8_lossy(&raw[..at]).into_owned();
     let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap();
-    (status, head, raw[at + 4..].to_vec())
+    let body = &raw[at + 4..];
+    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
+    (status, head, if chunked { dechunk(body) } else { body.to_vec() })
+}
+
+/// A chunked body's data (as much of it as arrived).
+fn dechunk(mut raw: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(line_end) = raw.windows(2).position(|w| w == b"\r\n") {
+        let size = usize::from_str_radix(String::from_utf8_lossy(&raw[..line_end]).trim(), 16).unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        let data = &raw[line_end + 2..];
+        out.extend_from_slice(&data[..size.min(data.len())]);
+        raw = data.get(size + 2..).unwrap_or(&[]);
+    }
+    out
+}
+
+/// Reads one response off a kept-alive connection (its body by `Content-Length`).
+fn read_one(reader: &mut BufReader<TcpStream>) -> (u16, String, Vec<u8>) {
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(reader.read_line(&mut line).unwrap() > 0, "the connection closed inside a response head: {head}");
+        if line == "\r\n" {
+            break;
+        }
+        head.push_str(&line);
+    }
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap();
+    let length: usize = head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().parse().unwrap())).expect("a Content-Length");
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).unwrap();
+    (status, head, body)
 }
 
 /// The `data:` payloads of an event stream, with their event names.
@@ -313,9 +363,12 @@ fn sigterm_lets_the_running_generation_finish_refuses_the_queued_and_exits() {
     server.wait_for_health("queued", 1, "the second request was not queued");
     let pid = server.child.id().to_string();
     assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-    let mut rest = String::new();
-    reader.read_to_string(&mut rest).unwrap();
-    assert!(rest.contains("\"finish_reason\":\"length\"") && rest.trim_end().ends_with("data: [DONE]"), "the running stream was cut: {rest}");
+    let mut raw = Vec::new();
+    reader.read_to_end(&mut raw).unwrap();
+    // The rest of the stream, read from inside its first chunk: its events, then the chunked
+    // body's proper end.
+    let rest = String::from_utf8_lossy(&raw).into_owned();
+    assert!(rest.contains("\"finish_reason\":\"length\"") && rest.contains("data: [DONE]\n\n") && rest.ends_with("\r\n0\r\n\r\n"), "the running stream was cut: {rest}");
     let status = server.child.wait().unwrap();
     assert!(status.success(), "{status}");
     let mut reply = Vec::new();
@@ -323,4 +376,141 @@ fn sigterm_lets_the_running_generation_finish_refuses_the_queued_and_exits() {
     let (status, _, body) = split_response(&reply);
     assert_eq!(status, 503, "the queued request: {}", String::from_utf8_lossy(&body));
     assert!(TcpStream::connect(("127.0.0.1", server.port)).is_err(), "still listening after SIGTERM");
+}
+
+#[test]
+fn host_origin_and_content_type_are_checked_unless_the_key_authorizes() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifact = common::embedded(dir.path());
+    let ok = chat("REVERSE:AB=", json!({"max_tokens": 8, "steps": 8})).to_string();
+    let server = Server::start(&artifact, &["--allow-origin", "https://app.example"]);
+    let post = |headers: &[&str], content_type: &str| {
+        let mut s = server.connect();
+        let mut all = vec!["Connection: close", content_type];
+        all.extend_from_slice(headers);
+        send_raw(&mut s, "POST", "/v1/chat/completions", &all, ok.as_bytes());
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).unwrap();
+        let (status, _, body) = split_response(&raw);
+        (status, serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null))
+    };
+    let json_type = "Content-Type: application/json";
+    // `send_raw` names the server `localhost`; a second Host line is what a rebinding page's
+    // request looks like only in its value, so these send their own Host instead.
+    let with_host = |host: &str, extra: &[&str]| {
+        let mut s = server.connect();
+        let head = format!("POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n{json_type}\r\nContent-Length: {}\r\n{}\r\n", ok.len(), extra.iter().map(|h| format!("{h}\r\n")).collect::<String>());
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(ok.as_bytes()).unwrap();
+        let mut raw = Vec::new();
+        s.read_to_end(&mut raw).unwrap();
+        split_response(&raw).0
+    };
+    assert_eq!(with_host("evil.example:8080", &[]), 403, "DNS rebinding: another name");
+    assert_eq!(with_host(&format!("127.0.0.1:{}", server.port), &[]), 200);
+    let evil = post(&["Origin: http://evil.example"], json_type);
+    assert_eq!((evil.0, evil.1["error"]["code"].as_str()), (403, Some("forbidden_origin")), "{}", evil.1);
+    assert_eq!(post(&["Origin: https://app.example"], json_type).0, 200, "an allowed origin");
+    // The server's own page: its origin is the Host the browser sends.
+    assert_eq!(with_host(&format!("localhost:{}", server.port), &[&format!("Origin: http://localhost:{}", server.port)]), 200, "the server's own page");
+    assert_eq!(with_host(&format!("localhost:{}", server.port), &["Origin: http://localhost:1"]), 403, "another port is another site");
+    // A form or text body is not JSON, whatever it holds (a cross-site form needs no preflight).
+    assert_eq!(post(&[], "Content-Type: text/plain").0, 415);
+    assert_eq!(post(&[], "Content-Type: application/x-www-form-urlencoded").0, 415);
+    drop(server);
+
+    // With a key, the key decides: any Host or Origin, the scheme in any case.
+    let keyed = Server::start(&artifact, &["--api-key", "sekrit"]);
+    let mut s = keyed.connect();
+    let head = format!("POST /v1/chat/completions HTTP/1.1\r\nHost: evil.example\r\nOrigin: http://evil.example\r\nAuthorization: bearer sekrit\r\nConnection: close\r\n{json_type}\r\nContent-Length: {}\r\n\r\n", ok.len());
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(ok.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    assert_eq!(split_response(&raw).0, 200, "{}", String::from_utf8_lossy(&raw));
+}
+
+#[test]
+fn framing_errors_are_400_and_one_connection_carries_many_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifact = common::embedded(dir.path());
+    let server = Server::start(&artifact, &[]);
+    let ok = chat("REVERSE:AB=", json!({"max_tokens": 8, "steps": 8})).to_string();
+    let raw_exchange = |raw: &[u8], half_close: bool| {
+        let mut s = server.connect();
+        s.write_all(raw).unwrap();
+        if half_close {
+            s.shutdown(std::net::Shutdown::Write).unwrap();
+        }
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        out
+    };
+    let status = |out: &[u8]| if out.is_empty() { 0 } else { split_response(out).0 };
+    let framed = |headers: &str| format!("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n{headers}\r\n\r\n{ok}");
+    // RFC 9112 section 6.3: differing lengths, a signed length, a coding that is not chunked.
+    let len = ok.len();
+    assert_eq!(status(&raw_exchange(framed(&format!("Content-Length: {len}\r\nContent-Length: {}", len + 1)).as_bytes(), false)), 400, "two lengths");
+    assert_eq!(status(&raw_exchange(framed(&format!("Content-Length: +{len}")).as_bytes(), false)), 400, "a signed length");
+    assert_eq!(status(&raw_exchange(framed("Transfer-Encoding: identity").as_bytes(), false)), 400, "a coding other than chunked");
+    // A short head, half-closed: the connection ended inside the head, not a head too large.
+    let out = raw_exchange(b"POST /v1/chat/completions HTTP/1.1\r\nHost: local", true);
+    let (code, _, body) = split_response(&out);
+    assert_eq!(code, 400, "{}", String::from_utf8_lossy(&out));
+    assert!(String::from_utf8_lossy(&body).contains("before the request head was whole"));
+
+    // One connection, many requests (keep-alive), then a chunked body on it.
+    let mut s = server.connect();
+    let mut reader = BufReader::new(s.try_clone().unwrap());
+    for i in 0..100 {
+        send_raw(&mut s, "GET", "/v1/models", &[], b"");
+        let (code, _, body) = read_one(&mut reader);
+        assert_eq!(code, 200, "request {i} on the kept-alive connection");
+        assert_eq!(serde_json::from_slice::<Value>(&body).unwrap()["data"][0]["id"], "embedded");
+    }
+    let (first, rest) = ok.split_at(ok.len() / 2);
+    let chunked = format!("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{first}\r\n{:x}\r\n{rest}\r\n0\r\n\r\n", first.len(), rest.len());
+    s.write_all(chunked.as_bytes()).unwrap();
+    let (code, _, body) = read_one(&mut reader);
+    assert_eq!(code, 200, "a chunked body: {}", String::from_utf8_lossy(&body));
+    let whole = server.post("/v1/chat/completions", &serde_json::from_str(&ok).unwrap()).1;
+    assert_eq!(serde_json::from_slice::<Value>(&body).unwrap()["choices"], whole["choices"], "a chunked body reads as the same request");
+    // `/metrics`: this connection counted once, and the requests by endpoint and status.
+    let (_, _, metrics) = server.request("GET", "/metrics", &[], b"");
+    let metrics = String::from_utf8(metrics).unwrap();
+    let sample = |name: &str| metrics.lines().find(|l| l.starts_with(name)).and_then(|l| l.rsplit(' ').next()).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    assert_eq!(sample("llada_requests_total{endpoint=\"/v1/models\",status=\"200\"}"), 100.0, "{metrics}");
+    assert_eq!(sample("llada_requests_total{endpoint=\"/v1/chat/completions\",status=\"200\"}"), 2.0, "{metrics}");
+    let chunked_answer: Value = serde_json::from_slice(&body).unwrap();
+    let completion = |v: &Value| v["usage"]["completion_tokens"].as_f64().unwrap();
+    assert_eq!(sample("llada_tokens_generated_total"), completion(&chunked_answer) + completion(&whole), "{metrics}");
+    assert_eq!(sample("llada_dense_passes_total"), 16.0, "two answers of 8 steps: {metrics}");
+    assert!(sample("process_resident_memory_bytes") > 0.0, "{metrics}");
+}
+
+#[test]
+fn a_reader_that_stalls_is_cut_off_and_sigterm_ends_within_its_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifact = common::embedded(dir.path());
+    let mut server = Server::start(&artifact, &["--stall-timeout", "2", "--shutdown-timeout", "2"]);
+    // A stream of every step's canvas from a client that never reads: its buffers fill, the
+    // generation waits, and after the stall timeout it is cancelled and its session freed.
+    let body = chat(FILL, json!({"max_tokens": 128, "steps": 65536, "stream": true, "llada_steps": true}));
+    let mut stalled = server.connect();
+    send(&mut stalled, "POST", "/v1/chat/completions", &[], body.to_string().as_bytes());
+    server.wait_for_health("cancelled", 1, "the stalled stream was not cancelled");
+    let (status, _) = server.post("/v1/chat/completions", &chat(FILL, json!({"max_tokens": 8, "steps": 8})));
+    assert_eq!(status, 200, "the freed session serves the next request");
+    // SIGTERM with another stalled stream: the server exits 0 within the shutdown timeout
+    // (plus a margin), not when the client leaves.
+    let mut second = server.connect();
+    send(&mut second, "POST", "/v1/chat/completions", &[], body.to_string().as_bytes());
+    server.wait_for_health("running", 1, "the second stream never ran");
+    let pid = server.child.id().to_string();
+    let signalled = Instant::now();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "{status}");
+    assert!(signalled.elapsed() < Duration::from_secs(4), "exited {:?} after SIGTERM", signalled.elapsed());
+    drop((stalled, second));
 }

@@ -30,13 +30,34 @@ pub(crate) struct Serve {
     /// Largest request body, in bytes.
     #[arg(long, default_value_t = serve_defaults().max_body)]
     max_body: usize,
+    /// Connections served at once; more are answered 503.
+    #[arg(long, default_value_t = serve_defaults().max_connections)]
+    max_connections: usize,
+    /// Connections one client address may hold at once; more are answered 429.
+    #[arg(long, default_value_t = serve_defaults().max_connections_per_client)]
+    max_connections_per_client: usize,
+    /// After SIGTERM, seconds running generations may go on before they are cancelled.
+    #[arg(long, value_name = "SECS", default_value_t = serve_defaults().shutdown_timeout.as_secs_f64())]
+    shutdown_timeout: f64,
+    /// Seconds a client may leave a response unread before it is cut off and its generation
+    /// cancelled.
+    #[arg(long, value_name = "SECS", default_value_t = serve_defaults().stall_timeout.as_secs_f64())]
+    stall_timeout: f64,
+    /// A host name clients may reach the server by, besides its address and localhost
+    /// (repeatable); without an API key other names are refused (DNS rebinding).
+    #[arg(long, value_name = "NAME")]
+    allow_host: Vec<String>,
+    /// An origin (`https://app.example`) whose pages may call the API without the key
+    /// (repeatable); other sites' pages are refused.
+    #[arg(long, value_name = "ORIGIN")]
+    allow_origin: Vec<String>,
     #[command(flatten)]
     session: SessionArgs,
 }
 
 impl Serve {
     pub(crate) fn run(self) -> Done {
-        let Serve { file, host, port, sessions, queue, api_key, max_body, session: session_args } = self;
+        let Serve { file, host, port, sessions, queue, api_key, max_body, max_connections, max_connections_per_client, shutdown_timeout, stall_timeout, allow_host, allow_origin, session: session_args } = self;
         let model = Model::open(&file, true)?;
         let config = llada_serve::Config {
             host,
@@ -46,6 +67,12 @@ impl Serve {
             session: session_args.params(&model)?,
             api_key: api_key.or_else(|| std::env::var("LLADA_API_KEY").ok()).filter(|k| !k.is_empty()),
             max_body,
+            max_connections,
+            max_connections_per_client,
+            shutdown_timeout: seconds("--shutdown-timeout", shutdown_timeout)?,
+            stall_timeout: seconds("--stall-timeout", stall_timeout)?,
+            allow_hosts: allow_host,
+            allow_origins: allow_origin,
             ..llada_serve::Config::default()
         };
         let id = llada_serve::model_id(&file);
@@ -54,4 +81,9 @@ impl Serve {
         })?;
         Ok(())
     }
+}
+
+/// A flag's seconds as a duration: finite and not negative.
+fn seconds(flag: &str, secs: f64) -> Result<std::time::Duration, llada_rt::Error> {
+    std::time::Duration::try_from_secs_f64(secs).map_err(|_| llada_rt::Error::request(format!("{flag} {secs}: expected seconds, 0 or more")))
 }
