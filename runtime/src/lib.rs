@@ -21,7 +21,7 @@ pub mod topk;
 pub mod trace;
 pub mod window;
 
-pub use error::{Error, Result, Setting};
+pub use error::{Error, FileError, Result, Setting};
 pub use model::Model;
 pub use params::{SamplerParams, SessionParams};
 pub use sampler::{generate, generate_until, Generation, Generator, Remasking};
