@@ -139,10 +139,20 @@ pub unsafe extern "C" fn llada_model_load(path: *const c_char, out: *mut *mut Mo
 /// `model` is NULL or a handle from `llada_model_load` not yet freed.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn llada_model_free(model: *mut Model) {
+    // SAFETY: the caller's contract is `free_handle`'s.
+    unsafe { free_handle(model) }
+}
+
+/// Drops a handle `Box::into_raw` gave out (NULL is ignored), inside the panic guard.
+///
+/// # Safety
+/// `handle` is NULL or a live handle from `Box::into_raw`, freed once, with no call running
+/// on it.
+unsafe fn free_handle<T>(handle: *mut T) {
     let _ = guard(|| {
-        if !model.is_null() {
+        if !handle.is_null() {
             // SAFETY: a live handle from `Box::into_raw`, freed once by the caller's contract.
-            drop(unsafe { Box::from_raw(model) });
+            drop(unsafe { Box::from_raw(handle) });
         }
         Ok(())
     });
@@ -209,13 +219,8 @@ pub unsafe extern "C" fn llada_session_open(model: *const Model, params: *const 
 /// `session` is NULL or a live handle from `llada_session_new`, with no call running on it.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn llada_session_free(session: *mut Session) {
-    let _ = guard(|| {
-        if !session.is_null() {
-            // SAFETY: a live handle from `Box::into_raw`, freed once, no call running on it.
-            drop(unsafe { Box::from_raw(session) });
-        }
-        Ok(())
-    });
+    // SAFETY: the caller's contract is `free_handle`'s.
+    unsafe { free_handle(session) }
 }
 
 /// Asks the generation running on `session` to stop after its current step; it then

@@ -4,6 +4,8 @@ use std::cell::RefCell;
 use std::ffi::{c_char, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use llada_rt::FileError;
+
 /// What a call did. Every code but `LLADA_STATUS_OK` leaves a message for `llada_last_error`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,10 +69,10 @@ impl From<llada_rt::Error> for Failure {
     fn from(e: llada_rt::Error) -> Failure {
         use llada_rt::Error as E;
         let status = match &e {
-            E::NotFound { .. } => Status::NotFound,
+            E::File(FileError::NotFound { .. }) => Status::NotFound,
             // `Input`: a path that names something other than the file it must be (a
             // directory): a problem with the file, not with the request.
-            E::Io { .. } | E::Changed { .. } | E::Input { .. } => Status::Io,
+            E::File(FileError::Io { .. }) | E::Changed { .. } | E::Input { .. } => Status::Io,
             E::Artifact { .. } => Status::InvalidArtifact,
             E::Request(_) => Status::InvalidRequest,
             E::Tokenizer(_) | E::Template(_) => Status::Text,

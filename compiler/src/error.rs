@@ -3,12 +3,12 @@
 
 use std::path::PathBuf;
 
+pub use llada_ir::FileError;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{}: does not exist", path.display())]
-    NotFound { path: PathBuf },
-    #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    File(FileError),
     #[error("{}: invalid JSON: {msg}", path.display())]
     Json { path: PathBuf, msg: String },
     #[error("{}: {key}: {msg}", path.display())]
@@ -38,12 +38,7 @@ pub enum Error {
 
 impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        let path = path.into();
-        if source.kind() == std::io::ErrorKind::NotFound {
-            Error::NotFound { path }
-        } else {
-            Error::Io { path, source }
-        }
+        Error::File(FileError::new(path, source))
     }
 
     pub fn config(path: impl Into<PathBuf>, key: &str, msg: impl Into<String>) -> Self {

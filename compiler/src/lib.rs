@@ -23,4 +23,4 @@ pub mod window;
 mod testing;
 
 pub use compile::{compile, CompileOptions, CompileSummary, Quant};
-pub use error::{Error, Result};
+pub use error::{Error, FileError, Result};

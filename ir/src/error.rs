@@ -3,6 +3,7 @@
 //! bug report can point at it directly.
 
 use std::io;
+use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -32,6 +33,28 @@ impl Error {
 
     pub fn io(context: impl Into<String>, source: io::Error) -> Self {
         Error::Io { context: context.into(), source }
+    }
+}
+
+/// A file the compiler or the runtime could not use, named by its path: a missing one is said
+/// plainly, any other failure with the system's message.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("{}: does not exist", path.display())]
+    NotFound { path: PathBuf },
+    #[error("{}: {source}", path.display())]
+    Io { path: PathBuf, source: io::Error },
+}
+
+impl FileError {
+    /// `source`, met on `path`.
+    pub fn new(path: impl Into<PathBuf>, source: io::Error) -> Self {
+        let path = path.into();
+        if source.kind() == io::ErrorKind::NotFound {
+            FileError::NotFound { path }
+        } else {
+            FileError::Io { path, source }
+        }
     }
 }
 

@@ -18,7 +18,7 @@ pub mod window_sizes;
 #[cfg(feature = "write")]
 pub mod write;
 
-pub use error::{Error, Result};
+pub use error::{Error, FileError, Result};
 pub use format::{align_up, FORMAT_MAJOR, FORMAT_MINOR, SEGMENT_ALIGN, TENSOR_ALIGN, WINDOW_ALIGN};
 pub use graph::{Graph, Op, Rows, StageStep, TensorId, Value, ValueId};
 pub use header::{CompileInfo, Extension, Family, Header, ModelConfig, MoeConfig, Plan, Segment, SpecialTokens, TensorInfo, TokenizerSpec};

@@ -9,6 +9,7 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use llada_ir::FileError;
 use llada_rt::settings::Value;
 use llada_rt::text::Text;
 use llada_rt::{Generation, Generator, SessionParams};
@@ -28,8 +29,8 @@ fn rt_err(e: llada_rt::Error) -> PyErr {
     let msg = e.to_string();
     match e {
         E::Setting { .. } | E::Request(_) | E::Template(_) => SettingError::new_err(msg),
-        E::NotFound { .. } => PyFileNotFoundError::new_err(msg),
-        E::Io { .. } => PyOSError::new_err(msg),
+        E::File(FileError::NotFound { .. }) => PyFileNotFoundError::new_err(msg),
+        E::File(FileError::Io { .. }) => PyOSError::new_err(msg),
         _ => LladaError::new_err(msg),
     }
 }
@@ -39,8 +40,8 @@ fn compile_err(e: lladac::Error) -> PyErr {
     use lladac::Error as E;
     let msg = e.to_string();
     match e {
-        E::NotFound { .. } => PyFileNotFoundError::new_err(msg),
-        E::Io { .. } => PyOSError::new_err(msg),
+        E::File(FileError::NotFound { .. }) => PyFileNotFoundError::new_err(msg),
+        E::File(FileError::Io { .. }) => PyOSError::new_err(msg),
         E::Options(_) => SettingError::new_err(msg),
         _ => LladaError::new_err(msg),
     }

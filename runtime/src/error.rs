@@ -3,12 +3,12 @@
 
 use std::path::PathBuf;
 
+pub use llada_ir::FileError;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{}: does not exist", path.display())]
-    NotFound { path: PathBuf },
-    #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    File(FileError),
     #[error("{}: {source}", path.display())]
     Artifact { path: PathBuf, source: llada_ir::Error },
     /// A request the sampler or the plan cannot serve (bad settings, too long a prompt).
@@ -167,12 +167,7 @@ impl Setting {
 
 impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        let path = path.into();
-        if source.kind() == std::io::ErrorKind::NotFound {
-            Error::NotFound { path }
-        } else {
-            Error::Io { path, source }
-        }
+        Error::File(FileError::new(path, source))
     }
 
     pub fn request(msg: impl Into<String>) -> Self {

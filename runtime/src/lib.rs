@@ -22,7 +22,7 @@ pub mod topk;
 pub mod trace;
 pub mod window;
 
-pub use error::{Error, Result, Setting};
+pub use error::{Error, FileError, Result, Setting};
 pub use model::Model;
 pub use params::{SamplerParams, SessionParams};
 pub use generator::{generate, generate_until, Generator};

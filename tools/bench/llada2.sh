@@ -14,17 +14,10 @@
 set -euo pipefail
 ckpt="$1"; out="$2"
 bin="$(cd "$(dirname "$0")/../.." && pwd)/target/release"
+. "$(dirname "$0")/expert_window.sh"
 mkdir -p "$out"; cd "$out"
 grep -m1 "model name" /proc/cpuinfo; nproc; date -u
-[ -f mini-full.lad ] || "$bin/lladac" compile --model "$ckpt" --quant q4 --max-seq 256 -o mini-full.lad
-# The window that ends a quarter of the way through the full plan's expert pools.
-window=$("$bin/lladac" inspect mini-full.lad --json | python3 -c "
-import json, sys
-for r in json.load(sys.stdin)['window']['map']:
-    if r['what'].startswith('expert slots'):
-        print(r['offset'] + r['bytes'] // 4)")
-[ -f mini-quarter.lad ] || "$bin/lladac" compile --model "$ckpt" --quant q4 --max-seq 256 --window-bytes "$window" -o mini-quarter.lad
-"$bin/lladac" inspect mini-quarter.lad | grep -E "^experts|expert slots"
+compile_full_and_quarter "$ckpt" mini
 ids=$(python3 -c "print(','.join(str((i * 104729 + 7) % 156000) for i in range(32)))")
 run() {
   local name="$1" art="$2"; shift 2

@@ -15,17 +15,10 @@
 set -euo pipefail
 ckpt="$1"; out="$2"; rounds="${3:-3}"
 bin="$(cd "$(dirname "$0")/../.." && pwd)/target/release"
+. "$(dirname "$0")/expert_window.sh"
 mkdir -p "$out"; cd "$out"
 grep -m1 "model name" /proc/cpuinfo; nproc; date -u
-[ -f moe-full.lad ] || "$bin/lladac" compile --model "$ckpt" --quant q4 --max-seq 256 -o moe-full.lad
-# The window that ends a quarter of the way through the full plan's expert pools.
-window=$("$bin/lladac" inspect moe-full.lad --json | python3 -c "
-import json, sys
-for r in json.load(sys.stdin)['window']['map']:
-    if r['what'].startswith('expert slots'):
-        print(r['offset'] + r['bytes'] // 4)")
-[ -f moe-quarter.lad ] || "$bin/lladac" compile --model "$ckpt" --quant q4 --max-seq 256 --window-bytes "$window" -o moe-quarter.lad
-"$bin/lladac" inspect moe-quarter.lad | grep -E "^experts|expert slots"
+compile_full_and_quarter "$ckpt" moe
 # The artifact's pages in the page cache (compiling read the checkpoint through it).
 cat moe-quarter.lad > /dev/null
 ids=$(python3 -c "print(','.join(str((i * 104729 + 7) % 157184) for i in range(32)))")

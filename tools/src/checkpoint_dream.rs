@@ -176,16 +176,8 @@ mod tests {
 
     #[test]
     fn the_7b_config_is_the_published_one() {
-        // Dream-v0-Instruct-7B's config.json, as published (compiler/src/hf/config_dream.rs).
-        let published = json!({
-            "architectures": ["DreamModel"], "attention_dropout": 0.0,
-            "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
-            "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02,
-            "intermediate_size": 18944, "mask_token_id": 151666, "max_position_embeddings": 131072, "max_window_layers": 28,
-            "model_type": "Dream", "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4, "pad_token_id": 151643,
-            "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000.0, "sliding_window": null, "tie_word_embeddings": false,
-            "torch_dtype": "bfloat16", "transformers_version": "4.46.2", "use_cache": true, "use_sliding_window": false, "vocab_size": 152064
-        });
+        // Dream-v0-Instruct-7B's config.json, as published (the file compiler/src/hf/config_dream.rs parses).
+        let published: Value = serde_json::from_str(include_str!("../../compiler/tests/data/dream-v0-instruct-7b.config.json")).unwrap();
         let spec = CheckpointSpec { shape: Shape::dream_7b(), weights: WeightType::Bf16, shard_bytes: u64::MAX, seed: 0, init_std: 0.02, outliers: None };
         // Through `checkpoint::config_json`, which picks the layout by family.
         assert_eq!(crate::checkpoint::config_json(&spec, SpecialIds::for_shape(&spec.shape)), published);

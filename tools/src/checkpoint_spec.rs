@@ -111,13 +111,14 @@ impl Shape {
         Shape { d_model: 2048, n_layers: 16, n_heads: 16, n_kv_heads: 16, mlp_hidden_size: 5632, ..Shape::llada_8b() }
     }
 
-    /// A few-megabyte model with grouped-query attention, for tests.
-    pub fn tiny() -> Shape {
+    /// The embedded default model's shape (`TrainConfig::embedded` trains it): 4 layers of
+    /// 128, a 320-token vocabulary.
+    pub fn embedded() -> Shape {
         Shape {
             d_model: 128,
-            n_layers: 2,
+            n_layers: 4,
             n_heads: 4,
-            n_kv_heads: 2,
+            n_kv_heads: 4,
             mlp_hidden_size: 384,
             vocab_size: 320,
             embedding_size: 320,
@@ -125,6 +126,12 @@ impl Shape {
             rope_theta: 500000.0,
             family: FamilyShape::Llada,
         }
+    }
+
+    /// A few-megabyte model with grouped-query attention, for tests: the embedded model's
+    /// shape at half its depth, 4 query heads over 2 key/value heads.
+    pub fn tiny() -> Shape {
+        Shape { n_layers: 2, n_kv_heads: 2, ..Shape::embedded() }
     }
 
     /// LLaDA-MoE-7B-A1B (BACKGROUND.md section 2): 16 layers of 2048, 16 heads, 64 experts of

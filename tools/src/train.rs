@@ -12,7 +12,7 @@ use burn::tensor::{activation, Device, Int, Tensor, TensorData};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::checkpoint::{self, CheckpointSpec, FamilyShape, Shape, SpecialIds, WeightType};
+use crate::checkpoint::{self, CheckpointSpec, Shape, SpecialIds, WeightType};
 use crate::reference::{Hyper, Llada};
 use crate::tasks::{self, Kind, ANSWER_LEN};
 
@@ -42,18 +42,7 @@ impl TrainConfig {
     /// The embedded default model's recipe.
     pub fn embedded() -> TrainConfig {
         TrainConfig {
-            shape: Shape {
-                d_model: 128,
-                n_layers: 4,
-                n_heads: 4,
-                n_kv_heads: 4,
-                mlp_hidden_size: 384,
-                vocab_size: 320,
-                embedding_size: 320,
-                max_sequence_length: 512,
-                rope_theta: 500000.0,
-                family: FamilyShape::Llada,
-            },
+            shape: Shape::embedded(),
             steps: 2400,
             batch: 16,
             lr: 2e-3,

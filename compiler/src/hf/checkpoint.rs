@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use memmap2::{Mmap, MmapOptions};
 use safetensors::{Dtype, SafeTensors};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, FileError, Result};
 
 /// Element types the importer reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,7 +146,7 @@ impl Checkpoint {
         } else {
             let single = dir.join(SINGLE);
             if !dir.is_dir() {
-                return Err(Error::NotFound { path: dir.to_path_buf() });
+                return Err(Error::File(FileError::NotFound { path: dir.to_path_buf() }));
             }
             if !single.exists() {
                 return Err(Error::Options(format!(

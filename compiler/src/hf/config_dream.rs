@@ -45,17 +45,9 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    /// Dream-v0-Instruct-7B's config.json, as published.
+    /// Dream-v0-Instruct-7B's config.json, as published (the generator's Dream preset is checked against the same file).
     fn dream_7b() -> Value {
-        json!({
-            "architectures": ["DreamModel"], "attention_dropout": 0.0,
-            "auto_map": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
-            "bos_token_id": 151643, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584, "initializer_range": 0.02,
-            "intermediate_size": 18944, "mask_token_id": 151666, "max_position_embeddings": 131072, "max_window_layers": 28,
-            "model_type": "Dream", "num_attention_heads": 28, "num_hidden_layers": 28, "num_key_value_heads": 4, "pad_token_id": 151643,
-            "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000.0, "sliding_window": null, "tie_word_embeddings": false,
-            "torch_dtype": "bfloat16", "transformers_version": "4.46.2", "use_cache": true, "use_sliding_window": false, "vocab_size": 152064
-        })
+        serde_json::from_str(include_str!("../../tests/data/dream-v0-instruct-7b.config.json")).unwrap()
     }
 
     fn parse_json(v: Value) -> Result<(LladaConfig, Vec<String>)> {

@@ -19,7 +19,7 @@ mod tensor;
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, FileError, Result};
 use crate::hf::checkpoint::{Checkpoint, MemoryTensor, SourceDType};
 use crate::hf::config::{Family, LladaConfig};
 use crate::hf::names;
@@ -54,7 +54,7 @@ pub fn open(path: &Path, cfg: &LladaConfig) -> Result<Checkpoint> {
         return Err(err(format!("ONNX import covers the dense LLaDA architecture; config.json describes {:?}", cfg.family)));
     }
     if !path.exists() {
-        return Err(Error::NotFound { path: path.to_path_buf() });
+        return Err(Error::File(FileError::NotFound { path: path.to_path_buf() }));
     }
     let graph = proto::read(path).map_err(err)?;
     let folded = fold::fold(&graph).map_err(err)?;

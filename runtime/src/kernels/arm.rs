@@ -47,11 +47,8 @@ pub fn dot_tile_neon<const MR: usize, const NR: usize>(x: [&[f32]; MR], w: [&[f3
         for i in 0..MR {
             for j in 0..NR {
                 let a = acc[i][j];
-                let mut s = (vgetq_lane_f32::<0>(a) + vgetq_lane_f32::<2>(a)) + (vgetq_lane_f32::<1>(a) + vgetq_lane_f32::<3>(a));
-                for t in full..k {
-                    s = x[i][t].mul_add(w[j][t], s);
-                }
-                out[i][j] = s;
+                let s = (vgetq_lane_f32::<0>(a) + vgetq_lane_f32::<2>(a)) + (vgetq_lane_f32::<1>(a) + vgetq_lane_f32::<3>(a));
+                out[i][j] = super::dot_tail::<true>(x[i], w[j], full, k, s);
             }
         }
         out

@@ -49,6 +49,17 @@ fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     if FMA { a.mul_add(b, c) } else { a * b + c }
 }
 
+/// `sum` plus `x[t] * w[t]` for `t` in `from..k`, added one at a time in order: a dot
+/// product's tail past its last full vector, the same in every tile (SIMD ones fused).
+#[inline(always)]
+fn dot_tail<const FMA: bool>(x: &[f32], w: &[f32], from: usize, k: usize, sum: f32) -> f32 {
+    let mut s = sum;
+    for t in from..k {
+        s = madd::<FMA>(x[t], w[t], s);
+    }
+    s
+}
+
 #[inline(always)]
 fn hsum(v: &[f32; LANES]) -> f32 {
     // Pairwise, so the vector lanes reduce in a tree.
@@ -105,11 +116,7 @@ fn dot_tile_portable<const FMA: bool, const MR: usize, const NR: usize>(x: [&[f3
     let mut out = [[0f32; NR]; MR];
     for i in 0..MR {
         for j in 0..NR {
-            let mut s = hsum(&acc[i][j]);
-            for t in full..k {
-                s = madd::<FMA>(x[i][t], w[j][t], s);
-            }
-            out[i][j] = s;
+            out[i][j] = dot_tail::<FMA>(x[i], w[j], full, k, hsum(&acc[i][j]));
         }
     }
     out

@@ -42,11 +42,7 @@ pub unsafe fn dot_tile_avx512<const MR: usize, const NR: usize>(x: [&[f32]; MR],
             std::array::from_fn(|j| _mm512_reduce_add_ps(acc[i][j]))
         };
         for j in 0..NR {
-            let mut s = sums[j];
-            for t in full..k {
-                s = x[i][t].mul_add(w[j][t], s);
-            }
-            out[i][j] = s;
+            out[i][j] = super::dot_tail::<true>(x[i], w[j], full, k, sums[j]);
         }
     }
     out
@@ -104,11 +100,8 @@ pub unsafe fn dot_tile_avx2<const MR: usize, const NR: usize>(x: [&[f32]; MR], w
             let mut lanes = [0f32; 8];
             // SAFETY: `lanes` holds 8 floats.
             unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), acc[i][j]) };
-            let mut s = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
-            for t in full..k {
-                s = x[i][t].mul_add(w[j][t], s);
-            }
-            out[i][j] = s;
+            let s = ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) + ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+            out[i][j] = super::dot_tail::<true>(x[i], w[j], full, k, s);
         }
     }
     out
