@@ -198,8 +198,12 @@ fn settings(model: &llada_rt::Model, given: Option<&Bound<'_, PyDict>>) -> PyRes
         } else if v.is_instance_of::<PyBool>() {
             Value::Bool(v.extract()?)
         } else if v.is_instance_of::<PyInt>() {
-            let n: i64 = v.extract().map_err(|_| SettingError::new_err(format!("{name}: {v} is too large")))?;
-            Value::Int(n)
+            // Wider than any setting (a seed is a u64): the settings check the range. An int
+            // past i128 goes as a float, which they refuse by range too.
+            match v.extract::<i128>() {
+                Ok(n) => Value::Int(n),
+                Err(_) => Value::Float(v.extract::<f64>().unwrap_or(f64::INFINITY)),
+            }
         } else if v.is_instance_of::<PyFloat>() {
             Value::Float(v.extract()?)
         } else if v.is_instance_of::<PyString>() {

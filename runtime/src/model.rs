@@ -203,6 +203,24 @@ impl Model {
         self.header.plan.by_rows.last().map_or(0, |&g| self.graph(g).rows).min(self.header.plan.kv_capacity)
     }
 
+    /// Whether `prompt` can start a generation: at least one token, none the mask token and
+    /// every one in the vocabulary. The generator refuses the same, with the same words, when
+    /// it starts; a front end calls this first to refuse a request before queueing it, naming
+    /// its own field for the prompt.
+    pub fn check_prompt(&self, prompt: &[u32]) -> Result<()> {
+        let (mask, vocab) = (self.header.special.mask, self.header.model.embedding_size);
+        if prompt.is_empty() {
+            return Err(Error::request("the prompt is empty: give at least one token".to_string()));
+        }
+        if let Some(i) = prompt.iter().position(|&t| t == mask) {
+            return Err(Error::request(format!("prompt token {i} is the mask token (id {mask}); a prompt cannot contain masks (they mark the positions to generate)")));
+        }
+        match prompt.iter().find(|&&t| t >= vocab) {
+            Some(&bad) => Err(Error::request(format!("token id {bad} is outside the vocabulary (0..{vocab})"))),
+            None => Ok(()),
+        }
+    }
+
     /// The graph that computes `rows` positions: the smallest bucket that holds them.
     pub fn graph_for_rows(&self, rows: usize) -> Result<u32> {
         self.header.graph_for_rows(rows).ok_or_else(|| {

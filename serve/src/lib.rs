@@ -313,6 +313,8 @@ impl Answer<'_> {
 fn generate(stream: &TcpStream, request: ApiRequest, shared: &Shared) -> Result<(), ApiError> {
     let prompt_field = request.endpoint.prompt_field();
     let ids = prompt_ids(&request.prompt, shared.text).map_err(|e| ApiError::from_runtime(&e).param(prompt_field))?;
+    // A mask token or an id outside the vocabulary: refused here, naming the field, not by the worker.
+    shared.model.check_prompt(&ids).map_err(|e| ApiError::from_runtime(&e).param(prompt_field))?;
     let params = llada_rt::settings::sampler_params(shared.model, &request.settings).map_err(|e| ApiError::from_runtime(&e))?;
     if ids.len() + params.gen_length > shared.model.max_exact_len() as usize {
         return Err(ApiError::new(400, format!("the prompt is {} tokens and max_tokens {}: together over the {} positions this model was compiled for", ids.len(), params.gen_length, shared.model.max_exact_len())).param(prompt_field).code("context_length_exceeded"));
