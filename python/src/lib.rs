@@ -5,7 +5,8 @@
 //!
 //! Every pass runs with the GIL released, so Python threads generate on separate sessions at
 //! once. A session serves one generation at a time: a second use while one runs (another
-//! thread, or a step iterator still open) is refused, not queued.
+//! thread, or a step iterator still open) is refused, not queued. Models and sessions belong
+//! to the process that opened them: a forked child that uses its parent's is refused.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -47,6 +48,34 @@ fn compile_err(e: lladac::Error) -> PyErr {
     }
 }
 
+/// The process that opened a model, a session or a step iterator. `fork` copies memory but
+/// not threads: a session's worker pool, and any lock a parent's thread held, are gone in the
+/// child, which would wait for them forever. So a child's use is refused, and its copy is
+/// leaked rather than dropped (dropping would join those threads).
+#[derive(Clone, Copy)]
+struct Opened(u32);
+
+impl Opened {
+    fn here() -> Opened {
+        Opened(std::process::id())
+    }
+
+    fn forked(self) -> bool {
+        self.0 != std::process::id()
+    }
+
+    fn check(self, what: &str) -> PyResult<()> {
+        if !self.forked() {
+            return Ok(());
+        }
+        Err(LladaError::new_err(format!(
+            "this {what} was opened in process {}; open it again in this process ({}): a forked child (os.fork, or multiprocessing's default start method on Linux) cannot use its parent's models and sessions",
+            self.0,
+            std::process::id()
+        )))
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while locked (caught at the Python boundary) leaves nothing half written in
     // these slots: they only ever hold a whole value or none.
@@ -58,6 +87,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 struct Model {
     inner: Arc<llada_rt::Model>,
     text: Arc<Text>,
+    opened: Opened,
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        if self.opened.forked() {
+            std::mem::forget(self.inner.clone());
+        }
+    }
 }
 
 #[pymethods]
@@ -72,7 +110,7 @@ impl Model {
                 Ok((m, text))
             })
             .map_err(rt_err)?;
-        Ok(Model { inner: Arc::new(inner), text: Arc::new(text) })
+        Ok(Model { inner: Arc::new(inner), text: Arc::new(text), opened: Opened::here() })
     }
 
     /// The artifact's path.
@@ -99,30 +137,38 @@ impl Model {
         self.inner.header.special.mask
     }
 
-    /// Token ids of plain text.
-    fn encode(&self, text: &str) -> PyResult<Vec<u32>> {
-        self.text.encode(text).map_err(rt_err)
+    /// Token ids of plain text (without the GIL: a long text takes a while).
+    fn encode(&self, py: Python<'_>, text: &str) -> PyResult<Vec<u32>> {
+        self.opened.check("llada.Model")?;
+        py.detach(|| self.text.encode(text)).map_err(rt_err)
     }
 
     /// Token ids of one user turn through the model's chat template.
-    fn encode_chat(&self, user: &str) -> PyResult<Vec<u32>> {
-        self.text.encode_chat(user).map_err(rt_err)
+    fn encode_chat(&self, py: Python<'_>, user: &str) -> PyResult<Vec<u32>> {
+        self.opened.check("llada.Model")?;
+        py.detach(|| self.text.encode_chat(user)).map_err(rt_err)
     }
 
+    /// The text of `ids`; an id the tokenizer has no token for is a `ValueError` naming it
+    /// (the tokenizer would drop it silently).
     #[pyo3(signature = (ids, skip_special=true))]
-    fn decode(&self, ids: Vec<u32>, skip_special: bool) -> String {
-        self.text.decode(&ids, skip_special)
+    fn decode(&self, py: Python<'_>, ids: Vec<u32>, skip_special: bool) -> PyResult<String> {
+        self.opened.check("llada.Model")?;
+        self.text.check_ids(&ids).map_err(rt_err)?;
+        Ok(py.detach(|| self.text.decode(&ids, skip_special)))
     }
 
     /// The answer in generated ids: up to the first end-of-text or end-of-turn token.
-    fn answer(&self, ids: Vec<u32>) -> String {
-        self.text.answer(&ids)
+    fn answer(&self, ids: Vec<u32>) -> PyResult<String> {
+        self.opened.check("llada.Model")?;
+        Ok(self.text.answer(&ids))
     }
 
     /// A session on this model: `backend` is `host`, `vulkan` or `qnn`; `threads` `None`
     /// for every core.
     #[pyo3(signature = (threads=None, backend="host"))]
     fn session(slf: &Bound<'_, Self>, threads: Option<usize>, backend: &str) -> PyResult<Session> {
+        slf.get().opened.check("llada.Model")?;
         Session::open(slf, threads, backend)
     }
 
@@ -199,8 +245,12 @@ fn settings(model: &llada_rt::Model, given: Option<&Bound<'_, PyDict>>) -> PyRes
         } else if v.is_instance_of::<PyBool>() {
             Value::Bool(v.extract()?)
         } else if v.is_instance_of::<PyInt>() {
-            let n: i64 = v.extract().map_err(|_| SettingError::new_err(format!("{name}: {v} is too large")))?;
-            Value::Int(n)
+            // Wider than any setting (a seed is a u64): the settings check the range. An int
+            // past i128 goes as a float, which they refuse by range too.
+            match v.extract::<i128>() {
+                Ok(n) => Value::Int(n),
+                Err(_) => Value::Float(v.extract::<f64>().unwrap_or(f64::INFINITY)),
+            }
         } else if v.is_instance_of::<PyFloat>() {
             Value::Float(v.extract()?)
         } else if v.is_instance_of::<PyString>() {
@@ -224,6 +274,16 @@ struct Session {
     text: Arc<Text>,
     backend: &'static str,
     threads: usize,
+    opened: Opened,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if self.opened.forked() {
+            std::mem::forget(self.slot.clone());
+            std::mem::forget(self.rt_model.clone());
+        }
+    }
 }
 
 impl Session {
@@ -234,14 +294,22 @@ impl Session {
         let rt_model = m.inner.clone();
         let held = model.py().detach(|| llada_rt::Session::open(&rt_model, &params)).map_err(rt_err)?;
         let threads = held.threads();
-        Ok(Session { slot: Arc::new(Mutex::new(Some(Box::new(held)))), model: model.clone().unbind(), rt_model, text: m.text.clone(), backend: kind.name, threads })
+        Ok(Session { slot: Arc::new(Mutex::new(Some(Box::new(held)))), model: model.clone().unbind(), rt_model, text: m.text.clone(), backend: kind.name, threads, opened: Opened::here() })
     }
 
-    /// The prompt's ids: `prompt` text (through the chat template with `chat`) or `ids`.
-    fn prompt(&self, prompt: Option<&str>, ids: Option<Vec<u32>>, chat: bool) -> PyResult<Vec<u32>> {
+    /// The prompt's ids: `prompt` text (through the chat template with `chat`) or `ids`. Text
+    /// is tokenized without the GIL, after a text too long for the model is refused untokenized.
+    fn prompt(&self, py: Python<'_>, prompt: Option<&str>, ids: Option<Vec<u32>>, chat: bool) -> PyResult<Vec<u32>> {
+        self.opened.check("llada.Session")?;
+        // One position at least is left for the generation.
+        let most = (self.rt_model.max_exact_len() as usize).saturating_sub(1);
         match (prompt, ids) {
-            (Some(p), None) if chat => self.text.encode_chat(p).map_err(rt_err),
-            (Some(p), None) => self.text.encode(p).map_err(rt_err),
+            (Some(p), None) => py
+                .detach(|| {
+                    self.text.check_length(p, most)?;
+                    if chat { self.text.encode_chat(p) } else { self.text.encode(p) }
+                })
+                .map_err(rt_err),
             (None, Some(_)) if chat => Err(SettingError::new_err("chat=True applies the chat template to a text prompt; with ids, give the template's ids yourself")),
             (None, Some(ids)) => Ok(ids),
             (None, None) => Err(SettingError::new_err("give a prompt: prompt='text' or ids=[token ids]")),
@@ -270,6 +338,7 @@ impl Session {
     /// The session's counters since it opened (passes, rows, seconds).
     #[getter]
     fn counters<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.opened.check("llada.Session")?;
         let held = take(&self.slot)?;
         let lent = Lent { held: Some(held), slot: &self.slot };
         counters(py, &lent.held.as_ref().expect("lent").counters)
@@ -280,7 +349,7 @@ impl Session {
     /// the passes run.
     #[pyo3(signature = (prompt=None, ids=None, chat=false, **settings))]
     fn generate<'py>(&self, py: Python<'py>, prompt: Option<&str>, ids: Option<Vec<u32>>, chat: bool, settings: Option<&Bound<'py, PyDict>>) -> PyResult<Bound<'py, PyDict>> {
-        let ids = self.prompt(prompt, ids, chat)?;
+        let ids = self.prompt(py, prompt, ids, chat)?;
         let params = crate::settings(&self.rt_model, settings)?;
         let mut lent = Lent { held: Some(take(&self.slot)?), slot: &self.slot };
         // Ctrl-C (a pending signal) stops the generation between steps: the GIL is taken back
@@ -307,16 +376,16 @@ impl Session {
     /// A step iterator: each `next()` runs one step (one pass, without the GIL) and yields
     /// its view. The session is busy until the iterator is exhausted, closed or dropped.
     #[pyo3(signature = (prompt=None, ids=None, chat=false, **settings))]
-    fn steps(&self, prompt: Option<&str>, ids: Option<Vec<u32>>, chat: bool, settings: Option<&Bound<'_, PyDict>>) -> PyResult<Steps> {
-        let ids = self.prompt(prompt, ids, chat)?;
+    fn steps(&self, py: Python<'_>, prompt: Option<&str>, ids: Option<Vec<u32>>, chat: bool, settings: Option<&Bound<'_, PyDict>>) -> PyResult<Steps> {
+        let ids = self.prompt(py, prompt, ids, chat)?;
         let params = crate::settings(&self.rt_model, settings)?;
         // The session leaves its slot for the generator, which owns it until `give_back`.
         let generator = Generator::start_owned(take(&self.slot)?, &ids, &params).map_err(|(e, session)| {
             *lock(&self.slot) = Some(session);
             rt_err(e)
         })?;
-        let stepping = Stepping { generator: Some(generator), slot: self.slot.clone(), result: None };
-        Ok(Steps { inner: Mutex::new(stepping), text: self.text.clone(), mask: self.rt_model.header.special.mask })
+        let stepping = Stepping { generator: Some(generator), slot: self.slot.clone(), result: None, opened: Opened::here() };
+        Ok(Steps { inner: Mutex::new(stepping), text: self.text.clone(), mask: self.rt_model.header.special.mask, opened: Opened::here() })
     }
 
     fn __repr__(&self) -> String {
@@ -332,6 +401,7 @@ struct Stepping {
     generator: Option<Generator<'static>>,
     slot: Slot,
     result: Option<(Generation, llada_rt::session::Counters)>,
+    opened: Opened,
 }
 
 impl Stepping {
@@ -348,6 +418,11 @@ impl Stepping {
 
 impl Drop for Stepping {
     fn drop(&mut self) {
+        if self.opened.forked() {
+            std::mem::forget(self.generator.take());
+            std::mem::forget(self.slot.clone());
+            return;
+        }
         self.give_back();
     }
 }
@@ -368,6 +443,7 @@ struct Steps {
     inner: Mutex<Stepping>,
     text: Arc<Text>,
     mask: u32,
+    opened: Opened,
 }
 
 impl Steps {
@@ -375,6 +451,7 @@ impl Steps {
     /// waiting for it with the GIL held would keep the stepping thread, which takes the GIL
     /// back after its pass, from ever finishing.
     fn stepping(&self) -> PyResult<MutexGuard<'_, Stepping>> {
+        self.opened.check("llada step iterator")?;
         match self.inner.try_lock() {
             Ok(s) => Ok(s),
             // A step that panicked: the generator refuses further steps; the rest is whole.

@@ -47,26 +47,45 @@ fn serve_defaults() -> llada_serve::Config {
     llada_serve::Config::default()
 }
 
+/// A whole-number flag's value in `0..=max`: out of it, negative or too large, the message
+/// names the range as the settings of every other front end do (`llada_rt::settings`).
+fn whole_up_to(text: &str, max: u64) -> std::result::Result<u64, String> {
+    let n: i128 = text.trim().parse().map_err(|e| format!("not a whole number: {e}"))?;
+    u64::try_from(n).ok().filter(|&n| n <= max).ok_or_else(|| format!("{n} is outside 0..={max}"))
+}
+
+fn whole_u64(text: &str) -> std::result::Result<u64, String> {
+    whole_up_to(text, u64::MAX)
+}
+
+fn whole_usize(text: &str) -> std::result::Result<usize, String> {
+    whole_up_to(text, usize::MAX as u64).map(|n| n as usize)
+}
+
+fn whole_u32(text: &str) -> std::result::Result<u32, String> {
+    whole_up_to(text, u32::MAX.into()).map(|n| n as u32)
+}
+
 /// The sampler's flags: each maps to the field of `SamplerParams` it names, whose
 /// `Default` gives the defaults shown in `--help`.
 #[derive(Args, Clone)]
 struct SamplerArgs {
     /// Tokens to generate.
-    #[arg(long, default_value_t = defaults().gen_length)]
+    #[arg(long, default_value_t = defaults().gen_length, value_parser = whole_usize)]
     gen_len: usize,
     /// Semi-autoregressive block length (gen-len must be a multiple of it) [default: the
     /// block length the artifact was compiled for].
-    #[arg(long)]
+    #[arg(long, value_parser = whole_usize)]
     block_len: Option<usize>,
     /// Denoising steps over all blocks (a multiple of the number of blocks) [default: 128].
     /// LLaDA 2.x: steps per block, as its published generate counts them [default: 32].
-    #[arg(long)]
+    #[arg(long, value_parser = whole_usize)]
     steps: Option<usize>,
     /// 0 = most likely token; above 0, Gumbel-max sampling.
     #[arg(long, default_value_t = defaults().temperature, allow_hyphen_values = true)]
     temperature: f64,
     /// Seed of the sampling noise.
-    #[arg(long, default_value_t = defaults().seed)]
+    #[arg(long, default_value_t = defaults().seed, value_parser = whole_u64)]
     seed: u64,
     /// Classifier-free guidance scale (0 = off).
     #[arg(long, default_value_t = defaults().cfg_scale, allow_hyphen_values = true)]
@@ -89,20 +108,20 @@ struct SamplerArgs {
     #[arg(long, default_value = defaults().policy.name(), value_parser = clap::builder::PossibleValuesParser::new(Policy::NAMES.iter().copied()))]
     policy: String,
     /// Cached policies: refresh the whole cache every N steps of a block (0 = at each block's start only).
-    #[arg(long, default_value_t = defaults().refresh_every)]
+    #[arg(long, default_value_t = defaults().refresh_every, value_parser = whole_usize)]
     refresh_every: usize,
     /// Commit every masked token of the block at or above this confidence (at least one) per step.
     #[arg(long, allow_hyphen_values = true)]
     threshold: Option<f32>,
     /// spec, mbsd: blocks drafted ahead of the current one [default: spec 1, mbsd the
     /// artifact's compiled speculation depth].
-    #[arg(long)]
+    #[arg(long, value_parser = whole_usize)]
     spec_blocks: Option<usize>,
     /// spec, mbsd: confidence a draft needs when its block becomes current.
     #[arg(long, default_value_t = defaults().spec_threshold, allow_hyphen_values = true)]
     spec_threshold: f32,
     /// mbsd: fewest rows a dense pass computes [default: the plan's smallest latency bucket].
-    #[arg(long)]
+    #[arg(long, value_parser = whole_usize)]
     rows: Option<usize>,
     /// mbsd: committed tokens stay revisable and a CPU side path re-checks them (dual-path),
     /// commits are final (off), or auto: dual-path where the dense path leaves the CPU free
@@ -111,13 +130,13 @@ struct SamplerArgs {
     revision: String,
     /// mbsd revision: rows of one side-path pass, two per checked token [default: the plan's
     /// smallest latency bucket].
-    #[arg(long)]
+    #[arg(long, value_parser = whole_usize)]
     side_rows: Option<usize>,
     /// mbsd revision: an agreeing check at or above this confidence makes a token stable.
     #[arg(long, default_value_t = defaults().stable_confidence, allow_hyphen_values = true)]
     stable_confidence: f32,
     /// mbsd revision: this many agreeing checks make a token stable.
-    #[arg(long, default_value_t = defaults().stable_checks)]
+    #[arg(long, default_value_t = defaults().stable_checks, value_parser = whole_u32)]
     stable_checks: u32,
     /// mbsd revision: a disagreeing check at or above this confidence revises the token.
     #[arg(long, default_value_t = defaults().revise_confidence, allow_hyphen_values = true)]
@@ -132,7 +151,7 @@ struct SamplerArgs {
     #[arg(long, allow_hyphen_values = true)]
     top_p: Option<f64>,
     /// Dream and LLaDA 2.x: keep only the k most likely tokens of each prediction.
-    #[arg(long)]
+    #[arg(long, value_parser = whole_usize)]
     top_k: Option<usize>,
     /// LLaDA 2.x: stop at the step that commits EOS once every position before it is
     /// committed, instead of after EOS's block (the published `eos_early_stop`); with
@@ -147,7 +166,7 @@ struct SamplerArgs {
     #[arg(long, allow_hyphen_values = true)]
     editing_threshold: Option<f32>,
     /// LLaDA 2.1 editing: the most model calls a block takes after its last mask is committed.
-    #[arg(long, default_value_t = defaults().max_post_steps)]
+    #[arg(long, default_value_t = defaults().max_post_steps, value_parser = whole_usize)]
     max_post_steps: usize,
     /// Dream: draw the positions a step commits from the softmax of their confidences over
     /// this temperature, instead of taking the most confident.

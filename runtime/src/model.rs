@@ -208,6 +208,25 @@ impl Model {
         Ok(self.graph(self.graph_for_rows(rows)?).logit_rows as usize)
     }
 
+    /// Whether `prompt` can start a generation: at least one token, none the mask token (masks
+    /// mark the positions the sampler fills: a masked prompt position would be infilling, not
+    /// prompting) and every one in the vocabulary. The generator checks it when it starts; a
+    /// front end may call it first to refuse a request before queueing it, naming its own
+    /// field for the prompt.
+    pub fn check_prompt(&self, prompt: &[u32]) -> Result<()> {
+        let (mask, vocab) = (self.header.special.mask, self.header.model.embedding_size);
+        if prompt.is_empty() {
+            return Err(Error::request("the prompt is empty: give at least one token".to_string()));
+        }
+        if let Some(i) = prompt.iter().position(|&t| t == mask) {
+            return Err(Error::request(format!("prompt token {i} is the mask token (id {mask}); a prompt cannot contain masks (they mark the positions to generate)")));
+        }
+        match prompt.iter().find(|&&t| t >= vocab) {
+            Some(&bad) => Err(Error::request(format!("token id {bad} is outside the vocabulary (0..{vocab})"))),
+            None => Ok(()),
+        }
+    }
+
     /// The graph that computes `rows` positions: the smallest bucket that holds them.
     pub fn graph_for_rows(&self, rows: usize) -> Result<u32> {
         self.header.graph_for_rows(rows).ok_or_else(|| {

@@ -8,12 +8,14 @@ use crate::error::{Error, Result, Setting};
 use crate::model::Model;
 use crate::params::{unused_setting, Alg, Limits, Policy, Remasking, Revision, SamplerParams};
 
-/// A setting's value as a request carries it.
+/// A setting's value as a request carries it. A whole number is an `i128`, wide enough for
+/// every `u64` (a seed) and every negative `i64` a front end reads, so one range check here
+/// refuses what is out of range, whatever the front end's own integer type.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Value {
     Null,
     Bool(bool),
-    Int(i64),
+    Int(i128),
     Float(f64),
     Str(String),
 }
@@ -72,12 +74,37 @@ fn type_error(name: &str, wanted: &str, v: &Value) -> Error {
     Error::setting(setting(name), format!("expected {wanted}, got {}", v.kind()))
 }
 
-fn whole(name: &str, v: &Value) -> Result<usize> {
+/// `given` (a whole number as written) is outside what setting `name` can hold, `0..=max`: one
+/// message for every front end, whichever integer type it read the number into.
+fn out_of_range(name: &str, given: &str, max: u64) -> Error {
+    Error::setting(setting(name), format!("{given} is outside 0..={max}"))
+}
+
+/// The largest whole number setting `name` holds (its type's range; `SamplerParams::validate`
+/// checks the tighter range of the plan), for [`out_of_range`].
+fn most(name: &str) -> u64 {
+    match name {
+        "seed" => u64::MAX,
+        "stable_checks" => u64::from(u32::MAX),
+        _ => usize::MAX as u64,
+    }
+}
+
+/// A whole number in `0..=most(name)`. A float too large for any integer type (JSON's
+/// `18446744073709551616` is one to a parser without big integers) is a whole number out of
+/// range, not a number of the wrong type.
+fn whole_up_to(name: &str, v: &Value) -> Result<u64> {
+    let max = most(name);
     match v {
-        Value::Int(n) if *n >= 0 => usize::try_from(*n).map_err(|_| Error::setting(setting(name), format!("{n} is too large"))),
-        Value::Int(n) => Err(Error::setting(setting(name), format!("{n} must be a whole number >= 0"))),
+        Value::Int(n) => u64::try_from(*n).ok().filter(|n| *n <= max).ok_or_else(|| out_of_range(name, &n.to_string(), max)),
+        Value::Float(x) if x.is_finite() && x.fract() == 0.0 && x.abs() >= 2f64.powi(63) => Err(out_of_range(name, &format!("{x:.0}"), max)),
         other => Err(type_error(name, "a whole number", other)),
     }
+}
+
+fn whole(name: &str, v: &Value) -> Result<usize> {
+    // `most` of every name read here fits a usize.
+    whole_up_to(name, v).map(|n| n as usize)
 }
 
 fn number(name: &str, v: &Value) -> Result<f64> {
@@ -148,7 +175,7 @@ pub fn sampler_params(model: &Model, given: &[(impl AsRef<str>, Value)]) -> Resu
             "gen_len" | "block_len" | "policy" => {}
             "steps" => p.steps = whole(name, v)?,
             "temperature" => p.temperature = number(name, v)?,
-            "seed" => p.seed = whole(name, v)? as u64,
+            "seed" => p.seed = whole_up_to(name, v)?,
             "cfg" => p.cfg_scale = number(name, v)?,
             "remasking" => p.remasking = choice(name, v, Remasking::NAMES, Remasking::parse)?,
             "logits_eos_inf" => p.logits_eos_inf = flag(name, v)?,
@@ -165,7 +192,7 @@ pub fn sampler_params(model: &Model, given: &[(impl AsRef<str>, Value)]) -> Resu
             "revision" => p.revision = choice(name, v, Revision::NAMES, Revision::parse)?,
             "side_rows" => p.side_rows = optional(v, || whole(name, v))?,
             "stable_confidence" => p.stable_confidence = number(name, v)? as f32,
-            "stable_checks" => p.stable_checks = u32::try_from(whole(name, v)?).map_err(|_| Error::setting(setting(name), "is too large"))?,
+            "stable_checks" => p.stable_checks = whole_up_to(name, v)? as u32,
             "revise_confidence" => p.revise_confidence = number(name, v)? as f32,
             "alg" => p.alg = choice(name, v, Alg::NAMES, Alg::parse)?,
             "eps" => p.eps = number(name, v)?,
@@ -181,7 +208,10 @@ pub fn sampler_params(model: &Model, given: &[(impl AsRef<str>, Value)]) -> Resu
     p.validate(&Limits::of(model))?;
     let was_given = |flag: &str| get(&flag.trim_start_matches("--").replace('-', "_")).is_some();
     if let Some(refusal) = unused_setting(&p, was_given) {
-        return Err(Error::request(refusal));
+        // Each refusal starts with the flag it refuses: named as that setting (a server's
+        // `param`), the words unchanged.
+        let (flag, rest) = refusal.split_once(' ').unwrap_or((&refusal, ""));
+        return Err(Setting::of_flag(flag).map_or_else(|| Error::request(refusal.clone()), |s| Error::setting(s, rest)));
     }
     Ok(p)
 }
@@ -214,5 +244,21 @@ mod tests {
             assert_eq!(Alg::parse(n).map(Alg::name), Some(*n));
         }
         assert_eq!(optional(&Value::Null, || whole("rows", &Value::Null)).unwrap(), None);
+    }
+
+    /// Seeds take every u64; a whole number out of a setting's type range is one message
+    /// naming the setting and the range, negative or too large, read as an int or a float.
+    #[test]
+    fn whole_numbers_out_of_range_name_the_setting_and_its_range() {
+        assert_eq!(whole_up_to("seed", &Value::Int(u64::MAX as i128)).unwrap(), u64::MAX);
+        assert_eq!(whole_up_to("seed", &Value::Int(1 << 63)).unwrap(), 1 << 63);
+        let max = u64::MAX;
+        assert_eq!(whole_up_to("seed", &Value::Int(1 << 64)).unwrap_err().to_string(), format!("--seed 18446744073709551616 is outside 0..={max}"));
+        assert_eq!(whole_up_to("seed", &Value::Int(-1)).unwrap_err().to_string(), format!("--seed -1 is outside 0..={max}"));
+        assert_eq!(whole_up_to("seed", &Value::Float(2f64.powi(64))).unwrap_err().to_string(), format!("--seed 18446744073709551616 is outside 0..={max}"));
+        assert_eq!(whole("steps", &Value::Int(-1)).unwrap_err().to_string(), format!("--steps -1 is outside 0..={}", usize::MAX));
+        assert_eq!(whole_up_to("stable_checks", &Value::Int(1 << 32)).unwrap_err().to_string(), format!("--stable-checks 4294967296 is outside 0..={}", u32::MAX));
+        // A float that is not a whole number stays a number of the wrong type.
+        assert_eq!(whole("steps", &Value::Float(2.5)).unwrap_err().to_string(), "--steps expected a whole number, got a number");
     }
 }

@@ -41,6 +41,9 @@ pub struct Text {
     tokenizer: tokenizers::Tokenizer,
     spec: TokenizerSpec,
     special: SpecialTokens,
+    /// The most bytes of text one token stands for (at most its vocabulary entry's length),
+    /// for refusing a prompt too long for the model before tokenizing it.
+    longest_token: usize,
 }
 
 impl Text {
@@ -51,7 +54,40 @@ impl Text {
         let tokenizer = parsed
             .unwrap_or_else(|_| Err("its structure is malformed (the tokenizers library failed on it)".into()))
             .map_err(|e| Error::Tokenizer(format!("cannot load the stored tokenizer: {e}")))?;
-        Ok(Text { tokenizer, spec: spec.clone(), special: special.clone() })
+        let longest_token = longest_token(&tokenizer);
+        Ok(Text { tokenizer, spec: spec.clone(), special: special.clone(), longest_token })
+    }
+
+    /// Refuses `text` if it cannot be `max_tokens` tokens or fewer, without tokenizing it: a
+    /// token stands for at most `longest_token` bytes of the normalized text (byte-level and
+    /// SentencePiece entries are at least as long as the bytes they stand for), so a 10 MB
+    /// prompt is refused at once rather than after seconds of tokenizing. Text that passes may
+    /// still be too long; the count of its tokens decides.
+    pub fn check_length(&self, text: &str, max_tokens: usize) -> Result<()> {
+        let bytes = match self.tokenizer.get_normalizer() {
+            // A normalizer may shorten the text (NFC composes), so it is measured normalized.
+            Some(n) if text.len() > max_tokens.saturating_mul(self.longest_token) => {
+                let mut normalized = tokenizers::NormalizedString::from(text);
+                tokenizers::Normalizer::normalize(n, &mut normalized).map_err(|e| Error::Tokenizer(e.to_string()))?;
+                normalized.get().len()
+            }
+            _ => text.len(),
+        };
+        if bytes > max_tokens.saturating_mul(self.longest_token) {
+            return Err(Error::request(format!(
+                "the prompt is {bytes} bytes, more than {max_tokens} tokens of this tokenizer can hold (a token stands for {} bytes at most); shorten it",
+                self.longest_token
+            )));
+        }
+        Ok(())
+    }
+
+    /// Refuses an id the tokenizer has no token for, naming it (decoding would drop it).
+    pub fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        match ids.iter().position(|&id| self.tokenizer.id_to_token(id).is_none()) {
+            Some(i) => Err(Error::request(format!("token id {} (at {i}) is not in the tokenizer's vocabulary of {} tokens", ids[i], self.tokenizer.get_vocab_size(true)))),
+            None => Ok(()),
+        }
     }
 
     /// Token ids of plain text (the tokenizer's own post-processing, plus BOS when
@@ -132,6 +168,11 @@ impl Text {
     }
 }
 
+/// The longest vocabulary entry in bytes (at least 1).
+fn longest_token(tokenizer: &tokenizers::Tokenizer) -> usize {
+    tokenizer.get_vocab(true).keys().map(String::len).max().unwrap_or(1).max(1)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,7 +182,7 @@ mod tests {
     fn runaway_templates_stop_naming_the_chat_template() {
         let spec = |t: &str| TokenizerSpec { tokenizer_json: String::new(), chat_template: Some(t.to_string()), bos_token: None, eos_token: None, add_bos_token: false };
         let special = SpecialTokens { mask: 0, bos: None, eos: None, eot: None };
-        let text = |t: &str| Text { tokenizer: tokenizers::Tokenizer::new(tokenizers::models::bpe::BPE::default()), spec: spec(t), special: special.clone() };
+        let text = |t: &str| Text { tokenizer: tokenizers::Tokenizer::new(tokenizers::models::bpe::BPE::default()), spec: spec(t), special: special.clone(), longest_token: 1 };
         for (template, needle) in [
             ("{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}{% endfor %}", "steps"),
             ("{% for i in range(100) %}{{ 'x' * 100000 }}{% endfor %}", "bytes"),
@@ -150,5 +191,28 @@ mod tests {
             let msg = text(template).render_chat("hi").unwrap_err().to_string();
             assert!(msg.contains("chat template") && msg.contains(needle), "{msg}");
         }
+    }
+
+    /// The embedded model's tokenizer: a prompt that cannot fit is refused before it is
+    /// tokenized, and decoding refuses an id the tokenizer lacks, naming it.
+    #[test]
+    fn too_long_prompts_and_unknown_ids_are_refused_by_name() {
+        let json = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../models/llada-tiny-tasks/tokenizer.json")).unwrap();
+        let spec = TokenizerSpec { tokenizer_json: json, chat_template: None, bos_token: None, eos_token: None, add_bos_token: false };
+        let text = Text::new(&spec, &SpecialTokens { mask: 0, bos: None, eos: None, eot: None }).unwrap();
+        let longest = text.longest_token;
+        assert!(longest >= 1);
+        text.check_length(&"1".repeat(100 * longest), 100).unwrap();
+        let big = "1".repeat(10 << 20);
+        let t = std::time::Instant::now();
+        let e = text.check_length(&big, 100).unwrap_err().to_string();
+        assert!(e.contains(&format!("the prompt is {} bytes", 10 << 20)) && e.contains("100 tokens"), "{e}");
+        assert!(t.elapsed().as_secs_f64() < 0.5, "refused at once, not tokenized");
+        // The bound holds: no token stands for more than `longest` bytes.
+        let ids = text.encode(&"1".repeat(100 * longest)).unwrap();
+        assert!(ids.len() * longest >= 100 * longest, "{} tokens", ids.len());
+        text.check_ids(&ids).unwrap();
+        let e = text.check_ids(&[ids[0], 99999]).unwrap_err().to_string();
+        assert!(e.contains("token id 99999 (at 1)"), "{e}");
     }
 }

@@ -29,7 +29,7 @@ pub(crate) enum Generated {
     /// The whole answer (not streamed).
     Whole(Json),
     /// The event stream, begun: the sampler accepted the request.
-    Stream(EventStream),
+    Stream(Box<EventStream>),
 }
 
 /// Runs `request`; `start` is when its head arrived.
@@ -39,6 +39,9 @@ pub(crate) async fn generate(server: Arc<Server>, request: ApiRequest, start: In
     let worker = server.clone();
     let (ids, params, request) = tokio::task::spawn_blocking(move || -> Result<_, ApiError> {
         let ids = prompt_ids(&request.prompt, &worker.text).map_err(|e| ApiError::from_runtime(&e).param(prompt_field))?;
+        // A mask token or an id outside the vocabulary: refused here, naming the field, not by
+        // the worker.
+        worker.model.check_prompt(&ids).map_err(|e| ApiError::from_runtime(&e).param(prompt_field))?;
         let params = llada_rt::settings::sampler_params(&worker.model, &request.settings).map_err(|e| ApiError::from_runtime(&e))?;
         Ok((ids, params, request))
     })
@@ -80,7 +83,7 @@ pub(crate) async fn generate(server: Arc<Server>, request: ApiRequest, start: In
     let answer = Answer { id: format!("{}-{created:x}{n:04x}", request.endpoint.id_prefix()), created, model: server.model_id.clone(), sent: String::new(), stopped: false, request };
     let mut run = Run { server, answer, prompt: ids, events, cancel, start, first_text: false };
     if run.answer.request.stream {
-        return Ok(Generated::Stream(EventStream::new(run)));
+        return Ok(Generated::Stream(Box::new(EventStream::new(run))));
     }
     loop {
         match next_event(&mut run.events, &run.server).await {

@@ -55,10 +55,11 @@ impl ApiError {
     pub fn from_runtime(e: &llada_rt::Error) -> ApiError {
         use llada_rt::Error as E;
         match e {
-            E::Setting { setting, .. } => {
+            // Named as the body field, not the CLI's flag, as this layer's own errors are.
+            E::Setting { setting, message } => {
                 let field = setting.flag().trim_start_matches("--").replace('-', "_");
                 let field = if field == "gen_len" { "max_tokens".to_string() } else { field };
-                ApiError::new(400, e.to_string()).param(&field)
+                ApiError::new(400, format!("{field}: {message}")).param(&field)
             }
             E::Request(_) | E::Tokenizer(_) | E::Template(_) => ApiError::new(400, e.to_string()),
             _ => ApiError::new(500, e.to_string()),
@@ -132,9 +133,11 @@ fn setting_value(v: &Json) -> Option<Value> {
     Some(match v {
         Json::Null => Value::Null,
         Json::Bool(b) => Value::Bool(*b),
-        Json::Number(n) => match n.as_i64() {
-            Some(i) => Value::Int(i),
-            None => Value::Float(n.as_f64()?),
+        // Every u64 (a seed) and every i64 is a whole number; the settings check its range.
+        Json::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => Value::Int(u.into()),
+            (None, Some(i)) => Value::Int(i.into()),
+            (None, None) => Value::Float(n.as_f64()?),
         },
         Json::String(s) => Value::Str(s.clone()),
         _ => return None,
@@ -437,6 +440,16 @@ mod tests {
         assert_eq!(case(r#"{"model":"m","messages":[{"role":"user","content":"a"}],"steps":[1]}"#).param.as_deref(), Some("steps"));
         assert_eq!(case(r#"{"model":"m","messages":[{"role":"user","content":"a"}],"stop":["a","b","c","d","e"]}"#).param.as_deref(), Some("stop"));
         assert_eq!(parse(Endpoint::Completion, br#"{"model":"m","messages":[]}"#, "m").unwrap_err().param.as_deref(), Some("prompt"));
+    }
+
+    /// Whole numbers keep their value whatever their size, so seed 2^64 - 1 is read and 2^63
+    /// `max_tokens` is refused for its range, not its type; a setting's error names the field.
+    #[test]
+    fn whole_numbers_are_read_whole_and_setting_errors_name_the_field() {
+        let r = chat(r#"{"model":"m","messages":[{"role":"user","content":"a"}],"seed":18446744073709551615,"max_tokens":9223372036854775808,"steps":-1}"#).unwrap();
+        assert_eq!(r.settings, vec![("gen_len".into(), Value::Int(1 << 63)), ("seed".into(), Value::Int(u64::MAX.into())), ("steps".into(), Value::Int(-1))]);
+        let e = ApiError::from_runtime(&llada_rt::Error::setting(llada_rt::Setting::GenLength, "9223372036854775808 is outside 1..=255"));
+        assert_eq!((e.status, e.param.as_deref(), e.message.as_str()), (400, Some("max_tokens"), "max_tokens: 9223372036854775808 is outside 1..=255"));
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub(crate) const BODY_TIMEOUT: Duration = Duration::from_secs(10);
 /// What a route answers with: a whole response, or an event stream (counted when it ends).
 enum Routed {
     Whole(Response<ResponseBody>),
-    Stream(EventStream),
+    Stream(Box<EventStream>),
 }
 
 /// Answers `request` (the service hyper runs for every request of a connection).
@@ -138,7 +138,7 @@ pub(crate) fn error_response(e: &ApiError) -> Response<ResponseBody> {
     response
 }
 
-fn stream_response(events: EventStream) -> Response<ResponseBody> {
+fn stream_response(events: Box<EventStream>) -> Response<ResponseBody> {
     let mut response = Response::new(events.boxed_unsync());
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));

@@ -336,6 +336,15 @@ fn bad_npu_inputs_are_one_clear_error_each() {
     let mut bad = good.clone();
     bad[4096 + seg.offset as usize + seg.nbytes as usize / 2] ^= 0x40;
     common::assert_clean_failure(&run_qnn(&write("corrupt.lad", &bad), true), &["NPU context binary 'npu.context.0'"]);
+    // Damaged past the checksum (its head zeroed, the CRC recorded anew): QNN's system library
+    // refuses it with a bare code (30010); the error names the artifact and the context.
+    let data = llada_ir::format::Preamble::decode(&good).unwrap().data_offset as usize + seg.offset as usize;
+    let mut damaged = good.clone();
+    damaged[data..data + 256].fill(0);
+    let crc = crc32fast::hash(&damaged[data..data + seg.nbytes as usize]);
+    let damaged = common::reseal(&damaged, |h| edit_section(h, |s| s.contexts[0].crc32 = crc));
+    let path = write("damaged.lad", &damaged);
+    common::assert_clean_failure(&run_qnn(&path, true), &[path.to_str().unwrap(), "NPU context 0 ('npu.context.0')", "QNN cannot read its context binary", "systemContextGetBinaryInfo"]);
     // An I/O table that disagrees with the binary (a tensor id), and one that disagrees with
     // the plan (a shape): the runtime's check and the verifier's.
     let ids = common::reseal(&good, |h| edit_section(h, |s| s.contexts[0].graphs[0].inputs[3].id += 1000));

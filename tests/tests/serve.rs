@@ -263,13 +263,20 @@ fn each_kind_of_bad_request_gets_one_openai_error() {
         ("wrong type", vec![key], chat("a", json!({"max_tokens": "many"})).to_string(), 400, Some("max_tokens")),
         ("out of range", vec![key], chat("a", json!({"max_tokens": 100000})).to_string(), 400, Some("max_tokens")),
         ("a setting out of range", vec![key], chat("a", json!({"threshold": 2.0})).to_string(), 400, Some("threshold")),
-        ("a setting its policy ignores", vec![key], chat("a", json!({"rows": 8})).to_string(), 400, None),
+        ("a setting its policy ignores", vec![key], chat("a", json!({"rows": 8})).to_string(), 400, Some("rows")),
         ("unknown field", vec![key], chat("a", json!({"logprobs": true})).to_string(), 400, Some("logprobs")),
         ("n above 1", vec![key], chat("a", json!({"n": 3})).to_string(), 400, Some("n")),
         ("empty message", vec![key], chat("", json!({})).to_string(), 400, Some("messages")),
         ("bad role", vec![key], ok.replace("\"user\"", "\"robot\""), 400, Some("messages")),
         ("oversized body", vec![key], format!("{{\"x\":\"{}\"}}", "a".repeat(5000)), 413, None),
+        // Whole numbers out of their range, however large: the field and its range.
+        ("max_tokens 2^63", vec![key], chat("a", json!({"max_tokens": 1u64 << 63})).to_string(), 400, Some("max_tokens")),
+        ("seed 2^64", vec![key], chat("a", json!({"max_tokens": 8, "steps": 8})).to_string().replace("\"steps\":8", "\"steps\":8,\"seed\":18446744073709551616"), 400, Some("seed")),
+        ("negative seed", vec![key], chat("a", json!({"max_tokens": 8, "steps": 8, "seed": -1})).to_string(), 400, Some("seed")),
+        // A prompt the model cannot take: its field, before it is queued.
+        ("a mask in the prompt", vec![key], chat("REVERSE:<|mdm_mask|>=", json!({"max_tokens": 8, "steps": 8})).to_string(), 400, Some("messages")),
     ];
+    let bodies: std::collections::HashMap<&str, String> = cases.iter().map(|c| (c.0, c.2.clone())).collect();
     for (what, headers, body, status, param) in cases {
         let (got, head, raw) = server.request("POST", "/v1/chat/completions", &headers, body.as_bytes());
         let v: Value = serde_json::from_slice(&raw).unwrap_or_else(|_| panic!("{what}: not JSON: {}", String::from_utf8_lossy(&raw)));
@@ -280,6 +287,32 @@ fn each_kind_of_bad_request_gets_one_openai_error() {
         if let Some(p) = param {
             assert_eq!(v["error"]["param"], p, "{what}: {v}");
         }
+    }
+    let messages = [
+        ("max_tokens 2^63", "max_tokens: 9223372036854775808 is outside 1..="),
+        ("seed 2^64", "seed: 18446744073709551616 is outside 0..=18446744073709551615"),
+        ("negative seed", "seed: -1 is outside 0..=18446744073709551615"),
+        ("a mask in the prompt", "is the mask token"),
+    ];
+    for (what, words) in messages {
+        let body = &bodies[what];
+        let (_, _, raw) = server.request("POST", "/v1/chat/completions", &[key], body.as_bytes());
+        let v: Value = serde_json::from_slice(&raw).unwrap();
+        assert!(v["error"]["message"].as_str().unwrap().contains(words), "{what}: {v}");
+    }
+    // Seeds take the whole u64 range.
+    for seed in [1u64 << 63, u64::MAX] {
+        let body = chat("REVERSE:AB=", json!({"max_tokens": 8, "steps": 8, "temperature": 0.5, "seed": seed})).to_string();
+        let (got, _, raw) = server.request("POST", "/v1/chat/completions", &[key], body.as_bytes());
+        assert_eq!(got, 200, "seed {seed}: {}", String::from_utf8_lossy(&raw));
+    }
+    // Token ids outside the vocabulary, or the mask's id, name the completion's prompt.
+    for (ids, words) in [(json!([1, 99999]), "token id 99999 is outside the vocabulary"), (json!([1, 275]), "prompt token 1 is the mask token (id 275)")] {
+        let body = json!({"model": "embedded", "prompt": ids, "max_tokens": 8, "steps": 8}).to_string();
+        let (got, _, raw) = server.request("POST", "/v1/completions", &[key], body.as_bytes());
+        let v: Value = serde_json::from_slice(&raw).unwrap();
+        assert_eq!((got, &v["error"]["param"]), (400, &json!("prompt")), "{ids}: {v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains(words), "{ids}: {v}");
     }
     // Wrong method, unknown path, a request that never finishes its head.
     assert_eq!(server.request("GET", "/v1/chat/completions", &[key], b"").0, 405);

@@ -57,6 +57,14 @@ fn the_cli_refuses_each_size_at_its_bounds_with_exit_2() {
         refused_with_usage_status(&run_embedded(&art, &["--policy", "mbsd", "--rows", rows]), &[&format!("--rows {rows} is outside 1..={largest}")]);
     }
     refused_with_usage_status(&run_embedded(&art, &["--threads", "100000"]), &["--threads 100000 is outside 1..="]);
+    // Seeds take every u64; past it or negative, the flag and its range, as the server and
+    // Python say it (issue 58); a whole number past usize likewise.
+    let top = run_embedded(&art, &["--seed", "18446744073709551615", "--temperature", "0.5"]);
+    assert!(top.status.success(), "{}", String::from_utf8_lossy(&top.stderr));
+    for seed in ["18446744073709551616", "-1"] {
+        refused_with_usage_status(&run_embedded(&art, &["--seed", seed]), &["--seed", &format!("{seed} is outside 0..=18446744073709551615")]);
+    }
+    refused_with_usage_status(&run_embedded(&art, &["--gen-len", "-5"]), &["--gen-len", "-5 is outside 0..="]);
     // Inside the ranges the same flags run: 0 blocks drafted is speculation off, a setting.
     // More steps than tokens (the default 128 with a shorter --gen-len) commit nothing in the
     // extra steps, as the official sampler does, and run.

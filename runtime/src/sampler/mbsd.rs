@@ -83,14 +83,7 @@ impl MbsdReport {
         self.rows_padding += o.rows_padding;
         self.drafts_accepted += o.drafts_accepted;
         self.drafts_dropped += o.drafts_dropped;
-        let (s, t) = (&mut self.side, &o.side);
-        s.side_passes += t.side_passes;
-        s.side_rows += t.side_rows;
-        s.checks += t.checks;
-        s.revisions += t.revisions;
-        s.stabilised += t.stabilised;
-        s.stall_seconds += t.stall_seconds;
-        s.side_seconds += t.side_seconds;
+        self.side.add(&o.side);
     }
 }
 

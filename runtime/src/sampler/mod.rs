@@ -56,7 +56,6 @@ pub(crate) use canvas::{Canvas, PolicyStep};
 pub(crate) use start::start;
 pub use crate::params::{Alg, Limits, Policy, Remasking, Revision, SamplerParams, MAX_STEPS};
 
-use crate::error::{Error, Result};
 
 /// How many tokens each step of a block commits, into `schedule`: `masked / steps` each, one
 /// more for the first `masked % steps` steps (official `get_num_transfer_tokens`).
@@ -166,21 +165,6 @@ pub(crate) struct Candidate {
     pub(crate) confidence: f32,
 }
 
-/// A prompt is at least one token and holds no mask token: masks mark the positions the
-/// sampler fills, and the official code would fill a masked prompt position too (its
-/// confidence is not `-inf`), which is infilling, not prompting. Other special tokens are
-/// ordinary prompt tokens.
-pub(super) fn check_prompt(prompt: &[u32], mask: u32) -> Result<()> {
-    if prompt.is_empty() {
-        return Err(Error::request("the prompt is empty: give at least one token".to_string()));
-    }
-    if let Some(i) = prompt.iter().position(|&t| t == mask) {
-        return Err(Error::request(format!(
-            "prompt token {i} is the mask token (id {mask}); a prompt cannot contain masks (they mark the positions to generate)"
-        )));
-    }
-    Ok(())
-}
 
 /// Predictions of a pass's logit rows, computed on the session's thread pool into buffers
 /// allocated once per generation (a row is modified in place, as the official code modifies

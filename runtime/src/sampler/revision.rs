@@ -56,6 +56,18 @@ pub struct SideReport {
     pub side_seconds: f64,
 }
 
+impl SideReport {
+    pub fn add(&mut self, o: &SideReport) {
+        self.side_passes += o.side_passes;
+        self.side_rows += o.side_rows;
+        self.checks += o.checks;
+        self.revisions += o.revisions;
+        self.stabilised += o.stabilised;
+        self.stall_seconds += o.stall_seconds;
+        self.side_seconds += o.side_seconds;
+    }
+}
+
 /// The generation as revision sees it: the canvas `x` (prompt then generation), each
 /// generated position's state, whether each position's cached keys and values hold its
 /// current token, and the revisions made (`[position in generation, new token]`).

@@ -3,7 +3,7 @@
 
 use super::ask::{LogitCapacity, PassContext};
 use super::canvas::{Canvas, PolicyStep};
-use super::{check_prompt, dream, llada2, mbsd, official, Limits, Policy, Predictor, SamplerParams};
+use super::{dream, llada2, mbsd, official, Limits, Policy, Predictor, SamplerParams};
 use crate::error::{Error, Result};
 use crate::model::Model;
 
@@ -32,7 +32,7 @@ pub(crate) fn start(ctx: &PassContext, prompt: &[u32], p: &SamplerParams) -> Res
     let model = &ctx.model;
     let steps_per_block = p.validate(&Limits::of(model))?;
     let special = model.header.special.clone();
-    check_prompt(prompt, special.mask)?;
+    model.check_prompt(prompt)?;
     if model.family() == llada_ir::Family::Llada2Moe {
         return start_llada2(ctx, prompt, p, special, steps_per_block);
     }

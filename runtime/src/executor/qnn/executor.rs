@@ -83,13 +83,14 @@ impl QnnExecutor {
         let backend = lib.backend()?;
         let device = Device::new(&backend, section.soc_id)?;
         let mut stages = Vec::new();
-        for c in &section.contexts {
+        for (index, c) in section.contexts.iter().enumerate() {
             let seg = &h.segments[c.segment as usize];
             let binary = model.segment_bytes(c.segment);
             if crc32fast::hash(binary) != c.crc32 {
                 return Err(artifact(llada_ir::Error::invalid(format!("the NPU context binary '{}' is corrupted (its CRC-32 is not the one recorded)", seg.name))));
             }
-            check_binary(&lib, binary, &seg.name, &section, c)?;
+            let desc = llada_qnn::system::describe(&lib.dir, binary).map_err(|e| unreadable_binary(&model.path, index, &seg.name, e))?;
+            check_binary(&desc, &seg.name, &section, c)?;
             // The verifier checked every graph has its executables in every context, in op order.
             let mut tables: Vec<Vec<NpuGraph>> = vec![Vec::new(); h.graphs.len()];
             for g in &c.graphs {
@@ -203,11 +204,20 @@ fn create_context(device: &Arc<Device>, model: &Model, segment: u32, tables: &[V
     Ok((context, graphs))
 }
 
+/// A context binary QNN's system library cannot read (damaged past the artifact's checksums,
+/// or from a QNN it does not know), named by the artifact and the context: QNN's own message
+/// is a call and a code. A missing library stays what it is (how to get it).
+fn unreadable_binary(artifact: &std::path::Path, index: usize, segment: &str, e: llada_qnn::Error) -> Error {
+    match e {
+        llada_qnn::Error::Missing(_) => e.into(),
+        other => Error::Device(format!("{}: NPU context {index} ('{segment}'): QNN cannot read its context binary: {other}", artifact.display())),
+    }
+}
+
 /// Checks what a context binary says of itself (libQnnSystem) against the artifact's record:
 /// the SoC it was prepared for, and each executable's inputs and outputs (ids, names, types,
 /// shapes). The simulator would run a binary of another SoC without a word (QNN.md).
-fn check_binary(lib: &QnnLibrary, binary: &[u8], segment: &str, section: &NpuSection, c: &llada_ir::npu::NpuContext) -> Result<()> {
-    let desc = llada_qnn::system::describe(&lib.dir, binary)?;
+fn check_binary(desc: &llada_qnn::system::BinaryDesc, segment: &str, section: &NpuSection, c: &llada_ir::npu::NpuContext) -> Result<()> {
     let soc_name = |id: u32| llada_ir::npu::SOCS.iter().find(|s| s.1 == id).map_or(format!("socModel {id}"), |s| s.0.to_string());
     if let Some(soc) = desc.soc_model.filter(|&s| s != section.soc_id) {
         return Err(Error::Device(format!(
@@ -421,5 +431,21 @@ impl Executor for QnnExecutor {
 
     fn pool(&self) -> &Pool {
         &self.pool
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// QNN's own words for a damaged binary are a call and a code: the error names the
+    /// artifact and the context; a missing library is still the backend's setting.
+    #[test]
+    fn an_unreadable_binary_names_the_artifact_and_the_context() {
+        let call = llada_qnn::Error::Call { call: "systemContextGetBinaryInfo", graph: None, code: 30010 };
+        let e = unreadable_binary(std::path::Path::new("/m/phone.lad"), 1, "npu.context.1", call).to_string();
+        assert_eq!(e, "/m/phone.lad: NPU context 1 ('npu.context.1'): QNN cannot read its context binary: QNN systemContextGetBinaryInfo failed with error 30010");
+        let missing = unreadable_binary(std::path::Path::new("/m/phone.lad"), 0, "npu.context.0", llada_qnn::Error::Missing("libQnnSystem.so: cannot be loaded".into()));
+        assert!(matches!(missing, Error::Setting { setting: crate::Setting::Backend, .. }), "{missing}");
     }
 }
