@@ -23,6 +23,7 @@ mod commands {
     pub mod qnn_info;
     pub mod roofline;
     pub mod run;
+    #[cfg(feature = "serve")]
     pub mod serve;
 }
 
@@ -43,6 +44,7 @@ fn defaults() -> SamplerParams {
 }
 
 /// `serve`'s defaults are the server's (`llada_serve::Config`).
+#[cfg(feature = "serve")]
 fn serve_defaults() -> llada_serve::Config {
     llada_serve::Config::default()
 }
@@ -247,6 +249,7 @@ fn threads_flag(s: &str) -> std::result::Result<usize, String> {
 }
 
 /// `--sessions`: a count in 1..=64 (each session holds a window of the model's).
+#[cfg(feature = "serve")]
 fn sessions_flag(s: &str) -> std::result::Result<usize, String> {
     match at_least_one(s, "one session serves requests one at a time")? {
         n if n > 64 => Err(format!("{n} is outside 1..=64")),
@@ -286,6 +289,7 @@ enum Command {
     Run(commands::run::Run),
     /// Serve the artifact over HTTP: OpenAI's chat and completion endpoints (streamed as
     /// Server-Sent Events), /v1/models, /health, and a live view of the denoising at /.
+    #[cfg(feature = "serve")]
     Serve(commands::serve::Serve),
     /// Measure this machine's ceilings: peak f32, bf16 and int8 rates and memory bandwidth.
     Roofline(commands::roofline::Roofline),
@@ -493,6 +497,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Done {
     let typed = typed(matches);
     match cli.command {
         Command::Run(command) => command.run(&typed),
+        #[cfg(feature = "serve")]
         Command::Serve(command) => command.run(),
         Command::Roofline(command) => command.run(),
         #[cfg(all(feature = "qnn", not(target_env = "musl")))]

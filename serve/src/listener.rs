@@ -289,3 +289,22 @@ impl AsyncWrite for Watched {
         Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_are_bounded_in_all_and_per_client() {
+        let config = crate::Config { max_connections: 3, max_connections_per_client: 2, ..crate::Config::default() };
+        let admission = Arc::new(Admission::default());
+        let (a, b): (IpAddr, IpAddr) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+        let first = admission.admit(a, &config).unwrap();
+        let _second = admission.admit(a, &config).unwrap();
+        assert_eq!(admission.admit(a, &config).err().map(|e| e.status), Some(429), "a client past its share");
+        let _other = admission.admit(b, &config).unwrap();
+        assert_eq!(admission.admit(b, &config).err().map(|e| e.status), Some(503), "the server past its connections");
+        drop(first);
+        assert!(admission.admit(a, &config).is_ok(), "a closed connection gives its place back");
+    }
+}

@@ -39,7 +39,8 @@ fi
 qemu-aarch64 --version | head -1
 
 echo "== aarch64 build"
-cargo build --profile phone -p llada-rt-tools --target "$target"
+# The phone's command: everything but the HTTP server (apps embed the runtime through C).
+cargo build --profile phone -p llada-rt-tools --target "$target" --no-default-features --features vulkan,qnn
 # The library's test binary, by the path Cargo names: the `llada-rt` command (package
 # llada-rt-tools) is also built into deps/ as llada_rt-*, so the newest such file may be it.
 built="$(cargo test --profile phone -p llada-rt --lib --target "$target" --no-run 2>&1)"
