@@ -73,7 +73,6 @@ impl Serve {
             stall_timeout: seconds("--stall-timeout", stall_timeout)?,
             allow_hosts: allow_host,
             allow_origins: allow_origin,
-            ..llada_serve::Config::default()
         };
         let id = llada_serve::model_id(&file);
         llada_serve::serve(model, &config, |addr| {
