@@ -87,7 +87,7 @@ pub(crate) async fn generate(server: Arc<Server>, request: ApiRequest, start: In
     }
     loop {
         match next_event(&mut run.events, &run.server).await {
-            Some(Event::Done(Ok(g))) => return Ok(Generated::Whole(run.answer.whole(run.ending(Some(&g)).as_ending()))),
+            Some(Event::Done(Ok(g))) => return Ok(Generated::Whole(run.answer.whole(run.ending(Some(&g))))),
             Some(Event::Done(Err(e))) => return Err(ApiError::from_runtime(&e)),
             Some(Event::ShuttingDown) => return Err(ApiError::shutting_down()),
             Some(Event::Started | Event::Step(_)) => {}
@@ -151,24 +151,10 @@ struct Run {
     first_text: bool,
 }
 
-/// An answer's end, owned (see [`Ending`]).
-struct Closing {
-    text: String,
-    finish_reason: &'static str,
-    usage: Json,
-    llada: Json,
-}
-
-impl Closing {
-    fn as_ending(&self) -> Ending<'_> {
-        Ending { text: &self.text, finish_reason: self.finish_reason, usage: self.usage.clone(), llada: self.llada.clone() }
-    }
-}
-
 impl Run {
     /// The answer's end: the whole text, the finish reason and the usage. `g` is `None` when a
     /// stop sequence ended the generation early.
-    fn ending(&self, g: Option<&llada_rt::Generation>) -> Closing {
+    fn ending(&self, g: Option<&llada_rt::Generation>) -> Ending {
         let text = &self.server.text;
         let (full, answer_tokens, ended) = match g {
             Some(g) => {
@@ -184,7 +170,7 @@ impl Run {
         let usage = json!({"prompt_tokens": prompt, "completion_tokens": completion_tokens, "total_tokens": prompt + completion_tokens});
         let llada = json!(g.map(|g| json!({"forward_passes": g.forward_passes, "rows_computed": g.rows_computed, "seconds": g.seconds, "output_ids": g.output_ids})));
         self.server.metrics.answered_tokens(completion_tokens, g.map_or(0, |g| g.forward_passes));
-        Closing { text: visible.to_string(), finish_reason, usage, llada }
+        Ending { text: visible.to_string(), finish_reason, usage, llada }
     }
 }
 
@@ -267,8 +253,8 @@ impl EventStream {
 
     /// The stream's end: the rest of the text, the finish and usage chunks, `[DONE]`.
     fn close(&mut self, g: Option<&llada_rt::Generation>) {
-        let closing = self.run.ending(g);
-        for chunk in self.run.answer.closing_chunks(closing.as_ending()) {
+        let ending = self.run.ending(g);
+        for chunk in self.run.answer.closing_chunks(ending) {
             self.pending.push_back(sse(None, &chunk));
         }
         self.pending.push_back(sse(None, "[DONE]"));

@@ -82,10 +82,10 @@ async fn close_all(connections: &mut JoinSet<()>) {
     while connections.join_next().await.is_some() {}
 }
 
-/// Connections open, in all and by client address.
+/// Connections open, by client address (their sum is all those open).
 #[derive(Default)]
 struct Admission {
-    open: Mutex<(usize, HashMap<IpAddr, usize>)>,
+    open: Mutex<HashMap<IpAddr, usize>>,
 }
 
 /// A connection's place among those open; given back when dropped.
@@ -96,16 +96,14 @@ struct Ticket {
 
 impl Admission {
     fn admit(self: &Arc<Self>, client: IpAddr, config: &crate::Config) -> Result<Ticket, ApiError> {
-        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
-        let (all, by_client) = &mut *open;
+        let mut by_client = self.open.lock().unwrap_or_else(|p| p.into_inner());
         let mine = by_client.get(&client).copied().unwrap_or(0);
-        if *all >= config.max_connections {
+        if by_client.values().sum::<usize>() >= config.max_connections {
             return Err(ApiError::new(503, format!("the server is at its {} connections; try again", config.max_connections)));
         }
         if mine >= config.max_connections_per_client {
             return Err(ApiError::new(429, format!("this client has {mine} connections open, the most one client may; close one or try again")).code("rate_limit_exceeded"));
         }
-        *all += 1;
         by_client.insert(client, mine + 1);
         Ok(Ticket { admission: self.clone(), client })
     }
@@ -113,9 +111,7 @@ impl Admission {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let mut open = self.admission.open.lock().unwrap_or_else(|p| p.into_inner());
-        let (all, by_client) = &mut *open;
-        *all -= 1;
+        let mut by_client = self.admission.open.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = by_client.get_mut(&self.client) {
             *n -= 1;
             if *n == 0 {

@@ -322,8 +322,8 @@ pub struct Answer {
 }
 
 /// How an answer ends: its text, why it ended, its usage, and the runtime's figures.
-pub struct Ending<'a> {
-    pub text: &'a str,
+pub struct Ending {
+    pub text: String,
     pub finish_reason: &'static str,
     pub usage: Json,
     pub llada: Json,
@@ -389,7 +389,7 @@ impl Answer {
     pub fn closing_chunks(&self, end: Ending) -> Vec<String> {
         // The final text extends the settled text sent (settled tokens do not change); were
         // it ever not so, the whole text is sent rather than dropped.
-        let rest = end.text.strip_prefix(self.sent.as_str()).unwrap_or(end.text);
+        let rest = end.text.strip_prefix(self.sent.as_str()).unwrap_or(&end.text);
         let mut chunks = Vec::new();
         if !rest.is_empty() {
             chunks.push(self.chunk(Some(rest), false, None, None));
