@@ -218,12 +218,19 @@ impl Watched {
         }
     }
 
-    fn wrote<T>(&mut self, result: Poll<std::io::Result<T>>, cx: &mut Context<'_>) -> Poll<std::io::Result<T>> {
+    /// After a write (or flush) returned `result`: a blocked one may stall; bytes of a
+    /// response (`wrote_bytes`; not a flush, which hyper calls between reads of a request too)
+    /// end the request, and a head can begin after them.
+    fn wrote<T>(&mut self, result: Poll<std::io::Result<T>>, wrote_bytes: bool, cx: &mut Context<'_>) -> Poll<std::io::Result<T>> {
         match result {
             Poll::Pending => self.poll_stall(cx),
             ready => {
                 self.stalled = None;
-                self.head.in_request.store(false, Ordering::SeqCst);
+                if wrote_bytes {
+                    self.head.in_request.store(false, Ordering::SeqCst);
+                    self.head.pending.store(false, Ordering::SeqCst);
+                    self.head_deadline = None;
+                }
                 ready
             }
         }
@@ -264,12 +271,14 @@ impl AsyncRead for Watched {
 impl AsyncWrite for Watched {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
         let result = Pin::new(&mut self.stream).poll_write(cx, buf);
-        self.wrote(result, cx)
+        let wrote_bytes = matches!(result, Poll::Ready(Ok(n)) if n > 0);
+        self.wrote(result, wrote_bytes, cx)
     }
 
     fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
         let result = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
-        self.wrote(result, cx)
+        let wrote_bytes = matches!(result, Poll::Ready(Ok(n)) if n > 0);
+        self.wrote(result, wrote_bytes, cx)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -278,7 +287,7 @@ impl AsyncWrite for Watched {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let result = Pin::new(&mut self.stream).poll_flush(cx);
-        self.wrote(result, cx)
+        self.wrote(result, false, cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
