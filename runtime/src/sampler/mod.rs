@@ -51,6 +51,8 @@ mod revision;
 mod start;
 #[allow(dead_code)]
 mod torch_random;
+#[allow(dead_code)]
+mod uniform_noise;
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
