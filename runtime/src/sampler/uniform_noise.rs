@@ -507,3 +507,57 @@ mod tests {
         eprintln!("softmax: {same} of {total} steps bit-exact with torch's");
     }
 }
+
+/// One step at DiffusionGemma's real shape, torch stream against fast stream:
+/// `cargo test --release -p llada-rt --lib uniform_noise::bench -- --ignored --nocapture`
+/// (timings are printed, never asserted).
+#[cfg(test)]
+mod bench {
+    use super::*;
+    use std::time::Instant;
+
+    /// A stream that draws nothing (to time the rest of a step).
+    struct NoDraws;
+
+    impl NoiseStream for NoDraws {
+        fn sample_rows(&mut self, _: &[f32], _: usize, _: StepKey, _: &mut [u32]) {}
+        fn random_canvas(&mut self, _: usize, _: StepKey, _: &mut [u32]) {}
+    }
+
+    #[test]
+    #[ignore = "a benchmark: 256 x 262,144 logits (1 GiB of buffers), seconds per step"]
+    fn one_step_at_the_real_vocabulary() {
+        let (canvas, vocab) = (256, 262_144);
+        let mut seed = 7u64;
+        let raw: Vec<f32> = (0..canvas * vocab)
+            .map(|_| {
+                seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+                ((seed >> 40) as f32 / (1u64 << 24) as f32) * 40.0 - 20.0
+            })
+            .collect();
+        let config = UniformNoiseConfig { vocab, canvas, steps: 48, temperature: Some((0.4, 0.8)), entropy_bound: 0.1, stopping: Some((1, 0.005)) };
+        let mut sampler = UniformNoiseSampler::new(config);
+        let threads = rayon::current_num_threads();
+        let time = |name: &str, run: &mut dyn FnMut() -> StepOutcome| {
+            let start = Instant::now();
+            let out = run();
+            eprintln!("{name}: {:.3} s per step ({threads} threads; {} accepted)", start.elapsed().as_secs_f64(), out.accepted.iter().filter(|&&a| a).count());
+        };
+        let mut torch = TorchGenerator::manual_seed(0);
+        let mut fast = FastStream { seed: 0 };
+        for _ in 0..2 {
+            time("torch stream", &mut || sampler.step(&raw, 0, 48, &mut torch));
+            time("fast stream ", &mut || sampler.step(&raw, 0, 48, &mut fast));
+        }
+        // The pieces: the row arithmetic alone (processed logits, softmax, argmax, entropy),
+        // then the torch stream's draws alone.
+        time("no draws    ", &mut || sampler.step(&raw, 0, 48, &mut NoDraws));
+        let start = Instant::now();
+        let mut g = TorchGenerator::manual_seed(0);
+        let mut x = 0u64;
+        for _ in 0..canvas * vocab {
+            x ^= g.random_u64();
+        }
+        eprintln!("torch stream, the MT19937 draws alone: {:.3} s ({x:x})", start.elapsed().as_secs_f64());
+    }
+}
