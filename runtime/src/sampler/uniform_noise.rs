@@ -23,9 +23,11 @@
 //!    `confidence_threshold` (float32). The block's output is the argmax canvas of its last step.
 //!
 //! Exactness: decisions follow the published arithmetic, but two float32 pieces are
-//! reproduced in structure, not in bits. PyTorch's vectorised `exp` and `log` (SLEEF, and a
-//! faster `exp` in its AVX-512 softmax) differ from the C library's in the last bit for about
-//! 1% of inputs; here `kernels::expf` (the C library's `expf`) and `f32::ln` stand in, with
+//! reproduced in structure, not in bits. PyTorch's vectorised `exp` and `log` differ from the
+//! C library's in the last bit (torch 2.15, AVX-512: `exp` for about 1% of inputs, `log` near 1
+//! for about 9%), and its float32 softmax (which the sampled probabilities come from) matched
+//! neither a C-library nor a `torch.exp` reconstruction bit for bit; here `kernels::expf` (the
+//! C library's `expf`) and `f32::ln` stand in, with
 //! PyTorch's cascade summation (`sum`, `mean`) reproduced exactly for 16-lane (AVX-512) vectors.
 //! Entropies therefore agree to a few ulps, which changes a decision only when a bound or
 //! threshold falls within those ulps. Among bitwise-equal entropies the order is the
