@@ -37,13 +37,22 @@
 
 mod ask;
 mod canvas;
+#[cfg(test)]
+mod dg_fixture;
 mod dream;
+// DiffusionGemma's sampler and random streams: wired by the DiffusionGemma policy.
+#[allow(dead_code)]
+mod fast_random;
 mod llada2;
 mod llada2_mbsd;
 mod mbsd;
 mod official;
 mod revision;
 mod start;
+#[allow(dead_code)]
+mod torch_random;
+#[allow(dead_code)]
+mod uniform_noise;
 
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
