@@ -252,7 +252,7 @@ impl Params {
             0 => plan.block_len as usize,
             n => n as usize,
         };
-        let defaults = SamplerParams::for_model(model, self.gen_len as usize, Some(block_length), policy);
+        let defaults = SamplerParams::for_model(model, Some(self.gen_len as usize), Some(block_length), policy);
         let given = |n: u32| (n != 0).then_some(n as usize);
         Ok(SamplerParams {
             gen_length: self.gen_len as usize,
@@ -286,6 +286,14 @@ impl Params {
             // below 0: refused there.)
             editing_threshold: (!(self.editing_threshold < 0.0)).then_some(self.editing_threshold),
             max_post_steps: self.max_post_steps as usize,
+            // DiffusionGemma's settings have no fields here yet: its checkpoint's defaults.
+            t_min: defaults.t_min,
+            t_max: defaults.t_max,
+            entropy_bound: defaults.entropy_bound,
+            stability_threshold: defaults.stability_threshold,
+            confidence_threshold: defaults.confidence_threshold,
+            eos_ids: defaults.eos_ids,
+            rng: defaults.rng,
         })
     }
 }

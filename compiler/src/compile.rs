@@ -406,6 +406,7 @@ fn embedding_name(cfg: &LladaConfig) -> &'static str {
         Family::Llada => names::EMBEDDING,
         Family::LladaMoe | Family::Dream => names::moe::EMBEDDING,
         Family::Llada2Moe => names::LLADA2_EMBEDDING,
+        Family::DiffusionGemma => crate::layout::diffusion_gemma::EMBEDDING,
     }
 }
 
@@ -454,10 +455,15 @@ fn overflow(ckpt: &Checkpoint, src: &TensorLocation, element: usize, dtype: DTyp
 /// cos and sin of that angle, correctly rounded. Pairs past `rotary_dim / 2` get frequency 0
 /// (cos 1, sin 0): partial rotary, with the heads stored in `layout::llada2::rotary_order`.
 pub fn rope_tables(theta: f64, head_dim: usize, rotary_dim: usize, rows: usize) -> (Vec<f32>, Vec<f32>) {
+    rope_tables_of_pairs(theta, head_dim, rotary_dim, rotary_dim / 2, rows)
+}
+
+/// [`rope_tables`] with the first `pairs` frequency pairs rotating, their exponents over
+/// `exponent_width` (`2i / exponent_width`); the rest frequency 0. DiffusionGemma's
+/// "proportional" rotary: a quarter of the pairs, exponents over the whole head.
+pub fn rope_tables_of_pairs(theta: f64, head_dim: usize, exponent_width: usize, pairs: usize, rows: usize) -> (Vec<f32>, Vec<f32>) {
     let half = head_dim / 2;
-    let inv_freq: Vec<f32> = (0..half)
-        .map(|i| if i < rotary_dim / 2 { 1.0f32 / (theta as f32).powf((2 * i) as f32 / rotary_dim as f32) } else { 0.0 })
-        .collect();
+    let inv_freq: Vec<f32> = (0..half).map(|i| if i < pairs { 1.0f32 / (theta as f32).powf((2 * i) as f32 / exponent_width as f32) } else { 0.0 }).collect();
     let mut cos = Vec::with_capacity(rows * half);
     let mut sin = Vec::with_capacity(rows * half);
     for p in 0..rows {

@@ -10,6 +10,7 @@ pub mod inspect;
 pub mod latency;
 pub mod layout;
 pub mod lower;
+pub mod lower_diffusion_gemma;
 pub mod memory;
 pub mod npu_estimate;
 pub mod npu_plan;

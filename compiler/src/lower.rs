@@ -57,13 +57,13 @@ pub struct NetworkOptions {
     pub scale_logits: bool,
 }
 
-struct Builder {
-    values: Vec<Value>,
-    ops: Vec<Op>,
+pub(crate) struct Builder {
+    pub(crate) values: Vec<Value>,
+    pub(crate) ops: Vec<Op>,
 }
 
 impl Builder {
-    fn value(&mut self, name: String, rows: Rows, cols: u32) -> ValueId {
+    pub(crate) fn value(&mut self, name: String, rows: Rows, cols: u32) -> ValueId {
         self.values.push(Value { name, rows, cols, offset: 0 });
         self.values.len() as ValueId - 1
     }

@@ -549,7 +549,8 @@ impl Lowering<'_, '_> {
                 self.values.insert(out, t);
             }
             Op::HeadRmsNorm { x, first_head, heads, weight, eps } => self.head_rms_norm(x, first_head..first_head + heads, weight, eps, leaves_as)?,
-            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. } => {
+            // The experts run on the CPU; DiffusionGemma's layers have no NPU lowering yet.
+            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::RouteScaled { .. } | Op::MoeExperts { .. } | Op::GeluGlu { .. } | Op::Softcap { .. } | Op::RopeHeads { .. } | Op::NormHeads { .. } | Op::WindowAttention { .. } | Op::SoftEmbed { .. } => {
                 return Err(Error::Options(format!("lowering graph '{}' to QNN: op {} has no NPU lowering", g.name, op.name())));
             }
         }

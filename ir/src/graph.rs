@@ -83,6 +83,34 @@ pub enum Op {
     /// picked (ties as `torch.topk`); each pick is weighted by its unbiased `s`, divided by
     /// the picks' sum (plus 1e-20) when `normalize`, times `scale`. `out` as `Route`'s.
     RouteSigmoid { logits: ValueId, bias: TensorId, top_k: u32, groups: u32, top_groups: u32, normalize: bool, scale: f32, out: ValueId },
+    /// DiffusionGemma's router per row: `softmax(logits)` in f32, its `top_k` largest (ties as
+    /// `torch.topk`), each divided by their sum, then times `expert_scale[e]` (`[experts]`
+    /// f32) of its expert. `out` as `Route`'s.
+    RouteScaled { logits: ValueId, expert_scale: TensorId, top_k: u32, out: ValueId },
+    /// `out = gelu_tanh(gate) * up` where each row of `x` is `[gate | up]`.
+    GeluGlu { x: ValueId, out: ValueId },
+    /// `x = tanh(x / cap) * cap`: logit soft-capping.
+    Softcap { x: ValueId, cap: f32 },
+    /// [`Op::Rope`] with its own head width: the first `heads` heads of `head_dim` of every
+    /// row; `cos` and `sin` are `[positions, head_dim / 2]`.
+    RopeHeads { x: ValueId, heads: u32, head_dim: u32, cos: TensorId, sin: TensorId },
+    /// RMSNorm over each of heads `first_head .. first_head + heads` (of `head_dim`) of every
+    /// row of `x`, in place, times the shared `[head_dim]` `weight`, or by nothing without
+    /// one (DiffusionGemma's value norm).
+    NormHeads { x: ValueId, first_head: u32, heads: u32, head_dim: u32, weight: Option<TensorId>, eps: f32 },
+    /// [`Op::Attention`] with its own head shape, score scale and window: `qkv` rows hold
+    /// `heads` query heads, then `kv_heads` key heads, then `kv_heads` value heads, of
+    /// `head_dim` each; scores are `q . k * scale`. A row attends to the keys before its
+    /// block's end (the pass's rows, see `RunInputs`); with a `window` of W, only to those
+    /// from W - 1 before its block's first position on (a block of one row: the last W
+    /// positions, causal sliding-window attention). Layer `layer`'s cache holds
+    /// `kv_heads * head_dim` at most the model's `n_kv_heads * head_dim` per position.
+    WindowAttention { qkv: ValueId, out: ValueId, heads: u32, kv_heads: u32, head_dim: u32, layer: u32, scale: f32, window: Option<u32> },
+    /// DiffusionGemma's self-conditioning embedding: with the run's soft input (each row the
+    /// previous step's logits, written into `x`, `[tokens, vocab]`), `out = softmax(x) @ table
+    /// * scale` (`table` the embedding, `[vocab, d_model]`, as `Embed` reads it: the expected
+    /// embedding under the previous prediction); with none, `out = 0` (the first step).
+    SoftEmbed { x: ValueId, table: TensorId, scale: f32, out: ValueId },
 }
 
 impl Op {
@@ -102,6 +130,13 @@ impl Op {
             Op::MoeExperts { .. } => "MoeExperts",
             Op::Bias { .. } => "Bias",
             Op::RouteSigmoid { .. } => "RouteSigmoid",
+            Op::RouteScaled { .. } => "RouteScaled",
+            Op::GeluGlu { .. } => "GeluGlu",
+            Op::Softcap { .. } => "Softcap",
+            Op::RopeHeads { .. } => "RopeHeads",
+            Op::NormHeads { .. } => "NormHeads",
+            Op::WindowAttention { .. } => "WindowAttention",
+            Op::SoftEmbed { .. } => "SoftEmbed",
         }
     }
 
@@ -109,14 +144,16 @@ impl Op {
     pub fn inputs(&self) -> Vec<ValueId> {
         match *self {
             Op::Embed { .. } => vec![],
-            Op::Scale { x, .. } | Op::Bias { x, .. } => vec![x],
+            Op::Scale { x, .. } | Op::Bias { x, .. } | Op::Softcap { x, .. } => vec![x],
             Op::RmsNorm { x, .. } | Op::MatMul { x, .. } | Op::GatherLogitRows { x, .. } => vec![x],
-            Op::Rope { x, .. } => vec![x],
-            Op::Attention { qkv, .. } => vec![qkv],
-            Op::SwiGlu { x, .. } => vec![x],
+            Op::Rope { x, .. } | Op::RopeHeads { x, .. } => vec![x],
+            Op::Attention { qkv, .. } | Op::WindowAttention { qkv, .. } => vec![qkv],
+            Op::SwiGlu { x, .. } | Op::GeluGlu { x, .. } => vec![x],
             Op::Add { acc, x } => vec![acc, x],
-            Op::HeadRmsNorm { x, .. } => vec![x],
-            Op::Route { logits, .. } | Op::RouteSigmoid { logits, .. } => vec![logits],
+            Op::HeadRmsNorm { x, .. } | Op::NormHeads { x, .. } => vec![x],
+            // The soft input is written into `x` by the run, then read.
+            Op::SoftEmbed { x, .. } => vec![x],
+            Op::Route { logits, .. } | Op::RouteSigmoid { logits, .. } | Op::RouteScaled { logits, .. } => vec![logits],
             Op::MoeExperts { x, route, .. } => vec![x, route],
         }
     }
@@ -129,10 +166,14 @@ impl Op {
             | Op::MatMul { out, .. }
             | Op::Attention { out, .. }
             | Op::SwiGlu { out, .. }
-            | Op::GatherLogitRows { out, .. } => vec![out],
-            Op::Scale { x, .. } | Op::Rope { x, .. } | Op::HeadRmsNorm { x, .. } | Op::Bias { x, .. } => vec![x],
+            | Op::GatherLogitRows { out, .. }
+            | Op::GeluGlu { out, .. }
+            | Op::WindowAttention { out, .. } => vec![out],
+            Op::Scale { x, .. } | Op::Rope { x, .. } | Op::HeadRmsNorm { x, .. } | Op::Bias { x, .. } | Op::Softcap { x, .. } | Op::RopeHeads { x, .. } | Op::NormHeads { x, .. } => vec![x],
+            // Softmax in place over the soft input, then the product.
+            Op::SoftEmbed { x, out, .. } => vec![x, out],
             Op::Add { acc, .. } => vec![acc],
-            Op::Route { out, .. } | Op::RouteSigmoid { out, .. } => vec![out],
+            Op::Route { out, .. } | Op::RouteSigmoid { out, .. } | Op::RouteScaled { out, .. } => vec![out],
             Op::MoeExperts { out, ranked, work, .. } => vec![out, ranked, work],
         }
     }
@@ -142,8 +183,11 @@ impl Op {
         match *self {
             Op::Embed { table, .. } => vec![table],
             Op::RmsNorm { weight, .. } | Op::MatMul { weight, .. } => vec![weight],
-            Op::Rope { cos, sin, .. } => vec![cos, sin],
+            Op::Rope { cos, sin, .. } | Op::RopeHeads { cos, sin, .. } => vec![cos, sin],
             Op::HeadRmsNorm { weight, .. } | Op::Bias { bias: weight, .. } | Op::RouteSigmoid { bias: weight, .. } => vec![weight],
+            Op::RouteScaled { expert_scale, .. } => vec![expert_scale],
+            Op::NormHeads { weight, .. } => weight.into_iter().collect(),
+            Op::SoftEmbed { table, .. } => vec![table],
             Op::MoeExperts { first, experts, .. } => (0..2 * experts).map(|i| first.saturating_add(i)).collect(),
             _ => vec![],
         }

@@ -49,10 +49,14 @@ pub enum Family {
     /// LLaDA 2.x: mixture-of-experts layers after dense ones, a sigmoid group-limited router
     /// and a shared expert; block diffusion (block-causal attention) with its own sampler.
     Llada2Moe,
+    /// DiffusionGemma: a causal encoder fills the KV cache, a decoder over the same layers
+    /// denoises a canvas of uniform noise read against it; its own section
+    /// ([`crate::diffusion_gemma`]) and sampler.
+    DiffusionGemma,
 }
 
 impl Family {
-    pub const ALL: [Family; 4] = [Family::Llada, Family::LladaMoe, Family::Dream, Family::Llada2Moe];
+    pub const ALL: [Family; 5] = [Family::Llada, Family::LladaMoe, Family::Dream, Family::Llada2Moe, Family::DiffusionGemma];
 
     /// The name `ModelConfig::architecture` stores.
     pub fn name(self) -> &'static str {
@@ -61,6 +65,7 @@ impl Family {
             Family::LladaMoe => "llada-moe",
             Family::Dream => "dream",
             Family::Llada2Moe => "llada2-moe",
+            Family::DiffusionGemma => "diffusion-gemma",
         }
     }
 
@@ -98,6 +103,18 @@ pub struct MoeConfig {
     /// The first `dense_layers` transformer layers have a dense feed-forward instead
     /// (LLaDA 2.x's `first_k_dense_replace`); the expert plan covers the others only.
     pub dense_layers: u32,
+    /// The gate's activation in every expert.
+    pub activation: GluActivation,
+}
+
+/// The activation of a gated feed-forward's gate: `out = act(gate) * up`.
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GluActivation {
+    /// `silu` (SwiGLU: LLaDA, LLaDA-MoE, LLaDA 2.x, Dream).
+    #[default]
+    Silu,
+    /// `gelu` with the tanh approximation (`gelu_pytorch_tanh`: DiffusionGemma).
+    GeluTanh,
 }
 
 /// Token ids the sampler and the text front end need.

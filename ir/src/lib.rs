@@ -1,6 +1,7 @@
 //! `llada-ir`: the artifact contract between `lladac` (which writes it) and `llada-rt` (which
 //! runs it). Types, serialization and verification; no compute. See `COMPATIBILITY.md`.
 
+pub mod diffusion_gemma;
 pub mod error;
 pub mod files;
 pub mod format;
@@ -21,7 +22,7 @@ pub mod write;
 pub use error::{Error, FileError, Result};
 pub use format::{align_up, FORMAT_MAJOR, FORMAT_MINOR, SEGMENT_ALIGN, TENSOR_ALIGN, WINDOW_ALIGN};
 pub use graph::{Graph, Op, Rows, StageStep, TensorId, Value, ValueId};
-pub use header::{CompileInfo, Extension, Family, Header, ModelConfig, MoeConfig, Plan, Segment, SpecialTokens, TensorInfo, TokenizerSpec};
+pub use header::{CompileInfo, Extension, Family, GluActivation, Header, ModelConfig, MoeConfig, Plan, Segment, SpecialTokens, TensorInfo, TokenizerSpec};
 pub use packing::DType;
 pub use read::Artifact;
 pub use window::{ExpertCosts, ExpertPlan, KvDType, PathCost, Region, ResidentSegment, Scratch, WindowPlan};

@@ -42,7 +42,7 @@ pub struct Programs {
 
 /// Ops the session's CPU mixture-of-experts step runs.
 pub fn is_moe_op(op: &Op) -> bool {
-    matches!(op, Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. })
+    matches!(op, Op::Route { .. } | Op::RouteSigmoid { .. } | Op::RouteScaled { .. } | Op::MoeExperts { .. })
 }
 
 /// What kind of run an op belongs to.

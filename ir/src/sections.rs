@@ -25,7 +25,7 @@ pub const TABLE_MAGIC: [u8; 4] = *b"SECT";
 pub const CORE: &str = "core";
 /// The `core` section's version: its postcard schema (the header types of `header.rs`,
 /// `graph.rs` and `window.rs`). Bump it with any change to them.
-pub const CORE_VERSION: u32 = 1;
+pub const CORE_VERSION: u32 = 2;
 /// Bytes of a section's kind in the table.
 pub const KIND_LEN: usize = 24;
 const ENTRY_LEN: usize = KIND_LEN + 4 + 4 + 8 + 8 + 4 + 4;
@@ -50,6 +50,7 @@ pub fn readable_version(kind: &str) -> Option<u32> {
         CORE => Some(CORE_VERSION),
         crate::npu::EXTENSION_KEY => Some(crate::npu::SECTION_VERSION),
         crate::program::EXTENSION_KEY => Some(crate::program::SECTION_VERSION),
+        crate::diffusion_gemma::EXTENSION_KEY => Some(crate::diffusion_gemma::SECTION_VERSION),
         _ => None,
     }
 }

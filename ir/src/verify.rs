@@ -62,6 +62,7 @@ pub fn header(h: &Header, data_len: u64) -> Result<()> {
     if let Some(npu) = crate::npu::NpuSection::if_readable(h)? {
         npu.verify(h)?;
     }
+    crate::diffusion_gemma::DiffusionGemmaSection::of(h)?;
     // The runtime requires programs (`Programs::of`); a header without them is checked for
     // everything else, as the compiler's plans are before their programs are derived.
     if h.extensions.iter().any(|e| e.key == crate::program::EXTENSION_KEY) {
@@ -189,7 +190,8 @@ fn graph(h: &Header, g: &Graph) -> std::result::Result<(), String> {
             ids.tensor(t).map_err(at)?;
         }
         match *op {
-            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. } => moe_op_shapes(&ids, op, &at)?,
+            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::RouteScaled { .. } | Op::MoeExperts { .. } => moe_op_shapes(&ids, op, &at)?,
+            Op::GeluGlu { .. } | Op::Softcap { .. } | Op::RopeHeads { .. } | Op::NormHeads { .. } | Op::WindowAttention { .. } | Op::SoftEmbed { .. } => head_shaped_op_shapes(&ids, op, &at)?,
             _ => dense_op_shapes(&ids, op, &at)?,
         }
         outputs_apart_from_inputs(g, op, &at)?;
@@ -315,7 +317,89 @@ fn dense_op_shapes(ids: &Ids, op: &Op, at: &dyn Fn(String) -> String) -> std::re
                 return Err(at(format!("weight '{}' is not f32 [{hd}]", t.name)));
             }
         }
-        Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. } => unreachable!("moe_op_shapes checks the mixture-of-experts ops"),
+        _ => unreachable!("moe_op_shapes and head_shaped_op_shapes check the others"),
+    }
+    Ok(())
+}
+
+/// The shapes of the ops that carry their own head shape (DiffusionGemma's layers, whose
+/// full-attention layers have heads of their own width) and of their activations, against
+/// the model's KV cache and tables.
+fn head_shaped_op_shapes(ids: &Ids, op: &Op, at: &dyn Fn(String) -> String) -> std::result::Result<(), String> {
+    let (h, g) = (ids.h, ids.g);
+    let m = &h.model;
+    // A head count and width that fit inside `cols` columns after `first_head` heads.
+    let heads_fit = |name: &str, cols: u32, first_head: u32, heads: u32, head_dim: u32| {
+        let end = first_head as u64 + heads as u64;
+        if heads == 0 || head_dim == 0 || head_dim % 2 != 0 || end * head_dim as u64 > cols as u64 {
+            return Err(at(format!("heads {first_head}..{end} of {head_dim} do not fit '{name}' [{cols}]")));
+        }
+        Ok(())
+    };
+    let f32_vector = |t: TensorId, len: u64, what: &str| -> std::result::Result<(), String> {
+        let t = ids.tensor(t)?;
+        if t.dtype != DType::F32 || t.shape != [len] {
+            return Err(at(format!("{what} '{}' is not f32 [{len}]", t.name)));
+        }
+        Ok(())
+    };
+    match *op {
+        Op::GeluGlu { x, out } => {
+            let (vx, vo) = (ids.value(x)?, ids.value(out)?);
+            if vx.cols as u64 != 2 * vo.cols as u64 || vx.rows != vo.rows {
+                return Err(at(format!("'{}' [{}] is not [gate | up] for output [{}]", vx.name, vx.cols, vo.cols)));
+            }
+        }
+        Op::Softcap { cap, .. } => {
+            if !(cap.is_finite() && cap > 0.0) {
+                return Err(at(format!("cap {cap} is not a finite number above 0")));
+            }
+        }
+        Op::RopeHeads { x, heads, head_dim, cos, sin } => {
+            let vx = ids.value(x)?;
+            heads_fit(&vx.name, vx.cols, 0, heads, head_dim)?;
+            let rows = h.plan.kv_capacity.max(g.rows) as u64;
+            for t in [ids.tensor(cos)?, ids.tensor(sin)?] {
+                if t.dtype != DType::F32 || t.shape.len() != 2 || t.shape[1] != (head_dim / 2) as u64 || t.shape[0] < rows {
+                    return Err(at(format!("table '{}' {:?} is not f32 [>= {rows}, {}]", t.name, t.shape, head_dim / 2)));
+                }
+            }
+        }
+        Op::NormHeads { x, first_head, heads, head_dim, weight, .. } => {
+            let vx = ids.value(x)?;
+            heads_fit(&vx.name, vx.cols, first_head, heads, head_dim)?;
+            if let Some(w) = weight {
+                f32_vector(w, head_dim as u64, "weight")?;
+            }
+        }
+        Op::WindowAttention { qkv, out, heads, kv_heads, head_dim, layer, scale, window } => {
+            let (vq, vo) = (ids.value(qkv)?, ids.value(out)?);
+            if layer >= m.n_layers {
+                return Err(at(format!("KV cache layer {layer} of a {}-layer model", m.n_layers)));
+            }
+            // Each layer's cache holds the model's kv heads of its head_dim per position: an op
+            // whose keys and values are wider would write past its layer.
+            if kv_heads == 0 || heads % kv_heads != 0 || kv_heads as u64 * head_dim as u64 > m.n_kv_heads as u64 * m.head_dim as u64 {
+                return Err(at(format!("heads {heads}/{kv_heads} of {head_dim}: the model's cache holds {} key heads of {} per layer", m.n_kv_heads, m.head_dim)));
+            }
+            heads_fit(&vq.name, vq.cols, 0, heads + 2 * kv_heads, head_dim)?;
+            if vq.cols as u64 != (heads as u64 + 2 * kv_heads as u64) * head_dim as u64 || vo.cols as u64 != heads as u64 * head_dim as u64 || vq.rows != vo.rows {
+                return Err(at(format!("heads {heads}/{kv_heads} of {head_dim} do not match q|k|v [{}] and output [{}]", vq.cols, vo.cols)));
+            }
+            if !scale.is_finite() || window == Some(0) {
+                return Err(at(format!("scale {scale} and window {window:?}: a finite scale and a window of at least 1")));
+            }
+        }
+        Op::SoftEmbed { x, table, scale, out } => {
+            let (vx, vo, t) = (ids.value(x)?, ids.value(out)?, ids.tensor(table)?);
+            if t.shape != [m.embedding_size as u64, vo.cols as u64] || vx.rows != Rows::Tokens || vo.rows != Rows::Tokens || vx.cols != m.embedding_size {
+                return Err(at(format!("table '{}' {:?} does not map the logits [{}] to [{}]", t.name, t.shape, m.embedding_size, vo.cols)));
+            }
+            if t.dtype.is_panel() || !scale.is_finite() {
+                return Err(at(format!("table '{}' is {}, not an embedding's layout, or scale {scale} is not finite", t.name, t.dtype.name())));
+            }
+        }
+        _ => unreachable!("dense_op_shapes and moe_op_shapes check the others"),
     }
     Ok(())
 }
@@ -335,6 +419,13 @@ fn moe_op_shapes(ids: &Ids, op: &Op, at: &dyn Fn(String) -> String) -> std::resu
     };
     match *op {
         Op::Route { logits, top_k, out } => route(logits, top_k, out).map(|_| ())?,
+        Op::RouteScaled { logits, expert_scale, top_k, out } => {
+            let moe = route(logits, top_k, out)?;
+            let t = ids.tensor(expert_scale)?;
+            if t.dtype != DType::F32 || t.shape != [moe.experts as u64] {
+                return Err(at(format!("expert scale '{}' is not f32 [{}]", t.name, moe.experts)));
+            }
+        }
         Op::RouteSigmoid { logits, bias, top_k, groups, top_groups, scale, out, .. } => {
             let moe = route(logits, top_k, out)?;
             let t = ids.tensor(bias)?;
@@ -387,6 +478,7 @@ fn outputs_apart_from_inputs(g: &Graph, op: &Op, at: &dyn Fn(String) -> String) 
         o == inp
             && match *op {
                 Op::Scale { x, .. } | Op::Rope { x, .. } | Op::HeadRmsNorm { x, .. } | Op::Bias { x, .. } => x == o,
+                Op::Softcap { x, .. } | Op::RopeHeads { x, .. } | Op::NormHeads { x, .. } | Op::SoftEmbed { x, .. } => x == o,
                 Op::Add { acc, .. } => acc == o,
                 _ => false,
             }

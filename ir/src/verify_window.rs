@@ -176,8 +176,10 @@ pub(crate) fn window(h: &Header) -> Result<(), String> {
                 let at = || format!("graphs[{gi}] ops[{oi}] {}: tensor '{name}'", op.name());
                 let kind = h.segment_of(t).map(|s| s as usize).map_or("", |s| home[s]);
                 match *op {
-                    Op::Embed { .. } if kind != "host" => return Err(format!("{} is gathered by the CPU but its segment is not a host segment", at())),
-                    Op::Embed { .. } => {}
+                    // The embedding, gathered (and, for self-conditioning, averaged) from the
+                    // artifact.
+                    Op::Embed { .. } | Op::SoftEmbed { .. } if kind != "host" => return Err(format!("{} is gathered by the CPU but its segment is not a host segment", at())),
+                    Op::Embed { .. } | Op::SoftEmbed { .. } => {}
                     // Expert e's two matrices are in the segment the plan lists for it, so
                     // the runtime stages and finds them by (layer, expert).
                     Op::MoeExperts { layer, first, .. } => {

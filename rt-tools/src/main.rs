@@ -3,7 +3,7 @@ use std::process::ExitCode;
 use clap::{ArgMatches, Args, Parser, Subcommand};
 use llada_cli::{outln, Failure};
 use llada_rt::params::{env_threads, unused_setting, Limits, MAX_THREADS};
-use llada_rt::sampler::{Alg, Policy, Revision};
+use llada_rt::sampler::{Alg, EosIds, Policy, Revision, Rng};
 use llada_rt::moe::{ExpertCounters, ExpertStrategy};
 use llada_rt::session::max_threads;
 use llada_rt::staging::StagingMode;
@@ -72,11 +72,12 @@ fn whole_u32(text: &str) -> std::result::Result<u32, String> {
 /// `Default` gives the defaults shown in `--help`.
 #[derive(Args, Clone)]
 struct SamplerArgs {
-    /// Tokens to generate.
-    #[arg(long, default_value_t = defaults().gen_length, value_parser = whole_usize)]
-    gen_len: usize,
+    /// Tokens to generate [default: 128; DiffusionGemma: its generation config's
+    /// max_new_tokens, in whole canvases].
+    #[arg(long, value_parser = whole_usize)]
+    gen_len: Option<usize>,
     /// Semi-autoregressive block length (gen-len must be a multiple of it) [default: the
-    /// block length the artifact was compiled for].
+    /// block length the artifact was compiled for; DiffusionGemma: its canvas length].
     #[arg(long, value_parser = whole_usize)]
     block_len: Option<usize>,
     /// Denoising steps over all blocks (a multiple of the number of blocks) [default: 128].
@@ -174,6 +175,61 @@ struct SamplerArgs {
     /// this temperature, instead of taking the most confident.
     #[arg(long, allow_hyphen_values = true)]
     alg_temp: Option<f64>,
+    /// DiffusionGemma: the temperature at the last step ("none": no schedule) [default: the
+    /// checkpoint's generation config].
+    #[arg(long, value_parser = number_or_none, allow_hyphen_values = true)]
+    t_min: Option<Off<f64>>,
+    /// DiffusionGemma: the temperature at the first step ("none": no schedule) [default: the
+    /// checkpoint's].
+    #[arg(long, value_parser = number_or_none, allow_hyphen_values = true)]
+    t_max: Option<Off<f64>>,
+    /// DiffusionGemma: a step accepts the lowest-entropy positions while the entropies before
+    /// each sum to at most this [default: the checkpoint's].
+    #[arg(long, allow_hyphen_values = true)]
+    entropy_bound: Option<f64>,
+    /// DiffusionGemma: a canvas ends once its argmax canvas held this many steps and the mean
+    /// entropy is below --confidence-threshold ("none": never early) [default: the checkpoint's].
+    #[arg(long, value_parser = whole_or_none)]
+    stability_threshold: Option<Off<usize>>,
+    /// DiffusionGemma: see --stability-threshold ("none": never early) [default: the checkpoint's].
+    #[arg(long, value_parser = number_or_none, allow_hyphen_values = true)]
+    confidence_threshold: Option<Off<f64>>,
+    /// DiffusionGemma: token ids that end the generation, "a,b,c" ("none": none do) [default:
+    /// the checkpoint's].
+    #[arg(long, value_parser = eos_ids_flag)]
+    eos_ids: Option<EosIds>,
+    /// DiffusionGemma: the random stream: torch (PyTorch's CPU generator draw for draw:
+    /// transformers' generate under the same --seed) or fast (the same distributions, one draw
+    /// per position, in parallel).
+    #[arg(long, default_value = defaults().rng.name(), value_parser = clap::builder::PossibleValuesParser::new(Rng::NAMES.iter().copied()))]
+    rng: String,
+}
+
+/// A flag's value, or "none": that part of the sampler off.
+#[derive(Clone, Copy, Debug)]
+struct Off<T>(Option<T>);
+
+fn number_or_none(text: &str) -> std::result::Result<Off<f64>, String> {
+    match text {
+        "none" => Ok(Off(None)),
+        t => t.parse::<f64>().map(|x| Off(Some(x))).map_err(|e| format!("not a number or \"none\": {e}")),
+    }
+}
+
+fn whole_or_none(text: &str) -> std::result::Result<Off<usize>, String> {
+    match text {
+        "none" => Ok(Off(None)),
+        t => whole_usize(t).map(|n| Off(Some(n))),
+    }
+}
+
+/// `--eos-ids`: comma-separated token ids, or "none".
+fn eos_ids_flag(text: &str) -> std::result::Result<EosIds, String> {
+    let ids = match text {
+        "none" => Vec::new(),
+        t => t.split(',').map(|id| whole_u32(id.trim())).collect::<std::result::Result<Vec<u32>, String>>()?,
+    };
+    EosIds::new(&ids)
 }
 
 impl SamplerArgs {
@@ -181,8 +237,9 @@ impl SamplerArgs {
     fn params(&self, model: &Model) -> SamplerParams {
         let policy = Policy::parse(&self.policy).expect("clap restricts the values");
         let defaults = SamplerParams::for_model(model, self.gen_len, self.block_len, policy);
+        let off_or = |given: Option<Off<f64>>, default: Option<f64>| given.map_or(default, |o| o.0);
         SamplerParams {
-            gen_length: self.gen_len,
+            gen_length: defaults.gen_length,
             block_length: defaults.block_length,
             steps: self.steps.unwrap_or(defaults.steps),
             temperature: self.temperature,
@@ -210,6 +267,13 @@ impl SamplerArgs {
             eos_early_stop: self.eos_early_stop,
             editing_threshold: self.editing_threshold,
             max_post_steps: self.max_post_steps,
+            t_min: off_or(self.t_min, defaults.t_min),
+            t_max: off_or(self.t_max, defaults.t_max),
+            entropy_bound: self.entropy_bound.unwrap_or(defaults.entropy_bound),
+            stability_threshold: self.stability_threshold.map_or(defaults.stability_threshold, |o| o.0),
+            confidence_threshold: off_or(self.confidence_threshold, defaults.confidence_threshold),
+            eos_ids: self.eos_ids.unwrap_or(defaults.eos_ids),
+            rng: Rng::parse(&self.rng).expect("clap restricts the values"),
         }
     }
 

@@ -77,13 +77,20 @@ pub enum Setting {
     EosEarlyStop,
     EditingThreshold,
     MaxPostSteps,
+    TMin,
+    TMax,
+    EntropyBound,
+    StabilityThreshold,
+    ConfidenceThreshold,
+    EosIds,
+    Rng,
 }
 
 impl Setting {
     /// The setting whose `llada-rt` flag is `flag`.
     pub fn of_flag(flag: &str) -> Option<Setting> {
         use Setting::*;
-        [GenLength, BlockLength, Steps, Temperature, CfgScale, RefreshEvery, Threshold, SpecBlocks, SpecThreshold, Rows, SideRows, StableConfidence, StableChecks, ReviseConfidence, Threads, CpuThreads, Backend, Experts, Alg, Eps, Policy, Remasking, TopP, TopK, AlgTemp, Seed, Revision, LogitsEosInf, ConfidenceEosEotInf, EosEarlyStop, EditingThreshold, MaxPostSteps]
+        [GenLength, BlockLength, Steps, Temperature, CfgScale, RefreshEvery, Threshold, SpecBlocks, SpecThreshold, Rows, SideRows, StableConfidence, StableChecks, ReviseConfidence, Threads, CpuThreads, Backend, Experts, Alg, Eps, Policy, Remasking, TopP, TopK, AlgTemp, Seed, Revision, LogitsEosInf, ConfidenceEosEotInf, EosEarlyStop, EditingThreshold, MaxPostSteps, TMin, TMax, EntropyBound, StabilityThreshold, ConfidenceThreshold, EosIds, Rng]
             .into_iter()
             .find(|s| s.flag() == flag)
     }
@@ -123,6 +130,13 @@ impl Setting {
             Setting::EosEarlyStop => "--eos-early-stop",
             Setting::EditingThreshold => "--editing-threshold",
             Setting::MaxPostSteps => "--max-post-steps",
+            Setting::TMin => "--t-min",
+            Setting::TMax => "--t-max",
+            Setting::EntropyBound => "--entropy-bound",
+            Setting::StabilityThreshold => "--stability-threshold",
+            Setting::ConfidenceThreshold => "--confidence-threshold",
+            Setting::EosIds => "--eos-ids",
+            Setting::Rng => "--rng",
         }
     }
 
@@ -161,6 +175,13 @@ impl Setting {
             Setting::EosEarlyStop => "params.eos_early_stop",
             Setting::EditingThreshold => "params.editing_threshold",
             Setting::MaxPostSteps => "params.max_post_steps",
+            Setting::TMin => "params.t_min",
+            Setting::TMax => "params.t_max",
+            Setting::EntropyBound => "params.entropy_bound",
+            Setting::StabilityThreshold => "params.stability_threshold",
+            Setting::ConfidenceThreshold => "params.confidence_threshold",
+            Setting::EosIds => "params.eos_ids",
+            Setting::Rng => "params.rng",
         }
     }
 }

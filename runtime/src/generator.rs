@@ -130,6 +130,7 @@ impl<'s> Generator<'s> {
             drafts_confirmed: c.drafts_confirmed,
             seconds: self.start.elapsed().as_secs_f64(),
             mbsd: None,
+            denoising_steps_per_canvas: None,
         };
         self.policy.report(&mut g);
         if g.revisions.is_some() {
@@ -170,6 +171,7 @@ fn run_step(session: &mut Session, policy: &mut dyn PolicyStep, c: &mut Canvas) 
                 policy.side_checks(c, checks)?;
             }
             Ask::LaunchSide(job) => session.launch_side(&job)?,
+            Ask::Encode { seq, span } => session.encode(seq, span)?,
         }
     }
 }
@@ -181,6 +183,7 @@ fn run_pass<'s>(session: &'s mut Session, pass: PassRequest) -> Result<&'s [f32]
         PassRequest::Blocks { seq, from, block_len, logit_positions } => session.forward_blocks(seq, from, block_len, logit_positions),
         PassRequest::BlockRows { seq, positions, block_len, logit_rows } => session.forward_block_rows(seq, positions, block_len, logit_rows),
         PassRequest::Rows { seq_len, rows, bucket, logit_rows } => session.forward_rows(seq_len, rows, bucket, logit_rows),
+        PassRequest::Canvas { start, tokens, soft } => session.denoise(start, tokens, soft),
     }
 }
 

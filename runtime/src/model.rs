@@ -10,6 +10,7 @@ use std::sync::Arc;
 use half::{bf16, f16};
 use llada_ir::window::{operand_layout, operand_of, ActivationScales, Operand, OperandLayout};
 use llada_ir::{Artifact, DType, Graph, Header, TensorId};
+use llada_ir::diffusion_gemma::DiffusionGemmaSection;
 use llada_ir::program::{Programs, Step};
 use memmap2::Mmap;
 
@@ -27,6 +28,9 @@ pub struct Model {
     data: Range<usize>,
     /// Each graph's steps, as the artifact's `program` section lists them.
     programs: Arc<Programs>,
+    /// DiffusionGemma's section: which graphs encode and which denoise, and the checkpoint's
+    /// generation defaults (`None` for the other families).
+    diffusion_gemma: Option<Arc<DiffusionGemmaSection>>,
 }
 
 /// The verified file's mapping and its fault guard.
@@ -102,15 +106,16 @@ impl Model {
         // `Artifact::parse` verified the programs against the graphs; a missing section is
         // refused here (recompile).
         let programs = Arc::new(Programs::decode(&art.header.extensions).map_err(wrap)?);
+        let diffusion_gemma = DiffusionGemmaSection::of(&art.header).map_err(wrap)?.map(Arc::new);
         let (p, header) = (art.preamble, art.header);
         let data = p.data_offset as usize..(p.data_offset + p.data_len) as usize;
-        Ok(Model { path: path.to_path_buf(), header: Arc::new(header), file: Arc::new(file), mapping: Arc::new(Mapping { guard, map }), data, programs })
+        Ok(Model { path: path.to_path_buf(), header: Arc::new(header), file: Arc::new(file), mapping: Arc::new(Mapping { guard, map }), data, programs, diffusion_gemma })
     }
 
     /// Another handle on the same loaded artifact (nothing is read or verified again), for a
     /// thread that must own one.
     pub fn share(&self) -> Model {
-        Model { path: self.path.clone(), header: self.header.clone(), file: self.file.clone(), mapping: self.mapping.clone(), data: self.data.clone(), programs: self.programs.clone() }
+        Model { path: self.path.clone(), header: self.header.clone(), file: self.file.clone(), mapping: self.mapping.clone(), data: self.data.clone(), programs: self.programs.clone(), diffusion_gemma: self.diffusion_gemma.clone() }
     }
 
     /// The verified file, for threads that read from it (staging).
@@ -179,6 +184,12 @@ impl Model {
         &self.programs.graphs[id as usize]
     }
 
+    /// DiffusionGemma's section (its encoder and decoder graphs, generation defaults), if the
+    /// model is one.
+    pub fn diffusion_gemma(&self) -> Option<&DiffusionGemmaSection> {
+        self.diffusion_gemma.as_deref()
+    }
+
     /// What the model is (LLaDA, LLaDA-MoE or Dream).
     pub fn family(&self) -> llada_ir::Family {
         self.header.model.family()
@@ -218,7 +229,9 @@ impl Model {
         if prompt.is_empty() {
             return Err(Error::request("the prompt is empty: give at least one token".to_string()));
         }
-        if let Some(i) = prompt.iter().position(|&t| t == mask) {
+        // DiffusionGemma denoises uniform noise: no token marks a position to fill.
+        let masks = self.diffusion_gemma.is_none();
+        if let Some(i) = prompt.iter().position(|&t| masks && t == mask) {
             return Err(Error::request(format!("prompt token {i} is the mask token (id {mask}); a prompt cannot contain masks (they mark the positions to generate)")));
         }
         match prompt.iter().find(|&&t| t >= vocab) {

@@ -7,6 +7,9 @@ use crate::model::Model;
 use crate::moe::ExpertStrategy;
 use crate::staging::StagingMode;
 
+mod diffusion_gemma;
+pub use diffusion_gemma::{EosIds, Rng};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Remasking {
@@ -231,6 +234,21 @@ pub struct SamplerParams {
     /// LLaDA 2.1's token editing: the most model calls a block takes after its last mask is
     /// committed (each may edit; the block ends at the first that edits nothing).
     pub max_post_steps: usize,
+    /// DiffusionGemma: the temperature at the first step (`t_max`) falling linearly to just
+    /// above `t_min` at the last; `None` for either: no schedule (the raw logits).
+    pub t_min: Option<f64>,
+    pub t_max: Option<f64>,
+    /// DiffusionGemma: a step accepts the lowest-entropy positions while the entropies ranked
+    /// before each sum to at most this.
+    pub entropy_bound: f64,
+    /// DiffusionGemma: a canvas ends once its argmax canvas has held for this many steps and
+    /// the mean entropy is below `confidence_threshold`; `None` for either: never early.
+    pub stability_threshold: Option<usize>,
+    pub confidence_threshold: Option<f64>,
+    /// DiffusionGemma: the tokens that end the generation (the canvas holding one is the last).
+    pub eos_ids: EosIds,
+    /// DiffusionGemma: the random stream.
+    pub rng: Rng,
 }
 
 impl Default for SamplerParams {
@@ -264,6 +282,13 @@ impl Default for SamplerParams {
             eos_early_stop: false,
             editing_threshold: None,
             max_post_steps: LLADA21_MAX_POST_STEPS,
+            t_min: Some(0.4),
+            t_max: Some(0.8),
+            entropy_bound: 0.1,
+            stability_threshold: Some(1),
+            confidence_threshold: Some(0.005),
+            eos_ids: EosIds::NONE,
+            rng: Rng::Fast,
         }
     }
 }
@@ -289,12 +314,15 @@ pub struct Limits {
     /// The model is LLaDA 2.x: `steps` are per block, and the generation need not fill
     /// whole blocks (its blocks lie on a grid from position 0, the prompt's included).
     pub llada2: bool,
+    /// The model is DiffusionGemma, whose canvases are this long at most.
+    pub canvas: Option<usize>,
 }
 
 impl Limits {
     pub fn of(model: &crate::Model) -> Limits {
         let h = &model.header;
-        Limits { max_len: model.max_exact_len() as usize, max_rows: h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize, dream: model.is_dream(), llada2: model.family() == llada_ir::Family::Llada2Moe }
+        let canvas = model.diffusion_gemma().map(|s| s.canvas_length as usize);
+        Limits { max_len: model.max_exact_len() as usize, max_rows: h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize, dream: model.is_dream(), llada2: model.family() == llada_ir::Family::Llada2Moe, canvas }
     }
 }
 
@@ -371,6 +399,10 @@ impl SamplerParams {
         if !(1..=max_gen).contains(&self.gen_length) {
             return bad(S::GenLength, format!("{} is outside 1..={max_gen} (the artifact holds {} positions, one at least for the prompt)", self.gen_length, limits.max_len));
         }
+        if let Some(canvas) = limits.canvas {
+            return self.validate_diffusion_gemma(canvas);
+        }
+        self.refuse_diffusion_gemma_settings()?;
         if limits.llada2 {
             return self.validate_llada2(limits);
         }
@@ -531,7 +563,11 @@ impl SamplerParams {
     /// block length the artifact was compiled for (Dream's sampler has no blocks: one block of
     /// the whole generation) unless `block_length` is given, and the speculation depth its plan
     /// says. What every front end starts from before the settings it was given.
-    pub fn for_model(model: &Model, gen_length: usize, block_length: Option<usize>, policy: Policy) -> SamplerParams {
+    pub fn for_model(model: &Model, gen_length: Option<usize>, block_length: Option<usize>, policy: Policy) -> SamplerParams {
+        if let Some(section) = model.diffusion_gemma() {
+            return SamplerParams::for_diffusion_gemma(section, gen_length, block_length, policy);
+        }
+        let gen_length = gen_length.unwrap_or(SamplerParams::default().gen_length);
         let plan = &model.header.plan;
         let block_length = block_length.unwrap_or(if model.is_dream() { gen_length } else { plan.block_len as usize });
         let spec_blocks = SamplerParams::default_spec_blocks(policy, plan.spec_blocks as usize, gen_length, block_length);
@@ -674,7 +710,7 @@ mod tests {
 
     #[test]
     fn validation_names_the_options() {
-        let limits = Limits { max_len: 256, max_rows: 256, dream: false, llada2: false };
+        let limits = Limits { max_len: 256, max_rows: 256, dream: false, llada2: false, canvas: None };
         let p = SamplerParams { gen_length: 30, block_length: 8, ..Default::default() };
         assert!(p.validate(&limits).unwrap_err().to_string().contains("--block-len 8 must divide the gen length 30"));
         let p = SamplerParams { gen_length: 32, block_length: 8, steps: 6, ..Default::default() };
@@ -683,7 +719,7 @@ mod tests {
 
     #[test]
     fn llada_and_dream_each_refuse_the_others_settings_by_flag() {
-        let llada = Limits { max_len: 256, max_rows: 256, dream: false, llada2: false };
+        let llada = Limits { max_len: 256, max_rows: 256, dream: false, llada2: false, canvas: None };
         let dream = Limits { dream: true, ..llada };
         let p = SamplerParams { gen_length: 32, block_length: 32, steps: 32, ..Default::default() };
         p.validate(&llada).unwrap();
@@ -744,7 +780,7 @@ mod tests {
 
     #[test]
     fn every_size_is_bounded_before_anything_is_allocated() {
-        let limits = Limits { max_len: 160, max_rows: 64, dream: false, llada2: false };
+        let limits = Limits { max_len: 160, max_rows: 64, dream: false, llada2: false, canvas: None };
         let base = SamplerParams { gen_length: 128, block_length: 32, steps: 128, policy: Policy::Mbsd, ..Default::default() };
         base.validate(&limits).unwrap();
         let cases: Vec<(SamplerParams, &str)> = vec![

@@ -1,6 +1,8 @@
 //! A session binds a loaded model to one window and one executor, and runs forward passes
 //! the plan allows. It counts what it did, so every decoding policy reports the same figures.
 
+mod encoder_decoder;
+
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
@@ -146,6 +148,13 @@ pub struct Session {
     op_profiles: Option<Vec<PassProfile>>,
     /// Profiled passes also record their matmuls' ranges.
     matmul_ranges: bool,
+    /// DiffusionGemma: positions `0..encoded` hold the encoder's keys and values
+    /// (`session/encoder_decoder.rs`).
+    encoded: usize,
+    /// DiffusionGemma's decoder pass: the self-conditioning input it reads (`soft_rows`
+    /// rows of logits; 0 rows: none, the first step).
+    soft: Vec<f32>,
+    soft_rows: usize,
 }
 
 impl Session {
@@ -229,6 +238,9 @@ impl Session {
             needs_reset: false,
             op_profiles: None,
             matmul_ranges: false,
+            encoded: 0,
+            soft: Vec::new(),
+            soft_rows: 0,
         })
     }
 
@@ -566,7 +578,8 @@ impl Session {
             self.reset()?;
         }
         let g = self.model.graph(gid);
-        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context, logit_rows: &self.logit_rows, rows: self.real_rows, block_causal };
+        let soft = (self.soft_rows > 0).then(|| &self.soft[..]);
+        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context, logit_rows: &self.logit_rows, rows: self.real_rows, block_causal, soft };
         let start = Instant::now();
         let mut profile = (profiled || self.op_profiles.is_some()).then(|| OpProfile { times: Vec::new(), matmul_ranges: self.matmul_ranges.then(Vec::new) });
         let pass = Pass { graph: gid, inputs, window: &mut self.window, stager: Some(&mut self.stager), moe: &mut self.moe, profile: profile.as_mut() };

@@ -6,7 +6,7 @@
 
 use crate::error::{Error, Result, Setting};
 use crate::model::Model;
-use crate::params::{unused_setting, Alg, Limits, Policy, Remasking, Revision, SamplerParams};
+use crate::params::{unused_setting, Alg, EosIds, Limits, Policy, Remasking, Revision, Rng, SamplerParams};
 
 /// A setting's value as a request carries it. A whole number is an `i128`, wide enough for
 /// every `u64` (a seed) and every negative `i64` a front end reads, so one range check here
@@ -63,6 +63,13 @@ pub const NAMES: &[&str] = &[
     "eos_early_stop",
     "editing_threshold",
     "max_post_steps",
+    "t_min",
+    "t_max",
+    "entropy_bound",
+    "stability_threshold",
+    "confidence_threshold",
+    "eos_ids",
+    "rng",
 ];
 
 /// The setting of `name` (one of [`NAMES`]), for errors that name it as every front end does.
@@ -85,7 +92,7 @@ fn out_of_range(name: &str, given: &str, max: u64) -> Error {
 fn most(name: &str) -> u64 {
     match name {
         "seed" => u64::MAX,
-        "stable_checks" => u64::from(u32::MAX),
+        "stable_checks" | "eos_ids" => u64::from(u32::MAX),
         _ => usize::MAX as u64,
     }
 }
@@ -130,6 +137,23 @@ fn choice<T>(name: &str, v: &Value, names: &[&str], parse: fn(&str) -> Option<T>
     }
 }
 
+/// `None` for the string "none" (DiffusionGemma's settings turned off, as `None` does in the
+/// published code; null is "not given", the default), else what `f` makes of the value.
+fn off_or<T>(v: &Value, f: impl FnOnce() -> Result<T>) -> Result<Option<T>> {
+    if matches!(v, Value::Str(s) if s == "none") { Ok(None) } else { f().map(Some) }
+}
+
+/// Token ids: a whole number, a comma-separated string of them, or "none" (no EOS).
+fn eos_ids(name: &str, v: &Value) -> Result<EosIds> {
+    let list: Vec<u32> = match v {
+        Value::Str(s) if s == "none" => Vec::new(),
+        Value::Str(s) => s.split(',').map(|t| t.trim().parse::<u32>().map_err(|_| Error::setting(setting(name), format!("'{t}' is not a token id")))).collect::<Result<_>>()?,
+        Value::Int(_) => vec![whole_up_to(name, v)? as u32],
+        other => return Err(type_error(name, "token ids (\"1,106\") or \"none\"", other)),
+    };
+    EosIds::new(&list).map_err(|m| Error::setting(setting(name), m))
+}
+
 /// `None` for null, else what `f` makes of the value.
 fn optional<T>(v: &Value, f: impl FnOnce() -> Result<T>) -> Result<Option<T>> {
     if *v == Value::Null { Ok(None) } else { f().map(Some) }
@@ -152,19 +176,21 @@ pub fn sampler_params(model: &Model, given: &[(impl AsRef<str>, Value)]) -> Resu
     // Null is "not given" (OpenAI's clients send `"seed": null`): the default stands.
     let get = |name: &str| given.iter().find(|(n, _)| *n == name).map(|(_, v)| *v).filter(|v| **v != Value::Null);
     let d = SamplerParams::default();
-    let gen_length = get("gen_len").map(|v| whole("gen_len", v)).transpose()?.unwrap_or(d.gen_length);
+    let gen_length = get("gen_len").map(|v| whole("gen_len", v)).transpose()?;
     let policy = get("policy").map(|v| choice("policy", v, Policy::NAMES, Policy::parse)).transpose()?.unwrap_or(d.policy);
     let block_length = get("block_len").map(|v| whole("block_len", v)).transpose()?;
     let mut p = SamplerParams::for_model(model, gen_length, block_length, policy);
+    let gen_length = p.gen_length;
     // A request names any length (OpenAI's `max_tokens`), where the CLI's defaults may not fit:
     // then, and only then, the block is the longest that divides the length (at most the
     // plan's) and the steps the fewest multiple of the blocks at or above the CLI's default.
-    if block_length.is_none() && gen_length > 0 && gen_length % p.block_length != 0 {
+    let canvases = model.diffusion_gemma().is_some();
+    if block_length.is_none() && !canvases && gen_length > 0 && gen_length % p.block_length != 0 {
         p.block_length = (1..=p.block_length.min(gen_length)).rev().find(|b| gen_length % b == 0).unwrap_or(1);
-        p.spec_blocks = SamplerParams::for_model(model, gen_length, Some(p.block_length), policy).spec_blocks;
+        p.spec_blocks = SamplerParams::for_model(model, Some(gen_length), Some(p.block_length), policy).spec_blocks;
     }
     let blocks = gen_length.checked_div(p.block_length).unwrap_or(1).max(1);
-    if get("steps").is_none() && p.steps % blocks != 0 {
+    if get("steps").is_none() && !canvases && p.steps % blocks != 0 {
         p.steps = p.steps.div_ceil(blocks) * blocks;
     }
     for &(name, v) in &given {
@@ -202,6 +228,13 @@ pub fn sampler_params(model: &Model, given: &[(impl AsRef<str>, Value)]) -> Resu
             "eos_early_stop" => p.eos_early_stop = flag(name, v)?,
             "editing_threshold" => p.editing_threshold = optional(v, || number(name, v).map(|x| x as f32))?,
             "max_post_steps" => p.max_post_steps = whole(name, v)?,
+            "t_min" => p.t_min = off_or(v, || number(name, v))?,
+            "t_max" => p.t_max = off_or(v, || number(name, v))?,
+            "entropy_bound" => p.entropy_bound = number(name, v)?,
+            "stability_threshold" => p.stability_threshold = off_or(v, || whole(name, v))?,
+            "confidence_threshold" => p.confidence_threshold = off_or(v, || number(name, v))?,
+            "eos_ids" => p.eos_ids = eos_ids(name, v)?,
+            "rng" => p.rng = choice(name, v, Rng::NAMES, Rng::parse)?,
             _ => unreachable!("every name in NAMES is matched"),
         }
     }

@@ -141,7 +141,7 @@ impl Worker {
         let graph_rows = self.model.graph(graph).rows as usize;
         self.tokens.resize(graph_rows, self.model.header.special.mask);
         self.positions.resize(graph_rows, 0);
-        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context: job.seq_len, logit_rows: &self.logit_rows, rows, block_causal: None };
+        let inputs = RunInputs { tokens: &self.tokens, positions: &self.positions, stored_rows: stored, context: job.seq_len, logit_rows: &self.logit_rows, rows, block_causal: None, soft: None };
         self.executor.run_unstaged(&self.model, graph, inputs, &mut job.window, &mut self.moe)
     }
 

@@ -3,21 +3,26 @@
 //! target's NPU executables (`npu.qnn`).
 
 use indicatif::{ProgressBar, ProgressStyle};
-use llada_ir::{ArtifactWriter, CompileInfo, DType, Header, ModelConfig, MoeConfig, Plan, TensorId};
+use llada_ir::diffusion_gemma::DiffusionGemmaSection;
+use llada_ir::{ArtifactWriter, CompileInfo, DType, GluActivation, Graph, Header, ModelConfig, MoeConfig, Plan, TensorId};
 
 use super::settings::{Rows, Settings};
 use super::source::Source;
-use super::{add_npu_executables, calibrate_activations, check_whole_bindings, checkpoint_values, convert, first_overflow_raw, npu_limits, overflow, rope_tables, write_packed, CompileOptions, CHUNK_BYTES};
+use super::{add_npu_executables, calibrate_activations, check_whole_bindings, checkpoint_values, convert, first_overflow_raw, npu_limits, overflow, rope_tables, rope_tables_of_pairs, write_packed, CompileOptions, CHUNK_BYTES};
 use crate::error::{Error, Result};
 use crate::layout::Layout;
+use crate::hf::config_diffusion_gemma::DiffusionGemmaSettings;
 use crate::lower::{self, NetworkOptions};
+use crate::lower_diffusion_gemma::{self, Role};
 use crate::window::{self, WindowOptions};
 use crate::{latency, memory};
 
-/// What the weights' producer wrote: each segment's tensor ids, and the rotary tables.
+/// What the weights' producer wrote: each segment's tensor ids, and the rotary tables (and
+/// DiffusionGemma's full-attention layers' own).
 pub(super) struct Weights {
     pub ids: Vec<Vec<TensorId>>,
     pub rope: (TensorId, TensorId),
+    pub rope_full: Option<(TensorId, TensorId)>,
 }
 
 /// The data section: every planned segment's tensors streamed from the checkpoint (converted,
@@ -65,8 +70,17 @@ pub(super) fn weights(src: &Source, layout: &Layout, rows: &Rows, w: &mut Artifa
     let half = (hd / 2) as u64;
     let rope_cos = w.add_tensor("rope.cos", DType::F32, &[rope_rows as u64, half], bytemuck::cast_slice(&cos))?;
     let rope_sin = w.add_tensor("rope.sin", DType::F32, &[rope_rows as u64, half], bytemuck::cast_slice(&sin))?;
+    let rope_full = match &cfg.diffusion_gemma {
+        Some(g) => {
+            let (cos, sin) = rope_tables_of_pairs(g.full_rope_theta, g.full_head_dim, g.full_head_dim, g.full_rotary_pairs, rope_rows as usize);
+            let half = (g.full_head_dim / 2) as u64;
+            let cos = w.add_tensor("rope.full.cos", DType::F32, &[rope_rows as u64, half], bytemuck::cast_slice(&cos))?;
+            Some((cos, w.add_tensor("rope.full.sin", DType::F32, &[rope_rows as u64, half], bytemuck::cast_slice(&sin))?))
+        }
+        None => None,
+    };
     w.end_segment()?;
-    Ok(Weights { ids, rope: (rope_cos, rope_sin) })
+    Ok(Weights { ids, rope: (rope_cos, rope_sin), rope_full })
 }
 
 /// The core section: the model's config, a graph per row bucket, the plan with its window
@@ -92,15 +106,25 @@ pub(super) fn core(opts: &CompileOptions, src: &Source, s: &Settings, rows: &Row
         rope_theta: cfg.rope_theta,
         rms_eps: cfg.rms_eps,
         qk_norm: cfg.qk_norm,
-        moe: cfg.moe.map(|m| MoeConfig { experts: m.experts as u32, top_k: m.top_k as u32, dense_layers: cfg.llada2.map_or(0, |l| l.dense_layers as u32) }),
+        moe: cfg.moe.map(|m| MoeConfig {
+            experts: m.experts as u32,
+            top_k: m.top_k as u32,
+            dense_layers: cfg.llada2.map_or(0, |l| l.dense_layers as u32),
+            activation: if cfg.diffusion_gemma.is_some() { GluActivation::GeluTanh } else { GluActivation::Silu },
+        }),
     };
-    let (net, expert_segments) = layout.network(&ids, &cfg, (rope_cos, rope_sin))?;
-    let net_opts = NetworkOptions { input_emb_norm: cfg.input_emb_norm, scale_logits: cfg.scale_logits };
-    let mut graphs = Vec::new();
-    for &rows in buckets {
-        let mut g = lower::full_sequence_graph(&model, &net, net_opts, rows, opts.logit_rows.min(rows));
-        memory::plan(&mut g, target.window_align);
-        graphs.push(g);
+    let (mut graphs, expert_segments, by_rows, section) = match &cfg.diffusion_gemma {
+        Some(g) => diffusion_gemma_graphs(src, g, &model, weights, buckets)?,
+        None => {
+            let (net, expert_segments) = layout.network(ids, cfg, (rope_cos, rope_sin))?;
+            let net_opts = NetworkOptions { input_emb_norm: cfg.input_emb_norm, scale_logits: cfg.scale_logits };
+            let graphs: Vec<_> = buckets.iter().map(|&rows| lower::full_sequence_graph(&model, &net, net_opts, rows, opts.logit_rows.min(rows))).collect();
+            let by_rows = (0..graphs.len() as u32).collect();
+            (graphs, expert_segments, by_rows, None)
+        }
+    };
+    for g in &mut graphs {
+        memory::plan(g, target.window_align);
     }
     let mut header = Header {
         model,
@@ -109,7 +133,7 @@ pub(super) fn core(opts: &CompileOptions, src: &Source, s: &Settings, rows: &Row
         tensors: Vec::new(),
         segments: Vec::new(),
         plan: Plan {
-            by_rows: (0..graphs.len() as u32).collect(),
+            by_rows,
             kv_capacity: rope_rows,
             block_len: opts.block_len,
             spec_blocks: opts.spec_blocks,
@@ -134,7 +158,7 @@ pub(super) fn core(opts: &CompileOptions, src: &Source, s: &Settings, rows: &Row
                 ("kv_dtype".into(), kv_dtype.name().into()),
             ],
         },
-        extensions: Vec::new(),
+        extensions: section.iter().map(|s| s.extension()).collect(),
     };
     header.tensors = w.tensors().to_vec();
     header.segments = w.segments().to_vec();
@@ -190,6 +214,29 @@ pub(super) fn core(opts: &CompileOptions, src: &Source, s: &Settings, rows: &Row
     latency::record(&mut header, &target);
     latency::choose_row_buckets(&mut header, row_set_rows);
     Ok(header)
+}
+
+/// DiffusionGemma's graphs: the encoder's for every row bucket (prompts, and canvases being
+/// stored), the decoder's for a canvas; its section naming them, with the checkpoint's
+/// generation defaults. Returns (graphs, expert segments, the plan's `by_rows`, the section).
+fn diffusion_gemma_graphs(src: &Source, g: &DiffusionGemmaSettings, model: &ModelConfig, weights: &Weights, buckets: &[u32]) -> Result<(Vec<Graph>, Vec<u32>, Vec<u32>, Option<DiffusionGemmaSection>)> {
+    let (tensors, expert_segments) = crate::layout::diffusion_gemma::network(&weights.ids, &src.cfg)?;
+    let layer_scalars = crate::layout::diffusion_gemma::layer_scalars(&src.ckpt, src.cfg.n_layers)?;
+    let rope_full = weights.rope_full.ok_or_else(|| Error::Options("internal: DiffusionGemma's full-layer rotary tables were not written".into()))?;
+    let net = lower_diffusion_gemma::Network { model, settings: g, tensors: &tensors, layer_scalars: &layer_scalars, rope: [weights.rope, rope_full] };
+    let canvas = g.canvas_length as u32;
+    let largest = buckets.last().copied().unwrap_or(0);
+    if canvas > largest {
+        return Err(Error::Options(format!("canvas_length {canvas} is longer than --max-seq {largest}: a canvas must fit the cache after a prompt; raise --max-seq")));
+    }
+    // The decoder first: the window plan orders the weights by graph 0's first reads, and the
+    // decoder reads every segment (the self-conditioning block too), the encoder a subset in
+    // the same order.
+    let mut graphs = vec![lower_diffusion_gemma::graph(&net, Role::Decoder, canvas)];
+    graphs.extend(buckets.iter().map(|&rows| lower_diffusion_gemma::graph(&net, Role::Encoder, rows)));
+    let encoder_graphs: Vec<u32> = (1..=buckets.len() as u32).collect();
+    let section = DiffusionGemmaSection { canvas_length: canvas, vocab_size: src.cfg.vocab_size as u32, encoder_graphs: encoder_graphs.clone(), decoder_graphs: vec![0], generation: g.generation.clone() };
+    Ok((graphs, expert_segments, encoder_graphs, Some(section)))
 }
 
 /// A Snapdragon target's NPU executables (without `--host-only`): its activations calibrated

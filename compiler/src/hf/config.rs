@@ -30,6 +30,11 @@ pub fn load(dir: &Path) -> Result<(LladaConfig, Vec<String>)> {
     if super::config_dream::is_dream(&map) {
         return super::config_dream::parse(&path, &map);
     }
+    if super::config_diffusion_gemma::is_diffusion_gemma(&map) {
+        let generation = dir.join("generation_config.json");
+        let gmap = if generation.exists() { Some(read_object(&generation)?) } else { None };
+        return super::config_diffusion_gemma::parse(&path, &map, gmap.as_ref().map(|m| (generation.as_path(), m)));
+    }
     let llada2 = super::config_llada2::is_llada2(&map);
     if llada2 || super::config_moe::is_moe(&map) {
         let generation = dir.join("generation_config.json");
@@ -141,6 +146,7 @@ pub fn parse(path: &Path, map: &Map<String, Value>) -> Result<(LladaConfig, Vec<
         qk_norm: false,
         moe: None,
         llada2: None,
+        diffusion_gemma: None,
     };
     Ok((cfg, warnings))
 }

@@ -70,11 +70,13 @@ pub struct LladaConfig {
     pub qk_norm: bool,
     pub moe: Option<MoeSettings>,
     pub llada2: Option<Llada2Settings>,
+    pub diffusion_gemma: Option<super::config_diffusion_gemma::DiffusionGemmaSettings>,
 }
 
 impl LladaConfig {
+    /// The head width (DiffusionGemma: its sliding-window layers', given in the config).
     pub fn head_dim(&self) -> usize {
-        self.d_model / self.n_heads
+        self.diffusion_gemma.as_ref().map_or(self.d_model / self.n_heads, |g| g.head_dim)
     }
 }
 
@@ -126,6 +128,7 @@ pub(super) fn qwen_style(k: &mut Keys, family: Family, mlp_key: &'static str, ep
         qk_norm: false,
         moe: None,
         llada2: None,
+        diffusion_gemma: None,
     })
 }
 

@@ -107,6 +107,7 @@ pub fn parse(path: &Path, map: &Map<String, Value>, generation_mask: Option<u32>
         qk_norm: use_qk_norm,
         moe: Some(MoeSettings { experts, top_k }),
         llada2: Some(Llada2Settings { rotary_dim: rotary, dense_layers, dense_hidden, shared_hidden: shared_experts * base.mlp_hidden, groups, top_groups, normalize, scale, tie_embeddings: tie, mask_from_tokenizer }),
+        diffusion_gemma: None,
         ..base
     };
     Ok((cfg, warnings))

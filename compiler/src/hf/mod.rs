@@ -3,6 +3,7 @@
 pub mod checkpoint;
 pub mod config;
 mod config_common;
+pub mod config_diffusion_gemma;
 pub mod config_dream;
 pub mod config_llada2;
 pub mod config_moe;

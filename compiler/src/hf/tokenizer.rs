@@ -17,6 +17,11 @@ const MOE_EOT_TOKEN: &str = "<|role_end|>";
 const DREAM_EOT_TOKEN: &str = "<|im_end|>";
 /// LLaDA 2.x (Ling's chat format) ends a turn as LLaDA-MoE does.
 const LLADA2_EOT_TOKEN: &str = "<|role_end|>";
+/// Gemma's chat format (DiffusionGemma's) ends a turn with this.
+const GEMMA_EOT_TOKEN: &str = "<turn|>";
+/// Where newer checkpoints keep the chat template, beside `tokenizer_config.json` (which then
+/// has none).
+const CHAT_TEMPLATE_FILE: &str = "chat_template.jinja";
 /// LLaDA 2.x's mask token, and the id its published `generate` defaults to (`mask_id`), for
 /// a checkpoint whose configs name no mask id (the released ones name none).
 const LLADA2_MASK_TOKEN: &str = "<|mask|>";
@@ -46,7 +51,9 @@ pub fn load(dir: &Path, cfg: &LladaConfig) -> Result<(TokenizerSpec, SpecialToke
     let cfg_path = dir.join("tokenizer_config.json");
     let text = files::read_text_bounded(&cfg_path, files::CONFIG_LIMIT).map_err(|e| Error::io(&cfg_path, e))?;
     let tc: Value = serde_json::from_str(&text).map_err(|e| Error::Json { path: cfg_path.clone(), msg: e.to_string() })?;
+    let template_file = dir.join(CHAT_TEMPLATE_FILE);
     let chat_template = match tc.get("chat_template") {
+        None | Some(Value::Null) if template_file.is_file() => Some(files::read_text_bounded(&template_file, files::CONFIG_LIMIT).map_err(|e| Error::io(&template_file, e))?),
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.clone()),
         // The newer list form: [{"name": "default", "template": "..."}, ...].
@@ -82,6 +89,7 @@ pub fn load(dir: &Path, cfg: &LladaConfig) -> Result<(TokenizerSpec, SpecialToke
         Family::LladaMoe => MOE_EOT_TOKEN,
         Family::Dream => DREAM_EOT_TOKEN,
         Family::Llada2Moe => LLADA2_EOT_TOKEN,
+        Family::DiffusionGemma => GEMMA_EOT_TOKEN,
     });
     for (what, id) in [("bos", bos), ("eos", eos), ("eot", eot)] {
         if let Some(id) = id {

@@ -4,6 +4,7 @@
 //! larger half double-buffer a layer); for LLaDA-MoE a block's attention and router, then one
 //! segment per expert (the unit of the expert cache).
 
+pub mod diffusion_gemma;
 pub mod llada2;
 
 use std::borrow::Cow;
@@ -78,6 +79,7 @@ pub fn plan<'c>(cfg: &LladaConfig, ckpt: &'c Checkpoint, storage: Storage) -> Re
         Family::LladaMoe => moe(cfg, &mut b, storage)?,
         Family::Dream => dense(cfg, &mut b, storage, &DREAM)?,
         Family::Llada2Moe => llada2::segments(cfg, &mut b, storage)?,
+        Family::DiffusionGemma => diffusion_gemma::segments(cfg, &mut b, storage)?,
     };
     Ok(Layout { family: cfg.family, segments, consumed: b.consumed })
 }
@@ -243,6 +245,8 @@ impl Layout<'_> {
                     seg += 1 + experts;
                 }
                 Family::Llada2Moe => seg = llada2::block(ids, seg, blocks.len(), cfg, &mut blocks, &mut expert_segments)?,
+                // Its own network and lowering (`diffusion_gemma::network`).
+                Family::DiffusionGemma => return Err(Error::Options("internal: DiffusionGemma's tensors are not LLaDA's network".into())),
             }
         }
         let lm_head = &ids[seg];

@@ -103,6 +103,10 @@ impl Run {
             if let Some(r) = &g.revisions {
                 obj["revisions"] = json!(r);
             }
+            // DiffusionGemma: the decoder passes of each canvas (the published stopping rule's).
+            if let Some(d) = &g.denoising_steps_per_canvas {
+                obj["denoising_steps_per_canvas"] = json!(d);
+            }
             if let Some(ops) = &ops {
                 obj["op_profile"] = json!(ops);
             }

@@ -27,6 +27,10 @@ pub struct RunInputs<'a> {
     /// `(position / b + 1) * b` (at most `context`, [`RunInputs::keys_of`]). Every backend
     /// runs such passes (the NPU's mask and Vulkan's attention shader apply the same rule).
     pub block_causal: Option<usize>,
+    /// DiffusionGemma's decoder: the previous step's logits, `[rows, embedding_size]`, that
+    /// its self-conditioning input (`Op::SoftEmbed`) reads; `None` on the first step (and for
+    /// graphs without one).
+    pub soft: Option<&'a [f32]>,
 }
 
 impl RunInputs<'_> {
@@ -36,6 +40,15 @@ impl RunInputs<'_> {
         match self.block_causal {
             Some(b) => ((self.positions[r] as usize / b + 1) * b).min(self.context),
             None => self.context,
+        }
+    }
+
+    /// The first position of row `r`'s block: in a block-causal pass its block's start, else
+    /// the pass's first row's (where a windowed layer's keys count back from).
+    pub fn block_start(&self, r: usize) -> usize {
+        match self.block_causal {
+            Some(b) => self.positions[r] as usize / b * b,
+            None => self.positions.first().map_or(0, |&p| p as usize),
         }
     }
 
@@ -75,7 +88,7 @@ mod tests {
     #[test]
     fn block_causal_rows_run_by_the_end_of_their_block() {
         let positions: Vec<u32> = (8..30).collect();
-        let inp = |block_causal, rows| RunInputs { tokens: &[], positions: &positions, stored_rows: rows, context: 28, logit_rows: &[], rows, block_causal };
+        let inp = |block_causal, rows| RunInputs { tokens: &[], positions: &positions, stored_rows: rows, context: 28, logit_rows: &[], rows, block_causal, soft: None };
         let runs = |i: &RunInputs| i.key_runs().collect::<Vec<_>>();
         // Rows at 8..28 in blocks of 8: 8..16 see 16 keys, 16..24 see 24, 24..28 the context.
         assert_eq!(runs(&inp(Some(8), 20)), vec![(0..8, 16), (8..16, 24), (16..20, 28)]);

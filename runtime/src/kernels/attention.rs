@@ -18,6 +18,8 @@ pub struct Shape {
     pub head_dim: usize,
     /// Cache positions attended to.
     pub keys: usize,
+    /// Scores are `q . k * scale` (`1 / sqrt(head_dim)` in most models; DiffusionGemma's 1).
+    pub scale: f32,
     /// Threads taking the call's units in turn: a thread's next unit is likely this many on
     /// (the lanes path prefetches its first keys and values).
     pub threads: usize,
@@ -246,7 +248,7 @@ fn attend_lanes(call: &Call, units: std::ops::Range<usize>, out: Out) {
     use super::x86_attention::{attend_rows, HeadKv, OwnRow, ROWS};
     let hd = sh.head_dim;
     let (group, groups) = (sh.heads / sh.kv_heads, rows.div_ceil(ROWS));
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = sh.scale;
     let out_width = sh.heads * hd;
     let row = |r: usize, off: usize| &qkv[r * sh.width + off..r * sh.width + off + hd];
     for u in units {
@@ -291,7 +293,7 @@ fn attend_unit<const FMA: bool, const M: usize, const V: usize>(features: super:
     let hd = sh.head_dim;
     let out_width = sh.heads * hd;
     let group = sh.heads / sh.kv_heads;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = sh.scale;
     let keys = sh.keys;
     let row = |r: usize, off: usize| &qkv[r * sh.width + off..r * sh.width + off + hd];
     let cached = |r: usize, plane: usize| &kv[plane + r * hd..plane + (r + 1) * hd];
@@ -409,7 +411,7 @@ mod tests {
         };
         let qkv: Vec<f32> = (0..rows * width).map(|_| rnd()).collect();
         let kv: Vec<f32> = (0..2 * heads * keys * hd).map(|_| rnd()).collect();
-        let sh = Shape { width, capacity: keys, heads, kv_heads: heads, head_dim: hd, keys, threads: 1 };
+        let sh = Shape { width, capacity: keys, heads, kv_heads: heads, head_dim: hd, keys, scale: 1.0 / (hd as f32).sqrt(), threads: 1 };
         let mut scores = vec![0f32; UNIT_ROWS * keys];
         use super::super::cpu::{FeatureRequest, Features};
         let avx2 = Features::request(FeatureRequest::level("avx2").expect("a level"));
@@ -456,7 +458,7 @@ mod tests {
             }
         }
         let at = |plane: usize, j: usize, d: usize| kv[kv_plane(plane, capacity, hd) + j * hd + d] as f64;
-        let sh = Shape { width, capacity, heads, kv_heads, head_dim: hd, keys, threads: 2 };
+        let sh = Shape { width, capacity, heads, kv_heads, head_dim: hd, keys, scale: 1.0 / (hd as f32).sqrt(), threads: 2 };
         let mut out = vec![0f32; rows * heads * hd];
         let mut scores = vec![0f32; UNIT_ROWS * keys];
         let (features, portable_features) = (super::super::cpu::features(), super::super::cpu::Features::PORTABLE);

@@ -6,6 +6,7 @@ pub mod attention;
 pub mod cpu;
 pub mod expf;
 pub mod gemm;
+pub mod gemma;
 mod tile;
 mod x86;
 mod x86_avx2;

@@ -28,6 +28,8 @@ pub struct ExpertShape {
     pub format: DType,
     pub bf16_activations: bool,
     pub activation_scales: llada_ir::window::ActivationScales,
+    /// The gate's activation (`act(gate) * up`).
+    pub activation: llada_ir::GluActivation,
 }
 
 impl ExpertShape {
@@ -103,7 +105,10 @@ pub fn expert(weights: ExpertWeights, x: &[f32], picks: &[Pick], s: &mut Scratch
         row.copy_from_slice(&x[p.row as usize * d..][..d]);
     }
     gemm(gathered, n, &shape.gate_up(weights.gate_up), gu, s.operand, pool, features);
-    swiglu(features, gu, h, hidden);
+    match shape.activation {
+        llada_ir::GluActivation::Silu => swiglu(features, gu, h, hidden),
+        llada_ir::GluActivation::GeluTanh => crate::kernels::gemma::gelu_glu(gu, h, hidden),
+    }
     gemm(hidden, n, &shape.down(weights.down), out, s.operand, pool, features);
     for (row, &p) in out.chunks_exact(d).zip(picks) {
         write(p, row);

@@ -177,7 +177,7 @@ fn expert_layout(h: &Header) -> Option<Layout> {
     for op in &g.ops {
         match *op {
             Op::MatMul { weight, out, .. } => last_matmul = Some((weight, out)),
-            Op::Route { logits, .. } | Op::RouteSigmoid { logits, .. } => router = last_matmul.filter(|m: &(TensorId, u32)| m.1 == logits).map(|m| m.0),
+            Op::Route { logits, .. } | Op::RouteSigmoid { logits, .. } | Op::RouteScaled { logits, .. } => router = last_matmul.filter(|m: &(TensorId, u32)| m.1 == logits).map(|m| m.0),
             Op::MoeExperts { layer, first, .. } => {
                 let l = h.model.moe_layer_index(layer)?;
                 firsts[l] = Some(first);
@@ -189,7 +189,7 @@ fn expert_layout(h: &Header) -> Option<Layout> {
     let first0 = firsts.iter().flatten().next().copied()?;
     let firsts: Vec<TensorId> = firsts.into_iter().map(|f| f.unwrap_or(first0)).collect();
     let t = &h.tensors[first0 as usize];
-    let shape = ExpertShape { d: h.model.d_model as usize, hidden: h.model.mlp_hidden as usize, format: t.dtype, bf16_activations: h.plan.bf16_activations, activation_scales: h.plan.activation_scales };
+    let shape = ExpertShape { d: h.model.d_model as usize, hidden: h.model.mlp_hidden as usize, format: t.dtype, bf16_activations: h.plan.bf16_activations, activation_scales: h.plan.activation_scales, activation: moe.activation };
     let mut homes = Vec::with_capacity(layers * moe.experts as usize);
     for (l, &first) in firsts.iter().enumerate() {
         for e in 0..moe.experts {
@@ -807,7 +807,8 @@ fn matrix_len(shape: ExpertShape, gate_up: bool) -> usize {
 pub fn run_local(model: &Model, op: MoeOperands, experts: usize, top_k: usize, scratch: &mut OpScratch, pool: &rayon::ThreadPool, features: Features) -> Result<()> {
     let h = &model.header;
     let t = &h.tensors[op.first as usize];
-    let shape = ExpertShape { d: h.model.d_model as usize, hidden: h.model.mlp_hidden as usize, format: t.dtype, bf16_activations: h.plan.bf16_activations, activation_scales: h.plan.activation_scales };
+    let activation = h.model.moe.map_or(Default::default(), |m| m.activation);
+    let shape = ExpertShape { d: h.model.d_model as usize, hidden: h.model.mlp_hidden as usize, format: t.dtype, bf16_activations: h.plan.bf16_activations, activation_scales: h.plan.activation_scales, activation };
     let routing = &mut scratch.routing;
     routing.from_route(op.route, op.rows, top_k, experts)?;
     let d = shape.d;

@@ -39,6 +39,17 @@ pub fn route_row(logits: &[f32], top_k: usize, out: &mut [f32], s: &mut RouteScr
     }
 }
 
+/// `RouteScaled` for one row (DiffusionGemma's router): [`route_row`]'s picks, their
+/// probabilities divided by their sum, then each times its expert's `expert_scale`.
+pub fn route_scaled_row(logits: &[f32], expert_scale: &[f32], top_k: usize, out: &mut [f32], s: &mut RouteScratch) {
+    route_row(logits, top_k, out, s);
+    let (ids, weights) = out.split_at_mut(top_k);
+    let sum: f32 = weights.iter().sum();
+    for (w, &id) in weights.iter_mut().zip(ids.iter()) {
+        *w = *w / sum * expert_scale[id as usize];
+    }
+}
+
 /// LLaDA 2.x's routing rule (the `RouteSigmoid` op's operands besides the logits).
 pub struct SigmoidRule<'a> {
     /// The learned expert bias, added to the scores for the choice only.

@@ -74,6 +74,15 @@ impl MoeStep {
                     routing::route_sigmoid_row(l, &rule, k, o, &mut scratch.route);
                 }
             }
+            Op::RouteScaled { logits, expert_scale, top_k, out } => {
+                let (e, k) = (cols(logits), top_k as usize);
+                let ([l], o) = operands(activations, [range(logits)], range(out));
+                let expert_scale: &[f32] = bytemuck::cast_slice(model.tensor_bytes(expert_scale));
+                o.fill(0.0);
+                for (l, o) in l.chunks_exact(e).zip(o.chunks_exact_mut(2 * k)).take(rows) {
+                    routing::route_scaled_row(l, expert_scale, k, o, &mut scratch.route);
+                }
+            }
             Op::MoeExperts { x, route, out, layer, first, experts: n, ranked, work } => {
                 let ([xs, rs], [o, rk, wk]) = operands_many(activations, [range(x), range(route)], [range(out), range(ranked), range(work)]);
                 // The verifier checked that the layer has experts.

@@ -62,6 +62,9 @@ pub(crate) enum PassRequest<'a> {
     /// A row-set pass over `rows` of a `seq_len` sequence, on the graph of `bucket` rows;
     /// logits of rows `logit_rows` (indexes into the rows).
     Rows { seq_len: usize, rows: &'a RowSet, bucket: usize, logit_rows: &'a [u32] },
+    /// DiffusionGemma's decoder over the canvas `tokens` at positions from `start`, with the
+    /// previous step's logits as its self-conditioning input; logits of every canvas row.
+    Canvas { start: usize, tokens: &'a [u32], soft: Option<&'a [f32]> },
 }
 
 /// What a policy's step needs next.
@@ -78,6 +81,9 @@ pub(crate) enum Ask<'a> {
     MergeSide { dense_stored: &'a [u32] },
     /// A side job, run beside the next dense pass.
     LaunchSide(SideJob<'a>),
+    /// DiffusionGemma's encoder over positions `span` of `seq`: their keys and values stored
+    /// (causal), no logits.
+    Encode { seq: &'a [u32], span: Range<usize> },
 }
 
 /// A revision job for the side lane: the committed `tokens` at `checked` positions of a

@@ -39,9 +39,8 @@ mod ask;
 mod canvas;
 #[cfg(test)]
 mod dg_fixture;
+mod diffusion_gemma;
 mod dream;
-// DiffusionGemma's sampler and random streams: wired by the DiffusionGemma policy.
-#[allow(dead_code)]
 mod fast_random;
 mod llada2;
 mod llada2_mbsd;
@@ -49,9 +48,7 @@ mod mbsd;
 mod official;
 mod revision;
 mod start;
-#[allow(dead_code)]
 mod torch_random;
-#[allow(dead_code)]
 mod uniform_noise;
 
 use rand::{RngExt, SeedableRng};
@@ -63,7 +60,7 @@ pub use mbsd::MbsdReport;
 pub(crate) use ask::{Ask, PassContext, PassRequest, Predict, SideChecks, SideJob};
 pub(crate) use canvas::{Canvas, PolicyStep};
 pub(crate) use start::start;
-pub use crate::params::{Alg, Limits, Policy, Remasking, Revision, SamplerParams, MAX_STEPS};
+pub use crate::params::{Alg, EosIds, Limits, Policy, Remasking, Revision, Rng, SamplerParams, MAX_STEPS};
 
 
 /// How many tokens each step of a block commits, into `schedule`: `masked / steps` each, one
@@ -135,6 +132,9 @@ pub struct Generation {
     /// `mbsd`: what the dense and side paths did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub mbsd: Option<MbsdReport>,
+    /// DiffusionGemma: the decoder passes each canvas took.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub denoising_steps_per_canvas: Option<Vec<u32>>,
 }
 
 /// The state after a step, for live display.

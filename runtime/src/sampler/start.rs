@@ -3,7 +3,7 @@
 
 use super::ask::{LogitCapacity, PassContext};
 use super::canvas::{Canvas, PolicyStep};
-use super::{dream, llada2, mbsd, official, Limits, Policy, Predictor, SamplerParams};
+use super::{diffusion_gemma, dream, llada2, mbsd, official, Limits, Policy, Predictor, SamplerParams};
 use crate::error::{Error, Result};
 use crate::model::Model;
 
@@ -36,6 +36,9 @@ pub(crate) fn start(ctx: &PassContext, prompt: &[u32], p: &SamplerParams) -> Res
     if model.family() == llada_ir::Family::Llada2Moe {
         return start_llada2(ctx, prompt, p, special, steps_per_block);
     }
+    if let Some(section) = model.diffusion_gemma() {
+        return start_diffusion_gemma(ctx, section, prompt, p, special, steps_per_block);
+    }
     let len = prompt.len() + p.gen_length;
     check_logit_rows(model, len, p.block_length)?;
     let spec_blocks = if matches!(p.policy, Policy::Spec | Policy::Mbsd) { p.spec_blocks } else { 0 };
@@ -52,6 +55,29 @@ pub(crate) fn start(ctx: &PassContext, prompt: &[u32], p: &SamplerParams) -> Res
     let predictor = Predictor::for_model(model, p.block_length * (1 + spec_blocks), ctx.pool.clone());
     let canvas = Canvas::new(p, steps_per_block, prompt, special, predictor, revised_per_step);
     Ok(Start { canvas, policy })
+}
+
+/// DiffusionGemma's published `generate` (`diffusion_gemma.rs`): its canvas is the prompt
+/// and whole canvases after it, which must all fit the cache.
+fn start_diffusion_gemma(ctx: &PassContext, section: &llada_ir::diffusion_gemma::DiffusionGemmaSection, prompt: &[u32], p: &SamplerParams, special: llada_ir::SpecialTokens, steps: usize) -> Result<Start> {
+    let model = &ctx.model;
+    let policy = diffusion_gemma::DiffusionGemma::new(p, section, prompt.len(), section.generation.pad_id);
+    let len = prompt.len() + policy.generated_len();
+    let limit = model.header.plan.kv_capacity as usize;
+    if len > limit {
+        return Err(Error::request(format!(
+            "the prompt ({} tokens) and --gen-len {} in canvases of {} fill {len} positions, more than the {limit} {} holds; recompile with `lladac compile --max-seq {len}` or shorten them",
+            prompt.len(),
+            p.gen_length,
+            p.block_length,
+            model.path.display()
+        )));
+    }
+    let canvas_p = SamplerParams { gen_length: policy.generated_len(), ..*p };
+    let predictor = Predictor::for_model(model, 0, ctx.pool.clone());
+    let mut canvas = Canvas::new(&canvas_p, steps, prompt, special, predictor, 0);
+    canvas.own_schedule = true;
+    Ok(Start { canvas, policy: Box::new(policy) })
 }
 
 /// LLaDA 2.x's published `generate` (`llada2.rs`): its canvas is the block grid from

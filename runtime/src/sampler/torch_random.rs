@@ -88,6 +88,7 @@ impl TorchGenerator {
     }
 
     /// `torch.randint(low, high, (out.len(),))` into `out`.
+    #[cfg(test)]
     pub(crate) fn randint(&mut self, low: i64, high: i64, out: &mut [i64]) {
         for o in out {
             *o = self.randint_one(low, high);
@@ -102,17 +103,14 @@ impl TorchGenerator {
     }
 
     /// The `u` of one `Exp(1)` draw: PyTorch's `uniform_real_distribution<double>(0, 1)`.
+    #[cfg(test)]
     fn uniform_f64(&mut self) -> f64 {
         (self.random_u64() & MANTISSA_53) as f64 * f64::from_bits(0x3ca0_0000_0000_0000) // 2^-53
     }
 
-    /// One `Exp(1)` draw as `exponential_` stores it in a float32 tensor.
-    pub(crate) fn exponential_f32(&mut self) -> f32 {
-        exponential_of(self.uniform_f64())
-    }
-
     /// `torch.multinomial(probs.view(-1, vocab), 1)`: one index per row of `vocab` float32
     /// probabilities (unnormalised ones too, as PyTorch allows), into `picks`.
+    #[cfg(test)]
     pub(crate) fn multinomial_one(&mut self, probs: &[f32], vocab: usize, picks: &mut [u32]) {
         assert_eq!(probs.len(), vocab * picks.len(), "probs must be picks.len() rows of vocab");
         for (row, pick) in probs.chunks_exact(vocab).zip(picks.iter_mut()) {

@@ -1,8 +1,6 @@
 //! The host executor: the CPU's kernels standing in for an accelerator, under the target's
 //! window, row buckets and dtypes. Also the CPU side path's executor (revision checks).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use llada_ir::window_sizes::attention_scratch as attention_scratch_size;
 use llada_ir::program::Step;
 use llada_ir::{Graph, Op, Rows, TensorId, ValueId};
@@ -12,7 +10,7 @@ use rayon::prelude::*;
 use crate::error::Result;
 use crate::kernels::cpu::Features;
 use crate::kernels::gemm::gemm;
-use crate::kernels::{self, attention};
+use crate::kernels;
 use crate::model::Model;
 use crate::pool::Pool;
 use crate::moe::MoeStep;
@@ -20,6 +18,9 @@ use crate::operands::operands;
 use crate::window::{homes, Home, KvView, SlotPtr, Window};
 
 use super::{value_range, Backend, Capabilities, Executor, Pass, RunInputs};
+
+mod attend;
+use attend::HeadShape;
 
 pub const BACKEND: Backend = Backend {
     name: "host",
@@ -173,7 +174,51 @@ impl HostExecutor {
                     })
                 });
             }
-            Op::Attention { qkv, out, heads, kv_heads, layer } => self.attention(v, b, qkv, out, (heads, kv_heads), layer),
+            Op::Attention { qkv, out, heads, kv_heads, layer } => {
+                let shape = HeadShape { heads, kv_heads, head_dim: hd as u32, scale: 1.0 / (hd as f32).sqrt(), window: None };
+                self.attention(v, b, qkv, out, shape, layer)
+            }
+            Op::WindowAttention { qkv, out, heads, kv_heads, head_dim, layer, scale, window } => self.attention(v, b, qkv, out, HeadShape { heads, kv_heads, head_dim, scale, window }, layer),
+            Op::GeluGlu { x, out } => {
+                let ([xs], o) = operands(b.win, [v.range(x)], v.range(out));
+                let hidden = v.cols(out);
+                self.pool.install(|| o.par_chunks_mut(hidden).zip(xs.par_chunks(2 * hidden)).for_each(|(o, x)| kernels::gemma::gelu_glu(x, hidden, o)));
+            }
+            Op::Softcap { x, cap } => kernels::gemma::softcap(&mut b.win[v.range(x)], cap),
+            Op::RopeHeads { x, heads, head_dim, cos, sin } => {
+                let (hd, half) = (head_dim as usize, head_dim as usize / 2);
+                let (cos, sin) = (v.f32s(cos), v.f32s(sin));
+                let c = v.cols(x);
+                self.pool.install(|| {
+                    b.win[v.range(x)].par_chunks_exact_mut(c).zip(v.inp.positions.par_iter()).for_each(|(row, &p)| {
+                        let t = p as usize * half..(p as usize + 1) * half;
+                        kernels::rope_row(features, &mut row[..heads as usize * hd], hd, &cos[t.clone()], &sin[t]);
+                    })
+                });
+            }
+            Op::NormHeads { x, first_head, heads, head_dim, weight, eps } => {
+                let (c, hd) = (v.cols(x), head_dim as usize);
+                let span = first_head as usize * hd..(first_head + heads) as usize * hd;
+                let weight = weight.map(|w| v.f32s(w));
+                for row in b.win[v.range(x)].chunks_exact_mut(c) {
+                    kernels::gemma::norm_heads(features, &mut row[span.clone()], hd, weight, eps);
+                }
+            }
+            Op::SoftEmbed { x, table, scale, out } => {
+                let o = v.range(out);
+                let Some(soft) = v.inp.soft else {
+                    // The first step: no previous logits, a zero signal (as the reference's).
+                    b.win[o].fill(0.0);
+                    return;
+                };
+                let cols = v.cols(x);
+                let xs = &mut b.win[v.range(x)];
+                xs.copy_from_slice(&soft[..xs.len()]);
+                self.pool.install(|| xs.par_chunks_mut(cols).for_each(|row| kernels::gemma::softmax_in_place(features, row)));
+                let ([xs], o) = operands(b.win, [v.range(x)], o);
+                let width = v.cols(out);
+                self.pool.install(|| kernels::gemma::soft_embed(xs, v.rows_of(x), v.model.weights(table), width, scale, o));
+            }
             Op::SwiGlu { x, out } => {
                 // A row at a time, as threads are free (see Attention).
                 let ([xs], o) = operands(b.win, [v.range(x)], v.range(out));
@@ -201,68 +246,7 @@ impl HostExecutor {
                 }
             }
             // The program hands these to the session's CPU step (`Step::Moe`).
-            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. } => unreachable!("the verified program runs op {} as an experts step", op.name()),
-        }
-    }
-
-    /// An attention layer: stores the stored rows' keys and values in the cache, then
-    /// attends every row to the keys before it.
-    fn attention(&self, v: &OpView<'_>, b: &mut OpBuffers<'_>, qkv: ValueId, out: ValueId, (heads, kv_heads): (u32, u32), layer: u32) {
-        let (features, inp) = (v.features, v.inp);
-        let hd = v.model.header.model.head_dim as usize;
-        let kv_capacity = v.model.header.plan.kv_capacity as usize;
-        let kv_layer = 2 * v.model.header.model.n_kv_heads as usize * hd * kv_capacity;
-        let ([q], o) = operands(b.win, [v.range(qkv)], v.range(out));
-        let width = v.cols(qkv);
-        let layer = layer as usize * kv_layer..(layer as usize + 1) * kv_layer;
-        let real = &inp.positions[..inp.stored_rows];
-        let own = attention::OwnKv { from_row: inp.stored_rows, positions: inp.positions };
-        let shape = |capacity| attention::Shape { width, capacity, heads: heads as usize, kv_heads: kv_heads as usize, head_dim: hd, keys: inp.context, threads: v.threads };
-        let widened = &mut *b.widened;
-        let (planes, sh) = match &mut b.kv {
-            KvView::F32(all) => {
-                let planes = &mut all[layer];
-                attention::store_kv(q, &shape(kv_capacity), real, planes);
-                (&*planes, shape(kv_capacity))
-            }
-            KvView::Half(all, dtype) => {
-                let planes = &mut all[layer];
-                attention::store_kv_half(q, &shape(kv_capacity), real, planes, *dtype);
-                // The kernels read f32: widen the keys and values attended to into scratch,
-                // planes of `context` positions.
-                let planes = &*planes;
-                let ctx = inp.context;
-                self.pool.install(|| {
-                    widened[..2 * kv_heads as usize * ctx * hd].par_chunks_mut(ctx * hd).enumerate().for_each(|(p, dst)| {
-                        let src = &planes[attention::kv_plane(p, kv_capacity, hd)..][..ctx * hd];
-                        kernels::widen_half(src, *dtype, dst);
-                    })
-                });
-                (&*widened, shape(ctx))
-            }
-        };
-        // Units of one head and a group of rows, claimed one at a time by whichever thread is
-        // free: a core of a shared host can run at half speed for seconds (a neighbour on its
-        // sibling hyperthread), and a fixed share would leave the other waiting for it.
-        // A block-causal pass over several blocks: each run of rows attends to the keys
-        // before its block's end (one run otherwise).
-        for (run, keys) in inp.key_runs() {
-            let (rows, oc) = (run.len(), v.cols(out));
-            let sh = attention::Shape { keys, ..sh };
-            let q = &q[run.start * width..];
-            let own = attention::OwnKv { from_row: own.from_row.saturating_sub(run.start), positions: &own.positions[run.start..] };
-            let units = attention::units(features, &sh, rows);
-            let next = AtomicUsize::new(0);
-            let out = attention::Out::new(&mut o[run.start * oc..run.end * oc]);
-            self.pool.install(|| {
-                b.scores.par_chunks_mut(b.score_floats).for_each(|scores| loop {
-                    let u = next.fetch_add(1, Ordering::Relaxed);
-                    if u >= units {
-                        break;
-                    }
-                    attention::attend(features, &attention::Call { qkv: q, kv: planes, shape: sh, own, rows }, u..u + 1, out, scores);
-                })
-            });
+            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::RouteScaled { .. } | Op::MoeExperts { .. } => unreachable!("the verified program runs op {} as an experts step", op.name()),
         }
     }
 }

@@ -238,7 +238,7 @@ mod tests {
     use super::*;
 
     fn inputs<'a>(tokens: &'a [u32], positions: &'a [u32], stored: usize, context: usize, rows: usize) -> RunInputs<'a> {
-        RunInputs { tokens, positions, stored_rows: stored, context, logit_rows: &[], rows, block_causal: None }
+        RunInputs { tokens, positions, stored_rows: stored, context, logit_rows: &[], rows, block_causal: None, soft: None }
     }
 
     fn open(mask: &[u16], width: usize, r: usize) -> Vec<usize> {

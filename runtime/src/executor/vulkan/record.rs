@@ -276,7 +276,11 @@ impl<'a> Recorder<'a> {
         let groups_of = |n: u32| n.div_ceil(64);
         match *op {
             Op::Embed { .. } => unreachable!("the host runs the embedding"),
-            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. } => unreachable!("the CPU runs the mixture-of-experts ops"),
+            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::RouteScaled { .. } | Op::MoeExperts { .. } => unreachable!("the CPU runs the mixture-of-experts ops"),
+            // DiffusionGemma's layers: the host runs them; no shader does yet.
+            Op::GeluGlu { .. } | Op::Softcap { .. } | Op::RopeHeads { .. } | Op::NormHeads { .. } | Op::WindowAttention { .. } | Op::SoftEmbed { .. } => {
+                Err(Error::Request(format!("vulkan: op {} ({} model) has no shader yet; run it with --backend host", op.name(), h.model.architecture)))
+            }
             Op::Bias { x, bias } => {
                 let (r, fh) = rows(x);
                 let (w, w_off) = self.weight(bias)?;

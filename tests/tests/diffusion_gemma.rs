@@ -1,0 +1,52 @@
+//! DiffusionGemma (Google's encoder-decoder diffusion LM) against its published code: the
+//! project's own conformance kit (`tests/data/diffusiongemma-conformance/`, made by
+//! `tools/diffusion_gemma/` with transformers 5.23's `diffusion_gemma` and PyTorch).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use llada_rt::{Model, Session};
+
+fn kit(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("data/diffusiongemma-conformance").join(name)
+}
+
+fn golden() -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(kit("tiny-dg-A").join("golden.json")).unwrap()).unwrap()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+fn compiled(dir: &Path, name: &str) -> PathBuf {
+    let out = dir.join(format!("{name}.lad"));
+    common::compile(&kit(name), &out, Some(128));
+    out
+}
+
+/// The first decoder pass of the kit's first case (its prompt encoded, then its first
+/// canvas of noise without self-conditioning) gives the published code's logits, from the
+/// f32 file and from the bf16 shards (the kit's weights are bf16 values).
+#[test]
+fn the_first_decoder_pass_gives_the_published_logits() {
+    let g = golden();
+    let f = &g["first_decoder_pass_logits"];
+    let (prompt, canvas) = (ids(&f["prompt_ids"]), ids(&f["canvas_ids"]));
+    let want: Vec<Vec<f32>> = f["logits"].as_array().unwrap().iter().map(|r| r.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["tiny-dg-A", "tiny-dg-A-bf16"] {
+        let model = Model::open(&compiled(dir.path(), name), true).unwrap();
+        assert_eq!(model.header.model.architecture, "diffusion-gemma");
+        let mut s = Session::new(&model).unwrap();
+        s.encode(&prompt, 0..prompt.len()).unwrap();
+        let logits = s.denoise(prompt.len(), &canvas, None).unwrap();
+        let width = model.header.model.embedding_size as usize;
+        for (r, row) in want.iter().enumerate() {
+            let got = &logits[r * width..(r + 1) * width];
+            let err = common::relative_error(got, row);
+            assert!(err < 1e-4, "{name}: row {r}: relative error {err}");
+        }
+    }
+}
