@@ -63,6 +63,20 @@ pub(crate) struct Builder {
 }
 
 impl Builder {
+    /// The output head over the residual `x`: the logit rows gathered, normed by `final_norm`
+    /// and projected by `lm_head`; returns the logits.
+    pub(crate) fn head(&mut self, m: &ModelConfig, x: ValueId, final_norm: TensorId, lm_head: TensorId) -> ValueId {
+        let hx = self.value("head_in".into(), Rows::Logits, m.d_model);
+        let hn = self.value("head_normed".into(), Rows::Logits, m.d_model);
+        let logits = self.value("logits".into(), Rows::Logits, m.embedding_size);
+        self.ops.extend([
+            Op::GatherLogitRows { x, out: hx },
+            Op::RmsNorm { x: hx, weight: final_norm, eps: m.rms_eps as f32, out: hn },
+            Op::MatMul { x: hn, weight: lm_head, out: logits },
+        ]);
+        logits
+    }
+
     pub(crate) fn value(&mut self, name: String, rows: Rows, cols: u32) -> ValueId {
         self.values.push(Value { name, rows, cols, offset: 0 });
         self.values.len() as ValueId - 1
@@ -147,14 +161,7 @@ pub fn full_sequence_graph(m: &ModelConfig, t: &NetworkTensors, opts: NetworkOpt
         }
         b.ops.push(Op::Add { acc: x, x: f });
     }
-    let hx = b.value("head_in".into(), Rows::Logits, d);
-    let hn = b.value("head_normed".into(), Rows::Logits, d);
-    let logits = b.value("logits".into(), Rows::Logits, m.embedding_size);
-    b.ops.extend([
-        Op::GatherLogitRows { x, out: hx },
-        Op::RmsNorm { x: hx, weight: t.final_norm, eps, out: hn },
-        Op::MatMul { x: hn, weight: t.lm_head, out: logits },
-    ]);
+    let logits = b.head(m, x, t.final_norm, t.lm_head);
     if opts.scale_logits {
         b.ops.push(Op::Scale { x: logits, factor: 1.0 / (d as f32).sqrt() });
     }

@@ -32,7 +32,7 @@ pub struct Network<'a> {
 pub fn graph(n: &Network, role: Role, rows: u32) -> Graph {
     let (m, t) = (n.model, n.tensors);
     let mut b = Builder { values: Vec::new(), ops: Vec::new() };
-    let (d, eps) = (m.d_model, m.rms_eps as f32);
+    let d = m.d_model;
     let sqrt_d = (d as f64).sqrt() as f32;
     let x = b.value("x".into(), Rows::Tokens, d);
     b.ops.extend([Op::Embed { table: t.embedding, out: x }, Op::Scale { x, factor: sqrt_d }]);
@@ -42,15 +42,8 @@ pub fn graph(n: &Network, role: Role, rows: u32) -> Graph {
     for l in 0..m.n_layers as usize {
         layer(&mut b, n, role, x, l);
     }
-    let hx = b.value("head_in".into(), Rows::Logits, d);
-    let hn = b.value("head_normed".into(), Rows::Logits, d);
-    let logits = b.value("logits".into(), Rows::Logits, m.embedding_size);
-    b.ops.extend([
-        Op::GatherLogitRows { x, out: hx },
-        Op::RmsNorm { x: hx, weight: t.final_norm, eps, out: hn },
-        Op::MatMul { x: hn, weight: t.lm_head, out: logits },
-        Op::Softcap { x: logits, cap: n.settings.softcap as f32 },
-    ]);
+    let logits = b.head(m, x, t.final_norm, t.lm_head);
+    b.ops.push(Op::Softcap { x: logits, cap: n.settings.softcap as f32 });
     // The encoder's logits are never read: one row keeps the graph's shape valid.
     let (name, logit_rows) = match role {
         Role::Encoder => (format!("encoder-rows-{rows}"), 1),

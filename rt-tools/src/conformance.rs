@@ -132,6 +132,9 @@ pub struct Report {
     /// LLaDA 2.1's editing cases, and those whose edits at every model call match.
     pub edits_checked: usize,
     pub edits_matched: usize,
+    /// DiffusionGemma's kit: the cases whose decoder passes per canvas match (`None` for the
+    /// others' kits).
+    pub denoising_steps_matched: Option<usize>,
     pub logit_cases: usize,
     pub logit_cases_within_tolerance: usize,
     pub max_logit_abs_error: f64,
@@ -165,7 +168,11 @@ impl Report {
     /// tolerance.
     pub fn passed_but_for_explained(&self) -> bool {
         let logits_ok = self.logit_cases_within_tolerance == self.logit_cases;
-        let mismatched = self.cases - self.skipped - self.reveals_all_steps_matched.min(self.output_ids_matched) + (self.edits_checked - self.edits_matched);
+        let trajectories = match self.denoising_steps_matched {
+            Some(steps) => steps.min(self.output_ids_matched),
+            None => self.reveals_all_steps_matched.min(self.output_ids_matched),
+        };
+        let mismatched = self.cases - self.skipped - trajectories + (self.edits_checked - self.edits_matched);
         logits_ok && self.cases > 0 && self.divergences.len() >= mismatched && self.divergences.iter().all(|d| d.explained)
     }
 }
@@ -270,6 +277,9 @@ pub fn run_with(session: &mut Session, golden_path: &Path, select: Selection, lo
 /// [`run_with`], explaining each mismatch by `reference`'s margins where it diverged (see
 /// [`Divergence`]).
 pub fn run_explained(session: &mut Session, mut reference: Option<&mut Session>, golden_path: &Path, select: Selection, logit_tolerance: f64, progress: &mut dyn FnMut(&str)) -> Result<Report> {
+    if session.model.diffusion_gemma().is_some() {
+        return crate::conformance_diffusion_gemma::run(session, golden_path, select, logit_tolerance, progress);
+    }
     let text = llada_ir::files::read_text_bounded(golden_path, llada_ir::files::DATA_LIMIT).map_err(|e| Error::io(golden_path, e))?;
     let golden: Golden = serde_json::from_str(&text)
         .map_err(|e| Error::Input { path: golden_path.to_path_buf(), msg: format!("not a golden file: {e}") })?;

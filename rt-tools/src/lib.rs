@@ -12,6 +12,7 @@
 pub mod bench;
 pub mod compare;
 pub mod conformance;
+pub mod conformance_diffusion_gemma;
 pub mod eval;
 pub mod golden;
 pub mod profile;

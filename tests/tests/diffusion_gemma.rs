@@ -50,3 +50,16 @@ fn the_first_decoder_pass_gives_the_published_logits() {
         }
     }
 }
+
+/// The kit replays under PyTorch's random stream: every case's output ids and decoder passes
+/// per canvas, from the f32 file (`.ci/run` replays it from the bf16 shards).
+#[test]
+fn the_kit_replays_every_case_with_its_denoising_steps() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Model::open(&compiled(dir.path(), "tiny-dg-A"), true).unwrap();
+    let golden = kit("tiny-dg-A").join("golden.json");
+    let r = llada_rt_tools::conformance::run(&mut Session::new(&model).unwrap(), &golden, Default::default(), &mut |_| {}).unwrap();
+    assert!(r.passed(), "{:?}", r.failures);
+    assert_eq!((r.cases, r.output_ids_matched, r.denoising_steps_matched), (60, 60, Some(60)));
+    assert_eq!(r.logit_cases_within_tolerance, 1);
+}

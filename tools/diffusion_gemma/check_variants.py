@@ -459,7 +459,7 @@ def v_accept(model):
 
 @variant("greedy_denoiser", "denoiser canvas = argmax instead of torch.multinomial (no RNG used for it)")
 def v_greedy(model):
-    def mn(p, n, *a, **k):
+    def mn(p, num_samples, *a, **k):
         return torch.argmax(p, dim=-1, keepdim=True)
 
     return patch_attr(torch, "multinomial", mn)

@@ -53,7 +53,11 @@ impl Conformance {
             for d in &report.divergences {
                 let margin = d.margin.map_or("not computed (guidance)".to_string(), |m| format!("{m:.3e}"));
                 let why = if d.explained { format!("below 2 x the first-pass logit error ({bound:.2e}): explained by precision") } else { format!("not below 2 x the first-pass logit error ({bound:.2e}): NOT explained") };
-                outln!("DIVERGED {} at step {}: the host's margin there {margin}, {why}", d.case, d.step)?;
+                match report.denoising_steps_matched {
+                    // DiffusionGemma's kit records each case's closest decision itself.
+                    Some(_) => outln!("DIVERGED {}: the kit's closest threshold decision {margin}, {why}", d.case)?,
+                    None => outln!("DIVERGED {} at step {}: the host's margin there {margin}, {why}", d.case, d.step)?,
+                }
             }
             let ran = report.cases - report.skipped;
             let verdict = match (report.passed(), passed) {
@@ -66,8 +70,13 @@ impl Conformance {
                 outln!("  cases:                     {} of {} (every {} from {})", report.cases, report.cases_in_file, select.every, select.offset)?;
             }
             outln!("  output_ids:                {}/{} matched", report.output_ids_matched, ran)?;
-            outln!("  reveals before first tie:  {}/{} matched", report.reveals_before_tie_matched, ran)?;
-            outln!("  reveals at every step:     {}/{} matched (ties included)", report.reveals_all_steps_matched, ran)?;
+            match report.denoising_steps_matched {
+                Some(n) => outln!("  denoising steps per canvas: {n}/{ran} matched")?,
+                None => {
+                    outln!("  reveals before first tie:  {}/{} matched", report.reveals_before_tie_matched, ran)?;
+                    outln!("  reveals at every step:     {}/{} matched (ties included)", report.reveals_all_steps_matched, ran)?;
+                }
+            }
             if report.forward_calls_checked > 0 {
                 outln!("  model calls:               {}/{} threshold cases as many as the reference", report.forward_calls_matched, report.forward_calls_checked)?;
             }

@@ -162,18 +162,7 @@ impl HostExecutor {
                 let ([xs], o) = operands(b.win, [v.range(x)], v.range(out));
                 gemm(xs, v.rows_of(x), &v.model.matrix_at(w, v.weight(w)), o, b.gemm, &self.pool, features);
             }
-            Op::Rope { x, heads, cos, sin } => {
-                let half = hd / 2;
-                let (cos, sin) = (v.f32s(cos), v.f32s(sin));
-                let c = v.cols(x);
-                // A row at a time, as threads are free (see Attention).
-                self.pool.install(|| {
-                    b.win[v.range(x)].par_chunks_exact_mut(c).zip(v.inp.positions.par_iter()).for_each(|(row, &p)| {
-                        let t = p as usize * half..(p as usize + 1) * half;
-                        kernels::rope_row(features, &mut row[..heads as usize * hd], hd, &cos[t.clone()], &sin[t]);
-                    })
-                });
-            }
+            Op::Rope { x, heads, cos, sin } => self.rope(v, b, x, (heads, hd), (cos, sin)),
             Op::Attention { qkv, out, heads, kv_heads, layer } => {
                 let shape = HeadShape { heads, kv_heads, head_dim: hd as u32, scale: 1.0 / (hd as f32).sqrt(), window: None };
                 self.attention(v, b, qkv, out, shape, layer)
@@ -185,17 +174,7 @@ impl HostExecutor {
                 self.pool.install(|| o.par_chunks_mut(hidden).zip(xs.par_chunks(2 * hidden)).for_each(|(o, x)| kernels::gemma::gelu_glu(x, hidden, o)));
             }
             Op::Softcap { x, cap } => kernels::gemma::softcap(&mut b.win[v.range(x)], cap),
-            Op::RopeHeads { x, heads, head_dim, cos, sin } => {
-                let (hd, half) = (head_dim as usize, head_dim as usize / 2);
-                let (cos, sin) = (v.f32s(cos), v.f32s(sin));
-                let c = v.cols(x);
-                self.pool.install(|| {
-                    b.win[v.range(x)].par_chunks_exact_mut(c).zip(v.inp.positions.par_iter()).for_each(|(row, &p)| {
-                        let t = p as usize * half..(p as usize + 1) * half;
-                        kernels::rope_row(features, &mut row[..heads as usize * hd], hd, &cos[t.clone()], &sin[t]);
-                    })
-                });
-            }
+            Op::RopeHeads { x, heads, head_dim, cos, sin } => self.rope(v, b, x, (heads, head_dim as usize), (cos, sin)),
             Op::NormHeads { x, first_head, heads, head_dim, weight, eps } => {
                 let (c, hd) = (v.cols(x), head_dim as usize);
                 let span = first_head as usize * hd..(first_head + heads) as usize * hd;
@@ -248,6 +227,23 @@ impl HostExecutor {
             // The program hands these to the session's CPU step (`Step::Moe`).
             Op::Route { .. } | Op::RouteSigmoid { .. } | Op::RouteScaled { .. } | Op::MoeExperts { .. } => unreachable!("the verified program runs op {} as an experts step", op.name()),
         }
+    }
+}
+
+impl HostExecutor {
+    /// Rotary embedding in place on the first `heads` heads of `head_dim` of every row of `x`,
+    /// at each row's position in the `(cos, sin)` tables.
+    fn rope(&self, v: &OpView<'_>, b: &mut OpBuffers<'_>, x: ValueId, (heads, head_dim): (u32, usize), (cos, sin): (TensorId, TensorId)) {
+        let (features, half) = (v.features, head_dim / 2);
+        let (cos, sin) = (v.f32s(cos), v.f32s(sin));
+        let c = v.cols(x);
+        // A row at a time, as threads are free (see Attention).
+        self.pool.install(|| {
+            b.win[v.range(x)].par_chunks_exact_mut(c).zip(v.inp.positions.par_iter()).for_each(|(row, &p)| {
+                let t = p as usize * half..(p as usize + 1) * half;
+                kernels::rope_row(features, &mut row[..heads as usize * head_dim], head_dim, &cos[t.clone()], &sin[t]);
+            })
+        });
     }
 }
 
