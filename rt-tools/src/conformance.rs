@@ -14,6 +14,8 @@ use llada_rt::generate;
 use llada_rt::sampler::{Alg, Policy, Remasking, SamplerParams};
 use llada_rt::session::Session;
 
+mod diffusion_gemma;
+
 #[derive(Deserialize)]
 struct Golden {
     cases: Vec<Case>,
@@ -278,7 +280,7 @@ pub fn run_with(session: &mut Session, golden_path: &Path, select: Selection, lo
 /// [`Divergence`]).
 pub fn run_explained(session: &mut Session, mut reference: Option<&mut Session>, golden_path: &Path, select: Selection, logit_tolerance: f64, progress: &mut dyn FnMut(&str)) -> Result<Report> {
     if session.model.diffusion_gemma().is_some() {
-        return crate::conformance_diffusion_gemma::run(session, golden_path, select, logit_tolerance, progress);
+        return diffusion_gemma::run(session, golden_path, select, logit_tolerance, progress);
     }
     let text = llada_ir::files::read_text_bounded(golden_path, llada_ir::files::DATA_LIMIT).map_err(|e| Error::io(golden_path, e))?;
     let golden: Golden = serde_json::from_str(&text)

@@ -12,7 +12,6 @@
 pub mod bench;
 pub mod compare;
 pub mod conformance;
-pub mod conformance_diffusion_gemma;
 pub mod eval;
 pub mod golden;
 pub mod profile;

@@ -4,6 +4,7 @@
 
 use std::path::Path;
 
+use llada_ir::diffusion_gemma::GenerationDefaults;
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
@@ -38,6 +39,30 @@ pub struct Llada2Settings {
     pub mask_from_tokenizer: bool,
 }
 
+/// What DiffusionGemma adds to the shared config.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DiffusionGemmaSettings {
+    /// The sliding-window layers' head width (`head_dim`).
+    pub head_dim: usize,
+    /// The full-attention layers' head width and key heads (`global_head_dim`,
+    /// `num_global_key_value_heads`); they have no value projection (values are the keys).
+    pub full_head_dim: usize,
+    pub full_kv_heads: usize,
+    /// Which layers attend to everything (`layer_types`); the others to a sliding window.
+    pub full_layers: Vec<bool>,
+    pub sliding_window: usize,
+    /// The dense feed-forward's width, also the self-conditioning block's.
+    pub dense_hidden: usize,
+    /// The full layers' rotary: theta, and how many of the head's frequency pairs rotate
+    /// (the rest have frequency 0), their exponents over the whole head width.
+    pub full_rope_theta: f64,
+    pub full_rotary_pairs: usize,
+    pub softcap: f64,
+    /// Positions of a canvas.
+    pub canvas_length: usize,
+    pub generation: GenerationDefaults,
+}
+
 /// The experts of a mixture-of-experts config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MoeSettings {
@@ -70,7 +95,7 @@ pub struct LladaConfig {
     pub qk_norm: bool,
     pub moe: Option<MoeSettings>,
     pub llada2: Option<Llada2Settings>,
-    pub diffusion_gemma: Option<super::config_diffusion_gemma::DiffusionGemmaSettings>,
+    pub diffusion_gemma: Option<DiffusionGemmaSettings>,
 }
 
 impl LladaConfig {

@@ -14,7 +14,7 @@ use llada_rt::generate;
 use llada_rt::sampler::{EosIds, Rng, SamplerParams};
 use llada_rt::session::Session;
 
-use crate::conformance::{Divergence, Report, Selection};
+use super::{Divergence, Report, Selection};
 
 #[derive(Deserialize)]
 struct Golden {
