@@ -78,17 +78,30 @@ impl Server {
     }
 
     /// Sends a streamed request and reads up to its first event: from then on it holds a
-    /// session. The stream's reader, to read the rest or to drop.
+    /// session. The stream's reader, to read the rest or to drop. With no queue, a request
+    /// that arrives before the worker waits for one (a server just started, on a loaded
+    /// machine) is refused with a 429: it is sent again.
     fn open_stream(&self, body: &Value) -> BufReader<TcpStream> {
-        let mut s = self.connect();
-        send(&mut s, "POST", "/v1/chat/completions", &[], body.to_string().as_bytes());
-        let mut reader = BufReader::new(s);
-        let mut line = String::new();
-        while !line.starts_with("data: ") {
-            line.clear();
-            reader.read_line(&mut line).unwrap();
+        for _ in 0..50 {
+            let mut s = self.connect();
+            send(&mut s, "POST", "/v1/chat/completions", &[], body.to_string().as_bytes());
+            let mut reader = BufReader::new(s);
+            let mut line = String::new();
+            let mut seen = String::new();
+            while !line.starts_with("data: ") {
+                line.clear();
+                if reader.read_line(&mut line).unwrap() == 0 {
+                    break;
+                }
+                seen.push_str(&line);
+            }
+            if line.starts_with("data: ") {
+                return reader;
+            }
+            assert!(seen.starts_with("HTTP/1.1 429"), "the stream ended before its first event:\n{seen}");
+            std::thread::sleep(Duration::from_millis(100));
         }
-        reader
+        panic!("the stream was refused 50 times");
     }
 }
 
