@@ -1,9 +1,10 @@
 //! Random-weight checkpoints in exact Hugging Face layout: `config.json` with the keys of
 //! LLaDA-8B-Instruct's (or LLaDA-MoE-7B-A1B's, see `checkpoint_moe`, LLaDA2.0-mini's, see
 //! `checkpoint_llada2`, Dream-v0-Instruct-7B's, see `checkpoint_dream`, or
-//! diffusiongemma-26B-A4B-it's, see `checkpoint_diffusion_gemma`), weights as safetensors (sharded with `model.safetensors.index.json`
-//! when they exceed one shard), a byte-level BPE `tokenizer.json` whose special tokens sit at
-//! the model's ids, and `tokenizer_config.json` with its chat template.
+//! diffusiongemma-26B-A4B-it's, see `checkpoint_diffusion_gemma`), weights as safetensors
+//! (sharded with `model.safetensors.index.json` when they exceed one shard), a byte-level BPE
+//! `tokenizer.json` whose special tokens sit at the model's ids, and `tokenizer_config.json`
+//! with its chat template.
 //!
 //! Tensors are generated one at a time while the shard is written, each from its own seeded
 //! stream, so an 8B checkpoint never has to fit in memory and the bytes of a tensor do not
@@ -91,9 +92,9 @@ impl SpecialIds {
 struct LazyTensor {
     shape: Vec<usize>,
     weights: WeightType,
-    /// Norm weights are ones, like an initialised LLaDA (LLaDA-MoE's and Dream's: one plus
-    /// normal(0, 0.1), so tests see a norm's weight applied); matrices (and Dream's biases)
-    /// are normal(0, std).
+    /// Norm weights are ones, like an initialised LLaDA (the other families': one plus
+    /// normal(0, 0.1), so tests see a norm's weight applied; DiffusionGemma's layer scalars and
+    /// router scales too); matrices (and Dream's biases) are normal(0, std).
     is_norm: bool,
     norm_jitter: bool,
     std: f32,
