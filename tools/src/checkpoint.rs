@@ -1,8 +1,10 @@
 //! Random-weight checkpoints in exact Hugging Face layout: `config.json` with the keys of
-//! LLaDA-8B-Instruct's (or LLaDA-MoE-7B-A1B's, see `checkpoint_moe`, or Dream-v0-Instruct-7B's,
-//! see `checkpoint_dream`), weights as safetensors (sharded with `model.safetensors.index.json`
-//! when they exceed one shard), a byte-level BPE `tokenizer.json` whose special tokens sit at
-//! the model's ids, and `tokenizer_config.json` with its chat template.
+//! LLaDA-8B-Instruct's (or LLaDA-MoE-7B-A1B's, see `checkpoint_moe`, LLaDA2.0-mini's, see
+//! `checkpoint_llada2`, Dream-v0-Instruct-7B's, see `checkpoint_dream`, or
+//! diffusiongemma-26B-A4B-it's, see `checkpoint_diffusion_gemma`), weights as safetensors
+//! (sharded with `model.safetensors.index.json` when they exceed one shard), a byte-level BPE
+//! `tokenizer.json` whose special tokens sit at the model's ids, and `tokenizer_config.json`
+//! with its chat template.
 //!
 //! Tensors are generated one at a time while the shard is written, each from its own seeded
 //! stream, so an 8B checkpoint never has to fit in memory and the bytes of a tensor do not
@@ -20,7 +22,7 @@ use safetensors::{Dtype, View};
 use serde_json::{json, Value};
 
 use crate::checkpoint_files::{write_json, write_safetensors};
-pub use crate::checkpoint_spec::{ChatFormat, CheckpointSpec, FamilyShape, Llada2Shape, MoeShape, Outliers, Shape, SpecialIds, WeightType};
+pub use crate::checkpoint_spec::{ChatFormat, CheckpointSpec, DiffusionGemmaShape, FamilyShape, Llada2Shape, MoeShape, Outliers, Shape, SpecialIds, VisionShape, WeightType};
 pub use crate::checkpoint_tokenizer::{bpe_vocab, tokenizer_json};
 use crate::checkpoint_tokenizer::added_tokens_decoder;
 
@@ -34,6 +36,7 @@ impl Shape {
             FamilyShape::LladaMoe(moe) => return crate::checkpoint_moe::tensors(self, moe),
             FamilyShape::Dream => return crate::checkpoint_dream::tensors(self),
             FamilyShape::Llada2(l2) => return crate::checkpoint_llada2::tensors(self, l2),
+            FamilyShape::DiffusionGemma(dg) => return crate::checkpoint_diffusion_gemma::tensors(self, dg),
         }
         let (d, f, hd) = (self.d_model, self.mlp_hidden_size, self.head_dim());
         let mut t = vec![("model.transformer.wte.weight".to_string(), vec![self.embedding_size, d], false)];
@@ -57,19 +60,31 @@ impl Shape {
     pub fn parameters(&self) -> u64 {
         self.tensors().iter().map(|(_, s, _)| s.iter().product::<usize>() as u64).sum()
     }
+
+    /// The token embedding's tensor, whose columns `Outliers` scales.
+    pub fn embedding_tensor(&self) -> &'static str {
+        match self.family {
+            FamilyShape::Llada => "model.transformer.wte.weight",
+            FamilyShape::LladaMoe(_) | FamilyShape::Dream => "model.embed_tokens.weight",
+            FamilyShape::Llada2(_) => "model.word_embeddings.weight",
+            FamilyShape::DiffusionGemma(_) => "model.decoder.embed_tokens.weight",
+        }
+    }
 }
 
 /// Ids laid out for the tokenizer of [`tokenizer_json`].
 impl SpecialIds {
     /// Where the special tokens go for a shape: the model's ids when the vocabulary is the
-    /// model's size, otherwise right after the byte tokens and merges of [`bpe_vocab`].
+    /// model's size, otherwise right after the byte tokens and merges of [`bpe_vocab`] (Gemma
+    /// 4's low ones before them, from id 0, as in its vocabulary).
     pub fn for_shape(shape: &Shape) -> SpecialIds {
         let chat = shape.family.chat_format();
         let full = SpecialIds::of(chat);
         if shape.embedding_size > full.highest() as usize {
             return full;
         }
-        SpecialIds::packed(chat, bpe_vocab().0.len() as u32)
+        let first = if chat == ChatFormat::Gemma4 { 0 } else { bpe_vocab().0.len() as u32 };
+        SpecialIds::packed(chat, first)
     }
 }
 
@@ -77,9 +92,9 @@ impl SpecialIds {
 struct LazyTensor {
     shape: Vec<usize>,
     weights: WeightType,
-    /// Norm weights are ones, like an initialised LLaDA (LLaDA-MoE's and Dream's: one plus
-    /// normal(0, 0.1), so tests see a norm's weight applied); matrices (and Dream's biases)
-    /// are normal(0, std).
+    /// Norm weights are ones, like an initialised LLaDA (the other families': one plus
+    /// normal(0, 0.1), so tests see a norm's weight applied; DiffusionGemma's layer scalars and
+    /// router scales too); matrices (and Dream's biases) are normal(0, std).
     is_norm: bool,
     norm_jitter: bool,
     std: f32,
@@ -176,7 +191,7 @@ pub fn check(spec: &CheckpointSpec) -> std::io::Result<()> {
 pub fn is_written_here(name: &str) -> bool {
     const FIXED: &[&str] = &[
         "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-        "model.safetensors", "model.safetensors.index.json",
+        "chat_template.jinja", "model.safetensors", "model.safetensors.index.json",
     ];
     // model-00001-of-00012.safetensors
     let shard = name.strip_prefix("model-").and_then(|r| r.strip_suffix(".safetensors")).and_then(|r| r.split_once("-of-"));
@@ -229,7 +244,9 @@ pub fn write(spec: &CheckpointSpec, dir: &Path) -> std::io::Result<Written> {
     check(spec)?;
     let s = &spec.shape;
     let invalid = |m: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, m);
-    if s.n_heads == 0 || s.d_model % s.n_heads != 0 || s.n_kv_heads == 0 || s.n_heads % s.n_kv_heads != 0 || s.head_dim() % 2 != 0 {
+    // DiffusionGemma's head width is its own, not d_model / n_heads.
+    let own_head_dim = matches!(s.family, FamilyShape::DiffusionGemma(_));
+    if s.n_heads == 0 || (!own_head_dim && s.d_model % s.n_heads != 0) || s.n_kv_heads == 0 || s.n_heads % s.n_kv_heads != 0 || s.head_dim() % 2 != 0 {
         return Err(invalid(format!("inconsistent heads: d_model {} n_heads {} n_kv_heads {}", s.d_model, s.n_heads, s.n_kv_heads)));
     }
     let special = SpecialIds::for_shape(s);
@@ -237,8 +254,14 @@ pub fn write(spec: &CheckpointSpec, dir: &Path) -> std::io::Result<Written> {
         return Err(invalid(format!("embedding_size {} is too small for the tokenizer's {} tokens", s.embedding_size, special.highest() + 1)));
     }
     match s.family {
-        FamilyShape::LladaMoe(moe) | FamilyShape::Llada2(crate::checkpoint_spec::Llada2Shape { moe, .. }) if moe.experts == 0 || moe.top_k == 0 || moe.top_k > moe.experts => {
+        FamilyShape::LladaMoe(moe) | FamilyShape::Llada2(Llada2Shape { moe, .. }) | FamilyShape::DiffusionGemma(DiffusionGemmaShape { moe, .. })
+            if moe.experts == 0 || moe.top_k == 0 || moe.top_k > moe.experts =>
+        {
             return Err(invalid(format!("{} experts with top_k {}: top_k must be between 1 and the experts", moe.experts, moe.top_k)));
+        }
+        // Its full layers' key heads must divide the query heads as the sliding layers' do.
+        FamilyShape::DiffusionGemma(dg) if dg.full_kv_heads == 0 || s.n_heads % dg.full_kv_heads != 0 => {
+            return Err(invalid(format!("n_heads {} is not a multiple of the full layers' {} key heads", s.n_heads, dg.full_kv_heads)));
         }
         // Dream's config has one size for both, the embedding's rows.
         FamilyShape::Dream if s.vocab_size != s.embedding_size => {
@@ -250,6 +273,7 @@ pub fn write(spec: &CheckpointSpec, dir: &Path) -> std::io::Result<Written> {
 
     // Shards: consecutive tensors in model order, each shard at most shard_bytes.
     let tensors = s.tensors();
+    let embedding = s.embedding_tensor();
     let mut shards: Vec<Vec<usize>> = vec![Vec::new()];
     let mut fill = 0u64;
     for (i, (_, shape, _)) in tensors.iter().enumerate() {
@@ -277,8 +301,7 @@ pub fn write(spec: &CheckpointSpec, dir: &Path) -> std::io::Result<Written> {
                 norm_jitter: s.family != FamilyShape::Llada,
                 std: spec.init_std,
                 seed: tensor_seed(spec.seed, name),
-                // The embedding is every family's first tensor.
-                outlier_columns: spec.outliers.filter(|_| i == 0).map(|o| {
+                outlier_columns: spec.outliers.filter(|_| name == embedding).map(|o| {
                     let mut columns = vec![false; s.d_model];
                     o.dims(s.d_model).into_iter().for_each(|c| columns[c] = true);
                     (columns, o.gain)
@@ -306,8 +329,10 @@ pub const CHAT_TEMPLATE: &str = "{% set loop_messages = messages %}{% for messag
 /// `tokenizer_config.json` and `special_tokens_map.json`.
 pub fn write_metadata(spec: &CheckpointSpec, special: SpecialIds, dir: &Path) -> std::io::Result<()> {
     let s = &spec.shape;
-    if s.family == FamilyShape::Dream {
-        return crate::checkpoint_dream::write_metadata(spec, special, dir);
+    match s.family {
+        FamilyShape::Dream => return crate::checkpoint_dream::write_metadata(spec, special, dir),
+        FamilyShape::DiffusionGemma(dg) => return crate::checkpoint_diffusion_gemma::write_metadata(spec, dg, special, dir),
+        _ => {}
     }
     let moe = matches!(special.chat, ChatFormat::LladaMoe | ChatFormat::Llada2);
     write_json(&dir.join("config.json"), &config_json(spec, special))?;
@@ -364,6 +389,7 @@ pub fn config_json(spec: &CheckpointSpec, special: SpecialIds) -> Value {
         FamilyShape::LladaMoe(moe) => return crate::checkpoint_moe::config_json(spec, moe, special),
         FamilyShape::Dream => return crate::checkpoint_dream::config_json(spec, special),
         FamilyShape::Llada2(l2) => return crate::checkpoint_llada2::config_json(spec, l2, special),
+        FamilyShape::DiffusionGemma(dg) => return crate::checkpoint_diffusion_gemma::config_json(spec, dg, special),
     }
     json!({
         "activation_type": "silu",
@@ -425,6 +451,7 @@ pub fn tokenizer_config_json(special: SpecialIds, shape: &Shape) -> Value {
         ChatFormat::Llada => CHAT_TEMPLATE,
         ChatFormat::LladaMoe | ChatFormat::Llada2 => crate::checkpoint_moe::CHAT_TEMPLATE,
         ChatFormat::Dream => return crate::checkpoint_dream::tokenizer_config_json(special, shape),
+        ChatFormat::Gemma4 => return crate::checkpoint_diffusion_gemma::tokenizer_config_json(special, shape),
     };
     let bos = if matches!(special.chat, ChatFormat::LladaMoe | ChatFormat::Llada2) { Value::Null } else { json!("<|startoftext|>") };
     let decoder = added_tokens_decoder(special);

@@ -1,8 +1,8 @@
-//! What a random checkpoint is: its shape and model family (LLaDA, LLaDA-MoE or Dream), the
-//! stored type of its weights, the ids of its special tokens, and the spec `checkpoint`
-//! writes. Every layout's writer reads these: `checkpoint` (LLaDA's, the shard writer and the
-//! tokenizer), `checkpoint_moe` (LLaDA-MoE's tensors and config) and `checkpoint_dream`
-//! (Dream's).
+//! What a random checkpoint is: its shape and model family (LLaDA, LLaDA-MoE, LLaDA 2.x, Dream
+//! or DiffusionGemma), the stored type of its weights, the ids of its special tokens, and the
+//! spec `checkpoint` writes. Every layout's writer reads these: `checkpoint` (LLaDA's, the
+//! shard writer and the tokenizer), `checkpoint_moe` (LLaDA-MoE's tensors and config),
+//! `checkpoint_llada2`, `checkpoint_dream` and `checkpoint_diffusion_gemma`.
 
 use safetensors::Dtype;
 
@@ -37,6 +37,57 @@ pub enum FamilyShape {
     /// LLaDA 2.x's (`LLaDA2MoeModelLM`): a fused q|k|v, dense layers then experts with a
     /// shared one; `mlp_hidden_size` each expert's width.
     Llada2(Llada2Shape),
+    /// DiffusionGemma's (`DiffusionGemmaForBlockDiffusion`, Gemma 4's MoE text layers under
+    /// `model.decoder.*` and its vision tower under `model.encoder.*`): `mlp_hidden_size` each
+    /// expert's width, `n_kv_heads` the sliding layers' key heads, `head_dim` its own.
+    DiffusionGemma(DiffusionGemmaShape),
+}
+
+/// What a DiffusionGemma shape adds: its experts, the two kinds of attention layer, the
+/// dense feed-forward beside the experts, the canvas and the vision tower.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DiffusionGemmaShape {
+    pub moe: MoeShape,
+    /// The sliding-window layers' head width (`head_dim`).
+    pub head_dim: usize,
+    /// The full-attention layers' head width and key heads (`global_head_dim`,
+    /// `num_global_key_value_heads`); they have no value projection.
+    pub full_head_dim: usize,
+    pub full_kv_heads: usize,
+    /// Every this-many-th layer attends to everything (the published 5:1 pattern is 6); the
+    /// last layer always does, as the published config forces it.
+    pub full_every: usize,
+    pub sliding_window: usize,
+    /// The dense GELU feed-forward's width (`intermediate_size`), also the self-conditioning
+    /// block's.
+    pub dense_hidden: usize,
+    pub full_rope_theta: f64,
+    pub canvas_length: usize,
+    pub vision: VisionShape,
+}
+
+impl DiffusionGemmaShape {
+    /// `layer_types`: whether each of `n_layers` layers is a full-attention one.
+    pub fn full_layers(&self, n_layers: usize) -> Vec<bool> {
+        (0..n_layers).map(|l| (l + 1) % self.full_every == 0 || l + 1 == n_layers).collect()
+    }
+}
+
+/// Gemma 4's vision tower (`gemma4_vision`), which a DiffusionGemma checkpoint carries under
+/// `model.encoder.vision_tower` (its text-only importers skip it).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VisionShape {
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub intermediate: usize,
+    pub patch: usize,
+    pub pooling_kernel: usize,
+    pub position_embedding_size: usize,
+    /// Soft tokens per image (`default_output_length`, `vision_soft_tokens_per_image`).
+    pub soft_tokens: usize,
 }
 
 /// What a LLaDA 2.x shape adds to its experts.
@@ -59,14 +110,26 @@ impl FamilyShape {
             FamilyShape::LladaMoe(_) => llada_ir::Family::LladaMoe,
             FamilyShape::Dream => llada_ir::Family::Dream,
             FamilyShape::Llada2(_) => llada_ir::Family::Llada2Moe,
+            FamilyShape::DiffusionGemma(_) => llada_ir::Family::DiffusionGemma,
         }
     }
 
-    /// The experts, for LLaDA-MoE.
+    /// The experts, for the mixture-of-experts families.
     pub fn moe(self) -> Option<MoeShape> {
         match self {
             FamilyShape::LladaMoe(moe) => Some(moe),
             FamilyShape::Llada2(l2) => Some(l2.moe),
+            FamilyShape::DiffusionGemma(dg) => Some(dg.moe),
+            FamilyShape::Llada | FamilyShape::Dream => None,
+        }
+    }
+
+    /// The experts, mutable: what `--experts` and `--top-k` override.
+    pub fn moe_mut(&mut self) -> Option<&mut MoeShape> {
+        match self {
+            FamilyShape::LladaMoe(moe) => Some(moe),
+            FamilyShape::Llada2(l2) => Some(&mut l2.moe),
+            FamilyShape::DiffusionGemma(dg) => Some(&mut dg.moe),
             FamilyShape::Llada | FamilyShape::Dream => None,
         }
     }
@@ -77,6 +140,7 @@ impl FamilyShape {
             FamilyShape::LladaMoe(_) => ChatFormat::LladaMoe,
             FamilyShape::Dream => ChatFormat::Dream,
             FamilyShape::Llada2(_) => ChatFormat::Llada2,
+            FamilyShape::DiffusionGemma(_) => ChatFormat::Gemma4,
         }
     }
 }
@@ -206,13 +270,83 @@ impl Shape {
         Shape { rope_theta: 1e6, family: FamilyShape::Dream, ..Shape::tiny() }
     }
 
-    /// The experts, for LLaDA-MoE.
+    /// google/diffusiongemma-26B-A4B-it (25.8B parameters, about 4B active): 30 layers of 2816
+    /// (every sixth a full-attention one), 16 query heads; sliding layers 8 key heads of 256 and
+    /// a window of 1024, full layers 2 key heads of 512; 128 experts of 704 (top 8) beside a
+    /// dense GELU feed-forward of 2112; vocabulary 262,144; canvas 256; Gemma 4's vision tower
+    /// (SigLIP-sized: 27 layers of 1152). The values of its config.json, as the conformance
+    /// kit's README records them.
+    pub fn diffusion_gemma_26b_a4b() -> Shape {
+        let vision = VisionShape { hidden: 1152, layers: 27, heads: 16, kv_heads: 16, head_dim: 72, intermediate: 4304, patch: 16, pooling_kernel: 3, position_embedding_size: 10240, soft_tokens: 280 };
+        let dg = DiffusionGemmaShape {
+            moe: MoeShape { experts: 128, top_k: 8 },
+            head_dim: 256,
+            full_head_dim: 512,
+            full_kv_heads: 2,
+            full_every: 6,
+            sliding_window: 1024,
+            dense_hidden: 2112,
+            full_rope_theta: 1e6,
+            canvas_length: 256,
+            vision,
+        };
+        Shape {
+            d_model: 2816,
+            n_layers: 30,
+            n_heads: 16,
+            n_kv_heads: 8,
+            mlp_hidden_size: 704,
+            vocab_size: 262144,
+            embedding_size: 262144,
+            max_sequence_length: 262144,
+            rope_theta: 1e4,
+            family: FamilyShape::DiffusionGemma(dg),
+        }
+    }
+
+    /// The conformance kit's tiny DiffusionGemma (`tests/data/diffusiongemma-conformance/
+    /// tiny-dg-A`): 6 layers of 64 (full attention at 2 and 5), 4 query heads; sliding layers 2
+    /// key heads of 16 and a window of 8, full layers 1 of 32; 8 experts of 16 (top 2) beside a
+    /// dense feed-forward of 64; vocabulary 320; canvas 16; a one-layer vision tower of 32.
+    pub fn tiny_diffusion_gemma() -> Shape {
+        let vision = VisionShape { hidden: 32, layers: 1, heads: 2, kv_heads: 2, head_dim: 16, intermediate: 64, patch: 4, pooling_kernel: 3, position_embedding_size: 64, soft_tokens: 4 };
+        let dg = DiffusionGemmaShape {
+            moe: MoeShape { experts: 8, top_k: 2 },
+            head_dim: 16,
+            full_head_dim: 32,
+            full_kv_heads: 1,
+            full_every: 3,
+            sliding_window: 8,
+            dense_hidden: 64,
+            full_rope_theta: 1e6,
+            canvas_length: 16,
+            vision,
+        };
+        Shape {
+            d_model: 64,
+            n_layers: 6,
+            n_heads: 4,
+            n_kv_heads: 2,
+            mlp_hidden_size: 16,
+            vocab_size: 320,
+            embedding_size: 320,
+            max_sequence_length: 512,
+            rope_theta: 1e4,
+            family: FamilyShape::DiffusionGemma(dg),
+        }
+    }
+
+    /// The experts, for the mixture-of-experts families.
     pub fn moe(&self) -> Option<MoeShape> {
         self.family.moe()
     }
 
+    /// The head width: `d_model / n_heads`, but DiffusionGemma's sliding layers' own.
     pub fn head_dim(&self) -> usize {
-        self.d_model / self.n_heads
+        match self.family {
+            FamilyShape::DiffusionGemma(dg) => dg.head_dim,
+            _ => self.d_model / self.n_heads,
+        }
     }
 }
 
@@ -227,6 +361,9 @@ pub enum ChatFormat {
     Dream,
     /// LLaDA 2.x's: LLaDA-MoE's roles, mask token `<|mask|>`.
     Llada2,
+    /// Gemma 4's (DiffusionGemma's): `<bos>`, then `<|turn>role\n...<turn|>\n`; tool, thinking
+    /// and image tokens beside.
+    Gemma4,
 }
 
 /// Special tokens of a chat format, by id.
@@ -263,6 +400,11 @@ impl SpecialIds {
     pub const DREAM: SpecialIds =
         SpecialIds { bos: 151665, eos: 151643, mask: 151666, start_header: 151644, end_header: None, eot: 151645, chat: ChatFormat::Dream };
 
+    /// Gemma 4's (DiffusionGemma's): `<bos>` 2, `<eos>` 1, `<mask>` 4 (Gemma 3's, which
+    /// DiffusionGemma never uses: its canvas starts as noise), `<|turn>` 105 and `<turn|>` 106;
+    /// the others are in [`GEMMA4_TOKENS`].
+    pub const GEMMA4: SpecialIds = SpecialIds { bos: 2, eos: 1, mask: 4, start_header: 105, end_header: None, eot: 106, chat: ChatFormat::Gemma4 };
+
     /// The full-vocabulary ids of a chat format.
     pub fn of(chat: ChatFormat) -> SpecialIds {
         match chat {
@@ -270,6 +412,16 @@ impl SpecialIds {
             ChatFormat::LladaMoe => SpecialIds::LLADA_MOE,
             ChatFormat::Llada2 => SpecialIds { chat, ..SpecialIds::LLADA_MOE },
             ChatFormat::Dream => SpecialIds::DREAM,
+            ChatFormat::Gemma4 => SpecialIds::GEMMA4,
+        }
+    }
+
+    /// The first ordinary (byte) token's id: 0, but right after Gemma 4's low special tokens,
+    /// which start its vocabulary.
+    pub fn ordinary_base(&self) -> u32 {
+        match self.chat {
+            ChatFormat::Gemma4 => self.eot + 1,
+            _ => 0,
         }
     }
 
@@ -277,6 +429,7 @@ impl SpecialIds {
     /// ids (LLaDA's and LLaDA-MoE's as before; Dream's in its ids' order).
     pub fn named(&self) -> Vec<(&'static str, u32)> {
         let (start, end, eot) = match self.chat {
+            ChatFormat::Gemma4 => return self.gemma4_named(),
             ChatFormat::Llada => ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
             ChatFormat::LladaMoe | ChatFormat::Llada2 => ("<role>", "</role>", "<|role_end|>"),
             ChatFormat::Dream => {
@@ -294,6 +447,19 @@ impl SpecialIds {
         t.extend(self.end_header.map(|id| (end, id)));
         t.push((eot, self.eot));
         t
+    }
+
+    /// Gemma 4's tokens: at their real ids, or (packed, for a small vocabulary) the low ones at
+    /// consecutive ids from `<pad>`'s and the image markers right after the ordinary tokens,
+    /// as the conformance kit lays them out.
+    fn gemma4_named(&self) -> Vec<(&'static str, u32)> {
+        if self.start_header == SpecialIds::GEMMA4.start_header {
+            return GEMMA4_TOKENS.iter().chain(&GEMMA4_IMAGE_TOKENS).copied().collect();
+        }
+        let first = self.eos - 1;
+        let images = self.ordinary_base() + crate::checkpoint_tokenizer::bpe_vocab().0.len() as u32;
+        let low = GEMMA4_TOKENS.iter().zip(first..).map(|(&(text, _), id)| (text, id));
+        low.chain(GEMMA4_IMAGE_TOKENS.iter().zip(images..).map(|(&(text, _), id)| (text, id))).collect()
     }
 
     /// The smallest special id: ids below it are ordinary tokens.
@@ -314,9 +480,36 @@ impl SpecialIds {
                 SpecialIds { bos: at(0), eos: at(1), mask: at(2), start_header: at(3), end_header: Some(at(4)), eot: at(5), chat }
             }
             ChatFormat::Dream => SpecialIds { eos: at(0), start_header: at(1), eot: at(2), bos: at(3), mask: at(4), end_header: None, chat },
+            ChatFormat::Gemma4 => SpecialIds { eos: at(1), bos: at(2), mask: at(4), start_header: at(15), eot: at(16), end_header: None, chat },
         }
     }
 }
+
+/// Gemma 4's special tokens below its ordinary ones, with their real ids, in id order (the
+/// conformance kit's README lists where each id comes from).
+pub const GEMMA4_TOKENS: [(&str, u32); 17] = [
+    ("<pad>", 0),
+    ("<eos>", 1),
+    ("<bos>", 2),
+    ("<unk>", 3),
+    ("<mask>", 4),
+    ("<|tool>", 46),
+    ("<tool|>", 47),
+    ("<|tool_call>", 48),
+    ("<tool_call|>", 49),
+    ("<|tool_response>", 50),
+    ("<tool_response|>", 51),
+    ("<|\"|>", 52),
+    ("<|think|>", 98),
+    ("<|channel>", 100),
+    ("<channel|>", 101),
+    ("<|turn>", 105),
+    ("<turn|>", 106),
+];
+
+/// The image markers at the top of Gemma 4's vocabulary: begin of image (`boi_token_id`), the
+/// image soft token (`image_token_id`), end of image (`eoi_token_id`).
+pub const GEMMA4_IMAGE_TOKENS: [(&str, u32); 3] = [("<|image>", 255999), ("<|image|>", 258880), ("<image|>", 258882)];
 
 /// Stored element type of the weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,5 +1,5 @@
-//! The byte-level BPE tokenizer every random checkpoint carries (LLaDA's, LLaDA-MoE's and
-//! Dream's chat formats differ only in their special tokens): its vocabulary, `tokenizer.json`
+//! The byte-level BPE tokenizer every random checkpoint carries (LLaDA's, LLaDA-MoE's, Dream's
+//! and Gemma 4's chat formats differ only in their special tokens): its vocabulary, `tokenizer.json`
 //! and the special tokens' entries of `tokenizer_config.json`.
 
 use serde_json::{json, Value};
@@ -38,16 +38,17 @@ pub fn bpe_vocab() -> (Vec<String>, Vec<(String, String)>) {
     (vocab, merges)
 }
 
-/// A byte-level BPE tokenizer: [`bpe_vocab`] and the chat format's special tokens at their
-/// ids.
+/// A byte-level BPE tokenizer: [`bpe_vocab`] (from id 0, or after Gemma 4's low special
+/// tokens: [`SpecialIds::ordinary_base`]) and the chat format's special tokens at their ids.
 pub fn tokenizer_json(special: SpecialIds) -> Value {
     let (vocab, merges) = bpe_vocab();
+    let base = special.ordinary_base() as usize;
     // The special tokens are in the model vocabulary at their ids as well (as in LLaDA's own
     // tokenizer.json): an added token only keeps its id if the model already knows it.
     let vocab: serde_json::Map<String, Value> = vocab
         .into_iter()
         .enumerate()
-        .map(|(i, t)| (t, json!(i)))
+        .map(|(i, t)| (t, json!(base + i)))
         .chain(special.named().iter().map(|(content, id)| (content.to_string(), json!(id))))
         .collect();
     let merges: Vec<Value> = merges.into_iter().map(|(a, b)| json!([a, b])).collect();

@@ -1,33 +1,39 @@
-//! Writes a random-weight LLaDA, LLaDA-MoE, LLaDA 2.x or Dream checkpoint in Hugging Face layout.
+//! Writes a random-weight LLaDA, LLaDA-MoE, LLaDA 2.x, Dream or DiffusionGemma checkpoint in
+//! Hugging Face layout.
 //!
 //! `gen-checkpoint --preset llada-8b --dtype bf16 -o /tmp/llada-8b` gives the exact LLaDA-8B
 //! shapes (`--preset llada-moe-7b` LLaDA-MoE-7B-A1B's, `--preset dream-7b`
-//! Dream-v0-Instruct-7B's, `--preset llada2-mini` LLaDA2.0-mini's, each in its own layout); any field can be overridden
-//! (`--n-kv-heads 8` for grouped-query attention, `--experts 16` for fewer experts).
+//! Dream-v0-Instruct-7B's, `--preset llada2-mini` LLaDA2.0-mini's, `--preset
+//! diffusiongemma-26b-a4b` diffusiongemma-26B-A4B-it's, each in its own layout); any field can be
+//! overridden (`--n-kv-heads 8` for grouped-query attention, `--experts 16` for fewer experts,
+//! `--layers 2` for a shallow copy of a large shape).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use llada_tools::checkpoint::{check, prepare_output, write, CheckpointSpec, FamilyShape, Outliers, Shape, WeightType};
+use llada_tools::checkpoint::{check, prepare_output, write, CheckpointSpec, Outliers, Shape, WeightType};
 
 #[derive(Parser)]
-#[command(about = "Write a random-weight LLaDA, LLaDA-MoE, LLaDA 2.x or Dream checkpoint in exact Hugging Face layout")]
+#[command(about = "Write a random-weight LLaDA, LLaDA-MoE, LLaDA 2.x, Dream or DiffusionGemma checkpoint in exact Hugging Face layout")]
 struct Args {
     /// Starting shape and layout: LLaDA's tiny, llada-1b and llada-8b; the mixture-of-experts
     /// LLaDA-MoE's tiny-moe and llada-moe-7b; LLaDA 2.x's tiny-llada2 and llada2-mini
-    /// (LLaDA2.0-mini); Dream's tiny-dream and dream-7b (Dream-v0-Instruct-7B).
-    #[arg(long, default_value = "tiny", value_parser = ["tiny", "llada-1b", "llada-8b", "tiny-moe", "llada-moe-7b", "tiny-llada2", "llada2-mini", "tiny-dream", "dream-7b"])]
+    /// (LLaDA2.0-mini); Dream's tiny-dream and dream-7b (Dream-v0-Instruct-7B); DiffusionGemma's
+    /// tiny-diffusiongemma (the conformance kit's sizes) and diffusiongemma-26b-a4b
+    /// (diffusiongemma-26B-A4B-it: about 52 GB in bf16; --layers 2 keeps every shape but the depth).
+    #[arg(long, default_value = "tiny", value_parser = ["tiny", "llada-1b", "llada-8b", "tiny-moe", "llada-moe-7b", "tiny-llada2", "llada2-mini", "tiny-dream", "dream-7b", "tiny-diffusiongemma", "diffusiongemma-26b-a4b"])]
     preset: String,
     #[arg(long)]
     d_model: Option<usize>,
-    #[arg(long)]
+    #[arg(long, visible_alias = "layers")]
     n_layers: Option<usize>,
     #[arg(long)]
     n_heads: Option<usize>,
     #[arg(long)]
     n_kv_heads: Option<usize>,
-    /// SwiGLU width (of each expert, for the MoE presets; Dream's intermediate_size).
+    /// SwiGLU width (of each expert, for the MoE presets; Dream's intermediate_size;
+    /// DiffusionGemma's moe_intermediate_size).
     #[arg(long)]
     mlp_hidden_size: Option<usize>,
     /// Experts per layer (MoE presets only).
@@ -81,18 +87,20 @@ fn main() -> ExitCode {
         "dream-7b" => Shape::dream_7b(),
         "tiny-llada2" => Shape::tiny_llada2(),
         "llada2-mini" => Shape::llada2_mini(),
+        "tiny-diffusiongemma" => Shape::tiny_diffusion_gemma(),
+        "diffusiongemma-26b-a4b" => Shape::diffusion_gemma_26b_a4b(),
         _ => Shape::tiny(),
     };
-    match &mut shape.family {
-        FamilyShape::LladaMoe(moe) | FamilyShape::Llada2(llada_tools::checkpoint::Llada2Shape { moe, .. }) => {
+    match shape.family.moe_mut() {
+        Some(moe) => {
             moe.experts = a.experts.unwrap_or(moe.experts);
             moe.top_k = a.top_k.unwrap_or(moe.top_k);
         }
-        FamilyShape::Llada | FamilyShape::Dream if a.experts.is_some() || a.top_k.is_some() => {
-            eprintln!("error: --experts and --top-k need a mixture-of-experts preset (tiny-moe, llada-moe-7b, tiny-llada2, llada2-mini), not '{}'", a.preset);
+        None if a.experts.is_some() || a.top_k.is_some() => {
+            eprintln!("error: --experts and --top-k need a mixture-of-experts preset (tiny-moe, llada-moe-7b, tiny-llada2, llada2-mini, tiny-diffusiongemma, diffusiongemma-26b-a4b), not '{}'", a.preset);
             return ExitCode::FAILURE;
         }
-        FamilyShape::Llada | FamilyShape::Dream => {}
+        None => {}
     }
     shape.d_model = a.d_model.unwrap_or(shape.d_model);
     shape.n_layers = a.n_layers.unwrap_or(shape.n_layers);
