@@ -81,7 +81,8 @@ fn layer(b: &mut Builder, n: &Network, role: Role, x: ValueId, l: usize) {
     let (m, g, lt) = (n.model, n.settings, &n.tensors.layers[l]);
     let (d, eps) = (m.d_model, m.rms_eps as f32);
     let full = g.full_layers[l];
-    let (hd, kvh) = if full { (g.full_head_dim as u32, g.full_kv_heads as u32) } else { (m.head_dim, m.n_kv_heads) };
+    let (hd, kvh) = if full { (g.full_head_dim, g.full_kv_heads) } else { (g.head_dim, g.kv_heads) };
+    let (hd, kvh) = (hd as u32, kvh as u32);
     let (cos, sin) = n.rope[usize::from(full)];
     let heads = m.n_heads;
     let moe = m.moe.expect("DiffusionGemma has experts");

@@ -88,7 +88,7 @@ pub(super) fn weights(src: &Source, layout: &Layout, rows: &Rows, w: &mut Artifa
 /// and the predicted latencies.
 pub(super) fn core(opts: &CompileOptions, src: &Source, s: &Settings, rows: &Rows, layout: &Layout, weights: &Weights, w: &ArtifactWriter) -> Result<Header> {
     let (cfg, target, special, tok_spec) = (&src.cfg, &src.target, src.special.clone(), src.tok_spec.clone());
-    let (d, hd, f) = (cfg.d_model, cfg.head_dim(), cfg.mlp_hidden);
+    let (d, f) = (cfg.d_model, cfg.mlp_hidden);
     let Settings { npu_soc, quant, npu_weights, activation_scales, window_bytes, kv_dtype, .. } = *s;
     let Rows { max_seq, ref buckets, rope_rows, row_set_rows } = *rows;
     let (ids, (rope_cos, rope_sin)) = (&weights.ids, weights.rope);
@@ -97,8 +97,9 @@ pub(super) fn core(opts: &CompileOptions, src: &Source, s: &Settings, rows: &Row
         d_model: d as u32,
         n_layers: cfg.n_layers as u32,
         n_heads: cfg.n_heads as u32,
-        n_kv_heads: cfg.n_kv_heads as u32,
-        head_dim: hd as u32,
+        // Each layer's cache holds these (DiffusionGemma's layers differ: their widest).
+        n_kv_heads: cfg.cache_heads().0 as u32,
+        head_dim: cfg.cache_heads().1 as u32,
         mlp_hidden: f as u32,
         vocab_size: cfg.vocab_size as u32,
         embedding_size: cfg.embedding_size as u32,

@@ -42,8 +42,10 @@ pub struct Llada2Settings {
 /// What DiffusionGemma adds to the shared config.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DiffusionGemmaSettings {
-    /// The sliding-window layers' head width (`head_dim`).
+    /// The sliding-window layers' head width and key heads (`head_dim`,
+    /// `num_key_value_heads`).
     pub head_dim: usize,
+    pub kv_heads: usize,
     /// The full-attention layers' head width and key heads (`global_head_dim`,
     /// `num_global_key_value_heads`); they have no value projection (values are the keys).
     pub full_head_dim: usize,
@@ -102,6 +104,15 @@ impl LladaConfig {
     /// The head width (DiffusionGemma: its sliding-window layers', given in the config).
     pub fn head_dim(&self) -> usize {
         self.diffusion_gemma.as_ref().map_or(self.d_model / self.n_heads, |g| g.head_dim)
+    }
+
+    /// The key heads and head width that size each layer's KV cache: the model's, or
+    /// DiffusionGemma's widest layers' (its full layers may hold more per position).
+    pub fn cache_heads(&self) -> (usize, usize) {
+        match &self.diffusion_gemma {
+            Some(g) if g.full_kv_heads * g.full_head_dim > g.kv_heads * g.head_dim => (g.full_kv_heads, g.full_head_dim),
+            _ => (self.n_kv_heads, self.head_dim()),
+        }
     }
 }
 

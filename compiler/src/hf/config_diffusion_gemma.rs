@@ -88,10 +88,6 @@ fn text_config(k: &mut Keys, canvas_length: usize) -> Result<(LladaConfig, Diffu
     if head_dim % 2 != 0 || full_head_dim % 2 != 0 {
         return Err(k.err("head_dim", format!("head widths {head_dim} and {full_head_dim} must be even (rotary pairs)")));
     }
-    // One KV cache layout for every layer: a full layer's keys must fit a sliding one's room.
-    if full_kv_heads * full_head_dim > n_kv_heads * head_dim {
-        return Err(k.err("num_global_key_value_heads", format!("{full_kv_heads} heads of {full_head_dim} hold more per position than the sliding layers' {n_kv_heads} of {head_dim}, which size the cache")));
-    }
     if top_k > experts {
         return Err(k.err("top_k_experts", format!("{top_k} is more than num_experts {experts}")));
     }
@@ -120,7 +116,7 @@ fn text_config(k: &mut Keys, canvas_length: usize) -> Result<(LladaConfig, Diffu
         llada2: None,
         diffusion_gemma: None,
     };
-    let settings = DiffusionGemmaSettings { head_dim, full_head_dim, full_kv_heads, full_layers, sliding_window, dense_hidden, full_rope_theta, full_rotary_pairs, softcap, canvas_length, generation: GenerationDefaults::default() };
+    let settings = DiffusionGemmaSettings { head_dim, kv_heads: n_kv_heads, full_head_dim, full_kv_heads, full_layers, sliding_window, dense_hidden, full_rope_theta, full_rotary_pairs, softcap, canvas_length, generation: GenerationDefaults::default() };
     Ok((cfg, settings))
 }
 
@@ -266,6 +262,19 @@ mod tests {
         assert_eq!(g.full_layers, [false, false, true, false, false, true]);
         assert!(g.generation.max_denoising_steps > 0 && g.generation.entropy_bound > 0.0);
         assert!(warnings.is_empty(), "{warnings:?}");
+    }
+
+    /// Full layers that hold more per position than the sliding ones size the cache (the
+    /// published defaults do: `global_head_dim` 512 against a smaller `head_dim`).
+    #[test]
+    fn the_widest_layers_size_the_cache() {
+        let mut map = kit("config.json");
+        let (c, _) = parse(Path::new("config.json"), &map, None).unwrap();
+        assert_eq!((c.cache_heads(), c.head_dim()), ((2, 16), 16));
+        let text = map.get_mut("text_config").unwrap().as_object_mut().unwrap();
+        text.remove("global_head_dim");
+        let (c, _) = parse(Path::new("config.json"), &map, None).unwrap();
+        assert_eq!((c.cache_heads(), c.head_dim()), ((1, 512), 16));
     }
 
     #[test]
