@@ -97,6 +97,9 @@ struct LazyTensor {
     /// router scales too); matrices (and Dream's biases) are normal(0, std).
     is_norm: bool,
     norm_jitter: bool,
+    /// What a norm's weights sit near: 1, but DiffusionGemma's q/k norms' (see
+    /// `checkpoint_diffusion_gemma::norm_center`).
+    norm_center: f32,
     std: f32,
     seed: u64,
     /// The embedding's outlier columns (`Outliers`): whether each column is one, and its gain.
@@ -121,8 +124,8 @@ impl View for LazyTensor {
         for i in 0..n {
             let mut v = match (self.is_norm, self.norm_jitter) {
                 (false, _) => normal.sample(&mut rng),
-                (true, false) => 1.0,
-                (true, true) => 1.0 + jitter.sample(&mut rng),
+                (true, false) => self.norm_center,
+                (true, true) => self.norm_center * (1.0 + jitter.sample(&mut rng)),
             };
             // After the draw, so the other weights are those of the checkpoint without them.
             if let Some((columns, gain)) = &self.outlier_columns {
@@ -299,6 +302,10 @@ pub fn write(spec: &CheckpointSpec, dir: &Path) -> std::io::Result<Written> {
                 weights: spec.weights,
                 is_norm: *is_norm,
                 norm_jitter: s.family != FamilyShape::Llada,
+                norm_center: match s.family {
+                    FamilyShape::DiffusionGemma(_) => crate::checkpoint_diffusion_gemma::norm_center(name, shape),
+                    _ => 1.0,
+                },
                 std: spec.init_std,
                 seed: tensor_seed(spec.seed, name),
                 outlier_columns: spec.outliers.filter(|_| name == embedding).map(|o| {

@@ -41,6 +41,18 @@ pub fn tensors(s: &Shape, dg: DiffusionGemmaShape) -> Vec<(String, Vec<usize>, b
     t
 }
 
+/// What a norm's weights sit near: one, but `head_dim^-1/4` for the text layers' q and k
+/// norms. Gemma 4 does not scale attention scores by `1/sqrt(head_dim)` (its trained q/k norms
+/// carry the scale), so unit q/k norms would give scores of standard deviation
+/// `sqrt(head_dim)` (16 at 256): near one-hot attention, which amplifies float32 rounding (the
+/// tiny preset's first decoder pass then differed from a float64 run of the published code by
+/// up to 8e-6 of its largest logit; 1e-6 with these). These weights give the scores unit
+/// variance, as the usual scaling does.
+pub fn norm_center(name: &str, shape: &[usize]) -> f32 {
+    let qk = name.starts_with("model.decoder.") && (name.ends_with("self_attn.q_norm.weight") || name.ends_with("self_attn.k_norm.weight"));
+    if qk { (shape[0] as f32).powf(-0.25) } else { 1.0 }
+}
+
 /// One decoder layer: attention (full layers wider heads, fewer key heads and no value
 /// projection: their values are the keys), the dense GELU feed-forward, the router and the
 /// fused experts (`gate_up_proj` rows: gate, then up).
@@ -392,6 +404,22 @@ mod tests {
         }
         assert_eq!(got, want);
         assert_eq!(map.len(), 160);
+        // Norms near one, but the q/k norms near head_dim^-1/4 (16 on sliding layers, 32 on full ones).
+        let values = |name: &str| -> Vec<f32> {
+            let bytes = std::fs::read(dir.path().join(map[name].as_str().unwrap())).unwrap();
+            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            st.tensor(name).unwrap().data().chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect()
+        };
+        let mean = |v: &[f32]| v.iter().sum::<f32>() / v.len() as f32;
+        for (name, center) in [
+            ("model.decoder.layers.0.self_attn.q_norm.weight", 0.5),
+            ("model.decoder.layers.2.self_attn.k_norm.weight", 32f32.powf(-0.25)),
+            ("model.decoder.layers.2.input_layernorm.weight", 1.0),
+            ("model.encoder.vision_tower.encoder.layers.0.self_attn.q_norm.weight", 1.0),
+        ] {
+            let v = values(name);
+            assert!((mean(&v) - center).abs() < 0.1 * center && v.iter().all(|x| (x / center - 1.0).abs() < 0.5), "{name}: {v:?}");
+        }
 
         // config.json: the kit's keys at every level and its values, but the ids of the image
         // markers (after this tokenizer's merges) and `eos_token_id` (the real config.json's two
