@@ -457,7 +457,7 @@ impl SpecialIds {
             return GEMMA4_TOKENS.iter().chain(&GEMMA4_IMAGE_TOKENS).copied().collect();
         }
         let first = self.eos - 1;
-        let images = self.ordinary_base() + crate::checkpoint_tokenizer::bpe_vocab().0.len() as u32;
+        let images = self.ordinary_base() + crate::checkpoint_vocab::bpe_vocab().0.len() as u32;
         let low = GEMMA4_TOKENS.iter().zip(first..).map(|(&(text, _), id)| (text, id));
         low.chain(GEMMA4_IMAGE_TOKENS.iter().zip(images..).map(|(&(text, _), id)| (text, id))).collect()
     }

@@ -5,38 +5,7 @@
 use serde_json::{json, Value};
 
 use crate::checkpoint_spec::SpecialIds;
-
-/// GPT-2's byte-to-character map of byte-level BPE: printable bytes stand for themselves,
-/// the others are shifted above 255.
-fn byte_char(b: u8) -> char {
-    let printable = |b: u8| (b'!'..=b'~').contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
-    if printable(b) {
-        return b as char;
-    }
-    let shifted = (0..b).filter(|&c| !printable(c)).count() as u32;
-    char::from_u32(256 + shifted).expect("a valid code point")
-}
-
-/// Byte tokens (id = byte value) plus merges that make the chat template's words single
-/// tokens, as LLaDA's tokenizer does. Returns the vocabulary in id order and the merges.
-pub fn bpe_vocab() -> (Vec<String>, Vec<(String, String)>) {
-    let mut vocab: Vec<String> = (0..=255u8).map(|b| byte_char(b).to_string()).collect();
-    let mut merges = Vec::new();
-    let newline = byte_char(b'\n').to_string();
-    for word in ["user".to_string(), "assistant".to_string(), "system".to_string(), newline.repeat(2)] {
-        let chars: Vec<String> = word.chars().map(|c| c.to_string()).collect();
-        let mut left = chars[0].clone();
-        for c in &chars[1..] {
-            let merged = format!("{left}{c}");
-            if !vocab.contains(&merged) {
-                merges.push((left.clone(), c.clone()));
-                vocab.push(merged.clone());
-            }
-            left = merged;
-        }
-    }
-    (vocab, merges)
-}
+pub use crate::checkpoint_vocab::bpe_vocab;
 
 /// A byte-level BPE tokenizer: [`bpe_vocab`] (from id 0, or after Gemma 4's low special
 /// tokens: [`SpecialIds::ordinary_base`]) and the chat format's special tokens at their ids.

@@ -15,6 +15,7 @@ mod checkpoint_files;
 pub mod checkpoint_moe;
 mod checkpoint_spec;
 mod checkpoint_tokenizer;
+mod checkpoint_vocab;
 pub mod reference;
 pub mod reference_moe;
 pub mod tasks;
