@@ -57,15 +57,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn byte_map_is_a_bijection_onto_gpt2_characters() {
-        let chars: std::collections::HashSet<char> = (0..=255u8).map(byte_char).collect();
-        assert_eq!(chars.len(), 256);
-        assert_eq!(byte_char(b'A'), 'A');
-        assert_eq!(byte_char(b'\n'), 'Ċ');
-        assert_eq!(byte_char(b' '), 'Ġ');
-    }
-
-    #[test]
     fn tokenizer_loads_and_knows_the_chat_words() {
         let special = SpecialIds::LLADA;
         let tok: tokenizers::Tokenizer = tokenizer_json(special).to_string().parse().unwrap();

@@ -33,3 +33,17 @@ pub fn bpe_vocab() -> (Vec<String>, Vec<(String, String)>) {
     }
     (vocab, merges)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_map_is_a_bijection_onto_gpt2_characters() {
+        let chars: std::collections::HashSet<char> = (0..=255u8).map(byte_char).collect();
+        assert_eq!(chars.len(), 256);
+        assert_eq!(byte_char(b'A'), 'A');
+        assert_eq!(byte_char(b'\n'), 'Ċ');
+        assert_eq!(byte_char(b' '), 'Ġ');
+    }
+}
