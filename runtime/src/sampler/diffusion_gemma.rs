@@ -15,7 +15,7 @@ use super::ask::{Ask, PassRequest};
 use super::canvas::{out_of_turn, Canvas, PolicyStep};
 use super::fast_random::FastStream;
 use super::torch_random::TorchGenerator;
-use super::uniform_noise::{UniformNoiseConfig, UniformNoiseSampler};
+use super::uniform_noise::{RowArithmetic, UniformNoiseConfig, UniformNoiseSampler};
 use super::{Generation, Rng, SamplerParams};
 use crate::error::Result;
 use llada_ir::diffusion_gemma::DiffusionGemmaSection;
@@ -71,7 +71,13 @@ impl DiffusionGemma {
             (Some(s), Some(c)) => Some((s, c)),
             _ => None,
         };
-        let config = UniformNoiseConfig { vocab: section.vocab_size as usize, canvas: canvas_len, steps: p.steps as u32, temperature, entropy_bound: p.entropy_bound, stopping };
+        // Reproducing the published generation needs PyTorch's stream and its arithmetic;
+        // without its stream, its arithmetic's bits buy nothing.
+        let arithmetic = match p.rng {
+            Rng::Torch => RowArithmetic::Torch,
+            Rng::Fast => RowArithmetic::Fast,
+        };
+        let config = UniformNoiseConfig { vocab: section.vocab_size as usize, canvas: canvas_len, steps: p.steps as u32, temperature, entropy_bound: p.entropy_bound, stopping, arithmetic };
         let noise = match p.rng {
             Rng::Torch => Noise::Torch(Box::new(TorchGenerator::manual_seed(p.seed))),
             Rng::Fast => Noise::Fast(FastStream { seed: p.seed }),

@@ -41,6 +41,7 @@ mod canvas;
 mod dg_fixture;
 mod diffusion_gemma;
 mod dream;
+mod fast_arithmetic;
 mod fast_random;
 mod llada2;
 mod llada2_mbsd;

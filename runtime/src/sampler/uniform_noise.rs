@@ -34,6 +34,7 @@
 //! positions' (PyTorch's unstable CPU sort orders such ties its own, machine-dependent, way),
 //! which matters only when equal entropies straddle the bound.
 
+use super::fast_arithmetic::row_stats;
 use super::fast_random::{FastStream, StepKey};
 use super::torch_random::TorchGenerator;
 use crate::kernels::expf::expf;
@@ -51,6 +52,17 @@ pub(crate) struct UniformNoiseConfig {
     pub(crate) entropy_bound: f64,
     /// `(stability_threshold, confidence_threshold)`; `None` never stops early.
     pub(crate) stopping: Option<(usize, f64)>,
+    pub(crate) arithmetic: RowArithmetic,
+}
+
+/// How a step computes each row's probabilities, argmax and entropy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RowArithmetic {
+    /// PyTorch's operations in its order (to reproduce the published generation with its
+    /// random stream).
+    Torch,
+    /// The same quantities in one exponential an entry (`fast_arithmetic.rs`).
+    Fast,
 }
 
 /// The temperature at `cur_step` of `steps`, bit for bit as the published processor computes it.
@@ -324,7 +336,7 @@ impl UniformNoiseSampler {
         let (vocab, positions) = (self.config.vocab, self.config.canvas);
         assert_eq!(raw.len(), vocab * positions, "raw logits must be canvas x vocab");
         let t = self.config.temperature.map(|(t_min, t_max)| temperature(t_min, t_max, cur_step, self.config.steps));
-        let (processed, probs) = (&mut self.processed, &mut self.probs);
+        let (processed, probs, arithmetic) = (&mut self.processed, &mut self.probs, self.config.arithmetic);
         let mut argmax_canvas = vec![0u32; positions];
         let mut entropies = vec![0f32; positions];
         processed
@@ -333,12 +345,20 @@ impl UniformNoiseSampler {
             .zip(probs.par_chunks_mut(vocab))
             .zip(argmax_canvas.par_iter_mut().zip(entropies.par_iter_mut()))
             .for_each_init(
-                || vec![0f32; vocab],
+                || if arithmetic == RowArithmetic::Torch { vec![0f32; vocab] } else { Vec::new() },
                 |scratch, (((row, raw_row), prob_row), (best, h))| {
                     process_logits(raw_row, t, row);
-                    softmax_into(row, prob_row);
-                    *best = argmax(row) as u32;
-                    *h = entropy(row, scratch);
+                    match arithmetic {
+                        RowArithmetic::Torch => {
+                            softmax_into(row, prob_row);
+                            *best = argmax(row) as u32;
+                            *h = entropy(row, scratch);
+                        }
+                        RowArithmetic::Fast => {
+                            let stats = row_stats(row, prob_row);
+                            (*best, *h) = (stats.argmax, stats.entropy);
+                        }
+                    }
                 },
             );
         let at = StepKey { block, step: cur_step };
@@ -373,6 +393,7 @@ mod tests {
             temperature: Some((f("t_min"), f("t_max"))),
             entropy_bound: f("entropy_bound"),
             stopping: Some((c["stability_threshold"].as_u64().unwrap() as usize, f("confidence_threshold"))),
+            arithmetic: RowArithmetic::Torch,
         }
     }
 
@@ -537,8 +558,9 @@ mod bench {
                 ((seed >> 40) as f32 / (1u64 << 24) as f32) * 40.0 - 20.0
             })
             .collect();
-        let config = UniformNoiseConfig { vocab, canvas, steps: 48, temperature: Some((0.4, 0.8)), entropy_bound: 0.1, stopping: Some((1, 0.005)) };
-        let mut sampler = UniformNoiseSampler::new(config);
+        let config = UniformNoiseConfig { vocab, canvas, steps: 48, temperature: Some((0.4, 0.8)), entropy_bound: 0.1, stopping: Some((1, 0.005)), arithmetic: RowArithmetic::Torch };
+        let mut sampler = UniformNoiseSampler::new(config.clone());
+        let mut fast_sampler = UniformNoiseSampler::new(UniformNoiseConfig { arithmetic: RowArithmetic::Fast, ..config });
         let threads = rayon::current_num_threads();
         let time = |name: &str, run: &mut dyn FnMut() -> StepOutcome| {
             let start = Instant::now();
@@ -547,13 +569,18 @@ mod bench {
         };
         let mut torch = TorchGenerator::manual_seed(0);
         let mut fast = FastStream { seed: 0 };
+        // `--rng torch` is the torch stream with PyTorch's arithmetic, `--rng fast` the fast
+        // stream with the fast arithmetic; the fast stream over PyTorch's arithmetic shows
+        // what each part saves.
         for _ in 0..2 {
-            time("torch stream", &mut || sampler.step(&raw, 0, 48, &mut torch));
-            time("fast stream ", &mut || sampler.step(&raw, 0, 48, &mut fast));
+            time("--rng torch                  ", &mut || sampler.step(&raw, 0, 48, &mut torch));
+            time("fast stream, torch arithmetic", &mut || sampler.step(&raw, 0, 48, &mut fast));
+            time("--rng fast                   ", &mut || fast_sampler.step(&raw, 0, 48, &mut fast));
         }
         // The pieces: the row arithmetic alone (processed logits, softmax, argmax, entropy),
         // then the torch stream's draws alone.
-        time("no draws    ", &mut || sampler.step(&raw, 0, 48, &mut NoDraws));
+        time("torch arithmetic, no draws   ", &mut || sampler.step(&raw, 0, 48, &mut NoDraws));
+        time("fast arithmetic, no draws    ", &mut || fast_sampler.step(&raw, 0, 48, &mut NoDraws));
         let start = Instant::now();
         let mut g = TorchGenerator::manual_seed(0);
         let mut x = 0u64;
