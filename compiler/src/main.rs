@@ -125,12 +125,14 @@ enum Command {
         /// Predict pass and generation times of the plan (estimates on phone targets).
         #[arg(long)]
         estimate: bool,
-        /// --estimate: decoding policy [default: dual; LLaDA 2.x: exact, its published generate].
+        /// --estimate: decoding policy [default: dual; LLaDA 2.x and DiffusionGemma: exact, their published generate].
         #[arg(long, value_parser = ["exact", "prefix", "dual", "mbsd"], requires = "estimate")]
         policy: Option<String>,
         /// --estimate --policy mbsd: its dense passes per generation, as measured
         /// (`llada-rt run --json`'s forward_passes) [default: one per step, no draft confirmed].
         /// LLaDA 2.x: its model calls, as measured [default: the most its schedule takes].
+        /// DiffusionGemma: its decoder passes, as measured (`llada-rt run --json`'s
+        /// denoising_steps_per_canvas, summed) [default: --steps a canvas].
         #[arg(long, requires = "estimate")]
         passes: Option<u32>,
         /// --estimate: another target's rates for this plan (a Snapdragon artifact's plan is
@@ -143,10 +145,11 @@ enum Command {
         /// --estimate: generated tokens.
         #[arg(long, default_value_t = 128, requires = "estimate")]
         gen_len: u32,
-        /// --estimate: block length.
+        /// --estimate: block length [default: 32; DiffusionGemma: its canvas].
         #[arg(long, default_value_t = 32, requires = "estimate")]
         block_len: u32,
-        /// --estimate: denoising steps [default: 128; LLaDA 2.x: 32 per block].
+        /// --estimate: denoising steps [default: 128; LLaDA 2.x: 32 per block; DiffusionGemma:
+        /// its max_denoising_steps per canvas].
         #[arg(long, requires = "estimate")]
         steps: Option<u32>,
         /// --estimate: single passes to predict, by token rows.
@@ -242,10 +245,21 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
             let (header, major, minor, bytes) = lladac::inspect::open(&file)?;
             let mut d = lladac::inspect::describe(&header, major, minor, bytes);
             let e = if estimate {
-                // LLaDA 2.x's own defaults: its published generate, 32 steps a block.
+                // LLaDA 2.x's own defaults: its published generate, 32 steps a block;
+                // DiffusionGemma's: its published generate over the plan's canvas, with its
+                // generation config's steps.
                 let llada2 = header.model.family() == llada_ir::Family::Llada2Moe;
-                let policy = policy.unwrap_or_else(|| if llada2 { "exact" } else { "dual" }.to_string());
-                let steps = steps.unwrap_or(if llada2 { 32 } else { 128 });
+                let dg = llada_ir::diffusion_gemma::DiffusionGemmaSection::of(&header).ok().flatten();
+                let policy = policy.unwrap_or_else(|| if llada2 || dg.is_some() { "exact" } else { "dual" }.to_string());
+                let steps = steps.unwrap_or(match &dg {
+                    Some(dg) => dg.generation.max_denoising_steps,
+                    None if llada2 => 32,
+                    None => 128,
+                });
+                let block_len = match &dg {
+                    Some(dg) if !typed(matches, "block_len") => dg.canvas_length,
+                    _ => block_len,
+                };
                 let npu_limits = lladac::compile::NpuLimitOverrides { sessions: npu_sessions, session_bytes: npu_session_bytes };
                 let rows_given = typed(matches, "rows");
                 let generation_given = ["policy", "passes", "prompt_len", "gen_len", "block_len", "steps"].iter().any(|id| typed(matches, id));

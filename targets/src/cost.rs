@@ -164,6 +164,33 @@ pub fn graph_work(h: &Header, g: &Graph, logit_rows: u32, context: u32, kv_bytes
                     engine: attention_engine,
                 }
             }
+            // As Attention, with the op's own head shape; a sliding-window layer reads at most
+            // its window of cached keys before the rows (their block's start) and the rows'.
+            Op::WindowAttention { qkv, out, heads, kv_heads, head_dim, window, .. } => {
+                let r = rows(qkv);
+                let keys = match window {
+                    Some(w) => (context as f64).min(w.saturating_sub(1) as f64 + r),
+                    None => context as f64,
+                };
+                let hd = head_dim as f64;
+                let kv_row = 2.0 * kv_heads as f64 * hd * kv;
+                OpWork {
+                    bytes: r * (cols(qkv) + cols(out)) * act + keys * kv_row + r * kv_row,
+                    ops: 4.0 * r * keys * hd * heads as f64,
+                    engine: attention_engine,
+                }
+            }
+            // A softmax over each row's vocabulary, then those probabilities times the whole
+            // embedding table: a matmul contracting over the vocabulary.
+            Op::SoftEmbed { x, table, out, .. } => {
+                let t = &h.tensors[table as usize];
+                let (r, vocab, d) = (rows(x), cols(x), cols(out));
+                OpWork {
+                    bytes: t.nbytes as f64 + r * (vocab + d) * act,
+                    ops: 2.0 * r * vocab * d + 4.0 * r * vocab,
+                    engine: matmul_engine(t.dtype, h.plan.bf16_activations, act_bytes),
+                }
+            }
             // Routing spreads `rows * top_k` picks over the experts; expected uniform, they
             // touch `E (1 - (1 - k/E)^rows)` distinct experts, each of whose weights is read
             // once, wherever it is computed.

@@ -4,7 +4,9 @@
 
 use std::path::Path;
 
-use llada_ir::{DType, ExpertCosts, Header, Op};
+use std::collections::BTreeMap;
+
+use llada_ir::{DType, ExpertCosts, Graph, Header, Op};
 use llada_targets::cost::{self, Machine};
 use llada_targets::{Rates, Target};
 use serde_json::{json, Value};
@@ -13,6 +15,9 @@ use crate::error::{Error, Result};
 use crate::latency::activation_bytes;
 use crate::npu_estimate::NpuModel;
 use crate::window::staged_bytes;
+use llada_ir::diffusion_gemma::DiffusionGemmaSection;
+
+mod diffusion_gemma;
 
 /// What to predict.
 #[derive(Debug, Clone)]
@@ -141,17 +146,28 @@ struct Predictor<'a> {
     machine: &'a Machine,
     act: u32,
     npu: Option<&'a NpuModel>,
+    /// DiffusionGemma's graphs (encoder and decoder) and the CPU its sampler runs on.
+    dg: Option<(DiffusionGemmaSection, Machine)>,
 }
 
 impl Predictor<'_> {
+    /// The graph a pass over `rows` token rows with `logit_rows` logits runs.
+    fn graph(&self, rows: u32, logit_rows: u32) -> Result<&Graph> {
+        let h = self.h;
+        match &self.dg {
+            Some((dg, _)) => diffusion_gemma::graph_for(h, dg, rows, logit_rows),
+            None => h
+                .graph_for_rows(rows as usize)
+                .map(|i| &h.graphs[i as usize])
+                .ok_or_else(|| Error::Options(format!("no graph of the plan holds {rows} rows (the largest has {})", h.graphs.iter().map(|g| g.rows).max().unwrap_or(0)))),
+        }
+    }
+
     /// One pass over `rows` token rows attending to `context` positions, logits for `logit_rows` rows:
     /// (graph name, graph rows, estimate). MoE layers take the time `experts` gives them.
     fn pass(&self, rows: u32, context: u32, logit_rows: u32, experts: Option<&ExpertModel>) -> Result<(String, u32, cost::PassEstimate)> {
         let (h, m, act) = (self.h, self.machine, self.act);
-        let g = h
-            .graph_for_rows(rows as usize)
-            .map(|i| &h.graphs[i as usize])
-            .ok_or_else(|| Error::Options(format!("no graph of the plan holds {rows} rows (the largest has {})", h.graphs.iter().map(|g| g.rows).max().unwrap_or(0))))?;
+        let g = self.graph(rows, logit_rows)?;
         let mut work = cost::graph_work(h, g, logit_rows.min(g.logit_rows), context, h.plan.window.kv_dtype.bytes() as u32, act);
         let mut moe_seconds = 0.0;
         if let Some(x) = experts {
@@ -177,6 +193,23 @@ impl Predictor<'_> {
         Ok((g.name.clone(), g.rows, e))
     }
 
+    /// A pass's compute seconds by op kind (the MoE experts under `experts`' model), where
+    /// the plan's own ops run (no NPU executable).
+    fn seconds_by_op(&self, rows: u32, context: u32, logit_rows: u32, experts: Option<&ExpertModel>) -> Result<BTreeMap<&'static str, f64>> {
+        let h = self.h;
+        let g = self.graph(rows, logit_rows)?;
+        let work = cost::graph_work(h, g, logit_rows.min(g.logit_rows), context, h.plan.window.kv_dtype.bytes() as u32, self.act);
+        let mut by_op = BTreeMap::new();
+        for (op, w) in g.ops.iter().zip(&work) {
+            let seconds = match (op, experts) {
+                (Op::MoeExperts { .. }, Some(x)) => x.layer_seconds(rows),
+                _ => cost::op_seconds(self.machine, w),
+            };
+            *by_op.entry(op.name()).or_default() += seconds;
+        }
+        Ok(by_op)
+    }
+
     /// The single passes of each of `rows` under each expert strategy, attending to `context`
     /// cached positions (`None`: as many as its rows).
     fn single_passes(&self, rows: &[u32], context: Option<u32>, strategies: &[Option<ExpertModel>]) -> Result<Vec<Value>> {
@@ -190,6 +223,9 @@ impl Predictor<'_> {
                 }
                 let (graph, graph_rows, e) = self.pass(r, context, r, x.as_ref())?;
                 let mut one = json!({"rows": r, "experts": strategy_name(x), "graph": graph, "graph_rows": graph_rows, "seconds": e.seconds, "compute_seconds": e.compute_seconds, "staging_seconds": e.staging_seconds});
+                if self.npu.is_none() {
+                    one["compute_seconds_by_op"] = json!(self.seconds_by_op(r, context, r, x.as_ref())?);
+                }
                 if let (Some(n), Some(g)) = (self.npu, h.graphs.iter().find(|g| g.name == graph)) {
                     // The roofline the fit to QNN's model scales (its input, for refitting).
                     let cache = n.cache_len_for(context);
@@ -207,11 +243,16 @@ impl Predictor<'_> {
     /// expert strategy `x`: its passes, the graph rows they compute, its time and staging.
     fn generation(&self, req: &EstimateRequest, passes: &[(u32, u32, u32, u32)], x: &Option<ExpertModel>) -> Result<Value> {
         let (mut total, mut count, mut rows_computed, mut staged, mut waited) = (0.0, 0u32, 0u64, 0.0, 0.0);
+        let mut sampler = 0.0;
         for &(rows, context, logit_rows, n) in passes {
             if n == 0 {
                 continue;
             }
             let (_, graph_rows, e) = self.pass(rows, context, logit_rows, x.as_ref())?;
+            if let (Some((dg, cpu)), true) = (&self.dg, logit_rows > 0) {
+                // The next decoder pass needs the sampled canvas: the step adds to the time.
+                sampler += diffusion_gemma::sampler_seconds(cpu, dg) * n as f64;
+            }
             total += e.seconds * n as f64;
             staged += e.staging_seconds * n as f64;
             waited += (e.seconds - e.compute_seconds).max(0.0) * n as f64;
@@ -220,8 +261,11 @@ impl Predictor<'_> {
         }
         let mut one = json!({
             "policy": req.policy, "experts": strategy_name(x), "prompt_len": req.prompt_len, "gen_len": req.gen_len, "block_len": req.block_len, "steps": req.steps,
-            "forward_passes": count, "graph_rows_computed": rows_computed, "seconds": total, "staging_seconds": staged, "staging_critical_seconds": waited,
+            "forward_passes": count, "graph_rows_computed": rows_computed, "seconds": total + sampler, "staging_seconds": staged, "staging_critical_seconds": waited,
         });
+        if self.dg.is_some() {
+            one["sampler_seconds"] = json!(sampler);
+        }
         if let Some(n) = self.npu {
             let (created, bytes) = n.created();
             one["npu_contexts_created"] = json!(created as u64 * count as u64);
@@ -359,6 +403,10 @@ fn rows_to_predict(h: &Header, req: &EstimateRequest) -> (Vec<u32>, Option<Strin
     if req.rows_given {
         return (req.rows.clone(), None);
     }
+    if let Ok(Some(dg)) = DiffusionGemmaSection::of(h) {
+        // Its decoder computes a whole canvas whatever it holds.
+        return (vec![dg.canvas_length], None);
+    }
     let largest = h.graphs.iter().map(|g| g.rows).max().unwrap_or(0);
     let (fit, left): (Vec<u32>, Vec<u32>) = req.rows.iter().partition(|&&r| r <= largest && req.context.unwrap_or(r) <= h.plan.kv_capacity);
     let note = (!left.is_empty()).then(|| format!("passes of {left:?} rows not estimated: the plan's graphs hold {largest} rows at most (--rows to ask)"));
@@ -415,23 +463,32 @@ pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
     let (compiled_for, target) = targets(h, req)?;
     let (machine, label) = machine_and_label(h, req, &target)?;
     let npu = if req.rates.is_some() { None } else { NpuModel::of(h, &target, req.npu_limits)? };
-    let p = Predictor { h, machine: &machine, act: activation_bytes(&target), npu: npu.as_ref() };
+    let dg = DiffusionGemmaSection::of(h).map_err(|e| Error::Options(e.to_string()))?;
     let llada2 = h.model.family() == llada_ir::Family::Llada2Moe;
-    check_generation_settings(req, llada2)?;
+    match &dg {
+        Some(dg) => diffusion_gemma::check_settings(req, dg)?,
+        None => check_generation_settings(req, llada2)?,
+    }
+    let p = Predictor { h, machine: &machine, act: activation_bytes(&target), npu: npu.as_ref(), dg: dg.map(|dg| (dg, target.cpu_machine())) };
     let strategies = expert_strategies(h, req, &machine);
     let mut notes: Vec<String> = Vec::new();
     let (rows, left_out) = rows_to_predict(h, req);
     notes.extend(left_out);
     let passes = p.single_passes(&rows, req.context, &strategies)?;
-    // Default settings longer than the plan's positions: no generation, a note.
-    let generation_fits = req.generation_given || req.prompt_len + req.gen_len <= h.plan.kv_capacity;
+    // Default settings longer than the plan's positions: no generation, a note. (DiffusionGemma
+    // generates whole canvases.)
+    let generated = if p.dg.is_some() { req.gen_len.div_ceil(req.block_len) * req.block_len } else { req.gen_len };
+    let generation_fits = req.generation_given || req.prompt_len + generated <= h.plan.kv_capacity;
     if !generation_fits {
         notes.push(format!(
-            "generation not estimated: prompt {} + gen {} positions exceed the plan's {} (--prompt-len and --gen-len to ask)",
-            req.prompt_len, req.gen_len, h.plan.kv_capacity
+            "generation not estimated: prompt {} + gen {generated} positions exceed the plan's {} (--prompt-len and --gen-len to ask)",
+            req.prompt_len, h.plan.kv_capacity
         ));
     }
-    let schedule = generation_passes(req, llada2, h.graphs.iter().map(|g| g.rows).max().unwrap_or(0))?;
+    let schedule = match &p.dg {
+        Some((dg, _)) => diffusion_gemma::schedule(req, dg.encoder_graphs.iter().map(|&g| h.graphs[g as usize].rows).max().unwrap_or(0)),
+        None => generation_passes(req, llada2, h.graphs.iter().map(|g| g.rows).max().unwrap_or(0))?,
+    };
     let generations = strategies.iter().filter(|_| generation_fits).map(|x| p.generation(req, &schedule, x)).collect::<Result<Vec<Value>>>()?;
     // Session setup: the window is one shared buffer, mapped once; the resident segments
     // are read from storage into it. Steady-state passes map nothing.
