@@ -29,12 +29,22 @@ pub struct GemmTiming {
     pub ratio: f64,
 }
 
+/// DiffusionGemma's encoder pass over a prompt (timed once).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct EncoderPass {
+    pub prompt_rows: usize,
+    pub seconds: f64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct PassTiming {
     pub rows: usize,
     pub graph: String,
     pub graph_rows: u32,
     pub logit_rows: usize,
+    /// DiffusionGemma: the encoder pass over the prompt before the timed decoder passes
+    /// (`rows` is then the canvas's).
+    pub encoder: Option<EncoderPass>,
     /// Wall time of the pass (median of the repeats).
     pub seconds: f64,
     /// Sum of every op's roofline bound.
@@ -55,13 +65,68 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Times the exact-plan pass serving `rows` tokens, `repeat` times after one warm-up.
+/// Times the exact-plan pass serving `rows` tokens, `repeat` times after one warm-up; on a
+/// DiffusionGemma model, its decoder pass after an encoder pass of `rows` prompt tokens
+/// ([`denoise_pass`]).
 pub fn pass(session: &mut Session, roof: &Roofline, rows: usize, logit_rows: usize, repeat: usize) -> Result<PassTiming> {
+    if session.model.diffusion_gemma().is_some() {
+        return denoise_pass(session, roof, rows, repeat);
+    }
     let model = session.model.clone();
     let m = &model.header.model;
     let vocab = m.vocab_size.min(m.embedding_size) as usize;
     let seq: Vec<u32> = (0..rows).map(|i| ((i * 7919 + 11) % vocab) as u32).collect();
     let logit_positions: Vec<u32> = (rows - logit_rows..rows).map(|r| r as u32).collect();
+    session.forward_full(&seq, &logit_positions)?;
+    let mut runs = Vec::new();
+    for _ in 0..repeat.max(1) {
+        let start = std::time::Instant::now();
+        let (gid, profile) = session.forward_full_profiled(&seq, &logit_positions)?;
+        runs.push(Run { seconds: start.elapsed().as_secs_f64(), graph: gid, profile, staging: session.last_pass_staging() });
+    }
+    Ok(timing(session, roof, rows, logit_rows, runs, None))
+}
+
+/// DiffusionGemma's decoder pass over a canvas (the decoder graph's rows, every one with
+/// logits and a self-conditioning input) after an encoder pass of a `prompt_rows` prompt,
+/// `repeat` times after one warm-up (the decoder stores nothing the next one reads). The
+/// encoder pass is timed once, whole.
+pub fn denoise_pass(session: &mut Session, roof: &Roofline, prompt_rows: usize, repeat: usize) -> Result<PassTiming> {
+    let model = session.model.clone();
+    let section = model.diffusion_gemma().expect("a DiffusionGemma model");
+    let canvas = section.decoder_graphs.last().map_or(0, |&g| model.graph(g).logit_rows as usize);
+    let m = &model.header.model;
+    let (vocab, width) = (m.vocab_size.min(m.embedding_size) as usize, m.embedding_size as usize);
+    let prompt: Vec<u32> = (0..prompt_rows).map(|i| ((i * 7919 + 11) % vocab) as u32).collect();
+    let tokens: Vec<u32> = (0..canvas).map(|i| ((i * 104_729 + 7) % vocab) as u32).collect();
+    // Logits of the scale a soft-capped model gives (|z| < 30), spread over the vocabulary.
+    let soft: Vec<f32> = (0..canvas * width).map(|i| ((i * 2_654_435_761) % 6007) as f32 / 6007.0 * 40.0 - 20.0).collect();
+    let start = std::time::Instant::now();
+    session.encode(&prompt, 0..prompt_rows)?;
+    let encoder = EncoderPass { prompt_rows, seconds: start.elapsed().as_secs_f64() };
+    session.denoise(prompt_rows, &tokens, Some(&soft))?;
+    let mut runs = Vec::new();
+    for _ in 0..repeat.max(1) {
+        let start = std::time::Instant::now();
+        let (gid, profile) = session.denoise_profiled(prompt_rows, &tokens, Some(&soft))?;
+        runs.push(Run { seconds: start.elapsed().as_secs_f64(), graph: gid, profile, staging: session.last_pass_staging() });
+    }
+    Ok(timing(session, roof, canvas, canvas, runs, Some(encoder)))
+}
+
+/// One timed pass.
+struct Run {
+    seconds: f64,
+    graph: u32,
+    profile: llada_rt::executor::OpProfile,
+    staging: llada_rt::staging::PassStaging,
+}
+
+/// The median of `runs` (passes of `rows` token rows, `logit_rows` of them with logits),
+/// op by op against the roofline.
+fn timing(session: &Session, roof: &Roofline, rows: usize, logit_rows: usize, mut runs: Vec<Run>, encoder: Option<EncoderPass>) -> PassTiming {
+    let model = session.model.clone();
+    let m = &model.header.model;
     let threads = session.threads();
     let (peak_f32, bw) = (roof.peak_for(llada_ir::DType::PanelF32, threads), roof.bandwidth(threads));
     // The arithmetic a weight format runs at: bf16 weights multiply f32 activations unless
@@ -70,19 +135,12 @@ pub fn pass(session: &mut Session, roof: &Roofline, rows: usize, logit_rows: usi
         llada_ir::DType::PanelBf16 if !model.header.plan.bf16_activations => peak_f32,
         d => roof.peak_for(d, threads),
     };
-    session.forward_full(&seq, &logit_positions)?;
-    let mut runs = Vec::new();
-    for _ in 0..repeat.max(1) {
-        let start = std::time::Instant::now();
-        let (gid, profile) = session.forward_full_profiled(&seq, &logit_positions)?;
-        runs.push((start.elapsed().as_secs_f64(), gid, profile, session.last_pass_staging()));
-    }
-    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let (seconds, gid, profile, staging) = runs.swap_remove(runs.len() / 2);
+    runs.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
+    let Run { seconds, graph: gid, profile, staging } = runs.swap_remove(runs.len() / 2);
     let g = model.graph(gid);
     let rows_of = |rows: Rows| match rows {
         Rows::Tokens => g.rows as usize,
-        Rows::Logits => logit_positions.len(),
+        Rows::Logits => logit_rows,
     };
     let mut by_op: BTreeMap<String, f64> = BTreeMap::new();
     let mut gemm_groups: BTreeMap<(String, usize, usize, usize), Vec<f64>> = BTreeMap::new();
@@ -140,11 +198,12 @@ pub fn pass(session: &mut Session, roof: &Roofline, rows: usize, logit_rows: usi
             }
         })
         .collect();
-    Ok(PassTiming {
+    PassTiming {
         rows,
         graph: g.name.clone(),
         graph_rows: g.rows,
-        logit_rows: logit_positions.len(),
+        logit_rows,
+        encoder,
         seconds,
         bound_seconds: bound,
         ratio: seconds / bound,
@@ -153,5 +212,5 @@ pub fn pass(session: &mut Session, roof: &Roofline, rows: usize, logit_rows: usi
         staged_bytes: staging.staged_bytes,
         stall_seconds: staging.stall_seconds,
         overlap: staging.overlap(),
-    })
+    }
 }

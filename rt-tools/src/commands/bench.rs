@@ -66,8 +66,12 @@ impl Bench {
         let params = if time_generation { Some(sampler.checked_params(&model, &|f: &str| f != "--rows" && typed(f))?) } else { None };
         let mut session = SessionArgs { threads: Some(threads), ..session_args }.open(&model)?;
         let mut passes = Vec::new();
+        if let (Some(_), true) = (model.diffusion_gemma(), logit_rows.is_some()) {
+            return Err(Failure::Usage("--logit-rows: a DiffusionGemma decoder pass computes the logits of its whole canvas, so it is refused".into()));
+        }
         for &r in &rows {
-            let pass_logit_rows = logit_rows.unwrap_or(r).min(r).min(session.logit_capacity(r)?);
+            // (DiffusionGemma: `r` is the prompt before the canvas; the canvas has its logits.)
+            let pass_logit_rows = if model.diffusion_gemma().is_some() { r } else { logit_rows.unwrap_or(r).min(r).min(session.logit_capacity(r)?) };
             passes.push(llada_rt_tools::bench::pass(&mut session, &roof, r, pass_logit_rows, repeat)?);
         }
         let generation = if let Some(params) = &params {
@@ -93,6 +97,9 @@ impl Bench {
             outln!("{} on {} thread(s); roofline: f32 {:.0} / bf16 {:.0} GFLOP/s, int8 {:.0} GOP/s, read {:.1} GB/s", file.display(), threads,
                 roof.f32_flops.all_threads / 1e9, roof.bf16_flops.all_threads / 1e9, roof.int8_ops.all_threads / 1e9, roof.read_bytes.all_threads / 1e9)?;
             for p in &passes {
+                if let Some(e) = p.encoder {
+                    outln!("\nDiffusionGemma: an encoder pass over a prompt of {} rows took {:.4} s, then a decoder pass over the canvas:", e.prompt_rows, e.seconds)?;
+                }
                 if p.by_op.is_empty() {
                     // An ahead-of-time backend: one executable a pass, no op of ours timed.
                     outln!("\nrows {} (graph {}, {} logit rows): {:.4} s (one executable; no roofline bound without op times)", p.rows, p.graph, p.logit_rows, p.seconds)?;

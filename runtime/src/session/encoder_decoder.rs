@@ -9,6 +9,7 @@ use llada_ir::diffusion_gemma::DiffusionGemmaSection;
 
 use super::{check_tokens, Session};
 use crate::error::{Error, Result};
+use crate::executor::OpProfile;
 
 impl Session {
     fn diffusion_gemma_section(&self) -> Result<&DiffusionGemmaSection> {
@@ -62,6 +63,18 @@ impl Session {
     /// `None` on a canvas's first step). Returns the logits of every canvas position,
     /// `[tokens, embedding_size]`.
     pub fn denoise(&mut self, start: usize, tokens: &[u32], soft: Option<&[f32]>) -> Result<&[f32]> {
+        let (gid, _) = self.decoder_pass(start, tokens, soft, false)?;
+        Ok(self.logits(gid, tokens.len()))
+    }
+
+    /// [`Session::denoise`] timed op by op (for `llada-rt bench`): the decoder graph and its
+    /// ops' times.
+    pub fn denoise_profiled(&mut self, start: usize, tokens: &[u32], soft: Option<&[f32]>) -> Result<(u32, OpProfile)> {
+        let (gid, profile) = self.decoder_pass(start, tokens, soft, true)?;
+        Ok((gid, profile.unwrap_or_default()))
+    }
+
+    fn decoder_pass(&mut self, start: usize, tokens: &[u32], soft: Option<&[f32]>, profiled: bool) -> Result<(u32, Option<OpProfile>)> {
         let graphs = &self.diffusion_gemma_section()?.decoder_graphs;
         let n = tokens.len();
         let gid = graphs.iter().copied().find(|&g| self.model.graph(g).logit_rows as usize >= n);
@@ -88,12 +101,14 @@ impl Session {
         self.soft.clear();
         self.soft.extend_from_slice(soft.unwrap_or(&[]));
         self.soft_rows = if soft.is_some() { n } else { 0 };
-        let run = self.run_pass(gid, n, start + n, n, n, None, false);
+        let run = self.run_pass(gid, n, start + n, n, n, None, profiled);
         self.soft_rows = 0;
-        if let Err(e) = run {
-            self.encoded = 0;
-            return Err(e);
+        match run {
+            Ok(profile) => Ok((gid, profile)),
+            Err(e) => {
+                self.encoded = 0;
+                Err(e)
+            }
         }
-        Ok(self.logits(gid, n))
     }
 }
