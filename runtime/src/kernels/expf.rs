@@ -66,6 +66,33 @@ multiversion! {
     pub fn exp_sum(features: Features, logits: &[f32], max: f32) -> f32 => sum_body
 }
 
+#[inline(always)]
+fn scaled_in_place_body<const FMA: bool>(_: Features, row: &mut [f32], max: f32, scale: f32) {
+    for v in row {
+        *v = expf(*v - max) * scale;
+    }
+}
+
+#[inline(always)]
+fn scaled_into_body<const FMA: bool>(_: Features, row: &[f32], max: f32, scale: f32, out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(row) {
+        *o = expf(v - max) * scale;
+    }
+}
+
+// Built for the CPU's vector width: [`expf`]'s fused multiply-adds are then instructions
+// (a baseline x86-64 build calls the C library's software `fma` for each), with the same bits.
+multiversion! {
+    /// `row[i] = expf(row[i] - max) * scale`: a softmax's numerators times the reciprocal of
+    /// their sum.
+    pub fn exp_scaled_in_place(features: Features, row: &mut [f32], max: f32, scale: f32) => scaled_in_place_body
+}
+
+multiversion! {
+    /// `out[i] = expf(row[i] - max) * scale`.
+    pub fn exp_scaled_into(features: Features, row: &[f32], max: f32, scale: f32, out: &mut [f32]) => scaled_into_body
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -37,6 +37,7 @@
 use super::fast_arithmetic::row_stats;
 use super::fast_random::{FastStream, StepKey};
 use super::torch_random::TorchGenerator;
+use crate::kernels::cpu::{multiversion, Features};
 use crate::kernels::expf::expf;
 use rayon::prelude::*;
 
@@ -83,8 +84,7 @@ pub(crate) fn process_logits(raw: &[f32], temperature: Option<f32>, out: &mut [f
 pub(crate) fn softmax_into(row: &[f32], out: &mut [f32]) {
     let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
     let sum = crate::kernels::expf::exp_sum(crate::kernels::cpu::features(), row, max);
-    let scale = 1.0 / sum;
-    out.iter_mut().zip(row).for_each(|(o, &x)| *o = expf(x - max) * scale);
+    crate::kernels::expf::exp_scaled_into(crate::kernels::cpu::features(), row, max, 1.0 / sum, out);
 }
 
 /// The index of the first maximum (a NaN counts as the maximum, as in PyTorch's `argmax`).
@@ -182,13 +182,25 @@ pub(crate) fn entropy(row: &[f32], scratch: &mut [f32]) -> f32 {
     let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
     // logsumexp replaces an infinite maximum by 0.
     let max = if max.is_infinite() { 0.0 } else { max };
-    scratch.iter_mut().zip(row).for_each(|(s, &x)| *s = expf(x - max));
+    // (Times 1: exact.)
+    crate::kernels::expf::exp_scaled_into(crate::kernels::cpu::features(), row, max, 1.0, scratch);
     let lse = torch_sum(scratch).ln() + max;
     scratch.iter_mut().zip(row).for_each(|(s, &x)| *s = x - lse);
     let norm_max = scratch.iter().fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
     let scale = 1.0 / crate::kernels::expf::exp_sum(crate::kernels::cpu::features(), scratch, norm_max);
-    scratch.iter_mut().for_each(|s| *s = s.max(f32::MIN) * (expf(*s - norm_max) * scale));
+    entropy_terms(crate::kernels::cpu::features(), scratch, norm_max, scale);
     -torch_sum(scratch)
+}
+
+#[inline(always)]
+fn entropy_terms_body<const FMA: bool>(_: Features, normalized: &mut [f32], max: f32, scale: f32) {
+    normalized.iter_mut().for_each(|s| *s = s.max(f32::MIN) * (expf(*s - max) * scale));
+}
+
+multiversion! {
+    /// `p log p` of each normalised logit (clamped at the lowest float, as PyTorch's
+    /// `Categorical` clamps), with `p = softmax` from their maximum and the reciprocal sum.
+    fn entropy_terms(features: Features, normalized: &mut [f32], max: f32, scale: f32) => entropy_terms_body
 }
 
 /// `torch.mean(entropies)` (float32): the cascade sum divided by the count.

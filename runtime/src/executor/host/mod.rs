@@ -173,7 +173,11 @@ impl HostExecutor {
                 let hidden = v.cols(out);
                 self.pool.install(|| o.par_chunks_mut(hidden).zip(xs.par_chunks(2 * hidden)).for_each(|(o, x)| kernels::gemma::gelu_glu(x, hidden, o)));
             }
-            Op::Softcap { x, cap } => kernels::gemma::softcap(&mut b.win[v.range(x)], cap),
+            Op::Softcap { x, cap } => {
+                // (A canvas's logits: 67M entries at DiffusionGemma's real shape.)
+                let cols = v.cols(x);
+                self.pool.install(|| b.win[v.range(x)].par_chunks_mut(cols).for_each(|row| kernels::gemma::softcap(row, cap)));
+            }
             Op::RopeHeads { x, heads, head_dim, cos, sin } => self.rope(v, b, x, (heads, head_dim as usize), (cos, sin)),
             Op::NormHeads { x, first_head, heads, head_dim, weight, eps } => {
                 let (c, hd) = (v.cols(x), head_dim as usize);
