@@ -63,3 +63,34 @@ fn the_kit_replays_every_case_with_its_denoising_steps() {
     assert_eq!((r.cases, r.output_ids_matched, r.denoising_steps_matched), (60, 60, Some(60)));
     assert_eq!(r.logit_cases_within_tolerance, 1);
 }
+
+/// `llada-rt bench` times the decoder's canvas pass after an encoder pass over the prompt, and
+/// `lladac inspect --estimate` predicts the published generate: the prompt through the
+/// encoder, the decoder once a step, each finished canvas but the last through the encoder.
+#[test]
+fn bench_and_estimate_follow_the_encoder_and_decoder() {
+    let dir = tempfile::tempdir().unwrap();
+    let lad = compiled(dir.path(), "tiny-dg-A");
+    let lad = lad.to_str().unwrap();
+    let out = common::run("llada-rt", &["bench", lad, "--rows", "8", "--repeat", "1", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pass = &v["passes"][0];
+    let canvas = golden()["canvas_length"].as_u64().unwrap();
+    assert_eq!(pass["encoder"]["prompt_rows"], 8);
+    assert!(pass["graph"].as_str().unwrap().starts_with("decoder"), "{pass}");
+    assert_eq!(pass["rows"].as_u64().unwrap(), canvas);
+    assert_eq!(pass["logit_rows"].as_u64().unwrap(), canvas);
+    assert!(pass["by_op"]["SoftEmbed"].as_f64().is_some(), "{pass}");
+    // Prompt 20 over encoder graphs, two canvases of 5 decoder passes (measured: --passes 10),
+    // the first canvas encoded after.
+    let out = common::run("lladac", &["inspect", lad, "--estimate", "--prompt-len", "20", "--gen-len", &(2 * canvas).to_string(), "--passes", "10", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let g = &v["estimate"]["generation"];
+    assert_eq!(g["forward_passes"], 12, "{g}");
+    assert_eq!(g["block_len"].as_u64().unwrap(), canvas);
+    assert!(g["sampler_seconds"].as_f64().unwrap() > 0.0, "{g}");
+    let out = common::run("lladac", &["inspect", lad, "--estimate", "--block-len", "4"]);
+    common::assert_clean_failure(&out, &["--block-len 4", "canvas"]);
+}

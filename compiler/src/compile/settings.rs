@@ -119,10 +119,13 @@ impl Settings {
             return Err(Error::Options(format!("--quant {}: target '{}' supports {}", quant.target_name(), target.name, target.weight_dtypes.join(", "))));
         }
         if let Quant::Q4 { group } = quant {
-            for (what, k) in [("d_model", d), ("n_heads x head_dim", q_dim), ("mlp_hidden_size", f)] {
-                if group == 0 || group % 8 != 0 || k % group as usize != 0 {
-                    return Err(Error::Options(format!("--group {group}: q4 groups must be a multiple of 8 dividing {what} ({k})")));
-                }
+            let widths = [("d_model", d), ("n_heads x head_dim", q_dim), ("mlp_hidden_size", f)];
+            let fits = |g: usize| g > 0 && g % 8 == 0 && widths.iter().all(|(_, k)| k % g == 0);
+            if !fits(group as usize) {
+                let (what, k) = widths.iter().find(|(_, k)| group == 0 || k % group as usize != 0).unwrap_or(&widths[0]);
+                // (DiffusionGemma's experts are 704 wide: 128 does not divide them.)
+                let other = [128, 64, 32].into_iter().find(|&g| fits(g)).map_or(String::new(), |g| format!("; --group {g} divides every width of this model"));
+                return Err(Error::Options(format!("--group {group}: q4 groups must be a multiple of 8 dividing {what} ({k}){other}")));
             }
         }
         let window_bytes = opts.window_bytes.unwrap_or(target.window_bytes);
