@@ -43,8 +43,6 @@ temperature=0.0, steps=64, max_new_tokens=64, output_history=False, batch 1, no 
 import argparse
 import contextlib
 import io
-import json
-import math
 import os
 import re
 import subprocess
@@ -58,7 +56,9 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
 from dream_public import load_public_code  # noqa: E402
+from task_training import kind_of, learning_rate, read_tasks  # noqa: E402
 from make_tiny_checkpoint import (  # noqa: E402
     ENDOFTEXT,
     IM_END,
@@ -97,15 +97,6 @@ def encode(text):
     return ids
 
 
-def kind_of(task):
-    return task["prompt"].split(":", 1)[0]
-
-
-def read_tasks(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def check_tokenizer(tok_dir, tasks):
     """The tokenizers library (tokenizer.json) and the transformers chat template agree with encode/chat_text."""
     from tokenizers import Tokenizer
@@ -123,13 +114,6 @@ def check_tokenizer(tok_dir, tasks):
         assert fast.encode(task["expected"], add_special_tokens=False).ids == encode(task["expected"])
         assert len(encode(task["expected"])) == ANSWER_LEN
     return encode(chat_text(tasks[0]["prompt"]))
-
-
-def learning_rate(step, steps, peak, warmup):
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(steps - warmup, 1)
-    return peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
 def make_batch(tasks, response_len, g):

@@ -35,8 +35,6 @@ gen_length 64, on the first N held-out tasks; a task counts when the 64 generate
 """
 
 import argparse
-import json
-import math
 import os
 import shutil
 import subprocess
@@ -49,7 +47,9 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
 from make_golden import load_published, record_calls  # noqa: E402
+from task_training import StepLog, alternating_batches, kind_of, learning_rate, read_tasks  # noqa: E402
 
 REPO = os.path.normpath(os.path.join(HERE, "..", ".."))
 HELDOUT = os.path.join(REPO, "models", "tasks", "heldout.jsonl")
@@ -57,15 +57,6 @@ ANSWER_LEN = 64
 BLOCK = 32
 KINDS = ("FILL", "SHIFT")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
-
-
-def read_tasks(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def kind_of(task):
-    return task["prompt"].split(":", 1)[0]
 
 
 def prompt_ids(tok, task):
@@ -76,13 +67,6 @@ def answer_ids(tok, task):
     ids = tok.encode(task["expected"], add_special_tokens=False)
     assert len(ids) == ANSWER_LEN, (task["expected"], ids)
     return ids
-
-
-def learning_rate(step, steps, peak, warmup):
-    if step < warmup:
-        return peak * (step + 1) / warmup
-    progress = (step - warmup) / max(steps - warmup, 1)
-    return peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
 def block_causal_mask(length):
@@ -149,14 +133,8 @@ def train(args, v20):
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     # The wrong tokens of --editing-noise: the answers' characters (digits and A to P).
     alphabet = torch.tensor(tok.encode("0123456789ABCDEFGHIJKLMNOP", add_special_tokens=False))
-    cursor = {k: 0 for k in KINDS}
-    start = time.perf_counter()
-    loss_sum, loss_n, seen = 0.0, 0, {k: [0, 0] for k in KINDS}
-    for step in range(args.steps):
-        kind = KINDS[step % len(KINDS)]
-        batch = by_kind[kind][cursor[kind] : cursor[kind] + args.batch]
-        assert len(batch) == args.batch, f"ran out of {kind} tasks"
-        cursor[kind] += args.batch
+    log = StepLog(KINDS, args.steps, 100, "masked-token")
+    for step, kind, batch in alternating_batches(by_kind, KINDS, args.batch, args.steps):
         response_len = (64, 96)[int(torch.randint(2, (1,), generator=g))]
         inputs, target, noised, weight = make_batch(tok, batch, response_len, eos, mask, g, args.editing_noise, alphabet)
         lr = learning_rate(step, args.steps, args.lr, 100)
@@ -171,15 +149,9 @@ def train(args, v20):
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        loss_sum, loss_n = loss_sum + loss.item(), loss_n + 1
         with torch.no_grad():
-            seen[kind][0] += int(((logits.argmax(-1) == target) & noised).sum())
-            seen[kind][1] += int(noised.sum())
-        if (step + 1) % 100 == 0 or step + 1 == args.steps:
-            acc = " ".join(f"{k} {c / max(m, 1):.4f}" for k, (c, m) in seen.items())
-            print(f"step {step + 1:>5}  loss {loss_sum / loss_n:.4f}  masked-token accuracy {acc}  lr {lr:.2e}  {time.perf_counter() - start:.0f} s", flush=True)
-            loss_sum, loss_n, seen = 0.0, 0, {k: [0, 0] for k in KINDS}
-    print(f"trained {args.steps} steps in {time.perf_counter() - start:.0f} s")
+            log.add(step, kind, loss.item(), int(((logits.argmax(-1) == target) & noised).sum()), int(noised.sum()), lr)
+    print(f"trained {args.steps} steps in {log.seconds():.0f} s")
     model.eval()
     os.makedirs(args.out, exist_ok=True)
     model.save_pretrained(args.out, safe_serialization=True)
