@@ -98,6 +98,14 @@ typedef enum llada_alg {
   LLADA_ALG_ORIGIN = 3,
 } llada_alg;
 
+// DiffusionGemma: the random stream its sampler draws from (llada-rt's `--rng`).
+typedef enum llada_random_stream {
+  // A counter-based stream of the same distributions, rows in parallel.
+  LLADA_RANDOM_STREAM_FAST = 0,
+  // PyTorch's CPU stream draw for draw: transformers' `generate` under the same seed.
+  LLADA_RANDOM_STREAM_TORCH = 1,
+} llada_random_stream;
+
 // `MBSD`: whether committed tokens stay revisable (llada-rt's `--revision`).
 typedef enum llada_revision {
   // Committed tokens are re-checked on a CPU side path and may be revised.
@@ -173,7 +181,7 @@ typedef struct llada_params {
   // Tokens to generate, a multiple of the block length (`--gen-len`). Default 128.
   uint32_t gen_len;
   // Semi-autoregressive block length (`--block-len`); 0 takes the length the artifact was
-  // compiled for. Default 0.
+  // compiled for (DiffusionGemma: its canvas). Default 0.
   uint32_t block_len;
   // Denoising steps over all blocks, a multiple of the number of blocks (`--steps`); for
   // LLaDA 2.x, steps per block. 0 takes the model's default (128; LLaDA 2.x: its published
@@ -257,6 +265,30 @@ typedef struct llada_params {
   // LLaDA 2.1 editing: the most calls a block takes after its last mask is committed
   // (`--max-post-steps`). Default 16.
   uint32_t max_post_steps;
+  // DiffusionGemma: the temperature at the last step (`--t-min`); 0 takes the
+  // checkpoint's, below 0 is none (no schedule, with `t_max`). Default 0.
+  double t_min;
+  // DiffusionGemma: the temperature at the first step (`--t-max`); as `t_min`. Default 0.
+  double t_max;
+  // DiffusionGemma: a step accepts the lowest-entropy positions while the entropies
+  // before them sum to at most this (`--entropy-bound`); 0 takes the checkpoint's.
+  // Default 0.
+  double entropy_bound;
+  // DiffusionGemma: a canvas ends once its argmax canvas held this many steps and the
+  // mean entropy is below `confidence_threshold` (`--stability-threshold`); -1 takes the
+  // checkpoint's, below -1 is none (never early). Default -1.
+  int32_t stability_threshold;
+  // DiffusionGemma: see `stability_threshold` (`--confidence-threshold`); 0 takes the
+  // checkpoint's, below 0 is none. Default 0.
+  double confidence_threshold;
+  // DiffusionGemma: `n_eos_ids` token ids that end the generation (`--eos-ids`, at most
+  // 8); NULL takes the checkpoint's, a non-NULL pointer with `n_eos_ids` 0 is none. Read
+  // during `llada_generate` only. Default NULL.
+  const uint32_t *eos_ids;
+  size_t n_eos_ids;
+  // DiffusionGemma: a llada_random_stream value (`--rng`). Default
+  // LLADA_RANDOM_STREAM_FAST.
+  uint32_t rng;
 } llada_params;
 
 // The state after one denoising step, for showing the answer as it forms. Every pointer is
@@ -383,7 +415,8 @@ void llada_cancel(const struct llada_session *session);
 // On failure `*out` is zeroed and `llada_last_error` says why.
 //
 // # Safety
-// `session` is a live handle; `prompt` a NUL-terminated string; `params` NULL or valid;
+// `session` is a live handle; `prompt` a NUL-terminated string; `params` NULL or valid (its
+// `eos_ids` NULL or `n_eos_ids` readable ids);
 // `callback`, if set, safe to call with `user_data`; `out` points to a writable `llada_output`.
 enum llada_status llada_generate(const struct llada_session *session,
                                  const char *prompt,

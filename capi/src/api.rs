@@ -243,7 +243,8 @@ pub unsafe extern "C" fn llada_cancel(session: *const Session) {
 /// On failure `*out` is zeroed and `llada_last_error` says why.
 ///
 /// # Safety
-/// `session` is a live handle; `prompt` a NUL-terminated string; `params` NULL or valid;
+/// `session` is a live handle; `prompt` a NUL-terminated string; `params` NULL or valid (its
+/// `eos_ids` NULL or `n_eos_ids` readable ids);
 /// `callback`, if set, safe to call with `user_data`; `out` points to a writable `llada_output`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn llada_generate(
@@ -285,13 +286,15 @@ pub unsafe extern "C" fn llada_generate(
 fn run(state: &mut SessionState, cancel: &AtomicBool, prompt: &str, params: &Params, callback: StepCallback, user_data: *mut c_void) -> Result<Output, Failure> {
     let loaded = state.loaded.clone();
     let (model, text) = (&loaded.model, &loaded.text);
-    let sampler = params.sampler(model)?;
+    // SAFETY: `params` came from `llada_generate`'s caller, whose contract covers `eos_ids`.
+    let sampler = unsafe { params.sampler(model) }?;
     // Encoded on the session's own threads, not the caller's: `tokenizers` keeps a BPE cache
     // per thread and per tokenizer that lives as long as the thread, even after the tokenizer
     // is dropped. On an app's long-lived thread every loaded model would leave its entry
     // behind (kilobytes per load-generate-free cycle); the session's threads are joined
     // when it is freed, and their caches go with them.
-    let ids = state.session.pool().install(|| if params.chat { text.encode_chat(prompt) } else { text.encode(prompt) })?;
+    let chat = params.chat;
+    let ids = state.session.pool().install(|| if chat { text.encode_chat(prompt) } else { text.encode(prompt) })?;
     let mask = model.header.special.mask;
     let g = generate_until(&mut state.session, &ids, &sampler, &mut |v| {
         if let Some(f) = callback {

@@ -11,4 +11,4 @@ mod params;
 
 pub use api::*;
 pub use error::{llada_last_error, Status};
-pub use params::{llada_default_params, llada_default_session_params, Alg, Backend, Experts, Params, Policy, Remasking, Revision, SessionSettings, Staging};
+pub use params::{llada_default_params, llada_default_session_params, Alg, Backend, Experts, Params, Policy, RandomStream, Remasking, Revision, SessionSettings, Staging};

@@ -4,6 +4,7 @@ use llada_rt::executor;
 use llada_rt::moe::ExpertStrategy;
 use llada_rt::sampler::{Alg as RtAlg, Policy as RtPolicy, Revision as RtRevision};
 use llada_rt::staging::StagingMode;
+use llada_rt::params::{EosIds, Rng};
 use llada_rt::{Model, Remasking as RtRemasking, SamplerParams, SessionParams};
 
 use crate::error::Failure;
@@ -49,6 +50,16 @@ pub enum Alg {
     Origin = 3,
 }
 
+/// DiffusionGemma: the random stream its sampler draws from (llada-rt's `--rng`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RandomStream {
+    /// A counter-based stream of the same distributions, rows in parallel.
+    Fast = 0,
+    /// PyTorch's CPU stream draw for draw: transformers' `generate` under the same seed.
+    Torch = 1,
+}
+
 /// `MBSD`: whether committed tokens stay revisable (llada-rt's `--revision`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -71,7 +82,7 @@ pub struct Params {
     /// Tokens to generate, a multiple of the block length (`--gen-len`). Default 128.
     pub gen_len: u32,
     /// Semi-autoregressive block length (`--block-len`); 0 takes the length the artifact was
-    /// compiled for. Default 0.
+    /// compiled for (DiffusionGemma: its canvas). Default 0.
     pub block_len: u32,
     /// Denoising steps over all blocks, a multiple of the number of blocks (`--steps`); for
     /// LLaDA 2.x, steps per block. 0 takes the model's default (128; LLaDA 2.x: its published
@@ -155,6 +166,30 @@ pub struct Params {
     /// LLaDA 2.1 editing: the most calls a block takes after its last mask is committed
     /// (`--max-post-steps`). Default 16.
     pub max_post_steps: u32,
+    /// DiffusionGemma: the temperature at the last step (`--t-min`); 0 takes the
+    /// checkpoint's, below 0 is none (no schedule, with `t_max`). Default 0.
+    pub t_min: f64,
+    /// DiffusionGemma: the temperature at the first step (`--t-max`); as `t_min`. Default 0.
+    pub t_max: f64,
+    /// DiffusionGemma: a step accepts the lowest-entropy positions while the entropies
+    /// before them sum to at most this (`--entropy-bound`); 0 takes the checkpoint's.
+    /// Default 0.
+    pub entropy_bound: f64,
+    /// DiffusionGemma: a canvas ends once its argmax canvas held this many steps and the
+    /// mean entropy is below `confidence_threshold` (`--stability-threshold`); -1 takes the
+    /// checkpoint's, below -1 is none (never early). Default -1.
+    pub stability_threshold: i32,
+    /// DiffusionGemma: see `stability_threshold` (`--confidence-threshold`); 0 takes the
+    /// checkpoint's, below 0 is none. Default 0.
+    pub confidence_threshold: f64,
+    /// DiffusionGemma: `n_eos_ids` token ids that end the generation (`--eos-ids`, at most
+    /// 8); NULL takes the checkpoint's, a non-NULL pointer with `n_eos_ids` 0 is none. Read
+    /// during `llada_generate` only. Default NULL.
+    pub eos_ids: *const u32,
+    pub n_eos_ids: usize,
+    /// DiffusionGemma: a llada_random_stream value (`--rng`). Default
+    /// LLADA_RANDOM_STREAM_FAST.
+    pub rng: u32,
 }
 
 /// The settings `llada-rt run` uses when given no options, with `chat` on.
@@ -209,6 +244,24 @@ pub extern "C" fn llada_default_params() -> Params {
         eos_early_stop: d.eos_early_stop,
         editing_threshold: d.editing_threshold.unwrap_or(-1.0),
         max_post_steps: d.max_post_steps as u32,
+        t_min: 0.0,
+        t_max: 0.0,
+        entropy_bound: 0.0,
+        stability_threshold: -1,
+        confidence_threshold: 0.0,
+        eos_ids: std::ptr::null(),
+        n_eos_ids: 0,
+        rng: RandomStream::Fast as u32,
+    }
+}
+
+/// A DiffusionGemma setting that `None` turns off: 0 takes `default`, below 0 is none (a NaN
+/// is neither: the sampler's check refuses it).
+fn or_none(value: f64, default: Option<f64>) -> Option<f64> {
+    match value {
+        0.0 => default,
+        v if v < 0.0 => None,
+        v => Some(v),
     }
 }
 
@@ -216,7 +269,9 @@ impl Params {
     /// The sampler's settings, the artifact's plan filling what is left to it, as llada-rt
     /// does. The enum fields are plain integers (C may store any value in them; a Rust enum
     /// holding an undeclared value would be undefined behaviour): an undeclared one is refused.
-    pub(crate) fn sampler(&self, model: &Model) -> Result<SamplerParams, Failure> {
+    /// # Safety
+    /// `eos_ids`, where not NULL, points to `n_eos_ids` readable ids (the header's contract).
+    pub(crate) unsafe fn sampler(&self, model: &Model) -> Result<SamplerParams, Failure> {
         let plan = &model.header.plan;
         let policy = match self.policy {
             0 => RtPolicy::Exact,
@@ -249,6 +304,8 @@ impl Params {
         // Dream's sampler has no blocks: 0 takes the whole generation as one.
         let block_length = match self.block_len {
             0 if model.is_dream() => self.gen_len as usize,
+            // DiffusionGemma: its canvas.
+            0 if model.diffusion_gemma().is_some() => model.diffusion_gemma().map_or(0, |dg| dg.canvas_length as usize),
             0 => plan.block_len as usize,
             n => n as usize,
         };
@@ -286,14 +343,34 @@ impl Params {
             // below 0: refused there.)
             editing_threshold: (!(self.editing_threshold < 0.0)).then_some(self.editing_threshold),
             max_post_steps: self.max_post_steps as usize,
-            // DiffusionGemma's settings have no fields here yet: its checkpoint's defaults.
-            t_min: defaults.t_min,
-            t_max: defaults.t_max,
-            entropy_bound: defaults.entropy_bound,
-            stability_threshold: defaults.stability_threshold,
-            confidence_threshold: defaults.confidence_threshold,
-            eos_ids: defaults.eos_ids,
-            rng: defaults.rng,
+            // DiffusionGemma: 0 (-1, NULL) the checkpoint's; below it none; the rest of the
+            // range is the sampler's check (which also refuses them set on another model).
+            t_min: or_none(self.t_min, defaults.t_min),
+            t_max: or_none(self.t_max, defaults.t_max),
+            entropy_bound: if self.entropy_bound == 0.0 { defaults.entropy_bound } else { self.entropy_bound },
+            stability_threshold: match self.stability_threshold {
+                -1 => defaults.stability_threshold,
+                n if n < -1 => None,
+                n => Some(n as usize),
+            },
+            confidence_threshold: or_none(self.confidence_threshold, defaults.confidence_threshold),
+            eos_ids: match self.eos_ids.is_null() {
+                true => defaults.eos_ids,
+                false => {
+                    // SAFETY: not NULL, so `n_eos_ids` readable ids (this function's contract);
+                    // counts past the sampler's limit are refused before the read.
+                    if self.n_eos_ids > llada_rt::params::MAX_EOS_IDS {
+                        return Err(Failure::argument(format!("params.n_eos_ids: {} is more than {}", self.n_eos_ids, llada_rt::params::MAX_EOS_IDS)));
+                    }
+                    let ids = unsafe { std::slice::from_raw_parts(self.eos_ids, self.n_eos_ids) };
+                    EosIds::new(ids).map_err(|e| Failure::argument(format!("params.eos_ids: {e}")))?
+                }
+            },
+            rng: match self.rng {
+                n if n == RandomStream::Fast as u32 => Rng::Fast,
+                n if n == RandomStream::Torch as u32 => Rng::Torch,
+                n => return Err(Failure::argument(format!("params.rng: {n} is not a llada_random_stream"))),
+            },
         })
     }
 }

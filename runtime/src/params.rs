@@ -8,7 +8,7 @@ use crate::moe::ExpertStrategy;
 use crate::staging::StagingMode;
 
 mod diffusion_gemma;
-pub use diffusion_gemma::{EosIds, Rng};
+pub use diffusion_gemma::{EosIds, Rng, MAX_EOS_IDS};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]

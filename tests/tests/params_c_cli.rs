@@ -176,3 +176,47 @@ fn the_expert_settings_through_the_c_api_give_the_clis_tokens() {
         assert_eq!(c_tokens(&artifact, "hello there", &params, &settings), cli_tokens(&artifact, "hello there", &all), "{flags:?}");
     }
 }
+
+/// DiffusionGemma's settings (its kit's tiny random-weight model, where a setting lost on the
+/// way changes the tokens): the checkpoint's defaults, every one set, and every one off.
+#[test]
+fn diffusion_gemma_settings_through_the_c_api_give_the_clis_tokens() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifact = dir.path().join("dg.lad");
+    let kit = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/diffusiongemma-conformance/tiny-dg-A");
+    common::compile(&kit, &artifact, Some(128));
+    let base = Params { gen_len: 32, seed: 3, chat: false, ..llada_default_params() };
+    let eos = [1u32, 9];
+    let set = Params { t_min: 0.3, t_max: 0.9, entropy_bound: 0.5, stability_threshold: 2, confidence_threshold: 0.01, eos_ids: eos.as_ptr(), n_eos_ids: 2, rng: RandomStream::Torch as u32, ..base };
+    let off = Params { t_min: -1.0, t_max: -1.0, stability_threshold: -2, confidence_threshold: -1.0, eos_ids: eos.as_ptr(), n_eos_ids: 0, ..base };
+    let cases: [(&[&str], Params); 3] = [
+        (&[], base),
+        (&["--t-min", "0.3", "--t-max", "0.9", "--entropy-bound", "0.5", "--stability-threshold", "2", "--confidence-threshold", "0.01", "--eos-ids", "1,9", "--rng", "torch"], set),
+        (&["--t-min", "none", "--t-max", "none", "--stability-threshold", "none", "--confidence-threshold", "none", "--eos-ids", "none"], off),
+    ];
+    let mut outcomes = Vec::new();
+    for (flags, params) in cases {
+        let mut all = vec!["--gen-len", "32", "--seed", "3"];
+        all.extend_from_slice(flags);
+        let cli = cli_tokens(&artifact, "hello there", &all);
+        assert_eq!(c_tokens(&artifact, "hello there", &params, &llada_default_session_params()), cli, "{flags:?}");
+        outcomes.push(cli.0);
+    }
+    assert!(outcomes[0] != outcomes[1] && outcomes[0] != outcomes[2], "the settings change the tokens: {outcomes:?}");
+    // Set on a model that is not DiffusionGemma: refused by name.
+    let embedded = common::embedded(dir.path());
+    let path = CString::new(embedded.to_str().unwrap()).unwrap();
+    let (mut model, mut session) = (std::ptr::null_mut(), std::ptr::null_mut());
+    let bad = Params { t_min: 0.3, ..llada_default_params() };
+    // SAFETY: valid strings, params and out pointers; the handles are freed below.
+    unsafe {
+        assert_eq!(llada_model_load(path.as_ptr(), &mut model), Status::Ok, "{}", last_error());
+        assert_eq!(llada_session_open(model, &llada_default_session_params(), &mut session), Status::Ok, "{}", last_error());
+        let mut out = std::mem::MaybeUninit::<Output>::uninit();
+        let prompt = CString::new("hi").unwrap();
+        assert_ne!(llada_generate(session, prompt.as_ptr(), &bad, None, std::ptr::null_mut(), out.as_mut_ptr()), Status::Ok);
+        assert!(last_error().contains("t_min"), "{}", last_error());
+        llada_session_free(session);
+        llada_model_free(model);
+    }
+}
