@@ -1,5 +1,6 @@
 //! The Vulkan backend under the Khronos validation layer reports no error: a resident and a
-//! staged window, every weight format the shaders read, and `mbsd` with revision. Its own test
+//! staged window, every weight format the shaders read, `mbsd` with revision, and
+//! DiffusionGemma's encoder and self-conditioned decoder passes. Its own test
 //! binary, because the layer is chosen by an environment variable read when a device opens.
 
 mod common;
@@ -45,5 +46,12 @@ fn the_validation_layer_reports_no_error() {
             generate(&mut s, &prompt, &p, &mut |_| {}).unwrap();
         }
     }
+    // DiffusionGemma's kit model: a prompt longer than its sliding window, two canvases.
+    let dg = dir.path().join("dg.lad");
+    common::compile_quant(&Path::new(env!("CARGO_MANIFEST_DIR")).join("data/diffusiongemma-conformance/tiny-dg-A"), &dg, None, 128, None);
+    let model = Model::open(&dg, true).unwrap();
+    let mut s = Session::with_backend(&model, &executor::vulkan::BACKEND, 2, cpu::features(), StagingMode::Async, ExpertOptions::default()).unwrap();
+    let prompt: Vec<u32> = (0..12).map(|i| 17 + i * 19).collect();
+    generate(&mut s, &prompt, &SamplerParams { gen_length: 32, block_length: 16, steps: 4, ..Default::default() }, &mut |_| {}).unwrap();
     assert_eq!(llada_rt::executor::vulkan::validation_errors(), 0, "the validation layer reported errors (printed above)");
 }

@@ -55,7 +55,7 @@ impl Conformance {
                 let why = if d.explained { format!("below 2 x the first-pass logit error ({bound:.2e}): explained by precision") } else { format!("not below 2 x the first-pass logit error ({bound:.2e}): NOT explained") };
                 match report.denoising_steps_matched {
                     // DiffusionGemma's kit records each case's closest decision itself.
-                    Some(_) => outln!("DIVERGED {}: the kit's closest threshold decision {margin}, {why}", d.case)?,
+                    Some(_) => outln!("DIVERGED {}: the kit's closest decision {margin} (in logit units), {why}", d.case)?,
                     None => outln!("DIVERGED {} at step {}: the host's margin there {margin}, {why}", d.case, d.step)?,
                 }
             }

@@ -3,7 +3,8 @@
 //! each case replayed with PyTorch's random stream (`--rng torch`) must give the same output
 //! ids and the same decoder passes per canvas; the first decoder pass's logits must be within
 //! the tolerance. A case that differs is a divergence, explained where the kit's recorded
-//! margins for it are below what the backend's logit error can move.
+//! margins for it (its closest decisions, [`Margins::in_logits`]) are below what the
+//! backend's logit error can move: twice the first pass's error, as the other kits' rule.
 
 use std::path::Path;
 
@@ -30,9 +31,7 @@ struct Case {
     settings: Settings,
     output_ids: Vec<u32>,
     denoising_steps_per_canvas: Vec<u32>,
-    /// The case's closest decisions (the kit's README): the smallest relative gap between the
-    /// two best sampling scores, and the distances to the entropy bound and the confidence
-    /// threshold.
+    /// The case's closest decisions (the kit's README).
     #[serde(default)]
     margins: Option<Margins>,
 }
@@ -58,11 +57,33 @@ enum EosList {
     Many(Vec<u32>),
 }
 
-#[derive(Deserialize, Clone, Copy)]
+/// A case's closest decisions over its steps, each on the temperature-scaled logits (`None`
+/// where the kit has no such decision).
+#[derive(Deserialize, Clone, Copy, Default)]
 struct Margins {
+    /// `(r1 - r2) / r1` of the two largest sampling scores `p / q` at an accepted position.
+    multinomial_rel_gap: Option<f64>,
+    /// Distance of an entropy sum to the entropy bound.
     entropy_bound_gap: Option<f64>,
-    /// None where the case has no stopping rule.
+    /// Top-1 minus top-2 logit where the argmax canvas was read.
+    argmax_logit_gap: Option<f64>,
+    /// Distance of the mean entropy to the confidence threshold; none without a stopping rule.
     confidence_gap: Option<f64>,
+}
+
+impl Margins {
+    /// The closest decision in units of the raw logits (those whose error the first pass
+    /// measures), for a case whose temperature is at most `t_max`: a gap g of the scaled
+    /// logits is g * T of the raw ones, so g * t_max bounds the closest raw gap from above and
+    /// a divergence is explained only where even that bound is below the error. A sampling
+    /// score's relative gap is the log-ratio -ln(1 - g), in which the row's normaliser cancels
+    /// (only the two logits move it). An entropy's gradient is bounded by the spread of its
+    /// logits, about 1 on a softmax's scale, so entropy gaps count as logit gaps, as the other
+    /// kits count log-confidences.
+    fn in_logits(&self, t_max: f64) -> Option<f64> {
+        let score = self.multinomial_rel_gap.map(|g| -(-g).ln_1p());
+        [score, self.entropy_bound_gap, self.argmax_logit_gap, self.confidence_gap].into_iter().flatten().reduce(f64::min).map(|m| m * t_max)
+    }
 }
 
 #[derive(Deserialize)]
@@ -108,14 +129,17 @@ pub fn run(session: &mut Session, golden_path: &Path, select: Selection, logit_t
         r.denoising_steps_matched = r.denoising_steps_matched.map(|n| n + usize::from(steps_ok));
         if !(ids_ok && steps_ok) {
             r.failures.push(format!("{}: output {} and denoising steps per canvas {:?} (want {:?})", c.name, if ids_ok { "equal" } else { "differs" }, g.denoising_steps_per_canvas.unwrap_or_default(), c.denoising_steps_per_canvas));
-            // The closest of the case's threshold decisions, in entropy units.
-            let margin = c.margins.and_then(|m| [m.entropy_bound_gap, m.confidence_gap].into_iter().flatten().reduce(f64::min));
+            // The case's closest decision, in raw logit units (no schedule: T = 1).
+            let t_max = match (c.settings.t_min, c.settings.t_max) {
+                (Some(_), Some(t)) => t,
+                _ => 1.0,
+            };
+            let margin = c.margins.and_then(|m| m.in_logits(t_max));
             r.divergences.push(Divergence { case: c.name.clone(), step: 0, margin, explained: false });
         }
         progress(&c.name);
     }
-    // An error of e on the logits moves an entropy by about e (its gradient is bounded by the
-    // spread of the logits, 1 on a softmax's scale): a decision closer than that flips.
+    // An error of e on each logit moves a gap between two by up to 2e.
     let bound = 2.0 * r.max_logit_abs_error;
     for d in &mut r.divergences {
         d.explained = d.margin.is_some_and(|m| m < bound);
@@ -146,4 +170,21 @@ fn params(c: &Case, canvas: usize) -> std::result::Result<SamplerParams, String>
         rng: Rng::Torch,
         ..SamplerParams::default()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Margins;
+
+    /// The closest decision is the smallest gap, the score's as a log-ratio, scaled to raw
+    /// logits by the temperature.
+    #[test]
+    fn margins_in_logit_units() {
+        let m = Margins { multinomial_rel_gap: Some(1.0 - (-0.01f64).exp()), entropy_bound_gap: Some(0.02), argmax_logit_gap: Some(0.5), confidence_gap: None };
+        assert!((m.in_logits(1.0).unwrap() - 0.01).abs() < 1e-12);
+        assert!((m.in_logits(0.5).unwrap() - 0.005).abs() < 1e-12);
+        let entropy = Margins { entropy_bound_gap: Some(1e-4), confidence_gap: Some(3e-4), ..Margins::default() };
+        assert!((entropy.in_logits(0.8).unwrap() - 0.8e-4).abs() < 1e-15);
+        assert_eq!(Margins::default().in_logits(1.0), None);
+    }
 }

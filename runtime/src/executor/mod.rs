@@ -6,8 +6,10 @@
 //! list it in their errors; nothing else knows which backends exist. The window comes from
 //! the backend: where its device can address it, laid out by the plan.
 
+mod head_shape;
 mod inputs;
 mod interface;
+mod soft_embed;
 
 pub mod host;
 pub mod qnn;
@@ -16,8 +18,10 @@ pub mod recording;
 pub mod vulkan;
 
 pub use host::HostExecutor;
+pub use head_shape::{AttentionOp, HeadShape};
 pub use inputs::*;
 pub use interface::*;
+pub use soft_embed::SoftEmbed;
 
 use crate::error::{Error, Result, Setting};
 use crate::kernels::cpu::Features;

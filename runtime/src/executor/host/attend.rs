@@ -8,21 +8,10 @@ use rayon::prelude::*;
 
 use crate::kernels::{self, attention};
 use crate::operands::operands;
+use crate::executor::HeadShape;
 use crate::window::KvView;
 
 use super::{HostExecutor, OpBuffers, OpView};
-
-/// One attention op's heads and mask: `Op::Attention` takes the model's heads, the usual
-/// `1 / sqrt(head_dim)` and no window; `Op::WindowAttention` gives its own.
-#[derive(Clone, Copy)]
-pub(super) struct HeadShape {
-    pub heads: u32,
-    pub kv_heads: u32,
-    pub head_dim: u32,
-    pub scale: f32,
-    /// Rows see the keys from `window - 1` before their block's first position on.
-    pub window: Option<u32>,
-}
 
 impl HostExecutor {
     /// An attention layer: stores the stored rows' keys and values in the cache, then

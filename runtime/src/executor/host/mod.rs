@@ -17,10 +17,9 @@ use crate::moe::MoeStep;
 use crate::operands::operands;
 use crate::window::{homes, Home, KvView, SlotPtr, Window};
 
-use super::{value_range, Backend, Capabilities, Executor, Pass, RunInputs};
+use super::{value_range, AttentionOp, Backend, Capabilities, Executor, Pass, RunInputs, SoftEmbed};
 
 mod attend;
-use attend::HeadShape;
 
 pub const BACKEND: Backend = Backend {
     name: "host",
@@ -163,11 +162,10 @@ impl HostExecutor {
                 gemm(xs, v.rows_of(x), &v.model.matrix_at(w, v.weight(w)), o, b.gemm, &self.pool, features);
             }
             Op::Rope { x, heads, cos, sin } => self.rope(v, b, x, (heads, hd), (cos, sin)),
-            Op::Attention { qkv, out, heads, kv_heads, layer } => {
-                let shape = HeadShape { heads, kv_heads, head_dim: hd as u32, scale: 1.0 / (hd as f32).sqrt(), window: None };
-                self.attention(v, b, qkv, out, shape, layer)
+            Op::Attention { .. } | Op::WindowAttention { .. } => {
+                let a = AttentionOp::of(op, &v.model.header.model).expect("an attention op");
+                self.attention(v, b, a.qkv, a.out, a.shape, a.layer)
             }
-            Op::WindowAttention { qkv, out, heads, kv_heads, head_dim, layer, scale, window } => self.attention(v, b, qkv, out, HeadShape { heads, kv_heads, head_dim, scale, window }, layer),
             Op::GeluGlu { x, out } => {
                 let ([xs], o) = operands(b.win, [v.range(x)], v.range(out));
                 let hidden = v.cols(out);
@@ -187,21 +185,7 @@ impl HostExecutor {
                     kernels::gemma::norm_heads(features, &mut row[span.clone()], hd, weight, eps);
                 }
             }
-            Op::SoftEmbed { x, table, scale, out } => {
-                let o = v.range(out);
-                let Some(soft) = v.inp.soft else {
-                    // The first step: no previous logits, a zero signal (as the reference's).
-                    b.win[o].fill(0.0);
-                    return;
-                };
-                let cols = v.cols(x);
-                let xs = &mut b.win[v.range(x)];
-                xs.copy_from_slice(&soft[..xs.len()]);
-                self.pool.install(|| xs.par_chunks_mut(cols).for_each(|row| kernels::gemma::softmax_in_place(features, row)));
-                let ([xs], o) = operands(b.win, [v.range(x)], o);
-                let width = v.cols(out);
-                self.pool.install(|| kernels::gemma::soft_embed(xs, v.rows_of(x), v.model.weights(table), width, scale, o));
-            }
+            Op::SoftEmbed { x, table, scale, out } => SoftEmbed { x, table, scale, out }.run(v.model, v.g, v.inp, b.win, v.base, &self.pool, features),
             Op::SwiGlu { x, out } => {
                 // A row at a time, as threads are free (see Attention).
                 let ([xs], o) = operands(b.win, [v.range(x)], v.range(out));

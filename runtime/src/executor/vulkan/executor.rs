@@ -11,8 +11,9 @@ use super::gpu::{vk_error, Gpu};
 use super::pipelines::Pipelines;
 use super::record::{PassInputs, RecordedGraph, Recorder, Step};
 
-use crate::executor::{value_range, Capabilities, Executor, OpProfile, Pass, RunInputs};
+use crate::executor::{value_range, AttentionOp, Capabilities, Executor, OpProfile, Pass, RunInputs, SoftEmbed};
 use crate::error::{Error, Result, Setting};
+use crate::kernels::cpu::Features;
 use crate::model::Model;
 use crate::pool::Pool;
 use crate::trace::{Trace, Track};
@@ -57,14 +58,16 @@ pub struct VulkanExecutor {
     inputs_map: InputsMap,
     max_rows: usize,
     pool: Pool,
+    /// The CPU kernels' paths, for the ops that run on the CPU between command buffers.
+    features: Features,
     capabilities: Capabilities,
     trace: Option<Arc<Trace>>,
 }
 
 impl VulkanExecutor {
     /// Opens the Vulkan device, allocates the window in its memory and records every graph of
-    /// `model`; `threads` CPU threads work around the passes.
-    pub fn new(model: &Model, threads: usize) -> Result<(VulkanExecutor, Window)> {
+    /// `model`; `threads` CPU threads work around the passes, with kernel paths `features`.
+    pub fn new(model: &Model, threads: usize, features: Features) -> Result<(VulkanExecutor, Window)> {
         let h = &model.header;
         let gpu = Arc::new(Gpu::open()?);
         let bytes = Window::bytes_for(h, true);
@@ -90,7 +93,7 @@ impl VulkanExecutor {
         // part-way frees what was made through `drop`.
         let mut e = VulkanExecutor {
             gpu: gpu.clone(),
-            pipelines: Pipelines::new(gpu.clone(), h.plan.kv_capacity)?,
+            pipelines: Pipelines::new(gpu.clone(), h.plan.kv_capacity, widest_head(h))?,
             graphs: Vec::new(),
             command_pool: vk::CommandPool::null(),
             descriptor_pools: Vec::new(),
@@ -100,6 +103,7 @@ impl VulkanExecutor {
             inputs_map: InputsMap(std::ptr::null_mut(), 0),
             max_rows,
             pool,
+            features,
             capabilities,
             trace: None,
         };
@@ -167,6 +171,14 @@ impl VulkanExecutor {
     }
 }
 
+/// The widest head an attention op of `h` has (the model's, or a layer's own), rounded up to
+/// the four elements the attention shader reads at a time.
+fn widest_head(h: &llada_ir::Header) -> u32 {
+    let ops = h.graphs.iter().flat_map(|g| &g.ops);
+    let widest = ops.filter_map(|op| AttentionOp::of(op, &h.model).map(|a| a.shape.head_dim));
+    widest.max().unwrap_or(h.model.head_dim).next_multiple_of(4)
+}
+
 impl Executor for VulkanExecutor {
     fn run(&mut self, model: &Model, pass: Pass<'_>) -> Result<()> {
         let Pass { graph, inputs, window, mut stager, moe, mut profile } = pass;
@@ -194,6 +206,15 @@ impl Executor for VulkanExecutor {
                     let v = &g.values[out as usize];
                     let range = value_range(g, v, inp.logit_rows.len(), parts.activations_offset);
                     crate::kernels::embed_rows(model.weights(table), v.cols as usize, inp.tokens, &mut parts.activations[range]);
+                    if let Some(p) = profile.as_deref_mut() {
+                        p.times.push((*op, start.elapsed().as_secs_f64()));
+                    }
+                }
+                Step::SoftEmbed { op } => {
+                    let start = Instant::now();
+                    let Op::SoftEmbed { x, table, scale, out } = g.ops[*op] else { unreachable!("a recorded SoftEmbed step names a SoftEmbed op") };
+                    let parts = window.parts();
+                    SoftEmbed { x, table, scale, out }.run(model, g, inp, parts.activations, parts.activations_offset, &self.pool, self.features);
                     if let Some(p) = profile.as_deref_mut() {
                         p.times.push((*op, start.elapsed().as_secs_f64()));
                     }

@@ -5,8 +5,9 @@
 //! buffers (`record`); a pass writes its inputs, then submits them in order, waiting for the
 //! swap schedule's copies before and releasing slots after, as the host executor does between
 //! ops. Shaders compute in f32 with integer dot products for q8/q4 (`shaders/`). The
-//! embedding and a mixture-of-experts model's routers and experts run on the CPU between
-//! command buffers, on the window the device shares (the host executor's MoE code).
+//! embedding, DiffusionGemma's self-conditioning input (whose table is the embedding) and a
+//! mixture-of-experts model's routers and experts run on the CPU between command buffers, on
+//! the window the device shares (the host executor's MoE code).
 
 
 #[cfg(all(feature = "vulkan", not(target_env = "musl")))]
@@ -29,8 +30,8 @@ pub const BACKEND: Backend = Backend {
     name: "vulkan",
     about: "a Vulkan 1.1 compute device (a phone's or desktop's GPU, or lavapipe on a CPU), found at run time (LLADA_VULKAN_DEVICE=<index> picks one)",
     #[cfg(all(feature = "vulkan", not(target_env = "musl")))]
-    constructor: Ok(|model, threads, _features| {
-        let (e, w) = VulkanExecutor::new(model, threads)?;
+    constructor: Ok(|model, threads, features| {
+        let (e, w) = VulkanExecutor::new(model, threads, features)?;
         Ok((Box::new(e), w))
     }),
     #[cfg(not(all(feature = "vulkan", not(target_env = "musl"))))]

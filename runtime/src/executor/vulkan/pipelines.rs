@@ -1,5 +1,5 @@
 //! The compute pipelines: one per shader (the matmul one per weight format, the attention one
-//! sized for the plan's KV capacity), all with one descriptor set layout (four storage
+//! sized for the plan's KV capacity and the artifact's widest head), all with one descriptor set layout (four storage
 //! buffers, see `shaders/common.glsl`) and one push-constant block. The SPIR-V is built from
 //! `shaders/*.comp` by `shaders/build.sh` and checked in; a test rebuilds it and compares.
 
@@ -13,8 +13,6 @@ use crate::error::{Error, Result, Setting};
 
 /// Bytes of push constants every pipeline may use.
 pub(super) const PUSH_BYTES: u32 = 64;
-/// Head dimensions the attention shader holds a query of (`MAX_HEAD_DIM` there).
-pub(super) const MAX_HEAD_DIM: u32 = 256;
 
 /// A built shader: its name, the source it is built from, the macro defined for it (those two
 /// read by the test that rebuilds it).
@@ -70,14 +68,15 @@ pub(super) struct Pipelines {
 }
 
 impl Pipelines {
-    /// Every pipeline, the attention one holding scores for `max_keys` positions.
-    pub fn new(gpu: Arc<Gpu>, max_keys: u32) -> Result<Pipelines> {
+    /// Every pipeline, the attention one holding scores for `max_keys` positions and a query
+    /// of `head_dim` (the widest an attention op of the artifact has, a multiple of 4).
+    pub fn new(gpu: Arc<Gpu>, max_keys: u32, head_dim: u32) -> Result<Pipelines> {
         // attention.comp's workgroup memory: scores, the query, 64 partial sums and a total.
-        let shared = (max_keys as u64 + MAX_HEAD_DIM as u64 + 64 + 1) * 4;
+        let shared = (max_keys as u64 + head_dim as u64 + 64 + 1) * 4;
         if shared > gpu.limits.max_compute_shared_memory_size as u64 {
             return Err(Error::setting(
                 Setting::Backend,
-                format!("vulkan: attention over {max_keys} cached positions needs {shared} bytes of workgroup memory but {} has {}; compile with a smaller --max-len", gpu.name, gpu.limits.max_compute_shared_memory_size),
+                format!("vulkan: attention over {max_keys} cached positions with heads of {head_dim} needs {shared} bytes of workgroup memory but {} has {}; compile with a smaller --max-len", gpu.name, gpu.limits.max_compute_shared_memory_size),
             ));
         }
         let d = &gpu.device;
@@ -100,31 +99,32 @@ impl Pipelines {
             attention: vk::Pipeline::null(),
             elementwise: vk::Pipeline::null(),
         };
-        p.rms_norm = p.pipeline("rms_norm", None)?;
-        p.quantize = p.pipeline("quantize", None)?;
+        p.rms_norm = p.pipeline("rms_norm", &[])?;
+        p.quantize = p.pipeline("quantize", &[])?;
         for f in 0..6u32 {
             let integer = f >= 4;
-            p.matmul[f as usize] = p.pipeline(if integer && gpu.int8_dot { "matmul_dot" } else { "matmul" }, Some(f))?;
+            p.matmul[f as usize] = p.pipeline(if integer && gpu.int8_dot { "matmul_dot" } else { "matmul" }, &[f])?;
         }
-        p.rope = p.pipeline("rope", None)?;
-        p.store_kv = p.pipeline("store_kv", None)?;
-        p.attention = p.pipeline("attention", Some(max_keys))?;
-        p.elementwise = p.pipeline("elementwise", None)?;
+        p.rope = p.pipeline("rope", &[])?;
+        p.store_kv = p.pipeline("store_kv", &[])?;
+        p.attention = p.pipeline("attention", &[max_keys, head_dim])?;
+        p.elementwise = p.pipeline("elementwise", &[])?;
         Ok(p)
     }
 
-    /// The pipeline of shader `name` with specialisation constant 0 set to `constant`.
-    fn pipeline(&self, name: &str, constant: Option<u32>) -> Result<vk::Pipeline> {
+    /// The pipeline of shader `name` with specialisation constants 0, 1, ... set to
+    /// `constants`.
+    fn pipeline(&self, name: &str, constants: &[u32]) -> Result<vk::Pipeline> {
         let d = &self.gpu.device;
         let spv = SHADERS.iter().find(|s| s.name == name).expect("a known shader").spv;
         let words = ash::util::read_spv(&mut std::io::Cursor::new(spv)).map_err(|e| Error::Internal(format!("shader {name}: bad SPIR-V: {e}")))?;
         // SAFETY: valid SPIR-V built from this crate's shaders; the module is destroyed below.
         let module = unsafe { d.create_shader_module(&vk::ShaderModuleCreateInfo::default().code(&words), None) }.map_err(|e| vk_error(&format!("loading shader {name}"), e))?;
-        let data = constant.unwrap_or(0).to_le_bytes();
-        let entries = [vk::SpecializationMapEntry { constant_id: 0, offset: 0, size: 4 }];
+        let data: Vec<u8> = constants.iter().flat_map(|c| c.to_le_bytes()).collect();
+        let entries: Vec<_> = (0..constants.len() as u32).map(|i| vk::SpecializationMapEntry { constant_id: i, offset: 4 * i, size: 4 }).collect();
         let spec = vk::SpecializationInfo::default().map_entries(&entries).data(&data);
         let mut stage = vk::PipelineShaderStageCreateInfo::default().stage(vk::ShaderStageFlags::COMPUTE).module(module).name(c"main");
-        if constant.is_some() {
+        if !constants.is_empty() {
             stage = stage.specialization_info(&spec);
         }
         let info = [vk::ComputePipelineCreateInfo::default().stage(stage).layout(self.layout)];

@@ -2,7 +2,8 @@
 //! ("chunks"), split only where the host must act between dispatches: before an op whose
 //! rotating weights must first be in their slot (the host waits for the staging copy), after
 //! an op whose slot the swap schedule then releases (the host must know the device is done
-//! with it), and around the embedding gather, which reads the artifact on the CPU. Every
+//! with it), and around the embedding gather and DiffusionGemma's self-conditioning input,
+//! which read the embedding from the artifact on the CPU. Every
 //! dispatch's operands are fixed by the plan: value offsets in the activation region, weight
 //! offsets in the resident region or their slot, one layer's KV cache; what changes per pass
 //! (positions, logit rows, context) is read from the pass-inputs buffer.
@@ -16,10 +17,14 @@ use llada_ir::{DType, Graph, Header, KvDType, Op, Rows, TensorId, Value};
 use llada_ir::program::Step as ProgramStep;
 
 use super::gpu::{vk_error, Gpu};
-use super::pipelines::{matmul_format, Pipelines, MAX_HEAD_DIM};
+use super::pipelines::{matmul_format, Pipelines};
 use crate::error::{Error, Result};
+use crate::executor::{AttentionOp, HeadShape};
 use crate::model::Model;
 use crate::window::Home;
+
+/// `rms_norm.comp`'s weight offset for a norm without a weight.
+const NO_WEIGHT: u32 = u32::MAX;
 
 /// Storage-buffer descriptors a pool holds before another is made.
 const SETS_PER_POOL: u32 = 512;
@@ -30,6 +35,8 @@ pub(super) enum Step {
     Device { cmd: vk::CommandBuffer, ops: std::ops::Range<usize> },
     /// The embedding gather, on the host.
     Embed { op: usize },
+    /// DiffusionGemma's self-conditioning input (`Op::SoftEmbed`), on the host.
+    SoftEmbed { op: usize },
     /// Routers and routed experts: the session's CPU step, on the rows the device computed.
     Experts { ops: std::ops::Range<usize> },
     /// A wait or release of the swap schedule, for the stager.
@@ -161,15 +168,30 @@ impl<'a> Recorder<'a> {
         };
         let mut steps = Vec::with_capacity(program.len());
         for &step in program {
-            steps.push(match step {
+            let next = match step {
                 ProgramStep::Embed { op } => Step::Embed { op: op as usize },
                 ProgramStep::Moe { start, end } => Step::Experts { ops: start as usize..end as usize },
                 ProgramStep::Dense { start, end } => {
-                    let ops = start as usize..end as usize;
-                    Step::Device { cmd: self.record_chunk(g, ops.clone(), queries)?, ops }
+                    // A dense run's self-conditioning inputs read the artifact: host steps
+                    // between the run's command buffers.
+                    let mut from = start as usize;
+                    for i in start as usize..end as usize {
+                        if matches!(g.ops[i], Op::SoftEmbed { .. }) {
+                            if from < i {
+                                steps.push(Step::Device { cmd: self.record_chunk(g, from..i, queries)?, ops: from..i });
+                            }
+                            steps.push(Step::SoftEmbed { op: i });
+                            from = i + 1;
+                        }
+                    }
+                    if from == end as usize {
+                        continue;
+                    }
+                    Step::Device { cmd: self.record_chunk(g, from..end as usize, queries)?, ops: from..end as usize }
                 }
                 ProgramStep::Wait { .. } | ProgramStep::Release { .. } => Step::Staging(step),
-            });
+            };
+            steps.push(next);
         }
         Ok(RecordedGraph { steps, queries })
     }
@@ -275,11 +297,27 @@ impl<'a> Recorder<'a> {
         let off = |v: u32| ((val(v).offset - act_base) / 4) as u32;
         let groups_of = |n: u32| n.div_ceil(64);
         match *op {
-            Op::Embed { .. } => unreachable!("the host runs the embedding"),
+            Op::Embed { .. } | Op::SoftEmbed { .. } => unreachable!("the host runs the ops that read the embedding"),
             Op::Route { .. } | Op::RouteSigmoid { .. } | Op::RouteScaled { .. } | Op::MoeExperts { .. } => unreachable!("the CPU runs the mixture-of-experts ops"),
-            // DiffusionGemma's layers: the host runs them; no shader does yet.
-            Op::GeluGlu { .. } | Op::Softcap { .. } | Op::RopeHeads { .. } | Op::NormHeads { .. } | Op::WindowAttention { .. } | Op::SoftEmbed { .. } => {
-                Err(Error::Request(format!("vulkan: op {} ({} model) has no shader yet; run it with --backend host", op.name(), h.model.architecture)))
+            Op::GeluGlu { x, out } => {
+                let (r, fh) = rows(out);
+                self.dispatch(cmd, p.elementwise, None, None, &[5, off(out), off(x), cols(out), r, fh, 0, self.inputs.max_rows], [groups_of(cols(out)), r, 1])
+            }
+            Op::Softcap { x, cap } => {
+                let (r, fh) = rows(x);
+                self.dispatch(cmd, p.elementwise, None, None, &[6, off(x), 0, cols(x), r, fh, cap.to_bits(), self.inputs.max_rows], [groups_of(cols(x)), r, 1])
+            }
+            Op::NormHeads { x, first_head, heads, head_dim, weight, eps } => {
+                let (r, fh) = rows(x);
+                let (w, w_off) = match weight {
+                    Some(t) => {
+                        let (w, w_off) = self.weight(t)?;
+                        (Some(w), w_off)
+                    }
+                    None => (None, NO_WEIGHT),
+                };
+                let at = off(x) + first_head * head_dim;
+                self.dispatch(cmd, p.rms_norm, w, None, &[at, at, cols(x), cols(x), head_dim, r, fh, w_off, eps.to_bits()], [heads, r, 1])
             }
             Op::Bias { x, bias } => {
                 let (r, fh) = rows(x);
@@ -311,35 +349,50 @@ impl<'a> Recorder<'a> {
                 let at = off(x) + first_head * hd;
                 self.dispatch(cmd, p.rms_norm, Some(w), None, &[at, at, cols(x), cols(x), hd, r, fh, w_off, eps.to_bits()], [heads, r, 1])
             }
-            Op::Rope { x, heads, cos, sin } => {
-                let (c, c_off) = self.weight(cos)?;
-                let (s, s_off) = self.weight(sin)?;
-                let r = rows(x).0;
-                self.dispatch(cmd, p.rope, Some(c), Some(s), &[off(x), cols(x), heads, hd, r, c_off, s_off], [groups_of(heads * hd / 2), r, 1])
-            }
-            Op::Attention { qkv, out, heads, kv_heads, layer } => {
-                if hd > MAX_HEAD_DIM || hd % 4 != 0 {
-                    return Err(Error::Request(format!("vulkan: head dimension {hd} is not supported (a multiple of 4, at most {MAX_HEAD_DIM})")));
-                }
-                let w = &h.plan.window;
-                let (dtype, elem) = match w.kv_dtype {
-                    KvDType::F32 => (0u32, 4u64),
-                    KvDType::F16 => (1, 2),
-                    KvDType::Bf16 => (2, 2),
-                };
-                let cap = h.plan.kv_capacity;
-                let layer_bytes = 2 * kv_heads as u64 * hd as u64 * cap as u64 * elem;
-                let (kv, kv_off) = self.window_words(w.kv.offset + layer as u64 * layer_bytes, layer_bytes, &|| format!("the keys and values of layer {layer}"))?;
-                // The shaders read the layer four elements at a time.
-                debug_assert!(kv_off % 4 == 0, "a layer's cache starts 16-byte aligned");
-                let words = if dtype == 0 { hd } else { hd / 2 };
-                let width = cols(qkv);
-                self.dispatch(cmd, p.store_kv, None, Some(kv), &[off(qkv), width, heads, kv_heads, hd, cap, kv_off, dtype], [groups_of(2 * kv_heads * words), g.rows, 1])?;
-                let scale = 1.0 / (hd as f32).sqrt();
-                self.dispatch(cmd, p.attention, None, Some(kv), &[off(qkv), width, off(out), heads, kv_heads, hd, cap, kv_off, dtype, g.rows, scale.to_bits()], [heads, g.rows, 1])
-            }
+            Op::Rope { x, heads, cos, sin } => self.record_rope(cmd, g, x, (heads, hd), (cos, sin)),
+            Op::RopeHeads { x, heads, head_dim, cos, sin } => self.record_rope(cmd, g, x, (heads, head_dim), (cos, sin)),
+            Op::Attention { .. } | Op::WindowAttention { .. } => self.record_attention(cmd, g, AttentionOp::of(op, &h.model).expect("an attention op")),
             Op::MatMul { x, weight, out } => self.record_matmul(cmd, x, weight, out, g),
         }
+    }
+
+    /// Rotary embedding on the first `heads` heads of `head_dim` of every row of `x`.
+    fn record_rope(&mut self, cmd: vk::CommandBuffer, g: &Graph, x: u32, (heads, head_dim): (u32, u32), (cos, sin): (TensorId, TensorId)) -> Result<()> {
+        let (c, c_off) = self.weight(cos)?;
+        let (s, s_off) = self.weight(sin)?;
+        let v = &g.values[x as usize];
+        let push = [self.at(v), v.cols, heads, head_dim, g.rows, c_off, s_off];
+        self.dispatch(cmd, self.pipelines.rope, Some(c), Some(s), &push, [(heads * head_dim / 2).div_ceil(64), g.rows, 1])
+    }
+
+    /// An attention layer: the stored rows' keys and values into layer `layer`'s cache, then
+    /// every row attending to the keys its pass and its window let it see.
+    fn record_attention(&mut self, cmd: vk::CommandBuffer, g: &Graph, a: AttentionOp) -> Result<()> {
+        let AttentionOp { qkv, out, layer, shape: HeadShape { heads, kv_heads, head_dim: hd, scale, window } } = a;
+        if hd % 4 != 0 {
+            return Err(Error::Request(format!("vulkan: head dimension {hd} is not supported (the attention shader reads heads four elements at a time)")));
+        }
+        let (h, p) = (self.h, self.pipelines);
+        let w = &h.plan.window;
+        let (dtype, elem) = match w.kv_dtype {
+            KvDType::F32 => (0u32, 4u64),
+            KvDType::F16 => (1, 2),
+            KvDType::Bf16 => (2, 2),
+        };
+        let cap = h.plan.kv_capacity;
+        // Every layer's cache is sized by the model's heads; a layer with wider heads and
+        // fewer of them (verified to fit) uses the start of it, as on the host.
+        let layer_bytes = 2 * h.model.n_kv_heads as u64 * h.model.head_dim as u64 * cap as u64 * elem;
+        let used = 2 * kv_heads as u64 * hd as u64 * cap as u64 * elem;
+        let (kv, kv_off) = self.window_words(w.kv.offset + layer as u64 * layer_bytes, used, &|| format!("the keys and values of layer {layer}"))?;
+        // The shaders read the layer four elements at a time.
+        debug_assert!(kv_off % 4 == 0, "a layer's cache starts 16-byte aligned");
+        let words = if dtype == 0 { hd } else { hd / 2 };
+        let (q, o) = (&g.values[qkv as usize], &g.values[out as usize]);
+        let (q_off, width, out_off) = (self.at(q), q.cols, self.at(o));
+        self.dispatch(cmd, p.store_kv, None, Some(kv), &[q_off, width, heads, kv_heads, hd, cap, kv_off, dtype], [(2 * kv_heads * words).div_ceil(64), g.rows, 1])?;
+        let push = [q_off, width, out_off, heads, kv_heads, hd, cap, kv_off, dtype, g.rows, scale.to_bits(), window.unwrap_or(0)];
+        self.dispatch(cmd, p.attention, None, Some(kv), &push, [heads, g.rows, 1])
     }
 
     fn record_matmul(&mut self, cmd: vk::CommandBuffer, x: u32, weight: TensorId, out: u32, g: &Graph) -> Result<()> {

@@ -1,7 +1,9 @@
 #version 450
 #extension GL_GOOGLE_include_directive : require
 // Bidirectional attention of query head `h` of row `r` (one workgroup each) against the first
-// `context` positions (block-causal: those before the end of the row's block) of one layer's KV cache (binding 2, as store_kv.comp wrote it), as the
+// `context` positions (block-causal: those before the end of the row's block; with a `window`
+// of W, only those from W - 1 before the row's block's first position on) of one layer's KV
+// cache (binding 2, as store_kv.comp wrote it), as the
 // host's `attention::attend` on its dot-product path (the portable kernels, AVX2, NEON), in
 // its order of operations so both get the same bits: scores q.k * scale (the host's `dot`:
 // 16 lanes of fused multiply-adds added pairwise; a row's own key by fused multiply-adds in
@@ -12,14 +14,14 @@
 // at their position instead of the cache's.
 layout(local_size_x = 64) in;
 layout(constant_id = 0) const uint MAX_KEYS = 4096u;
+// The widest head an op of the artifact has.
+layout(constant_id = 1) const uint MAX_HEAD_DIM = 256u;
 #include "common.glsl"
 
 layout(push_constant) uniform Params {
     uint qkv_off; uint width; uint out_off; uint heads; uint kv_heads; uint head_dim;
-    uint capacity; uint kv_off; uint kv_dtype; uint rows; float scale;
+    uint capacity; uint kv_off; uint kv_dtype; uint rows; float scale; uint window;
 } pc;
-
-const uint MAX_HEAD_DIM = 256u;
 const float NEGLIGIBLE = 7.888609e-31;
 
 // Vector views of the same bindings: rows of q|k|v and of the cache are read four elements
@@ -76,6 +78,11 @@ void main() {
     // A block-causal pass (LLaDA 2.x's blocks): the keys before the end of the row's block.
     uint block = inp[IN_BLOCK];
     uint keys = block == 0u ? inp[IN_CONTEXT] : min(inp[IN_CONTEXT], (position_of(row) / block + 1u) * block);
+    // A windowed layer's first key (0 without a window); the sums below run from it, in the
+    // order the host's kernels sum the keys they are given from it on.
+    uint block_start = block == 0u ? position_of(0u) : position_of(row) / block * block;
+    uint first = pc.window == 0u ? 0u : min(block_start - min(block_start, pc.window - 1u), keys);
+    uint n = keys - first;
     uint own = row >= inp[IN_STORED] ? position_of(row) : 0xffffffffu;
     uint row0 = pc.qkv_off + row * pc.width;
     uint own_k = row0 + (pc.heads + kvh) * hd, own_v = row0 + (pc.heads + pc.kv_heads + kvh) * hd;
@@ -84,7 +91,8 @@ void main() {
     barrier();
 
     float m = -1.0 / 0.0;
-    for (uint j = t; j < keys; j += 64u) {
+    for (uint i = t; i < n; i += 64u) {
+        uint j = first + i;
         float s = 0.0;
         if (j == own) {
             for (uint d = 0u; d < quads; d++) {
@@ -98,7 +106,7 @@ void main() {
             s = dot_host(k_plane + j * hd);
         }
         s *= pc.scale;
-        scores[j] = s;
+        scores[i] = s;
         m = max(m, s);
     }
     partial[t] = m;
@@ -109,9 +117,9 @@ void main() {
     }
     m = partial[0];
     barrier();
-    for (uint j = t; j < keys; j += 64u) scores[j] = exp_host(scores[j] - m);
+    for (uint i = t; i < n; i += 64u) scores[i] = exp_host(scores[i] - m);
     barrier();
-    uint full = keys / 16u * 16u;
+    uint full = n / 16u * 16u;
     if (t < 16u) {
         float lane = 0.0;
         for (uint j = t; j < full; j += 16u) lane += scores[j];
@@ -121,29 +129,30 @@ void main() {
     if (t == 0u) {
         float sum = 0.0;
         for (uint l = 0u; l < 16u; l++) sum += partial[l];
-        for (uint j = full; j < keys; j++) sum += scores[j];
+        for (uint i = full; i < n; i++) sum += scores[i];
         total = sum;
     }
     barrier();
     float inv = 1.0 / total;
-    for (uint j = t; j < keys; j += 64u) {
-        float p = scores[j] * inv;
-        scores[j] = p < NEGLIGIBLE ? 0.0 : p;
+    for (uint i = t; i < n; i += 64u) {
+        float p = scores[i] * inv;
+        scores[i] = p < NEGLIGIBLE ? 0.0 : p;
     }
     barrier();
     // A row attending with its own key and value: its weight applies to its own value,
     // after the cache's (whose entry at its position is skipped).
     float own_weight = 0.0;
-    if (own < keys) {
-        own_weight = scores[own];
+    bool own_seen = own >= first && own < keys;
+    if (own_seen) {
+        own_weight = scores[own - first];
         barrier();
-        if (t == 0u) scores[own] = 0.0;
+        if (t == 0u) scores[own - first] = 0.0;
         barrier();
     }
     for (uint d = t; d < quads; d += 64u) {
         vec4 acc = vec4(0.0);
-        for (uint j = 0u; j < keys; j++) acc = fma(vec4(scores[j]), kv_at(v_plane + j * hd + 4u * d), acc);
-        if (own < keys) acc = fma(vec4(own_weight), act4[own_v / 4u + d], acc);
+        for (uint i = 0u; i < n; i++) acc = fma(vec4(scores[i]), kv_at(v_plane + (first + i) * hd + 4u * d), acc);
+        if (own_seen) acc = fma(vec4(own_weight), act4[own_v / 4u + d], acc);
         uint o = pc.out_off + row * pc.heads * hd + h * hd + 4u * d;
         act[o] = acc.x;
         act[o + 1u] = acc.y;

@@ -2,7 +2,8 @@
 #extension GL_GOOGLE_include_directive : require
 // RMSNorm of `segs` segments of `seg_len` floats per row (a whole row, or the query or key
 // heads of a fused q|k|v row), all sharing one f32 weight: `w * (x * rsqrt(mean(x^2) + eps))`,
-// the reference's order. One workgroup per (segment, row). The sum of squares is the host's
+// the reference's order; `w_off` NO_WEIGHT: `x * rsqrt(mean(x^2) + eps)` (DiffusionGemma's
+// value norm). One workgroup per (segment, row). The sum of squares is the host's
 // `dot`: 16 lanes of fused multiply-adds over whole 16-element chunks, added pairwise
 // (halving), then the rest in order, so both backends get the same bits.
 layout(local_size_x = 64) in;
@@ -12,6 +13,8 @@ layout(push_constant) uniform Params {
     uint x_off; uint out_off; uint x_stride; uint out_stride;
     uint seg_len; uint rows; uint from_heads; uint w_off; float eps;
 } pc;
+
+const uint NO_WEIGHT = 0xffffffffu;
 
 shared float lanes[16];
 shared float total;
@@ -38,5 +41,9 @@ void main() {
     }
     barrier();
     float r = 1.0 / sqrt(total / float(pc.seg_len) + pc.eps);
-    for (uint i = t; i < pc.seg_len; i += 64u) act[o0 + i] = uintBitsToFloat(wa[pc.w_off + i]) * (act[x0 + i] * r);
+    if (pc.w_off == NO_WEIGHT) {
+        for (uint i = t; i < pc.seg_len; i += 64u) act[o0 + i] = act[x0 + i] * r;
+    } else {
+        for (uint i = t; i < pc.seg_len; i += 64u) act[o0 + i] = uintBitsToFloat(wa[pc.w_off + i]) * (act[x0 + i] * r);
+    }
 }
