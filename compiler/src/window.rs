@@ -105,7 +105,11 @@ fn lay_out_weights(h: &Header, o: &WindowOptions, regions: &FixedRegions, expert
     // A segment read across other segments' uses (the rotary tables, read by every layer)
     // would hold a slot for the whole pass and stall the ring behind it: it stays resident.
     let span = |s: u32| spans[s as usize].expect("segments in the order are read");
-    let pinned: Vec<u32> = order.iter().copied().filter(|&s| order.iter().any(|&o| o != s && span(s).0 <= span(o).0 && span(o).1 <= span(s).1)).collect();
+    // So does one that some graph does not read (DiffusionGemma's encoder graphs leave out the
+    // self-conditioning and the head): every graph's schedule stages every rotating segment.
+    let read_by: Vec<Vec<Option<(usize, usize)>>> = h.graphs.iter().map(|g| segment_spans(h, g)).collect();
+    let read_by_all = |s: u32| read_by.iter().all(|spans| spans[s as usize].is_some());
+    let pinned: Vec<u32> = order.iter().copied().filter(|&s| !read_by_all(s) || order.iter().any(|&o| o != s && span(s).0 <= span(o).0 && span(o).1 <= span(s).1)).collect();
     let pinned_bytes: u64 = pinned.iter().map(|&s| size(s)).sum();
     let fixed = regions.end(o.align) + pinned_bytes;
     let order_all = order.clone();

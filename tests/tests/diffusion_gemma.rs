@@ -64,6 +64,23 @@ fn the_kit_replays_every_case_with_its_denoising_steps() {
     assert_eq!(r.logit_cases_within_tolerance, 1);
 }
 
+/// Through a window of 1 MiB the layers rotate through the swap slots (the self-conditioning
+/// segment, which the encoder graphs do not read, stays resident) and the kit still replays.
+#[test]
+fn the_kit_replays_through_a_window_where_the_layers_rotate() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("window.lad");
+    common::compile_in_window(&kit("tiny-dg-A"), &out, Some(128), Some(1 << 20));
+    let model = Model::open(&out, true).unwrap();
+    let w = &model.header.plan.window;
+    assert!(w.rotating.len() >= 6, "{} rotating segments", w.rotating.len());
+    let golden = kit("tiny-dg-A").join("golden.json");
+    let every_fifth = llada_rt_tools::conformance::Selection { every: 5, offset: 0 };
+    let r = llada_rt_tools::conformance::run(&mut Session::new(&model).unwrap(), &golden, every_fifth, &mut |_| {}).unwrap();
+    assert!(r.passed(), "{:?}", r.failures);
+    assert_eq!((r.cases, r.output_ids_matched, r.denoising_steps_matched), (12, 12, Some(12)));
+}
+
 /// `llada-rt bench` times the decoder's canvas pass after an encoder pass over the prompt, and
 /// `lladac inspect --estimate` predicts the published generate: the prompt through the
 /// encoder, the decoder once a step, each finished canvas but the last through the encoder.
