@@ -10,6 +10,7 @@ use llada_ir::{ArtifactWriter, DType, Family, Header, KvDType, TensorId};
 
 use crate::convert::{convert, first_overflow, first_overflow_raw, to_f32};
 use crate::error::{Error, Result};
+use crate::gguf::quant::GgmlType;
 use crate::hf::checkpoint::{Checkpoint, SourceDType, TensorLocation};
 use crate::hf::config::LladaConfig;
 use crate::hf::names;
@@ -52,6 +53,10 @@ impl Quant {
             SourceDType::F32 => Quant::F32,
             SourceDType::Bf16 => Quant::Bf16,
             SourceDType::F16 => Quant::F16,
+            // A GGUF's blocks: Q4_0 is q4 with groups of 32 (carried as is); the others are
+            // decoded and stored as per-channel q8 unless --quant says otherwise.
+            SourceDType::Block(GgmlType::Q4_0) => Quant::Q4 { group: 32 },
+            SourceDType::Block(_) => Quant::Q8,
         }
     }
 
@@ -413,6 +418,9 @@ fn embedding_name(cfg: &LladaConfig) -> &'static str {
 /// Streams the rows of `t`'s sources into 16-row panels and packs them.
 fn write_packed(ckpt: &Checkpoint, t: &Planned, w: &mut ArtifactWriter, bar: &ProgressBar) -> Result<()> {
     let k = t.shape[1] as usize;
+    if t.dtype == (DType::PanelQ4 { group: 32 }) && t.sources.iter().all(|s| s.dtype == SourceDType::Block(GgmlType::Q4_0)) {
+        return carry_q4_0(ckpt, t, w, bar);
+    }
     let mut pending: Vec<f32> = Vec::new();
     let mut packed = Vec::new();
     let mut flush = |pending: &mut Vec<f32>, all: bool, w: &mut ArtifactWriter| -> Result<()> {
@@ -437,6 +445,36 @@ fn write_packed(ckpt: &Checkpoint, t: &Planned, w: &mut ArtifactWriter, bar: &Pr
                 return Err(overflow(ckpt, src, done + i, t.dtype));
             }
             done += pending.len() - from;
+            bar.inc(raw.len() as u64);
+            flush(&mut pending, false, w)
+        })?;
+    }
+    flush(&mut pending, true, w)
+}
+
+/// [`write_packed`] of a matrix whose sources are all GGUF Q4_0: the blocks' nibbles and
+/// scales moved into the panels as they are (`pack_q4_0_panel`), so the kernels compute with
+/// exactly the file's numbers.
+fn carry_q4_0(ckpt: &Checkpoint, t: &Planned, w: &mut ArtifactWriter, bar: &ProgressBar) -> Result<()> {
+    let row_bytes = t.shape[1] as usize / 32 * llada_ir::packing::Q4_0_BLOCK_BYTES;
+    let mut pending: Vec<u8> = Vec::new();
+    let mut packed = Vec::new();
+    let mut flush = |pending: &mut Vec<u8>, all: bool, w: &mut ArtifactWriter| -> Result<()> {
+        let mut start = 0;
+        while pending.len() - start >= PANEL * row_bytes || (all && pending.len() > start) {
+            let end = (start + PANEL * row_bytes).min(pending.len());
+            let rows: Vec<&[u8]> = pending[start..end].chunks(row_bytes).collect();
+            packed.clear();
+            llada_ir::packing::pack_q4_0_panel(&rows, t.shape[1] as usize, &mut packed);
+            w.write(&packed)?;
+            start = end;
+        }
+        pending.drain(..start);
+        Ok(())
+    };
+    for src in &t.sources {
+        ckpt.for_each_row_chunk(src, CHUNK_BYTES, |raw| {
+            pending.extend_from_slice(raw);
             bar.inc(raw.len() as u64);
             flush(&mut pending, false, w)
         })?;

@@ -6,12 +6,19 @@ use llada_ir::DType;
 
 use crate::hf::checkpoint::SourceDType;
 
-fn decode(src: SourceDType, raw: &[u8]) -> impl Iterator<Item = f32> + '_ {
-    raw.chunks_exact(src.size_bytes()).map(move |c| match src {
+fn decode(src: SourceDType, raw: &[u8]) -> Box<dyn Iterator<Item = f32> + '_> {
+    if let SourceDType::Block(t) = src {
+        // A GGUF's quantized blocks, decoded exactly (`gguf::quant`).
+        let mut values = Vec::new();
+        crate::gguf::quant::dequantize(t, raw, &mut values);
+        return Box::new(values.into_iter());
+    }
+    Box::new(raw.chunks_exact(src.size_bytes()).map(move |c| match src {
         SourceDType::F32 => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
         SourceDType::Bf16 => bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32(),
         SourceDType::F16 => f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32(),
-    })
+        SourceDType::Block(_) => unreachable!("decoded above"),
+    }))
 }
 
 /// Appends `raw` (little-endian elements of `src`) to `out` as elements of `dst`.
@@ -21,7 +28,7 @@ pub fn convert(src: SourceDType, raw: &[u8], dst: DType, out: &mut Vec<u8>) {
         out.extend_from_slice(raw);
         return;
     }
-    out.reserve(raw.len() / src.size_bytes() * dst.element_bytes().unwrap_or(4) as usize);
+    out.reserve(src.elements(raw.len()) * dst.element_bytes().unwrap_or(4) as usize);
     match dst {
         DType::F32 => decode(src, raw).for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
         DType::Bf16 => decode(src, raw).for_each(|x| out.extend_from_slice(&bf16::from_f32(x).to_bits().to_le_bytes())),
@@ -44,7 +51,7 @@ pub fn first_overflow(values: impl IntoIterator<Item = f32>, dst: DType) -> Opti
 /// [`first_overflow`] of `raw`, little-endian elements of `src`.
 pub fn first_overflow_raw(src: SourceDType, raw: &[u8], dst: DType) -> Option<usize> {
     match (src, dst) {
-        (SourceDType::F32, DType::F16 | DType::Bf16) | (SourceDType::Bf16, DType::F16) => first_overflow(decode(src, raw), dst),
+        (SourceDType::F32 | SourceDType::Block(_), DType::F16 | DType::Bf16) | (SourceDType::Bf16, DType::F16) => first_overflow(decode(src, raw), dst),
         _ => None,
     }
 }
@@ -59,6 +66,7 @@ pub fn source_to_dtype(src: SourceDType) -> DType {
         SourceDType::F32 => DType::F32,
         SourceDType::Bf16 => DType::Bf16,
         SourceDType::F16 => DType::F16,
+        SourceDType::Block(_) => DType::F32,
     }
 }
 

@@ -28,6 +28,9 @@ pub enum Error {
     Tokenizer { path: PathBuf, msg: String },
     #[error("{}: {msg}", path.display())]
     Onnx { path: PathBuf, msg: String },
+    /// A GGUF file's fault: `what` is the key, the tensor, or the part of the header.
+    #[error("{}: {what}: {msg}", path.display())]
+    Gguf { path: PathBuf, what: String, msg: String },
     #[error("{0}")]
     Options(String),
     #[error(transparent)]

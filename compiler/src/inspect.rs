@@ -227,6 +227,11 @@ fn write_summary(s: &mut String, d: &Value) {
     let _ = writeln!(s, "sections: {}", sections.join(", "));
     let _ = writeln!(s, "special tokens: {}", d["special_tokens"]);
     let _ = writeln!(s, "compiled by {} for target {} from {}", d["compile"]["compiler"], d["compile"]["target"], d["compile"]["source"]);
+    // A GGUF source: its quantization, and what each of its types became.
+    let gguf = d["compile"]["options"].as_array().into_iter().flatten().find(|o| o[0] == "gguf").and_then(|o| o[1].as_str());
+    if let Some(g) = gguf {
+        let _ = writeln!(s, "GGUF weights: {g}");
+    }
     let _ = writeln!(s, "weights by dtype: {}", d["weight_bytes_by_dtype"]);
 }
 

@@ -5,6 +5,7 @@ pub mod compile;
 pub mod convert;
 pub mod error;
 pub mod estimate;
+pub mod gguf;
 pub mod hf;
 pub mod inspect;
 pub mod latency;

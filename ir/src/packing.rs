@@ -208,6 +208,43 @@ pub fn pack_panel(format: DType, rows: &[&[f32]], k: usize, out: &mut Vec<u8>) {
     }
 }
 
+/// Bytes of one llama.cpp Q4_0 block: an f16 scale, then 16 bytes of 32 four-bit values (low
+/// nibbles the first 16, high nibbles the last 16), `w = (u - 8) * scale`.
+pub const Q4_0_BLOCK_BYTES: usize = 18;
+
+/// Packs one `PanelQ4 { group: 32 }` panel from up to 16 rows of llama.cpp Q4_0 blocks
+/// (`k / 32` blocks a row): the same numbers, moved, not re-quantised. The two formats agree
+/// on everything but the order (both `w = (u - 8) * f16 scale` per 32 inputs), so the unpacked
+/// panel equals the blocks' dequantisation exactly. Missing rows are zero columns, as
+/// [`pack_panel`] pads them (u 8, scale -0.0).
+pub fn pack_q4_0_panel(rows: &[&[u8]], k: usize, out: &mut Vec<u8>) {
+    assert!(rows.len() <= PANEL && k % 32 == 0 && rows.iter().all(|r| r.len() == k / 32 * Q4_0_BLOCK_BYTES));
+    let u = |c: usize, kk: usize| -> u8 {
+        match rows.get(c) {
+            Some(r) => {
+                let (block, e) = (kk / 32, kk % 32);
+                (r[block * Q4_0_BLOCK_BYTES + 2 + e % 16] >> (4 * (e / 16))) & 15
+            }
+            None => 8,
+        }
+    };
+    for kb in 0..k / 8 {
+        for c in 0..PANEL {
+            for j in 0..4 {
+                out.push(u(c, 8 * kb + j) | (u(c, 8 * kb + 4 + j) << 4));
+            }
+        }
+    }
+    for block in 0..k / 32 {
+        for c in 0..PANEL {
+            match rows.get(c) {
+                Some(r) => out.extend_from_slice(&r[block * Q4_0_BLOCK_BYTES..block * Q4_0_BLOCK_BYTES + 2]),
+                None => out.extend_from_slice(&f16::from_f32(-0.0).to_le_bytes()),
+            }
+        }
+    }
+}
+
 /// The weights a packed panel stands for, `[16][k]` (quantised formats dequantised): the
 /// reference the kernels are tested against.
 pub fn unpack_panel(format: DType, panel: &[u8], k: usize) -> Vec<[f32; PANEL]> {
@@ -247,6 +284,50 @@ pub fn unpack_panel(format: DType, panel: &[u8], k: usize) -> Vec<[f32; PANEL]> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Q4_0 blocks carried into a panel unpack to exactly their own dequantisation, including
+    /// blocks whose largest magnitude is not at u = 0 (which re-quantising floats would
+    /// change); padding columns are the zero columns `pack_panel` writes.
+    #[test]
+    fn q4_0_blocks_carry_into_q4_panels_exactly() {
+        let k = 64;
+        let mut rows: Vec<Vec<u8>> = Vec::new();
+        for r in 0..5u32 {
+            let mut row = Vec::new();
+            for b in 0..k / 32 {
+                row.extend_from_slice(&f16::from_f32(0.01 * (r as f32 + 1.0) * if b % 2 == 0 { 1.0 } else { -1.0 }).to_le_bytes());
+                // Values 3..=12 only: no u = 0 or 15 in the block.
+                row.extend((0..16u32).map(|j| (3 + (j * 7 + r + b as u32) % 10) as u8 | ((3 + (j * 3 + r) % 10) as u8) << 4));
+            }
+            rows.push(row);
+        }
+        let refs: Vec<&[u8]> = rows.iter().map(|r| r.as_slice()).collect();
+        let mut out = Vec::new();
+        pack_q4_0_panel(&refs, k, &mut out);
+        assert_eq!(out.len(), panel_bytes(DType::PanelQ4 { group: 32 }, k).unwrap());
+        let back = unpack_panel(DType::PanelQ4 { group: 32 }, &out, k);
+        for (c, row) in rows.iter().enumerate() {
+            for kk in 0..k {
+                let block = &row[kk / 32 * Q4_0_BLOCK_BYTES..];
+                let d = f16::from_le_bytes([block[0], block[1]]).to_f32();
+                let e = kk % 32;
+                let u = (block[2 + e % 16] >> (4 * (e / 16))) & 15;
+                assert_eq!(back[kk][c].to_bits(), (d * (u as i32 - 8) as f32).to_bits(), "column {c} k {kk}");
+            }
+        }
+        let mut zeros = Vec::new();
+        pack_panel(DType::PanelQ4 { group: 32 }, &[], k, &mut zeros);
+        let pad = |p: &[u8], c: usize| -> Vec<u8> { (0..k / 8).flat_map(|kb| p[64 * kb + 4 * c..64 * kb + 4 * c + 4].to_vec()).chain((0..k / 32).flat_map(|g| p[8 * k + 32 * g + 2 * c..8 * k + 32 * g + 2 * c + 2].to_vec())).collect() };
+        for c in 5..PANEL {
+            assert_eq!(pad(&out, c), pad(&zeros, c), "padding column {c}");
+        }
+        // Re-quantising the same values from floats gives other nibbles and scales.
+        let floats: Vec<Vec<f32>> = (0..5).map(|c| (0..k).map(|kk| back[kk][c]).collect()).collect();
+        let frefs: Vec<&[f32]> = floats.iter().map(|r| r.as_slice()).collect();
+        let mut again = Vec::new();
+        pack_panel(DType::PanelQ4 { group: 32 }, &frefs, k, &mut again);
+        assert_ne!(again, out);
+    }
 
     fn rows(n: usize, k: usize) -> Vec<Vec<f32>> {
         (0..n).map(|r| (0..k).map(|c| ((r * 31 + c * 17) % 23) as f32 / 7.0 - 1.5).collect()).collect()

@@ -51,7 +51,7 @@ pub(super) fn weights(src: &Source, layout: &Layout, rows: &Rows, w: &mut Artifa
                         if let Some(i) = first_overflow_raw(src.dtype, raw, t.dtype) {
                             return Err(overflow(&ckpt, src, done + i, t.dtype));
                         }
-                        done += raw.len() / src.dtype.size_bytes();
+                        done += src.dtype.elements(raw.len());
                         buf.clear();
                         convert(src.dtype, raw, t.dtype, &mut buf);
                         bar.inc(raw.len() as u64);
@@ -157,7 +157,10 @@ pub(super) fn core(opts: &CompileOptions, src: &Source, s: &Settings, rows: &Row
                 ("activation_scales".into(), activation_scales.name().into()),
                 ("window_bytes".into(), window_bytes.to_string()),
                 ("kv_dtype".into(), kv_dtype.name().into()),
-            ],
+            ]
+            .into_iter()
+            .chain(src.gguf_types.as_ref().map(|t| ("gguf".into(), gguf_summary(t, &quant.name()))))
+            .collect(),
         },
         extensions: section.iter().map(|s| s.extension()).collect(),
     };
@@ -258,4 +261,17 @@ pub(super) fn npu(opts: &CompileOptions, src: &Source, s: &Settings, layout: &La
         }
         _ => None,
     })
+}
+
+/// What a GGUF source's weights became: its types, which were carried and which decoded.
+fn gguf_summary(types: &std::collections::BTreeMap<&'static str, usize>, quant: &str) -> String {
+    let list: Vec<String> = types.iter().map(|(t, n)| format!("{t} x{n}")).collect();
+    let fate = |t: &str| match t {
+        "F32" | "F16" | "BF16" => "as is",
+        "Q4_0" if quant == "q4 (group 32)" => "matrices carried bit-exact",
+        _ => "decoded exactly, re-quantized",
+    };
+    let mut fates: Vec<String> = types.keys().map(|t| format!("{t} {}", fate(t))).collect();
+    fates.dedup();
+    format!("{} ({}; stored as {quant})", list.join(", "), fates.join(", "))
 }

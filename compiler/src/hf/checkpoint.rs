@@ -7,25 +7,39 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::{Mmap, MmapOptions};
 use safetensors::{Dtype, SafeTensors};
 
 use crate::error::{Error, FileError, Result};
+use crate::gguf::quant::{first_non_finite_block, GgmlType};
 
-/// Element types the importer reads.
+/// Element types the importers read: floats, or a GGUF's ggml blocks (decoded exactly).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SourceDType {
     F32,
     Bf16,
     F16,
+    /// Blocks of a ggml quantized type, whole blocks per row.
+    Block(GgmlType),
 }
 
 impl SourceDType {
+    /// Bytes of a unit the checks count in: an element, or a block.
     pub fn size_bytes(self) -> usize {
         match self {
             SourceDType::F32 => 4,
             SourceDType::Bf16 | SourceDType::F16 => 2,
+            SourceDType::Block(t) => t.block_bytes() as usize,
+        }
+    }
+
+    /// Elements in `bytes` of this type.
+    pub fn elements(self, bytes: usize) -> usize {
+        match self {
+            SourceDType::Block(t) => bytes / t.block_bytes() as usize * t.block_elements() as usize,
+            _ => bytes / self.size_bytes(),
         }
     }
 
@@ -34,6 +48,7 @@ impl SourceDType {
             SourceDType::F32 => "f32",
             SourceDType::Bf16 => "bf16",
             SourceDType::F16 => "f16",
+            SourceDType::Block(t) => t.name(),
         }
     }
 }
@@ -46,6 +61,9 @@ pub struct TensorLocation {
     /// Absolute byte offset of the tensor's data in its shard file.
     pub start: u64,
     pub nbytes: u64,
+    /// Rows read in this order (of the stored rows) rather than as stored: a GGUF's LLaDA
+    /// q/k projections, whose rows llama.cpp's converter reorders.
+    pub row_order: Option<Arc<[u32]>>,
 }
 
 impl TensorLocation {
@@ -57,7 +75,10 @@ impl TensorLocation {
         if let Some(first) = shape.first_mut() {
             *first = rows.len();
         }
-        TensorLocation { shard: self.shard, dtype: self.dtype, shape, start: self.start + rows.start as u64 * row_bytes, nbytes: rows.len() as u64 * row_bytes }
+        match &self.row_order {
+            Some(order) => TensorLocation { shape, row_order: Some(order[rows].into()), ..self.clone() },
+            None => TensorLocation { shard: self.shard, dtype: self.dtype, shape, start: self.start + rows.start as u64 * row_bytes, nbytes: rows.len() as u64 * row_bytes, row_order: None },
+        }
     }
 }
 
@@ -164,11 +185,17 @@ impl Checkpoint {
         // Each tensor its own in-memory shard: its bytes move in, never copied again.
         let mut ckpt = Checkpoint { dir: dir.to_path_buf(), shards: Vec::new(), tensors: BTreeMap::new() };
         for t in tensors {
-            let loc = TensorLocation { shard: ckpt.shards.len(), dtype: t.dtype, shape: t.shape, start: 0, nbytes: t.bytes.len() as u64 };
+            let loc = TensorLocation { shard: ckpt.shards.len(), dtype: t.dtype, shape: t.shape, start: 0, nbytes: t.bytes.len() as u64, row_order: None };
             ckpt.tensors.insert(t.name, loc);
             ckpt.shards.push((source.to_path_buf(), Shard::Memory(t.bytes)));
         }
         ckpt
+    }
+
+    /// A checkpoint over GGUF files (`files`, opened), whose tensors `tensors` name under the
+    /// checkpoint's names with `shard` indexing `files`.
+    pub fn from_files(dir: &Path, files: Vec<(PathBuf, File)>, tensors: BTreeMap<String, TensorLocation>) -> Checkpoint {
+        Checkpoint { dir: dir.to_path_buf(), shards: files.into_iter().map(|(p, f)| (p, Shard::File(f))).collect(), tensors }
     }
 
     fn add_shard(&mut self, path: &Path) -> Result<()> {
@@ -203,6 +230,7 @@ impl Checkpoint {
                 shape: info.shape.clone(),
                 start: data_start + info.data_offsets.0 as u64,
                 nbytes: (info.data_offsets.1 - info.data_offsets.0) as u64,
+                row_order: None,
             };
             if self.tensors.insert(name.clone(), loc).is_some() {
                 return Err(bad(format!("tensor '{name}' also appears in another shard")));
@@ -264,6 +292,9 @@ impl Checkpoint {
             seen += raw.len() / loc.dtype.size_bytes();
             f(raw)
         };
+        if let Some(order) = &loc.row_order {
+            return self.for_each_gathered_chunk(loc, order, max_chunk_bytes, f);
+        }
         let rows = loc.shape.first().copied().unwrap_or(1).max(1) as u64;
         let row_bytes = loc.nbytes / rows;
         let rows_per_chunk = (max_chunk_bytes as u64 / row_bytes.max(1)).max(1);
@@ -298,6 +329,37 @@ impl Checkpoint {
     }
 }
 
+impl Checkpoint {
+    /// [`Checkpoint::for_each_row_chunk`] of a tensor read in `order`: the stored rows mapped
+    /// once, each chunk gathered into a buffer.
+    fn for_each_gathered_chunk(&self, loc: &TensorLocation, order: &[u32], max_chunk_bytes: usize, mut f: impl FnMut(&[u8]) -> Result<()>) -> Result<()> {
+        let rows = order.len().max(1);
+        let row_bytes = (loc.nbytes / rows as u64) as usize;
+        let (path, shard) = &self.shards[loc.shard];
+        let map;
+        let bytes: &[u8] = match shard {
+            Shard::Memory(blob) => &blob[loc.start as usize..(loc.start + loc.nbytes) as usize],
+            Shard::File(file) => {
+                // SAFETY: as in `add_shard`: a read-only map of a file we only read, dropped on return.
+                map = unsafe { MmapOptions::new().offset(loc.start).len(loc.nbytes as usize).map(file) }.map_err(|e| Error::io(path, e))?;
+                &map
+            }
+        };
+        let rows_per_chunk = (max_chunk_bytes / row_bytes.max(1)).max(1);
+        let mut buf = Vec::with_capacity(rows_per_chunk * row_bytes);
+        for chunk in order.chunks(rows_per_chunk) {
+            buf.clear();
+            for &r in chunk {
+                let r = r as usize;
+                let row = bytes.get(r * row_bytes..(r + 1) * row_bytes).ok_or_else(|| Error::Options(format!("{}: tensor '{}': row {r} is outside it", path.display(), self.name_of(loc))))?;
+                buf.extend_from_slice(row);
+            }
+            f(&buf)?;
+        }
+        Ok(())
+    }
+}
+
 /// The first tensor of a safetensors file's header (`file`, its first bytes) whose dtype is
 /// none of safetensors' own, with that dtype: the name a header that fails to parse as a
 /// whole leaves out.
@@ -316,10 +378,19 @@ impl Checkpoint {
     fn non_finite(&self, loc: &TensorLocation, raw: &[u8], i: usize, flat: usize) -> Error {
         let n = loc.dtype.size_bytes();
         let bytes = &raw[i * n..(i + 1) * n];
+        if let SourceDType::Block(t) = loc.dtype {
+            return Error::NonFinite {
+                path: self.shards[loc.shard].0.clone(),
+                name: self.name_of(loc).to_string(),
+                value: "a NaN or infinite scale".into(),
+                index: format!("{} block {flat} (elements {}..{})", t.name(), flat as u64 * t.block_elements(), (flat as u64 + 1) * t.block_elements()),
+            };
+        }
         let value = match loc.dtype {
             SourceDType::F32 => f32::from_le_bytes(bytes.try_into().expect("4 bytes")),
             SourceDType::Bf16 => half::bf16::from_le_bytes(bytes.try_into().expect("2 bytes")).to_f32(),
             SourceDType::F16 => half::f16::from_le_bytes(bytes.try_into().expect("2 bytes")).to_f32(),
+            SourceDType::Block(_) => unreachable!("returned above"),
         };
         // The element's place in each dimension, last dimension fastest.
         let mut rest = flat;
@@ -335,8 +406,8 @@ impl Checkpoint {
     }
 }
 
-/// The index of the first element of `raw` (little-endian elements of `dtype`) that is NaN or
-/// infinite: all its exponent bits set. A block at a time without branches (which vectorises),
+/// The index of the first element of `raw` (little-endian elements of `dtype`; for ggml
+/// blocks, the first block whose scale is) that is NaN or infinite: all its exponent bits set. A block at a time without branches (which vectorises),
 /// then the block with a hit element by element.
 pub fn first_non_finite(dtype: SourceDType, raw: &[u8]) -> Option<usize> {
     fn find<const N: usize>(raw: &[u8], exponent: u32) -> Option<usize> {
@@ -352,6 +423,7 @@ pub fn first_non_finite(dtype: SourceDType, raw: &[u8]) -> Option<usize> {
         SourceDType::F32 => find::<4>(raw, 0x7f80_0000),
         SourceDType::Bf16 => find::<2>(raw, 0x7f80),
         SourceDType::F16 => find::<2>(raw, 0x7c00),
+        SourceDType::Block(t) => first_non_finite_block(t, raw),
     }
 }
 

@@ -1,7 +1,7 @@
 //! `tokenizer.json` and `tokenizer_config.json`: checked here (the tokenizer must load, the
 //! special tokens must exist) and stored verbatim in the artifact for the runtime.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
@@ -39,15 +39,21 @@ fn token_string(v: Option<&Value>) -> Option<String> {
     }
 }
 
+/// A tokenizer as read from its files (or rebuilt by another importer), before the checks:
+/// `tok_path` and `cfg_path` are what errors about the tokenizer and its settings name.
+pub struct Read {
+    pub tok_path: PathBuf,
+    pub cfg_path: PathBuf,
+    pub tokenizer_json: String,
+    pub chat_template: Option<String>,
+    pub bos_token: Option<String>,
+    pub eos_token: Option<String>,
+    pub add_bos_token: bool,
+}
+
 pub fn load(dir: &Path, cfg: &LladaConfig) -> Result<(TokenizerSpec, SpecialTokens)> {
     let tok_path = dir.join("tokenizer.json");
     let tokenizer_json = files::read_text_bounded(&tok_path, files::TOKENIZER_LIMIT).map_err(|e| Error::io(&tok_path, e))?;
-    // `tokenizers` 0.23 panics on some malformed decoder sections (an `expect` in its
-    // deserialiser, found by fuzzing): contain it as an error naming the file.
-    let tokenizer = contain_panic(|| tokenizer_json.parse::<tokenizers::Tokenizer>().map_err(|e| e.to_string()))
-        .unwrap_or_else(|| Err("its structure is malformed (the tokenizers library failed on it)".into()))
-        .map_err(|e| Error::Tokenizer { path: tok_path.clone(), msg: format!("cannot be loaded: {e}") })?;
-
     let cfg_path = dir.join("tokenizer_config.json");
     let text = files::read_text_bounded(&cfg_path, files::CONFIG_LIMIT).map_err(|e| Error::io(&cfg_path, e))?;
     let tc: Value = serde_json::from_str(&text).map_err(|e| Error::Json { path: cfg_path.clone(), msg: e.to_string() })?;
@@ -68,11 +74,23 @@ pub fn load(dir: &Path, cfg: &LladaConfig) -> Result<(TokenizerSpec, SpecialToke
     };
     let bos_token = token_string(tc.get("bos_token"));
     let eos_token = token_string(tc.get("eos_token"));
+    let add_bos_token = tc.get("add_bos_token").and_then(Value::as_bool).unwrap_or(false);
+    check(Read { tok_path, cfg_path, tokenizer_json, chat_template, bos_token, eos_token, add_bos_token }, cfg)
+}
+
+/// Loads `read`'s tokenizer, dry-runs its chat template and finds the special tokens' ids,
+/// each checked inside the embedding.
+pub fn check(read: Read, cfg: &LladaConfig) -> Result<(TokenizerSpec, SpecialTokens)> {
+    let Read { tok_path, cfg_path, tokenizer_json, chat_template, bos_token, eos_token, add_bos_token } = read;
+    // `tokenizers` 0.23 panics on some malformed decoder sections (an `expect` in its
+    // deserialiser, found by fuzzing): contain it as an error naming the file.
+    let tokenizer = contain_panic(|| tokenizer_json.parse::<tokenizers::Tokenizer>().map_err(|e| e.to_string()))
+        .unwrap_or_else(|| Err("its structure is malformed (the tokenizers library failed on it)".into()))
+        .map_err(|e| Error::Tokenizer { path: tok_path.clone(), msg: format!("cannot be loaded: {e}") })?;
     if let Some(template) = &chat_template {
         let (bos, eos) = (bos_token.as_deref().unwrap_or_default(), eos_token.as_deref().unwrap_or_default());
         llada_chat_template::render(template, SAMPLE_TURN, bos, eos).map_err(|e| Error::config(&cfg_path, "chat_template", format!("{e} (a dry run of one turn, as `llada-rt run --chat` renders it)")))?;
     }
-    let add_bos_token = tc.get("add_bos_token").and_then(Value::as_bool).unwrap_or(false);
 
     let id_of = |tok: &Option<String>, key: &str| -> Result<Option<u32>> {
         match tok {
