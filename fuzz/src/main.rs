@@ -4,12 +4,14 @@
 //!     llada-fuzz artifact [--execs N] [--seconds S] [--seed N] [--model DIR] [--crashes DIR]
 //!     llada-fuzz importer [same options]
 //!     llada-fuzz onnx [same options; --model: an ONNX export's directory]
+//!     llada-fuzz gguf [same options; --model: a GGUF file]
 //!     llada-fuzz params [same options]
 //!
 //! Stops at N executions or S seconds, whichever comes first; exits 1 if anything crashed or
 //! hung. `--model` is the checkpoint the seeds come from (default: the embedded model).
 
 mod artifact;
+mod gguf;
 mod harness;
 mod importer;
 mod mutate;
@@ -27,10 +29,14 @@ fn main() {
 }
 
 fn run(args: &[String]) -> Result<(), String> {
-    let target = args.first().ok_or("usage: llada-fuzz artifact|importer|onnx|params [--execs N] [--seconds S] [--seed N] [--model DIR] [--crashes DIR]")?;
+    let target = args.first().ok_or("usage: llada-fuzz artifact|importer|onnx|gguf|params [--execs N] [--seconds S] [--seed N] [--model DIR] [--crashes DIR]")?;
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut limits = harness::Limits { execs: u64::MAX, seconds: f64::INFINITY, seed: 1, crashes: PathBuf::from("fuzz-crashes") };
-    let mut model = root.join(if target == "onnx" { "tests/data/onnx/external" } else { "models/llada-tiny-tasks" });
+    let mut model = root.join(match target.as_str() {
+        "onnx" => "tests/data/onnx/external",
+        "gguf" => "tests/data/gguf/llada-tiny-tasks.q4_0.gguf",
+        _ => "models/llada-tiny-tasks",
+    });
     let mut rest = args[1..].iter();
     while let Some(flag) = rest.next() {
         let value = rest.next().ok_or(format!("{flag} needs a value"))?;
@@ -65,11 +71,15 @@ fn run(args: &[String]) -> Result<(), String> {
             let seed = onnx::Seed::new(&model, &work);
             harness::run("onnx", &limits, |rng| onnx::make(&seed, rng), |i| onnx::test(&seed, i), |i| i.bytes.clone())
         }
+        "gguf" => {
+            let seed = gguf::Seed::new(&model, &work);
+            harness::run("gguf", &limits, |rng| gguf::make(&seed, rng), |i| gguf::test(&seed, i), |i| i.bytes.clone())
+        }
         "params" => {
             let seed = params::Seed::new(&small_artifact(&model, &work)?);
             harness::run("params", &limits, |rng| params::make(&seed, rng), |i| params::test(&seed, i), |i| format!("{i:?}").into_bytes())
         }
-        other => return Err(format!("unknown target '{other}' (artifact, importer, onnx or params)")),
+        other => return Err(format!("unknown target '{other}' (artifact, importer, onnx, gguf or params)")),
     };
     let _ = std::fs::remove_dir_all(&work);
     println!(
