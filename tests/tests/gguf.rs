@@ -18,11 +18,16 @@ fn fixture(name: &str) -> PathBuf {
     repo().join("tests/data/gguf").join(name)
 }
 
-/// (GGUF, the Hugging Face folder it was converted from, a golden file whose prompts to encode)
-fn pairs() -> Vec<(PathBuf, PathBuf, Option<PathBuf>)> {
+/// (GGUF, the Hugging Face folder it was converted from, a golden file whose prompts to encode).
+/// LLaDA-MoE's folder is written into `dir`: `gen-checkpoint --preset tiny-moe --dtype f32
+/// --init-std 0.08 --seed 11`, as `tools/gguf/make_fixtures.py` converted it.
+fn pairs(dir: &Path) -> Vec<(PathBuf, PathBuf, Option<PathBuf>)> {
     let shared = repo().join("../shared/conformance");
     let dream = repo().join("tests/data/dream-conformance");
+    let moe = dir.join("tiny-llada-moe");
+    common::checkpoint(&moe, llada_tools::checkpoint::Shape::tiny_moe(), llada_tools::checkpoint::WeightType::F32, u64::MAX, 0.08);
     vec![
+        (fixture("tiny-llada-moe.f32.gguf"), moe, None),
         (fixture("tiny-llada-A.f32.gguf"), shared.join("tiny-llada-A"), Some(shared.join("tiny-llada-A/golden.json"))),
         (fixture("tiny-llada-B.f32.gguf"), shared.join("tiny-llada-B"), Some(shared.join("tiny-llada-B/golden.json"))),
         (fixture("tiny-dream-A.f32.gguf"), dream.join("tiny-dream-A"), Some(dream.join("tiny-dream-A/golden.json"))),
@@ -48,7 +53,7 @@ fn prompts(golden: Option<&Path>) -> Vec<String> {
 #[test]
 fn f32_ggufs_compile_to_the_hugging_face_folders_weights_and_tokens() {
     let dir = tempfile::tempdir().unwrap();
-    for (gguf, hf, golden) in pairs() {
+    for (gguf, hf, golden) in pairs(dir.path()) {
         let (a, b) = (dir.path().join("gguf.lad"), dir.path().join("hf.lad"));
         common::compile(&gguf, &a, Some(128));
         common::compile(&hf, &b, Some(128));

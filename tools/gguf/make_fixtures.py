@@ -60,6 +60,15 @@ def main() -> None:
         if only and name not in only:
             continue
         convert(src, OUT / name, llama_cpp)
+    # LLaDA-MoE: no kit exists; a random-weight checkpoint the e2e test writes again the same
+    # way (tests/tests/gguf.rs `pairs`).
+    if not only or "tiny-llada-moe.f32.gguf" in only:
+        import tempfile
+        with tempfile.TemporaryDirectory() as tmp:
+            moe = Path(tmp) / "tiny-llada-moe"
+            gen = ROOT / "target" / "release" / "gen-checkpoint"
+            subprocess.run([str(gen), "--preset", "tiny-moe", "--dtype", "f32", "--init-std", "0.08", "--seed", "11", "-o", str(moe)], check=True)
+            convert(moe, OUT / "tiny-llada-moe.f32.gguf", llama_cpp)
     # A split file: kit A in three parts of at most 14 tensors (split/NAME-0000i-of-00003.gguf).
     if not only or "split" in only:
         (OUT / "split").mkdir(exist_ok=True)
