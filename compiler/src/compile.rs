@@ -274,6 +274,12 @@ pub fn default_group(target: &str) -> u32 {
     if crate::qnn::soc_of(target).is_some() { 64 } else { 128 }
 }
 
+/// [`default_group`] for compiling `model`: 32 for a GGUF file of Q4_0 blocks (whose numbers
+/// are then carried as they are), else the target's.
+pub fn default_group_for(model: &std::path::Path, target: &str) -> u32 {
+    if model.is_file() && crate::gguf::is_gguf(model) && crate::gguf::is_q4_0(model) { 32 } else { default_group(target) }
+}
+
 pub fn check_flags(quant: Option<&str>, group: Option<u32>, target: &str, max_seq: Option<u32>, block_len: u32, spec_blocks: Option<u32>) -> std::result::Result<(), String> {
     if let (Some(group), false) = (group, quant == Some("q4")) {
         let stored = quant.map_or("the checkpoint's own type".to_string(), |q| format!("--quant {q}"));

@@ -30,7 +30,7 @@ enum Command {
         #[arg(long, alias = "dtype", value_parser = ["f32", "bf16", "f16", "q8", "q4"])]
         quant: Option<String>,
         /// Inputs per q4 scale (--quant q4 only) [default: 64 on a Snapdragon target (the
-        /// HTP's LPBQ block), else 128].
+        /// HTP's LPBQ block); 32 for a GGUF file of Q4_0 blocks (carried as they are); else 128].
         #[arg(long, default_value = "128", value_parser = clap::builder::TypedValueParser::map(clap::builder::PossibleValuesParser::new(["32", "64", "128"]), |s: String| s.parse::<u32>().expect("one of the listed numbers")))]
         group: u32,
         /// Target to compile for (`lladac targets` lists them).
@@ -198,10 +198,11 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
     match cli.command {
         Command::Compile { model, output, quant, group, target, max_seq, logit_rows, block_len, spec_blocks, activations, activation_scales, window_bytes, kv_dtype, host_only, qnn_lib, npu_contexts, npu_shared_weights, npu_estimate_soc, npu_activations, calibration, npu_sessions, npu_session_bytes } => {
             lladac::compile::check_flags(quant.as_deref(), typed(matches, "group").then_some(group), &target, max_seq, block_len, typed(matches, "spec_blocks").then_some(spec_blocks)).map_err(Failure::Usage)?;
+            let group = if typed(matches, "group") { group } else { lladac::compile::default_group_for(&model, &target) };
             let opts = CompileOptions {
                 model,
                 output,
-                quant: quant.as_deref().and_then(|q| Quant::parse(q, if typed(matches, "group") { group } else { lladac::compile::default_group(&target) })),
+                quant: quant.as_deref().and_then(|q| Quant::parse(q, group)),
                 target,
                 max_seq,
                 logit_rows,

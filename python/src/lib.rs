@@ -562,7 +562,7 @@ fn compile<'py>(
         return Err(SettingError::new_err(format!("--group {g} is not one of 32, 64, 128")));
     }
     let quant_names = ["f32", "bf16", "f16", "q8", "q4"];
-    let q = quant.map(|q| one_of("quant", q, &quant_names, |q| Quant::parse(q, group.unwrap_or_else(|| lladac::compile::default_group(target))))).transpose()?;
+    let q = quant.map(|q| one_of("quant", q, &quant_names, |q| Quant::parse(q, group.unwrap_or_else(|| lladac::compile::default_group_for(&model, target))))).transpose()?;
     let bf16_activations = one_of("activations", activations, &["f32", "bf16"], |a| Some(a == "bf16"))?;
     let activation_scales = activation_scales.map(|a| one_of("activation-scales", a, &["row", "block"], llada_ir::window::ActivationScales::parse)).transpose()?;
     let kv_dtype = kv_dtype.map(|k| one_of("kv-dtype", k, &["f32", "f16", "bf16"], llada_ir::KvDType::parse)).transpose()?;

@@ -146,3 +146,21 @@ fn broken_ggufs_are_refused_naming_what_is_wrong() {
         std::fs::remove_file(&path).unwrap();
     }
 }
+
+/// `--quant q4` without `--group` on a Q4_0 file keeps its groups of 32 (the blocks carried as
+/// they are); a typed `--group` is the user's.
+#[test]
+fn a_q4_0_files_groups_are_the_default_for_q4() {
+    let dir = tempfile::tempdir().unwrap();
+    let (q4_0, out) = (fixture("llada-tiny-tasks.q4_0.gguf"), dir.path().join("q4.lad"));
+    for (group, want) in [(None, "q4 (group 32)"), (Some("64"), "q4 (group 64)")] {
+        let mut args = vec!["compile", "--model", q4_0.to_str().unwrap(), "--quant", "q4", "-o", out.to_str().unwrap()];
+        if let Some(g) = group {
+            args.extend(["--group", g]);
+        }
+        let run = common::run("lladac", &args);
+        assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+        let said = String::from_utf8_lossy(&run.stderr).to_string();
+        assert!(said.contains(want), "{group:?}: {said}");
+    }
+}

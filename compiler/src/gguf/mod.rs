@@ -41,6 +41,13 @@ pub fn is_gguf(path: &Path) -> bool {
     path.is_file() && std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok() && &magic == b"GGUF"
 }
 
+/// Whether the GGUF file `path` stores its embedding as Q4_0 (llama.cpp's Q4_0 files: their
+/// matrices are then Q4_0 too, carried into q4 with groups of 32). Unreadable: false (the
+/// compile names what is wrong).
+pub fn is_q4_0(path: &Path) -> bool {
+    GgufFile::open(path).is_ok_and(|f| f.tensors.iter().any(|t| t.name == "token_embd.weight" && t.ty == GgmlType::Q4_0))
+}
+
 /// The files of the model `path` names: itself, or, for one part of a split GGUF
 /// (`NAME-00002-of-00003.gguf`), every part in order.
 fn split_parts(path: &Path) -> Vec<PathBuf> {
