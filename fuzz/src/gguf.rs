@@ -126,23 +126,12 @@ pub fn make(seed: &Seed, rng: &mut Rng) -> Input {
 /// Imports a GGUF file and decodes every tensor, a row chunk at a time.
 fn read_all(path: &Path) -> lladac::Result<()> {
     let imported = lladac::gguf::open(path)?;
-    let ck = &imported.ckpt;
-    let names: Vec<String> = ck.names().map(str::to_string).collect();
     let mut floats = Vec::new();
-    for name in names {
-        let shape = ck.expect(&name, &[], "").map(|l| l.shape.clone()).or_else(|e| match e {
-            lladac::Error::TensorShape { found, .. } => Ok(found),
-            e => Err(e),
-        })?;
-        let loc = ck.expect(&name, &shape, "fuzz")?;
-        ck.for_each_row_chunk(loc, 4096, |raw| {
-            floats.clear();
-            to_f32(loc.dtype, raw, &mut floats);
-            std::hint::black_box(floats.iter().sum::<f32>());
-            Ok(())
-        })?;
-    }
-    Ok(())
+    crate::importer::read_every_tensor(&imported.ckpt, 4096, |loc, raw| {
+        floats.clear();
+        to_f32(loc.dtype, raw, &mut floats);
+        std::hint::black_box(floats.iter().sum::<f32>());
+    })
 }
 
 pub fn test(seed: &Seed, input: &Input) -> Outcome {

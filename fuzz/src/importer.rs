@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use lladac::hf::checkpoint::Checkpoint;
+use lladac::hf::checkpoint::{Checkpoint, TensorLocation};
 use lladac::hf::config::{self, LladaConfig};
 use lladac::hf::tokenizer;
 use serde_json::Value;
@@ -110,6 +110,14 @@ impl Seeds {
 /// Opens a checkpoint and reads every tensor's bytes, a row chunk at a time.
 fn read_checkpoint(dir: &Path) -> lladac::Result<()> {
     let ck = Checkpoint::open(dir)?;
+    read_every_tensor(&ck, 16, |_, bytes| {
+        std::hint::black_box(bytes.iter().map(|&b| b as u64).sum::<u64>());
+    })
+}
+
+/// Calls `f` on every tensor of `ck` (at whatever shape it has), a chunk of rows of at most
+/// about `chunk_bytes` at a time.
+pub fn read_every_tensor(ck: &Checkpoint, chunk_bytes: usize, mut f: impl FnMut(&TensorLocation, &[u8])) -> lladac::Result<()> {
     let names: Vec<String> = ck.names().map(str::to_string).collect();
     for name in names {
         let shape = ck.expect(&name, &[], "").map(|l| l.shape.clone()).or_else(|e| match e {
@@ -117,8 +125,8 @@ fn read_checkpoint(dir: &Path) -> lladac::Result<()> {
             e => Err(e),
         })?;
         let loc = ck.expect(&name, &shape, "fuzz")?;
-        ck.for_each_row_chunk(loc, 16, |bytes| {
-            std::hint::black_box(bytes.iter().map(|&b| b as u64).sum::<u64>());
+        ck.for_each_row_chunk(loc, chunk_bytes, |bytes| {
+            f(loc, bytes);
             Ok(())
         })?;
     }
