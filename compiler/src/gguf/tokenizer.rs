@@ -22,7 +22,16 @@ const PRE_TOKENIZERS: &[(&str, Option<&str>)] = &[
     ("gpt-2", None),
     ("qwen2", Some(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")),
     ("llama-bpe", Some(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")),
+    // LLaDA-MoE's files: llama.cpp's first LLaDA-MoE converter wrote `llada-moe`, later ones
+    // name its (Ling's) tokenizer `bailingmoe`; llama.cpp reads all three names alike.
+    ("llada-moe", Some(BAILINGMOE)),
+    ("bailingmoe", Some(BAILINGMOE)),
+    ("bailingmoe2", Some(BAILINGMOE)),
 ];
+
+/// Ling's split regex, as its `tokenizer.json` writes it (possessive quantifiers and all); it
+/// cuts the tested texts as Qwen's does.
+const BAILINGMOE: &str = r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+";
 
 fn strings<'a>(m: &'a Meta, key: &str) -> Result<Option<Vec<&'a str>>> {
     match m.get(key) {
@@ -123,4 +132,34 @@ pub fn token_text(m: &Meta, id: Option<u32>) -> Result<Option<String>> {
     let Some(id) = id else { return Ok(None) };
     let tokens = strings(m, "tokenizer.ggml.tokens")?.unwrap_or_default();
     Ok(tokens.get(id as usize).map(|s| s.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PRE_TOKENIZERS;
+    use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+    use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer, SplitDelimiterBehavior};
+
+    /// The pieces `pre`'s split regex cuts `text` into (before the byte-level mapping).
+    fn pieces(pre: &str, text: &str) -> Vec<String> {
+        let regex = PRE_TOKENIZERS.iter().find(|p| p.0 == pre).and_then(|p| p.1).unwrap();
+        let split = Split::new(SplitPattern::Regex(regex.to_string()), SplitDelimiterBehavior::Isolated, false).unwrap();
+        let mut s = PreTokenizedString::from(text);
+        split.pre_tokenize(&mut s).unwrap();
+        s.get_splits(OffsetReferential::Original, OffsetType::Byte).into_iter().map(|(p, _, _)| p.to_string()).collect()
+    }
+
+    #[test]
+    fn each_named_split_regex_compiles_and_cuts_as_its_tokenizer_does() {
+        let text = "I'll go 12345!\n\nDON'T";
+        let ling = ["I", "'ll", " go", " ", "1", "2", "3", "4", "5", "!\n\n", "DON", "'T"];
+        for name in ["llada-moe", "bailingmoe", "bailingmoe2", "qwen2"] {
+            assert_eq!(pieces(name, text), ling, "{name}");
+        }
+        assert_eq!(pieces("llama-bpe", text), ["I", "'ll", " go", " ", "123", "45", "!\n\n", "DON", "'T"]);
+        // Runs of spaces and line breaks: the whitespace before a word stays with the word.
+        for name in ["bailingmoe", "qwen2", "llama-bpe"] {
+            assert_eq!(pieces(name, "a \n\n  b"), ["a", " \n\n", " ", " b"], "{name}");
+        }
+    }
 }
