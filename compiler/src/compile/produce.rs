@@ -12,6 +12,7 @@ use super::{add_npu_executables, calibrate_activations, check_whole_bindings, ch
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::hf::config_diffusion_gemma::DiffusionGemmaSettings;
+use crate::hf::config::LladaConfig;
 use crate::lower::{self, NetworkOptions};
 use crate::lower_diffusion_gemma::{self, Role};
 use crate::window::{self, WindowOptions};
@@ -88,32 +89,10 @@ pub(super) fn weights(src: &Source, layout: &Layout, rows: &Rows, w: &mut Artifa
 /// and the predicted latencies.
 pub(super) fn core(opts: &CompileOptions, src: &Source, s: &Settings, rows: &Rows, layout: &Layout, weights: &Weights, w: &ArtifactWriter) -> Result<Header> {
     let (cfg, target, special, tok_spec) = (&src.cfg, &src.target, src.special.clone(), src.tok_spec.clone());
-    let (d, f) = (cfg.d_model, cfg.mlp_hidden);
-    let Settings { npu_soc, quant, npu_weights, activation_scales, window_bytes, kv_dtype, .. } = *s;
+    let Settings { activation_scales, window_bytes, kv_dtype, .. } = *s;
     let Rows { max_seq, ref buckets, rope_rows, row_set_rows } = *rows;
     let (ids, (rope_cos, rope_sin)) = (&weights.ids, weights.rope);
-    let model = ModelConfig {
-        architecture: cfg.family.name().into(),
-        d_model: d as u32,
-        n_layers: cfg.n_layers as u32,
-        n_heads: cfg.n_heads as u32,
-        // Each layer's cache holds these (DiffusionGemma's layers differ: their widest).
-        n_kv_heads: cfg.cache_heads().0 as u32,
-        head_dim: cfg.cache_heads().1 as u32,
-        mlp_hidden: f as u32,
-        vocab_size: cfg.vocab_size as u32,
-        embedding_size: cfg.embedding_size as u32,
-        max_sequence_length: cfg.max_sequence_length as u32,
-        rope_theta: cfg.rope_theta,
-        rms_eps: cfg.rms_eps,
-        qk_norm: cfg.qk_norm,
-        moe: cfg.moe.map(|m| MoeConfig {
-            experts: m.experts as u32,
-            top_k: m.top_k as u32,
-            dense_layers: cfg.llada2.map_or(0, |l| l.dense_layers as u32),
-            activation: if cfg.diffusion_gemma.is_some() { GluActivation::GeluTanh } else { GluActivation::Silu },
-        }),
-    };
+    let model = model_config(cfg);
     let (mut graphs, expert_segments, by_rows, section) = match &cfg.diffusion_gemma {
         Some(g) => diffusion_gemma_graphs(src, g, &model, weights, buckets)?,
         None => {
@@ -143,25 +122,7 @@ pub(super) fn core(opts: &CompileOptions, src: &Source, s: &Settings, rows: &Row
             ..Plan::default()
         },
         graphs,
-        compile: CompileInfo {
-            compiler: format!("lladac {}", env!("CARGO_PKG_VERSION")),
-            source: opts.model.display().to_string(),
-            target: target.name.clone(),
-            options: vec![
-                ("quant".into(), quant.name()),
-                ("max_seq".into(), max_seq.to_string()),
-                ("logit_rows".into(), opts.logit_rows.to_string()),
-                ("block_len".into(), opts.block_len.to_string()),
-                ("spec_blocks".into(), opts.spec_blocks.to_string()),
-                ("activations".into(), (if opts.bf16_activations { "bf16" } else { "f32" }).into()),
-                ("activation_scales".into(), activation_scales.name().into()),
-                ("window_bytes".into(), window_bytes.to_string()),
-                ("kv_dtype".into(), kv_dtype.name().into()),
-            ]
-            .into_iter()
-            .chain(src.gguf_types.as_ref().map(|t| ("gguf".into(), gguf_summary(t, &quant.name()))))
-            .collect(),
-        },
+        compile: compile_info(opts, src, s, max_seq),
         extensions: section.iter().map(|s| s.extension()).collect(),
     };
     header.tensors = w.tensors().to_vec();
@@ -183,22 +144,86 @@ pub(super) fn core(opts: &CompileOptions, src: &Source, s: &Settings, rows: &Row
         can_grow: target.max_window_bytes().is_none_or(|(max, _)| window_bytes < max),
         max_expert_bytes: None,
     };
+    plan_window(&mut header, window_opts, opts, s)?;
+    if let Some(gpu) = target.gpu {
+        check_whole_bindings(&header, &target.name, gpu.max_storage_buffer_bytes, gpu.storage_buffer_offset_align)?;
+    }
+    latency::record(&mut header, &target);
+    latency::choose_row_buckets(&mut header, row_set_rows);
+    Ok(header)
+}
+
+/// The artifact's model config from the checkpoint's.
+fn model_config(cfg: &LladaConfig) -> ModelConfig {
+    ModelConfig {
+        architecture: cfg.family.name().into(),
+        d_model: cfg.d_model as u32,
+        n_layers: cfg.n_layers as u32,
+        n_heads: cfg.n_heads as u32,
+        // Each layer's cache holds these (DiffusionGemma's layers differ: their widest).
+        n_kv_heads: cfg.cache_heads().0 as u32,
+        head_dim: cfg.cache_heads().1 as u32,
+        mlp_hidden: cfg.mlp_hidden as u32,
+        vocab_size: cfg.vocab_size as u32,
+        embedding_size: cfg.embedding_size as u32,
+        max_sequence_length: cfg.max_sequence_length as u32,
+        rope_theta: cfg.rope_theta,
+        rms_eps: cfg.rms_eps,
+        qk_norm: cfg.qk_norm,
+        moe: cfg.moe.map(|m| MoeConfig {
+            experts: m.experts as u32,
+            top_k: m.top_k as u32,
+            dense_layers: cfg.llada2.map_or(0, |l| l.dense_layers as u32),
+            activation: if cfg.diffusion_gemma.is_some() { GluActivation::GeluTanh } else { GluActivation::Silu },
+        }),
+    }
+}
+
+/// What made the artifact: the compiler, the source, the target and the options that shaped it.
+fn compile_info(opts: &CompileOptions, src: &Source, s: &Settings, max_seq: u32) -> CompileInfo {
+    let Settings { quant, activation_scales, window_bytes, kv_dtype, .. } = *s;
+    let target = &src.target;
+    CompileInfo {
+        compiler: format!("lladac {}", env!("CARGO_PKG_VERSION")),
+        source: opts.model.display().to_string(),
+        target: target.name.clone(),
+        options: vec![
+            ("quant".into(), quant.name()),
+            ("max_seq".into(), max_seq.to_string()),
+            ("logit_rows".into(), opts.logit_rows.to_string()),
+            ("block_len".into(), opts.block_len.to_string()),
+            ("spec_blocks".into(), opts.spec_blocks.to_string()),
+            ("activations".into(), (if opts.bf16_activations { "bf16" } else { "f32" }).into()),
+            ("activation_scales".into(), activation_scales.name().into()),
+            ("window_bytes".into(), window_bytes.to_string()),
+            ("kv_dtype".into(), kv_dtype.name().into()),
+        ]
+        .into_iter()
+        .chain(src.gguf_types.as_ref().map(|t| ("gguf".into(), gguf_summary(t, &quant.name()))))
+        .collect(),
+    }
+}
+
+/// Plans the window; an MoE model's NPU target plans it again with fewer expert slots where its
+/// contexts need the room.
+fn plan_window(header: &mut Header, window_opts: WindowOptions, opts: &CompileOptions, s: &Settings) -> Result<()> {
+    let Settings { npu_soc, npu_weights, window_bytes, .. } = *s;
     // An MoE model's NPU target may plan again with fewer expert slots (below).
     let unplanned = (npu_soc.is_some() && header.model.moe.is_some()).then(|| header.clone());
-    window::plan(&mut header, &window_opts)?;
+    window::plan(header, &window_opts)?;
     if let (Some((soc, _)), Some(moe), Some(unplanned)) = (npu_soc, header.model.moe, unplanned) {
         // The NPU's contexts share the window with the expert slots: the slots leave room for
         // every context at once where a token's experts still get a slot a layer each beside
         // them, else for two one-layer contexts (one created while the other runs).
-        let room = crate::npu_plan::executables_room(&header, npu_weights, opts.npu_shared_weights, opts.npu_contexts).map_err(|e| Error::Options(format!("--target {soc}: {e}")))?;
-        let io = llada_ir::npu::IoLayout::of(&header).bytes;
+        let room = crate::npu_plan::executables_room(header, npu_weights, opts.npu_shared_weights, opts.npu_contexts).map_err(|e| Error::Options(format!("--target {soc}: {e}")))?;
+        let io = llada_ir::npu::IoLayout::of(header).bytes;
         let x = &header.plan.window.experts;
         let layer_slots = x.slot_bytes * header.model.moe_layers() as u64;
         let reserve = if window_bytes.saturating_sub(io + room.all) >= moe.top_k as u64 * layer_slots { room.all } else { room.rotating.min(room.all) };
         let cap = window_bytes.saturating_sub(io + reserve);
         if x.region.bytes > cap {
-            header = unplanned;
-            window::plan(&mut header, &WindowOptions { max_expert_bytes: Some(cap), ..window_opts })?;
+            *header = unplanned;
+            window::plan(header, &WindowOptions { max_expert_bytes: Some(cap), ..window_opts })?;
             if header.plan.window.experts.slots_per_layer == 0 {
                 let mib = |b: u64| format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64);
                 return Err(Error::Options(format!(
@@ -212,12 +237,7 @@ pub(super) fn core(opts: &CompileOptions, src: &Source, s: &Settings, rows: &Row
             }
         }
     }
-    if let Some(gpu) = target.gpu {
-        check_whole_bindings(&header, &target.name, gpu.max_storage_buffer_bytes, gpu.storage_buffer_offset_align)?;
-    }
-    latency::record(&mut header, &target);
-    latency::choose_row_buckets(&mut header, row_set_rows);
-    Ok(header)
+    Ok(())
 }
 
 /// DiffusionGemma's graphs: the encoder's for every row bucket (prompts, and canvases being
