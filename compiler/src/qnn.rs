@@ -21,6 +21,7 @@ use llada_qnn::{Context, Device, GraphBuilder, Profile, QnnLibrary, TensorRef};
 
 use crate::error::{Error, Result};
 use crate::npu_plan::{layer_ops, settle, split_contexts};
+use crate::qnn_ops;
 
 /// The SoC a target names, if it is one of QNN's (`sm8550`, `sm8650`, `sm8750`, `sm8850`).
 pub fn soc_of(target: &str) -> Option<(&'static str, u32)> {
@@ -464,14 +465,12 @@ impl Lowering<'_, '_> {
         self.result(leaves_as, ty, &[a, b], vec![], &dims)
     }
 
-    /// Columns `from..to` of every row of a `[rows, cols]` tensor.
     fn columns(&mut self, x: TensorRef, rows: u32, from: u32, to: u32) -> Result<TensorRef> {
-        let ranges = vec![0, rows as i32, 1, from as i32, to as i32, 1];
-        self.op("StridedSlice", &[x], vec![ParamSpec::I32s("ranges", vec![2, 3], ranges)], &[rows, to - from])
+        qnn_ops::columns(self, x, rows, from, to)
     }
 
     fn reshape(&mut self, x: TensorRef, dims: &[u32]) -> Result<TensorRef> {
-        self.op("Reshape", &[x], vec![], dims)
+        qnn_ops::reshape(self, x, dims, None)
     }
 
     fn transpose(&mut self, x: TensorRef, perm: &[u32]) -> Result<TensorRef> {
@@ -487,11 +486,8 @@ impl Lowering<'_, '_> {
 
     /// `x` (`[rows, cols]`: `dims`) RMS-normed over each row, scaled by `weight`.
     fn rms_norm(&mut self, x: TensorRef, weight: TensorId, eps: f32, dims: [u32; 2], leaves_as: Option<Role>) -> Result<TensorRef> {
-        let cols = dims[1];
-        let gamma = self.weight(weight, &[cols])?;
-        let beta = self.constant(&[cols], &vec![0.0; cols as usize])?;
-        let params = vec![ParamSpec::F32("epsilon", eps), ParamSpec::U32s("axes", vec![1])];
-        self.result(leaves_as, "RmsNorm", &[x, gamma, beta], params, &dims)
+        let gamma = self.weight(weight, &[dims[1]])?;
+        qnn_ops::rms_norm(self, x, gamma, eps, dims, leaves_as.map(role_name).as_deref())
     }
 
     /// Lowers `op`, whose result leaves the executable as `leaves_as` where it does.
@@ -548,9 +544,26 @@ impl Lowering<'_, '_> {
                 let t = self.result(leaves_as, "Gather", &[xs, index], vec![ParamSpec::I32("axis", 0)], &[g.logit_rows, cols])?;
                 self.values.insert(out, t);
             }
-            Op::HeadRmsNorm { x, first_head, heads, weight, eps } => self.head_rms_norm(x, first_head..first_head + heads, weight, eps, leaves_as)?,
-            // The experts run on the CPU; DiffusionGemma's layers have no NPU lowering yet.
-            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::RouteScaled { .. } | Op::MoeExperts { .. } | Op::GeluGlu { .. } | Op::Softcap { .. } | Op::RopeHeads { .. } | Op::NormHeads { .. } | Op::WindowAttention { .. } | Op::SoftEmbed { .. } => {
+            Op::HeadRmsNorm { x, first_head, heads, weight, eps } => self.norm_heads(x, first_head..first_head + heads, m.head_dim, Some(weight), eps, leaves_as)?,
+            Op::NormHeads { x, first_head, heads, head_dim, weight, eps } => self.norm_heads(x, first_head..first_head + heads, head_dim, weight, eps, leaves_as)?,
+            Op::GeluGlu { x, out } => {
+                let xs = self.value(x)?;
+                let hidden = g.values[out as usize].cols;
+                let t = qnn_ops::gelu_glu(self, xs, g.rows, hidden, leaves_as.map(role_name).as_deref())?;
+                self.values.insert(out, t);
+            }
+            Op::Softcap { x, cap } => {
+                if leaves_as == Some(Role::Logits) && self.src.format.fixed_point() {
+                    // Such logits leave as the LM head's 16-bit product, which a cap would follow.
+                    return Err(Error::Options(format!("lowering graph '{}' to QNN: soft-capped logits with {} weights (16-bit activations): build with fp16, int8 or int4 weights", g.name, self.src.format.name())));
+                }
+                let xs = self.value(x)?;
+                let t = qnn_ops::softcap(self, xs, cap, leaves_as.map(role_name).as_deref())?;
+                self.values.insert(x, t);
+            }
+            // The experts run on the CPU; DiffusionGemma's rotary embedding, attention and
+            // self-conditioning have no NPU lowering yet.
+            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::RouteScaled { .. } | Op::MoeExperts { .. } | Op::RopeHeads { .. } | Op::WindowAttention { .. } | Op::SoftEmbed { .. } => {
                 return Err(Error::Options(format!("lowering graph '{}' to QNN: op {} has no NPU lowering", g.name, op.name())));
             }
         }
@@ -731,29 +744,34 @@ impl Lowering<'_, '_> {
         Ok(())
     }
 
-    /// The heads `normed` of `x` RMS-normed over each head's dimensions, in place: their
-    /// columns as rows of head_dim, normed, put back between the columns before and after.
-    fn head_rms_norm(&mut self, x: ValueId, normed: std::ops::Range<u32>, weight: TensorId, eps: f32, leaves_as: Option<Role>) -> Result<()> {
-        let (r, hd) = (self.g.rows, self.src.h.model.head_dim);
+    /// The heads `normed` (of `head_dim`) of `x` RMS-normed over each head, in place, times
+    /// `weight` (or by nothing without one).
+    fn norm_heads(&mut self, x: ValueId, normed: std::ops::Range<u32>, head_dim: u32, weight: Option<TensorId>, eps: f32, leaves_as: Option<Role>) -> Result<()> {
         let xs = self.value(x)?;
-        let width = self.g.values[x as usize].cols;
-        let (from, to) = (normed.start * hd, normed.end * hd);
-        let heads = normed.len() as u32;
-        let part = self.columns(xs, r, from, to)?;
-        let part = self.reshape(part, &[r * heads, hd])?;
-        let part = self.rms_norm(part, weight, eps, [r * heads, hd], None)?;
-        let part = self.reshape(part, &[r, to - from])?;
-        let mut pieces = Vec::new();
-        if from > 0 {
-            pieces.push(self.columns(xs, r, 0, from)?);
-        }
-        pieces.push(part);
-        if to < width {
-            pieces.push(self.columns(xs, r, to, width)?);
-        }
-        let t = if pieces.len() == 1 { part } else { self.result(leaves_as, "Concat", &pieces, vec![ParamSpec::U32("axis", 1)], &[r, width])? };
+        let gamma = match weight {
+            Some(w) => self.weight(w, &[head_dim])?,
+            None => self.constant(&[head_dim], &vec![1.0; head_dim as usize])?,
+        };
+        let t = qnn_ops::norm_heads(self, xs, self.g.rows, normed, head_dim, gamma, eps, leaves_as.map(role_name).as_deref())?;
         self.values.insert(x, t);
         Ok(())
+    }
+}
+
+impl qnn_ops::Emit for Lowering<'_, '_> {
+    fn emit(&mut self, ty: &str, inputs: &[TensorRef], params: Vec<ParamSpec>, dims: &[u32], output: Option<&str>) -> Result<TensorRef> {
+        match output {
+            Some(name) => self.output(ty, inputs, params, name, dims),
+            None => self.op(ty, inputs, params, dims),
+        }
+    }
+
+    fn constant(&mut self, dims: &[u32], values: &[f32]) -> Result<TensorRef> {
+        Lowering::constant(self, dims, values)
+    }
+
+    fn dims(&self, t: TensorRef) -> Vec<u32> {
+        self.b.dims(t).to_vec()
     }
 }
 

@@ -1,0 +1,135 @@
+//! DiffusionGemma's layers on QNN's x86-64 simulator (`LLADA_QNN_LIB`, as CI sets it): the
+//! ops the NPU lowering composes for them (`lladac::qnn_ops`), built alone into one graph and
+//! compared with the host's kernels.
+
+use half::f16;
+use lladac::error::{Error, Result};
+use lladac::qnn_ops::{self, Emit};
+use llada_qnn::abi::DATATYPE_FLOAT_16;
+use llada_qnn::build::{Out, Output, ParamSpec};
+use llada_qnn::{Context, Device, GraphBuilder, IoBuffer, QnnLibrary, TensorRef};
+use llada_rt::kernels::{cpu, gemma};
+
+/// A graph of the compositions alone: intermediates named in order, outputs by their names.
+struct Alone<'c> {
+    b: GraphBuilder<'c>,
+    next: usize,
+}
+
+fn qnn(e: llada_qnn::Error) -> Error {
+    Error::Options(e.to_string())
+}
+
+fn f16_bits(v: &[f32]) -> Vec<u16> {
+    v.iter().map(|&x| f16::from_f32(x).to_bits()).collect()
+}
+
+impl Emit for Alone<'_> {
+    fn emit(&mut self, ty: &str, inputs: &[TensorRef], params: Vec<ParamSpec>, dims: &[u32], output: Option<&str>) -> Result<TensorRef> {
+        self.next += 1;
+        let (name, out) = match output {
+            Some(name) => (name.to_string(), Out::AppRead),
+            None => (format!("t{}", self.next), Out::Native),
+        };
+        self.b.op(ty, inputs, params, Output::new(&name, DATATYPE_FLOAT_16, dims, out)).map_err(qnn)
+    }
+
+    fn constant(&mut self, dims: &[u32], values: &[f32]) -> Result<TensorRef> {
+        self.next += 1;
+        self.b.static_f16(&format!("c{}", self.next), dims, &f16_bits(values)).map_err(qnn)
+    }
+
+    fn dims(&self, t: TensorRef) -> Vec<u32> {
+        self.b.dims(t).to_vec()
+    }
+}
+
+/// `values` rounded to fp16, as the NPU reads them.
+fn rounded(values: impl Iterator<Item = f32>) -> Vec<f32> {
+    values.map(|v| f16::from_f32(v).to_f32()).collect()
+}
+
+/// The largest error of `got` against `want`, each relative to `max(|want|, 1)`.
+fn error(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len());
+    got.iter().zip(want).map(|(g, w)| (g - w).abs() / w.abs().max(1.0)).fold(0.0, f32::max)
+}
+
+/// The tanh-form GELU gate (gates out to ±300, where the composition's square overflows
+/// fp16), soft-capping, and RMSNorm over some heads with a weight and over all heads without
+/// one: each within fp16's precision of the host's f32 kernels on the same fp16 inputs.
+#[test]
+#[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
+fn gemmas_element_wise_ops_on_the_simulator_give_the_hosts_values() {
+    let lib = QnnLibrary::open(None).expect("LLADA_QNN_LIB names tools/qnn/fetch.sh's folder");
+    let backend = lib.backend().unwrap();
+    let device = Device::new(&backend, lladac::qnn::soc_of("sm8750").unwrap().1).unwrap();
+    let (rows, hidden, head_dim, heads, cap, eps) = (8u32, 64u32, 32u32, 4u32, 30.0f32, 1e-6f32);
+    let width = heads * head_dim;
+    let n = |cols: u32| (rows * cols) as usize;
+    let mut gate_up = rounded((0..n(2 * hidden)).map(|i| ((i * 37 % 101) as f32 - 50.0) / 8.0));
+    (gate_up[0], gate_up[1]) = (300.0, -300.0);
+    let logits = rounded((0..n(hidden)).map(|i| ((i * 53 % 97) as f32 - 48.0) * 2.5));
+    let qk = rounded((0..n(width)).map(|i| ((i * 29 % 89) as f32 - 44.0) / 10.0));
+    let weight = rounded((0..head_dim).map(|i| 0.5 + (i % 7) as f32 / 6.0));
+
+    // One graph: four inputs, four outputs.
+    let ctx = Context::create(&device, false).unwrap();
+    let mut a = Alone { b: GraphBuilder::new(&ctx, "gemma").unwrap(), next: 0 };
+    let x = a.b.input("gate_up", DATATYPE_FLOAT_16, &[rows, 2 * hidden]).unwrap();
+    let l = a.b.input("logits", DATATYPE_FLOAT_16, &[rows, hidden]).unwrap();
+    let q = a.b.input("qk", DATATYPE_FLOAT_16, &[rows, width]).unwrap();
+    let gelu = qnn_ops::gelu_glu(&mut a, x, rows, hidden, Some("gelu")).unwrap();
+    let capped = qnn_ops::softcap(&mut a, l, cap, Some("capped")).unwrap();
+    let gamma = a.constant(&[head_dim], &weight).unwrap();
+    let normed = qnn_ops::norm_heads(&mut a, q, rows, 1..3, head_dim, gamma, eps, Some("normed")).unwrap();
+    let ones = a.constant(&[head_dim], &vec![1.0; head_dim as usize]).unwrap();
+    let all = qnn_ops::norm_heads(&mut a, q, rows, 0..heads, head_dim, ones, eps, Some("all")).unwrap();
+    let ids: Vec<u32> = [x, l, q, gelu, capped, normed, all].iter().map(|&t| a.b.id(t)).collect();
+    a.b.finalize().unwrap();
+    let binary = ctx.binary().unwrap();
+    drop(ctx);
+
+    let mut ctx = Context::from_binary(&device, &binary).unwrap();
+    let graph = ctx.graph("gemma").unwrap();
+    let mut ins: Vec<Vec<u16>> = [&gate_up, &logits, &qk].iter().map(|v| f16_bits(v)).collect();
+    let out_cols = [hidden, hidden, width, width];
+    let mut outs: Vec<Vec<u16>> = out_cols.iter().map(|&c| vec![0u16; n(c)]).collect();
+    let buffer = |id: u32, name: &str, cols: u32, data: &mut Vec<u16>| IoBuffer {
+        id,
+        name: std::ffi::CString::new(name).unwrap(),
+        data_type: DATATYPE_FLOAT_16,
+        dims: vec![rows, cols],
+        data: data.as_mut_ptr().cast(),
+        bytes: data.len() * 2,
+    };
+    let mut in_bufs: Vec<IoBuffer> = ins.iter_mut().zip([("gate_up", 2 * hidden), ("logits", hidden), ("qk", width)]).zip(&ids[..3]).map(|((d, (name, cols)), &id)| buffer(id, name, cols, d)).collect();
+    let names = ["gelu", "capped", "normed", "all"];
+    let mut out_bufs: Vec<IoBuffer> = outs.iter_mut().zip(names.iter().zip(out_cols)).zip(&ids[3..]).map(|((d, (name, cols)), &id)| buffer(id, name, cols, d)).collect();
+    ctx.execute(&graph, &mut in_bufs, &mut out_bufs).unwrap();
+    drop((in_bufs, out_bufs));
+    let got: Vec<Vec<f32>> = outs.iter().map(|o| o.iter().map(|&b| f16::from_bits(b).to_f32()).collect()).collect();
+
+    // The host's kernels on the same values.
+    let mut want_gelu = vec![0f32; n(hidden)];
+    gemma::gelu_glu(&gate_up, hidden as usize, &mut want_gelu);
+    let mut want_capped = logits.clone();
+    gemma::softcap(&mut want_capped, cap);
+    let features = cpu::features();
+    let mut want_normed = qk.clone();
+    for row in want_normed.chunks_exact_mut(width as usize) {
+        gemma::norm_heads(features, &mut row[head_dim as usize..3 * head_dim as usize], head_dim as usize, Some(&weight), eps);
+    }
+    let mut want_all = qk.clone();
+    gemma::norm_heads(features, &mut want_all, head_dim as usize, None, eps);
+
+    for (name, got, want) in [("gelu_glu", &got[0], &want_gelu), ("softcap", &got[1], &want_capped), ("norm_heads with a weight", &got[2], &want_normed), ("norm_heads without one", &got[3], &want_all)] {
+        let e = error(got, want);
+        eprintln!("{name}: largest error {e:.2e} of max(|host|, 1)");
+        assert!(e < 1e-2, "{name}: simulator {:?} against host {:?}", &got[..8], &want[..8]);
+    }
+    // Past the square's overflow: gelu(300) is 300 (checked above, to fp16's precision), and
+    // gelu(-300) 0.
+    assert!(got[0][1].abs() < 1e-3 && want_gelu[0].abs() > 1.0, "gelu(-300) * up is {} (0 on the host)", got[0][1]);
+    assert!(want_capped.iter().any(|v| v.abs() > 25.0) && got[1].iter().all(|v| v.abs() <= cap), "capped at {cap}");
+}
