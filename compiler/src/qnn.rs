@@ -638,34 +638,12 @@ impl Lowering<'_, '_> {
         Ok(())
     }
 
-    /// Rotary embedding of the first `rotated` heads of `x`, in place: each head's halves
-    /// `x1`, `x2` become `x1 cos - x2 sin`, `x2 cos + x1 sin`.
+    /// Rotary embedding of the first `rotated` heads of `x`, in place, at the rows' angles
+    /// the host gathered (`Role::Cos`, `Role::Sin`).
     fn rope(&mut self, x: ValueId, rotated: u32, leaves_as: Option<Role>) -> Result<()> {
-        let (r, hd) = (self.g.rows, self.src.h.model.head_dim);
         let xs = self.value(x)?;
-        let width = self.g.values[x as usize].cols;
-        let half = hd / 2;
-        let span = rotated * hd;
-        let part = self.columns(xs, r, 0, span)?;
-        let part = self.reshape(part, &[r, rotated, hd])?;
-        let slice = |l: &mut Lowering, from: u32| {
-            let ranges = vec![0, r as i32, 1, 0, rotated as i32, 1, from as i32, (from + half) as i32, 1];
-            l.op("StridedSlice", &[part], vec![ParamSpec::I32s("ranges", vec![3, 3], ranges)], &[r, rotated, half])
-        };
-        let (x1, x2) = (slice(self, 0)?, slice(self, half)?);
         let (cos, sin) = (self.input(Role::Cos), self.input(Role::Sin));
-        let (a1, a2) = (self.binary("ElementWiseMultiply", x1, cos)?, self.binary("ElementWiseMultiply", x2, sin)?);
-        let a = self.binary("ElementWiseSubtract", a1, a2)?;
-        let (b1, b2) = (self.binary("ElementWiseMultiply", x2, cos)?, self.binary("ElementWiseMultiply", x1, sin)?);
-        let bsum = self.binary("ElementWiseAdd", b1, b2)?;
-        let cat = self.op("Concat", &[a, bsum], vec![ParamSpec::U32("axis", 2)], &[r, rotated, hd])?;
-        let flat = self.reshape(cat, &[r, span])?;
-        let t = if span < width {
-            let rest = self.columns(xs, r, span, width)?;
-            self.result(leaves_as, "Concat", &[flat, rest], vec![ParamSpec::U32("axis", 1)], &[r, width])?
-        } else {
-            flat
-        };
+        let t = qnn_ops::rope(self, xs, self.g.rows, rotated, self.src.h.model.head_dim, cos, sin, leaves_as.map(role_name).as_deref())?;
         self.values.insert(x, t);
         Ok(())
     }

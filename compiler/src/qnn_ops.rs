@@ -100,3 +100,38 @@ pub fn softcap(e: &mut impl Emit, x: TensorRef, cap: f32, output: Option<&str>) 
     let t = e.emit("Tanh", &[z], vec![], &dims, None)?;
     scaled(e, t, cap, output)
 }
+
+/// Rotary embedding of the first `rotated` heads (of `head_dim`) of `x` (`[rows, width]`),
+/// half-split: each head's halves `x1`, `x2` become `x1 cos - x2 sin`, `x2 cos + x1 sin`, with
+/// `cos` and `sin` `[rows, 1, head_dim / 2]` (each row's angles, broadcast over its heads).
+pub fn rope(e: &mut impl Emit, x: TensorRef, rows: u32, rotated: u32, head_dim: u32, cos: TensorRef, sin: TensorRef, output: Option<&str>) -> Result<TensorRef> {
+    let width = e.dims(x)[1];
+    let (half, span) = (head_dim / 2, rotated * head_dim);
+    let part = if span < width { columns(e, x, rows, 0, span)? } else { x };
+    let part = reshape(e, part, &[rows, rotated, head_dim], None)?;
+    let slice = |e: &mut _, from: u32| {
+        let ranges = vec![0, rows as i32, 1, 0, rotated as i32, 1, from as i32, (from + half) as i32, 1];
+        Emit::emit(e, "StridedSlice", &[part], vec![ParamSpec::I32s("ranges", vec![3, 3], ranges)], &[rows, rotated, half], None)
+    };
+    let (x1, x2) = (slice(e, 0)?, slice(e, half)?);
+    let product = |e: &mut _, a: TensorRef, b: TensorRef| Emit::emit(e, "ElementWiseMultiply", &[a, b], vec![], &[rows, rotated, half], None);
+    let (a1, a2) = (product(e, x1, cos)?, product(e, x2, sin)?);
+    let a = e.emit("ElementWiseSubtract", &[a1, a2], vec![], &[rows, rotated, half], None)?;
+    let (b1, b2) = (product(e, x2, cos)?, product(e, x1, sin)?);
+    let b = e.emit("ElementWiseAdd", &[b1, b2], vec![], &[rows, rotated, half], None)?;
+    let cat = e.emit("Concat", &[a, b], vec![ParamSpec::U32("axis", 2)], &[rows, rotated, head_dim], None)?;
+    if span == width {
+        return reshape(e, cat, &[rows, width], output);
+    }
+    let flat = reshape(e, cat, &[rows, span], None)?;
+    let rest = columns(e, x, rows, span, width)?;
+    e.emit("Concat", &[flat, rest], vec![ParamSpec::U32("axis", 1)], &[rows, width], output)
+}
+
+/// Rows `positions` (`[rows]` int32) of a rotary `table` (`[positions, head_dim / 2]`, static)
+/// as `[rows, 1, head_dim / 2]`, the shape [`rope`] reads.
+pub fn table_rows(e: &mut impl Emit, table: TensorRef, positions: TensorRef) -> Result<TensorRef> {
+    let (rows, half) = (e.dims(positions)[0], e.dims(table)[1]);
+    let picked = e.emit("Gather", &[table, positions], vec![ParamSpec::I32("axis", 0)], &[rows, half], None)?;
+    reshape(e, picked, &[rows, 1, half], None)
+}

@@ -5,10 +5,10 @@
 use half::f16;
 use lladac::error::{Error, Result};
 use lladac::qnn_ops::{self, Emit};
-use llada_qnn::abi::DATATYPE_FLOAT_16;
+use llada_qnn::abi::{DATATYPE_FLOAT_16, DATATYPE_INT_32};
 use llada_qnn::build::{Out, Output, ParamSpec};
 use llada_qnn::{Context, Device, GraphBuilder, IoBuffer, QnnLibrary, TensorRef};
-use llada_rt::kernels::{cpu, gemma};
+use llada_rt::kernels::{self, cpu, gemma};
 
 /// A graph of the compositions alone: intermediates named in order, outputs by their names.
 struct Alone<'c> {
@@ -44,6 +44,30 @@ impl Emit for Alone<'_> {
     }
 }
 
+/// The simulator computed zeros for one graph while another was finalized on another thread
+/// (`llada-qnn`'s tests): these tests take turns.
+static SIMULATOR: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The library (`LLADA_QNN_LIB`) and the simulator's turn, held for the test.
+fn library() -> (std::sync::MutexGuard<'static, ()>, std::sync::Arc<QnnLibrary>) {
+    let turn = SIMULATOR.lock().unwrap_or_else(|e| e.into_inner());
+    (turn, QnnLibrary::open(None).expect("LLADA_QNN_LIB names tools/qnn/fetch.sh's folder"))
+}
+
+/// The device the tests build for: the newest SoC `lladac` knows.
+fn device(lib: &std::sync::Arc<QnnLibrary>) -> std::sync::Arc<Device> {
+    Device::new(&lib.backend().unwrap(), lladac::qnn::soc_of("sm8750").unwrap().1).unwrap()
+}
+
+/// An fp16 `[rows, cols]` tensor `name` (id `id`) bound for an execution.
+fn buffer(id: u32, name: &str, dims: Vec<u32>, data: &mut [u16]) -> IoBuffer {
+    IoBuffer { id, name: std::ffi::CString::new(name).unwrap(), data_type: DATATYPE_FLOAT_16, dims, data: data.as_mut_ptr().cast(), bytes: data.len() * 2 }
+}
+
+fn widened(bits: &[u16]) -> Vec<f32> {
+    bits.iter().map(|&b| f16::from_bits(b).to_f32()).collect()
+}
+
 /// `values` rounded to fp16, as the NPU reads them.
 fn rounded(values: impl Iterator<Item = f32>) -> Vec<f32> {
     values.map(|v| f16::from_f32(v).to_f32()).collect()
@@ -61,9 +85,8 @@ fn error(got: &[f32], want: &[f32]) -> f32 {
 #[test]
 #[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
 fn gemmas_element_wise_ops_on_the_simulator_give_the_hosts_values() {
-    let lib = QnnLibrary::open(None).expect("LLADA_QNN_LIB names tools/qnn/fetch.sh's folder");
-    let backend = lib.backend().unwrap();
-    let device = Device::new(&backend, lladac::qnn::soc_of("sm8750").unwrap().1).unwrap();
+    let (_turn, lib) = library();
+    let device = device(&lib);
     let (rows, hidden, head_dim, heads, cap, eps) = (8u32, 64u32, 32u32, 4u32, 30.0f32, 1e-6f32);
     let width = heads * head_dim;
     let n = |cols: u32| (rows * cols) as usize;
@@ -95,20 +118,12 @@ fn gemmas_element_wise_ops_on_the_simulator_give_the_hosts_values() {
     let mut ins: Vec<Vec<u16>> = [&gate_up, &logits, &qk].iter().map(|v| f16_bits(v)).collect();
     let out_cols = [hidden, hidden, width, width];
     let mut outs: Vec<Vec<u16>> = out_cols.iter().map(|&c| vec![0u16; n(c)]).collect();
-    let buffer = |id: u32, name: &str, cols: u32, data: &mut Vec<u16>| IoBuffer {
-        id,
-        name: std::ffi::CString::new(name).unwrap(),
-        data_type: DATATYPE_FLOAT_16,
-        dims: vec![rows, cols],
-        data: data.as_mut_ptr().cast(),
-        bytes: data.len() * 2,
-    };
-    let mut in_bufs: Vec<IoBuffer> = ins.iter_mut().zip([("gate_up", 2 * hidden), ("logits", hidden), ("qk", width)]).zip(&ids[..3]).map(|((d, (name, cols)), &id)| buffer(id, name, cols, d)).collect();
+    let mut in_bufs: Vec<IoBuffer> = ins.iter_mut().zip([("gate_up", 2 * hidden), ("logits", hidden), ("qk", width)]).zip(&ids[..3]).map(|((d, (name, cols)), &id)| buffer(id, name, vec![rows, cols], d)).collect();
     let names = ["gelu", "capped", "normed", "all"];
-    let mut out_bufs: Vec<IoBuffer> = outs.iter_mut().zip(names.iter().zip(out_cols)).zip(&ids[3..]).map(|((d, (name, cols)), &id)| buffer(id, name, cols, d)).collect();
+    let mut out_bufs: Vec<IoBuffer> = outs.iter_mut().zip(names.iter().zip(out_cols)).zip(&ids[3..]).map(|((d, (name, cols)), &id)| buffer(id, name, vec![rows, cols], d)).collect();
     ctx.execute(&graph, &mut in_bufs, &mut out_bufs).unwrap();
     drop((in_bufs, out_bufs));
-    let got: Vec<Vec<f32>> = outs.iter().map(|o| o.iter().map(|&b| f16::from_bits(b).to_f32()).collect()).collect();
+    let got: Vec<Vec<f32>> = outs.iter().map(|o| widened(o)).collect();
 
     // The host's kernels on the same values.
     let mut want_gelu = vec![0f32; n(hidden)];
@@ -132,4 +147,55 @@ fn gemmas_element_wise_ops_on_the_simulator_give_the_hosts_values() {
     // gelu(-300) 0.
     assert!(got[0][1].abs() < 1e-3 && want_gelu[0].abs() > 1.0, "gelu(-300) * up is {} (0 on the host)", got[0][1]);
     assert!(want_capped.iter().any(|v| v.abs() > 25.0) && got[1].iter().all(|v| v.abs() <= cap), "capped at {cap}");
+}
+
+/// Rotary embedding of the query and key heads of a q|k|v row at angles gathered in the graph
+/// from a static table by each row's position (DiffusionGemma's own tables, one per kind of
+/// layer): within fp16's precision of the host's rotation.
+#[test]
+#[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
+fn rotary_angles_gathered_by_position_give_the_hosts_rotation() {
+    let (_turn, lib) = library();
+    let device = device(&lib);
+    let (rows, head_dim, heads, kv_heads, positions) = (8u32, 32u32, 4u32, 2u32, 64u32);
+    let (half, width) = (head_dim / 2, (heads + 2 * kv_heads) * head_dim);
+    let qkv = rounded((0..rows * width).map(|i| ((i * 41 % 103) as f32 - 51.0) / 20.0));
+    let angle = |p: u32, i: u32| p as f32 * 10000f32.powf(-2.0 * i as f32 / head_dim as f32);
+    let cos = rounded((0..positions * half).map(|j| angle(j / half, j % half).cos()));
+    let sin = rounded((0..positions * half).map(|j| angle(j / half, j % half).sin()));
+    let mut at: Vec<i32> = vec![3, 10, 11, 40, 63, 0, 5, 5];
+
+    let ctx = Context::create(&device, false).unwrap();
+    let mut a = Alone { b: GraphBuilder::new(&ctx, "rope").unwrap(), next: 0 };
+    let x = a.b.input("qkv", DATATYPE_FLOAT_16, &[rows, width]).unwrap();
+    let p = a.b.input("positions", DATATYPE_INT_32, &[rows]).unwrap();
+    let (cos_t, sin_t) = (a.constant(&[positions, half], &cos).unwrap(), a.constant(&[positions, half], &sin).unwrap());
+    let (c, s) = (qnn_ops::table_rows(&mut a, cos_t, p).unwrap(), qnn_ops::table_rows(&mut a, sin_t, p).unwrap());
+    let y = qnn_ops::rope(&mut a, x, rows, heads + kv_heads, head_dim, c, s, Some("rotated")).unwrap();
+    let ids = [a.b.id(x), a.b.id(p), a.b.id(y)];
+    a.b.finalize().unwrap();
+    let binary = ctx.binary().unwrap();
+    drop(ctx);
+
+    let mut ctx = Context::from_binary(&device, &binary).unwrap();
+    let graph = ctx.graph("rope").unwrap();
+    let mut xs = f16_bits(&qkv);
+    let mut ys = vec![0u16; (rows * width) as usize];
+    let index = IoBuffer { id: ids[1], name: c"positions".into(), data_type: DATATYPE_INT_32, dims: vec![rows], data: at.as_mut_ptr().cast(), bytes: at.len() * 4 };
+    let mut ins = [buffer(ids[0], "qkv", vec![rows, width], &mut xs), index];
+    let mut outs = [buffer(ids[2], "rotated", vec![rows, width], &mut ys)];
+    ctx.execute(&graph, &mut ins, &mut outs).unwrap();
+    let got = widened(&ys);
+
+    let mut want = qkv.clone();
+    for (row, &p) in want.chunks_exact_mut(width as usize).zip(&at) {
+        let table = |t: &[f32]| t[(p as u32 * half) as usize..][..half as usize].to_vec();
+        kernels::rope_row(cpu::features(), &mut row[..((heads + kv_heads) * head_dim) as usize], head_dim as usize, &table(&cos), &table(&sin));
+    }
+    let e = error(&got, &want);
+    eprintln!("rope: largest error {e:.2e} of max(|host|, 1)");
+    assert!(e < 1e-2, "simulator {:?} against host {:?}", &got[..8], &want[..8]);
+    let values = ((heads + kv_heads) * head_dim) as usize..width as usize;
+    assert_eq!(got[values.clone()], qkv[values], "the value heads pass through");
+    assert_ne!(got[..head_dim as usize], qkv[..head_dim as usize], "row 0 (position 3) is rotated");
 }
