@@ -52,6 +52,33 @@ fn qnn_err(e: llada_qnn::Error) -> Error {
     }
 }
 
+/// Whether the NPU lowering has `op` (the routers and routed experts aside, which run on the
+/// host between the executables): DiffusionGemma's router, rotary embedding, attention and
+/// self-conditioning do not yet.
+fn has_lowering(op: &Op) -> bool {
+    !matches!(op, Op::RouteScaled { .. } | Op::RopeHeads { .. } | Op::WindowAttention { .. } | Op::SoftEmbed { .. })
+}
+
+/// Refuses, before any planning for the NPU of SoC `soc`, graphs holding ops that have no
+/// NPU lowering, naming each kind of them and the first graph holding one.
+pub fn check_lowerable(h: &Header, soc: &str) -> Result<()> {
+    let mut missing: Vec<&str> = Vec::new();
+    let mut first = None;
+    for g in &h.graphs {
+        for op in g.ops.iter().filter(|o| !has_lowering(o)) {
+            first.get_or_insert(g.name.as_str());
+            if !missing.contains(&op.name()) {
+                missing.push(op.name());
+            }
+        }
+    }
+    let Some(graph) = first else { return Ok(()) };
+    Err(Error::Options(format!(
+        "--target {soc}: ops {} (the first in graph '{graph}') have no NPU lowering yet; compile for the host or a GPU target, or add --host-only to build the host stand-in",
+        missing.join(", ")
+    )))
+}
+
 /// How the executables are built: for which SoC, from which weight format, against which
 /// limits.
 #[derive(Debug, Clone, Copy)]
@@ -561,8 +588,7 @@ impl Lowering<'_, '_> {
                 let t = qnn_ops::softcap(self, xs, cap, leaves_as.map(role_name).as_deref())?;
                 self.values.insert(x, t);
             }
-            // The experts run on the CPU; DiffusionGemma's rotary embedding, attention and
-            // self-conditioning have no NPU lowering yet.
+            // The experts run on the CPU; for the rest, see `has_lowering`.
             Op::Route { .. } | Op::RouteSigmoid { .. } | Op::RouteScaled { .. } | Op::MoeExperts { .. } | Op::RopeHeads { .. } | Op::WindowAttention { .. } | Op::SoftEmbed { .. } => {
                 return Err(Error::Options(format!("lowering graph '{}' to QNN: op {} has no NPU lowering", g.name, op.name())));
             }

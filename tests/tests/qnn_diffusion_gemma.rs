@@ -1,6 +1,12 @@
 //! DiffusionGemma's layers on QNN's x86-64 simulator (`LLADA_QNN_LIB`, as CI sets it): the
 //! ops the NPU lowering composes for them (`lladac::qnn_ops`), built alone into one graph and
-//! compared with the host's kernels.
+//! compared with the host's kernels; and the model's refusal for an NPU target, naming the
+//! ops that have no lowering yet.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use half::f16;
 use lladac::error::{Error, Result};
@@ -198,4 +204,33 @@ fn rotary_angles_gathered_by_position_give_the_hosts_rotation() {
     let values = ((heads + kv_heads) * head_dim) as usize..width as usize;
     assert_eq!(got[values.clone()], qkv[values], "the value heads pass through");
     assert_ne!(got[..head_dim as usize], qkv[..head_dim as usize], "row 0 (position 3) is rotated");
+}
+
+fn kit() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/diffusiongemma-conformance/tiny-dg-A")
+}
+
+/// Until every op of the model lowers, a Snapdragon target refuses it in one line naming each
+/// op without a lowering (and none that has one), before any planning; `--host-only` builds
+/// the host stand-in.
+#[test]
+#[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
+fn a_snapdragon_target_names_the_ops_it_cannot_lower_yet() {
+    let lib = std::env::var("LLADA_QNN_LIB").expect("set LLADA_QNN_LIB to tools/qnn/fetch.sh's folder");
+    let dir = tempfile::tempdir().unwrap();
+    let (kit, out) = (kit(), dir.path().join("kit.lad"));
+    let compile = |extra: &[&str]| {
+        let mut args = vec!["compile", "--model", kit.to_str().unwrap(), "--target", "sm8750", "-o", out.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        Command::new(common::bin("lladac")).args(&args).env("LLADA_QNN_LIB", &lib).output().unwrap()
+    };
+    let refused = compile(&[]);
+    common::assert_clean_failure(&refused, &["--target sm8750", "SoftEmbed, RopeHeads, WindowAttention, RouteScaled", "no NPU lowering yet", "--host-only"]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    for lowered in ["GeluGlu", "Softcap", "NormHeads"] {
+        assert!(!said.contains(lowered), "{lowered} has a lowering: {said}");
+    }
+    assert!(!out.exists(), "a refused compile leaves no artifact");
+    let stand_in = compile(&["--host-only"]);
+    assert!(stand_in.status.success(), "{}", String::from_utf8_lossy(&stand_in.stderr));
 }

@@ -183,6 +183,9 @@ pub(super) fn core(opts: &CompileOptions, src: &Source, s: &Settings, rows: &Row
         can_grow: target.max_window_bytes().is_none_or(|(max, _)| window_bytes < max),
         max_expert_bytes: None,
     };
+    if let Some((soc, _)) = npu_soc {
+        crate::qnn::check_lowerable(&header, soc)?;
+    }
     // An MoE model's NPU target may plan again with fewer expert slots (below).
     let unplanned = (npu_soc.is_some() && header.model.moe.is_some()).then(|| header.clone());
     window::plan(&mut header, &window_opts)?;
