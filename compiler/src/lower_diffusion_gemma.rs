@@ -105,21 +105,11 @@ fn layer(b: &mut Builder, n: &Network, role: Role, x: ValueId, l: usize) {
         Op::RmsNorm { x: o, weight: post_attn, eps, out: o_n },
         Op::Add { acc: x, x: o_n },
     ]);
-    // The dense feed-forward.
-    let f_in = v(b, "ff_in", d);
-    let gu = v(b, "gate_up", 2 * g.dense_hidden as u32);
-    let h = v(b, "hidden", g.dense_hidden as u32);
-    let f = v(b, "ff_out", d);
-    let f1 = v(b, "ff_normed", d);
-    b.ops.extend([
-        Op::RmsNorm { x, weight: pre_ff, eps, out: f_in },
-        Op::MatMul { x: f_in, weight: lt.gate_up, out: gu },
-        Op::GeluGlu { x: gu, out: h },
-        Op::MatMul { x: h, weight: lt.down, out: f },
-        Op::RmsNorm { x: f, weight: post_ff_1, eps, out: f1 },
-    ]);
     // The experts, routed on the un-normalised residual (its norm has no weight; the router's
-    // scale and 1/sqrt(d) follow it).
+    // scale and 1/sqrt(d) follow it), then the dense feed-forward beside them: the router
+    // and the experts adjacent, so that an NPU runs them on the host between two executables
+    // that hand over nothing but the residual and the experts' input and sum
+    // (`llada_ir::npu::piece_roles`; the sum of the two branches is the same either way).
     let r_in = v(b, "router_in", d);
     let r_logits = v(b, "router_logits", moe.experts);
     let route = v(b, "route", 2 * moe.top_k);
@@ -129,14 +119,24 @@ fn layer(b: &mut Builder, n: &Network, role: Role, x: ValueId, l: usize) {
     let work = v(b, "expert_work", 2 * d + 3 * m.mlp_hidden);
     let f2 = v(b, "experts_normed", d);
     let f3 = v(b, "ff_sum_normed", d);
+    let f_in = v(b, "ff_in", d);
+    let gu = v(b, "gate_up", 2 * g.dense_hidden as u32);
+    let h = v(b, "hidden", g.dense_hidden as u32);
+    let f = v(b, "ff_out", d);
+    let f1 = v(b, "ff_normed", d);
     let scalar = n.layer_scalars[l][usize::from(role == Role::Encoder)];
     b.ops.extend([
         Op::RmsNorm { x, weight: lt.router_scale, eps, out: r_in },
         Op::Scale { x: r_in, factor: (d as f64).powf(-0.5) as f32 },
         Op::MatMul { x: r_in, weight: lt.router, out: r_logits },
-        Op::RouteScaled { logits: r_logits, expert_scale: lt.expert_scale, top_k: moe.top_k, out: route },
         Op::RmsNorm { x, weight: pre_ff_2, eps, out: e_in },
+        Op::RouteScaled { logits: r_logits, expert_scale: lt.expert_scale, top_k: moe.top_k, out: route },
         Op::MoeExperts { x: e_in, route, out: e_out, layer: l as u32, first: lt.first_expert, experts: moe.experts, ranked, work },
+        Op::RmsNorm { x, weight: pre_ff, eps, out: f_in },
+        Op::MatMul { x: f_in, weight: lt.gate_up, out: gu },
+        Op::GeluGlu { x: gu, out: h },
+        Op::MatMul { x: h, weight: lt.down, out: f },
+        Op::RmsNorm { x: f, weight: post_ff_1, eps, out: f1 },
         Op::RmsNorm { x: e_out, weight: post_ff_2, eps, out: f2 },
         Op::Add { acc: f1, x: f2 },
         Op::RmsNorm { x: f1, weight: post_ff, eps, out: f3 },

@@ -53,10 +53,10 @@ fn qnn_err(e: llada_qnn::Error) -> Error {
 }
 
 /// Whether the NPU lowering has `op` (the routers and routed experts aside, which run on the
-/// host between the executables): DiffusionGemma's router, rotary embedding, attention and
+/// host between the executables): DiffusionGemma's rotary embedding, attention and
 /// self-conditioning do not yet.
 fn has_lowering(op: &Op) -> bool {
-    !matches!(op, Op::RouteScaled { .. } | Op::RopeHeads { .. } | Op::WindowAttention { .. } | Op::SoftEmbed { .. })
+    !matches!(op, Op::RopeHeads { .. } | Op::WindowAttention { .. } | Op::SoftEmbed { .. })
 }
 
 /// Refuses, before any planning for the NPU of SoC `soc`, graphs holding ops that have no

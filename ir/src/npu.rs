@@ -508,9 +508,10 @@ pub fn cache_len_for(lens: &[u32], keys: u32) -> u32 {
 }
 
 /// Whether `op` runs on the host between an MoE model's executables: the routers and the
-/// routed experts (the router's projection and the shared expert are dense ops).
+/// routed experts, the program's CPU step (the router's projection and the shared expert are
+/// dense ops).
 pub fn host_op(op: &Op) -> bool {
-    matches!(op, Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. })
+    crate::program::is_moe_op(op)
 }
 
 /// The executables' op ranges within `ops` of planned graph `g`: `ops` cut at each run of
@@ -625,7 +626,7 @@ pub fn piece_roles(g: &Graph, ops: Range<usize>) -> std::result::Result<(Vec<Bou
         outputs.push((Role::HiddenOut, must_write(residual, "the residual stream")?));
         if !after_run.is_empty() {
             let routed = g.ops[after_run.clone()].iter().find_map(|o| match *o {
-                Op::Route { logits, .. } | Op::RouteSigmoid { logits, .. } => Some(logits),
+                Op::Route { logits, .. } | Op::RouteSigmoid { logits, .. } | Op::RouteScaled { logits, .. } => Some(logits),
                 _ => None,
             });
             let (Some(logits), Some((x, _))) = (routed, experts_of(g, after_run)) else {

@@ -129,7 +129,7 @@ pub fn run_host_ops(
     };
     for op in &g.ops[ops.clone()] {
         let boundary = match *op {
-            Op::Route { logits, .. } | Op::RouteSigmoid { logits, .. } => Some((IoKind::RouterLogits, logits)),
+            Op::Route { logits, .. } | Op::RouteSigmoid { logits, .. } | Op::RouteScaled { logits, .. } => Some((IoKind::RouterLogits, logits)),
             Op::MoeExperts { x, .. } => Some((IoKind::ExpertIn, x)),
             _ => None,
         };
