@@ -53,10 +53,9 @@ fn qnn_err(e: llada_qnn::Error) -> Error {
 }
 
 /// Whether the NPU lowering has `op` (the routers and routed experts aside, which run on the
-/// host between the executables): DiffusionGemma's rotary embedding, attention and
-/// self-conditioning do not yet.
+/// host between the executables): DiffusionGemma's attention and self-conditioning do not yet.
 fn has_lowering(op: &Op) -> bool {
-    !matches!(op, Op::RopeHeads { .. } | Op::WindowAttention { .. } | Op::SoftEmbed { .. })
+    !matches!(op, Op::WindowAttention { .. } | Op::SoftEmbed { .. })
 }
 
 /// Refuses, before any planning for the NPU of SoC `soc`, graphs holding ops that have no
@@ -325,6 +324,8 @@ struct Lowering<'a, 'c> {
     outputs: Vec<(Role, TensorRef)>,
     values: HashMap<ValueId, TensorRef>,
     statics: HashMap<TensorId, TensorRef>,
+    /// Rotary tables' rows at the rows' positions, gathered once per executable and table.
+    angles: HashMap<TensorId, TensorRef>,
     next: usize,
 }
 
@@ -589,11 +590,34 @@ impl Lowering<'_, '_> {
                 self.values.insert(x, t);
             }
             // The experts run on the CPU; for the rest, see `has_lowering`.
-            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::RouteScaled { .. } | Op::MoeExperts { .. } | Op::RopeHeads { .. } | Op::WindowAttention { .. } | Op::SoftEmbed { .. } => {
+            Op::RopeHeads { x, heads, head_dim, cos, sin } => {
+                let xs = self.value(x)?;
+                let (cos, sin) = (self.angles(cos, head_dim)?, self.angles(sin, head_dim)?);
+                let t = qnn_ops::rope(self, xs, g.rows, heads, head_dim, cos, sin, leaves_as.map(role_name).as_deref())?;
+                self.values.insert(x, t);
+            }
+            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::RouteScaled { .. } | Op::MoeExperts { .. } | Op::WindowAttention { .. } | Op::SoftEmbed { .. } => {
                 return Err(Error::Options(format!("lowering graph '{}' to QNN: op {} has no NPU lowering", g.name, op.name())));
             }
         }
         Ok(())
+    }
+
+    /// The rows' angles of rotary table `table` (`[positions, head_dim / 2]`): its first rows
+    /// a static tensor (as many as a row's position may reach: the cache's capacity, or the
+    /// graph's rows where more), gathered at the rows' positions (`Role::Positions`).
+    fn angles(&mut self, table: TensorId, head_dim: u32) -> Result<TensorRef> {
+        if let Some(&t) = self.angles.get(&table) {
+            return Ok(t);
+        }
+        let (half, reach) = (head_dim / 2, self.src.h.plan.kv_capacity.max(self.g.rows));
+        let mut values = (self.src.weights)(table)?;
+        values.truncate((reach * half) as usize);
+        let name = format!("w.{}", self.src.h.tensors[table as usize].name);
+        let rows = self.b.static_f16(&name, &[reach, half], &f16_bits(&values)).map_err(qnn_err)?;
+        let t = qnn_ops::table_rows(self, rows, self.input(Role::Positions))?;
+        self.angles.insert(table, t);
+        Ok(t)
     }
 
     /// `x` times the `[n, k]` matrix `weight`, into `out`: a 1x1 Conv2d over `[1, 1, rows, k]`
@@ -811,7 +835,7 @@ fn lower_graph(src: &Source, piece: &Piece, ctx: &Context, profile: Option<&Prof
     // graphs: QNN's model puts the 1B shape's layers a sixth to a quarter faster there than
     // at the library's default (BENCHMARKS.md).
     let b = GraphBuilder::with_optimization(ctx, &name, Some(3)).map_err(qnn_err)?;
-    let mut l = Lowering { src, fixed: HashMap::new(), g, cache_len, b, inputs: Vec::new(), outputs: Vec::new(), values: HashMap::new(), statics: HashMap::new(), next: 0 };
+    let mut l = Lowering { src, fixed: HashMap::new(), g, cache_len, b, inputs: Vec::new(), outputs: Vec::new(), values: HashMap::new(), statics: HashMap::new(), angles: HashMap::new(), next: 0 };
     let bad = |e: String| Error::Options(format!("lowering graph '{}' to QNN: {e}", g.name));
     // What crosses the executable's boundary: the residual stream (the embedding's output in
     // the first context), and around an MoE layer's host ops their input and results.
@@ -856,6 +880,7 @@ fn role_name(role: Role) -> String {
         Role::SharedIn => "shared_in".into(),
         Role::RouterLogits => "router_logits".into(),
         Role::ExpertOut => "expert_out".into(),
+        Role::Positions => "positions".into(),
     }
 }
 

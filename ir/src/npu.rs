@@ -39,7 +39,7 @@ use crate::{Graph, Op, ValueId};
 /// The extension key of the section.
 pub const EXTENSION_KEY: &str = "npu.qnn";
 /// The section's own version: a reader refuses any other.
-pub const SECTION_VERSION: u32 = 6;
+pub const SECTION_VERSION: u32 = 7;
 /// Masked attention scores: QNN.md found that an `-inf` mask gives wrong results on the HTP,
 /// so a large finite negative stands in for it (f16's lowest).
 pub const MASKED: f32 = -65504.0;
@@ -327,6 +327,7 @@ pub enum IoKind {
     RouterLogits,
     ExpertOut,
     SharedIn,
+    Positions,
 }
 
 /// Alignment of every region (a cache line; rpcmem allocations are page-aligned).
@@ -352,6 +353,7 @@ impl IoLayout {
             (IoKind::RouterLogits, largest(Role::RouterLogits)),
             (IoKind::ExpertOut, largest(Role::ExpertOut)),
             (IoKind::SharedIn, largest(Role::SharedIn)),
+            (IoKind::Positions, largest(Role::Positions)),
         ];
         let mut offset = 0;
         let mut regions = Vec::new();
@@ -402,6 +404,7 @@ impl IoLayout {
             Role::SharedIn => (IoKind::SharedIn, 0),
             Role::RouterLogits => (IoKind::RouterLogits, 0),
             Role::ExpertOut => (IoKind::ExpertOut, 0),
+            Role::Positions => (IoKind::Positions, 0),
         };
         Some(self.region(kind)?.offset + within)
     }
@@ -469,6 +472,9 @@ pub enum Role {
     /// host's experts where it reads them (the shared expert); a region of its own, as an
     /// executable's input and output never share memory.
     SharedIn,
+    /// `[R]` i32: each row's position, by which an executable gathers its rows' rotary angles
+    /// from a table of its own (DiffusionGemma's `RopeHeads`: a table per kind of layer).
+    Positions,
 }
 
 impl Role {
@@ -488,13 +494,14 @@ impl Role {
             Role::Logits => vec![logit_rows, m.embedding_size],
             Role::ExpertIn | Role::ExpertOut | Role::SharedIn => if m.moe.is_some() { vec![rows, m.d_model] } else { vec![0] },
             Role::RouterLogits => vec![rows, m.moe.map_or(0, |e| e.experts)],
+            Role::Positions => vec![rows],
         }
     }
 
     /// The element type of this role in executables holding `weights`.
     pub fn dtype(self, weights: NpuWeights) -> NpuDType {
         match self {
-            Role::LogitIndex => NpuDType::I32,
+            Role::LogitIndex | Role::Positions => NpuDType::I32,
             Role::Logits if weights.fixed_point() => NpuDType::U16,
             _ => NpuDType::F16,
         }
@@ -569,7 +576,7 @@ pub fn piece_roles(g: &Graph, ops: Range<usize>) -> std::result::Result<(Vec<Bou
     let before = experts_of(g, host_run_before(g, ops.start));
     let after_run = host_run_from(g, ops.end);
     let mut written = std::collections::HashSet::new();
-    let (mut reads_outside, mut uses) = (Vec::new(), [false; 3]);
+    let (mut reads_outside, mut uses) = (Vec::new(), [false; 4]);
     let mut layers = Vec::new();
     for op in &g.ops[ops.clone()] {
         if host_op(op) || matches!(op, Op::Embed { .. }) {
@@ -588,6 +595,7 @@ pub fn piece_roles(g: &Graph, ops: Range<usize>) -> std::result::Result<(Vec<Bou
                 layers.push(*layer);
             }
             Op::GatherLogitRows { .. } => uses[2] = true,
+            Op::RopeHeads { .. } => uses[3] = true,
             _ => {}
         }
     }
@@ -610,7 +618,7 @@ pub fn piece_roles(g: &Graph, ops: Range<usize>) -> std::result::Result<(Vec<Bou
         Role::SharedIn => 1,
         _ => 2,
     });
-    for (used, role) in uses.iter().zip([Role::Cos, Role::Mask, Role::LogitIndex]) {
+    for (used, role) in uses.iter().zip([Role::Cos, Role::Mask, Role::LogitIndex, Role::Positions]) {
         if *used {
             inputs.push((role, None));
             if role == Role::Cos {
@@ -1009,5 +1017,16 @@ mod tests {
         let g = moe_graph(true);
         assert!(piece_roles(&g, 2..9).unwrap_err().contains("'attn_in'"));
         assert!(piece_roles(&g, 1..11).unwrap_err().contains("op Route inside"));
+    }
+
+    /// A rotary embedding with tables of its own (`RopeHeads`) reads the rows' positions, an
+    /// int32 input after the pass's other tables.
+    #[test]
+    fn a_rotary_embedding_with_its_own_tables_reads_the_rows_positions() {
+        let mut g = moe_graph(false);
+        g.ops[3] = Op::RopeHeads { x: 2, heads: 2, head_dim: 4, cos: 3, sin: 4 };
+        let (i, _) = piece_roles(&g, 1..9).unwrap();
+        assert_eq!(roles(&i), [Role::Hidden, Role::Mask, Role::Positions, Role::KCache(0), Role::VCache(0)]);
+        assert_eq!(Role::Positions.dtype(NpuWeights::F16), NpuDType::I32);
     }
 }

@@ -331,6 +331,7 @@ impl Executor for QnnExecutor {
         let cache_len = llada_ir::npu::cache_len_for(&self.cache_lens, keys as u32);
         s.mask(h, g.rows as usize, cache_len as usize, inp);
         s.logit_index(g.logit_rows as usize, inp);
+        s.positions(g.rows as usize, inp);
         let (c, hd, kvh) = (h.plan.kv_capacity as usize, m.head_dim as usize, m.n_kv_heads as usize);
         let plane = kvh * c * hd;
         let rows = g.rows as usize;

@@ -97,6 +97,14 @@ impl Scratch {
         self.stored = stored;
     }
 
+    /// Each row's position (the executables gathering rotary angles by it read them).
+    pub fn positions(&mut self, rows: usize, inp: &RunInputs) {
+        let out = &mut self.region::<i32>(IoKind::Positions)[..rows];
+        for (o, &p) in out.iter_mut().zip(&inp.positions[..rows]) {
+            *o = p as i32;
+        }
+    }
+
     /// The logit rows, padded with row 0.
     pub fn logit_index(&mut self, logit_rows: usize, inp: &RunInputs) {
         let out = &mut self.region::<i32>(IoKind::LogitIndex)[..logit_rows];
