@@ -35,9 +35,13 @@ pub fn graph(n: &Network, role: Role, rows: u32) -> Graph {
     let d = m.d_model;
     let sqrt_d = (d as f64).sqrt() as f32;
     let x = b.value("x".into(), Rows::Tokens, d);
-    b.ops.extend([Op::Embed { table: t.embedding, out: x }, Op::Scale { x, factor: sqrt_d }]);
-    if role == Role::Decoder {
-        self_conditioning(&mut b, n, x);
+    b.ops.push(Op::Embed { table: t.embedding, out: x });
+    // The decoder's self-conditioning product right after the embedding: both read the
+    // embedding table on the CPU, before an NPU's first executable (`npu::host_prefix`).
+    let soft = (role == Role::Decoder).then(|| soft_embedding(&mut b, n));
+    b.ops.push(Op::Scale { x, factor: sqrt_d });
+    if let Some(soft) = soft {
+        self_conditioning(&mut b, n, x, soft);
     }
     for l in 0..m.n_layers as usize {
         layer(&mut b, n, role, x, l);
@@ -52,20 +56,26 @@ pub fn graph(n: &Network, role: Role, rows: u32) -> Graph {
     Graph { name, rows, logit_rows, values: b.values, ops: b.ops, logits, window_bytes: 0, staging: Vec::new() }
 }
 
-/// The decoder's input: the canvas's embeddings plus the self-conditioning signal (the
-/// previous step's expected embedding through a GELU block), normalised without a weight.
-fn self_conditioning(b: &mut Builder, n: &Network, x: ValueId) {
+/// The previous step's expected embedding (`Op::SoftEmbed`), its value.
+fn soft_embedding(b: &mut Builder, n: &Network) -> ValueId {
+    let d = n.model.d_model;
+    let logits_in = b.value("self_conditioning.logits".into(), Rows::Tokens, n.model.embedding_size);
+    let soft = b.value("self_conditioning.soft".into(), Rows::Tokens, d);
+    b.ops.push(Op::SoftEmbed { x: logits_in, table: n.tensors.embedding, scale: (d as f64).sqrt() as f32, out: soft });
+    soft
+}
+
+/// The decoder's input: the canvas's embeddings plus the self-conditioning signal `soft`
+/// through a GELU block, normalised without a weight.
+fn self_conditioning(b: &mut Builder, n: &Network, x: ValueId, soft: ValueId) {
     let (m, t, g) = (n.model, n.tensors, n.settings);
     let (d, eps) = (m.d_model, m.rms_eps as f32);
     let [pre_norm, gate_up, down] = t.self_conditioning;
-    let logits_in = b.value("self_conditioning.logits".into(), Rows::Tokens, m.embedding_size);
-    let soft = b.value("self_conditioning.soft".into(), Rows::Tokens, d);
     let normed = b.value("self_conditioning.normed".into(), Rows::Tokens, d);
     let gu = b.value("self_conditioning.gate_up".into(), Rows::Tokens, 2 * g.dense_hidden as u32);
     let h = b.value("self_conditioning.hidden".into(), Rows::Tokens, g.dense_hidden as u32);
     let out = b.value("self_conditioning.out".into(), Rows::Tokens, d);
     b.ops.extend([
-        Op::SoftEmbed { x: logits_in, table: t.embedding, scale: (d as f64).sqrt() as f32, out: soft },
         Op::RmsNorm { x: soft, weight: pre_norm, eps, out: normed },
         Op::MatMul { x: normed, weight: gate_up, out: gu },
         Op::GeluGlu { x: gu, out: h },

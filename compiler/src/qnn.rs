@@ -52,10 +52,11 @@ fn qnn_err(e: llada_qnn::Error) -> Error {
     }
 }
 
-/// Whether the NPU lowering has `op` (the routers and routed experts aside, which run on the
-/// host between the executables): DiffusionGemma's attention and self-conditioning do not yet.
+/// Whether the NPU lowering has `op` (the host's ops aside: the embedding and the
+/// self-conditioning product before the executables, the routers and routed experts between
+/// them): DiffusionGemma's attention does not yet.
 fn has_lowering(op: &Op) -> bool {
-    !matches!(op, Op::WindowAttention { .. } | Op::SoftEmbed { .. })
+    !matches!(op, Op::WindowAttention { .. })
 }
 
 /// Refuses, before any planning for the NPU of SoC `soc`, graphs holding ops that have no
@@ -72,8 +73,9 @@ pub fn check_lowerable(h: &Header, soc: &str) -> Result<()> {
         }
     }
     let Some(graph) = first else { return Ok(()) };
+    let (kind, verb) = if missing.len() == 1 { ("op", "has") } else { ("ops", "have") };
     Err(Error::Options(format!(
-        "--target {soc}: ops {} (the first in graph '{graph}') have no NPU lowering yet; compile for the host or a GPU target, or add --host-only to build the host stand-in",
+        "--target {soc}: {kind} {} (the first in graph '{graph}') {verb} no NPU lowering yet; compile for the host or a GPU target, or add --host-only to build the host stand-in",
         missing.join(", ")
     )))
 }
@@ -522,7 +524,7 @@ impl Lowering<'_, '_> {
     fn lower_op(&mut self, op: &Op, leaves_as: Option<Role>) -> Result<()> {
         let (g, m) = (self.g, &self.src.h.model);
         match *op {
-            Op::Embed { .. } => return Err(Error::Options(format!("lowering graph '{}' to QNN: a second embedding", g.name))),
+            Op::Embed { .. } | Op::SoftEmbed { .. } => return Err(Error::Options(format!("lowering graph '{}' to QNN: {} after the host's ops before the executables", g.name, op.name()))),
             Op::Scale { x, factor } => {
                 let xs = self.value(x)?;
                 let f = self.constant(&[1], &[factor])?;
@@ -596,7 +598,7 @@ impl Lowering<'_, '_> {
                 let t = qnn_ops::rope(self, xs, g.rows, heads, head_dim, cos, sin, leaves_as.map(role_name).as_deref())?;
                 self.values.insert(x, t);
             }
-            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::RouteScaled { .. } | Op::MoeExperts { .. } | Op::WindowAttention { .. } | Op::SoftEmbed { .. } => {
+            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::RouteScaled { .. } | Op::MoeExperts { .. } | Op::WindowAttention { .. } => {
                 return Err(Error::Options(format!("lowering graph '{}' to QNN: op {} has no NPU lowering", g.name, op.name())));
             }
         }
@@ -881,6 +883,7 @@ fn role_name(role: Role) -> String {
         Role::RouterLogits => "router_logits".into(),
         Role::ExpertOut => "expert_out".into(),
         Role::Positions => "positions".into(),
+        Role::SoftIn => "soft_in".into(),
     }
 }
 

@@ -328,6 +328,7 @@ pub enum IoKind {
     ExpertOut,
     SharedIn,
     Positions,
+    SoftIn,
 }
 
 /// Alignment of every region (a cache line; rpcmem allocations are page-aligned).
@@ -354,6 +355,7 @@ impl IoLayout {
             (IoKind::ExpertOut, largest(Role::ExpertOut)),
             (IoKind::SharedIn, largest(Role::SharedIn)),
             (IoKind::Positions, largest(Role::Positions)),
+            (IoKind::SoftIn, largest(Role::SoftIn)),
         ];
         let mut offset = 0;
         let mut regions = Vec::new();
@@ -405,6 +407,7 @@ impl IoLayout {
             Role::RouterLogits => (IoKind::RouterLogits, 0),
             Role::ExpertOut => (IoKind::ExpertOut, 0),
             Role::Positions => (IoKind::Positions, 0),
+            Role::SoftIn => (IoKind::SoftIn, 0),
         };
         Some(self.region(kind)?.offset + within)
     }
@@ -475,6 +478,9 @@ pub enum Role {
     /// `[R]` i32: each row's position, by which an executable gathers its rows' rotary angles
     /// from a table of its own (DiffusionGemma's `RopeHeads`: a table per kind of layer).
     Positions,
+    /// `[R, d_model]` f16: DiffusionGemma's self-conditioning input (`Op::SoftEmbed`'s
+    /// result), which the host computes before the first executable, as it embeds the rows.
+    SoftIn,
 }
 
 impl Role {
@@ -495,6 +501,7 @@ impl Role {
             Role::ExpertIn | Role::ExpertOut | Role::SharedIn => if m.moe.is_some() { vec![rows, m.d_model] } else { vec![0] },
             Role::RouterLogits => vec![rows, m.moe.map_or(0, |e| e.experts)],
             Role::Positions => vec![rows],
+            Role::SoftIn => if m.family() == crate::header::Family::DiffusionGemma { vec![rows, m.d_model] } else { vec![0] },
         }
     }
 
@@ -512,6 +519,16 @@ impl Role {
 /// positions runs: the smallest that holds them.
 pub fn cache_len_for(lens: &[u32], keys: u32) -> u32 {
     lens.iter().copied().find(|&l| l >= keys).unwrap_or_else(|| lens.last().copied().unwrap_or(0))
+}
+
+/// Ops the host runs before a graph's first executable: the embedding, then DiffusionGemma's
+/// self-conditioning product where it follows (both read the embedding table, which the plan
+/// leaves in the artifact). Returns how many.
+pub fn host_prefix(g: &Graph) -> usize {
+    match g.ops.as_slice() {
+        [Op::Embed { .. }, Op::SoftEmbed { .. }, ..] => 2,
+        _ => 1,
+    }
 }
 
 /// Whether `op` runs on the host between an MoE model's executables: the routers and the
@@ -573,13 +590,17 @@ pub fn piece_roles(g: &Graph, ops: Range<usize>) -> std::result::Result<(Vec<Bou
         return Err(format!("graph '{}' does not start with the embedding", g.name));
     };
     let residual = *residual;
+    let soft = match g.ops.get(1) {
+        Some(Op::SoftEmbed { out, .. }) => Some(*out),
+        _ => None,
+    };
     let before = experts_of(g, host_run_before(g, ops.start));
     let after_run = host_run_from(g, ops.end);
     let mut written = std::collections::HashSet::new();
     let (mut reads_outside, mut uses) = (Vec::new(), [false; 4]);
     let mut layers = Vec::new();
     for op in &g.ops[ops.clone()] {
-        if host_op(op) || matches!(op, Op::Embed { .. }) {
+        if host_op(op) || matches!(op, Op::Embed { .. } | Op::SoftEmbed { .. }) {
             return Err(format!("graph '{}': op {} inside an NPU executable", g.name, op.name()));
         }
         for v in op.inputs() {
@@ -604,6 +625,7 @@ pub fn piece_roles(g: &Graph, ops: Range<usize>) -> std::result::Result<(Vec<Bou
     for &v in &reads_outside {
         match before {
             _ if v == residual => {}
+            _ if Some(v) == soft => inputs.push((Role::SoftIn, Some(v))),
             Some((x, _)) if v == x => inputs.push((Role::SharedIn, Some(v))),
             Some((_, out)) if v == out => inputs.push((Role::ExpertOut, Some(v))),
             _ => return Err(format!("graph '{}': ops {}..{} read value '{}', which no executable input carries", g.name, ops.start, ops.end, name(v))),
@@ -612,10 +634,11 @@ pub fn piece_roles(g: &Graph, ops: Range<usize>) -> std::result::Result<(Vec<Bou
     if !reads_outside.contains(&residual) {
         return Err(format!("graph '{}': ops {}..{} do not read the residual stream", g.name, ops.start, ops.end));
     }
-    // Inputs in a fixed order: the hidden states, MoE boundary, then the pass's tables.
+    // Inputs in a fixed order: the hidden states, the self-conditioning input or the MoE
+    // boundary, then the pass's tables.
     inputs.sort_by_key(|(r, _)| match r {
         Role::Hidden => 0,
-        Role::SharedIn => 1,
+        Role::SharedIn | Role::SoftIn => 1,
         _ => 2,
     });
     for (used, role) in uses.iter().zip([Role::Cos, Role::Mask, Role::LogitIndex, Role::Positions]) {
@@ -1028,5 +1051,21 @@ mod tests {
         let (i, _) = piece_roles(&g, 1..9).unwrap();
         assert_eq!(roles(&i), [Role::Hidden, Role::Mask, Role::Positions, Role::KCache(0), Role::VCache(0)]);
         assert_eq!(Role::Positions.dtype(NpuWeights::F16), NpuDType::I32);
+    }
+
+    /// A self-conditioning product right after the embedding is the host's too: the first
+    /// executable starts after it and reads its result, and none may hold it.
+    #[test]
+    fn a_self_conditioning_product_after_the_embedding_is_the_first_executables_input() {
+        let mut g = moe_graph(false);
+        assert_eq!(host_prefix(&g), 1);
+        // The router's logits value stands in for the soft input, the experts' input for the
+        // product, which the first layer's norm then reads in place of the residual.
+        g.ops.insert(1, Op::SoftEmbed { x: 6, table: 0, scale: 1.0, out: 5 });
+        g.ops[2] = Op::RmsNorm { x: 5, weight: 1, eps: 1e-6, out: 1 };
+        assert_eq!(host_prefix(&g), 2);
+        let (i, _) = piece_roles(&g, 2..8).unwrap();
+        assert_eq!(i[..2], [(Role::Hidden, Some(0)), (Role::SoftIn, Some(5))]);
+        assert!(piece_roles(&g, 1..8).unwrap_err().contains("op SoftEmbed inside"));
     }
 }

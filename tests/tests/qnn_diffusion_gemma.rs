@@ -211,8 +211,8 @@ fn kit() -> PathBuf {
 }
 
 /// Until every op of the model lowers, a Snapdragon target refuses it in one line naming each
-/// op without a lowering (and none that has one), before any planning; `--host-only` builds
-/// the host stand-in.
+/// op without a lowering (and none that has one or runs on the host), before any planning;
+/// `--host-only` builds the host stand-in.
 #[test]
 #[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
 fn a_snapdragon_target_names_the_ops_it_cannot_lower_yet() {
@@ -225,9 +225,9 @@ fn a_snapdragon_target_names_the_ops_it_cannot_lower_yet() {
         Command::new(common::bin("lladac")).args(&args).env("LLADA_QNN_LIB", &lib).output().unwrap()
     };
     let refused = compile(&[]);
-    common::assert_clean_failure(&refused, &["--target sm8750", "SoftEmbed, WindowAttention", "no NPU lowering yet", "--host-only"]);
+    common::assert_clean_failure(&refused, &["--target sm8750", "op WindowAttention (the first", "no NPU lowering yet", "--host-only"]);
     let said = String::from_utf8_lossy(&refused.stderr);
-    for lowered in ["GeluGlu", "Softcap", "NormHeads", "RouteScaled", "RopeHeads"] {
+    for lowered in ["GeluGlu", "Softcap", "NormHeads", "RouteScaled", "RopeHeads", "SoftEmbed"] {
         assert!(!said.contains(lowered), "{lowered} has a lowering: {said}");
     }
     assert!(!out.exists(), "a refused compile leaves no artifact");
@@ -235,20 +235,26 @@ fn a_snapdragon_target_names_the_ops_it_cannot_lower_yet() {
     assert!(stand_in.status.success(), "{}", String::from_utf8_lossy(&stand_in.stderr));
 }
 
-/// Each MoE layer's router and experts are adjacent ops, which an NPU runs on the host between
-/// two executables: in every graph the host's runs are exactly a router then its experts, the
-/// executable before one hands over the experts' input and the router's logits, and the one
-/// after reads back only the residual stream and the experts' sum.
+/// What an NPU runs on the host sits between executables that carry everything across: the
+/// decoder's self-conditioning product right after the embedding, its result the first
+/// executable's input beside the embedded rows; each MoE layer's router and experts as
+/// adjacent ops, the executable before one handing over the experts' input and the router's
+/// logits, the one after reading back only the residual stream and the experts' sum.
 #[test]
-fn the_router_and_experts_sit_between_two_executables() {
-    use llada_ir::npu::{piece_roles, pieces, Role};
+fn the_hosts_ops_sit_between_executables_that_carry_what_crosses() {
+    use llada_ir::npu::{host_prefix, piece_roles, pieces, Role};
     let dir = tempfile::tempdir().unwrap();
     let art = dir.path().join("kit.lad");
     common::compile_quant(&kit(), &art, None, 128, None);
     let model = llada_rt::Model::open(&art, true).unwrap();
     let moe_layers = model.header.model.moe_layers() as usize;
     for g in &model.header.graphs {
-        let cut = pieces(g, 1..g.ops.len());
+        let decoder = g.name.starts_with("decoder");
+        assert_eq!(host_prefix(g), if decoder { 2 } else { 1 }, "graph '{}'", g.name);
+        let cut = pieces(g, host_prefix(g)..g.ops.len());
+        let (inputs, _) = piece_roles(g, cut[0].clone()).unwrap_or_else(|e| panic!("{e}"));
+        let carried: Vec<Role> = inputs.iter().filter(|(_, v)| v.is_some()).map(|(r, _)| *r).collect();
+        assert_eq!(carried, if decoder { vec![Role::Hidden, Role::SoftIn] } else { vec![Role::Hidden] }, "graph '{}'", g.name);
         assert_eq!(cut.len(), moe_layers + 1, "graph '{}': an executable before each layer's host ops and one after the last", g.name);
         for (before, after) in cut.iter().zip(&cut[1..]) {
             let host: Vec<&str> = g.ops[before.end..after.start].iter().map(|o| o.name()).collect();
@@ -256,13 +262,9 @@ fn the_router_and_experts_sit_between_two_executables() {
             let (inputs, _) = piece_roles(g, after.clone()).unwrap_or_else(|e| panic!("{e}"));
             let carried: Vec<Role> = inputs.iter().filter(|(_, v)| v.is_some()).map(|(r, _)| *r).collect();
             assert_eq!(carried, [Role::Hidden, Role::ExpertOut], "graph '{}' ops {after:?}", g.name);
-            // The decoder's first executable also reads the self-conditioning input, which no
-            // role carries yet (`SoftEmbed` has no NPU lowering).
-            if before.start > 1 || g.name.starts_with("encoder") {
-                let (_, outputs) = piece_roles(g, before.clone()).unwrap_or_else(|e| panic!("{e}"));
-                let handed: Vec<Role> = outputs.iter().filter(|(_, v)| v.is_some()).map(|(r, _)| *r).collect();
-                assert_eq!(handed, [Role::HiddenOut, Role::ExpertIn, Role::RouterLogits], "graph '{}' ops {before:?}", g.name);
-            }
+            let (_, outputs) = piece_roles(g, before.clone()).unwrap_or_else(|e| panic!("{e}"));
+            let handed: Vec<Role> = outputs.iter().filter(|(_, v)| v.is_some()).map(|(r, _)| *r).collect();
+            assert_eq!(handed, [Role::HiddenOut, Role::ExpertIn, Role::RouterLogits], "graph '{}' ops {before:?}", g.name);
         }
     }
 }

@@ -20,7 +20,8 @@ const PHONE: bool = cfg!(target_os = "android");
 use llada_qnn::QnnLibrary;
 
 use super::io;
-use crate::executor::{value_range, Capabilities, Executor, Loads, Pass};
+use crate::executor::{value_range, Capabilities, Executor, Loads, Pass, SoftEmbed};
+use crate::kernels::cpu::Features;
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::pool::Pool;
@@ -46,6 +47,8 @@ pub struct QnnExecutor {
     loads: Loads,
     trace: Option<Arc<crate::trace::Trace>>,
     pool: Pool,
+    /// The CPU features the host's ops between and before the executables use.
+    features: Features,
     capabilities: Capabilities,
     /// Host-side staging of the boundary tensors, sized for the largest graph.
     scratch: io::Scratch,
@@ -63,7 +66,7 @@ pub struct QnnExecutor {
 impl QnnExecutor {
     /// Loads the QNN library (`LLADA_QNN_LIB`), checks every context binary of the artifact's
     /// section against its record, and creates the resident contexts for its SoC.
-    pub fn new(model: &Model, threads: usize) -> Result<QnnExecutor> {
+    pub fn new(model: &Model, threads: usize, features: Features) -> Result<QnnExecutor> {
         let h = &model.header;
         let artifact = |source: llada_ir::Error| Error::Artifact { path: model.path.clone(), source };
         let section = NpuSection::of(h).map_err(artifact)?.ok_or_else(|| {
@@ -119,7 +122,7 @@ impl QnnExecutor {
             device_timestamps: false,
             int8_dot: false,
         };
-        let mut e = QnnExecutor { stages, budget: section.context_budget, loads: Loads::default(), trace: None, pool, capabilities, scratch: io::Scratch::new(h, section.io.clone()), logits_encoding: section.logits_encoding(h), cache_lens: section.cache_lens.clone(), experts: (0..h.graphs.len() as u32).map(|g| experts_runs(model.program(g))).collect(), device };
+        let mut e = QnnExecutor { stages, budget: section.context_budget, loads: Loads::default(), trace: None, pool, features, capabilities, scratch: io::Scratch::new(h, section.io.clone()), logits_encoding: section.logits_encoding(h), cache_lens: section.cache_lens.clone(), experts: (0..h.graphs.len() as u32).map(|g| experts_runs(model.program(g))).collect(), device };
         for k in 0..e.stages.len() {
             if e.stages[k].resident {
                 e.create(model, k)?;
@@ -323,6 +326,14 @@ impl Executor for QnnExecutor {
         let rope = g.ops.iter().find_map(|o| if let Op::Rope { cos, sin, .. } = *o { Some((cos, sin)) } else { None });
         let s = &mut self.scratch;
         s.embed(model, *table, g.rows as usize, inp);
+        // DiffusionGemma's self-conditioning input, on the CPU as the embedding is, into the
+        // first executable's input (`npu::host_prefix`).
+        if let Some(&Op::SoftEmbed { x, table, scale, out }) = g.ops.get(1) {
+            let parts = window.parts();
+            SoftEmbed { x, table, scale, out }.run(model, g, inp, parts.activations, parts.activations_offset, &self.pool, self.features);
+            let range = value_range(g, &g.values[out as usize], inp.logit_rows.len(), parts.activations_offset);
+            s.soft_in(&parts.activations[range], inp.rows, g.rows as usize, m.d_model as usize);
+        }
         if let Some((cos, sin)) = rope {
             s.rope(model, cos, sin, g.rows as usize, inp);
         }

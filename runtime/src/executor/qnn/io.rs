@@ -97,6 +97,14 @@ impl Scratch {
         self.stored = stored;
     }
 
+    /// The self-conditioning input of the `real` rows, `soft` (`[rows, d]` f32, the
+    /// host's result), as f16; padding rows up to `rows` zero.
+    pub fn soft_in(&mut self, soft: &[f32], real: usize, rows: usize, d: usize) {
+        let (values, padding) = self.region::<u16>(IoKind::SoftIn)[..rows * d].split_at_mut(real * d);
+        narrow(&soft[..real * d], values);
+        padding.fill(0);
+    }
+
     /// Each row's position (the executables gathering rotary angles by it read them).
     pub fn positions(&mut self, rows: usize, inp: &RunInputs) {
         let out = &mut self.region::<i32>(IoKind::Positions)[..rows];
