@@ -254,7 +254,7 @@ pub(crate) fn layer_bounds(h: &Header, g: &Graph) -> Result<Vec<usize>> {
     let after_last_add = |before: usize| g.ops[..before].iter().rposition(|o| matches!(o, Op::Add { acc, .. } if acc == residual)).map(|i| i + 1);
     let mut bounds = vec![llada_ir::npu::host_prefix(g)];
     for l in 1..h.model.n_layers {
-        let attention = g.ops.iter().position(|o| matches!(o, Op::Attention { layer, .. } if *layer == l)).ok_or_else(|| bad(format!("no attention for layer {l}")))?;
+        let attention = g.ops.iter().position(|o| matches!(o, Op::Attention { layer, .. } | Op::WindowAttention { layer, .. } if *layer == l)).ok_or_else(|| bad(format!("no attention for layer {l}")))?;
         match after_last_add(attention) {
             Some(b) if b > *bounds.last().unwrap() => bounds.push(b),
             _ => return Err(bad(format!("no residual addition between layers {} and {l}", l - 1))),

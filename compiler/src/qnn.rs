@@ -52,34 +52,6 @@ fn qnn_err(e: llada_qnn::Error) -> Error {
     }
 }
 
-/// Whether the NPU lowering has `op` (the host's ops aside: the embedding and the
-/// self-conditioning product before the executables, the routers and routed experts between
-/// them): DiffusionGemma's attention does not yet.
-fn has_lowering(op: &Op) -> bool {
-    !matches!(op, Op::WindowAttention { .. })
-}
-
-/// Refuses, before any planning for the NPU of SoC `soc`, graphs holding ops that have no
-/// NPU lowering, naming each kind of them and the first graph holding one.
-pub fn check_lowerable(h: &Header, soc: &str) -> Result<()> {
-    let mut missing: Vec<&str> = Vec::new();
-    let mut first = None;
-    for g in &h.graphs {
-        for op in g.ops.iter().filter(|o| !has_lowering(o)) {
-            first.get_or_insert(g.name.as_str());
-            if !missing.contains(&op.name()) {
-                missing.push(op.name());
-            }
-        }
-    }
-    let Some(graph) = first else { return Ok(()) };
-    let (kind, verb) = if missing.len() == 1 { ("op", "has") } else { ("ops", "have") };
-    Err(Error::Options(format!(
-        "--target {soc}: {kind} {} (the first in graph '{graph}') {verb} no NPU lowering yet; compile for the host or a GPU target, or add --host-only to build the host stand-in",
-        missing.join(", ")
-    )))
-}
-
 /// How the executables are built: for which SoC, from which weight format, against which
 /// limits.
 #[derive(Debug, Clone, Copy)]
@@ -549,7 +521,11 @@ impl Lowering<'_, '_> {
                 if heads != m.n_heads || kv_heads != m.n_kv_heads {
                     return Err(Error::Options(format!("lowering graph '{}' to QNN: attention with {heads}/{kv_heads} heads, the model has {}/{}", g.name, m.n_heads, m.n_kv_heads)));
                 }
-                self.attention(qkv, out, layer, leaves_as)?;
+                let shape = (m.n_heads, m.n_kv_heads, m.head_dim, 1.0 / (m.head_dim as f32).sqrt());
+                self.attention(qkv, out, layer, shape, None, leaves_as)?;
+            }
+            Op::WindowAttention { qkv, out, heads, kv_heads, head_dim, layer, scale, window } => {
+                self.attention(qkv, out, layer, (heads, kv_heads, head_dim, scale), Some(window.unwrap_or(0)), leaves_as)?;
             }
             Op::SwiGlu { x, out } if self.fixed.contains_key(&x) => self.fixed_swiglu(x, out)?,
             Op::SwiGlu { x, out } => {
@@ -591,14 +567,14 @@ impl Lowering<'_, '_> {
                 let t = qnn_ops::softcap(self, xs, cap, leaves_as.map(role_name).as_deref())?;
                 self.values.insert(x, t);
             }
-            // The experts run on the CPU; for the rest, see `has_lowering`.
             Op::RopeHeads { x, heads, head_dim, cos, sin } => {
                 let xs = self.value(x)?;
                 let (cos, sin) = (self.angles(cos, head_dim)?, self.angles(sin, head_dim)?);
                 let t = qnn_ops::rope(self, xs, g.rows, heads, head_dim, cos, sin, leaves_as.map(role_name).as_deref())?;
                 self.values.insert(x, t);
             }
-            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::RouteScaled { .. } | Op::MoeExperts { .. } | Op::WindowAttention { .. } => {
+            // The routers and experts run on the CPU between executables.
+            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::RouteScaled { .. } | Op::MoeExperts { .. } => {
                 return Err(Error::Options(format!("lowering graph '{}' to QNN: op {} has no NPU lowering", g.name, op.name())));
             }
         }
@@ -701,11 +677,13 @@ impl Lowering<'_, '_> {
     }
 
     /// Layer `layer`'s attention of the queries in `qkv` over the cached keys and values and
-    /// the new ones (which leave the executable for the cache), into `out`.
-    fn attention(&mut self, qkv: ValueId, out: ValueId, layer: u32, leaves_as: Option<Role>) -> Result<()> {
-        let m = &self.src.h.model;
-        let (r, c, hd, cl) = (self.g.rows, self.src.h.plan.kv_capacity, m.head_dim, self.cache_len);
-        let (heads, kvh) = (m.n_heads, m.n_kv_heads);
+    /// the new ones (which leave the executable for the cache), into `out`: `shape`'s heads,
+    /// kv heads, head width and score scale; masked by `Role::Mask` (the model's heads), or
+    /// for a windowed attention by the `Role::WindowMask` of its window, broadcast over the
+    /// query heads.
+    fn attention(&mut self, qkv: ValueId, out: ValueId, layer: u32, shape: (u32, u32, u32, f32), window: Option<u32>, leaves_as: Option<Role>) -> Result<()> {
+        let (r, c, cl) = (self.g.rows, self.src.h.plan.kv_capacity, self.cache_len);
+        let (heads, kvh, hd, scale) = shape;
         let group = heads / kvh;
         let x = self.value(qkv)?;
         let q = self.columns(x, r, 0, heads * hd)?;
@@ -736,12 +714,22 @@ impl Lowering<'_, '_> {
         let values = self.op("Concat", &[v_cache, new[1]], vec![ParamSpec::U32("axis", 1)], &[kvh, cl + r, hd])?;
         let params = vec![ParamSpec::Bool("transpose_in0", false), ParamSpec::Bool("transpose_in1", true)];
         let scores = self.op("MatMul", &[q, keys], params, &[kvh, group * r, cl + r])?;
-        let mask = self.input(Role::Mask);
-        let scores = self.binary("ElementWiseAdd", scores, mask)?;
-        // The 1/sqrt(head_dim) scale as the softmax's own (no multiply on the vector
-        // unit; the masked scores stay far below the rest).
-        let beta = 1.0 / (hd as f32).sqrt();
-        let p = self.op("Softmax", &[scores], vec![ParamSpec::U32("axis", 2), ParamSpec::F32("beta", beta)], &[kvh, group * r, cl + r])?;
+        let scores = match window {
+            None => {
+                let mask = self.input(Role::Mask);
+                self.binary("ElementWiseAdd", scores, mask)?
+            }
+            Some(w) => {
+                // One mask row per query row, the same for every head of the group.
+                let mask = self.input(Role::WindowMask(w));
+                let scores = self.reshape(scores, &[kvh, group, r, cl + r])?;
+                let scores = self.binary("ElementWiseAdd", scores, mask)?;
+                self.reshape(scores, &[kvh, group * r, cl + r])?
+            }
+        };
+        // The score scale as the softmax's own (no multiply on the vector unit; the masked
+        // scores stay far below the rest).
+        let p = self.op("Softmax", &[scores], vec![ParamSpec::U32("axis", 2), ParamSpec::F32("beta", scale)], &[kvh, group * r, cl + r])?;
         let params = vec![ParamSpec::Bool("transpose_in0", false), ParamSpec::Bool("transpose_in1", false)];
         let o = self.op("MatMul", &[p, values], params, &[kvh, group * r, hd])?;
         let o = self.reshape(o, &[heads, r, hd])?;
@@ -872,6 +860,7 @@ fn role_name(role: Role) -> String {
         Role::Cos => "rope_cos".into(),
         Role::Sin => "rope_sin".into(),
         Role::Mask => "mask".into(),
+        Role::WindowMask(w) => format!("window_mask_{w}"),
         Role::LogitIndex => "logit_index".into(),
         Role::KCache(l) => format!("k_cache_{l}"),
         Role::VCache(l) => format!("v_cache_{l}"),

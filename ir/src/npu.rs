@@ -39,7 +39,7 @@ use crate::{Graph, Op, ValueId};
 /// The extension key of the section.
 pub const EXTENSION_KEY: &str = "npu.qnn";
 /// The section's own version: a reader refuses any other.
-pub const SECTION_VERSION: u32 = 7;
+pub const SECTION_VERSION: u32 = 8;
 /// Masked attention scores: QNN.md found that an `-inf` mask gives wrong results on the HTP,
 /// so a large finite negative stands in for it (f16's lowest).
 pub const MASKED: f32 = -65504.0;
@@ -329,6 +329,9 @@ pub enum IoKind {
     SharedIn,
     Positions,
     SoftIn,
+    /// One [`Role::WindowMask`] per window of the model's windowed attention
+    /// ([`attention_windows`]), each in a slot sized for the largest graph.
+    WindowMasks,
 }
 
 /// Alignment of every region (a cache line; rpcmem allocations are page-aligned).
@@ -348,7 +351,7 @@ impl IoLayout {
             (IoKind::Sin, largest(Role::Sin)),
             (IoKind::Mask, largest(Role::Mask)),
             (IoKind::LogitIndex, largest(Role::LogitIndex)),
-            (IoKind::NewKv, 2 * n * largest(Role::KNew(0))),
+            (IoKind::NewKv, 2 * n * new_plane_bytes(h, h.graphs.iter().map(|g| g.rows).max().unwrap_or(0))),
             (IoKind::Logits, largest(Role::Logits)),
             (IoKind::ExpertIn, largest(Role::ExpertIn)),
             (IoKind::RouterLogits, largest(Role::RouterLogits)),
@@ -356,6 +359,7 @@ impl IoLayout {
             (IoKind::SharedIn, largest(Role::SharedIn)),
             (IoKind::Positions, largest(Role::Positions)),
             (IoKind::SoftIn, largest(Role::SoftIn)),
+            (IoKind::WindowMasks, attention_windows(h).len() as u64 * window_mask_slot(h)),
         ];
         let mut offset = 0;
         let mut regions = Vec::new();
@@ -388,8 +392,14 @@ impl IoLayout {
     /// allocation.
     pub fn offset(&self, h: &Header, role: Role, rows: u32) -> Option<u64> {
         let m = &h.model;
+        // Each layer's slot holds the model's kv heads of its head_dim; a layer with other
+        // heads (verified to fit) keeps its values right after its keys, as the host's cache.
         let kv_plane = m.n_kv_heads as u64 * h.plan.kv_capacity as u64 * m.head_dim as u64 * 2;
-        let new_plane = m.n_kv_heads as u64 * rows as u64 * m.head_dim as u64 * 2;
+        let new_plane = new_plane_bytes(h, rows);
+        let keys_bytes = |l: u32| {
+            let (kvh, hd) = layer_heads(h, l);
+            kvh as u64 * h.plan.kv_capacity as u64 * hd as u64 * 2
+        };
         let (kind, within) = match role {
             Role::Hidden => (IoKind::Hidden, 0),
             Role::HiddenOut => (IoKind::HiddenOut, 0),
@@ -398,7 +408,7 @@ impl IoLayout {
             Role::Mask => (IoKind::Mask, 0),
             Role::LogitIndex => (IoKind::LogitIndex, 0),
             Role::KCache(l) => (IoKind::Kv, 2 * l as u64 * kv_plane),
-            Role::VCache(l) => (IoKind::Kv, (2 * l as u64 + 1) * kv_plane),
+            Role::VCache(l) => (IoKind::Kv, 2 * l as u64 * kv_plane + keys_bytes(l)),
             Role::KNew(l) => (IoKind::NewKv, 2 * l as u64 * new_plane),
             Role::VNew(l) => (IoKind::NewKv, (2 * l as u64 + 1) * new_plane),
             Role::Logits => (IoKind::Logits, 0),
@@ -408,9 +418,42 @@ impl IoLayout {
             Role::ExpertOut => (IoKind::ExpertOut, 0),
             Role::Positions => (IoKind::Positions, 0),
             Role::SoftIn => (IoKind::SoftIn, 0),
+            Role::WindowMask(w) => (IoKind::WindowMasks, attention_windows(h).iter().position(|&x| x == w)? as u64 * window_mask_slot(h)),
         };
         Some(self.region(kind)?.offset + within)
     }
+}
+
+/// Bytes of one layer's slot of new keys (or values) in a graph of `rows` rows: the model's
+/// kv heads of its head_dim each.
+fn new_plane_bytes(h: &Header, rows: u32) -> u64 {
+    h.model.n_kv_heads as u64 * rows as u64 * h.model.head_dim as u64 * 2
+}
+
+/// Layer `layer`'s kv heads and head width: its attention op's (a `WindowAttention` has its
+/// own), the model's where no graph has one.
+pub fn layer_heads(h: &Header, layer: u32) -> (u32, u32) {
+    let own = h.graphs.first().and_then(|g| {
+        g.ops.iter().find_map(|o| match *o {
+            Op::WindowAttention { kv_heads, head_dim, layer: l, .. } if l == layer => Some((kv_heads, head_dim)),
+            _ => None,
+        })
+    });
+    own.unwrap_or((h.model.n_kv_heads, h.model.head_dim))
+}
+
+/// The windows of the model's windowed attention ([`Role::WindowMask`]'s), ascending; 0 for
+/// a `WindowAttention` without one.
+pub fn attention_windows(h: &Header) -> Vec<u32> {
+    let mut windows: Vec<u32> = h.graphs.iter().flat_map(|g| g.ops.iter()).filter_map(|o| if let Op::WindowAttention { window, .. } = *o { Some(window.unwrap_or(0)) } else { None }).collect();
+    windows.sort_unstable();
+    windows.dedup();
+    windows
+}
+
+/// Bytes of one window's mask slot: the largest graph's mask at the longest cache length.
+fn window_mask_slot(h: &Header) -> u64 {
+    h.graphs.iter().map(|g| role_bytes(h, Role::WindowMask(0), g.rows, g.logit_rows)).max().unwrap_or(0)
 }
 
 fn role_bytes(h: &Header, role: Role, rows: u32, logit_rows: u32) -> u64 {
@@ -481,6 +524,10 @@ pub enum Role {
     /// `[R, d_model]` f16: DiffusionGemma's self-conditioning input (`Op::SoftEmbed`'s
     /// result), which the host computes before the first executable, as it embeds the rows.
     SoftIn,
+    /// `[R, L + R]` f16: a `WindowAttention`'s additive mask for its window (0: none), as
+    /// [`Role::Mask`] but with the keys before each row's window masked too, once for every
+    /// query head (the executable broadcasts it over them).
+    WindowMask(u32),
 }
 
 impl Role {
@@ -488,15 +535,23 @@ impl Role {
     /// logit rows whose attention reads `cache_len` cached positions.
     pub fn dims(self, h: &Header, rows: u32, logit_rows: u32, cache_len: u32) -> Vec<u32> {
         let m = &h.model;
-        let (c, hd, kvh) = (h.plan.kv_capacity, m.head_dim, m.n_kv_heads);
+        let (c, hd) = (h.plan.kv_capacity, m.head_dim);
         let group = m.n_heads / m.n_kv_heads.max(1);
+        let own = |l: u32| layer_heads(h, l);
         match self {
             Role::Hidden | Role::HiddenOut => vec![rows, m.d_model],
             Role::Cos | Role::Sin => vec![rows, 1, hd / 2],
             Role::Mask => vec![group * rows, cache_len + rows],
             Role::LogitIndex => vec![logit_rows],
-            Role::KCache(_) | Role::VCache(_) => vec![kvh, c, hd],
-            Role::KNew(_) | Role::VNew(_) => vec![kvh, rows, hd],
+            Role::WindowMask(_) => vec![rows, cache_len + rows],
+            Role::KCache(l) | Role::VCache(l) => {
+                let (kvh, hd) = own(l);
+                vec![kvh, c, hd]
+            }
+            Role::KNew(l) | Role::VNew(l) => {
+                let (kvh, hd) = own(l);
+                vec![kvh, rows, hd]
+            }
             Role::Logits => vec![logit_rows, m.embedding_size],
             Role::ExpertIn | Role::ExpertOut | Role::SharedIn => if m.moe.is_some() { vec![rows, m.d_model] } else { vec![0] },
             Role::RouterLogits => vec![rows, m.moe.map_or(0, |e| e.experts)],
@@ -598,7 +653,7 @@ pub fn piece_roles(g: &Graph, ops: Range<usize>) -> std::result::Result<(Vec<Bou
     let after_run = host_run_from(g, ops.end);
     let mut written = std::collections::HashSet::new();
     let (mut reads_outside, mut uses) = (Vec::new(), [false; 4]);
-    let mut layers = Vec::new();
+    let (mut layers, mut windows) = (Vec::new(), Vec::new());
     for op in &g.ops[ops.clone()] {
         if host_op(op) || matches!(op, Op::Embed { .. } | Op::SoftEmbed { .. }) {
             return Err(format!("graph '{}': op {} inside an NPU executable", g.name, op.name()));
@@ -614,6 +669,12 @@ pub fn piece_roles(g: &Graph, ops: Range<usize>) -> std::result::Result<(Vec<Bou
             Op::Attention { layer, .. } => {
                 uses[1] = true;
                 layers.push(*layer);
+            }
+            Op::WindowAttention { layer, window, .. } => {
+                layers.push(*layer);
+                if !windows.contains(&window.unwrap_or(0)) {
+                    windows.push(window.unwrap_or(0));
+                }
             }
             Op::GatherLogitRows { .. } => uses[2] = true,
             Op::RopeHeads { .. } => uses[3] = true,
@@ -649,6 +710,8 @@ pub fn piece_roles(g: &Graph, ops: Range<usize>) -> std::result::Result<(Vec<Bou
             }
         }
     }
+    windows.sort_unstable();
+    inputs.extend(windows.into_iter().map(|w| (Role::WindowMask(w), None)));
     let must_write = |v: ValueId, what: &str| if written.contains(&v) { Ok(Some(v)) } else { Err(format!("graph '{}': ops {}..{} do not write {what} '{}'", g.name, ops.start, ops.end, name(v))) };
     let mut outputs = Vec::new();
     if ops.end == g.ops.len() {
@@ -752,7 +815,8 @@ impl NpuSection {
         }
         // Where each planned graph's next executable starts, per cache length: after the
         // host's embedding.
-        let mut next_op = vec![vec![1usize; lens.len()]; h.graphs.len()];
+        // Each graph's executables start after the host's ops before them (`host_prefix`).
+        let mut next_op: Vec<Vec<usize>> = h.graphs.iter().map(|g| vec![host_prefix(g); lens.len()]).collect();
         for (ci, c) in self.contexts.iter().enumerate() {
             let at = format!("contexts[{ci}]");
             self.verify_context(h, &at, c, &mut segments, next_layer)?;

@@ -341,12 +341,14 @@ impl Executor for QnnExecutor {
         let keys = (0..inp.rows).map(|r| inp.keys_of(r)).max().unwrap_or(0);
         let cache_len = llada_ir::npu::cache_len_for(&self.cache_lens, keys as u32);
         s.mask(h, g.rows as usize, cache_len as usize, inp);
+        s.window_masks(h, g.rows as usize, cache_len as usize, inp);
         s.logit_index(g.logit_rows as usize, inp);
         s.positions(g.rows as usize, inp);
-        let (c, hd, kvh) = (h.plan.kv_capacity as usize, m.head_dim as usize, m.n_kv_heads as usize);
-        let plane = kvh * c * hd;
+        let c = h.plan.kv_capacity as usize;
+        // Each layer's slots, cached and new, hold the model's kv heads of its head_dim (a
+        // layer with other heads fills the start of them: `IoLayout::offset`).
+        let slot = m.n_kv_heads as usize * m.head_dim as usize;
         let rows = g.rows as usize;
-        let new_plane = kvh * rows * hd;
         let n = self.stages.len();
         // The executables this pass runs (a context's pieces, [`llada_ir::npu::pieces`]): each
         // but the last hands its hidden states on.
@@ -412,9 +414,12 @@ impl Executor for QnnExecutor {
         // The rows the run stores: their keys and values into the cache at their positions.
         let new_kv = s.region::<u16>(IoKind::NewKv);
         for layer in 0..m.n_layers as usize {
+            let (kvh, hd) = llada_ir::npu::layer_heads(h, layer as u32);
+            let (kvh, hd) = (kvh as usize, hd as usize);
             for kind in 0..2 {
-                let new = &new_kv[(2 * layer + kind) * new_plane..][..new_plane];
-                let cache = &mut kv[(2 * layer + kind) * plane..][..plane];
+                let new = &new_kv[(2 * layer + kind) * slot * rows..][..kvh * rows * hd];
+                // The values right after the keys in the layer's slot, as the host's cache.
+                let cache = &mut kv[2 * layer * slot * c + kind * kvh * c * hd..][..kvh * c * hd];
                 io::store_rows(new, cache, kvh, rows, c, hd, &inp.positions[..inp.stored_rows]);
             }
         }
