@@ -18,6 +18,7 @@ pub mod npu_plan;
 pub mod onnx;
 pub mod optrace;
 pub mod qnn;
+pub mod qnn_ops;
 pub mod calibrate;
 pub mod window;
 

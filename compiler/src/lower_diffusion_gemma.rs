@@ -35,9 +35,13 @@ pub fn graph(n: &Network, role: Role, rows: u32) -> Graph {
     let d = m.d_model;
     let sqrt_d = (d as f64).sqrt() as f32;
     let x = b.value("x".into(), Rows::Tokens, d);
-    b.ops.extend([Op::Embed { table: t.embedding, out: x }, Op::Scale { x, factor: sqrt_d }]);
-    if role == Role::Decoder {
-        self_conditioning(&mut b, n, x);
+    b.ops.push(Op::Embed { table: t.embedding, out: x });
+    // The decoder's self-conditioning product right after the embedding: both read the
+    // embedding table on the CPU, before an NPU's first executable (`npu::host_prefix`).
+    let soft = (role == Role::Decoder).then(|| soft_embedding(&mut b, n));
+    b.ops.push(Op::Scale { x, factor: sqrt_d });
+    if let Some(soft) = soft {
+        self_conditioning(&mut b, n, x, soft);
     }
     for l in 0..m.n_layers as usize {
         layer(&mut b, n, role, x, l);
@@ -52,20 +56,26 @@ pub fn graph(n: &Network, role: Role, rows: u32) -> Graph {
     Graph { name, rows, logit_rows, values: b.values, ops: b.ops, logits, window_bytes: 0, staging: Vec::new() }
 }
 
-/// The decoder's input: the canvas's embeddings plus the self-conditioning signal (the
-/// previous step's expected embedding through a GELU block), normalised without a weight.
-fn self_conditioning(b: &mut Builder, n: &Network, x: ValueId) {
+/// The previous step's expected embedding (`Op::SoftEmbed`), its value.
+fn soft_embedding(b: &mut Builder, n: &Network) -> ValueId {
+    let d = n.model.d_model;
+    let logits_in = b.value("self_conditioning.logits".into(), Rows::Tokens, n.model.embedding_size);
+    let soft = b.value("self_conditioning.soft".into(), Rows::Tokens, d);
+    b.ops.push(Op::SoftEmbed { x: logits_in, table: n.tensors.embedding, scale: (d as f64).sqrt() as f32, out: soft });
+    soft
+}
+
+/// The decoder's input: the canvas's embeddings plus the self-conditioning signal `soft`
+/// through a GELU block, normalised without a weight.
+fn self_conditioning(b: &mut Builder, n: &Network, x: ValueId, soft: ValueId) {
     let (m, t, g) = (n.model, n.tensors, n.settings);
     let (d, eps) = (m.d_model, m.rms_eps as f32);
     let [pre_norm, gate_up, down] = t.self_conditioning;
-    let logits_in = b.value("self_conditioning.logits".into(), Rows::Tokens, m.embedding_size);
-    let soft = b.value("self_conditioning.soft".into(), Rows::Tokens, d);
     let normed = b.value("self_conditioning.normed".into(), Rows::Tokens, d);
     let gu = b.value("self_conditioning.gate_up".into(), Rows::Tokens, 2 * g.dense_hidden as u32);
     let h = b.value("self_conditioning.hidden".into(), Rows::Tokens, g.dense_hidden as u32);
     let out = b.value("self_conditioning.out".into(), Rows::Tokens, d);
     b.ops.extend([
-        Op::SoftEmbed { x: logits_in, table: t.embedding, scale: (d as f64).sqrt() as f32, out: soft },
         Op::RmsNorm { x: soft, weight: pre_norm, eps, out: normed },
         Op::MatMul { x: normed, weight: gate_up, out: gu },
         Op::GeluGlu { x: gu, out: h },
@@ -105,21 +115,11 @@ fn layer(b: &mut Builder, n: &Network, role: Role, x: ValueId, l: usize) {
         Op::RmsNorm { x: o, weight: post_attn, eps, out: o_n },
         Op::Add { acc: x, x: o_n },
     ]);
-    // The dense feed-forward.
-    let f_in = v(b, "ff_in", d);
-    let gu = v(b, "gate_up", 2 * g.dense_hidden as u32);
-    let h = v(b, "hidden", g.dense_hidden as u32);
-    let f = v(b, "ff_out", d);
-    let f1 = v(b, "ff_normed", d);
-    b.ops.extend([
-        Op::RmsNorm { x, weight: pre_ff, eps, out: f_in },
-        Op::MatMul { x: f_in, weight: lt.gate_up, out: gu },
-        Op::GeluGlu { x: gu, out: h },
-        Op::MatMul { x: h, weight: lt.down, out: f },
-        Op::RmsNorm { x: f, weight: post_ff_1, eps, out: f1 },
-    ]);
     // The experts, routed on the un-normalised residual (its norm has no weight; the router's
-    // scale and 1/sqrt(d) follow it).
+    // scale and 1/sqrt(d) follow it), then the dense feed-forward beside them: the router
+    // and the experts adjacent, so that an NPU runs them on the host between two executables
+    // that hand over nothing but the residual and the experts' input and sum
+    // (`llada_ir::npu::piece_roles`; the sum of the two branches is the same either way).
     let r_in = v(b, "router_in", d);
     let r_logits = v(b, "router_logits", moe.experts);
     let route = v(b, "route", 2 * moe.top_k);
@@ -129,14 +129,24 @@ fn layer(b: &mut Builder, n: &Network, role: Role, x: ValueId, l: usize) {
     let work = v(b, "expert_work", 2 * d + 3 * m.mlp_hidden);
     let f2 = v(b, "experts_normed", d);
     let f3 = v(b, "ff_sum_normed", d);
+    let f_in = v(b, "ff_in", d);
+    let gu = v(b, "gate_up", 2 * g.dense_hidden as u32);
+    let h = v(b, "hidden", g.dense_hidden as u32);
+    let f = v(b, "ff_out", d);
+    let f1 = v(b, "ff_normed", d);
     let scalar = n.layer_scalars[l][usize::from(role == Role::Encoder)];
     b.ops.extend([
         Op::RmsNorm { x, weight: lt.router_scale, eps, out: r_in },
         Op::Scale { x: r_in, factor: (d as f64).powf(-0.5) as f32 },
         Op::MatMul { x: r_in, weight: lt.router, out: r_logits },
-        Op::RouteScaled { logits: r_logits, expert_scale: lt.expert_scale, top_k: moe.top_k, out: route },
         Op::RmsNorm { x, weight: pre_ff_2, eps, out: e_in },
+        Op::RouteScaled { logits: r_logits, expert_scale: lt.expert_scale, top_k: moe.top_k, out: route },
         Op::MoeExperts { x: e_in, route, out: e_out, layer: l as u32, first: lt.first_expert, experts: moe.experts, ranked, work },
+        Op::RmsNorm { x, weight: pre_ff, eps, out: f_in },
+        Op::MatMul { x: f_in, weight: lt.gate_up, out: gu },
+        Op::GeluGlu { x: gu, out: h },
+        Op::MatMul { x: h, weight: lt.down, out: f },
+        Op::RmsNorm { x: f, weight: post_ff_1, eps, out: f1 },
         Op::RmsNorm { x: e_out, weight: post_ff_2, eps, out: f2 },
         Op::Add { acc: f1, x: f2 },
         Op::RmsNorm { x: f1, weight: post_ff, eps, out: f3 },

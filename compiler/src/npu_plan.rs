@@ -252,9 +252,9 @@ pub(crate) fn layer_bounds(h: &Header, g: &Graph) -> Result<Vec<usize>> {
         return Err(bad("it does not start with the embedding".into()));
     };
     let after_last_add = |before: usize| g.ops[..before].iter().rposition(|o| matches!(o, Op::Add { acc, .. } if acc == residual)).map(|i| i + 1);
-    let mut bounds = vec![1];
+    let mut bounds = vec![llada_ir::npu::host_prefix(g)];
     for l in 1..h.model.n_layers {
-        let attention = g.ops.iter().position(|o| matches!(o, Op::Attention { layer, .. } if *layer == l)).ok_or_else(|| bad(format!("no attention for layer {l}")))?;
+        let attention = g.ops.iter().position(|o| matches!(o, Op::Attention { layer, .. } | Op::WindowAttention { layer, .. } if *layer == l)).ok_or_else(|| bad(format!("no attention for layer {l}")))?;
         match after_last_add(attention) {
             Some(b) if b > *bounds.last().unwrap() => bounds.push(b),
             _ => return Err(bad(format!("no residual addition between layers {} and {l}", l - 1))),
@@ -357,7 +357,7 @@ fn weight_bytes(h: &Header, g: &Graph, format: NpuWeights, ops: std::ops::Range<
     let lm_head = lm_head_weight(g);
     let bytes = |t: TensorId| if matmul.contains(&t) { matmul_bytes(h, t, format, Some(t) == lm_head) } else { 2 * h.tensors[t as usize].numel() };
     // The embedding and the MoE host ops' tensors (router bias, routed experts) stay outside.
-    g.ops[ops].iter().filter(|o| !matches!(o, Op::Embed { .. }) && !llada_ir::npu::host_op(o)).flat_map(|o| o.tensors()).filter(|t| seen.insert(*t)).map(bytes).sum()
+    g.ops[ops].iter().filter(|o| !matches!(o, Op::Embed { .. } | Op::SoftEmbed { .. }) && !llada_ir::npu::host_op(o)).flat_map(|o| o.tensors()).filter(|t| seen.insert(*t)).map(bytes).sum()
 }
 
 /// The LM head's weight: the matmul writing `g`'s logits.

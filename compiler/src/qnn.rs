@@ -21,6 +21,7 @@ use llada_qnn::{Context, Device, GraphBuilder, Profile, QnnLibrary, TensorRef};
 
 use crate::error::{Error, Result};
 use crate::npu_plan::{layer_ops, settle, split_contexts};
+use crate::qnn_ops;
 
 /// The SoC a target names, if it is one of QNN's (`sm8550`, `sm8650`, `sm8750`, `sm8850`).
 pub fn soc_of(target: &str) -> Option<(&'static str, u32)> {
@@ -297,6 +298,8 @@ struct Lowering<'a, 'c> {
     outputs: Vec<(Role, TensorRef)>,
     values: HashMap<ValueId, TensorRef>,
     statics: HashMap<TensorId, TensorRef>,
+    /// Rotary tables' rows at the rows' positions, gathered once per executable and table.
+    angles: HashMap<TensorId, TensorRef>,
     next: usize,
 }
 
@@ -464,14 +467,12 @@ impl Lowering<'_, '_> {
         self.result(leaves_as, ty, &[a, b], vec![], &dims)
     }
 
-    /// Columns `from..to` of every row of a `[rows, cols]` tensor.
     fn columns(&mut self, x: TensorRef, rows: u32, from: u32, to: u32) -> Result<TensorRef> {
-        let ranges = vec![0, rows as i32, 1, from as i32, to as i32, 1];
-        self.op("StridedSlice", &[x], vec![ParamSpec::I32s("ranges", vec![2, 3], ranges)], &[rows, to - from])
+        qnn_ops::columns(self, x, rows, from, to)
     }
 
     fn reshape(&mut self, x: TensorRef, dims: &[u32]) -> Result<TensorRef> {
-        self.op("Reshape", &[x], vec![], dims)
+        qnn_ops::reshape(self, x, dims, None)
     }
 
     fn transpose(&mut self, x: TensorRef, perm: &[u32]) -> Result<TensorRef> {
@@ -487,18 +488,15 @@ impl Lowering<'_, '_> {
 
     /// `x` (`[rows, cols]`: `dims`) RMS-normed over each row, scaled by `weight`.
     fn rms_norm(&mut self, x: TensorRef, weight: TensorId, eps: f32, dims: [u32; 2], leaves_as: Option<Role>) -> Result<TensorRef> {
-        let cols = dims[1];
-        let gamma = self.weight(weight, &[cols])?;
-        let beta = self.constant(&[cols], &vec![0.0; cols as usize])?;
-        let params = vec![ParamSpec::F32("epsilon", eps), ParamSpec::U32s("axes", vec![1])];
-        self.result(leaves_as, "RmsNorm", &[x, gamma, beta], params, &dims)
+        let gamma = self.weight(weight, &[dims[1]])?;
+        qnn_ops::rms_norm(self, x, gamma, eps, dims, leaves_as.map(role_name).as_deref())
     }
 
     /// Lowers `op`, whose result leaves the executable as `leaves_as` where it does.
     fn lower_op(&mut self, op: &Op, leaves_as: Option<Role>) -> Result<()> {
         let (g, m) = (self.g, &self.src.h.model);
         match *op {
-            Op::Embed { .. } => return Err(Error::Options(format!("lowering graph '{}' to QNN: a second embedding", g.name))),
+            Op::Embed { .. } | Op::SoftEmbed { .. } => return Err(Error::Options(format!("lowering graph '{}' to QNN: {} after the host's ops before the executables", g.name, op.name()))),
             Op::Scale { x, factor } => {
                 let xs = self.value(x)?;
                 let f = self.constant(&[1], &[factor])?;
@@ -523,7 +521,11 @@ impl Lowering<'_, '_> {
                 if heads != m.n_heads || kv_heads != m.n_kv_heads {
                     return Err(Error::Options(format!("lowering graph '{}' to QNN: attention with {heads}/{kv_heads} heads, the model has {}/{}", g.name, m.n_heads, m.n_kv_heads)));
                 }
-                self.attention(qkv, out, layer, leaves_as)?;
+                let shape = (m.n_heads, m.n_kv_heads, m.head_dim, 1.0 / (m.head_dim as f32).sqrt());
+                self.attention(qkv, out, layer, shape, None, leaves_as)?;
+            }
+            Op::WindowAttention { qkv, out, heads, kv_heads, head_dim, layer, scale, window } => {
+                self.attention(qkv, out, layer, (heads, kv_heads, head_dim, scale), Some(window.unwrap_or(0)), leaves_as)?;
             }
             Op::SwiGlu { x, out } if self.fixed.contains_key(&x) => self.fixed_swiglu(x, out)?,
             Op::SwiGlu { x, out } => {
@@ -548,13 +550,52 @@ impl Lowering<'_, '_> {
                 let t = self.result(leaves_as, "Gather", &[xs, index], vec![ParamSpec::I32("axis", 0)], &[g.logit_rows, cols])?;
                 self.values.insert(out, t);
             }
-            Op::HeadRmsNorm { x, first_head, heads, weight, eps } => self.head_rms_norm(x, first_head..first_head + heads, weight, eps, leaves_as)?,
-            // The experts run on the CPU; DiffusionGemma's layers have no NPU lowering yet.
-            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::RouteScaled { .. } | Op::MoeExperts { .. } | Op::GeluGlu { .. } | Op::Softcap { .. } | Op::RopeHeads { .. } | Op::NormHeads { .. } | Op::WindowAttention { .. } | Op::SoftEmbed { .. } => {
+            Op::HeadRmsNorm { x, first_head, heads, weight, eps } => self.norm_heads(x, first_head..first_head + heads, m.head_dim, Some(weight), eps, leaves_as)?,
+            Op::NormHeads { x, first_head, heads, head_dim, weight, eps } => self.norm_heads(x, first_head..first_head + heads, head_dim, weight, eps, leaves_as)?,
+            Op::GeluGlu { x, out } => {
+                let xs = self.value(x)?;
+                let hidden = g.values[out as usize].cols;
+                let t = qnn_ops::gelu_glu(self, xs, g.rows, hidden, leaves_as.map(role_name).as_deref())?;
+                self.values.insert(out, t);
+            }
+            Op::Softcap { x, cap } => {
+                if leaves_as == Some(Role::Logits) && self.src.format.fixed_point() {
+                    // Such logits leave as the LM head's 16-bit product, which a cap would follow.
+                    return Err(Error::Options(format!("lowering graph '{}' to QNN: soft-capped logits with {} weights (16-bit activations): build with fp16, int8 or int4 weights", g.name, self.src.format.name())));
+                }
+                let xs = self.value(x)?;
+                let t = qnn_ops::softcap(self, xs, cap, leaves_as.map(role_name).as_deref())?;
+                self.values.insert(x, t);
+            }
+            Op::RopeHeads { x, heads, head_dim, cos, sin } => {
+                let xs = self.value(x)?;
+                let (cos, sin) = (self.angles(cos, head_dim)?, self.angles(sin, head_dim)?);
+                let t = qnn_ops::rope(self, xs, g.rows, heads, head_dim, cos, sin, leaves_as.map(role_name).as_deref())?;
+                self.values.insert(x, t);
+            }
+            // The routers and experts run on the CPU between executables.
+            Op::Route { .. } | Op::RouteSigmoid { .. } | Op::RouteScaled { .. } | Op::MoeExperts { .. } => {
                 return Err(Error::Options(format!("lowering graph '{}' to QNN: op {} has no NPU lowering", g.name, op.name())));
             }
         }
         Ok(())
+    }
+
+    /// The rows' angles of rotary table `table` (`[positions, head_dim / 2]`): its first rows
+    /// a static tensor (as many as a row's position may reach: the cache's capacity, or the
+    /// graph's rows where more), gathered at the rows' positions (`Role::Positions`).
+    fn angles(&mut self, table: TensorId, head_dim: u32) -> Result<TensorRef> {
+        if let Some(&t) = self.angles.get(&table) {
+            return Ok(t);
+        }
+        let (half, reach) = (head_dim / 2, self.src.h.plan.kv_capacity.max(self.g.rows));
+        let mut values = (self.src.weights)(table)?;
+        values.truncate((reach * half) as usize);
+        let name = format!("w.{}", self.src.h.tensors[table as usize].name);
+        let rows = self.b.static_f16(&name, &[reach, half], &f16_bits(&values)).map_err(qnn_err)?;
+        let t = qnn_ops::table_rows(self, rows, self.input(Role::Positions))?;
+        self.angles.insert(table, t);
+        Ok(t)
     }
 
     /// `x` times the `[n, k]` matrix `weight`, into `out`: a 1x1 Conv2d over `[1, 1, rows, k]`
@@ -625,44 +666,24 @@ impl Lowering<'_, '_> {
         Ok(())
     }
 
-    /// Rotary embedding of the first `rotated` heads of `x`, in place: each head's halves
-    /// `x1`, `x2` become `x1 cos - x2 sin`, `x2 cos + x1 sin`.
+    /// Rotary embedding of the first `rotated` heads of `x`, in place, at the rows' angles
+    /// the host gathered (`Role::Cos`, `Role::Sin`).
     fn rope(&mut self, x: ValueId, rotated: u32, leaves_as: Option<Role>) -> Result<()> {
-        let (r, hd) = (self.g.rows, self.src.h.model.head_dim);
         let xs = self.value(x)?;
-        let width = self.g.values[x as usize].cols;
-        let half = hd / 2;
-        let span = rotated * hd;
-        let part = self.columns(xs, r, 0, span)?;
-        let part = self.reshape(part, &[r, rotated, hd])?;
-        let slice = |l: &mut Lowering, from: u32| {
-            let ranges = vec![0, r as i32, 1, 0, rotated as i32, 1, from as i32, (from + half) as i32, 1];
-            l.op("StridedSlice", &[part], vec![ParamSpec::I32s("ranges", vec![3, 3], ranges)], &[r, rotated, half])
-        };
-        let (x1, x2) = (slice(self, 0)?, slice(self, half)?);
         let (cos, sin) = (self.input(Role::Cos), self.input(Role::Sin));
-        let (a1, a2) = (self.binary("ElementWiseMultiply", x1, cos)?, self.binary("ElementWiseMultiply", x2, sin)?);
-        let a = self.binary("ElementWiseSubtract", a1, a2)?;
-        let (b1, b2) = (self.binary("ElementWiseMultiply", x2, cos)?, self.binary("ElementWiseMultiply", x1, sin)?);
-        let bsum = self.binary("ElementWiseAdd", b1, b2)?;
-        let cat = self.op("Concat", &[a, bsum], vec![ParamSpec::U32("axis", 2)], &[r, rotated, hd])?;
-        let flat = self.reshape(cat, &[r, span])?;
-        let t = if span < width {
-            let rest = self.columns(xs, r, span, width)?;
-            self.result(leaves_as, "Concat", &[flat, rest], vec![ParamSpec::U32("axis", 1)], &[r, width])?
-        } else {
-            flat
-        };
+        let t = qnn_ops::rope(self, xs, self.g.rows, rotated, self.src.h.model.head_dim, cos, sin, leaves_as.map(role_name).as_deref())?;
         self.values.insert(x, t);
         Ok(())
     }
 
     /// Layer `layer`'s attention of the queries in `qkv` over the cached keys and values and
-    /// the new ones (which leave the executable for the cache), into `out`.
-    fn attention(&mut self, qkv: ValueId, out: ValueId, layer: u32, leaves_as: Option<Role>) -> Result<()> {
-        let m = &self.src.h.model;
-        let (r, c, hd, cl) = (self.g.rows, self.src.h.plan.kv_capacity, m.head_dim, self.cache_len);
-        let (heads, kvh) = (m.n_heads, m.n_kv_heads);
+    /// the new ones (which leave the executable for the cache), into `out`: `shape`'s heads,
+    /// kv heads, head width and score scale; masked by `Role::Mask` (the model's heads), or
+    /// for a windowed attention by the `Role::WindowMask` of its window, broadcast over the
+    /// query heads.
+    fn attention(&mut self, qkv: ValueId, out: ValueId, layer: u32, shape: (u32, u32, u32, f32), window: Option<u32>, leaves_as: Option<Role>) -> Result<()> {
+        let (r, c, cl) = (self.g.rows, self.src.h.plan.kv_capacity, self.cache_len);
+        let (heads, kvh, hd, scale) = shape;
         let group = heads / kvh;
         let x = self.value(qkv)?;
         let q = self.columns(x, r, 0, heads * hd)?;
@@ -693,12 +714,22 @@ impl Lowering<'_, '_> {
         let values = self.op("Concat", &[v_cache, new[1]], vec![ParamSpec::U32("axis", 1)], &[kvh, cl + r, hd])?;
         let params = vec![ParamSpec::Bool("transpose_in0", false), ParamSpec::Bool("transpose_in1", true)];
         let scores = self.op("MatMul", &[q, keys], params, &[kvh, group * r, cl + r])?;
-        let mask = self.input(Role::Mask);
-        let scores = self.binary("ElementWiseAdd", scores, mask)?;
-        // The 1/sqrt(head_dim) scale as the softmax's own (no multiply on the vector
-        // unit; the masked scores stay far below the rest).
-        let beta = 1.0 / (hd as f32).sqrt();
-        let p = self.op("Softmax", &[scores], vec![ParamSpec::U32("axis", 2), ParamSpec::F32("beta", beta)], &[kvh, group * r, cl + r])?;
+        let scores = match window {
+            None => {
+                let mask = self.input(Role::Mask);
+                self.binary("ElementWiseAdd", scores, mask)?
+            }
+            Some(w) => {
+                // One mask row per query row, the same for every head of the group.
+                let mask = self.input(Role::WindowMask(w));
+                let scores = self.reshape(scores, &[kvh, group, r, cl + r])?;
+                let scores = self.binary("ElementWiseAdd", scores, mask)?;
+                self.reshape(scores, &[kvh, group * r, cl + r])?
+            }
+        };
+        // The score scale as the softmax's own (no multiply on the vector unit; the masked
+        // scores stay far below the rest).
+        let p = self.op("Softmax", &[scores], vec![ParamSpec::U32("axis", 2), ParamSpec::F32("beta", scale)], &[kvh, group * r, cl + r])?;
         let params = vec![ParamSpec::Bool("transpose_in0", false), ParamSpec::Bool("transpose_in1", false)];
         let o = self.op("MatMul", &[p, values], params, &[kvh, group * r, hd])?;
         let o = self.reshape(o, &[heads, r, hd])?;
@@ -731,29 +762,34 @@ impl Lowering<'_, '_> {
         Ok(())
     }
 
-    /// The heads `normed` of `x` RMS-normed over each head's dimensions, in place: their
-    /// columns as rows of head_dim, normed, put back between the columns before and after.
-    fn head_rms_norm(&mut self, x: ValueId, normed: std::ops::Range<u32>, weight: TensorId, eps: f32, leaves_as: Option<Role>) -> Result<()> {
-        let (r, hd) = (self.g.rows, self.src.h.model.head_dim);
+    /// The heads `normed` (of `head_dim`) of `x` RMS-normed over each head, in place, times
+    /// `weight` (or by nothing without one).
+    fn norm_heads(&mut self, x: ValueId, normed: std::ops::Range<u32>, head_dim: u32, weight: Option<TensorId>, eps: f32, leaves_as: Option<Role>) -> Result<()> {
         let xs = self.value(x)?;
-        let width = self.g.values[x as usize].cols;
-        let (from, to) = (normed.start * hd, normed.end * hd);
-        let heads = normed.len() as u32;
-        let part = self.columns(xs, r, from, to)?;
-        let part = self.reshape(part, &[r * heads, hd])?;
-        let part = self.rms_norm(part, weight, eps, [r * heads, hd], None)?;
-        let part = self.reshape(part, &[r, to - from])?;
-        let mut pieces = Vec::new();
-        if from > 0 {
-            pieces.push(self.columns(xs, r, 0, from)?);
-        }
-        pieces.push(part);
-        if to < width {
-            pieces.push(self.columns(xs, r, to, width)?);
-        }
-        let t = if pieces.len() == 1 { part } else { self.result(leaves_as, "Concat", &pieces, vec![ParamSpec::U32("axis", 1)], &[r, width])? };
+        let gamma = match weight {
+            Some(w) => self.weight(w, &[head_dim])?,
+            None => self.constant(&[head_dim], &vec![1.0; head_dim as usize])?,
+        };
+        let t = qnn_ops::norm_heads(self, xs, self.g.rows, normed, head_dim, gamma, eps, leaves_as.map(role_name).as_deref())?;
         self.values.insert(x, t);
         Ok(())
+    }
+}
+
+impl qnn_ops::Emit for Lowering<'_, '_> {
+    fn emit(&mut self, ty: &str, inputs: &[TensorRef], params: Vec<ParamSpec>, dims: &[u32], output: Option<&str>) -> Result<TensorRef> {
+        match output {
+            Some(name) => self.output(ty, inputs, params, name, dims),
+            None => self.op(ty, inputs, params, dims),
+        }
+    }
+
+    fn constant(&mut self, dims: &[u32], values: &[f32]) -> Result<TensorRef> {
+        Lowering::constant(self, dims, values)
+    }
+
+    fn dims(&self, t: TensorRef) -> Vec<u32> {
+        self.b.dims(t).to_vec()
     }
 }
 
@@ -789,7 +825,7 @@ fn lower_graph(src: &Source, piece: &Piece, ctx: &Context, profile: Option<&Prof
     // graphs: QNN's model puts the 1B shape's layers a sixth to a quarter faster there than
     // at the library's default (BENCHMARKS.md).
     let b = GraphBuilder::with_optimization(ctx, &name, Some(3)).map_err(qnn_err)?;
-    let mut l = Lowering { src, fixed: HashMap::new(), g, cache_len, b, inputs: Vec::new(), outputs: Vec::new(), values: HashMap::new(), statics: HashMap::new(), next: 0 };
+    let mut l = Lowering { src, fixed: HashMap::new(), g, cache_len, b, inputs: Vec::new(), outputs: Vec::new(), values: HashMap::new(), statics: HashMap::new(), angles: HashMap::new(), next: 0 };
     let bad = |e: String| Error::Options(format!("lowering graph '{}' to QNN: {e}", g.name));
     // What crosses the executable's boundary: the residual stream (the embedding's output in
     // the first context), and around an MoE layer's host ops their input and results.
@@ -824,6 +860,7 @@ fn role_name(role: Role) -> String {
         Role::Cos => "rope_cos".into(),
         Role::Sin => "rope_sin".into(),
         Role::Mask => "mask".into(),
+        Role::WindowMask(w) => format!("window_mask_{w}"),
         Role::LogitIndex => "logit_index".into(),
         Role::KCache(l) => format!("k_cache_{l}"),
         Role::VCache(l) => format!("v_cache_{l}"),
@@ -834,6 +871,8 @@ fn role_name(role: Role) -> String {
         Role::SharedIn => "shared_in".into(),
         Role::RouterLogits => "router_logits".into(),
         Role::ExpertOut => "expert_out".into(),
+        Role::Positions => "positions".into(),
+        Role::SoftIn => "soft_in".into(),
     }
 }
 

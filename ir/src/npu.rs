@@ -39,7 +39,7 @@ use crate::{Graph, Op, ValueId};
 /// The extension key of the section.
 pub const EXTENSION_KEY: &str = "npu.qnn";
 /// The section's own version: a reader refuses any other.
-pub const SECTION_VERSION: u32 = 6;
+pub const SECTION_VERSION: u32 = 8;
 /// Masked attention scores: QNN.md found that an `-inf` mask gives wrong results on the HTP,
 /// so a large finite negative stands in for it (f16's lowest).
 pub const MASKED: f32 = -65504.0;
@@ -327,6 +327,11 @@ pub enum IoKind {
     RouterLogits,
     ExpertOut,
     SharedIn,
+    Positions,
+    SoftIn,
+    /// One [`Role::WindowMask`] per window of the model's windowed attention
+    /// ([`attention_windows`]), each in a slot sized for the largest graph.
+    WindowMasks,
 }
 
 /// Alignment of every region (a cache line; rpcmem allocations are page-aligned).
@@ -346,12 +351,15 @@ impl IoLayout {
             (IoKind::Sin, largest(Role::Sin)),
             (IoKind::Mask, largest(Role::Mask)),
             (IoKind::LogitIndex, largest(Role::LogitIndex)),
-            (IoKind::NewKv, 2 * n * largest(Role::KNew(0))),
+            (IoKind::NewKv, 2 * n * new_plane_bytes(h, h.graphs.iter().map(|g| g.rows).max().unwrap_or(0))),
             (IoKind::Logits, largest(Role::Logits)),
             (IoKind::ExpertIn, largest(Role::ExpertIn)),
             (IoKind::RouterLogits, largest(Role::RouterLogits)),
             (IoKind::ExpertOut, largest(Role::ExpertOut)),
             (IoKind::SharedIn, largest(Role::SharedIn)),
+            (IoKind::Positions, largest(Role::Positions)),
+            (IoKind::SoftIn, largest(Role::SoftIn)),
+            (IoKind::WindowMasks, attention_windows(h).len() as u64 * window_mask_slot(h)),
         ];
         let mut offset = 0;
         let mut regions = Vec::new();
@@ -384,8 +392,14 @@ impl IoLayout {
     /// allocation.
     pub fn offset(&self, h: &Header, role: Role, rows: u32) -> Option<u64> {
         let m = &h.model;
+        // Each layer's slot holds the model's kv heads of its head_dim; a layer with other
+        // heads (verified to fit) keeps its values right after its keys, as the host's cache.
         let kv_plane = m.n_kv_heads as u64 * h.plan.kv_capacity as u64 * m.head_dim as u64 * 2;
-        let new_plane = m.n_kv_heads as u64 * rows as u64 * m.head_dim as u64 * 2;
+        let new_plane = new_plane_bytes(h, rows);
+        let keys_bytes = |l: u32| {
+            let (kvh, hd) = layer_heads(h, l);
+            kvh as u64 * h.plan.kv_capacity as u64 * hd as u64 * 2
+        };
         let (kind, within) = match role {
             Role::Hidden => (IoKind::Hidden, 0),
             Role::HiddenOut => (IoKind::HiddenOut, 0),
@@ -394,7 +408,7 @@ impl IoLayout {
             Role::Mask => (IoKind::Mask, 0),
             Role::LogitIndex => (IoKind::LogitIndex, 0),
             Role::KCache(l) => (IoKind::Kv, 2 * l as u64 * kv_plane),
-            Role::VCache(l) => (IoKind::Kv, (2 * l as u64 + 1) * kv_plane),
+            Role::VCache(l) => (IoKind::Kv, 2 * l as u64 * kv_plane + keys_bytes(l)),
             Role::KNew(l) => (IoKind::NewKv, 2 * l as u64 * new_plane),
             Role::VNew(l) => (IoKind::NewKv, (2 * l as u64 + 1) * new_plane),
             Role::Logits => (IoKind::Logits, 0),
@@ -402,9 +416,44 @@ impl IoLayout {
             Role::SharedIn => (IoKind::SharedIn, 0),
             Role::RouterLogits => (IoKind::RouterLogits, 0),
             Role::ExpertOut => (IoKind::ExpertOut, 0),
+            Role::Positions => (IoKind::Positions, 0),
+            Role::SoftIn => (IoKind::SoftIn, 0),
+            Role::WindowMask(w) => (IoKind::WindowMasks, attention_windows(h).iter().position(|&x| x == w)? as u64 * window_mask_slot(h)),
         };
         Some(self.region(kind)?.offset + within)
     }
+}
+
+/// Bytes of one layer's slot of new keys (or values) in a graph of `rows` rows: the model's
+/// kv heads of its head_dim each.
+fn new_plane_bytes(h: &Header, rows: u32) -> u64 {
+    h.model.n_kv_heads as u64 * rows as u64 * h.model.head_dim as u64 * 2
+}
+
+/// Layer `layer`'s kv heads and head width: its attention op's (a `WindowAttention` has its
+/// own), the model's where no graph has one.
+pub fn layer_heads(h: &Header, layer: u32) -> (u32, u32) {
+    let own = h.graphs.first().and_then(|g| {
+        g.ops.iter().find_map(|o| match *o {
+            Op::WindowAttention { kv_heads, head_dim, layer: l, .. } if l == layer => Some((kv_heads, head_dim)),
+            _ => None,
+        })
+    });
+    own.unwrap_or((h.model.n_kv_heads, h.model.head_dim))
+}
+
+/// The windows of the model's windowed attention ([`Role::WindowMask`]'s), ascending; 0 for
+/// a `WindowAttention` without one.
+pub fn attention_windows(h: &Header) -> Vec<u32> {
+    let mut windows: Vec<u32> = h.graphs.iter().flat_map(|g| g.ops.iter()).filter_map(|o| if let Op::WindowAttention { window, .. } = *o { Some(window.unwrap_or(0)) } else { None }).collect();
+    windows.sort_unstable();
+    windows.dedup();
+    windows
+}
+
+/// Bytes of one window's mask slot: the largest graph's mask at the longest cache length.
+fn window_mask_slot(h: &Header) -> u64 {
+    h.graphs.iter().map(|g| role_bytes(h, Role::WindowMask(0), g.rows, g.logit_rows)).max().unwrap_or(0)
 }
 
 fn role_bytes(h: &Header, role: Role, rows: u32, logit_rows: u32) -> u64 {
@@ -469,6 +518,16 @@ pub enum Role {
     /// host's experts where it reads them (the shared expert); a region of its own, as an
     /// executable's input and output never share memory.
     SharedIn,
+    /// `[R]` i32: each row's position, by which an executable gathers its rows' rotary angles
+    /// from a table of its own (DiffusionGemma's `RopeHeads`: a table per kind of layer).
+    Positions,
+    /// `[R, d_model]` f16: DiffusionGemma's self-conditioning input (`Op::SoftEmbed`'s
+    /// result), which the host computes before the first executable, as it embeds the rows.
+    SoftIn,
+    /// `[R, L + R]` f16: a `WindowAttention`'s additive mask for its window (0: none), as
+    /// [`Role::Mask`] but with the keys before each row's window masked too, once for every
+    /// query head (the executable broadcasts it over them).
+    WindowMask(u32),
 }
 
 impl Role {
@@ -476,25 +535,35 @@ impl Role {
     /// logit rows whose attention reads `cache_len` cached positions.
     pub fn dims(self, h: &Header, rows: u32, logit_rows: u32, cache_len: u32) -> Vec<u32> {
         let m = &h.model;
-        let (c, hd, kvh) = (h.plan.kv_capacity, m.head_dim, m.n_kv_heads);
+        let (c, hd) = (h.plan.kv_capacity, m.head_dim);
         let group = m.n_heads / m.n_kv_heads.max(1);
+        let own = |l: u32| layer_heads(h, l);
         match self {
             Role::Hidden | Role::HiddenOut => vec![rows, m.d_model],
             Role::Cos | Role::Sin => vec![rows, 1, hd / 2],
             Role::Mask => vec![group * rows, cache_len + rows],
             Role::LogitIndex => vec![logit_rows],
-            Role::KCache(_) | Role::VCache(_) => vec![kvh, c, hd],
-            Role::KNew(_) | Role::VNew(_) => vec![kvh, rows, hd],
+            Role::WindowMask(_) => vec![rows, cache_len + rows],
+            Role::KCache(l) | Role::VCache(l) => {
+                let (kvh, hd) = own(l);
+                vec![kvh, c, hd]
+            }
+            Role::KNew(l) | Role::VNew(l) => {
+                let (kvh, hd) = own(l);
+                vec![kvh, rows, hd]
+            }
             Role::Logits => vec![logit_rows, m.embedding_size],
             Role::ExpertIn | Role::ExpertOut | Role::SharedIn => if m.moe.is_some() { vec![rows, m.d_model] } else { vec![0] },
             Role::RouterLogits => vec![rows, m.moe.map_or(0, |e| e.experts)],
+            Role::Positions => vec![rows],
+            Role::SoftIn => if m.family() == crate::header::Family::DiffusionGemma { vec![rows, m.d_model] } else { vec![0] },
         }
     }
 
     /// The element type of this role in executables holding `weights`.
     pub fn dtype(self, weights: NpuWeights) -> NpuDType {
         match self {
-            Role::LogitIndex => NpuDType::I32,
+            Role::LogitIndex | Role::Positions => NpuDType::I32,
             Role::Logits if weights.fixed_point() => NpuDType::U16,
             _ => NpuDType::F16,
         }
@@ -507,10 +576,21 @@ pub fn cache_len_for(lens: &[u32], keys: u32) -> u32 {
     lens.iter().copied().find(|&l| l >= keys).unwrap_or_else(|| lens.last().copied().unwrap_or(0))
 }
 
+/// Ops the host runs before a graph's first executable: the embedding, then DiffusionGemma's
+/// self-conditioning product where it follows (both read the embedding table, which the plan
+/// leaves in the artifact). Returns how many.
+pub fn host_prefix(g: &Graph) -> usize {
+    match g.ops.as_slice() {
+        [Op::Embed { .. }, Op::SoftEmbed { .. }, ..] => 2,
+        _ => 1,
+    }
+}
+
 /// Whether `op` runs on the host between an MoE model's executables: the routers and the
-/// routed experts (the router's projection and the shared expert are dense ops).
+/// routed experts, the program's CPU step (the router's projection and the shared expert are
+/// dense ops).
 pub fn host_op(op: &Op) -> bool {
-    matches!(op, Op::Route { .. } | Op::RouteSigmoid { .. } | Op::MoeExperts { .. })
+    crate::program::is_moe_op(op)
 }
 
 /// The executables' op ranges within `ops` of planned graph `g`: `ops` cut at each run of
@@ -565,13 +645,17 @@ pub fn piece_roles(g: &Graph, ops: Range<usize>) -> std::result::Result<(Vec<Bou
         return Err(format!("graph '{}' does not start with the embedding", g.name));
     };
     let residual = *residual;
+    let soft = match g.ops.get(1) {
+        Some(Op::SoftEmbed { out, .. }) => Some(*out),
+        _ => None,
+    };
     let before = experts_of(g, host_run_before(g, ops.start));
     let after_run = host_run_from(g, ops.end);
     let mut written = std::collections::HashSet::new();
-    let (mut reads_outside, mut uses) = (Vec::new(), [false; 3]);
-    let mut layers = Vec::new();
+    let (mut reads_outside, mut uses) = (Vec::new(), [false; 4]);
+    let (mut layers, mut windows) = (Vec::new(), Vec::new());
     for op in &g.ops[ops.clone()] {
-        if host_op(op) || matches!(op, Op::Embed { .. }) {
+        if host_op(op) || matches!(op, Op::Embed { .. } | Op::SoftEmbed { .. }) {
             return Err(format!("graph '{}': op {} inside an NPU executable", g.name, op.name()));
         }
         for v in op.inputs() {
@@ -586,7 +670,14 @@ pub fn piece_roles(g: &Graph, ops: Range<usize>) -> std::result::Result<(Vec<Bou
                 uses[1] = true;
                 layers.push(*layer);
             }
+            Op::WindowAttention { layer, window, .. } => {
+                layers.push(*layer);
+                if !windows.contains(&window.unwrap_or(0)) {
+                    windows.push(window.unwrap_or(0));
+                }
+            }
             Op::GatherLogitRows { .. } => uses[2] = true,
+            Op::RopeHeads { .. } => uses[3] = true,
             _ => {}
         }
     }
@@ -595,6 +686,7 @@ pub fn piece_roles(g: &Graph, ops: Range<usize>) -> std::result::Result<(Vec<Bou
     for &v in &reads_outside {
         match before {
             _ if v == residual => {}
+            _ if Some(v) == soft => inputs.push((Role::SoftIn, Some(v))),
             Some((x, _)) if v == x => inputs.push((Role::SharedIn, Some(v))),
             Some((_, out)) if v == out => inputs.push((Role::ExpertOut, Some(v))),
             _ => return Err(format!("graph '{}': ops {}..{} read value '{}', which no executable input carries", g.name, ops.start, ops.end, name(v))),
@@ -603,13 +695,14 @@ pub fn piece_roles(g: &Graph, ops: Range<usize>) -> std::result::Result<(Vec<Bou
     if !reads_outside.contains(&residual) {
         return Err(format!("graph '{}': ops {}..{} do not read the residual stream", g.name, ops.start, ops.end));
     }
-    // Inputs in a fixed order: the hidden states, MoE boundary, then the pass's tables.
+    // Inputs in a fixed order: the hidden states, the self-conditioning input or the MoE
+    // boundary, then the pass's tables.
     inputs.sort_by_key(|(r, _)| match r {
         Role::Hidden => 0,
-        Role::SharedIn => 1,
+        Role::SharedIn | Role::SoftIn => 1,
         _ => 2,
     });
-    for (used, role) in uses.iter().zip([Role::Cos, Role::Mask, Role::LogitIndex]) {
+    for (used, role) in uses.iter().zip([Role::Cos, Role::Mask, Role::LogitIndex, Role::Positions]) {
         if *used {
             inputs.push((role, None));
             if role == Role::Cos {
@@ -617,6 +710,8 @@ pub fn piece_roles(g: &Graph, ops: Range<usize>) -> std::result::Result<(Vec<Bou
             }
         }
     }
+    windows.sort_unstable();
+    inputs.extend(windows.into_iter().map(|w| (Role::WindowMask(w), None)));
     let must_write = |v: ValueId, what: &str| if written.contains(&v) { Ok(Some(v)) } else { Err(format!("graph '{}': ops {}..{} do not write {what} '{}'", g.name, ops.start, ops.end, name(v))) };
     let mut outputs = Vec::new();
     if ops.end == g.ops.len() {
@@ -625,7 +720,7 @@ pub fn piece_roles(g: &Graph, ops: Range<usize>) -> std::result::Result<(Vec<Bou
         outputs.push((Role::HiddenOut, must_write(residual, "the residual stream")?));
         if !after_run.is_empty() {
             let routed = g.ops[after_run.clone()].iter().find_map(|o| match *o {
-                Op::Route { logits, .. } | Op::RouteSigmoid { logits, .. } => Some(logits),
+                Op::Route { logits, .. } | Op::RouteSigmoid { logits, .. } | Op::RouteScaled { logits, .. } => Some(logits),
                 _ => None,
             });
             let (Some(logits), Some((x, _))) = (routed, experts_of(g, after_run)) else {
@@ -720,7 +815,8 @@ impl NpuSection {
         }
         // Where each planned graph's next executable starts, per cache length: after the
         // host's embedding.
-        let mut next_op = vec![vec![1usize; lens.len()]; h.graphs.len()];
+        // Each graph's executables start after the host's ops before them (`host_prefix`).
+        let mut next_op: Vec<Vec<usize>> = h.graphs.iter().map(|g| vec![host_prefix(g); lens.len()]).collect();
         for (ci, c) in self.contexts.iter().enumerate() {
             let at = format!("contexts[{ci}]");
             self.verify_context(h, &at, c, &mut segments, next_layer)?;
@@ -1008,5 +1104,32 @@ mod tests {
         let g = moe_graph(true);
         assert!(piece_roles(&g, 2..9).unwrap_err().contains("'attn_in'"));
         assert!(piece_roles(&g, 1..11).unwrap_err().contains("op Route inside"));
+    }
+
+    /// A rotary embedding with tables of its own (`RopeHeads`) reads the rows' positions, an
+    /// int32 input after the pass's other tables.
+    #[test]
+    fn a_rotary_embedding_with_its_own_tables_reads_the_rows_positions() {
+        let mut g = moe_graph(false);
+        g.ops[3] = Op::RopeHeads { x: 2, heads: 2, head_dim: 4, cos: 3, sin: 4 };
+        let (i, _) = piece_roles(&g, 1..9).unwrap();
+        assert_eq!(roles(&i), [Role::Hidden, Role::Mask, Role::Positions, Role::KCache(0), Role::VCache(0)]);
+        assert_eq!(Role::Positions.dtype(NpuWeights::F16), NpuDType::I32);
+    }
+
+    /// A self-conditioning product right after the embedding is the host's too: the first
+    /// executable starts after it and reads its result, and none may hold it.
+    #[test]
+    fn a_self_conditioning_product_after_the_embedding_is_the_first_executables_input() {
+        let mut g = moe_graph(false);
+        assert_eq!(host_prefix(&g), 1);
+        // The router's logits value stands in for the soft input, the experts' input for the
+        // product, which the first layer's norm then reads in place of the residual.
+        g.ops.insert(1, Op::SoftEmbed { x: 6, table: 0, scale: 1.0, out: 5 });
+        g.ops[2] = Op::RmsNorm { x: 5, weight: 1, eps: 1e-6, out: 1 };
+        assert_eq!(host_prefix(&g), 2);
+        let (i, _) = piece_roles(&g, 2..8).unwrap();
+        assert_eq!(i[..2], [(Role::Hidden, Some(0)), (Role::SoftIn, Some(5))]);
+        assert!(piece_roles(&g, 1..8).unwrap_err().contains("op SoftEmbed inside"));
     }
 }

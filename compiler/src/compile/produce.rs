@@ -24,6 +24,9 @@ pub(super) struct Weights {
     pub ids: Vec<Vec<TensorId>>,
     pub rope: (TensorId, TensorId),
     pub rope_full: Option<(TensorId, TensorId)>,
+    /// DiffusionGemma's rotary tables' values: its NPU executables hold their own copy
+    /// (`RopeHeads`), and the tables have no checkpoint source to read again.
+    pub rope_values: Vec<(TensorId, Vec<f32>)>,
 }
 
 /// The data section: every planned segment's tensors streamed from the checkpoint (converted,
@@ -71,17 +74,23 @@ pub(super) fn weights(src: &Source, layout: &Layout, rows: &Rows, w: &mut Artifa
     let half = (hd / 2) as u64;
     let rope_cos = w.add_tensor("rope.cos", DType::F32, &[rope_rows as u64, half], bytemuck::cast_slice(&cos))?;
     let rope_sin = w.add_tensor("rope.sin", DType::F32, &[rope_rows as u64, half], bytemuck::cast_slice(&sin))?;
+    let mut rope_values = Vec::new();
     let rope_full = match &cfg.diffusion_gemma {
         Some(g) => {
             let (cos, sin) = rope_tables_of_pairs(g.full_rope_theta, g.full_head_dim, g.full_head_dim, g.full_rotary_pairs, rope_rows as usize);
             let half = (g.full_head_dim / 2) as u64;
-            let cos = w.add_tensor("rope.full.cos", DType::F32, &[rope_rows as u64, half], bytemuck::cast_slice(&cos))?;
-            Some((cos, w.add_tensor("rope.full.sin", DType::F32, &[rope_rows as u64, half], bytemuck::cast_slice(&sin))?))
+            let cos_id = w.add_tensor("rope.full.cos", DType::F32, &[rope_rows as u64, half], bytemuck::cast_slice(&cos))?;
+            let sin_id = w.add_tensor("rope.full.sin", DType::F32, &[rope_rows as u64, half], bytemuck::cast_slice(&sin))?;
+            rope_values = vec![(cos_id, cos), (sin_id, sin)];
+            Some((cos_id, sin_id))
         }
         None => None,
     };
     w.end_segment()?;
-    Ok(Weights { ids, rope: (rope_cos, rope_sin), rope_full })
+    if cfg.diffusion_gemma.is_some() {
+        rope_values.extend([(rope_cos, cos), (rope_sin, sin)]);
+    }
+    Ok(Weights { ids, rope: (rope_cos, rope_sin), rope_full, rope_values })
 }
 
 /// The core section: the model's config, a graph per row bucket, the plan with its window
@@ -277,7 +286,12 @@ pub(super) fn npu(opts: &CompileOptions, src: &Source, s: &Settings, layout: &La
             };
             let limits = npu_limits(&target, opts.npu_limits).ok_or_else(|| Error::Options(format!("--target {}: the target file gives no HTP limits (npu_memory)", target.name)))?;
             let npu_opts = crate::qnn::NpuOptions { soc, weights: npu_weights, limits, contexts: opts.npu_contexts, shared_weights: opts.npu_shared_weights, estimate_soc: opts.npu_estimate_soc };
-            Some(add_npu_executables(header, w, &checkpoint_values(&src.ckpt, &layout.segments, &weights.ids), &calibration, lib, &npu_opts)?)
+            let from_checkpoint = checkpoint_values(&src.ckpt, &layout.segments, &weights.ids);
+            let values = |t: TensorId| match weights.rope_values.iter().find(|(id, _)| *id == t) {
+                Some((_, v)) => Ok(v.clone()),
+                None => from_checkpoint(t),
+            };
+            Some(add_npu_executables(header, w, &values, &calibration, lib, &npu_opts)?)
         }
         _ => None,
     })

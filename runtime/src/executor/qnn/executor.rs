@@ -20,7 +20,8 @@ const PHONE: bool = cfg!(target_os = "android");
 use llada_qnn::QnnLibrary;
 
 use super::io;
-use crate::executor::{value_range, Capabilities, Executor, Loads, Pass};
+use crate::executor::{value_range, Capabilities, Executor, Loads, Pass, SoftEmbed};
+use crate::kernels::cpu::Features;
 use crate::error::{Error, Result};
 use crate::model::Model;
 use crate::pool::Pool;
@@ -46,6 +47,8 @@ pub struct QnnExecutor {
     loads: Loads,
     trace: Option<Arc<crate::trace::Trace>>,
     pool: Pool,
+    /// The CPU features the host's ops between and before the executables use.
+    features: Features,
     capabilities: Capabilities,
     /// Host-side staging of the boundary tensors, sized for the largest graph.
     scratch: io::Scratch,
@@ -63,7 +66,7 @@ pub struct QnnExecutor {
 impl QnnExecutor {
     /// Loads the QNN library (`LLADA_QNN_LIB`), checks every context binary of the artifact's
     /// section against its record, and creates the resident contexts for its SoC.
-    pub fn new(model: &Model, threads: usize) -> Result<QnnExecutor> {
+    pub fn new(model: &Model, threads: usize, features: Features) -> Result<QnnExecutor> {
         let h = &model.header;
         let artifact = |source: llada_ir::Error| Error::Artifact { path: model.path.clone(), source };
         let section = NpuSection::of(h).map_err(artifact)?.ok_or_else(|| {
@@ -119,7 +122,7 @@ impl QnnExecutor {
             device_timestamps: false,
             int8_dot: false,
         };
-        let mut e = QnnExecutor { stages, budget: section.context_budget, loads: Loads::default(), trace: None, pool, capabilities, scratch: io::Scratch::new(h, section.io.clone()), logits_encoding: section.logits_encoding(h), cache_lens: section.cache_lens.clone(), experts: (0..h.graphs.len() as u32).map(|g| experts_runs(model.program(g))).collect(), device };
+        let mut e = QnnExecutor { stages, budget: section.context_budget, loads: Loads::default(), trace: None, pool, features, capabilities, scratch: io::Scratch::new(h, section.io.clone()), logits_encoding: section.logits_encoding(h), cache_lens: section.cache_lens.clone(), experts: (0..h.graphs.len() as u32).map(|g| experts_runs(model.program(g))).collect(), device };
         for k in 0..e.stages.len() {
             if e.stages[k].resident {
                 e.create(model, k)?;
@@ -323,6 +326,14 @@ impl Executor for QnnExecutor {
         let rope = g.ops.iter().find_map(|o| if let Op::Rope { cos, sin, .. } = *o { Some((cos, sin)) } else { None });
         let s = &mut self.scratch;
         s.embed(model, *table, g.rows as usize, inp);
+        // DiffusionGemma's self-conditioning input, on the CPU as the embedding is, into the
+        // first executable's input (`npu::host_prefix`).
+        if let Some(&Op::SoftEmbed { x, table, scale, out }) = g.ops.get(1) {
+            let parts = window.parts();
+            SoftEmbed { x, table, scale, out }.run(model, g, inp, parts.activations, parts.activations_offset, &self.pool, self.features);
+            let range = value_range(g, &g.values[out as usize], inp.logit_rows.len(), parts.activations_offset);
+            s.soft_in(&parts.activations[range], inp.rows, g.rows as usize, m.d_model as usize);
+        }
         if let Some((cos, sin)) = rope {
             s.rope(model, cos, sin, g.rows as usize, inp);
         }
@@ -330,11 +341,14 @@ impl Executor for QnnExecutor {
         let keys = (0..inp.rows).map(|r| inp.keys_of(r)).max().unwrap_or(0);
         let cache_len = llada_ir::npu::cache_len_for(&self.cache_lens, keys as u32);
         s.mask(h, g.rows as usize, cache_len as usize, inp);
+        s.window_masks(h, g.rows as usize, cache_len as usize, inp);
         s.logit_index(g.logit_rows as usize, inp);
-        let (c, hd, kvh) = (h.plan.kv_capacity as usize, m.head_dim as usize, m.n_kv_heads as usize);
-        let plane = kvh * c * hd;
+        s.positions(g.rows as usize, inp);
+        let c = h.plan.kv_capacity as usize;
+        // Each layer's slots, cached and new, hold the model's kv heads of its head_dim (a
+        // layer with other heads fills the start of them: `IoLayout::offset`).
+        let slot = m.n_kv_heads as usize * m.head_dim as usize;
         let rows = g.rows as usize;
-        let new_plane = kvh * rows * hd;
         let n = self.stages.len();
         // The executables this pass runs (a context's pieces, [`llada_ir::npu::pieces`]): each
         // but the last hands its hidden states on.
@@ -400,9 +414,12 @@ impl Executor for QnnExecutor {
         // The rows the run stores: their keys and values into the cache at their positions.
         let new_kv = s.region::<u16>(IoKind::NewKv);
         for layer in 0..m.n_layers as usize {
+            let (kvh, hd) = llada_ir::npu::layer_heads(h, layer as u32);
+            let (kvh, hd) = (kvh as usize, hd as usize);
             for kind in 0..2 {
-                let new = &new_kv[(2 * layer + kind) * new_plane..][..new_plane];
-                let cache = &mut kv[(2 * layer + kind) * plane..][..plane];
+                let new = &new_kv[(2 * layer + kind) * slot * rows..][..kvh * rows * hd];
+                // The values right after the keys in the layer's slot, as the host's cache.
+                let cache = &mut kv[2 * layer * slot * c + kind * kvh * c * hd..][..kvh * c * hd];
                 io::store_rows(new, cache, kvh, rows, c, hd, &inp.positions[..inp.stored_rows]);
             }
         }

@@ -4,7 +4,7 @@
 //! without the library.
 
 use half::f16;
-use llada_ir::npu::{IoKind, IoLayout, NpuTensor, MASKED};
+use llada_ir::npu::{IoKind, IoLayout, NpuTensor, Role, MASKED};
 use llada_ir::{Header, TensorId};
 
 use llada_ir::{Graph, Op};
@@ -97,6 +97,35 @@ impl Scratch {
         self.stored = stored;
     }
 
+    /// Every windowed attention's mask `[rows, cache_len + rows]`, one per window
+    /// ([`llada_ir::npu::attention_windows`]; see [`fill_window_mask`]).
+    pub fn window_masks(&mut self, h: &Header, rows: usize, cache_len: usize, inp: &RunInputs) {
+        let mut stored = std::mem::take(&mut self.stored);
+        let region = self.layout.region(IoKind::WindowMasks).map_or(0, |r| r.offset);
+        for w in llada_ir::npu::attention_windows(h) {
+            let at = self.layout.offset(h, Role::WindowMask(w), rows as u32).expect("every window has a slot") - region;
+            let mask = &mut self.region::<u16>(IoKind::WindowMasks)[at as usize / 2..][..rows * (cache_len + rows)];
+            fill_window_mask(mask, &mut stored, cache_len, rows, inp, (w > 0).then_some(w as usize));
+        }
+        self.stored = stored;
+    }
+
+    /// The self-conditioning input of the `real` rows, `soft` (`[rows, d]` f32, the
+    /// host's result), as f16; padding rows up to `rows` zero.
+    pub fn soft_in(&mut self, soft: &[f32], real: usize, rows: usize, d: usize) {
+        let (values, padding) = self.region::<u16>(IoKind::SoftIn)[..rows * d].split_at_mut(real * d);
+        narrow(&soft[..real * d], values);
+        padding.fill(0);
+    }
+
+    /// Each row's position (the executables gathering rotary angles by it read them).
+    pub fn positions(&mut self, rows: usize, inp: &RunInputs) {
+        let out = &mut self.region::<i32>(IoKind::Positions)[..rows];
+        for (o, &p) in out.iter_mut().zip(&inp.positions[..rows]) {
+            *o = p as i32;
+        }
+    }
+
     /// The logit rows, padded with row 0.
     pub fn logit_index(&mut self, logit_rows: usize, inp: &RunInputs) {
         let out = &mut self.region::<i32>(IoKind::LogitIndex)[..logit_rows];
@@ -129,7 +158,7 @@ pub fn run_host_ops(
     };
     for op in &g.ops[ops.clone()] {
         let boundary = match *op {
-            Op::Route { logits, .. } | Op::RouteSigmoid { logits, .. } => Some((IoKind::RouterLogits, logits)),
+            Op::Route { logits, .. } | Op::RouteSigmoid { logits, .. } | Op::RouteScaled { logits, .. } => Some((IoKind::RouterLogits, logits)),
             Op::MoeExperts { x, .. } => Some((IoKind::ExpertIn, x)),
             _ => None,
         };
@@ -224,6 +253,24 @@ pub fn fill_mask(mask: &mut [u16], stored: &mut [bool], cache_len: usize, rows: 
 /// Stores the new keys (or values) `new` (`[kv_heads, rows, head_dim]`) of the rows at
 /// `positions` (the stored rows, in row order) into one layer's cache planes `cache`
 /// (`[kv_heads, capacity, head_dim]`).
+/// [`fill_mask`]'s mask of one query head (`[rows, cache_len + rows]`), and with a `window`
+/// the keys before each row's window shut too: those before `window - 1` positions ahead
+/// of its block's start, as the host's windowed attention reads them.
+pub fn fill_window_mask(mask: &mut [u16], stored: &mut [bool], cache_len: usize, rows: usize, inp: &RunInputs, window: Option<usize>) {
+    fill_mask(mask, stored, cache_len, rows, inp);
+    let Some(w) = window else { return };
+    let (width, shut) = (cache_len + rows, f16::from_f32(MASKED).to_bits());
+    for (r, row) in mask.chunks_exact_mut(width).enumerate().take(inp.rows) {
+        let first = inp.block_start(r).saturating_sub(w - 1);
+        row[..first.min(cache_len)].fill(shut);
+        for (s, &p) in inp.positions[..inp.stored_rows].iter().enumerate() {
+            if (p as usize) < first {
+                row[cache_len + s] = shut;
+            }
+        }
+    }
+}
+
 pub fn store_rows(new: &[u16], cache: &mut [u16], kv_heads: usize, rows: usize, capacity: usize, hd: usize, positions: &[u32]) {
     for k in 0..kv_heads {
         for (r, &p) in positions.iter().enumerate() {
@@ -266,6 +313,31 @@ mod tests {
         assert_eq!(open(&mask, width, 3), vec![11]);
         // The second query head of the group sees the same.
         assert_eq!(mask[..rows * width], mask[rows * width..]);
+    }
+
+    /// A windowed layer (window 3) in a block-causal pass of blocks of 4 over a cache of 6:
+    /// the first block's rows (positions 4..8) see keys from 2 (its start 4, less 2), the
+    /// second's (8..12) from 6, the stored rows' own keys included, and the window without
+    /// one sees what the plain mask does.
+    #[test]
+    fn a_window_mask_shuts_the_keys_before_each_rows_window() {
+        let (cache_len, rows) = (12, 8);
+        let positions: Vec<u32> = (4..12).collect();
+        let mut inp = inputs(&[0; 8], &positions, 8, 12, 8);
+        inp.block_causal = Some(4);
+        let width = cache_len + rows;
+        let (mut mask, mut plain) = (vec![0u16; rows * width], vec![0u16; rows * width]);
+        let mut stored = vec![false; cache_len];
+        fill_window_mask(&mut mask, &mut stored, cache_len, rows, &inp, Some(3));
+        for r in 0..4 {
+            assert_eq!(open(&mask, width, r), vec![2, 3, 12, 13, 14, 15]);
+        }
+        for r in 4..8 {
+            assert_eq!(open(&mask, width, r), vec![14, 15, 16, 17, 18, 19]);
+        }
+        fill_window_mask(&mut mask, &mut stored, cache_len, rows, &inp, None);
+        fill_mask(&mut plain, &mut stored, cache_len, rows, &inp);
+        assert_eq!(mask, plain);
     }
 
     /// Two blocks of 4 in one block-causal pass over a stored prefix of 4: the first block's

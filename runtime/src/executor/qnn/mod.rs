@@ -36,9 +36,9 @@ pub const BACKEND: Backend = Backend {
     name: "qnn",
     about: "Qualcomm's HTP running the NPU executables of an artifact compiled for sm8550, sm8650, sm8750 or sm8850, through the QNN library in LLADA_QNN_LIB (on x86-64, its simulator)",
     #[cfg(all(feature = "qnn", not(target_env = "musl")))]
-    constructor: Ok(|model, threads, _features| {
+    constructor: Ok(|model, threads, features| {
         let window = crate::window::Window::in_host_memory(&model.header)?;
-        Ok((Box::new(QnnExecutor::new(model, threads)?), window))
+        Ok((Box::new(QnnExecutor::new(model, threads, features)?), window))
     }),
     #[cfg(not(all(feature = "qnn", not(target_env = "musl"))))]
     constructor: Err("qnn: this build of llada-rt has no QNN backend (a static musl binary cannot load Qualcomm's bionic libraries, or the `qnn` feature is off); build for aarch64-linux-android with the NDK"),
