@@ -214,7 +214,9 @@ fn kit() -> PathBuf {
 /// every op but the host's lowered): first-pass logits within 0.25 of the reference's (the
 /// bound CI gives LLaDA's fp16 kit), and each case's ids and decoder passes per canvas as the
 /// kit's, or differing only where its recorded closest decision is below twice that error
-/// (`--accept-explained`). A spread twelfth of the cases, a couple of minutes.
+/// (`--accept-explained`). A spread twentieth of the cases, about a minute and a half. The
+/// kit's closest decisions (about 1e-4 in logit units) lie far below fp16's error, so its ids
+/// say little here: the trained model's answers below are the sharper check.
 #[test]
 #[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
 fn the_kit_replays_on_the_simulator_within_its_margins() {
@@ -224,12 +226,40 @@ fn the_kit_replays_on_the_simulator_within_its_margins() {
     let built = Command::new(common::bin("lladac")).args(["compile", "--model", kit.to_str().unwrap(), "--target", "sm8750", "--max-seq", "128", "-o", art.to_str().unwrap()]).env("LLADA_QNN_LIB", &lib).output().unwrap();
     assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
     let golden = kit.join("golden.json");
-    let args = ["conformance", golden.to_str().unwrap(), "--model", art.to_str().unwrap(), "--backend", "qnn", "--every", "12", "--logit-tolerance", "0.25", "--accept-explained"];
+    let args = ["conformance", golden.to_str().unwrap(), "--model", art.to_str().unwrap(), "--backend", "qnn", "--every", "20", "--logit-tolerance", "0.25", "--accept-explained"];
     let replay = Command::new(common::bin("llada-rt")).args(args).env("LLADA_QNN_LIB", &lib).output().unwrap();
     let said = String::from_utf8_lossy(&replay.stdout);
     assert!(replay.status.success(), "{said}{}", String::from_utf8_lossy(&replay.stderr));
-    assert!(said.contains("cases:                     5 of 60"), "{said}");
+    assert!(said.contains("cases:                     3 of 60"), "{said}");
     assert!(said.contains("first_step_logits:         1/1 within"), "{said}");
+}
+
+/// The trained tiny DiffusionGemma (models/README.md) on the simulator: its first six held-out
+/// tasks give the host's output ids from the same Snapdragon build (a trained model is far
+/// from its decisions, so fp16 keeps its answers where a lowering mistake would not), and
+/// answer at least five right, as the host does.
+#[test]
+#[ignore = "needs LLADA_QNN_LIB: tools/qnn/fetch.sh (CI runs it)"]
+fn the_trained_model_answers_on_the_simulator_as_on_the_host() {
+    let lib = std::env::var("LLADA_QNN_LIB").expect("set LLADA_QNN_LIB to tools/qnn/fetch.sh's folder");
+    let dir = tempfile::tempdir().unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let (model, art, tasks) = (repo.join("models/diffusiongemma-tiny-tasks"), dir.path().join("dg.lad"), dir.path().join("tasks.jsonl"));
+    let heldout = std::fs::read_to_string(repo.join("models/tasks/heldout.jsonl")).unwrap();
+    std::fs::write(&tasks, heldout.lines().take(6).map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let built = Command::new(common::bin("lladac")).args(["compile", "--model", model.to_str().unwrap(), "--target", "sm8750", "--max-seq", "192", "-o", art.to_str().unwrap()]).env("LLADA_QNN_LIB", &lib).output().unwrap();
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    let eval = |backend: &str| -> serde_json::Value {
+        let args = ["eval", art.to_str().unwrap(), "--tasks", tasks.to_str().unwrap(), "--backend", backend, "--json"];
+        let run = Command::new(common::bin("llada-rt")).args(args).env("LLADA_QNN_LIB", &lib).output().unwrap();
+        assert!(run.status.success(), "{backend}: {}", String::from_utf8_lossy(&run.stderr));
+        serde_json::from_slice(&run.stdout).unwrap()
+    };
+    let (npu, host) = (eval("qnn"), eval("host"));
+    for (got, want) in npu["results"].as_array().unwrap().iter().zip(host["results"].as_array().unwrap()) {
+        assert_eq!(got["output_ids"], want["output_ids"], "task {}", want["index"]);
+    }
+    assert!(npu["correct"].as_u64().unwrap() >= 5, "{}", npu["correct"]);
 }
 
 /// What an NPU runs on the host sits between executables that carry everything across: the
