@@ -8,7 +8,7 @@ use std::ops::Range;
 use half::f16;
 use llada_ir::npu::{IoKind, NpuGraph, NpuSection, NpuTensor, Role};
 use llada_ir::program::Step;
-use llada_ir::Op;
+use llada_ir::{Graph, Op};
 use llada_qnn::abi::{DATATYPE_FLOAT_16, DATATYPE_INT_32};
 use llada_qnn::context::Graph as QnnGraph;
 use llada_qnn::{Context, Device, IoBuffer, LoadOptions};
@@ -20,7 +20,7 @@ const PHONE: bool = cfg!(target_os = "android");
 use llada_qnn::QnnLibrary;
 
 use super::io;
-use crate::executor::{value_range, Capabilities, Executor, Loads, Pass, SoftEmbed};
+use crate::executor::{value_range, Capabilities, Executor, Loads, Pass, RunInputs, SoftEmbed};
 use crate::kernels::cpu::Features;
 use crate::error::{Error, Result};
 use crate::model::Model;
@@ -306,24 +306,16 @@ fn experts_runs(program: &[Step]) -> Vec<Range<usize>> {
     runs
 }
 
-impl Executor for QnnExecutor {
-    fn run(&mut self, model: &Model, pass: Pass<'_>) -> Result<()> {
-        let Pass { graph, inputs, window, stager, moe, profile: _ } = pass;
-        let inp = &inputs;
-        // One executable per context a pass: no op of the plan is timed, so a profile stays
-        // empty (the pass's time is the session's).
-        let h = &model.header;
-        let g = model.graph(graph);
-        let m = &h.model;
-        // The weights live in the contexts: nothing of the window's swap schedule is read, but
-        // its protocol is kept so a plan with rotating segments stays consistent.
-        if let Some(stager) = stager {
-            model.program(graph).iter().try_for_each(|&step| stager.follow(step))?;
-        }
+impl QnnExecutor {
+    /// Fills the executables' inputs the host computes: the embedded rows (and DiffusionGemma's
+    /// self-conditioning input after them), the rotary rows, masks, logit rows and positions.
+    /// Returns the cache length whose executables hold every row's keys.
+    fn fill_inputs(&mut self, model: &Model, g: &Graph, inp: &RunInputs<'_>, window: &mut Window) -> Result<u32> {
         let Some(Op::Embed { table, .. }) = g.ops.first() else {
             return Err(Error::Internal(format!("graph '{}' does not start with the embedding", g.name)));
         };
         let rope = g.ops.iter().find_map(|o| if let Op::Rope { cos, sin, .. } = *o { Some((cos, sin)) } else { None });
+        let (h, m) = (&model.header, &model.header.model);
         let s = &mut self.scratch;
         s.embed(model, *table, g.rows as usize, inp);
         // DiffusionGemma's self-conditioning input, on the CPU as the embedding is, into the
@@ -344,10 +336,60 @@ impl Executor for QnnExecutor {
         s.window_masks(h, g.rows as usize, cache_len as usize, inp);
         s.logit_index(g.logit_rows as usize, inp);
         s.positions(g.rows as usize, inp);
-        let c = h.plan.kv_capacity as usize;
+        Ok(cache_len)
+    }
+
+    /// Reads what the executables wrote back: the stored rows' keys and values into the cache
+    /// at their positions, and the logits into the graph's logits value.
+    fn read_outputs(&mut self, model: &Model, g: &Graph, inp: &RunInputs<'_>, window: &mut Window) -> Result<()> {
+        let (h, m) = (&model.header, &model.header.model);
+        let (c, rows) = (h.plan.kv_capacity as usize, g.rows as usize);
         // Each layer's slots, cached and new, hold the model's kv heads of its head_dim (a
         // layer with other heads fills the start of them: `IoLayout::offset`).
         let slot = m.n_kv_heads as usize * m.head_dim as usize;
+        let s = &mut self.scratch;
+        let parts = window.parts();
+        let KvView::Half(kv, _) = parts.kv else {
+            return Err(Error::Internal("the NPU executables read an f16 KV cache; the verifier checked the plan has one".into()));
+        };
+        // The rows the run stores: their keys and values into the cache at their positions.
+        let new_kv = s.region::<u16>(IoKind::NewKv);
+        for layer in 0..m.n_layers as usize {
+            let (kvh, hd) = llada_ir::npu::layer_heads(h, layer as u32);
+            let (kvh, hd) = (kvh as usize, hd as usize);
+            for kind in 0..2 {
+                let new = &new_kv[(2 * layer + kind) * slot * rows..][..kvh * rows * hd];
+                // The values right after the keys in the layer's slot, as the host's cache.
+                let cache = &mut kv[2 * layer * slot * c + kind * kvh * c * hd..][..kvh * c * hd];
+                io::store_rows(new, cache, kvh, rows, c, hd, &inp.positions[..inp.stored_rows]);
+            }
+        }
+        let logits = s.region::<u16>(IoKind::Logits);
+        let range = value_range(g, &g.values[g.logits as usize], inp.logit_rows.len(), parts.activations_offset);
+        let out = parts.activations[range].iter_mut().zip(logits.iter());
+        match self.logits_encoding {
+            // A fixed-point format's uint16 logits, in the LM head's output encoding.
+            Some((scale, offset)) => out.for_each(|(o, &q)| *o = (q as i32 + offset) as f32 * scale),
+            None => out.for_each(|(o, &b)| *o = f16::from_bits(b).to_f32()),
+        }
+        Ok(())
+    }
+}
+
+impl Executor for QnnExecutor {
+    fn run(&mut self, model: &Model, pass: Pass<'_>) -> Result<()> {
+        let Pass { graph, inputs, window, stager, moe, profile: _ } = pass;
+        let inp = &inputs;
+        // One executable per context a pass: no op of the plan is timed, so a profile stays
+        // empty (the pass's time is the session's).
+        let g = model.graph(graph);
+        let m = &model.header.model;
+        // The weights live in the contexts: nothing of the window's swap schedule is read, but
+        // its protocol is kept so a plan with rotating segments stays consistent.
+        if let Some(stager) = stager {
+            model.program(graph).iter().try_for_each(|&step| stager.follow(step))?;
+        }
+        let cache_len = self.fill_inputs(model, g, inp, window)?;
         let rows = g.rows as usize;
         let n = self.stages.len();
         // The executables this pass runs (a context's pieces, [`llada_ir::npu::pieces`]): each
@@ -406,32 +448,7 @@ impl Executor for QnnExecutor {
             }
             ran?;
         }
-        let s = &mut self.scratch;
-        let parts = window.parts();
-        let KvView::Half(kv, _) = parts.kv else {
-            return Err(Error::Internal("the NPU executables read an f16 KV cache; the verifier checked the plan has one".into()));
-        };
-        // The rows the run stores: their keys and values into the cache at their positions.
-        let new_kv = s.region::<u16>(IoKind::NewKv);
-        for layer in 0..m.n_layers as usize {
-            let (kvh, hd) = llada_ir::npu::layer_heads(h, layer as u32);
-            let (kvh, hd) = (kvh as usize, hd as usize);
-            for kind in 0..2 {
-                let new = &new_kv[(2 * layer + kind) * slot * rows..][..kvh * rows * hd];
-                // The values right after the keys in the layer's slot, as the host's cache.
-                let cache = &mut kv[2 * layer * slot * c + kind * kvh * c * hd..][..kvh * c * hd];
-                io::store_rows(new, cache, kvh, rows, c, hd, &inp.positions[..inp.stored_rows]);
-            }
-        }
-        let logits = s.region::<u16>(IoKind::Logits);
-        let range = value_range(g, &g.values[g.logits as usize], inp.logit_rows.len(), parts.activations_offset);
-        let out = parts.activations[range].iter_mut().zip(logits.iter());
-        match self.logits_encoding {
-            // A fixed-point format's uint16 logits, in the LM head's output encoding.
-            Some((scale, offset)) => out.for_each(|(o, &q)| *o = (q as i32 + offset) as f32 * scale),
-            None => out.for_each(|(o, &b)| *o = f16::from_bits(b).to_f32()),
-        }
-        Ok(())
+        self.read_outputs(model, g, inp, window)
     }
 
     fn capabilities(&self) -> &Capabilities {
