@@ -126,9 +126,12 @@ def test_ctrl_c_stops_generate_between_steps_and_the_session_goes_on(tiny):
     import signal
 
     s = tiny.session(threads=1)
-    # A long generation (384 passes over about 480 positions: seconds, where 128 steps took
-    # under one on a quiet machine and a loaded CI once let them all finish before the timer's
-    # thread ran); SIGINT arrives while it runs.
+    # A process started with SIGINT ignored (a background job of a non-interactive shell, as
+    # scripts often start CI steps) inherits that and never gets KeyboardInterrupt: this test
+    # is about the generation's check, so it gives itself Python's own handler.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    # A long generation (384 passes, seconds; 4,096 steps over 128 tokens are only 128 passes,
+    # under a second); SIGINT arrives while it runs.
     timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
     timer.start()
     try:
@@ -136,6 +139,7 @@ def test_ctrl_c_stops_generate_between_steps_and_the_session_goes_on(tiny):
             s.generate(FILL, chat=True, gen_len=384, steps=384)
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, previous)
     passes = s.counters["forward_passes"]
     assert 0 < passes < 384, passes
     assert s.generate(FILL, chat=True, gen_len=64, steps=64)["text"] == FILL_ANSWER
