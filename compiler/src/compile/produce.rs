@@ -70,7 +70,7 @@ pub(super) fn weights(src: &Source, layout: &Layout, rows: &Rows, w: &mut Artifa
     }
     bar.finish_and_clear();
     w.begin_segment("rope")?;
-    let (cos, sin) = rope_tables(cfg.rope_theta, hd, cfg.llada2.map_or(hd, |l| l.rotary_dim), rope_rows as usize);
+    let (cos, sin) = rope_tables(cfg.dims.rope_theta, hd, cfg.llada2.map_or(hd, |l| l.rotary_dim), rope_rows as usize);
     let half = (hd / 2) as u64;
     let rope_cos = w.add_tensor("rope.cos", DType::F32, &[rope_rows as u64, half], bytemuck::cast_slice(&cos))?;
     let rope_sin = w.add_tensor("rope.sin", DType::F32, &[rope_rows as u64, half], bytemuck::cast_slice(&sin))?;
@@ -166,18 +166,18 @@ pub(super) fn core(opts: &CompileOptions, src: &Source, s: &Settings, rows: &Row
 fn model_config(cfg: &LladaConfig) -> ModelConfig {
     ModelConfig {
         architecture: cfg.family.name().into(),
-        d_model: cfg.d_model as u32,
-        n_layers: cfg.n_layers as u32,
-        n_heads: cfg.n_heads as u32,
+        d_model: cfg.dims.d_model as u32,
+        n_layers: cfg.dims.n_layers as u32,
+        n_heads: cfg.dims.n_heads as u32,
         // Each layer's cache holds these (DiffusionGemma's layers differ: their widest).
         n_kv_heads: cfg.cache_heads().0 as u32,
         head_dim: cfg.cache_heads().1 as u32,
-        mlp_hidden: cfg.mlp_hidden as u32,
-        vocab_size: cfg.vocab_size as u32,
-        embedding_size: cfg.embedding_size as u32,
-        max_sequence_length: cfg.max_sequence_length as u32,
-        rope_theta: cfg.rope_theta,
-        rms_eps: cfg.rms_eps,
+        mlp_hidden: cfg.dims.mlp_hidden as u32,
+        vocab_size: cfg.dims.vocab_size as u32,
+        embedding_size: cfg.dims.embedding_size as u32,
+        max_sequence_length: cfg.dims.max_sequence_length as u32,
+        rope_theta: cfg.dims.rope_theta,
+        rms_eps: cfg.dims.rms_eps,
         qk_norm: cfg.qk_norm,
         moe: cfg.moe.map(|m| MoeConfig {
             experts: m.experts as u32,
@@ -254,7 +254,7 @@ fn plan_window(header: &mut Header, window_opts: WindowOptions, opts: &CompileOp
 /// generation defaults. Returns (graphs, expert segments, the plan's `by_rows`, the section).
 fn diffusion_gemma_graphs(src: &Source, g: &DiffusionGemmaSettings, model: &ModelConfig, weights: &Weights, buckets: &[u32]) -> Result<(Vec<Graph>, Vec<u32>, Vec<u32>, Option<DiffusionGemmaSection>)> {
     let (tensors, expert_segments) = crate::layout::diffusion_gemma::network(&weights.ids, &src.cfg)?;
-    let layer_scalars = crate::layout::diffusion_gemma::layer_scalars(&src.ckpt, src.cfg.n_layers)?;
+    let layer_scalars = crate::layout::diffusion_gemma::layer_scalars(&src.ckpt, src.cfg.dims.n_layers)?;
     let rope_full = weights.rope_full.ok_or_else(|| Error::Options("internal: DiffusionGemma's full-layer rotary tables were not written".into()))?;
     let net = lower_diffusion_gemma::Network { model, settings: g, tensors: &tensors, layer_scalars: &layer_scalars, rope: [weights.rope, rope_full] };
     let canvas = g.canvas_length as u32;
@@ -268,7 +268,7 @@ fn diffusion_gemma_graphs(src: &Source, g: &DiffusionGemmaSettings, model: &Mode
     let mut graphs = vec![lower_diffusion_gemma::graph(&net, Role::Decoder, canvas)];
     graphs.extend(buckets.iter().map(|&rows| lower_diffusion_gemma::graph(&net, Role::Encoder, rows)));
     let encoder_graphs: Vec<u32> = (1..=buckets.len() as u32).collect();
-    let section = DiffusionGemmaSection { canvas_length: canvas, vocab_size: src.cfg.vocab_size as u32, encoder_graphs: encoder_graphs.clone(), decoder_graphs: vec![0], generation: g.generation.clone() };
+    let section = DiffusionGemmaSection { canvas_length: canvas, vocab_size: src.cfg.dims.vocab_size as u32, encoder_graphs: encoder_graphs.clone(), decoder_graphs: vec![0], generation: g.generation.clone() };
     Ok((graphs, expert_segments, encoder_graphs, Some(section)))
 }
 

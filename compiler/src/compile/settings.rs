@@ -26,9 +26,9 @@ pub(super) struct Settings {
 impl Settings {
     pub fn resolve(opts: &CompileOptions, src: &Source) -> Result<Settings> {
         let (cfg, ckpt, target) = (&src.cfg, &src.ckpt, &src.target);
-        let (d, hd, f) = (cfg.d_model, cfg.head_dim(), cfg.mlp_hidden);
-        let q_dim = cfg.n_heads * hd;
-        let embed_dtype = ckpt.expect(embedding_name(&cfg), &[cfg.embedding_size, d], &format!("embedding_size {}, d_model {d}", cfg.embedding_size))?.dtype;
+        let (d, hd, f) = (cfg.dims.d_model, cfg.head_dim(), cfg.dims.mlp_hidden);
+        let q_dim = cfg.dims.n_heads * hd;
+        let embed_dtype = ckpt.expect(embedding_name(&cfg), &[cfg.dims.embedding_size, d], &format!("embedding_size {}, d_model {d}", cfg.dims.embedding_size))?.dtype;
         // An NPU target's executables hold fp16 weights unless --quant asks for int8 or int4, so
         // fp16 is its default storage too (with --host-only as well: its kernels take no f32).
         let npu_soc = if opts.host_only { None } else { crate::qnn::soc_of(&target.name) };
@@ -157,11 +157,11 @@ pub(super) struct Rows {
 impl Rows {
     pub fn resolve(opts: &CompileOptions, src: &Source) -> Result<Rows> {
         let (cfg, target) = (&src.cfg, &src.target);
-        let max_seq = opts.max_seq.unwrap_or((cfg.max_sequence_length as u32).min(target.default_max_seq));
-        if max_seq == 0 || max_seq as usize > cfg.max_sequence_length {
+        let max_seq = opts.max_seq.unwrap_or((cfg.dims.max_sequence_length as u32).min(target.default_max_seq));
+        if max_seq == 0 || max_seq as usize > cfg.dims.max_sequence_length {
             return Err(Error::Options(format!(
                 "--max-seq {max_seq}: must be between 1 and the model's max_sequence_length ({})",
-                cfg.max_sequence_length
+                cfg.dims.max_sequence_length
             )));
         }
         if opts.logit_rows == 0 {

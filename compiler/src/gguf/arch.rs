@@ -8,7 +8,7 @@ use std::path::Path;
 
 use super::container::{TensorInfo, Value};
 use crate::error::{Error, Result};
-use crate::hf::config::{Family, LladaConfig, MoeSettings};
+use crate::hf::config::{DimKeys, Family, LladaConfig, MoeSettings, NetworkDims, TokenIds};
 use crate::hf::names;
 
 /// The `general.architecture` names read, with their family.
@@ -96,38 +96,45 @@ pub fn config(m: &Meta, tensors: &BTreeMap<String, TensorInfo>) -> Result<(Llada
     let (family, arch) = family(m)?;
     let key = |k: &str| format!("{arch}.{k}");
     let d_model = m.required(&key("embedding_length"))?;
-    let n_layers = m.required(&key("block_count"))?;
     let n_heads = m.required(&key("attention.head_count"))?;
-    let n_kv_heads = m.size(&key("attention.head_count_kv"))?.unwrap_or(n_heads);
-    let mlp_hidden = match family {
-        Family::LladaMoe => m.required(&key("expert_feed_forward_length"))?,
-        _ => m.required(&key("feed_forward_length"))?,
-    };
-    let max_sequence_length = m.required(&key("context_length"))?;
     let rope_theta = m.float(&key("rope.freq_base"))?.unwrap_or(10000.0);
     if rope_theta <= 0.0 {
         return Err(m.err(&key("rope.freq_base"), "is 0"));
     }
-    let rms_eps = m.float(&key("attention.layer_norm_rms_epsilon"))?.ok_or_else(|| m.err(&key("attention.layer_norm_rms_epsilon"), "missing"))?;
     let embd = tensors.get("token_embd.weight").ok_or_else(|| m.err("token_embd.weight", "tensor missing"))?;
     if embd.ne.len() != 2 || embd.ne[0] != d_model as u64 {
         return Err(m.err("token_embd.weight", format!("dimensions {:?}, expected [{d_model}, rows] ({} {d_model})", embd.ne, key("embedding_length"))));
     }
-    let embedding_size = embd.ne[1] as usize;
     let tokens = match m.get("tokenizer.ggml.tokens") {
         Some(Value::Array(t)) => t.len(),
         _ => return Err(m.err("tokenizer.ggml.tokens", "missing or not an array")),
     };
-    let vocab_size = m.size(&key("vocab_size"))?.unwrap_or(tokens);
-    if embedding_size < vocab_size {
-        return Err(m.err("token_embd.weight", format!("{embedding_size} rows, fewer than the vocabulary's {vocab_size}")));
-    }
-    if d_model % n_heads != 0 || (d_model / n_heads) % 2 != 0 {
-        return Err(m.err(&key("attention.head_count"), format!("{} {d_model} over {n_heads} heads is not an even head width", key("embedding_length"))));
-    }
-    if n_heads % n_kv_heads != 0 {
-        return Err(m.err(&key("attention.head_count_kv"), format!("{n_kv_heads} does not divide the {n_heads} heads")));
-    }
+    let dims = NetworkDims {
+        d_model,
+        n_layers: m.required(&key("block_count"))?,
+        n_heads,
+        n_kv_heads: m.size(&key("attention.head_count_kv"))?.unwrap_or(n_heads),
+        mlp_hidden: match family {
+            Family::LladaMoe => m.required(&key("expert_feed_forward_length"))?,
+            _ => m.required(&key("feed_forward_length"))?,
+        },
+        vocab_size: m.size(&key("vocab_size"))?.unwrap_or(tokens),
+        embedding_size: embd.ne[1] as usize,
+        max_sequence_length: m.required(&key("context_length"))?,
+        rope_theta,
+        rms_eps: m.float(&key("attention.layer_norm_rms_epsilon"))?.ok_or_else(|| m.err(&key("attention.layer_norm_rms_epsilon"), "missing"))?,
+    };
+    const TOKEN_KEYS: [&str; 4] = ["tokenizer.ggml.mask_token_id", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id", "tokenizer.ggml.padding_token_id"];
+    let ids = TokenIds {
+        mask: m.token(TOKEN_KEYS[0])?.ok_or_else(|| m.err(TOKEN_KEYS[0], "missing; the sampler needs the mask token"))?,
+        bos: m.token(TOKEN_KEYS[1])?,
+        eos: m.token(TOKEN_KEYS[2])?,
+        pad: m.token(TOKEN_KEYS[3])?,
+    };
+    let (heads_key, kv_key) = (key("attention.head_count"), key("attention.head_count_kv"));
+    let embedding_key = key("embedding_length");
+    let keys = DimKeys { d_model: &embedding_key, heads: &heads_key, kv_heads: &kv_key, embedding: "token_embd.weight", tokens: TOKEN_KEYS };
+    dims.check(&ids, &keys).map_err(|(k, msg)| m.err(&k, msg))?;
     let hd = d_model / n_heads;
     for k in ["rope.dimension_count", "attention.key_length", "attention.value_length"] {
         if let Some(n) = m.size(&key(k))? {
@@ -148,15 +155,6 @@ pub fn config(m: &Meta, tensors: &BTreeMap<String, TensorInfo>) -> Result<(Llada
     for k in m.kvs.keys().filter(|k| k.starts_with(&key("rope.scaling."))) {
         if k != &key("rope.scaling.type") || m.str(k)? != Some("none") {
             return Err(m.err(k, "rope scaling is not supported"));
-        }
-    }
-    let mask_token_id = m.token("tokenizer.ggml.mask_token_id")?.ok_or_else(|| m.err("tokenizer.ggml.mask_token_id", "missing; the sampler needs the mask token"))?;
-    let bos_token_id = m.token("tokenizer.ggml.bos_token_id")?;
-    let eos_token_id = m.token("tokenizer.ggml.eos_token_id")?;
-    let pad_token_id = m.token("tokenizer.ggml.padding_token_id")?;
-    for (k, id) in [("tokenizer.ggml.mask_token_id", Some(mask_token_id)), ("tokenizer.ggml.bos_token_id", bos_token_id), ("tokenizer.ggml.eos_token_id", eos_token_id), ("tokenizer.ggml.padding_token_id", pad_token_id)] {
-        if id.is_some_and(|id| id as usize >= embedding_size) {
-            return Err(m.err(k, format!("token id {} is outside the embedding ({embedding_size} rows)", id.unwrap_or_default())));
         }
     }
     let moe = match family {
@@ -180,29 +178,7 @@ pub fn config(m: &Meta, tensors: &BTreeMap<String, TensorInfo>) -> Result<(Llada
         _ => None,
     };
     let qk_norm = family == Family::LladaMoe && tensors.contains_key("blk.0.attn_q_norm.weight");
-    let cfg = LladaConfig {
-        family,
-        d_model,
-        n_layers,
-        n_heads,
-        n_kv_heads,
-        mlp_hidden,
-        vocab_size,
-        embedding_size,
-        max_sequence_length,
-        rope_theta,
-        rms_eps,
-        input_emb_norm: false,
-        scale_logits: false,
-        mask_token_id,
-        bos_token_id,
-        eos_token_id,
-        pad_token_id,
-        qk_norm,
-        moe,
-        llada2: None,
-        diffusion_gemma: None,
-    };
+    let cfg = LladaConfig { qk_norm, moe, ..LladaConfig::plain(family, dims, ids) };
     Ok((cfg, Vec::new()))
 }
 
@@ -238,15 +214,15 @@ pub fn tensor_map(cfg: &LladaConfig, m: &Meta, tensors: &BTreeMap<String, Tensor
             }
         }
     }
-    for l in 0..cfg.n_layers {
+    for l in 0..cfg.dims.n_layers {
         let g = |part: &str| format!("blk.{l}.{part}.weight");
         match cfg.family {
             Family::Llada => {
                 let parts = [("attn_norm", "attn_norm"), ("attn_q", "q_proj"), ("attn_k", "k_proj"), ("attn_v", "v_proj"), ("attn_output", "attn_out"), ("ffn_norm", "ff_norm"), ("ffn_gate", "ff_proj"), ("ffn_up", "up_proj"), ("ffn_down", "ff_out")];
                 for (gg, hf) in parts {
                     let heads = match gg {
-                        "attn_q" => Some(cfg.n_heads),
-                        "attn_k" => Some(cfg.n_kv_heads),
+                        "attn_q" => Some(cfg.dims.n_heads),
+                        "attn_k" => Some(cfg.dims.n_kv_heads),
                         _ => None,
                     };
                     map.insert(names::block(l, hf), Source { gguf: g(gg), rows: None, unpermute_heads: heads });
@@ -271,7 +247,7 @@ pub fn tensor_map(cfg: &LladaConfig, m: &Meta, tensors: &BTreeMap<String, Tensor
                 if let Some(moe) = cfg.moe {
                     // Stacked [experts, out, in]: expert e is rows e*out..(e+1)*out of the
                     // (experts*out) x in matrix.
-                    for (gg, hf, out) in [("ffn_gate_exps", "gate_proj", cfg.mlp_hidden), ("ffn_up_exps", "up_proj", cfg.mlp_hidden), ("ffn_down_exps", "down_proj", cfg.d_model)] {
+                    for (gg, hf, out) in [("ffn_gate_exps", "gate_proj", cfg.dims.mlp_hidden), ("ffn_up_exps", "up_proj", cfg.dims.mlp_hidden), ("ffn_down_exps", "down_proj", cfg.dims.d_model)] {
                         let name = g(gg);
                         match tensors.get(&name) {
                             Some(t) if t.ne.len() == 3 && t.ne[1] == out as u64 && t.ne[2] == moe.experts as u64 => {}

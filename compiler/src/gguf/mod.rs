@@ -155,8 +155,8 @@ pub fn open(path: &Path) -> Result<Imported> {
         cfg_path: first.path.clone(),
         tokenizer_json: tokenizer::tokenizer_json(&meta)?,
         chat_template: meta.str("tokenizer.chat_template")?.map(str::to_string),
-        bos_token: tokenizer::token_text(&meta, cfg.bos_token_id)?,
-        eos_token: tokenizer::token_text(&meta, cfg.eos_token_id)?,
+        bos_token: tokenizer::token_text(&meta, cfg.tokens.bos)?,
+        eos_token: tokenizer::token_text(&meta, cfg.tokens.eos)?,
         add_bos_token: meta.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false),
     };
     let (tok_spec, special) = crate::hf::tokenizer::check(read, &cfg)?;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value};
 
-pub use super::config_common::{Family, LladaConfig, MoeSettings};
+pub use super::config_common::{DimKeys, Family, LladaConfig, MoeSettings, NetworkDims, TokenIds};
 use super::config_common::Keys;
 use crate::error::{Error, Result};
 
@@ -83,7 +83,6 @@ pub fn parse(path: &Path, map: &Map<String, Value>) -> Result<(LladaConfig, Vec<
     }
 
     let d_model = k.required("d_model")?;
-    let n_layers = k.required("n_layers")?;
     let n_heads = k.required("n_heads")?;
     let multi_query = k.bool("multi_query_attention", false)?;
     let n_kv_heads = match (k.usize("n_kv_heads")?, multi_query) {
@@ -99,55 +98,26 @@ pub fn parse(path: &Path, map: &Map<String, Value>) -> Result<(LladaConfig, Vec<
         },
     };
     let vocab_size = k.required("vocab_size")?;
-    let embedding_size = k.usize("embedding_size")?.unwrap_or(vocab_size);
-    let max_sequence_length = k.required("max_sequence_length")?;
-    let rope_theta = k.float("rope_theta", 10000.0, false)?;
-    let rms_eps = k.float("rms_norm_eps", 1e-5, true)?;
-    let input_emb_norm = k.bool("input_emb_norm", false)?;
-    let scale_logits = k.bool("scale_logits", false)?;
-    let mask_token_id = k.token("mask_token_id")?.unwrap_or(126336);
-    let bos_token_id = k.token("bos_token_id")?;
-    let eos_token_id = k.token("eos_token_id")?;
-    let pad_token_id = k.token("pad_token_id")?;
-
-    if d_model % n_heads != 0 {
-        return Err(k.err("n_heads", format!("d_model {d_model} is not divisible by n_heads {n_heads}")));
-    }
-    if n_heads % n_kv_heads != 0 {
-        return Err(k.err("n_kv_heads", format!("n_heads {n_heads} is not a multiple of n_kv_heads {n_kv_heads}")));
-    }
-    if (d_model / n_heads) % 2 != 0 {
-        return Err(k.err("n_heads", format!("head dimension {} is odd; rotary embedding needs it even", d_model / n_heads)));
-    }
-    if embedding_size < vocab_size {
-        return Err(k.err("embedding_size", format!("{embedding_size} is smaller than vocab_size {vocab_size}")));
-    }
-    k.ids_inside(&[("mask_token_id", Some(mask_token_id)), ("bos_token_id", bos_token_id), ("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)], embedding_size)?;
-
-    let warnings = k.unknown(ACCEPTED_KEYS);
-    let cfg = LladaConfig {
-        family: Family::Llada,
+    let dims = NetworkDims {
         d_model,
-        n_layers,
+        n_layers: k.required("n_layers")?,
         n_heads,
         n_kv_heads,
         mlp_hidden,
         vocab_size,
-        embedding_size,
-        max_sequence_length,
-        rope_theta,
-        rms_eps,
-        input_emb_norm,
-        scale_logits,
-        mask_token_id,
-        bos_token_id,
-        eos_token_id,
-        pad_token_id,
-        qk_norm: false,
-        moe: None,
-        llada2: None,
-        diffusion_gemma: None,
+        embedding_size: k.usize("embedding_size")?.unwrap_or(vocab_size),
+        max_sequence_length: k.required("max_sequence_length")?,
+        rope_theta: k.float("rope_theta", 10000.0, false)?,
+        rms_eps: k.float("rms_norm_eps", 1e-5, true)?,
     };
+    let input_emb_norm = k.bool("input_emb_norm", false)?;
+    let scale_logits = k.bool("scale_logits", false)?;
+    let tokens = TokenIds { mask: k.token("mask_token_id")?.unwrap_or(126336), bos: k.token("bos_token_id")?, eos: k.token("eos_token_id")?, pad: k.token("pad_token_id")? };
+    let keys = DimKeys { d_model: "d_model", heads: "n_heads", kv_heads: "n_kv_heads", embedding: "embedding_size", tokens: ["mask_token_id", "bos_token_id", "eos_token_id", "pad_token_id"] };
+    dims.check(&tokens, &keys).map_err(|(key, msg)| k.err(&key, msg))?;
+
+    let warnings = k.unknown(ACCEPTED_KEYS);
+    let cfg = LladaConfig { input_emb_norm, scale_logits, ..LladaConfig::plain(Family::Llada, dims, tokens) };
     Ok((cfg, warnings))
 }
 
@@ -172,7 +142,7 @@ mod tests {
     #[test]
     fn reads_the_shape() {
         let (c, warnings) = parse_json(base()).unwrap();
-        assert_eq!((c.d_model, c.n_layers, c.head_dim(), c.mlp_hidden, c.mask_token_id), (128, 4, 32, 384, 270));
+        assert_eq!((c.dims.d_model, c.dims.n_layers, c.head_dim(), c.dims.mlp_hidden, c.tokens.mask), (128, 4, 32, 384, 270));
         assert!(warnings.is_empty(), "{warnings:?}");
     }
 
@@ -190,11 +160,11 @@ mod tests {
     fn grouped_query_and_multi_query() {
         let mut v = base();
         v["n_kv_heads"] = json!(2);
-        assert_eq!(parse_json(v.clone()).unwrap().0.n_kv_heads, 2);
+        assert_eq!(parse_json(v.clone()).unwrap().0.dims.n_kv_heads, 2);
         v["n_kv_heads"] = json!(3);
         assert!(parse_json(v.clone()).unwrap_err().to_string().contains("n_kv_heads"));
         v["multi_query_attention"] = json!(true);
-        assert_eq!(parse_json(v).unwrap().0.n_kv_heads, 1);
+        assert_eq!(parse_json(v).unwrap().0.dims.n_kv_heads, 1);
     }
 
     /// Out of their range or their width (a wrapped 64-bit integer once passed the range
@@ -224,7 +194,7 @@ mod tests {
         }
         let mut v = base();
         v["rms_norm_eps"] = json!(0.0);
-        assert_eq!(parse_json(v).unwrap().0.rms_eps, 0.0);
+        assert_eq!(parse_json(v).unwrap().0.dims.rms_eps, 0.0);
     }
 
     #[test]

@@ -76,23 +76,11 @@ pub struct MoeSettings {
 #[derive(Debug, Clone, PartialEq)]
 pub struct LladaConfig {
     pub family: Family,
-    pub d_model: usize,
-    pub n_layers: usize,
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    /// SwiGLU width (of each expert, with `moe`).
-    pub mlp_hidden: usize,
-    pub vocab_size: usize,
-    pub embedding_size: usize,
-    pub max_sequence_length: usize,
-    pub rope_theta: f64,
-    pub rms_eps: f64,
+    /// The sizes (`mlp_hidden`: the SwiGLU width of each expert, with `moe`).
+    pub dims: NetworkDims,
+    pub tokens: TokenIds,
     pub input_emb_norm: bool,
     pub scale_logits: bool,
-    pub mask_token_id: u32,
-    pub bos_token_id: Option<u32>,
-    pub eos_token_id: Option<u32>,
-    pub pad_token_id: Option<u32>,
     /// RMSNorm on each query and key head before rotary.
     pub qk_norm: bool,
     pub moe: Option<MoeSettings>,
@@ -103,7 +91,7 @@ pub struct LladaConfig {
 impl LladaConfig {
     /// The head width (DiffusionGemma: its sliding-window layers', given in the config).
     pub fn head_dim(&self) -> usize {
-        self.diffusion_gemma.as_ref().map_or(self.d_model / self.n_heads, |g| g.head_dim)
+        self.diffusion_gemma.as_ref().map_or(self.dims.d_model / self.dims.n_heads, |g| g.head_dim)
     }
 
     /// The key heads and head width that size each layer's KV cache: the model's, or
@@ -111,7 +99,85 @@ impl LladaConfig {
     pub fn cache_heads(&self) -> (usize, usize) {
         match &self.diffusion_gemma {
             Some(g) if g.full_kv_heads * g.full_head_dim > g.kv_heads * g.head_dim => (g.full_kv_heads, g.full_head_dim),
-            _ => (self.n_kv_heads, self.head_dim()),
+            _ => (self.dims.n_kv_heads, self.head_dim()),
+        }
+    }
+}
+
+/// The sizes and constants every family's config gives, whichever file they are read from
+/// (`config.json`, GGUF's metadata).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NetworkDims {
+    pub d_model: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub mlp_hidden: usize,
+    pub vocab_size: usize,
+    pub embedding_size: usize,
+    pub max_sequence_length: usize,
+    pub rope_theta: f64,
+    pub rms_eps: f64,
+}
+
+/// The special token ids a config names (the mask id: the caller's default where it has none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenIds {
+    pub mask: u32,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub pad: Option<u32>,
+}
+
+/// The keys a reader took [`NetworkDims`] and [`TokenIds`] from: what a failed check names.
+pub struct DimKeys<'a> {
+    pub d_model: &'a str,
+    pub heads: &'a str,
+    pub kv_heads: &'a str,
+    pub embedding: &'a str,
+    /// The mask, BOS, EOS and pad ids' keys.
+    pub tokens: [&'a str; 4],
+}
+
+impl NetworkDims {
+    /// The checks every reader makes of a dense head layout and its token ids: an even head
+    /// width, query heads a multiple of the key heads, an embedding with a row for every
+    /// vocabulary id and every special token. `Err` names the key and what is wrong.
+    pub fn check(&self, tokens: &TokenIds, keys: &DimKeys) -> std::result::Result<(), (String, String)> {
+        let (d, h, kv) = (self.d_model, self.n_heads, self.n_kv_heads);
+        if d % h != 0 || (d / h) % 2 != 0 {
+            return Err((keys.heads.into(), format!("{} {d} over {h} heads is not an even head width (rotary pairs)", keys.d_model)));
+        }
+        if h % kv != 0 {
+            return Err((keys.kv_heads.into(), format!("{kv} key heads do not divide the {h} query heads")));
+        }
+        let rows = self.embedding_size;
+        if rows < self.vocab_size {
+            return Err((keys.embedding.into(), format!("{rows} embedding rows, fewer than the vocabulary's {}", self.vocab_size)));
+        }
+        let ids = [Some(tokens.mask), tokens.bos, tokens.eos, tokens.pad];
+        match keys.tokens.iter().zip(ids).find_map(|(key, id)| id.filter(|&id| id as usize >= rows).map(|id| (key, id))) {
+            Some((key, id)) => Err((key.to_string(), format!("token id {id} is outside the embedding ({rows} rows)"))),
+            None => Ok(()),
+        }
+    }
+}
+
+impl LladaConfig {
+    /// A config of `family` over `dims` and `tokens` with none of the optional parts (input
+    /// norm, logit scale, q/k norms, experts, a family's settings): each reader sets those it
+    /// reads. The one place the whole config is written out.
+    pub fn plain(family: Family, dims: NetworkDims, tokens: TokenIds) -> LladaConfig {
+        LladaConfig {
+            family,
+            dims,
+            tokens,
+            input_emb_norm: false,
+            scale_logits: false,
+            qk_norm: false,
+            moe: None,
+            llada2: None,
+            diffusion_gemma: None,
         }
     }
 }
@@ -121,51 +187,42 @@ impl LladaConfig {
 /// `mask_default` (the caller's rule: refused when `None`).
 pub(super) fn qwen_style(k: &mut Keys, family: Family, mlp_key: &'static str, eps_default: f64, mask_default: Option<u32>) -> Result<LladaConfig> {
     let d_model = k.required("hidden_size")?;
-    let n_layers = k.required("num_hidden_layers")?;
     let n_heads = k.required("num_attention_heads")?;
-    let n_kv_heads = k.usize("num_key_value_heads")?.unwrap_or(n_heads);
-    let mlp_hidden = k.required(mlp_key)?;
     let vocab_size = k.required("vocab_size")?;
-    let max_sequence_length = k.required("max_position_embeddings")?;
-    let rope_theta = k.float("rope_theta", 10000.0, false)?;
-    let rms_eps = k.float("rms_norm_eps", eps_default, true)?;
-    let mask_token_id = match k.token("mask_token_id")?.or(mask_default) {
-        Some(m) => m,
-        None => return Err(k.err("mask_token_id", "missing here and in generation_config.json; the sampler needs the mask token")),
-    };
-    let bos_token_id = k.token("bos_token_id")?;
-    let eos_token_id = k.token("eos_token_id")?;
-    let pad_token_id = k.token("pad_token_id")?;
-    if d_model % n_heads != 0 || (d_model / n_heads) % 2 != 0 {
-        return Err(k.err("num_attention_heads", format!("hidden_size {d_model} over {n_heads} heads is not an even head dimension")));
-    }
-    if n_heads % n_kv_heads != 0 {
-        return Err(k.err("num_key_value_heads", format!("num_attention_heads {n_heads} is not a multiple of {n_kv_heads}")));
-    }
-    k.ids_inside(&[("mask_token_id", Some(mask_token_id)), ("bos_token_id", bos_token_id), ("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)], vocab_size)?;
-    Ok(LladaConfig {
-        family,
+    let dims = NetworkDims {
         d_model,
-        n_layers,
+        n_layers: k.required("num_hidden_layers")?,
         n_heads,
-        n_kv_heads,
-        mlp_hidden,
+        n_kv_heads: k.usize("num_key_value_heads")?.unwrap_or(n_heads),
+        mlp_hidden: k.required(mlp_key)?,
         vocab_size,
         embedding_size: vocab_size,
-        max_sequence_length,
-        rope_theta,
-        rms_eps,
-        input_emb_norm: false,
-        scale_logits: false,
-        mask_token_id,
-        bos_token_id,
-        eos_token_id,
-        pad_token_id,
-        qk_norm: false,
-        moe: None,
-        llada2: None,
-        diffusion_gemma: None,
-    })
+        max_sequence_length: k.required("max_position_embeddings")?,
+        rope_theta: k.float("rope_theta", 10000.0, false)?,
+        rms_eps: k.float("rms_norm_eps", eps_default, true)?,
+    };
+    let tokens = TokenIds {
+        mask: match k.token("mask_token_id")?.or(mask_default) {
+            Some(m) => m,
+            None => return Err(k.err("mask_token_id", "missing here and in generation_config.json; the sampler needs the mask token")),
+        },
+        bos: k.token("bos_token_id")?,
+        eos: k.token("eos_token_id")?,
+        pad: k.token("pad_token_id")?,
+    };
+    dims.check(&tokens, &DimKeys::HF_QWEN).map_err(|(key, msg)| k.err(&key, msg))?;
+    Ok(LladaConfig::plain(family, dims, tokens))
+}
+
+impl DimKeys<'static> {
+    /// Hugging Face's Qwen and Llama names.
+    const HF_QWEN: DimKeys<'static> = DimKeys {
+        d_model: "hidden_size",
+        heads: "num_attention_heads",
+        kv_heads: "num_key_value_heads",
+        embedding: "vocab_size",
+        tokens: ["mask_token_id", "bos_token_id", "eos_token_id", "pad_token_id"],
+    };
 }
 
 pub(super) struct Keys<'a> {

@@ -12,7 +12,7 @@ use llada_ir::diffusion_gemma::GenerationDefaults;
 use serde_json::{Map, Value};
 
 pub use super::config_common::DiffusionGemmaSettings;
-use super::config_common::{Family, Keys, LladaConfig, MoeSettings};
+use super::config_common::{Family, Keys, LladaConfig, MoeSettings, NetworkDims, TokenIds};
 use crate::error::{Error, Result};
 
 /// Whether `config.json` describes DiffusionGemma.
@@ -44,7 +44,7 @@ pub fn parse(path: &Path, map: &Map<String, Value>, generation: Option<(&Path, &
     let (cfg, settings) = text_config(&mut k, canvas_length)?;
     warnings.extend(k.unknown(ACCEPTED_TEXT));
     let generation = match generation {
-        Some((gpath, gmap)) => generation_defaults(&mut Keys { path: gpath, map: gmap, used: Vec::new() }, cfg.embedding_size)?,
+        Some((gpath, gmap)) => generation_defaults(&mut Keys { path: gpath, map: gmap, used: Vec::new() }, cfg.dims.embedding_size)?,
         None => published_defaults(),
     };
     let cfg = LladaConfig { diffusion_gemma: Some(DiffusionGemmaSettings { generation, ..settings }), ..cfg };
@@ -92,30 +92,10 @@ fn text_config(k: &mut Keys, canvas_length: usize) -> Result<(LladaConfig, Diffu
         return Err(k.err("top_k_experts", format!("{top_k} is more than num_experts {experts}")));
     }
     k.ids_inside(&[("bos_token_id", bos), ("eos_token_id", eos), ("pad_token_id", pad)], vocab_size)?;
-    let cfg = LladaConfig {
-        family: Family::DiffusionGemma,
-        d_model,
-        n_layers,
-        n_heads,
-        n_kv_heads,
-        mlp_hidden: expert_hidden,
-        vocab_size,
-        embedding_size: vocab_size,
-        max_sequence_length,
-        rope_theta,
-        rms_eps,
-        input_emb_norm: true,
-        scale_logits: false,
-        // No mask: the canvas starts as noise. The pad id stands in where a token must be named.
-        mask_token_id: pad.unwrap_or(0),
-        bos_token_id: bos,
-        eos_token_id: eos,
-        pad_token_id: pad,
-        qk_norm: true,
-        moe: Some(MoeSettings { experts, top_k }),
-        llada2: None,
-        diffusion_gemma: None,
-    };
+    let dims = NetworkDims { d_model, n_layers, n_heads, n_kv_heads, mlp_hidden: expert_hidden, vocab_size, embedding_size: vocab_size, max_sequence_length, rope_theta, rms_eps };
+    // No mask: the canvas starts as noise. The pad id stands in where a token must be named.
+    let tokens = TokenIds { mask: pad.unwrap_or(0), bos, eos, pad };
+    let cfg = LladaConfig { input_emb_norm: true, qk_norm: true, moe: Some(MoeSettings { experts, top_k }), ..LladaConfig::plain(Family::DiffusionGemma, dims, tokens) };
     let settings = DiffusionGemmaSettings { head_dim, kv_heads: n_kv_heads, full_head_dim, full_kv_heads, full_layers, sliding_window, dense_hidden, full_rope_theta, full_rotary_pairs, softcap, canvas_length, generation: GenerationDefaults::default() };
     Ok((cfg, settings))
 }
@@ -257,7 +237,7 @@ mod tests {
         assert!(is_diffusion_gemma(&map));
         let (c, warnings) = parse(Path::new("config.json"), &map, Some((Path::new("generation_config.json"), &generation))).unwrap();
         let g = c.diffusion_gemma.as_ref().unwrap();
-        assert_eq!((c.d_model, c.n_layers, c.n_heads, c.n_kv_heads, c.head_dim(), c.mlp_hidden), (64, 6, 4, 2, 16, 16));
+        assert_eq!((c.dims.d_model, c.dims.n_layers, c.dims.n_heads, c.dims.n_kv_heads, c.head_dim(), c.dims.mlp_hidden), (64, 6, 4, 2, 16, 16));
         assert_eq!((g.full_head_dim, g.full_kv_heads, g.full_rotary_pairs, g.canvas_length, g.sliding_window), (32, 1, 4, 16, 8));
         assert_eq!(g.full_layers, [false, false, true, false, false, true]);
         assert!(g.generation.max_denoising_steps > 0 && g.generation.entropy_bound > 0.0);

@@ -58,8 +58,8 @@ mod tests {
     fn reads_dream_7b() {
         assert!(is_dream(dream_7b().as_object().unwrap()));
         let (c, warnings) = parse_json(dream_7b()).unwrap();
-        assert_eq!((c.family, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim(), c.mlp_hidden, c.vocab_size), (Family::Dream, 3584, 28, 4, 128, 18944, 152064));
-        assert_eq!((c.rope_theta, c.rms_eps, c.mask_token_id), (1e6, 1e-6, 151666));
+        assert_eq!((c.family, c.dims.d_model, c.dims.n_heads, c.dims.n_kv_heads, c.head_dim(), c.dims.mlp_hidden, c.dims.vocab_size), (Family::Dream, 3584, 28, 4, 128, 18944, 152064));
+        assert_eq!((c.dims.rope_theta, c.dims.rms_eps, c.tokens.mask), (1e6, 1e-6, 151666));
         assert!(warnings.is_empty(), "{warnings:?}");
     }
 

@@ -93,8 +93,8 @@ pub fn parse(path: &Path, map: &Map<String, Value>, generation_mask: Option<u32>
     let normalize = top_k > 1;
     let scale = k.float("routed_scaling_factor", 1.0, false)?;
     let dense_layers = k.integer("first_k_dense_replace", 0, u32::MAX as u64, "a layer count")?.unwrap_or(0) as usize;
-    if dense_layers >= base.n_layers {
-        return Err(k.err("first_k_dense_replace", format!("{dense_layers} dense layers of {} leave none with experts", base.n_layers)));
+    if dense_layers >= base.dims.n_layers {
+        return Err(k.err("first_k_dense_replace", format!("{dense_layers} dense layers of {} leave none with experts", base.dims.n_layers)));
     }
     let dense_hidden = k.required("intermediate_size")?;
     let shared_experts = k.integer("num_shared_experts", 0, 64, "a count of shared experts")?.unwrap_or(0) as usize;
@@ -106,7 +106,7 @@ pub fn parse(path: &Path, map: &Map<String, Value>, generation_mask: Option<u32>
     let cfg = LladaConfig {
         qk_norm: use_qk_norm,
         moe: Some(MoeSettings { experts, top_k }),
-        llada2: Some(Llada2Settings { rotary_dim: rotary, dense_layers, dense_hidden, shared_hidden: shared_experts * base.mlp_hidden, groups, top_groups, normalize, scale, tie_embeddings: tie, mask_from_tokenizer }),
+        llada2: Some(Llada2Settings { rotary_dim: rotary, dense_layers, dense_hidden, shared_hidden: shared_experts * base.dims.mlp_hidden, groups, top_groups, normalize, scale, tie_embeddings: tie, mask_from_tokenizer }),
         diffusion_gemma: None,
         ..base
     };
@@ -142,7 +142,7 @@ mod tests {
         assert!(is_llada2(mini().as_object().unwrap()));
         let (c, warnings) = parse_json(mini()).unwrap();
         let l2 = c.llada2.unwrap();
-        assert_eq!((c.family, c.d_model, c.n_kv_heads, c.head_dim(), c.mlp_hidden, c.moe), (Family::Llada2Moe, 2048, 4, 128, 512, Some(MoeSettings { experts: 256, top_k: 8 })));
+        assert_eq!((c.family, c.dims.d_model, c.dims.n_kv_heads, c.head_dim(), c.dims.mlp_hidden, c.moe), (Family::Llada2Moe, 2048, 4, 128, 512, Some(MoeSettings { experts: 256, top_k: 8 })));
         assert_eq!((l2.rotary_dim, l2.dense_layers, l2.dense_hidden, l2.shared_hidden, l2.groups, l2.top_groups, l2.scale), (64, 1, 5120, 512, 8, 4, 2.5));
         assert!(c.qk_norm && l2.normalize && !l2.tie_embeddings);
         assert!(warnings.is_empty(), "{warnings:?}");

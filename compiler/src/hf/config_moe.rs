@@ -65,7 +65,7 @@ pub fn parse(path: &Path, map: &Map<String, Value>, generation_mask: Option<u32>
     let experts = k.required("num_experts")?;
     let top_k = k.required("num_experts_per_tok")?;
     let qk_norm = k.bool("qk_layernorm", false)?;
-    let n_layers = base.n_layers;
+    let n_layers = base.dims.n_layers;
     match k.get("moe_layer_freq") {
         None => return Err(k.err("moe_layer_freq", "missing; LLaDA-MoE's modelling code reads it for every layer")),
         Some(Value::Array(f)) if f.len() == n_layers && f.iter().all(|x| x.as_u64().is_some_and(|x| x > 0)) => {}
@@ -105,7 +105,7 @@ mod tests {
     fn reads_the_experts_and_takes_the_mask_from_generation_config() {
         assert!(is_moe(base().as_object().unwrap()));
         let (c, warnings) = parse_json(base(), Some(259)).unwrap();
-        assert_eq!((c.family, c.moe, c.mlp_hidden, c.n_kv_heads, c.mask_token_id, c.qk_norm), (Family::LladaMoe, Some(MoeSettings { experts: 8, top_k: 2 }), 64, 2, 259, true));
+        assert_eq!((c.family, c.moe, c.dims.mlp_hidden, c.dims.n_kv_heads, c.tokens.mask, c.qk_norm), (Family::LladaMoe, Some(MoeSettings { experts: 8, top_k: 2 }), 64, 2, 259, true));
         assert!(warnings.is_empty(), "{warnings:?}");
         let msg = parse_json(base(), None).unwrap_err().to_string();
         assert!(msg.contains("mask_token_id") && msg.contains("generation_config.json"), "{msg}");

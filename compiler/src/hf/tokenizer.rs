@@ -100,8 +100,8 @@ pub fn check(read: Read, cfg: &LladaConfig) -> Result<(TokenizerSpec, SpecialTok
             }),
         }
     };
-    let bos = cfg.bos_token_id.or(id_of(&bos_token, "bos_token")?);
-    let eos = cfg.eos_token_id.or(id_of(&eos_token, "eos_token")?);
+    let bos = cfg.tokens.bos.or(id_of(&bos_token, "bos_token")?);
+    let eos = cfg.tokens.eos.or(id_of(&eos_token, "eos_token")?);
     let eot = tokenizer.token_to_id(match cfg.family {
         Family::Llada => EOT_TOKEN,
         Family::LladaMoe => MOE_EOT_TOKEN,
@@ -111,10 +111,10 @@ pub fn check(read: Read, cfg: &LladaConfig) -> Result<(TokenizerSpec, SpecialTok
     });
     for (what, id) in [("bos", bos), ("eos", eos), ("eot", eot)] {
         if let Some(id) = id {
-            if id as usize >= cfg.embedding_size {
+            if id as usize >= cfg.dims.embedding_size {
                 return Err(Error::Tokenizer {
                     path: tok_path,
-                    msg: format!("{what} token id {id} is outside the embedding ({} rows)", cfg.embedding_size),
+                    msg: format!("{what} token id {id} is outside the embedding ({} rows)", cfg.dims.embedding_size),
                 });
             }
         }
@@ -122,18 +122,18 @@ pub fn check(read: Read, cfg: &LladaConfig) -> Result<(TokenizerSpec, SpecialTok
     let mask = match cfg.llada2 {
         Some(l2) if l2.mask_from_tokenizer => match tokenizer.token_to_id(LLADA2_MASK_TOKEN) {
             Some(id) => id,
-            None if (LLADA2_MASK_ID as usize) < cfg.embedding_size => LLADA2_MASK_ID,
+            None if (LLADA2_MASK_ID as usize) < cfg.dims.embedding_size => LLADA2_MASK_ID,
             None => {
                 return Err(Error::Tokenizer {
                     path: tok_path,
-                    msg: format!("has no {LLADA2_MASK_TOKEN} token and config.json no mask_token_id; the published generate's default {LLADA2_MASK_ID} is outside the embedding ({} rows)", cfg.embedding_size),
+                    msg: format!("has no {LLADA2_MASK_TOKEN} token and config.json no mask_token_id; the published generate's default {LLADA2_MASK_ID} is outside the embedding ({} rows)", cfg.dims.embedding_size),
                 })
             }
         },
-        _ => cfg.mask_token_id,
+        _ => cfg.tokens.mask,
     };
-    if mask as usize >= cfg.embedding_size {
-        return Err(Error::Tokenizer { path: tok_path, msg: format!("mask token id {mask} is outside the embedding ({} rows)", cfg.embedding_size) });
+    if mask as usize >= cfg.dims.embedding_size {
+        return Err(Error::Tokenizer { path: tok_path, msg: format!("mask token id {mask} is outside the embedding ({} rows)", cfg.dims.embedding_size) });
     }
     Ok((
         TokenizerSpec { tokenizer_json, chat_template, bos_token, eos_token, add_bos_token },

@@ -46,7 +46,7 @@ fn settings(cfg: &LladaConfig) -> Result<&DiffusionGemmaSettings> {
 pub(crate) fn segments<'c>(cfg: &LladaConfig, b: &mut Builder<'c>, st: Storage) -> Result<Segments<'c>> {
     let g = settings(cfg)?;
     let Some(moe) = cfg.moe else { return Err(Error::Options("internal: a DiffusionGemma config without its experts".into())) };
-    let (d, v, fe, fd) = (cfg.d_model, cfg.embedding_size, cfg.mlp_hidden, g.dense_hidden);
+    let (d, v, fe, fd) = (cfg.dims.d_model, cfg.dims.embedding_size, cfg.dims.mlp_hidden, g.dense_hidden);
     let why_d = format!("hidden_size {d}");
     let why_v = format!("vocab_size {v}, {why_d}");
     let why_dense = format!("intermediate_size {fd}, {why_d}");
@@ -57,20 +57,20 @@ pub(crate) fn segments<'c>(cfg: &LladaConfig, b: &mut Builder<'c>, st: Storage) 
         Ok([b.fused(name("gate_up_proj.weight"), &[(&gate, [fd, d], why), (&up, [fd, d], why)], st.matrix)?, b.single(&name("down_proj.weight"), &[d, fd], why, st.matrix)?])
     };
     for (l, &full) in g.full_layers.iter().enumerate() {
-        let (hd, kvh) = if full { (g.full_head_dim, g.full_kv_heads) } else { (g.head_dim, cfg.n_kv_heads) };
+        let (hd, kvh) = if full { (g.full_head_dim, g.full_kv_heads) } else { (g.head_dim, cfg.dims.n_kv_heads) };
         let p = |part: &str| layer(l, part);
-        let why_q = format!("num_attention_heads {} x head dim {hd}, {why_d}", cfg.n_heads);
+        let why_q = format!("num_attention_heads {} x head dim {hd}, {why_d}", cfg.dims.n_heads);
         let why_k = format!("{kvh} key heads x head dim {hd}, {why_d}");
         let (q, k) = (p("self_attn.q_proj.weight"), p("self_attn.k_proj.weight"));
         // A full layer's values are its keys (no v_proj): the key projection again.
         let v_name = if full { k.clone() } else { p("self_attn.v_proj.weight") };
-        let qkv = b.fused(p("self_attn.qkv_proj.weight"), &[(&q, [cfg.n_heads * hd, d], &why_q), (&k, [kvh * hd, d], &why_k), (&v_name, [kvh * hd, d], &why_k)], st.matrix)?;
+        let qkv = b.fused(p("self_attn.qkv_proj.weight"), &[(&q, [cfg.dims.n_heads * hd, d], &why_q), (&k, [kvh * hd, d], &why_k), (&v_name, [kvh * hd, d], &why_k)], st.matrix)?;
         let mut attn = vec![
             b.single(&p("input_layernorm.weight"), &[d], &why_d, DType::F32)?,
             qkv,
             b.single(&p("self_attn.q_norm.weight"), &[hd], &format!("head dim {hd}"), DType::F32)?,
             b.single(&p("self_attn.k_norm.weight"), &[hd], &format!("head dim {hd}"), DType::F32)?,
-            b.single(&p("self_attn.o_proj.weight"), &[d, cfg.n_heads * hd], &why_q, st.matrix)?,
+            b.single(&p("self_attn.o_proj.weight"), &[d, cfg.dims.n_heads * hd], &why_q, st.matrix)?,
         ];
         for norm in LAYER_NORMS {
             attn.push(b.single(&p(&format!("{norm}.weight")), &[d], &why_d, DType::F32)?);
@@ -140,7 +140,7 @@ pub struct NetworkTensors {
 pub fn network(ids: &[Vec<TensorId>], cfg: &LladaConfig) -> Result<(NetworkTensors, Vec<u32>)> {
     let experts = cfg.moe.map_or(0, |m| m.experts);
     let (mut layers, mut expert_segments, mut seg) = (Vec::new(), Vec::new(), 1);
-    for _ in 0..cfg.n_layers {
+    for _ in 0..cfg.dims.n_layers {
         let a = &ids[seg];
         let first = ids[seg + 1][0];
         for e in 0..experts {

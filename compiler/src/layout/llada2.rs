@@ -57,13 +57,13 @@ fn rotary_permuted<'c>(b: &mut Builder<'c>, name: &str, shape: &[usize], why: &s
 pub(crate) fn segments<'c>(cfg: &LladaConfig, b: &mut Builder<'c>, st: Storage) -> Result<Segments<'c>> {
     use names::moe as n;
     let (Some(moe), Some(l2)) = (cfg.moe, cfg.llada2) else { return Err(Error::Options("internal: a LLaDA 2.x config without its experts".into())) };
-    let (d, hd, f, v, rd) = (cfg.d_model, cfg.head_dim(), cfg.mlp_hidden, cfg.embedding_size, l2.rotary_dim);
-    let qkv_rows = (cfg.n_heads + 2 * cfg.n_kv_heads) * hd;
+    let (d, hd, f, v, rd) = (cfg.dims.d_model, cfg.head_dim(), cfg.dims.mlp_hidden, cfg.dims.embedding_size, l2.rotary_dim);
+    let qkv_rows = (cfg.dims.n_heads + 2 * cfg.dims.n_kv_heads) * hd;
     let rotary = PartialRotary { head_dim: hd, rotary_dim: rd };
     let why_d = format!("hidden_size {d}");
     let why_v = format!("vocab_size {v}, {why_d}");
-    let why_qkv = format!("(num_attention_heads {} + 2 x num_key_value_heads {}) x head_dim {hd}, {why_d}", cfg.n_heads, cfg.n_kv_heads);
-    let why_q = format!("num_attention_heads {} x head_dim {hd}, {why_d}", cfg.n_heads);
+    let why_qkv = format!("(num_attention_heads {} + 2 x num_key_value_heads {}) x head_dim {hd}, {why_d}", cfg.dims.n_heads, cfg.dims.n_kv_heads);
+    let why_q = format!("num_attention_heads {} x head_dim {hd}, {why_d}", cfg.dims.n_heads);
     let why_hd = format!("head_dim {hd}");
     let why_e = format!("num_experts {}, {why_d}", moe.experts);
     let why_f = format!("moe_intermediate_size {f}, {why_d}");
@@ -73,17 +73,17 @@ pub(crate) fn segments<'c>(cfg: &LladaConfig, b: &mut Builder<'c>, st: Storage) 
     let swiglu = |b: &mut Builder<'c>, gate: String, up: String, down: String, fused: String, width: usize, why: &str| -> Result<[Planned<'c>; 2]> {
         Ok([b.fused(fused, &[(&gate, [width, d], why), (&up, [width, d], why)], st.matrix)?, b.single(&down, &[d, width], why, st.matrix)?])
     };
-    for l in 0..cfg.n_layers {
+    for l in 0..cfg.dims.n_layers {
         let p = |part: &str| n::layer(l, part);
         let mut attn = vec![
             b.single(&p("input_layernorm"), &[d], &why_d, DType::F32)?,
-            rotary_permuted(b, &p("attention.query_key_value"), &[qkv_rows, d], &why_qkv, cfg.n_heads + cfg.n_kv_heads, rotary, st.matrix)?,
+            rotary_permuted(b, &p("attention.query_key_value"), &[qkv_rows, d], &why_qkv, cfg.dims.n_heads + cfg.dims.n_kv_heads, rotary, st.matrix)?,
         ];
         if cfg.qk_norm {
             attn.push(rotary_permuted(b, &p("attention.query_layernorm"), &[hd], &why_hd, 1, rotary, DType::F32)?);
             attn.push(rotary_permuted(b, &p("attention.key_layernorm"), &[hd], &why_hd, 1, rotary, DType::F32)?);
         }
-        attn.push(b.single(&p("attention.dense"), &[d, cfg.n_heads * hd], &why_q, st.matrix)?);
+        attn.push(b.single(&p("attention.dense"), &[d, cfg.dims.n_heads * hd], &why_q, st.matrix)?);
         attn.push(b.single(&p("post_attention_layernorm"), &[d], &why_d, DType::F32)?);
         let mlp = |part: &str| p(&format!("mlp.{part}"));
         if l < l2.dense_layers {

@@ -129,17 +129,17 @@ const DREAM: DenseFamily = DenseFamily {
 };
 
 fn dense<'c>(cfg: &LladaConfig, b: &mut Builder<'c>, st: Storage, fam: &DenseFamily) -> Result<Vec<(String, Vec<Planned<'c>>)>> {
-    let (d, hd, f, v) = (cfg.d_model, cfg.head_dim(), cfg.mlp_hidden, cfg.embedding_size);
-    let (q_dim, kv_dim) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
+    let (d, hd, f, v) = (cfg.dims.d_model, cfg.head_dim(), cfg.dims.mlp_hidden, cfg.dims.embedding_size);
+    let (q_dim, kv_dim) = (cfg.dims.n_heads * hd, cfg.dims.n_kv_heads * hd);
     let [key_d, key_v, key_h, key_kv, key_f] = fam.keys;
     let why_d = format!("{key_d} {d}");
     let why_v = format!("{key_v} {v}, {why_d}");
-    let why_q = format!("{key_h} {} x head_dim {hd}, {why_d}", cfg.n_heads);
-    let why_kv = format!("{key_kv} {} x head_dim {hd}, {why_d}", cfg.n_kv_heads);
+    let why_q = format!("{key_h} {} x head_dim {hd}, {why_d}", cfg.dims.n_heads);
+    let why_kv = format!("{key_kv} {} x head_dim {hd}, {why_d}", cfg.dims.n_kv_heads);
     let why_f = format!("{key_f} {f}, {why_d}");
     let [attn_norm, q, k, vp, o, ff_norm, gate, up, down] = fam.parts;
     let mut segments = vec![("embedding".to_string(), vec![b.single(fam.embedding, &[v, d], &why_v, st.embedding)?])];
-    for l in 0..cfg.n_layers {
+    for l in 0..cfg.dims.n_layers {
         let n = |part: &str| (fam.block)(l, part);
         // The fused names: the parts' with `qkv_proj` and `gate_up_proj` for the last word.
         let fused = |part: &str, whole: &str| n(&part.replace(part.rsplit('.').next().unwrap_or(part), whole));
@@ -169,17 +169,17 @@ fn dense<'c>(cfg: &LladaConfig, b: &mut Builder<'c>, st: Storage, fam: &DenseFam
 fn moe<'c>(cfg: &LladaConfig, b: &mut Builder<'c>, st: Storage) -> Result<Vec<(String, Vec<Planned<'c>>)>> {
     use names::moe as n;
     let moe = cfg.moe.expect("an MoE config has experts");
-    let (d, hd, f, v) = (cfg.d_model, cfg.head_dim(), cfg.mlp_hidden, cfg.embedding_size);
-    let (q_dim, kv_dim) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
+    let (d, hd, f, v) = (cfg.dims.d_model, cfg.head_dim(), cfg.dims.mlp_hidden, cfg.dims.embedding_size);
+    let (q_dim, kv_dim) = (cfg.dims.n_heads * hd, cfg.dims.n_kv_heads * hd);
     let why_d = format!("hidden_size {d}");
     let why_v = format!("vocab_size {v}, {why_d}");
-    let why_q = format!("num_attention_heads {} x head_dim {hd}, {why_d}", cfg.n_heads);
-    let why_kv = format!("num_key_value_heads {} x head_dim {hd}, {why_d}", cfg.n_kv_heads);
+    let why_q = format!("num_attention_heads {} x head_dim {hd}, {why_d}", cfg.dims.n_heads);
+    let why_kv = format!("num_key_value_heads {} x head_dim {hd}, {why_d}", cfg.dims.n_kv_heads);
     let why_hd = format!("head_dim {hd}");
     let why_e = format!("num_experts {}, {why_d}", moe.experts);
     let why_f = format!("expert_intermediate_size {f}, {why_d}");
     let mut segments = vec![("embedding".to_string(), vec![b.single(n::EMBEDDING, &[v, d], &why_v, st.embedding)?])];
-    for l in 0..cfg.n_layers {
+    for l in 0..cfg.dims.n_layers {
         let p = |part: &str| n::layer(l, part);
         let mut attn = vec![
             b.single(&p("input_layernorm"), &[d], &why_d, DType::F32)?,
@@ -217,16 +217,16 @@ impl Layout<'_> {
         let mut blocks = Vec::new();
         let mut expert_segments = Vec::new();
         let mut seg = 1;
-        for _ in 0..cfg.n_layers {
+        for _ in 0..cfg.dims.n_layers {
             match self.family {
                 Family::Llada => {
                     let (a, f) = (&ids[seg], &ids[seg + 1]);
-                    blocks.push(BlockTensors { attn_norm: a[0], qkv: a[1], qkv_bias: None, qk_norm: None, attn_out: a[2], ff_norm: f[0], ffn: Ffn::Dense { gate_up: f[1], ff_out: f[2], hidden: cfg.mlp_hidden as u32 } });
+                    blocks.push(BlockTensors { attn_norm: a[0], qkv: a[1], qkv_bias: None, qk_norm: None, attn_out: a[2], ff_norm: f[0], ffn: Ffn::Dense { gate_up: f[1], ff_out: f[2], hidden: cfg.dims.mlp_hidden as u32 } });
                     seg += 2;
                 }
                 Family::Dream => {
                     let (a, f) = (&ids[seg], &ids[seg + 1]);
-                    blocks.push(BlockTensors { attn_norm: a[0], qkv: a[1], qkv_bias: Some(a[2]), qk_norm: None, attn_out: a[3], ff_norm: f[0], ffn: Ffn::Dense { gate_up: f[1], ff_out: f[2], hidden: cfg.mlp_hidden as u32 } });
+                    blocks.push(BlockTensors { attn_norm: a[0], qkv: a[1], qkv_bias: Some(a[2]), qk_norm: None, attn_out: a[3], ff_norm: f[0], ffn: Ffn::Dense { gate_up: f[1], ff_out: f[2], hidden: cfg.dims.mlp_hidden as u32 } });
                     seg += 2;
                 }
                 Family::LladaMoe => {

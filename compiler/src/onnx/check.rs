@@ -13,24 +13,24 @@ fn disagree(key: &str, config: impl std::fmt::Display, graph: String) -> String 
 
 pub fn against_config(found: &Recognised, cfg: &LladaConfig) -> Result<(), String> {
     let [rows, d_model] = found.embedding.dims[..] else { unreachable!("the recogniser takes a 2-D embedding table") };
-    if d_model != cfg.d_model {
-        return Err(disagree("d_model", cfg.d_model, format!("the graph's embedding table is {rows} x {d_model} (d_model {d_model})")));
+    if d_model != cfg.dims.d_model {
+        return Err(disagree("d_model", cfg.dims.d_model, format!("the graph's embedding table is {rows} x {d_model} (d_model {d_model})")));
     }
-    let vocab_key = if cfg.embedding_size == cfg.vocab_size { "vocab_size" } else { "embedding_size" };
-    if rows != cfg.embedding_size {
-        return Err(disagree(vocab_key, cfg.embedding_size, format!("the graph's embedding table has {rows} rows")));
+    let vocab_key = if cfg.dims.embedding_size == cfg.dims.vocab_size { "vocab_size" } else { "embedding_size" };
+    if rows != cfg.dims.embedding_size {
+        return Err(disagree(vocab_key, cfg.dims.embedding_size, format!("the graph's embedding table has {rows} rows")));
     }
-    if found.lm_head.out_features() != cfg.embedding_size {
-        return Err(disagree(vocab_key, cfg.embedding_size, format!("{} (the LM head) gives {} logits", found.lm_head.node.label(), found.lm_head.out_features())));
+    if found.lm_head.out_features() != cfg.dims.embedding_size {
+        return Err(disagree(vocab_key, cfg.dims.embedding_size, format!("{} (the LM head) gives {} logits", found.lm_head.node.label(), found.lm_head.out_features())));
     }
-    if found.blocks.len() != cfg.n_layers {
-        return Err(disagree("n_layers", cfg.n_layers, format!("the graph has {} LLaDA blocks", found.blocks.len())));
+    if found.blocks.len() != cfg.dims.n_layers {
+        return Err(disagree("n_layers", cfg.dims.n_layers, format!("the graph has {} LLaDA blocks", found.blocks.len())));
     }
     let hd = cfg.head_dim();
     for b in &found.blocks {
         let a = &b.attention;
-        if a.heads != cfg.n_heads || a.head_dim != hd {
-            return Err(disagree("n_heads", cfg.n_heads, format!("{} attends with {} heads of {} (config: {} heads of d_model/n_heads = {hd})", a.node.label(), a.heads, a.head_dim, cfg.n_heads)));
+        if a.heads != cfg.dims.n_heads || a.head_dim != hd {
+            return Err(disagree("n_heads", cfg.dims.n_heads, format!("{} attends with {} heads of {} (config: {} heads of d_model/n_heads = {hd})", a.node.label(), a.heads, a.head_dim, cfg.dims.n_heads)));
         }
         let want = 1.0 / (hd as f64).sqrt();
         if ((a.scale - want) / want).abs() > a.scale_tolerance * 2.0 + 1e-6 {
@@ -42,19 +42,19 @@ pub fn against_config(found: &Recognised, cfg: &LladaConfig) -> Result<(), Strin
         }
         for (what, p) in [("k", &b.k), ("v", &b.v)] {
             let kv = p.out_features() / hd.max(1);
-            if kv != cfg.n_kv_heads || p.out_features() % hd.max(1) != 0 {
-                return Err(disagree("n_kv_heads", cfg.n_kv_heads, format!("{} (the {what} projection) gives {} features, {kv} heads of {hd}", p.node.label(), p.out_features())));
+            if kv != cfg.dims.n_kv_heads || p.out_features() % hd.max(1) != 0 {
+                return Err(disagree("n_kv_heads", cfg.dims.n_kv_heads, format!("{} (the {what} projection) gives {} features, {kv} heads of {hd}", p.node.label(), p.out_features())));
             }
         }
-        if b.gate.out_features() != cfg.mlp_hidden {
-            return Err(disagree("mlp_hidden_size", cfg.mlp_hidden, format!("{} (the gate projection) is {} wide", b.gate.node.label(), b.gate.out_features())));
+        if b.gate.out_features() != cfg.dims.mlp_hidden {
+            return Err(disagree("mlp_hidden_size", cfg.dims.mlp_hidden, format!("{} (the gate projection) is {} wide", b.gate.node.label(), b.gate.out_features())));
         }
     }
     for (node, eps, elem) in &found.norm_eps {
         // The exporter stores epsilon as a float32 (or narrower) constant.
         let tol = elem.epsilon().max(Elem::F32.epsilon()) * 2.0;
-        if ((eps - cfg.rms_eps) / cfg.rms_eps).abs() > tol {
-            return Err(disagree("rms_norm_eps", format!("{:e}", cfg.rms_eps), format!("{} adds RMSNorm epsilon {:e}", node.label(), *eps as f32)));
+        if ((eps - cfg.dims.rms_eps) / cfg.dims.rms_eps).abs() > tol {
+            return Err(disagree("rms_norm_eps", format!("{:e}", cfg.dims.rms_eps), format!("{} adds RMSNorm epsilon {:e}", node.label(), *eps as f32)));
         }
     }
     rotary(&found.rotary, cfg)
@@ -71,7 +71,7 @@ fn rotary(tables: &[RotaryTable], cfg: &LladaConfig) -> Result<(), String> {
         let cols = *t.table.dims.last().unwrap_or(&0);
         let dim = if t.half { cols * 2 } else { cols };
         if dim != hd {
-            return Err(disagree("n_heads", cfg.n_heads, format!("{}'s rotary tables rotate {dim} dimensions per head, while d_model/n_heads is {hd} (LLaDA rotates whole heads)", t.node.label())));
+            return Err(disagree("n_heads", cfg.dims.n_heads, format!("{}'s rotary tables rotate {dim} dimensions per head, while d_model/n_heads is {hd} (LLaDA rotates whole heads)", t.node.label())));
         }
         let values = t.table.f64s()?;
         if cols == 0 || values.len() < cols {
@@ -92,13 +92,13 @@ fn rotary(tables: &[RotaryTable], cfg: &LladaConfig) -> Result<(), String> {
                 angle.sin()
             }
         };
-        let worst = (0..rows).flat_map(|p| (0..cols).map(move |c| (p, c))).map(|(p, c)| (values[p * cols + c] - expected(cfg.rope_theta, p, c)).abs()).fold(0.0, f64::max);
+        let worst = (0..rows).flat_map(|p| (0..cols).map(move |c| (p, c))).map(|(p, c)| (values[p * cols + c] - expected(cfg.dims.rope_theta, p, c)).abs()).fold(0.0, f64::max);
         if worst > tol {
             let graph = match graph_theta(tables, hd) {
                 Some(theta) => format!("the rotary tables {} multiplies by are those of rope_theta {}", t.node.label(), round_sig(theta)),
                 None => format!("the rotary tables {} multiplies by differ from that base's by up to {worst:.3}", t.node.label()),
             };
-            return Err(disagree("rope_theta", cfg.rope_theta, graph));
+            return Err(disagree("rope_theta", cfg.dims.rope_theta, graph));
         }
     }
     Ok(())
