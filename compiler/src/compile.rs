@@ -427,65 +427,69 @@ fn write_packed(ckpt: &Checkpoint, t: &Planned, w: &mut ArtifactWriter, bar: &Pr
     if t.dtype == (DType::PanelQ4 { group: 32 }) && t.sources.iter().all(|s| s.dtype == SourceDType::Block(GgmlType::Q4_0)) {
         return carry_q4_0(ckpt, t, w, bar);
     }
-    let mut pending: Vec<f32> = Vec::new();
-    let mut packed = Vec::new();
-    let mut flush = |pending: &mut Vec<f32>, all: bool, w: &mut ArtifactWriter| -> Result<()> {
-        let mut start = 0;
-        while pending.len() - start >= PANEL * k || (all && pending.len() > start) {
-            let end = (start + PANEL * k).min(pending.len());
-            let rows: Vec<&[f32]> = pending[start..end].chunks(k).collect();
-            packed.clear();
-            pack_panel(t.dtype, &rows, k, &mut packed);
-            w.write(&packed)?;
-            start = end;
-        }
-        pending.drain(..start);
-        Ok(())
-    };
+    let mut panels = PanelStream::new(k);
+    let pack = |rows: &[&[f32]], out: &mut Vec<u8>| pack_panel(t.dtype, rows, k, out);
     for src in &t.sources {
         let mut done = 0;
         ckpt.for_each_row_chunk(src, CHUNK_BYTES, |raw| {
-            let from = pending.len();
-            to_f32(src.dtype, raw, &mut pending);
-            if let Some(i) = first_overflow(pending[from..].iter().copied(), t.dtype) {
+            let from = panels.pending.len();
+            to_f32(src.dtype, raw, &mut panels.pending);
+            if let Some(i) = first_overflow(panels.pending[from..].iter().copied(), t.dtype) {
                 return Err(overflow(ckpt, src, done + i, t.dtype));
             }
-            done += pending.len() - from;
+            done += panels.pending.len() - from;
             bar.inc(raw.len() as u64);
-            flush(&mut pending, false, w)
+            panels.flush(false, w, pack)
         })?;
     }
-    flush(&mut pending, true, w)
+    panels.flush(true, w, pack)
+}
+
+/// Rows gathered until a panel's `PANEL` rows are whole, then packed and written: the
+/// streaming [`write_packed`] and [`carry_q4_0`] share. A row is `row_len` elements of `T`.
+struct PanelStream<T> {
+    pending: Vec<T>,
+    packed: Vec<u8>,
+    row_len: usize,
+}
+
+impl<T> PanelStream<T> {
+    fn new(row_len: usize) -> Self {
+        PanelStream { pending: Vec::new(), packed: Vec::new(), row_len }
+    }
+
+    /// Packs and writes every whole panel pending (with `all`, the last partial one too).
+    fn flush(&mut self, all: bool, w: &mut ArtifactWriter, pack: impl Fn(&[&[T]], &mut Vec<u8>)) -> Result<()> {
+        let panel = PANEL * self.row_len;
+        let mut start = 0;
+        while self.pending.len() - start >= panel || (all && self.pending.len() > start) {
+            let end = (start + panel).min(self.pending.len());
+            let rows: Vec<&[T]> = self.pending[start..end].chunks(self.row_len).collect();
+            self.packed.clear();
+            pack(&rows, &mut self.packed);
+            w.write(&self.packed)?;
+            start = end;
+        }
+        self.pending.drain(..start);
+        Ok(())
+    }
 }
 
 /// [`write_packed`] of a matrix whose sources are all GGUF Q4_0: the blocks' nibbles and
 /// scales moved into the panels as they are (`pack_q4_0_panel`), so the kernels compute with
 /// exactly the file's numbers.
 fn carry_q4_0(ckpt: &Checkpoint, t: &Planned, w: &mut ArtifactWriter, bar: &ProgressBar) -> Result<()> {
-    let row_bytes = t.shape[1] as usize / 32 * llada_ir::packing::Q4_0_BLOCK_BYTES;
-    let mut pending: Vec<u8> = Vec::new();
-    let mut packed = Vec::new();
-    let mut flush = |pending: &mut Vec<u8>, all: bool, w: &mut ArtifactWriter| -> Result<()> {
-        let mut start = 0;
-        while pending.len() - start >= PANEL * row_bytes || (all && pending.len() > start) {
-            let end = (start + PANEL * row_bytes).min(pending.len());
-            let rows: Vec<&[u8]> = pending[start..end].chunks(row_bytes).collect();
-            packed.clear();
-            llada_ir::packing::pack_q4_0_panel(&rows, t.shape[1] as usize, &mut packed);
-            w.write(&packed)?;
-            start = end;
-        }
-        pending.drain(..start);
-        Ok(())
-    };
+    let k = t.shape[1] as usize;
+    let mut panels = PanelStream::new(k / 32 * llada_ir::packing::Q4_0_BLOCK_BYTES);
+    let pack = |rows: &[&[u8]], out: &mut Vec<u8>| llada_ir::packing::pack_q4_0_panel(rows, k, out);
     for src in &t.sources {
         ckpt.for_each_row_chunk(src, CHUNK_BYTES, |raw| {
-            pending.extend_from_slice(raw);
+            panels.pending.extend_from_slice(raw);
             bar.inc(raw.len() as u64);
-            flush(&mut pending, false, w)
+            panels.flush(false, w, pack)
         })?;
     }
-    flush(&mut pending, true, w)
+    panels.flush(true, w, pack)
 }
 
 /// A finite weight that `dtype` would store as infinity (the source is checked finite as read).

@@ -124,26 +124,31 @@ def _rope_buffers(model):
     return [model.model.encoder.language_model.rotary_emb, model.model.decoder.rotary_emb]
 
 
+def _inv_freq(d, theta=1e6):
+    """Default RoPE's inverse frequencies over `d` rotated dimensions."""
+    return 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float) / d))
+
+
+def _patch_inv_freq(model, buffer, inv):
+    """Sets `buffer` (full or sliding layers' inverse frequencies) of both rotary modules."""
+    return patch_tensors([(getattr(r, buffer), inv) for r in _rope_buffers(model)])
+
+
 @variant("full_rope_not_proportional", "full-attention layers rotate every dimension (default RoPE, theta 1e6)")
 def v_fullrope(model):
-    d = 32
-    inv = 1.0 / (1e6 ** (torch.arange(0, d, 2, dtype=torch.float) / d))
-    return patch_tensors([(r.full_attention_inv_freq, inv) for r in _rope_buffers(model)])
+    return _patch_inv_freq(model, "full_attention_inv_freq", _inv_freq(32))
 
 
 @variant("partial_rope_exponent_over_rotated_dims", "proportional RoPE with the exponent over the rotated dims (2i/8) instead of head_dim (2i/32)")
 def v_partial(model):
-    d, ang = 32, 4
-    inv = torch.zeros(d // 2)
-    inv[:ang] = 1.0 / (1e6 ** (torch.arange(0, 2 * ang, 2, dtype=torch.float) / (2 * ang)))
-    return patch_tensors([(r.full_attention_inv_freq, inv) for r in _rope_buffers(model)])
+    inv = torch.zeros(32 // 2)
+    inv[:4] = _inv_freq(2 * 4)
+    return _patch_inv_freq(model, "full_attention_inv_freq", inv)
 
 
 @variant("sliding_rope_theta_1e6", "sliding layers use the full layers' theta 1e6")
 def v_slide_theta(model):
-    d = 16
-    inv = 1.0 / (1e6 ** (torch.arange(0, d, 2, dtype=torch.float) / d))
-    return patch_tensors([(r.sliding_attention_inv_freq, inv) for r in _rope_buffers(model)])
+    return _patch_inv_freq(model, "sliding_attention_inv_freq", _inv_freq(16))
 
 
 @variant("no_sliding_window", "sliding layers see the whole context (encoder mask and cache)")
