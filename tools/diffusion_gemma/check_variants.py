@@ -203,43 +203,29 @@ def v_dec_window(model):
     return patch_attr(M.DiffusionGemmaDecoderTextAttention, "forward", forward)
 
 
+@contextlib.contextmanager
+def patch_attrs(objs, name, value_of):
+    """`patch_attr` over many objects: each one's `name` set to `value_of(obj)`, restored afterwards."""
+    saved = [(o, getattr(o, name)) for o in objs]
+    for o in objs:
+        setattr(o, name, value_of(o))
+    try:
+        yield
+    finally:
+        for o, old in saved:
+            setattr(o, name, old)
+
+
 @variant("no_v_norm", "values not RMS-normalised (v_norm left out, all layers)")
 def v_novnorm(model):
-    mods = []
-    for part in _layers(model):
-        for l in part:
-            mods.append(l.self_attn)
-
-    @contextlib.contextmanager
-    def cm():
-        saved = [(m, m.v_norm) for m in mods]
-        for m in mods:
-            m.v_norm = torch.nn.Identity()
-        try:
-            yield
-        finally:
-            for m, n in saved:
-                m.v_norm = n
-
-    return cm()
+    mods = [l.self_attn for part in _layers(model) for l in part]
+    return patch_attrs(mods, "v_norm", lambda m: torch.nn.Identity())
 
 
 @variant("full_values_use_k_norm", "full layers' values = k_proj output through k_norm (with weight) instead of v_norm")
 def v_vknorm(model):
     mods = [l.self_attn for part in _layers(model) for l in part if not l.self_attn.is_sliding]
-
-    @contextlib.contextmanager
-    def cm():
-        saved = [(m, m.v_norm) for m in mods]
-        for m in mods:
-            m.v_norm = m.k_norm
-        try:
-            yield
-        finally:
-            for m, n in saved:
-                m.v_norm = n
-
-    return cm()
+    return patch_attrs(mods, "v_norm", lambda m: m.k_norm)
 
 
 def _router_forward(per_expert=True, renorm=True):
