@@ -156,11 +156,18 @@ impl NetworkDims {
             return Err((keys.embedding.into(), format!("{rows} embedding rows, fewer than the vocabulary's {}", self.vocab_size)));
         }
         let ids = [Some(tokens.mask), tokens.bos, tokens.eos, tokens.pad];
-        match keys.tokens.iter().zip(ids).find_map(|(key, id)| id.filter(|&id| id as usize >= rows).map(|id| (key, id))) {
-            Some((key, id)) => Err((key.to_string(), format!("token id {id} is outside the embedding ({rows} rows)"))),
+        match first_outside(keys.tokens.into_iter().zip(ids), rows) {
+            Some((key, msg)) => Err((key.to_string(), msg)),
             None => Ok(()),
         }
     }
+}
+
+/// The first of `ids` (a key and the id it gives) outside an embedding of `rows` rows, with
+/// what to say of it.
+fn first_outside<'k>(ids: impl IntoIterator<Item = (&'k str, Option<u32>)>, rows: usize) -> Option<(&'k str, String)> {
+    ids.into_iter()
+        .find_map(|(key, id)| id.filter(|&id| id as usize >= rows).map(|id| (key, format!("token id {id} is outside the embedding ({rows} rows)"))))
 }
 
 impl LladaConfig {
@@ -323,8 +330,8 @@ impl<'a> Keys<'a> {
 
     /// Refuses, by key, a token id outside an embedding of `rows` rows.
     pub(super) fn ids_inside(&self, ids: &[(&str, Option<u32>)], rows: usize) -> Result<()> {
-        match ids.iter().find_map(|&(key, id)| id.filter(|&id| id as usize >= rows).map(|id| (key, id))) {
-            Some((key, id)) => Err(self.err(key, format!("{id} is outside the embedding ({rows} rows)"))),
+        match first_outside(ids.iter().copied(), rows) {
+            Some((key, msg)) => Err(self.err(key, msg)),
             None => Ok(()),
         }
     }
@@ -342,5 +349,30 @@ impl<'a> Keys<'a> {
     /// embedding by [`ids_inside`](Self::ids_inside)).
     pub(super) fn token(&mut self, key: &'static str) -> Result<Option<u32>> {
         Ok(self.integer(key, 0, u32::MAX as u64, "a token id (32 bits)")?.map(|n| n as u32))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEYS: DimKeys<'static> = DimKeys { d_model: "d", heads: "h", kv_heads: "kv", embedding: "emb", tokens: ["mask", "bos", "eos", "pad"] };
+
+    fn dims() -> NetworkDims {
+        NetworkDims { d_model: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2, mlp_hidden: 128, vocab_size: 100, embedding_size: 104, max_sequence_length: 64, rope_theta: 1e4, rms_eps: 1e-5 }
+    }
+
+    /// Each broken value is refused naming the key the reader took it from.
+    #[test]
+    fn every_check_names_its_key() {
+        let tokens = TokenIds { mask: 103, bos: Some(1), eos: None, pad: None };
+        assert_eq!(dims().check(&tokens, &KEYS), Ok(()));
+        let key = |d: NetworkDims, t: TokenIds| d.check(&t, &KEYS).unwrap_err().0;
+        assert_eq!(key(NetworkDims { n_heads: 3, ..dims() }, tokens), "h");
+        assert_eq!(key(NetworkDims { d_model: 72, n_heads: 8, n_kv_heads: 2, ..dims() }, tokens), "h"); // head width 9: odd
+        assert_eq!(key(NetworkDims { n_kv_heads: 3, ..dims() }, tokens), "kv");
+        assert_eq!(key(NetworkDims { embedding_size: 99, ..dims() }, tokens), "emb");
+        assert_eq!(key(dims(), TokenIds { mask: 104, ..tokens }), "mask");
+        assert_eq!(key(dims(), TokenIds { pad: Some(200), ..tokens }), "pad");
     }
 }
