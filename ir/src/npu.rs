@@ -334,6 +334,50 @@ pub enum IoKind {
     WindowMasks,
 }
 
+impl IoKind {
+    /// The regions in the order the allocation lays them out.
+    pub const ORDER: [IoKind; 16] = [
+        IoKind::Kv,
+        IoKind::Hidden,
+        IoKind::HiddenOut,
+        IoKind::Cos,
+        IoKind::Sin,
+        IoKind::Mask,
+        IoKind::LogitIndex,
+        IoKind::NewKv,
+        IoKind::Logits,
+        IoKind::ExpertIn,
+        IoKind::RouterLogits,
+        IoKind::ExpertOut,
+        IoKind::SharedIn,
+        IoKind::Positions,
+        IoKind::SoftIn,
+        IoKind::WindowMasks,
+    ];
+
+    /// The one role whose tensor this region holds, at its start, sized for the largest
+    /// graph; `None` for the regions of many tensors (every layer's KV planes, every window's
+    /// mask).
+    pub fn whole_role(self) -> Option<Role> {
+        Some(match self {
+            IoKind::Kv | IoKind::NewKv | IoKind::WindowMasks => return None,
+            IoKind::Hidden => Role::Hidden,
+            IoKind::HiddenOut => Role::HiddenOut,
+            IoKind::Cos => Role::Cos,
+            IoKind::Sin => Role::Sin,
+            IoKind::Mask => Role::Mask,
+            IoKind::LogitIndex => Role::LogitIndex,
+            IoKind::Logits => Role::Logits,
+            IoKind::ExpertIn => Role::ExpertIn,
+            IoKind::RouterLogits => Role::RouterLogits,
+            IoKind::ExpertOut => Role::ExpertOut,
+            IoKind::SharedIn => Role::SharedIn,
+            IoKind::Positions => Role::Positions,
+            IoKind::SoftIn => Role::SoftIn,
+        })
+    }
+}
+
 /// Alignment of every region (a cache line; rpcmem allocations are page-aligned).
 pub const IO_ALIGN: u64 = 64;
 
@@ -343,24 +387,15 @@ impl IoLayout {
         let m = &h.model;
         let n = m.n_layers as u64;
         let largest = |role: Role| h.graphs.iter().map(|g| role_bytes(h, role, g.rows, g.logit_rows)).max().unwrap_or(0);
-        let sizes = [
-            (IoKind::Kv, h.plan.window.kv.bytes),
-            (IoKind::Hidden, largest(Role::Hidden)),
-            (IoKind::HiddenOut, largest(Role::HiddenOut)),
-            (IoKind::Cos, largest(Role::Cos)),
-            (IoKind::Sin, largest(Role::Sin)),
-            (IoKind::Mask, largest(Role::Mask)),
-            (IoKind::LogitIndex, largest(Role::LogitIndex)),
-            (IoKind::NewKv, 2 * n * new_plane_bytes(h, h.graphs.iter().map(|g| g.rows).max().unwrap_or(0))),
-            (IoKind::Logits, largest(Role::Logits)),
-            (IoKind::ExpertIn, largest(Role::ExpertIn)),
-            (IoKind::RouterLogits, largest(Role::RouterLogits)),
-            (IoKind::ExpertOut, largest(Role::ExpertOut)),
-            (IoKind::SharedIn, largest(Role::SharedIn)),
-            (IoKind::Positions, largest(Role::Positions)),
-            (IoKind::SoftIn, largest(Role::SoftIn)),
-            (IoKind::WindowMasks, attention_windows(h).len() as u64 * window_mask_slot(h)),
-        ];
+        let sizes = IoKind::ORDER.map(|kind| {
+            let bytes = match kind {
+                IoKind::Kv => h.plan.window.kv.bytes,
+                IoKind::NewKv => 2 * n * new_plane_bytes(h, h.graphs.iter().map(|g| g.rows).max().unwrap_or(0)),
+                IoKind::WindowMasks => attention_windows(h).len() as u64 * window_mask_slot(h),
+                _ => kind.whole_role().map_or(0, largest),
+            };
+            (kind, bytes)
+        });
         let mut offset = 0;
         let mut regions = Vec::new();
         for (kind, bytes) in sizes {
@@ -401,24 +436,12 @@ impl IoLayout {
             kvh as u64 * h.plan.kv_capacity as u64 * hd as u64 * 2
         };
         let (kind, within) = match role {
-            Role::Hidden => (IoKind::Hidden, 0),
-            Role::HiddenOut => (IoKind::HiddenOut, 0),
-            Role::Cos => (IoKind::Cos, 0),
-            Role::Sin => (IoKind::Sin, 0),
-            Role::Mask => (IoKind::Mask, 0),
-            Role::LogitIndex => (IoKind::LogitIndex, 0),
             Role::KCache(l) => (IoKind::Kv, 2 * l as u64 * kv_plane),
             Role::VCache(l) => (IoKind::Kv, 2 * l as u64 * kv_plane + keys_bytes(l)),
             Role::KNew(l) => (IoKind::NewKv, 2 * l as u64 * new_plane),
             Role::VNew(l) => (IoKind::NewKv, (2 * l as u64 + 1) * new_plane),
-            Role::Logits => (IoKind::Logits, 0),
-            Role::ExpertIn => (IoKind::ExpertIn, 0),
-            Role::SharedIn => (IoKind::SharedIn, 0),
-            Role::RouterLogits => (IoKind::RouterLogits, 0),
-            Role::ExpertOut => (IoKind::ExpertOut, 0),
-            Role::Positions => (IoKind::Positions, 0),
-            Role::SoftIn => (IoKind::SoftIn, 0),
             Role::WindowMask(w) => (IoKind::WindowMasks, attention_windows(h).iter().position(|&x| x == w)? as u64 * window_mask_slot(h)),
+            _ => (IoKind::ORDER.into_iter().find(|k| k.whole_role() == Some(role))?, 0),
         };
         Some(self.region(kind)?.offset + within)
     }
