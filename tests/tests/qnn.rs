@@ -59,6 +59,13 @@ fn compile_output(model: &Path, target: &str, out: &Path, extra: &[&str]) -> std
     Command::new(common::bin("lladac")).args(&args).env("LLADA_QNN_LIB", lib()).output().unwrap()
 }
 
+/// `lladac inspect --json` of `art`, which must succeed (it verifies the artifact).
+fn inspect_json(art: &Path) -> serde_json::Value {
+    let o = common::run("lladac", &["inspect", art.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "lladac inspect {}: {}", art.display(), String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
 /// `model` compiled for `target` into `out` by the `lladac` command.
 fn lladac(model: &Path, target: &str, out: &Path, extra: &[&str]) {
     let o = compile_output(model, target, out, extra);
@@ -121,9 +128,7 @@ fn one_model_compiles_for_every_snapdragon_and_inspect_lists_its_contexts() {
     for (soc, id) in [("sm8550", 43), ("sm8650", 57), ("sm8750", 69), ("sm8850", 87)] {
         let out = dir.path().join(format!("{soc}.lad"));
         lladac(&embedded_model(), soc, &out, &["--max-seq", "64"]);
-        let o = common::run("lladac", &["inspect", out.to_str().unwrap(), "--json"]);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let v = inspect_json(&out);
         let npu = &v["npu"];
         assert_eq!((npu["soc"].as_str(), npu["soc_id"].as_u64()), (Some(soc), Some(id)), "{npu}");
         let contexts = npu["contexts"].as_array().unwrap();
@@ -170,8 +175,7 @@ fn quantized_npu_weights_are_int8_and_int4_and_still_answer() {
             args.extend(["--npu-activations", a]);
         }
         lladac(&embedded_model(), "sm8750", &out, &args);
-        let o = common::run("lladac", &["inspect", out.to_str().unwrap(), "--json"]);
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let v = inspect_json(&out);
         assert_eq!(v["npu"]["weights"].as_str(), Some(format), "{quant}");
         sizes.push(v["npu"]["contexts"].as_array().unwrap().iter().map(|c| c["bytes"].as_u64().unwrap()).sum::<u64>());
         if quant == "f16" {
@@ -197,7 +201,7 @@ fn sixteen_bit_activations_with_block_scaled_int4_are_calibrated_recorded_and_an
     let tasks = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/tasks/train-sample.jsonl");
     let out = dir.path().join("lpbq.lad");
     lladac(&embedded_model(), "sm8750", &out, &["--max-seq", "128", "--quant", "q4", "--npu-activations", "u16", "--calibration", tasks.to_str().unwrap()]);
-    let v: serde_json::Value = serde_json::from_slice(&common::run("lladac", &["inspect", out.to_str().unwrap(), "--json"]).stdout).unwrap();
+    let v = inspect_json(&out);
     let npu = &v["npu"];
     assert_eq!((npu["weights"].as_str(), npu["activations"].as_str()), (Some("int4 per block (LPBQ)"), Some("uint16")), "{npu}");
     assert!(npu["calibration"].as_str().unwrap().contains("100 prompts (") && npu["calibration"].as_str().unwrap().contains("train-sample.jsonl"), "{npu}");
@@ -216,7 +220,7 @@ fn sixteen_bit_activations_with_block_scaled_int4_are_calibrated_recorded_and_an
     let default = dir.path().join("default.lad");
     let qnn_lib = lib();
     lladac(&embedded_model(), "sm8750", &default, &["--max-seq", "128", "--quant", "q4", "--qnn-lib", &qnn_lib]);
-    let d: serde_json::Value = serde_json::from_slice(&common::run("lladac", &["inspect", default.to_str().unwrap(), "--json"]).stdout).unwrap();
+    let d = inspect_json(&default);
     assert!(d["npu"]["calibration"].as_str().unwrap().contains("built-in"), "{}", d["npu"]);
     assert_eq!((d["npu"]["weights"].as_str(), d["npu"]["activations"].as_str()), (Some("int4 per block (LPBQ)"), Some("uint16")), "q4's default on the NPU");
     // The task answered as the host's q4 answers it.
@@ -370,7 +374,7 @@ fn an_npu_target_without_the_library_says_how_to_get_it_or_build_the_stand_in() 
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&common::run("lladac", &["inspect", out.to_str().unwrap(), "--json"]).stdout).unwrap();
+    let v = inspect_json(&out);
     assert!(v["npu"].is_null());
     // --host-only where there is nothing to skip is refused by name.
     let o = Command::new(common::bin("lladac")).args(["compile", "--model", embedded_model().to_str().unwrap(), "--host-only", "-o", out.to_str().unwrap()]).output().unwrap();
@@ -446,7 +450,7 @@ fn contexts_split_by_layers_and_rotated_through_one_small_session_give_the_same_
         let mut args = vec!["--max-seq", "128"];
         args.extend_from_slice(extra);
         lladac(&embedded_model(), "sm8650", &out, &args);
-        let v: serde_json::Value = serde_json::from_slice(&common::run("lladac", &["inspect", out.to_str().unwrap(), "--json"]).stdout).unwrap();
+        let v = inspect_json(&out);
         (out, v["npu"].clone())
     };
     let (one, npu) = build("one.lad", &[]);
@@ -532,7 +536,7 @@ fn shared_weights_are_the_phones_form_and_the_simulator_refuses_them_by_name() {
     let (shared, unshared) = (dir.path().join("shared.lad"), dir.path().join("unshared.lad"));
     lladac(&embedded_model(), "sm8750", &shared, &["--max-seq", "64", "--npu-shared-weights"]);
     lladac(&embedded_model(), "sm8750", &unshared, &["--max-seq", "64"]);
-    let npu = |p: &Path| -> serde_json::Value { serde_json::from_slice::<serde_json::Value>(&common::run("lladac", &["inspect", p.to_str().unwrap(), "--json"]).stdout).unwrap()["npu"].clone() };
+    let npu = |p: &Path| -> serde_json::Value { inspect_json(p)["npu"].clone() };
     let (a, b) = (npu(&shared), npu(&unshared));
     assert_eq!((a["shared_weights"].as_bool(), b["shared_weights"].as_bool()), (Some(true), Some(false)));
     let bytes = |n: &serde_json::Value| n["contexts"].as_array().unwrap().iter().map(|c| c["bytes"].as_u64().unwrap()).sum::<u64>();
@@ -555,7 +559,7 @@ fn qnns_own_estimates_are_recorded_per_executable_beside_the_cost_models() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("est.lad");
     lladac(&embedded_model(), "sm8850", &out, &["--max-seq", "64", "--npu-contexts", "2", "--npu-estimate-soc", "72"]);
-    let v: serde_json::Value = serde_json::from_slice(&common::run("lladac", &["inspect", out.to_str().unwrap(), "--json"]).stdout).unwrap();
+    let v = inspect_json(&out);
     let estimates = v["npu"]["estimates"].as_array().unwrap();
     assert_eq!(estimates.len(), 2 * v["graphs"].as_array().unwrap().len(), "one per graph and context: {estimates:?}");
     assert!(estimates.iter().all(|e| e["soc_id"] == 72 && e["micros"].as_u64().unwrap() > 0 && e["cycles"].as_u64().unwrap() > 0), "{estimates:?}");
