@@ -59,6 +59,9 @@ pub struct QnnExecutor {
     /// Per graph, the runs of its program's experts steps (the session's CPU step), each
     /// between the executable ending at its first op and the next, in op order.
     experts: Vec<Vec<Range<usize>>>,
+    /// Each layer's kv heads and head width in the cache ([`llada_ir::npu::layer_heads`],
+    /// found once: a pass does not search the op lists).
+    layer_heads: Vec<(usize, usize)>,
     /// Keeps the library loaded while its contexts live (dropped last).
     device: Arc<Device>,
 }
@@ -122,7 +125,8 @@ impl QnnExecutor {
             device_timestamps: false,
             int8_dot: false,
         };
-        let mut e = QnnExecutor { stages, budget: section.context_budget, loads: Loads::default(), trace: None, pool, features, capabilities, scratch: io::Scratch::new(h, section.io.clone()), logits_encoding: section.logits_encoding(h), cache_lens: section.cache_lens.clone(), experts: (0..h.graphs.len() as u32).map(|g| experts_runs(model.program(g))).collect(), device };
+        let layer_heads = (0..h.model.n_layers).map(|l| llada_ir::npu::layer_heads(h, l)).map(|(kvh, hd)| (kvh as usize, hd as usize)).collect();
+        let mut e = QnnExecutor { stages, budget: section.context_budget, loads: Loads::default(), trace: None, pool, features, capabilities, scratch: io::Scratch::new(h, section.io.clone()), logits_encoding: section.logits_encoding(h), cache_lens: section.cache_lens.clone(), experts: (0..h.graphs.len() as u32).map(|g| experts_runs(model.program(g))).collect(), layer_heads, device };
         for k in 0..e.stages.len() {
             if e.stages[k].resident {
                 e.create(model, k)?;
@@ -333,7 +337,7 @@ impl QnnExecutor {
         let keys = (0..inp.rows).map(|r| inp.keys_of(r)).max().unwrap_or(0);
         let cache_len = llada_ir::npu::cache_len_for(&self.cache_lens, keys as u32);
         s.mask(h, g.rows as usize, cache_len as usize, inp);
-        s.window_masks(h, g.rows as usize, cache_len as usize, inp);
+        s.window_masks(g.rows as usize, cache_len as usize, inp);
         s.logit_index(g.logit_rows as usize, inp);
         s.positions(g.rows as usize, inp);
         Ok(cache_len)
@@ -354,9 +358,7 @@ impl QnnExecutor {
         };
         // The rows the run stores: their keys and values into the cache at their positions.
         let new_kv = s.region::<u16>(IoKind::NewKv);
-        for layer in 0..m.n_layers as usize {
-            let (kvh, hd) = llada_ir::npu::layer_heads(h, layer as u32);
-            let (kvh, hd) = (kvh as usize, hd as usize);
+        for (layer, &(kvh, hd)) in self.layer_heads.iter().enumerate() {
             for kind in 0..2 {
                 let new = &new_kv[(2 * layer + kind) * slot * rows..][..kvh * rows * hd];
                 // The values right after the keys in the layer's slot, as the host's cache.

@@ -25,6 +25,9 @@ pub struct Scratch {
     io: Vec<u64>,
     embedded: Vec<f32>,
     stored: Vec<bool>,
+    /// Each windowed attention's window and where its mask starts in the
+    /// [`IoKind::WindowMasks`] region, in f16 elements (fixed by the layout: found once).
+    window_slots: Vec<(u32, usize)>,
 }
 
 impl Scratch {
@@ -32,7 +35,12 @@ impl Scratch {
         let rows = h.graphs.iter().map(|g| g.rows).max().unwrap_or(0) as usize;
         let base = layout.region(IoKind::Hidden).map_or(layout.bytes, |r| r.offset);
         let io = vec![0u64; (layout.bytes - base).div_ceil(8) as usize];
-        Scratch { layout, base, io, embedded: vec![0.0; rows * h.model.d_model as usize], stored: vec![false; h.plan.kv_capacity as usize] }
+        let region = layout.region(IoKind::WindowMasks).map_or(0, |r| r.offset);
+        let window_slots = llada_ir::npu::attention_windows(h)
+            .into_iter()
+            .map(|w| (w, (layout.offset(h, Role::WindowMask(w), 0).expect("every window has a slot") - region) as usize / 2))
+            .collect();
+        Scratch { layout, base, io, embedded: vec![0.0; rows * h.model.d_model as usize], stored: vec![false; h.plan.kv_capacity as usize], window_slots }
     }
 
     /// The whole region `kind` (past the KV cache) as elements of `T`.
@@ -99,12 +107,11 @@ impl Scratch {
 
     /// Every windowed attention's mask `[rows, cache_len + rows]`, one per window
     /// ([`llada_ir::npu::attention_windows`]; see [`fill_window_mask`]).
-    pub fn window_masks(&mut self, h: &Header, rows: usize, cache_len: usize, inp: &RunInputs) {
+    pub fn window_masks(&mut self, rows: usize, cache_len: usize, inp: &RunInputs) {
         let mut stored = std::mem::take(&mut self.stored);
-        let region = self.layout.region(IoKind::WindowMasks).map_or(0, |r| r.offset);
-        for w in llada_ir::npu::attention_windows(h) {
-            let at = self.layout.offset(h, Role::WindowMask(w), rows as u32).expect("every window has a slot") - region;
-            let mask = &mut self.region::<u16>(IoKind::WindowMasks)[at as usize / 2..][..rows * (cache_len + rows)];
+        for i in 0..self.window_slots.len() {
+            let (w, at) = self.window_slots[i];
+            let mask = &mut self.region::<u16>(IoKind::WindowMasks)[at..][..rows * (cache_len + rows)];
             fill_window_mask(mask, &mut stored, cache_len, rows, inp, (w > 0).then_some(w as usize));
         }
         self.stored = stored;
