@@ -45,7 +45,8 @@ pub struct Config {
     pub port: u16,
     /// Sessions generating at once, each with its own window on the one mapped model.
     pub sessions: usize,
-    /// Requests that may wait for a session; one more is refused with 429.
+    /// Requests that may wait for a session once every session is busy; one more is refused
+    /// with 429.
     pub queue: usize,
     /// Each session's backend and threads (`threads: None`: the cores shared out).
     pub session: SessionParams,
@@ -146,7 +147,7 @@ pub fn serve(model: Model, config: &Config, ready: impl FnOnce(SocketAddr)) -> R
         .block_on(tokio::net::TcpListener::bind((config.host.as_str(), config.port)))
         .map_err(|e| Error::request(format!("--host {} --port {}: cannot listen there: {e}", config.host, config.port)))?;
     let bound = listener.local_addr().map_err(|e| Error::request(format!("--host {}: {e}", config.host)))?;
-    let (queue, jobs) = workers::queue(config.queue);
+    let (queue, jobs) = workers::queue(config.sessions, config.queue);
     let server = Arc::new(Server {
         model_id: model_id(&model.path),
         model,

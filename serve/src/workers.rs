@@ -1,6 +1,7 @@
 //! The sessions that generate: `--sessions` worker threads, each with its own session on the
-//! one mapped model, fed by a bounded queue. A request that finds the queue full is refused
-//! (429) at once rather than waiting without bound. A job's events go to its connection through
+//! one mapped model, fed by a bounded queue. A request that finds every session busy and the
+//! queue full is refused (429) at once rather than waiting without bound; one that finds a
+//! session idle is always taken, whatever the worker is doing between jobs. A job's events go to its connection through
 //! a channel of [`EVENTS_BUFFERED`] events: a client that reads slowly makes the worker wait
 //! for room (backpressure, so memory stays bounded whatever the client does). A job's client
 //! may go away: the job's `cancel` flag, or a closed event channel, stops its generation after
@@ -67,9 +68,16 @@ pub struct Load {
     pub cancelled: AtomicUsize,
 }
 
-/// The queue's sending side.
+/// The queue's sending side. Admission counts jobs taken and not yet ended (waiting or
+/// running) against the sessions plus the waiting places, rather than asking the channel
+/// whether a worker happens to be waiting on it right now: with no waiting places, a worker
+/// between two waits would refuse a request that an idle session can take.
 pub struct Queue {
     jobs: SyncSender<Job>,
+    /// Jobs submitted and not yet ended by a worker.
+    admitted: AtomicUsize,
+    /// Sessions plus waiting places.
+    limit: usize,
     pub load: Load,
 }
 
@@ -82,11 +90,16 @@ pub enum Refused {
 
 impl Queue {
     pub fn submit(&self, job: Job) -> Result<(), Refused> {
+        if self.admitted.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < self.limit).then_some(n + 1)).is_err() {
+            return Err(Refused::Busy);
+        }
         self.load.queued.fetch_add(1, Ordering::SeqCst);
+        // The channel holds `limit` jobs, more than are ever admitted at once: never full.
         match self.jobs.try_send(job) {
             Ok(()) => Ok(()),
             Err(e) => {
                 self.load.queued.fetch_sub(1, Ordering::SeqCst);
+                self.end_job();
                 Err(match e {
                     TrySendError::Full(_) => Refused::Busy,
                     TrySendError::Disconnected(_) => Refused::Closed,
@@ -94,18 +107,27 @@ impl Queue {
             }
         }
     }
+
+    /// A job taken by `submit` has ended (run, refused at shutdown, or cancelled before its
+    /// turn): its place is free.
+    fn end_job(&self) {
+        self.admitted.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
-/// A queue holding at most `capacity` waiting jobs, and its receiving side for the workers.
-pub fn queue(capacity: usize) -> (Queue, Arc<Mutex<Receiver<Job>>>) {
-    let (tx, rx) = mpsc::sync_channel(capacity);
-    (Queue { jobs: tx, load: Load::default() }, Arc::new(Mutex::new(rx)))
+/// A queue for `sessions` workers with `waiting` places for jobs that wait for one, and its
+/// receiving side for the workers.
+pub fn queue(sessions: usize, waiting: usize) -> (Queue, Arc<Mutex<Receiver<Job>>>) {
+    let limit = sessions + waiting;
+    let (tx, rx) = mpsc::sync_channel(limit);
+    (Queue { jobs: tx, admitted: AtomicUsize::new(0), limit, load: Load::default() }, Arc::new(Mutex::new(rx)))
 }
 
 /// Runs jobs on `session` until the server is stopping and no job is waiting; jobs still
 /// queued then are answered with an error instead of run.
 pub(crate) fn work(session: &mut Session, server: &Server, jobs: &Mutex<Receiver<Job>>) {
-    let (text, load, stopping) = (&server.text, &server.queue.load, &server.stopping);
+    let (text, queue, stopping) = (&server.text, &server.queue, &server.stopping);
+    let load = &queue.load;
     let mask = session.model.header.special.mask;
     loop {
         // The lock is held only while waiting: one idle worker waits, the others queue on it.
@@ -122,10 +144,12 @@ pub(crate) fn work(session: &mut Session, server: &Server, jobs: &Mutex<Receiver
         };
         load.queued.fetch_sub(1, Ordering::SeqCst);
         if stopping.load(Ordering::SeqCst) {
+            queue.end_job();
             let _ = job.events.blocking_send(Event::ShuttingDown);
             continue;
         }
         if job.cancel.load(Ordering::SeqCst) {
+            queue.end_job();
             continue;
         }
         load.running.fetch_add(1, Ordering::SeqCst);
@@ -135,6 +159,7 @@ pub(crate) fn work(session: &mut Session, server: &Server, jobs: &Mutex<Receiver
             .unwrap_or_else(|_| Err(Error::Internal("a generation panicked".into())));
         load.running.fetch_sub(1, Ordering::SeqCst);
         load.served.fetch_add(1, Ordering::SeqCst);
+        queue.end_job();
         if matches!(result, Err(Error::Cancelled)) {
             load.cancelled.fetch_add(1, Ordering::SeqCst);
         }
@@ -174,4 +199,35 @@ fn run(session: &mut Session, text: &Text, job: &Job, mask: u32, cancel_all: &At
         }
     }
     Ok(generator.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job() -> Job {
+        let (events, _) = tokio::sync::mpsc::channel(1);
+        Job { prompt: vec![1], params: SamplerParams::default(), steps: false, canvas: false, events, cancel: Arc::new(AtomicBool::new(false)) }
+    }
+
+    #[test]
+    fn admission_counts_sessions_and_waiting_places_not_waiting_workers() {
+        // One session, no waiting place, and no worker waiting on the channel at this moment
+        // (as between two of its waits): the idle session's job is taken, the next refused.
+        let (queue, jobs) = queue(1, 0);
+        assert!(queue.submit(job()).is_ok(), "an idle session refused a job");
+        assert!(matches!(queue.submit(job()), Err(Refused::Busy)));
+        // The worker takes the job and ends it: its place is free again.
+        let _taken = jobs.lock().unwrap().try_recv().unwrap();
+        assert!(matches!(queue.submit(job()), Err(Refused::Busy)), "a running job holds its session");
+        queue.end_job();
+        assert!(queue.submit(job()).is_ok());
+        // Two waiting places behind two sessions: four jobs in, the fifth refused.
+        let (queue, _jobs) = self::queue(2, 2);
+        for _ in 0..4 {
+            assert!(queue.submit(job()).is_ok());
+        }
+        assert!(matches!(queue.submit(job()), Err(Refused::Busy)));
+        assert_eq!(queue.load.queued.load(Ordering::SeqCst), 4);
+    }
 }

@@ -21,7 +21,7 @@ pub(crate) struct Serve {
     /// without --threads the cores are shared out among them.
     #[arg(long, default_value_t = serve_defaults().sessions, value_parser = sessions_flag)]
     sessions: usize,
-    /// Requests that may wait for a session, 0 to 4096; more are refused with 429.
+    /// Requests that may wait once every session is busy, 0 to 4096; more are refused with 429.
     #[arg(long, default_value_t = serve_defaults().queue as u16, value_parser = clap::value_parser!(u16).range(0..=4096))]
     queue: u16,
     /// Require `Authorization: Bearer KEY` on /v1/ (default: LLADA_API_KEY, else none).
