@@ -343,27 +343,28 @@ fn each_kind_of_bad_request_gets_one_openai_error() {
 fn a_full_queue_is_a_429_and_a_client_that_leaves_cancels_its_generation() {
     let dir = tempfile::tempdir().unwrap();
     let artifact = common::embedded(dir.path());
-    let server = Server::start(&artifact, &["--queue", "0"]);
+    // No stall timeout in this test's time: only the client leaving may end a generation.
+    let server = Server::start(&artifact, &["--queue", "0", "--stall-timeout", "600"]);
+    // Generations that only a cancel ends in time. Streamed with every step's canvas, one is
+    // held by its client (100 MB of events, more than the sockets buffer): it cannot finish
+    // while the client does not read. A whole answer is only long: 65536 steps, about 2 s here.
+    let long = |stream: bool| chat(FILL, json!({"max_tokens": 128, "steps": 65536, "stream": stream, "llada_steps": stream}));
     // A long generation, streamed: once its first chunk arrives it holds the one session.
-    let first = server.open_stream(&chat(FILL, json!({"max_tokens": 128, "steps": 4096, "stream": true})));
+    let first = server.open_stream(&long(true));
     let (status, refused) = server.post("/v1/chat/completions", &chat(FILL, json!({"max_tokens": 8, "steps": 8})));
     assert_eq!(status, 429, "{refused}");
     assert_eq!(refused["error"]["code"], "rate_limit_exceeded");
-    // The client goes away: its generation stops and the session serves the next request.
+    // The client goes away: its generation stops and the session serves the next request at
+    // once (no queue: an idle session takes it whatever its worker is doing between jobs).
     drop(first);
     server.wait_for_health("cancelled", 1, "the abandoned generation was not cancelled");
-    // With no queue, a request that arrives between the worker's waits is refused: once more.
-    let mut reply = server.post("/v1/chat/completions", &chat(FILL, json!({"max_tokens": 64, "steps": 64})));
-    if reply.0 == 429 {
-        std::thread::sleep(Duration::from_millis(200));
-        reply = server.post("/v1/chat/completions", &chat(FILL, json!({"max_tokens": 64, "steps": 64})));
-    }
+    let reply = server.post("/v1/chat/completions", &chat(FILL, json!({"max_tokens": 64, "steps": 64})));
     assert_eq!(reply.0, 200, "{}", reply.1);
     assert_eq!(reply.1["choices"][0]["message"]["content"], "3333775555555922222244415555668888877766333333334444444888999911");
 
     // A client waiting for a whole (not streamed) answer that goes away cancels it too.
     let mut waiting = server.connect();
-    send(&mut waiting, "POST", "/v1/chat/completions", &[], chat(FILL, json!({"max_tokens": 128, "steps": 4096})).to_string().as_bytes());
+    send(&mut waiting, "POST", "/v1/chat/completions", &[], long(false).to_string().as_bytes());
     server.wait_for_health("running", 1, "the request never ran");
     drop(waiting);
     server.wait_for_health("cancelled", 2, "the abandoned request was not cancelled");
@@ -401,8 +402,11 @@ fn a_slow_client_is_cut_off_and_null_settings_and_usage_chunks_are_as_openais() 
 fn sigterm_lets_the_running_generation_finish_refuses_the_queued_and_exits() {
     let dir = tempfile::tempdir().unwrap();
     let artifact = common::embedded(dir.path());
-    let mut server = Server::start(&artifact, &[]);
-    let mut reader = server.open_stream(&chat(FILL, json!({"max_tokens": 64, "steps": 1024, "stream": true})));
+    // The drain may take as long as the generation needs: a busy machine must not turn the
+    // finished stream this test expects into a cancelled one.
+    let mut server = Server::start(&artifact, &["--shutdown-timeout", "600"]);
+    // Long enough (about 2 s here) that the second request is sure to find it running.
+    let mut reader = server.open_stream(&chat(FILL, json!({"max_tokens": 64, "steps": 65536, "stream": true})));
     // A second request waits in the queue behind it.
     let mut queued = server.connect();
     send(&mut queued, "POST", "/v1/chat/completions", &[], chat(FILL, json!({"max_tokens": 64, "steps": 64})).to_string().as_bytes());
