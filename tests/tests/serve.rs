@@ -577,9 +577,10 @@ fn a_reader_that_stalls_is_cut_off_and_sigterm_ends_within_its_timeout() {
 fn a_second_signal_exits_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let artifact = common::embedded(dir.path());
-    let mut server = Server::start(&artifact, &["--shutdown-timeout", "600"]);
-    // A generation that would run for minutes keeps the first signal's drain going.
-    let _reader = server.open_stream(&chat(FILL, json!({"max_tokens": 128, "steps": 65536, "stream": true})));
+    let mut server = Server::start(&artifact, &["--shutdown-timeout", "600", "--stall-timeout", "600"]);
+    // A stream of every step's canvas that its client does not read cannot finish (its events
+    // outgrow the sockets' buffers): it keeps the first signal's drain going.
+    let _reader = server.open_stream(&chat(FILL, json!({"max_tokens": 128, "steps": 65536, "stream": true, "llada_steps": true})));
     let pid = server.child.id().to_string();
     assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
     std::thread::sleep(Duration::from_millis(300));
