@@ -62,6 +62,8 @@ pub struct QnnExecutor {
     /// Each layer's kv heads and head width in the cache ([`llada_ir::npu::layer_heads`],
     /// found once: a pass does not search the op lists).
     layer_heads: Vec<(usize, usize)>,
+    /// Per graph, the inputs the host computes before its first executable (found once).
+    host_inputs: Vec<HostInputs>,
     /// Keeps the library loaded while its contexts live (dropped last).
     device: Arc<Device>,
 }
@@ -126,7 +128,8 @@ impl QnnExecutor {
             int8_dot: false,
         };
         let layer_heads = (0..h.model.n_layers).map(|l| llada_ir::npu::layer_heads(h, l)).map(|(kvh, hd)| (kvh as usize, hd as usize)).collect();
-        let mut e = QnnExecutor { stages, budget: section.context_budget, loads: Loads::default(), trace: None, pool, features, capabilities, scratch: io::Scratch::new(h, section.io.clone()), logits_encoding: section.logits_encoding(h), cache_lens: section.cache_lens.clone(), experts: (0..h.graphs.len() as u32).map(|g| experts_runs(model.program(g))).collect(), layer_heads, device };
+        let host_inputs = h.graphs.iter().map(HostInputs::of).collect::<Result<_>>()?;
+        let mut e = QnnExecutor { stages, budget: section.context_budget, loads: Loads::default(), trace: None, pool, features, capabilities, scratch: io::Scratch::new(h, section.io.clone()), logits_encoding: section.logits_encoding(h), cache_lens: section.cache_lens.clone(), experts: (0..h.graphs.len() as u32).map(|g| experts_runs(model.program(g))).collect(), layer_heads, host_inputs, device };
         for k in 0..e.stages.len() {
             if e.stages[k].resident {
                 e.create(model, k)?;
@@ -310,27 +313,49 @@ fn experts_runs(program: &[Step]) -> Vec<Range<usize>> {
     runs
 }
 
+/// What the host computes before a graph's first executable ([`llada_ir::npu::host_prefix`]),
+/// and the rotary tables it gathers the rows' angles from.
+struct HostInputs {
+    /// The embedding table (the graph's first op gathers its rows).
+    table: llada_ir::TensorId,
+    /// DiffusionGemma's self-conditioning product, where it follows the embedding.
+    soft_embed: Option<SoftEmbed>,
+    /// The cos and sin tables of the graph's first `Rope`, where it has one.
+    rope: Option<(llada_ir::TensorId, llada_ir::TensorId)>,
+}
+
+impl HostInputs {
+    fn of(g: &Graph) -> Result<HostInputs> {
+        let Some(&Op::Embed { table, .. }) = g.ops.first() else {
+            return Err(Error::Internal(format!("graph '{}' does not start with the embedding", g.name)));
+        };
+        let soft_embed = match g.ops.get(1) {
+            Some(&Op::SoftEmbed { x, table, scale, out }) => Some(SoftEmbed { x, table, scale, out }),
+            _ => None,
+        };
+        let rope = g.ops.iter().find_map(|o| if let Op::Rope { cos, sin, .. } = *o { Some((cos, sin)) } else { None });
+        Ok(HostInputs { table, soft_embed, rope })
+    }
+}
+
 impl QnnExecutor {
     /// Fills the executables' inputs the host computes: the embedded rows (and DiffusionGemma's
     /// self-conditioning input after them), the rotary rows, masks, logit rows and positions.
     /// Returns the cache length whose executables hold every row's keys.
-    fn fill_inputs(&mut self, model: &Model, g: &Graph, inp: &RunInputs<'_>, window: &mut Window) -> Result<u32> {
-        let Some(Op::Embed { table, .. }) = g.ops.first() else {
-            return Err(Error::Internal(format!("graph '{}' does not start with the embedding", g.name)));
-        };
-        let rope = g.ops.iter().find_map(|o| if let Op::Rope { cos, sin, .. } = *o { Some((cos, sin)) } else { None });
-        let (h, m) = (&model.header, &model.header.model);
+    fn fill_inputs(&mut self, model: &Model, graph: u32, inp: &RunInputs<'_>, window: &mut Window) -> Result<u32> {
+        let (h, m, g) = (&model.header, &model.header.model, model.graph(graph));
+        let host = &self.host_inputs[graph as usize];
         let s = &mut self.scratch;
-        s.embed(model, *table, g.rows as usize, inp);
+        s.embed(model, host.table, g.rows as usize, inp);
         // DiffusionGemma's self-conditioning input, on the CPU as the embedding is, into the
-        // first executable's input (`npu::host_prefix`).
-        if let Some(&Op::SoftEmbed { x, table, scale, out }) = g.ops.get(1) {
+        // first executable's input.
+        if let Some(soft) = &host.soft_embed {
             let parts = window.parts();
-            SoftEmbed { x, table, scale, out }.run(model, g, inp, parts.activations, parts.activations_offset, &self.pool, self.features);
-            let range = value_range(g, &g.values[out as usize], inp.logit_rows.len(), parts.activations_offset);
+            soft.run(model, g, inp, parts.activations, parts.activations_offset, &self.pool, self.features);
+            let range = value_range(g, &g.values[soft.out as usize], inp.logit_rows.len(), parts.activations_offset);
             s.soft_in(&parts.activations[range], inp.rows, g.rows as usize, m.d_model as usize);
         }
-        if let Some((cos, sin)) = rope {
+        if let Some((cos, sin)) = host.rope {
             s.rope(model, cos, sin, g.rows as usize, inp);
         }
         // The executables of the smallest cache length that holds every row's keys.
@@ -391,7 +416,7 @@ impl Executor for QnnExecutor {
         if let Some(stager) = stager {
             model.program(graph).iter().try_for_each(|&step| stager.follow(step))?;
         }
-        let cache_len = self.fill_inputs(model, g, inp, window)?;
+        let cache_len = self.fill_inputs(model, graph, inp, window)?;
         let rows = g.rows as usize;
         let n = self.stages.len();
         // The executables this pass runs (a context's pieces, [`llada_ir::npu::pieces`]): each
