@@ -1,11 +1,12 @@
 //! The sessions that generate: `--sessions` worker threads, each with its own session on the
 //! one mapped model, fed by a bounded queue. A request that finds every session busy and the
 //! queue full is refused (429) at once rather than waiting without bound; one that finds a
-//! session idle is always taken, whatever the worker is doing between jobs. A job's events go to its connection through
-//! a channel of [`EVENTS_BUFFERED`] events: a client that reads slowly makes the worker wait
-//! for room (backpressure, so memory stays bounded whatever the client does). A job's client
-//! may go away: the job's `cancel` flag, or a closed event channel, stops its generation after
-//! the current step (the generator is dropped; the session stays usable for the next job).
+//! session idle is always taken, whatever the worker is doing between jobs. A job's events go
+//! to its connection through a channel of [`EVENTS_BUFFERED`] events: a client that reads
+//! slowly makes the worker wait for room (backpressure, so memory stays bounded whatever the
+//! client does). A job's client may go away: the job's `cancel` flag, or a closed event
+//! channel, stops its generation after the current step (the generator is dropped; the
+//! session stays usable for the next job).
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
@@ -217,7 +218,8 @@ mod tests {
         let (queue, jobs) = queue(1, 0);
         assert!(queue.submit(job()).is_ok(), "an idle session refused a job");
         assert!(matches!(queue.submit(job()), Err(Refused::Busy)));
-        // The worker takes the job and ends it: its place is free again.
+        // A worker takes the job: while it runs it holds the session; once it ends, its place
+        // is free again.
         let _taken = jobs.lock().unwrap().try_recv().unwrap();
         assert!(matches!(queue.submit(job()), Err(Refused::Busy)), "a running job holds its session");
         queue.end_job();
