@@ -113,8 +113,7 @@ pub fn parse(path: &Path, map: &Map<String, Value>) -> Result<(LladaConfig, Vec<
     let input_emb_norm = k.bool("input_emb_norm", false)?;
     let scale_logits = k.bool("scale_logits", false)?;
     let tokens = TokenIds { mask: k.token("mask_token_id")?.unwrap_or(126336), bos: k.token("bos_token_id")?, eos: k.token("eos_token_id")?, pad: k.token("pad_token_id")? };
-    let keys = DimKeys { d_model: "d_model", heads: "n_heads", kv_heads: "n_kv_heads", embedding: "embedding_size", tokens: ["mask_token_id", "bos_token_id", "eos_token_id", "pad_token_id"] };
-    dims.check(&tokens, &keys).map_err(|(key, msg)| k.err(&key, msg))?;
+    dims.check(&tokens, &DimKeys::LLADA).map_err(|(key, msg)| k.err(&key, msg))?;
 
     let warnings = k.unknown(ACCEPTED_KEYS);
     let cfg = LladaConfig { input_emb_norm, scale_logits, ..LladaConfig::plain(Family::Llada, dims, tokens) };

@@ -165,7 +165,7 @@ impl NetworkDims {
 
 /// The first of `ids` (a key and the id it gives) outside an embedding of `rows` rows, with
 /// what to say of it.
-fn first_outside<'k>(ids: impl IntoIterator<Item = (&'k str, Option<u32>)>, rows: usize) -> Option<(&'k str, String)> {
+pub(super) fn first_outside<'k>(ids: impl IntoIterator<Item = (&'k str, Option<u32>)>, rows: usize) -> Option<(&'k str, String)> {
     ids.into_iter()
         .find_map(|(key, id)| id.filter(|&id| id as usize >= rows).map(|id| (key, format!("token id {id} is outside the embedding ({rows} rows)"))))
 }
@@ -222,14 +222,14 @@ pub(super) fn qwen_style(k: &mut Keys, family: Family, mlp_key: &'static str, ep
 }
 
 impl DimKeys<'static> {
+    /// Hugging Face's names of the special token ids, in every family's `config.json`.
+    const HF_TOKENS: [&'static str; 4] = ["mask_token_id", "bos_token_id", "eos_token_id", "pad_token_id"];
+
     /// Hugging Face's Qwen and Llama names.
-    const HF_QWEN: DimKeys<'static> = DimKeys {
-        d_model: "hidden_size",
-        heads: "num_attention_heads",
-        kv_heads: "num_key_value_heads",
-        embedding: "vocab_size",
-        tokens: ["mask_token_id", "bos_token_id", "eos_token_id", "pad_token_id"],
-    };
+    const HF_QWEN: DimKeys<'static> = DimKeys { d_model: "hidden_size", heads: "num_attention_heads", kv_heads: "num_key_value_heads", embedding: "vocab_size", tokens: Self::HF_TOKENS };
+
+    /// LLaDA's own `config.json` names.
+    pub(super) const LLADA: DimKeys<'static> = DimKeys { d_model: "d_model", heads: "n_heads", kv_heads: "n_kv_heads", embedding: "embedding_size", tokens: Self::HF_TOKENS };
 }
 
 pub(super) struct Keys<'a> {

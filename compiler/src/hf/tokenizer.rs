@@ -9,6 +9,7 @@ use llada_ir::{files, SpecialTokens, TokenizerSpec};
 
 use crate::error::{contain_panic, Error, Result};
 use crate::hf::config::{Family, LladaConfig};
+use crate::hf::config_common::first_outside;
 
 /// The end-of-turn token of LLaDA's chat format, and of LLaDA-MoE's.
 const EOT_TOKEN: &str = "<|eot_id|>";
@@ -109,15 +110,8 @@ pub fn check(read: Read, cfg: &LladaConfig) -> Result<(TokenizerSpec, SpecialTok
         Family::Llada2Moe => LLADA2_EOT_TOKEN,
         Family::DiffusionGemma => GEMMA_EOT_TOKEN,
     });
-    for (what, id) in [("bos", bos), ("eos", eos), ("eot", eot)] {
-        if let Some(id) = id {
-            if id as usize >= cfg.dims.embedding_size {
-                return Err(Error::Tokenizer {
-                    path: tok_path,
-                    msg: format!("{what} token id {id} is outside the embedding ({} rows)", cfg.dims.embedding_size),
-                });
-            }
-        }
+    if let Some((what, msg)) = first_outside([("bos", bos), ("eos", eos), ("eot", eot)], cfg.dims.embedding_size) {
+        return Err(Error::Tokenizer { path: tok_path, msg: format!("{what} {msg}") });
     }
     let mask = match cfg.llada2 {
         Some(l2) if l2.mask_from_tokenizer => match tokenizer.token_to_id(LLADA2_MASK_TOKEN) {
@@ -132,8 +126,8 @@ pub fn check(read: Read, cfg: &LladaConfig) -> Result<(TokenizerSpec, SpecialTok
         },
         _ => cfg.tokens.mask,
     };
-    if mask as usize >= cfg.dims.embedding_size {
-        return Err(Error::Tokenizer { path: tok_path, msg: format!("mask token id {mask} is outside the embedding ({} rows)", cfg.dims.embedding_size) });
+    if let Some((what, msg)) = first_outside([("mask", Some(mask))], cfg.dims.embedding_size) {
+        return Err(Error::Tokenizer { path: tok_path, msg: format!("{what} {msg}") });
     }
     Ok((
         TokenizerSpec { tokenizer_json, chat_template, bos_token, eos_token, add_bos_token },

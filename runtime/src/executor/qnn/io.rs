@@ -38,7 +38,7 @@ impl Scratch {
         let region = layout.region(IoKind::WindowMasks).map_or(0, |r| r.offset);
         let window_slots = llada_ir::npu::attention_windows(h)
             .into_iter()
-            .map(|w| (w, (layout.offset(h, Role::WindowMask(w), 0).expect("every window has a slot") - region) as usize / 2))
+            .map(|w| (w, (layout.offset(h, Role::WindowMask(w), 0).expect("the verified layout (the plan's) has a slot for every window") - region) as usize / 2))
             .collect();
         Scratch { layout, base, io, embedded: vec![0.0; rows * h.model.d_model as usize], stored: vec![false; h.plan.kv_capacity as usize], window_slots }
     }
