@@ -242,16 +242,20 @@ impl Model {
 
     /// The graph that computes `rows` positions: the smallest bucket that holds them.
     pub fn graph_for_rows(&self, rows: usize) -> Result<u32> {
-        self.header.graph_for_rows(rows).ok_or_else(|| {
-            // Recompiling helps only up to the model's own maximum.
-            let model_max = self.header.model.max_sequence_length as usize;
-            let advice = if rows <= model_max {
-                format!("recompile with `lladac compile --max-seq {rows}` or shorten the prompt or --gen-len")
-            } else {
-                format!("the model itself takes at most {model_max} (its max_sequence_length), so shorten the prompt or --gen-len")
-            };
-            Error::request(format!("the sequence needs {rows} positions (prompt + gen length) but {} serves at most {}; {advice}", self.path.display(), self.max_exact_len()))
-        })
+        self.header.graph_for_rows(rows).ok_or_else(|| self.too_long("the sequence (prompt + gen length)", rows, self.max_exact_len() as usize))
+    }
+
+    /// The refusal of a generation whose `what` needs `positions` where this artifact serves
+    /// `limit`: the numbers and the fix, the same words for every model family.
+    pub(crate) fn too_long(&self, what: &str, positions: usize, limit: usize) -> Error {
+        // Recompiling helps only up to the model's own maximum.
+        let model_max = self.header.model.max_sequence_length as usize;
+        let advice = if positions <= model_max {
+            format!("recompile with `lladac compile --max-seq {positions}` or shorten the prompt or --gen-len")
+        } else {
+            format!("the model itself takes at most {model_max} (its max_sequence_length), so shorten the prompt or --gen-len")
+        };
+        Error::request(format!("{what}: {positions} positions, but {} serves at most {limit}; {advice}", self.path.display()))
     }
 }
 

@@ -111,3 +111,14 @@ fn bench_and_estimate_follow_the_encoder_and_decoder() {
     let out = common::run("lladac", &["inspect", lad, "--estimate", "--block-len", "4"]);
     common::assert_clean_failure(&out, &["--block-len 4", "canvas"]);
 }
+
+/// A prompt and canvases that outgrow the cache (max-seq 128) are refused with the numbers
+/// and the fix, in the words LLaDA's refusal uses.
+#[test]
+fn canvases_past_the_cache_are_refused_with_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let lad = compiled(dir.path(), "tiny-dg-A");
+    let prompt: Vec<String> = (0..100).map(|i| (300 + i % 10).to_string()).collect();
+    let out = common::run("llada-rt", &["run", lad.to_str().unwrap(), "--prompt-ids", &prompt.join(","), "--gen-len", "32"]);
+    common::assert_clean_failure(&out, &["132 positions,", "at most 128", "--max-seq 132"]);
+}

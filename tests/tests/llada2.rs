@@ -41,6 +41,17 @@ fn the_kit_replays_exactly() {
     assert_eq!(r.logit_cases_within_tolerance, 3);
 }
 
+/// A generation whose block grid outgrows the plan (max-seq 128) is refused with the numbers
+/// and the fix, in the words LLaDA's refusal uses.
+#[test]
+fn a_grid_past_the_plan_is_refused_with_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = kit_model(dir.path());
+    let prompt: Vec<u32> = (0..100).map(|i| 7 + i % 50).collect();
+    let e = generate(&mut Session::new(&model).unwrap(), &prompt, &published(), &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("192 positions,") && e.contains("at most 128") && e.contains("--max-seq 192"), "{e}");
+}
+
 /// A pass over several blocks, each block's rows attending up to its end, computes what a
 /// pass per block computes: the store of a finished block folds into the next block's pass.
 #[test]

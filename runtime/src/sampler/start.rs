@@ -65,13 +65,8 @@ fn start_diffusion_gemma(ctx: &PassContext, section: &llada_ir::diffusion_gemma:
     let len = prompt.len() + policy.generated_len();
     let limit = model.header.plan.kv_capacity as usize;
     if len > limit {
-        return Err(Error::request(format!(
-            "the prompt ({} tokens) and --gen-len {} in canvases of {} fill {len} positions, more than the {limit} {} holds; recompile with `lladac compile --max-seq {len}` or shorten them",
-            prompt.len(),
-            p.gen_length,
-            p.block_length,
-            model.path.display()
-        )));
+        let what = format!("the prompt ({} tokens) and --gen-len {} in whole canvases of {}", prompt.len(), p.gen_length, p.block_length);
+        return Err(model.too_long(&what, len, limit));
     }
     let canvas_p = SamplerParams { gen_length: policy.generated_len(), ..*p };
     let predictor = Predictor::for_model(model, 0, ctx.pool.clone());
@@ -91,13 +86,8 @@ fn start_llada2(ctx: &PassContext, prompt: &[u32], p: &SamplerParams, special: l
     let grid = policy.grid_len();
     let limit = Limits::of(model).max_len;
     if grid > limit {
-        return Err(Error::request(format!(
-            "the prompt ({} tokens) and --gen-len {} fill {grid} positions of {}-token blocks, more than the {limit} {} holds",
-            prompt.len(),
-            p.gen_length,
-            p.block_length,
-            model.path.display()
-        )));
+        let what = format!("the prompt ({} tokens) and --gen-len {} on a grid of whole {}-token blocks", prompt.len(), p.gen_length, p.block_length);
+        return Err(model.too_long(&what, grid, limit));
     }
     // A block pass runs on the graph of the block's rows and returns a row per position.
     check_logit_rows(model, p.block_length, p.block_length)?;
