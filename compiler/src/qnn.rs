@@ -39,8 +39,9 @@ pub struct Lowered {
 
 /// The QNN library, opened before any work so a machine without it learns so at once.
 pub fn open_library(target: &str, dir: Option<&Path>) -> Result<Arc<QnnLibrary>> {
+    let flag = if dir.is_none() { " (or name the folder with --qnn-lib DIR)" } else { "" };
     QnnLibrary::open(dir).map_err(|e| match e {
-        llada_qnn::Error::Missing(m) => Error::Options(format!("--target {target} builds NPU executables, which needs Qualcomm's QNN library: {m}; or add --host-only to build the host stand-in without it")),
+        llada_qnn::Error::Missing(m) => Error::Options(format!("--target {target} builds NPU executables, which needs Qualcomm's QNN library: {m}{flag}; or add --host-only to build the host stand-in without it")),
         other => qnn_err(other),
     })
 }

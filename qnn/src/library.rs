@@ -14,7 +14,7 @@ use crate::{check, Error, Result};
 pub const HTP_LIBRARY: &str = "libQnnHtp.so";
 
 /// What a machine without the library is told.
-pub const HOW_TO_GET: &str = "set LLADA_QNN_LIB (or --qnn-lib) to a folder holding libQnnHtp.so and libQnnSystem.so: on x86-64, `tools/qnn/fetch.sh DIR` fetches the HTP simulator's from PyPI's onnxruntime-qnn 2.7.0 wheel; on a phone they come with Qualcomm's QAIRT SDK (lib/aarch64-android)";
+pub const HOW_TO_GET: &str = "set LLADA_QNN_LIB to a folder holding libQnnHtp.so and libQnnSystem.so: on x86-64, `tools/qnn/fetch.sh DIR` fetches the HTP simulator's from PyPI's onnxruntime-qnn 2.7.0 wheel; on a phone they come with Qualcomm's QAIRT SDK (lib/aarch64-android)";
 
 /// The shared library that allocates memory the HTP can map (rpcmem), which registered
 /// shared buffers (`memRegister` of ION or DMA-BUF memory) need.

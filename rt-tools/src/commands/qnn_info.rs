@@ -21,7 +21,8 @@ impl QnnInfo {
         let QnnInfo { qnn_lib, json } = self;
         use llada_rt::executor::qnn::QnnLibrary;
         // No library (or one that cannot be used) is the machine's setup, as a usage error.
-        let lib = QnnLibrary::open(qnn_lib.as_deref()).map_err(|e| Failure::Usage(e.to_string()))?;
+        let flag = if qnn_lib.is_none() { " (or name the folder with --qnn-lib DIR)" } else { "" };
+        let lib = QnnLibrary::open(qnn_lib.as_deref()).map_err(|e| Failure::Usage(format!("{e}{flag}")))?;
         let table = lib.backend_api_version().map_err(llada_rt::Error::from)?;
         drop(lib.backend().map_err(llada_rt::Error::from)?);
         let v = |v: llada_rt::executor::qnn::abi::Version| format!("{}.{}.{}", v.major, v.minor, v.patch);
