@@ -109,5 +109,7 @@ def compile(
     npu_estimate_soc: Optional[int] = None,
     npu_activations: Optional[str] = None,
     calibration: Optional[_Path] = None,
+    npu_sessions: Optional[int] = None,
+    npu_session_bytes: Optional[int] = None,
     progress: bool = False,
 ) -> CompileSummary: ...

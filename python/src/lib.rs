@@ -119,7 +119,7 @@ impl Model {
         self.inner.path.display().to_string()
     }
 
-    /// `llada`, `llada-moe` or `dream`.
+    /// `llada`, `llada-moe`, `llada2-moe`, `dream` or `diffusion-gemma`.
     #[getter]
     fn family(&self) -> &'static str {
         self.inner.family().name()
@@ -519,7 +519,7 @@ impl Steps {
 /// compile` does, with its flags as keyword arguments (`dtype` is `quant`'s alias). Returns
 /// what was written.
 #[pyfunction]
-#[pyo3(signature = (model, output, *, target="host", quant=None, dtype=None, group=None, max_seq=None, logit_rows=256, block_len=32, spec_blocks=None, activations="f32", activation_scales=None, window_bytes=None, kv_dtype=None, host_only=false, qnn_lib=None, npu_contexts=None, npu_shared_weights=false, npu_estimate_soc=None, npu_activations=None, calibration=None, progress=false))]
+#[pyo3(signature = (model, output, *, target="host", quant=None, dtype=None, group=None, max_seq=None, logit_rows=256, block_len=32, spec_blocks=None, activations="f32", activation_scales=None, window_bytes=None, kv_dtype=None, host_only=false, qnn_lib=None, npu_contexts=None, npu_shared_weights=false, npu_estimate_soc=None, npu_activations=None, calibration=None, npu_sessions=None, npu_session_bytes=None, progress=false))]
 #[allow(clippy::too_many_arguments)]
 fn compile<'py>(
     py: Python<'py>,
@@ -544,6 +544,8 @@ fn compile<'py>(
     npu_estimate_soc: Option<u32>,
     npu_activations: Option<&str>,
     calibration: Option<std::path::PathBuf>,
+    npu_sessions: Option<u32>,
+    npu_session_bytes: Option<u64>,
     progress: bool,
 ) -> PyResult<Bound<'py, PyDict>> {
     use lladac::compile::{NpuActivations, Quant};
@@ -589,6 +591,7 @@ fn compile<'py>(
         npu_estimate_soc,
         npu_activations,
         calibration,
+        npu_limits: lladac::compile::NpuLimitOverrides { sessions: npu_sessions, session_bytes: npu_session_bytes },
         ..Default::default()
     };
     let s = py.detach(|| lladac::compile(&opts)).map_err(compile_err)?;

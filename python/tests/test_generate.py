@@ -1,4 +1,5 @@
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -84,6 +85,9 @@ def test_bad_settings_name_the_setting(tiny):
         tiny.session(threads=0)
     with pytest.raises(ValueError, match="--quant"):
         llada.compile("nowhere", "nowhere.lad", quant="q3")
+    # lladac compile's NPU plan flags are keywords too, refused off a Snapdragon target as there.
+    with pytest.raises(llada.SettingError, match="--npu-sessions"):
+        llada.compile(Path(__file__).resolve().parents[2] / "models" / "llada-tiny-tasks", "never.lad", npu_sessions=1)
     # The settings errors are llada's own ValueError, and the session is still usable.
     with pytest.raises(llada.SettingError):
         s.steps("1234", gen_len=100000)
