@@ -11,7 +11,9 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use llada_ir::FileError;
+use llada_rt::moe::ExpertStrategy;
 use llada_rt::settings::Value;
+use llada_rt::staging::StagingMode;
 use llada_rt::text::Text;
 use llada_rt::{Generation, Generator, SessionParams};
 use pyo3::create_exception;
@@ -164,12 +166,17 @@ impl Model {
         Ok(self.text.answer(&ids))
     }
 
-    /// A session on this model: `backend` is `host`, `vulkan` or `qnn`; `threads` `None`
-    /// for every core.
-    #[pyo3(signature = (threads=None, backend="host"))]
-    fn session(slf: &Bound<'_, Self>, threads: Option<usize>, backend: &str) -> PyResult<Session> {
+    /// A session on this model, with `llada-rt run`'s session options: `backend` is `host`,
+    /// `vulkan` or `qnn`; `threads` `None` for every core; `staging` `async` or `sync`; and for
+    /// a mixture-of-experts model `experts` (`hybrid`, `lru` or `static`; `None`: hybrid) and
+    /// `cpu_threads` (`None`: 1).
+    #[pyo3(signature = (threads=None, backend="host", staging="async", experts=None, cpu_threads=None))]
+    fn session(slf: &Bound<'_, Self>, threads: Option<usize>, backend: &str, staging: &str, experts: Option<&str>, cpu_threads: Option<usize>) -> PyResult<Session> {
         slf.get().opened.check("llada.Model")?;
-        Session::open(slf, threads, backend)
+        let backend = llada_rt::executor::find(backend).map_err(|_| SettingError::new_err(format!("--backend '{backend}' is not one of {}", llada_rt::executor::names().join(", "))))?;
+        let staging = StagingMode::parse(staging).ok_or_else(|| SettingError::new_err(format!("--staging '{staging}' is not one of async, sync")))?;
+        let experts = experts.map(|e| ExpertStrategy::parse(e).ok_or_else(|| SettingError::new_err(format!("--experts '{e}' is not one of hybrid, lru, static")))).transpose()?;
+        Session::open(slf, SessionParams { backend, threads, staging, experts, cpu_threads })
     }
 
     fn __repr__(&self) -> String {
@@ -287,10 +294,9 @@ impl Drop for Session {
 }
 
 impl Session {
-    fn open(model: &Bound<'_, Model>, threads: Option<usize>, backend: &str) -> PyResult<Session> {
-        let kind = llada_rt::executor::find(backend).map_err(|_| SettingError::new_err(format!("--backend '{backend}' is not one of {}", llada_rt::executor::names().join(", "))))?;
+    fn open(model: &Bound<'_, Model>, params: SessionParams) -> PyResult<Session> {
+        let kind = params.backend;
         let m = model.get();
-        let params = SessionParams { backend: kind, threads, ..Default::default() };
         let rt_model = m.inner.clone();
         let held = model.py().detach(|| llada_rt::Session::open(&rt_model, &params)).map_err(rt_err)?;
         let threads = held.threads();

@@ -147,3 +147,27 @@ def test_ctrl_c_stops_generate_between_steps_and_the_session_goes_on(tiny):
     passes = s.counters["forward_passes"]
     assert 0 < passes < 384, passes
     assert s.generate(FILL, chat=True, gen_len=64, steps=64)["text"] == FILL_ANSWER
+
+
+def test_session_options_are_run_s_session_flags(tiny, tmp_path):
+    # A dense model: staging either way gives the same answer; expert settings are refused by flag.
+    ids = tiny.encode_chat(FILL)
+    answers = {st: tiny.session(staging=st).generate(ids=ids, gen_len=64, steps=64)["text"] for st in ("async", "sync")}
+    assert answers == {"async": FILL_ANSWER, "sync": FILL_ANSWER}
+    with pytest.raises(llada.SettingError, match="--staging"):
+        tiny.session(staging="later")
+    with pytest.raises(llada.SettingError, match="--experts"):
+        tiny.session(experts="lru")
+    with pytest.raises(llada.SettingError, match="--experts"):
+        tiny.session(experts="sometimes")
+    # A mixture-of-experts model (LLaDA 2.x's kit): every expert strategy gives the same tokens.
+    kit = Path(__file__).resolve().parents[2] / "tests" / "data" / "llada2-conformance" / "tiny-llada2"
+    llada.compile(kit, tmp_path / "moe.lad")
+    moe = llada.Model(tmp_path / "moe.lad")
+    settings = dict(gen_len=40, block_len=16, steps=16, threshold=0.5)
+    want = moe.session().generate(ids=[5, 9, 200, 31, 77], **settings)["output_ids"]
+    for experts, cpu_threads in (("hybrid", None), ("lru", None), ("static", 2)):
+        got = moe.session(experts=experts, cpu_threads=cpu_threads).generate(ids=[5, 9, 200, 31, 77], **settings)["output_ids"]
+        assert got == want, experts
+    with pytest.raises(llada.SettingError, match="--cpu-threads"):
+        moe.session(experts="static", cpu_threads=0)
