@@ -72,10 +72,10 @@ pub(crate) async fn generate(server: Arc<Server>, request: ApiRequest, start: In
     let cancel = CancelOnDrop(cancel);
     // The sampler accepts the request (the head goes out only now: a request it refuses gets
     // its status) or refuses it.
-    match next_event(&mut events, &server).await {
+    match next_event(&mut events, &server, true).await {
         Some(Event::Started) => {}
         Some(Event::ShuttingDown) => return Err(ApiError::shutting_down()),
-        Some(Event::Done(Err(e))) => return Err(ApiError::from_runtime(&e)),
+        Some(Event::Done(Err(e))) => return Err(run_error(&e, &server)),
         Some(Event::Step(_) | Event::Done(Ok(_))) | None => return Err(ended_without_answer(&server)),
     }
     let n = server.next_id.fetch_add(1, Ordering::SeqCst);
@@ -86,9 +86,9 @@ pub(crate) async fn generate(server: Arc<Server>, request: ApiRequest, start: In
         return Ok(Generated::Stream(Box::new(EventStream::new(run))));
     }
     loop {
-        match next_event(&mut run.events, &run.server).await {
+        match next_event(&mut run.events, &run.server, false).await {
             Some(Event::Done(Ok(g))) => return Ok(Generated::Whole(run.answer.whole(run.ending(Some(&g))))),
-            Some(Event::Done(Err(e))) => return Err(ApiError::from_runtime(&e)),
+            Some(Event::Done(Err(e))) => return Err(run_error(&e, &run.server)),
             Some(Event::ShuttingDown) => return Err(ApiError::shutting_down()),
             Some(Event::Started | Event::Step(_)) => {}
             None => return Err(ended_without_answer(&run.server)),
@@ -97,15 +97,24 @@ pub(crate) async fn generate(server: Arc<Server>, request: ApiRequest, start: In
 }
 
 /// The job's next event; `None` once its worker dropped the channel, or the workers are gone
-/// (the server stopped while the job waited).
-async fn next_event(events: &mut Receiver<Event>, server: &Server) -> Option<Event> {
+/// (the server stopped while the job waited). A job still `queued` (not started) when the
+/// server begins to stop hears `ShuttingDown` then, not once a session is free: its caller
+/// drops the job's cancel flag, so no worker runs it.
+async fn next_event(events: &mut Receiver<Event>, server: &Server, queued: bool) -> Option<Event> {
     loop {
         match tokio::time::timeout(Duration::from_millis(100), events.recv()).await {
             Ok(event) => return event,
             Err(_) if server.workers_alive.load(Ordering::SeqCst) == 0 => return None,
+            Err(_) if queued && server.stopping.load(Ordering::SeqCst) => return Some(Event::ShuttingDown),
             Err(_) => {}
         }
     }
+}
+
+/// A generation's failure as its client hears it: one the shutdown timeout cancelled is the
+/// server's going away (503), not a fault.
+fn run_error(e: &Error, server: &Server) -> ApiError {
+    if matches!(e, Error::Cancelled) && server.cancel_all.load(Ordering::SeqCst) { ApiError::shutting_down() } else { ApiError::from_runtime(e) }
 }
 
 fn ended_without_answer(server: &Server) -> ApiError {
@@ -220,7 +229,7 @@ impl EventStream {
             Some(Event::Started) => {}
             Some(Event::Step(step)) => self.on_step(step),
             Some(Event::Done(Err(Error::Cancelled))) if self.run.answer.stopped => self.close(None),
-            Some(Event::Done(Err(e))) => self.fail(&ApiError::from_runtime(&e)),
+            Some(Event::Done(Err(e))) => self.fail(&run_error(&e, &self.run.server)),
             Some(Event::Done(Ok(g))) => self.close(Some(&g)),
         }
     }

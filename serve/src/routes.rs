@@ -80,12 +80,24 @@ async fn route(request: Request<Incoming>, server: &Arc<Server>, start: Instant)
         (_, p) => return Err(ApiError::new(404, format!("no page {p}"))),
     };
     access::check_json(&parts.headers)?;
+    check_transfer_coding(&parts.headers)?;
     let body = read_body(body, server.config.max_body).await?;
     let request = openai::parse(endpoint, &body, &server.model_id)?;
     Ok(match generate(server.clone(), request, start).await? {
         Generated::Whole(answer) => json_response(&answer),
         Generated::Stream(events) => Routed::Stream(events),
     })
+}
+
+/// Refuses (501) a body sent with a transfer coding besides `chunked` (`gzip, chunked`, say):
+/// hyper frames it as chunked and would hand over the coded bytes as if plain. A coding
+/// without `chunked` last is hyper's to refuse (400), as RFC 9112 asks.
+fn check_transfer_coding(headers: &hyper::HeaderMap) -> Result<(), ApiError> {
+    let codings: Vec<&str> = headers.get_all(hyper::header::TRANSFER_ENCODING).iter().flat_map(|v| v.to_str().unwrap_or("?").split(',')).map(str::trim).filter(|c| !c.is_empty()).collect();
+    match codings.iter().find(|c| !c.eq_ignore_ascii_case("chunked")) {
+        Some(other) => Err(ApiError::new(501, format!("Transfer-Encoding '{other}' is not supported: send the body plain, with Content-Length or chunked"))),
+        None => Ok(()),
+    }
 }
 
 /// The body, at most `max` bytes (413 beyond), within [`BODY_TIMEOUT`] (408 after).

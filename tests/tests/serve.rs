@@ -428,6 +428,44 @@ fn sigterm_lets_the_running_generation_finish_refuses_the_queued_and_exits() {
     assert!(TcpStream::connect(("127.0.0.1", server.port)).is_err(), "still listening after SIGTERM");
 }
 
+/// A queued request hears 503 as SIGTERM comes, not once a session is free: here the running
+/// generation cannot end (its client reads nothing of an every-step canvas stream, and the
+/// timeouts are long), so a 503 that waited for it would never come (the read times out).
+/// A generation that the shutdown timeout cancels is a 503 too, not a fault.
+#[test]
+fn sigterm_refuses_the_queued_at_once_and_a_timed_out_answer_is_503() {
+    let dir = tempfile::tempdir().unwrap();
+    let artifact = common::embedded(dir.path());
+    let mut server = Server::start(&artifact, &["--shutdown-timeout", "600", "--stall-timeout", "600"]);
+    let held = server.open_stream(&chat(FILL, json!({"max_tokens": 128, "steps": 65536, "stream": true, "llada_steps": true})));
+    let mut queued = server.connect();
+    send(&mut queued, "POST", "/v1/chat/completions", &[], chat(FILL, json!({"max_tokens": 64, "steps": 64})).to_string().as_bytes());
+    server.wait_for_health("queued", 1, "the second request was not queued");
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let mut reply = Vec::new();
+    queued.read_to_end(&mut reply).unwrap();
+    let (status, _, body) = split_response(&reply);
+    assert_eq!(status, 503, "the queued request: {}", String::from_utf8_lossy(&body));
+    drop(held);
+    assert!(server.child.wait().unwrap().success());
+
+    // A whole answer still running when the shutdown timeout passes: 503 with Retry-After.
+    // (Every row, 160 tokens in 65535 steps: about 8 s here; the timeout 0 cancels it at once.)
+    let mut server = Server::start(&artifact, &["--shutdown-timeout", "0"]);
+    let mut running = server.connect();
+    send(&mut running, "POST", "/v1/chat/completions", &[], chat(FILL, json!({"max_tokens": 160, "steps": 65535, "policy": "exact"})).to_string().as_bytes());
+    server.wait_for_health("running", 1, "the generation never ran");
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let mut reply = Vec::new();
+    running.read_to_end(&mut reply).unwrap();
+    let (status, headers, body) = split_response(&reply);
+    assert_eq!(status, 503, "the cancelled answer: {}", String::from_utf8_lossy(&body));
+    assert!(headers.to_ascii_lowercase().contains("retry-after: 1"), "{headers}");
+    assert!(server.child.wait().unwrap().success());
+}
+
 #[test]
 fn host_origin_and_content_type_are_checked_unless_the_key_authorizes() {
     let dir = tempfile::tempdir().unwrap();
@@ -503,6 +541,14 @@ fn framing_errors_are_400_and_one_connection_carries_many_requests() {
     assert_eq!(status(&raw_exchange(framed(&format!("Content-Length: {len}\r\nContent-Length: {}", len + 1)).as_bytes(), false)), 400, "two lengths");
     assert_eq!(status(&raw_exchange(framed(&format!("Content-Length: +{len}")).as_bytes(), false)), 400, "a signed length");
     assert_eq!(status(&raw_exchange(framed("Transfer-Encoding: identity").as_bytes(), false)), 400, "a coding other than chunked");
+    // A coding before chunked: framed as chunked, but its bytes are not plain JSON: 501 (RFC
+    // 9112 section 6.1), with the error object.
+    let (first, rest) = ok.split_at(ok.len() / 2);
+    let coded = format!("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n{:x}\r\n{first}\r\n{:x}\r\n{rest}\r\n0\r\n\r\n", first.len(), rest.len());
+    let out = raw_exchange(coded.as_bytes(), false);
+    let (code, _, body) = split_response(&out);
+    assert_eq!(code, 501, "{}", String::from_utf8_lossy(&out));
+    assert!(String::from_utf8_lossy(&body).contains("Transfer-Encoding 'gzip'"), "{}", String::from_utf8_lossy(&body));
     // A short head, half-closed: the connection ended inside the head, not a head too large.
     let out = raw_exchange(b"POST /v1/chat/completions HTTP/1.1\r\nHost: local", true);
     let (code, _, body) = split_response(&out);
