@@ -376,6 +376,19 @@ impl SamplerParams {
         if self.cfg_scale != 0.0 {
             return bad(S::CfgScale, format!("{}: LLaDA 2.x's generate has no guidance", self.cfg_scale));
         }
+        // The other samplers' settings, which its generate never reads: refused, not ignored.
+        let d = SamplerParams::default();
+        let others = [
+            (S::Remasking, self.remasking != d.remasking),
+            (S::LogitsEosInf, self.logits_eos_inf),
+            (S::ConfidenceEosEotInf, self.confidence_eos_eot_inf),
+            (S::Alg, self.alg != d.alg),
+            (S::Eps, self.eps != d.eps),
+            (S::AlgTemp, self.alg_temp.is_some()),
+        ];
+        if let Some((s, _)) = others.into_iter().find(|(_, set)| *set) {
+            return bad(s, "is an option of LLaDA's or Dream's sampler; LLaDA 2.x's generate commits by its --threshold (and --editing-threshold)".into());
+        }
         if let Some(t) = self.editing_threshold.filter(|t| !(0.0..=1.0).contains(t)) {
             return bad(S::EditingThreshold, format!("{t} must be between 0 and 1"));
         }
@@ -715,6 +728,25 @@ mod tests {
         assert!(p.validate(&limits).unwrap_err().to_string().contains("--block-len 8 must divide the gen length 30"));
         let p = SamplerParams { gen_length: 32, block_length: 8, steps: 6, ..Default::default() };
         assert!(p.validate(&limits).unwrap_err().to_string().contains("--steps 6"));
+    }
+
+    #[test]
+    fn llada2_refuses_the_other_samplers_settings_by_flag() {
+        let limits = Limits { max_len: 256, max_rows: 256, dream: false, llada2: true, canvas: None };
+        let p = SamplerParams { gen_length: 32, block_length: 32, steps: 32, ..Default::default() };
+        p.validate(&limits).unwrap();
+        let refused = [
+            (SamplerParams { remasking: Remasking::Random, ..p }, "--remasking"),
+            (SamplerParams { logits_eos_inf: true, ..p }, "--logits-eos-inf"),
+            (SamplerParams { confidence_eos_eot_inf: true, ..p }, "--confidence-eos-eot-inf"),
+            (SamplerParams { alg: Alg::Entropy, ..p }, "--alg"),
+            (SamplerParams { eps: 0.5, ..p }, "--eps"),
+            (SamplerParams { alg_temp: Some(1.0), ..p }, "--alg-temp"),
+        ];
+        for (q, flag) in refused {
+            let msg = q.validate(&limits).unwrap_err().to_string();
+            assert!(msg.contains(flag) && msg.contains("LLaDA 2.x"), "{msg}");
+        }
     }
 
     #[test]

@@ -241,6 +241,12 @@ fn empty_prompt_and_zero_threads_and_negative_numbers() {
     let o = run("llada-rt", &["run", art.to_str().unwrap(), "--chat", "-p", "", "--gen-len", "16", "--block-len", "8", "--steps", "16"]);
     assert_clean_failure(&o, &["the prompt is empty"]);
     assert_clean_failure(&run_ids(&art, &["--threads", "0"]), &["--threads", "must be at least 1"]);
+    // bench checks the threads against the plan before its roofline runs on them (1,000
+    // threads' buffers once aborted it for want of memory).
+    let a = art.to_str().unwrap();
+    assert_clean_failure(&run("llada-rt", &["bench", a, "--rows", "8", "--repeat", "1", "--threads", "1000"]), &["--threads 1000 is outside 1..="]);
+    let o = std::process::Command::new(common::bin("llada-rt")).args(["bench", a, "--rows", "8", "--repeat", "1"]).env("LLADA_THREADS", "1000").output().unwrap();
+    assert_clean_failure(&o, &["LLADA_THREADS=\"1000\"", "1..="]);
     // Negative numbers reach the option's own check, which names it and its range.
     assert_clean_failure(&run_ids(&art, &["--cfg", "-1"]), &["--cfg -1 must be a finite number >= 0"]);
     assert_clean_failure(&run_ids(&art, &["--temperature", "-0.5"]), &["--temperature -0.5"]);

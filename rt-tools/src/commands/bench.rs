@@ -5,8 +5,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 use llada_cli::{outln, Failure};
-use llada_rt::params::{Limits, MAX_THREADS};
-use llada_rt::session::{default_threads, max_threads};
+use llada_rt::params::Limits;
+use llada_rt::error::Setting;
+use llada_rt::session::{check_threads, default_threads, max_threads};
 use llada_rt::{generate, Model};
 use llada_rt_tools::roofline;
 use serde_json::json;
@@ -51,14 +52,18 @@ impl Bench {
                 return Err(Failure::Usage(format!("{flag} sets the generation that --generate times; without --generate it does nothing, so it is refused")));
             }
         }
-        let threads = session_args.threads(MAX_THREADS)?.unwrap_or_else(default_threads);
+        // The threads checked against the plan before the roofline runs on them (its buffers
+        // grow with them): the header and structure, unverified, say what the plan holds.
+        let unverified = Model::open(&file, false)?;
+        // LLADA_THREADS within what the plan provides for, named as itself.
+        let threads = session_args.threads(max_threads(&unverified))?.unwrap_or_else(|| default_threads().min(max_threads(&unverified)));
+        check_threads(&unverified, Setting::Threads, threads)?;
+        drop(unverified);
         let staging = session_args.staging.clone();
         // Before loading: checksumming a large artifact leaves the kernel busy with the
         // page cache for a while, which would disturb the peak measurements.
         let roof = roofline::measure(threads);
         let model = Model::open(&file, true)?;
-        // LLADA_THREADS within what the plan provides for, named as itself.
-        session_args.threads(max_threads(&model))?;
         let max_len = Limits::of(&model).max_len;
         if let Some(r) = rows.iter().find(|r| !(1..=max_len).contains(*r)) {
             return Err(Failure::Usage(format!("--rows {r} is outside 1..={max_len} (the positions {} serves)", file.display())));
