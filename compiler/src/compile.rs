@@ -134,7 +134,9 @@ pub struct CompileOptions {
     pub logit_rows: u32,
     /// Block length and speculation depth to serve with graphs of exactly their row counts.
     pub block_len: u32,
-    pub spec_blocks: u32,
+    /// `None`: [`DEFAULT_SPEC_BLOCKS`], whose graphs past the artifact's positions are left
+    /// out; a depth given is refused where a block and those drafted ahead outgrow them.
+    pub spec_blocks: Option<u32>,
     /// Round activations to bf16 in matmuls over bf16 weights (needs `quant` bf16).
     pub bf16_activations: bool,
     /// Scales of the int8 activations of q8 and q4 matmuls; `None`: the default for the
@@ -182,7 +184,7 @@ impl Default for CompileOptions {
             max_seq: None,
             logit_rows: 256,
             block_len: 32,
-            spec_blocks: 2,
+            spec_blocks: None,
             bf16_activations: false,
             activation_scales: None,
             window_bytes: None,
@@ -305,6 +307,16 @@ pub fn check_flags(quant: Option<&str>, group: Option<u32>, target: &str, max_se
     Ok(())
 }
 
+/// Blocks drafted ahead that a compile plans graphs for unless told.
+pub const DEFAULT_SPEC_BLOCKS: u32 = 2;
+
+impl CompileOptions {
+    /// The speculation depth the plan records: the one given, else the default.
+    pub fn spec_blocks(&self) -> u32 {
+        self.spec_blocks.unwrap_or(DEFAULT_SPEC_BLOCKS)
+    }
+}
+
 pub fn compile(opts: &CompileOptions) -> Result<CompileSummary> {
     let mut src = Source::open(opts)?;
     let s = Settings::resolve(opts, &src)?;
@@ -386,7 +398,8 @@ fn calibrate_activations(opts: &CompileOptions, prompts: &[String], source: &str
         npu_contexts: None,
         npu_shared_weights: false,
         npu_estimate_soc: None,
-        npu_activations: NpuActivations::F16,
+        // No NPU executables, so none of their activations (an explicit form is refused).
+        npu_activations: NpuActivations::ByFormat,
         calibration: None,
         npu_limits: Default::default(),
         ..opts.clone()
@@ -537,7 +550,6 @@ mod tests {
             quant: Some(Quant::Q4 { group: 32 }),
             target: target.into(),
             logit_rows: 64,
-            npu_activations: NpuActivations::F16,
             ..Default::default()
         }
     }

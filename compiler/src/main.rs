@@ -25,14 +25,16 @@ enum Command {
         /// Artifact to write (replaced atomically when the compile succeeds).
         #[arg(short, long)]
         output: PathBuf,
-        /// Storage of the weight matrices [default: the checkpoint's element type]. q8: int8
-        /// per output channel; q4: int4 per --group inputs (both run with int8 activations).
+        /// Storage of the weight matrices [default: the checkpoint's element type; f16 on a
+        /// Snapdragon target; a GGUF file's Q4_0 blocks stay q4, its other blocks become q8].
+        /// q8: int8 per output channel; q4: int4 per --group inputs (both run with int8
+        /// activations).
         #[arg(long, alias = "dtype", value_parser = ["f32", "bf16", "f16", "q8", "q4"])]
         quant: Option<String>,
         /// Inputs per q4 scale (--quant q4 only) [default: 64 on a Snapdragon target (the
         /// HTP's LPBQ block); 32 for a GGUF file of Q4_0 blocks (carried as they are); else 128].
-        #[arg(long, default_value = "128", value_parser = clap::builder::TypedValueParser::map(clap::builder::PossibleValuesParser::new(["32", "64", "128"]), |s: String| s.parse::<u32>().expect("one of the listed numbers")))]
-        group: u32,
+        #[arg(long, value_parser = clap::builder::TypedValueParser::map(clap::builder::PossibleValuesParser::new(["32", "64", "128"]), |s: String| s.parse::<u32>().expect("one of the listed numbers")))]
+        group: Option<u32>,
         /// Target to compile for (`lladac targets` lists them).
         #[arg(long, default_value = "host")]
         target: String,
@@ -50,9 +52,10 @@ enum Command {
         #[arg(long, default_value_t = 32)]
         block_len: u32,
         /// How many blocks ahead `--policy spec` and `mbsd` may speculate: a block and those
-        /// ahead of it, --block-len x (1 + K) rows, fit in --max-seq.
-        #[arg(long, default_value_t = 2)]
-        spec_blocks: u32,
+        /// ahead of it, --block-len x (1 + K) rows, fit in --max-seq [default: 2, whose graphs
+        /// past --max-seq are left out].
+        #[arg(long)]
+        spec_blocks: Option<u32>,
         /// Activations of matmuls over bf16 weights: f32 (exact: only the weights are
         /// rounded) or bf16 (bf16 products with f32 sums, like PyTorch's bf16 and NPUs; about
         /// twice the arithmetic rate here).
@@ -111,8 +114,8 @@ enum Command {
         /// sm8550]; where too few hold every context, the last one's rotate.
         #[arg(long)]
         npu_sessions: Option<u32>,
-        /// On a Snapdragon target: bytes one HTP session maps [default: the target's, about
-        /// 3.2 GB] (1M, 2G...).
+        /// On a Snapdragon target: bytes one HTP session maps [default: the target's: 3000 MiB
+        /// on sm8550, 3200 MiB on the others] (1M, 2G...).
         #[arg(long, value_parser = parse_bytes)]
         npu_session_bytes: Option<u64>,
     },
@@ -146,8 +149,8 @@ enum Command {
         #[arg(long, default_value_t = 128, requires = "estimate")]
         gen_len: u32,
         /// --estimate: block length [default: 32; DiffusionGemma: its canvas].
-        #[arg(long, default_value_t = 32, requires = "estimate")]
-        block_len: u32,
+        #[arg(long, requires = "estimate")]
+        block_len: Option<u32>,
         /// --estimate: denoising steps [default: 128; LLaDA 2.x: 32 per block; DiffusionGemma:
         /// its max_denoising_steps per canvas].
         #[arg(long, requires = "estimate")]
@@ -197,8 +200,8 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
     match cli.command {
         Command::Compile { model, output, quant, group, target, max_seq, logit_rows, block_len, spec_blocks, activations, activation_scales, window_bytes, kv_dtype, host_only, qnn_lib, npu_contexts, npu_shared_weights, npu_estimate_soc, npu_activations, calibration, npu_sessions, npu_session_bytes } => {
-            lladac::compile::check_flags(quant.as_deref(), typed(matches, "group").then_some(group), &target, max_seq, block_len, typed(matches, "spec_blocks").then_some(spec_blocks)).map_err(Failure::Usage)?;
-            let group = if typed(matches, "group") { group } else { lladac::compile::default_group_for(&model, &target) };
+            lladac::compile::check_flags(quant.as_deref(), group, &target, max_seq, block_len, spec_blocks).map_err(Failure::Usage)?;
+            let group = group.unwrap_or_else(|| lladac::compile::default_group_for(&model, &target));
             let opts = CompileOptions {
                 model,
                 output,
@@ -257,10 +260,10 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<(), Failure<lladac::Error>> {
                     None if llada2 => 32,
                     None => 128,
                 });
-                let block_len = match &dg {
-                    Some(dg) if !typed(matches, "block_len") => dg.canvas_length,
-                    _ => block_len,
-                };
+                let block_len = block_len.unwrap_or(match &dg {
+                    Some(dg) => dg.canvas_length,
+                    None => 32,
+                });
                 let npu_limits = lladac::compile::NpuLimitOverrides { sessions: npu_sessions, session_bytes: npu_session_bytes };
                 let rows_given = typed(matches, "rows");
                 let generation_given = ["policy", "passes", "prompt_len", "gen_len", "block_len", "steps"].iter().any(|id| typed(matches, id));

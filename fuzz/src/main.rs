@@ -107,7 +107,7 @@ fn small_artifact(model: &std::path::Path, work: &std::path::Path) -> Result<Pat
         quant: Some(lladac::Quant::Q4 { group: 32 }),
         max_seq: Some(64),
         logit_rows: 64,
-        spec_blocks: 1,
+        spec_blocks: Some(1),
         ..Default::default()
     })
     .map_err(|e| format!("compiling the seed: {e}"))?;

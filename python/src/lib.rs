@@ -584,7 +584,7 @@ fn compile<'py>(
         max_seq,
         logit_rows,
         block_len,
-        spec_blocks: spec_blocks.unwrap_or(2),
+        spec_blocks,
         bf16_activations,
         activation_scales,
         window_bytes,

@@ -77,11 +77,13 @@ struct SamplerArgs {
     #[arg(long, value_parser = whole_usize)]
     gen_len: Option<usize>,
     /// Semi-autoregressive block length (gen-len must be a multiple of it) [default: the
-    /// block length the artifact was compiled for; DiffusionGemma: its canvas length].
+    /// block length the artifact was compiled for; Dream: the gen length, one block;
+    /// DiffusionGemma: its canvas length].
     #[arg(long, value_parser = whole_usize)]
     block_len: Option<usize>,
     /// Denoising steps over all blocks (a multiple of the number of blocks) [default: 128].
     /// LLaDA 2.x: steps per block, as its published generate counts them [default: 32].
+    /// DiffusionGemma: steps per canvas [default: its max_denoising_steps].
     #[arg(long, value_parser = whole_usize)]
     steps: Option<usize>,
     /// 0 = most likely token; above 0, Gumbel-max sampling.
@@ -113,7 +115,8 @@ struct SamplerArgs {
     /// Cached policies: refresh the whole cache every N steps of a block (0 = at each block's start only).
     #[arg(long, default_value_t = defaults().refresh_every, value_parser = whole_usize)]
     refresh_every: usize,
-    /// Commit every masked token of the block at or above this confidence (at least one) per step.
+    /// Commit every masked token of the block at or above this confidence (at least one) per
+    /// step [default: none; LLaDA 2.x: 0.95, its generate's].
     #[arg(long, allow_hyphen_values = true)]
     threshold: Option<f32>,
     /// spec, mbsd: blocks drafted ahead of the current one [default: spec 1, mbsd the
@@ -150,7 +153,8 @@ struct SamplerArgs {
     /// Dream: its schedule runs from timestep 1 down to this.
     #[arg(long, default_value_t = defaults().eps, allow_hyphen_values = true)]
     eps: f64,
-    /// Dream and LLaDA 2.x: nucleus filtering of each prediction, (0, 1].
+    /// Dream and LLaDA 2.x: nucleus filtering of each prediction, (0, 1]; Dream takes any
+    /// value >= 0, as its published code does (0 keeps the most likely token, 1 or more all).
     #[arg(long, allow_hyphen_values = true)]
     top_p: Option<f64>,
     /// Dream and LLaDA 2.x: keep only the k most likely tokens of each prediction.

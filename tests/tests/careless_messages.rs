@@ -131,6 +131,14 @@ fn compile_spec_blocks_beyond_the_positions_is_refused_naming_the_flag() {
     refused(&out, &["--spec-blocks 4294967295 is outside 0..=127", "host target"]);
     let out = run("lladac", &["compile", "--model", c, "-o", o, "--max-seq", "64", "--block-len", "16", "--spec-blocks", "3"]);
     assert!(out.status.success(), "{}", stderr(&out));
+    // Without --max-seq, the model's own maximum (64 positions here) bounds it too.
+    std::fs::remove_file(&out_path).unwrap();
+    let small = dir.path().join("small");
+    common::checkpoint(&small, Shape { max_sequence_length: 64, ..Shape::tiny() }, WeightType::F32, u64::MAX, 0.02);
+    let out = run("lladac", &["compile", "--model", small.to_str().unwrap(), "-o", o, "--block-len", "16", "--spec-blocks", "4"]);
+    // (Known once the checkpoint is read, as the other flags the compile refuses: status 1.)
+    assert_clean_failure(&out, &["--spec-blocks 4 is outside 0..=3", "64 positions", "max_sequence_length"]);
+    assert!(!out_path.exists());
 }
 
 #[test]

@@ -379,6 +379,11 @@ fn an_npu_target_without_the_library_says_how_to_get_it_or_build_the_stand_in() 
     // --host-only where there is nothing to skip is refused by name.
     let o = Command::new(common::bin("lladac")).args(["compile", "--model", embedded_model().to_str().unwrap(), "--host-only", "-o", out.to_str().unwrap()]).output().unwrap();
     common::assert_clean_failure(&o, &["--host-only", "target 'host'"]);
+    // So are the NPU's activations, either of them, where no executable has any.
+    for a in ["f16", "u16"] {
+        let o = Command::new(common::bin("lladac")).args(["compile", "--model", embedded_model().to_str().unwrap(), "--npu-activations", a, "-o", out.to_str().unwrap()]).output().unwrap();
+        common::assert_clean_failure(&o, &[&format!("--npu-activations {a}"), "Snapdragon"]);
+    }
 }
 
 /// Dream on the NPU (q/k/v biases, the shifted logits): the trained tiny Dream answers a

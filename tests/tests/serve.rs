@@ -81,6 +81,29 @@ impl Server {
     /// session. The stream's reader, to read the rest or to drop. With no queue, a request
     /// that arrives before the worker waits for one (a server just started, on a loaded
     /// machine) is refused with a 429: it is sent again.
+    /// A server whose one session a stream holds that cannot end: a stream of every step's
+    /// canvas, which its client (returned) does not read, outgrows the sockets' buffers, and
+    /// the stall and shutdown timeouts are long.
+    fn held(artifact: &Path) -> (Server, BufReader<TcpStream>) {
+        let server = Server::start(artifact, &["--shutdown-timeout", "600", "--stall-timeout", "600"]);
+        let reader = server.open_stream(&chat(FILL, json!({"max_tokens": 128, "steps": 65536, "stream": true, "llada_steps": true})));
+        (server, reader)
+    }
+
+    /// Sends the server `signal` (`TERM`, `INT`).
+    fn signal(&self, signal: &str) {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args([format!("-{signal}").as_str(), &pid]).status().unwrap().success());
+    }
+
+    /// A whole-answer request that waits in the queue (a session is held): its connection.
+    fn queue_one(&self) -> TcpStream {
+        let mut queued = self.connect();
+        send(&mut queued, "POST", "/v1/chat/completions", &[], chat(FILL, json!({"max_tokens": 64, "steps": 64})).to_string().as_bytes());
+        self.wait_for_health("queued", 1, "the second request was not queued");
+        queued
+    }
+
     fn open_stream(&self, body: &Value) -> BufReader<TcpStream> {
         for _ in 0..50 {
             let mut s = self.connect();
@@ -408,11 +431,8 @@ fn sigterm_lets_the_running_generation_finish_refuses_the_queued_and_exits() {
     // Long enough (about 2 s here) that the second request is sure to find it running.
     let mut reader = server.open_stream(&chat(FILL, json!({"max_tokens": 64, "steps": 65536, "stream": true})));
     // A second request waits in the queue behind it.
-    let mut queued = server.connect();
-    send(&mut queued, "POST", "/v1/chat/completions", &[], chat(FILL, json!({"max_tokens": 64, "steps": 64})).to_string().as_bytes());
-    server.wait_for_health("queued", 1, "the second request was not queued");
-    let pid = server.child.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let mut queued = server.queue_one();
+    server.signal("TERM");
     let mut raw = Vec::new();
     reader.read_to_end(&mut raw).unwrap();
     // The rest of the stream, read from inside its first chunk: its events, then the chunked
@@ -436,13 +456,9 @@ fn sigterm_lets_the_running_generation_finish_refuses_the_queued_and_exits() {
 fn sigterm_refuses_the_queued_at_once_and_a_timed_out_answer_is_503() {
     let dir = tempfile::tempdir().unwrap();
     let artifact = common::embedded(dir.path());
-    let mut server = Server::start(&artifact, &["--shutdown-timeout", "600", "--stall-timeout", "600"]);
-    let held = server.open_stream(&chat(FILL, json!({"max_tokens": 128, "steps": 65536, "stream": true, "llada_steps": true})));
-    let mut queued = server.connect();
-    send(&mut queued, "POST", "/v1/chat/completions", &[], chat(FILL, json!({"max_tokens": 64, "steps": 64})).to_string().as_bytes());
-    server.wait_for_health("queued", 1, "the second request was not queued");
-    let pid = server.child.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let (mut server, held) = Server::held(&artifact);
+    let mut queued = server.queue_one();
+    server.signal("TERM");
     let mut reply = Vec::new();
     queued.read_to_end(&mut reply).unwrap();
     let (status, _, body) = split_response(&reply);
@@ -456,8 +472,7 @@ fn sigterm_refuses_the_queued_at_once_and_a_timed_out_answer_is_503() {
     let mut running = server.connect();
     send(&mut running, "POST", "/v1/chat/completions", &[], chat(FILL, json!({"max_tokens": 160, "steps": 65535, "policy": "exact"})).to_string().as_bytes());
     server.wait_for_health("running", 1, "the generation never ran");
-    let pid = server.child.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    server.signal("TERM");
     let mut reply = Vec::new();
     running.read_to_end(&mut reply).unwrap();
     let (status, headers, body) = split_response(&reply);
@@ -602,9 +617,8 @@ fn a_reader_that_stalls_is_cut_off_and_sigterm_ends_within_its_timeout() {
     let mut second = server.connect();
     send(&mut second, "POST", "/v1/chat/completions", &[], body.to_string().as_bytes());
     server.wait_for_health("running", 1, "the second stream never ran");
-    let pid = server.child.id().to_string();
     let signalled = Instant::now();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    server.signal("TERM");
     // Both stalled clients stay connected until the server is gone: it must not wait for
     // them. (A bound, not a timing figure: the drain lasts the 2 s timeout; the margin is wide.)
     let status = loop {
@@ -623,15 +637,12 @@ fn a_reader_that_stalls_is_cut_off_and_sigterm_ends_within_its_timeout() {
 fn a_second_signal_exits_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let artifact = common::embedded(dir.path());
-    let mut server = Server::start(&artifact, &["--shutdown-timeout", "600", "--stall-timeout", "600"]);
-    // A stream of every step's canvas that its client does not read cannot finish (its events
-    // outgrow the sockets' buffers): it keeps the first signal's drain going.
-    let _reader = server.open_stream(&chat(FILL, json!({"max_tokens": 128, "steps": 65536, "stream": true, "llada_steps": true})));
-    let pid = server.child.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    // The held stream keeps the first signal's drain going.
+    let (mut server, _reader) = Server::held(&artifact);
+    server.signal("TERM");
     std::thread::sleep(Duration::from_millis(300));
     assert!(server.child.try_wait().unwrap().is_none(), "the first signal drains: the running stream may finish");
-    assert!(Command::new("kill").args(["-INT", &pid]).status().unwrap().success());
+    server.signal("INT");
     let status = server.child.wait().unwrap();
     assert_eq!(status.code(), Some(130), "the second signal exits at once: {status}");
 }

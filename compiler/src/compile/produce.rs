@@ -125,7 +125,7 @@ pub(super) fn core(opts: &CompileOptions, src: &Source, s: &Settings, rows: &Row
             by_rows,
             kv_capacity: rope_rows,
             block_len: opts.block_len,
-            spec_blocks: opts.spec_blocks,
+            spec_blocks: opts.spec_blocks(),
             bf16_activations: opts.bf16_activations,
             activation_scales,
             ..Plan::default()
@@ -201,7 +201,7 @@ fn compile_info(opts: &CompileOptions, src: &Source, s: &Settings, max_seq: u32)
             ("max_seq".into(), max_seq.to_string()),
             ("logit_rows".into(), opts.logit_rows.to_string()),
             ("block_len".into(), opts.block_len.to_string()),
-            ("spec_blocks".into(), opts.spec_blocks.to_string()),
+            ("spec_blocks".into(), opts.spec_blocks().to_string()),
             ("activations".into(), (if opts.bf16_activations { "bf16" } else { "f32" }).into()),
             ("activation_scales".into(), activation_scales.name().into()),
             ("window_bytes".into(), window_bytes.to_string()),

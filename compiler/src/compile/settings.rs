@@ -46,6 +46,9 @@ impl Settings {
         if opts.npu_limits.sessions == Some(0) || opts.npu_limits.session_bytes == Some(0) {
             return Err(Error::Options("--npu-sessions and --npu-session-bytes must be above 0".into()));
         }
+        if opts.npu_activations == NpuActivations::F16 && npu_soc.is_none() {
+            return Err(Error::Options("--npu-activations f16: only the NPU executables of a Snapdragon target (without --host-only) have NPU activations".into()));
+        }
         if let (Some(n), None) = (opts.npu_contexts, npu_soc) {
             return Err(Error::Options(format!("--npu-contexts {n}: only the NPU executables of a Snapdragon target (without --host-only) are split into contexts")));
         }
@@ -175,9 +178,19 @@ impl Rows {
         // Row-set graphs: every multiple of the target's row tile up to a block and its
         // speculative blocks, so the latency buckets can be chosen among them.
         let round = |r: u32| r.div_ceil(target.row_multiple) * target.row_multiple;
-        let row_set_rows = round(opts.block_len * (1 + opts.spec_blocks)).min(rope_rows);
+        // A depth given must fit the positions resolved here (the model's own maximum among
+        // them), which the flags' early check could not know.
+        if let Some(k) = opts.spec_blocks.filter(|&k| u64::from(opts.block_len) * (1 + u64::from(k)) > u64::from(max_seq)) {
+            let most = max_seq / opts.block_len - 1;
+            return Err(Error::Options(format!(
+                "--spec-blocks {k} is outside 0..={most}: a block and the {k} drafted ahead take --block-len {} x (1 + {k}) rows, more than the {max_seq} positions of this artifact (--max-seq, or the model's max_sequence_length)",
+                opts.block_len
+            )));
+        }
+        let spec_blocks = opts.spec_blocks();
+        let row_set_rows = round(opts.block_len * (1 + spec_blocks)).min(rope_rows);
         let tiles = (1..).map(|i| i * target.row_multiple).take_while(|&r| r <= row_set_rows);
-        let exact = (0..=opts.spec_blocks).map(|k| round(opts.block_len * (1 + k))).filter(|&r| r <= rope_rows);
+        let exact = (0..=spec_blocks).map(|k| round(opts.block_len * (1 + k))).filter(|&r| r <= rope_rows);
         for rows in tiles.chain(exact) {
             if !buckets.contains(&rows) {
                 buckets.push(rows);

@@ -458,8 +458,19 @@ fn generation_passes(req: &EstimateRequest, llada2: bool, max_rows: u32) -> Resu
     Ok(schedule.into_iter().map(|(rows, n)| (rows, seq, b, n)).collect())
 }
 
+/// Measured rates are this machine's: no NPU plan to shape, so the NPU session settings would
+/// do nothing beside them.
+fn check_rates_settings(req: &EstimateRequest) -> Result<()> {
+    if req.rates.is_some() && req.npu_limits != crate::compile::NpuLimitOverrides::default() {
+        let flag = if req.npu_limits.sessions.is_some() { "--npu-sessions" } else { "--npu-session-bytes" };
+        return Err(Error::Options(format!("{flag}: --rates predicts the plan on this machine's measured rates, with no NPU sessions to plan, so it is refused")));
+    }
+    Ok(())
+}
+
 /// Predicts the single passes and generations `req` asks for on the plan of `h`.
 pub fn estimate(h: &Header, req: &EstimateRequest) -> Result<Value> {
+    check_rates_settings(req)?;
     let (compiled_for, target) = targets(h, req)?;
     let (machine, label) = machine_and_label(h, req, &target)?;
     let npu = if req.rates.is_some() { None } else { NpuModel::of(h, &target, req.npu_limits)? };
@@ -667,6 +678,17 @@ mod tests {
 
     fn request(prompt_len: u32, gen_len: u32, steps: u32, passes: Option<u32>) -> EstimateRequest {
         EstimateRequest { policy: "exact".into(), prompt_len, gen_len, block_len: 32, steps, rows: vec![], context: None, npu_limits: Default::default(), rows_given: true, generation_given: true, rates: None, passes, on_target: None }
+    }
+
+    #[test]
+    fn measured_rates_refuse_the_npu_session_settings() {
+        let rates = Some(std::path::PathBuf::from("roofline.json"));
+        for (limits, flag) in [(crate::compile::NpuLimitOverrides { sessions: Some(1), session_bytes: None }, "--npu-sessions"), (crate::compile::NpuLimitOverrides { sessions: None, session_bytes: Some(1 << 30) }, "--npu-session-bytes")] {
+            let req = EstimateRequest { rates: rates.clone(), npu_limits: limits, ..request(32, 64, 64, None) };
+            let e = check_rates_settings(&req).unwrap_err().to_string();
+            assert!(e.contains(flag) && e.contains("--rates"), "{e}");
+        }
+        check_rates_settings(&EstimateRequest { rates, ..request(32, 64, 64, None) }).unwrap();
     }
 
     #[test]

@@ -18,6 +18,8 @@ use crate::{peak_rss_bytes, print_experts, print_mbsd, window_report, Done, Samp
 pub(crate) struct Bench {
     file: PathBuf,
     /// Token rows of the passes to time (each runs on the smallest graph that holds it).
+    /// bench's own: the sampler's mbsd --rows (below) is not read here, so a --generate run
+    /// of mbsd takes its default.
     #[arg(long, value_delimiter = ',', default_value = "32,64,96,128")]
     rows: Vec<usize>,
     /// Logit rows per pass [default: all rows, as multi-block decoding needs].

@@ -65,7 +65,7 @@ pub fn compile_scaled(model: &Path, out: &Path, quant: Option<lladac::Quant>, ma
         quant,
         max_seq: Some(max_seq),
         logit_rows: 64,
-        spec_blocks: 1,
+        spec_blocks: Some(1),
         activation_scales,
         window_bytes,
         ..Default::default()
