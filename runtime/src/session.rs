@@ -80,7 +80,6 @@ pub fn default_threads_for(model: &Model) -> Result<usize> {
 }
 
 /// Refuses a thread count outside `1..=max_threads(model)`, naming `setting`.
-/// Refuses `threads` outside what `model`'s plan provides for, naming `setting`.
 pub fn check_threads(model: &Model, setting: Setting, threads: usize) -> Result<()> {
     let max = max_threads(model);
     if !(1..=max).contains(&threads) {

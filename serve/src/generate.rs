@@ -99,7 +99,7 @@ pub(crate) async fn generate(server: Arc<Server>, request: ApiRequest, start: In
 /// The job's next event; `None` once its worker dropped the channel, or the workers are gone
 /// (the server stopped while the job waited). A job still `queued` (not started) when the
 /// server begins to stop hears `ShuttingDown` then, not once a session is free: its caller
-/// drops the job's cancel flag, so no worker runs it.
+/// returns, dropping the job's `CancelOnDrop`, so no worker runs it.
 async fn next_event(events: &mut Receiver<Event>, server: &Server, queued: bool) -> Option<Event> {
     loop {
         match tokio::time::timeout(Duration::from_millis(100), events.recv()).await {

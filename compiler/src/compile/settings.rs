@@ -23,6 +23,36 @@ pub(super) struct Settings {
     pub kv_dtype: KvDType,
 }
 
+/// Refuses, each by flag, the NPU's options where the compile builds no NPU executables
+/// (`npu` false: another target, or --host-only), and --host-only or --qnn-lib where the target
+/// has none to skip or build.
+fn check_npu_flags(opts: &CompileOptions, target: &str, npu: bool) -> Result<()> {
+    if crate::qnn::soc_of(target).is_none() && (opts.host_only || opts.qnn_lib.is_some()) {
+        let flag = if opts.host_only { "--host-only" } else { "--qnn-lib" };
+        return Err(Error::Options(format!("{flag}: target '{target}' has no NPU executables (only sm8550, sm8650, sm8750 and sm8850 do)")));
+    }
+    if opts.host_only && opts.qnn_lib.is_some() {
+        return Err(Error::Options("--qnn-lib: --host-only builds no NPU executables, so no QNN library is used".into()));
+    }
+    if !npu {
+        let sessions = if opts.npu_limits.sessions.is_some() { "--npu-sessions" } else { "--npu-session-bytes" };
+        let refused = [
+            (opts.npu_limits != NpuLimitOverrides::default(), sessions.to_string(), "are planned over HTP sessions"),
+            (opts.npu_activations == NpuActivations::F16, "--npu-activations f16".to_string(), "have NPU activations"),
+            (opts.npu_contexts.is_some(), format!("--npu-contexts {}", opts.npu_contexts.unwrap_or(0)), "are split into contexts"),
+            (opts.npu_estimate_soc.is_some(), format!("--npu-estimate-soc {}", opts.npu_estimate_soc.unwrap_or(0)), "are estimated"),
+            (opts.npu_shared_weights, "--npu-shared-weights".to_string(), "hold weights in contexts"),
+        ];
+        if let Some((_, flag, what)) = refused.into_iter().find(|r| r.0) {
+            return Err(Error::Options(format!("{flag}: only the NPU executables of a Snapdragon target (without --host-only) {what}")));
+        }
+    }
+    if opts.npu_limits.sessions == Some(0) || opts.npu_limits.session_bytes == Some(0) {
+        return Err(Error::Options("--npu-sessions and --npu-session-bytes must be above 0".into()));
+    }
+    Ok(())
+}
+
 impl Settings {
     pub fn resolve(opts: &CompileOptions, src: &Source) -> Result<Settings> {
         let (cfg, ckpt, target) = (&src.cfg, &src.ckpt, &src.target);
@@ -32,32 +62,7 @@ impl Settings {
         // An NPU target's executables hold fp16 weights unless --quant asks for int8 or int4, so
         // fp16 is its default storage too (with --host-only as well: its kernels take no f32).
         let npu_soc = if opts.host_only { None } else { crate::qnn::soc_of(&target.name) };
-        if crate::qnn::soc_of(&target.name).is_none() && (opts.host_only || opts.qnn_lib.is_some()) {
-            let flag = if opts.host_only { "--host-only" } else { "--qnn-lib" };
-            return Err(Error::Options(format!("{flag}: target '{}' has no NPU executables (only sm8550, sm8650, sm8750 and sm8850 do)", target.name)));
-        }
-        if opts.host_only && opts.qnn_lib.is_some() {
-            return Err(Error::Options("--qnn-lib: --host-only builds no NPU executables, so no QNN library is used".into()));
-        }
-        if opts.npu_limits != NpuLimitOverrides::default() && npu_soc.is_none() {
-            let flag = if opts.npu_limits.sessions.is_some() { "--npu-sessions" } else { "--npu-session-bytes" };
-            return Err(Error::Options(format!("{flag}: only the NPU executables of a Snapdragon target (without --host-only) are planned over HTP sessions")));
-        }
-        if opts.npu_limits.sessions == Some(0) || opts.npu_limits.session_bytes == Some(0) {
-            return Err(Error::Options("--npu-sessions and --npu-session-bytes must be above 0".into()));
-        }
-        if opts.npu_activations == NpuActivations::F16 && npu_soc.is_none() {
-            return Err(Error::Options("--npu-activations f16: only the NPU executables of a Snapdragon target (without --host-only) have NPU activations".into()));
-        }
-        if let (Some(n), None) = (opts.npu_contexts, npu_soc) {
-            return Err(Error::Options(format!("--npu-contexts {n}: only the NPU executables of a Snapdragon target (without --host-only) are split into contexts")));
-        }
-        if let (Some(id), None) = (opts.npu_estimate_soc, npu_soc) {
-            return Err(Error::Options(format!("--npu-estimate-soc {id}: only the NPU executables of a Snapdragon target (without --host-only) are estimated")));
-        }
-        if opts.npu_shared_weights && npu_soc.is_none() {
-            return Err(Error::Options("--npu-shared-weights: only the NPU executables of a Snapdragon target (without --host-only) hold weights in contexts".into()));
-        }
+        check_npu_flags(opts, &target.name, npu_soc.is_some())?;
         let quant = opts.quant.unwrap_or_else(|| if crate::qnn::soc_of(&target.name).is_some() { Quant::F16 } else { Quant::of_source(embed_dtype) });
         let npu_activations = match opts.npu_activations {
             NpuActivations::ByFormat if npu_soc.is_some() && matches!(quant, Quant::Q4 { .. }) => NpuActivations::U16,
