@@ -296,15 +296,20 @@ pub fn check_flags(quant: Option<&str>, group: Option<u32>, target: &str, max_se
         (None, Err(_)) => return Ok(()),
     };
     // A --block-len outside 1..=positions: the compile names it.
-    if let (Some(spec_blocks), true) = (spec_blocks, (1..=positions).contains(&block_len)) {
-        let most = positions / block_len - 1;
-        if spec_blocks > most {
-            return Err(format!(
-                "--spec-blocks {spec_blocks} is outside 0..={most}: a block and the {spec_blocks} drafted ahead take --block-len {block_len} x (1 + {spec_blocks}) rows, more than the {positions} positions of {whose}"
-            ));
-        }
+    match spec_blocks {
+        Some(k) if (1..=positions).contains(&block_len) => check_spec_blocks(k, block_len, positions, &whose),
+        _ => Ok(()),
     }
-    Ok(())
+}
+
+/// Refuses `k` blocks drafted ahead where a block and those `k` outgrow `positions` (`whose`
+/// says which limit they are); `block_len` is in `1..=positions`.
+pub(crate) fn check_spec_blocks(k: u32, block_len: u32, positions: u32, whose: &str) -> std::result::Result<(), String> {
+    if u64::from(block_len) * (1 + u64::from(k)) <= u64::from(positions) {
+        return Ok(());
+    }
+    let most = positions / block_len - 1;
+    Err(format!("--spec-blocks {k} is outside 0..={most}: a block and the {k} drafted ahead take --block-len {block_len} x (1 + {k}) rows, more than the {positions} positions of {whose}"))
 }
 
 /// Blocks drafted ahead that a compile plans graphs for unless told.

@@ -185,12 +185,8 @@ impl Rows {
         let round = |r: u32| r.div_ceil(target.row_multiple) * target.row_multiple;
         // A depth given must fit the positions resolved here (the model's own maximum among
         // them), which the flags' early check could not know.
-        if let Some(k) = opts.spec_blocks.filter(|&k| u64::from(opts.block_len) * (1 + u64::from(k)) > u64::from(max_seq)) {
-            let most = max_seq / opts.block_len - 1;
-            return Err(Error::Options(format!(
-                "--spec-blocks {k} is outside 0..={most}: a block and the {k} drafted ahead take --block-len {} x (1 + {k}) rows, more than the {max_seq} positions of this artifact (--max-seq, or the model's max_sequence_length)",
-                opts.block_len
-            )));
+        if let Some(k) = opts.spec_blocks {
+            super::check_spec_blocks(k, opts.block_len, max_seq, "this artifact (--max-seq, or the model's max_sequence_length)").map_err(Error::Options)?;
         }
         let spec_blocks = opts.spec_blocks();
         let row_set_rows = round(opts.block_len * (1 + spec_blocks)).min(rope_rows);

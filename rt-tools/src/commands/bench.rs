@@ -57,8 +57,9 @@ impl Bench {
         // The threads checked against the plan before the roofline runs on them (its buffers
         // grow with them): the header and structure, unverified, say what the plan holds.
         let unverified = Model::open(&file, false)?;
+        let plan_threads = max_threads(&unverified);
         // LLADA_THREADS within what the plan provides for, named as itself.
-        let threads = session_args.threads(max_threads(&unverified))?.unwrap_or_else(|| default_threads().min(max_threads(&unverified)));
+        let threads = session_args.threads(plan_threads)?.unwrap_or_else(|| default_threads().min(plan_threads));
         check_threads(&unverified, Setting::Threads, threads)?;
         drop(unverified);
         let staging = session_args.staging.clone();
