@@ -76,7 +76,7 @@ pub(crate) async fn generate(server: Arc<Server>, request: ApiRequest, start: In
         Some(Event::Started) => {}
         Some(Event::ShuttingDown) => return Err(ApiError::shutting_down()),
         Some(Event::Done(Err(e))) => return Err(run_error(&e, &server)),
-        Some(Event::Step(_) | Event::Done(Ok(_))) | None => return Err(ended_without_answer(&server)),
+        Some(Event::Step(_) | Event::Done(Ok(_)) | Event::Cut(_)) | None => return Err(ended_without_answer(&server)),
     }
     let n = server.next_id.fetch_add(1, Ordering::SeqCst);
     let created = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -87,8 +87,10 @@ pub(crate) async fn generate(server: Arc<Server>, request: ApiRequest, start: In
     }
     loop {
         match next_event(&mut run.events, &run.server, false).await {
-            Some(Event::Done(Ok(g))) => return Ok(Generated::Whole(run.answer.whole(run.ending(Some(&g))))),
+            Some(Event::Done(Ok(g))) => return Ok(Generated::Whole(run.answer.whole(run.ending(&g, false)))),
             Some(Event::Done(Err(e))) => return Err(run_error(&e, &run.server)),
+            // Only a stream cuts its generation short (at a stop sequence).
+            Some(Event::Cut(_)) => return Err(run_error(&Error::Cancelled, &run.server)),
             Some(Event::ShuttingDown) => return Err(ApiError::shutting_down()),
             Some(Event::Started | Event::Step(_)) => {}
             None => return Err(ended_without_answer(&run.server)),
@@ -161,24 +163,25 @@ struct Run {
 }
 
 impl Run {
-    /// The answer's end: the whole text, the finish reason and the usage. `g` is `None` when a
-    /// stop sequence ended the generation early.
-    fn ending(&self, g: Option<&llada_rt::Generation>) -> Ending {
+    /// The answer's end: the whole text, the finish reason and the usage. `partial`: a stop
+    /// sequence ended the generation early, `g` is what it did until then (its output is
+    /// the text sent, not `g`'s canvas, which still holds masks).
+    fn ending(&self, g: &llada_rt::Generation, partial: bool) -> Ending {
         let text = &self.server.text;
-        let (full, answer_tokens, ended) = match g {
-            Some(g) => {
-                let ids = text.answer_ids(&g.output_ids);
-                (text.answer(&g.output_ids), ids.len(), ids.len() < g.output_ids.len())
-            }
-            None => (self.answer.sent.clone(), 0, true),
+        let (full, answer_tokens, ended) = if partial {
+            (self.answer.sent.clone(), 0, true)
+        } else {
+            let ids = text.answer_ids(&g.output_ids);
+            (text.answer(&g.output_ids), ids.len(), ids.len() < g.output_ids.len())
         };
         let (visible, cut) = openai::cut_at_stop(&full, &self.answer.request.stop);
         let finish_reason = if cut || ended || self.answer.stopped { "stop" } else { "length" };
-        let completion_tokens = if g.is_some() && !cut { answer_tokens } else { text_tokens(text, visible) };
+        let completion_tokens = if partial || cut { text_tokens(text, visible) } else { answer_tokens };
         let prompt = self.prompt.len();
         let usage = json!({"prompt_tokens": prompt, "completion_tokens": completion_tokens, "total_tokens": prompt + completion_tokens});
-        let llada = json!(g.map(|g| json!({"forward_passes": g.forward_passes, "rows_computed": g.rows_computed, "seconds": g.seconds, "output_ids": g.output_ids})));
-        self.server.metrics.answered_tokens(completion_tokens, g.map_or(0, |g| g.forward_passes));
+        let output_ids = (!partial).then_some(&g.output_ids);
+        let llada = json!({"forward_passes": g.forward_passes, "rows_computed": g.rows_computed, "seconds": g.seconds, "output_ids": output_ids});
+        self.server.metrics.answered_tokens(completion_tokens, g.forward_passes);
         Ending { text: visible.to_string(), finish_reason, usage, llada }
     }
 }
@@ -228,9 +231,10 @@ impl EventStream {
             Some(Event::ShuttingDown) => self.fail(&ApiError::shutting_down()),
             Some(Event::Started) => {}
             Some(Event::Step(step)) => self.on_step(step),
-            Some(Event::Done(Err(Error::Cancelled))) if self.run.answer.stopped => self.close(None),
+            Some(Event::Cut(g)) if self.run.answer.stopped => self.close(&g, true),
+            Some(Event::Cut(_)) => self.fail(&run_error(&Error::Cancelled, &self.run.server)),
             Some(Event::Done(Err(e))) => self.fail(&run_error(&e, &self.run.server)),
-            Some(Event::Done(Ok(g))) => self.close(Some(&g)),
+            Some(Event::Done(Ok(g))) => self.close(&g, false),
         }
     }
 
@@ -261,8 +265,8 @@ impl EventStream {
     }
 
     /// The stream's end: the rest of the text, the finish and usage chunks, `[DONE]`.
-    fn close(&mut self, g: Option<&llada_rt::Generation>) {
-        let ending = self.run.ending(g);
+    fn close(&mut self, g: &llada_rt::Generation, partial: bool) {
+        let ending = self.run.ending(g, partial);
         for chunk in self.run.answer.closing_chunks(ending) {
             self.pending.push_back(sse(None, &chunk));
         }

@@ -42,6 +42,9 @@ pub enum Event {
     Started,
     Step(Step),
     Done(Result<Generation, Error>),
+    /// The client stopped the generation part-way (a stop sequence appeared in its stream):
+    /// what it did until then, its passes counted as a whole answer's are.
+    Cut(Generation),
     ShuttingDown,
 }
 
@@ -161,24 +164,40 @@ pub(crate) fn work(session: &mut Session, server: &Server, jobs: &Mutex<Receiver
         load.running.fetch_sub(1, Ordering::SeqCst);
         load.served.fetch_add(1, Ordering::SeqCst);
         queue.end_job();
-        if matches!(result, Err(Error::Cancelled)) {
+        if matches!(result, Ok(Finished::Cut(_)) | Err(Error::Cancelled)) {
             load.cancelled.fetch_add(1, Ordering::SeqCst);
         }
-        let _ = job.events.blocking_send(Event::Done(result));
+        let event = match result {
+            Ok(Finished::Complete(g)) => Event::Done(Ok(g)),
+            Ok(Finished::Cut(g)) => Event::Cut(g),
+            Err(e) => Event::Done(Err(e)),
+        };
+        let _ = job.events.blocking_send(event);
     }
 }
 
+/// How a generation that ran ended.
+enum Finished {
+    Complete(Generation),
+    /// Its client cancelled it part-way: what it did so far.
+    Cut(Generation),
+}
+
 /// One job's generation, step by step, each step sent to its client (waiting while its
-/// buffer is full); stopped (as `Error::Cancelled`) once the client has gone or cancelled, or
-/// the server's shutdown timeout has passed (`cancel_all`).
-fn run(session: &mut Session, text: &Text, job: &Job, mask: u32, cancel_all: &AtomicBool) -> Result<Generation, Error> {
+/// buffer is full); cut short once its cancel flag is set (the client went away, or its stream
+/// met a stop sequence), and stopped (as `Error::Cancelled`) once the client's channel is gone
+/// or the server's shutdown timeout has passed (`cancel_all`).
+fn run(session: &mut Session, text: &Text, job: &Job, mask: u32, cancel_all: &AtomicBool) -> Result<Finished, Error> {
     let mut generator = Generator::start(session, &job.prompt, &job.params)?;
     if job.events.blocking_send(Event::Started).is_err() {
         return Err(Error::Cancelled);
     }
     while let Some(v) = generator.step()? {
-        if job.cancel.load(Ordering::SeqCst) || cancel_all.load(Ordering::SeqCst) {
+        if cancel_all.load(Ordering::SeqCst) {
             return Err(Error::Cancelled);
+        }
+        if job.cancel.load(Ordering::SeqCst) {
+            return Ok(Finished::Cut(generator.finish()));
         }
         if !job.steps {
             continue;
@@ -199,7 +218,7 @@ fn run(session: &mut Session, text: &Text, job: &Job, mask: u32, cancel_all: &At
             return Err(Error::Cancelled);
         }
     }
-    Ok(generator.finish())
+    Ok(Finished::Complete(generator.finish()))
 }
 
 #[cfg(test)]

@@ -281,6 +281,25 @@ fn chat_streamed_and_not_gives_runs_text_and_extra_settings_take_effect() {
     let (_, answer) = server.post("/v1/chat/completions", &chat(FILL, json!({"max_tokens": 64, "steps": 64, "stop": "22"})));
     assert_eq!(answer["choices"][0]["message"]["content"], "33337755555559");
     assert_eq!(answer["choices"][0]["finish_reason"], "stop");
+    // Streamed, it stops the generation where the stop sequence settles; the passes it made
+    // are reported and counted.
+    let passes_counted = |server: &Server| {
+        let (_, _, metrics) = server.request("GET", "/metrics", &[], b"");
+        let metrics = String::from_utf8(metrics).unwrap();
+        metrics.lines().find_map(|l| l.strip_prefix("llada_dense_passes_total ")).map_or(0, |v| v.trim().parse::<u64>().unwrap())
+    };
+    let before = passes_counted(&server);
+    let body = chat(FILL, json!({"max_tokens": 64, "steps": 64, "stop": "22", "stream": true}));
+    let (_, _, raw) = server.request("POST", "/v1/chat/completions", &[], body.to_string().as_bytes());
+    let chunks: Vec<Value> = events(&raw).iter().filter(|(_, d)| d != "[DONE]").map(|(_, d)| serde_json::from_str(d).unwrap()).collect();
+    let joined: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(joined, "33337755555559");
+    let end = chunks.iter().find(|c| c["choices"][0]["finish_reason"].is_string()).unwrap();
+    assert_eq!(end["choices"][0]["finish_reason"], "stop");
+    let passes = end["llada"]["forward_passes"].as_u64().unwrap();
+    assert!(passes > 0 && passes < 64, "{passes} passes: the generation stopped before its 64 steps");
+    assert!(end["llada"]["output_ids"].is_null(), "a cut canvas still holds masks: {end}");
+    assert_eq!(passes_counted(&server) - before, passes);
 }
 
 #[test]
