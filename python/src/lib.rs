@@ -174,8 +174,8 @@ impl Model {
     fn session(slf: &Bound<'_, Self>, threads: Option<usize>, backend: &str, staging: &str, experts: Option<&str>, cpu_threads: Option<usize>) -> PyResult<Session> {
         slf.get().opened.check("llada.Model")?;
         let backend = llada_rt::executor::find(backend).map_err(|_| SettingError::new_err(format!("--backend '{backend}' is not one of {}", llada_rt::executor::names().join(", "))))?;
-        let staging = StagingMode::parse(staging).ok_or_else(|| SettingError::new_err(format!("--staging '{staging}' is not one of async, sync")))?;
-        let experts = experts.map(|e| ExpertStrategy::parse(e).ok_or_else(|| SettingError::new_err(format!("--experts '{e}' is not one of hybrid, lru, static")))).transpose()?;
+        let staging = StagingMode::parse(staging).ok_or_else(|| SettingError::new_err(format!("--staging '{staging}' is not one of {}", StagingMode::NAMES.join(", "))))?;
+        let experts = experts.map(|e| ExpertStrategy::parse(e).ok_or_else(|| SettingError::new_err(format!("--experts '{e}' is not one of {}", ExpertStrategy::NAMES.join(", "))))).transpose()?;
         Session::open(slf, SessionParams { backend, threads, staging, experts, cpu_threads })
     }
 

@@ -423,14 +423,14 @@ struct SessionArgs {
     threads: Option<usize>,
     /// How rotating weights reach their window slots: async (a staging thread copies
     /// ahead, as the plan schedules) or sync (each copied right before its first op).
-    #[arg(long, default_value = SessionParams::default().staging.name(), value_parser = ["async", "sync"])]
+    #[arg(long, default_value = SessionParams::default().staging.name(), value_parser = clap::builder::PossibleValuesParser::new(StagingMode::NAMES.iter().copied()))]
     staging: String,
     /// Mixture-of-experts models: where experts run. hybrid: a score-ranked expert cache in
     /// the window, refreshed from the last pass's routing and prefetched from the next
     /// layer's predicted routing, each layer's experts split between the accelerator and CPU
     /// paths by the cost model; lru: all on the accelerator, least-recently-used cache, no
     /// prefetch; static: all on the CPU path [default: hybrid].
-    #[arg(long, value_parser = ["hybrid", "lru", "static"])]
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(ExpertStrategy::NAMES.iter().copied()))]
     experts: Option<String>,
     /// Mixture-of-experts models: threads of the CPU path, which computes experts beside the
     /// accelerator path [default: 1].

@@ -35,6 +35,9 @@ pub enum StagingMode {
 }
 
 impl StagingMode {
+    /// Every mode's name, as [`parse`](Self::parse) takes it.
+    pub const NAMES: &'static [&'static str] = &["async", "sync"];
+
     pub fn parse(s: &str) -> Option<StagingMode> {
         match s {
             "async" => Some(StagingMode::Async),

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::collections::BTreeMap;
 
 use llada_ir::{DType, ExpertCosts, Graph, Header, Op};
+use llada_rt::moe::ExpertStrategy;
 use llada_targets::cost::{self, Machine};
 use llada_targets::{Rates, Target};
 use serde_json::{json, Value};
@@ -98,7 +99,7 @@ fn matmul_arithmetic(h: &Header, m: &Machine, act: u32) -> Vec<Value> {
 /// under uniform routing, which is why real routing's skew and stability are what the
 /// runtime's cache exploits beyond this).
 struct ExpertModel {
-    strategy: &'static str,
+    strategy: ExpertStrategy,
     costs: ExpertCosts,
     experts: f64,
     top_k: f64,
@@ -114,14 +115,14 @@ impl ExpertModel {
         let (touched, cached) = (e * p, s * p);
         match self.strategy {
             // Every touched expert on the CPU path.
-            "static" => touched * cpu,
+            ExpertStrategy::Static => touched * cpu,
             // Every touched expert on the accelerator; the uncached ones copied first, the
             // copies overlapping the computation of others.
-            "lru" => (touched * acc).max((touched - cached) * self.costs.stage_seconds + acc),
+            ExpertStrategy::Lru => (touched * acc).max((touched - cached) * self.costs.stage_seconds + acc),
             // The cached ones on the accelerator, the rest on the CPU path, at once; then the
             // split's balance: whole experts move to the path that ends sooner, uncached ones
             // to the accelerator with their copies overlapping its computation (as lru's).
-            _ => {
+            ExpertStrategy::Hybrid => {
                 let uncached = touched - cached;
                 let best_moving_uncached = (0..=uncached.ceil() as usize).map(|m| {
                     let m = (m as f64).min(uncached);
@@ -323,7 +324,7 @@ impl Predictor<'_> {
 
 /// The expert strategy an estimate is made under (`None` for a dense model).
 fn strategy_name(x: &Option<ExpertModel>) -> Option<&'static str> {
-    x.as_ref().map(|x| x.strategy)
+    x.as_ref().map(|x| x.strategy.name())
 }
 
 /// The target the plan was compiled for, and the one it is predicted on: the same, or
@@ -391,7 +392,7 @@ fn expert_strategies(h: &Header, req: &EstimateRequest, machine: &Machine) -> Ve
         }
         None => h.plan.window.experts.costs,
     };
-    ["hybrid", "lru", "static"]
+    [ExpertStrategy::Hybrid, ExpertStrategy::Lru, ExpertStrategy::Static]
         .into_iter()
         .map(|strategy| Some(ExpertModel { strategy, costs, experts: moe.experts as f64, top_k: moe.top_k as f64, slots: h.plan.window.experts.slots_per_layer as f64 }))
         .collect()

@@ -58,6 +58,9 @@ pub enum ExpertStrategy {
 }
 
 impl ExpertStrategy {
+    /// Every strategy's name, as [`parse`](Self::parse) takes it.
+    pub const NAMES: &'static [&'static str] = &["hybrid", "lru", "static"];
+
     pub fn parse(s: &str) -> Option<ExpertStrategy> {
         match s {
             "hybrid" => Some(ExpertStrategy::Hybrid),
