@@ -117,6 +117,10 @@ fn a_split_gguf_compiles_from_its_first_part_and_a_missing_part_is_named() {
         std::fs::copy(fixture("split").join(&name), copy.join(&name)).unwrap();
     }
     common::compile_refused(&copy.join("tiny-llada-A-00001-of-00003.gguf"), &["tiny-llada-A-00002-of-00003.gguf"]);
+    // Parts 2 and 3 under each other's names.
+    std::fs::copy(fixture("split/tiny-llada-A-00003-of-00003.gguf"), copy.join("tiny-llada-A-00002-of-00003.gguf")).unwrap();
+    std::fs::copy(fixture("split/tiny-llada-A-00002-of-00003.gguf"), copy.join("tiny-llada-A-00003-of-00003.gguf")).unwrap();
+    common::compile_refused(&copy.join("tiny-llada-A-00001-of-00003.gguf"), &["tiny-llada-A-00002-of-00003.gguf", "the file name says part 2 of 3, but its split.no and split.count say part 3 of 3"]);
 }
 
 /// A GGUF broken in one place: one error naming the file and the key, tensor or header part.
@@ -135,6 +139,9 @@ fn broken_ggufs_are_refused_naming_what_is_wrong() {
         ("pre", { let mut f = good.clone(); let at = find(b"gpt-2"); f[at..at + 5].copy_from_slice(b"gpt-9"); f }, vec!["tokenizer.ggml.pre", "gpt-9"]),
         ("type", { let mut f = good.clone(); let at = find(b"blk.0.attn_norm.weight") + 22 + 4 + 8; f[at..at + 4].copy_from_slice(&99u32.to_le_bytes()); f }, vec!["blk.0.attn_norm.weight", "ggml type 99"]),
         ("unread type", { let mut f = good.clone(); let at = find(b"blk.0.attn_norm.weight") + 22 + 4 + 8; f[at..at + 4].copy_from_slice(&24u32.to_le_bytes()); f }, vec!["blk.0.attn_norm.weight", "I8 is not read"]),
+        // A block count past the tensors is refused before anything is sized by it.
+        ("blocks", { let mut f = good.clone(); let at = find(b"llada.block_count") + 17 + 4; f[at..at + 4].copy_from_slice(&u32::MAX.to_le_bytes()); f }, vec!["llada.block_count", "4294967295 blocks, but the file holds the tensors of 4 (blk.0 to blk.3)"]),
+        ("block count type", { let mut f = good.clone(); let at = find(b"llada.block_count") + 17; f[at..at + 4].copy_from_slice(&6u32.to_le_bytes()); f }, vec!["llada.block_count", "found f32"]),
     ];
     for (what, bytes, needles) in cases {
         let path = dir.path().join(format!("{}.gguf", what.replace(' ', "-")));

@@ -32,7 +32,7 @@ impl Meta<'_> {
     pub fn uint(&self, key: &str) -> Result<Option<u64>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_u64().map(Some).ok_or_else(|| self.err(key, format!("expected a non-negative integer, found {} {v:?}", v.type_name()))),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| self.err(key, format!("expected a non-negative integer, found {}", v.described()))),
         }
     }
 
@@ -60,7 +60,7 @@ impl Meta<'_> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Float(x, _)) if x.is_finite() && *x >= 0.0 => Ok(Some(*x)),
-            Some(v) => Err(self.err(key, format!("expected a finite non-negative float, found {v:?}"))),
+            Some(v) => Err(self.err(key, format!("expected a finite non-negative float, found {}", v.described()))),
         }
     }
 
@@ -68,7 +68,7 @@ impl Meta<'_> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(v) => Err(self.err(key, format!("expected a bool, found {} {v:?}", v.type_name()))),
+            Some(v) => Err(self.err(key, format!("expected a bool, found {}", v.described()))),
         }
     }
 
@@ -76,7 +76,7 @@ impl Meta<'_> {
         match self.get(key) {
             None => Ok(None),
             Some(Value::Str(s)) => Ok(Some(s)),
-            Some(v) => Err(self.err(key, format!("expected a string, found {} {v:?}", v.type_name()))),
+            Some(v) => Err(self.err(key, format!("expected a string, found {}", v.described()))),
         }
     }
 }
@@ -109,9 +109,16 @@ pub fn config(m: &Meta, tensors: &BTreeMap<String, TensorInfo>) -> Result<(Llada
         Some(Value::Array(t)) => t.len(),
         _ => return Err(m.err("tokenizer.ggml.tokens", "missing or not an array")),
     };
+    // The blocks the tensors hold bound the count before anything is sized by it.
+    let n_layers = m.required(&key("block_count"))?;
+    let blocks = tensors.keys().filter_map(|n| n.strip_prefix("blk.")?.split('.').next()?.parse::<usize>().ok()).max().map_or(0, |last| last + 1);
+    if n_layers > blocks {
+        let held = if blocks == 0 { "no block's tensors (blk.N.*)".to_string() } else { format!("the tensors of {blocks} (blk.0 to blk.{})", blocks - 1) };
+        return Err(m.err(&key("block_count"), format!("{n_layers} blocks, but the file holds {held}")));
+    }
     let dims = NetworkDims {
         d_model,
-        n_layers: m.required(&key("block_count"))?,
+        n_layers,
         n_heads,
         n_kv_heads: m.size(&key("attention.head_count_kv"))?.unwrap_or(n_heads),
         mlp_hidden: match family {

@@ -41,6 +41,19 @@ impl Value {
         }
     }
 
+    /// Its type and, for a scalar, its value, as a message names what it found: `u32 0`,
+    /// `f32 4`, `string "x"`, `array of 3`.
+    pub fn described(&self) -> String {
+        match self {
+            Value::UInt(v, t) => format!("{t} {v}"),
+            Value::Int(v, t) => format!("{t} {v}"),
+            Value::Float(v, t) => format!("{t} {v:?}"),
+            Value::Bool(b) => format!("bool {b}"),
+            Value::Str(s) => format!("string {s:?}"),
+            Value::Array(a) => format!("array of {}", a.len()),
+        }
+    }
+
     /// The value as a non-negative integer, whatever integer type holds it.
     pub fn as_u64(&self) -> Option<u64> {
         match *self {
@@ -216,7 +229,7 @@ pub fn parse(path: &Path, bytes: &[u8]) -> Result<(BTreeMap<String, Value>, Vec<
     let alignment = match kvs.get("general.alignment") {
         None => DEFAULT_ALIGNMENT,
         Some(Value::UInt(a, "u32")) if a.is_power_of_two() => *a,
-        Some(v) => return Err(r.err("general.alignment", format!("{v:?} is not a u32 power of two"))),
+        Some(v) => return Err(r.err("general.alignment", format!("{} is not a u32 power of two", v.described()))),
     };
     let mut infos = Vec::with_capacity(n_tensors);
     let mut names = std::collections::HashSet::new();

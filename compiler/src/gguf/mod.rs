@@ -76,7 +76,10 @@ fn open_parts(path: &Path) -> Result<Vec<GgufFile>> {
         let f = GgufFile::open(p)?;
         let (no, count) = (split_key(&f, "split.no")?, split_key(&f, "split.count")?);
         if paths.len() > 1 && (no != Some(i as u64) || count != Some(paths.len() as u64)) {
-            return Err(Error::Gguf { path: p.clone(), what: "split.no".into(), msg: format!("split.no {no:?} of split.count {count:?}, but the file name says part {} of {}", i + 1, paths.len()) });
+            // split.no counts from 0, the file names from 1.
+            let said = |v: Option<u64>, plus: u64| v.map_or("missing".to_string(), |v| (v + plus).to_string());
+            let msg = format!("the file name says part {} of {}, but its split.no and split.count say part {} of {}", i + 1, paths.len(), said(no, 1), said(count, 0));
+            return Err(Error::Gguf { path: p.clone(), what: "split.no".into(), msg });
         }
         if paths.len() == 1 && count.is_some_and(|c| c > 1) {
             return Err(Error::Gguf { path: p.clone(), what: "split.count".into(), msg: format!("this file is one of {} parts; name it NAME-00001-of-{:05}.gguf as llama.cpp does", count.unwrap_or(0), count.unwrap_or(0)) });
