@@ -52,6 +52,28 @@ fn a_grid_past_the_plan_is_refused_with_the_fix() {
     assert!(e.contains("192 positions,") && e.contains("at most 128") && e.contains("--max-seq 192"), "{e}");
 }
 
+/// The settled prefix a stream prints never reaches into the grid's padding past the
+/// generation: at the end it is the output, under the published rule and mbsd alike.
+#[test]
+fn the_settled_prefix_stays_within_the_generation() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = kit_model(dir.path());
+    let mut session = Session::new(&model).unwrap();
+    let prompt = [5, 9, 200, 31, 77];
+    for policy in [llada_rt::sampler::Policy::Exact, llada_rt::sampler::Policy::Mbsd] {
+        for gen_length in [1, 3, 20] {
+            let p = SamplerParams { gen_length, block_length: 16, steps: 16, policy, eos_early_stop: false, ..Default::default() };
+            let mut last = 0;
+            let g = generate(&mut session, &prompt, &p, &mut |v| {
+                assert!(v.settled <= gen_length, "{policy:?}, gen {gen_length}: {} settled", v.settled);
+                last = v.settled;
+            })
+            .unwrap();
+            assert_eq!(last, g.output_ids.len(), "{policy:?}, gen {gen_length}");
+        }
+    }
+}
+
 /// A pass over several blocks, each block's rows attending up to its end, computes what a
 /// pass per block computes: the store of a finished block folds into the next block's pass.
 #[test]

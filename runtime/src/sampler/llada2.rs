@@ -342,8 +342,11 @@ impl PolicyStep for Llada2 {
         if !c.done {
             self.advance(c);
         }
-        // Editing may still change the current block's tokens; finished blocks are final.
+        // Editing may still change the current block's tokens; finished blocks are final. The
+        // grid's padding slots past the generation (and anything after its EOS) are never
+        // part of it.
         let open = if editing.is_none() || c.done { c.x.len() } else { (self.block * b).max(c.prompt_len) };
+        let open = open.min(c.output_end.unwrap_or(self.prompt_len + self.gen_len));
         c.settled = committed_prefix(&c.x[c.prompt_len..open], mask);
         Ok(())
     }
