@@ -10,6 +10,7 @@ use serde::Serialize;
 use llada_rt::error::Result;
 use crate::roofline::Roofline;
 use llada_rt::session::Session;
+use llada_rt::Model;
 
 /// One GEMM shape at one row count (the median over the layers that share it).
 #[derive(Debug, Clone, Serialize)]
@@ -60,6 +61,15 @@ pub struct PassTiming {
     pub overlap: f64,
 }
 
+/// `n` made-up token ids spread over `model`'s vocabulary (`i * stride + offset`), none of
+/// them the mask token: a prompt the sampler accepts.
+pub fn spread_tokens(model: &Model, n: usize, stride: usize, offset: usize) -> Vec<u32> {
+    let m = &model.header.model;
+    let vocab = m.vocab_size.min(m.embedding_size) as usize;
+    let mask = model.header.special.mask as usize;
+    (0..n).map(|i| (i * stride + offset) % vocab).map(|t| if t == mask { (t + 1) % vocab } else { t } as u32).collect()
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -72,10 +82,7 @@ pub fn pass(session: &mut Session, roof: &Roofline, rows: usize, logit_rows: usi
     if session.model.diffusion_gemma().is_some() {
         return denoise_pass(session, roof, rows, repeat);
     }
-    let model = session.model.clone();
-    let m = &model.header.model;
-    let vocab = m.vocab_size.min(m.embedding_size) as usize;
-    let seq: Vec<u32> = (0..rows).map(|i| ((i * 7919 + 11) % vocab) as u32).collect();
+    let seq = spread_tokens(&session.model, rows, 7919, 11);
     let logit_positions: Vec<u32> = (rows - logit_rows..rows).map(|r| r as u32).collect();
     session.forward_full(&seq, &logit_positions)?;
     let mut runs = Vec::new();
@@ -96,9 +103,9 @@ pub fn denoise_pass(session: &mut Session, roof: &Roofline, prompt_rows: usize, 
     let section = model.diffusion_gemma().expect("a DiffusionGemma model");
     let canvas = section.decoder_graphs.last().map_or(0, |&g| model.graph(g).logit_rows as usize);
     let m = &model.header.model;
-    let (vocab, width) = (m.vocab_size.min(m.embedding_size) as usize, m.embedding_size as usize);
-    let prompt: Vec<u32> = (0..prompt_rows).map(|i| ((i * 7919 + 11) % vocab) as u32).collect();
-    let tokens: Vec<u32> = (0..canvas).map(|i| ((i * 104_729 + 7) % vocab) as u32).collect();
+    let width = m.embedding_size as usize;
+    let prompt = spread_tokens(&model, prompt_rows, 7919, 11);
+    let tokens = spread_tokens(&model, canvas, 104_729, 7);
     // Logits of the scale a soft-capped model gives (|z| < 30), spread over the vocabulary.
     let soft: Vec<f32> = (0..canvas * width).map(|i| ((i * 2_654_435_761) % 6007) as f32 / 6007.0 * 40.0 - 20.0).collect();
     let start = std::time::Instant::now();

@@ -229,6 +229,16 @@ fn special_tokens_in_prompt_text_are_their_ids() {
     assert_eq!(ids, vec![65, 278, 66, 274]);
 }
 
+/// bench's made-up prompt never holds the mask token, however long (one of 173 tokens or more
+/// once did, and the sampler refused it).
+#[test]
+fn a_long_bench_prompt_is_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = common::embedded(dir.path());
+    let o = run("llada-rt", &["bench", art.to_str().unwrap(), "--rows", "8", "--repeat", "1", "--generate", "--gen-len", "16", "--steps", "16", "--block-len", "8", "--prompt-len", "200"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 #[test]
 fn empty_prompt_and_zero_threads_and_negative_numbers() {
     let dir = tempfile::tempdir().unwrap();

@@ -83,9 +83,7 @@ impl Bench {
             passes.push(llada_rt_tools::bench::pass(&mut session, &roof, r, pass_logit_rows, repeat)?);
         }
         let generation = if let Some(params) = &params {
-            let m = &model.header.model;
-            let vocab = m.vocab_size.min(m.embedding_size) as usize;
-            let prompt: Vec<u32> = (0..prompt_len).map(|i| ((i * 104729 + 7) % vocab) as u32).collect();
+            let prompt = llada_rt_tools::bench::spread_tokens(&model, prompt_len, 104_729, 7);
             Some(generate(&mut session, &prompt, params, &mut |_| {})?)
         } else {
             None
