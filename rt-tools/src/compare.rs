@@ -11,7 +11,9 @@ use llada_rt::{generate, SamplerParams};
 /// The difference of `other` from `reference` on one prompt.
 #[derive(Debug, Clone, Serialize)]
 pub struct Comparison {
-    /// First pass over the prompt and `gen_length` masks, logits of every masked position:
+    /// First pass over the prompt and `gen_length` masks, logits of every masked position
+    /// (DiffusionGemma: the first decoder pass, over a canvas of made-up tokens after the
+    /// prompt's encoder pass, logits of every canvas position):
     /// `||other - reference|| / ||reference||` over all of them (L2).
     pub logit_relative_error: f64,
     /// Largest absolute difference, over the reference's largest absolute logit.
@@ -39,11 +41,9 @@ pub fn compare(reference: &mut Session, other: &mut Session, prompt: &[u32], p: 
             b.special.mask
         )));
     }
-    let mut seq = prompt.to_vec();
-    seq.extend(std::iter::repeat_n(a.special.mask, p.gen_length));
-    let heads: Vec<u32> = (prompt.len()..seq.len()).map(|q| q as u32).collect();
-    let want = reference.forward_full(&seq, &heads)?.to_vec();
-    let got = other.forward_full(&seq, &heads)?;
+    let want = first_pass(reference, prompt, p)?;
+    let got = first_pass(other, prompt, p)?;
+    let got = got.as_slice();
     let vocab = a.model.embedding_size as usize;
     let (mut diff, mut norm, mut max_diff, mut max_ref) = (0f64, 0f64, 0f64, 0f64);
     for (&w, &g) in want.iter().zip(got) {
@@ -55,7 +55,7 @@ pub fn compare(reference: &mut Session, other: &mut Session, prompt: &[u32], p: 
     }
     let top = |row: &[f32]| row.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0;
     let agree = want.chunks(vocab).zip(got.chunks(vocab)).filter(|(w, g)| top(w) == top(g)).count();
-    let top1_agreement = agree as f64 / heads.len().max(1) as f64;
+    let top1_agreement = agree as f64 / (want.len() / vocab).max(1) as f64;
     let r = generate(reference, prompt, p, &mut |_| {})?;
     let o = generate(other, prompt, p, &mut |_| {})?;
     let same = r.output_ids.iter().zip(&o.output_ids).filter(|(x, y)| x == y).count();
@@ -67,4 +67,21 @@ pub fn compare(reference: &mut Session, other: &mut Session, prompt: &[u32], p: 
         reference_seconds: r.seconds,
         other_seconds: o.seconds,
     })
+}
+
+/// The logits `compare` measures: LLaDA's families, the pass over the prompt and
+/// `gen_length` masks at the masked positions; DiffusionGemma, its first decoder pass (no
+/// self-conditioning yet) over a canvas of `block_length` made-up tokens after the prompt's
+/// encoder pass, at every canvas position.
+fn first_pass(session: &mut Session, prompt: &[u32], p: &SamplerParams) -> Result<Vec<f32>> {
+    let model = session.model.clone();
+    if model.diffusion_gemma().is_some() {
+        let canvas = crate::bench::spread_tokens(&model, p.block_length, 104_729, 7);
+        session.encode(prompt, 0..prompt.len())?;
+        return Ok(session.denoise(prompt.len(), &canvas, None)?.to_vec());
+    }
+    let mut seq = prompt.to_vec();
+    seq.extend(std::iter::repeat_n(model.header.special.mask, p.gen_length));
+    let rows: Vec<u32> = (prompt.len()..seq.len()).map(|q| q as u32).collect();
+    Ok(session.forward_full(&seq, &rows)?.to_vec())
 }

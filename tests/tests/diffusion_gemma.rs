@@ -112,6 +112,25 @@ fn bench_and_estimate_follow_the_encoder_and_decoder() {
     common::assert_clean_failure(&out, &["--block-len 4", "canvas"]);
 }
 
+/// `compare` measures the first decoder pass and the generation: nothing apart against the
+/// artifact itself, a little apart for f16 weights.
+#[test]
+fn compare_measures_the_decoder_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let f32 = compiled(dir.path(), "tiny-dg-A");
+    let f16 = dir.path().join("f16.lad");
+    common::compile_quant(&kit("tiny-dg-A"), &f16, Some(lladac::Quant::F16), 128, None);
+    let compare = |other: &Path| {
+        let out = common::run("llada-rt", &["compare", f32.to_str().unwrap(), other.to_str().unwrap(), "--prompt-ids", "5,6,7", "--json"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        (v["logit_relative_error"].as_f64().unwrap(), v["top1_agreement"].as_f64().unwrap(), v["token_agreement"].as_f64().unwrap())
+    };
+    assert_eq!(compare(&f32), (0.0, 1.0, 1.0));
+    let (error, top1, _) = compare(&f16);
+    assert!(error > 0.0 && error < 0.1 && top1 > 0.5, "f16: error {error}, top-1 {top1}");
+}
+
 /// A prompt and canvases that outgrow the cache (max-seq 128) are refused with the numbers
 /// and the fix, in the words LLaDA's refusal uses.
 #[test]
