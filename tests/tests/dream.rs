@@ -46,6 +46,20 @@ fn the_dream_kit_replays_every_greedy_case_with_its_reveals_and_first_pass_logit
     assert_eq!(r.logit_cases_within_tolerance, 3);
 }
 
+/// Dream's exact sampler predicts the whole generation in one pass: a generation longer than
+/// the artifact's logit rows is refused with a fix that works (a shorter generation, a
+/// blocked policy, or more logit rows), not a shorter block, which the sampler refuses.
+#[test]
+fn a_generation_past_the_logit_rows_is_refused_with_fixes_that_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let lad = dir.path().join("rows64.lad");
+    common::compile_quant(&kit(), &lad, None, 128, None);
+    let model = Model::open(&lad, true).unwrap();
+    let p = SamplerParams { gen_length: 65, block_length: 65, steps: 65, ..SamplerParams::for_model(&model, None, None, Policy::Exact) };
+    let e = generate(&mut Session::new(&model).unwrap(), &[5, 6], &p, &mut |_| {}).unwrap_err().to_string();
+    assert!(e.contains("--gen-len 65 (Dream's sampler has no blocks") && e.contains("use --gen-len 64 or less, or the prefix or dual policy with --block-len 64 or less") && e.contains("--logit-rows 65"), "{e}");
+}
+
 /// The trained tiny Dream's kit (`data/dream-conformance/tiny-dream-tasks`: eight held-out
 /// tasks, the published sampler at gen 64 with 64, 32 and 16 steps, three rules): replayed
 /// exactly on the host, ties included (the NPU replays it in CI within fp16's precision).

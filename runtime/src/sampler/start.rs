@@ -13,14 +13,20 @@ pub(crate) struct Start {
     pub(crate) policy: Box<dyn PolicyStep>,
 }
 
-/// Refuses a block of `block_length` logit rows when the graph that computes `rows` positions
-/// returns fewer.
-fn check_logit_rows(model: &Model, rows: usize, block_length: usize) -> Result<()> {
+/// Refuses a block of `p.block_length` logit rows when the graph that computes `rows`
+/// positions returns fewer. Dream's exact sampler is one block of the whole generation, so
+/// there the fix is a shorter generation, not a shorter block.
+fn check_logit_rows(model: &Model, rows: usize, p: &SamplerParams) -> Result<()> {
     let capacity = model.logit_capacity(rows)?;
+    let block_length = p.block_length;
     if block_length > capacity {
+        let (what, shorter) = if model.is_dream() && p.policy == Policy::Exact {
+            (format!("--gen-len {block_length} (Dream's sampler has no blocks: one pass predicts every generated position)"), format!("--gen-len {capacity} or less, or the prefix or dual policy with --block-len {capacity} or less"))
+        } else {
+            (format!("--block-len {block_length}"), format!("--block-len {capacity} or less"))
+        };
         return Err(Error::request(format!(
-            "--block-len {block_length} needs {block_length} logit rows per pass but {} was compiled for {capacity}; \
-             use --block-len {capacity} or less, or recompile with `lladac compile --logit-rows {block_length}`",
+            "{what} needs {block_length} logit rows per pass but {} was compiled for {capacity}; use {shorter}, or recompile with `lladac compile --logit-rows {block_length}`",
             model.path.display(),
         )));
     }
@@ -40,7 +46,7 @@ pub(crate) fn start(ctx: &PassContext, prompt: &[u32], p: &SamplerParams) -> Res
         return start_diffusion_gemma(ctx, section, prompt, p, special, steps_per_block);
     }
     let len = prompt.len() + p.gen_length;
-    check_logit_rows(model, len, p.block_length)?;
+    check_logit_rows(model, len, p)?;
     let spec_blocks = if matches!(p.policy, Policy::Spec | Policy::Mbsd) { p.spec_blocks } else { 0 };
     let (policy, revised_per_step): (Box<dyn PolicyStep>, usize) = match p.policy {
         Policy::Mbsd => {
@@ -90,7 +96,7 @@ fn start_llada2(ctx: &PassContext, prompt: &[u32], p: &SamplerParams, special: l
         return Err(model.too_long(&what, grid, limit));
     }
     // A block pass runs on the graph of the block's rows and returns a row per position.
-    check_logit_rows(model, p.block_length, p.block_length)?;
+    check_logit_rows(model, p.block_length, p)?;
     let canvas_p = SamplerParams { gen_length: grid - prompt.len(), ..*p };
     let predictor = Predictor::for_model(model, policy.logit_rows(), ctx.pool.clone());
     let mut canvas = Canvas::new(&canvas_p, steps, prompt, special, predictor, policy.revised_per_step());
