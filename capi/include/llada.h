@@ -128,7 +128,8 @@ typedef enum llada_backend {
   LLADA_BACKEND_VULKAN = 1,
   // Qualcomm's HTP (the phone's NPU) through the QNN library in `LLADA_QNN_LIB`, running
   // the executables of an artifact compiled for a Snapdragon target; without the library
-  // `llada_session_new_on` fails with `LLADA_STATUS_INVALID_ARGUMENT` naming `backend`.
+  // `llada_session_new_on` fails with `LLADA_STATUS_INVALID_ARGUMENT` naming `backend`,
+  // and on an artifact without NPU executables with `LLADA_STATUS_INVALID_REQUEST`.
   LLADA_BACKEND_QNN = 2,
 } llada_backend;
 
@@ -178,7 +179,8 @@ typedef struct llada_session_params {
 // each field matches the llada-rt option named in its comment and has its range; a field out
 // of range is LLADA_STATUS_INVALID_ARGUMENT with a message naming it (`params.FIELD`).
 typedef struct llada_params {
-  // Tokens to generate, a multiple of the block length (`--gen-len`). Default 128.
+  // Tokens to generate, a multiple of the block length (`--gen-len`); 0 takes the model's
+  // default (128; DiffusionGemma: its generation config's `max_new_tokens`). Default 0.
   uint32_t gen_len;
   // Semi-autoregressive block length (`--block-len`); 0 takes the length the artifact was
   // compiled for (DiffusionGemma: its canvas). Default 0.
@@ -294,11 +296,16 @@ typedef struct llada_params {
 // The state after one denoising step, for showing the answer as it forms. Every pointer is
 // valid only during the callback.
 typedef struct llada_step {
-  // Steps done (1-based) and steps in all; policies with early commits may finish in fewer.
+  // Steps done (1-based) and the steps asked for; policies with early commits may finish
+  // in fewer. LLaDA 2.x's `steps` count one block's and DiffusionGemma's one canvas's, so
+  // there `step` passes `steps` after the first block or canvas.
   uint32_t step;
   uint32_t steps;
-  // The generated part of the sequence, `n_tokens` ids: `mask_id` where nothing is
-  // committed yet.
+  // The generated part of the sequence as the sampler holds it, `n_tokens` ids: `mask_id`
+  // where nothing is committed yet. LLaDA 2.x: to the end of its last block, which may pass
+  // `gen_len` (the output is the first `gen_len`, and `n_settled` stops there).
+  // DiffusionGemma has no mask: a canvas starts as random tokens that each step redraws,
+  // and `committed` lists the positions a step accepted.
   const uint32_t *tokens;
   size_t n_tokens;
   uint32_t mask_id;
@@ -306,8 +313,9 @@ typedef struct llada_step {
   const uint32_t *committed;
   size_t n_committed;
   // This step's revisions of earlier commits, `n_revised` pairs of (position in `tokens`,
-  // new token id), flat, applied after the commits (only LLADA_POLICY_MBSD revises).
-  // Together with `committed` they are every position this step changed.
+  // new token id), flat, applied after the commits (LLADA_POLICY_MBSD's revision and LLaDA
+  // 2.1's token editing revise). Together with `committed` they are every position this
+  // step changed (DiffusionGemma: every position it accepted).
   const uint32_t *revised;
   size_t n_revised;
   // Leading positions of `tokens` that can no longer change (committed, and stable under

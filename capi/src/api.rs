@@ -62,11 +62,16 @@ pub struct Output {
 /// valid only during the callback.
 #[repr(C)]
 pub struct Step {
-    /// Steps done (1-based) and steps in all; policies with early commits may finish in fewer.
+    /// Steps done (1-based) and the steps asked for; policies with early commits may finish
+    /// in fewer. LLaDA 2.x's `steps` count one block's and DiffusionGemma's one canvas's, so
+    /// there `step` passes `steps` after the first block or canvas.
     pub step: u32,
     pub steps: u32,
-    /// The generated part of the sequence, `n_tokens` ids: `mask_id` where nothing is
-    /// committed yet.
+    /// The generated part of the sequence as the sampler holds it, `n_tokens` ids: `mask_id`
+    /// where nothing is committed yet. LLaDA 2.x: to the end of its last block, which may pass
+    /// `gen_len` (the output is the first `gen_len`, and `n_settled` stops there).
+    /// DiffusionGemma has no mask: a canvas starts as random tokens that each step redraws,
+    /// and `committed` lists the positions a step accepted.
     pub tokens: *const u32,
     pub n_tokens: usize,
     pub mask_id: u32,
@@ -74,8 +79,9 @@ pub struct Step {
     pub committed: *const u32,
     pub n_committed: usize,
     /// This step's revisions of earlier commits, `n_revised` pairs of (position in `tokens`,
-    /// new token id), flat, applied after the commits (only LLADA_POLICY_MBSD revises).
-    /// Together with `committed` they are every position this step changed.
+    /// new token id), flat, applied after the commits (LLADA_POLICY_MBSD's revision and LLaDA
+    /// 2.1's token editing revise). Together with `committed` they are every position this
+    /// step changed (DiffusionGemma: every position it accepted).
     pub revised: *const u32,
     pub n_revised: usize,
     /// Leading positions of `tokens` that can no longer change (committed, and stable under
@@ -399,7 +405,7 @@ pub unsafe extern "C" fn llada_backend_find(name: *const c_char, out: *mut u32) 
         }
         // SAFETY: the caller's contract on `name`.
         let name = unsafe { text_arg(name, "name") }?;
-        let backend = llada_rt::executor::find(name).map_err(|e| Failure::argument(e.to_string()))?;
+        let backend = llada_rt::executor::find(name).map_err(|_| Failure::argument(format!("name: '{name}' is not a backend; the backends are {}", llada_rt::executor::names().join(", "))))?;
         let index = crate::params::backend_index(backend.name).expect("a registered backend has an index");
         // SAFETY: non-null and writable by the caller's contract.
         unsafe { *out = index };

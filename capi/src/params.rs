@@ -79,7 +79,8 @@ pub enum Revision {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Params {
-    /// Tokens to generate, a multiple of the block length (`--gen-len`). Default 128.
+    /// Tokens to generate, a multiple of the block length (`--gen-len`); 0 takes the model's
+    /// default (128; DiffusionGemma: its generation config's `max_new_tokens`). Default 0.
     pub gen_len: u32,
     /// Semi-autoregressive block length (`--block-len`); 0 takes the length the artifact was
     /// compiled for (DiffusionGemma: its canvas). Default 0.
@@ -197,7 +198,7 @@ pub struct Params {
 pub extern "C" fn llada_default_params() -> Params {
     let d = SamplerParams::default();
     Params {
-        gen_len: d.gen_length as u32,
+        gen_len: 0,
         block_len: 0,
         steps: 0,
         temperature: d.temperature,
@@ -301,18 +302,22 @@ impl Params {
             3 => RtAlg::Origin,
             n => return Err(Failure::argument(format!("params.alg: {n} is not a llada_alg"))),
         };
+        let gen_length = match self.gen_len {
+            0 => SamplerParams::for_model(model, None, None, policy).gen_length,
+            n => n as usize,
+        };
         // Dream's sampler has no blocks: 0 takes the whole generation as one.
         let block_length = match self.block_len {
-            0 if model.is_dream() => self.gen_len as usize,
+            0 if model.is_dream() => gen_length,
             // DiffusionGemma: its canvas.
             0 if model.diffusion_gemma().is_some() => model.diffusion_gemma().map_or(0, |dg| dg.canvas_length as usize),
             0 => plan.block_len as usize,
             n => n as usize,
         };
-        let defaults = SamplerParams::for_model(model, Some(self.gen_len as usize), Some(block_length), policy);
+        let defaults = SamplerParams::for_model(model, Some(gen_length), Some(block_length), policy);
         let given = |n: u32| (n != 0).then_some(n as usize);
         Ok(SamplerParams {
-            gen_length: self.gen_len as usize,
+            gen_length,
             block_length,
             steps: if self.steps == 0 { defaults.steps } else { self.steps as usize },
             temperature: self.temperature,
@@ -388,7 +393,8 @@ pub enum Backend {
     Vulkan = 1,
     /// Qualcomm's HTP (the phone's NPU) through the QNN library in `LLADA_QNN_LIB`, running
     /// the executables of an artifact compiled for a Snapdragon target; without the library
-    /// `llada_session_new_on` fails with `LLADA_STATUS_INVALID_ARGUMENT` naming `backend`.
+    /// `llada_session_new_on` fails with `LLADA_STATUS_INVALID_ARGUMENT` naming `backend`,
+    /// and on an artifact without NPU executables with `LLADA_STATUS_INVALID_REQUEST`.
     Qnn = 2,
 }
 

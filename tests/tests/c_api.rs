@@ -311,3 +311,31 @@ fn dream_generates_through_the_c_interface_as_through_rust() {
     assert!(last_error().contains("params.remasking"), "{}", last_error());
     unsafe { llada_output_free(out.as_mut_ptr()) };
 }
+
+/// With the default settings (`llada_default_params()`, or none) a generation is `llada-rt run
+/// --chat` with no options on every family: DiffusionGemma's length is its generation
+/// config's, not 128.
+#[test]
+fn the_default_settings_are_runs_on_diffusion_gemma() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = dir.path().join("dg.lad");
+    common::compile(&repo().join("tests/data/diffusiongemma-conformance/tiny-dg-A"), &art, Some(128));
+    let out = common::run("llada-rt", &["run", art.to_str().unwrap(), "--chat", "-p", "hello", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let cli: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cli_ids: Vec<u32> = cli["output_ids"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap() as u32).collect();
+    let loaded = Loaded::new(&art);
+    let prompt = CString::new("hello").unwrap();
+    for params in [std::ptr::null(), &llada_default_params() as *const Params] {
+        let mut out = std::mem::MaybeUninit::<Output>::uninit();
+        // SAFETY: live session, valid strings, `params` null or valid, `out` writable.
+        let status = unsafe { llada_generate(loaded.session, prompt.as_ptr(), params, None, std::ptr::null_mut(), out.as_mut_ptr()) };
+        assert_eq!(status, Status::Ok, "{}", last_error());
+        // SAFETY: a successful output's tokens are valid until freed.
+        let mut out = unsafe { out.assume_init() };
+        let ids = unsafe { std::slice::from_raw_parts(out.tokens, out.n_tokens) }.to_vec();
+        // SAFETY: filled by `llada_generate`.
+        unsafe { llada_output_free(&mut out) };
+        assert_eq!(ids, cli_ids);
+    }
+}
