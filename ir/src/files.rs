@@ -217,6 +217,10 @@ pub fn write_atomic(dest: &Path, reads: &[&Path], bytes: &[u8]) -> io::Result<()
 /// The path to write: `dest` itself, or the file a symbolic link at `dest` points to. Refuses
 /// anything but a regular file or nothing.
 fn resolve_destination(dest: &Path) -> io::Result<PathBuf> {
+    // A trailing separator names a folder, which a file cannot be renamed onto.
+    if dest.as_os_str().as_encoded_bytes().last().is_some_and(|&b| std::path::is_separator(b as char)) {
+        return Err(invalid("ends in a path separator, which names a folder; give the file's name".into()));
+    }
     match std::fs::symlink_metadata(dest) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(dest.to_path_buf()),
         Err(e) => Err(e),
@@ -346,6 +350,10 @@ mod tests {
         assert!(e.to_string().contains("character device"), "{e}");
         let e = write_atomic(&input, &[], b"x").unwrap_err();
         assert!(e.to_string().contains("directory"), "{e}");
+        // A new name ending in '/' is a folder's, refused before anything is written.
+        let e = check_destination(&dir.join("new/"), &[]).unwrap_err();
+        assert!(e.to_string().contains("names a folder"), "{e}");
+        assert!(write_atomic(&dir.join("new/"), &[], b"x").is_err() && !dir.join("new").exists());
         std::os::unix::fs::symlink(dir.join("nowhere"), dir.join("dangling")).unwrap();
         assert!(write_atomic(&dir.join("dangling"), &[], b"x").unwrap_err().to_string().contains("link to nothing"));
         std::os::unix::fs::symlink(input.join("weights"), dir.join("link")).unwrap();

@@ -141,6 +141,29 @@ fn compile_spec_blocks_beyond_the_positions_is_refused_naming_the_flag() {
     assert!(!out_path.exists());
 }
 
+/// Compile mistakes refused before the work, each naming what was given (and not a flag that
+/// was not): fewer logit rows than a block, a model that is a file of neither known kind, an
+/// output that names a folder, a target that cannot hold the checkpoint's own weight type.
+#[test]
+fn compile_mistakes_name_what_was_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let ckpt = ckpt(dir.path(), Shape::tiny());
+    let out_path = dir.path().join("x.lad");
+    let (c, o) = (ckpt.to_str().unwrap(), out_path.to_str().unwrap());
+    let out = run("lladac", &["compile", "--model", c, "-o", o, "--logit-rows", "8"]);
+    assert_clean_failure(&out, &["--logit-rows 8 is fewer than the block length 32 (--block-len)"]);
+    let config = ckpt.join("config.json");
+    let out = run("lladac", &["compile", "--model", config.to_str().unwrap(), "-o", o]);
+    assert_clean_failure(&out, &["config.json: a file that is neither GGUF nor ONNX", "folder"]);
+    let folder = format!("{}/", dir.path().join("new").display());
+    let out = run("lladac", &["compile", "--model", c, "-o", &folder]);
+    assert_clean_failure(&out, &["ends in a path separator, which names a folder"]);
+    assert!(!dir.path().join("new").exists());
+    let out = run("lladac", &["compile", "--model", c, "-o", o, "--target", "dimensity9400"]);
+    assert_clean_failure(&out, &["the checkpoint's f32 weights (no --quant): target 'dimensity9400' supports"]);
+    assert!(!out_path.exists());
+}
+
 #[test]
 fn bench_rows_0_is_refused_naming_the_flag() {
     let dir = tempfile::tempdir().unwrap();

@@ -119,12 +119,14 @@ impl Settings {
         if activation_scales == ActivationScales::PerBlock {
             for (what, k) in [("d_model", d), ("n_heads x head_dim", q_dim), ("mlp_hidden_size", f)] {
                 if k % ACTIVATION_BLOCK != 0 {
-                    return Err(Error::Options(format!("--activation-scales block: {what} ({k}) is not whole blocks of {ACTIVATION_BLOCK} inputs; use --activation-scales row")));
+                    let given = if opts.activation_scales.is_some() { "--activation-scales block".to_string() } else { format!("{}'s default activation scales (block)", quant.name()) };
+                    return Err(Error::Options(format!("{given}: {what} ({k}) is not whole blocks of {ACTIVATION_BLOCK} inputs; use --activation-scales row")));
                 }
             }
         }
         if !target.weight_dtypes.iter().any(|t| t == quant.target_name()) {
-            return Err(Error::Options(format!("--quant {}: target '{}' supports {}", quant.target_name(), target.name, target.weight_dtypes.join(", "))));
+            let given = if opts.quant.is_some() { format!("--quant {}", quant.target_name()) } else { format!("the checkpoint's {} weights (no --quant)", quant.target_name()) };
+            return Err(Error::Options(format!("{given}: target '{}' supports {}; pass --quant with one of them", target.name, target.weight_dtypes.join(", "))));
         }
         if let Quant::Q4 { group } = quant {
             let widths = [("d_model", d), ("n_heads x head_dim", q_dim), ("mlp_hidden_size", f)];
@@ -176,7 +178,13 @@ impl Rows {
             return Err(Error::Options("--logit-rows must be at least 1".into()));
         }
         if opts.block_len == 0 || opts.block_len > max_seq {
-            return Err(Error::Options(format!("--block-len {}: must be between 1 and --max-seq ({max_seq})", opts.block_len)));
+            let positions = if opts.max_seq.is_some() { "--max-seq" } else { "the artifact's positions (the model's max_sequence_length, at most the target's default)" };
+            return Err(Error::Options(format!("--block-len {}: must be between 1 and {positions}, {max_seq}", opts.block_len)));
+        }
+        // The exact sampler asks for a block's logits in one pass (DiffusionGemma's decoder
+        // returns its whole canvas's whatever this says).
+        if opts.logit_rows < opts.block_len && cfg.family != llada_ir::Family::DiffusionGemma {
+            return Err(Error::Options(format!("--logit-rows {} is fewer than the block length {} (--block-len): a pass returns the logits of a whole block", opts.logit_rows, opts.block_len)));
         }
         let mut buckets = lower::exact_buckets(max_seq, target.row_multiple);
         let rope_rows = *buckets.last().unwrap();

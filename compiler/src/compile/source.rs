@@ -38,6 +38,12 @@ impl Source {
         // An ONNX export's config and tokenizer files sit beside it; a directory holding one
         // `.onnx` file and no safetensors (as Optimum lays an export out) names that export.
         let onnx_file = if onnx::is_onnx(&opts.model) { Some(opts.model.clone()) } else { onnx::export_in(&opts.model) };
+        if onnx_file.is_none() && opts.model.is_file() {
+            return Err(Error::Options(format!(
+                "--model {}: a file that is neither GGUF nor ONNX; give the Hugging Face checkpoint's folder (the one holding config.json), an .onnx export or a .gguf file",
+                opts.model.display()
+            )));
+        }
         let dir = match &onnx_file {
             Some(f) => f.parent().unwrap_or(Path::new(".")).to_path_buf(),
             None => opts.model.clone(),

@@ -267,7 +267,7 @@ impl<'a> Keys<'a> {
     }
 
     pub(super) fn required(&mut self, key: &'static str) -> Result<usize> {
-        self.usize(key)?.ok_or_else(|| self.err(key, "missing; a LLaDA config.json must set it"))
+        self.usize(key)?.ok_or_else(|| self.err(key, "missing; this family's config.json must set it"))
     }
 
     pub(super) fn f64(&mut self, key: &'static str, default: f64) -> Result<f64> {

@@ -135,14 +135,25 @@ fn rope_parameters(k: &mut Keys, full_head_dim: usize) -> Result<(f64, f64, usiz
         Some(t) if t.is_finite() && t > 0.0 && t <= f32::MAX as f64 => Ok(t),
         _ => Err(k.err(key, format!("{which}.rope_theta must be a positive number"))),
     };
-    let kind = |m: &Map<String, Value>| m.get("rope_type").and_then(Value::as_str).unwrap_or("default").to_string();
-    if kind(sliding) != "default" || sliding.get("partial_rotary_factor").and_then(Value::as_f64).is_some_and(|f| f != 1.0) {
-        return Err(k.err(key, format!("sliding_attention: rope {} is not supported (the default, whole-head rotary is)", kind(sliding))));
+    // A value of the wrong type is refused, not read as absent.
+    let number = |m: &Map<String, Value>, which: &str, name: &str| match m.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_f64().map(Some).ok_or_else(|| k.err(key, format!("{which}.{name}: expected a number, found {v}"))),
+    };
+    let kind = |m: &Map<String, Value>, which: &str| match m.get("rope_type") {
+        None | Some(Value::Null) => Ok("default".to_string()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(v) => Err(k.err(key, format!("{which}.rope_type: expected a string, found {v}"))),
+    };
+    let sliding_kind = kind(sliding, "sliding_attention")?;
+    if sliding_kind != "default" || number(sliding, "sliding_attention", "partial_rotary_factor")?.is_some_and(|f| f != 1.0) {
+        return Err(k.err(key, format!("sliding_attention: rope {sliding_kind} is not supported (the default, whole-head rotary is)")));
     }
-    if kind(full) != "proportional" || full.get("factor").and_then(Value::as_f64).is_some_and(|f| f != 1.0) {
-        return Err(k.err(key, format!("full_attention: rope {} is not supported (proportional, factor 1, is)", kind(full))));
+    let full_kind = kind(full, "full_attention")?;
+    if full_kind != "proportional" || number(full, "full_attention", "factor")?.is_some_and(|f| f != 1.0) {
+        return Err(k.err(key, format!("full_attention: rope {full_kind} is not supported (proportional, factor 1, is)")));
     }
-    let factor = full.get("partial_rotary_factor").and_then(Value::as_f64).unwrap_or(1.0);
+    let factor = number(full, "full_attention", "partial_rotary_factor")?.unwrap_or(1.0);
     if !(0.0..=1.0).contains(&factor) {
         return Err(k.err(key, format!("full_attention.partial_rotary_factor {factor} is outside 0..=1")));
     }
@@ -264,6 +275,18 @@ mod tests {
             map.get_mut("text_config").unwrap().as_object_mut().unwrap().insert(key.into(), value);
             let msg = parse(Path::new("config.json"), &map, None).unwrap_err().to_string();
             assert!(msg.contains(key), "{key}: {msg}");
+        }
+    }
+
+    /// A rotary setting of the wrong type is refused by name, not read as its default.
+    #[test]
+    fn a_rotary_setting_of_the_wrong_type_is_refused() {
+        for (which, name, value) in [("full_attention", "partial_rotary_factor", serde_json::json!("x")), ("full_attention", "factor", serde_json::json!([1.0])), ("sliding_attention", "rope_type", serde_json::json!(3))] {
+            let mut map = kit("config.json");
+            let rope = map.get_mut("text_config").unwrap().get_mut("rope_parameters").unwrap();
+            rope.get_mut(which).unwrap().as_object_mut().unwrap().insert(name.into(), value);
+            let msg = parse(Path::new("config.json"), &map, None).unwrap_err().to_string();
+            assert!(msg.contains(&format!("{which}.{name}: expected a")), "{which}.{name}: {msg}");
         }
     }
 }
