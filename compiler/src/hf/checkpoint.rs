@@ -206,13 +206,13 @@ impl Checkpoint {
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
         let bad = |msg: String| Error::Safetensors { path: path.to_path_buf(), msg };
         let (n, meta) = SafeTensors::read_metadata(&map).map_err(|e| match e {
-            safetensors::SafeTensorError::MetadataIncompleteBuffer | safetensors::SafeTensorError::InvalidHeaderLength => {
-                bad(format!("truncated: the header describes more data than the file's {} bytes", map.len()))
-            }
+            safetensors::SafeTensorError::InvalidHeaderLength => bad(format!("truncated: the header's length runs past the file's {} bytes", map.len())),
             // A dtype safetensors does not know fails the whole header: name its tensor.
-            e => match unknown_dtype(&map) {
-                Some((name, dtype)) => Error::TensorDType { path: path.to_path_buf(), name, dtype },
-                None => bad(e.to_string()),
+            e => match (unknown_dtype(&map), layout_problem(&map)) {
+                (Some((name, dtype)), _) => Error::TensorDType { path: path.to_path_buf(), name, dtype },
+                // safetensors names no tensor, or the one after a gap: say which and how.
+                (None, Some(problem)) => bad(problem),
+                (None, None) => bad(e.to_string()),
             },
         })?;
         let data_start = 8 + n as u64;
@@ -363,6 +363,48 @@ impl Checkpoint {
 /// The first tensor of a safetensors file's header (`file`, its first bytes) whose dtype is
 /// none of safetensors' own, with that dtype: the name a header that fails to parse as a
 /// whole leaves out.
+/// What is wrong with where a safetensors header puts its tensors, naming them: a byte range
+/// that does not fit the tensor's shape and type, a gap or an overlap between two tensors, or
+/// data after the last one or missing from the file. `None` where the header cannot be read
+/// that far, or nothing of these is wrong.
+fn layout_problem(file: &[u8]) -> Option<String> {
+    let len = usize::try_from(u64::from_le_bytes(file.get(..8)?.try_into().ok()?)).ok()?;
+    let header_end = 8usize.checked_add(len)?;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(file.get(8..header_end)?).ok()?;
+    let mut spans: Vec<(u64, u64, &str)> = Vec::new();
+    for (name, info) in header.iter().filter(|(name, _)| name.as_str() != "__metadata__") {
+        let dtype: Dtype = serde_json::from_value(info.get("dtype")?.clone()).ok()?;
+        let shape: Vec<u64> = serde_json::from_value(info.get("shape")?.clone()).ok()?;
+        let (start, end): (u64, u64) = serde_json::from_value(info.get("data_offsets")?.clone()).ok()?;
+        let bits = shape.iter().try_fold(dtype.bitsize() as u64, |n, &d| n.checked_mul(d));
+        let wanted = bits.map(|b| b.div_ceil(8));
+        if end < start || Some(end - start) != wanted {
+            let wanted = wanted.map_or("more than 2^64".to_string(), |w| w.to_string());
+            return Some(format!("tensor '{name}': data_offsets [{start}, {end}] span {} bytes, but its shape {shape:?} of {dtype} takes {wanted}", end.saturating_sub(start)));
+        }
+        spans.push((start, end, name));
+    }
+    spans.sort_unstable();
+    let mut covered = 0u64;
+    let mut previous = "the start of the data".to_string();
+    for &(start, end, name) in &spans {
+        if start > covered {
+            return Some(format!("bytes {covered}..{start} of the data belong to no tensor (between {previous} and '{name}')"));
+        }
+        if start < covered {
+            return Some(format!("tensor '{name}' (bytes {start}..{end} of the data) overlaps {previous}"));
+        }
+        covered = end;
+        previous = format!("'{name}'");
+    }
+    let held = (file.len() - header_end) as u64;
+    if covered != held {
+        let how = if covered > held { "the file is truncated" } else { "the rest belongs to no tensor" };
+        return Some(format!("the tensors take {covered} bytes of data, but the file holds {held} after the header: {how}"));
+    }
+    None
+}
+
 fn unknown_dtype(file: &[u8]) -> Option<(String, String)> {
     let len = usize::try_from(u64::from_le_bytes(file.get(..8)?.try_into().ok()?)).ok()?;
     let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(file.get(8..8usize.checked_add(len)?)?).ok()?;
@@ -480,5 +522,33 @@ mod tests {
         std::fs::write(dir.path().join(INDEX), r#"{"weight_map": {"model.embed": "../outside.safetensors"}}"#).unwrap();
         let err = Checkpoint::open(dir.path()).err().expect("refused").to_string();
         assert!(err.contains(INDEX) && err.contains("model.embed") && err.contains("../outside.safetensors"), "{err}");
+    }
+
+    /// A safetensors file of two f32 tensors `a` `[2]` and `b` `[3]` with `offsets` and
+    /// `data` bytes of data.
+    fn two_tensors(offsets: [[u64; 2]; 2], data: usize) -> Vec<u8> {
+        let header = format!(r#"{{"a":{{"dtype":"F32","shape":[2],"data_offsets":{:?}}},"b":{{"dtype":"F32","shape":[3],"data_offsets":{:?}}}}}"#, offsets[0], offsets[1]);
+        let mut file = (header.len() as u64).to_le_bytes().to_vec();
+        file.extend_from_slice(header.as_bytes());
+        file.resize(file.len() + data, 0);
+        file
+    }
+
+    /// What safetensors refuses without a name (or naming the tensor after the fault) is
+    /// said naming the tensors and the bytes.
+    #[test]
+    fn a_broken_layout_names_its_tensors() {
+        assert_eq!(layout_problem(&two_tensors([[0, 8], [8, 20]], 20)), None);
+        let cases = [
+            (two_tensors([[0, 8], [8, 20]], 36), "the tensors take 20 bytes of data, but the file holds 36 after the header: the rest belongs to no tensor"),
+            (two_tensors([[0, 8], [8, 20]], 12), "the file is truncated"),
+            (two_tensors([[0, 8], [12, 24]], 24), "bytes 8..12 of the data belong to no tensor (between 'a' and 'b')"),
+            (two_tensors([[0, 8], [4, 16]], 16), "tensor 'b' (bytes 4..16 of the data) overlaps 'a'"),
+            (two_tensors([[0, 6], [6, 18]], 18), "tensor 'a': data_offsets [0, 6] span 6 bytes, but its shape [2] of F32 takes 8"),
+        ];
+        for (file, want) in cases {
+            let got = layout_problem(&file).unwrap_or_default();
+            assert!(got.contains(want), "{got}");
+        }
     }
 }
