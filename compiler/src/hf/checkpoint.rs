@@ -129,20 +129,15 @@ impl Checkpoint {
             let text = llada_ir::files::read_text_bounded(&index_path, llada_ir::files::CONFIG_LIMIT).map_err(|e| Error::io(&index_path, e))?;
             let json: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| Error::Json { path: index_path.clone(), msg: e.to_string() })?;
-            let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| Error::Json {
-                path: index_path.clone(),
-                msg: "no \"weight_map\" object".into(),
-            })?;
+            // The JSON parsed; what follows is wrong in what it says, not in how.
+            let map = json.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| Error::config(&index_path, "weight_map", "missing, or not an object"))?;
             let mut files: Vec<&str> = Vec::with_capacity(map.len());
             for (name, v) in map {
-                let f = v.as_str().ok_or_else(|| Error::Json { path: index_path.clone(), msg: format!("weight_map[\"{name}\"] is not a file name") })?;
+                let f = v.as_str().ok_or_else(|| Error::config(&index_path, &format!("weight_map[\"{name}\"]"), "is not a file name"))?;
                 // A shard is a file beside the index: a path (`../x`, `/etc/x`, `a/b`) would
                 // read outside the checkpoint directory.
                 if !is_plain_file_name(f) {
-                    return Err(Error::Json {
-                        path: index_path.clone(),
-                        msg: format!("weight_map[\"{name}\"] names shard \"{f}\", which is not a plain file name in this directory"),
-                    });
+                    return Err(Error::config(&index_path, &format!("weight_map[\"{name}\"]"), format!("names shard \"{f}\", which is not a plain file name in this directory")));
                 }
                 files.push(f);
             }
