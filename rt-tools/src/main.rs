@@ -287,7 +287,7 @@ impl SamplerArgs {
     fn checked_params(&self, model: &Model, typed: &dyn Fn(&str) -> bool) -> std::result::Result<SamplerParams, Failure<Error>> {
         let params = self.params(model);
         params.validate(&Limits::of(model))?;
-        match unused_setting(&params, typed) {
+        match unused_setting(&params, model.family(), typed) {
             Some(refusal) => Err(Failure::Usage(refusal)),
             None => Ok(params),
         }

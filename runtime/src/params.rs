@@ -2,6 +2,7 @@
 //! once: the CLI, the C API and the JSON reports all go through these types.
 
 use crate::error::{Error, Result, Setting};
+use llada_ir::Family;
 use crate::executor::{self, Backend};
 use crate::model::Model;
 use crate::moe::ExpertStrategy;
@@ -627,6 +628,65 @@ pub const POLICY_SETTINGS: &[PolicySetting] = &[
     PolicySetting { flag: "--revise-confidence", policies: &[Policy::Mbsd] },
 ];
 
+/// A sampler setting that only some model families' samplers read. Set away from its default
+/// on another family, [`SamplerParams::validate`] refuses it by its value; given at its default,
+/// [`unused_setting`] refuses it by its flag (the CLI and the settings maps know what was given).
+#[derive(Debug, Clone, Copy)]
+pub struct FamilySetting {
+    pub flag: &'static str,
+    pub families: &'static [Family],
+}
+
+const LLADA_SAMPLER: &[Family] = &[Family::Llada, Family::LladaMoe];
+const ALL_BUT_DIFFUSION_GEMMA: &[Family] = &[Family::Llada, Family::LladaMoe, Family::Dream, Family::Llada2Moe];
+
+/// Which families read which setting (every setting not listed is read by every family).
+pub const FAMILY_SETTINGS: &[FamilySetting] = &[
+    FamilySetting { flag: "--remasking", families: LLADA_SAMPLER },
+    FamilySetting { flag: "--cfg", families: LLADA_SAMPLER },
+    FamilySetting { flag: "--logits-eos-inf", families: LLADA_SAMPLER },
+    FamilySetting { flag: "--confidence-eos-eot-inf", families: LLADA_SAMPLER },
+    FamilySetting { flag: "--alg", families: &[Family::Dream] },
+    FamilySetting { flag: "--eps", families: &[Family::Dream] },
+    FamilySetting { flag: "--alg-temp", families: &[Family::Dream] },
+    FamilySetting { flag: "--top-p", families: &[Family::Dream, Family::Llada2Moe] },
+    FamilySetting { flag: "--top-k", families: &[Family::Dream, Family::Llada2Moe] },
+    FamilySetting { flag: "--eos-early-stop", families: &[Family::Llada2Moe] },
+    FamilySetting { flag: "--editing-threshold", families: &[Family::Llada2Moe] },
+    FamilySetting { flag: "--max-post-steps", families: &[Family::Llada2Moe] },
+    FamilySetting { flag: "--policy", families: ALL_BUT_DIFFUSION_GEMMA },
+    FamilySetting { flag: "--temperature", families: ALL_BUT_DIFFUSION_GEMMA },
+    FamilySetting { flag: "--threshold", families: ALL_BUT_DIFFUSION_GEMMA },
+    FamilySetting { flag: "--t-min", families: &[Family::DiffusionGemma] },
+    FamilySetting { flag: "--t-max", families: &[Family::DiffusionGemma] },
+    FamilySetting { flag: "--entropy-bound", families: &[Family::DiffusionGemma] },
+    FamilySetting { flag: "--stability-threshold", families: &[Family::DiffusionGemma] },
+    FamilySetting { flag: "--confidence-threshold", families: &[Family::DiffusionGemma] },
+    FamilySetting { flag: "--eos-ids", families: &[Family::DiffusionGemma] },
+    FamilySetting { flag: "--rng", families: &[Family::DiffusionGemma] },
+];
+
+/// Whose sampler, in a refusal's words.
+fn sampler_of(family: Family) -> &'static str {
+    match family {
+        Family::Llada | Family::LladaMoe => "LLaDA's",
+        Family::Dream => "Dream's",
+        Family::Llada2Moe => "LLaDA 2.x's",
+        Family::DiffusionGemma => "DiffusionGemma's",
+    }
+}
+
+/// "a, b or c".
+fn either(names: &[&str]) -> String {
+    match names.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+        _ => names.join(""),
+    }
+}
+
+/// The mbsd settings only its CPU side path (the revision) reads.
+const REVISION_FLAGS: [&str; 4] = ["--side-rows", "--stable-confidence", "--stable-checks", "--revise-confidence"];
+
 impl Policy {
     /// Whether this policy reads the setting of `flag` (every setting not in
     /// [`POLICY_SETTINGS`] is read by every policy).
@@ -635,11 +695,38 @@ impl Policy {
     }
 }
 
-/// The first setting `given` says was given (by flag) that `p` does not use (its policy, or
-/// LLaDA 2.1's editing loop), as a refusal naming what uses it; `None` if every given setting is used. The CLI
-/// asks with the flags typed, not those left at their defaults; the C API has no such
-/// distinction (every field has a value), so it does not ask.
-pub fn unused_setting(p: &SamplerParams, given: impl Fn(&str) -> bool) -> Option<String> {
+/// The first setting `given` says was given (by flag) that `p` on a `family` model does not
+/// use (another family's, its policy's, the revision's when it is off, the drafts' when there
+/// are none, LLaDA 2.1's editing loop's), as a refusal naming what uses it; `None` if every
+/// given setting is used. The CLI asks with the flags typed, not those left at their
+/// defaults; the C API has no such distinction (every field has a value), so it does not ask.
+pub fn unused_setting(p: &SamplerParams, family: Family, given: impl Fn(&str) -> bool) -> Option<String> {
+    if let Some(s) = FAMILY_SETTINGS.iter().find(|s| given(s.flag) && !s.families.contains(&family)) {
+        let mut users: Vec<&str> = s.families.iter().map(|&f| sampler_of(f)).collect();
+        users.dedup();
+        return Some(format!("{} does nothing on this {} model, so it is refused: only {} sampler reads it", s.flag, family.name(), either(&users)));
+    }
+    // DiffusionGemma has no policies; LLaDA 2.x's mbsd computes the rows that need it and has
+    // no CPU side path.
+    let not_read = match family {
+        Family::DiffusionGemma => POLICY_SETTINGS.iter().map(|s| s.flag).find(|&f| given(f)),
+        Family::Llada2Moe => ["--rows", "--refresh-every"].into_iter().chain(REVISION_FLAGS).find(|&f| given(f)),
+        _ => None,
+    };
+    if let Some(flag) = not_read {
+        return Some(format!("{flag} does nothing on this {} model ({} sampler does not read it), so it is refused", family.name(), sampler_of(family)));
+    }
+    // LLaDA 2.x draws from the filtered distribution only above temperature 0; at 0 it
+    // takes the argmax, which the filters keep.
+    if family == Family::Llada2Moe && p.temperature == 0.0 {
+        if let Some(flag) = ["--top-p", "--top-k"].into_iter().find(|&f| given(f)) {
+            return Some(format!("{flag} does nothing at --temperature 0 (LLaDA 2.x then takes the most likely token, which the filter keeps), so it is refused: give a temperature above 0 to sample"));
+        }
+    }
+    // Fast-dLLM's Dream block code ranks a block's commits by negative entropy whatever alg is.
+    if family == Family::Dream && matches!(p.policy, Policy::Prefix | Policy::Dual) && given("--alg") {
+        return Some(format!("--alg does nothing under Dream's --policy {} (Fast-dLLM's block code ranks by negative entropy whatever alg says), so it is refused: only --policy exact or mbsd reads it", p.policy.name()));
+    }
     // LLaDA 2.1's editing loop has no step schedule; its post steps belong to that loop.
     if p.editing_threshold.is_some() && given("--steps") {
         return Some("--steps does nothing under --editing-threshold (LLaDA 2.1's generate commits by the threshold, at least one token a model call, with no step schedule), so it is refused".into());
@@ -648,13 +735,19 @@ pub fn unused_setting(p: &SamplerParams, given: impl Fn(&str) -> bool) -> Option
         return Some("--max-post-steps does nothing without --editing-threshold (it bounds LLaDA 2.1's editing calls), so it is refused".into());
     }
     let policy = p.policy;
-    let s = POLICY_SETTINGS.iter().find(|s| given(s.flag) && !policy.uses(s.flag))?;
-    let names: Vec<&str> = s.policies.iter().map(|p| p.name()).collect();
-    let users = match names.split_last() {
-        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
-        _ => names.join(""),
-    };
-    Some(format!("{} does nothing under --policy {}, so it is refused: only --policy {users} uses it", s.flag, policy.name()))
+    if let Some(s) = POLICY_SETTINGS.iter().find(|s| given(s.flag) && !policy.uses(s.flag)) {
+        let names: Vec<&str> = s.policies.iter().map(|p| p.name()).collect();
+        return Some(format!("{} does nothing under --policy {}, so it is refused: only --policy {} uses it", s.flag, policy.name(), either(&names)));
+    }
+    if policy == Policy::Mbsd && p.revision == Revision::Off {
+        if let Some(flag) = REVISION_FLAGS.into_iter().find(|&f| given(f)) {
+            return Some(format!("{flag} does nothing with --revision off (it sets the CPU side path's checks), so it is refused"));
+        }
+    }
+    if matches!(policy, Policy::Spec | Policy::Mbsd) && p.spec_blocks == 0 && given("--spec-threshold") {
+        return Some("--spec-threshold does nothing with --spec-blocks 0 (it is the confidence a draft's confirmation needs, and nothing is drafted), so it is refused".into());
+    }
+    None
 }
 
 /// The most threads a thread count may ask for where no plan bounds it (`llada-rt roofline`,
@@ -794,20 +887,50 @@ mod tests {
     fn a_setting_given_under_a_policy_that_does_not_read_it_is_named_with_its_policies() {
         let given = |flags: &'static [&'static str]| move |f: &str| flags.contains(&f);
         let under = |policy: Policy| SamplerParams { policy, ..Default::default() };
-        assert_eq!(unused_setting(&under(Policy::Exact), given(&["--threshold", "--temperature"])), None);
-        assert_eq!(unused_setting(&under(Policy::Mbsd), given(&["--rows", "--side-rows", "--refresh-every", "--revision"])), None);
-        let refused = unused_setting(&under(Policy::Exact), given(&["--rows"])).unwrap();
+        assert_eq!(unused_setting(&under(Policy::Exact), Family::Llada, given(&["--threshold", "--temperature"])), None);
+        assert_eq!(unused_setting(&under(Policy::Mbsd), Family::Llada, given(&["--rows", "--side-rows", "--refresh-every", "--revision"])), None);
+        let refused = unused_setting(&under(Policy::Exact), Family::Llada, given(&["--rows"])).unwrap();
         assert_eq!(refused, "--rows does nothing under --policy exact, so it is refused: only --policy mbsd uses it");
-        let refused = unused_setting(&under(Policy::Exact), given(&["--refresh-every"])).unwrap();
+        let refused = unused_setting(&under(Policy::Exact), Family::Llada, given(&["--refresh-every"])).unwrap();
         assert!(refused.ends_with("only --policy prefix, dual, spec or mbsd uses it"), "{refused}");
-        assert!(unused_setting(&under(Policy::Dual), given(&["--side-rows"])).unwrap().starts_with("--side-rows does nothing under --policy dual"));
-        assert!(unused_setting(&under(Policy::Prefix), given(&["--spec-threshold"])).unwrap().contains("only --policy spec or mbsd uses it"));
+        assert!(unused_setting(&under(Policy::Dual), Family::Llada, given(&["--side-rows"])).unwrap().starts_with("--side-rows does nothing under --policy dual"));
+        assert!(unused_setting(&under(Policy::Prefix), Family::Llada, given(&["--spec-threshold"])).unwrap().contains("only --policy spec or mbsd uses it"));
         assert!(Policy::Exact.uses("--threshold") && !Policy::Exact.uses("--spec-blocks") && Policy::Spec.uses("--spec-blocks"));
         // LLaDA 2.1's editing loop has no step schedule; its post steps need it.
         let editing = SamplerParams { editing_threshold: Some(0.9), ..Default::default() };
-        assert!(unused_setting(&editing, given(&["--steps"])).unwrap().starts_with("--steps does nothing under --editing-threshold"));
-        assert_eq!(unused_setting(&editing, given(&["--max-post-steps", "--threshold"])), None);
-        assert!(unused_setting(&under(Policy::Exact), given(&["--max-post-steps"])).unwrap().starts_with("--max-post-steps does nothing without"));
+        assert!(unused_setting(&editing, Family::Llada2Moe, given(&["--steps"])).unwrap().starts_with("--steps does nothing under --editing-threshold"));
+        assert_eq!(unused_setting(&editing, Family::Llada2Moe, given(&["--max-post-steps", "--threshold"])), None);
+        let llada2 = |p: SamplerParams, flags| unused_setting(&p, Family::Llada2Moe, given(flags));
+        assert!(llada2(under(Policy::Exact), &["--max-post-steps"]).unwrap().starts_with("--max-post-steps does nothing without"));
+    }
+
+    /// A setting typed at its default is refused where the model's family, or the way the
+    /// given settings run, never reads it (set away from its default, `validate` refuses it).
+    #[test]
+    fn a_setting_given_where_nothing_reads_it_is_refused_even_at_its_default() {
+        let given = |flags: &'static [&'static str]| move |f: &str| flags.contains(&f);
+        let p = SamplerParams::default();
+        let refusal = |p: &SamplerParams, family, flags| unused_setting(p, family, given(flags)).unwrap_or_default();
+        assert_eq!(refusal(&p, Family::Llada, &["--alg"]), "--alg does nothing on this llada model, so it is refused: only Dream's sampler reads it");
+        assert!(refusal(&p, Family::Dream, &["--remasking"]).ends_with("only LLaDA's sampler reads it"));
+        assert!(refusal(&p, Family::Llada, &["--top-k"]).ends_with("only Dream's or LLaDA 2.x's sampler reads it"));
+        assert!(refusal(&p, Family::DiffusionGemma, &["--temperature"]).ends_with("only LLaDA's, Dream's or LLaDA 2.x's sampler reads it"));
+        assert!(refusal(&p, Family::DiffusionGemma, &["--spec-threshold"]).starts_with("--spec-threshold does nothing on this diffusion-gemma model"));
+        assert!(refusal(&p, Family::Llada, &["--rng"]).ends_with("only DiffusionGemma's sampler reads it"));
+        assert_eq!(unused_setting(&p, Family::Llada, given(&["--remasking", "--cfg", "--temperature", "--policy"])), None);
+        assert_eq!(unused_setting(&p, Family::DiffusionGemma, given(&["--t-min", "--rng", "--eos-ids", "--seed", "--steps"])), None);
+        // LLaDA 2.x: the filters at temperature 0, and mbsd's rows and side path.
+        assert!(refusal(&p, Family::Llada2Moe, &["--top-p"]).starts_with("--top-p does nothing at --temperature 0"));
+        assert_eq!(unused_setting(&SamplerParams { temperature: 0.5, ..p }, Family::Llada2Moe, given(&["--top-p", "--top-k"])), None);
+        let mbsd = SamplerParams { policy: Policy::Mbsd, ..p };
+        assert!(refusal(&mbsd, Family::Llada2Moe, &["--side-rows"]).starts_with("--side-rows does nothing on this llada2-moe model"));
+        // Dream's block code and its alg; mbsd's side path when off; drafts' threshold without drafts.
+        assert!(refusal(&SamplerParams { policy: Policy::Dual, ..p }, Family::Dream, &["--alg"]).starts_with("--alg does nothing under Dream's --policy dual"));
+        assert_eq!(unused_setting(&p, Family::Dream, given(&["--alg"])), None);
+        assert!(refusal(&SamplerParams { revision: Revision::Off, ..mbsd }, Family::Llada, &["--stable-checks"]).starts_with("--stable-checks does nothing with --revision off"));
+        assert_eq!(unused_setting(&mbsd, Family::Llada, given(&["--stable-checks"])), None);
+        assert!(refusal(&SamplerParams { spec_blocks: 0, ..mbsd }, Family::Llada, &["--spec-threshold"]).starts_with("--spec-threshold does nothing with --spec-blocks 0"));
+        assert_eq!(unused_setting(&SamplerParams { spec_blocks: 1, ..mbsd }, Family::Llada, given(&["--spec-threshold"])), None);
     }
 
     #[test]

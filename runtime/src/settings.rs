@@ -240,7 +240,7 @@ pub fn sampler_params(model: &Model, given: &[(impl AsRef<str>, Value)]) -> Resu
     }
     p.validate(&Limits::of(model))?;
     let was_given = |flag: &str| get(&flag.trim_start_matches("--").replace('-', "_")).is_some();
-    if let Some(refusal) = unused_setting(&p, was_given) {
+    if let Some(refusal) = unused_setting(&p, model.family(), was_given) {
         // Each refusal starts with the flag it refuses: named as that setting (a server's
         // `param`), the words unchanged.
         let (flag, rest) = refusal.split_once(' ').unwrap_or((&refusal, ""));
