@@ -75,8 +75,8 @@ fn cases() -> Vec<Case> {
             session: s,
         },
         Case {
-            flags: with(&["--policy", "mbsd", "--spec-blocks", "0", "--revision", "off", "--revise-confidence", "0.01", "--threads", "2"]),
-            params: Params { policy: Policy::Mbsd as u32, spec_blocks: 0, revision: Revision::Off as u32, revise_confidence: 0.01, ..p },
+            flags: with(&["--policy", "mbsd", "--spec-blocks", "0", "--revision", "off", "--threads", "2"]),
+            params: Params { policy: Policy::Mbsd as u32, spec_blocks: 0, revision: Revision::Off as u32, ..p },
             session: s,
         },
     ]
