@@ -10,12 +10,13 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use llada_rt::error::{Error, Result};
-use llada_rt::generate;
+use llada_rt::{generate, Model};
 use llada_rt::sampler::{MbsdReport, SamplerParams};
 use llada_rt::session::Session;
 use llada_rt::text::Text;
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct TaskLine {
     prompt: Option<String>,
     prompt_ids: Option<Vec<u32>>,
@@ -60,21 +61,23 @@ pub struct EvalReport {
     pub results: Vec<TaskResult>,
 }
 
-/// The prompts and expected answers of a tasks file.
-pub fn load_tasks(path: &Path, text: &Text) -> Result<Vec<(Vec<u32>, String)>> {
+/// The prompts and expected answers of a tasks file, each prompt checked as `model` takes one
+/// (a fault named by its line).
+pub fn load_tasks(path: &Path, text: &Text, model: &Model) -> Result<Vec<(Vec<u32>, String)>> {
     let content = llada_ir::files::read_text_bounded(path, llada_ir::files::DATA_LIMIT).map_err(|e| Error::io(path, e))?;
     let bad = |line: usize, msg: String| Error::Input { path: path.to_path_buf(), msg: format!("line {line}: {msg}") };
     let mut tasks = Vec::new();
     for (i, line) in content.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
         let t: TaskLine = serde_json::from_str(line).map_err(|e| bad(i + 1, e.to_string()))?;
         let ids = match (t.prompt, t.prompt_ids) {
-            (Some(p), None) if t.chat => text.encode_chat(&p)?,
-            (Some(p), None) => text.encode(&p)?,
+            (Some(p), None) if t.chat => text.encode_chat(&p).map_err(|e| bad(i + 1, e.to_string()))?,
+            (Some(p), None) => text.encode(&p).map_err(|e| bad(i + 1, e.to_string()))?,
             // The template applies to text: ids are the prompt as given.
             (None, Some(_)) if t.chat => return Err(bad(i + 1, "\"chat\" applies the chat template to \"prompt\" text; \"prompt_ids\" are token ids as given, so it is refused with them".into())),
             (None, Some(ids)) => ids,
             _ => return Err(bad(i + 1, "needs exactly one of \"prompt\" and \"prompt_ids\"".into())),
         };
+        model.check_prompt(&ids).map_err(|e| bad(i + 1, e.to_string()))?;
         tasks.push((ids, t.expected));
     }
     if tasks.is_empty() {
@@ -104,7 +107,11 @@ pub fn run(
     }
     let mut results = Vec::with_capacity(tasks.len());
     for (index, (prompt, expected)) in tasks.iter().enumerate() {
-        let g = generate(session, prompt, params, &mut |_| {})?;
+        // A fault of this task's request (its prompt and length) names the task.
+        let g = generate(session, prompt, params, &mut |_| {}).map_err(|e| match e {
+            Error::Request(msg) => Error::request(format!("task {} of {}: {msg}", index + 1, tasks.len())),
+            other => other,
+        })?;
         let answer = text.answer(&g.output_ids);
         let r = TaskResult {
             index,

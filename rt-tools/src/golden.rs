@@ -140,10 +140,26 @@ impl Report {
     }
 }
 
+/// Golden files hold LLaDA's sampler settings (remasking, guidance, blocks): refused, naming
+/// the file, on a model whose sampler takes others.
+fn check_family(session: &Session, path: &Path) -> Result<()> {
+    match session.model.family() {
+        llada_ir::Family::Llada | llada_ir::Family::LladaMoe => Ok(()),
+        other => Err(Error::Input {
+            path: path.to_path_buf(),
+            msg: format!("a golden file holds LLaDA's sampler settings, which this {} model's sampler does not take; its conformance kit is checked with `llada-rt conformance`", other.name()),
+        }),
+    }
+}
+
 /// What the session generates for each case of `cases` (prompt, setting name, settings).
 fn run_case(session: &mut Session, text: &Text, prompt: &str, setting: &str, params: Params, path: &Path) -> Result<Case> {
     let ids = text.encode_chat(prompt)?;
-    let g = generate(session, &ids, &params.sampler(path, setting)?, &mut |_| {})?;
+    // The case's settings, not the command's flags: a refusal names the case.
+    let g = generate(session, &ids, &params.sampler(path, setting)?, &mut |_| {}).map_err(|e| match e {
+        Error::Setting { .. } | Error::Request(_) => Error::Input { path: path.to_path_buf(), msg: format!("case '{setting}' ({prompt}): {e}") },
+        other => other,
+    })?;
     Ok(Case { prompt: prompt.into(), setting: setting.into(), params, answer: text.answer(&g.output_ids), output_ids: g.output_ids, reveals: g.reveals })
 }
 
@@ -174,6 +190,7 @@ pub fn produce(session: &mut Session, text: &Text, model: &str, prompts: &[&str]
 /// The selected cases of `golden` (and all its logits) produced again with this session:
 /// how another artifact (another weight format) or another machine pins the same settings.
 pub fn reproduce(session: &mut Session, text: &Text, golden: &GoldenFile, path: &Path, select: Selection) -> Result<GoldenFile> {
+    check_family(session, path)?;
     let mut file = GoldenFile { model: golden.model.clone(), logit_tolerance: tolerance_for(session), cases: Vec::new(), first_pass_logits: Vec::new() };
     for l in &golden.first_pass_logits {
         file.first_pass_logits.push(first_pass_logits(session, text, &l.prompt, l.gen_length, &l.positions)?);
@@ -200,6 +217,7 @@ pub enum Pin {
 
 /// Replays the selected cases of `golden` and compares.
 pub fn check(session: &mut Session, text: &Text, golden: &GoldenFile, path: &Path, select: Selection, pin: Pin) -> Result<Report> {
+    check_family(session, path)?;
     let mut r = Report { cases_in_file: golden.cases.len(), logit_tolerance: golden.logit_tolerance, ..Default::default() };
     for (i, want) in golden.cases.iter().enumerate() {
         if !select.includes(i) {

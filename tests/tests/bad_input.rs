@@ -229,6 +229,26 @@ fn special_tokens_in_prompt_text_are_their_ids() {
     assert_eq!(ids, vec![65, 278, 66, 274]);
 }
 
+/// eval names a tasks file's line for a prompt the model refuses and for a field it does not
+/// know; bench refuses no timed run and more logit rows than a pass has.
+#[test]
+fn eval_and_bench_name_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let art = common::embedded(dir.path());
+    let a = art.to_str().unwrap();
+    let tasks = dir.path().join("tasks.jsonl");
+    let eval = |lines: &str| {
+        std::fs::write(&tasks, lines).unwrap();
+        run("llada-rt", &["eval", a, "--tasks", tasks.to_str().unwrap(), "--gen-len", "16", "--block-len", "16", "--steps", "16"])
+    };
+    let ok = r#"{"prompt":"FILL:10=","chat":true,"expected":"11"}"#;
+    assert_clean_failure(&eval(&format!("{ok}\n\n{{\"prompt\":\"A<|mdm_mask|>\",\"expected\":\"x\"}}\n")), &["tasks.jsonl", "line 3", "mask token"]);
+    assert_clean_failure(&eval(r#"{"prompt":"a","expected":"b","extra":3}"#), &["tasks.jsonl", "line 1", "unknown field `extra`"]);
+    let bench = |extra: &[&str]| run("llada-rt", &[&["bench", a, "--rows", "16"], extra].concat());
+    assert_clean_failure(&bench(&["--repeat", "0"]), &["--repeat", "must be at least 1"]);
+    assert_clean_failure(&bench(&["--logit-rows", "17"]), &["--logit-rows 17 is outside 1..=16"]);
+}
+
 /// bench's made-up prompt never holds the mask token, however long (one of 173 tokens or more
 /// once did, and the sampler refused it).
 #[test]

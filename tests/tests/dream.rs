@@ -60,6 +60,19 @@ fn a_generation_past_the_logit_rows_is_refused_with_fixes_that_work() {
     assert!(e.contains("--gen-len 65 (Dream's sampler has no blocks") && e.contains("use --gen-len 64 or less, or the prefix or dual policy with --block-len 64 or less") && e.contains("--logit-rows 65"), "{e}");
 }
 
+/// A golden file holds LLaDA's sampler settings: on Dream it is refused naming the file, not
+/// by a flag nobody typed.
+#[test]
+fn a_golden_file_is_refused_on_dream_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let lad = compiled(dir.path());
+    let golden = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("golden/embedded.json");
+    for extra in [&[][..], &["--write", dir.path().join("new.json").to_str().unwrap()][..]] {
+        let out = common::run("llada-rt", &[&["golden", golden.to_str().unwrap(), "--model", lad.to_str().unwrap()], extra].concat());
+        common::assert_clean_failure(&out, &["embedded.json", "a golden file holds LLaDA's sampler settings", "dream model"]);
+    }
+}
+
 /// The trained tiny Dream's kit (`data/dream-conformance/tiny-dream-tasks`: eight held-out
 /// tasks, the published sampler at gen 64 with 64, 32 and 16 steps, three rules): replayed
 /// exactly on the host, ties included (the NPU replays it in CI within fp16's precision).
@@ -175,7 +188,7 @@ fn the_trained_tiny_dream_answers_its_tasks_under_exact_and_mbsd() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let model = Model::open(&trained(dir.path()), true).unwrap();
     let text = llada_rt::text::Text::new(&model.header.tokenizer, &model.header.special).unwrap();
-    let mut tasks = llada_rt_tools::eval::load_tasks(&root.join("models/tasks/heldout.jsonl"), &text).unwrap();
+    let mut tasks = llada_rt_tools::eval::load_tasks(&root.join("models/tasks/heldout.jsonl"), &text, &model).unwrap();
     tasks.truncate(20);
     let mut session = Session::new(&model).unwrap();
     let exact = SamplerParams { gen_length: 64, block_length: 64, steps: 64, ..Default::default() };
@@ -207,7 +220,7 @@ fn dream_runs_in_a_rotating_window_and_quantized() {
     let answers = |lad: &std::path::Path, p: &SamplerParams| -> (Vec<Vec<u32>>, usize) {
         let model = Model::open(lad, true).unwrap();
         let text = llada_rt::text::Text::new(&model.header.tokenizer, &model.header.special).unwrap();
-        let mut tasks = llada_rt_tools::eval::load_tasks(&root.join("models/tasks/heldout.jsonl"), &text).unwrap();
+        let mut tasks = llada_rt_tools::eval::load_tasks(&root.join("models/tasks/heldout.jsonl"), &text, &model).unwrap();
         tasks.truncate(8);
         let r = llada_rt_tools::eval::run(&mut Session::new(&model).unwrap(), &text, &tasks, p, None, &mut |_, _| {}).unwrap();
         (r.results.into_iter().map(|t| t.output_ids).collect(), r.correct)

@@ -176,7 +176,7 @@ fn eval_trained(name: &str, settings: &[SamplerParams]) -> Vec<llada_rt_tools::e
     common::compile(&root.join("models").join(name), &lad, None);
     let model = Model::open(&lad, true).unwrap();
     let text = llada_rt::text::Text::new(&model.header.tokenizer, &model.header.special).unwrap();
-    let mut tasks = llada_rt_tools::eval::load_tasks(&root.join("models/tasks/heldout.jsonl"), &text).unwrap();
+    let mut tasks = llada_rt_tools::eval::load_tasks(&root.join("models/tasks/heldout.jsonl"), &text, &model).unwrap();
     tasks.truncate(20);
     let mut session = Session::new(&model).unwrap();
     settings.iter().map(|p| llada_rt_tools::eval::run(&mut session, &text, &tasks, p, None, &mut |_, _| {}).unwrap()).collect()

@@ -55,7 +55,7 @@ fn the_trained_llada2_models_answer_on_the_npu_as_on_the_host() {
         // Three MoE layers (the first is dense): four executables per planned graph.
         assert!(section.contexts[0].graphs.iter().all(|g| section.contexts[0].graphs.iter().filter(|h| h.graph == g.graph).count() == 4));
         let text = Text::new(&model.header.tokenizer, &model.header.special).unwrap();
-        let mut tasks = llada_rt_tools::eval::load_tasks(&trained("tasks/heldout.jsonl"), &text).unwrap();
+        let mut tasks = llada_rt_tools::eval::load_tasks(&trained("tasks/heldout.jsonl"), &text, &model).unwrap();
         tasks.truncate(4);
         // The published schedule: 64 tokens in blocks of 32, 32 steps a block.
         let p = SamplerParams { gen_length: 64, block_length: 32, steps: 32, editing_threshold: editing, ..Default::default() };

@@ -26,7 +26,7 @@ pub(crate) struct Bench {
     #[arg(long)]
     logit_rows: Option<usize>,
     /// Timed repeats per pass (the median is reported).
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = repeats_flag)]
     repeat: usize,
     #[command(flatten)]
     session: SessionArgs,
@@ -40,6 +40,11 @@ pub(crate) struct Bench {
     sampler: SamplerArgs,
     #[arg(long)]
     json: bool,
+}
+
+/// `--repeat`: at least one timed run (0 would report a time nothing measured).
+fn repeats_flag(s: &str) -> std::result::Result<usize, String> {
+    crate::at_least_one(s, "one timed run after the warm-up is the least")
 }
 
 impl Bench {
@@ -71,6 +76,12 @@ impl Bench {
         if let Some(r) = rows.iter().find(|r| !(1..=max_len).contains(*r)) {
             return Err(Failure::Usage(format!("--rows {r} is outside 1..={max_len} (the positions {} serves)", file.display())));
         }
+        // Logit rows given are a pass's: never more than its rows.
+        if let (Some(l), Some(&r)) = (logit_rows, rows.iter().min()) {
+            if l == 0 || l > r {
+                return Err(Failure::Usage(format!("--logit-rows {l} is outside 1..={r} (the fewest rows of a pass, --rows)")));
+            }
+        }
         let params = if time_generation { Some(sampler.checked_params(&model, &|f: &str| f != "--rows" && typed(f))?) } else { None };
         let mut session = SessionArgs { threads: Some(threads), ..session_args }.open(&model)?;
         let mut passes = Vec::new();
@@ -79,7 +90,15 @@ impl Bench {
         }
         for &r in &rows {
             // (DiffusionGemma: `r` is the prompt before the canvas; the canvas has its logits.)
-            let pass_logit_rows = if model.diffusion_gemma().is_some() { r } else { logit_rows.unwrap_or(r).min(r).min(session.logit_capacity(r)?) };
+            let pass_logit_rows = if model.diffusion_gemma().is_some() {
+                r
+            } else {
+                let capacity = session.logit_capacity(r)?;
+                if let Some(l) = logit_rows.filter(|&l| l > capacity) {
+                    return Err(Failure::Usage(format!("--logit-rows {l}: the graph of {r} rows returns at most {capacity} (lladac compile --logit-rows)")));
+                }
+                logit_rows.unwrap_or(r).min(capacity)
+            };
             passes.push(llada_rt_tools::bench::pass(&mut session, &roof, r, pass_logit_rows, repeat)?);
         }
         let generation = if let Some(params) = &params {

@@ -34,7 +34,7 @@ impl Eval {
         let Eval { file, tasks, sampler, reference, json, session: session_args } = self;
         let model = Model::open(&file, true)?;
         let text = Text::new(&model.header.tokenizer, &model.header.special)?;
-        let tasks = llada_rt_tools::eval::load_tasks(&tasks, &text)?;
+        let tasks = llada_rt_tools::eval::load_tasks(&tasks, &text, &model)?;
         let reference = reference.map(|p| llada_rt_tools::eval::load_reference(&p)).transpose()?;
         let params = sampler.checked_params(&model, typed)?;
         let mut session = session_args.open(&model)?;
