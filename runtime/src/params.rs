@@ -502,9 +502,10 @@ impl SamplerParams {
             if self.eps != d.eps {
                 return bad(S::Eps, format!("{} is Dream's schedule end; this is a LLaDA model, whose sampler has none", self.eps));
             }
-            for (s, set) in [(S::TopP, self.top_p.is_some()), (S::TopK, self.top_k.is_some()), (S::AlgTemp, self.alg_temp.is_some())] {
+            let (filters, draws) = ("an option of Dream's and LLaDA 2.x's samplers", "an option of Dream's sampler");
+            for (s, set, whose) in [(S::TopP, self.top_p.is_some(), filters), (S::TopK, self.top_k.is_some(), filters), (S::AlgTemp, self.alg_temp.is_some(), draws)] {
                 if set {
-                    return bad(s, "is an option of Dream's sampler; this is a LLaDA model".into());
+                    return bad(s, format!("is {whose}; this is a LLaDA model"));
                 }
             }
             return Ok(());
@@ -855,7 +856,7 @@ mod tests {
         };
         refused(SamplerParams { alg: Alg::Entropy, ..p }, &llada, "--alg entropy is Dream's");
         refused(SamplerParams { eps: 0.01, ..p }, &llada, "--eps 0.01 is Dream's");
-        refused(SamplerParams { top_k: Some(5), ..p }, &llada, "--top-k is an option of Dream's sampler");
+        refused(SamplerParams { top_k: Some(5), ..p }, &llada, "--top-k is an option of Dream's and LLaDA 2.x's samplers");
         refused(SamplerParams { top_k: Some(0), ..p }, &dream, "--top-k 0 must be at least 1");
         refused(SamplerParams { alg_temp: Some(f64::NAN), ..p }, &dream, "--alg-temp NaN must be a finite number");
         // The published code's ranges: a negative alg_temp prefers the least confident, top_p

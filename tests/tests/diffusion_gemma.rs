@@ -112,6 +112,15 @@ fn bench_and_estimate_follow_the_encoder_and_decoder() {
     common::assert_clean_failure(&out, &["--block-len 4", "canvas"]);
 }
 
+/// An end token outside the vocabulary could never be drawn: refused by its flag.
+#[test]
+fn an_end_token_outside_the_vocabulary_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let lad = compiled(dir.path(), "tiny-dg-A");
+    let out = common::run("llada-rt", &["run", lad.to_str().unwrap(), "--prompt-ids", "5,6", "--eos-ids", "1,999999"]);
+    common::assert_clean_failure(&out, &["--eos-ids 999999 is outside the vocabulary (0..320)"]);
+}
+
 /// `compare` measures the first decoder pass and the generation: nothing apart against the
 /// artifact itself, a little apart for f16 weights.
 #[test]

@@ -67,6 +67,10 @@ pub(crate) fn start(ctx: &PassContext, prompt: &[u32], p: &SamplerParams) -> Res
 /// and whole canvases after it, which must all fit the cache.
 fn start_diffusion_gemma(ctx: &PassContext, section: &llada_ir::diffusion_gemma::DiffusionGemmaSection, prompt: &[u32], p: &SamplerParams, special: llada_ir::SpecialTokens, steps: usize) -> Result<Start> {
     let model = &ctx.model;
+    // An end token outside the vocabulary could never be drawn: refused, not ignored.
+    if let Some(&id) = p.eos_ids.as_slice().iter().find(|&&id| id >= section.vocab_size) {
+        return Err(Error::setting(crate::error::Setting::EosIds, format!("{id} is outside the vocabulary (0..{})", section.vocab_size)));
+    }
     let policy = diffusion_gemma::DiffusionGemma::new(p, section, prompt.len(), section.generation.pad_id);
     let len = prompt.len() + policy.generated_len();
     let limit = model.header.plan.kv_capacity as usize;
