@@ -629,42 +629,27 @@ pub const POLICY_SETTINGS: &[PolicySetting] = &[
     PolicySetting { flag: "--revise-confidence", policies: &[Policy::Mbsd] },
 ];
 
-/// A sampler setting that only some model families' samplers read. Set away from its default
-/// on another family, [`SamplerParams::validate`] refuses it by its value; given at its default,
-/// [`unused_setting`] refuses it by its flag (the CLI and the settings maps know what was given).
+/// Sampler settings that only some model families' samplers read. Set away from its default
+/// on another family, a setting is refused by [`SamplerParams::validate`] by its value; given
+/// at its default, by [`unused_setting`] by its flag (the CLI and the settings maps know what
+/// was given).
 #[derive(Debug, Clone, Copy)]
-pub struct FamilySetting {
-    pub flag: &'static str,
+pub struct FamilySettings {
+    pub flags: &'static [&'static str],
     pub families: &'static [Family],
 }
 
-const LLADA_SAMPLER: &[Family] = &[Family::Llada, Family::LladaMoe];
-const ALL_BUT_DIFFUSION_GEMMA: &[Family] = &[Family::Llada, Family::LladaMoe, Family::Dream, Family::Llada2Moe];
-
-/// Which families read which setting (every setting not listed is read by every family).
-pub const FAMILY_SETTINGS: &[FamilySetting] = &[
-    FamilySetting { flag: "--remasking", families: LLADA_SAMPLER },
-    FamilySetting { flag: "--cfg", families: LLADA_SAMPLER },
-    FamilySetting { flag: "--logits-eos-inf", families: LLADA_SAMPLER },
-    FamilySetting { flag: "--confidence-eos-eot-inf", families: LLADA_SAMPLER },
-    FamilySetting { flag: "--alg", families: &[Family::Dream] },
-    FamilySetting { flag: "--eps", families: &[Family::Dream] },
-    FamilySetting { flag: "--alg-temp", families: &[Family::Dream] },
-    FamilySetting { flag: "--top-p", families: &[Family::Dream, Family::Llada2Moe] },
-    FamilySetting { flag: "--top-k", families: &[Family::Dream, Family::Llada2Moe] },
-    FamilySetting { flag: "--eos-early-stop", families: &[Family::Llada2Moe] },
-    FamilySetting { flag: "--editing-threshold", families: &[Family::Llada2Moe] },
-    FamilySetting { flag: "--max-post-steps", families: &[Family::Llada2Moe] },
-    FamilySetting { flag: "--policy", families: ALL_BUT_DIFFUSION_GEMMA },
-    FamilySetting { flag: "--temperature", families: ALL_BUT_DIFFUSION_GEMMA },
-    FamilySetting { flag: "--threshold", families: ALL_BUT_DIFFUSION_GEMMA },
-    FamilySetting { flag: "--t-min", families: &[Family::DiffusionGemma] },
-    FamilySetting { flag: "--t-max", families: &[Family::DiffusionGemma] },
-    FamilySetting { flag: "--entropy-bound", families: &[Family::DiffusionGemma] },
-    FamilySetting { flag: "--stability-threshold", families: &[Family::DiffusionGemma] },
-    FamilySetting { flag: "--confidence-threshold", families: &[Family::DiffusionGemma] },
-    FamilySetting { flag: "--eos-ids", families: &[Family::DiffusionGemma] },
-    FamilySetting { flag: "--rng", families: &[Family::DiffusionGemma] },
+/// Which families read which settings (every setting not listed is read by every family).
+pub const FAMILY_SETTINGS: &[FamilySettings] = &[
+    FamilySettings { flags: &["--remasking", "--cfg", "--logits-eos-inf", "--confidence-eos-eot-inf"], families: &[Family::Llada, Family::LladaMoe] },
+    FamilySettings { flags: &["--alg", "--eps", "--alg-temp"], families: &[Family::Dream] },
+    FamilySettings { flags: &["--top-p", "--top-k"], families: &[Family::Dream, Family::Llada2Moe] },
+    FamilySettings { flags: &["--eos-early-stop", "--editing-threshold", "--max-post-steps"], families: &[Family::Llada2Moe] },
+    FamilySettings { flags: &["--policy", "--temperature", "--threshold"], families: &[Family::Llada, Family::LladaMoe, Family::Dream, Family::Llada2Moe] },
+    FamilySettings {
+        flags: &["--t-min", "--t-max", "--entropy-bound", "--stability-threshold", "--confidence-threshold", "--eos-ids", "--rng"],
+        families: &[Family::DiffusionGemma],
+    },
 ];
 
 /// Whose sampler, in a refusal's words.
@@ -702,10 +687,11 @@ impl Policy {
 /// given setting is used. The CLI asks with the flags typed, not those left at their
 /// defaults; the C API has no such distinction (every field has a value), so it does not ask.
 pub fn unused_setting(p: &SamplerParams, family: Family, given: impl Fn(&str) -> bool) -> Option<String> {
-    if let Some(s) = FAMILY_SETTINGS.iter().find(|s| given(s.flag) && !s.families.contains(&family)) {
+    let others = FAMILY_SETTINGS.iter().filter(|s| !s.families.contains(&family));
+    if let Some((flag, s)) = others.flat_map(|s| s.flags.iter().map(move |&f| (f, s))).find(|&(f, _)| given(f)) {
         let mut users: Vec<&str> = s.families.iter().map(|&f| sampler_of(f)).collect();
         users.dedup();
-        return Some(format!("{} does nothing on this {} model, so it is refused: only {} sampler reads it", s.flag, family.name(), either(&users)));
+        return Some(format!("{flag} does nothing on this {} model, so it is refused: only {} sampler reads it", family.name(), either(&users)));
     }
     // DiffusionGemma has no policies; LLaDA 2.x's mbsd computes the rows that need it and has
     // no CPU side path.
