@@ -687,6 +687,15 @@ impl Policy {
 /// given setting is used. The CLI asks with the flags typed, not those left at their
 /// defaults; the C API has no such distinction (every field has a value), so it does not ask.
 pub fn unused_setting(p: &SamplerParams, family: Family, given: impl Fn(&str) -> bool) -> Option<String> {
+    unused_by_family(p, family, &given).or_else(|| unused_by_policy(p, &given))
+}
+
+/// The family-level part of [`unused_setting`]: another family's settings, the policy
+/// settings a family's sampler does not read, LLaDA 2.x's filters at temperature 0 and
+/// `--alg` under Dream's block policies. Only the CLI asks it: the settings maps (serve,
+/// Python) take OpenAI's habitual fields (`temperature`, `top_p`) and the page's `policy`
+/// at their defaults on any model, refusing another family's only away from its default.
+pub fn unused_by_family(p: &SamplerParams, family: Family, given: &dyn Fn(&str) -> bool) -> Option<String> {
     let others = FAMILY_SETTINGS.iter().filter(|s| !s.families.contains(&family));
     if let Some((flag, s)) = others.flat_map(|s| s.flags.iter().map(move |&f| (f, s))).find(|&(f, _)| given(f)) {
         let mut users: Vec<&str> = s.families.iter().map(|&f| sampler_of(f)).collect();
@@ -714,6 +723,12 @@ pub fn unused_setting(p: &SamplerParams, family: Family, given: impl Fn(&str) ->
     if family == Family::Dream && matches!(p.policy, Policy::Prefix | Policy::Dual) && given("--alg") {
         return Some(format!("--alg does nothing under Dream's --policy {} (Fast-dLLM's block code ranks by negative entropy whatever alg says), so it is refused: only --policy exact or mbsd reads it", p.policy.name()));
     }
+    None
+}
+
+/// The policy-level part of [`unused_setting`]: a setting its policy, the revision when off,
+/// the drafts when there are none or LLaDA 2.1's editing loop does not read.
+pub fn unused_by_policy(p: &SamplerParams, given: &dyn Fn(&str) -> bool) -> Option<String> {
     // LLaDA 2.1's editing loop has no step schedule; its post steps belong to that loop.
     if p.editing_threshold.is_some() && given("--steps") {
         return Some("--steps does nothing under --editing-threshold (LLaDA 2.1's generate commits by the threshold, at least one token a model call, with no step schedule), so it is refused".into());

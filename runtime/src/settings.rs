@@ -2,11 +2,11 @@
 //! the CLI's flag names with underscores (`gen_len`, `block_len`, `cfg`, `top_p`...). Each
 //! value is type-checked here, naming the setting; its range is checked where every front end
 //! checks it ([`SamplerParams::validate`]), and a setting the policy does not read is refused
-//! as the CLI refuses its flag ([`unused_setting`]).
+//! as the CLI refuses its flag ([`unused_by_policy`]; another family's only away from its default).
 
 use crate::error::{Error, Result, Setting};
 use crate::model::Model;
-use crate::params::{unused_setting, Alg, EosIds, Limits, Policy, Remasking, Revision, Rng, SamplerParams};
+use crate::params::{unused_by_policy, Alg, EosIds, Limits, Policy, Remasking, Revision, Rng, SamplerParams};
 
 /// A setting's value as a request carries it. A whole number is an `i128`, wide enough for
 /// every `u64` (a seed) and every negative `i64` a front end reads, so one range check here
@@ -240,7 +240,7 @@ pub fn sampler_params(model: &Model, given: &[(impl AsRef<str>, Value)]) -> Resu
     }
     p.validate(&Limits::of(model))?;
     let was_given = |flag: &str| get(&flag.trim_start_matches("--").replace('-', "_")).is_some();
-    if let Some(refusal) = unused_setting(&p, model.family(), was_given) {
+    if let Some(refusal) = unused_by_policy(&p, &was_given) {
         // Each refusal starts with the flag it refuses: named as that setting (a server's
         // `param`), the words unchanged.
         let (flag, rest) = refusal.split_once(' ').unwrap_or((&refusal, ""));

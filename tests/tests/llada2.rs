@@ -72,6 +72,12 @@ fn the_settled_prefix_stays_within_the_generation() {
             assert_eq!(last, g.output_ids.len(), "{policy:?}, gen {gen_length}");
         }
     }
+    // An EOS in the prompt, with the early stop (whose search starts at position 0), ends the
+    // output inside the prompt: the settled prefix is empty there, not a slice that panics.
+    let eos = model.header.special.eos.expect("the kit has an EOS");
+    let p = SamplerParams { gen_length: 20, block_length: 16, steps: 16, eos_early_stop: true, ..Default::default() };
+    let g = generate(&mut session, &[5, eos, 200, 31, 77], &p, &mut |v| assert!(v.settled <= 20)).unwrap();
+    assert!(g.output_ids.len() <= 20);
 }
 
 /// A pass over several blocks, each block's rows attending up to its end, computes what a

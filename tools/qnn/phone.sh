@@ -7,7 +7,8 @@
 #
 #   tools/qnn/phone.sh --runtime PATH --artifact FILE.lad --qairt DIR [--arch v73|v75|v79|v81]
 #       [--serial SERIAL] [--dir /data/local/tmp/llada] [--rows 32,64,128] [--gen-len 128]
-#       [--policy mbsd] [--out REPORT.json] [--dry-run]
+#       [--policy mbsd|exact|prefix|dual|spec|model] [--out REPORT.json] [--dry-run]
+#   (--policy model: the model's own sampler, no --policy flag: DiffusionGemma has no policies)
 #
 # --runtime: llada-rt built for aarch64-linux-android (QNN's phone libraries are bionic's: a
 #   static musl build cannot load them; docs/phone.md).
@@ -45,7 +46,9 @@ done
 [ -d "$qairt" ] || die "--qairt $qairt: no such directory"
 [[ "$rows" =~ ^[0-9]+(,[0-9]+)*$ ]] || die "--rows $rows: expected numbers separated by commas (32,64,128)"
 [[ "$gen_len" =~ ^[0-9]+$ ]] && [ "$gen_len" -gt 0 ] || die "--gen-len $gen_len: expected a number above 0"
-case "$policy" in exact|prefix|dual|mbsd|spec) ;; *) die "--policy $policy: one of exact, prefix, dual, mbsd" ;; esac
+case "$policy" in exact|prefix|dual|mbsd|spec|model) ;; *) die "--policy $policy: one of exact, prefix, dual, mbsd, spec, model" ;; esac
+policy_flag="--policy $policy"
+[ "$policy" = model ] && policy_flag=
 [[ "$dir" == /* ]] || die "--dir $dir: expected an absolute path on the phone"
 
 if [ -z "$arch" ]; then
@@ -71,7 +74,7 @@ for l in "${libs[@]}"; do run "${adb[@]}" push "$l" "$dir/$(basename "$l")"; don
 # The benchmark: one session, the passes timed (median of 3), then one generation from a
 # fixed synthetic prompt; the NPU's libraries found beside the binary (the skel through
 # ADSP_LIBRARY_PATH, as Qualcomm's docs say).
-remote="cd $dir && chmod +x llada-rt && LD_LIBRARY_PATH=$dir ADSP_LIBRARY_PATH=$dir LLADA_QNN_LIB=$dir ./llada-rt bench $name --backend qnn --rows $rows --repeat 3 --generate --gen-len $gen_len --policy $policy --json > bench.json 2> bench.err; echo \$? > bench.rc"
+remote="cd $dir && chmod +x llada-rt && LD_LIBRARY_PATH=$dir ADSP_LIBRARY_PATH=$dir LLADA_QNN_LIB=$dir ./llada-rt bench $name --backend qnn --rows $rows --repeat 3 --generate --gen-len $gen_len $policy_flag --json > bench.json 2> bench.err; echo \$? > bench.rc"
 run "${adb[@]}" shell "$remote"
 local_dir="$(mktemp -d)"
 trap 'rm -rf "$local_dir"' EXIT

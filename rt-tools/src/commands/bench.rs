@@ -76,10 +76,11 @@ impl Bench {
         if let Some(r) = rows.iter().find(|r| !(1..=max_len).contains(*r)) {
             return Err(Failure::Usage(format!("--rows {r} is outside 1..={max_len} (the positions {} serves)", file.display())));
         }
-        // Logit rows given are a pass's: never more than its rows.
-        if let (Some(l), Some(&r)) = (logit_rows, rows.iter().min()) {
+        // Logit rows given are a pass's (a pass of fewer rows returns all of its own): at most
+        // the most rows any pass has.
+        if let (Some(l), Some(&r)) = (logit_rows, rows.iter().max()) {
             if l == 0 || l > r {
-                return Err(Failure::Usage(format!("--logit-rows {l} is outside 1..={r} (the fewest rows of a pass, --rows)")));
+                return Err(Failure::Usage(format!("--logit-rows {l} is outside 1..={r} (the most rows of a pass, --rows)")));
             }
         }
         let params = if time_generation { Some(sampler.checked_params(&model, &|f: &str| f != "--rows" && typed(f))?) } else { None };
@@ -94,10 +95,10 @@ impl Bench {
                 r
             } else {
                 let capacity = session.logit_capacity(r)?;
-                if let Some(l) = logit_rows.filter(|&l| l > capacity) {
+                if let Some(l) = logit_rows.map(|l| l.min(r)).filter(|&l| l > capacity) {
                     return Err(Failure::Usage(format!("--logit-rows {l}: the graph of {r} rows returns at most {capacity} (lladac compile --logit-rows)")));
                 }
-                logit_rows.unwrap_or(r).min(capacity)
+                logit_rows.unwrap_or(r).min(r).min(capacity)
             };
             passes.push(llada_rt_tools::bench::pass(&mut session, &roof, r, pass_logit_rows, repeat)?);
         }

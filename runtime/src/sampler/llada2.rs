@@ -346,7 +346,8 @@ impl PolicyStep for Llada2 {
         // grid's padding slots past the generation (and anything after its EOS) are never
         // part of it.
         let open = if editing.is_none() || c.done { c.x.len() } else { (self.block * b).max(c.prompt_len) };
-        let open = open.min(c.output_end.unwrap_or(self.prompt_len + self.gen_len));
+        // (An EOS in the prompt may put `output_end` inside it.)
+        let open = open.min(c.output_end.unwrap_or(self.prompt_len + self.gen_len)).max(c.prompt_len);
         c.settled = committed_prefix(&c.x[c.prompt_len..open], mask);
         Ok(())
     }
